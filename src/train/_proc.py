@@ -1,0 +1,38 @@
+"""The one subprocess boundary: argv lists only, never a shell; failures carry stderr."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from train.errors import TrainError
+
+log = logging.getLogger(__name__)
+
+
+class ProcError(TrainError):
+    def __init__(self, argv: Sequence[str], returncode: int, stderr: str) -> None:
+        tail = "\n".join(stderr.strip().splitlines()[-10:])
+        super().__init__(f"{shlex.join(argv)} exited with {returncode}: {tail}")
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stderr = stderr
+
+
+def run(argv: Sequence[str], *, cwd: Path | None = None, timeout: float = 60.0,
+        check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run argv, capture text output; raise ProcError on a non-zero exit when `check`."""
+    log.debug("running %s", shlex.join(argv))
+    try:
+        proc = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+    except FileNotFoundError:
+        raise ProcError(argv, 127, f"{argv[0]}: command not found") from None
+    except subprocess.TimeoutExpired:
+        raise ProcError(argv, 124, f"timed out after {timeout:g} s") from None
+    if check and proc.returncode != 0:
+        raise ProcError(argv, proc.returncode, proc.stderr)
+    return proc

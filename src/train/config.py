@@ -1,0 +1,288 @@
+"""Run configuration: one frozen dataclass, loaded from YAML and/or command-line flags.
+
+Every field carries its own documentation, allowed values and bounds in its metadata; the
+CLI flags, the YAML loader and the validation are all generated from that one table, so a
+new option is added in exactly one place. Unknown keys are errors that list the valid ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from train.errors import ConfigError, UsageError
+
+WORKLOADS = ("demo", "sc2")
+
+
+def _opt(
+    default: Any,
+    doc: str,
+    *,
+    kind: type,
+    choices: tuple[str, ...] | None = None,
+    minimum: float | None = None,
+    positive: bool = False,
+    optional: bool = False,
+    identity: bool = True,
+) -> Any:
+    """A config field; `identity` fields must match when a run resumes from a checkpoint."""
+    meta = {
+        "doc": doc,
+        "kind": kind,
+        "choices": choices,
+        "minimum": minimum,
+        "positive": positive,
+        "optional": optional,
+        "identity": identity,
+    }
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything `train run` needs; flags override the YAML file, which overrides defaults."""
+
+    workload: str = _opt("demo", "What to train: demo (built-in beacon game) or sc2 (pysc2).",
+                         kind=str, choices=WORKLOADS)
+    res: int = _opt(16, "Screen and minimap resolution; move actions form a res x res grid.",
+                    kind=int, minimum=4)
+    seeds: tuple[int, ...] = _opt((4,), 'Seeds run one after another, e.g. "4 6 8".',
+                                  kind=tuple)
+    episodes: int = _opt(300, "Total episodes per seed; a resumed run continues up to it.",
+                         kind=int, positive=True, identity=False)
+    episode_steps: int = _opt(64, "Agent steps per episode of the demo game.",
+                              kind=int, positive=True)
+    step_mul: int = _opt(8, "Game steps per agent step (sc2 only).", kind=int, positive=True)
+    batch_size: int = _opt(32, "Replay minibatch size per update (per process under DDP).",
+                           kind=int, positive=True)
+    device: str = _opt("auto", "auto (cuda when available), cpu or cuda.", kind=str,
+                       choices=("auto", "cpu", "cuda"), identity=False)
+    precision: str = _opt("auto", "auto (bf16 on compute capability >= 8, fp16 + GradScaler "
+                          "below, fp32 on CPU), bf16, fp16 or fp32.", kind=str,
+                          choices=("auto", "bf16", "fp16", "fp32"), identity=False)
+    out: str = _opt("runs/demo", "Run directory: config, checkpoints, evaluation, plots.",
+                    kind=str, identity=False)
+    results_csv: str | None = _opt(None, "Central CSV that gets one row per finished seed "
+                                   "(default: results.csv beside the run directory).",
+                                   kind=str, optional=True, identity=False)
+    time_budget: float | None = _opt(None, "Seconds this process may train before it "
+                                     "checkpoints and exits 0 (e.g. walltime minus a margin).",
+                                     kind=float, positive=True, optional=True, identity=False)
+    resume: str = _opt("auto", "auto: continue from the newest complete checkpoint in out; "
+                       "never: refuse to start where checkpoints exist.", kind=str,
+                       choices=("auto", "never"), identity=False)
+    lr: float = _opt(5e-4, "Adam learning rate.", kind=float, positive=True)
+    gamma: float = _opt(0.9, "Discount factor.", kind=float, minimum=0.0)
+    replay_size: int = _opt(20000, "Replay buffer capacity in transitions.", kind=int,
+                            positive=True)
+    learning_starts: int = _opt(256, "Transitions collected before the first update.",
+                                kind=int, minimum=1)
+    train_every: int = _opt(1, "Agent steps between updates.", kind=int, positive=True)
+    target_update: int = _opt(200, "Updates between target network syncs.", kind=int,
+                              positive=True)
+    eps_start: float = _opt(1.0, "Initial exploration rate.", kind=float, minimum=0.0)
+    eps_end: float = _opt(0.05, "Final exploration rate.", kind=float, minimum=0.0)
+    eps_decay_steps: int = _opt(4000, "Agent steps over which epsilon decays linearly.",
+                                kind=int, positive=True)
+    eval_episodes: int = _opt(5, "Greedy evaluation episodes at the end of each run chunk.",
+                              kind=int, minimum=0, identity=False)
+    eval_epsilon: float = _opt(0.02, "Exploration rate during evaluation.", kind=float,
+                               minimum=0.0, identity=False)
+    checkpoint_every: int = _opt(25, "Episodes between checkpoints (one is always written "
+                                 "when the run stops).", kind=int, positive=True,
+                                 identity=False)
+    log_every: float = _opt(30.0, "Seconds between progress lines in batch logs.",
+                            kind=float, positive=True, identity=False)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            _check_value(f, getattr(self, f.name))
+        if self.gamma > 1.0:
+            raise ConfigError("gamma", f"must be at most 1.0, got {self.gamma}")
+        for name in ("eps_start", "eps_end", "eval_epsilon"):
+            if getattr(self, name) > 1.0:
+                raise ConfigError(name, f"must be at most 1.0, got {getattr(self, name)}")
+        if not self.seeds:
+            raise ConfigError("seeds", "needs at least one seed")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError("seeds", f"repeats a seed: {list(self.seeds)}")
+        if any(s < 0 for s in self.seeds):
+            raise ConfigError("seeds", f"must be non-negative integers, got {list(self.seeds)}")
+        if self.learning_starts < self.batch_size:
+            raise ConfigError("learning_starts", f"must be at least batch_size "
+                              f"({self.batch_size}), got {self.learning_starts}")
+        if self.replay_size < self.learning_starts:
+            raise ConfigError("replay_size", f"must be at least learning_starts "
+                              f"({self.learning_starts}), got {self.replay_size}")
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.out)
+
+    @property
+    def results_csv_path(self) -> Path:
+        if self.results_csv is not None:
+            return Path(self.results_csv)
+        return self.out_dir.resolve().parent / "results.csv"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["seeds"] = list(self.seeds)
+        return data
+
+    def identity(self) -> dict[str, Any]:
+        """The settings a checkpoint must share with the run that resumes it."""
+        return {f.name: self.to_dict()[f.name] for f in fields(self) if f.metadata["identity"]}
+
+
+def _type_name(f: dataclasses.Field[Any]) -> str:
+    kind = f.metadata["kind"]
+    name = {int: "an integer", float: "a number", str: "a string",
+            tuple: "a list of integers"}[kind]
+    return f"{name} or null" if f.metadata["optional"] else name
+
+
+def _check_value(f: dataclasses.Field[Any], value: Any) -> None:
+    meta = f.metadata
+    if value is None:
+        if not meta["optional"]:
+            raise ConfigError(f.name, f"must be {_type_name(f)}, got null")
+        return
+    kind = meta["kind"]
+    ok = {
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, float),
+        str: isinstance(value, str),
+        tuple: isinstance(value, tuple)
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value),
+    }[kind]
+    if not ok:
+        raise ConfigError(f.name, f"must be {_type_name(f)}, got {value!r}")
+    if meta["choices"] is not None and value not in meta["choices"]:
+        allowed = ", ".join(meta["choices"])
+        raise ConfigError(f.name, f"must be one of {allowed}; got {value!r}")
+    if isinstance(value, (int, float)):
+        if meta["positive"] and value <= 0:
+            raise ConfigError(f.name, f"must be greater than 0, got {value}")
+        if meta["minimum"] is not None and value < meta["minimum"]:
+            raise ConfigError(f.name, f"must be at least {meta['minimum']}, got {value}")
+    if kind is str and not value:
+        raise ConfigError(f.name, "must not be empty")
+
+
+def field_table() -> list[dataclasses.Field[Any]]:
+    """The config fields, in declaration order (used to generate CLI flags)."""
+    return list(fields(RunConfig))
+
+
+_INT_RE = re.compile(r"^[+-]?\d+$")
+
+
+def _coerce(f: dataclasses.Field[Any], value: Any, *, from_text: bool) -> Any:
+    """Turn a YAML value or flag text into the field's type; wrong types raise ConfigError."""
+    kind = f.metadata["kind"]
+    if value is None or (from_text and f.metadata["optional"] and value in ("", "none", "null")):
+        return None
+    if kind is tuple:
+        return _coerce_seeds(f.name, value)
+    if from_text:
+        text = str(value).strip()
+        if kind is int:
+            if not _INT_RE.match(text):
+                raise ConfigError(f.name, f"must be an integer, got {value!r}")
+            return int(text)
+        if kind is float:
+            try:
+                return float(text)
+            except ValueError:
+                raise ConfigError(f.name, f"must be a number, got {value!r}") from None
+        return text
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def _coerce_seeds(name: str, value: Any) -> tuple[int, ...]:
+    if isinstance(value, bool):
+        raise ConfigError(name, f"must be a list of integers, got {value!r}")
+    if isinstance(value, int):
+        return (value,)
+    if isinstance(value, str):
+        parts = [p for p in re.split(r"[\s,]+", value.strip()) if p]
+        if not parts or not all(_INT_RE.match(p) for p in parts):
+            raise ConfigError(name, f'must be integers such as "4 6 8", got {value!r}')
+        return tuple(int(p) for p in parts)
+    if isinstance(value, list):
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise ConfigError(name, f"must be a list of integers, got {value!r}")
+        return tuple(value)
+    raise ConfigError(name, f"must be a list of integers, got {value!r}")
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """Read a YAML mapping; a missing file or a non-mapping is a usage error."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError("config", f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError("config", f"{path} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("config", f"{path} must hold a mapping of keys to values")
+    return data
+
+
+def build_config(
+    file_values: Mapping[str, Any] | None = None,
+    flag_values: Mapping[str, str] | None = None,
+) -> RunConfig:
+    """Merge defaults < YAML values < flag texts into a validated RunConfig."""
+    by_name = {f.name: f for f in fields(RunConfig)}
+    merged: dict[str, Any] = {}
+    for key, value in (file_values or {}).items():
+        name = str(key).replace("-", "_")
+        if name not in by_name:
+            valid = ", ".join(sorted(by_name))
+            raise ConfigError(str(key), f"unknown config key; valid keys are: {valid}")
+        merged[name] = _coerce(by_name[name], value, from_text=False)
+    for name, text in (flag_values or {}).items():
+        merged[name] = _coerce(by_name[name], text, from_text=True)
+    return RunConfig(**merged)
+
+
+def check_writable_dir(path: Path, field_name: str) -> None:
+    """Fail with a ConfigError unless `path` is, or can be created as, a writable directory.
+
+    Nothing is created here: the check walks up to the nearest existing ancestor.
+    """
+    probe = path.absolute()
+    while not probe.exists():
+        if probe.is_symlink():
+            raise ConfigError(field_name, f"{path} is a dangling symlink")
+        parent = probe.parent
+        if parent == probe:
+            break
+        probe = parent
+    if not probe.is_dir():
+        raise ConfigError(field_name, f"cannot create {path}: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(field_name, f"cannot write to {path}: {probe} is not writable")
+    if probe == path.absolute() and not os.access(probe, os.R_OK):
+        raise ConfigError(field_name, f"cannot read {path}")
+
+
+def reject_unknown(name: str) -> UsageError:
+    return UsageError(f"workload: unknown workload {name!r}; choose one of: "
+                      f"{', '.join(WORKLOADS)}")

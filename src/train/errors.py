@@ -1,0 +1,53 @@
+"""The project's exception types; `cli.py` alone maps them to messages and exit codes.
+
+Exit codes (also documented in the README and `train run --help`):
+  0  success, or a clean stop (time budget, SIGUSR1/SIGTERM/SIGINT) after a checkpoint
+  1  an unexpected failure
+  2  bad input: unknown workload, bad config key or value, unwritable output directory
+  3  a resource the run needs is missing: GPU memory at start-up, the StarCraft II game
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_RESOURCE = 3
+
+
+class TrainError(Exception):
+    """Base class; `exit_code` says how the CLI ends."""
+
+    exit_code = EXIT_FAILURE
+
+
+class UsageError(TrainError):
+    """Bad input from the user; nothing has been written or submitted."""
+
+    exit_code = EXIT_USAGE
+
+
+class ConfigError(UsageError):
+    """A config value is wrong; the message names the field and what is allowed."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class ResourceError(TrainError):
+    """Something outside the program is missing or too small (GPU memory, the game binary)."""
+
+    exit_code = EXIT_RESOURCE
+
+
+class PreallocationError(ResourceError):
+    """The optimizer state and a full training batch do not fit on the device at start-up."""
+
+
+class EnvironmentUnavailable(ResourceError):
+    """The training environment (e.g. StarCraft II) cannot be started here."""
+
+
+class CheckpointError(TrainError):
+    """A checkpoint cannot be written, or none of the existing ones can be read."""

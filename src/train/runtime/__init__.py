@@ -1,0 +1,2 @@
+"""Runtime pieces every workload shares: precision, memory, distribution, checkpoints,
+signals and time budget, results, progress output."""

@@ -1,0 +1,162 @@
+"""Atomic, background checkpoints: snapshot in the loop, write in a thread, keep the last two.
+
+A checkpoint exists under its final name only once it is complete: it is written to a
+temporary file in the same directory, flushed and fsynced, renamed over its final name, and
+the directory is fsynced. A process killed at any moment leaves at worst a stale temporary
+file (removed at the next start) and the previous complete checkpoints. The training loop
+blocks only for the in-memory snapshot; serialising and writing happen in a thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from train.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+_NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
+
+
+def snapshot(obj: Any) -> Any:
+    """Deep copy of a state tree: tensors to CPU copies, arrays copied, containers rebuilt."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, np.ndarray):
+        return obj.copy()
+    if isinstance(obj, dict):
+        return {k: snapshot(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [snapshot(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(snapshot(v) for v in obj)
+    return obj
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_atomic(state: Any, path: Path) -> None:
+    """torch.save to a temp file, fsync, rename over `path`, fsync the directory."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    try:
+        with open(tmp, "wb") as fh:
+            torch.save(state, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Load onto the CPU; optimizer and RNG states need weights_only=False."""
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a checkpoint of format {FORMAT}")
+    return state
+
+
+def episode_of(path: Path) -> int:
+    match = _NAME.match(path.name)
+    if not match:
+        raise ValueError(f"not a checkpoint name: {path.name}")
+    return int(match.group(1))
+
+
+class CheckpointManager:
+    """Checkpoints of one run in one directory, named by episode, the newest `keep` kept."""
+
+    def __init__(self, directory: Path, keep: int = 2, background: bool = True) -> None:
+        if keep < 2:
+            raise ValueError("keep at least two checkpoints")
+        self.directory = directory
+        self.keep = keep
+        self.background = background
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.last_blocking_seconds = 0.0
+
+    def prepare(self) -> None:
+        """Create the directory and remove temp files left by a killed writer."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for stale in self.directory.glob(".ckpt-*.tmp-*"):
+            stale.unlink(missing_ok=True)
+
+    def complete(self) -> list[Path]:
+        """Complete checkpoints, oldest first."""
+        if not self.directory.is_dir():
+            return []
+        found = [p for p in self.directory.iterdir() if _NAME.match(p.name)]
+        return sorted(found, key=episode_of)
+
+    def load_latest(self) -> dict[str, Any] | None:
+        """The newest checkpoint that loads; older ones are tried if the newest is damaged."""
+        candidates = self.complete()
+        errors = []
+        for path in reversed(candidates):
+            try:
+                state = load(path)
+            except Exception as exc:
+                log.warning("checkpoint %s is unreadable (%s); trying an older one", path, exc)
+                errors.append(f"{path.name}: {exc}")
+                continue
+            log.info("resuming from %s", path)
+            return state
+        if errors:
+            raise CheckpointError(f"no readable checkpoint in {self.directory}: "
+                                  + "; ".join(errors))
+        return None
+
+    def save(self, state: dict[str, Any], episode: int) -> None:
+        """Snapshot `state` now and write it (in the background when enabled)."""
+        start = time.perf_counter()
+        self.wait()
+        snap = snapshot({**state, "format": FORMAT})
+        path = self.directory / f"ckpt-{episode:08d}.pt"
+        if self.background:
+            self._thread = threading.Thread(target=self._write, args=(snap, path),
+                                            name="checkpoint-writer", daemon=True)
+            self._thread.start()
+        else:
+            self._write(snap, path)
+            self._raise_pending()
+        self.last_blocking_seconds = time.perf_counter() - start
+
+    def _write(self, snap: dict[str, Any], path: Path) -> None:
+        try:
+            save_atomic(snap, path)
+            for old in self.complete()[: -self.keep]:
+                old.unlink(missing_ok=True)
+        except BaseException as exc:
+            self._error = exc
+
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            exc, self._error = self._error, None
+            raise CheckpointError(f"writing a checkpoint in {self.directory} failed: "
+                                  f"{exc}") from exc
+
+    def wait(self) -> None:
+        """Block until the write in flight (if any) is on disk; re-raise its failure."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._raise_pending()

@@ -1,0 +1,139 @@
+"""Device choice, CPU threads and torch.distributed set-up.
+
+Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK set) the default group uses NCCL on CUDA and
+gloo on CPU. Object collectives (pickled dicts, stop flags) always go through a gloo group:
+NCCL cannot move CPU objects and, used for them, hangs instead of failing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from train.errors import ConfigError, UsageError
+
+log = logging.getLogger(__name__)
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+# A hung collective fails the job after this long instead of burning the walltime.
+COLLECTIVE_TIMEOUT = dt.timedelta(minutes=30)
+
+
+@dataclass
+class DistContext:
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    backend: str | None = None
+    object_group: Any = field(default=None, repr=False)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend is not None
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.object_group)
+        return out
+
+    def gather_to_main(self, obj: Any) -> list[Any] | None:
+        """Every rank's `obj` on rank 0 (None elsewhere), through the gloo group."""
+        if not self.distributed:
+            return [obj]
+        out: list[Any] | None = [None] * self.world_size if self.is_main else None
+        dist.gather_object(obj, out, dst=0, group=self.object_group)
+        return out
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank if `flag` is true on any rank (keeps ranks in lockstep)."""
+        return any(self.all_gather_object(bool(flag)))
+
+    def close(self) -> None:
+        if self.distributed and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _int_var(env: Mapping[str, str], name: str) -> int:
+    value = env.get(name, "")
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(f"environment variable {name} must be an integer, got "
+                         f"{value!r}") from None
+
+
+def resolve_device(request: str, local_rank: int = 0) -> torch.device:
+    """auto -> cuda when available; cuda without a GPU is a config error."""
+    if request == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    if request == "cuda":
+        raise ConfigError("device", "cuda was requested but torch sees no CUDA GPU "
+                          f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}, "
+                          f"torch {torch.__version__}); use auto or cpu")
+    return torch.device("cpu")
+
+
+def configure_threads(local_world_size: int, environ: Mapping[str, str] | None = None) -> int:
+    """Share the CPUs this process may use among the ranks on the node.
+
+    torch otherwise starts one thread per core of the whole node, which oversubscribes a
+    SLURM job that was given a few CPUs of a large node.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("OMP_NUM_THREADS"):
+        return torch.get_num_threads()
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = max(1, (cpus or 1) // max(1, local_world_size))
+    torch.set_num_threads(threads)
+    return threads
+
+
+def init_distributed(device_request: str, environ: Mapping[str, str] | None = None
+                     ) -> DistContext:
+    """Single process, or a torchrun rank with its process groups initialised."""
+    env = os.environ if environ is None else environ
+    present = [v for v in TORCHRUN_VARS if v in env]
+    if not present:
+        device = resolve_device(device_request)
+        configure_threads(1, env)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        return DistContext(device=device)
+    missing = [v for v in TORCHRUN_VARS if v not in env]
+    if missing:
+        raise UsageError(f"environment variable {missing[0]} is missing: torchrun sets "
+                         f"{', '.join(TORCHRUN_VARS)} together (found {', '.join(present)})")
+    rank, world, local_rank = (_int_var(env, v) for v in TORCHRUN_VARS)
+    if not 0 <= rank < world:
+        raise UsageError(f"environment variable RANK={rank} is outside 0..{world - 1} "
+                         f"(WORLD_SIZE={world})")
+    local_world = _int_var(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else 1
+    device = resolve_device(device_request, local_rank)
+    configure_threads(local_world, env)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
+    object_group = dist.new_group(backend="gloo") if backend == "nccl" else dist.group.WORLD
+    log.info("rank %d/%d (local %d) on %s, backend %s, object group gloo", rank, world,
+             local_rank, device, backend)
+    return DistContext(device=device, rank=rank, world_size=world, local_rank=local_rank,
+                       local_world_size=local_world, backend=backend,
+                       object_group=object_group)

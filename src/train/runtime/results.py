@@ -1,0 +1,168 @@
+"""What a run leaves behind: config.json, evaluation JSON, the central CSV, the plot.
+
+Only rank 0 calls these. JSON is written atomically; values are converted to builtin types
+(NumPy scalars and tensors are not JSON). The central CSV is shared by many jobs at once,
+so each row is appended under an exclusive file lock.
+"""
+
+from __future__ import annotations
+
+import csv
+import fcntl
+import io
+import json
+import os
+import platform
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from train import __version__, _proc
+
+ENV_PREFIXES = ("SLURM_", "CUDA_", "NCCL_", "PYTORCH_")
+SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
+REDACTED = "<redacted>"
+
+
+def to_builtin(value: Any) -> Any:
+    """Recursively convert NumPy/torch values to int, float, bool, str, list, dict."""
+    if isinstance(value, dict):
+        return {str(k): to_builtin(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_builtin(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return to_builtin(value.tolist())
+    if isinstance(value, np.ndarray):
+        return to_builtin(value.tolist())
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(to_builtin(data), fh, indent=2, sort_keys=True, allow_nan=False)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def environment_snapshot(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """SLURM_*, CUDA_*, NCCL_*, PYTORCH_* variables, secrets redacted by name."""
+    env = os.environ if environ is None else environ
+    out = {}
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIXES):
+            continue
+        secret = any(marker in name.upper() for marker in SECRET_MARKERS)
+        out[name] = REDACTED if secret else env[name]
+    return out
+
+
+def git_commit(cwd: Path | None = None) -> str | None:
+    try:
+        proc = _proc.run(["git", "rev-parse", "HEAD"], cwd=cwd, timeout=10)
+    except _proc.ProcError:
+        return None
+    return proc.stdout.strip() or None
+
+
+def versions(device: torch.device) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "train": __version__,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available()
+        else None,
+        "gpu": None,
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["gpu_capability"] = list(torch.cuda.get_device_capability(device))
+    return info
+
+
+def run_metadata(config: Mapping[str, Any], device: torch.device, extra: Mapping[str, Any]
+                 ) -> dict[str, Any]:
+    return {
+        "config": dict(config),
+        "versions": versions(device),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "git_commit": git_commit(),
+        "environment": environment_snapshot(),
+        **extra,
+    }
+
+
+def append_csv_row(path: Path, row: Mapping[str, Any]) -> None:
+    """Append one row under an exclusive lock; the header is written once, by the first."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fields = list(row)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+    line_values = {k: to_builtin(v) for k, v in row.items()}
+    with open(path, "a+", encoding="utf-8", newline="") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            fh.seek(0, os.SEEK_END)
+            if fh.tell() == 0:
+                writer.writeheader()
+            writer.writerow(line_values)
+            fh.write(buf.getvalue())
+            fh.flush()
+            os.fsync(fh.fileno())
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def moving_average(values: Sequence[float], window: int) -> np.ndarray:
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size == 0:
+        return arr
+    window = max(1, min(window, arr.size))
+    cumsum = np.cumsum(np.insert(arr, 0, 0.0))
+    head = cumsum[1:window] / np.arange(1, window)
+    tail = (cumsum[window:] - cumsum[:-window]) / window
+    return np.concatenate([head, tail])
+
+
+def plot_learning_curves(path: Path, curves: Mapping[str, Sequence[float]], title: str,
+                         reference: Mapping[str, float] | None = None) -> None:
+    """One line per seed (raw and moving average), optional horizontal reference lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    for label, rewards in curves.items():
+        xs = np.arange(1, len(rewards) + 1)
+        line = ax.plot(xs, rewards, alpha=0.25)[0]
+        window = max(1, len(rewards) // 20)
+        ax.plot(xs, moving_average(rewards, window), color=line.get_color(),
+                label=f"{label} (moving avg {window})")
+    for label, value in (reference or {}).items():
+        ax.axhline(value, linestyle="--", linewidth=1, label=label, color="gray")
+    ax.set_xlabel("episode")
+    ax.set_ylabel("episode reward")
+    ax.set_title(title)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, path)

@@ -1,0 +1,75 @@
+"""When to stop: the time budget and the signals SLURM and users send.
+
+SIGUSR1 (SLURM's `--signal=B:USR1@N`, forwarded to the job step), SIGTERM (scancel,
+preemption) and SIGINT (Ctrl-C) ask the trainer to finish the current episode, checkpoint
+and exit 0. A second SIGINT stops at once. Signal delivery is coarse (tens of seconds early
+or late), so the trainer also keeps its own time budget and stops before an episode that
+would not fit.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+from types import FrameType, TracebackType
+
+log = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
+
+
+class StopController:
+    def __init__(self, time_budget: float | None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.time_budget = time_budget
+        self._clock = clock
+        self._start = clock()
+        self._episode_seconds = 0.0
+        self.reason: str | None = None
+        self._previous: dict[int, object] = {}
+
+    # -- signals ----------------------------------------------------------------------
+    def __enter__(self) -> StopController:
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if signum == signal.SIGINT and self.reason is not None:
+            raise KeyboardInterrupt
+        self.request_stop(f"received {name}")
+
+    def request_stop(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+            log.warning("stop requested (%s): finishing the current episode, then "
+                        "checkpointing", reason)
+
+    # -- time budget ------------------------------------------------------------------
+    @property
+    def elapsed(self) -> float:
+        return self._clock() - self._start
+
+    def episode_finished(self, seconds: float) -> None:
+        """Record an episode's duration; the estimate leans on the slowest recent ones."""
+        self._episode_seconds = max(seconds, 0.8 * self._episode_seconds + 0.2 * seconds)
+
+    def should_stop(self) -> bool:
+        if self.reason is not None:
+            return True
+        if self.time_budget is None:
+            return False
+        if self.elapsed + 1.2 * self._episode_seconds >= self.time_budget:
+            self.request_stop(f"time budget of {self.time_budget:g} s: "
+                              f"{self.elapsed:.1f} s used")
+            return True
+        return False

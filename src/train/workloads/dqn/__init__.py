@@ -1,0 +1,1 @@
+"""The DQN agent for StarCraft II mini-games: network, replay buffer, agent, trainer."""

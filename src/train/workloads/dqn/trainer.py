@@ -1,0 +1,365 @@
+"""The resumable training loop: seeds one after another, episodes, checkpoints, results.
+
+Resume is exact: everything that influences training (networks, optimizer, scaler, replay
+buffer, counters, the game's state and every random generator) is in the checkpoint, and
+nothing depends on the run's total episode count, so N episodes resumed to 2N equal 2N
+episodes in one go. Evaluation uses its own game and generator, so it cannot perturb
+training. Checkpoints fall on episode boundaries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from train.config import RunConfig
+from train.errors import CheckpointError, UsageError
+from train.runtime import results
+from train.runtime.checkpoint import CheckpointManager
+from train.runtime.distributed import DistContext
+from train.runtime.memory import preallocate, training_state_bytes
+from train.runtime.precision import PrecisionPolicy
+from train.runtime.progress import Progress
+from train.runtime.signals import StopController
+from train.workloads.dqn.agent import DQNAgent
+from train.workloads.dqn.replay import ReplayBuffer
+from train.workloads.envs.beacon import BeaconEnv
+from train.workloads.envs.spec import Env, ObsSpec
+
+log = logging.getLogger(__name__)
+
+# Offsets that give each rank, and evaluation, generators independent of training's.
+_EVAL_STREAM = 7919
+
+
+def make_env(cfg: RunConfig, seed: int, rank: int) -> Env:
+    if cfg.workload == "sc2":
+        from train.workloads.envs.pysc2_env import Pysc2Env
+
+        return Pysc2Env(cfg.res, cfg.step_mul, seed * 1000 + rank)
+    return BeaconEnv(cfg.res, cfg.episode_steps, [seed, rank])
+
+
+def check_workload(cfg: RunConfig) -> None:
+    """Fail before anything is written when the workload cannot run here."""
+    if cfg.workload == "sc2":
+        from train.workloads.envs.pysc2_env import check_available
+
+        check_available()
+
+
+def epsilon_at(cfg: RunConfig, step: int) -> float:
+    frac = min(1.0, step / cfg.eps_decay_steps)
+    return cfg.eps_start + (cfg.eps_end - cfg.eps_start) * frac
+
+
+def param_digest(module: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().to("cpu").contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def run_episode(env: Env, policy: Callable[[Any], int],
+                on_step: Callable[[Any, int, float, bool, Any], None] | None = None) -> float:
+    """Play one episode with `policy(obs) -> action`; returns the summed reward."""
+    obs = env.reset()
+    total = 0.0
+    while True:
+        action = policy(obs)
+        next_obs, reward, terminal, over = env.step(action)
+        if on_step is not None:
+            on_step(obs, action, reward, terminal, next_obs)
+        total += reward
+        obs = next_obs
+        if terminal or over:
+            return total
+
+
+@dataclass
+class SeedOutcome:
+    seed: int
+    episodes: int
+    complete: bool
+    rewards: list[float] = field(default_factory=list)
+    evaluation: dict[str, Any] | None = None
+    digest: str = ""
+
+
+class SeedRun:
+    """One seed on this rank: builds the agent, restores, trains, evaluates."""
+
+    def __init__(self, cfg: RunConfig, seed: int, ctx: DistContext,
+                 precision: PrecisionPolicy) -> None:
+        self.cfg = cfg
+        self.seed = seed
+        self.ctx = ctx
+        self.dir = cfg.out_dir / f"seed_{seed}"
+        random.seed(seed * 1000 + ctx.rank)
+        np.random.seed(seed * 1000 + ctx.rank)
+        torch.manual_seed(seed)  # the same initial weights on every rank
+        self.spec = ObsSpec(cfg.res)
+        self.env = make_env(cfg, seed, ctx.rank)
+        self.rng = np.random.default_rng([seed, ctx.rank])
+        wrap = None
+        if ctx.distributed:
+            ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+            wrap = lambda m: DistributedDataParallel(m, device_ids=ids)  # noqa: E731
+        self.agent = DQNAgent(self.spec, cfg, ctx.device, precision, wrap)
+        self.replay = ReplayBuffer(cfg.replay_size, self.spec)
+        self.episode = 0
+        self.step = 0
+        self.rewards: list[float] = []
+        self.losses: list[float] = []
+        self.checkpoints = CheckpointManager(self.dir / "checkpoints")
+
+    # -- checkpoint state -------------------------------------------------------------
+    def _local_state(self) -> dict[str, Any]:
+        cuda = self.ctx.device.type == "cuda"
+        return {
+            "replay": self.replay.state_dict(),
+            "env": self.env.state_dict(),
+            "rng": self.rng.bit_generator.state,
+            "torch_cpu_rng": torch.get_rng_state(),
+            "torch_cuda_rng": torch.cuda.get_rng_state(self.ctx.device) if cuda else None,
+            "numpy_rng": np.random.get_state(),
+            "python_rng": random.getstate(),
+        }
+
+    def _restore_local(self, state: dict[str, Any]) -> None:
+        self.replay.load_state_dict(state["replay"])
+        self.env.load_state_dict(state["env"])
+        self.rng.bit_generator.state = state["rng"]
+        torch.set_rng_state(state["torch_cpu_rng"])
+        if self.ctx.device.type == "cuda" and state["torch_cuda_rng"] is not None:
+            torch.cuda.set_rng_state(state["torch_cuda_rng"], self.ctx.device)
+        np.random.set_state(state["numpy_rng"])
+        random.setstate(state["python_rng"])
+
+    def save(self) -> None:
+        local = self._local_state()
+        ranks = self.ctx.gather_to_main(local)
+        if not self.ctx.is_main:
+            return
+        self.checkpoints.save({
+            "seed": self.seed,
+            "episode": self.episode,
+            "step": self.step,
+            "world_size": self.ctx.world_size,
+            "identity": self.cfg.identity(),
+            "agent": self.agent.state_dict(),
+            "history": {"rewards": self.rewards, "losses": self.losses},
+            "ranks": ranks,
+        }, self.episode)
+
+    def restore(self) -> bool:
+        """Load the newest complete checkpoint, if any; True when resumed."""
+        state = self.checkpoints.load_latest()
+        if state is None:
+            return False
+        mismatched = {k: (v, state["identity"].get(k)) for k, v in self.cfg.identity().items()
+                      if state["identity"].get(k) != v}
+        if mismatched:
+            detail = "; ".join(f"{k}: checkpoint {old!r}, now {new!r}"
+                               for k, (new, old) in sorted(mismatched.items()))
+            raise UsageError(f"{sorted(mismatched)[0]}: differs from the run being resumed in "
+                             f"{self.dir} ({detail}); use the original settings or a new --out")
+        if state["world_size"] != self.ctx.world_size:
+            raise UsageError(f"WORLD_SIZE: the checkpoint in {self.dir} was written by "
+                             f"{state['world_size']} processes, this run has "
+                             f"{self.ctx.world_size}; resume with the same number")
+        self.agent.load_state_dict(state["agent"])
+        self._restore_local(state["ranks"][self.ctx.rank])
+        self.episode = int(state["episode"])
+        self.step = int(state["step"])
+        self.rewards = [float(r) for r in state["history"]["rewards"]]
+        self.losses = [float(x) for x in state["history"]["losses"]]
+        return True
+
+    # -- training ---------------------------------------------------------------------
+    def train(self, stopper: StopController) -> bool:
+        """Train up to cfg.episodes; False when stopped early (checkpoint written)."""
+        cfg = self.cfg
+        progress = Progress(cfg.episodes, self.episode, f"seed {self.seed}", cfg.log_every,
+                            enabled=self.ctx.is_main)
+        loss_sum = torch.zeros((), device=self.ctx.device)
+        losses_in_episode = 0
+
+        def on_step(obs: Any, action: int, reward: float, terminal: bool, nxt: Any) -> None:
+            nonlocal loss_sum, losses_in_episode
+            self.replay.add(obs, action, reward, terminal, nxt)
+            self.step += 1
+            if len(self.replay) >= cfg.learning_starts and self.step % cfg.train_every == 0:
+                batch = self.agent.to_batch(self.replay.sample(cfg.batch_size, self.rng))
+                loss_sum += self.agent.update(batch)
+                losses_in_episode += 1
+
+        stopped = False
+        try:
+            while self.episode < cfg.episodes:
+                started = time.monotonic()
+                loss_sum.zero_()
+                losses_in_episode = 0
+                reward = run_episode(
+                    self.env,
+                    lambda obs: self.agent.act(obs, epsilon_at(cfg, self.step), self.rng),
+                    on_step)
+                self.episode += 1
+                rewards = self.ctx.all_gather_object(reward)
+                self.rewards.append(float(np.mean(rewards)))
+                mean_loss = float(loss_sum.item()) / losses_in_episode if losses_in_episode \
+                    else float("nan")
+                self.losses.append(mean_loss)
+                stopper.episode_finished(time.monotonic() - started)
+                stopped = self.ctx.any(stopper.should_stop())
+                progress.update(self.episode, reward=self.rewards[-1],
+                                eps=epsilon_at(cfg, self.step))
+                if stopped or self.episode % cfg.checkpoint_every == 0 \
+                        or self.episode >= cfg.episodes:
+                    self.save()
+                if stopped:
+                    break
+        finally:
+            progress.close()
+            self.checkpoints.wait()
+        return not stopped and self.episode >= cfg.episodes
+
+    def evaluate(self) -> dict[str, Any]:
+        """Episodes with a fixed game seed and generator: the same weights, the same result."""
+        cfg = self.cfg
+        if cfg.workload == "demo":
+            env: Env = BeaconEnv(cfg.res, cfg.episode_steps, [self.seed, _EVAL_STREAM])
+        else:
+            env = self.env  # a second game instance is too heavy; the game is not seedable
+        rng = np.random.default_rng([self.seed, _EVAL_STREAM])
+        rewards = [run_episode(env, lambda obs: self.agent.act(obs, cfg.eval_epsilon, rng))
+                   for _ in range(cfg.eval_episodes)]
+        return {
+            "seed": self.seed,
+            "trained_episodes": self.episode,
+            "eval_epsilon": cfg.eval_epsilon,
+            "episode_rewards": rewards,
+            "mean_reward": float(np.mean(rewards)) if rewards else None,
+            "std_reward": float(np.std(rewards)) if rewards else None,
+        }
+
+
+@dataclass
+class RunSummary:
+    complete: bool
+    stop_reason: str | None
+    seeds: list[SeedOutcome]
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def train(cfg: RunConfig, ctx: DistContext, precision: PrecisionPolicy,
+          stopper: StopController) -> RunSummary:
+    """Train every seed in turn; returns what happened (results written by rank 0)."""
+    outcomes: list[SeedOutcome] = []
+    for seed in cfg.seeds:
+        summary_path = cfg.out_dir / f"seed_{seed}" / "summary.json"
+        done = read_json(summary_path)
+        if done.get("complete") and int(done.get("episodes", 0)) >= cfg.episodes:
+            log.info("seed %d already complete (%d episodes); skipping", seed,
+                     done["episodes"])
+            outcomes.append(SeedOutcome(seed, int(done["episodes"]), True))
+            continue
+        outcome = _train_seed(cfg, seed, ctx, precision, stopper)
+        outcomes.append(outcome)
+        if not outcome.complete:
+            return RunSummary(False, stopper.reason, outcomes)
+    return RunSummary(True, None, outcomes)
+
+
+def _train_seed(cfg: RunConfig, seed: int, ctx: DistContext, precision: PrecisionPolicy,
+                stopper: StopController) -> SeedOutcome:
+    run = SeedRun(cfg, seed, ctx, precision)
+    try:
+        what = f"optimizer state and a batch of {cfg.batch_size} at res {cfg.res}"
+        preallocate(run.agent.dummy_step, device=ctx.device, what=what,
+                    state_bytes=training_state_bytes(run.agent.policy.parameters()))
+        if ctx.is_main:
+            run.checkpoints.prepare()
+        if cfg.resume == "auto":
+            if run.restore():
+                log.info("seed %d resumed at episode %d (step %d)", seed, run.episode,
+                         run.step)
+        elif run.checkpoints.complete():
+            raise UsageError(f"resume: {run.checkpoints.directory} already holds "
+                             "checkpoints and --resume is never; use --resume auto or a new "
+                             "--out")
+        complete = run.train(stopper)
+        digests = ctx.all_gather_object(param_digest(run.agent.policy))
+        if len(set(digests)) != 1:
+            raise CheckpointError(f"parameters differ across ranks after training: {digests}")
+        outcome = SeedOutcome(seed, run.episode, complete, list(run.rewards),
+                              digest=digests[0])
+        if ctx.is_main:
+            outcome.evaluation = run.evaluate() if cfg.eval_episodes else None
+            _write_seed_results(cfg, run, outcome, len(digests))
+        return outcome
+    finally:
+        run.env.close()
+
+
+def _write_seed_results(cfg: RunConfig, run: SeedRun, outcome: SeedOutcome,
+                        ranks: int) -> None:
+    seed_dir = run.dir
+    results.write_json_atomic(seed_dir / "episodes.json",
+                              {"seed": run.seed, "rewards": run.rewards, "losses": [
+                                  None if np.isnan(x) else x for x in run.losses]})
+    eval_path = cfg.out_dir / "eval" / "test_results.json"
+    evaluation = read_json(eval_path)
+    if outcome.evaluation is not None:
+        evaluation[str(run.seed)] = outcome.evaluation
+        results.write_json_atomic(eval_path, evaluation)
+    previous = read_json(seed_dir / "summary.json")
+    summary = {
+        "seed": run.seed,
+        "episodes": run.episode,
+        "target_episodes": cfg.episodes,
+        "complete": outcome.complete,
+        "param_digest": outcome.digest,
+        "ranks_checked": ranks,
+        "csv_rows": int(previous.get("csv_rows", 0)),
+    }
+    if outcome.complete and previous.get("csv_episodes") != run.episode:
+        ev = outcome.evaluation or {}
+        last = run.rewards[-min(20, len(run.rewards)):] if run.rewards else [float("nan")]
+        results.append_csv_row(cfg.results_csv_path, {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "run": str(cfg.out_dir),
+            "workload": cfg.workload,
+            "seed": run.seed,
+            "res": cfg.res,
+            "episodes": run.episode,
+            "batch_size": cfg.batch_size,
+            "train_reward_last20": float(np.mean(last)),
+            "eval_mean_reward": ev.get("mean_reward"),
+            "eval_std_reward": ev.get("std_reward"),
+            "world_size": ranks,
+        })
+        summary["csv_rows"] = summary["csv_rows"] + 1
+        summary["csv_episodes"] = run.episode
+    elif "csv_episodes" in previous:
+        summary["csv_episodes"] = previous["csv_episodes"]
+    results.write_json_atomic(seed_dir / "summary.json", summary)

@@ -1,0 +1,1 @@
+"""Training environments sharing pysc2's observation and action layout."""

@@ -1,0 +1,58 @@
+"""Shared fixtures; integration tiers skip with a reason that says how to enable them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Settings that make a demo run take seconds: small screen, short episodes, early learning.
+TINY: dict[str, Any] = {
+    "res": 8,
+    "episode_steps": 16,
+    "batch_size": 8,
+    "learning_starts": 32,
+    "replay_size": 400,
+    "target_update": 20,
+    "eps_decay_steps": 200,
+    "eval_episodes": 2,
+    "checkpoint_every": 2,
+    "log_every": 0.5,
+}
+
+
+def tiny_flags(**overrides: Any) -> list[str]:
+    values = {**TINY, **overrides}
+    argv: list[str] = []
+    for key, value in values.items():
+        argv += ["--" + key.replace("_", "-"), str(value)]
+    return argv
+
+
+def train_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "train", *args]
+
+
+def run_cli(args: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 180,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run(train_cmd(*args), capture_output=True, text=True, timeout=timeout,
+                          env=full_env, cwd=cwd, check=False)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs an NVIDIA GPU with CUDA (torch sees none); "
+                                "run on a GPU node: nox -s tests -- -m gpu")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)

@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from train.config import RunConfig
+from train.errors import PreallocationError
+from train.runtime.memory import (
+    ALLOC_CONF_VAR,
+    TUNED_ALLOC_CONF,
+    apply_allocator_settings,
+    device_memory,
+    preallocate,
+    training_state_bytes,
+)
+from train.runtime.precision import select_precision
+from train.workloads.dqn.agent import DQNAgent
+from train.workloads.envs.spec import ObsSpec
+
+
+def test_tuned_allocator_settings_applied_when_unset(caplog: pytest.LogCaptureFixture) -> None:
+    env: dict[str, str] = {}
+    with caplog.at_level("INFO"):
+        assert apply_allocator_settings(env) == TUNED_ALLOC_CONF
+    assert env[ALLOC_CONF_VAR] == TUNED_ALLOC_CONF
+    assert TUNED_ALLOC_CONF == ("expandable_segments:True,garbage_collection_threshold:0.7,"
+                                "max_split_size_mb:128")
+    assert "tuned default" in caplog.text
+
+
+def test_user_allocator_settings_kept(caplog: pytest.LogCaptureFixture) -> None:
+    env = {ALLOC_CONF_VAR: "max_split_size_mb:64"}
+    with caplog.at_level("INFO"):
+        assert apply_allocator_settings(env) == "max_split_size_mb:64"
+    assert env[ALLOC_CONF_VAR] == "max_split_size_mb:64"
+    assert "set by the user" in caplog.text
+
+
+def _agent(batch: int = 8) -> DQNAgent:
+    torch.manual_seed(0)
+    cfg = RunConfig(res=8, batch_size=batch, learning_starts=batch, replay_size=64)
+    return DQNAgent(ObsSpec(8), cfg, torch.device("cpu"), select_precision("fp32", "cpu"))
+
+
+def test_dummy_step_allocates_adam_state_and_changes_nothing() -> None:
+    agent = _agent()
+    fresh = _agent()
+    assert not agent.optimizer.state
+    agent.dummy_step()
+    assert len(agent.optimizer.state) == len(list(agent.policy.parameters()))
+    for p, q in zip(agent.policy.parameters(), fresh.policy.parameters(), strict=True):
+        assert torch.equal(p, q)
+    # one real update after preallocation equals one update of a fresh optimizer
+    batch = agent.dummy_batch(8)
+    batch.update(action=torch.arange(8) % 2, reward=torch.ones(8),
+                 terminal=torch.zeros(8, dtype=torch.bool),
+                 next_available=torch.ones(8, 3, dtype=torch.bool))
+    batch["screen"][:, 0, 2, 2] = 1
+    agent.update(batch)
+    fresh.update(batch)
+    for p, q in zip(agent.policy.parameters(), fresh.policy.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_preallocation_oom_gives_a_clear_message() -> None:
+    agent = _agent()
+
+    def failing_step() -> None:
+        agent.dummy_step()
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 66.00 MiB")
+
+    needed = training_state_bytes(agent.policy.parameters())
+    with pytest.raises(PreallocationError) as err:
+        preallocate(failing_step, device=torch.device("cpu"), state_bytes=needed,
+                    what="optimizer state and a batch of 8 at res 8")
+    text = str(err.value)
+    assert "out of memory" in text and "preallocating optimizer state" in text
+    assert f"{needed / 2**20:.1f} MiB" in text
+    assert "MiB is free" in text and "--batch-size" in text
+    assert "Tried to allocate 66.00 MiB" in text
+    assert err.value.exit_code == 3
+
+
+def test_preallocation_success_report() -> None:
+    agent = _agent()
+    report = preallocate(agent.dummy_step, device=torch.device("cpu"), state_bytes=1,
+                         what="x")
+    assert report.seconds >= 0 and report.peak_bytes == 0
+
+
+def test_training_state_bytes_counts_four_copies() -> None:
+    p = torch.nn.Parameter(torch.zeros(10))
+    assert training_state_bytes([p]) == 4 * 10 * 4
+
+
+def test_host_memory_reported_on_cpu() -> None:
+    free, total = device_memory(torch.device("cpu"))
+    assert 0 < free <= total
+
+
+@pytest.mark.gpu
+def test_real_cuda_preallocation_failure_is_clear() -> None:
+    device = torch.device("cuda", 0)
+    free, _ = torch.cuda.mem_get_info(device)
+    hog = torch.empty(int(free - 64 * 2**20), dtype=torch.uint8, device=device)
+    try:
+        cfg = RunConfig(res=64, batch_size=4096, learning_starts=4096, replay_size=4096)
+        agent = DQNAgent(ObsSpec(64), cfg, device, select_precision("auto", "cuda", (8, 0)))
+        with pytest.raises(PreallocationError) as err:
+            preallocate(agent.dummy_step, device=device, what="optimizer state",
+                        state_bytes=training_state_bytes(agent.policy.parameters()))
+        assert "MiB is free" in str(err.value)
+        assert torch.cuda.get_device_name(device) in str(err.value)
+    finally:
+        del hog
+        torch.cuda.empty_cache()
+
+
+@pytest.mark.gpu
+def test_real_cuda_preallocation_succeeds_and_reports_peak() -> None:
+    device = torch.device("cuda", 0)
+    cfg = RunConfig(res=32, batch_size=32)
+    agent = DQNAgent(ObsSpec(32), cfg, device, select_precision("auto", "cuda",
+                                                                 torch.cuda.get_device_capability()))
+    report = preallocate(agent.dummy_step, device=device, what="optimizer state",
+                         state_bytes=training_state_bytes(agent.policy.parameters()))
+    assert report.peak_bytes > report.state_bytes // 4
+    assert len(agent.optimizer.state) > 0
