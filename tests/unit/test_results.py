@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import csv
+import json
+import multiprocessing
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from train.runtime.results import (
+    REDACTED,
+    append_csv_row,
+    environment_snapshot,
+    moving_average,
+    plot_learning_curves,
+    run_metadata,
+    to_builtin,
+    write_json_atomic,
+)
+
+
+def test_environment_snapshot_filters_and_redacts() -> None:
+    env = {
+        "SLURM_JOB_ID": "42", "CUDA_VISIBLE_DEVICES": "0,1", "NCCL_DEBUG": "INFO",
+        "PYTORCH_CUDA_ALLOC_CONF": "x", "HOME": "/root", "SLURM_API_TOKEN": "abc",
+        "NCCL_SECRET_KEY": "k", "CUDA_PASSWORD_HINT": "p", "PYTORCH_CREDENTIALS": "c",
+        "WANDB_API_KEY": "w",
+    }
+    snap = environment_snapshot(env)
+    assert snap["SLURM_JOB_ID"] == "42" and snap["NCCL_DEBUG"] == "INFO"
+    assert "HOME" not in snap and "WANDB_API_KEY" not in snap
+    for name in ("SLURM_API_TOKEN", "NCCL_SECRET_KEY", "CUDA_PASSWORD_HINT",
+                 "PYTORCH_CREDENTIALS"):
+        assert snap[name] == REDACTED
+
+
+def test_run_metadata_has_versions_and_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    meta = run_metadata({"a": 1}, torch.device("cpu"), {"extra": True})
+    assert meta["versions"]["torch"] == torch.__version__
+    assert {"python", "cuda", "cudnn", "gpu"} <= set(meta["versions"])
+    assert meta["environment"]["SLURM_JOB_ID"] == "7"
+    assert meta["host"] and meta["extra"] is True
+    json.dumps(to_builtin(meta), allow_nan=False)
+
+
+def test_to_builtin_converts_numpy_and_torch(tmp_path: Path) -> None:
+    data = {"a": np.float32(1.5), "b": np.arange(3), "c": torch.tensor([1, 2]), "d": (1, 2),
+            "e": np.bool_(True), "f": Path("/x")}
+    out = to_builtin(data)
+    assert out == {"a": 1.5, "b": [0, 1, 2], "c": [1, 2], "d": [1, 2], "e": True, "f": "/x"}
+    assert type(out["a"]) is float and type(out["e"]) is bool
+    write_json_atomic(tmp_path / "x.json", data)
+    assert json.loads((tmp_path / "x.json").read_text())["b"] == [0, 1, 2]
+
+
+def _append_rows(args: tuple[str, int]) -> None:
+    path, worker = args
+    for i in range(50):
+        append_csv_row(Path(path), {"worker": worker, "row": i, "text": "a,b \"q\""})
+
+
+def test_sixteen_processes_appending_lose_no_row(tmp_path: Path) -> None:
+    path = tmp_path / "results.csv"
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(16) as pool:
+        pool.map(_append_rows, [(str(path), w) for w in range(16)])
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 16 * 50
+    assert {(r["worker"], r["row"]) for r in rows} == {(str(w), str(i)) for w in range(16)
+                                                       for i in range(50)}
+    assert all(r["text"] == 'a,b "q"' for r in rows)
+    assert path.read_text().count("worker,row,text") == 1
+
+
+def test_moving_average() -> None:
+    assert moving_average([1, 2, 3, 4], 2).tolist() == [1.0, 1.5, 2.5, 3.5]
+    assert moving_average([], 3).size == 0
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    path = tmp_path / "curve.png"
+    plot_learning_curves(path, {"seed 1": [0, 1, 2, 5, 8], "seed 2": [1, 1]}, "t",
+                         {"scripted": 9.0})
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.stat().st_size > 5000

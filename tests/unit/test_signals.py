@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from train.runtime.signals import StopController
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_no_budget_never_stops_by_itself() -> None:
+    clock = FakeClock()
+    stopper = StopController(None, clock)
+    clock.now += 1e6
+    assert not stopper.should_stop()
+
+
+def test_budget_stops_before_an_episode_that_would_not_fit() -> None:
+    clock = FakeClock()
+    stopper = StopController(60.0, clock)
+    clock.now += 40
+    stopper.episode_finished(10.0)
+    assert not stopper.should_stop()  # 40 + 12 < 60
+    clock.now += 10
+    stopper.episode_finished(10.0)
+    assert stopper.should_stop()  # 50 + 12 >= 60
+    assert stopper.reason is not None and "time budget" in stopper.reason
+
+
+def test_episode_estimate_leans_on_slow_episodes() -> None:
+    stopper = StopController(100.0, FakeClock())
+    stopper.episode_finished(20.0)
+    stopper.episode_finished(1.0)
+    assert stopper._episode_seconds > 10
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM, signal.SIGINT])
+def test_signals_request_a_clean_stop(sig: signal.Signals) -> None:
+    before = signal.getsignal(sig)
+    with StopController(None) as stopper:
+        os.kill(os.getpid(), sig)
+        assert stopper.should_stop()
+        assert stopper.reason == f"received {sig.name}"
+    assert signal.getsignal(sig) == before
+
+
+def test_second_sigint_interrupts_at_once() -> None:
+    with StopController(None) as stopper:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stopper.should_stop()
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
