@@ -11,7 +11,7 @@ from pathlib import Path
 
 from train import __version__
 from train.config import WORKLOADS, build_config, field_table, load_yaml
-from train.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, TrainError
+from train.errors import EXIT_FAILURE, EXIT_OK, TrainError
 
 log = logging.getLogger("train")
 
@@ -92,9 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _setup_logging(args.verbose)
     try:
-        if args.command == "run":
-            return _cmd_run(args)
-        parser.error(f"unknown command {args.command}")  # pragma: no cover
+        return _cmd_run(args)
     except TrainError as exc:
         print(f"train: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -104,7 +102,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception:
         log.exception("unexpected failure")
         return EXIT_FAILURE
-    return EXIT_USAGE  # pragma: no cover
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import torch
 from tests.conftest import TINY, run_cli, tiny_flags, train_cmd
 from train import runner
 from train.config import RunConfig
+from train.errors import UsageError
 from train.runtime.checkpoint import CheckpointManager
 
 pytestmark = pytest.mark.slow
@@ -71,8 +72,6 @@ def test_three_uneven_chunks_are_bit_identical(tmp_path: Path) -> None:
 
 def test_changed_identity_setting_refuses_to_resume(tmp_path: Path) -> None:
     runner.run(_cfg(tmp_path / "r", 2))
-    from train.errors import UsageError
-
     with pytest.raises(UsageError, match="lr: differs"):
         runner.run(_cfg(tmp_path / "r", 4, lr=0.1))
     with pytest.raises(UsageError, match="resume"):

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-import os
 import multiprocessing
+import os
 import random
 import signal
 import time

@@ -115,5 +115,6 @@ def test_mixed_precision_updates_stay_finite(precision: str) -> None:
         loss = agent.update(agent.to_batch(replay.sample(8, rng)))
         assert torch.isfinite(loss)
     assert all(torch.isfinite(p).all() for p in agent.policy.parameters())
-    assert any(not torch.equal(a, b) for a, b in zip(before, agent.policy.parameters()))
+    after = list(agent.policy.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
     assert all(p.dtype == torch.float32 for p in agent.policy.parameters())

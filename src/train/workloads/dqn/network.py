@@ -15,6 +15,8 @@ from train.workloads.envs.spec import MINIMAP_LAYERS, SCREEN_LAYERS, ObsSpec
 
 
 class QNetwork(nn.Module):
+    scale: torch.Tensor
+
     def __init__(self, spec: ObsSpec, trunk: int = 32, hidden: int = 128) -> None:
         super().__init__()
         self.spec = spec

@@ -333,7 +333,7 @@ def _write_seed_results(cfg: RunConfig, run: SeedRun, outcome: SeedOutcome,
         evaluation[str(run.seed)] = outcome.evaluation
         results.write_json_atomic(eval_path, evaluation)
     previous = read_json(seed_dir / "summary.json")
-    summary = {
+    summary: dict[str, Any] = {
         "seed": run.seed,
         "episodes": run.episode,
         "target_episodes": cfg.episodes,

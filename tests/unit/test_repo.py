@@ -1,0 +1,36 @@
+"""The README's promises: two command lines first, the second is what CI runs."""
+
+from __future__ import annotations
+
+import re
+
+from tests.conftest import REPO
+
+
+def _command_lines() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", text, re.S)
+    assert block is not None
+    return [line for line in block.group(1).splitlines() if line.strip()]
+
+
+def test_readme_opens_with_exactly_two_command_lines() -> None:
+    text = (REPO / "README.md").read_text()
+    first_block = text.index("```bash")
+    assert text[:first_block].count("\n") <= 3  # only the title comes before them
+    lines = _command_lines()
+    assert len(lines) == 2
+    assert "demo" in lines[0]
+    assert "tests" in lines[1]
+
+
+def test_ci_runs_the_readme_test_line() -> None:
+    ci = (REPO / ".ci" / "run").read_text().splitlines()
+    assert _command_lines()[1] in ci
+
+
+def test_constraints_pin_cpu_torch_and_package_asks_a_range() -> None:
+    constraints = (REPO / "ci" / "constraints.txt").read_text()
+    assert re.search(r"^torch==\d+\.\d+\.\d+$", constraints, re.M)
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert re.search(r'"torch>=[\d.]+,<\d+"', pyproject)
