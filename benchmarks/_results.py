@@ -1,0 +1,44 @@
+"""Shared helpers: timing and rewriting one benchmark's section of RESULTS.md."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+HEADER = "# Benchmark results\n\nEach section is rewritten by its script (`nox -s bench`).\n"
+
+
+def machine() -> str:
+    cpus = len(os.sched_getaffinity(0))
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return (f"{platform.machine()}, {cpus} CPUs, {gpu}, torch {torch.__version__}, "
+            f"Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}")
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def write_section(name: str, body: str) -> None:
+    text = RESULTS.read_text() if RESULTS.exists() else HEADER
+    begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    block = f"{begin}\n{body.strip()}\n{end}"
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else \
+        text.rstrip() + "\n\n" + block + "\n"
+    RESULTS.write_text(text)
+    print(body)
