@@ -12,13 +12,11 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import machine, median, timed, write_section  # noqa: E402
-
-from train.config import RunConfig  # noqa: E402
-from train.runtime.checkpoint import CheckpointManager  # noqa: E402
-from train.runtime.distributed import DistContext  # noqa: E402
-from train.runtime.precision import select_precision  # noqa: E402
-from train.workloads.dqn.trainer import SeedRun  # noqa: E402
+from _results import machine, median, timed, write_section
+from train.config import RunConfig
+from train.runtime.distributed import DistContext
+from train.runtime.precision import select_precision
+from train.workloads.dqn.trainer import SeedRun
 
 
 def filled_run(res: int, replay: int, out: Path) -> SeedRun:

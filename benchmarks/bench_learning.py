@@ -16,14 +16,13 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import machine, write_section  # noqa: E402
-
-from train import runner  # noqa: E402
-from train.config import RunConfig  # noqa: E402
-from train.runtime.results import plot_learning_curves  # noqa: E402
-from train.workloads.dqn.agent import random_available_action  # noqa: E402
-from train.workloads.dqn.trainer import _EVAL_STREAM, run_episode  # noqa: E402
-from train.workloads.envs.beacon import BeaconEnv  # noqa: E402
+from _results import machine, write_section
+from train import runner
+from train.config import RunConfig
+from train.runtime.results import plot_learning_curves
+from train.workloads.dqn.agent import random_available_action
+from train.workloads.dqn.trainer import _EVAL_STREAM, run_episode
+from train.workloads.envs.beacon import BeaconEnv
 
 BUDGET = 300.0
 CHUNK = 10

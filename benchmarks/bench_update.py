@@ -12,15 +12,14 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import machine, median, timed, write_section  # noqa: E402
-
-from train.config import RunConfig  # noqa: E402
-from train.runtime.precision import select_precision  # noqa: E402
-from train.workloads.dqn.agent import DQNAgent  # noqa: E402
-from train.workloads.dqn.network import QNetwork  # noqa: E402
-from train.workloads.dqn.replay import ReplayBuffer  # noqa: E402
-from train.workloads.envs.beacon import BeaconEnv  # noqa: E402
-from train.workloads.envs.spec import ObsSpec  # noqa: E402
+from _results import machine, median, timed, write_section
+from train.config import RunConfig
+from train.runtime.precision import select_precision
+from train.workloads.dqn.agent import DQNAgent
+from train.workloads.dqn.network import QNetwork
+from train.workloads.dqn.replay import ReplayBuffer
+from train.workloads.envs.beacon import BeaconEnv
+from train.workloads.envs.spec import ObsSpec
 
 
 def make_batch(res: int, batch: int) -> dict[str, np.ndarray]:
