@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Settings that make a demo run take seconds: small screen, short episodes, early learning.
 TINY: dict[str, Any] = {
+    "device": "cpu",  # bit-exact resume is a CPU promise; GPU runs have their own tests
     "res": 8,
     "episode_steps": 16,
     "batch_size": 8,

@@ -69,6 +69,7 @@ def _setup_logging(verbose: bool) -> None:
         datefmt="%H:%M:%S",
         stream=sys.stderr,
     )
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

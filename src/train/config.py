@@ -56,7 +56,7 @@ class RunConfig:
                     kind=int, minimum=4)
     seeds: tuple[int, ...] = _opt((4,), 'Seeds run one after another, e.g. "4 6 8".',
                                   kind=tuple)
-    episodes: int = _opt(300, "Total episodes per seed; a resumed run continues up to it.",
+    episodes: int = _opt(200, "Total episodes per seed; a resumed run continues up to it.",
                          kind=int, positive=True, identity=False)
     episode_steps: int = _opt(64, "Agent steps per episode of the demo game.",
                               kind=int, positive=True)

@@ -222,3 +222,22 @@ def test_ddp_two_cpu_processes_keep_identical_parameters(tmp_path: Path) -> None
     assert not any(k.startswith("module.") for k in state["agent"]["policy"])
     # rank 0 alone writes results: one row per finished total (4, then 6), none from rank 1
     assert [r["episodes"] for r in _rows(tmp_path / "results.csv")] == ["4", "6"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_gpu_run_checkpoints_and_resumes(tmp_path: Path, precision: str) -> None:
+    out = tmp_path / precision
+    flags = [*tiny_flags(device="cuda", res=32), "--precision", precision, "--out", str(out)]
+    for episodes in ("4", "8"):
+        proc = run_cli(["run", "demo", "--episodes", episodes, *flags])
+        assert proc.returncode == 0, proc.stderr
+    assert "resumed at episode 4" in proc.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["precision"] == precision
+    assert config["versions"]["gpu"] == torch.cuda.get_device_name(0)
+    state = CheckpointManager(out / "seed_4" / "checkpoints").load_latest()
+    assert state is not None and state["episode"] == 8
+    assert (state["agent"]["scaler"] is not None) == (precision == "fp16")
+    assert state["ranks"][0]["torch_cuda_rng"] is not None
+    assert all(torch.isfinite(t).all() for t in state["agent"]["policy"].values())

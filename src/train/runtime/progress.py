@@ -19,7 +19,7 @@ class Progress:
         self.live = enabled and self.stream.isatty()
         self._start = time.monotonic()
         self._start_count = initial
-        self._last = 0.0
+        self._last = float("-inf")  # the first update always shows
 
     def update(self, count: int, **metrics: float) -> None:
         self.count = count

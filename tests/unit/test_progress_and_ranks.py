@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from train.config import RunConfig
+from train.errors import CheckpointError, ConfigError, UsageError
+from train.runtime.distributed import DistContext, init_distributed
+from train.runtime.precision import select_precision
+from train.runtime.progress import Progress
+from train.runtime.signals import StopController
+from train.workloads.dqn import trainer
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_on_a_terminal() -> None:
+    stream = Tty()
+    bar = Progress(10, 0, "seed 4", 30.0, stream=stream)
+    bar.update(10, reward=3.0)
+    text = stream.getvalue()
+    assert text.startswith("\rseed 4 [") and "10/10" in text and "#" * 24 in text
+    assert text.endswith("\n")
+
+
+def test_plain_lines_in_batch_logs_are_rate_limited() -> None:
+    stream = io.StringIO()
+    log = Progress(100, 0, "seed 4", 3600.0, stream=stream)
+    for i in range(1, 100):
+        log.update(i)
+    log.update(100)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2  # the first update and the final one
+    assert "episode 100/100" in lines[-1] and "\r" not in stream.getvalue()
+
+
+class DivergedRanks(DistContext):
+    """Pretends a second rank ended with other parameters (a DDP desync)."""
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        if isinstance(obj, str) and len(obj) == 64:
+            return [obj, "0" * 64]
+        return [obj]
+
+
+def test_parameters_differing_across_ranks_fail_the_run(tmp_path: Path) -> None:
+    cfg = RunConfig(res=8, episode_steps=8, episodes=1, batch_size=4, learning_starts=4,
+                    replay_size=16, eval_episodes=0, out=str(tmp_path / "r"))
+    ctx = DivergedRanks(device=torch.device("cpu"))
+    with pytest.raises(CheckpointError, match="parameters differ across ranks"):
+        trainer.train(cfg, ctx, select_precision("fp32", "cpu"), StopController(None))
+
+
+def test_partial_torchrun_environment_names_the_missing_variable() -> None:
+    with pytest.raises(UsageError, match="LOCAL_RANK is missing"):
+        init_distributed("cpu", {"RANK": "0", "WORLD_SIZE": "2"})
+    with pytest.raises(UsageError, match="RANK=3 is outside"):
+        init_distributed("cpu", {"RANK": "3", "WORLD_SIZE": "2", "LOCAL_RANK": "0"})
+    with pytest.raises(UsageError, match="WORLD_SIZE must be an integer"):
+        init_distributed("cpu", {"RANK": "0", "WORLD_SIZE": "two", "LOCAL_RANK": "0"})
+
+
+def test_cuda_requested_without_gpu_is_a_config_error() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ConfigError) as err:
+        init_distributed("cuda", {})
+    assert err.value.field == "device"
