@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
 
 from train import __version__
-from train.config import WORKLOADS, build_config, field_table, load_yaml
-from train.errors import EXIT_FAILURE, EXIT_OK, TrainError
+from train.config import WORKLOADS, RunConfig, build_config, field_table, load_yaml
+from train.errors import EXIT_FAILURE, EXIT_OK, TrainError, UsageError
 
 log = logging.getLogger("train")
 
@@ -27,18 +32,25 @@ A YAML file given with --config takes the same keys as the flags (with underscor
 flags override it.
 """
 
+JOB_EPILOG = """\
+The workload and its arguments follow `--`, exactly as `train run` takes them, e.g.
+  train submit job.yaml --chunks 3 -- demo --episodes 9000 --res 32
+A job YAML file takes the same keys as the flags (with underscores), `workload` a list.
+Bad input exits 2 and nothing is submitted.
+"""
 
-def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("run", help="train a workload (the GPU training entrypoint)",
-                       description="Train a workload: demo (built-in beacon game, no GPU or "
-                       "cluster needed) or sc2 (StarCraft II through pysc2).",
-                       epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("workload", nargs="?", default=None, metavar="WORKLOAD",
-                   help=f"one of: {', '.join(WORKLOADS)} (default: demo)")
-    p.add_argument("--config", type=Path, default=None, metavar="FILE",
-                   help="YAML file with any of the options below")
-    for f in field_table():
-        if f.name == "workload":
+
+class _Parser(argparse.ArgumentParser):
+    """Raises UsageError instead of exiting, for parsers used on nested argument lists."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _add_fields(p: argparse.ArgumentParser, cls: type[Any], skip: Sequence[str]) -> None:
+    """One flag per config field, generated from the field table."""
+    for f in field_table(cls):
+        if f.name in skip:
             continue
         meta = f.metadata
         help_text = meta["doc"]
@@ -46,8 +58,44 @@ def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             help_text += f" Choices: {', '.join(meta['choices'])}."
         default = list(f.default) if isinstance(f.default, tuple) else f.default
         help_text += f" (default: {default})"
-        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None,
-                       metavar=f.name.upper(), help=help_text)
+        flag = "--" + f.name.replace("_", "-")
+        if meta["kind"] is bool:
+            p.add_argument(flag, dest=f.name, action="store_const", const="true",
+                           default=None, help=help_text)
+            p.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name,
+                           action="store_const", const="false", default=None,
+                           help=argparse.SUPPRESS)
+        else:
+            p.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(),
+                           help=help_text)
+
+
+def _flags(args: argparse.Namespace, cls: type[Any], skip: Sequence[str]) -> dict[str, Any]:
+    return {f.name: getattr(args, f.name) for f in field_table(cls)
+            if f.name not in skip and getattr(args, f.name, None) is not None}
+
+
+def _add_run_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("workload", nargs="?", default=None, metavar="WORKLOAD",
+                   help=f"one of: {', '.join(WORKLOADS)} (default: demo)")
+    p.add_argument("--config", type=Path, default=None, metavar="FILE",
+                   help="YAML file with any of the options below")
+    _add_fields(p, RunConfig, skip=("workload",))
+
+
+def _run_config(args: argparse.Namespace) -> RunConfig:
+    file_values = load_yaml(args.config) if args.config is not None else {}
+    flags = _flags(args, RunConfig, skip=("workload",))
+    if args.workload is not None:
+        flags["workload"] = args.workload
+    return build_config(file_values, flags)
+
+
+def run_config_from_argv(argv: list[str]) -> RunConfig:
+    """Parse `train run` arguments (as a job will pass them) into a RunConfig."""
+    p = _Parser(prog="train run", add_help=False)
+    _add_run_arguments(p)
+    return _run_config(p.parse_args(argv))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,7 +104,47 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    _add_run_parser(sub)
+
+    p = sub.add_parser("run", help="train a workload (the GPU training entrypoint)",
+                       description="Train a workload: demo (built-in beacon game, no GPU or "
+                       "cluster needed) or sc2 (StarCraft II through pysc2).",
+                       epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_run_arguments(p)
+
+    p = sub.add_parser("clusters", help="list cluster profiles, or show one")
+    p.add_argument("action", nargs="?", choices=["list", "show"], default="list")
+    p.add_argument("name", nargs="?", help="profile to show")
+    p.add_argument("--profile", type=Path, action="append", default=[], metavar="FILE",
+                   help="extra profile YAML (may repeat)")
+
+    from train.slurm.job import JobSpec
+
+    for name, text in (("render", "print the sbatch script(s) of a job (dry run)"),
+                       ("submit", "submit a job as a chain of chunks")):
+        p = sub.add_parser(name, help=text, description=text.capitalize() + ".",
+                           epilog=JOB_EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("job_file", nargs="?", type=Path, metavar="JOB.yaml",
+                       help="job spec file")
+        p.add_argument("--profile", type=Path, action="append", default=[], metavar="FILE",
+                       help="extra cluster profile YAML (may repeat)")
+        _add_fields(p, JobSpec, skip=("workload",))
+
+    for name, text in (("status", "state of a run's chain of jobs"),
+                       ("logs", "print a run's job log"),
+                       ("cancel", "cancel a run's whole chain")):
+        p = sub.add_parser(name, help=text, description=text.capitalize() + ".")
+        p.add_argument("ref", nargs=None if name != "status" else "?", metavar="NAME|JOBID",
+                       help="run name (runs/NAME) or any job id of its chain")
+        p.add_argument("--runs", type=Path, default=Path("runs"), metavar="DIR",
+                       help="where runs live (default: runs)")
+        if name == "status":
+            p.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "logs":
+            p.add_argument("--err", action="store_true", help="the stderr log")
+            p.add_argument("--follow", "-f", action="store_true",
+                           help="keep printing until the job ends")
+            p.add_argument("--job", default=None, help="a particular chunk's job id")
     return parser
 
 
@@ -75,12 +163,7 @@ def _setup_logging(verbose: bool) -> None:
 def _cmd_run(args: argparse.Namespace) -> int:
     from train import runner
 
-    file_values = load_yaml(args.config) if args.config is not None else {}
-    flags = {f.name: getattr(args, f.name) for f in field_table()
-             if f.name != "workload" and getattr(args, f.name) is not None}
-    if args.workload is not None:
-        flags["workload"] = args.workload
-    cfg = build_config(file_values, flags)
+    cfg = _run_config(args)
     result = runner.run(cfg)
     if not result.complete:
         print(f"train: stopped early ({result.stop_reason}); checkpoint written in "
@@ -88,12 +171,136 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_clusters(args: argparse.Namespace) -> int:
+    from train.clusters.profiles import Registry, describe
+
+    registry = Registry(args.profile)
+    if args.action == "show":
+        if not args.name:
+            raise UsageError("clusters show: name a profile; known: "
+                             + ", ".join(registry.names()))
+        print(yaml.safe_dump(describe(registry.get(args.name)), sort_keys=False), end="")
+        return EXIT_OK
+    for name in registry.names():
+        prof = registry.get(name)
+        print(f"{name:10s} {prof.description}  [{prof.source}]")
+    return EXIT_OK
+
+
+def _resolved_job(args: argparse.Namespace, workload: list[str]) -> Any:
+    from train.clusters.profiles import Registry
+    from train.slurm.job import JobSpec, job_from_sources, resolve
+
+    file_values = load_yaml(args.job_file) if args.job_file is not None else {}
+    flags: dict[str, Any] = _flags(args, JobSpec, skip=("workload",))
+    if workload:
+        flags["workload"] = list(workload)
+    spec = job_from_sources(file_values, flags)
+    profile = Registry(args.profile).get(spec.cluster)
+    return resolve(spec, profile)
+
+
+def _run_dir(job: Any) -> Path:
+    return Path(job.spec.out) if job.spec.out else Path("runs") / job.spec.name
+
+
+def _cmd_render(args: argparse.Namespace, workload: list[str]) -> int:
+    from train.slurm.render import RenderContext, library_path, render
+
+    job = _resolved_job(args, workload)
+    ctx = RenderContext(run_dir=str(_run_dir(job).resolve()),
+                        library=library_path().read_text(encoding="utf-8"))
+    texts = [render(job, i, ctx) for i in range(1, job.spec.chunks + 1)]
+    for i, text in enumerate(texts, start=1):
+        if len(texts) > 1:
+            print(f"# ===== chunk {i} of {len(texts)} =====")
+        print(text, end="")
+    return EXIT_OK
+
+
+def _cmd_submit(args: argparse.Namespace, workload: list[str]) -> int:
+    from train.slurm.render import library_path
+    from train.slurm.scheduler import submit_chain
+
+    job = _resolved_job(args, workload)
+    chain = submit_chain(job, _run_dir(job), library_path().read_text(encoding="utf-8"))
+    print(f"submitted {job.spec.name}: {len(chain.ids)} chunk(s), jobs "
+          f"{' '.join(chain.ids)}; run dir {chain.run_dir}")
+    return EXIT_OK
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from train.slurm.scheduler import chain_status, find_run, load_chain
+
+    if args.ref is None:
+        runs = sorted(p.parent for p in args.runs.glob("*/chain.json")) \
+            if args.runs.is_dir() else []
+    else:
+        runs = [find_run(args.ref, args.runs)]
+    statuses = [chain_status(load_chain(r)) for r in runs]
+    if args.json:
+        print(json.dumps(statuses if args.ref is None else statuses[0], indent=2))
+        return EXIT_OK
+    for st in statuses:
+        print(f"{st['name']} ({st['cluster']}): {st['state']}  {st['run_dir']}")
+        for c in st["chunks"]:
+            extra = f" ({c['reason']})" if c.get("reason") not in (None, "None") else ""
+            events = ", ".join(c["events"])
+            print(f"  chunk {c['chunk']}: job {c['job_id']} {c['state']}{extra}"
+                  f"{'  events: ' + events if events else ''}")
+    return EXIT_OK
+
+
+def _cmd_logs(args: argparse.Namespace) -> int:
+    from train.slurm.scheduler import ACTIVE_STATES, find_run, job_states, load_chain, log_path
+
+    chain = load_chain(find_run(args.ref, args.runs))
+    path = log_path(chain, args.job, args.err)
+    position = 0
+    while True:
+        if path.exists():
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                fh.seek(position)
+                chunk = fh.read()
+                position = fh.tell()
+            sys.stdout.write(chunk)
+            sys.stdout.flush()
+        if not args.follow:
+            if not path.exists():
+                raise UsageError(f"logs: {path} does not exist yet (the job has not started)")
+            return EXIT_OK
+        job_id = path.name.rsplit("-", 1)[-1].split(".")[0]
+        if job_states([job_id]).get(job_id, {}).get("state") not in ACTIVE_STATES:
+            return EXIT_OK
+        time.sleep(1.0)
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    from train.slurm.scheduler import cancel_chain, find_run, load_chain
+
+    chain = load_chain(find_run(args.ref, args.runs))
+    cancelled = cancel_chain(chain)
+    print(f"cancelled {chain.record['name']}: "
+          f"{' '.join(cancelled) if cancelled else 'no active jobs'}")
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    raw = list(sys.argv[1:] if argv is None else argv)
+    workload: list[str] = []
+    if "--" in raw and any(c in raw[: raw.index("--")] for c in ("render", "submit")):
+        cut = raw.index("--")
+        raw, workload = raw[:cut], raw[cut + 1:]
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(raw)
     _setup_logging(args.verbose)
+    commands = {"run": _cmd_run, "clusters": _cmd_clusters, "status": _cmd_status,
+                "logs": _cmd_logs, "cancel": _cmd_cancel}
     try:
-        return _cmd_run(args)
+        if args.command in ("render", "submit"):
+            job_cmd = _cmd_render if args.command == "render" else _cmd_submit
+            return job_cmd(args, workload)
+        return commands[args.command](args)
     except TrainError as exc:
         print(f"train: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -13,16 +13,17 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from train.errors import ConfigError, UsageError
 
 WORKLOADS = ("demo", "sc2")
+_T = TypeVar("_T")
 
 
-def _opt(
+def opt(
     default: Any,
     doc: str,
     *,
@@ -50,56 +51,56 @@ def _opt(
 class RunConfig:
     """Everything `train run` needs; flags override the YAML file, which overrides defaults."""
 
-    workload: str = _opt("demo", "What to train: demo (built-in beacon game) or sc2 (pysc2).",
+    workload: str = opt("demo", "What to train: demo (built-in beacon game) or sc2 (pysc2).",
                          kind=str, choices=WORKLOADS)
-    res: int = _opt(16, "Screen and minimap resolution; move actions form a res x res grid.",
+    res: int = opt(16, "Screen and minimap resolution; move actions form a res x res grid.",
                     kind=int, minimum=4)
-    seeds: tuple[int, ...] = _opt((4,), 'Seeds run one after another, e.g. "4 6 8".',
+    seeds: tuple[int, ...] = opt((4,), 'Seeds run one after another, e.g. "4 6 8".',
                                   kind=tuple)
-    episodes: int = _opt(200, "Total episodes per seed; a resumed run continues up to it.",
+    episodes: int = opt(200, "Total episodes per seed; a resumed run continues up to it.",
                          kind=int, positive=True, identity=False)
-    episode_steps: int = _opt(64, "Agent steps per episode of the demo game.",
+    episode_steps: int = opt(64, "Agent steps per episode of the demo game.",
                               kind=int, positive=True)
-    step_mul: int = _opt(8, "Game steps per agent step (sc2 only).", kind=int, positive=True)
-    batch_size: int = _opt(32, "Replay minibatch size per update (per process under DDP).",
+    step_mul: int = opt(8, "Game steps per agent step (sc2 only).", kind=int, positive=True)
+    batch_size: int = opt(32, "Replay minibatch size per update (per process under DDP).",
                            kind=int, positive=True)
-    device: str = _opt("auto", "auto (cuda when available), cpu or cuda.", kind=str,
+    device: str = opt("auto", "auto (cuda when available), cpu or cuda.", kind=str,
                        choices=("auto", "cpu", "cuda"), identity=False)
-    precision: str = _opt("auto", "auto (bf16 on compute capability >= 8, fp16 + GradScaler "
+    precision: str = opt("auto", "auto (bf16 on compute capability >= 8, fp16 + GradScaler "
                           "below, fp32 on CPU), bf16, fp16 or fp32.", kind=str,
                           choices=("auto", "bf16", "fp16", "fp32"), identity=False)
-    out: str = _opt("runs/demo", "Run directory: config, checkpoints, evaluation, plots.",
+    out: str = opt("runs/demo", "Run directory: config, checkpoints, evaluation, plots.",
                     kind=str, identity=False)
-    results_csv: str | None = _opt(None, "Central CSV that gets one row per finished seed "
+    results_csv: str | None = opt(None, "Central CSV that gets one row per finished seed "
                                    "(default: results.csv beside the run directory).",
                                    kind=str, optional=True, identity=False)
-    time_budget: float | None = _opt(None, "Seconds this process may train before it "
+    time_budget: float | None = opt(None, "Seconds this process may train before it "
                                      "checkpoints and exits 0 (e.g. walltime minus a margin).",
                                      kind=float, positive=True, optional=True, identity=False)
-    resume: str = _opt("auto", "auto: continue from the newest complete checkpoint in out; "
+    resume: str = opt("auto", "auto: continue from the newest complete checkpoint in out; "
                        "never: refuse to start where checkpoints exist.", kind=str,
                        choices=("auto", "never"), identity=False)
-    lr: float = _opt(5e-4, "Adam learning rate.", kind=float, positive=True)
-    gamma: float = _opt(0.9, "Discount factor.", kind=float, minimum=0.0)
-    replay_size: int = _opt(20000, "Replay buffer capacity in transitions.", kind=int,
+    lr: float = opt(5e-4, "Adam learning rate.", kind=float, positive=True)
+    gamma: float = opt(0.9, "Discount factor.", kind=float, minimum=0.0)
+    replay_size: int = opt(20000, "Replay buffer capacity in transitions.", kind=int,
                             positive=True)
-    learning_starts: int = _opt(256, "Transitions collected before the first update.",
+    learning_starts: int = opt(256, "Transitions collected before the first update.",
                                 kind=int, minimum=1)
-    train_every: int = _opt(1, "Agent steps between updates.", kind=int, positive=True)
-    target_update: int = _opt(200, "Updates between target network syncs.", kind=int,
+    train_every: int = opt(1, "Agent steps between updates.", kind=int, positive=True)
+    target_update: int = opt(200, "Updates between target network syncs.", kind=int,
                               positive=True)
-    eps_start: float = _opt(1.0, "Initial exploration rate.", kind=float, minimum=0.0)
-    eps_end: float = _opt(0.05, "Final exploration rate.", kind=float, minimum=0.0)
-    eps_decay_steps: int = _opt(4000, "Agent steps over which epsilon decays linearly.",
+    eps_start: float = opt(1.0, "Initial exploration rate.", kind=float, minimum=0.0)
+    eps_end: float = opt(0.05, "Final exploration rate.", kind=float, minimum=0.0)
+    eps_decay_steps: int = opt(4000, "Agent steps over which epsilon decays linearly.",
                                 kind=int, positive=True)
-    eval_episodes: int = _opt(5, "Greedy evaluation episodes at the end of each run chunk.",
+    eval_episodes: int = opt(5, "Greedy evaluation episodes at the end of each run chunk.",
                               kind=int, minimum=0, identity=False)
-    eval_epsilon: float = _opt(0.02, "Exploration rate during evaluation.", kind=float,
+    eval_epsilon: float = opt(0.02, "Exploration rate during evaluation.", kind=float,
                                minimum=0.0, identity=False)
-    checkpoint_every: int = _opt(25, "Episodes between checkpoints (one is always written "
+    checkpoint_every: int = opt(25, "Episodes between checkpoints (one is always written "
                                  "when the run stops).", kind=int, positive=True,
                                  identity=False)
-    log_every: float = _opt(30.0, "Seconds between progress lines in batch logs.",
+    log_every: float = opt(30.0, "Seconds between progress lines in batch logs.",
                             kind=float, positive=True, identity=False)
 
     def __post_init__(self) -> None:
@@ -145,8 +146,8 @@ class RunConfig:
 
 def _type_name(f: dataclasses.Field[Any]) -> str:
     kind = f.metadata["kind"]
-    name = {int: "an integer", float: "a number", str: "a string",
-            tuple: "a list of integers"}[kind]
+    name = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+            tuple: "a list of integers", list: "a list of strings"}[kind]
     return f"{name} or null" if f.metadata["optional"] else name
 
 
@@ -161,8 +162,10 @@ def _check_value(f: dataclasses.Field[Any], value: Any) -> None:
         int: isinstance(value, int) and not isinstance(value, bool),
         float: isinstance(value, float),
         str: isinstance(value, str),
+        bool: isinstance(value, bool),
         tuple: isinstance(value, tuple)
         and all(isinstance(v, int) and not isinstance(v, bool) for v in value),
+        list: isinstance(value, tuple) and all(isinstance(v, str) for v in value),
     }[kind]
     if not ok:
         raise ConfigError(f.name, f"must be {_type_name(f)}, got {value!r}")
@@ -178,9 +181,9 @@ def _check_value(f: dataclasses.Field[Any], value: Any) -> None:
         raise ConfigError(f.name, "must not be empty")
 
 
-def field_table() -> list[dataclasses.Field[Any]]:
-    """The config fields, in declaration order (used to generate CLI flags)."""
-    return list(fields(RunConfig))
+def field_table(cls: type[Any] | None = None) -> list[dataclasses.Field[Any]]:
+    """A config class's fields in declaration order (used to generate CLI flags)."""
+    return list(fields(cls or RunConfig))
 
 
 _INT_RE = re.compile(r"^[+-]?\d+$")
@@ -193,6 +196,20 @@ def _coerce(f: dataclasses.Field[Any], value: Any, *, from_text: bool) -> Any:
         return None
     if kind is tuple:
         return _coerce_seeds(f.name, value)
+    if kind is list:
+        if isinstance(value, (list, tuple)):
+            return tuple(str(v) if isinstance(v, (int, float, str)) and not isinstance(v, bool)
+                         else v for v in value)
+        raise ConfigError(f.name, f"must be a list of strings, got {value!r}")
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if from_text and text in ("true", "yes", "1", "on"):
+            return True
+        if from_text and text in ("false", "no", "0", "off"):
+            return False
+        raise ConfigError(f.name, f"must be true or false, got {value!r}")
     if from_text:
         text = str(value).strip()
         if kind is int:
@@ -246,10 +263,17 @@ def load_yaml(path: Path) -> dict[str, Any]:
 
 def build_config(
     file_values: Mapping[str, Any] | None = None,
-    flag_values: Mapping[str, str] | None = None,
+    flag_values: Mapping[str, Any] | None = None,
 ) -> RunConfig:
     """Merge defaults < YAML values < flag texts into a validated RunConfig."""
-    by_name = {f.name: f for f in fields(RunConfig)}
+    return build(RunConfig, file_values, flag_values)
+
+
+def build(cls: type[_T], file_values: Mapping[str, Any] | None = None,
+          flag_values: Mapping[str, Any] | None = None) -> _T:
+    """Merge defaults < YAML values < flag values into a validated `cls` (a config
+    dataclass whose fields are declared with `opt`)."""
+    by_name = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
     merged: dict[str, Any] = {}
     for key, value in (file_values or {}).items():
         name = str(key).replace("-", "_")
@@ -258,8 +282,8 @@ def build_config(
             raise ConfigError(str(key), f"unknown config key; valid keys are: {valid}")
         merged[name] = _coerce(by_name[name], value, from_text=False)
     for name, text in (flag_values or {}).items():
-        merged[name] = _coerce(by_name[name], text, from_text=True)
-    return RunConfig(**merged)
+        merged[name] = _coerce(by_name[name], text, from_text=isinstance(text, str))
+    return cls(**merged)
 
 
 def check_writable_dir(path: Path, field_name: str) -> None:

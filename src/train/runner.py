@@ -7,6 +7,7 @@ are applied before CUDA initialises; only rank 0 writes results.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,8 @@ from train.runtime.signals import StopController
 from train.workloads.dqn import trainer
 
 log = logging.getLogger(__name__)
+
+COMPLETE_MARKER = "COMPLETE"
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,9 @@ def run(cfg: RunConfig) -> RunResult:
     ctx = init_distributed(cfg.device)
     try:
         precision = resolve_precision(cfg.precision, ctx.device)
+        v = results.versions(ctx.device)
+        log.info("python %s, torch %s, CUDA %s, cuDNN %s, GPU %s", v["python"], v["torch"],
+                 v["cuda"], v["cudnn"], v["gpu"])
         log.info("device %s, precision %s, world size %d", ctx.device, precision.name,
                  ctx.world_size)
         if ctx.is_main:
@@ -52,6 +58,7 @@ def run(cfg: RunConfig) -> RunResult:
                     "precision": precision.name,
                     "allocator": alloc_conf,
                     "world_size": ctx.world_size,
+                    "argv": sys.argv,
                     "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 }))
         with stopper:
@@ -67,6 +74,12 @@ def run(cfg: RunConfig) -> RunResult:
         }
         if ctx.is_main:
             results.write_json_atomic(cfg.out_dir / "status.json", status)
+            # the marker the batch shell checks to end a chain (see slurm/job-lib.sh)
+            marker = cfg.out_dir / COMPLETE_MARKER
+            if summary.complete:
+                marker.touch()
+            else:
+                marker.unlink(missing_ok=True)
             curves = {}
             for seed in cfg.seeds:
                 history = trainer.read_json(cfg.out_dir / f"seed_{seed}" / "episodes.json")

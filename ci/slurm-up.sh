@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Starts a real SLURM cluster on this machine: munged, slurmctld and two slurmd daemons
+# (nodes n1, n2; 4 CPUs, 8000 MB and 2 fake GPUs each; partition "debug"), all on loopback.
+# Usage: ci/slurm-up.sh DIR   (DIR short: the munge socket path must stay under 108 bytes)
+# Prints the SLURM_CONF path. Stop with ci/slurm-down.sh DIR. Needs root, slurm-wlm, munge.
+set -euo pipefail
+
+dir=${1:?usage: slurm-up.sh DIR}
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+base_port=${SLURM_BASE_PORT:-$((20000 + RANDOM % 20000))}
+ctld_port=$base_port
+node_first=$((base_port + 1))
+node_last=$((base_port + 2))
+
+mkdir -p "$dir/state" "$dir/spool" "$dir/dev" "$dir/munge"
+chmod 755 "$dir" "$dir/munge"
+for i in 0 1; do
+    [ -e "$dir/dev/nvidia$i" ] || mknod -m 666 "$dir/dev/nvidia$i" c 1 3
+done
+
+if [ ! -s "$dir/munge/munge.key" ]; then
+    head -c 1024 /dev/urandom > "$dir/munge/munge.key"
+fi
+chmod 600 "$dir/munge/munge.key"
+socket="$dir/munge/munge.sock"
+munged --force --socket="$socket" --key-file="$dir/munge/munge.key" \
+    --pid-file="$dir/munge/munged.pid" --log-file="$dir/munge/munged.log" \
+    --seed-file="$dir/munge/munged.seed"
+
+cat > "$dir/slurm.conf" <<CONF
+ClusterName=local
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort=$ctld_port
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$socket,cred_expire=10
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool/%n
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd-%n.pid
+SlurmctldLogFile=$dir/slurmctld.log
+SlurmdLogFile=$dir/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/filetxt
+JobCompLoc=$dir/jobcomp.txt
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2,bf_interval=2
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+SlurmdParameters=config_overrides
+EnforcePartLimits=ALL
+DependencyParameters=kill_invalid_depend
+ReturnToService=2
+MpiDefault=none
+MinJobAge=600
+KillWait=5
+InactiveLimit=0
+GresTypes=gpu
+NodeName=n[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$node_first-$node_last] CPUs=4 RealMemory=8000 Gres=gpu:2 State=UNKNOWN
+PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=60 State=UP
+CONF
+echo "NodeName=n[1-2] Name=gpu File=$dir/dev/nvidia[0-1]" > "$dir/gres.conf"
+
+export SLURM_CONF="$dir/slurm.conf"
+slurmctld -i
+slurmd -N n1
+slurmd -N n2
+
+for _ in $(seq 1 100); do
+    if sinfo -h -o '%T' 2>/dev/null | grep -qx idle && \
+       [ "$(sinfo -h -N -o '%N %T' | grep -c idle)" -eq 2 ]; then
+        echo "$SLURM_CONF"
+        exit 0
+    fi
+    sleep 0.2
+done
+echo "slurm-up: nodes did not become idle; see $dir/*.log" >&2
+sinfo -N >&2 || true
+exit 1

@@ -1,0 +1,1 @@
+"""SLURM side: job specs, sbatch rendering, chained submission, status, logs, cancel."""

@@ -1,0 +1,272 @@
+"""A SLURM job: its spec (YAML and/or flags) and its validation against a cluster profile.
+
+`resolve` is pure: spec + profile -> ResolvedJob or a ConfigError naming the field and what
+is allowed. Nothing is written or submitted before it succeeds.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+from typing import Any
+
+from train.clusters.profiles import (
+    NodeType,
+    Profile,
+    format_mem,
+    format_time,
+    parse_mem,
+    parse_time,
+)
+from train.config import RunConfig, opt
+from train.errors import ConfigError
+
+LAUNCH_MODES = ("auto", "torchrun", "tasks")
+RUNTIMES = ("none", "apptainer", "docker")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# `train run` options that the job sets itself.
+_RESERVED_RUN_FLAGS = ("--out", "--time-budget")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What to run where; flags override the YAML file, which overrides defaults."""
+
+    name: str = opt("train", "Job and run name; the run directory is runs/NAME.", kind=str)
+    cluster: str = opt("local", "Cluster profile (train clusters lists them).", kind=str)
+    workload: tuple[str, ...] = opt(("demo",), "The workload and its arguments, exactly as "
+                                    "`train run` takes them.", kind=list)
+    account: str | None = opt(None, "SLURM account.", kind=str, optional=True)
+    partition: str | None = opt(None, "Partition (not on sites that use constraints).",
+                                kind=str, optional=True)
+    qos: str | None = opt(None, "Quality of service.", kind=str, optional=True)
+    constraint: str | None = opt(None, "Node constraint, e.g. h200|l40s on Torch.",
+                                 kind=str, optional=True)
+    time: str | None = opt(None, "Walltime per chunk (SLURM format; default: the "
+                           "profile's).", kind=str, optional=True)
+    nodes: int = opt(1, "Nodes.", kind=int, positive=True)
+    gpus_per_node: int = opt(0, "GPUs per node.", kind=int, minimum=0)
+    gpu_type: str | None = opt(None, "GPU type, e.g. a100.", kind=str, optional=True)
+    cpus_per_task: int = opt(4, "CPUs per task (passed to srun explicitly).", kind=int,
+                             positive=True)
+    mem: str | None = opt(None, "Memory per node, e.g. 50G (default: a CPU-proportional "
+                          "share of the node).", kind=str, optional=True)
+    ntasks_per_node: int | None = opt(None, "Tasks per node (default: 1 for torchrun, the "
+                                      "GPU count for tasks).", kind=int, positive=True,
+                                      optional=True)
+    chunks: int = opt(1, "Jobs chained with afterok; each resumes the previous.", kind=int,
+                      positive=True)
+    launch: str = opt("auto", "auto (one process, or torchrun for several), torchrun (one "
+                      "task per node) or tasks (one task per GPU, as Lightning expects).",
+                      kind=str, choices=LAUNCH_MODES)
+    runtime: str = opt("none", "Container runtime: none, apptainer or docker.", kind=str,
+                       choices=RUNTIMES)
+    image: str | None = opt(None, "Container image (SIF path or docker tag).", kind=str,
+                            optional=True)
+    requeue: bool = opt(False, "On the walltime signal, checkpoint and requeue this job "
+                        "(from the host batch shell).", kind=bool)
+    signal_margin: int = opt(300, "Seconds before the walltime at which USR1 is sent and "
+                             "by which the trainer's own time budget ends.", kind=int,
+                             positive=True)
+    time_budget: bool = opt(True, "Give the trainer a time budget of walltime minus the "
+                            "margin (signal delivery alone is coarse).", kind=bool)
+    workers: int = opt(0, "DataLoader workers per process (checked against memory).",
+                       kind=int, minimum=0)
+    worker_mem: str = opt("4G", "Host memory per DataLoader worker.", kind=str)
+    preempt: bool = opt(False, "Submit as preemptible where the site supports it.",
+                        kind=bool)
+    out: str | None = opt(None, "Run directory (default: runs/NAME under the submit "
+                          "directory).", kind=str, optional=True)
+    python: str = opt("python3", "Python on the nodes (runtime none) or in the image.",
+                      kind=str)
+
+    def __post_init__(self) -> None:
+        from train.config import _check_value
+
+        for f in fields(self):
+            _check_value(f, getattr(self, f.name))
+        if not _NAME_RE.match(self.name):
+            raise ConfigError("name", f"must be letters, digits, '.', '_' or '-' (at most 64, "
+                              f"starting with a letter or digit); got {self.name!r}")
+        if not self.workload:
+            raise ConfigError("workload", "give the workload to run, e.g. -- demo --episodes "
+                              "3000")
+
+
+@dataclass(frozen=True)
+class ResolvedJob:
+    """A validated job with every value the renderer needs."""
+
+    spec: JobSpec
+    profile: Profile
+    node: NodeType
+    partition: str | None
+    qos: str | None
+    minutes: int
+    mem_mb: int
+    ntasks_per_node: int
+    launch: str  # single, torchrun or tasks
+    run_config: RunConfig
+
+    @property
+    def time_budget_seconds(self) -> int | None:
+        if not self.spec.time_budget:
+            return None
+        return max(10, self.minutes * 60 - self.spec.signal_margin)
+
+    @property
+    def processes_per_node(self) -> int:
+        if self.launch == "torchrun":
+            return max(1, self.spec.gpus_per_node)
+        return self.ntasks_per_node
+
+
+def _choose_node(spec: JobSpec, profile: Profile) -> tuple[NodeType, str | None]:
+    if not profile.partitions_allowed:
+        if spec.partition:
+            raise ConfigError("partition", f"{profile.name} does not use partitions; request "
+                              f"GPUs with --constraint (one of "
+                              f"{', '.join(profile.constraints)}, alternatives with '|')")
+        if not spec.constraint:
+            raise ConfigError("constraint", f"{profile.name} needs a constraint instead of a "
+                              f"partition: one of {', '.join(profile.constraints)}")
+        names = spec.constraint.split("|")
+        unknown = [n for n in names if n not in profile.constraints]
+        if unknown:
+            raise ConfigError("constraint", f"unknown constraint {unknown[0]!r} on "
+                              f"{profile.name}; known: {', '.join(profile.constraints)}")
+        nodes = [profile.constraints[n] for n in names]
+        # the job must fit on every alternative it may land on
+        merged = NodeType(
+            name="|".join(names),
+            gpus_per_node=min(n.gpus_per_node for n in nodes),
+            gpu_types=tuple(t for n in nodes for t in n.gpu_types),
+            cpus_per_node=min(n.cpus_per_node for n in nodes),
+            mem_mb=min(n.mem_mb for n in nodes),
+            max_minutes=min((n.max_minutes for n in nodes if n.max_minutes is not None),
+                            default=None),
+            max_nodes=min((n.max_nodes for n in nodes if n.max_nodes is not None),
+                          default=None),
+            max_gpus=min((n.max_gpus for n in nodes if n.max_gpus is not None), default=None),
+        )
+        return merged, None
+    partition = spec.partition or profile.default_partition
+    if partition is None:
+        raise ConfigError("partition", f"{profile.name} requires a partition; one of "
+                          f"{', '.join(profile.partitions)}")
+    if partition not in profile.partitions:
+        raise ConfigError("partition", f"unknown partition {partition!r} on {profile.name}; "
+                          f"known: {', '.join(profile.partitions)}")
+    return profile.partitions[partition], partition
+
+
+def _run_config(spec: JobSpec) -> RunConfig:
+    """Validate the workload arguments now, as `train run` will parse them on the node."""
+    from train.cli import run_config_from_argv
+
+    for flag in _RESERVED_RUN_FLAGS:
+        if any(a == flag or a.startswith(flag + "=") for a in spec.workload):
+            raise ConfigError("workload", f"{flag} is set by the job (the run directory and "
+                              "the walltime); remove it from the workload arguments")
+    return run_config_from_argv(list(spec.workload))
+
+
+def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
+    """Every check that can be made before submission; errors name the field."""
+    if profile.account_required and not spec.account:
+        raise ConfigError("account", f"{profile.name} requires --account; "
+                          f"{profile.account_hint}")
+    node, partition = _choose_node(spec, profile)
+    qos = spec.qos or profile.default_qos
+    if profile.qos_required and not qos:
+        raise ConfigError("qos", f"{profile.name} requires --qos; one of "
+                          f"{', '.join(profile.qos_limits)}")
+    if qos and profile.qos_limits and qos not in profile.qos_limits:
+        raise ConfigError("qos", f"unknown QOS {qos!r} on {profile.name}; known: "
+                          f"{', '.join(profile.qos_limits)}")
+    minutes = parse_time(spec.time, "time") if spec.time else profile.default_minutes
+    if minutes <= 0:
+        raise ConfigError("time", "must be at least one minute")
+    if node.max_minutes is not None and minutes > node.max_minutes:
+        raise ConfigError("time", f"{format_time(minutes)} is over the {node.name} limit "
+                          f"of {format_time(node.max_minutes)} on {profile.name}")
+    qos_limit = profile.qos_limits.get(qos) if qos else None
+    if qos_limit is not None and minutes > qos_limit:
+        raise ConfigError("time", f"{format_time(minutes)} is over the QOS {qos} limit of "
+                          f"{format_time(qos_limit)} on {profile.name}")
+    if spec.signal_margin >= minutes * 60:
+        raise ConfigError("signal_margin", f"{spec.signal_margin} s leaves no time in a "
+                          f"{format_time(minutes)} walltime; use less than {minutes * 60}")
+    if spec.gpus_per_node > node.gpus_per_node:
+        raise ConfigError("gpus_per_node", f"{spec.gpus_per_node} is more than the "
+                          f"{node.gpus_per_node} GPUs of a {node.name} node")
+    if spec.gpu_type is not None:
+        if spec.gpus_per_node == 0:
+            raise ConfigError("gpu_type", "set gpus_per_node too")
+        if spec.gpu_type not in node.gpu_types:
+            allowed = ", ".join(node.gpu_types) or "none (untyped GPUs)"
+            raise ConfigError("gpu_type", f"{node.name} has no {spec.gpu_type!r} GPUs; "
+                              f"it has: {allowed}")
+    if node.max_nodes is not None and spec.nodes > node.max_nodes:
+        raise ConfigError("nodes", f"{spec.nodes} is over the {node.name} limit of "
+                          f"{node.max_nodes} nodes per job")
+    if node.max_gpus is not None and spec.nodes * spec.gpus_per_node > node.max_gpus:
+        raise ConfigError("gpus_per_node", f"{spec.nodes} x {spec.gpus_per_node} GPUs is "
+                          f"over the {node.max_gpus}-GPU limit per job on {node.name}")
+
+    launch = spec.launch
+    if launch == "auto":
+        launch = "single" if spec.nodes * max(1, spec.gpus_per_node) == 1 else "torchrun"
+    if launch == "tasks":
+        ntasks = spec.ntasks_per_node or max(1, spec.gpus_per_node)
+        if spec.gpus_per_node and ntasks != spec.gpus_per_node:
+            raise ConfigError("ntasks_per_node", f"one-task-per-GPU launch needs "
+                              f"--ntasks-per-node equal to the GPUs per node "
+                              f"({spec.gpus_per_node}), got {ntasks}")
+    else:
+        ntasks = spec.ntasks_per_node or 1
+        if ntasks != 1:
+            raise ConfigError("ntasks_per_node", f"{launch} launch runs one task per node "
+                              f"(it starts the per-GPU processes itself); got {ntasks}. "
+                              "Use --launch tasks for one task per GPU")
+    if spec.cpus_per_task * ntasks > node.cpus_per_node:
+        raise ConfigError("cpus_per_task", f"{ntasks} task(s) x {spec.cpus_per_task} CPUs "
+                          f"is more than the {node.cpus_per_node} CPUs of a {node.name} node")
+    if spec.mem is not None:
+        mem_mb = parse_mem(spec.mem, "mem")
+    else:
+        mem_mb = node.mem_mb * spec.cpus_per_task * ntasks // max(1, node.cpus_per_node)
+    if mem_mb > node.mem_mb:
+        raise ConfigError("mem", f"{format_mem(mem_mb)} is more than the "
+                          f"{format_mem(node.mem_mb)} of a {node.name} node")
+    procs = max(1, spec.gpus_per_node) if launch == "torchrun" else ntasks
+    if spec.workers:
+        per_worker = parse_mem(spec.worker_mem, "worker_mem")
+        need = spec.workers * procs * per_worker
+        if need > mem_mb:
+            safe = mem_mb // (procs * per_worker)
+            raise ConfigError("workers", f"{spec.workers} DataLoader workers x {procs} "
+                              f"processes per node x {format_mem(per_worker)} = "
+                              f"{format_mem(need)} is over the job's {format_mem(mem_mb)} "
+                              f"per node; use at most {safe} workers per process")
+    if spec.runtime != "none" and not spec.image:
+        raise ConfigError("image", f"runtime {spec.runtime} needs --image")
+    if spec.requeue and spec.chunks > 1:
+        raise ConfigError("requeue", "requeue mode resubmits the same job; use chunks 1")
+    if spec.preempt and not profile.preempt_flags:
+        raise ConfigError("preempt", f"{profile.name} has no preemptible jobs")
+    return ResolvedJob(spec=spec, profile=profile, node=node, partition=partition, qos=qos,
+                       minutes=minutes, mem_mb=mem_mb, ntasks_per_node=ntasks, launch=launch,
+                       run_config=_run_config(spec))
+
+
+def job_from_sources(file_values: dict[str, Any] | None, flags: dict[str, Any]) -> JobSpec:
+    from train.config import build
+
+    return build(JobSpec, file_values, flags)
+
+
+def chunk_names(spec: JobSpec) -> list[str]:
+    if spec.chunks == 1:
+        return [spec.name]
+    return [f"{spec.name}-c{i}of{spec.chunks}" for i in range(1, spec.chunks + 1)]

@@ -1,0 +1,78 @@
+"""The rendered-script golden cases. Regenerate the files after an intended change with:
+
+    python -m tests.golden.cases
+
+then review the diff (`git diff tests/golden`) before committing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from train.clusters.profiles import Registry
+from train.slurm.job import JobSpec, ResolvedJob, resolve
+from train.slurm.render import RenderContext, library_path, render
+
+HERE = Path(__file__).parent
+RUN_ROOT = "/scratch/user/runs"
+
+CASES: dict[str, dict[str, Any]] = {
+    "gilbreth-chunked": dict(cluster="gilbreth", name="e1", account="lab", partition="a30",
+                             qos="standby", time="2:00:00", gpus_per_node=1, chunks=3,
+                             mem="50G", workload=("demo", "--res", "32", "--seeds", "4",
+                                                  "--episodes", "9000")),
+    "gilbreth-multinode": dict(cluster="gilbreth", name="mn", account="lab",
+                               partition="a100-40gb", time="12:00:00", nodes=2,
+                               gpus_per_node=4, cpus_per_task=16, runtime="apptainer",
+                               image="/depot/lab/train-base.sif",
+                               workload=("demo", "--episodes", "20000")),
+    "rivanna-chunked": dict(cluster="rivanna", name="r1", account="grp", gpus_per_node=1,
+                            gpu_type="a100", chunks=2, workload=("demo", "--res", "32")),
+    "rivanna-multinode": dict(cluster="rivanna", name="rm", account="grp", nodes=2,
+                              gpus_per_node=8, gpu_type="a100", cpus_per_task=8,
+                              launch="tasks", time="1-00:00:00", runtime="apptainer",
+                              image="/scratch/grp/navsim.sif", workers=2, worker_mem="8G",
+                              workload=("demo",)),
+    "torch-chunked": dict(cluster="torch", name="t1", account="torch_pr_1_general",
+                          constraint="h200|l40s", gpus_per_node=1, chunks=4, preempt=True,
+                          time="2:00:00", workload=("demo", "--seeds", "4 6 8")),
+    "torch-multinode": dict(cluster="torch", name="tm", account="torch_pr_1_general",
+                            constraint="l40s", nodes=4, gpus_per_node=4, cpus_per_task=8,
+                            launch="tasks", mem="200G", workers=2, worker_mem="4G",
+                            runtime="apptainer", image="/scratch/me/navsim.sif",
+                            workload=("demo",)),
+    "local-chunked": dict(cluster="local", name="l1", chunks=3, time="5:00",
+                          cpus_per_task=1, mem="1000M", signal_margin=30,
+                          workload=("demo", "--episodes", "6")),
+    "local-multinode": dict(cluster="local", name="lm", nodes=2, gpus_per_node=2,
+                            cpus_per_task=2, mem="2000M", runtime="docker",
+                            image="train-base:ci", workload=("demo", "--episodes", "4")),
+    "local-requeue": dict(cluster="local", name="lq", requeue=True, time="3:00",
+                          signal_margin=60, time_budget=False, cpus_per_task=1,
+                          mem="1000M", workload=("demo", "--results-csv",
+                                                 "/tmp/x $(id); `id` 'q' \"d\"\nnl.csv")),
+}
+
+
+def resolved(case: str) -> ResolvedJob:
+    spec = JobSpec(**CASES[case])
+    return resolve(spec, Registry(environ={}).get(spec.cluster))
+
+
+def rendered(case: str) -> str:
+    job = resolved(case)
+    ctx = RenderContext(run_dir=f"{RUN_ROOT}/{job.spec.name}",
+                        library=library_path().read_text(encoding="utf-8"))
+    return "".join(render(job, i, ctx) for i in range(1, job.spec.chunks + 1)
+                   if i in (1, job.spec.chunks))
+
+
+def golden_path(case: str) -> Path:
+    return HERE / f"{case}.sbatch"
+
+
+if __name__ == "__main__":
+    for name in CASES:
+        golden_path(name).write_text(rendered(name), encoding="utf-8")
+        print(f"wrote {golden_path(name)}")

