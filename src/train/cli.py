@@ -161,6 +161,9 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from train.runtime.signals import install_early_handlers
+
+    install_early_handlers()  # before torch is imported: that takes seconds
     from train import runner
 
     cfg = _run_config(args)

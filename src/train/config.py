@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from train.errors import ConfigError, UsageError
+from train.errors import ConfigError
 
 WORKLOADS = ("demo", "sc2")
 _T = TypeVar("_T")
@@ -303,10 +304,13 @@ def check_writable_dir(path: Path, field_name: str) -> None:
         raise ConfigError(field_name, f"cannot create {path}: {probe} is not a directory")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(field_name, f"cannot write to {path}: {probe} is not writable")
+    # access() trusts permission bits (root passes them all); a real file settles it
+    try:
+        fd, name = tempfile.mkstemp(prefix=".train-probe-", dir=probe)
+    except OSError as exc:
+        raise ConfigError(field_name, f"cannot write to {path}: {probe}: "
+                          f"{exc.strerror or exc}") from None
+    os.close(fd)
+    os.unlink(name)
     if probe == path.absolute() and not os.access(probe, os.R_OK):
         raise ConfigError(field_name, f"cannot read {path}")
-
-
-def reject_unknown(name: str) -> UsageError:
-    return UsageError(f"workload: unknown workload {name!r}; choose one of: "
-                      f"{', '.join(WORKLOADS)}")

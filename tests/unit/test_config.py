@@ -115,3 +115,11 @@ def test_identity_excludes_episodes_and_paths() -> None:
     b = RunConfig(episodes=20, out="y", time_budget=5.0)
     assert a.identity() == b.identity()
     assert RunConfig(lr=0.1).identity() != a.identity()
+
+
+def test_unwritable_even_for_root(tmp_path: Path) -> None:
+    # /proc accepts access(W_OK) for root but refuses new files
+    with pytest.raises(ConfigError, match="results_csv: cannot write"):
+        check_writable_dir(Path("/proc/nowhere"), "results_csv")
+    check_writable_dir(tmp_path, "out")
+    assert list(tmp_path.iterdir()) == []  # the probe file is gone

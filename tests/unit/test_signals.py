@@ -58,3 +58,20 @@ def test_second_sigint_interrupts_at_once() -> None:
         assert stopper.should_stop()
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_signal_before_the_trainer_is_ready_is_kept() -> None:
+    from train.runtime.signals import install_early_handlers
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}
+    try:
+        install_early_handlers()
+        os.kill(os.getpid(), signal.SIGUSR1)  # would kill an unprepared Python process
+        with StopController(None) as stopper:
+            assert stopper.should_stop()
+            assert stopper.reason == "received SIGUSR1"
+        with StopController(None) as stopper:  # consumed once
+            assert not stopper.should_stop()
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

@@ -19,6 +19,22 @@ log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 
+# A stop signal that arrived before the trainer was ready (SLURM's walltime signal is coarse
+# and may come during start-up, when SIGUSR1's default action would kill the process).
+_early: dict[str, str | None] = {"reason": None}
+
+
+def _early_handler(signum: int, frame: FrameType | None) -> None:
+    if signum == signal.SIGINT and _early["reason"] is not None:
+        raise KeyboardInterrupt
+    _early["reason"] = f"received {signal.Signals(signum).name}"
+
+
+def install_early_handlers() -> None:
+    """Record stop signals from process start on; StopController picks them up."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _early_handler)
+
 
 class StopController:
     def __init__(self, time_budget: float | None,
@@ -34,6 +50,9 @@ class StopController:
     def __enter__(self) -> StopController:
         for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._on_signal)
+        if _early["reason"] is not None:
+            self.request_stop(_early["reason"])
+            _early["reason"] = None
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

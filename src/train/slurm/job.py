@@ -26,6 +26,7 @@ RUNTIMES = ("none", "apptainer", "docker")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # `train run` options that the job sets itself.
 _RESERVED_RUN_FLAGS = ("--out", "--time-budget")
+DEFAULT_MARGIN = 300
 
 
 @dataclass(frozen=True)
@@ -65,9 +66,10 @@ class JobSpec:
                             optional=True)
     requeue: bool = opt(False, "On the walltime signal, checkpoint and requeue this job "
                         "(from the host batch shell).", kind=bool)
-    signal_margin: int = opt(300, "Seconds before the walltime at which USR1 is sent and "
-                             "by which the trainer's own time budget ends.", kind=int,
-                             positive=True)
+    signal_margin: int | None = opt(None, "Seconds before the walltime at which USR1 is "
+                                    "sent and by which the trainer's own time budget ends "
+                                    "(default: 300, or a quarter of a shorter walltime).",
+                                    kind=int, positive=True, optional=True)
     time_budget: bool = opt(True, "Give the trainer a time budget of walltime minus the "
                             "margin (signal delivery alone is coarse).", kind=bool)
     workers: int = opt(0, "DataLoader workers per process (checked against memory).",
@@ -106,13 +108,14 @@ class ResolvedJob:
     mem_mb: int
     ntasks_per_node: int
     launch: str  # single, torchrun or tasks
+    margin: int  # seconds
     run_config: RunConfig
 
     @property
     def time_budget_seconds(self) -> int | None:
         if not self.spec.time_budget:
             return None
-        return max(10, self.minutes * 60 - self.spec.signal_margin)
+        return max(10, self.minutes * 60 - self.margin)
 
     @property
     def processes_per_node(self) -> int:
@@ -194,8 +197,10 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
     if qos_limit is not None and minutes > qos_limit:
         raise ConfigError("time", f"{format_time(minutes)} is over the QOS {qos} limit of "
                           f"{format_time(qos_limit)} on {profile.name}")
-    if spec.signal_margin >= minutes * 60:
-        raise ConfigError("signal_margin", f"{spec.signal_margin} s leaves no time in a "
+    margin = spec.signal_margin if spec.signal_margin is not None \
+        else min(DEFAULT_MARGIN, minutes * 60 // 4)
+    if margin >= minutes * 60:
+        raise ConfigError("signal_margin", f"{margin} s leaves no time in a "
                           f"{format_time(minutes)} walltime; use less than {minutes * 60}")
     if spec.gpus_per_node > node.gpus_per_node:
         raise ConfigError("gpus_per_node", f"{spec.gpus_per_node} is more than the "
@@ -257,7 +262,7 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
         raise ConfigError("preempt", f"{profile.name} has no preemptible jobs")
     return ResolvedJob(spec=spec, profile=profile, node=node, partition=partition, qos=qos,
                        minutes=minutes, mem_mb=mem_mb, ntasks_per_node=ntasks, launch=launch,
-                       run_config=_run_config(spec))
+                       margin=margin, run_config=_run_config(spec))
 
 
 def job_from_sources(file_values: dict[str, Any] | None, flags: dict[str, Any]) -> JobSpec:

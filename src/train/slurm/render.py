@@ -94,7 +94,7 @@ def sbatch_options(job: ResolvedJob, chunk: int, run_dir: str) -> list[str]:
         lines.append(gpu)
     lines += [
         f"--time={format_time(job.minutes)}",
-        f"--signal=B:USR1@{spec.signal_margin}",
+        f"--signal=B:USR1@{job.margin}",
         "--open-mode=append",
         f"--output={sbatch_value(run_dir + '/logs/%x-%j.out', 'out')}",
         f"--error={sbatch_value(run_dir + '/logs/%x-%j.err', 'out')}",

@@ -1,0 +1,155 @@
+"""Every bad job input is a ConfigError naming the field (exit 2, nothing submitted)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import run_cli
+from train.clusters.profiles import Registry
+from train.errors import ConfigError, UsageError
+from train.slurm.job import JobSpec, resolve
+from train.slurm.scheduler import parse_events, parse_sacct, parse_sbatch_id, parse_squeue_json
+
+REG = Registry(environ={})
+GIL = dict(cluster="gilbreth", account="lab", partition="a30", qos="standby", time="2:00:00",
+           gpus_per_node=1)
+
+
+def _resolve(**kw: Any) -> Any:
+    spec = JobSpec(**kw)
+    return resolve(spec, REG.get(spec.cluster))
+
+
+def _fails(field: str, match: str, **kw: Any) -> str:
+    with pytest.raises((ConfigError, UsageError)) as err:
+        _resolve(**kw)
+    assert getattr(err.value, "field", field) == field, str(err.value)
+    assert match in str(err.value), str(err.value)
+    return str(err.value)
+
+
+def test_valid_gilbreth_job() -> None:
+    job = _resolve(**GIL)
+    assert job.partition == "a30" and job.minutes == 120 and job.launch == "single"
+    assert job.time_budget_seconds == 120 * 60 - 300
+
+
+def test_missing_account_says_how_to_list_them() -> None:
+    _fails("account", "slist", **{**GIL, "account": None})
+    _fails("account", "my_slurm_accounts", cluster="torch", constraint="h200")
+
+
+def test_unknown_partition_lists_them() -> None:
+    msg = _fails("partition", "unknown partition 'a40'", **{**GIL, "partition": "a40"})
+    assert "a30" in msg and "a100-80gb" in msg
+
+
+def test_partition_on_torch_says_use_a_constraint() -> None:
+    _fails("partition", "request GPUs with --constraint", cluster="torch", account="torch_pr_1",
+           partition="h200_public")
+    _fails("constraint", "one of h200, l40s", cluster="torch", account="torch_pr_1")
+    _fails("constraint", "unknown constraint 'a100'", cluster="torch", account="torch_pr_1",
+           constraint="h200|a100")
+
+
+def test_walltime_over_qos_and_partition_limits() -> None:
+    msg = _fails("time", "QOS standby limit of 04:00:00", **{**GIL, "time": "5:00:00"})
+    assert "05:00:00" in msg
+    _fails("time", "over the gpu-mig limit", cluster="rivanna", account="g",
+           partition="gpu-mig", time="4-00:00:00")
+    _fails("qos", "unknown QOS 'debug'", **{**GIL, "qos": "debug"})
+
+
+def test_resources_over_the_node() -> None:
+    _fails("gpus_per_node", "more than the 3 GPUs", **{**GIL, "gpus_per_node": 4})
+    _fails("cpus_per_task", "more than the 32 CPUs", **{**GIL, "cpus_per_task": 64})
+    _fails("mem", "more than the 250G", **{**GIL, "mem": "300G"})
+    _fails("nodes", "limit of 4 nodes", cluster="rivanna", account="g", nodes=5,
+           gpus_per_node=8)
+    # 4 x 8 = 32 GPUs is exactly Rivanna's per-job limit: allowed; on Torch 24 is the cap
+    assert _resolve(cluster="rivanna", account="g", nodes=4, gpus_per_node=8)
+    _fails("gpus_per_node", "24-GPU limit", cluster="torch", account="torch_pr_1",
+           constraint="h200", nodes=4, gpus_per_node=8)
+
+
+def test_gpu_type_the_partition_lacks() -> None:
+    msg = _fails("gpu_type", "has no 'h100' GPUs", **{**GIL, "gpu_type": "h100"})
+    assert "a30" in msg
+    _fails("gpu_type", "set gpus_per_node", **{**GIL, "gpus_per_node": 0, "gpu_type": "a30"})
+
+
+def test_dataloader_workers_over_memory_suggests_a_safe_count() -> None:
+    # the field notes' 16-GPU host OOM: 4 L40S per node, 8 workers each, 256 GB nodes
+    msg = _fails("workers", "use at most 3 workers per process", cluster="torch",
+                 account="torch_pr_1", constraint="l40s", nodes=4, gpus_per_node=4,
+                 launch="tasks", cpus_per_task=8, mem="200G", workers=8, worker_mem="16G")
+    assert "8 DataLoader workers x 4 processes per node" in msg
+    ok = _resolve(cluster="torch", account="torch_pr_1", constraint="l40s", nodes=4,
+                  gpus_per_node=4, launch="tasks", cpus_per_task=8, mem="200G", workers=2,
+                  worker_mem="16G")
+    assert ok.processes_per_node == 4
+
+
+def test_tasks_launch_needs_one_task_per_gpu() -> None:
+    _fails("ntasks_per_node", "equal to the GPUs per node (4)", cluster="torch",
+           account="torch_pr_1", constraint="l40s", gpus_per_node=4, launch="tasks",
+           ntasks_per_node=1)
+    _fails("ntasks_per_node", "runs one task per node", cluster="torch",
+           account="torch_pr_1", constraint="h200", gpus_per_node=8, launch="torchrun",
+           ntasks_per_node=8)
+
+
+def test_workload_arguments_checked_before_submission() -> None:
+    _fails("workload", "must be one of demo, sc2", **{**GIL, "workload": ("atari",)})
+    _fails("episodes", "greater than 0", **{**GIL, "workload": ("demo", "--episodes", "0")})
+    _fails("workload", "--out is set by the job", **{**GIL, "workload": ("demo", "--out",
+                                                                         "x")})
+
+
+def test_other_field_checks() -> None:
+    _fails("name", "letters, digits", **{**GIL, "name": "a b"})
+    _fails("image", "needs --image", **{**GIL, "runtime": "apptainer"})
+    _fails("requeue", "chunks 1", **{**GIL, "requeue": True, "chunks": 2})
+    _fails("preempt", "no preemptible", **{**GIL, "preempt": True})
+    _fails("signal_margin", "leaves no time", **{**GIL, "time": "5", "signal_margin": 300})
+    with pytest.raises(ConfigError) as err:
+        JobSpec(chunks=0)
+    assert err.value.field == "chunks"
+
+
+def test_shell_metacharacters_are_not_an_error() -> None:
+    hostile = "$(touch /tmp/pwned); `id` ; 'q' \"d\"\nnext"
+    job = _resolve(**{**GIL, "workload": ("demo", "--results-csv", hostile)})
+    assert job.spec.workload[-1] == hostile
+
+
+def test_cli_bad_job_exits_2_and_submits_nothing(tmp_path: Path) -> None:
+    proc = run_cli(["submit", "--cluster", "gilbreth", "--account", "lab", "--partition",
+                    "a30", "--qos", "standby", "--time", "5:00:00", "--", "demo"],
+                   cwd=tmp_path, env={"PATH": "/nonexistent:/usr/bin:/bin"})
+    assert proc.returncode == 2, proc.stderr
+    assert "time: 05:00:00 is over the QOS standby limit" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+    proc = run_cli(["render", "--cluster", "anvil", "--", "demo"], cwd=tmp_path)
+    assert proc.returncode == 2 and "known clusters:" in proc.stderr
+
+
+def test_scheduler_output_parsers() -> None:
+    assert parse_sbatch_id("1234\n") == "1234"
+    assert parse_sbatch_id("77;cluster\n") == "77"
+    squeue = ('{"jobs": [{"job_id": 5, "job_state": "PENDING", "state_reason": '
+              '"Dependency"}, {"job_id": 6, "job_state": ["RUNNING"]}]}')
+    parsed = parse_squeue_json(squeue)
+    assert parsed["5"]["state"] == "PENDING" and parsed["5"]["reason"] == "Dependency"
+    assert parsed["6"]["state"] == "RUNNING"
+    sacct = "12|COMPLETED|0:0\n12.batch|COMPLETED|0:0\n13|CANCELLED by 0|0:0\n14|FAILED|1:0\n"
+    states = parse_sacct(sacct)
+    assert states == {"12": {"state": "COMPLETED", "exit": "0:0"},
+                      "13": {"state": "CANCELLED", "exit": "0:0"},
+                      "14": {"state": "FAILED", "exit": "1:0"}}
+    events = parse_events("1700000000 1 12 started\n1700000100 1 12 failed 3\ngarbage\n")
+    assert [e["event"] for e in events] == ["started", "failed"]
+    assert events[1]["detail"] == "3"
