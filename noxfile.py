@@ -48,6 +48,19 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session
+def integration(session: nox.Session) -> None:
+    """Only the tiers that need real systems (a local SLURM cluster the tests start)."""
+    _install(session, "dev")
+    session.run(
+        "pytest",
+        "-m",
+        "slurm or docker or apptainer",
+        *session.posargs,
+        env={"OMP_NUM_THREADS": "1"},
+    )
+
+
+@nox.session
 def demo(session: nox.Session) -> None:
     """Train the built-in demo on this machine (no cluster, container or GPU needed)."""
     _install(session)
@@ -58,7 +71,7 @@ def demo(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks against hand-written baselines; figures go to benchmarks/RESULTS.md."""
     _install(session, "dev")
-    names = session.posargs or ["update", "checkpoint", "learning"]
+    names = session.posargs or ["update", "checkpoint", "learning", "submit"]
     for name in names:
         script = ROOT / "benchmarks" / f"bench_{name}.py"
         if not script.is_file():

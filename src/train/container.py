@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from train.runtime.memory import ALLOC_CONF_VAR, TUNED_ALLOC_CONF
+from train.runtime.alloc_conf import ALLOC_CONF_VAR, TUNED_ALLOC_CONF
 
 # Variables the training process reads; passed by name so their host values carry over.
 PASS_THROUGH = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",

@@ -6,6 +6,7 @@ to squeue and the job completion log."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -14,9 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.conftest import TINY, run_cli, tiny_flags
-from train import runner
-from train.config import RunConfig
+from tests.conftest import run_cli, tiny_flags
 from train.runtime.checkpoint import CheckpointManager
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -66,7 +65,18 @@ def _logs(run_dir: Path, suffix: str) -> str:
 
 def test_three_chunks_complete_and_equal_one_uninterrupted_run(
         tmp_path: Path, slurm_env: dict[str, str]) -> None:
-    episodes = 500
+    # size the work to about 1.3 chunk budgets at this machine's measured speed, so the
+    # walltime must end at least one chunk and three chunks always suffice (a coarse,
+    # early signal can shorten one chunk to almost nothing)
+    # (reference and calibration run as the jobs do: same CLI, same thread settings, as
+    # float reductions differ with the thread count)
+    calibration = ["run", "demo", "--out", str(tmp_path / "calibration"),
+                   *tiny_flags(checkpoint_every=25, log_every=1000)]
+    assert run_cli([*calibration, "--episodes", "10"]).returncode == 0
+    proc = run_cli([*calibration, "--episodes", "60"])
+    rate = float(re.findall(r"episode 60/60 \(([\d.]+) ep/s\)", proc.stderr)[-1])
+    budget = 60 - 45
+    episodes = max(40, int(1.3 * budget * rate))
     flags = tiny_flags(checkpoint_every=25)
     run_dir = _submit(tmp_path, slurm_env, "chain",
                       ["--chunks", "3", "--time", "1", "--signal-margin", "45"],
@@ -79,8 +89,9 @@ def test_three_chunks_complete_and_equal_one_uninterrupted_run(
     assert all(c["state"] not in ("PENDING", "RUNNING") for c in st["chunks"])
 
     straight = tmp_path / "straight"
-    runner.run(RunConfig(**{**TINY, "checkpoint_every": 25, "episodes": episodes,
-                            "out": str(straight), "log_every": 60.0}))
+    proc = run_cli(["run", "demo", "--episodes", str(episodes), "--out", str(straight),
+                    *flags], env=slurm_env)
+    assert proc.returncode == 0, proc.stderr
     a = json.loads((run_dir / "seed_4" / "episodes.json").read_text())
     b = json.loads((straight / "seed_4" / "episodes.json").read_text())
     assert a["rewards"] == b["rewards"] and len(a["rewards"]) == episodes

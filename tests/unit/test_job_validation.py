@@ -153,3 +153,18 @@ def test_scheduler_output_parsers() -> None:
     events = parse_events("1700000000 1 12 started\n1700000100 1 12 failed 3\ngarbage\n")
     assert [e["event"] for e in events] == ["started", "failed"]
     assert events[1]["detail"] == "3"
+
+
+def test_login_node_commands_do_not_import_torch(tmp_path: Path) -> None:
+    # login nodes are slow and their file systems slower: render/submit/status stay light
+    code = ("import sys\nfrom train.cli import main\n"
+            "rc = main(['render', '--cluster', 'local', '--', 'demo'])\n"
+            "assert rc == 0, rc\n"
+            "assert 'torch' not in sys.modules and 'numpy' not in sys.modules\n")
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH --partition=debug" in proc.stdout

@@ -18,11 +18,12 @@ from dataclasses import dataclass
 import torch
 
 from train.errors import PreallocationError
+from train.runtime.alloc_conf import ALLOC_CONF_VAR, TUNED_ALLOC_CONF
 
 log = logging.getLogger(__name__)
 
-ALLOC_CONF_VAR = "PYTORCH_CUDA_ALLOC_CONF"
-TUNED_ALLOC_CONF = "expandable_segments:True,garbage_collection_threshold:0.7,max_split_size_mb:128"
+__all__ = ["ALLOC_CONF_VAR", "TUNED_ALLOC_CONF", "apply_allocator_settings", "preallocate"]
+
 MIB = 1024 * 1024
 
 

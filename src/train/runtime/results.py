@@ -10,7 +10,6 @@ from __future__ import annotations
 import csv
 import fcntl
 import io
-import json
 import os
 import platform
 import socket
@@ -23,38 +22,13 @@ import numpy as np
 import torch
 
 from train import __version__, _proc
+from train.jsonio import to_builtin, write_json_atomic
+
+__all__ = ["to_builtin", "write_json_atomic"]
 
 ENV_PREFIXES = ("SLURM_", "CUDA_", "NCCL_", "PYTORCH_")
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
 REDACTED = "<redacted>"
-
-
-def to_builtin(value: Any) -> Any:
-    """Recursively convert NumPy/torch values to int, float, bool, str, list, dict."""
-    if isinstance(value, dict):
-        return {str(k): to_builtin(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_builtin(v) for v in value]
-    if isinstance(value, torch.Tensor):
-        return to_builtin(value.tolist())
-    if isinstance(value, np.ndarray):
-        return to_builtin(value.tolist())
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(to_builtin(data), fh, indent=2, sort_keys=True, allow_nan=False)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def environment_snapshot(environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -43,13 +43,8 @@ class RenderContext:
 
 
 def library_path() -> Path:
-    """slurm/job-lib.sh in the source tree, or the copy installed with the package."""
-    here = Path(__file__).resolve()
-    for candidate in (here.parents[3] / "slurm" / LIBRARY_NAME,
-                      here.parent / LIBRARY_NAME):
-        if candidate.is_file():
-            return candidate
-    raise FileNotFoundError(f"{LIBRARY_NAME} not found beside the package")
+    """The job library shipped in the package (slurm/job-lib.sh links to it)."""
+    return Path(__file__).with_name(LIBRARY_NAME)
 
 
 def sbatch_value(value: str, field: str) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 from train import _proc
 from train.errors import TrainError, UsageError
-from train.runtime.results import write_json_atomic
+from train.jsonio import write_json_atomic
 from train.slurm.job import ResolvedJob, chunk_names
 from train.slurm.render import RenderContext, render
 

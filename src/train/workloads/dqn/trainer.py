@@ -205,6 +205,8 @@ class SeedRun:
                 batch = self.agent.to_batch(self.replay.sample(cfg.batch_size, self.rng))
                 loss_sum += self.agent.update(batch)
                 losses_in_episode += 1
+                if self.agent.updates == 1:
+                    log.info("first training step done at unix time %.3f", time.time())
 
         stopped = False
         try:

@@ -1,0 +1,37 @@
+"""Atomic JSON files with values converted to builtin types; no heavy imports, so the
+login-node commands (render, submit, status) start fast."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def to_builtin(value: Any) -> Any:
+    """Recursively convert NumPy/torch values to int, float, bool, str, list, dict."""
+    if isinstance(value, dict):
+        return {str(k): to_builtin(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_builtin(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if hasattr(value, "tolist"):  # NumPy arrays and scalars, torch tensors
+        return to_builtin(value.tolist())
+    if hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(to_builtin(data), fh, indent=2, sort_keys=True, allow_nan=False)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
