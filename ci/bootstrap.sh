@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian machine (or a developer's) for the nox sessions: the system
-# packages the integration tiers use (a real SLURM cluster: slurm-wlm and munge) when run
-# as root with apt, and nox for the current python3. Idempotent; safe to run again.
+# packages the integration tiers use (a real SLURM cluster: slurm-wlm and munge; a real
+# Docker engine and a Debian base for image builds: docker.io and debootstrap) when run as
+# root with apt, and nox for the current python3. Idempotent; safe to run again.
 set -euo pipefail
 
 python=${PYTHON:-python3}
-packages=(slurm-wlm munge)
+packages=(slurm-wlm munge docker.io debootstrap)
 
 missing=()
 for pkg in "${packages[@]}"; do
@@ -20,11 +21,11 @@ if [ "${#missing[@]}" -gt 0 ]; then
             "${missing[@]}" >/dev/null
     else
         echo "bootstrap: ${missing[*]} not installed and not root with apt:" \
-            "the slurm test tier will be skipped" >&2
+            "the slurm and docker test tiers will be skipped" >&2
     fi
 fi
 # the packaged daemons are not used: tests start their own on loopback
-for unit in slurmctld slurmd munge; do
+for unit in slurmctld slurmd munge docker containerd; do
     if command -v systemctl >/dev/null 2>&1; then
         systemctl stop "$unit" >/dev/null 2>&1 || true
     fi

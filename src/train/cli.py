@@ -130,6 +130,21 @@ def build_parser() -> argparse.ArgumentParser:
                        help="extra cluster profile YAML (may repeat)")
         _add_fields(p, JobSpec, skip=("workload",))
 
+    p = sub.add_parser("image", help="lint, translate, build, test and export images",
+                       description="Container images from containers/*.def.")
+    p.add_argument("action", choices=["lint", "translate", "build", "test", "export"])
+    p.add_argument("images", nargs="*", metavar="IMAGE",
+                   help="base, sc2, navsim or a .def path (lint: all when none given)")
+    p.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a %%arguments default (may repeat)")
+    p.add_argument("--localimage", action="append", default=[], metavar="SIF=TAG",
+                   help="docker tag to use for a localimage bootstrap (may repeat)")
+    p.add_argument("--tag", default=None, help="docker tag (default: train/IMAGE:local)")
+    p.add_argument("--engine", choices=["auto", "apptainer", "docker"], default="auto")
+    p.add_argument("--fakeroot", action="store_true", help="apptainer build --fakeroot")
+    p.add_argument("--out", type=Path, default=None,
+                   help="translate: context dir; build: SIF path; export: tar path")
+
     for name, text in (("status", "state of a run's chain of jobs"),
                        ("logs", "print a run's job log"),
                        ("cancel", "cancel a run's whole chain")):
@@ -278,6 +293,65 @@ def _cmd_logs(args: argparse.Namespace) -> int:
         time.sleep(1.0)
 
 
+def _pairs(items: list[str], flag: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{flag}: expected NAME=VALUE, got {item!r}")
+        out[key] = value
+    return out
+
+
+def _cmd_image(args: argparse.Namespace) -> int:
+    from train.images import build as builder
+    from train.images.defs import containers_dir, find_def, parse
+    from train.images.dockerfile import translate
+    from train.images.lint import lint_all
+
+    if args.action == "lint":
+        paths = [find_def(i) for i in args.images] or sorted(containers_dir().glob("*.def"))
+        violations = lint_all(paths)
+        for v in violations:
+            print(v)
+        print(f"{len(paths)} definition(s), {len(violations)} violation(s)", file=sys.stderr)
+        return 1 if violations else EXIT_OK
+    if len(args.images) != 1:
+        raise UsageError(f"image {args.action}: name exactly one image")
+    image = args.images[0]
+    build_args = _pairs(args.build_arg, "--build-arg")
+    localimages = _pairs(args.localimage, "--localimage")
+    tag = args.tag or f"train/{find_def(image).stem}:local"
+    engine = builder.engine(args.engine)
+    if args.action == "translate":
+        if args.out is None:
+            print(translate(parse(find_def(image)), build_args, localimages).dockerfile,
+                  end="")
+        else:
+            builder.write_context(parse(find_def(image)), args.out, build_args, localimages)
+            print(f"build context written to {args.out}")
+        return EXIT_OK
+    sif = args.out or Path(f"{find_def(image).stem}.sif")
+    if args.action == "build":
+        if engine == "apptainer":
+            builder.apptainer_build(image, sif, build_args, args.fakeroot)
+            print(f"built {sif}")
+        else:
+            image_id = builder.docker_build(image, tag, build_args, localimages)
+            print(f"built {tag} ({image_id})")
+        return EXIT_OK
+    if args.action == "test":
+        report = builder.apptainer_test(sif) if engine == "apptainer" \
+            else builder.docker_test(tag)
+        print(report, end="")
+        return EXIT_OK
+    if engine == "apptainer":
+        raise UsageError("image export: an apptainer build is already a SIF file")
+    out = args.out or Path(f"{find_def(image).stem}.tar")
+    print(builder.docker_export(tag, out))
+    return EXIT_OK
+
+
 def _cmd_cancel(args: argparse.Namespace) -> int:
     from train.slurm.scheduler import cancel_chain, find_run, load_chain
 
@@ -298,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(raw)
     _setup_logging(args.verbose)
     commands = {"run": _cmd_run, "clusters": _cmd_clusters, "status": _cmd_status,
-                "logs": _cmd_logs, "cancel": _cmd_cancel}
+                "logs": _cmd_logs, "cancel": _cmd_cancel, "image": _cmd_image}
     try:
         if args.command in ("render", "submit"):
             job_cmd = _cmd_render if args.command == "render" else _cmd_submit

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,3 +46,51 @@ def slurm_env() -> Iterator[dict[str, str]]:
         subprocess.run(["bash", str(REPO / "ci" / "slurm-down.sh"), str(folder)],
                        check=False, timeout=120)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+CI_BASE_TAG = "train-ci-base:bookworm"
+CI_IMAGE_TAG = "train/base:ci"
+CI_BUILD_ARGS = ("--build-arg", f"BASE_IMAGE={CI_BASE_TAG}", "--build-arg",
+                 "BASE_LOCK=base-cpu.txt")
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> Iterator[dict[str, str]]:
+    """A real dockerd (ci/docker-up.sh), the debootstrapped stand-in for the CUDA base
+    image, and the offline wheelhouse the image build installs from."""
+    if os.geteuid() != 0:
+        pytest.skip("the Docker engine for image tests needs root")
+    missing = [c for c in ("dockerd", "docker", "debootstrap") if shutil.which(c) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed: run `bash ci/bootstrap.sh` as root "
+                    "(apt-get install docker.io debootstrap)")
+    folder = Path(tempfile.mkdtemp(prefix="dk", dir="/tmp"))
+    up = subprocess.run(["bash", str(REPO / "ci" / "docker-up.sh"), str(folder)],
+                        capture_output=True, text=True, timeout=120, check=False)
+    try:
+        if up.returncode != 0:
+            pytest.fail(f"docker-up.sh failed: {up.stderr}")
+        env = {"DOCKER_HOST": up.stdout.strip().splitlines()[-1]}
+        previous = os.environ.get("DOCKER_HOST")
+        os.environ["DOCKER_HOST"] = env["DOCKER_HOST"]
+        base = subprocess.run(["bash", str(REPO / "ci" / "base-rootfs.sh"), CI_BASE_TAG],
+                              capture_output=True, text=True, timeout=900, check=False)
+        if base.returncode != 0:
+            pytest.fail(f"base-rootfs.sh failed: {base.stderr[-2000:]}")
+        wheels = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--require-hashes",
+             "--only-binary=:all:", "-d", str(REPO / "containers" / "wheelhouse"), "-r",
+             str(REPO / "containers" / "requirements" / "base-cpu.txt")],
+            capture_output=True, text=True, timeout=900, check=False)
+        if wheels.returncode != 0:
+            pytest.fail(f"wheelhouse download failed: {wheels.stderr[-2000:]}")
+        yield env
+    finally:
+        subprocess.run(["bash", str(REPO / "ci" / "docker-down.sh"), str(folder)],
+                       check=False, timeout=120)
+        shutil.rmtree(folder, ignore_errors=True)
+        if "previous" in locals():
+            if previous is None:
+                os.environ.pop("DOCKER_HOST", None)
+            else:
+                os.environ["DOCKER_HOST"] = previous

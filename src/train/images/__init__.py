@@ -1,0 +1,1 @@
+"""Container images: .def parsing and lint, .def -> Dockerfile, build drivers."""
