@@ -145,6 +145,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None,
                    help="translate: context dir; build: SIF path; export: tar path")
 
+    p = sub.add_parser("launch", help="start a workload on every node of a job step "
+                       "(inside the container)",
+                       description="Run inside the container on each node of a SLURM job "
+                       "step: derive the rendezvous from SLURM and start the command after "
+                       "`--` (torchrun: one task per node; tasks: one task per GPU).")
+    p.add_argument("--mode", choices=["torchrun", "tasks"], default="torchrun")
+    p.add_argument("--nproc-per-node", type=int, default=None,
+                   help="torchrun workers per node (default: the node's GPUs, 1 on CPU)")
+    p.add_argument("--min-free-mb", type=int, default=None,
+                   help="wait until every GPU has this much free memory")
+    p.add_argument("--wait-timeout", type=float, default=3600.0,
+                   help="seconds to wait for --min-free-mb (default 3600)")
+    p.add_argument("--fallback-batch", type=int, default=None,
+                   help="after the wait times out, add --batch-size N instead of failing")
+    p.add_argument("--workers", type=int, default=None,
+                   help="DataLoader workers wanted per process (capped by CPUs and memory; "
+                   "exported as TRAIN_DATALOADER_WORKERS)")
+    p.add_argument("--worker-mem-mb", type=int, default=4096,
+                   help="host memory per DataLoader worker (default 4096)")
+
     for name, text in (("status", "state of a run's chain of jobs"),
                        ("logs", "print a run's job log"),
                        ("cancel", "cancel a run's whole chain")):
@@ -352,6 +372,18 @@ def _cmd_image(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_launch(args: argparse.Namespace, command: list[str]) -> int:
+    from train.launch import LaunchOptions, launch
+    from train.runtime.signals import install_early_handlers
+
+    install_early_handlers()
+    return launch(LaunchOptions(mode=args.mode, command=command,
+                                nproc_per_node=args.nproc_per_node,
+                                min_free_mb=args.min_free_mb, wait_timeout=args.wait_timeout,
+                                fallback_batch=args.fallback_batch, workers=args.workers,
+                                worker_mem_mb=args.worker_mem_mb))
+
+
 def _cmd_cancel(args: argparse.Namespace) -> int:
     from train.slurm.scheduler import cancel_chain, find_run, load_chain
 
@@ -365,7 +397,8 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     workload: list[str] = []
-    if "--" in raw and any(c in raw[: raw.index("--")] for c in ("render", "submit")):
+    if "--" in raw and any(c in raw[: raw.index("--")] for c in ("render", "submit",
+                                                                   "launch")):
         cut = raw.index("--")
         raw, workload = raw[:cut], raw[cut + 1:]
     parser = build_parser()
@@ -374,6 +407,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = {"run": _cmd_run, "clusters": _cmd_clusters, "status": _cmd_status,
                 "logs": _cmd_logs, "cancel": _cmd_cancel, "image": _cmd_image}
     try:
+        if args.command == "launch":
+            return _cmd_launch(args, workload)
         if args.command in ("render", "submit"):
             job_cmd = _cmd_render if args.command == "render" else _cmd_submit
             return job_cmd(args, workload)

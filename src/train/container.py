@@ -15,7 +15,8 @@ from train.runtime.alloc_conf import ALLOC_CONF_VAR, TUNED_ALLOC_CONF
 # Variables the training process reads; passed by name so their host values carry over.
 PASS_THROUGH = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                 "MASTER_PORT", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID",
-                "SLURM_NODEID", "SLURM_NTASKS", "SLURM_JOB_NODELIST", "SLURM_CPUS_PER_TASK",
+                "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE",
+                "SLURM_JOB_NODELIST", "SLURM_CPUS_PER_TASK", "SLURM_GPUS_ON_NODE",
                 "CUDA_VISIBLE_DEVICES")
 
 

@@ -15,25 +15,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from train import container
-from train.clusters.profiles import format_mem, format_time
+from train.clusters.profiles import format_mem, format_time, parse_mem
 from train.errors import ConfigError
 from train.slurm.job import ResolvedJob, chunk_names
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_.,:=@%/+|-]+$")
 LIBRARY_NAME = "job-lib.sh"
 
-# Each srun task of a one-task-per-GPU launch becomes one torch rank.
-TASK_ENV = ('export RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" '
-            'WORLD_SIZE="$SLURM_NTASKS" LOCAL_WORLD_SIZE="${SLURM_NTASKS_PER_NODE:-1}"; '
-            'export APPTAINERENV_RANK="$RANK" APPTAINERENV_LOCAL_RANK="$LOCAL_RANK" '
-            'APPTAINERENV_WORLD_SIZE="$WORLD_SIZE" '
-            'APPTAINERENV_LOCAL_WORLD_SIZE="$LOCAL_WORLD_SIZE" '
-            'APPTAINERENV_MASTER_ADDR="$MASTER_ADDR" APPTAINERENV_MASTER_PORT="$MASTER_PORT"; '
-            'exec "$@"')
-
-
-class Var(str):
-    """An element of the step that is a shell variable reference, expanded at run time."""
+# apptainer --cleanenv drops the host environment; the per-task SLURM and rank variables
+# `train launch` reads are handed in through APPTAINERENV_ copies made in each task.
+APPTAINER_TASK_ENV = (
+    "for v in " + " ".join(container.PASS_THROUGH) + "; do "
+    'if [ -n "${!v+x}" ]; then export "APPTAINERENV_$v=${!v}"; fi; done; exec "$@"'
+)
 
 
 @dataclass(frozen=True)
@@ -119,21 +113,20 @@ def step_argv(job: ResolvedJob, run_dir: str) -> list[str]:
         spec.runtime, image=spec.image, gpus=spec.gpus_per_node > 0,
         binds=job.profile.binds, run_dir=run_dir,
         env=container.job_environment(job.profile.nccl_env))
-    py = [*prefix, spec.python]
-    workload = train_argv(job, run_dir)
+    if spec.runtime == "apptainer":
+        prefix = ["bash", "-c", APPTAINER_TASK_ENV, "train-task", *prefix]
+    run = [spec.python, "-m", "train", "run", *train_argv(job, run_dir)]
+    if job.launch == "single":
+        return [*srun, *prefix, *run]
+    launch = [spec.python, "-m", "train", "launch", f"--mode={job.launch}"]
     if job.launch == "torchrun":
-        return [*srun, *py, "-m", "torch.distributed.run", f"--nnodes={spec.nodes}",
-                f"--nproc-per-node={max(1, spec.gpus_per_node)}", "--rdzv-backend=c10d",
-                Var("--rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT"),
-                Var("--rdzv-id=$SLURM_JOB_ID"), "-m", "train", "run", *workload]
-    if job.launch == "tasks":
-        return [*srun, "bash", "-c", TASK_ENV, "train-task", *py, "-m", "train", "run",
-                *workload]
-    return [*srun, *py, "-m", "train", "run", *workload]
+        launch.append(f"--nproc-per-node={max(1, spec.gpus_per_node)}")
+    if spec.workers:
+        launch += [f"--workers={spec.workers}",
+                   f"--worker-mem-mb={parse_mem(spec.worker_mem, 'worker_mem')}"]
+    return [*srun, *prefix, *launch, "--", *run]
 
 
-def _quote(arg: str) -> str:
-    return f'"{arg}"' if isinstance(arg, Var) else shlex.quote(arg)
 
 
 def _strip_header(library: str) -> str:
@@ -166,10 +159,6 @@ def render(job: ResolvedJob, chunk: int, ctx: RenderContext) -> str:
     ]
     env = container.job_environment(job.profile.nccl_env)
     out.append("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
-    if job.launch != "single":
-        out += ["MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)",
-                "MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
-                "export MASTER_ADDR MASTER_PORT"]
     if job.profile.modules and spec.runtime == "apptainer":
         out += ["", "# site set-up (from the cluster profile)", *job.profile.modules]
     out += ["", "# shellcheck disable=SC2016,SC2054  # literal arguments, quoted on purpose",
@@ -180,4 +169,4 @@ def render(job: ResolvedJob, chunk: int, ctx: RenderContext) -> str:
 
 
 def _wrap(argv: Sequence[str]) -> list[str]:
-    return ["    " + _quote(arg) for arg in argv]
+    return ["    " + shlex.quote(arg) for arg in argv]

@@ -1,0 +1,303 @@
+"""`train launch`: runs inside the container on every node of a SLURM job step.
+
+It reads the SLURM environment (the node list through the `hostlist` library), derives the
+rendezvous (first node as master, a port from the job id, the job id as rendezvous id) and
+starts the workload in one of two ways:
+  torchrun  one task per node: torch's elastic launcher, in this process, starts one worker
+            per GPU of the node (1 on a CPU node unless --nproc-per-node says otherwise);
+  tasks     one task per GPU (what Lightning and NAVSIM's training expect): this task is one
+            rank; RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT are set and the command
+            replaces this process.
+Before starting it can wait for free GPU memory (the field notes' wait-and-run wrapper), caps
+DataLoader workers by the task's CPUs and the host memory, and logs whether InfiniBand is
+visible and which NCCL settings are in force.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from train import _proc
+from train.errors import ResourceError, UsageError
+
+log = logging.getLogger(__name__)
+
+# A hung collective fails the job with a message instead of burning the walltime.
+NCCL_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_DEBUG": "WARN"}
+WORKER_VAR = "TRAIN_DATALOADER_WORKERS"
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SlurmStep:
+    job_id: int
+    nodes: list[str]
+    node_id: int
+    procid: int
+    localid: int
+    ntasks: int
+    ntasks_per_node: int
+    cpus_per_task: int
+    gpus_on_node: int
+
+    @property
+    def master(self) -> str:
+        return self.nodes[0]
+
+    @property
+    def port(self) -> int:
+        return 20000 + self.job_id % 20000
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
+    value = env.get(name)
+    if value is None or value == "":
+        if default is None:
+            raise UsageError(f"environment variable {name} is missing: `train launch` runs "
+                             "inside a SLURM job step (srun)")
+        return default
+    try:
+        return int(value.split("(")[0])  # SLURM_TASKS_PER_NODE style "2(x3)"
+    except ValueError:
+        raise UsageError(f"environment variable {name} must be an integer, got "
+                         f"{value!r}") from None
+
+
+def gpus_visible(env: Mapping[str, str]) -> int:
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    return _int(env, "SLURM_GPUS_ON_NODE", 0)
+
+
+def read_step(env: Mapping[str, str]) -> SlurmStep:
+    """The job step as SLURM describes it; inconsistencies are errors naming the variable."""
+    import hostlist
+
+    raw = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not raw:
+        raise UsageError("environment variable SLURM_JOB_NODELIST is missing: `train launch` "
+                         "runs inside a SLURM job step (srun)")
+    try:
+        nodes = list(hostlist.expand_hostlist(raw))
+    except Exception:
+        raise UsageError(f"environment variable SLURM_JOB_NODELIST={raw!r} is not a host "
+                         "list") from None
+    nnodes = _int(env, "SLURM_NNODES", len(nodes))
+    if nnodes != len(nodes):
+        raise UsageError(f"environment variable SLURM_NNODES={nnodes} disagrees with "
+                         f"SLURM_JOB_NODELIST ({len(nodes)} nodes: {raw})")
+    step = SlurmStep(
+        job_id=_int(env, "SLURM_JOB_ID"),
+        nodes=nodes,
+        node_id=_int(env, "SLURM_NODEID"),
+        procid=_int(env, "SLURM_PROCID"),
+        localid=_int(env, "SLURM_LOCALID", 0),
+        ntasks=_int(env, "SLURM_NTASKS", 1),
+        ntasks_per_node=_int(env, "SLURM_NTASKS_PER_NODE", 1),
+        cpus_per_task=_int(env, "SLURM_CPUS_PER_TASK", os.cpu_count() or 1),
+        gpus_on_node=gpus_visible(env),
+    )
+    if not 0 <= step.node_id < len(nodes):
+        raise UsageError(f"environment variable SLURM_NODEID={step.node_id} is outside "
+                         f"0..{len(nodes) - 1}")
+    if not 0 <= step.procid < step.ntasks:
+        raise UsageError(f"environment variable SLURM_PROCID={step.procid} is outside "
+                         f"0..{step.ntasks - 1} (SLURM_NTASKS={step.ntasks})")
+    return step
+
+
+def resolve_address(node: str) -> str:
+    """The node's address: DNS first, then what SLURM knows (`scontrol show node`)."""
+    try:
+        return socket.gethostbyname(node)
+    except OSError:
+        pass
+    try:
+        out = _proc.run(["scontrol", "show", "node", node, "-o"], timeout=30).stdout
+    except _proc.ProcError:
+        out = ""
+    for field in out.split():
+        if field.startswith("NodeAddr="):
+            return field.split("=", 1)[1]
+    raise UsageError(f"cannot resolve the master node {node!r}: not in DNS and scontrol "
+                     "(often missing inside containers) did not give its NodeAddr")
+
+
+def torchrun_argv(step: SlurmStep, master_addr: str, nproc: int, command: Sequence[str]
+                  ) -> list[str]:
+    """torch.distributed.run arguments: a static rendezvous on the first node."""
+    argv = [f"--nnodes={len(step.nodes)}", f"--node-rank={step.node_id}",
+            f"--nproc-per-node={nproc}", f"--master-addr={master_addr}",
+            f"--master-port={step.port}", f"--rdzv-id={step.job_id}"]
+    if command and command[0] in ("python", "python3", sys.executable) and len(command) > 2 \
+            and command[1] == "-m":
+        return [*argv, "-m", command[2], *command[3:]]
+    return [*argv, "--no-python", *command]
+
+
+def tasks_env(step: SlurmStep, master_addr: str) -> dict[str, str]:
+    return {"RANK": str(step.procid), "LOCAL_RANK": str(step.localid),
+            "WORLD_SIZE": str(step.ntasks), "LOCAL_WORLD_SIZE": str(step.ntasks_per_node),
+            "NODE_RANK": str(step.node_id), "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(step.port)}
+
+
+def cap_workers(requested: int, cpus: int, procs_per_node: int, host_free: int,
+                per_worker: int) -> tuple[int, str]:
+    """DataLoader workers per process that the task's CPUs and the host memory allow."""
+    by_cpu = max(0, cpus - 1)  # one CPU for the training process itself
+    by_mem = host_free // max(1, procs_per_node * per_worker)
+    allowed = min(requested, by_cpu, by_mem)
+    reason = (f"requested {requested}, {cpus} CPUs allow {by_cpu}, host memory "
+              f"{host_free // MIB} MiB / ({procs_per_node} processes x "
+              f"{per_worker // MIB} MiB) allows {by_mem}")
+    return max(0, allowed), reason
+
+
+def host_free_bytes() -> int:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def wait_for_gpu_memory(min_free_mb: int, timeout: float, poll: float = 10.0) -> bool:
+    """True once every visible GPU has min_free_mb free; False on timeout."""
+    try:
+        import pynvml
+    except ImportError:
+        log.info("GPU memory wait skipped: NVIDIA's management library is not installed")
+        return True
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        log.info("GPU memory wait skipped: no NVIDIA driver here (%s)", exc)
+        return True
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            free = [pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).free
+                    for i in range(pynvml.nvmlDeviceGetCount())]
+            if all(f >= min_free_mb * MIB for f in free):
+                log.info("GPU memory free: %s MiB (need %d)", [f // MIB for f in free],
+                         min_free_mb)
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            log.info("waiting for %d MiB free on every GPU, have %s MiB", min_free_mb,
+                     [f // MIB for f in free])
+            time.sleep(poll)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def log_interconnect(env: Mapping[str, str]) -> None:
+    ib = Path("/sys/class/infiniband")
+    devices = sorted(p.name for p in ib.iterdir()) if ib.is_dir() else []
+    if devices:
+        log.info("InfiniBand visible: %s", ", ".join(devices))
+    else:
+        log.info("InfiniBand not visible: NCCL will use TCP sockets across nodes")
+    nccl = {k: v for k, v in sorted(env.items()) if k.startswith(("NCCL_", "TORCH_NCCL_"))}
+    log.info("NCCL settings: %s", nccl or "defaults")
+
+
+def apply_nccl_defaults(env: MutableMapping[str, str]) -> None:
+    for key, value in NCCL_DEFAULTS.items():
+        env.setdefault(key, value)
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    mode: str
+    command: list[str]
+    nproc_per_node: int | None = None
+    min_free_mb: int | None = None
+    wait_timeout: float = 3600.0
+    fallback_batch: int | None = None
+    workers: int | None = None
+    worker_mem_mb: int = 4096
+
+
+def prepare(opts: LaunchOptions, env: MutableMapping[str, str]) -> tuple[SlurmStep, str,
+                                                                           list[str]]:
+    """Everything before starting: checks, waits, caps. Returns (step, master, command)."""
+    if not opts.command:
+        raise UsageError("launch: give the command after --, e.g. -- python -m train run demo")
+    step = read_step(env)
+    master = resolve_address(step.master)
+    command = list(opts.command)
+    apply_nccl_defaults(env)
+    log_interconnect(env)
+    if opts.min_free_mb is not None:
+        if step.gpus_on_node == 0:
+            log.info("GPU memory wait skipped: no GPU on this node")
+        elif not wait_for_gpu_memory(opts.min_free_mb, opts.wait_timeout):
+            if opts.fallback_batch is None:
+                raise ResourceError(f"GPUs did not reach {opts.min_free_mb} MiB free within "
+                                    f"{opts.wait_timeout:g} s")
+            log.warning("GPU memory still short after %g s: falling back to batch size %d",
+                        opts.wait_timeout, opts.fallback_batch)
+            command += ["--batch-size", str(opts.fallback_batch)]
+    if opts.workers is not None:
+        procs = (opts.nproc_per_node or max(1, step.gpus_on_node)) if opts.mode == "torchrun" \
+            else step.ntasks_per_node
+        cpus = step.cpus_per_task // procs if opts.mode == "torchrun" else step.cpus_per_task
+        allowed, why = cap_workers(opts.workers, cpus, procs, host_free_bytes(),
+                                   opts.worker_mem_mb * MIB)
+        log.info("DataLoader workers per process: %d (%s)", allowed, why)
+        env[WORKER_VAR] = str(allowed)
+    return step, master, command
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _forward_to_workers(signum: int, frame: object) -> None:
+    """The walltime signal reaches this agent (srun forwards it): pass it to the workers,
+    which checkpoint and exit 0; the agent then returns when they are done."""
+    for pid in _children(os.getpid()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+
+def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> int:
+    """torchrun mode returns when the node's workers are done; tasks mode execs."""
+    environ = os.environ if env is None else env
+    step, master, command = prepare(opts, environ)
+    if opts.mode == "torchrun":
+        signal.signal(signal.SIGUSR1, _forward_to_workers)
+        nproc = opts.nproc_per_node or max(1, step.gpus_on_node)
+        argv = torchrun_argv(step, master, nproc, command)
+        log.info("node %d/%d: torchrun %s", step.node_id, len(step.nodes), " ".join(argv))
+        from torch.distributed.run import main as torchrun_main
+
+        torchrun_main(argv)
+        return 0
+    environ.update(tasks_env(step, master))
+    log.info("rank %d/%d (node %d, local %d), master %s:%d: %s", step.procid, step.ntasks,
+             step.node_id, step.localid, master, step.port, " ".join(command))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvpe(command[0], command, dict(environ))  # noqa: S606 (argv list, no shell)

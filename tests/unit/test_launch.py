@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import pytest
+
+from train.errors import UsageError
+from train.launch import (
+    LaunchOptions,
+    cap_workers,
+    prepare,
+    read_step,
+    tasks_env,
+    torchrun_argv,
+)
+
+ENV = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-a[01-02]", "SLURM_NNODES": "2",
+       "SLURM_NODEID": "1", "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4",
+       "SLURM_NTASKS_PER_NODE": "2", "SLURM_CPUS_PER_TASK": "8",
+       "CUDA_VISIBLE_DEVICES": "0,1"}
+
+
+def test_read_step_and_rendezvous() -> None:
+    step = read_step(ENV)
+    assert step.nodes == ["gpu-a01", "gpu-a02"] and step.master == "gpu-a01"
+    assert step.port == 20000 + 4242 % 20000 and step.gpus_on_node == 2
+    assert tasks_env(step, "10.0.0.1") == {
+        "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
+        "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": str(step.port)}
+
+
+@pytest.mark.parametrize(("change", "var"), [
+    ({"SLURM_JOB_NODELIST": None}, "SLURM_JOB_NODELIST"),
+    ({"SLURM_JOB_ID": None}, "SLURM_JOB_ID"),
+    ({"SLURM_NNODES": "3"}, "SLURM_NNODES=3 disagrees"),
+    ({"SLURM_NODEID": "2"}, "SLURM_NODEID=2 is outside"),
+    ({"SLURM_PROCID": "9"}, "SLURM_PROCID=9 is outside"),
+    ({"SLURM_NTASKS": "four"}, "SLURM_NTASKS must be an integer"),
+])
+def test_missing_or_inconsistent_variables_are_named(change: dict[str, str | None],
+                                                     var: str) -> None:
+    env = {k: v for k, v in {**ENV, **change}.items() if v is not None}
+    with pytest.raises(UsageError, match=var):
+        read_step(env)
+
+
+def test_torchrun_argv_static_rendezvous_on_first_node() -> None:
+    step = read_step(ENV)
+    argv = torchrun_argv(step, "10.0.0.1", 2, ["python3", "-m", "train", "run", "demo"])
+    assert argv[:6] == ["--nnodes=2", "--node-rank=1", "--nproc-per-node=2",
+                        "--master-addr=10.0.0.1", f"--master-port={step.port}",
+                        "--rdzv-id=4242"]
+    assert argv[6:] == ["-m", "train", "run", "demo"]
+    assert torchrun_argv(step, "h", 1, ["./script.sh", "x"])[-3:] == ["--no-python",
+                                                                     "./script.sh", "x"]
+
+
+def test_worker_cap_by_cpus_and_memory() -> None:
+    gib = 1024**3
+    assert cap_workers(8, 8, 4, 256 * gib, 16 * gib)[0] == 4  # memory: 256 / (4 x 16)
+    assert cap_workers(8, 4, 1, 256 * gib, gib)[0] == 3  # CPUs: one kept for training
+    assert cap_workers(2, 8, 1, 256 * gib, gib)[0] == 2
+
+
+def test_prepare_caps_workers_sets_nccl_and_skips_gpu_wait_on_cpu(
+        caplog: pytest.LogCaptureFixture) -> None:
+    env = {**ENV, "CUDA_VISIBLE_DEVICES": "", "SLURM_JOB_NODELIST": "localhost"}
+    env["SLURM_NNODES"], env["SLURM_NODEID"] = "1", "0"
+    opts = LaunchOptions(mode="tasks", command=["python3", "-m", "train", "run"],
+                         min_free_mb=1000, workers=16, worker_mem_mb=1)
+    with caplog.at_level("INFO"):
+        _step, master, command = prepare(opts, env)
+    assert master == "127.0.0.1" and command == opts.command
+    assert env["TRAIN_DATALOADER_WORKERS"] == "7"  # 8 CPUs per task, one kept
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert "GPU memory wait skipped: no GPU on this node" in caplog.text
+    assert "NCCL settings" in caplog.text and "InfiniBand" in caplog.text
+    with pytest.raises(UsageError, match="give the command after --"):
+        prepare(LaunchOptions(mode="tasks", command=[]), dict(env))
