@@ -34,7 +34,7 @@ def main() -> None:
         subprocess.run(["bash", str(REPO / "ci" / "base-rootfs.sh"), BASE], env=env,
                        check=True, capture_output=True)
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                        "--require-hashes", "--only-binary=:all:", "-d",
+                        "--require-hashes", "-d",
                         str(REPO / "containers" / "wheelhouse"), "-r",
                         str(REPO / "containers" / "requirements" / "base-cpu.txt")],
                        check=True, capture_output=True)

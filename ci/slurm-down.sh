@@ -23,4 +23,9 @@ for pid in "${pids[@]}"; do
     done
     kill -KILL "$pid" 2>/dev/null || true
 done
+# rewrite in place: /etc/hosts is often a bind mount that cannot be replaced
+if grep -q "train-local-slurm" /etc/hosts 2>/dev/null; then
+    kept=$(grep -v "train-local-slurm" /etc/hosts)
+    printf '%s\n' "$kept" > /etc/hosts
+fi
 exit 0

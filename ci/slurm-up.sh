@@ -67,6 +67,11 @@ PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=60 State=UP
 CONF
 echo "NodeName=n[1-2] Name=gpu File=$dir/dev/nvidia[0-1]" > "$dir/gres.conf"
 
+# node names must resolve, also inside containers on the host network (as on real clusters)
+if ! grep -q "train-local-slurm" /etc/hosts 2>/dev/null; then
+    printf '127.0.0.1 n1 n2  # train-local-slurm\n' >> /etc/hosts
+fi
+
 export SLURM_CONF="$dir/slurm.conf"
 slurmctld -i
 slurmd -N n1

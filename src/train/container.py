@@ -17,7 +17,7 @@ PASS_THROUGH = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_
                 "MASTER_PORT", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID",
                 "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE",
                 "SLURM_JOB_NODELIST", "SLURM_CPUS_PER_TASK", "SLURM_GPUS_ON_NODE",
-                "CUDA_VISIBLE_DEVICES")
+                "CUDA_VISIBLE_DEVICES", "TRAIN_MASTER_ADDR")
 
 
 def job_environment(nccl_env: Mapping[str, str]) -> dict[str, str]:
@@ -51,5 +51,7 @@ def runtime_prefix(runtime: str, *, image: str | None, gpus: bool, binds: Sequen
             argv += ["-e", name]
         for path in [*binds, run_dir]:
             argv += ["-v", f"{path}:{path}"]
-        return [*argv, "-w", run_dir, image]
+        # `env` as entrypoint: the command after the image runs as given (the image's
+        # runscript would otherwise prepend `python -m train`)
+        return [*argv, "-w", run_dir, "--entrypoint", "env", image]
     raise ValueError(f"unknown runtime {runtime!r}")

@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 # A hung collective fails the job with a message instead of burning the walltime.
 NCCL_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_DEBUG": "WARN"}
 WORKER_VAR = "TRAIN_DATALOADER_WORKERS"
+# set it where node names do not resolve inside the container
+MASTER_ADDR_VAR = "TRAIN_MASTER_ADDR"
 MIB = 1024 * 1024
 
 
@@ -239,7 +241,7 @@ def prepare(opts: LaunchOptions, env: MutableMapping[str, str]) -> tuple[SlurmSt
     if not opts.command:
         raise UsageError("launch: give the command after --, e.g. -- python -m train run demo")
     step = read_step(env)
-    master = resolve_address(step.master)
+    master = env.get(MASTER_ADDR_VAR) or resolve_address(step.master)
     command = list(opts.command)
     apply_nccl_defaults(env)
     log_interconnect(env)

@@ -7,6 +7,7 @@ are applied before CUDA initialises; only rank 0 writes results.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from train.workloads.dqn import trainer
 log = logging.getLogger(__name__)
 
 COMPLETE_MARKER = "COMPLETE"
+HOST_ENV_CHECK = ("PYTHONPATH", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "VIRTUAL_ENV")
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,9 @@ def run(cfg: RunConfig) -> RunResult:
                     "allocator": alloc_conf,
                     "world_size": ctx.world_size,
                     "argv": sys.argv,
+                    # what reached this process of the host's Python set-up (none should,
+                    # inside a container)
+                    "process_env": {k: os.environ.get(k) for k in HOST_ENV_CHECK},
                     "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 }))
         with stopper:

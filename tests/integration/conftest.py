@@ -79,7 +79,7 @@ def docker_engine() -> Iterator[dict[str, str]]:
             pytest.fail(f"base-rootfs.sh failed: {base.stderr[-2000:]}")
         wheels = subprocess.run(
             [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--require-hashes",
-             "--only-binary=:all:", "-d", str(REPO / "containers" / "wheelhouse"), "-r",
+             "-d", str(REPO / "containers" / "wheelhouse"), "-r",
              str(REPO / "containers" / "requirements" / "base-cpu.txt")],
             capture_output=True, text=True, timeout=900, check=False)
         if wheels.returncode != 0:
@@ -94,3 +94,20 @@ def docker_engine() -> Iterator[dict[str, str]]:
                 os.environ.pop("DOCKER_HOST", None)
             else:
                 os.environ["DOCKER_HOST"] = previous
+
+
+@pytest.fixture(scope="session")
+def ci_image(docker_engine: dict[str, str]) -> str:
+    """The base image built from base.def for CI (built once per session)."""
+    import docker
+
+    try:
+        docker.from_env().images.get(CI_IMAGE_TAG)
+    except docker.errors.ImageNotFound:
+        proc = subprocess.run([sys.executable, "-m", "train", "image", "build", "base",
+                               "--engine", "docker", "--tag", CI_IMAGE_TAG, *CI_BUILD_ARGS],
+                              capture_output=True, text=True, timeout=1800, check=False,
+                              env={**os.environ, **docker_engine})
+        if proc.returncode != 0:
+            pytest.fail(f"building {CI_IMAGE_TAG} failed: {proc.stderr[-3000:]}")
+    return CI_IMAGE_TAG

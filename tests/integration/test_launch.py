@@ -46,3 +46,42 @@ def test_two_node_ddp_ranks_end_with_identical_parameters(
         assert "(node 1, local 0)" in err
     else:
         assert "node 1/2: torchrun" in err
+
+
+HOST_LEAKS = {"PYTHONPATH": "/nonexistent", "CONDA_PREFIX": "/opt/conda/envs/gpu"}
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("nodes", ["1", "2"])
+def test_docker_runtime_jobs_keep_the_host_environment_out(
+        tmp_path: Path, slurm_env: dict[str, str], docker_engine: dict[str, str],
+        ci_image: str, nodes: str) -> None:
+    env = {**slurm_env, **docker_engine, **HOST_LEAKS}
+    name = f"docker{nodes}"
+    proc = run_cli(["submit", "--name", name, "--cluster", "local", "--runtime", "docker",
+                    "--image", ci_image, "--nodes", nodes, "--cpus-per-task", "2", "--mem",
+                    "2000M", "--time", "5", "--", "demo", "--episodes", "3", *tiny_flags()],
+                   cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    run_dir = tmp_path / "runs" / name
+    st = _wait(tmp_path, env, name, lambda s: s["state"] in TERMINAL, timeout=300)
+    assert st["state"] == "complete", (st, _logs(run_dir, "err")[-4000:])
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["process_env"]["PYTHONPATH"] is None
+    assert config["process_env"]["CONDA_PREFIX"] is None
+    assert config["versions"]["python"].startswith("3.11")  # the image's Python
+    assert config["world_size"] == int(nodes)
+    assert json.loads((run_dir / "seed_4" / "summary.json").read_text())["complete"]
+
+
+def test_runtime_none_uses_the_host_python_as_it_is(tmp_path: Path,
+                                                   slurm_env: dict[str, str]) -> None:
+    env = {**slurm_env, **HOST_LEAKS}
+    proc = run_cli(["submit", "--name", "host", "--cluster", "local", "--python",
+                    sys.executable, "--cpus-per-task", "1", "--mem", "1000M", "--time", "5",
+                    "--", "demo", "--episodes", "2", *tiny_flags()], cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    st = _wait(tmp_path, env, "host", lambda s: s["state"] in TERMINAL, timeout=300)
+    assert st["state"] == "complete"
+    config = json.loads((tmp_path / "runs" / "host" / "config.json").read_text())
+    assert config["process_env"]["PYTHONPATH"] == "/nonexistent"  # no container: as given

@@ -75,3 +75,9 @@ def test_prepare_caps_workers_sets_nccl_and_skips_gpu_wait_on_cpu(
     assert "NCCL settings" in caplog.text and "InfiniBand" in caplog.text
     with pytest.raises(UsageError, match="give the command after --"):
         prepare(LaunchOptions(mode="tasks", command=[]), dict(env))
+
+
+def test_master_address_override_for_unresolvable_node_names() -> None:
+    env = {**ENV, "TRAIN_MASTER_ADDR": "10.9.8.7"}  # gpu-a01 resolves nowhere
+    _step, master, _cmd = prepare(LaunchOptions(mode="tasks", command=["true"]), env)
+    assert master == "10.9.8.7"
