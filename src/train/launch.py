@@ -238,6 +238,7 @@ class LaunchOptions:
 def prepare(opts: LaunchOptions, env: MutableMapping[str, str]) -> tuple[SlurmStep, str,
                                                                            list[str]]:
     """Everything before starting: checks, waits, caps. Returns (step, master, command)."""
+    log.info("launch started at unix time %.3f", time.time())
     if not opts.command:
         raise UsageError("launch: give the command after --, e.g. -- python -m train run demo")
     step = read_step(env)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,8 +133,8 @@ def init_distributed(device_request: str, environ: Mapping[str, str] | None = No
         torch.cuda.set_device(device)
     dist.init_process_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
     object_group = dist.new_group(backend="gloo") if backend == "nccl" else dist.group.WORLD
-    log.info("rank %d/%d (local %d) on %s, backend %s, object group gloo", rank, world,
-             local_rank, device, backend)
+    log.info("rank %d/%d (local %d) on %s, backend %s, object group gloo; process group "
+             "ready at unix time %.3f", rank, world, local_rank, device, backend, time.time())
     return DistContext(device=device, rank=rank, world_size=world, local_rank=local_rank,
                        local_world_size=local_world, backend=backend,
                        object_group=object_group)

@@ -1,0 +1,113 @@
+"""`train launch` on the local 2-node SLURM cluster: rendezvous time (all tasks started to
+all ranks joined) and submit-to-first-step time against hand-written `srun` jobs doing the
+same DDP run (one rank per node), alternating in the same run. Goal: ratio <= 1.10."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import machine, median, write_section
+from bench_submit import WORKLOAD, first_step
+
+REPO = Path(__file__).resolve().parents[1]
+STARTED = re.compile(r"launch started at unix time ([\d.]+)")
+READY = re.compile(r"process group ready at unix time ([\d.]+)")
+
+HAND = {
+    # one rank per srun task, the variables set by hand
+    "tasks": "export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID "
+             "MASTER_ADDR=127.0.0.1 MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000)); "
+             "exec {py} -m train run {args}",
+    # torchrun per node, static rendezvous written by hand
+    "torchrun": "exec {py} -m torch.distributed.run --nnodes=2 --node-rank=$SLURM_NODEID "
+                "--nproc-per-node=1 --master-addr=127.0.0.1 "
+                "--master-port=$((20000 + SLURM_JOB_ID % 20000)) -m train run {args}",
+}
+
+
+def rendezvous(log_dir: Path) -> float:
+    text = "".join(p.read_text(errors="replace") for p in log_dir.glob("*") if p.is_file())
+    starts = [float(x) for x in STARTED.findall(text)]
+    ready = [float(x) for x in READY.findall(text)]
+    return max(ready) - min(starts)
+
+
+def ours(work: Path, env: dict[str, str], mode: str, i: int) -> tuple[float, float]:
+    name = f"{mode}{i}"
+    start = time.time()
+    subprocess.run([sys.executable, "-m", "train", "submit", "--name", name, "--cluster",
+                    "local", "--python", sys.executable, "--nodes", "2", "--launch", mode,
+                    "--cpus-per-task", "1", "--mem", "1000M", "--time", "5", "--",
+                    *WORKLOAD], cwd=work, env=env, check=True, capture_output=True)
+    logs = work / "runs" / name / "logs"
+    step = first_step(logs) - start
+    time.sleep(2)  # let the other rank's lines reach the log
+    return step, rendezvous(logs)
+
+
+def hand(work: Path, env: dict[str, str], mode: str, i: int) -> float:
+    out = work / f"hand-{mode}{i}"
+    out.mkdir()
+    args = shlex.join([*WORKLOAD, "--out", str(out / "run")])
+    inner = HAND[mode].format(py=shlex.quote(sys.executable), args=args)
+    command = f"srun --cpus-per-task=1 bash -c {shlex.quote(inner)}"
+    start = time.time()
+    subprocess.run(["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1",
+                    "--cpus-per-task=1", "--mem=1000M", "--time=5", f"--output={out}/job.out",
+                    f"--error={out}/job.err", "--wrap", command], cwd=work, env=env,
+                   check=True, capture_output=True)
+    return first_step(out) - start
+
+
+def main() -> None:
+    folder = Path(tempfile.mkdtemp(prefix="tl", dir="/tmp"))
+    up = subprocess.run(["bash", str(REPO / "ci" / "slurm-up.sh"), str(folder)],
+                        capture_output=True, text=True, check=True)
+    env = {**os.environ, "SLURM_CONF": up.stdout.strip().splitlines()[-1],
+           "OMP_NUM_THREADS": "1"}
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            work = Path(tmp)
+            for mode in ("tasks", "torchrun"):
+                t_ours, t_hand, t_rdzv = [], [], []
+                for i in range(4):
+                    if i % 2:
+                        o, r = ours(work, env, mode, i)
+                        t_hand.append(hand(work, env, mode, i))
+                    else:
+                        t_hand.append(hand(work, env, mode, i))
+                        o, r = ours(work, env, mode, i)
+                    t_ours.append(o)
+                    t_rdzv.append(r)
+                rows.append(f"| {mode} | {median(t_rdzv):.2f} | {median(t_ours):.2f} | "
+                            f"{median(t_hand):.2f} | {median(t_ours) / median(t_hand):.3f} |")
+    finally:
+        subprocess.run(["bash", str(REPO / "ci" / "slurm-down.sh"), str(folder)],
+                       check=False)
+    body = "\n".join([
+        "## train launch on 2 nodes (goal: <= 1.10x a hand-written srun job)",
+        "",
+        f"Machine: {machine()}; the local 2-node cluster of ci/slurm-up.sh, one CPU rank "
+        "per node, DDP over gloo. Median of 4 alternating submissions each. Rendezvous = "
+        "first task started to last rank's process group ready. Ours: `train submit "
+        "--nodes 2 --launch MODE`; hand-written: `sbatch --wrap \"srun bash -c '...'\"` "
+        "setting the rank variables (tasks) or calling torchrun (torchrun) by hand.",
+        "",
+        "| mode | rendezvous s | ours: submit to first step s | hand-written s | ratio |",
+        "|---|---|---|---|---|",
+        *rows,
+    ])
+    write_section("launch", body)
+
+
+if __name__ == "__main__":
+    main()
