@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 # A hung collective fails the job with a message instead of burning the walltime.
 NCCL_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_DEBUG": "WARN"}
 WORKER_VAR = "TRAIN_DATALOADER_WORKERS"
+WORKER_OVERRIDE = "dataloader.params.num_workers"
 # set it where node names do not resolve inside the container
 MASTER_ADDR_VAR = "TRAIN_MASTER_ADDR"
 MIB = 1024 * 1024
@@ -264,6 +265,9 @@ def prepare(opts: LaunchOptions, env: MutableMapping[str, str]) -> tuple[SlurmSt
                                    opts.worker_mem_mb * MIB)
         log.info("DataLoader workers per process: %d (%s)", allowed, why)
         env[WORKER_VAR] = str(allowed)
+        # a Hydra override for the workers (NAVSIM's preset) gets the capped value too
+        command = [f"{WORKER_OVERRIDE}={allowed}" if a.startswith(WORKER_OVERRIDE + "=")
+                   else a for a in command]
     return step, master, command
 
 

@@ -110,3 +110,20 @@ def test_apptainer_runtime_job_keeps_the_host_environment_out(
     config = json.loads((tmp_path / "runs" / "app" / "config.json").read_text())
     assert config["process_env"]["PYTHONPATH"] is None
     assert config["world_size"] == 2
+
+
+def test_two_node_tasks_mode_lightning_ranks_join(tmp_path: Path,
+                                                 slurm_env: dict[str, str]) -> None:
+    script = Path(__file__).with_name("lightning_tiny.py")
+    proc = run_cli(["submit", "--name", "pl", "--cluster", "local", "--entry", "command",
+                    "--python", sys.executable,
+                    "--nodes", "2", "--cpus-per-task", "2", "--mem", "2000M", "--time", "5",
+                    "--", sys.executable, str(script)], cwd=tmp_path, env=slurm_env)
+    assert proc.returncode == 0, proc.stderr
+    run_dir = tmp_path / "runs" / "pl"
+    st = _wait(tmp_path, slurm_env, "pl", lambda s: s["state"] in TERMINAL, timeout=300)
+    out = _logs(run_dir, "out")
+    assert st["state"] == "complete", (st, _logs(run_dir, "err")[-4000:])
+    assert "lightning rank 0/2 joined" in out and "lightning rank 1/2 joined" in out
+    sums = {line.rsplit(" ", 1)[-1] for line in out.splitlines() if "weight sum" in line}
+    assert len(sums) == 1  # DDP kept both ranks' weights identical

@@ -168,3 +168,28 @@ def test_login_node_commands_do_not_import_torch(tmp_path: Path) -> None:
                           text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "#SBATCH --partition=debug" in proc.stdout
+
+
+def test_navsim_preset_matches_the_job() -> None:
+    from train.slurm.job import navsim_command
+
+    job = _resolve(cluster="torch", account="torch_pr_1", constraint="l40s", nodes=4,
+                   gpus_per_node=4, gpu_type="l40s", cpus_per_task=8, mem="200G",
+                   workers=2, entry="navsim", workload=("agent=hydra_mdp",))
+    assert job.launch == "tasks" and job.ntasks_per_node == 4 and job.run_config is None
+    cmd = navsim_command(job)
+    assert cmd[1].endswith("navsim/planning/script/run_training.py")
+    assert cmd[2:] == ["trainer.params.num_nodes=4", "+trainer.params.devices=4",
+                       "trainer.params.strategy=ddp", "trainer.params.accelerator=gpu",
+                       "trainer.params.precision=bf16-mixed",
+                       "dataloader.params.num_workers=2", "agent=hydra_mdp"]
+    v100 = _resolve(**{**GIL, "partition": "v100", "qos": None, "gpu_type": "v100",
+                       "gpus_per_node": 2, "entry": "navsim", "workload": ()})
+    assert "trainer.params.precision=16-mixed" in navsim_command(v100)
+    _fails("launch", "one task per GPU", cluster="torch", account="torch_pr_1",
+           constraint="l40s", gpus_per_node=4, entry="navsim", launch="torchrun")
+
+
+def test_command_entry_is_not_parsed_as_train_run() -> None:
+    job = _resolve(**{**GIL, "entry": "command", "workload": ("python", "fit.py", "--x")})
+    assert job.launch == "tasks" and job.run_config is None

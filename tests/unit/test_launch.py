@@ -81,3 +81,12 @@ def test_master_address_override_for_unresolvable_node_names() -> None:
     env = {**ENV, "TRAIN_MASTER_ADDR": "10.9.8.7"}  # gpu-a01 resolves nowhere
     _step, master, _cmd = prepare(LaunchOptions(mode="tasks", command=["true"]), env)
     assert master == "10.9.8.7"
+
+
+def test_worker_override_in_the_command_gets_the_capped_value() -> None:
+    env = {**ENV, "TRAIN_MASTER_ADDR": "10.0.0.1"}
+    opts = LaunchOptions(mode="tasks", command=["python", "train.py",
+                                                "dataloader.params.num_workers=8"],
+                         workers=8, worker_mem_mb=1)
+    _step, _master, command = prepare(opts, env)
+    assert command[-1] == "dataloader.params.num_workers=7"  # 8 CPUs, one kept

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Host-side job library, inlined into every script `train render` writes. The renderer
-# sets these before it: RUN_DIR CHUNK CHUNKS REQUEUE RUNTIME IMAGE and the array STEP.
+# sets these before it: RUN_DIR CHUNK CHUNKS REQUEUE COMPLETE_ON_SUCCESS RUNTIME IMAGE and
+# the array STEP.
 # Logic that Python can hold stays in Python; this only does what must happen in the batch
 # shell: the prologue, forwarding the walltime signal to the job step, requeueing, and
 # ending the chain (cancel the waiting chunks when done or failed).
@@ -76,6 +77,9 @@ train_main() {
         train_event failed "$rc"
         train_cancel_rest
         exit "$rc"
+    fi
+    if [ "$COMPLETE_ON_SUCCESS" = 1 ]; then
+        touch "$RUN_DIR/COMPLETE"
     fi
     if [ -e "$RUN_DIR/COMPLETE" ]; then
         train_log "run complete"

@@ -22,6 +22,9 @@ from train.config import RunConfig, opt
 from train.errors import ConfigError
 
 LAUNCH_MODES = ("auto", "torchrun", "tasks")
+ENTRIES = ("train", "command", "navsim")
+NAVSIM_SCRIPT = "/opt/navsim/navsim/planning/script/run_training.py"  # navsim.def's checkout
+FP16_ONLY_GPUS = ("v100", "p100", "t4", "rtx2080", "gtx1080")
 RUNTIMES = ("none", "apptainer", "docker")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # `train run` options that the job sets itself.
@@ -35,8 +38,13 @@ class JobSpec:
 
     name: str = opt("train", "Job and run name; the run directory is runs/NAME.", kind=str)
     cluster: str = opt("local", "Cluster profile (train clusters lists them).", kind=str)
-    workload: tuple[str, ...] = opt(("demo",), "The workload and its arguments, exactly as "
-                                    "`train run` takes them.", kind=list)
+    workload: tuple[str, ...] = opt(("demo",), "What follows `--`: for entry train, the "
+                                    "workload and its `train run` arguments; for command, "
+                                    "the command; for navsim, extra Hydra overrides.",
+                                    kind=list)
+    entry: str = opt("train", "train (`train run`), command (any program, one rank per "
+                     "task) or navsim (NAVSIM's Lightning training, nodes/devices/strategy "
+                     "set from the job).", kind=str, choices=ENTRIES)
     account: str | None = opt(None, "SLURM account.", kind=str, optional=True)
     partition: str | None = opt(None, "Partition (not on sites that use constraints).",
                                 kind=str, optional=True)
@@ -90,9 +98,9 @@ class JobSpec:
         if not _NAME_RE.match(self.name):
             raise ConfigError("name", f"must be letters, digits, '.', '_' or '-' (at most 64, "
                               f"starting with a letter or digit); got {self.name!r}")
-        if not self.workload:
-            raise ConfigError("workload", "give the workload to run, e.g. -- demo --episodes "
-                              "3000")
+        if not self.workload and self.entry != "navsim":
+            raise ConfigError("workload", "give what to run after --, e.g. -- demo "
+                              "--episodes 3000")
 
 
 @dataclass(frozen=True)
@@ -109,7 +117,7 @@ class ResolvedJob:
     ntasks_per_node: int
     launch: str  # single, torchrun or tasks
     margin: int  # seconds
-    run_config: RunConfig
+    run_config: RunConfig | None
 
     @property
     def time_budget_seconds(self) -> int | None:
@@ -220,7 +228,12 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
                           f"over the {node.max_gpus}-GPU limit per job on {node.name}")
 
     launch = spec.launch
-    if launch == "auto":
+    if spec.entry != "train":
+        if launch == "torchrun":
+            raise ConfigError("launch", f"entry {spec.entry} runs one task per GPU (Lightning "
+                              "expects that); use --launch tasks")
+        launch = "tasks"
+    elif launch == "auto":
         launch = "single" if spec.nodes * max(1, spec.gpus_per_node) == 1 else "torchrun"
     if launch == "tasks":
         ntasks = spec.ntasks_per_node or max(1, spec.gpus_per_node)
@@ -262,7 +275,25 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
         raise ConfigError("preempt", f"{profile.name} has no preemptible jobs")
     return ResolvedJob(spec=spec, profile=profile, node=node, partition=partition, qos=qos,
                        minutes=minutes, mem_mb=mem_mb, ntasks_per_node=ntasks, launch=launch,
-                       margin=margin, run_config=_run_config(spec))
+                       margin=margin,
+                       run_config=_run_config(spec) if spec.entry == "train" else None)
+
+
+def navsim_command(job: ResolvedJob) -> list[str]:
+    """NAVSIM's training command with Lightning's trainer matching the job (Hydra overrides
+    of navsim's default_training.yaml at the pinned commit; it has no `devices` key)."""
+    spec = job.spec
+    gpus = spec.gpus_per_node
+    gpu_type = (spec.gpu_type or "").lower()
+    precision = "16-mixed" if gpu_type in FP16_ONLY_GPUS else "bf16-mixed"
+    return [spec.python, NAVSIM_SCRIPT,
+            f"trainer.params.num_nodes={spec.nodes}",
+            f"+trainer.params.devices={max(1, gpus)}",
+            "trainer.params.strategy=ddp",
+            f"trainer.params.accelerator={'gpu' if gpus else 'cpu'}",
+            f"trainer.params.precision={precision if gpus else 32}",
+            f"dataloader.params.num_workers={spec.workers}",
+            *spec.workload]
 
 
 def job_from_sources(file_values: dict[str, Any] | None, flags: dict[str, Any]) -> JobSpec:

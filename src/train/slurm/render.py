@@ -17,7 +17,7 @@ from pathlib import Path
 from train import container
 from train.clusters.profiles import format_mem, format_time, parse_mem
 from train.errors import ConfigError
-from train.slurm.job import ResolvedJob, chunk_names
+from train.slurm.job import ResolvedJob, chunk_names, navsim_command
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_.,:=@%/+|-]+$")
 LIBRARY_NAME = "job-lib.sh"
@@ -115,7 +115,12 @@ def step_argv(job: ResolvedJob, run_dir: str) -> list[str]:
         env=container.job_environment(job.profile.nccl_env))
     if spec.runtime == "apptainer":
         prefix = ["bash", "-c", APPTAINER_TASK_ENV, "train-task", *prefix]
-    run = [spec.python, "-m", "train", "run", *train_argv(job, run_dir)]
+    if spec.entry == "command":
+        run = list(spec.workload)
+    elif spec.entry == "navsim":
+        run = navsim_command(job)
+    else:
+        run = [spec.python, "-m", "train", "run", *train_argv(job, run_dir)]
     if job.launch == "single":
         return [*srun, *prefix, *run]
     launch = [spec.python, "-m", "train", "launch", f"--mode={job.launch}"]
@@ -154,6 +159,8 @@ def render(job: ResolvedJob, chunk: int, ctx: RenderContext) -> str:
         f"CHUNK={chunk}",
         f"CHUNKS={spec.chunks}",
         f"REQUEUE={1 if spec.requeue else 0}",
+        # programs other than `train run` write no COMPLETE marker: success completes
+        f"COMPLETE_ON_SUCCESS={0 if spec.entry == 'train' else 1}",
         f"RUNTIME={shlex.quote(spec.runtime)}",
         f"IMAGE={shlex.quote(spec.image or '')}",
     ]
