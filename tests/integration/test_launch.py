@@ -112,16 +112,29 @@ def test_apptainer_runtime_job_keeps_the_host_environment_out(
     assert config["world_size"] == 2
 
 
-def test_two_node_tasks_mode_lightning_ranks_join(tmp_path: Path,
-                                                 slurm_env: dict[str, str]) -> None:
-    script = Path(__file__).with_name("lightning_tiny.py")
-    proc = run_cli(["submit", "--name", "pl", "--cluster", "local", "--entry", "command",
-                    "--python", sys.executable,
-                    "--nodes", "2", "--cpus-per-task", "2", "--mem", "2000M", "--time", "5",
-                    "--", sys.executable, str(script)], cwd=tmp_path, env=slurm_env)
+@pytest.mark.parametrize("runtime", ["none", pytest.param("docker", marks=pytest.mark.docker)])
+def test_two_node_tasks_mode_lightning_ranks_join(tmp_path: Path, slurm_env: dict[str, str],
+                                                 runtime: str,
+                                                 request: pytest.FixtureRequest) -> None:
+    import shutil
+
+    name = f"pl-{runtime}"
+    run_dir = tmp_path / "runs" / name
+    run_dir.mkdir(parents=True)  # the run directory is what the container sees
+    script = run_dir / "lightning_tiny.py"
+    shutil.copy(Path(__file__).with_name("lightning_tiny.py"), script)
+    env = dict(slurm_env)
+    flags = ["--python", sys.executable]
+    python = sys.executable
+    if runtime == "docker":
+        env.update(request.getfixturevalue("docker_engine"))
+        flags = ["--runtime", "docker", "--image", request.getfixturevalue("ci_image")]
+        python = "python3"
+    proc = run_cli(["submit", "--name", name, "--cluster", "local", "--entry", "command",
+                    *flags, "--nodes", "2", "--cpus-per-task", "2", "--mem", "2000M",
+                    "--time", "5", "--", python, str(script)], cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
-    run_dir = tmp_path / "runs" / "pl"
-    st = _wait(tmp_path, slurm_env, "pl", lambda s: s["state"] in TERMINAL, timeout=300)
+    st = _wait(tmp_path, env, name, lambda s: s["state"] in TERMINAL, timeout=300)
     out = _logs(run_dir, "out")
     assert st["state"] == "complete", (st, _logs(run_dir, "err")[-4000:])
     assert "lightning rank 0/2 joined" in out and "lightning rank 1/2 joined" in out
