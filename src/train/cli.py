@@ -200,9 +200,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     install_early_handlers()  # before torch is imported: that takes seconds
     from train import runner
+    from train.runtime.signals import ignore_late_walltime_signal
 
     cfg = _run_config(args)
-    result = runner.run(cfg)
+    try:
+        result = runner.run(cfg)
+    finally:
+        ignore_late_walltime_signal()
     if not result.complete:
         print(f"train: stopped early ({result.stop_reason}); checkpoint written in "
               f"{cfg.out}; run the same command to continue", file=sys.stderr)
@@ -377,11 +381,16 @@ def _cmd_launch(args: argparse.Namespace, command: list[str]) -> int:
     from train.runtime.signals import install_early_handlers
 
     install_early_handlers()
-    return launch(LaunchOptions(mode=args.mode, command=command,
+    try:
+        return launch(LaunchOptions(mode=args.mode, command=command,
                                 nproc_per_node=args.nproc_per_node,
                                 min_free_mb=args.min_free_mb, wait_timeout=args.wait_timeout,
                                 fallback_batch=args.fallback_batch, workers=args.workers,
                                 worker_mem_mb=args.worker_mem_mb))
+    finally:
+        from train.runtime.signals import ignore_late_walltime_signal
+
+        ignore_late_walltime_signal()
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +76,25 @@ def test_signal_before_the_trainer_is_ready_is_kept() -> None:
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+def test_a_late_walltime_signal_after_the_run_cannot_kill_the_process(
+        tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    # CPython resets Python-level handlers to SIG_DFL while it shuts down (SIG_IGN is left
+    # alone), so a walltime USR1 in that window killed finished runs with exit 138: after the
+    # run the disposition must be SIG_IGN, which a Python-level handler is not.
+    code = (
+        "import signal, sys\n"
+        "from train.cli import main\n"
+        f"rc = main(['run', '--out', {str(tmp_path / 'r')!r}, '--episodes', '1',"
+        " '--res', '8', '--episode-steps', '4', '--batch-size', '2', '--learning-starts',"
+        " '2', '--replay-size', '8', '--eval-episodes', '0', '--device', 'cpu'])\n"
+        "assert rc == 0, rc\n"
+        "assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN, "
+        "signal.getsignal(signal.SIGUSR1)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]

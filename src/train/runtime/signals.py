@@ -30,6 +30,16 @@ def _early_handler(signum: int, frame: FrameType | None) -> None:
     _early["reason"] = f"received {signal.Signals(signum).name}"
 
 
+def ignore_late_walltime_signal() -> None:
+    """Once the work is done and checkpointed, a late SIGUSR1 must not kill the process.
+
+    CPython resets Python-level handlers to the default action while it shuts down, and the
+    default for SIGUSR1 is to terminate: SLURM's coarse walltime signal arriving in that
+    window turned a clean stop into exit 138. SIG_IGN survives finalization.
+    """
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
 def install_early_handlers() -> None:
     """Record stop signals from process start on; StopController picks them up."""
     for sig in STOP_SIGNALS:
