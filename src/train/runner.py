@@ -93,6 +93,7 @@ def run(cfg: RunConfig) -> RunResult:
             if curves:
                 results.plot_learning_curves(cfg.out_dir / "learning_curve.png", curves,
                                              f"{cfg.workload} res {cfg.res}")
+        ctx.barrier()
         if summary.complete:
             log.info("run complete: %s", cfg.out_dir)
         else:

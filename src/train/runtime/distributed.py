@@ -64,6 +64,13 @@ class DistContext:
         """True on every rank if `flag` is true on any rank (keeps ranks in lockstep)."""
         return any(self.all_gather_object(bool(flag)))
 
+    def barrier(self) -> None:
+        """All ranks meet here (through gloo): rank 0 writes results while the others
+        wait, so no rank tears its process group down while a peer still uses it (gloo
+        aborts the process then)."""
+        if self.distributed:
+            dist.barrier(group=self.object_group)
+
     def close(self) -> None:
         if self.distributed and dist.is_initialized():
             dist.destroy_process_group()
