@@ -111,3 +111,18 @@ def ci_image(docker_engine: dict[str, str]) -> str:
         if proc.returncode != 0:
             pytest.fail(f"building {CI_IMAGE_TAG} failed: {proc.stderr[-3000:]}")
     return CI_IMAGE_TAG
+
+
+@pytest.fixture(scope="session")
+def apptainer_sif(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """base.def built with the real apptainer (once per session); skips where it is absent."""
+    if shutil.which("apptainer") is None:
+        pytest.skip("apptainer is not installed here (it cannot be installed on our "
+                    "machines); run on a cluster login node: nox -s tests -- -m apptainer")
+    sif = tmp_path_factory.mktemp("sif") / "base.sif"
+    build = subprocess.run([sys.executable, "-m", "train", "image", "build", "base",
+                            "--engine", "apptainer", "--fakeroot", "--out", str(sif)],
+                           capture_output=True, text=True, timeout=7200, check=False)
+    if build.returncode != 0:
+        pytest.fail(f"apptainer build failed: {build.stderr[-3000:]}")
+    return sif
