@@ -106,7 +106,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            _check_value(f, getattr(self, f.name))
+            check_value(f, getattr(self, f.name))
         if self.gamma > 1.0:
             raise ConfigError("gamma", f"must be at most 1.0, got {self.gamma}")
         for name in ("eps_start", "eps_end", "eval_epsilon"):
@@ -152,7 +152,7 @@ def _type_name(f: dataclasses.Field[Any]) -> str:
     return f"{name} or null" if f.metadata["optional"] else name
 
 
-def _check_value(f: dataclasses.Field[Any], value: Any) -> None:
+def check_value(f: dataclasses.Field[Any], value: Any) -> None:
     meta = f.metadata
     if value is None:
         if not meta["optional"]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from train import _proc
 from train.errors import ResourceError, TrainError, UsageError
-from train.images.defs import DefFile, containers_dir, parse
+from train.images.defs import DefFile, containers_dir, find_def, parse
 from train.images.dockerfile import BUILD_DIR, SCRIPT_DIR, translate
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ def docker_build(image: str, tag: str, build_args: Mapping[str, str],
                  localimages: Mapping[str, str], network: str = "none") -> str:
     import docker
 
-    d = parse(_def_path(image))
+    d = parse(find_def(image))
     client = _client()
     with tempfile.TemporaryDirectory(prefix="train-image-") as tmp:
         ctx = write_context(d, Path(tmp), build_args, localimages)
@@ -141,7 +141,7 @@ def apptainer_build(image: str, sif: Path, build_args: Mapping[str, str],
         argv.append("--fakeroot")
     for key, value in build_args.items():
         argv += ["--build-arg", f"{key}={value}"]
-    _proc.run([*argv, str(sif), str(_def_path(image))], cwd=repo_root(), timeout=7200)
+    _proc.run([*argv, str(sif), str(find_def(image))], cwd=repo_root(), timeout=7200)
 
 
 def apptainer_test(sif: Path) -> str:
@@ -149,9 +149,3 @@ def apptainer_test(sif: Path) -> str:
     out += _proc.run(["apptainer", "exec", str(sif), "python", "-m", "train",
                       *DEMO_ARGS], timeout=600).stderr
     return out
-
-
-def _def_path(image: str) -> Path:
-    from train.images.defs import find_def
-
-    return find_def(image)

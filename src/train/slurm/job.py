@@ -18,7 +18,7 @@ from train.clusters.profiles import (
     parse_mem,
     parse_time,
 )
-from train.config import RunConfig, opt
+from train.config import RunConfig, check_value, opt
 from train.errors import ConfigError
 
 LAUNCH_MODES = ("auto", "torchrun", "tasks")
@@ -91,10 +91,8 @@ class JobSpec:
                       kind=str)
 
     def __post_init__(self) -> None:
-        from train.config import _check_value
-
         for f in fields(self):
-            _check_value(f, getattr(self, f.name))
+            check_value(f, getattr(self, f.name))
         if not _NAME_RE.match(self.name):
             raise ConfigError("name", f"must be letters, digits, '.', '_' or '-' (at most 64, "
                               f"starting with a letter or digit); got {self.name!r}")
