@@ -4,6 +4,7 @@
 set -uo pipefail
 
 dir=${1:?usage: slurm-down.sh DIR}
+dir=$(cd "$dir" 2>/dev/null && pwd) || dir=${1}
 export SLURM_CONF="$dir/slurm.conf"
 if [ -f "$SLURM_CONF" ]; then
     scancel --full --quiet --user=root 2>/dev/null || true
@@ -24,8 +25,8 @@ for pid in "${pids[@]}"; do
     kill -KILL "$pid" 2>/dev/null || true
 done
 # rewrite in place: /etc/hosts is often a bind mount that cannot be replaced
-if grep -q "train-local-slurm" /etc/hosts 2>/dev/null; then
-    kept=$(grep -v "train-local-slurm" /etc/hosts)
+if grep -qF "train-local-slurm $dir" /etc/hosts 2>/dev/null; then
+    kept=$(grep -vF "train-local-slurm $dir" /etc/hosts)
     printf '%s\n' "$kept" > /etc/hosts
 fi
 exit 0

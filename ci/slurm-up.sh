@@ -28,6 +28,18 @@ munged --force --socket="$socket" --key-file="$dir/munge/munge.key" \
     --pid-file="$dir/munge/munged.pid" --log-file="$dir/munge/munged.log" \
     --seed-file="$dir/munge/munged.seed"
 
+# What each setting is for (the sites' values differ only in timing, not in behaviour):
+# - no DependencyParameters=kill_invalid_depend: none of Gilbreth, Rivanna or Torch
+#   documents it, so a job whose dependency can never be met stays pending there
+#   (DependencyNeverSatisfied) unless it was submitted with --kill-on-invalid-dep=yes;
+#   this cluster behaves the same, so the chain's own handling is what the tests see.
+# - KillWait=5 (sites: 30-120 s): the seconds between TERM and KILL at a time limit or
+#   scancel, for the batch shell too; SlurmdTimeout=10 (sites: 300 s): how long a silent
+#   node may stay up before its jobs end NODE_FAIL; sched_interval/bf_interval=2 and
+#   cred_expire=10: scheduling passes and requeues come within seconds. Shorter waits,
+#   the same states and signals.
+# - accounting storage disabled (sites have slurmdbd): `train status` must then read
+#   squeue and the job completion log, and it must work both ways.
 cat > "$dir/slurm.conf" <<CONF
 ClusterName=local
 SlurmctldHost=localhost(127.0.0.1)
@@ -55,11 +67,11 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 SlurmdParameters=config_overrides
 EnforcePartLimits=ALL
-DependencyParameters=kill_invalid_depend
 ReturnToService=2
 MpiDefault=none
 MinJobAge=600
 KillWait=5
+SlurmdTimeout=10
 InactiveLimit=0
 GresTypes=gpu
 NodeName=n[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$node_first-$node_last] CPUs=4 RealMemory=8000 Gres=gpu:2 State=UNKNOWN
@@ -68,8 +80,10 @@ CONF
 echo "NodeName=n[1-2] Name=gpu File=$dir/dev/nvidia[0-1]" > "$dir/gres.conf"
 
 # node names must resolve, also inside containers on the host network (as on real clusters)
-if ! grep -q "train-local-slurm" /etc/hosts 2>/dev/null; then
-    printf '127.0.0.1 n1 n2  # train-local-slurm\n' >> /etc/hosts
+# (one line per cluster, tagged with its directory: clusters started side by side each
+# remove only their own line)
+if ! grep -qF "train-local-slurm $dir" /etc/hosts 2>/dev/null; then
+    printf '127.0.0.1 n1 n2  # train-local-slurm %s\n' "$dir" >> /etc/hosts
 fi
 
 export SLURM_CONF="$dir/slurm.conf"

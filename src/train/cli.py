@@ -10,12 +10,18 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import yaml
 
 from train import __version__
-from train.config import WORKLOADS, RunConfig, build_config, field_table, load_yaml
+from train.config import (
+    add_fields,
+    add_run_arguments,
+    flags_from,
+    load_yaml,
+    run_config_from_args,
+)
 from train.errors import EXIT_FAILURE, EXIT_OK, TrainError, UsageError
 
 log = logging.getLogger("train")
@@ -40,64 +46,6 @@ Bad input exits 2 and nothing is submitted.
 """
 
 
-class _Parser(argparse.ArgumentParser):
-    """Raises UsageError instead of exiting, for parsers used on nested argument lists."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: {message}")
-
-
-def _add_fields(p: argparse.ArgumentParser, cls: type[Any], skip: Sequence[str]) -> None:
-    """One flag per config field, generated from the field table."""
-    for f in field_table(cls):
-        if f.name in skip:
-            continue
-        meta = f.metadata
-        help_text = meta["doc"]
-        if meta["choices"]:
-            help_text += f" Choices: {', '.join(meta['choices'])}."
-        default = list(f.default) if isinstance(f.default, tuple) else f.default
-        help_text += f" (default: {default})"
-        flag = "--" + f.name.replace("_", "-")
-        if meta["kind"] is bool:
-            p.add_argument(flag, dest=f.name, action="store_const", const="true",
-                           default=None, help=help_text)
-            p.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name,
-                           action="store_const", const="false", default=None,
-                           help=argparse.SUPPRESS)
-        else:
-            p.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(),
-                           help=help_text)
-
-
-def _flags(args: argparse.Namespace, cls: type[Any], skip: Sequence[str]) -> dict[str, Any]:
-    return {f.name: getattr(args, f.name) for f in field_table(cls)
-            if f.name not in skip and getattr(args, f.name, None) is not None}
-
-
-def _add_run_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("workload", nargs="?", default=None, metavar="WORKLOAD",
-                   help=f"one of: {', '.join(WORKLOADS)} (default: demo)")
-    p.add_argument("--config", type=Path, default=None, metavar="FILE",
-                   help="YAML file with any of the options below")
-    _add_fields(p, RunConfig, skip=("workload",))
-
-
-def _run_config(args: argparse.Namespace) -> RunConfig:
-    file_values = load_yaml(args.config) if args.config is not None else {}
-    flags = _flags(args, RunConfig, skip=("workload",))
-    if args.workload is not None:
-        flags["workload"] = args.workload
-    return build_config(file_values, flags)
-
-
-def run_config_from_argv(argv: list[str]) -> RunConfig:
-    """Parse `train run` arguments (as a job will pass them) into a RunConfig."""
-    p = _Parser(prog="train run", add_help=False)
-    _add_run_arguments(p)
-    return _run_config(p.parse_args(argv))
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="train", description=__doc__)
     parser.add_argument("--version", action="version", version=f"train {__version__}")
@@ -109,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Train a workload: demo (built-in beacon game, no GPU or "
                        "cluster needed) or sc2 (StarCraft II through pysc2).",
                        epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _add_run_arguments(p)
+    add_run_arguments(p)
 
     p = sub.add_parser("clusters", help="list cluster profiles, or show one")
     p.add_argument("action", nargs="?", choices=["list", "show"], default="list")
@@ -128,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="job spec file")
         p.add_argument("--profile", type=Path, action="append", default=[], metavar="FILE",
                        help="extra cluster profile YAML (may repeat)")
-        _add_fields(p, JobSpec, skip=("workload",))
+        add_fields(p, JobSpec, skip=("workload",))
 
     p = sub.add_parser("image", help="lint, translate, build, test and export images",
                        description="Container images from containers/*.def.")
@@ -202,7 +150,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from train import runner
     from train.runtime.signals import ignore_late_walltime_signal
 
-    cfg = _run_config(args)
+    cfg = run_config_from_args(args)
     try:
         result = runner.run(cfg)
     finally:
@@ -234,7 +182,7 @@ def _resolved_job(args: argparse.Namespace, workload: list[str]) -> Any:
     from train.slurm.job import JobSpec, job_from_sources, resolve
 
     file_values = load_yaml(args.job_file) if args.job_file is not None else {}
-    flags: dict[str, Any] = _flags(args, JobSpec, skip=("workload",))
+    flags: dict[str, Any] = flags_from(args, JobSpec, skip=("workload",))
     if workload:
         flags["workload"] = list(workload)
     spec = job_from_sources(file_values, flags)
@@ -242,21 +190,11 @@ def _resolved_job(args: argparse.Namespace, workload: list[str]) -> Any:
     return resolve(spec, profile)
 
 
-def _run_dir(job: Any) -> Path:
-    return Path(job.spec.out) if job.spec.out else Path("runs") / job.spec.name
-
-
 def _cmd_render(args: argparse.Namespace, workload: list[str]) -> int:
-    from train.slurm.render import RenderContext, library_path, render
+    from train.slurm.render import library_path, render
 
     job = _resolved_job(args, workload)
-    ctx = RenderContext(run_dir=str(_run_dir(job).resolve()),
-                        library=library_path().read_text(encoding="utf-8"))
-    texts = [render(job, i, ctx) for i in range(1, job.spec.chunks + 1)]
-    for i, text in enumerate(texts, start=1):
-        if len(texts) > 1:
-            print(f"# ===== chunk {i} of {len(texts)} =====")
-        print(text, end="")
+    print(render(job, library_path().read_text(encoding="utf-8")), end="")
     return EXIT_OK
 
 
@@ -265,31 +203,28 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str]) -> int:
     from train.slurm.scheduler import submit_chain
 
     job = _resolved_job(args, workload)
-    chain = submit_chain(job, _run_dir(job), library_path().read_text(encoding="utf-8"))
-    print(f"submitted {job.spec.name}: {len(chain.ids)} chunk(s), jobs "
-          f"{' '.join(chain.ids)}; run dir {chain.run_dir}")
+    chain = submit_chain(job, library_path().read_text(encoding="utf-8"))
+    print(f"submitted {job.spec.name}: job {chain.ids[0]} (chunk 1 of at most "
+          f"{job.spec.max_chunks}; each chunk submits the next); run dir {chain.run_dir}")
     return EXIT_OK
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from train.slurm.scheduler import chain_status, find_run, load_chain
+    from train.slurm.scheduler import (
+        chain_dirs,
+        chain_status,
+        find_run,
+        format_status,
+        load_chain,
+    )
 
-    if args.ref is None:
-        runs = sorted(p.parent for p in args.runs.glob("*/chain.json")) \
-            if args.runs.is_dir() else []
-    else:
-        runs = [find_run(args.ref, args.runs)]
+    runs = chain_dirs(args.runs) if args.ref is None else [find_run(args.ref, args.runs)]
     statuses = [chain_status(load_chain(r)) for r in runs]
     if args.json:
         print(json.dumps(statuses if args.ref is None else statuses[0], indent=2))
         return EXIT_OK
     for st in statuses:
-        print(f"{st['name']} ({st['cluster']}): {st['state']}  {st['run_dir']}")
-        for c in st["chunks"]:
-            extra = f" ({c['reason']})" if c.get("reason") not in (None, "None") else ""
-            events = ", ".join(c["events"])
-            print(f"  chunk {c['chunk']}: job {c['job_id']} {c['state']}{extra}"
-                  f"{'  events: ' + events if events else ''}")
+        print("\n".join(format_status(st)))
     return EXIT_OK
 
 
@@ -311,7 +246,7 @@ def _cmd_logs(args: argparse.Namespace) -> int:
             if not path.exists():
                 raise UsageError(f"logs: {path} does not exist yet (the job has not started)")
             return EXIT_OK
-        job_id = path.name.rsplit("-", 1)[-1].split(".")[0]
+        job_id = path.name.rsplit("-", 1)[-1].split(".")[0]  # logs/NAME-JOBID.out
         if job_states([job_id]).get(job_id, {}).get("state") not in ACTIVE_STATES:
             return EXIT_OK
         time.sleep(1.0)

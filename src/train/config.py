@@ -7,18 +7,19 @@ new option is added in exactly one place. Unknown keys are errors that list the 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import yaml
 
-from train.errors import ConfigError
+from train.errors import ConfigError, UsageError
 
 WORKLOADS = ("demo", "sc2")
 _T = TypeVar("_T")
@@ -314,3 +315,67 @@ def check_writable_dir(path: Path, field_name: str) -> None:
     os.unlink(name)
     if probe == path.absolute() and not os.access(probe, os.R_OK):
         raise ConfigError(field_name, f"cannot read {path}")
+
+
+# -- command-line arguments -----------------------------------------------------------
+# Flags are generated from the same field table, here in the config layer, so any layer
+# (the CLI, the job validator on the login node) can parse `train run` arguments.
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """Raises UsageError instead of exiting, for parsers used on nested argument lists."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def add_fields(p: argparse.ArgumentParser, cls: type[Any], skip: Sequence[str]) -> None:
+    """One flag per config field, generated from the field table."""
+    for f in field_table(cls):
+        if f.name in skip:
+            continue
+        meta = f.metadata
+        help_text = meta["doc"]
+        if meta["choices"]:
+            help_text += f" Choices: {', '.join(meta['choices'])}."
+        default = list(f.default) if isinstance(f.default, tuple) else f.default
+        help_text += f" (default: {default})"
+        flag = "--" + f.name.replace("_", "-")
+        if meta["kind"] is bool:
+            p.add_argument(flag, dest=f.name, action="store_const", const="true",
+                           default=None, help=help_text)
+            p.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name,
+                           action="store_const", const="false", default=None,
+                           help=argparse.SUPPRESS)
+        else:
+            p.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(),
+                           help=help_text)
+
+
+def flags_from(args: argparse.Namespace, cls: type[Any], skip: Sequence[str]
+               ) -> dict[str, Any]:
+    return {f.name: getattr(args, f.name) for f in field_table(cls)
+            if f.name not in skip and getattr(args, f.name, None) is not None}
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("workload", nargs="?", default=None, metavar="WORKLOAD",
+                   help=f"one of: {', '.join(WORKLOADS)} (default: demo)")
+    p.add_argument("--config", type=Path, default=None, metavar="FILE",
+                   help="YAML file with any of the options below")
+    add_fields(p, RunConfig, skip=("workload",))
+
+
+def run_config_from_args(args: argparse.Namespace) -> RunConfig:
+    file_values = load_yaml(args.config) if args.config is not None else {}
+    flags = flags_from(args, RunConfig, skip=("workload",))
+    if args.workload is not None:
+        flags["workload"] = args.workload
+    return build_config(file_values, flags)
+
+
+def run_config_from_argv(argv: list[str]) -> RunConfig:
+    """Parse `train run` arguments (as a job will pass them) into a RunConfig."""
+    p = ArgumentParser(prog="train run", add_help=False)
+    add_run_arguments(p)
+    return run_config_from_args(p.parse_args(argv))

@@ -8,9 +8,11 @@ only what is passed with -e.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
 
 from train.runtime.alloc_conf import ALLOC_CONF_VAR, TUNED_ALLOC_CONF
+from train.slurm.contract import DOCKER_JOB_LABEL
 
 # Variables the training process reads; passed by name so their host values carry over.
 PASS_THROUGH = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -18,6 +20,59 @@ PASS_THROUGH = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_
                 "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE",
                 "SLURM_JOB_NODELIST", "SLURM_CPUS_PER_TASK", "SLURM_GPUS_ON_NODE",
                 "CUDA_VISIBLE_DEVICES", "TRAIN_MASTER_ADDR")
+
+# `docker run` hands the container to dockerd, outside the step's process tree and cgroup:
+# Slurm's TERM and KILL never reach it. Each task therefore runs this wrapper (bash -c,
+# arguments: docker run's options, the image and the command). It names the container
+# after the task, labels it with the job id (the batch shell removes what a SIGKILLed step
+# left, by label), runs it as the task's user, forwards USR1/TERM/INT by name, and removes
+# the container when it ends. After TERM/INT the container gets until just before
+# Slurm's KillWait to stop, then is removed by force. Traps run only between commands,
+# so docker runs in the background and a trapped signal's interrupted `wait` is repeated
+# (bash keeps the exit status for it; 127 where an old bash forgot it). A docker CLI that
+# a signal killed (docker < 23) leaves the container's status to `docker wait`.
+DOCKER_TASK = "\n".join((
+    "name=train-${SLURM_JOB_ID:?}-${SLURM_RESTART_COUNT:-0}-${SLURM_STEP_ID:?}"
+    "-${SLURM_PROCID:?}",
+    "user=$(id -un 2>/dev/null) || user=$(id -u)",
+    'ids=(--user "$(id -u):$(id -g)" -e "USER=$user")',
+    'for g in $(id -G); do ids+=(--group-add "$g"); done',
+    "caught=0",
+    "reaper=",
+    "# shellcheck disable=SC2329  # called by the traps",
+    "on_signal() {",
+    "    caught=1",
+    '    docker kill --signal "$1" "$name" >/dev/null 2>&1',
+    '    if [ "$1" != USR1 ] && [ -z "$reaper" ]; then',
+    "        {",
+    "            kill_wait=$(scontrol show config 2>/dev/null |"
+    " sed -n 's/^KillWait *= *\\([0-9][0-9]*\\).*/\\1/p')",
+    "            kill_wait=${kill_wait:-30}",
+    "            sleep $((kill_wait > 4 ? kill_wait - 3 : 1))",
+    '            docker rm -f "$name"',
+    "        } >/dev/null 2>&1 &",
+    "        reaper=$!",
+    "    fi",
+    "}",
+    "trap 'on_signal USR1' USR1",
+    "trap 'on_signal TERM' TERM",
+    "trap 'on_signal INT' INT",
+    "trap 'docker rm -f \"$name\" >/dev/null 2>&1; "
+    "[ -z \"$reaper\" ] || kill \"$reaper\" 2>/dev/null' EXIT",
+    "docker run --name \"$name\" --label "
+    + shlex.quote(DOCKER_JOB_LABEL + "=") + '"$SLURM_JOB_ID" "${ids[@]}" "$@" &',
+    "pid=$!",
+    'wait "$pid"',
+    "rc=$?",
+    'while [ "$caught" = 1 ]; do',
+    "    caught=0",
+    '    wait "$pid" 2>/dev/null',
+    "    again=$?",
+    '    [ "$again" = 127 ] || rc=$again',
+    "done",
+    'if [ "$rc" -gt 128 ] && status=$(docker wait "$name" 2>/dev/null); then rc=$status; fi',
+    'exit "$rc"',
+))
 
 
 def job_environment(nccl_env: Mapping[str, str]) -> dict[str, str]:
@@ -42,7 +97,11 @@ def runtime_prefix(runtime: str, *, image: str | None, gpus: bool, binds: Sequen
             argv += ["--bind", path]
         return [*argv, image]
     if runtime == "docker":
-        argv = ["docker", "run", "--rm", "--network", "host", "--ipc", "host"]
+        # --init: the command is not PID 1, which ignores a signal it has no handler for
+        # (TERM would not stop programs we did not write). The image has no passwd entry
+        # for the task's user (DOCKER_TASK sets it): HOME must be somewhere it can write.
+        argv = ["--init", "--sig-proxy=false", "--network", "host", "--ipc", "host",
+                "-e", "HOME=/tmp"]
         if gpus:
             argv += ["--gpus", "all"]
         for name, value in env.items():
@@ -53,5 +112,6 @@ def runtime_prefix(runtime: str, *, image: str | None, gpus: bool, binds: Sequen
             argv += ["-v", f"{path}:{path}"]
         # `env` as entrypoint: the command after the image runs as given (the image's
         # runscript would otherwise prepend `python -m train`)
-        return [*argv, "-w", run_dir, "--entrypoint", "env", image]
+        return ["bash", "-c", DOCKER_TASK, "train-task", *argv, "-w", run_dir,
+                "--entrypoint", "env", image]
     raise ValueError(f"unknown runtime {runtime!r}")

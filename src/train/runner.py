@@ -1,7 +1,9 @@
 """`train run`: validate, set up the runtime, train, and record the outcome.
 
 Order matters: every input is checked before anything is written; the allocator settings
-are applied before CUDA initialises; only rank 0 writes results.
+are applied before CUDA initialises; only rank 0 writes results, and the completion record
+(status.json, COMPLETE, progress) before the central CSV row and the plot, whose failures
+are warnings in status.json, never a failed chunk.
 """
 
 from __future__ import annotations
@@ -14,16 +16,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from train.config import RunConfig, check_writable_dir
+from train.errors import ConfigError
 from train.runtime import results
 from train.runtime.distributed import init_distributed
 from train.runtime.memory import apply_allocator_settings
 from train.runtime.precision import resolve_precision
 from train.runtime.signals import StopController
+from train.slurm import contract
 from train.workloads.dqn import trainer
 
 log = logging.getLogger(__name__)
 
-COMPLETE_MARKER = "COMPLETE"
 HOST_ENV_CHECK = ("PYTHONPATH", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "VIRTUAL_ENV")
 
 
@@ -37,7 +40,11 @@ class RunResult:
 def validate(cfg: RunConfig) -> None:
     """Everything that can be checked without side effects."""
     check_writable_dir(cfg.out_dir, "out")
-    check_writable_dir(cfg.results_csv_path.parent, "results_csv")
+    csv_path = cfg.results_csv_path
+    if csv_path.is_dir():  # else it fails only after training, when the row is appended
+        raise ConfigError("results_csv", f"{csv_path} is a directory; name a file, e.g. "
+                          f"{csv_path / 'results.csv'}")
+    check_writable_dir(csv_path.parent, "results_csv")
     trainer.check_workload(cfg)
 
 
@@ -68,7 +75,7 @@ def run(cfg: RunConfig) -> RunResult:
                 }))
         with stopper:
             summary = trainer.train(cfg, ctx, precision, stopper)
-        status = {
+        status: dict[str, Any] = {
             "complete": summary.complete,
             "stop_reason": summary.stop_reason,
             "target_episodes": cfg.episodes,
@@ -76,23 +83,10 @@ def run(cfg: RunConfig) -> RunResult:
                       for s in summary.seeds},
             "world_size": ctx.world_size,
             "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "warnings": [],
         }
         if ctx.is_main:
-            results.write_json_atomic(cfg.out_dir / "status.json", status)
-            # the marker the batch shell checks to end a chain (see slurm/job-lib.sh)
-            marker = cfg.out_dir / COMPLETE_MARKER
-            if summary.complete:
-                marker.touch()
-            else:
-                marker.unlink(missing_ok=True)
-            curves = {}
-            for seed in cfg.seeds:
-                history = trainer.read_json(cfg.out_dir / f"seed_{seed}" / "episodes.json")
-                if history.get("rewards"):
-                    curves[f"seed {seed}"] = history["rewards"]
-            if curves:
-                results.plot_learning_curves(cfg.out_dir / "learning_curve.png", curves,
-                                             f"{cfg.workload} res {cfg.res}")
+            _record_outcome(cfg, summary, status)
         ctx.barrier()
         if summary.complete:
             log.info("run complete: %s", cfg.out_dir)
@@ -102,3 +96,53 @@ def run(cfg: RunConfig) -> RunResult:
         return RunResult(summary.complete, summary.stop_reason, status)
     finally:
         ctx.close()
+
+
+def _record_outcome(cfg: RunConfig, summary: trainer.RunSummary, status: dict[str, Any]
+                    ) -> None:
+    """Rank 0 at the end of every chunk (the seeds' own files are written by then).
+
+    The completion record comes first: a finished chunk whose CSV append or plot fails
+    (flock is ENOSYS on some Lustre mounts; a full or read-only disk) must still end its
+    chain, or every rerun fails the same way. So status.json, the COMPLETE marker and the
+    progress file are written before the CSV rows and the plot, and what fails after them
+    is a warning recorded in status.json.
+    """
+    status_path = cfg.out_dir / "status.json"
+    results.write_json_atomic(status_path, status)
+    # the marker the batch shell checks to end a chain
+    marker = cfg.out_dir / contract.COMPLETE_MARKER
+    if summary.complete:
+        marker.touch()
+    else:
+        marker.unlink(missing_ok=True)
+    # every chunk, complete or not: the batch shell sees how much work this one added
+    contract.write_progress(cfg.out_dir, trainer.work_done(cfg, summary),
+                            len(cfg.seeds) * cfg.episodes)
+    warnings = trainer.append_result_rows(cfg)
+    warnings += _plot_learning_curves(cfg)
+    if not warnings:
+        return
+    for message in warnings:
+        log.warning("%s", message)
+    status["warnings"] = warnings
+    try:
+        results.write_json_atomic(status_path, status)
+    except OSError as exc:
+        log.warning("could not record these warnings in %s: %s", status_path, exc)
+
+
+def _plot_learning_curves(cfg: RunConfig) -> list[str]:
+    """The learning-curve plot; a failure (matplotlib or the file system) is a warning."""
+    path = cfg.out_dir / "learning_curve.png"
+    try:
+        curves = {}
+        for seed in cfg.seeds:
+            history = trainer.read_json(cfg.out_dir / f"seed_{seed}" / "episodes.json")
+            if history.get("rewards"):
+                curves[f"seed {seed}"] = history["rewards"]
+        if curves:
+            results.plot_learning_curves(path, curves, f"{cfg.workload} res {cfg.res}")
+    except Exception as exc:  # a plot never fails a finished chunk
+        return [f"plot: could not write {path}: {type(exc).__name__}: {exc}"]
+    return []

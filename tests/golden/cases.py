@@ -12,14 +12,14 @@ from typing import Any
 
 from train.clusters.profiles import Registry
 from train.slurm.job import JobSpec, ResolvedJob, resolve
-from train.slurm.render import RenderContext, library_path, render
+from train.slurm.render import library_path, render
 
 HERE = Path(__file__).parent
 RUN_ROOT = "/scratch/user/runs"
 
 CASES: dict[str, dict[str, Any]] = {
     "gilbreth-chunked": dict(cluster="gilbreth", name="e1", account="lab", partition="a30",
-                             qos="standby", time="2:00:00", gpus_per_node=1, chunks=3,
+                             qos="standby", time="2:00:00", gpus_per_node=1, max_chunks=3,
                              mem="50G", workload=("demo", "--res", "32", "--seeds", "4",
                                                   "--episodes", "9000")),
     "gilbreth-multinode": dict(cluster="gilbreth", name="mn", account="lab",
@@ -29,14 +29,14 @@ CASES: dict[str, dict[str, Any]] = {
                                workload=("demo", "--episodes", "20000", "--results-csv",
                                          "/depot/lab/r $(id); `id` 'q' \"d\"\n.csv")),
     "rivanna-chunked": dict(cluster="rivanna", name="r1", account="grp", gpus_per_node=1,
-                            gpu_type="a100", chunks=2, workload=("demo", "--res", "32")),
+                            gpu_type="a100", max_chunks=2, workload=("demo", "--res", "32")),
     "rivanna-multinode": dict(cluster="rivanna", name="rm", account="grp", nodes=2,
                               gpus_per_node=8, gpu_type="a100", cpus_per_task=8,
                               launch="tasks", time="1-00:00:00", runtime="apptainer",
                               image="/scratch/grp/navsim.sif", workers=2, worker_mem="8G",
                               workload=("demo",)),
     "torch-chunked": dict(cluster="torch", name="t1", account="torch_pr_1_general",
-                          constraint="h200|l40s", gpus_per_node=1, chunks=4, preempt=True,
+                          constraint="h200|l40s", gpus_per_node=1, max_chunks=4, preempt=True,
                           time="2:00:00", workload=("demo", "--seeds", "4 6 8")),
     "torch-multinode": dict(cluster="torch", name="tm", account="torch_pr_1_general",
                             constraint="l40s", nodes=4, gpus_per_node=4, cpus_per_task=8,
@@ -49,14 +49,14 @@ CASES: dict[str, dict[str, Any]] = {
                          entry="navsim", runtime="apptainer", image="/scratch/me/navsim.sif",
                          time="1-00:00:00",
                          workload=("agent=hydra_mdp_v8192_w_ep", "experiment_name=h16")),
-    "local-chunked": dict(cluster="local", name="l1", chunks=3, time="5:00",
+    "local-chunked": dict(cluster="local", name="l1", max_chunks=3, time="5:00",
                           cpus_per_task=1, mem="1000M", signal_margin=30,
                           workload=("demo", "--episodes", "6")),
     "local-multinode": dict(cluster="local", name="lm", nodes=2, gpus_per_node=2,
                             cpus_per_task=2, mem="2000M", runtime="docker",
                             image="train-base:ci",
                             workload=("demo", "--episodes", "4", "--results-csv",
-                                      "/tmp/r $(id); `id` 'q' \"d\"\n.csv")),
+                                      RUN_ROOT + "/lm/r $(id); `id` 'q' \"d\"\n.csv")),
     "local-requeue": dict(cluster="local", name="lq", requeue=True, time="3:00",
                           signal_margin=60, time_budget=False, cpus_per_task=1,
                           mem="1000M", workload=("demo", "--results-csv",
@@ -65,16 +65,13 @@ CASES: dict[str, dict[str, Any]] = {
 
 
 def resolved(case: str) -> ResolvedJob:
-    spec = JobSpec(**CASES[case])
+    values = CASES[case]
+    spec = JobSpec(**{"out": f"{RUN_ROOT}/{values['name']}", **values})
     return resolve(spec, Registry(environ={}).get(spec.cluster))
 
 
 def rendered(case: str) -> str:
-    job = resolved(case)
-    ctx = RenderContext(run_dir=f"{RUN_ROOT}/{job.spec.name}",
-                        library=library_path().read_text(encoding="utf-8"))
-    return "".join(render(job, i, ctx) for i in range(1, job.spec.chunks + 1)
-                   if i in (1, job.spec.chunks))
+    return render(resolved(case), library_path().read_text(encoding="utf-8"))
 
 
 def golden_path(case: str) -> Path:

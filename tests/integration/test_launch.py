@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli, tiny_flags
-from tests.integration.test_slurm import TERMINAL, _logs, _wait
+from tests.integration.chains import TERMINAL
+from tests.integration.chains import logs as _logs
+from tests.integration.chains import wait as _wait
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -1,100 +1,73 @@
-"""`train submit/status/logs/cancel` against a REAL SLURM cluster (see conftest.py):
-chained chunks, walltime signals, failures, early completion, requeue, hostile arguments.
-Accounting storage is disabled on this cluster, as on many test set-ups: status falls back
-to squeue and the job completion log."""
+"""`train submit/status/logs/cancel` against a REAL SLURM cluster (see conftest.py): chains
+that extend themselves until the work is done, every way a chunk can die, requeue mode,
+hostile arguments and bad input. The cluster, like the sites, does not cancel jobs whose
+dependency can never be met. Accounting storage is disabled, as on many test set-ups:
+status falls back to squeue and the job completion log."""
 
 from __future__ import annotations
 
 import json
-import re
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
 from tests.conftest import run_cli, tiny_flags
+from tests.integration.chains import (
+    ENDLESS,
+    checkpointed,
+    death_kill_step,
+    death_node_failure,
+    death_requeue,
+    death_scancel,
+    death_timeout,
+    logs,
+    running_chunk,
+    settled,
+    submit,
+    wait,
+    walltime_signal,
+)
 from train.runtime.checkpoint import CheckpointManager
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-TERMINAL = {"complete", "failed", "cancelled", "incomplete", "ended"}
+
+def _events(run_dir: Path) -> list[str]:
+    return [line.split()[3] for line in (run_dir / "chain.events").read_text().splitlines()]
 
 
-def _job(*flags: str) -> list[str]:
-    return ["--cluster", "local", "--python", sys.executable, "--cpus-per-task", "1",
-            "--mem", "1000M", *flags]
-
-
-def _submit(cwd: Path, env: dict[str, str], name: str, flags: list[str],
-            workload: list[str]) -> Path:
-    proc = run_cli(["submit", "--name", name, *_job(*flags), "--", *workload], cwd=cwd,
-                   env=env)
-    assert proc.returncode == 0, proc.stderr
-    assert f"submitted {name}" in proc.stdout
-    return cwd / "runs" / name
-
-
-def _status(cwd: Path, env: dict[str, str], ref: str) -> dict[str, Any]:
-    proc = run_cli(["status", ref, "--json"], cwd=cwd, env=env)
-    assert proc.returncode == 0, proc.stderr
-    data: dict[str, Any] = json.loads(proc.stdout)
-    return data
-
-
-def _wait(cwd: Path, env: dict[str, str], ref: str, until: Any, timeout: float = 240
-          ) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        st = _status(cwd, env, ref)
-        if until(st):
-            return st
-        if time.monotonic() > deadline:
-            logs = "\n".join(p.read_text(errors="replace")[-3000:]
-                             for p in sorted((cwd / "runs" / st["name"] / "logs").glob("*")))
-            pytest.fail(f"timed out waiting on {ref}: {json.dumps(st, indent=1)}\n{logs}")
-        time.sleep(1.0)
-
-
-def _logs(run_dir: Path, suffix: str) -> str:
-    return "".join(p.read_text(errors="replace")
-                   for p in sorted((run_dir / "logs").glob(f"*.{suffix}")))
-
-
-def test_three_chunks_complete_and_equal_one_uninterrupted_run(
+def test_a_chain_extends_itself_until_the_work_is_done_and_equals_one_run(
         tmp_path: Path, slurm_env: dict[str, str]) -> None:
-    # size the work to about 1.3 chunk budgets at this machine's measured speed, so the
-    # walltime must end at least one chunk and three chunks always suffice (a coarse,
-    # early signal can shorten one chunk to almost nothing)
-    # (reference and calibration run as the jobs do: same CLI, same thread settings, as
-    # float reductions differ with the thread count)
-    calibration = ["run", "demo", "--out", str(tmp_path / "calibration"),
-                   *tiny_flags(checkpoint_every=25, log_every=1000)]
-    assert run_cli([*calibration, "--episodes", "10"]).returncode == 0
-    proc = run_cli([*calibration, "--episodes", "60"])
-    rate = float(re.findall(r"episode 60/60 \(([\d.]+) ep/s\)", proc.stderr)[-1])
-    budget = 60 - 45
-    episodes = max(40, int(1.3 * budget * rate))
+    # chunks 1 and 2 end at the walltime signal once 25 more episodes are checkpointed;
+    # chunk 3 finishes the work. Nothing depends on the machine's speed.
     flags = tiny_flags(checkpoint_every=25)
-    run_dir = _submit(tmp_path, slurm_env, "chain",
-                      ["--chunks", "3", "--time", "1", "--signal-margin", "45"],
-                      ["demo", "--episodes", str(episodes), *flags])
-    st = _wait(tmp_path, slurm_env, "chain", lambda s: s["state"] in TERMINAL, timeout=400)
+    run_dir = submit(tmp_path, slurm_env, "chain", ["--time", "10", "--max-chunks", "5"],
+                     ["demo", "--episodes", "600", *flags])
+    done = 0
+    for chunk in (1, 2):
+        job = running_chunk(tmp_path, slurm_env, "chain", chunk, min_episode=done + 25)
+        walltime_signal(job["job_id"], slurm_env)
+        st = wait(tmp_path, slurm_env, "chain",
+                  lambda s, c=chunk: any(x["chunk"] == c and "stopped" in x["events"]
+                                         for x in s["chunks"]))
+        done = checkpointed(run_dir)
+        assert st["done"] == done and st["total"] == 600, st
+    st = wait(tmp_path, slurm_env, "chain", settled, timeout=400)
     assert st["state"] == "complete", st
-    ran = [c for c in st["chunks"] if "started" in c["events"]]
-    assert len(ran) >= 2, st  # the walltime ended a chunk and the next resumed
-    assert "resumed at episode" in _logs(run_dir, "err")
-    assert all(c["state"] not in ("PENDING", "RUNNING") for c in st["chunks"])
+    assert st["chunks_used"] == 3 and st["done"] == st["total"] == 600
+    assert [c["state"] for c in st["chunks"]] == ["COMPLETED"] * 3 + ["CANCELLED"]
+    assert "walltime signal: asking the training step to checkpoint" in logs(run_dir)
+    assert logs(run_dir).count("resumed at episode") == 2
 
     straight = tmp_path / "straight"
-    proc = run_cli(["run", "demo", "--episodes", str(episodes), "--out", str(straight),
-                    *flags], env=slurm_env)
+    proc = run_cli(["run", "demo", "--episodes", "600", "--out", str(straight), *flags],
+                   env=slurm_env)
     assert proc.returncode == 0, proc.stderr
     a = json.loads((run_dir / "seed_4" / "episodes.json").read_text())
     b = json.loads((straight / "seed_4" / "episodes.json").read_text())
-    assert a["rewards"] == b["rewards"] and len(a["rewards"]) == episodes
+    assert a["rewards"] == b["rewards"] and len(a["rewards"]) == 600
     ea = json.loads((run_dir / "eval" / "test_results.json").read_text())["4"]
     eb = json.loads((straight / "eval" / "test_results.json").read_text())["4"]
     assert ea["episode_rewards"] == eb["episode_rewards"]
@@ -103,87 +76,153 @@ def test_three_chunks_complete_and_equal_one_uninterrupted_run(
     assert pa is not None and pb is not None
     for key, tensor in pa["agent"]["policy"].items():
         assert torch.equal(tensor, pb["agent"]["policy"][key]), key
+    # the CSV row sits beside the run directory, one per finished seed
+    rows = (tmp_path / "runs" / "results.csv").read_text().splitlines()
+    assert len(rows) == 2 and rows[1].split(",")[3] == "4"
 
 
-def test_walltime_signal_checkpoints_and_the_next_chunk_resumes(
+def test_the_time_budget_ends_each_chunk_until_the_bound(
         tmp_path: Path, slurm_env: dict[str, str]) -> None:
-    run_dir = _submit(tmp_path, slurm_env, "sig",
-                      ["--chunks", "2", "--time", "1", "--signal-margin", "40",
-                       "--no-time-budget"],
-                      ["demo", "--episodes", "1000000", *tiny_flags(checkpoint_every=50)])
-    st = _wait(tmp_path, slurm_env, "sig",
-               lambda s: "resumed at episode" in _logs(run_dir, "err"), timeout=240)
-    err = _logs(run_dir, "err")
-    assert "received SIGUSR1" in err
-    assert "walltime signal: asking the training step to checkpoint" in err
-    first = st["chunks"][0]
-    assert "stopped" in first["events"], st
-    assert "--time-budget" not in (run_dir / "jobs" / "sig-c1of2.sbatch").read_text()
-    # cancel the whole chain by any of its job ids
-    proc = run_cli(["cancel", st["chunks"][1]["job_id"]], cwd=tmp_path, env=slurm_env)
-    assert proc.returncode == 0, proc.stderr
-    st = _wait(tmp_path, slurm_env, "sig",
-               lambda s: all(c["state"] not in ("PENDING", "RUNNING", "COMPLETING")
-                             for c in s["chunks"]))
-    assert st["state"] == "cancelled"
+    # 1-minute chunks with a 45 s margin: the trainer's 15 s budget and the USR1 land
+    # together; work that cannot finish runs into --max-chunks 2
+    run_dir = submit(tmp_path, slurm_env, "budget",
+                     ["--time", "1", "--signal-margin", "45", "--max-chunks", "2"], ENDLESS)
+    st = wait(tmp_path, slurm_env, "budget", settled, timeout=300)
+    assert st["state"] == "incomplete", st
+    assert "--max-chunks" in st["cause"]
+    assert [c["state"] for c in st["chunks"]] == ["COMPLETED", "COMPLETED"]
+    assert _events(run_dir).count("stopped") == 1
+    assert st["done"] == checkpointed(run_dir) > 0
+    assert "resumed at episode" in logs(run_dir)
+    proc = run_cli(["status", "budget"], cwd=tmp_path, env=slurm_env)
+    assert "budget (local): incomplete" in proc.stdout
+    assert "progress: " in proc.stdout and "2 of at most 2 chunk(s) used" in proc.stdout
 
 
-def test_failing_chunk_marks_the_chain_failed_and_leaves_nothing_pending(
+def test_walltime_timeout_of_a_step_that_ignores_the_signal(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    _, st = death_timeout(tmp_path, slurm_env, "tmo")
+    assert st["state"] == "failed", st
+    assert "reached its walltime" in st["cause"] and "--signal-margin" in st["cause"]
+    assert [c["state"] for c in st["chunks"]] == ["TIMEOUT", "CANCELLED"]
+    assert "timeout" in st["chunks"][0]["events"]
+
+
+def test_scancel_of_the_running_chunk_checkpoints_and_ends_the_chain(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    _, st = death_scancel(tmp_path, slurm_env, "scx")
+    run_dir = tmp_path / "runs" / "scx"
+    assert st["state"] == "cancelled", st
+    assert "cancelled (scancel)" in st["cause"]
+    assert [c["state"] for c in st["chunks"]] == ["CANCELLED", "CANCELLED"]
+    assert "terminated" in st["chunks"][0]["events"]
+    assert "received SIGTERM" in logs(run_dir)  # the trainer checkpointed on the TERM
+
+
+def test_a_killed_step_fails_the_chain(tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    _, st = death_kill_step(tmp_path, slurm_env, "kst")
+    assert st["state"] == "failed", st
+    assert "exited with code 137" in st["cause"]
+    assert [c["state"] for c in st["chunks"]] == ["FAILED", "CANCELLED"]
+
+
+def test_a_node_failure_ends_the_chain_with_its_cause(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    _, st = death_node_failure(tmp_path, slurm_env, "nf")
+    assert st["state"] == "failed", st
+    assert "NODE_FAIL" in st["cause"] and "node failure" in st["cause"]
+    # nobody was left to cancel the waiting chunk: Slurm removed it (--kill-on-invalid-dep)
+    assert [c["state"] for c in st["chunks"]] == ["NODE_FAIL", "CANCELLED"]
+    assert st["chunks"][0]["events"] == ["started", "extended"]
+
+
+def test_a_requeued_chunk_resumes_and_the_chain_goes_on(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    _, st = death_requeue(tmp_path, slurm_env, "rqx")
+    run_dir = tmp_path / "runs" / "rqx"
+    assert st["state"] == "cancelled", st
+    events = _events(run_dir)
+    assert events[:3] == ["started", "terminated", "started"], events
+    assert "(restart 1)" in logs(run_dir)
+    assert len(st["chunks"]) == 1  # requeue mode: one job, run again
+
+
+def test_requeue_mode_requeues_after_each_checkpointed_stop_up_to_the_bound(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    run_dir = submit(tmp_path, slurm_env, "rq",
+                     ["--requeue", "--time", "1", "--signal-margin", "45", "--max-chunks",
+                      "2"], ENDLESS)
+    st = wait(tmp_path, slurm_env, "rq", settled, timeout=400)
+    assert st["state"] == "incomplete", st
+    assert _events(run_dir) == ["started", "requeued", "started", "incomplete"]
+    err = logs(run_dir)
+    assert "requeueing job" in err and "(restart 1)" in err
+    assert "resumed at episode" in err
+
+
+def test_a_failing_chunk_marks_the_chain_failed_and_leaves_nothing_pending(
         tmp_path: Path, slurm_env: dict[str, str]) -> None:
     # valid at submission, fails on the node: the results CSV cannot be written there
-    _submit(tmp_path, slurm_env, "fail", ["--chunks", "3", "--time", "2"],
-            ["demo", "--results-csv", "/proc/nowhere/results.csv", *tiny_flags()])
-    st = _wait(tmp_path, slurm_env, "fail",
-               lambda s: s["state"] == "failed" and all(
-                   c["state"] not in ("PENDING", "RUNNING", "COMPLETING")
-                   for c in s["chunks"]))
-    assert st["chunks"][0]["state"] == "FAILED"
-    assert {c["state"] for c in st["chunks"][1:]} == {"CANCELLED"}
+    submit(tmp_path, slurm_env, "fail", ["--time", "2", "--max-chunks", "3"],
+           ["demo", "--results-csv", "/proc/nowhere/results.csv", *tiny_flags()])
+    st = wait(tmp_path, slurm_env, "fail", settled)
+    assert st["state"] == "failed", st
+    assert [c["state"] for c in st["chunks"]] == ["FAILED", "CANCELLED"]
     proc = run_cli(["logs", "fail", "--err"], cwd=tmp_path, env=slurm_env)
     assert proc.returncode == 0 and "results_csv: cannot write" in proc.stdout
     assert "training step failed with exit code 2" in proc.stdout
 
 
-def test_finishing_early_cancels_the_waiting_chunks(tmp_path: Path,
-                                                    slurm_env: dict[str, str]) -> None:
-    run_dir = _submit(tmp_path, slurm_env, "early", ["--chunks", "3", "--time", "3"],
-                      ["demo", "--episodes", "4", *tiny_flags()])
-    st = _wait(tmp_path, slurm_env, "early",
-               lambda s: s["state"] == "complete" and all(
-                   c["state"] not in ("PENDING", "RUNNING", "COMPLETING")
-                   for c in s["chunks"]))
-    assert st["chunks"][0]["state"] == "COMPLETED"
-    assert [c["state"] for c in st["chunks"][1:]] == ["CANCELLED", "CANCELLED"]
+def test_finishing_early_cancels_the_waiting_chunk(tmp_path: Path,
+                                                   slurm_env: dict[str, str]) -> None:
+    run_dir = submit(tmp_path, slurm_env, "early", ["--time", "3", "--max-chunks", "3"],
+                     ["demo", "--episodes", "4", *tiny_flags()])
+    st = wait(tmp_path, slurm_env, "early", settled)
+    assert st["state"] == "complete", st
+    assert [c["state"] for c in st["chunks"]] == ["COMPLETED", "CANCELLED"]
     assert (run_dir / "COMPLETE").exists()
     proc = run_cli(["status", "early"], cwd=tmp_path, env=slurm_env)
     assert "early (local): complete" in proc.stdout
     proc = run_cli(["logs", st["chunks"][0]["job_id"]], cwd=tmp_path, env=slurm_env)
-    assert proc.returncode == 0
+    assert proc.returncode == 0 and "run complete" in proc.stdout + logs(run_dir)
 
 
-def test_requeue_mode_resumes_after_a_requeue(tmp_path: Path,
-                                              slurm_env: dict[str, str]) -> None:
-    run_dir = _submit(tmp_path, slurm_env, "rq",
-                      ["--requeue", "--time", "1", "--signal-margin", "40",
-                       "--no-time-budget"],
-                      ["demo", "--episodes", "1000000", *tiny_flags(checkpoint_every=50)])
-    _wait(tmp_path, slurm_env, "rq",
-          lambda s: "resumed at episode" in _logs(run_dir, "err"), timeout=300)
-    err = _logs(run_dir, "err")
-    assert "requeueing job" in err and "(restart 1)" in err
-    events = (run_dir / "chain.events").read_text()
-    assert " requeued" in events
-    proc = run_cli(["cancel", "rq"], cwd=tmp_path, env=slurm_env)
+def test_bad_input_submits_nothing_and_keeps_the_earlier_record(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    run_dir = submit(tmp_path, slurm_env, "busy", ["--time", "10", "--max-chunks", "2"],
+                     ENDLESS)
+    running_chunk(tmp_path, slurm_env, "busy", 1)
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.name.startswith("chain")}
+    cases = [
+        (["--name", "busy"], "already has an active chain"),
+        (["--name", "other", "--max-chunks", "0"], "max_chunks: must be greater than 0"),
+        (["--name", "other", "--max-chunks", "-2"], "max_chunks: must be greater than 0"),
+        (["--name", "other", "--runtime", "docker", "--image", "x:1"],
+         "results_csv:"),
+    ]
+    for flags, message in cases:
+        workload = ["demo"] if "docker" not in flags else \
+            ["demo", "--results-csv", "/var/tmp/elsewhere.csv"]
+        proc = run_cli(["submit", *flags, "--cluster", "local", "--python", sys.executable,
+                        "--", *workload], cwd=tmp_path, env=slurm_env)
+        assert proc.returncode == 2, (flags, proc.stderr)
+        assert message in proc.stderr, (flags, proc.stderr)
+    after = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.name.startswith("chain")}
+    assert after == before
+    assert not (tmp_path / "runs" / "other").exists()
+    proc = run_cli(["cancel", "busy"], cwd=tmp_path, env=slurm_env)
     assert proc.returncode == 0, proc.stderr
+    st = wait(tmp_path, slurm_env, "busy", settled)
+    assert st["state"] == "cancelled"
 
 
 def test_shell_metacharacters_reach_the_trainer_verbatim(tmp_path: Path,
                                                          slurm_env: dict[str, str]) -> None:
     hostile = (f"{tmp_path}/r $(touch {tmp_path}/pwned1); `touch {tmp_path}/pwned2`; "
                f"'q' \"d\" \\ $HOME\nline2.csv")
-    run_dir = _submit(tmp_path, slurm_env, "meta", ["--time", "3"],
-                      ["demo", "--episodes", "2", "--results-csv", hostile, *tiny_flags()])
-    st = _wait(tmp_path, slurm_env, "meta", lambda s: s["state"] in TERMINAL)
+    run_dir = submit(tmp_path, slurm_env, "meta", ["--time", "3"],
+                     ["demo", "--episodes", "2", "--results-csv", hostile, *tiny_flags()])
+    st = wait(tmp_path, slurm_env, "meta", settled)
     assert st["state"] == "complete", st
     assert Path(hostile).is_file()
     assert not (tmp_path / "pwned1").exists() and not (tmp_path / "pwned2").exists()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import errno
+import fcntl
 import json
 import os
 import signal
@@ -18,8 +20,11 @@ import torch
 from tests.conftest import TINY, run_cli, tiny_flags, train_cmd
 from train import runner
 from train.config import RunConfig
-from train.errors import UsageError
+from train.errors import ConfigError, UsageError
+from train.runtime import results
 from train.runtime.checkpoint import CheckpointManager
+from train.slurm import contract
+from train.workloads.dqn import trainer
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +34,7 @@ def _cfg(out: Path, episodes: int, **kw: Any) -> RunConfig:
                         **kw})
 
 
-def _final(out: Path, seed: int = 4) -> tuple[list[float], list[Any], list[float], dict]:
+def _final(out: Path, seed: int = 4) -> tuple[list[float], list[Any], list[float], dict[str, Any]]:
     history = json.loads((out / f"seed_{seed}" / "episodes.json").read_text())
     evaluation = json.loads((out / "eval" / "test_results.json").read_text())[str(seed)]
     state = CheckpointManager(out / f"seed_{seed}" / "checkpoints").load_latest()
@@ -129,12 +134,148 @@ def test_time_budget_checkpoints_exits_zero_and_resumes(tmp_path: Path) -> None:
     ckpts = CheckpointManager(out / "seed_4" / "checkpoints").complete()
     assert ckpts and ckpts[-1].name == f"ckpt-{done:08d}.pt"
     assert not csv_path.exists()  # the seed is not finished: no result row yet
+    assert contract.read_progress(out) == (done, 100000)
+    assert not (out / contract.COMPLETE_MARKER).exists()
     proc = run_cli([*args, "--episodes", str(done + 3)])
     assert proc.returncode == 0, proc.stderr
     assert f"resumed at episode {done}" in proc.stderr
     status = json.loads((out / "status.json").read_text())
     assert status["complete"] is True and status["seeds"]["4"]["episodes"] == done + 3
+    assert status["warnings"] == []
     assert len(_rows(csv_path)) == 1
+    assert contract.read_progress(out) == (done + 3, done + 3)
+    assert (out / contract.COMPLETE_MARKER).exists()
+
+
+def test_progress_counts_every_seed_up_to_the_target(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = runner.run(_cfg(out, 3, seeds=(4, 6)))
+    assert result.complete and (out / contract.COMPLETE_MARKER).exists()
+    assert (out / contract.PROGRESS_FILE).read_text() == "6 6\n"
+    # a larger target, stopped by the time budget in seed 4: seed 6 keeps its 3 episodes
+    result = runner.run(_cfg(out, 100000, seeds=(4, 6), time_budget=2.0))
+    assert not result.complete and "time budget" in str(result.stop_reason)
+    assert not (out / contract.COMPLETE_MARKER).exists()
+    trained = result.status["seeds"]["4"]["episodes"]
+    assert 3 < trained < 100000 and "6" not in result.status["seeds"]
+    assert contract.read_progress(out) == (trained + 3, 200000)
+    # a smaller target than a seed has trained counts that seed as the target
+    result = runner.run(_cfg(out, 2, seeds=(4, 6)))
+    assert result.complete
+    assert contract.read_progress(out) == (4, 4)
+
+
+def _status(out: Path) -> dict[str, Any]:
+    status: dict[str, Any] = json.loads((out / "status.json").read_text())
+    return status
+
+
+def test_completion_record_is_written_before_the_csv_row_and_the_plot(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "run"
+    seen: list[str] = []
+    append, plot = results.append_csv_row, results.plot_learning_curves
+
+    def record_exists(what: str) -> None:
+        assert _status(out)["complete"] is True, what
+        assert (out / contract.COMPLETE_MARKER).exists(), what
+        assert contract.read_progress(out) == (6, 6), what
+        seen.append(what)
+
+    def checked_append(path: Path, row: Any) -> bool:
+        record_exists(f"row {row['seed']}")
+        assert not (out / "learning_curve.png").exists()
+        return append(path, row)
+
+    def checked_plot(*args: Any, **kwargs: Any) -> None:
+        record_exists("plot")
+        plot(*args, **kwargs)
+
+    monkeypatch.setattr(results, "append_csv_row", checked_append)
+    monkeypatch.setattr(results, "plot_learning_curves", checked_plot)
+    assert runner.run(_cfg(out, 3, seeds=(4, 6))).complete
+    assert seen == ["row 4", "row 6", "plot"]
+    assert [r["seed"] for r in _rows(tmp_path / "results.csv")] == ["4", "6"]
+
+
+def test_csv_without_flock_falls_back_to_one_append_and_warns(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_flock(fd: int, op: int) -> None:
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    out = tmp_path / "run"
+    result = runner.run(_cfg(out, 3))
+    assert result.complete and (out / contract.COMPLETE_MARKER).exists()
+    rows = _rows(tmp_path / "results.csv")
+    assert [(r["seed"], r["episodes"]) for r in rows] == [("4", "3")]
+    warnings = _status(out)["warnings"]
+    assert len(warnings) == 1 and "flock" in warnings[0] and "O_APPEND" in warnings[0]
+    assert json.loads((out / "seed_4" / "summary.json").read_text())["csv_episodes"] == 3
+
+
+def test_failing_csv_is_a_warning_and_the_rerun_appends_the_row_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "run"
+    csv_dir = tmp_path / "shared"
+    csv_path = csv_dir / "results.csv"
+    real_train = trainer.train
+
+    def train_then_break_the_csv_dir(*args: Any) -> trainer.RunSummary:
+        summary = real_train(*args)
+        csv_dir.rmdir()  # after validation: the directory is replaced by a file
+        csv_dir.write_text("")
+        return summary
+
+    csv_dir.mkdir()
+    cfg = _cfg(out, 3, seeds=(4, 6), results_csv=str(csv_path))
+    with monkeypatch.context() as m:
+        m.setattr(trainer, "train", train_then_break_the_csv_dir)
+        result = runner.run(cfg)
+    assert result.complete and (out / contract.COMPLETE_MARKER).exists()
+    status = _status(out)
+    assert status["complete"] is True and result.status == status
+    assert len(status["warnings"]) == 2
+    assert all(w.startswith("results_csv: could not append the row for seed")
+               and str(csv_path) in w for w in status["warnings"])
+    assert contract.read_progress(out) == (6, 6)
+    assert (out / "learning_curve.png").exists()
+    # the path fixed, the same command appends each missing row once, and only once
+    csv_dir.unlink()
+    csv_dir.mkdir()
+    for _ in range(2):
+        result = runner.run(cfg)
+        assert result.complete and _status(out)["warnings"] == []
+        assert [r["seed"] for r in _rows(csv_path)] == ["4", "6"]
+    summary = json.loads((out / "seed_6" / "summary.json").read_text())
+    assert summary["csv_rows"] == 1 and summary["csv_episodes"] == 3
+
+
+def test_failing_plot_is_a_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken_plot(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("no usable backend")
+
+    monkeypatch.setattr(results, "plot_learning_curves", broken_plot)
+    out = tmp_path / "run"
+    result = runner.run(_cfg(out, 3))
+    assert result.complete and (out / contract.COMPLETE_MARKER).exists()
+    assert _status(out)["warnings"] == [
+        f"plot: could not write {out / 'learning_curve.png'}: RuntimeError: no usable backend"]
+    assert len(_rows(tmp_path / "results.csv")) == 1
+
+
+def test_results_csv_naming_a_directory_exits_2_and_writes_nothing(tmp_path: Path) -> None:
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    proc = run_cli(["run", "--out", str(tmp_path / "run"), "--results-csv", str(taken),
+                    *tiny_flags()])
+    assert proc.returncode == 2, proc.stderr
+    assert "error: results_csv:" in proc.stderr and "is a directory" in proc.stderr
+    assert list(tmp_path.iterdir()) == [taken] and list(taken.iterdir()) == []
+    # the default, results.csv beside the run directory, is checked the same way
+    (tmp_path / "results.csv").mkdir()
+    with pytest.raises(ConfigError, match=r"results_csv: .*is a directory"):
+        runner.validate(_cfg(tmp_path / "run2", 3))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])

@@ -112,12 +112,40 @@ def test_workload_arguments_checked_before_submission() -> None:
 def test_other_field_checks() -> None:
     _fails("name", "letters, digits", **{**GIL, "name": "a b"})
     _fails("image", "needs --image", **{**GIL, "runtime": "apptainer"})
-    _fails("requeue", "chunks 1", **{**GIL, "requeue": True, "chunks": 2})
     _fails("preempt", "no preemptible", **{**GIL, "preempt": True})
     _fails("signal_margin", "leaves no time", **{**GIL, "time": "5", "signal_margin": 300})
-    with pytest.raises(ConfigError) as err:
-        JobSpec(chunks=0)
-    assert err.value.field == "chunks"
+    for bad in (0, -1):
+        with pytest.raises(ConfigError) as err:
+            JobSpec(max_chunks=bad)
+        assert err.value.field == "max_chunks"
+
+
+def test_the_results_csv_must_be_reachable_from_the_container(tmp_path: Path) -> None:
+    docker = {"cluster": "local", "runtime": "docker", "image": "img:1",
+              "out": str(tmp_path / "runs" / "d")}
+    # the default CSV beside the run directory: its directory is bound too
+    job = _resolve(**docker, workload=("demo",))
+    assert job.results_csv == str(tmp_path / "runs" / "results.csv")
+    assert job.binds == (str(tmp_path / "runs" / "d"), str(tmp_path / "runs"))
+    # inside the run directory: nothing more to bind
+    inside = str(tmp_path / "runs" / "d" / "r.csv")
+    job = _resolve(**docker, workload=("demo", "--results-csv", inside))
+    assert job.results_csv == inside and job.binds == (str(tmp_path / "runs" / "d"),)
+    # anywhere else: refused, naming the field and what the container sees
+    _fails("results_csv", "outside what the docker container sees", **docker,
+           workload=("demo", "--results-csv", "/var/tmp/all.csv"))
+    # the host sees every path
+    job = _resolve(**{**docker, "runtime": "none", "image": None},
+                   workload=("demo", "--results-csv", "/var/tmp/all.csv"))
+    assert job.results_csv == "/var/tmp/all.csv"
+
+
+def test_a_relative_results_csv_is_taken_from_the_submit_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    job = _resolve(cluster="local", workload=("demo", "--results-csv", "r/all.csv"))
+    assert job.results_csv == str(tmp_path / "r" / "all.csv")
+    assert job.run_dir == str(tmp_path / "runs" / "train")
 
 
 def test_shell_metacharacters_are_not_an_error() -> None:
@@ -186,6 +214,10 @@ def test_navsim_preset_matches_the_job() -> None:
     v100 = _resolve(**{**GIL, "partition": "v100", "qos": None, "gpu_type": "v100",
                        "gpus_per_node": 2, "entry": "navsim", "workload": ()})
     assert "trainer.params.precision=16-mixed" in navsim_command(v100)
+    # no type on the mixed training partition: the job may land on a V100
+    training = _resolve(**{**GIL, "partition": "training", "qos": "training",
+                           "gpus_per_node": 4, "entry": "navsim", "workload": ()})
+    assert "trainer.params.precision=16-mixed" in navsim_command(training)
     _fails("launch", "one task per GPU", cluster="torch", account="torch_pr_1",
            constraint="l40s", gpus_per_node=4, entry="navsim", launch="torchrun")
 

@@ -118,3 +118,19 @@ def test_mixed_precision_updates_stay_finite(precision: str) -> None:
     after = list(agent.policy.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
     assert all(p.dtype == torch.float32 for p in agent.policy.parameters())
+
+
+def test_precision_and_job_submission_share_one_bf16_rule(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import train.gpus
+    from train.runtime import precision
+
+    # the same rule, per GPU type the profiles name
+    for cap in train.gpus.COMPUTE_CAPABILITY.values():
+        expected = "bf16" if train.gpus.bf16_capable(cap) else "fp16"
+        assert select_precision("auto", "cuda", cap).name == expected
+    # and the same definition: changing it changes the trainer's choice
+    monkeypatch.setattr(precision, "bf16_capable", lambda cap: False)
+    assert select_precision("auto", "cuda", (9, 0)).name == "fp16"
+    with pytest.raises(ConfigError, match=r">= 8\.0"):
+        select_precision("bf16", "cuda", (9, 0), "H100")

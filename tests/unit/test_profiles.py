@@ -38,9 +38,20 @@ def test_shipped_profiles() -> None:
     assert not torch_site.partitions_allowed and set(torch_site.constraints) == {"h200",
                                                                                   "l40s"}
     assert torch_site.preempt_flags == ("--comment=preemption=yes;requeue=true",)
+    assert torch_site.gpu_type_request == "constraint"
     riv = reg.get("rivanna")
-    assert riv.gpu_request == "gres_typed" and riv.backfill_minutes == 180
+    assert riv.gpu_request == "gres" and riv.gpu_type_request == "gres"
+    assert riv.backfill_minutes == 180
     assert riv.partitions["gpu"].max_gpus == 32
+    assert gil.gpu_type_request == "constraint" and gil.gpu_feature("h100") == "h100"
+    assert reg.get("local").gpu_type_request == "none"
+
+
+def test_every_site_says_how_it_types_gpus() -> None:
+    # a gpu_type must never be dropped: each shipped profile names its way explicitly
+    for path in SHIPPED.glob("*.yaml"):
+        keys = [ln.split(":")[0] for ln in path.read_text().splitlines()]
+        assert "gpu_type_request" in keys, path.name
 
 
 def test_every_shipped_value_cites_its_source() -> None:
@@ -88,4 +99,7 @@ def test_clusters_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["clusters", "show", "torch"]) == 0
     out = capsys.readouterr().out
     assert "my_slurm_accounts" in out and "l40s" in out
+    assert "gpu_type_request" in out and "constraint" in out
+    assert main(["clusters", "show", "gilbreth"]) == 0
+    assert "gpu_features" in capsys.readouterr().out
     assert main(["clusters", "show", "nowhere"]) == 2

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.golden.cases import CASES, RUN_ROOT, golden_path, rendered, resolved
+from tests.golden.cases import CASES, RUN_ROOT, golden_path, rendered
 from train.errors import ConfigError
-from train.slurm.render import RenderContext, library_path, render, sbatch_value
+from train.slurm import contract
+from train.slurm.render import sbatch_value
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -19,15 +20,9 @@ def test_rendered_script_matches_golden(case: str) -> None:
 
 
 def _scripts(case: str, tmp_path: Path) -> list[Path]:
-    job = resolved(case)
-    ctx = RenderContext(run_dir=f"{RUN_ROOT}/{job.spec.name}",
-                        library=library_path().read_text(encoding="utf-8"))
-    paths = []
-    for i in range(1, job.spec.chunks + 1):
-        path = tmp_path / f"{case}-{i}.sbatch"
-        path.write_text(render(job, i, ctx))
-        paths.append(path)
-    return paths
+    path = tmp_path / f"{case}.sbatch"
+    path.write_text(rendered(case))
+    return [path]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -49,7 +44,7 @@ def test_sbatch_lines_are_stable_and_ordered() -> None:
     assert keys == ["--job-name", "--account", "--partition", "--qos", "--nodes",
                     "--ntasks-per-node", "--cpus-per-task", "--mem", "--gres", "--time",
                     "--signal", "--open-mode", "--output", "--error", "--no-requeue",
-                    "--job-name"]
+                    "--kill-on-invalid-dep"]
 
 
 def test_srun_passes_cpus_and_kill_on_bad_exit() -> None:
@@ -61,10 +56,29 @@ def test_srun_passes_cpus_and_kill_on_bad_exit() -> None:
     assert "--time-budget\n    6900" in text  # 2 h minus the 300 s margin
 
 
-def test_chunks_are_chained_by_name_and_number() -> None:
+def test_one_script_serves_every_chunk_of_the_chain() -> None:
     text = rendered("gilbreth-chunked")
-    assert "--job-name=e1-c1of3" in text and "--job-name=e1-c3of3" in text
-    assert "CHUNK=3\nCHUNKS=3" in text
+    assert text.count("#!/bin/bash") == 1
+    assert "#SBATCH --job-name=e1\n" in text
+    assert "MAX_CHUNKS=3\n" in text and 'train_main "$@"' in text
+    # the successor a chunk submits is removed by Slurm if this chunk does not succeed
+    assert "#SBATCH --kill-on-invalid-dep=yes" in text
+    assert f"#SBATCH --output={RUN_ROOT}/e1/logs/%x-%j.out" in text
+    # the batch shell spells no contract name itself: each comes as a variable
+    for name, value in contract.shell_variables().items():
+        assert f"\n{name}={value}\n" in text
+
+
+def test_the_results_csv_is_passed_as_an_absolute_path() -> None:
+    text = rendered("gilbreth-chunked")
+    assert f"--results-csv\n    {RUN_ROOT}/results.csv\n" in text
+
+
+def test_preemptible_jobs_may_be_requeued_by_the_site() -> None:
+    text = rendered("torch-chunked")
+    assert "#SBATCH --requeue\n" in text and "--no-requeue" not in text
+    assert "REQUEUE=0\nREQUEUE_ALLOWED=1\n" in text
+    assert "REQUEUE=0\nREQUEUE_ALLOWED=0\n" in rendered("gilbreth-chunked")
 
 
 def test_site_specific_gpu_requests() -> None:

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 import csv
+import errno
+import fcntl
 import json
 import multiprocessing
+import os
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +77,49 @@ def test_sixteen_processes_appending_lose_no_row(tmp_path: Path) -> None:
                                                        for i in range(50)}
     assert all(r["text"] == 'a,b "q"' for r in rows)
     assert path.read_text().count("worker,row,text") == 1
+
+
+@pytest.mark.parametrize("code", [errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK])
+def test_no_flock_appends_each_row_in_one_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               code: int) -> None:
+    def no_flock(fd: int, op: int) -> None:
+        raise OSError(code, "flock refused")
+
+    writes: list[bytes] = []
+    real_write = os.write
+
+    def counting_write(fd: int, data: bytes) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}") == str(path):
+            writes.append(bytes(data))
+        return real_write(fd, data)
+
+    path = tmp_path / "results.csv"
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    monkeypatch.setattr(os, "write", counting_write)
+    assert append_csv_row(path, {"seed": 4, "text": "a,b"}) is False
+    assert append_csv_row(path, {"seed": 6, "text": "c"}) is False
+    # one write() per row, the header riding with the first
+    assert writes == [b'seed,text\n4,"a,b"\n', b"6,c\n"]
+    with open(path, newline="") as fh:
+        assert list(csv.DictReader(fh)) == [{"seed": "4", "text": "a,b"},
+                                            {"seed": "6", "text": "c"}]
+
+
+def test_locked_append_reports_the_lock_and_other_errors_raise(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert append_csv_row(tmp_path / "ok.csv", {"a": 1}) is True
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    with pytest.raises(OSError):  # the CSV's directory is a file
+        append_csv_row(blocker / "results.csv", {"a": 1})
+
+    def broken_flock(fd: int, op: int) -> None:
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(fcntl, "flock", broken_flock)
+    with pytest.raises(OSError, match="I/O error"):
+        append_csv_row(tmp_path / "eio.csv", {"a": 1})
+    assert (tmp_path / "eio.csv").read_text() == ""
 
 
 def test_moving_average() -> None:

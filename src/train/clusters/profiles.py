@@ -21,12 +21,17 @@ import yaml
 
 from train.errors import ConfigError, UsageError
 
-GPU_REQUEST_STYLES = ("gres", "gres_typed", "gpus_per_node")
+# How GPUs are counted: --gres=gpu:N or --gpus-per-node=N.
+GPU_REQUEST_STYLES = ("gres", "gpus_per_node")
+# How a GPU type is selected: typed in that count (gpu:TYPE:N), as a node feature in
+# --constraint, or not at all (the partition or constraint must imply it).
+GPU_TYPE_REQUESTS = ("gres", "constraint", "none")
 USER_DIR = Path("~/.config/train/clusters")
 PATH_VAR = "TRAIN_CLUSTERS_PATH"
 
 _TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 _MEM_RE = re.compile(r"^(\d+)([KMGT]?)B?$", re.I)
+_FEATURE_RE = re.compile(r"^[A-Za-z0-9_.:-]+$")
 
 
 def parse_time(text: str | int, field_name: str = "time") -> int:
@@ -109,11 +114,18 @@ class Profile:
     preempt_flags: tuple[str, ...]
     partitions: Mapping[str, NodeType] = field(default_factory=dict)
     constraints: Mapping[str, NodeType] = field(default_factory=dict)
+    gpu_type_request: str = "none"
+    gpu_features: Mapping[str, str] = field(default_factory=dict)
+
+    def gpu_feature(self, gpu_type: str) -> str:
+        """The node feature that selects `gpu_type` (gpu_type_request: constraint)."""
+        return self.gpu_features.get(gpu_type, gpu_type)
 
 
 _TOP_KEYS = {"name", "description", "extends", "account", "partition", "qos", "gpu_request",
-             "backfill_threshold", "default_time", "modules", "binds", "scratch_root",
-             "nccl_env", "preempt_flags", "partitions", "constraints"}
+             "gpu_type_request", "gpu_features", "backfill_threshold", "default_time",
+             "modules", "binds", "scratch_root", "nccl_env", "preempt_flags", "partitions",
+             "constraints"}
 _SECTION_KEYS = {"account": {"required", "hint"},
                  "partition": {"required", "allowed", "default"},
                  "qos": {"required", "default", "limits"}}
@@ -170,9 +182,24 @@ def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
     partition = data.get("partition") or {}
     qos = data.get("qos") or {}
     style = data.get("gpu_request", "gres")
+    if style == "gres_typed":
+        raise ConfigError(f"{where}.gpu_request", "gres_typed is now two keys: "
+                          "gpu_request: gres and gpu_type_request: gres")
     if style not in GPU_REQUEST_STYLES:
         raise ConfigError(f"{where}.gpu_request", f"must be one of "
                           f"{', '.join(GPU_REQUEST_STYLES)}; got {style!r}")
+    type_request = data.get("gpu_type_request", "none")
+    if type_request not in GPU_TYPE_REQUESTS:
+        raise ConfigError(f"{where}.gpu_type_request", f"must be one of "
+                          f"{', '.join(GPU_TYPE_REQUESTS)}; got {type_request!r}")
+    features = data.get("gpu_features") or {}
+    if not isinstance(features, dict):
+        raise ConfigError(f"{where}.gpu_features", "must be a mapping of GPU type to node "
+                          "feature")
+    for gpu, feature in features.items():
+        if not isinstance(feature, str) or not _FEATURE_RE.match(feature):
+            raise ConfigError(f"{where}.gpu_features.{gpu}", f"must be one node feature "
+                              f"name (no operators such as & | [ ]); got {feature!r}")
     partitions = {str(k): _node(f"{where}.partitions.{k}", str(k), v)
                   for k, v in (data.get("partitions") or {}).items()}
     constraints = {str(k): _node(f"{where}.constraints.{k}", str(k), v)
@@ -212,6 +239,8 @@ def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
         preempt_flags=tuple(str(f) for f in data.get("preempt_flags") or ()),
         partitions=partitions,
         constraints=constraints,
+        gpu_type_request=type_request,
+        gpu_features={str(k): v for k, v in features.items()},
     )
 
 
@@ -313,6 +342,8 @@ def describe(profile: Profile) -> dict[str, Any]:
                 "limits": {k: None if v is None else format_time(v)
                            for k, v in profile.qos_limits.items()}},
         "gpu_request": profile.gpu_request,
+        "gpu_type_request": profile.gpu_type_request,
+        "gpu_features": dict(profile.gpu_features),
         "backfill_threshold": None if profile.backfill_minutes is None
         else format_time(profile.backfill_minutes),
         "default_time": format_time(profile.default_minutes),

@@ -1,10 +1,11 @@
 """Mixed precision: which dtype to compute in, where autocast applies, and safe mask values.
 
 Rules from the field notes: bf16 autocast on compute capability >= 8 (no GradScaler
-needed), fp16 autocast with a GradScaler below, fp32 on CPU. Autocast wraps forward passes
-and inference only; the GradScaler wraps backward and the optimizer step only. A masking
-constant such as -1e9 overflows fp16 (its lowest finite value is -65504), so mask fill
-values come from the dtype.
+needed; `train.gpus` holds the rule, which job submission uses too), fp16 autocast with a
+GradScaler below, fp32 on CPU. Autocast wraps forward passes and inference only; the
+GradScaler wraps backward and the optimizer step only. A masking constant such as -1e9
+overflows fp16 (its lowest finite value is -65504), so mask fill values come from the
+dtype.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from train.errors import ConfigError
+from train.gpus import BF16_MIN_CAPABILITY, bf16_capable
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -52,14 +54,15 @@ def select_precision(requested: str, device_type: str,
     if device_type != "cuda":
         # fp16/bf16 on CPU work (CPU autocast) but are slow; they exist to test those paths.
         return PrecisionPolicy("fp32" if requested == "auto" else requested, device_type)
-    major = capability[0] if capability else 0
+    bf16 = bf16_capable(capability)
     if requested == "auto":
-        return PrecisionPolicy("bf16" if major >= 8 else "fp16", device_type)
-    if requested == "bf16" and major < 8:
+        return PrecisionPolicy("bf16" if bf16 else "fp16", device_type)
+    if requested == "bf16" and not bf16:
         cap = f"{capability[0]}.{capability[1]}" if capability else "unknown"
-        raise ConfigError("precision", f"bf16 needs compute capability >= 8.0 (A100, A30, "
-                          f"A10, L40S, H100, H200); {device_name or 'this GPU'} has {cap}. "
-                          "Use fp16 or auto.")
+        need = ".".join(map(str, BF16_MIN_CAPABILITY))
+        raise ConfigError("precision", f"bf16 needs compute capability >= {need} (A100, "
+                          f"A30, A10, L40S, H100, H200); {device_name or 'this GPU'} has "
+                          f"{cap}. Use fp16 or auto.")
     return PrecisionPolicy(requested, device_type)
 
 

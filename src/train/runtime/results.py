@@ -2,12 +2,13 @@
 
 Only rank 0 calls these. JSON is written atomically; values are converted to builtin types
 (NumPy scalars and tensors are not JSON). The central CSV is shared by many jobs at once,
-so each row is appended under an exclusive file lock.
+so each row is appended under an exclusive file lock where the file system has one.
 """
 
 from __future__ import annotations
 
 import csv
+import errno
 import fcntl
 import io
 import os
@@ -81,25 +82,52 @@ def run_metadata(config: Mapping[str, Any], device: torch.device, extra: Mapping
     }
 
 
-def append_csv_row(path: Path, row: Mapping[str, Any]) -> None:
-    """Append one row under an exclusive lock; the header is written once, by the first."""
+# flock(2) errors that mean "this file system has no locks" (some Lustre mounts without
+# -o flock, NFS without a lock manager), not "this file cannot be written"
+NO_LOCK_ERRNOS = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOLCK})
+
+
+def append_csv_row(path: Path, row: Mapping[str, Any]) -> bool:
+    """Append one row under an exclusive lock; the header is written once, by the first.
+
+    Returns True when the row was written under the lock. Where the file system refuses
+    flock (NO_LOCK_ERRNOS) the row is appended without it, header included, in a single
+    O_APPEND write() so concurrent writers cannot interleave inside a row; then it returns
+    False and the caller should say so. Any other failure raises OSError.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fields = list(row)
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
     line_values = {k: to_builtin(v) for k, v in row.items()}
-    with open(path, "a+", encoding="utf-8", newline="") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
         try:
-            fh.seek(0, os.SEEK_END)
-            if fh.tell() == 0:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            locked = True
+        except OSError as exc:
+            if exc.errno not in NO_LOCK_ERRNOS:
+                raise
+            locked = False
+        try:
+            buf = io.StringIO()
+            writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+            if os.fstat(fd).st_size == 0:
                 writer.writeheader()
             writer.writerow(line_values)
-            fh.write(buf.getvalue())
-            fh.flush()
-            os.fsync(fh.fileno())
+            data = buf.getvalue().encode("utf-8")
+            written = os.write(fd, data)
+            while locked and 0 < written < len(data):  # a short write: finish it
+                data = data[written:]
+                written = os.write(fd, data)
+            if written != len(data):
+                raise OSError(errno.EIO, f"short write to {path}: {written} of {len(data)} "
+                              "bytes of a row")
+            os.fsync(fd)
         finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+            if locked:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+    return locked
 
 
 def moving_average(values: Sequence[float], window: int) -> np.ndarray:

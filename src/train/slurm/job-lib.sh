@@ -1,28 +1,50 @@
 #!/usr/bin/env bash
-# Host-side job library, inlined into every script `train render` writes. The renderer
-# sets these before it: RUN_DIR CHUNK CHUNKS REQUEUE COMPLETE_ON_SUCCESS RUNTIME IMAGE and
-# the array STEP.
+# Host-side job library, inlined into the script `train render` writes. The renderer sets
+# before it: RUN_DIR MAX_CHUNKS REQUEUE REQUEUE_ALLOWED COMPLETE_ON_SUCCESS
+# WALLTIME_SECONDS RUNTIME IMAGE, the array STEP, and the contract's names (file names
+# COMPLETE_FILE PROGRESS_FILE IDS_FILE EVENTS_FILE LOG_DIR, label DOCKER_JOB_LABEL and the
+# event names EV_*), all defined once in train/slurm/contract.py.
 # Logic that Python can hold stays in Python; this only does what must happen in the batch
-# shell: the prologue, forwarding the walltime signal to the job step, requeueing, and
-# ending the chain (cancel the waiting chunks when done or failed).
+# shell: the prologue, passing the walltime signal to the job step, extending the chain by
+# one chunk, requeueing, recording what happened, and ending the chain (cancelling the
+# waiting chunk) when it is done, failed or killed.
+#
+# Every chunk runs this same script; its chunk number is the script's first argument.
+# A chunk submits its successor when it starts, with afterok on itself and
+# --kill-on-invalid-dep=yes (an #SBATCH line): whatever kills this chunk, Slurm itself
+# removes the successor, even where the batch shell gets no chance to.
 
 train_log() {
-    printf '%s train-job[%s/%s]: %s\n' "$(date +%H:%M:%S)" "$CHUNK" "$CHUNKS" "$*" >&2
+    printf '%s train-job[%s]: %s\n' "$(date +%H:%M:%S)" "$CHUNK" "$*" >&2
 }
 
 train_event() {
     # one line per event in the chain's record: time chunk job event [detail]
     printf '%s %s %s %s\n' "$(date +%s)" "$CHUNK" "${SLURM_JOB_ID:-0}" "$*" \
-        >> "$RUN_DIR/chain.events"
+        >> "$RUN_DIR/$EVENTS_FILE"
+}
+
+train_progress() {
+    # the work done so far, "DONE TOTAL", as the trainer last recorded it ("0 0": none yet)
+    local done_units=0 total=0
+    if [ -r "$RUN_DIR/$PROGRESS_FILE" ]; then
+        read -r done_units total _ < "$RUN_DIR/$PROGRESS_FILE" || true
+    fi
+    case "$done_units" in '' | *[!0-9]*) done_units=0 ;; esac
+    case "$total" in '' | *[!0-9]*) total=0 ;; esac
+    printf '%s %s\n' "$done_units" "$total"
 }
 
 train_prologue() {
-    mkdir -p "$RUN_DIR/logs"
+    mkdir -p "$RUN_DIR/$LOG_DIR"
+    TRAIN_START=$(date +%s)
+    START_PROGRESS=$(train_progress)
     train_log "job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}) on" \
-        "${SLURM_JOB_NODELIST:-?}, ${SLURM_JOB_NUM_NODES:-?} node(s)"
+        "${SLURM_JOB_NODELIST:-?}, ${SLURM_JOB_NUM_NODES:-?} node(s);" \
+        "chunk $CHUNK of at most $MAX_CHUNKS"
     train_log "submit dir ${SLURM_SUBMIT_DIR:-?}, run dir $RUN_DIR"
-    train_log "runtime $RUNTIME, image ${IMAGE:-none}"
-    train_event started
+    train_log "runtime $RUNTIME, image ${IMAGE:-none}; work done so far: $START_PROGRESS"
+    train_event "$EV_STARTED" "${SLURM_RESTART_COUNT:-0} $START_PROGRESS"
 }
 
 train_gpu_report() {
@@ -33,71 +55,214 @@ train_gpu_report() {
     fi
 }
 
+train_sbatch() {
+    # sbatch without this job's own SLURM_*/SBATCH_* variables (a nested sbatch would read
+    # or pass them on); SLURM_CONF stays so a site's non-default configuration is found
+    (
+        for v in $(compgen -v); do
+            case "$v" in
+                SLURM_CONF) ;;
+                SLURM_* | SBATCH_* | SALLOC_*) unset "$v" 2>/dev/null || true ;;
+            esac
+        done
+        sbatch "$@"
+    )
+}
+
+train_extend() {
+    # submit the next chunk (once: a requeued or restarted chunk finds it recorded)
+    local next=$((CHUNK + 1)) out id
+    [ "$REQUEUE" = 0 ] && [ "$COMPLETE_ON_SUCCESS" = 0 ] || return 0
+    [ "$CHUNK" -lt "$MAX_CHUNKS" ] || return 0
+    if [ -e "$RUN_DIR/$IDS_FILE" ] && grep -q "^$next " "$RUN_DIR/$IDS_FILE"; then
+        return 0
+    fi
+    if ! out=$(train_sbatch --parsable --dependency="afterok:${SLURM_JOB_ID:-0}" \
+            "$TRAIN_SCRIPT" "$next" 2>&1); then
+        train_log "could not submit chunk $next: $out"
+        train_event "$EV_EXTEND_FAILED" "$(printf '%s' "$out" | tr '\n' ' ')"
+        return 1
+    fi
+    id=${out%%;*}
+    id=${id##*[!0-9]}
+    printf '%s %s\n' "$next" "$id" >> "$RUN_DIR/$IDS_FILE"
+    train_log "chunk $next submitted as job $id (runs after this one succeeds)"
+    train_event "$EV_EXTENDED" "$id"
+}
+
 train_cancel_rest() {
-    # cancel the chunks after this one (their ids were recorded before any was released)
+    # cancel the chunks after this one (recorded in the ids file before they can run)
     local ids
-    [ -s "$RUN_DIR/chain.ids" ] || return 0
-    ids=$(tail -n "+$((CHUNK + 1))" "$RUN_DIR/chain.ids" | tr '\n' ' ')
+    [ -s "$RUN_DIR/$IDS_FILE" ] || return 0
+    ids=$(awk -v c="$CHUNK" '$1 > c { printf "%s ", $2 }' "$RUN_DIR/$IDS_FILE")
     if [ -n "${ids// /}" ]; then
-        train_log "cancelling the waiting chunks: $ids"
+        train_log "cancelling the waiting chunk(s): $ids"
         # shellcheck disable=SC2086  # a list of numeric job ids
         scancel $ids 2>/dev/null || true
     fi
 }
 
+train_runtime_cleanup() {
+    # a step killed outright (SIGKILL) cannot stop its containers: remove them here
+    local ids
+    [ "$RUNTIME" = docker ] || return 0
+    command -v docker >/dev/null 2>&1 || return 0
+    ids=$(docker ps -aq --filter "label=$DOCKER_JOB_LABEL=${SLURM_JOB_ID:-0}" 2>/dev/null) \
+        || return 0
+    if [ -n "$ids" ]; then
+        train_log "removing containers left by the step: $(printf '%s' "$ids" | tr '\n' ' ')"
+        # shellcheck disable=SC2086  # a list of container ids
+        docker rm -f $ids >/dev/null 2>&1 || true
+    fi
+}
+
+train_start_step() {
+    # The step runs under a small waiter that records its exit status in a file: bash's
+    # own `wait` loses a child's status when a trapped signal interrupts it just as the
+    # child exits (seen as 138 or -1 for a step that exited 0). The waiter has no traps,
+    # so its wait is never interrupted; signals go to the step itself (step.pid).
+    TRAIN_TMP=$(mktemp -d "${TMPDIR:-/tmp}/train-job.XXXXXX")
+    {
+        "${STEP[@]}" &
+        echo "$!" > "$TRAIN_TMP/step.pid"
+        # (after the step started: it must not inherit these as ignored)
+        trap '' USR1 TERM INT
+        waiter_rc=0
+        wait "$!" || waiter_rc=$?
+        echo "$waiter_rc" > "$TRAIN_TMP/step.rc"
+    } &
+    TRAIN_WAITER=$!
+}
+
+# shellcheck disable=SC2329  # invoked by the traps
+train_signal_step() {
+    # send signal $1 to the running step (its pid file appears right after it starts)
+    local pid='' _
+    [ -n "${TRAIN_WAITER:-}" ] || return 0
+    for _ in $(seq 1 100); do
+        [ -s "$TRAIN_TMP/step.pid" ] && break
+        sleep 0.02
+    done
+    read -r pid < "$TRAIN_TMP/step.pid" 2>/dev/null || return 0
+    kill "-$1" "$pid" 2>/dev/null || true
+}
+
 # shellcheck disable=SC2329  # invoked by the USR1 trap
 train_on_usr1() {
     train_log "walltime signal: asking the training step to checkpoint and stop"
-    STOP_REQUESTED=1
-    if [ -n "${STEP_PID:-}" ]; then
-        kill -USR1 "$STEP_PID" 2>/dev/null || true
+    train_signal_step USR1
+}
+
+# shellcheck disable=SC2329  # invoked by the TERM trap
+train_on_term() {
+    # Slurm sends TERM (KillWait seconds before KILL) at the walltime, on scancel, on
+    # preemption and on requeue. Record which, let the step checkpoint, and cancel the
+    # waiting chunk unless this job may come back (requeue or preemption with requeue).
+    local elapsed kind
+    [ "$TRAIN_REQUEUING" = 0 ] && [ "$TRAIN_TERMINATING" = 0 ] || return 0
+    TRAIN_TERMINATING=1
+    elapsed=$(($(date +%s) - TRAIN_START))
+    if [ "$elapsed" -ge $((WALLTIME_SECONDS - 15)) ]; then
+        kind=$EV_TIMEOUT
+        train_log "walltime reached after ${elapsed}s: the step did not stop in time"
+    else
+        kind=$EV_TERMINATED
+        train_log "terminated by Slurm after ${elapsed}s (scancel, preemption or requeue)"
+    fi
+    train_event "$kind" "$elapsed"
+    train_signal_step TERM
+    if [ "$REQUEUE_ALLOWED" = 0 ]; then
+        train_cancel_rest
+    fi
+}
+
+train_wait_step() {
+    # a trapped signal interrupts `wait`: wait again until the waiter is gone
+    while :; do
+        wait "$TRAIN_WAITER" 2>/dev/null || true
+        kill -0 "$TRAIN_WAITER" 2>/dev/null || break
+    done
+    TRAIN_WAITER=
+    STEP_RC=255  # no status: the waiter itself was killed
+    if [ -s "$TRAIN_TMP/step.rc" ]; then
+        read -r STEP_RC < "$TRAIN_TMP/step.rc"
     fi
 }
 
 train_main() {
-    STOP_REQUESTED=0
-    train_prologue
+    CHUNK=${1-1}
+    case "$CHUNK" in '' | *[!0-9]* | 0)
+        echo "train-job: the chunk number (first argument) must be a positive integer," \
+            "got '$CHUNK'" >&2
+        exit 2 ;;
+    esac
+    TRAIN_SCRIPT=${TRAIN_SCRIPT:-$0}
+    TRAIN_TERMINATING=0
+    TRAIN_REQUEUING=0
+    TRAIN_WAITER=
+    TRAIN_TMP=
+    trap 'rm -rf "${TRAIN_TMP:-/nonexistent}"' EXIT
     trap train_on_usr1 USR1
-    "${STEP[@]}" &
-    STEP_PID=$!
-    local rc=0
-    while :; do
-        rc=0
-        wait "$STEP_PID" || rc=$?
-        # a trapped signal interrupts wait: keep waiting while the step is alive
-        if kill -0 "$STEP_PID" 2>/dev/null; then
-            continue
-        fi
-        break
-    done
+    trap train_on_term TERM
+    train_prologue
+    train_extend || true
+    train_start_step
+    train_wait_step
     trap - USR1
+    local rc=$STEP_RC progress
+    if [ "$TRAIN_TERMINATING" = 1 ]; then
+        train_log "training step ended with exit code $rc after the TERM"
+        train_runtime_cleanup
+        exit 143
+    fi
     if [ "$rc" -ne 0 ]; then
         train_log "training step failed with exit code $rc"
         train_gpu_report
-        train_event failed "$rc"
+        train_runtime_cleanup
+        train_event "$EV_FAILED" "$rc"
         train_cancel_rest
         exit "$rc"
     fi
     if [ "$COMPLETE_ON_SUCCESS" = 1 ]; then
-        touch "$RUN_DIR/COMPLETE"
+        touch "$RUN_DIR/$COMPLETE_FILE"
     fi
-    if [ -e "$RUN_DIR/COMPLETE" ]; then
+    progress=$(train_progress)
+    if [ -e "$RUN_DIR/$COMPLETE_FILE" ]; then
         train_log "run complete"
-        train_event complete
+        train_event "$EV_COMPLETE" "$progress"
         train_cancel_rest
         exit 0
     fi
-    if [ "$REQUEUE" = 1 ] && [ "$STOP_REQUESTED" = 1 ]; then
-        train_log "checkpoint written; requeueing job $SLURM_JOB_ID"
-        train_event requeued
-        scontrol requeue "$SLURM_JOB_ID"
+    if [ "${progress%% *}" -le "${START_PROGRESS%% *}" ]; then
+        train_log "no work was added in this chunk ($START_PROGRESS -> $progress): the" \
+            "chain stops here; see the step's log"
+        train_event "$EV_NO_PROGRESS" "$progress"
+        train_cancel_rest
         exit 0
     fi
-    if [ "$CHUNK" -ge "$CHUNKS" ]; then
-        train_log "last chunk ended before the work: resubmit with more chunks to continue"
-        train_event incomplete
+    if [ "$REQUEUE" = 1 ]; then
+        if [ $((${SLURM_RESTART_COUNT:-0} + 1)) -lt "$MAX_CHUNKS" ]; then
+            train_log "checkpoint written ($progress); requeueing job $SLURM_JOB_ID"
+            train_event "$EV_REQUEUED" "$progress"
+            TRAIN_REQUEUING=1
+            scontrol requeue "$SLURM_JOB_ID"
+            exit 0
+        fi
+        train_log "bound of $MAX_CHUNKS runs reached before the work ($progress)"
+        train_event "$EV_INCOMPLETE" "$progress"
         exit 0
     fi
-    train_event stopped
+    if [ "$CHUNK" -ge "$MAX_CHUNKS" ]; then
+        train_log "bound of $MAX_CHUNKS chunks reached before the work ($progress):" \
+            "submit again with a larger --max-chunks to continue"
+        train_event "$EV_INCOMPLETE" "$progress"
+        exit 0
+    fi
+    if ! train_extend; then
+        train_event "$EV_INCOMPLETE" "$progress"
+        exit 0
+    fi
+    train_log "checkpointed stop ($progress); the next chunk continues"
+    train_event "$EV_STOPPED" "$progress"
     exit 0
 }

@@ -6,8 +6,11 @@ is allowed. Nothing is written or submitted before it succeeds.
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from train.clusters.profiles import (
@@ -18,15 +21,17 @@ from train.clusters.profiles import (
     parse_mem,
     parse_time,
 )
-from train.config import RunConfig, check_value, opt
+from train.config import RunConfig, check_value, opt, run_config_from_argv
 from train.errors import ConfigError
+from train.gpus import all_bf16_capable
 
 LAUNCH_MODES = ("auto", "torchrun", "tasks")
 ENTRIES = ("train", "command", "navsim")
 NAVSIM_SCRIPT = "/opt/navsim/navsim/planning/script/run_training.py"  # navsim.def's checkout
-FP16_ONLY_GPUS = ("v100", "p100", "t4", "rtx2080", "gtx1080")
 RUNTIMES = ("none", "apptainer", "docker")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# A constraint a feature can be ANDed onto: no alternatives, brackets, groups or counts.
+_AND_ONLY = re.compile(r"^[^|\[\]()*,]+$")
 # `train run` options that the job sets itself.
 _RESERVED_RUN_FLAGS = ("--out", "--time-budget")
 DEFAULT_MARGIN = 300
@@ -63,8 +68,9 @@ class JobSpec:
     ntasks_per_node: int | None = opt(None, "Tasks per node (default: 1 for torchrun, the "
                                       "GPU count for tasks).", kind=int, positive=True,
                                       optional=True)
-    chunks: int = opt(1, "Jobs chained with afterok; each resumes the previous.", kind=int,
-                      positive=True)
+    max_chunks: int = opt(10, "Bound on the chain: walltime-sized jobs, each resuming the "
+                          "previous, submitted one at a time until the work is complete "
+                          "(in requeue mode: runs of the one job).", kind=int, positive=True)
     launch: str = opt("auto", "auto (one process, or torchrun for several), torchrun (one "
                       "task per node) or tasks (one task per GPU, as Lightning expects).",
                       kind=str, choices=LAUNCH_MODES)
@@ -72,8 +78,9 @@ class JobSpec:
                        choices=RUNTIMES)
     image: str | None = opt(None, "Container image (SIF path or docker tag).", kind=str,
                             optional=True)
-    requeue: bool = opt(False, "On the walltime signal, checkpoint and requeue this job "
-                        "(from the host batch shell).", kind=bool)
+    requeue: bool = opt(False, "Requeue mode: after each checkpointed stop, requeue this "
+                        "same job (from the host batch shell) instead of chaining new ones.",
+                        kind=bool)
     signal_margin: int | None = opt(None, "Seconds before the walltime at which USR1 is "
                                     "sent and by which the trainer's own time budget ends "
                                     "(default: 300, or a quarter of a shorter walltime).",
@@ -116,6 +123,17 @@ class ResolvedJob:
     launch: str  # single, torchrun or tasks
     margin: int  # seconds
     run_config: RunConfig | None
+    # The --constraint value: the user's, narrowed to the alternatives that have gpu_type,
+    # with the GPU type's feature ANDed on where the site selects types by feature.
+    constraint: str | None = None
+    # The GPU type typed into the count (--gres=gpu:TYPE:N) where the site types GRES.
+    gres_type: str | None = None
+    run_dir: str = ""  # absolute
+    # `train run`'s results CSV, absolute (entry train only); the job passes it explicitly
+    results_csv: str | None = None
+    # host paths the container sees: the profile's binds, the run directory, and the
+    # results CSV's directory where it lies outside both
+    binds: tuple[str, ...] = ()
 
     @property
     def time_budget_seconds(self) -> int | None:
@@ -144,6 +162,10 @@ def _choose_node(spec: JobSpec, profile: Profile) -> tuple[NodeType, str | None]
         if unknown:
             raise ConfigError("constraint", f"unknown constraint {unknown[0]!r} on "
                               f"{profile.name}; known: {', '.join(profile.constraints)}")
+        if spec.gpu_type is not None:
+            # land only where the requested type is (with none, resolve lists the types)
+            names = [n for n in names if spec.gpu_type in profile.constraints[n].gpu_types] \
+                or names
         nodes = [profile.constraints[n] for n in names]
         # the job must fit on every alternative it may land on
         merged = NodeType(
@@ -169,15 +191,83 @@ def _choose_node(spec: JobSpec, profile: Profile) -> tuple[NodeType, str | None]
     return profile.partitions[partition], partition
 
 
+def _gpu_type_request(spec: JobSpec, profile: Profile, node: NodeType,
+                      partition: str | None) -> tuple[str | None, str | None]:
+    """(--constraint value, type for a typed GRES): how the site is asked for gpu_type.
+
+    Called once gpu_type is known to be on the node set. A type the partition or
+    constraint implies needs nothing more; a mixed node set gets the type the site's way,
+    or is refused: a validated gpu_type is never dropped.
+    """
+    constraint = spec.constraint if profile.partitions_allowed else node.name
+    gpu_type = spec.gpu_type
+    if gpu_type is None or spec.gpus_per_node == 0:
+        return constraint, None
+    if profile.gpu_type_request == "gres":
+        return constraint, gpu_type
+    if set(node.gpu_types) == {gpu_type}:
+        return constraint, None
+    where = f"partition {partition}" if partition else f"constraint {node.name}"
+    mixed = f"{where} mixes {', '.join(dict.fromkeys(node.gpu_types))} GPUs"
+    if profile.gpu_type_request == "none":
+        raise ConfigError("gpu_type", f"{profile.name} cannot request a GPU type "
+                          f"(gpu_type_request: none) and {mixed}, so {gpu_type!r} cannot be "
+                          f"honoured; choose a partition or constraint with only "
+                          f"{gpu_type} GPUs, or set gpu_type_request in your profile")
+    feature = profile.gpu_feature(gpu_type)
+    if not constraint:
+        return feature, None
+    if feature in constraint.split("&"):
+        return constraint, None
+    if not _AND_ONLY.match(constraint):
+        raise ConfigError("constraint", f"{constraint!r} cannot take the feature {feature!r} "
+                          f"that selects {gpu_type} GPUs ({mixed}): Slurm cannot AND a "
+                          f"feature onto alternatives; give one alternative, or features "
+                          f"joined with '&'")
+    return f"{constraint}&{feature}", None
+
+
 def _run_config(spec: JobSpec) -> RunConfig:
     """Validate the workload arguments now, as `train run` will parse them on the node."""
-    from train.cli import run_config_from_argv
-
     for flag in _RESERVED_RUN_FLAGS:
         if any(a == flag or a.startswith(flag + "=") for a in spec.workload):
             raise ConfigError("workload", f"{flag} is set by the job (the run directory and "
                               "the walltime); remove it from the workload arguments")
     return run_config_from_argv(list(spec.workload))
+
+
+def _under(path: Path, roots: Sequence[str]) -> bool:
+    return any(path == Path(r) or Path(r) in path.parents for r in roots)
+
+
+def _paths(spec: JobSpec, profile: Profile, run_config: RunConfig | None) -> dict[str, Any]:
+    """The run directory, the results CSV and what the container must bind to reach both.
+
+    Relative paths are taken from the submit directory, where the job starts; the CSV goes
+    to `train run` as an absolute path, so every runtime writes the same file.
+    """
+    run_dir = Path(os.path.abspath(spec.out or os.path.join("runs", spec.name)))
+    binds = [*profile.binds, str(run_dir)]
+    csv: Path | None = None
+    if run_config is not None:
+        if run_config.results_csv is None:
+            # the default: beside the run directory, shared by the runs of that directory
+            csv = run_dir.parent / "results.csv"
+            if spec.runtime != "none" and not _under(csv.parent, binds):
+                if csv.parent == Path(csv.parent.anchor):
+                    raise ConfigError("out", f"{run_dir} lies directly under "
+                                      f"{csv.parent}: the results CSV beside it would need "
+                                      "the whole root bound into the container; use a "
+                                      "deeper --out or --results-csv")
+                binds.append(str(csv.parent))
+        else:
+            csv = Path(os.path.abspath(run_config.results_csv))
+            if spec.runtime != "none" and not _under(csv.parent, binds):
+                raise ConfigError("results_csv", f"{csv} is outside what the {spec.runtime} "
+                                  f"container sees (the run directory and the profile's "
+                                  f"binds: {', '.join(binds)}); put it under one of them")
+    return {"run_dir": str(run_dir), "results_csv": None if csv is None else str(csv),
+            "binds": tuple(binds)}
 
 
 def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
@@ -218,6 +308,7 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
             allowed = ", ".join(node.gpu_types) or "none (untyped GPUs)"
             raise ConfigError("gpu_type", f"{node.name} has no {spec.gpu_type!r} GPUs; "
                               f"it has: {allowed}")
+    constraint, gres_type = _gpu_type_request(spec, profile, node, partition)
     if node.max_nodes is not None and spec.nodes > node.max_nodes:
         raise ConfigError("nodes", f"{spec.nodes} is over the {node.name} limit of "
                           f"{node.max_nodes} nodes per job")
@@ -267,14 +358,14 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
                               f"per node; use at most {safe} workers per process")
     if spec.runtime != "none" and not spec.image:
         raise ConfigError("image", f"runtime {spec.runtime} needs --image")
-    if spec.requeue and spec.chunks > 1:
-        raise ConfigError("requeue", "requeue mode resubmits the same job; use chunks 1")
     if spec.preempt and not profile.preempt_flags:
         raise ConfigError("preempt", f"{profile.name} has no preemptible jobs")
+    run_config = _run_config(spec) if spec.entry == "train" else None
     return ResolvedJob(spec=spec, profile=profile, node=node, partition=partition, qos=qos,
                        minutes=minutes, mem_mb=mem_mb, ntasks_per_node=ntasks, launch=launch,
                        margin=margin,
-                       run_config=_run_config(spec) if spec.entry == "train" else None)
+                       run_config=run_config, constraint=constraint, gres_type=gres_type,
+                       **_paths(spec, profile, run_config))
 
 
 def navsim_command(job: ResolvedJob) -> list[str]:
@@ -282,8 +373,9 @@ def navsim_command(job: ResolvedJob) -> list[str]:
     of navsim's default_training.yaml at the pinned commit; it has no `devices` key)."""
     spec = job.spec
     gpus = spec.gpus_per_node
-    gpu_type = (spec.gpu_type or "").lower()
-    precision = "16-mixed" if gpu_type in FP16_ONLY_GPUS else "bf16-mixed"
+    # bf16 only if every GPU type the job can land on has it (the trainer's own rule)
+    types = (spec.gpu_type,) if spec.gpu_type else job.node.gpu_types
+    precision = "bf16-mixed" if all_bf16_capable(types) else "16-mixed"
     return [spec.python, NAVSIM_SCRIPT,
             f"trainer.params.num_nodes={spec.nodes}",
             f"+trainer.params.devices={max(1, gpus)}",
@@ -298,9 +390,3 @@ def job_from_sources(file_values: dict[str, Any] | None, flags: dict[str, Any]) 
     from train.config import build
 
     return build(JobSpec, file_values, flags)
-
-
-def chunk_names(spec: JobSpec) -> list[str]:
-    if spec.chunks == 1:
-        return [spec.name]
-    return [f"{spec.name}-c{i}of{spec.chunks}" for i in range(1, spec.chunks + 1)]

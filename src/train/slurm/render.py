@@ -11,13 +11,13 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from train import container
 from train.clusters.profiles import format_mem, format_time, parse_mem
 from train.errors import ConfigError
-from train.slurm.job import ResolvedJob, chunk_names, navsim_command
+from train.slurm import contract
+from train.slurm.job import ResolvedJob, navsim_command
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_.,:=@%/+|-]+$")
 LIBRARY_NAME = "job-lib.sh"
@@ -28,12 +28,6 @@ APPTAINER_TASK_ENV = (
     "for v in " + " ".join(container.PASS_THROUGH) + "; do "
     'if [ -n "${!v+x}" ]; then export "APPTAINERENV_$v=${!v}"; fi; done; exec "$@"'
 )
-
-
-@dataclass(frozen=True)
-class RenderContext:
-    run_dir: str  # absolute
-    library: str  # text of slurm/job-lib.sh
 
 
 def library_path() -> Path:
@@ -54,24 +48,28 @@ def gpu_option(job: ResolvedJob) -> str | None:
     gpus = job.spec.gpus_per_node
     if gpus == 0:
         return None
-    style = job.profile.gpu_request
-    if style == "gpus_per_node":
-        kind = f"{job.spec.gpu_type}:" if job.spec.gpu_type else ""
+    # the type is typed here only where the site types GRES; elsewhere resolve put it in
+    # the constraint, or the partition or constraint implies it
+    kind = f"{job.gres_type}:" if job.gres_type else ""
+    if job.profile.gpu_request == "gpus_per_node":
         return f"--gpus-per-node={kind}{gpus}"
-    if style == "gres_typed" and job.spec.gpu_type:
-        return f"--gres=gpu:{job.spec.gpu_type}:{gpus}"
-    return f"--gres=gpu:{gpus}"
+    return f"--gres=gpu:{kind}{gpus}"
 
 
-def sbatch_options(job: ResolvedJob, chunk: int, run_dir: str) -> list[str]:
+def requeue_allowed(job: ResolvedJob) -> bool:
+    """Whether Slurm may run this job again: requeue mode, or preemptible with requeue."""
+    return job.spec.requeue or job.spec.preempt
+
+
+def sbatch_options(job: ResolvedJob) -> list[str]:
     spec = job.spec
-    name = chunk_names(spec)[chunk - 1]
+    logs = f"{job.run_dir}/{contract.LOG_DIR}"
     pairs: list[tuple[str, str | None]] = [
-        ("job-name", name),
+        ("job-name", spec.name),
         ("account", spec.account),
         ("partition", job.partition),
         ("qos", job.qos),
-        ("constraint", spec.constraint),
+        ("constraint", job.constraint),
         ("nodes", str(spec.nodes)),
         ("ntasks-per-node", str(job.ntasks_per_node)),
         ("cpus-per-task", str(spec.cpus_per_task)),
@@ -85,9 +83,12 @@ def sbatch_options(job: ResolvedJob, chunk: int, run_dir: str) -> list[str]:
         f"--time={format_time(job.minutes)}",
         f"--signal=B:USR1@{job.margin}",
         "--open-mode=append",
-        f"--output={sbatch_value(run_dir + '/logs/%x-%j.out', 'out')}",
-        f"--error={sbatch_value(run_dir + '/logs/%x-%j.err', 'out')}",
-        "--requeue" if spec.requeue else "--no-requeue",
+        f"--output={sbatch_value(logs + '/%x-%j.out', 'out')}",
+        f"--error={sbatch_value(logs + '/%x-%j.err', 'out')}",
+        "--requeue" if requeue_allowed(job) else "--no-requeue",
+        # a chunk whose predecessor did not succeed is removed by Slurm itself (the sites
+        # do not set kill_invalid_depend: without this it would stay pending forever)
+        "--kill-on-invalid-dep=yes",
     ]
     if spec.preempt:
         for flag in job.profile.preempt_flags:
@@ -96,22 +97,26 @@ def sbatch_options(job: ResolvedJob, chunk: int, run_dir: str) -> list[str]:
     return lines
 
 
-def train_argv(job: ResolvedJob, run_dir: str) -> list[str]:
+def train_argv(job: ResolvedJob) -> list[str]:
     budget = job.time_budget_seconds
-    tail = ["--out", run_dir]
+    tail = ["--out", job.run_dir]
+    if job.results_csv is not None:
+        # absolute, after the user's own (the last one counts): every runtime, whatever
+        # its working directory, writes the file that was checked at submission
+        tail += ["--results-csv", job.results_csv]
     if budget is not None:
         tail += ["--time-budget", str(budget)]
     return [*job.spec.workload, *tail]
 
 
-def step_argv(job: ResolvedJob, run_dir: str) -> list[str]:
+def step_argv(job: ResolvedJob) -> list[str]:
     spec = job.spec
     srun = ["srun", "--kill-on-bad-exit=1", f"--nodes={spec.nodes}",
             f"--ntasks-per-node={job.ntasks_per_node}",
             f"--cpus-per-task={spec.cpus_per_task}"]
     prefix = container.runtime_prefix(
         spec.runtime, image=spec.image, gpus=spec.gpus_per_node > 0,
-        binds=job.profile.binds, run_dir=run_dir,
+        binds=job.binds, run_dir=job.run_dir,
         env=container.job_environment(job.profile.nccl_env))
     if spec.runtime == "apptainer":
         prefix = ["bash", "-c", APPTAINER_TASK_ENV, "train-task", *prefix]
@@ -120,7 +125,7 @@ def step_argv(job: ResolvedJob, run_dir: str) -> list[str]:
     elif spec.entry == "navsim":
         run = navsim_command(job)
     else:
-        run = [spec.python, "-m", "train", "run", *train_argv(job, run_dir)]
+        run = [spec.python, "-m", "train", "run", *train_argv(job)]
     if job.launch == "single":
         return [*srun, *prefix, *run]
     launch = [spec.python, "-m", "train", "launch", f"--mode={job.launch}"]
@@ -141,37 +146,39 @@ def _strip_header(library: str) -> str:
     return "\n".join(lines).strip("\n")
 
 
-def render(job: ResolvedJob, chunk: int, ctx: RenderContext) -> str:
-    """The sbatch script of chunk `chunk` (1-based) of the job."""
+def render(job: ResolvedJob, library: str) -> str:
+    """The sbatch script every chunk of the job's chain runs (its chunk number is the
+    script's first argument: `sbatch SCRIPT 1`, and each chunk submits the next)."""
     spec = job.spec
-    if not 1 <= chunk <= spec.chunks:
-        raise ValueError(f"chunk {chunk} is outside 1..{spec.chunks}")
-    run_dir = ctx.run_dir
     out: list[str] = ["#!/bin/bash"]
-    out += [f"#SBATCH {line}" for line in sbatch_options(job, chunk, run_dir)]
+    out += [f"#SBATCH {line}" for line in sbatch_options(job)]
     out += [
-        f"# Rendered by `train render` for cluster {job.profile.name}: chunk {chunk} of "
-        f"{spec.chunks}.",
+        f"# Rendered by `train render` for cluster {job.profile.name}: every chunk of the "
+        f"chain (at most {spec.max_chunks}) runs this script; its argument is the chunk "
+        "number.",
         "# Edit the job spec and render again rather than editing this file.",
         "set -euo pipefail",
         "",
-        f"RUN_DIR={shlex.quote(run_dir)}",
-        f"CHUNK={chunk}",
-        f"CHUNKS={spec.chunks}",
+        f"RUN_DIR={shlex.quote(job.run_dir)}",
+        f"MAX_CHUNKS={spec.max_chunks}",
         f"REQUEUE={1 if spec.requeue else 0}",
+        f"REQUEUE_ALLOWED={1 if requeue_allowed(job) else 0}",
         # programs other than `train run` write no COMPLETE marker: success completes
         f"COMPLETE_ON_SUCCESS={0 if spec.entry == 'train' else 1}",
+        f"WALLTIME_SECONDS={job.minutes * 60}",
         f"RUNTIME={shlex.quote(spec.runtime)}",
         f"IMAGE={shlex.quote(spec.image or '')}",
+        "# the contract with train (train/slurm/contract.py)",
+        *[f"{k}={shlex.quote(v)}" for k, v in contract.shell_variables().items()],
     ]
     env = container.job_environment(job.profile.nccl_env)
     out.append("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
     if job.profile.modules and spec.runtime == "apptainer":
         out += ["", "# site set-up (from the cluster profile)", *job.profile.modules]
     out += ["", "# shellcheck disable=SC2016,SC2054  # literal arguments, quoted on purpose",
-            "STEP=(", *_wrap(step_argv(job, run_dir)), ")", "",
-            f"# --- {LIBRARY_NAME} (inlined) ---", _strip_header(ctx.library),
-            f"# --- end of {LIBRARY_NAME} ---", "", "train_main", ""]
+            "STEP=(", *_wrap(step_argv(job)), ")", "",
+            f"# --- {LIBRARY_NAME} (inlined) ---", _strip_header(library),
+            f"# --- end of {LIBRARY_NAME} ---", "", 'train_main "$@"', ""]
     return "\n".join(out)
 
 

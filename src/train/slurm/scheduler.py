@@ -1,9 +1,10 @@
 """Talking to SLURM: submit chains, read job states, cancel. Parsers are pure functions.
 
-A chain of K chunks is submitted held (`--hold`), each chunk depending on the previous with
-`afterok`; the ids are recorded in the run directory and only then released, so a chunk
-that finishes early can always find and cancel the ones after it, and a failure while
-submitting cancels what was already submitted: nothing is left half-submitted.
+A chain is one script run by every chunk. `train submit` renders it and submits chunk 1
+held; the chain's record (chain.json, and chain.ids with one line per chunk) is written,
+and only then the job is released, so nothing runs before its record exists and a failure
+while submitting leaves nothing behind. Each chunk then submits its successor itself (see
+job-lib.sh), so the login node can be left and at most two jobs of a chain are queued.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,9 @@ from typing import Any
 from train import _proc
 from train.errors import TrainError, UsageError
 from train.jsonio import write_json_atomic
-from train.slurm.job import ResolvedJob, chunk_names
-from train.slurm.render import RenderContext, render
+from train.slurm import contract
+from train.slurm.job import ResolvedJob
+from train.slurm.render import render
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +78,7 @@ def parse_sacct(text: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-_EVENT_RE = re.compile(r"^(\d+) (\d+) (\d+) (\w+)(?: (.*))?$")
+_EVENT_RE = re.compile(r"^(\d+) (\d+) (\d+) ([a-z_]+)(?: (.*))?$")
 
 
 def parse_events(text: str) -> list[dict[str, Any]]:
@@ -117,152 +119,316 @@ def job_states(ids: Sequence[str]) -> dict[str, dict[str, Any]]:
 
 
 # -- chains ---------------------------------------------------------------------------
+# Final Slurm states that end a chunk, whatever its batch shell could record.
+_ENDING_STATES = {
+    "NODE_FAIL": "node failure: its node stopped answering Slurm; submit the same job "
+                 "again to resume from the last checkpoint",
+    "OUT_OF_MEMORY": "out of host memory: the job went over its --mem (fewer --workers, or "
+                     "more --mem)",
+    "TIMEOUT": "walltime TIMEOUT: the step did not stop at the walltime signal; raise "
+               "--signal-margin",
+    "BOOT_FAIL": "its node failed to boot; submit the same job again",
+    "DEADLINE": "its deadline passed",
+    "PREEMPTED": "preempted and not requeued; submit the same job again",
+    "FAILED": "failed",
+    "CANCELLED": "cancelled by Slurm or with scancel",
+}
+# Events after which a chunk's batch shell has nothing more to say.
+_DECISIVE = (contract.EV_STARTED, contract.EV_STOPPED, contract.EV_REQUEUED,
+             contract.EV_FAILED, contract.EV_TIMEOUT, contract.EV_TERMINATED,
+             contract.EV_NO_PROGRESS, contract.EV_INCOMPLETE)
+# Events whose detail ends with "DONE TOTAL".
+_WITH_PROGRESS = (contract.EV_STOPPED, contract.EV_REQUEUED, contract.EV_COMPLETE,
+                  contract.EV_NO_PROGRESS, contract.EV_INCOMPLETE)
+
+
+def parse_ids(text: str) -> list[tuple[int, str]]:
+    """chain.ids -> [(chunk, job id)], in chunk order; malformed lines are skipped."""
+    out: dict[int, str] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            out.setdefault(int(parts[0]), parts[1])
+    return sorted(out.items())
+
+
 @dataclass
 class Chain:
     run_dir: Path
     record: dict[str, Any]
+    chunks: list[tuple[int, str]]  # (chunk, job id)
 
     @property
     def ids(self) -> list[str]:
-        return [c["job_id"] for c in self.record["chunks"]]
+        return [job_id for _, job_id in self.chunks]
 
 
 def load_chain(run_dir: Path) -> Chain:
-    path = run_dir / "chain.json"
+    path = run_dir / contract.CHAIN_RECORD
     try:
-        return Chain(run_dir, json.loads(path.read_text(encoding="utf-8")))
+        record = json.loads(path.read_text(encoding="utf-8"))
     except OSError:
-        raise UsageError(f"run: no chain recorded in {run_dir} (no chain.json)") from None
+        raise UsageError(f"run: no chain recorded in {run_dir} (no "
+                         f"{contract.CHAIN_RECORD})") from None
+    except ValueError as exc:
+        raise UsageError(f"run: {path} is not valid JSON ({exc}); it was not written by "
+                         "`train submit`, or was cut short") from None
+    if not isinstance(record, dict) or not isinstance(record.get("name"), str):
+        raise UsageError(f"run: {path} does not hold a chain record")
+    try:
+        ids = (run_dir / contract.CHAIN_IDS).read_text(encoding="utf-8")
+    except OSError:
+        ids = ""
+    return Chain(run_dir, record, parse_ids(ids))
+
+
+def chain_dirs(runs_root: Path) -> list[Path]:
+    if not runs_root.is_dir():
+        return []
+    return sorted(p.parent for p in runs_root.glob(f"*/{contract.CHAIN_RECORD}"))
 
 
 def find_run(ref: str, runs_root: Path) -> Path:
-    """A run directory by name (runs_root/NAME) or by any of its job ids."""
+    """A run directory by name (runs_root/NAME), by path, or by any of its job ids."""
     direct = Path(ref) if "/" in ref else runs_root / ref
-    if (direct / "chain.json").is_file():
+    if (direct / contract.CHAIN_RECORD).is_file():
         return direct
-    if ref.isdigit() and runs_root.is_dir():
-        for path in sorted(runs_root.glob("*/chain.json")):
+    if ref.isdigit():
+        for run_dir in chain_dirs(runs_root):
             try:
-                record = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
+                text = (run_dir / contract.CHAIN_IDS).read_text(encoding="utf-8")
+            except OSError:
                 continue
-            if ref in [c["job_id"] for c in record.get("chunks", [])]:
-                return path.parent
-    known = sorted(p.parent.name for p in runs_root.glob("*/chain.json")) \
-        if runs_root.is_dir() else []
+            if ref in [job_id for _, job_id in parse_ids(text)]:
+                return run_dir
+    known = [p.name for p in chain_dirs(runs_root)]
     raise UsageError(f"run: no run named or holding job {ref!r} under {runs_root}; "
                      f"known runs: {', '.join(known) or 'none'}")
 
 
-def submit_chain(job: ResolvedJob, run_dir: Path, library: str) -> Chain:
-    """Render every chunk, submit them held and chained, record, then release."""
-    run_dir = run_dir.resolve()
-    ctx = RenderContext(run_dir=str(run_dir), library=library)
-    scripts = [render(job, i, ctx) for i in range(1, job.spec.chunks + 1)]
-    if (run_dir / "chain.json").is_file():
-        previous = load_chain(run_dir)
-        active = [i for i, s in job_states(previous.ids).items()
-                  if s["state"] in ACTIVE_STATES]
-        if active:
-            raise UsageError(f"run: {run_dir.name} already has an active chain (jobs "
-                             f"{', '.join(active)}); cancel it first with `train cancel "
-                             f"{run_dir.name}`")
-        previous_path = run_dir / f"chain-{previous.ids[0]}.json"
-        (run_dir / "chain.json").replace(previous_path)
-    jobs_dir = run_dir / "jobs"
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+def _archive_previous(run_dir: Path) -> None:
+    """Refuse while the directory's chain is active; else keep its record under its first
+    job id (chain-ID.json, chain-ID.ids) so the new chain starts a clean record."""
+    previous = load_chain(run_dir)
+    active = [i for i, s in job_states(previous.ids).items() if s["state"] in ACTIVE_STATES]
+    if active:
+        raise UsageError(f"name: {run_dir.name} already has an active chain (jobs "
+                         f"{', '.join(sorted(active))}); cancel it first with `train cancel "
+                         f"{run_dir.name}`, or choose another --name")
+    tag = previous.ids[0] if previous.ids else str(int(time.time()))
+    for name in (contract.CHAIN_RECORD, contract.CHAIN_IDS):
+        path = run_dir / name
+        if path.exists():
+            path.replace(run_dir / f"chain-{tag}{Path(name).suffix}")
+
+
+def submit_chain(job: ResolvedJob, library: str) -> Chain:
+    """Render the chain's script, submit chunk 1 held, record the chain, then release."""
+    run_dir = Path(job.run_dir)
+    text = render(job, library)
+    if (run_dir / contract.CHAIN_RECORD).is_file():
+        _archive_previous(run_dir)
+    jobs_dir = run_dir / contract.JOBS_DIR
+    (run_dir / contract.LOG_DIR).mkdir(parents=True, exist_ok=True)
     jobs_dir.mkdir(exist_ok=True)
-    names = chunk_names(job.spec)
-    paths = []
-    for i, text in enumerate(scripts, start=1):
-        path = jobs_dir / f"{names[i - 1]}.sbatch"
-        path.write_text(text, encoding="utf-8")
-        paths.append(path)
-    ids: list[str] = []
+    script = jobs_dir / contract.JOB_SCRIPT
+    script.write_text(text, encoding="utf-8")
+    job_id: str | None = None
     try:
-        for path in paths:
-            argv = ["sbatch", "--parsable", "--hold"]
-            if ids:
-                argv.append(f"--dependency=afterok:{ids[-1]}")
-            argv.append(str(path))
-            ids.append(parse_sbatch_id(_proc.run(argv, timeout=120).stdout))
-        (run_dir / "chain.ids").write_text("".join(f"{i}\n" for i in ids), encoding="utf-8")
+        job_id = parse_sbatch_id(_proc.run(["sbatch", "--parsable", "--hold", str(script),
+                                            "1"], timeout=120).stdout)
+        (run_dir / contract.CHAIN_IDS).write_text(f"1 {job_id}\n", encoding="utf-8")
         record = {
             "name": job.spec.name,
             "cluster": job.profile.name,
             "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "first_job": job_id,
+            "max_chunks": job.spec.max_chunks,
             "requeue": job.spec.requeue,
+            "entry": job.spec.entry,
+            "walltime_seconds": job.minutes * 60,
+            "time_budget_seconds": job.time_budget_seconds,
+            "signal_margin": job.margin,
             "run_dir": str(run_dir),
-            "chunks": [{"chunk": i, "name": names[i - 1], "job_id": job_id,
-                        "script": str(paths[i - 1])}
-                       for i, job_id in enumerate(ids, start=1)],
+            "script": str(script),
         }
-        write_json_atomic(run_dir / "chain.json", record)
-        _proc.run(["scontrol", "release", ",".join(ids)], timeout=60)
+        write_json_atomic(run_dir / contract.CHAIN_RECORD, record)
+        _proc.run(["scontrol", "release", job_id], timeout=60)
     except BaseException:
-        if ids:
-            _proc.run(["scancel", *ids], check=False)
-        for name in ("chain.ids", "chain.json"):
+        if job_id is not None:
+            _proc.run(["scancel", job_id], check=False)
+        for name in (contract.CHAIN_IDS, contract.CHAIN_RECORD):
             (run_dir / name).unlink(missing_ok=True)
         raise
-    return Chain(run_dir, record)
+    return Chain(run_dir, record, [(1, job_id)])
+
+
+def _split_progress(detail: str | None) -> tuple[int, int] | None:
+    parts = (detail or "").split()
+    if len(parts) >= 2 and parts[-1].isdigit() and parts[-2].isdigit():
+        return int(parts[-2]), int(parts[-1])
+    return None
+
+
+def progress_rate(events: Sequence[dict[str, Any]]) -> float | None:
+    """Work units per second of chunk wall time (start-up included), from each run's
+    `started` and its closing event; None before a chunk has ended."""
+    opened: dict[str, tuple[int, int]] = {}
+    work = seconds = 0
+    for e in events:
+        if e["event"] == contract.EV_STARTED:
+            start = _split_progress(e["detail"])
+            if start is not None:
+                opened[e["job_id"]] = (e["time"], start[0])
+        elif e["event"] in _WITH_PROGRESS and e["job_id"] in opened:
+            end = _split_progress(e["detail"])
+            t0, done0 = opened.pop(e["job_id"])
+            if end is not None:
+                work += max(0, end[0] - done0)
+                seconds += max(0, e["time"] - t0)
+    if seconds <= 0:
+        return None
+    return work / seconds
+
+
+def _outcome(chain: Chain, chunks: list[dict[str, Any]], events: list[dict[str, Any]]
+             ) -> tuple[str, str]:
+    """The chain's state and, in words, what happened."""
+    kinds = {e["event"] for e in events}
+    active = [c for c in chunks if c["state"] in ACTIVE_STATES]
+    name = chain.record["name"]
+    if contract.EV_COMPLETE in kinds or (
+            (chain.run_dir / contract.COMPLETE_MARKER).exists() and not active):
+        return "complete", "the work is done"
+    if contract.EV_CANCELLED in kinds:
+        return "cancelled", "cancelled with `train cancel`"
+    by_job = {c["job_id"]: c for c in chunks}
+    last = next((e for e in reversed(events) if e["event"] in _DECISIVE), None)
+    decided: set[str] = set()
+    if last is not None:
+        chunk = by_job.get(last["job_id"], {"chunk": last["chunk"], "state": "UNKNOWN"})
+        where = f"chunk {chunk['chunk']} (job {last['job_id']})"
+        event, detail = last["event"], last["detail"] or ""
+        logs = f"`train logs {name} --err --job {last['job_id']}`"
+        if event == contract.EV_FAILED:
+            return "failed", f"{where} failed: its step exited with code {detail}; see {logs}"
+        if event == contract.EV_TIMEOUT:
+            return "failed", (f"{where} reached its walltime: the step did not stop at the "
+                              f"walltime signal {chain.record.get('signal_margin')} s before "
+                              "it (it ignores USR1, or checkpointing takes longer); raise "
+                              f"--signal-margin, or make the program stop on USR1; see {logs}")
+        if event == contract.EV_NO_PROGRESS:
+            return "stalled", (f"{where} ended without adding work (done/total now "
+                               f"{detail.replace(' ', '/')}), so the chain stopped; see {logs}")
+        if event == contract.EV_INCOMPLETE:
+            return "incomplete", (f"the bound of {chain.record.get('max_chunks')} chunk(s) was "
+                                  f"reached at {detail.replace(' ', '/')}; submit the same job "
+                                  "again with a larger --max-chunks to continue from the "
+                                  "checkpoint")
+        if event == contract.EV_TERMINATED and chunk["state"] not in ACTIVE_STATES:
+            if chunk["state"] == "CANCELLED":
+                return "cancelled", f"{where} was cancelled (scancel) after {detail} s"
+            text = _ENDING_STATES.get(chunk["state"], f"ended {chunk['state']}")
+            return "failed", f"{where} was terminated after {detail} s: {text}"
+        if event != contract.EV_STARTED:
+            decided.add(last["job_id"])
+    for c in chunks:
+        if c["state"] in _ENDING_STATES and c["job_id"] not in decided and (
+                contract.EV_STARTED in c["events"] or c["state"] != "CANCELLED"):
+            where = f"chunk {c['chunk']} (job {c['job_id']})"
+            state = "cancelled" if c["state"] == "CANCELLED" else "failed"
+            return state, f"{where} ended {c['state']}: {_ENDING_STATES[c['state']]}"
+    if any(c["state"] == "RUNNING" for c in chunks):
+        return "running", f"chunk {max(c['chunk'] for c in chunks)} of at most " \
+                          f"{chain.record.get('max_chunks')}"
+    if active:
+        return "pending", "waiting in the queue"
+    return "ended", "no chunk is queued or running"
 
 
 def chain_status(chain: Chain) -> dict[str, Any]:
-    """The chain as a whole plus each chunk's SLURM state and recorded events."""
+    """The chain as a whole, its progress, and each chunk's SLURM state and events."""
     states = job_states(chain.ids)
-    events_path = chain.run_dir / "chain.events"
-    events = parse_events(events_path.read_text(encoding="utf-8")) \
-        if events_path.is_file() else []
+    events_path = chain.run_dir / contract.CHAIN_EVENTS
+    try:
+        text = events_path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
     chunk_ids = set(chain.ids)
-    events = [e for e in events if e["job_id"] in chunk_ids]
+    events = [e for e in parse_events(text) if e["job_id"] in chunk_ids]
     chunks = []
-    for c in chain.record["chunks"]:
-        s = states.get(c["job_id"], {"state": "UNKNOWN"})
-        chunks.append({**c, "state": s["state"], "reason": s.get("reason"),
-                       "exit": s.get("exit"),
-                       "events": [e["event"] for e in events if e["job_id"] == c["job_id"]]})
-    kinds = {e["event"] for e in events}
-    if "failed" in kinds:
-        overall = "failed"
-    elif "complete" in kinds or ((chain.run_dir / "COMPLETE").exists() and not any(
-            c["state"] in ACTIVE_STATES for c in chunks)):
-        overall = "complete"
-    elif "cancelled" in kinds:
-        overall = "cancelled"
-    elif any(c["state"] == "RUNNING" for c in chunks):
-        overall = "running"
-    elif any(c["state"] in ACTIVE_STATES for c in chunks):
-        overall = "pending"
-    elif "incomplete" in kinds:
-        overall = "incomplete"
-    else:
-        overall = "ended"
-    return {"name": chain.record["name"], "cluster": chain.record["cluster"],
-            "run_dir": str(chain.run_dir), "state": overall, "chunks": chunks}
+    for number, job_id in chain.chunks:
+        s = states.get(job_id, {"state": "UNKNOWN"})
+        chunks.append({"chunk": number, "job_id": job_id, "state": s["state"],
+                       "reason": s.get("reason"), "exit": s.get("exit"),
+                       "events": [e["event"] for e in events if e["job_id"] == job_id]})
+    state, cause = _outcome(chain, chunks, events)
+    progress = contract.read_progress(chain.run_dir)
+    rate = progress_rate(events)
+    status: dict[str, Any] = {
+        "name": chain.record["name"], "cluster": chain.record.get("cluster"),
+        "run_dir": str(chain.run_dir), "state": state, "cause": cause,
+        "max_chunks": chain.record.get("max_chunks"),
+        "chunks_used": sum(1 for c in chunks if contract.EV_STARTED in c["events"]),
+        "done": progress[0] if progress else None,
+        "total": progress[1] if progress else None,
+        "rate_per_second": rate, "eta_seconds": None, "chunks_left_estimate": None,
+        "chunks": chunks,
+    }
+    if progress and rate and state in ("running", "pending"):
+        eta = max(0, progress[1] - progress[0]) / rate
+        status["eta_seconds"] = round(eta)
+        budget = chain.record.get("time_budget_seconds") or chain.record.get(
+            "walltime_seconds")
+        if budget:
+            status["chunks_left_estimate"] = max(1, -(-int(eta) // int(budget)))
+    return status
+
+
+def format_status(st: dict[str, Any]) -> list[str]:
+    """`train status` lines for one chain."""
+    lines = [f"{st['name']} ({st['cluster']}): {st['state']}  {st['run_dir']}",
+             f"  {st['cause']}"]
+    if st["total"]:
+        text = (f"  progress: {st['done']}/{st['total']} "
+                f"({100 * st['done'] // st['total']}%), {st['chunks_used']} of at most "
+                f"{st['max_chunks']} chunk(s) used")
+        if st["eta_seconds"] is not None:
+            text += (f"; about {st['eta_seconds'] / 3600:.1f} h left at "
+                     f"{st['rate_per_second']:.3g}/s")
+            if st["chunks_left_estimate"]:
+                text += f" (~{st['chunks_left_estimate']} more chunk(s))"
+        lines.append(text)
+    for c in st["chunks"]:
+        extra = f" ({c['reason']})" if c.get("reason") not in (None, "None") else ""
+        events = ", ".join(c["events"])
+        lines.append(f"  chunk {c['chunk']}: job {c['job_id']} {c['state']}{extra}"
+                     f"{'  events: ' + events if events else ''}")
+    return lines
 
 
 def cancel_chain(chain: Chain) -> list[str]:
+    """Cancel every queued or running chunk; the event is recorded first, so what the
+    chunks' batch shells record as they die reads as the consequence."""
+    with open(chain.run_dir / contract.CHAIN_EVENTS, "a", encoding="utf-8") as fh:
+        first = chain.ids[0] if chain.ids else "0"
+        fh.write(f"{int(time.time())} 0 {first} {contract.EV_CANCELLED} by-user\n")
     states = job_states(chain.ids)
     active = [i for i in chain.ids if states.get(i, {}).get("state") in ACTIVE_STATES]
     if active:
         _proc.run(["scancel", *active], timeout=60)
-    with open(chain.run_dir / "chain.events", "a", encoding="utf-8") as fh:
-        fh.write(f"{int(time.time())} 0 {chain.ids[0]} cancelled by-user\n")
     return active
 
 
 def log_path(chain: Chain, job_id: str | None, err: bool) -> Path:
     """The log of the given job, or of the newest chunk that has one."""
     suffix = "err" if err else "out"
-    chunks: Iterable[dict[str, Any]] = chain.record["chunks"]
-    if job_id is not None:
-        chunks = [c for c in chunks if c["job_id"] == job_id]
-    candidates = [chain.run_dir / "logs" / f"{c['name']}-{c['job_id']}.{suffix}"
-                  for c in chunks]
-    existing = [p for p in candidates if p.exists()]
-    if existing:
-        return existing[-1]
-    if candidates:
-        return candidates[0]
-    raise UsageError(f"run: job {job_id} is not part of {chain.run_dir.name}")
+    ids = chain.ids if job_id is None else [i for i in chain.ids if i == job_id]
+    if not ids:
+        raise UsageError(f"job: {job_id} is not part of {chain.run_dir.name}; its jobs: "
+                         f"{', '.join(chain.ids) or 'none'}")
+    logs = chain.run_dir / contract.LOG_DIR
+    found = [p for i in ids for p in sorted(logs.glob(f"*-{i}.{suffix}"))]
+    if found:
+        return found[-1]
+    return logs / f"{chain.record['name']}-{ids[-1]}.{suffix}"

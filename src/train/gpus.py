@@ -1,0 +1,74 @@
+"""GPU types as cluster profiles name them: compute capability per type, and the bf16 rule.
+
+The rule is defined here once: the login-node CLI uses it to choose a job's precision
+before submission (so this module imports neither torch nor numpy), and the trainer's
+runtime uses it with the capability the device reports.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+
+# bf16 autocast without a GradScaler needs Ampere or newer (compute capability 8.0).
+BF16_MIN_CAPABILITY = (8, 0)
+
+# NVIDIA's CUDA GPU list (developer.nvidia.com/cuda-gpus), by the GRES/feature names sites
+# use for them.
+COMPUTE_CAPABILITY: Mapping[str, tuple[int, int]] = MappingProxyType({
+    "k80": (3, 7),
+    "p100": (6, 0),
+    "gtx1080": (6, 1),
+    "gtx1080ti": (6, 1),
+    "p40": (6, 1),
+    "v100": (7, 0),
+    "titanv": (7, 0),
+    "t4": (7, 5),
+    "rtx2080": (7, 5),
+    "rtx2080ti": (7, 5),
+    "rtx8000": (7, 5),
+    "a100": (8, 0),
+    "a30": (8, 0),
+    "a10": (8, 6),
+    "a40": (8, 6),
+    "a4000": (8, 6),
+    "a5000": (8, 6),
+    "a6000": (8, 6),
+    "rtx3090": (8, 6),
+    "l4": (8, 9),
+    "l40": (8, 9),
+    "l40s": (8, 9),
+    "h100": (9, 0),
+    "h200": (9, 0),
+})
+
+# MIG slices (1g.10gb, 3g.40gb, ...) exist only on A100, A30, H100 and H200: 8.0 at least.
+_MIG = re.compile(r"^\d+g\.\d+gb$")
+_MIG_CAPABILITY = (8, 0)
+# Site spellings such as nvidia_a100-sxm4-80gb, a100_80gb or v100-32gb name the model first.
+_VENDOR = re.compile(r"^(?:nvidia|tesla)[_-]")
+_MODEL = re.compile(r"^([a-z0-9]+)[_-]")
+
+
+def capability(gpu_type: str) -> tuple[int, int] | None:
+    """The compute capability of a GPU type name, or None when the name is unknown."""
+    name = gpu_type.strip().lower()
+    if _MIG.match(name):
+        return _MIG_CAPABILITY
+    name = _VENDOR.sub("", name)
+    if name in COMPUTE_CAPABILITY:
+        return COMPUTE_CAPABILITY[name]
+    model = _MODEL.match(name)
+    return COMPUTE_CAPABILITY.get(model.group(1)) if model else None
+
+
+def bf16_capable(cap: tuple[int, int] | None) -> bool:
+    """The trainer's rule: bf16 on compute capability >= 8.0; unknown counts as not."""
+    return cap is not None and tuple(cap) >= BF16_MIN_CAPABILITY
+
+
+def all_bf16_capable(gpu_types: Iterable[str]) -> bool:
+    """True when every type is known and bf16-capable; an empty set is not."""
+    types = list(gpu_types)
+    return bool(types) and all(bf16_capable(capability(t)) for t in types)

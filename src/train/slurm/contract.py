@@ -1,0 +1,77 @@
+"""The contract between the batch shell (job-lib.sh) and Python, defined once.
+
+File names in the run directory, the chain's event names and the progress file's format
+live here. The renderer hands every value to the batch shell as a variable
+(`shell_variables`), so job-lib.sh never spells a name on its own; the scheduler, the
+runner and the CLI import them from here. No heavy imports: the login node reads this.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# -- files in the run directory -------------------------------------------------------
+COMPLETE_MARKER = "COMPLETE"  # the work is done (written by `train run`, rank 0)
+PROGRESS_FILE = "progress"  # one line "DONE TOTAL": work units (episodes over all seeds)
+CHAIN_RECORD = "chain.json"  # written by `train submit`
+CHAIN_IDS = "chain.ids"  # one line "CHUNK JOBID" per chunk, appended by whoever submits it
+CHAIN_EVENTS = "chain.events"  # one line "UNIXTIME CHUNK JOBID EVENT [DETAIL]" per event
+LOG_DIR = "logs"
+JOBS_DIR = "jobs"
+JOB_SCRIPT = "chain.sbatch"  # in JOBS_DIR: the one script every chunk of the chain runs
+
+# -- events ---------------------------------------------------------------------------
+EV_STARTED = "started"  # detail: "RESTARTS DONE TOTAL"
+EV_EXTENDED = "extended"  # detail: the next chunk's job id
+EV_EXTEND_FAILED = "extend_failed"  # detail: sbatch's message
+EV_STOPPED = "stopped"  # a clean, checkpointed stop; the next chunk continues. "DONE TOTAL"
+EV_COMPLETE = "complete"
+EV_FAILED = "failed"  # detail: the step's exit code
+EV_NO_PROGRESS = "no_progress"  # a chunk ended without adding work; the chain stops
+EV_INCOMPLETE = "incomplete"  # the bound on chunks (or restarts) was reached first
+EV_REQUEUED = "requeued"  # requeue mode: the batch shell requeued this job. "RESTARTS"
+EV_TIMEOUT = "timeout"  # TERM at the walltime: the step overran the signal margin
+EV_TERMINATED = "terminated"  # TERM before the walltime: scancel, preemption, requeue
+EV_CANCELLED = "cancelled"  # `train cancel`
+
+EVENTS = (EV_STARTED, EV_EXTENDED, EV_EXTEND_FAILED, EV_STOPPED, EV_COMPLETE, EV_FAILED,
+          EV_NO_PROGRESS, EV_INCOMPLETE, EV_REQUEUED, EV_TIMEOUT, EV_TERMINATED,
+          EV_CANCELLED)
+
+# Docker containers of a job carry this label (value: the job id), so the batch shell can
+# remove what a killed step left running.
+DOCKER_JOB_LABEL = "train.job"
+
+
+def shell_variables() -> dict[str, str]:
+    """Every name above as a batch-shell variable (rendered before job-lib.sh)."""
+    out = {
+        "COMPLETE_FILE": COMPLETE_MARKER,
+        "PROGRESS_FILE": PROGRESS_FILE,
+        "IDS_FILE": CHAIN_IDS,
+        "EVENTS_FILE": CHAIN_EVENTS,
+        "LOG_DIR": LOG_DIR,
+        "DOCKER_JOB_LABEL": DOCKER_JOB_LABEL,
+    }
+    for name in EVENTS:
+        if name != EV_CANCELLED:  # written by `train cancel` alone
+            out["EV_" + name.upper()] = name
+    return out
+
+
+def write_progress(run_dir: Path, done: int, total: int) -> None:
+    """Record the work done so far for the batch shell (atomic: temp file, rename)."""
+    path = run_dir / PROGRESS_FILE
+    tmp = path.with_name(f".{PROGRESS_FILE}.tmp")
+    tmp.write_text(f"{int(done)} {int(total)}\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def read_progress(run_dir: Path) -> tuple[int, int] | None:
+    try:
+        parts = (run_dir / PROGRESS_FILE).read_text(encoding="utf-8").split()
+    except OSError:
+        return None
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        return None
+    return int(parts[0]), int(parts[1])

