@@ -138,12 +138,14 @@ def demo(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks against hand-written baselines; figures go to benchmarks/RESULTS.md."""
     _install(session, "dev")
-    names = session.posargs or ["update", "checkpoint", "learning", "submit", "image"]
+    names = session.posargs or ["update", "checkpoint", "learning", "submit", "image",
+                                "chain"]
     for name in names:
         script = ROOT / "benchmarks" / f"bench_{name}.py"
         if not script.is_file():
             session.error(
-                f"Usage: nox -s bench -- [update] [checkpoint] [learning] [gpu]; "
+                f"Usage: nox -s bench -- [update] [checkpoint] [learning] [submit] [image] "
+                f"[launch] [chain] [gpu]; "
                 f"no benchmark named {name!r}"
             )
         session.run("python", str(script))

@@ -40,7 +40,7 @@ flags override it.
 
 JOB_EPILOG = """\
 The workload and its arguments follow `--`, exactly as `train run` takes them, e.g.
-  train submit job.yaml --chunks 3 -- demo --episodes 9000 --res 32
+  train submit job.yaml --max-chunks 5 -- demo --episodes 9000 --res 32
 A job YAML file takes the same keys as the flags (with underscores), `workload` a list.
 Bad input exits 2 and nothing is submitted.
 """

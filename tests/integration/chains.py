@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -168,8 +169,21 @@ def kill_wait(env: dict[str, str]) -> int:
     return int(match.group(1)) if match else 30
 
 
-# -- the deaths of a chunk: each returns (the time of the death, the settled status) --
-def death_timeout(cwd: Path, env: dict[str, str], name: str) -> tuple[float, dict[str, Any]]:
+# -- the deaths of a chunk ------------------------------------------------------------
+@dataclass
+class Death:
+    at: float  # when the chunk died: our action, or the end Slurm recorded for it
+    settled_at: float  # when `train status` first showed the final state, nothing queued
+    status: dict[str, Any]
+
+
+def _settle(cwd: Path, env: dict[str, str], name: str, at: float, timeout: float = 240
+            ) -> Death:
+    st = wait(cwd, env, name, settled, timeout=timeout, poll=0.2)
+    return Death(at, time.time(), st)
+
+
+def death_timeout(cwd: Path, env: dict[str, str], name: str) -> Death:
     """A step that ignores USR1 and TERM runs into its walltime (1 minute)."""
     stubborn = cwd / "stubborn.sh"
     stubborn.write_text("#!/bin/bash\ntrap '' USR1 TERM\nexec sleep 100000\n")
@@ -177,44 +191,42 @@ def death_timeout(cwd: Path, env: dict[str, str], name: str) -> tuple[float, dic
     submit(cwd, env, name, ["--python", str(stubborn), "--time", "1", "--max-chunks", "3"],
            ["demo"])
     job = wait(cwd, env, name, lambda s: len(s["chunks"]) >= 2)["chunks"][0]
-    st = wait(cwd, env, name, settled, timeout=240, poll=0.2)
-    start = _job_time(job["job_id"], env, "StartTime")
-    return start + 60, st
+    death = _settle(cwd, env, name, 0.0)
+    death.at = _job_time(job["job_id"], env, "EndTime")  # Slurm's own TIMEOUT
+    return death
 
 
-def death_scancel(cwd: Path, env: dict[str, str], name: str) -> tuple[float, dict[str, Any]]:
+def death_scancel(cwd: Path, env: dict[str, str], name: str) -> Death:
     submit(cwd, env, name, ["--time", "10", "--max-chunks", "3"], ENDLESS)
     job = running_chunk(cwd, env, name, 1, min_episode=25)
     now = time.time()
     slurm(["scancel", job["job_id"]], env)
-    return now, wait(cwd, env, name, settled, poll=0.2)
+    return _settle(cwd, env, name, now)
 
 
-def death_kill_step(cwd: Path, env: dict[str, str], name: str
-                    ) -> tuple[float, dict[str, Any]]:
+def death_kill_step(cwd: Path, env: dict[str, str], name: str) -> Death:
     submit(cwd, env, name, ["--time", "10", "--max-chunks", "3"], ENDLESS)
     job = running_chunk(cwd, env, name, 1, min_episode=25)
     now = time.time()
     slurm(["scancel", "--signal=KILL", f"{job['job_id']}.0"], env)
-    return now, wait(cwd, env, name, settled, poll=0.2)
+    return _settle(cwd, env, name, now)
 
 
-def death_node_failure(cwd: Path, env: dict[str, str], name: str
-                       ) -> tuple[float, dict[str, Any]]:
+def death_node_failure(cwd: Path, env: dict[str, str], name: str) -> Death:
     submit(cwd, env, name, ["--time", "10", "--max-chunks", "3"], ENDLESS)
     job = running_chunk(cwd, env, name, 1, min_episode=25)
     node = node_of(job["job_id"], env)
-    now = time.time()
     fail_node(conf_dir(env), node, job["job_id"])
     try:
-        st = wait(cwd, env, name, settled, timeout=180, poll=0.5)
+        death = _settle(cwd, env, name, 0.0, timeout=180)
+        # Slurm's NODE_FAIL, SlurmdTimeout after the node fell silent
+        death.at = _job_time(job["job_id"], env, "EndTime")
     finally:
         restart_node(conf_dir(env), node, env)
-    st["failed_node"] = node
-    return now, st
+    return death
 
 
-def death_requeue(cwd: Path, env: dict[str, str], name: str) -> tuple[float, dict[str, Any]]:
+def death_requeue(cwd: Path, env: dict[str, str], name: str) -> Death:
     """Requeue mode: Slurm requeues the running job (as a site's preemption does); it comes
     back, resumes, and the chain ends when `train cancel` stops it."""
     submit(cwd, env, name, ["--requeue", "--time", "10", "--max-chunks", "3"], ENDLESS)
@@ -223,12 +235,16 @@ def death_requeue(cwd: Path, env: dict[str, str], name: str) -> tuple[float, dic
     now = time.time()
     slurm(["scontrol", "requeue", job["job_id"]], env)
     run_dir = cwd / "runs" / name
-    wait(cwd, env, name, lambda s: "resumed at episode" in logs(run_dir)
-         and checkpointed(run_dir) > first, timeout=240)
+    wait(cwd, env, name, lambda s: "resumed at episode" in logs(run_dir), timeout=240,
+         poll=0.2)
+    back = time.time()  # running again from its checkpoint: the "settled" time here
+    wait(cwd, env, name, lambda s: checkpointed(run_dir) > first, timeout=240)
     proc = run_cli(["cancel", name], cwd=cwd, env=env)
     if proc.returncode != 0:
         raise ChainError(proc.stderr)
-    return now, wait(cwd, env, name, settled, poll=0.2)
+    death = _settle(cwd, env, name, now)
+    death.settled_at = back
+    return death
 
 
 def _job_time(job_id: str, env: dict[str, str], key: str) -> float:

@@ -3,8 +3,17 @@ tasks mode (one task per rank), the DQN trainer under DDP over gloo across the n
 
 from __future__ import annotations
 
+import grp
 import json
+import os
+import pwd
+import shlex
+import shutil
+import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,7 +21,9 @@ import pytest
 from tests.conftest import run_cli, tiny_flags
 from tests.integration.chains import TERMINAL
 from tests.integration.chains import logs as _logs
+from tests.integration.chains import status as _status
 from tests.integration.chains import wait as _wait
+from train.slurm.contract import DOCKER_JOB_LABEL
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -74,6 +85,102 @@ def test_docker_runtime_jobs_keep_the_host_environment_out(
     assert config["versions"]["python"].startswith("3.11")  # the image's Python
     assert config["world_size"] == int(nodes)
     assert json.loads((run_dir / "seed_4" / "summary.json").read_text())["complete"]
+
+
+DOCKER_USER = "train-docker-ci"
+
+
+@pytest.fixture
+def docker_user(docker_engine: dict[str, str]) -> Iterator[tuple[str, Path]]:
+    """A non-root user allowed to use the test engine the way sites allow docker users:
+    membership of the group that owns dockerd's socket. Yields the user and a directory
+    it owns to submit from. The user is kept (created once per machine)."""
+    socket = Path(docker_engine["DOCKER_HOST"].removeprefix("unix://"))
+    group = grp.getgrgid(socket.stat().st_gid).gr_name
+    if group == "root":
+        pytest.skip("dockerd's socket belongs to root: no docker group to admit a user")
+    try:
+        pwd.getpwnam(DOCKER_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", "--user-group", "--shell",
+                        "/bin/bash", DOCKER_USER], check=True, capture_output=True)
+    subprocess.run(["usermod", "--append", "--groups", group, DOCKER_USER], check=True,
+                   capture_output=True)
+    socket.parent.chmod(0o711)  # the engine's private folder: let members reach the socket
+    base = Path(tempfile.mkdtemp(prefix="dku", dir="/tmp"))
+    base.chmod(0o755)
+    shutil.chown(base, DOCKER_USER, DOCKER_USER)
+    try:
+        yield DOCKER_USER, base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _docker(*args: str) -> str:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=60,
+                          check=True).stdout
+
+
+@pytest.mark.docker
+def test_scancel_of_a_docker_job_leaves_no_container_and_files_are_the_users(
+        slurm_env: dict[str, str], docker_engine: dict[str, str], ci_image: str,
+        docker_user: tuple[str, Path]) -> None:
+    user, base = docker_user
+    entry = pwd.getpwnam(user)
+    # The job must run as someone other than root, or root-owned files would pass. Root's
+    # Python cannot be handed to the user (/root is private), so the job is submitted the
+    # way Slurm lets root submit for a user: `sbatch --uid --gid`, through an sbatch
+    # first on PATH (the CLI's own calls). The run directory is given to the user before
+    # the held job is released. The container's uid then comes only from the task's `id`.
+    real_sbatch = shutil.which("sbatch")
+    assert real_sbatch
+    (base / "bin").mkdir()
+    shim = base / "bin" / "sbatch"
+    shim.write_text(
+        "#!/bin/sh\n"
+        'if [ "$(id -u)" = 0 ]; then\n'
+        f"    chown -R {user}:{user} {shlex.quote(str(base / 'runs'))}\n"
+        f"    exec {shlex.quote(real_sbatch)} --uid={user} --gid={user} \"$@\"\n"
+        "fi\n"
+        f'exec {shlex.quote(real_sbatch)} "$@"\n')
+    shim.chmod(0o755)
+    env = {**slurm_env, **docker_engine, "HOME": str(base),
+           "PATH": f"{base / 'bin'}:{os.environ['PATH']}"}
+    name = "dkill"
+    proc = run_cli(["submit", "--name", name, "--cluster", "local", "--runtime", "docker",
+                    "--image", ci_image, "--cpus-per-task", "1", "--mem", "1000M", "--time",
+                    "5", "--max-chunks", "1", "--", "demo", "--episodes", "1000000",
+                    *tiny_flags()], cwd=base, env=env)
+    assert proc.returncode == 0, proc.stderr
+    run_dir = base / "runs" / name
+    job_id = (run_dir / "chain.ids").read_text().split()[1]
+    label = f"label={DOCKER_JOB_LABEL}={job_id}"
+    deadline = time.monotonic() + 240
+    while not (_docker("ps", "-q", "--filter", label)
+               and (run_dir / "progress").exists()):
+        st = _status(base, env, name)
+        assert st["state"] not in TERMINAL, (st, _logs(run_dir, "err")[-4000:])
+        assert time.monotonic() < deadline, "the job's container never ran"
+        time.sleep(0.5)
+    (container_id,) = _docker("ps", "-q", "--filter", label).split()
+    assert _docker("inspect", "--format", "{{.Config.User}}", container_id).strip() == \
+        f"{entry.pw_uid}:{entry.pw_gid}"
+    subprocess.run(["scancel", job_id], env={**os.environ, **slurm_env}, check=True,
+                   timeout=60)
+    cancelled = time.monotonic()
+    while _docker("ps", "-aq", "--filter", label):  # neither running nor left stopped
+        assert time.monotonic() - cancelled < 30, _docker("ps", "-a", "--filter", label)
+        time.sleep(0.2)
+    st = _wait(base, env, name, lambda s: s["state"] in TERMINAL, timeout=120)
+    assert st["state"] == "cancelled", st
+    # Everything in the run directory is the user's, apart from the CLI's (root's) own
+    # records; what the container wrote (config, progress, checkpoints) included.
+    cli_files = {"chain.json", "chain.ids"}
+    owners = {p.relative_to(run_dir).as_posix(): p.stat().st_uid
+              for p in run_dir.rglob("*") if p.name not in cli_files}
+    assert owners["config.json"] == owners["progress"] == entry.pw_uid != 0
+    assert any(k.startswith("seed_4/checkpoints/") for k in owners), sorted(owners)
+    assert set(owners.values()) == {entry.pw_uid}, owners
 
 
 def test_runtime_none_uses_the_host_python_as_it_is(tmp_path: Path,

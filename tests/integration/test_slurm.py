@@ -101,7 +101,7 @@ def test_the_time_budget_ends_each_chunk_until_the_bound(
 
 def test_walltime_timeout_of_a_step_that_ignores_the_signal(
         tmp_path: Path, slurm_env: dict[str, str]) -> None:
-    _, st = death_timeout(tmp_path, slurm_env, "tmo")
+    st = death_timeout(tmp_path, slurm_env, "tmo").status
     assert st["state"] == "failed", st
     assert "reached its walltime" in st["cause"] and "--signal-margin" in st["cause"]
     assert [c["state"] for c in st["chunks"]] == ["TIMEOUT", "CANCELLED"]
@@ -110,7 +110,7 @@ def test_walltime_timeout_of_a_step_that_ignores_the_signal(
 
 def test_scancel_of_the_running_chunk_checkpoints_and_ends_the_chain(
         tmp_path: Path, slurm_env: dict[str, str]) -> None:
-    _, st = death_scancel(tmp_path, slurm_env, "scx")
+    st = death_scancel(tmp_path, slurm_env, "scx").status
     run_dir = tmp_path / "runs" / "scx"
     assert st["state"] == "cancelled", st
     assert "cancelled (scancel)" in st["cause"]
@@ -120,7 +120,7 @@ def test_scancel_of_the_running_chunk_checkpoints_and_ends_the_chain(
 
 
 def test_a_killed_step_fails_the_chain(tmp_path: Path, slurm_env: dict[str, str]) -> None:
-    _, st = death_kill_step(tmp_path, slurm_env, "kst")
+    st = death_kill_step(tmp_path, slurm_env, "kst").status
     assert st["state"] == "failed", st
     assert "exited with code 137" in st["cause"]
     assert [c["state"] for c in st["chunks"]] == ["FAILED", "CANCELLED"]
@@ -128,7 +128,7 @@ def test_a_killed_step_fails_the_chain(tmp_path: Path, slurm_env: dict[str, str]
 
 def test_a_node_failure_ends_the_chain_with_its_cause(
         tmp_path: Path, slurm_env: dict[str, str]) -> None:
-    _, st = death_node_failure(tmp_path, slurm_env, "nf")
+    st = death_node_failure(tmp_path, slurm_env, "nf").status
     assert st["state"] == "failed", st
     assert "NODE_FAIL" in st["cause"] and "node failure" in st["cause"]
     # nobody was left to cancel the waiting chunk: Slurm removed it (--kill-on-invalid-dep)
@@ -138,7 +138,7 @@ def test_a_node_failure_ends_the_chain_with_its_cause(
 
 def test_a_requeued_chunk_resumes_and_the_chain_goes_on(
         tmp_path: Path, slurm_env: dict[str, str]) -> None:
-    _, st = death_requeue(tmp_path, slurm_env, "rqx")
+    st = death_requeue(tmp_path, slurm_env, "rqx").status
     run_dir = tmp_path / "runs" / "rqx"
     assert st["state"] == "cancelled", st
     events = _events(run_dir)

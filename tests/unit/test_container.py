@@ -23,21 +23,16 @@ from train.slurm.contract import DOCKER_JOB_LABEL
 HOSTILE = ["r $(id); `id` 'q' \"d\"\n.csv", "", "*", "--name", "a\\b", "$SLURM_JOB_ID"]
 
 
-def _docker(**kw: object) -> list[str]:
-    args: dict[str, object] = dict(image="train-base:ci", gpus=False, binds=["/scratch"],
-                                   run_dir="/scratch/runs/x", env={"PYTHONUNBUFFERED": "1"})
-    args.update(kw)
-    return container.runtime_prefix("docker", **args)  # type: ignore[arg-type]
-
-
 def test_docker_prefix_runs_each_task_through_the_wrapper() -> None:
-    argv = _docker(gpus=True)
+    argv = container.runtime_prefix("docker", image="train-base:ci", gpus=True,
+                                    binds=["/scratch"], run_dir="/scratch/runs/x",
+                                    env={"PYTHONUNBUFFERED": "1"})
     assert argv[:4] == ["bash", "-c", container.DOCKER_TASK, "train-task"]
     options = argv[4:]
     # the wrapper removes the container itself (`docker wait` needs it after the CLI dies)
     assert "--rm" not in options and "docker" not in options
     assert options[:3] == ["--init", "--sig-proxy=false", "--network"]
-    assert ["-e", "HOME=/tmp"] == options[options.index("HOME=/tmp") - 1:][:2]
+    assert options[options.index("HOME=/tmp") - 1] == "-e"
     assert options[options.index("--gpus") + 1] == "all"
     assert options[-4:] == ["/scratch/runs/x", "--entrypoint", "env", "train-base:ci"]
     for path in ("/scratch", "/scratch/runs/x"):
