@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
 import statistics
+import subprocess
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -42,3 +45,21 @@ def write_section(name: str, body: str) -> None:
         text.rstrip() + "\n\n" + block + "\n"
     RESULTS.write_text(text)
     print(body)
+
+
+@contextlib.contextmanager
+def local_slurm(prefix: str = "tb") -> Iterator[tuple[dict[str, str], Path]]:
+    """A local SLURM cluster (ci/slurm-up.sh; root, slurm-wlm, munge) for one benchmark:
+    yields the environment to run jobs with and the cluster's directory, then stops it by
+    PID (ci/slurm-down.sh)."""
+    repo = Path(__file__).resolve().parents[1]
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))  # munge socket < 108 bytes
+    up = subprocess.run(["bash", str(repo / "ci" / "slurm-up.sh"), str(folder)],
+                        capture_output=True, text=True, check=True)
+    env = {**os.environ, "SLURM_CONF": up.stdout.strip().splitlines()[-1],
+           "OMP_NUM_THREADS": "1"}
+    try:
+        yield env, folder
+    finally:
+        subprocess.run(["bash", str(repo / "ci" / "slurm-down.sh"), str(folder)],
+                       check=False)

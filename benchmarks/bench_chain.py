@@ -12,9 +12,7 @@ Starts its own cluster with ci/slurm-up.sh (root, slurm-wlm, munge) and stops it
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -24,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(REPO))
 from tests.integration.chains import DEATHS  # noqa: E402
 
-from _results import machine, write_section  # noqa: E402
+from _results import local_slurm, machine, write_section  # noqa: E402
 
 WHAT = {
     "timeout": "Slurm's TIMEOUT (the job's EndTime)",
@@ -36,31 +34,22 @@ WHAT = {
 
 
 def main() -> None:
-    folder = Path(tempfile.mkdtemp(prefix="tb", dir="/tmp"))
-    up = subprocess.run(["bash", str(REPO / "ci" / "slurm-up.sh"), str(folder)],
-                        capture_output=True, text=True, check=True)
-    env = {"SLURM_CONF": up.stdout.strip().splitlines()[-1], "OMP_NUM_THREADS": "1"}
-    os.environ.update(env)
-    conf = (folder / "slurm.conf").read_text()
-    kill_wait = int(re.search(r"^KillWait=(\d+)", conf, re.M).group(1))  # type: ignore[union-attr]
-    sched = int(re.search(r"sched_interval=(\d+)", conf).group(1))  # type: ignore[union-attr]
-    bound = 2 * kill_wait + sched
     rows = []
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            for i, (kind, death_of) in enumerate(DEATHS.items()):
-                work = Path(tmp) / f"d{i}"
-                work.mkdir()
-                death = death_of(work, env, f"b{i}")
-                took = death.settled_at - death.at
-                verdict = "yes" if took <= bound else "NO"
-                if kind == "requeue":  # not an end: the chain goes on
-                    verdict = "n/a (the chain goes on)"
-                rows.append(f"| {kind} | {WHAT[kind]} | {death.status['state']} | "
-                            f"{took:.1f} | {verdict} |")
-    finally:
-        subprocess.run(["bash", str(REPO / "ci" / "slurm-down.sh"), str(folder)],
-                       check=False)
+    with local_slurm() as (env, folder), tempfile.TemporaryDirectory() as tmp:
+        conf = (folder / "slurm.conf").read_text()
+        kill_wait = int(re.search(r"^KillWait=(\d+)", conf, re.M).group(1))  # type: ignore[union-attr]
+        sched = int(re.search(r"sched_interval=(\d+)", conf).group(1))  # type: ignore[union-attr]
+        bound = 2 * kill_wait + sched
+        for i, (kind, death_of) in enumerate(DEATHS.items()):
+            work = Path(tmp) / f"d{i}"
+            work.mkdir()
+            death = death_of(work, env, f"b{i}")
+            took = death.settled_at - death.at
+            verdict = "yes" if took <= bound else "NO"
+            if kind == "requeue":  # not an end: the chain goes on
+                verdict = "n/a (the chain goes on)"
+            rows.append(f"| {kind} | {WHAT[kind]} | {death.status['state']} | "
+                        f"{took:.1f} | {verdict} |")
     body = "\n".join([
         f"## A chunk's death to the chain's final state (goal: <= 2 x KillWait + "
         f"sched_interval = {bound} s)",

@@ -4,7 +4,6 @@ same DDP run (one rank per node), alternating in the same run. Goal: ratio <= 1.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
@@ -14,7 +13,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import machine, median, write_section
+from _results import local_slurm, machine, median, write_section
 from bench_submit import WORKLOAD, first_step
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,31 +67,22 @@ def hand(work: Path, env: dict[str, str], mode: str, i: int) -> float:
 
 
 def main() -> None:
-    folder = Path(tempfile.mkdtemp(prefix="tl", dir="/tmp"))
-    up = subprocess.run(["bash", str(REPO / "ci" / "slurm-up.sh"), str(folder)],
-                        capture_output=True, text=True, check=True)
-    env = {**os.environ, "SLURM_CONF": up.stdout.strip().splitlines()[-1],
-           "OMP_NUM_THREADS": "1"}
     rows = []
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            work = Path(tmp)
-            for mode in ("tasks", "torchrun"):
-                t_ours, t_hand, t_rdzv = [], [], []
-                for i in range(4):
-                    if i % 2:
-                        o, r = ours(work, env, mode, i)
-                        t_hand.append(hand(work, env, mode, i))
-                    else:
-                        t_hand.append(hand(work, env, mode, i))
-                        o, r = ours(work, env, mode, i)
-                    t_ours.append(o)
-                    t_rdzv.append(r)
-                rows.append(f"| {mode} | {median(t_rdzv):.2f} | {median(t_ours):.2f} | "
-                            f"{median(t_hand):.2f} | {median(t_ours) / median(t_hand):.3f} |")
-    finally:
-        subprocess.run(["bash", str(REPO / "ci" / "slurm-down.sh"), str(folder)],
-                       check=False)
+    with local_slurm("tl") as (env, _), tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for mode in ("tasks", "torchrun"):
+            t_ours, t_hand, t_rdzv = [], [], []
+            for i in range(4):
+                if i % 2:
+                    o, r = ours(work, env, mode, i)
+                    t_hand.append(hand(work, env, mode, i))
+                else:
+                    t_hand.append(hand(work, env, mode, i))
+                    o, r = ours(work, env, mode, i)
+                t_ours.append(o)
+                t_rdzv.append(r)
+            rows.append(f"| {mode} | {median(t_rdzv):.2f} | {median(t_ours):.2f} | "
+                        f"{median(t_hand):.2f} | {median(t_ours) / median(t_hand):.3f} |")
     body = "\n".join([
         "## train launch on 2 nodes (goal: <= 1.10x a hand-written srun job)",
         "",

@@ -6,7 +6,6 @@ Starts its own cluster with ci/slurm-up.sh (root, slurm-wlm, munge) and stops it
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
@@ -16,7 +15,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import machine, median, write_section
+from _results import local_slurm, machine, median, write_section
 
 REPO = Path(__file__).resolve().parents[1]
 WORKLOAD = ["demo", "--device", "cpu", "--res", "8", "--episode-steps", "16",
@@ -59,25 +58,16 @@ def baseline(work: Path, env: dict[str, str], i: int) -> float:
 
 
 def main() -> None:
-    folder = Path(tempfile.mkdtemp(prefix="tb", dir="/tmp"))
-    up = subprocess.run(["bash", str(REPO / "ci" / "slurm-up.sh"), str(folder)],
-                        capture_output=True, text=True, check=True)
-    env = {**os.environ, "SLURM_CONF": up.stdout.strip().splitlines()[-1],
-           "OMP_NUM_THREADS": "1"}
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            work = Path(tmp)
-            t_ours, t_base = [], []
-            for i in range(6):  # alternating order cancels drift
-                if i % 2:
-                    t_ours.append(ours(work, env, i))
-                    t_base.append(baseline(work, env, i))
-                else:
-                    t_base.append(baseline(work, env, i))
-                    t_ours.append(ours(work, env, i))
-    finally:
-        subprocess.run(["bash", str(REPO / "ci" / "slurm-down.sh"), str(folder)],
-                       check=False)
+    with local_slurm() as (env, _), tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        t_ours, t_base = [], []
+        for i in range(6):  # alternating order cancels drift
+            if i % 2:
+                t_ours.append(ours(work, env, i))
+                t_base.append(baseline(work, env, i))
+            else:
+                t_base.append(baseline(work, env, i))
+                t_ours.append(ours(work, env, i))
     o, b = median(t_ours), median(t_base)
     body = "\n".join([
         "## Submit to first training step (goal: <= 1.15x a hand-written job)",

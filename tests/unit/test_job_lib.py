@@ -273,7 +273,7 @@ def _start(tmp_path: Path, **values: str) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     ready = tmp_path / "run" / "step.ready"
     for _ in range(500):
-        if ready.exists():
+        if ready.exists() and "extended" in _kinds(tmp_path):
             return proc
         time.sleep(0.01)
     proc.kill()

@@ -72,7 +72,8 @@ train_sbatch() {
 train_extend() {
     # submit the next chunk (once: a requeued or restarted chunk finds it recorded)
     local next=$((CHUNK + 1)) out id
-    [ "$REQUEUE" = 0 ] && [ "$COMPLETE_ON_SUCCESS" = 0 ] || return 0
+    [ "$REQUEUE" = 0 ] && [ "$COMPLETE_ON_SUCCESS" = 0 ] && [ "$TRAIN_TERMINATING" = 0 ] \
+        || return 0
     [ "$CHUNK" -lt "$MAX_CHUNKS" ] || return 0
     if [ -e "$RUN_DIR/$IDS_FILE" ] && grep -q "^$next " "$RUN_DIR/$IDS_FILE"; then
         return 0
@@ -205,8 +206,11 @@ train_main() {
     trap train_on_usr1 USR1
     trap train_on_term TERM
     train_prologue
-    train_extend || true
     train_start_step
+    train_extend || true  # while the step starts up
+    if [ "$TRAIN_TERMINATING" = 1 ] && [ "$REQUEUE_ALLOWED" = 0 ]; then
+        train_cancel_rest  # the TERM came while the successor was being submitted
+    fi
     train_wait_step
     trap - USR1
     local rc=$STEP_RC progress

@@ -338,9 +338,10 @@ def _outcome(chain: Chain, chunks: list[dict[str, Any]], events: list[dict[str, 
             where = f"chunk {c['chunk']} (job {c['job_id']})"
             state = "cancelled" if c["state"] == "CANCELLED" else "failed"
             return state, f"{where} ended {c['state']}: {_ENDING_STATES[c['state']]}"
-    if any(c["state"] == "RUNNING" for c in chunks):
-        return "running", f"chunk {max(c['chunk'] for c in chunks)} of at most " \
-                          f"{chain.record.get('max_chunks')}"
+    running = [c["chunk"] for c in chunks if c["state"] == "RUNNING"]
+    if running:
+        return "running", f"chunk {running[-1]} of at most {chain.record.get('max_chunks')} " \
+                          "is running"
     if active:
         return "pending", "waiting in the queue"
     return "ended", "no chunk is queued or running"

@@ -1,0 +1,109 @@
+"""The chain's record read back: ids, events, progress rate, the outcome in words, and the
+status text. Slurm's answers are injected (job_states); everything else is the files a
+chain leaves in its run directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from train.errors import UsageError
+from train.slurm import contract, scheduler
+
+
+def _chain(tmp_path: Path, ids: str, events: str, states: dict[str, str],
+           monkeypatch: pytest.MonkeyPatch, progress: str | None = None,
+           **record: Any) -> dict[str, Any]:
+    run = tmp_path / "run"
+    run.mkdir(exist_ok=True)
+    (run / contract.CHAIN_RECORD).write_text(json.dumps(
+        {"name": "e1", "cluster": "local", "max_chunks": 5, "signal_margin": 300,
+         "time_budget_seconds": 100, **record}))
+    (run / contract.CHAIN_IDS).write_text(ids)
+    (run / contract.CHAIN_EVENTS).write_text(events)
+    if progress is not None:
+        (run / contract.PROGRESS_FILE).write_text(progress)
+    monkeypatch.setattr(scheduler, "job_states", lambda ids: {
+        i: {"state": states.get(i, "UNKNOWN")} for i in ids})
+    return scheduler.chain_status(scheduler.load_chain(run))
+
+
+def test_ids_keep_the_first_id_per_chunk_and_skip_junk() -> None:
+    assert scheduler.parse_ids("1 10\njunk\n2 11\n2 99\n3 x\n\n") == [(1, "10"), (2, "11")]
+
+
+def test_rate_counts_work_per_second_of_each_finished_run() -> None:
+    events = scheduler.parse_events("100 1 10 started 0 0 0\n"
+                                    "150 1 10 stopped 50 200\n"
+                                    "160 2 11 started 0 50 200\n"
+                                    "210 2 11 stopped 150 200\n"
+                                    "220 3 12 started 0 150 200\n")
+    assert scheduler.progress_rate(events) == pytest.approx(150 / 100)
+    assert scheduler.progress_rate(events[:1]) is None
+
+
+def test_a_running_chain_shows_progress_and_an_estimate(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = _chain(tmp_path, "1 10\n2 11\n3 12\n",
+                "100 1 10 started 0 0 0\n150 1 10 extended 11\n150 1 10 stopped 50 200\n"
+                "160 2 11 started 0 50 200\n210 2 11 stopped 150 200\n"
+                "220 3 12 started 0 150 200\n",
+                {"10": "COMPLETED", "11": "COMPLETED", "12": "RUNNING"}, monkeypatch,
+                progress="150 200\n")
+    assert st["state"] == "running" and st["chunks_used"] == 3
+    assert (st["done"], st["total"]) == (150, 200)
+    assert st["eta_seconds"] == 33 and st["chunks_left_estimate"] == 1
+    text = "\n".join(scheduler.format_status(st))
+    assert "progress: 150/200 (75%), 3 of at most 5 chunk(s) used" in text
+    assert "(~1 more chunk(s))" in text
+
+
+@pytest.mark.parametrize(("events", "states", "state", "words"), [
+    ("1 1 10 started 0 0 0\n2 1 10 failed 137\n", {"10": "FAILED", "11": "CANCELLED"},
+     "failed", "exited with code 137"),
+    ("1 1 10 started 0 0 0\n2 1 10 timeout 61\n", {"10": "TIMEOUT", "11": "CANCELLED"},
+     "failed", "raise --signal-margin"),
+    ("1 1 10 started 0 0 0\n2 1 10 terminated 12\n", {"10": "CANCELLED", "11": "CANCELLED"},
+     "cancelled", "cancelled (scancel) after 12 s"),
+    ("1 1 10 started 0 0 0\n", {"10": "NODE_FAIL", "11": "CANCELLED"},
+     "failed", "NODE_FAIL: node failure"),
+    ("1 1 10 started 0 0 0\n", {"10": "OUT_OF_MEMORY", "11": "CANCELLED"},
+     "failed", "out of host memory"),
+    ("1 1 10 started 0 0 0\n2 1 10 no_progress 40 100\n",
+     {"10": "COMPLETED", "11": "CANCELLED"}, "stalled", "done/total now 40/100"),
+    ("1 1 10 started 0 0 0\n2 1 10 incomplete 90 100\n", {"10": "COMPLETED"},
+     "incomplete", "larger --max-chunks"),
+    ("1 1 10 started 0 0 0\n2 1 10 complete 100 100\n",
+     {"10": "COMPLETED", "11": "CANCELLED"}, "complete", "the work is done"),
+    ("1 1 10 started 0 0 0\n2 0 10 cancelled by-user\n3 1 10 terminated 5\n",
+     {"10": "CANCELLED", "11": "CANCELLED"}, "cancelled", "train cancel"),
+    # a requeued job: terminated, then started again, and now waiting to run
+    ("1 1 10 started 0 0 0\n2 1 10 terminated 9\n3 1 10 started 1 20 100\n",
+     {"10": "RUNNING", "11": "PENDING"}, "running", "chunk 1 of at most 5 is running"),
+    ("1 1 10 started 0 0 0\n2 1 10 terminated 9\n", {"10": "PENDING", "11": "PENDING"},
+     "pending", "waiting"),
+])
+def test_the_outcome_names_what_happened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         events: str, states: dict[str, str], state: str,
+                                         words: str) -> None:
+    st = _chain(tmp_path, "1 10\n2 11\n", events, states, monkeypatch)
+    assert st["state"] == state, st
+    assert words in st["cause"], st["cause"]
+
+
+@pytest.mark.parametrize("text", ["", "{", "[1, 2]", '{"chunks": []}'])
+def test_a_broken_record_is_a_clear_error(tmp_path: Path, text: str) -> None:
+    (tmp_path / contract.CHAIN_RECORD).write_text(text)
+    with pytest.raises(UsageError, match="chain"):
+        scheduler.load_chain(tmp_path)
+
+
+def test_junk_in_the_events_and_ids_is_skipped(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    st = _chain(tmp_path, "1 10\n\x00junk\n", "garbage line\n1 1 10 started 0 0 0\n\xff\n",
+                {"10": "RUNNING"}, monkeypatch)
+    assert st["state"] == "running"
+    assert [c["job_id"] for c in st["chunks"]] == ["10"]
