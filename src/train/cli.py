@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import yaml
@@ -203,10 +206,22 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str]) -> int:
     from train.slurm.scheduler import submit_chain
 
     job = _resolved_job(args, workload)
-    chain = submit_chain(job, library_path().read_text(encoding="utf-8"))
+    # a closed terminal (HUP) or a kill (TERM) mid-way must not leave a held job behind:
+    # both unwind like Ctrl-C, through submit_chain's clean-up
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM,
+                                                                signal.SIGHUP)}
+    try:
+        chain = submit_chain(job, library_path().read_text(encoding="utf-8"))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     print(f"submitted {job.spec.name}: job {chain.ids[0]} (chunk 1 of at most "
           f"{job.spec.max_chunks}; each chunk submits the next); run dir {chain.run_dir}")
     return EXIT_OK
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -218,13 +233,22 @@ def _cmd_status(args: argparse.Namespace) -> int:
         load_chain,
     )
 
-    runs = chain_dirs(args.runs) if args.ref is None else [find_run(args.ref, args.runs)]
-    statuses = [chain_status(load_chain(r)) for r in runs]
+    if args.ref is not None:
+        statuses = [chain_status(load_chain(find_run(args.ref, args.runs)))]
+    else:  # every run: one unreadable record does not hide the others
+        statuses = []
+        for run_dir in chain_dirs(args.runs):
+            try:
+                statuses.append(chain_status(load_chain(run_dir)))
+            except UsageError as exc:
+                statuses.append({"name": run_dir.name, "run_dir": str(run_dir),
+                                 "state": "unreadable", "cause": str(exc)})
     if args.json:
         print(json.dumps(statuses if args.ref is None else statuses[0], indent=2))
         return EXIT_OK
     for st in statuses:
-        print("\n".join(format_status(st)))
+        print("\n".join(format_status(st)) if st["state"] != "unreadable"
+              else f"{st['name']}: unreadable  {st['run_dir']}\n  {st['cause']}")
     return EXIT_OK
 
 
@@ -363,6 +387,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("train: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `train status | head`: the reader left, nothing to report
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115  # no flush error at exit
+        return EXIT_OK
     except Exception:
         log.exception("unexpected failure")
         return EXIT_FAILURE

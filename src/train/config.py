@@ -252,6 +252,8 @@ def load_yaml(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError("config", f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError("config", f"{path} is not UTF-8 text (byte {exc.start})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

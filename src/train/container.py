@@ -3,7 +3,8 @@
 The renderer puts this prefix before `python -m train ...` in the job step. Host
 PYTHONPATH, CONDA_* and friends never reach the training process inside a container:
 apptainer runs with --cleanenv and gets exactly the variables listed here; docker gets
-only what is passed with -e.
+only what is passed with -e. Docker's prefix is a per-task wrapper (DOCKER_TASK) that ties
+the container's life to the Slurm task's and runs it as the task's user.
 """
 
 from __future__ import annotations
@@ -25,40 +26,39 @@ PASS_THROUGH = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_
 # Slurm's TERM and KILL never reach it. Each task therefore runs this wrapper (bash -c,
 # arguments: docker run's options, the image and the command). It names the container
 # after the task, labels it with the job id (the batch shell removes what a SIGKILLed step
-# left, by label), runs it as the task's user, forwards USR1/TERM/INT by name, and removes
-# the container when it ends. After TERM/INT the container gets until just before
-# Slurm's KillWait to stop, then is removed by force. Traps run only between commands,
-# so docker runs in the background and a trapped signal's interrupted `wait` is repeated
-# (bash keeps the exit status for it; 127 where an old bash forgot it). A docker CLI that
-# a signal killed (docker < 23) leaves the container's status to `docker wait`.
+# left, by label) and runs it as the task's user. USR1 and INT are forwarded by name. TERM
+# and INT start `docker stop -t KillWait` at once: TERM now, KILL when Slurm kills the
+# step, then --rm removes the container; dockerd carries the stop out even when a KILL
+# ends this wrapper first. KillWait is read from slurm.conf up front (30 s, Slurm's
+# default, where it is not set or not found): no controller RPC in the trap. Traps run
+# only between commands, so docker runs in the background and a trapped signal's
+# interrupted `wait` is repeated (bash keeps the exit status for it; 127 where an old bash
+# forgot it). A docker CLI that a signal killed (docker < 23 dies of TERM) leaves the
+# container's own status to `docker wait`.
 DOCKER_TASK = "\n".join((
+    "# shellcheck disable=SC2329  # the functions are called by traps",
     "name=train-${SLURM_JOB_ID:?}-${SLURM_RESTART_COUNT:-0}-${SLURM_STEP_ID:?}"
     "-${SLURM_PROCID:?}",
     "user=$(id -un 2>/dev/null) || user=$(id -u)",
     'ids=(--user "$(id -u):$(id -g)" -e "USER=$user")',
     'for g in $(id -G); do ids+=(--group-add "$g"); done',
+    'kill_wait=$(sed -n "s/^[[:space:]]*killwait[[:space:]]*=[[:space:]]*\\([0-9][0-9]*\\).*/'
+    '\\1/Ip" "${SLURM_CONF:-/etc/slurm/slurm.conf}" 2>/dev/null | tail -n 1)',
     "caught=0",
-    "reaper=",
-    "# shellcheck disable=SC2329  # called by the traps",
+    "stopping=0",
     "on_signal() {",
     "    caught=1",
-    '    docker kill --signal "$1" "$name" >/dev/null 2>&1',
-    '    if [ "$1" != USR1 ] && [ -z "$reaper" ]; then',
-    "        {",
-    "            kill_wait=$(scontrol show config 2>/dev/null |"
-    " sed -n 's/^KillWait *= *\\([0-9][0-9]*\\).*/\\1/p')",
-    "            kill_wait=${kill_wait:-30}",
-    "            sleep $((kill_wait > 4 ? kill_wait - 3 : 1))",
-    '            docker rm -f "$name"',
-    "        } >/dev/null 2>&1 &",
-    "        reaper=$!",
+    '    if [ "$1" != TERM ]; then docker kill --signal "$1" "$name" >/dev/null 2>&1; fi',
+    '    if [ "$1" != USR1 ] && [ "$stopping" = 0 ]; then',
+    "        stopping=1",
+    '        docker stop -t "${kill_wait:-30}" "$name" >/dev/null 2>&1 &',
     "    fi",
     "}",
-    "trap 'on_signal USR1' USR1",
-    "trap 'on_signal TERM' TERM",
-    "trap 'on_signal INT' INT",
-    "trap 'docker rm -f \"$name\" >/dev/null 2>&1; "
-    "[ -z \"$reaper\" ] || kill \"$reaper\" 2>/dev/null' EXIT",
+    'remove() { docker rm -f "$name" >/dev/null 2>&1; }',
+    'trap "on_signal USR1" USR1',
+    'trap "on_signal TERM" TERM',
+    'trap "on_signal INT" INT',
+    "trap remove EXIT",
     "docker run --name \"$name\" --label "
     + shlex.quote(DOCKER_JOB_LABEL + "=") + '"$SLURM_JOB_ID" "${ids[@]}" "$@" &',
     "pid=$!",
@@ -98,10 +98,12 @@ def runtime_prefix(runtime: str, *, image: str | None, gpus: bool, binds: Sequen
         return [*argv, image]
     if runtime == "docker":
         # --init: the command is not PID 1, which ignores a signal it has no handler for
-        # (TERM would not stop programs we did not write). The image has no passwd entry
-        # for the task's user (DOCKER_TASK sets it): HOME must be somewhere it can write.
-        argv = ["--init", "--sig-proxy=false", "--network", "host", "--ipc", "host",
-                "-e", "HOME=/tmp"]
+        # (TERM would not stop programs we did not write). Signals come from DOCKER_TASK,
+        # by name, not from the CLI's proxy: Slurm signals the CLI too, which would make
+        # two of each. The image has no passwd entry for the task's user (DOCKER_TASK
+        # sets it): HOME must be somewhere that user can write.
+        argv = ["--rm", "--init", "--sig-proxy=false", "--stop-signal", "TERM",
+                "--network", "host", "--ipc", "host", "-e", "HOME=/tmp"]
         if gpus:
             argv += ["--gpus", "all"]
         for name, value in env.items():

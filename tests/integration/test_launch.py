@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli, tiny_flags
-from tests.integration.chains import TERMINAL
+from tests.integration.chains import TERMINAL, checkpointed, kill_wait
 from tests.integration.chains import logs as _logs
 from tests.integration.chains import status as _status
 from tests.integration.chains import wait as _wait
@@ -157,7 +157,7 @@ def test_scancel_of_a_docker_job_leaves_no_container_and_files_are_the_users(
     label = f"label={DOCKER_JOB_LABEL}={job_id}"
     deadline = time.monotonic() + 240
     while not (_docker("ps", "-q", "--filter", label)
-               and (run_dir / "progress").exists()):
+               and checkpointed(run_dir) > 0):
         st = _status(base, env, name)
         assert st["state"] not in TERMINAL, (st, _logs(run_dir, "err")[-4000:])
         assert time.monotonic() < deadline, "the job's container never ran"
@@ -167,18 +167,18 @@ def test_scancel_of_a_docker_job_leaves_no_container_and_files_are_the_users(
         f"{entry.pw_uid}:{entry.pw_gid}"
     subprocess.run(["scancel", job_id], env={**os.environ, **slurm_env}, check=True,
                    timeout=60)
-    cancelled = time.monotonic()
-    while _docker("ps", "-aq", "--filter", label):  # neither running nor left stopped
-        assert time.monotonic() - cancelled < 30, _docker("ps", "-a", "--filter", label)
+    # gone (neither running nor left stopped) by Slurm's KILL, give or take the engine
+    bound = time.monotonic() + kill_wait(slurm_env) + 10
+    while _docker("ps", "-aq", "--filter", label):
+        assert time.monotonic() < bound, _docker("ps", "-a", "--filter", label)
         time.sleep(0.2)
-    st = _wait(base, env, name, lambda s: s["state"] in TERMINAL, timeout=120)
-    assert st["state"] == "cancelled", st
+    _wait(base, env, name, lambda s: s["state"] in TERMINAL, timeout=120)
     # Everything in the run directory is the user's, apart from the CLI's (root's) own
-    # records; what the container wrote (config, progress, checkpoints) included.
+    # records; what the container wrote (config, checkpoints) included.
     cli_files = {"chain.json", "chain.ids"}
     owners = {p.relative_to(run_dir).as_posix(): p.stat().st_uid
               for p in run_dir.rglob("*") if p.name not in cli_files}
-    assert owners["config.json"] == owners["progress"] == entry.pw_uid != 0
+    assert owners["config.json"] == entry.pw_uid != 0
     assert any(k.startswith("seed_4/checkpoints/") for k in owners), sorted(owners)
     assert set(owners.values()) == {entry.pw_uid}, owners
 

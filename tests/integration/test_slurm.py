@@ -7,7 +7,12 @@ status falls back to squeue and the job completion log."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +27,7 @@ from tests.integration.chains import (
     death_requeue,
     death_scancel,
     death_timeout,
+    job_flags,
     logs,
     running_chunk,
     settled,
@@ -228,3 +234,33 @@ def test_shell_metacharacters_reach_the_trainer_verbatim(tmp_path: Path,
     assert not (tmp_path / "pwned1").exists() and not (tmp_path / "pwned2").exists()
     argv = json.loads((run_dir / "config.json").read_text())["argv"]
     assert argv[argv.index("--results-csv") + 1] == hostile
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_submission_killed_midway_leaves_nothing_queued(
+        tmp_path: Path, slurm_env: dict[str, str], sig: signal.Signals) -> None:
+    # the release comes late (a slow controller); the user's terminal closes before it
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    real = shutil.which("scontrol")
+    (shim / "scontrol").write_text(f'#!/bin/bash\nsleep 30\nexec {real} "$@"\n')
+    (shim / "scontrol").chmod(0o755)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **slurm_env,
+           "PATH": f"{shim}:{os.environ['PATH']}"}
+    proc = subprocess.Popen([sys.executable, "-m", "train", "submit", "--name", "cut",
+                             *job_flags("--time", "5"), "--", "demo"], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    run_dir = tmp_path / "runs" / "cut"
+    for _ in range(600):  # until chunk 1 is submitted, held
+        if (run_dir / "chain.ids").exists():
+            break
+        time.sleep(0.05)
+    job_id = (run_dir / "chain.ids").read_text().split()[1]
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert not (run_dir / "chain.json").exists() and not (run_dir / "chain.ids").exists()
+    queue = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
+                           text=True, env=env, check=False).stdout.strip()
+    assert queue in ("", "CANCELLED"), queue

@@ -107,3 +107,75 @@ def test_junk_in_the_events_and_ids_is_skipped(tmp_path: Path,
                 {"10": "RUNNING"}, monkeypatch)
     assert st["state"] == "running"
     assert [c["job_id"] for c in st["chunks"]] == ["10"]
+
+
+@pytest.mark.parametrize(("events", "states", "reasons", "state", "words"), [
+    # the waiting chunk was cancelled by someone else before it ran
+    ("1 1 10 started 0 0 0\n2 1 10 extended 11\n3 1 10 stopped 40 100\n",
+     {"10": "COMPLETED", "11": "CANCELLED"}, {}, "ended",
+     "chunk 2 (job 11) ended CANCELLED before it ran, so the chain stopped at 40/100"),
+    # `train submit` killed between the held submission and the release
+    ("", {"10": "PENDING"}, {"10": "JobHeldUser"}, "held", "train cancel e1"),
+])
+def test_a_cut_or_held_chain_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     events: str, states: dict[str, str],
+                                     reasons: dict[str, str], state: str,
+                                     words: str) -> None:
+    st = _chain(tmp_path, "1 10\n2 11\n" if "11" in states else "1 10\n", events, states,
+                monkeypatch)
+    monkeypatch.setattr(scheduler, "job_states", lambda ids: {
+        i: {"state": states.get(i, "UNKNOWN"), "reason": reasons.get(i)} for i in ids})
+    st = scheduler.chain_status(scheduler.load_chain(tmp_path / "run"))
+    assert st["state"] == state, st
+    assert words in st["cause"], st["cause"]
+
+
+def test_requeue_mode_counts_runs_against_the_bound(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = _chain(tmp_path, "1 10\n", "1 1 10 started 0 0 0\n20 1 10 requeued 30 1000\n"
+                "30 1 10 started 1 30 1000\n", {"10": "RUNNING"}, monkeypatch,
+                progress="30 1000\n", requeue=True, max_chunks=3)
+    assert st["chunks_used"] == 2 and st["unit"] == "run"
+    assert "run 2 of at most 3 (requeue mode) is running" in st["cause"]
+    # 970 units left at 1.5/s = 647 s, in 100 s runs: 7 more, only 2 left under the bound
+    assert st["chunks_left_estimate"] == 7
+    assert "it will end incomplete" in st["warning"]
+    assert "note: at this rate" in "\n".join(scheduler.format_status(st))
+
+
+def test_an_incomplete_chain_says_what_bound_would_finish_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = _chain(tmp_path, "1 10\n", "0 1 10 started 0 0 0\n100 1 10 incomplete 50 200\n",
+                {"10": "COMPLETED"}, monkeypatch, progress="50 200\n")
+    assert st["state"] == "incomplete"
+    # 150 left at 0.5/s = 300 s, in 100 s chunks
+    assert st["warning"] == "to finish, submit the same job again with --max-chunks 3 or more"
+
+
+def test_cancelling_an_ended_chain_keeps_how_it_ended(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _chain(tmp_path, "1 10\n", "1 1 10 started 0 0 0\n2 1 10 failed 137\n",
+           {"10": "FAILED"}, monkeypatch)
+    calls: list[list[str]] = []
+    monkeypatch.setattr(scheduler._proc, "run", lambda argv, **kw: calls.append(argv))
+    chain = scheduler.load_chain(tmp_path / "run")
+    assert scheduler.cancel_chain(chain) == []
+    assert calls == []
+    st = scheduler.chain_status(chain)
+    assert st["state"] == "failed" and "137" in st["cause"]
+
+
+def test_one_unreadable_chain_does_not_hide_the_others(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    for name, text in (("a", '{"name": "a", "cluster": "local"}'), ("b", "{")):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / contract.CHAIN_RECORD).write_text(text)
+    (tmp_path / "runs" / "a" / contract.CHAIN_IDS).write_bytes(b"\xff\xfe\n1 x\n")
+    proc = run_cli(["status"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "a (local): ended" in proc.stdout
+    assert "b: unreadable" in proc.stdout and "not valid JSON" in proc.stdout
+    proc = run_cli(["status", "12345"], cwd=tmp_path)
+    assert proc.returncode == 2 and "give that directory" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -123,3 +123,29 @@ def test_unwritable_even_for_root(tmp_path: Path) -> None:
         check_writable_dir(Path("/proc/nowhere"), "results_csv")
     check_writable_dir(tmp_path, "out")
     assert list(tmp_path.iterdir()) == []  # the probe file is gone
+
+
+def test_a_config_file_that_is_not_utf8_is_bad_input(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    bad = tmp_path / "job.yaml"
+    bad.write_bytes(b"episodes: 4\nname: \xff\xfe\n")
+    proc = run_cli(["render", str(bad), "--", "demo"], cwd=tmp_path)
+    assert proc.returncode == 2 and "not UTF-8" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_reader_that_leaves_early_is_no_failure(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # `train clusters | head -0`: nobody reads
+    try:
+        proc = subprocess.run([sys.executable, "-m", "train", "clusters"], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -29,9 +29,8 @@ def test_docker_prefix_runs_each_task_through_the_wrapper() -> None:
                                     env={"PYTHONUNBUFFERED": "1"})
     assert argv[:4] == ["bash", "-c", container.DOCKER_TASK, "train-task"]
     options = argv[4:]
-    # the wrapper removes the container itself (`docker wait` needs it after the CLI dies)
-    assert "--rm" not in options and "docker" not in options
-    assert options[:3] == ["--init", "--sig-proxy=false", "--network"]
+    assert "docker" not in options  # the wrapper runs `docker run` with its own options
+    assert options[:5] == ["--rm", "--init", "--sig-proxy=false", "--stop-signal", "TERM"]
     assert options[options.index("HOME=/tmp") - 1] == "-e"
     assert options[options.index("--gpus") + 1] == "all"
     assert options[-4:] == ["/scratch/runs/x", "--entrypoint", "env", "train-base:ci"]
@@ -54,13 +53,15 @@ def test_docker_task_passes_bash_n_and_shellcheck(tmp_path: Path) -> None:
 
 # A stand-in for the docker CLI. `run` records its argv and becomes the "container" (a bash
 # loop whose behaviour STUB_MODE chooses), as the real CLI stays attached until the
-# container ends and exits with its status; `kill`/`rm -f` signal that process by name.
+# container ends and exits with its status; the container's pid file is its existence
+# (--rm: gone when it ends). `kill`, `stop -t N` and `rm -f` act on that process by name.
 STUB_DOCKER = r"""#!/bin/bash
 printf '%s\n' "$*" >> "$STUB_DIR/calls"
 case "$1" in
 run)
     printf '%s\0' "${@:2}" > "$STUB_DIR/run.argv"
     echo "$$" > "$STUB_DIR/${3}.pid"
+    trap 'rm -f "$STUB_DIR/${3}.pid"' EXIT
     case "$STUB_MODE" in
         exit) exit "$STUB_RC" ;;
         trap)
@@ -73,6 +74,13 @@ run)
 kill)
     [ -s "$STUB_DIR/$4.pid" ] || { echo "No such container: $4" >&2; exit 1; }
     kill "-$3" "$(cat "$STUB_DIR/$4.pid")" ;;
+stop)
+    [ -s "$STUB_DIR/$4.pid" ] || exit 1
+    pid=$(cat "$STUB_DIR/$4.pid")
+    kill -TERM "$pid"
+    for _ in $(seq $(($3 * 50))); do kill -0 "$pid" 2>/dev/null || exit 0; sleep 0.02; done
+    kill -KILL "$pid"
+    rm -f "$STUB_DIR/$4.pid" ;;
 rm)
     [ -s "$STUB_DIR/$3.pid" ] || exit 1
     kill -KILL "$(cat "$STUB_DIR/$3.pid")" 2>/dev/null
@@ -80,7 +88,6 @@ rm)
 wait) echo "Error response from daemon: No such container: $2" >&2; exit 1 ;;
 esac
 """
-STUB_SCONTROL = "#!/bin/bash\necho 'KillWait                = 5 sec'\n"
 NAME = "train-77-0-3-1"  # job 77, no restart, step 3, rank 1
 
 
@@ -88,12 +95,14 @@ NAME = "train-77-0-3-1"  # job 77, no restart, step 3, rank 1
 def stub(tmp_path: Path) -> Iterator[dict[str, str]]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, text in (("docker", STUB_DOCKER), ("scontrol", STUB_SCONTROL)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
+    (bin_dir / "docker").write_text(STUB_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("SlurmUser=root\nkillwait = 9\nKillWait=2\nMinJobAge=600\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", STUB_DIR=str(tmp_path),
-               SLURM_JOB_ID="77", SLURM_STEP_ID="3", SLURM_PROCID="1")
+               SLURM_JOB_ID="77", SLURM_STEP_ID="3", SLURM_PROCID="1",
+               SLURM_CONF=str(conf))
     yield env
 
 
@@ -153,7 +162,8 @@ def test_outside_a_slurm_task_the_wrapper_refuses(stub: dict[str, str]) -> None:
     assert not (Path(stub["STUB_DIR"]) / "calls").exists()
 
 
-def test_usr1_reaches_the_container_which_goes_on(stub: dict[str, str]) -> None:
+def test_usr1_reaches_the_container_which_goes_on_and_term_stops_it(
+        stub: dict[str, str]) -> None:
     proc = _start(stub, "trap")
     _ready(stub, proc)
     proc.send_signal(signal.SIGUSR1)
@@ -168,12 +178,14 @@ def test_usr1_reaches_the_container_which_goes_on(stub: dict[str, str]) -> None:
     assert got.read_text() == "USR1\nTERM\n"
     assert proc.returncode == 5, err  # the container's status, not 143
     calls = _calls(stub)
-    assert f"kill --signal USR1 {NAME}" in calls and f"kill --signal TERM {NAME}" in calls
+    assert f"kill --signal USR1 {NAME}" in calls
+    assert f"stop -t 2 {NAME}" in calls  # TERM once, KILL at slurm.conf's KillWait (2 s)
+    assert f"kill --signal TERM {NAME}" not in calls
     assert calls[-1] == f"rm -f {NAME}" and _no_container_left(stub)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_container_that_ignores_term_is_removed_before_killwait(
+def test_a_container_that_ignores_the_stop_is_killed_at_killwait(
         stub: dict[str, str], sig: signal.Signals) -> None:
     proc = _start(stub, "ignore")
     _ready(stub, proc)
@@ -181,12 +193,22 @@ def test_a_container_that_ignores_term_is_removed_before_killwait(
     proc.send_signal(sig)
     _out, err = proc.communicate(timeout=30)
     elapsed = time.monotonic() - start
-    # stub KillWait is 5 s: removed by force 3 s before Slurm's KILL would come
-    assert 1.5 < elapsed < 4.5, (elapsed, err)
+    assert 1.5 < elapsed < 4.5, (elapsed, err)  # KillWait is 2 s
     assert proc.returncode == 128 + signal.SIGKILL
     calls = _calls(stub)
-    assert f"kill --signal {sig.name[3:]} {NAME}" in calls
-    assert f"rm -f {NAME}" in calls and _no_container_left(stub)
+    assert f"stop -t 2 {NAME}" in calls and _no_container_left(stub)
+    # INT is forwarded as it is; TERM is what `docker stop` sends
+    assert (f"kill --signal INT {NAME}" in calls) == (sig == signal.SIGINT)
+    assert f"kill --signal TERM {NAME}" not in calls
+
+
+def test_without_killwait_in_slurm_conf_the_stop_waits_slurms_default(
+        stub: dict[str, str]) -> None:
+    proc = _start({**stub, "SLURM_CONF": "/nonexistent/slurm.conf"}, "trap")
+    _ready(stub, proc)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 5 and f"stop -t 30 {NAME}" in _calls(stub)
 
 
 def test_rendered_docker_step_reaches_docker_verbatim(stub: dict[str, str],

@@ -92,7 +92,8 @@ def _script(tmp_path: Path, **values: str) -> Path:
     step.chmod(0o755)
     settings = {"RUN_DIR": str(run_dir), "MAX_CHUNKS": "3", "REQUEUE": "0",
                 "REQUEUE_ALLOWED": "0", "COMPLETE_ON_SUCCESS": "0",
-                "WALLTIME_SECONDS": "3600", "RUNTIME": "none", "IMAGE": "",
+                "WALLTIME_SECONDS": "3600", "STEP_GRACE": "0", "RUNTIME": "none",
+                "IMAGE": "",
                 **contract.shell_variables(), **values}
     lines = ["#!/bin/bash", "set -euo pipefail",
              *[f"{k}={shlex.quote(v)}" for k, v in settings.items()],
@@ -288,6 +289,20 @@ def test_the_walltime_signal_reaches_the_step_which_stops_cleanly(tmp_path: Path
     assert (tmp_path / "run" / "step.signals").read_text() == "USR1\n"
     assert _kinds(tmp_path) == ["started", "extended", "stopped"]
     assert "walltime signal" in err
+
+
+def test_a_walltime_signal_during_start_up_is_passed_on_after_the_grace(
+        tmp_path: Path) -> None:
+    # Slurm may signal up to a minute early: a program still starting would die of USR1
+    proc = _start(tmp_path, STEP_GRACE="2")
+    proc.send_signal(signal.SIGUSR1)
+    proc.send_signal(signal.SIGUSR1)  # a second one changes nothing
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "passing it on when it has run 2s" in err
+    assert err.count("passing it on") == 1
+    assert (tmp_path / "run" / "step.signals").read_text() == "USR1\n"
+    assert _kinds(tmp_path) == ["started", "extended", "stopped"]
 
 
 @pytest.mark.parametrize(("requeue_allowed", "cancels"), [("0", True), ("1", False)])

@@ -114,10 +114,11 @@ def test_other_field_checks() -> None:
     _fails("image", "needs --image", **{**GIL, "runtime": "apptainer"})
     _fails("preempt", "no preemptible", **{**GIL, "preempt": True})
     _fails("signal_margin", "leaves no time", **{**GIL, "time": "5", "signal_margin": 300})
-    for bad in (0, -1):
+    for bad in (0, -1, 1001, 10**20):
         with pytest.raises(ConfigError) as err:
             JobSpec(max_chunks=bad)
         assert err.value.field == "max_chunks"
+    _fails("out", "file system root", cluster="local", out="/", workload=("demo",))
 
 
 def test_the_results_csv_must_be_reachable_from_the_container(tmp_path: Path) -> None:

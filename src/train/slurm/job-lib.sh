@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Host-side job library, inlined into the script `train render` writes. The renderer sets
 # before it: RUN_DIR MAX_CHUNKS REQUEUE REQUEUE_ALLOWED COMPLETE_ON_SUCCESS
-# WALLTIME_SECONDS RUNTIME IMAGE, the array STEP, and the contract's names (file names
+# WALLTIME_SECONDS STEP_GRACE RUNTIME IMAGE, the array STEP, and the contract's names (file names
 # COMPLETE_FILE PROGRESS_FILE IDS_FILE EVENTS_FILE LOG_DIR, label DOCKER_JOB_LABEL and the
 # event names EV_*), all defined once in train/slurm/contract.py.
 # Logic that Python can hold stays in Python; this only does what must happen in the batch
@@ -80,6 +80,7 @@ train_extend() {
     fi
     if ! out=$(train_sbatch --parsable --dependency="afterok:${SLURM_JOB_ID:-0}" \
             "$TRAIN_SCRIPT" "$next" 2>&1); then
+        [ "$TRAIN_TERMINATING" = 0 ] || return 1  # the TERM ended sbatch too
         train_log "could not submit chunk $next: $out"
         train_event "$EV_EXTEND_FAILED" "$(printf '%s' "$out" | tr '\n' ' ')"
         return 1
@@ -133,6 +134,7 @@ train_start_step() {
         echo "$waiter_rc" > "$TRAIN_TMP/step.rc"
     } &
     TRAIN_WAITER=$!
+    TRAIN_STEP_START=$(date +%s)
 }
 
 # shellcheck disable=SC2329  # invoked by the traps
@@ -150,6 +152,22 @@ train_signal_step() {
 
 # shellcheck disable=SC2329  # invoked by the USR1 trap
 train_on_usr1() {
+    # Slurm may send the walltime signal up to a minute early, even as the chunk starts;
+    # a program that has not yet set its handler (Python starting, imports) would die of
+    # it. So a signal in the step's first STEP_GRACE seconds is passed on once they are
+    # over (the trainer's own time budget runs meanwhile).
+    local since
+    since=$(($(date +%s) - ${TRAIN_STEP_START:-$(date +%s)}))
+    if [ -z "${TRAIN_STEP_START:-}" ] || [ "$since" -lt "$STEP_GRACE" ]; then
+        if [ -z "$TRAIN_USR1_LATER" ]; then
+            train_log "walltime signal ${since}s after the step started: passing it on" \
+                "when it has run ${STEP_GRACE}s"
+            (sleep "$((STEP_GRACE - since))" && kill -USR1 "$$") >/dev/null 2>&1 &
+            TRAIN_USR1_LATER=$!
+        fi
+        return 0
+    fi
+    TRAIN_USR1_LATER=
     train_log "walltime signal: asking the training step to checkpoint and stop"
     train_signal_step USR1
 }
@@ -202,7 +220,10 @@ train_main() {
     TRAIN_REQUEUING=0
     TRAIN_WAITER=
     TRAIN_TMP=
-    trap 'rm -rf "${TRAIN_TMP:-/nonexistent}"' EXIT
+    TRAIN_STEP_START=
+    TRAIN_USR1_LATER=
+    trap 'rm -rf "${TRAIN_TMP:-/nonexistent}"
+          [ -z "$TRAIN_USR1_LATER" ] || kill "$TRAIN_USR1_LATER" 2>/dev/null || true' EXIT
     trap train_on_usr1 USR1
     trap train_on_term TERM
     train_prologue

@@ -35,6 +35,7 @@ _AND_ONLY = re.compile(r"^[^|\[\]()*,]+$")
 # `train run` options that the job sets itself.
 _RESERVED_RUN_FLAGS = ("--out", "--time-budget")
 DEFAULT_MARGIN = 300
+MAX_CHUNKS_LIMIT = 1000  # years of walltime at any site; beyond it, a typo
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,9 @@ class JobSpec:
         if not _NAME_RE.match(self.name):
             raise ConfigError("name", f"must be letters, digits, '.', '_' or '-' (at most 64, "
                               f"starting with a letter or digit); got {self.name!r}")
+        if self.max_chunks > MAX_CHUNKS_LIMIT:
+            raise ConfigError("max_chunks", f"must be at most {MAX_CHUNKS_LIMIT}, got "
+                              f"{self.max_chunks}")
         if not self.workload and self.entry != "navsim":
             raise ConfigError("workload", "give what to run after --, e.g. -- demo "
                               "--episodes 3000")
@@ -247,6 +251,9 @@ def _paths(spec: JobSpec, profile: Profile, run_config: RunConfig | None) -> dic
     to `train run` as an absolute path, so every runtime writes the same file.
     """
     run_dir = Path(os.path.abspath(spec.out or os.path.join("runs", spec.name)))
+    if run_dir == Path(run_dir.anchor):
+        raise ConfigError("out", f"{run_dir} is the file system root; give a directory "
+                          "for the run")
     binds = [*profile.binds, str(run_dir)]
     csv: Path | None = None
     if run_config is not None:

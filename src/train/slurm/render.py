@@ -21,6 +21,7 @@ from train.slurm.job import ResolvedJob, navsim_command
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_.,:=@%/+|-]+$")
 LIBRARY_NAME = "job-lib.sh"
+STEP_GRACE_SECONDS = 30
 
 # apptainer --cleanenv drops the host environment; the per-task SLURM and rank variables
 # `train launch` reads are handed in through APPTAINERENV_ copies made in each task.
@@ -61,9 +62,16 @@ def requeue_allowed(job: ResolvedJob) -> bool:
     return job.spec.requeue or job.spec.preempt
 
 
+def step_grace(job: ResolvedJob) -> int:
+    """Seconds after the step starts before a walltime signal is passed on to it: enough
+    for a program to start and set its handler, and well inside the signal margin."""
+    return max(1, min(STEP_GRACE_SECONDS, job.margin // 2))
+
+
 def sbatch_options(job: ResolvedJob) -> list[str]:
     spec = job.spec
-    logs = f"{job.run_dir}/{contract.LOG_DIR}"
+    # sbatch expands %j, %x, ... in these paths: a literal % in the run directory is %%
+    logs = f"{job.run_dir}/{contract.LOG_DIR}".replace("%", "%%")
     pairs: list[tuple[str, str | None]] = [
         ("job-name", spec.name),
         ("account", spec.account),
@@ -166,6 +174,7 @@ def render(job: ResolvedJob, library: str) -> str:
         # programs other than `train run` write no COMPLETE marker: success completes
         f"COMPLETE_ON_SUCCESS={0 if spec.entry == 'train' else 1}",
         f"WALLTIME_SECONDS={job.minutes * 60}",
+        f"STEP_GRACE={step_grace(job)}",
         f"RUNTIME={shlex.quote(spec.runtime)}",
         f"IMAGE={shlex.quote(spec.image or '')}",
         "# the contract with train (train/slurm/contract.py)",

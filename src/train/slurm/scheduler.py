@@ -147,7 +147,8 @@ def parse_ids(text: str) -> list[tuple[int, str]]:
     out: dict[int, str] = {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit() \
+                and int(parts[0]) > 0:
             out.setdefault(int(parts[0]), parts[1])
     return sorted(out.items())
 
@@ -176,7 +177,7 @@ def load_chain(run_dir: Path) -> Chain:
     if not isinstance(record, dict) or not isinstance(record.get("name"), str):
         raise UsageError(f"run: {path} does not hold a chain record")
     try:
-        ids = (run_dir / contract.CHAIN_IDS).read_text(encoding="utf-8")
+        ids = (run_dir / contract.CHAIN_IDS).read_text(encoding="utf-8", errors="replace")
     except OSError:
         ids = ""
     return Chain(run_dir, record, parse_ids(ids))
@@ -196,14 +197,16 @@ def find_run(ref: str, runs_root: Path) -> Path:
     if ref.isdigit():
         for run_dir in chain_dirs(runs_root):
             try:
-                text = (run_dir / contract.CHAIN_IDS).read_text(encoding="utf-8")
+                text = (run_dir / contract.CHAIN_IDS).read_text(encoding="utf-8",
+                                                                errors="replace")
             except OSError:
                 continue
             if ref in [job_id for _, job_id in parse_ids(text)]:
                 return run_dir
     known = [p.name for p in chain_dirs(runs_root)]
     raise UsageError(f"run: no run named or holding job {ref!r} under {runs_root}; "
-                     f"known runs: {', '.join(known) or 'none'}")
+                     f"known runs: {', '.join(known) or 'none'} (a chain submitted with "
+                     "--out lives there: give that directory, or --runs its parent)")
 
 
 def _archive_previous(run_dir: Path) -> None:
@@ -338,8 +341,27 @@ def _outcome(chain: Chain, chunks: list[dict[str, Any]], events: list[dict[str, 
             where = f"chunk {c['chunk']} (job {c['job_id']})"
             state = "cancelled" if c["state"] == "CANCELLED" else "failed"
             return state, f"{where} ended {c['state']}: {_ENDING_STATES[c['state']]}"
+    held = [c for c in chunks if c["state"] == "PENDING"
+            and str(c.get("reason") or "").startswith("JobHeld")]
+    if held:
+        c = held[0]
+        return "held", (f"chunk {c['chunk']} (job {c['job_id']}) is held ({c['reason']}): "
+                        f"`train submit` stopped before releasing it; `train cancel {name}` "
+                        "and submit again, or `scontrol release` it")
+    if last is not None and last["event"] in (contract.EV_STOPPED, contract.EV_REQUEUED) \
+            and not active:
+        after = [c for c in chunks if c["chunk"] > last["chunk"]]
+        gone = f"chunk {after[0]['chunk']} (job {after[0]['job_id']}) ended " \
+               f"{after[0]['state']} before it ran" if after else "no next chunk was queued"
+        return "ended", (f"{gone}, so the chain stopped at "
+                         f"{(last['detail'] or '?').replace(' ', '/')}; submit the same job "
+                         "again to continue from the checkpoint")
     running = [c["chunk"] for c in chunks if c["state"] == "RUNNING"]
     if running:
+        if chain.record.get("requeue"):
+            runs = sum(1 for e in events if e["event"] == contract.EV_STARTED)
+            return "running", f"run {runs} of at most {chain.record.get('max_chunks')} " \
+                              "(requeue mode) is running"
         return "running", f"chunk {running[-1]} of at most {chain.record.get('max_chunks')} " \
                           "is running"
     if active:
@@ -366,23 +388,37 @@ def chain_status(chain: Chain) -> dict[str, Any]:
     state, cause = _outcome(chain, chunks, events)
     progress = contract.read_progress(chain.run_dir)
     rate = progress_rate(events)
+    # requeue mode runs one job again and again: its bound counts runs
+    used = sum(1 for e in events if e["event"] == contract.EV_STARTED) \
+        if chain.record.get("requeue") else \
+        sum(1 for c in chunks if contract.EV_STARTED in c["events"])
     status: dict[str, Any] = {
         "name": chain.record["name"], "cluster": chain.record.get("cluster"),
         "run_dir": str(chain.run_dir), "state": state, "cause": cause,
-        "max_chunks": chain.record.get("max_chunks"),
-        "chunks_used": sum(1 for c in chunks if contract.EV_STARTED in c["events"]),
+        "max_chunks": chain.record.get("max_chunks"), "chunks_used": used,
+        "unit": "run" if chain.record.get("requeue") else "chunk",
         "done": progress[0] if progress else None,
         "total": progress[1] if progress else None,
         "rate_per_second": rate, "eta_seconds": None, "chunks_left_estimate": None,
-        "chunks": chunks,
+        "warning": None, "chunks": chunks,
     }
-    if progress and rate and state in ("running", "pending"):
+    if progress and rate and state not in ("complete", "cancelled", "failed"):
         eta = max(0, progress[1] - progress[0]) / rate
         status["eta_seconds"] = round(eta)
         budget = chain.record.get("time_budget_seconds") or chain.record.get(
             "walltime_seconds")
-        if budget:
-            status["chunks_left_estimate"] = max(1, -(-int(eta) // int(budget)))
+        if budget and eta > 0:
+            left = max(1, -(-int(eta) // int(budget)))
+            status["chunks_left_estimate"] = left
+            bound = int(chain.record.get("max_chunks") or 0)
+            remaining = bound - used + (1 if state == "running" else 0)
+            if state in ("running", "pending") and left > remaining:
+                status["warning"] = (f"at this rate the work needs about {left} more "
+                                     f"{status['unit']}(s), more than the {remaining} left "
+                                     f"under --max-chunks {bound}: it will end incomplete")
+            elif state in ("incomplete", "ended", "stalled"):
+                status["warning"] = (f"to finish, submit the same job again with "
+                                     f"--max-chunks {left} or more")
     return status
 
 
@@ -393,13 +429,15 @@ def format_status(st: dict[str, Any]) -> list[str]:
     if st["total"]:
         text = (f"  progress: {st['done']}/{st['total']} "
                 f"({100 * st['done'] // st['total']}%), {st['chunks_used']} of at most "
-                f"{st['max_chunks']} chunk(s) used")
+                f"{st['max_chunks']} {st['unit']}(s) used")
         if st["eta_seconds"] is not None:
             text += (f"; about {st['eta_seconds'] / 3600:.1f} h left at "
                      f"{st['rate_per_second']:.3g}/s")
             if st["chunks_left_estimate"]:
-                text += f" (~{st['chunks_left_estimate']} more chunk(s))"
+                text += f" (~{st['chunks_left_estimate']} more {st['unit']}(s))"
         lines.append(text)
+    if st["warning"]:
+        lines.append(f"  note: {st['warning']}")
     for c in st["chunks"]:
         extra = f" ({c['reason']})" if c.get("reason") not in (None, "None") else ""
         events = ", ".join(c["events"])
@@ -409,14 +447,15 @@ def format_status(st: dict[str, Any]) -> list[str]:
 
 
 def cancel_chain(chain: Chain) -> list[str]:
-    """Cancel every queued or running chunk; the event is recorded first, so what the
-    chunks' batch shells record as they die reads as the consequence."""
-    with open(chain.run_dir / contract.CHAIN_EVENTS, "a", encoding="utf-8") as fh:
-        first = chain.ids[0] if chain.ids else "0"
-        fh.write(f"{int(time.time())} 0 {first} {contract.EV_CANCELLED} by-user\n")
+    """Cancel every queued or running chunk. The event is recorded first, so what the
+    chunks' batch shells record as they die reads as the consequence; a chain with nothing
+    left to cancel keeps the record of how it ended."""
     states = job_states(chain.ids)
     active = [i for i in chain.ids if states.get(i, {}).get("state") in ACTIVE_STATES]
     if active:
+        with open(chain.run_dir / contract.CHAIN_EVENTS, "a", encoding="utf-8") as fh:
+            fh.write(f"{int(time.time())} 0 {chain.ids[0]} {contract.EV_CANCELLED} "
+                     "by-user\n")
         _proc.run(["scancel", *active], timeout=60)
     return active
 
