@@ -31,10 +31,11 @@ PASS_THROUGH = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_
 # step, then --rm removes the container; dockerd carries the stop out even when a KILL
 # ends this wrapper first. KillWait is read from slurm.conf up front (30 s, Slurm's
 # default, where it is not set or not found): no controller RPC in the trap. Traps run
-# only between commands, so docker runs in the background and a trapped signal's
-# interrupted `wait` is repeated (bash keeps the exit status for it; 127 where an old bash
-# forgot it). A docker CLI that a signal killed (docker < 23 dies of TERM) leaves the
-# container's own status to `docker wait`.
+# only between commands, so docker runs in the background, under a waiter without traps
+# that writes its exit status to a file: bash's own `wait` loses a child's status when a
+# trapped signal interrupts it as the child exits (the same race as in job-lib.sh). The
+# waiter and the docker CLI ignore Slurm's signals (the CLI would die of TERM before
+# docker 23); the container gets them by name from the traps.
 DOCKER_TASK = "\n".join((
     "# shellcheck disable=SC2329  # the functions are called by traps",
     "name=train-${SLURM_JOB_ID:?}-${SLURM_RESTART_COUNT:-0}-${SLURM_STEP_ID:?}"
@@ -44,10 +45,8 @@ DOCKER_TASK = "\n".join((
     'for g in $(id -G); do ids+=(--group-add "$g"); done',
     'kill_wait=$(sed -n "s/^[[:space:]]*killwait[[:space:]]*=[[:space:]]*\\([0-9][0-9]*\\).*/'
     '\\1/Ip" "${SLURM_CONF:-/etc/slurm/slurm.conf}" 2>/dev/null | tail -n 1)',
-    "caught=0",
     "stopping=0",
     "on_signal() {",
-    "    caught=1",
     '    if [ "$1" != TERM ]; then docker kill --signal "$1" "$name" >/dev/null 2>&1; fi',
     '    if [ "$1" != USR1 ] && [ "$stopping" = 0 ]; then',
     "        stopping=1",
@@ -58,20 +57,18 @@ DOCKER_TASK = "\n".join((
     'trap "on_signal USR1" USR1',
     'trap "on_signal TERM" TERM',
     'trap "on_signal INT" INT',
-    "trap remove EXIT",
-    "docker run --name \"$name\" --label "
-    + shlex.quote(DOCKER_JOB_LABEL + "=") + '"$SLURM_JOB_ID" "${ids[@]}" "$@" &',
+    'status=$(mktemp "${TMPDIR:-/tmp}/train-task.XXXXXX")',
+    'trap \'remove; rm -f "$status"\' EXIT',
+    "{",
+    "    trap '' USR1 TERM INT",
+    "    docker run --name \"$name\" --label "
+    + shlex.quote(DOCKER_JOB_LABEL + "=") + '"$SLURM_JOB_ID" "${ids[@]}" "$@"',
+    '    echo "$?" > "$status"',
+    "} &",
     "pid=$!",
-    'wait "$pid"',
-    "rc=$?",
-    'while [ "$caught" = 1 ]; do',
-    "    caught=0",
-    '    wait "$pid" 2>/dev/null',
-    "    again=$?",
-    '    [ "$again" = 127 ] || rc=$again',
-    "done",
-    'if [ "$rc" -gt 128 ] && status=$(docker wait "$name" 2>/dev/null); then rc=$status; fi',
-    'exit "$rc"',
+    'while :; do wait "$pid" 2>/dev/null; kill -0 "$pid" 2>/dev/null || break; done',
+    'read -r rc < "$status" 2>/dev/null || rc=255',
+    'exit "${rc:-255}"',
 ))
 
 

@@ -51,26 +51,63 @@ def test_docker_task_passes_bash_n_and_shellcheck(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout
 
 
-# A stand-in for the docker CLI. `run` records its argv and becomes the "container" (a bash
-# loop whose behaviour STUB_MODE chooses), as the real CLI stays attached until the
+# A stand-in for the docker CLI. `run` records its argv and becomes the "container" (a
+# Python loop whose behaviour STUB_MODE chooses), as the real CLI stays attached until the
 # container ends and exits with its status; the container's pid file is its existence
 # (--rm: gone when it ends). `kill`, `stop -t N` and `rm -f` act on that process by name.
+STUB_CONTAINER = r"""
+import os, signal, sys, time
+folder, name = sys.argv[1], sys.argv[2]
+mode = os.environ.get("STUB_MODE", "")
+
+def done(rc):
+    try:
+        os.unlink(f"{folder}/{name}.pid")
+    except FileNotFoundError:
+        pass
+    sys.exit(rc)
+
+def note(what):
+    with open(f"{folder}/got", "a") as fh:
+        fh.write(what + "\n")
+
+if mode == "exit":
+    done(int(os.environ["STUB_RC"]))
+if mode == "race":  # Slurm's USR1 reaches the task just as the container ends by itself
+    def parent(pid):
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+
+    def is_task(pid):  # the wrapper runs as `bash -c TEXT train-task ...`
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"\0train-task\0" in fh.read()
+
+    task = os.getppid()
+    while is_task(parent(task)):
+        task = parent(task)
+    os.kill(task, signal.SIGUSR1)
+    done(0)
+for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, signal.SIG_DFL)
+if mode == "trap":
+    signal.signal(signal.SIGUSR1, lambda *_: note("USR1"))
+    signal.signal(signal.SIGTERM, lambda *_: (note("TERM"), done(5)))
+elif mode == "ignore":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+open(f"{folder}/ready", "w").close()
+while True:
+    time.sleep(0.02)
+"""
+
 STUB_DOCKER = r"""#!/bin/bash
 printf '%s\n' "$*" >> "$STUB_DIR/calls"
 case "$1" in
 run)
     printf '%s\0' "${@:2}" > "$STUB_DIR/run.argv"
     echo "$$" > "$STUB_DIR/${3}.pid"
-    trap 'rm -f "$STUB_DIR/${3}.pid"' EXIT
-    case "$STUB_MODE" in
-        exit) exit "$STUB_RC" ;;
-        trap)
-            trap 'echo USR1 >> "$STUB_DIR/got"' USR1
-            trap 'echo TERM >> "$STUB_DIR/got"; exit 5' TERM ;;
-        ignore) trap '' TERM INT ;;
-    esac
-    touch "$STUB_DIR/ready"
-    while :; do sleep 0.02; done ;;
+    # the "container": its own signal dispositions, whatever the CLI inherited
+    exec python3 -c "$STUB_CONTAINER" "$STUB_DIR" "$3" ;;
 kill)
     [ -s "$STUB_DIR/$4.pid" ] || { echo "No such container: $4" >&2; exit 1; }
     kill "-$3" "$(cat "$STUB_DIR/$4.pid")" ;;
@@ -102,7 +139,7 @@ def stub(tmp_path: Path) -> Iterator[dict[str, str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", STUB_DIR=str(tmp_path),
                SLURM_JOB_ID="77", SLURM_STEP_ID="3", SLURM_PROCID="1",
-               SLURM_CONF=str(conf))
+               SLURM_CONF=str(conf), STUB_CONTAINER=STUB_CONTAINER)
     yield env
 
 
@@ -232,3 +269,15 @@ def test_rendered_docker_step_reaches_docker_verbatim(stub: dict[str, str],
     assert argv[argv.index("--entrypoint"):argv.index("--entrypoint") + 3] == [
         "--entrypoint", "env", "train-base:ci"]
     assert argv[:2] == ["--name", NAME]
+
+
+def test_a_signal_as_the_container_ends_never_changes_its_exit_status(
+        stub: dict[str, str]) -> None:
+    # the task's status is the container's even when a trap runs as the container ends
+    codes = []
+    for _ in range(60):
+        proc = subprocess.run(["bash", "-c", container.DOCKER_TASK, "train-task", "--init",
+                               "img", "python3"], env={**stub, "STUB_MODE": "race"},
+                              capture_output=True, text=True, timeout=30, check=False)
+        codes.append(proc.returncode)
+    assert set(codes) == {0}, codes

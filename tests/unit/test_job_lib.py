@@ -271,7 +271,8 @@ def _start(tmp_path: Path, **values: str) -> subprocess.Popen[str]:
     script = _script(tmp_path, **values)
     env = {**_env(tmp_path), "STEP_MODE": "wait"}
     proc = subprocess.Popen(["bash", str(script), "1"], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
     ready = tmp_path / "run" / "step.ready"
     for _ in range(500):
         if ready.exists() and "extended" in _kinds(tmp_path):
@@ -309,7 +310,7 @@ def test_a_walltime_signal_during_start_up_is_passed_on_after_the_grace(
 def test_term_before_the_walltime_is_recorded_and_lets_the_step_checkpoint(
         tmp_path: Path, requeue_allowed: str, cancels: bool) -> None:
     proc = _start(tmp_path, REQUEUE_ALLOWED=requeue_allowed)
-    proc.send_signal(signal.SIGTERM)
+    os.killpg(proc.pid, signal.SIGTERM)  # as Slurm does: every process of the job
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 143, err
     assert "TERM" in (tmp_path / "run" / "step.signals").read_text()
@@ -322,7 +323,7 @@ def test_term_before_the_walltime_is_recorded_and_lets_the_step_checkpoint(
 
 def test_term_at_the_walltime_is_recorded_as_a_timeout(tmp_path: Path) -> None:
     proc = _start(tmp_path, WALLTIME_SECONDS="5")
-    proc.send_signal(signal.SIGTERM)
+    os.killpg(proc.pid, signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 143, err
     assert _kinds(tmp_path) == ["started", "extended", "timeout"]

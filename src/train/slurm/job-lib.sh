@@ -174,9 +174,11 @@ train_on_usr1() {
 
 # shellcheck disable=SC2329  # invoked by the TERM trap
 train_on_term() {
-    # Slurm sends TERM (KillWait seconds before KILL) at the walltime, on scancel, on
-    # preemption and on requeue. Record which, let the step checkpoint, and cancel the
-    # waiting chunk unless this job may come back (requeue or preemption with requeue).
+    # Slurm sends TERM (KillWait seconds before KILL) to every process of the job at the
+    # walltime, on scancel, on preemption and on requeue: the step's tasks get it from
+    # Slurm and checkpoint (passing it on to srun would only make srun kill them). Record
+    # which it was, and cancel the waiting chunk unless this job may come back (requeue
+    # or preemption with requeue).
     local elapsed kind
     [ "$TRAIN_REQUEUING" = 0 ] && [ "$TRAIN_TERMINATING" = 0 ] || return 0
     TRAIN_TERMINATING=1
@@ -189,7 +191,6 @@ train_on_term() {
         train_log "terminated by Slurm after ${elapsed}s (scancel, preemption or requeue)"
     fi
     train_event "$kind" "$elapsed"
-    train_signal_step TERM
     if [ "$REQUEUE_ALLOWED" = 0 ]; then
         train_cancel_rest
     fi
