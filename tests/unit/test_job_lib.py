@@ -34,6 +34,7 @@ echo "$((900 + n))"
 """,
     "scancel": '#!/bin/bash\nprintf \'%s\\n\' "$*" >> "$STUB_DIR/scancel.calls"\n',
     "scontrol": '#!/bin/bash\nprintf \'%s\\n\' "$*" >> "$STUB_DIR/scontrol.calls"\n',
+    "srun": '#!/bin/bash\nprintf \'%s\\n\' "$*" >> "$STUB_DIR/srun.calls"\n',
     "docker": """#!/bin/bash
 printf '%s\\n' "$*" >> "$STUB_DIR/docker.calls"
 if [ "$1" = ps ]; then printf 'c0ffee1\\nc0ffee2\\n'; fi
@@ -57,7 +58,9 @@ case "$STEP_MODE" in
         while :; do sleep 0.02; done ;;
     race)
         # the walltime signal reaches the batch shell just as the step stops on its own
-        # time budget (they are designed to land close together)
+        # time budget (they are designed to land close together); like the trainer, it
+        # stops cleanly on USR1 too
+        trap 'exit 0' USR1
         advance
         batch=$PPID  # the topmost process running the chain script: the batch shell
         while parent=$(awk '{print $4}' "/proc/$batch/stat") && \
@@ -257,6 +260,18 @@ def test_docker_containers_of_a_failed_step_are_removed(tmp_path: Path) -> None:
     calls = _calls(tmp_path, "docker")
     assert calls[0] == f"ps -aq --filter label={contract.DOCKER_JOB_LABEL}=500"
     assert calls[1] == "rm -f c0ffee1 c0ffee2"
+    assert "removing containers left on" in proc.stderr
+    assert _calls(tmp_path, "srun") == []
+
+
+def test_on_several_nodes_every_node_is_swept(tmp_path: Path) -> None:
+    proc = _run(tmp_path, "fail", RUNTIME="docker", IMAGE="img:1",
+                extra_env={"SLURM_JOB_NUM_NODES": "3"})
+    assert proc.returncode == 3
+    call = (tmp_path / "stubs" / "srun.calls").read_text()
+    assert call.startswith("--nodes=3 --ntasks-per-node=1 --kill-on-bad-exit=0 bash -c ")
+    assert call.endswith(f" sweep {contract.DOCKER_JOB_LABEL}=500\n")
+    assert _calls(tmp_path, "docker") == []  # the step did it (here: the stub srun)
 
 
 @pytest.mark.parametrize("chunk", ["0", "x", "-1", ""])

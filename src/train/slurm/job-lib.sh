@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Host-side job library, inlined into the script `train render` writes. The renderer sets
 # before it: RUN_DIR MAX_CHUNKS REQUEUE REQUEUE_ALLOWED COMPLETE_ON_SUCCESS
-# WALLTIME_SECONDS STEP_GRACE RUNTIME IMAGE, the array STEP, and the contract's names (file names
-# COMPLETE_FILE PROGRESS_FILE IDS_FILE EVENTS_FILE LOG_DIR, label DOCKER_JOB_LABEL and the
-# event names EV_*), all defined once in train/slurm/contract.py.
+# WALLTIME_SECONDS STEP_GRACE RUNTIME IMAGE, the array STEP, and the contract's names
+# (files COMPLETE_FILE PROGRESS_FILE IDS_FILE EVENTS_FILE LOG_DIR, the label
+# DOCKER_JOB_LABEL, the event names EV_*), all defined once in train/slurm/contract.py.
 # Logic that Python can hold stays in Python; this only does what must happen in the batch
 # shell: the prologue, passing the walltime signal to the job step, extending the chain by
 # one chunk, requeueing, recording what happened, and ending the chain (cancelling the
@@ -15,12 +15,13 @@
 # removes the successor, even where the batch shell gets no chance to.
 
 train_log() {
-    printf '%s train-job[%s]: %s\n' "$(date +%H:%M:%S)" "$CHUNK" "$*" >&2
+    # (printf's own clock: no command substitution in what the traps run)
+    printf '%(%H:%M:%S)T train-job[%s]: %s\n' -1 "$CHUNK" "$*" >&2
 }
 
 train_event() {
     # one line per event in the chain's record: time chunk job event [detail]
-    printf '%s %s %s %s\n' "$(date +%s)" "$CHUNK" "${SLURM_JOB_ID:-0}" "$*" \
+    printf '%(%s)T %s %s %s\n' -1 "$CHUNK" "${SLURM_JOB_ID:-0}" "$*" \
         >> "$RUN_DIR/$EVENTS_FILE"
 }
 
@@ -37,7 +38,7 @@ train_progress() {
 
 train_prologue() {
     mkdir -p "$RUN_DIR/$LOG_DIR"
-    TRAIN_START=$(date +%s)
+    printf -v TRAIN_START '%(%s)T' -1
     START_PROGRESS=$(train_progress)
     train_log "job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}) on" \
         "${SLURM_JOB_NODELIST:-?}, ${SLURM_JOB_NUM_NODES:-?} node(s);" \
@@ -87,6 +88,11 @@ train_extend() {
     fi
     id=${out%%;*}
     id=${id##*[!0-9]}
+    if [ -z "$id" ]; then
+        train_log "could not read a job id from sbatch: $out"
+        train_event "$EV_EXTEND_FAILED" "no job id in: $(printf '%s' "$out" | tr '\n' ' ')"
+        return 1
+    fi
     printf '%s %s\n' "$next" "$id" >> "$RUN_DIR/$IDS_FILE"
     train_log "chunk $next submitted as job $id (runs after this one succeeds)"
     train_event "$EV_EXTENDED" "$id"
@@ -94,28 +100,35 @@ train_extend() {
 
 train_cancel_rest() {
     # cancel the chunks after this one (recorded in the ids file before they can run)
-    local ids
+    # (builtins only: this runs in the TERM trap too)
+    local chunk id ids=()
     [ -s "$RUN_DIR/$IDS_FILE" ] || return 0
-    ids=$(awk -v c="$CHUNK" '$1 > c { printf "%s ", $2 }' "$RUN_DIR/$IDS_FILE")
-    if [ -n "${ids// /}" ]; then
-        train_log "cancelling the waiting chunk(s): $ids"
-        # shellcheck disable=SC2086  # a list of numeric job ids
-        scancel $ids 2>/dev/null || true
+    while read -r chunk id _; do
+        case "$chunk$id" in '' | *[!0-9]*) continue ;; esac
+        [ "$chunk" -gt "$CHUNK" ] && ids+=("$id")
+    done < "$RUN_DIR/$IDS_FILE"
+    if [ "${#ids[@]}" -gt 0 ]; then
+        train_log "cancelling the waiting chunk(s): ${ids[*]}"
+        scancel "${ids[@]}" 2>/dev/null || true
     fi
 }
 
 train_runtime_cleanup() {
-    # a step killed outright (SIGKILL) cannot stop its containers: remove them here
-    local ids
+    # a step killed outright (SIGKILL) cannot stop its containers: remove them, on every
+    # node of the job (each has its own engine), or on this one where no step can start
+    local sweep label="$DOCKER_JOB_LABEL=${SLURM_JOB_ID:-0}"
     [ "$RUNTIME" = docker ] || return 0
-    command -v docker >/dev/null 2>&1 || return 0
-    ids=$(docker ps -aq --filter "label=$DOCKER_JOB_LABEL=${SLURM_JOB_ID:-0}" 2>/dev/null) \
-        || return 0
-    if [ -n "$ids" ]; then
-        train_log "removing containers left by the step: $(printf '%s' "$ids" | tr '\n' ' ')"
-        # shellcheck disable=SC2086  # a list of container ids
-        docker rm -f $ids >/dev/null 2>&1 || true
+    # shellcheck disable=SC2016  # expanded by the sweeping shell
+    sweep='ids=$(docker ps -aq --filter "label=$1" 2>/dev/null) || exit 0
+[ -z "$ids" ] || { echo "removing containers left on $(hostname): $(echo $ids)" >&2
+    docker rm -f $ids >/dev/null 2>&1; }
+exit 0'
+    if [ "${SLURM_JOB_NUM_NODES:-1}" -gt 1 ] && timeout 120 srun --nodes="$SLURM_JOB_NUM_NODES" \
+            --ntasks-per-node=1 --kill-on-bad-exit=0 bash -c "$sweep" sweep "$label"; then
+        return 0
     fi
+    command -v docker >/dev/null 2>&1 || return 0
+    bash -c "$sweep" sweep "$label" || true
 }
 
 train_start_step() {
@@ -134,15 +147,15 @@ train_start_step() {
         echo "$waiter_rc" > "$TRAIN_TMP/step.rc"
     } &
     TRAIN_WAITER=$!
-    TRAIN_STEP_START=$(date +%s)
+    printf -v TRAIN_STEP_START '%(%s)T' -1
 }
 
 # shellcheck disable=SC2329  # invoked by the traps
 train_signal_step() {
     # send signal $1 to the running step (its pid file appears right after it starts)
-    local pid='' _
+    local pid='' i
     [ -n "${TRAIN_WAITER:-}" ] || return 0
-    for _ in $(seq 1 100); do
+    for ((i = 0; i < 100; i++)); do
         [ -s "$TRAIN_TMP/step.pid" ] && break
         sleep 0.02
     done
@@ -156,8 +169,9 @@ train_on_usr1() {
     # a program that has not yet set its handler (Python starting, imports) would die of
     # it. So a signal in the step's first STEP_GRACE seconds is passed on once they are
     # over (the trainer's own time budget runs meanwhile).
-    local since
-    since=$(($(date +%s) - ${TRAIN_STEP_START:-$(date +%s)}))
+    local now since
+    printf -v now '%(%s)T' -1
+    since=$((now - ${TRAIN_STEP_START:-$now}))
     if [ -z "${TRAIN_STEP_START:-}" ] || [ "$since" -lt "$STEP_GRACE" ]; then
         if [ -z "$TRAIN_USR1_LATER" ]; then
             train_log "walltime signal ${since}s after the step started: passing it on" \
@@ -179,10 +193,11 @@ train_on_term() {
     # Slurm and checkpoint (passing it on to srun would only make srun kill them). Record
     # which it was, and cancel the waiting chunk unless this job may come back (requeue
     # or preemption with requeue).
-    local elapsed kind
+    local elapsed kind now
     [ "$TRAIN_REQUEUING" = 0 ] && [ "$TRAIN_TERMINATING" = 0 ] || return 0
     TRAIN_TERMINATING=1
-    elapsed=$(($(date +%s) - TRAIN_START))
+    printf -v now '%(%s)T' -1
+    elapsed=$((now - TRAIN_START))
     if [ "$elapsed" -ge $((WALLTIME_SECONDS - 15)) ]; then
         kind=$EV_TIMEOUT
         train_log "walltime reached after ${elapsed}s: the step did not stop in time"
@@ -193,6 +208,14 @@ train_on_term() {
     train_event "$kind" "$elapsed"
     if [ "$REQUEUE_ALLOWED" = 0 ]; then
         train_cancel_rest
+    fi
+}
+
+# shellcheck disable=SC2329  # invoked by the EXIT trap
+train_on_exit() {
+    rm -rf "${TRAIN_TMP:-/nonexistent}"
+    if [ -n "${TRAIN_USR1_LATER:-}" ]; then
+        kill "$TRAIN_USR1_LATER" 2>/dev/null || true
     fi
 }
 
@@ -223,8 +246,7 @@ train_main() {
     TRAIN_TMP=
     TRAIN_STEP_START=
     TRAIN_USR1_LATER=
-    trap 'rm -rf "${TRAIN_TMP:-/nonexistent}"
-          [ -z "$TRAIN_USR1_LATER" ] || kill "$TRAIN_USR1_LATER" 2>/dev/null || true' EXIT
+    trap train_on_exit EXIT
     trap train_on_usr1 USR1
     trap train_on_term TERM
     train_prologue
