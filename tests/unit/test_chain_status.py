@@ -179,3 +179,79 @@ def test_one_unreadable_chain_does_not_hide_the_others(tmp_path: Path) -> None:
     proc = run_cli(["status", "12345"], cwd=tmp_path)
     assert proc.returncode == 2 and "give that directory" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _job(tmp_path: Path) -> Any:
+    from train.clusters.profiles import Registry
+    from train.slurm.job import JobSpec, resolve
+
+    spec = JobSpec(cluster="local", name="e1", out=str(tmp_path / "runs" / "e1"),
+                   workload=("demo",))
+    return resolve(spec, Registry(environ={}).get("local"))
+
+
+def _fake_slurm(monkeypatch: pytest.MonkeyPatch, fail: str | None) -> list[list[str]]:
+    import subprocess
+
+    calls: list[list[str]] = []
+
+    def run(argv: list[str], **kw: Any) -> Any:
+        calls.append(list(argv))
+        if argv[0] == fail:
+            raise scheduler._proc.ProcError(argv, 1, f"{argv[0]}: error: refused")
+        out = "4242\n" if argv[0] == "sbatch" else ""
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    monkeypatch.setattr(scheduler._proc, "run", run)
+    monkeypatch.setattr(scheduler, "job_states", lambda ids: {
+        i: {"state": "COMPLETED"} for i in ids})
+    return calls
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("fail", ["sbatch", "scontrol"])
+def test_a_failed_resubmission_leaves_the_earlier_chain_as_it_was(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail: str) -> None:
+    run = tmp_path / "runs" / "e1"
+    (run / "jobs").mkdir(parents=True)
+    (run / contract.CHAIN_RECORD).write_text('{"name": "e1", "cluster": "local"}')
+    (run / contract.CHAIN_IDS).write_text("1 100\n2 101\n")
+    (run / "jobs" / contract.JOB_SCRIPT).write_text("#!/bin/bash\n# the earlier one\n")
+    before = _snapshot(run)
+    calls = _fake_slurm(monkeypatch, fail)
+    with pytest.raises(scheduler._proc.ProcError):
+        scheduler.submit_chain(_job(tmp_path), "# library\n")
+    assert _snapshot(run) == before
+    assert (["scancel", "4242"] in calls) == (fail == "scontrol")
+
+
+def test_a_failed_first_submission_leaves_no_run_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_slurm(monkeypatch, "sbatch")
+    with pytest.raises(scheduler._proc.ProcError):
+        scheduler.submit_chain(_job(tmp_path), "# library\n")
+    assert not (tmp_path / "runs" / "e1").exists()
+
+
+def test_a_resubmission_keeps_the_earlier_record_under_its_first_job(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = tmp_path / "runs" / "e1"
+    (run / "jobs").mkdir(parents=True)
+    (run / contract.CHAIN_RECORD).write_text('{"name": "e1", "cluster": "local"}')
+    (run / contract.CHAIN_IDS).write_text("1 100\n")
+    (run / "jobs" / contract.JOB_SCRIPT).write_text("old script\n")
+    calls = _fake_slurm(monkeypatch, None)
+    chain = scheduler.submit_chain(_job(tmp_path), "# library\n")
+    assert chain.ids == ["4242"]
+    assert (run / "chain-100.json").read_text() == '{"name": "e1", "cluster": "local"}'
+    assert (run / "chain-100.ids").read_text() == "1 100\n"
+    assert (run / "jobs" / "chain-100.sbatch").read_text() == "old script\n"
+    assert (run / contract.CHAIN_IDS).read_text() == "1 4242\n"
+    assert "# library" in (run / "jobs" / contract.JOB_SCRIPT).read_text()
+    assert not list((run / "jobs").glob(".*"))
+    assert calls[0][:3] == ["sbatch", "--parsable", "--hold"]
+    assert calls[-1] == ["scontrol", "release", "4242"]

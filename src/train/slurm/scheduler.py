@@ -9,8 +9,10 @@ job-lib.sh), so the login node can be left and at most two jobs of a chain are q
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import Sequence
@@ -209,37 +211,57 @@ def find_run(ref: str, runs_root: Path) -> Path:
                      "--out lives there: give that directory, or --runs its parent)")
 
 
-def _archive_previous(run_dir: Path) -> None:
-    """Refuse while the directory's chain is active; else keep its record under its first
-    job id (chain-ID.json, chain-ID.ids) so the new chain starts a clean record."""
+def _check_not_active(run_dir: Path) -> Chain | None:
+    """The directory's earlier chain, if any; an error while any of it is queued or
+    running. Nothing is written."""
+    if not (run_dir / contract.CHAIN_RECORD).is_file():
+        return None
     previous = load_chain(run_dir)
     active = [i for i, s in job_states(previous.ids).items() if s["state"] in ACTIVE_STATES]
     if active:
         raise UsageError(f"name: {run_dir.name} already has an active chain (jobs "
                          f"{', '.join(sorted(active))}); cancel it first with `train cancel "
                          f"{run_dir.name}`, or choose another --name")
-    tag = previous.ids[0] if previous.ids else str(int(time.time()))
-    for name in (contract.CHAIN_RECORD, contract.CHAIN_IDS):
-        path = run_dir / name
-        if path.exists():
-            path.replace(run_dir / f"chain-{tag}{Path(name).suffix}")
+    return previous
+
+
+_CHAIN_FILES = (contract.CHAIN_RECORD, contract.CHAIN_IDS)
 
 
 def submit_chain(job: ResolvedJob, library: str) -> Chain:
-    """Render the chain's script, submit chunk 1 held, record the chain, then release."""
+    """Render the chain's script, submit chunk 1 held, record the chain, then release.
+
+    Until the release, any failure (sbatch refusing, a signal) cancels what was submitted,
+    removes what this submission wrote and puts an earlier chain's record back as it was.
+    An earlier chain's record is kept as chain-FIRSTJOB.json/.ids, its script likewise.
+    """
     run_dir = Path(job.run_dir)
     text = render(job, library)
-    if (run_dir / contract.CHAIN_RECORD).is_file():
-        _archive_previous(run_dir)
+    previous = _check_not_active(run_dir)
+    tag = (previous.ids[0] if previous.ids else "old") if previous else None
     jobs_dir = run_dir / contract.JOBS_DIR
+    script = jobs_dir / contract.JOB_SCRIPT
+    created = [d for d in (run_dir, run_dir / contract.LOG_DIR, jobs_dir) if not d.exists()]
+    # Slurm opens the log files before the script runs: their directory must exist
     (run_dir / contract.LOG_DIR).mkdir(parents=True, exist_ok=True)
     jobs_dir.mkdir(exist_ok=True)
-    script = jobs_dir / contract.JOB_SCRIPT
-    script.write_text(text, encoding="utf-8")
+    pending = jobs_dir / f".{contract.JOB_SCRIPT}.{os.getpid()}"
+    pending.write_text(text, encoding="utf-8")
+    written = [pending]  # by this submission, at their final paths
+    moved: list[tuple[Path, Path]] = []  # an earlier chain's files: (kept as, original)
     job_id: str | None = None
     try:
-        job_id = parse_sbatch_id(_proc.run(["sbatch", "--parsable", "--hold", str(script),
+        # sbatch reads the script now: where the file goes afterwards does not matter
+        job_id = parse_sbatch_id(_proc.run(["sbatch", "--parsable", "--hold", str(pending),
                                             "1"], timeout=120).stdout)
+        if tag is not None:
+            for path in [*(run_dir / n for n in _CHAIN_FILES), script]:
+                if path.exists():
+                    kept = path.with_name(f"chain-{tag}{path.suffix}")
+                    path.replace(kept)
+                    moved.append((kept, path))
+        pending.replace(script)
+        written = [script, run_dir / contract.CHAIN_IDS, run_dir / contract.CHAIN_RECORD]
         (run_dir / contract.CHAIN_IDS).write_text(f"1 {job_id}\n", encoding="utf-8")
         record = {
             "name": job.spec.name,
@@ -260,8 +282,13 @@ def submit_chain(job: ResolvedJob, library: str) -> Chain:
     except BaseException:
         if job_id is not None:
             _proc.run(["scancel", job_id], check=False)
-        for name in (contract.CHAIN_IDS, contract.CHAIN_RECORD):
-            (run_dir / name).unlink(missing_ok=True)
+        for path in written:
+            path.unlink(missing_ok=True)
+        for kept, original in moved:
+            kept.replace(original)
+        for folder in reversed(created):
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only when empty: never anything of an earlier run
         raise
     return Chain(run_dir, record, [(1, job_id)])
 
@@ -324,7 +351,8 @@ def _outcome(chain: Chain, chunks: list[dict[str, Any]], events: list[dict[str, 
             return "stalled", (f"{where} ended without adding work (done/total now "
                                f"{detail.replace(' ', '/')}), so the chain stopped; see {logs}")
         if event == contract.EV_INCOMPLETE:
-            return "incomplete", (f"the bound of {chain.record.get('max_chunks')} chunk(s) was "
+            unit = "run" if chain.record.get("requeue") else "chunk"
+            return "incomplete", (f"the bound of {chain.record.get('max_chunks')} {unit}(s) was "
                                   f"reached at {detail.replace(' ', '/')}; submit the same job "
                                   "again with a larger --max-chunks to continue from the "
                                   "checkpoint")
