@@ -13,14 +13,14 @@ import shlex
 from collections.abc import Mapping, Sequence
 
 from train.runtime.alloc_conf import ALLOC_CONF_VAR, TUNED_ALLOC_CONF
-from train.slurm.contract import DOCKER_JOB_LABEL
+from train.slurm.contract import DOCKER_JOB_LABEL, SIGNAL_READY_VAR
 
 # Variables the training process reads; passed by name so their host values carry over.
 PASS_THROUGH = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                 "MASTER_PORT", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID",
                 "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE",
                 "SLURM_JOB_NODELIST", "SLURM_CPUS_PER_TASK", "SLURM_GPUS_ON_NODE",
-                "CUDA_VISIBLE_DEVICES", "TRAIN_MASTER_ADDR")
+                "CUDA_VISIBLE_DEVICES", "TRAIN_MASTER_ADDR", SIGNAL_READY_VAR)
 
 # `docker run` hands the container to dockerd, outside the step's process tree and cgroup:
 # Slurm's TERM and KILL never reach it. Each task therefore runs this wrapper (bash -c,

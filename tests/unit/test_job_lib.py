@@ -56,6 +56,8 @@ case "$STEP_MODE" in
     wait)
         trap 'echo USR1 >> "$RUN_DIR/step.signals"; advance; exit 0' USR1
         trap 'echo TERM >> "$RUN_DIR/step.signals"; advance; exit 0' TERM
+        # like `train run` once its handlers are set, where the test asks for it
+        if [ -n "${STEP_SAYS_READY:-}" ]; then touch "$TRAIN_SIGNAL_READY"; fi
         touch "$RUN_DIR/step.ready"
         while :; do sleep 0.02; done ;;
     race)
@@ -298,9 +300,9 @@ def _no_process_left() -> Iterator[None]:
         proc.wait()
 
 
-def _start(tmp_path: Path, **values: str) -> subprocess.Popen[str]:
+def _start(tmp_path: Path, ready: bool = False, **values: str) -> subprocess.Popen[str]:
     script = _script(tmp_path, **values)
-    env = {**_env(tmp_path), "STEP_MODE": "wait"}
+    env = {**_env(tmp_path), "STEP_MODE": "wait", **({"STEP_SAYS_READY": "1"} if ready else {})}
     proc = subprocess.Popen(["bash", str(script), "1"], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
@@ -332,10 +334,21 @@ def test_a_walltime_signal_during_start_up_is_passed_on_after_the_grace(
     proc.send_signal(signal.SIGUSR1)  # a second one changes nothing
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
-    assert "passing it on when it has run 2s" in err
+    assert "passing it on when the program is ready (at most 2s" in err
     assert err.count("passing it on") == 1
     assert (tmp_path / "run" / "step.signals").read_text() == "USR1\n"
     assert _kinds(tmp_path) == ["started", "extended", "stopped"]
+
+
+def test_a_program_that_says_it_is_ready_gets_the_signal_at_once(tmp_path: Path) -> None:
+    # a grace far longer than the test's timeout: only the ready file lets USR1 through
+    proc = _start(tmp_path, ready=True, STEP_GRACE="600")
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "passing it on when" not in err
+    assert (tmp_path / "run" / "step.signals").read_text() == "USR1\n"
+    assert not list((tmp_path / "run").glob(".signal-ready-*"))  # removed at the end
 
 
 @pytest.mark.parametrize(("requeue_allowed", "cancels"), [("0", True), ("1", False)])

@@ -98,3 +98,23 @@ def test_a_late_walltime_signal_after_the_run_cannot_kill_the_process(
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_early_handlers_tell_the_batch_shell_they_are_in_place(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal as signal_module
+
+    from train.runtime import signals
+    from train.slurm.contract import SIGNAL_READY_VAR
+
+    ready = tmp_path / ".signal-ready-7-0"
+    monkeypatch.setenv(SIGNAL_READY_VAR, str(ready))
+    previous = {s: signal_module.getsignal(s) for s in signals.STOP_SIGNALS}
+    try:
+        signals.install_early_handlers()
+        assert ready.exists()
+        monkeypatch.setenv(SIGNAL_READY_VAR, str(tmp_path / "missing" / "dir" / "x"))
+        signals.install_early_handlers()  # an unwritable path is no failure
+    finally:
+        for sig, handler in previous.items():
+            signal_module.signal(sig, handler)

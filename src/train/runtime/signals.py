@@ -10,10 +10,14 @@ would not fit.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType, TracebackType
+
+from train.slurm.contract import SIGNAL_READY_VAR
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +45,17 @@ def ignore_late_walltime_signal() -> None:
 
 
 def install_early_handlers() -> None:
-    """Record stop signals from process start on; StopController picks them up."""
+    """Record stop signals from process start on; StopController picks them up. Then tell
+    the batch shell that a walltime signal no longer kills this process (the file named by
+    SIGNAL_READY_VAR, set for job steps)."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, _early_handler)
+    ready = os.environ.get(SIGNAL_READY_VAR)
+    if ready:
+        try:
+            Path(ready).touch()
+        except OSError as exc:  # the batch shell then waits out its start-up grace
+            log.debug("could not mark signal readiness in %s: %s", ready, exc)
 
 
 class StopController:

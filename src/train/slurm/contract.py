@@ -38,6 +38,11 @@ EVENTS = (EV_STARTED, EV_EXTENDED, EV_EXTEND_FAILED, EV_STOPPED, EV_COMPLETE, EV
           EV_NO_PROGRESS, EV_INCOMPLETE, EV_REQUEUED, EV_TIMEOUT, EV_TERMINATED,
           EV_CANCELLED)
 
+# The step's environment names a file here that a program touches once its signal
+# handlers are in place (`train run` and `train launch` do): the batch shell passes the
+# walltime USR1 on at once after that, and holds it back during start-up before it.
+SIGNAL_READY_VAR = "TRAIN_SIGNAL_READY"
+
 # Docker containers of a job carry this label (value: the job id), so the batch shell can
 # remove what a killed step left running.
 DOCKER_JOB_LABEL = "train.job"
@@ -52,6 +57,7 @@ def shell_variables() -> dict[str, str]:
         "EVENTS_FILE": CHAIN_EVENTS,
         "LOG_DIR": LOG_DIR,
         "DOCKER_JOB_LABEL": DOCKER_JOB_LABEL,
+        "READY_VAR": SIGNAL_READY_VAR,
     }
     for name in EVENTS:
         if name != EV_CANCELLED:  # written by `train cancel` alone

@@ -3,7 +3,8 @@
 # before it: RUN_DIR MAX_CHUNKS REQUEUE REQUEUE_ALLOWED COMPLETE_ON_SUCCESS
 # WALLTIME_SECONDS STEP_GRACE RUNTIME IMAGE, the array STEP, and the contract's names
 # (files COMPLETE_FILE PROGRESS_FILE IDS_FILE EVENTS_FILE LOG_DIR, the label
-# DOCKER_JOB_LABEL, the event names EV_*), all defined once in train/slurm/contract.py.
+# DOCKER_JOB_LABEL, the step's READY_VAR, the event names EV_*), all defined once in
+# train/slurm/contract.py.
 # Logic that Python can hold stays in Python; this only does what must happen in the batch
 # shell: the prologue, passing the walltime signal to the job step, extending the chain by
 # one chunk, requeueing, recording what happened, and ending the chain (cancelling the
@@ -137,6 +138,9 @@ train_start_step() {
     # child exits (seen as 138 or -1 for a step that exited 0). The waiter has no traps,
     # so its wait is never interrupted; signals go to the step itself (step.pid).
     TRAIN_TMP=$(mktemp -d "${TMPDIR:-/tmp}/train-job.XXXXXX")
+    TRAIN_READY="$RUN_DIR/.signal-ready-${SLURM_JOB_ID:-0}-${SLURM_RESTART_COUNT:-0}"
+    rm -f "$TRAIN_READY"
+    export "$READY_VAR=$TRAIN_READY"
     {
         "${STEP[@]}" &
         echo "$!" > "$TRAIN_TMP/step.pid"
@@ -167,21 +171,26 @@ train_signal_step() {
 train_on_usr1() {
     # Slurm may send the walltime signal up to a minute early, even as the chunk starts;
     # a program that has not yet set its handler (Python starting, imports) would die of
-    # it. So a signal in the step's first STEP_GRACE seconds is passed on once they are
-    # over (the trainer's own time budget runs meanwhile).
+    # it. So until the program says it is ready (the file in $READY_VAR) and at most for
+    # the step's first STEP_GRACE seconds, the signal is held and looked at again every
+    # second (the trainer's own time budget runs meanwhile).
     local now since
     printf -v now '%(%s)T' -1
     since=$((now - ${TRAIN_STEP_START:-$now}))
-    if [ -z "${TRAIN_STEP_START:-}" ] || [ "$since" -lt "$STEP_GRACE" ]; then
-        if [ -z "$TRAIN_USR1_LATER" ]; then
+    if [ -z "${TRAIN_STEP_START:-}" ] || \
+            { [ ! -e "$TRAIN_READY" ] && [ "$since" -lt "$STEP_GRACE" ]; }; then
+        if [ "$TRAIN_USR1_HELD" = 0 ]; then
+            TRAIN_USR1_HELD=1
             train_log "walltime signal ${since}s after the step started: passing it on" \
-                "when it has run ${STEP_GRACE}s"
-            (sleep "$((STEP_GRACE - since))" && kill -USR1 "$$") >/dev/null 2>&1 &
+                "when the program is ready (at most ${STEP_GRACE}s after its start)"
+        fi
+        if [ -z "$TRAIN_USR1_LATER" ] || ! kill -0 "$TRAIN_USR1_LATER" 2>/dev/null; then
+            (sleep 1 && kill -USR1 "$$") >/dev/null 2>&1 &
             TRAIN_USR1_LATER=$!
         fi
         return 0
     fi
-    TRAIN_USR1_LATER=
+    TRAIN_USR1_HELD=0
     train_log "walltime signal: asking the training step to checkpoint and stop"
     train_signal_step USR1
 }
@@ -214,6 +223,7 @@ train_on_term() {
 # shellcheck disable=SC2329  # invoked by the EXIT trap
 train_on_exit() {
     rm -rf "${TRAIN_TMP:-/nonexistent}"
+    rm -f "$TRAIN_READY"
     if [ -n "${TRAIN_USR1_LATER:-}" ]; then
         kill "$TRAIN_USR1_LATER" 2>/dev/null || true
     fi
@@ -245,6 +255,8 @@ train_main() {
     TRAIN_WAITER=
     TRAIN_TMP=
     TRAIN_STEP_START=
+    TRAIN_READY=/nonexistent
+    TRAIN_USR1_HELD=0
     TRAIN_USR1_LATER=
     trap train_on_exit EXIT
     trap train_on_usr1 USR1
