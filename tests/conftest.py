@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,29 @@ def run_cli(args: Sequence[str], *, env: dict[str, str] | None = None, timeout: 
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run(train_cmd(*args), capture_output=True, text=True, timeout=timeout,
                           env=full_env, cwd=cwd, check=False)
+
+
+_GROUPS: list[subprocess.Popen[str]] = []
+
+
+def spawn_group(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[str]:
+    """Start argv as the leader of a new process group (signals can go to the whole group,
+    as Slurm sends them to every process of a job); the group is killed when the test ends,
+    so a failing test leaves nothing running."""
+    proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, **kwargs)
+    _GROUPS.append(proc)
+    return proc
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group_left() -> Iterator[None]:
+    yield
+    while _GROUPS:
+        proc = _GROUPS.pop()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

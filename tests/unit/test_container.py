@@ -4,7 +4,6 @@ removal and exit status, without a Docker engine."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pwd
 import shutil
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import spawn_group
 from tests.golden.cases import CASES, rendered
 from train import container
 from train.slurm.contract import DOCKER_JOB_LABEL
@@ -144,29 +144,11 @@ def stub(tmp_path: Path) -> Iterator[dict[str, str]]:
     yield env
 
 
-_STARTED: list[subprocess.Popen[str]] = []
-
-
-@pytest.fixture(autouse=True)
-def _no_process_left() -> Iterator[None]:
-    """A failing test must not leave its task and stub container running."""
-    yield
-    while _STARTED:
-        proc = _STARTED.pop()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 def _start(env: dict[str, str], mode: str, args: list[str] | None = None,
            rc: int = 0) -> subprocess.Popen[str]:
     argv = ["bash", "-c", container.DOCKER_TASK, "train-task",
             *(args or ["--init", "img", "python3"])]
-    proc = subprocess.Popen(argv, env={**env, "STUB_MODE": mode, "STUB_RC": str(rc)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    _STARTED.append(proc)
-    return proc
+    return spawn_group(argv, env={**env, "STUB_MODE": mode, "STUB_RC": str(rc)})
 
 
 def _ready(env: dict[str, str], proc: subprocess.Popen[str]) -> None:

@@ -8,17 +8,16 @@ bash program whose behaviour each test chooses.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import spawn_group
 from train.slurm import contract
 from train.slurm.render import library_path
 
@@ -286,27 +285,10 @@ def test_a_bad_chunk_number_is_refused(tmp_path: Path, chunk: str) -> None:
     assert _events(tmp_path) == []
 
 
-_STARTED: list[subprocess.Popen[str]] = []
-
-
-@pytest.fixture(autouse=True)
-def _no_process_left() -> Iterator[None]:
-    """A failing test must not leave its batch shell and step running: kill the group."""
-    yield
-    while _STARTED:
-        proc = _STARTED.pop()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 def _start(tmp_path: Path, ready: bool = False, **values: str) -> subprocess.Popen[str]:
     script = _script(tmp_path, **values)
     env = {**_env(tmp_path), "STEP_MODE": "wait", **({"STEP_SAYS_READY": "1"} if ready else {})}
-    proc = subprocess.Popen(["bash", str(script), "1"], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    _STARTED.append(proc)
+    proc = spawn_group(["bash", str(script), "1"], env=env)
     ready = tmp_path / "run" / "step.ready"
     for _ in range(500):
         if ready.exists() and "extended" in _kinds(tmp_path):

@@ -321,6 +321,14 @@ def progress_rate(events: Sequence[dict[str, Any]]) -> float | None:
     return work / seconds
 
 
+def _used(chain: Chain, chunks: list[dict[str, Any]], events: list[dict[str, Any]]) -> int:
+    """What counts against --max-chunks: chunks that started, or in requeue mode (one job
+    run again and again) its runs."""
+    if chain.record.get("requeue"):
+        return sum(1 for e in events if e["event"] == contract.EV_STARTED)
+    return sum(1 for c in chunks if contract.EV_STARTED in c["events"])
+
+
 def _outcome(chain: Chain, chunks: list[dict[str, Any]], events: list[dict[str, Any]]
              ) -> tuple[str, str]:
     """The chain's state and, in words, what happened."""
@@ -387,9 +395,8 @@ def _outcome(chain: Chain, chunks: list[dict[str, Any]], events: list[dict[str, 
     running = [c["chunk"] for c in chunks if c["state"] == "RUNNING"]
     if running:
         if chain.record.get("requeue"):
-            runs = sum(1 for e in events if e["event"] == contract.EV_STARTED)
-            return "running", f"run {runs} of at most {chain.record.get('max_chunks')} " \
-                              "(requeue mode) is running"
+            return "running", f"run {_used(chain, chunks, events)} of at most " \
+                              f"{chain.record.get('max_chunks')} (requeue mode) is running"
         return "running", f"chunk {running[-1]} of at most {chain.record.get('max_chunks')} " \
                           "is running"
     if active:
@@ -416,10 +423,7 @@ def chain_status(chain: Chain) -> dict[str, Any]:
     state, cause = _outcome(chain, chunks, events)
     progress = contract.read_progress(chain.run_dir)
     rate = progress_rate(events)
-    # requeue mode runs one job again and again: its bound counts runs
-    used = sum(1 for e in events if e["event"] == contract.EV_STARTED) \
-        if chain.record.get("requeue") else \
-        sum(1 for c in chunks if contract.EV_STARTED in c["events"])
+    used = _used(chain, chunks, events)
     status: dict[str, Any] = {
         "name": chain.record["name"], "cluster": chain.record.get("cluster"),
         "run_dir": str(chain.run_dir), "state": state, "cause": cause,
