@@ -43,11 +43,20 @@ def typecheck(session: nox.Session) -> None:
     session.run("mypy")
 
 
+# wheels of the login-node client's dependencies (PyYAML, ...), for the offline install test
+CLIENT_WHEELS = ROOT / ".nox" / "client-wheels"
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole test suite; integration tiers skip with a reason where their tool is missing."""
     _install(session, "dev")
-    session.run("pytest", *session.posargs, env={"OMP_NUM_THREADS": "1"})
+    # tests reach nothing but loopback: the client install test (tests/integration/
+    # test_client_install.py) installs the package's base dependencies from these wheels
+    session.run("python", "-m", "pip", "download", "--quiet", "--only-binary=:all:",
+                "--no-build-isolation", *CONSTRAINTS, "-d", str(CLIENT_WHEELS), str(ROOT))
+    session.run("pytest", *session.posargs,
+                env={"OMP_NUM_THREADS": "1", "TRAIN_TEST_WHEELS": str(CLIENT_WHEELS)})
 
 
 @nox.session
@@ -130,7 +139,7 @@ def lock(session: nox.Session) -> None:
 @nox.session
 def demo(session: nox.Session) -> None:
     """Train the built-in demo on this machine (no cluster, container or GPU needed)."""
-    _install(session)
+    _install(session, "run")
     session.run("train", "run", "demo", *session.posargs)
 
 

@@ -4,7 +4,8 @@ Exit codes (also documented in the README and `train run --help`):
   0  success, or a clean stop (time budget, SIGUSR1/SIGTERM/SIGINT) after a checkpoint
   1  an unexpected failure
   2  bad input: unknown workload, bad config key or value, unwritable output directory
-  3  a resource the run needs is missing: GPU memory at start-up, the StarCraft II game
+  3  a resource the run needs is missing: GPU memory at start-up, the StarCraft II game,
+     the training runtime (`train run`/`train launch` in a client-only install)
 """
 
 from __future__ import annotations
@@ -39,6 +40,29 @@ class ResourceError(TrainError):
     """Something outside the program is missing or too small (GPU memory, the game binary)."""
 
     exit_code = EXIT_RESOURCE
+
+
+class RuntimeMissing(ResourceError):
+    """The training runtime (the `run` extra: torch, numpy, ...) is not installed here."""
+
+
+# top-level modules of the `run` extra (pyproject.toml): torch, numpy, matplotlib,
+# python-hostlist and nvidia-ml-py
+RUNTIME_MODULES = frozenset({"torch", "numpy", "matplotlib", "hostlist", "pynvml"})
+
+
+def runtime_missing(exc: ModuleNotFoundError) -> RuntimeMissing | None:
+    """The error to report when `exc` is a runtime module that is not installed, else None.
+
+    Python names the first missing package (`import torch.distributed` without torch says
+    `torch`), so a missing submodule of an installed package stays an unexpected failure.
+    """
+    if exc.name not in RUNTIME_MODULES:
+        return None
+    return RuntimeMissing(
+        f"the training runtime is not installed here (no module named {exc.name!r}): "
+        "install it with pip install 'train[run]' (from a checkout: pip install './[run]'), "
+        "or run the command inside the container image")
 
 
 class PreallocationError(ResourceError):
