@@ -52,6 +52,8 @@ def run(cfg: RunConfig) -> RunResult:
     validate(cfg)
     stopper = StopController(cfg.time_budget)
     alloc_conf = apply_allocator_settings()
+    # the device is chosen before anything is written: `--device cuda` with an unusable
+    # CUDA stops here (ResourceError, exit 3) with the cause; `auto` warns and uses the CPU
     ctx = init_distributed(cfg.device)
     try:
         precision = resolve_precision(cfg.precision, ctx.device)
@@ -67,6 +69,8 @@ def run(cfg: RunConfig) -> RunResult:
                     "precision": precision.name,
                     "allocator": alloc_conf,
                     "world_size": ctx.world_size,
+                    # why `--device auto` trained on the CPU (or on fewer GPUs than seen)
+                    "cuda_problem": ctx.cuda_problem,
                     "argv": sys.argv,
                     # what reached this process of the host's Python set-up (none should,
                     # inside a container)

@@ -11,6 +11,20 @@ from train.launch import (
     tasks_env,
     torchrun_argv,
 )
+from train.runtime import cuda_check
+from train.runtime.cuda_check import CudaFacts
+
+USABLE = CudaFacts(torch_version="2.13.0", torch_cuda="13.0", torch_available=True,
+                   torch_devices=2, visible_devices="0,1", driver_cuda=13000,
+                   driver_version="580.65.06", nvml_gpus=2)
+
+
+@pytest.fixture(autouse=True)
+def _cuda_works(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENV gives the step two GPUs: these tests are about the rest of `prepare`, on a
+    machine with or without a GPU (tests/unit/test_cuda_check.py checks the check)."""
+    monkeypatch.setattr(cuda_check, "gather_facts", lambda env=None: USABLE)
+
 
 ENV = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-a[01-02]", "SLURM_NNODES": "2",
        "SLURM_NODEID": "1", "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4",

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from train.config import RunConfig
-from train.errors import CheckpointError, ConfigError, UsageError
+from train.errors import CheckpointError, ResourceError, UsageError
 from train.runtime.distributed import DistContext, init_distributed
 from train.runtime.precision import select_precision
 from train.runtime.progress import Progress
@@ -67,9 +67,8 @@ def test_partial_torchrun_environment_names_the_missing_variable() -> None:
         init_distributed("cpu", {"RANK": "0", "WORLD_SIZE": "two", "LOCAL_RANK": "0"})
 
 
-def test_cuda_requested_without_gpu_is_a_config_error() -> None:
+def test_cuda_requested_without_gpu_is_a_resource_error() -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(ResourceError, match="--device cuda: CUDA is unusable"):
         init_distributed("cuda", {})
-    assert err.value.field == "device"

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from train.errors import ConfigError, UsageError
+from train.errors import ResourceError, UsageError
+from train.runtime import cuda_check
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,8 @@ class DistContext:
     local_world_size: int = 1
     backend: str | None = None
     object_group: Any = field(default=None, repr=False)
+    # why CUDA is unusable where `--device auto` fell back to the CPU (or saw fewer GPUs)
+    cuda_problem: str | None = None
 
     @property
     def is_main(self) -> bool:
@@ -85,17 +88,25 @@ def _int_var(env: Mapping[str, str], name: str) -> int:
                          f"{value!r}") from None
 
 
-def resolve_device(request: str, local_rank: int = 0) -> torch.device:
-    """auto -> cuda when available; cuda without a GPU is a config error."""
+def resolve_device(request: str, local_rank: int = 0) -> tuple[torch.device, str | None]:
+    """The device, and why CUDA is unusable (None when it is usable or was not asked for).
+
+    cpu is cpu. cuda: the CUDA check first (`cuda_check`), and an unusable CUDA is a
+    ResourceError naming the cause and the fix (exit 3, before anything is written). auto:
+    cuda when torch sees a GPU, else the CPU with a warning that names the cause.
+    """
     if request == "cpu":
-        return torch.device("cpu")
-    if torch.cuda.is_available():
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    if request == "cuda":
-        raise ConfigError("device", "cuda was requested but torch sees no CUDA GPU "
-                          f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}, "
-                          f"torch {torch.__version__}); use auto or cpu")
-    return torch.device("cpu")
+        return torch.device("cpu"), None
+    facts = cuda_check.gather_facts()
+    problem = cuda_check.check(facts)
+    if problem is not None and request == "cuda":
+        raise ResourceError(f"--device cuda: {problem}")
+    if facts.torch_available and facts.torch_devices > 0:
+        if problem is not None:  # auto, and torch sees fewer GPUs than expected
+            log.warning("--device auto: using the GPUs torch sees, but %s", problem)
+        return torch.device("cuda", local_rank % facts.torch_devices), problem
+    log.warning("--device auto: training on the CPU: %s", problem)
+    return torch.device("cpu"), problem
 
 
 def configure_threads(local_world_size: int, environ: Mapping[str, str] | None = None) -> int:
@@ -119,11 +130,11 @@ def init_distributed(device_request: str, environ: Mapping[str, str] | None = No
     env = os.environ if environ is None else environ
     present = [v for v in TORCHRUN_VARS if v in env]
     if not present:
-        device = resolve_device(device_request)
+        device, problem = resolve_device(device_request)
         configure_threads(1, env)
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        return DistContext(device=device)
+        return DistContext(device=device, cuda_problem=problem)
     missing = [v for v in TORCHRUN_VARS if v not in env]
     if missing:
         raise UsageError(f"environment variable {missing[0]} is missing: torchrun sets "
@@ -133,7 +144,7 @@ def init_distributed(device_request: str, environ: Mapping[str, str] | None = No
         raise UsageError(f"environment variable RANK={rank} is outside 0..{world - 1} "
                          f"(WORLD_SIZE={world})")
     local_world = _int_var(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else 1
-    device = resolve_device(device_request, local_rank)
+    device, problem = resolve_device(device_request, local_rank)
     configure_threads(local_world, env)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
@@ -144,4 +155,4 @@ def init_distributed(device_request: str, environ: Mapping[str, str] | None = No
              "ready at unix time %.3f", rank, world, local_rank, device, backend, time.time())
     return DistContext(device=device, rank=rank, world_size=world, local_rank=local_rank,
                        local_world_size=local_world, backend=backend,
-                       object_group=object_group)
+                       object_group=object_group, cuda_problem=problem)
