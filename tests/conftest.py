@@ -73,6 +73,17 @@ def _no_process_group_left() -> Iterator[None]:
         proc.wait()
 
 
+@pytest.fixture(autouse=True)
+def _own_defaults(tmp_path_factory: pytest.TempPathFactory,
+                  monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Each test starts with no job defaults: a developer's own ~/.config/train/
+    defaults.yaml must not change what tests render. (A user at a site has exactly one
+    such file, or none; tests that need one write it here.)"""
+    path = tmp_path_factory.mktemp("defaults") / "defaults.yaml"
+    monkeypatch.setenv("TRAIN_DEFAULTS", str(path))
+    yield path
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch
 

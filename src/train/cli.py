@@ -19,13 +19,14 @@ import yaml
 
 from train import __version__
 from train.config import (
+    FlagParser,
     add_fields,
     add_run_arguments,
     flags_from,
     load_yaml,
     run_config_from_args,
 )
-from train.errors import EXIT_FAILURE, EXIT_OK, TrainError, UsageError
+from train.errors import EXIT_FAILURE, EXIT_OK, TrainError, UsageError, runtime_missing
 
 log = logging.getLogger("train")
 
@@ -50,7 +51,7 @@ Bad input exits 2 and nothing is submitted.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="train", description=__doc__)
+    parser = FlagParser(prog="train", description=__doc__)
     parser.add_argument("--version", action="version", version=f"train {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -80,6 +81,25 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--profile", type=Path, action="append", default=[], metavar="FILE",
                        help="extra cluster profile YAML (may repeat)")
         add_fields(p, JobSpec, skip=("workload",))
+
+    p = sub.add_parser("init", help="write your defaults for jobs (cluster, account, ...)",
+                       description="Write the defaults every job starts from (flags and the "
+                       "job file beat them). On a terminal with no flags: questions; "
+                       "otherwise the flags given are set, the rest kept.")
+    p.add_argument("--cluster", "-M", default=None, help="cluster profile")
+    p.add_argument("--account", "-A", default=None, help="SLURM account")
+    p.add_argument("--partition", "-p", default=None, help="partition")
+    p.add_argument("--runtime", default=None, choices=["none", "apptainer", "docker"])
+    p.add_argument("--image", default=None, help="SIF path or docker tag")
+    p.add_argument("--python", default=None, help="Python on the nodes or in the image")
+    p.add_argument("--bind", action="append", default=None, metavar="SRC[:DST[:ro]]",
+                   help="a bind every job gets (may repeat)")
+    p.add_argument("--env", action="append", default=None, metavar="NAME[=VALUE]",
+                   help="an environment setting every job gets (may repeat)")
+    p.add_argument("--show", action="store_true", help="print the defaults and their file")
+    p.add_argument("--reset", action="store_true", help="start from nothing, not the file")
+    p.add_argument("--profile", type=Path, action="append", default=[], metavar="FILE",
+                   help="extra cluster profile YAML (may repeat)")
 
     p = sub.add_parser("image", help="lint, translate, build, test and export images",
                        description="Container images from containers/*.def.")
@@ -180,20 +200,52 @@ def _cmd_clusters(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _resolved_job(args: argparse.Namespace, workload: list[str]) -> Any:
+def _resolved_job(args: argparse.Namespace, workload: list[str] | None) -> Any:
     from train.clusters.profiles import Registry
+    from train.defaults import defaults_path, load_defaults, merged
     from train.slurm.job import JobSpec, job_from_sources, resolve
 
     file_values = load_yaml(args.job_file) if args.job_file is not None else {}
     flags: dict[str, Any] = flags_from(args, JobSpec, skip=("workload",))
-    if workload:
+    if workload is not None:
         flags["workload"] = list(workload)
-    spec = job_from_sources(file_values, flags)
-    profile = Registry(args.profile).get(spec.cluster)
-    return resolve(spec, profile)
+    spec = job_from_sources(merged(load_defaults(), file_values), flags)
+    registry = Registry(args.profile)
+    if spec.cluster is None:
+        raise UsageError(f"no cluster given: use --cluster NAME (one of "
+                         f"{', '.join(registry.names())}), or set a default with "
+                         f"`train init --cluster NAME` (it goes to {defaults_path()})")
+    return resolve(spec, registry.get(spec.cluster))
 
 
-def _cmd_render(args: argparse.Namespace, workload: list[str]) -> int:
+def _cmd_init(args: argparse.Namespace) -> int:
+    from train.clusters.profiles import Registry
+    from train.defaults import (
+        ASKED,
+        ask,
+        defaults_path,
+        interactive,
+        load_defaults,
+        write_defaults,
+    )
+
+    path = defaults_path()
+    current = load_defaults(path) if path.exists() and not args.reset else {}
+    if args.show:
+        print(f"# {path}" + ("" if path.exists() else " (not written yet)"))
+        print(yaml.safe_dump(current, sort_keys=False), end="")
+        return EXIT_OK
+    given = {k: getattr(args, k) for k in ASKED if getattr(args, k) is not None}
+    profiles = Registry(args.profile).names()
+    asking = not given and interactive()
+    values = ask(profiles, current) if asking else {**current, **given}
+    written = write_defaults(values, profiles, path)
+    print(f"defaults written to {written}")
+    print(yaml.safe_dump(load_defaults(written), sort_keys=False), end="")
+    return EXIT_OK
+
+
+def _cmd_render(args: argparse.Namespace, workload: list[str] | None) -> int:
     from train.slurm.render import library_path, render
 
     job = _resolved_job(args, workload)
@@ -201,7 +253,7 @@ def _cmd_render(args: argparse.Namespace, workload: list[str]) -> int:
     return EXIT_OK
 
 
-def _cmd_submit(args: argparse.Namespace, workload: list[str]) -> int:
+def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
     from train.slurm.render import library_path
     from train.slurm.scheduler import submit_chain
 
@@ -216,7 +268,7 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str]) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     print(f"submitted {job.spec.name}: job {chain.ids[0]} (chunk 1 of at most "
-          f"{job.spec.max_chunks}; each chunk submits the next); run dir {chain.run_dir}")
+          f"{job.chunks}; each chunk submits the next); run dir {chain.run_dir}")
     return EXIT_OK
 
 
@@ -336,10 +388,11 @@ def _cmd_image(args: argparse.Namespace) -> int:
 
 
 def _cmd_launch(args: argparse.Namespace, command: list[str]) -> int:
-    from train.launch import LaunchOptions, launch
+    from train.launch import LaunchOptions, is_train_run, launch
     from train.runtime.signals import install_early_handlers
 
-    install_early_handlers()
+    # only `train run` is known to handle the walltime signal from its first second
+    install_early_handlers(mark_ready=is_train_run(command))
     try:
         return launch(LaunchOptions(mode=args.mode, command=command,
                                 nproc_per_node=args.nproc_per_node,
@@ -364,7 +417,7 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
-    workload: list[str] = []
+    workload: list[str] | None = None  # None: no `--` given
     if "--" in raw and any(c in raw[: raw.index("--")] for c in ("render", "submit",
                                                                    "launch")):
         cut = raw.index("--")
@@ -373,10 +426,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(raw)
     _setup_logging(args.verbose)
     commands = {"run": _cmd_run, "clusters": _cmd_clusters, "status": _cmd_status,
-                "logs": _cmd_logs, "cancel": _cmd_cancel, "image": _cmd_image}
+                "logs": _cmd_logs, "cancel": _cmd_cancel, "image": _cmd_image,
+                "init": _cmd_init}
     try:
         if args.command == "launch":
-            return _cmd_launch(args, workload)
+            return _cmd_launch(args, workload or [])
         if args.command in ("render", "submit"):
             job_cmd = _cmd_render if args.command == "render" else _cmd_submit
             return job_cmd(args, workload)
@@ -391,6 +445,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError):
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115  # no flush error at exit
         return EXIT_OK
+    except ModuleNotFoundError as exc:  # a client-only install: `train run` needs train[run]
+        missing = runtime_missing(exc)
+        if missing is None:
+            log.exception("unexpected failure")
+            return EXIT_FAILURE
+        print(f"train: error: {missing}", file=sys.stderr)
+        return missing.exit_code
     except Exception:
         log.exception("unexpected failure")
         return EXIT_FAILURE

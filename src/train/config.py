@@ -35,6 +35,7 @@ def opt(
     positive: bool = False,
     optional: bool = False,
     identity: bool = True,
+    short: str | None = None,
 ) -> Any:
     """A config field; `identity` fields must match when a run resumes from a checkpoint."""
     meta = {
@@ -45,6 +46,7 @@ def opt(
         "positive": positive,
         "optional": optional,
         "identity": identity,
+        "short": short,  # a one-letter flag too (sbatch's letters where sbatch has one)
     }
     return field(default=default, metadata=meta)
 
@@ -324,7 +326,56 @@ def check_writable_dir(path: Path, field_name: str) -> None:
 # (the CLI, the job validator on the login node) can parse `train run` arguments.
 
 
-class ArgumentParser(argparse.ArgumentParser):
+class FlagParser(argparse.ArgumentParser):
+    """argparse without its guesses: a flag is taken only when spelled out in full (no
+    prefix matching: `--gpus 4` is not `--gpus-per-node 4`), and an unknown flag is
+    refused with the nearest valid one suggested. Subcommand parsers inherit both."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self._parser_for(parsed).error(unknown_message(extras,
+                                                          self._parser_for(parsed)))
+        return parsed
+
+    def _parser_for(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
+        """The subcommand's parser where there is one (its flags are the ones to suggest)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                name = getattr(parsed, action.dest or "", None)
+                chosen = action.choices.get(name) if name else None
+                if isinstance(chosen, FlagParser):
+                    return chosen._parser_for(parsed)
+        return self
+
+
+def unknown_message(extras: Sequence[str], parser: argparse.ArgumentParser) -> str:
+    """'unrecognized arguments: ...' with the nearest valid flag for each unknown one."""
+    import difflib
+
+    known = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
+    hints = []
+    for arg in extras:
+        flag = arg.split("=", 1)[0]
+        if not flag.startswith("--"):
+            continue
+        # a prefix is what argparse used to guess from: name what it was short for
+        close = [k for k in known if k.startswith(flag)][:1] or \
+            difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+        if close:
+            hints.append(f"{flag}: did you mean {close[0]}?")
+        else:
+            hints.append(f"{flag}: not a flag of {parser.prog} (see {parser.prog} --help)")
+    text = "unrecognized arguments: " + " ".join(extras)
+    return text + ("; " + "; ".join(hints) if hints else "")
+
+
+class ArgumentParser(FlagParser):
     """Raises UsageError instead of exiting, for parsers used on nested argument lists."""
 
     def error(self, message: str) -> NoReturn:
@@ -343,14 +394,15 @@ def add_fields(p: argparse.ArgumentParser, cls: type[Any], skip: Sequence[str]) 
         default = list(f.default) if isinstance(f.default, tuple) else f.default
         help_text += f" (default: {default})"
         flag = "--" + f.name.replace("_", "-")
+        flags = [meta["short"], flag] if meta.get("short") else [flag]
         if meta["kind"] is bool:
-            p.add_argument(flag, dest=f.name, action="store_const", const="true",
+            p.add_argument(*flags, dest=f.name, action="store_const", const="true",
                            default=None, help=help_text)
             p.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name,
                            action="store_const", const="false", default=None,
                            help=argparse.SUPPRESS)
         else:
-            p.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(),
+            p.add_argument(*flags, dest=f.name, default=None, metavar=f.name.upper(),
                            help=help_text)
 
 

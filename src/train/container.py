@@ -21,6 +21,9 @@ PASS_THROUGH = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_
                 "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE",
                 "SLURM_JOB_NODELIST", "SLURM_CPUS_PER_TASK", "SLURM_GPUS_ON_NODE",
                 "CUDA_VISIBLE_DEVICES", "TRAIN_MASTER_ADDR", SIGNAL_READY_VAR)
+# The job's own pass-through names and patterns (NAME, PREFIX_*), space-separated: the
+# batch shell exports it and each task's wrapper passes what matches into the container.
+ENV_NAMES_VAR = "TRAIN_ENV_NAMES"
 
 # `docker run` hands the container to dockerd, outside the step's process tree and cgroup:
 # Slurm's TERM and KILL never reach it. Each task therefore runs this wrapper (bash -c,
@@ -45,10 +48,22 @@ DOCKER_TASK = "\n".join((
     'for g in $(id -G); do ids+=(--group-add "$g"); done',
     'kill_wait=$(sed -n "s/^[[:space:]]*killwait[[:space:]]*=[[:space:]]*\\([0-9][0-9]*\\).*/'
     '\\1/Ip" "${SLURM_CONF:-/etc/slurm/slurm.conf}" 2>/dev/null | tail -n 1)',
+    # the job's pass-through names: those set here go in by name (values never written)
+    "set -f",
+    "for v in $(compgen -v); do for p in ${" + ENV_NAMES_VAR + ":-}; do",
+    '    # shellcheck disable=SC2053  # $p is a pattern on purpose',
+    '    if [[ $v == $p ]]; then ids+=(-e "$v"); break; fi',
+    "done; done",
+    "set +f",
     "stopping=0",
     "on_signal() {",
+    "    # USR1 is how the batch shell says stop: the container gets the job's stop signal",
+    '    if [ "$1" = USR1 ]; then',
+    '        docker kill --signal "${TRAIN_STOP_SIGNAL:-USR1}" "$name" >/dev/null 2>&1',
+    "        return 0",
+    "    fi",
     '    if [ "$1" != TERM ]; then docker kill --signal "$1" "$name" >/dev/null 2>&1; fi',
-    '    if [ "$1" != USR1 ] && [ "$stopping" = 0 ]; then',
+    '    if [ "$stopping" = 0 ]; then',
     "        stopping=1",
     '        docker stop -t "${kill_wait:-30}" "$name" >/dev/null 2>&1 &',
     "    fi",
@@ -90,8 +105,8 @@ def runtime_prefix(runtime: str, *, image: str | None, gpus: bool, binds: Sequen
         argv.append("--cleanenv")
         for name, value in env.items():
             argv += ["--env", f"{name}={value}"]
-        for path in [*binds, run_dir]:
-            argv += ["--bind", path]
+        for spec in dict.fromkeys([*binds, run_dir]):
+            argv += ["--bind", spec]
         return [*argv, image]
     if runtime == "docker":
         # --init: the command is not PID 1, which ignores a signal it has no handler for
@@ -107,8 +122,8 @@ def runtime_prefix(runtime: str, *, image: str | None, gpus: bool, binds: Sequen
             argv += ["-e", f"{name}={value}"]
         for name in PASS_THROUGH:
             argv += ["-e", name]
-        for path in [*binds, run_dir]:
-            argv += ["-v", f"{path}:{path}"]
+        for spec in dict.fromkeys([*binds, run_dir]):
+            argv += ["-v", spec if ":" in spec else f"{spec}:{spec}"]
         # `env` as entrypoint: the command after the image runs as given (the image's
         # runscript would otherwise prepend `python -m train`)
         return ["bash", "-c", DOCKER_TASK, "train-task", *argv, "-w", run_dir,

@@ -8,9 +8,11 @@ starts the workload in one of two ways:
   tasks     one task per GPU (what Lightning and NAVSIM's training expect): this task is one
             rank; RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT are set and the command
             replaces this process.
-Before starting it can wait for free GPU memory (the field notes' wait-and-run wrapper), caps
-DataLoader workers by the task's CPUs and the host memory, and logs whether InfiniBand is
-visible and which NCCL settings are in force.
+Before starting it checks that CUDA works where the step has GPUs (`runtime.cuda_check`: a
+cause such as a driver too old for the image's torch is exit 3), can wait for free GPU
+memory (the field notes' wait-and-run wrapper), caps DataLoader workers by the task's CPUs
+and the host memory, and logs whether InfiniBand is visible and which NCCL settings are in
+force.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from train import _proc
 from train.errors import ResourceError, UsageError
+from train.runtime import cuda_check
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +211,18 @@ def wait_for_gpu_memory(min_free_mb: int, timeout: float, poll: float = 10.0) ->
         pynvml.nvmlShutdown()
 
 
+def check_cuda(step: SlurmStep, env: Mapping[str, str]) -> None:
+    """A step with GPUs starts no worker unless CUDA works here: the cause (driver too old
+    for the image's torch, no `--nv`, ...) as a ResourceError, not workers on the CPU."""
+    if step.gpus_on_node == 0:
+        return
+    problem = cuda_check.check(cuda_check.gather_facts(env))
+    if problem is not None:
+        raise ResourceError(f"this step has {step.gpus_on_node} GPU(s) on node "
+                            f"{step.nodes[step.node_id]}, but {problem}")
+    log.info("CUDA check passed: %d GPU(s) usable", step.gpus_on_node)
+
+
 def log_interconnect(env: Mapping[str, str]) -> None:
     ib = Path("/sys/class/infiniband")
     devices = sorted(p.name for p in ib.iterdir()) if ib.is_dir() else []
@@ -243,6 +258,7 @@ def prepare(opts: LaunchOptions, env: MutableMapping[str, str]) -> tuple[SlurmSt
     if not opts.command:
         raise UsageError("launch: give the command after --, e.g. -- python -m train run demo")
     step = read_step(env)
+    check_cuda(step, env)  # before the memory wait: a broken CUDA never frees up
     master = env.get(MASTER_ADDR_VAR) or resolve_address(step.master)
     command = list(opts.command)
     apply_nccl_defaults(env)
@@ -281,18 +297,52 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+STOP_SIGNAL_VAR = "TRAIN_STOP_SIGNAL"  # the job's stop signal (the batch shell exports it)
+
+
+def stop_signal_for_workers(env: Mapping[str, str]) -> int:
+    """The signal the workers get when the walltime USR1 reaches the agent: the job's."""
+    name = env.get(STOP_SIGNAL_VAR, "USR1")
+    return signal.SIGTERM if name == "TERM" else signal.SIGUSR1
+
+
 def _forward_to_workers(signum: int, frame: object) -> None:
-    """The walltime signal reaches this agent (srun forwards it): pass it to the workers,
-    which checkpoint and exit 0; the agent then returns when they are done."""
+    """The walltime signal reaches this agent (srun forwards it as USR1): pass the job's
+    stop signal to the workers, which checkpoint and exit 0; the agent then returns when
+    they are done."""
+    sig = stop_signal_for_workers(os.environ)
     for pid in _children(os.getpid()):
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signum)
+            os.kill(pid, sig)
+
+
+def is_train_run(command: Sequence[str]) -> bool:
+    """`python -m train run ...`: the program that marks its own signal readiness."""
+    return any(command[i:i + 3] == ["-m", "train", "run"] for i in range(len(command)))
+
+
+def find_program(command: Sequence[str], env: Mapping[str, str]) -> None:
+    """A program that is not there fails now, by name, not as a traceback per rank."""
+    import shutil
+
+    program = command[0]
+    if "/" in program:
+        if not os.access(program, os.X_OK) or os.path.isdir(program):
+            raise UsageError(f"launch: {program} is not an executable file here (inside "
+                             "the container, if the job runs in one)")
+    elif shutil.which(program, path=env.get("PATH", os.defpath)) is None:
+        raise UsageError(f"launch: program {program!r} is not on PATH here (inside the "
+                         "container, if the job runs in one); PATH is "
+                         f"{env.get('PATH', os.defpath)}")
 
 
 def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> int:
     """torchrun mode returns when the node's workers are done; tasks mode execs."""
     environ = os.environ if env is None else env
     step, master, command = prepare(opts, environ)
+    # (torchrun runs `python -m MODULE` with its own interpreter: no program to find)
+    if opts.mode != "torchrun" or "--no-python" in torchrun_argv(step, master, 1, command):
+        find_program(command, environ)
     if opts.mode == "torchrun":
         signal.signal(signal.SIGUSR1, _forward_to_workers)
         nproc = opts.nproc_per_node or max(1, step.gpus_on_node)

@@ -61,6 +61,22 @@ CASES: dict[str, dict[str, Any]] = {
                           signal_margin=60, time_budget=False, cpus_per_task=1,
                           mem="1000M", workload=("demo", "--results-csv",
                                                  "/tmp/x $(id); `id` 'q' \"d\"\nnl.csv")),
+    # a researcher's own DDP script under torch's launcher, with the escape hatches
+    "rivanna-ddp-script": dict(cluster="rivanna", name="ddp", account="grp", nodes=2,
+                               gpus_per_node=4, gpu_type="a100", cpus_per_task=16,
+                               entry="command", runtime="apptainer",
+                               image="/scratch/grp/base.sif", stop_signal="USR1",
+                               max_chunks=5, time="6:00:00",
+                               env=("WANDB_API_KEY", "HF_HOME=/scratch/grp/hf cache"),
+                               bind=("/usr/share:/data:ro",),
+                               sbatch_extra=("--mail-type=END", "--exclude=udc-an28-[1-2]",
+                                             "--comment=a b"),
+                               srun_extra=("--mpi=none",),
+                               workload=("python", "train.py", "--epochs", "90")),
+    # one rank per task, all of each node's memory, no stop signal (one chunk)
+    "local-tasks-command": dict(cluster="local", name="lt", nodes=2, gpus_per_node=2,
+                                cpus_per_task=2, mem="0", entry="command", launch="tasks",
+                                workload=("bash", "-c", "echo $RANK of $WORLD_SIZE")),
 }
 
 

@@ -33,7 +33,11 @@ if [ -e "$STUB_DIR/sbatch.fail.$n" ]; then
 fi
 echo "$((900 + n))"
 """,
-    "scancel": '#!/bin/bash\nprintf \'%s\\n\' "$*" >> "$STUB_DIR/scancel.calls"\n',
+    # records; `--signal=SIG JOB` (signal the job's steps) signals the test's step
+    "scancel": """#!/bin/bash
+printf '%s\\n' "$*" >> "$STUB_DIR/scancel.calls"
+case "$1" in --signal=*) kill "-${1#--signal=}" "$(cat "$RUN_DIR/step.pid")" ;; esac
+""",
     "scontrol": '#!/bin/bash\nprintf \'%s\\n\' "$*" >> "$STUB_DIR/scontrol.calls"\n',
     "srun": '#!/bin/bash\nprintf \'%s\\n\' "$*" >> "$STUB_DIR/srun.calls"\n',
     "docker": """#!/bin/bash
@@ -53,12 +57,25 @@ case "$STEP_MODE" in
     fail) exit 3 ;;
     noprogress) exit 0 ;;
     wait)
-        trap 'echo USR1 >> "$RUN_DIR/step.signals"; advance; exit 0' USR1
-        trap 'echo TERM >> "$RUN_DIR/step.signals"; advance; exit 0' TERM
+        # on its stop signal: progress (unless STEP_NO_PROGRESS), COMPLETE (if
+        # STEP_COMPLETES), exit 0; no handler at all with STEP_NO_HANDLER
+        stop() {
+            echo "$1" >> "$RUN_DIR/step.signals"
+            [ -n "${STEP_NO_PROGRESS:-}" ] || advance
+            [ -z "${STEP_COMPLETES:-}" ] || touch "$TRAIN_COMPLETE_FILE"
+            exit 0
+        }
+        if [ -z "${STEP_NO_HANDLER:-}" ]; then
+            trap 'stop USR1' USR1
+            trap 'stop TERM' TERM
+        fi
+        echo $$ > "$RUN_DIR/step.pid"
+        env | grep '^TRAIN_' > "$RUN_DIR/step.env"
         # like `train run` once its handlers are set, where the test asks for it
         if [ -n "${STEP_SAYS_READY:-}" ]; then touch "$TRAIN_SIGNAL_READY"; fi
         touch "$RUN_DIR/step.ready"
-        while :; do sleep 0.02; done ;;
+        while [ ! -e "$RUN_DIR/step.quit" ]; do sleep 0.02; done
+        exit 0 ;;
     race)
         # the walltime signal reaches the batch shell just as the step stops on its own
         # time budget (they are designed to land close together); like the trainer, it
@@ -98,7 +115,8 @@ def _script(tmp_path: Path, **values: str) -> Path:
     step.chmod(0o755)
     settings = {"RUN_DIR": str(run_dir), "MAX_CHUNKS": "3", "REQUEUE": "0",
                 "REQUEUE_ALLOWED": "0", "COMPLETE_ON_SUCCESS": "0",
-                "WALLTIME_SECONDS": "3600", "STEP_GRACE": "0", "RUNTIME": "none",
+                "WALLTIME_SECONDS": "3600", "STOP_SIGNAL": "USR1", "STOP_MARGIN": "300",
+                "STOP_VIA": "usr1", "STEP_GRACE": "0", "RUNTIME": "none",
                 "IMAGE": "",
                 **contract.shell_variables(), **values}
     lines = ["#!/bin/bash", "set -euo pipefail",
@@ -227,12 +245,19 @@ def test_a_successor_refused_twice_ends_the_chain_incomplete(tmp_path: Path) -> 
     assert _kinds(tmp_path) == ["started", "extend_failed", "extend_failed", "incomplete"]
 
 
-def test_other_programs_complete_on_success_and_never_extend(tmp_path: Path) -> None:
+def test_a_program_that_exits_0_before_its_stop_signal_is_complete(tmp_path: Path) -> None:
     proc = _run(tmp_path, "noprogress", COMPLETE_ON_SUCCESS="1")
+    assert proc.returncode == 0, proc.stderr
+    assert _kinds(tmp_path) == ["started", "extended", "complete"]
+    assert _calls(tmp_path, "scancel") == ["901"]  # the waiting chunk
+    assert (tmp_path / "run" / contract.COMPLETE_MARKER).exists()
+
+
+def test_a_single_chunk_program_is_complete_on_exit_0(tmp_path: Path) -> None:
+    proc = _run(tmp_path, "noprogress", COMPLETE_ON_SUCCESS="1", MAX_CHUNKS="1")
     assert proc.returncode == 0, proc.stderr
     assert _calls(tmp_path, "sbatch") == []
     assert _kinds(tmp_path) == ["started", "complete"]
-    assert (tmp_path / "run" / contract.COMPLETE_MARKER).exists()
 
 
 @pytest.mark.parametrize(("restarts", "requeued"), [("0", True), ("1", True), ("2", False)])
@@ -372,3 +397,106 @@ def test_the_walltime_signal_racing_the_steps_own_stop_is_never_a_failure(
         if proc.returncode != 0 or kinds != ["started", "incomplete"]:
             failures.append((i, proc.returncode, kinds, proc.stderr[-300:]))
     assert failures == []
+
+
+# -- the walltime contract for programs other than `train run` (COMPLETE_ON_SUCCESS=1) --
+
+def test_the_program_is_told_the_contract_in_its_environment(tmp_path: Path) -> None:
+    proc = _start(tmp_path, COMPLETE_ON_SUCCESS="1", WALLTIME_SECONDS="3600",
+                  STOP_MARGIN="300")
+    env = dict(line.split("=", 1) for line in
+               (tmp_path / "run" / "step.env").read_text().splitlines())
+    (tmp_path / "run" / "step.quit").touch()
+    proc.communicate(timeout=30)
+    started = int((tmp_path / "run" / contract.CHAIN_EVENTS).read_text().split()[0])
+    run = str(tmp_path / "run")
+    assert env["TRAIN_RUN_DIR"] == run
+    assert env["TRAIN_CHUNK"] == "1" and env["TRAIN_MAX_CHUNKS"] == "3"
+    assert env["TRAIN_STOP_SIGNAL"] == "USR1" and env["TRAIN_STOP_MARGIN"] == "300"
+    assert env["TRAIN_COMPLETE_FILE"] == f"{run}/{contract.COMPLETE_MARKER}"
+    assert env["TRAIN_PROGRESS_FILE"] == f"{run}/{contract.PROGRESS_FILE}"
+    # the deadline: the chunk's start + walltime - margin (the event is written just after)
+    assert 0 <= started + 3300 - int(env["TRAIN_DEADLINE"]) <= 1
+    assert 0 <= int(env["TRAIN_DEADLINE"]) - started - int(env["TRAIN_TIME_BUDGET"]) <= 2
+    assert _kinds(tmp_path)[-1] == "complete"  # exit 0 with no stop signal sent
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_a_program_stopped_by_its_signal_continues_in_the_next_chunk(
+        tmp_path: Path, progress: bool) -> None:
+    # exit 0 after the stop means "continue"; one that never writes progress is not stalled
+    extra = {} if progress else {"STEP_NO_PROGRESS": "1"}
+    script = _script(tmp_path, COMPLETE_ON_SUCCESS="1")
+    env = {**_env(tmp_path), "STEP_MODE": "wait", **extra}
+    proc = spawn_group(["bash", str(script), "1"], env=env)
+    _wait_started(tmp_path, proc)
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert (tmp_path / "run" / "step.signals").read_text() == "USR1\n"
+    assert _kinds(tmp_path) == ["started", "extended", "stopped"]
+    assert not (tmp_path / "run" / contract.COMPLETE_MARKER).exists()
+    assert _calls(tmp_path, "scancel") == []  # the next chunk runs
+
+
+def test_a_program_that_writes_complete_after_its_stop_ends_the_chain(
+        tmp_path: Path) -> None:
+    script = _script(tmp_path, COMPLETE_ON_SUCCESS="1")
+    env = {**_env(tmp_path), "STEP_MODE": "wait", "STEP_COMPLETES": "1"}
+    proc = spawn_group(["bash", str(script), "1"], env=env)
+    _wait_started(tmp_path, proc)
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert _kinds(tmp_path) == ["started", "extended", "complete"]
+    assert _calls(tmp_path, "scancel") == ["901"]
+
+
+def test_a_term_stop_signal_goes_to_the_tasks_not_to_srun_or_the_batch_shell(
+        tmp_path: Path) -> None:
+    proc = _start(tmp_path, COMPLETE_ON_SUCCESS="1", STOP_SIGNAL="TERM", STOP_VIA="scancel")
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert _calls(tmp_path, "scancel") == ["--signal=TERM 500"]
+    assert (tmp_path / "run" / "step.signals").read_text() == "TERM\n"
+    assert _kinds(tmp_path) == ["started", "extended", "stopped"]  # not "terminated"
+
+
+def test_with_stop_signal_none_the_program_is_not_signalled(tmp_path: Path) -> None:
+    proc = _start(tmp_path, COMPLETE_ON_SUCCESS="1", STOP_SIGNAL="none")
+    proc.send_signal(signal.SIGUSR1)  # e.g. a user's scancel -s USR1
+    (tmp_path / "run" / "step.quit").touch()
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert not (tmp_path / "run" / "step.signals").exists()
+    assert "not passed on" in err
+    assert _kinds(tmp_path)[-1] == "complete"
+
+
+def test_a_program_that_dies_of_its_stop_signal_is_told_why(tmp_path: Path) -> None:
+    script = _script(tmp_path, COMPLETE_ON_SUCCESS="1")
+    env = {**_env(tmp_path), "STEP_MODE": "wait", "STEP_NO_HANDLER": "1"}
+    proc = spawn_group(["bash", str(script), "1"], env=env)
+    _wait_started(tmp_path, proc)
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 138, err
+    assert "died of the stop signal USR1" in err and "--stop-signal none" in err
+    assert _kinds(tmp_path) == ["started", "extended", "failed"]
+    assert _calls(tmp_path, "scancel") == ["901"]
+
+
+def _wait_started(tmp_path: Path, proc: subprocess.Popen[str]) -> None:
+    _wait_for(lambda: (tmp_path / "run" / "step.ready").exists()
+              and "extended" in _kinds(tmp_path), proc)
+
+
+def _wait_for(condition: object, proc: subprocess.Popen[str]) -> None:
+    assert callable(condition)
+    for _ in range(1000):
+        if condition():
+            return
+        time.sleep(0.01)
+    proc.kill()
+    pytest.fail("the condition was not reached")

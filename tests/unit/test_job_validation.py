@@ -225,4 +225,4 @@ def test_navsim_preset_matches_the_job() -> None:
 
 def test_command_entry_is_not_parsed_as_train_run() -> None:
     job = _resolve(**{**GIL, "entry": "command", "workload": ("python", "fit.py", "--x")})
-    assert job.launch == "tasks" and job.run_config is None
+    assert job.launch == "single" and job.run_config is None

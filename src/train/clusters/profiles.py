@@ -62,13 +62,18 @@ def format_time(minutes: int) -> str:
     return f"{days}-{hours:02d}:{mins:02d}:00" if days else f"{hours:02d}:{mins:02d}:00"
 
 
-def parse_mem(text: str | int, field_name: str = "mem") -> int:
-    """'50G', '8000M', '8000' (MB, as sbatch) -> megabytes."""
+def parse_mem(text: str | int, field_name: str = "mem", *, allow_zero: bool = False) -> int:
+    """'50G', '8000M', '8000' (MB, as sbatch) -> megabytes. 0 only with allow_zero (for
+    --mem, where Slurm reads it as all of the node's memory)."""
     value = str(text).strip()
     match = _MEM_RE.match(value)
     if not match:
         raise ConfigError(field_name, f"{value!r} is not a memory size such as 50G or 8000M")
     number, unit = int(match.group(1)), match.group(2).upper()
+    if number == 0:
+        if allow_zero:
+            return 0
+        raise ConfigError(field_name, f"{value!r}: must be more than 0")
     factor = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[unit]
     return max(1, int(number * factor))
 
@@ -116,6 +121,8 @@ class Profile:
     constraints: Mapping[str, NodeType] = field(default_factory=dict)
     gpu_type_request: str = "none"
     gpu_features: Mapping[str, str] = field(default_factory=dict)
+    # names passed into containers from the job's environment (NAME or PREFIX_*)
+    env: tuple[str, ...] = ()
 
     def gpu_feature(self, gpu_type: str) -> str:
         """The node feature that selects `gpu_type` (gpu_type_request: constraint)."""
@@ -124,13 +131,25 @@ class Profile:
 
 _TOP_KEYS = {"name", "description", "extends", "account", "partition", "qos", "gpu_request",
              "gpu_type_request", "gpu_features", "backfill_threshold", "default_time",
-             "modules", "binds", "scratch_root", "nccl_env", "preempt_flags", "partitions",
+             "modules", "binds", "env", "scratch_root", "nccl_env", "preempt_flags", "partitions",
              "constraints"}
 _SECTION_KEYS = {"account": {"required", "hint"},
                  "partition": {"required", "allowed", "default"},
                  "qos": {"required", "default", "limits"}}
 _NODE_KEYS = {"gpus_per_node", "gpu_types", "cpus_per_node", "mem_per_node", "max_time",
               "max_nodes", "max_gpus"}
+
+
+_ENV_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\*?$")
+
+
+def _env_names(items: Any) -> tuple[str, ...]:
+    if not isinstance(items, (list, tuple)):
+        raise ConfigError("env", "must be a list of variable names (NAME or PREFIX_*)")
+    for item in items:
+        if not isinstance(item, str) or not _ENV_PATTERN.match(item):
+            raise ConfigError("env", f"{item!r} is not a variable name or PREFIX_* pattern")
+    return tuple(items)
 
 
 def _check_keys(where: str, data: Mapping[str, Any], allowed: set[str]) -> None:
@@ -234,6 +253,7 @@ def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
                                    f"{where}.default_time"),
         modules=tuple(str(m) for m in data.get("modules") or ()),
         binds=tuple(str(b) for b in data.get("binds") or ()),
+        env=_env_names(data.get("env") or ()),
         scratch_root=str(data.get("scratch_root", "")),
         nccl_env={str(k): str(v) for k, v in (data.get("nccl_env") or {}).items()},
         preempt_flags=tuple(str(f) for f in data.get("preempt_flags") or ()),
@@ -348,6 +368,7 @@ def describe(profile: Profile) -> dict[str, Any]:
         else format_time(profile.backfill_minutes),
         "default_time": format_time(profile.default_minutes),
         "modules": list(profile.modules), "binds": list(profile.binds),
+        "env": list(profile.env),
         "scratch_root": profile.scratch_root, "nccl_env": dict(profile.nccl_env),
         "preempt_flags": list(profile.preempt_flags),
         "partitions": {k: node(v) for k, v in profile.partitions.items()},

@@ -44,13 +44,14 @@ def ignore_late_walltime_signal() -> None:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
-def install_early_handlers() -> None:
+def install_early_handlers(mark_ready: bool = True) -> None:
     """Record stop signals from process start on; StopController picks them up. Then tell
     the batch shell that a walltime signal no longer kills this process (the file named by
-    SIGNAL_READY_VAR, set for job steps)."""
+    SIGNAL_READY_VAR, set for job steps) unless `mark_ready` is false: `train launch`
+    starting a program of the user's cannot say when that program is ready."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, _early_handler)
-    ready = os.environ.get(SIGNAL_READY_VAR)
+    ready = os.environ.get(SIGNAL_READY_VAR) if mark_ready else None
     if ready:
         try:
             Path(ready).touch()

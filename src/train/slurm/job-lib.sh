@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Host-side job library, inlined into the script `train render` writes. The renderer sets
 # before it: RUN_DIR MAX_CHUNKS REQUEUE REQUEUE_ALLOWED COMPLETE_ON_SUCCESS
-# WALLTIME_SECONDS STEP_GRACE RUNTIME IMAGE, the array STEP, and the contract's names
+# WALLTIME_SECONDS STOP_SIGNAL STOP_MARGIN STOP_VIA STEP_GRACE RUNTIME IMAGE, the array
+# STEP, and the contract's names
 # (files COMPLETE_FILE PROGRESS_FILE IDS_FILE EVENTS_FILE LOG_DIR, the label
 # DOCKER_JOB_LABEL, the step's READY_VAR, the event names EV_*), all defined once in
 # train/slurm/contract.py.
@@ -74,8 +75,7 @@ train_sbatch() {
 train_extend() {
     # submit the next chunk (once: a requeued or restarted chunk finds it recorded)
     local next=$((CHUNK + 1)) out id
-    [ "$REQUEUE" = 0 ] && [ "$COMPLETE_ON_SUCCESS" = 0 ] && [ "$TRAIN_TERMINATING" = 0 ] \
-        || return 0
+    [ "$REQUEUE" = 0 ] && [ "$TRAIN_TERMINATING" = 0 ] || return 0
     [ "$CHUNK" -lt "$MAX_CHUNKS" ] || return 0
     if [ -e "$RUN_DIR/$IDS_FILE" ] && grep -q "^$next " "$RUN_DIR/$IDS_FILE"; then
         return 0
@@ -141,6 +141,17 @@ train_start_step() {
     TRAIN_READY="$RUN_DIR/.signal-ready-${SLURM_JOB_ID:-0}-${SLURM_RESTART_COUNT:-0}"
     rm -f "$TRAIN_READY"
     export "$READY_VAR=$TRAIN_READY"
+    # the walltime contract: what every program of the step is told (README, "Your own
+    # program"): where to write, which chunk this is, when to have checkpointed by, how
+    # to say that the work is complete
+    local now
+    printf -v now '%(%s)T' -1
+    export TRAIN_RUN_DIR="$RUN_DIR" TRAIN_CHUNK="$CHUNK" TRAIN_MAX_CHUNKS="$MAX_CHUNKS" \
+        TRAIN_STOP_SIGNAL="$STOP_SIGNAL" TRAIN_STOP_MARGIN="$STOP_MARGIN" \
+        TRAIN_DEADLINE=$((TRAIN_START + WALLTIME_SECONDS - STOP_MARGIN)) \
+        TRAIN_TIME_BUDGET=$((TRAIN_START + WALLTIME_SECONDS - STOP_MARGIN - now)) \
+        TRAIN_COMPLETE_FILE="$RUN_DIR/$COMPLETE_FILE" \
+        TRAIN_PROGRESS_FILE="$RUN_DIR/$PROGRESS_FILE"
     {
         "${STEP[@]}" &
         echo "$!" > "$TRAIN_TMP/step.pid"
@@ -175,6 +186,10 @@ train_on_usr1() {
     # the step's first STEP_GRACE seconds, the signal is held and looked at again every
     # second (the trainer's own time budget runs meanwhile).
     local now since
+    if [ "$STOP_SIGNAL" = none ]; then
+        train_log "USR1 received; the job has no stop signal: not passed on"
+        return 0
+    fi
     printf -v now '%(%s)T' -1
     since=$((now - ${TRAIN_STEP_START:-$now}))
     if [ -z "${TRAIN_STEP_START:-}" ] || \
@@ -191,8 +206,14 @@ train_on_usr1() {
         return 0
     fi
     TRAIN_USR1_HELD=0
-    train_log "walltime signal: asking the training step to checkpoint and stop"
-    train_signal_step USR1
+    train_log "walltime signal: asking the step to checkpoint and stop ($STOP_SIGNAL)"
+    TRAIN_STOP_SENT=1
+    if [ "$STOP_VIA" = scancel ]; then
+        # TERM to the step's tasks only (srun, and this shell, must not get it)
+        scancel --signal=TERM "${SLURM_JOB_ID:-0}" 2>/dev/null || train_signal_step TERM
+    else
+        train_signal_step USR1
+    fi
 }
 
 # shellcheck disable=SC2329  # invoked by the TERM trap
@@ -258,6 +279,7 @@ train_main() {
     TRAIN_READY=/nonexistent
     TRAIN_USR1_HELD=0
     TRAIN_USR1_LATER=
+    TRAIN_STOP_SENT=0
     trap train_on_exit EXIT
     trap train_on_usr1 USR1
     trap train_on_term TERM
@@ -277,13 +299,18 @@ train_main() {
     fi
     if [ "$rc" -ne 0 ]; then
         train_log "training step failed with exit code $rc"
+        if [ "$TRAIN_STOP_SENT" = 1 ] && { [ "$rc" = 138 ] || [ "$rc" = 143 ]; }; then
+            train_log "the program died of the stop signal $STOP_SIGNAL: it needs a" \
+                "handler (checkpoint, exit 0), or submit with --stop-signal none"
+        fi
         train_gpu_report
         train_runtime_cleanup
         train_event "$EV_FAILED" "$rc"
         train_cancel_rest
         exit "$rc"
     fi
-    if [ "$COMPLETE_ON_SUCCESS" = 1 ]; then
+    if [ "$COMPLETE_ON_SUCCESS" = 1 ] && [ "$TRAIN_STOP_SENT" = 0 ]; then
+        # a program that ends with 0 before it is asked to stop has done its work
         touch "$RUN_DIR/$COMPLETE_FILE"
     fi
     progress=$(train_progress)
@@ -293,7 +320,9 @@ train_main() {
         train_cancel_rest
         exit 0
     fi
-    if [ "${progress%% *}" -le "${START_PROGRESS%% *}" ]; then
+    # (a program that never writes progress is not judged by it)
+    if { [ "$COMPLETE_ON_SUCCESS" = 0 ] || [ -e "$RUN_DIR/$PROGRESS_FILE" ]; } && \
+            [ "${progress%% *}" -le "${START_PROGRESS%% *}" ]; then
         train_log "no work was added in this chunk ($START_PROGRESS -> $progress): the" \
             "chain stops here; see the step's log"
         train_event "$EV_NO_PROGRESS" "$progress"

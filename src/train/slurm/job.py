@@ -26,8 +26,16 @@ from train.errors import ConfigError
 from train.gpus import all_bf16_capable
 
 LAUNCH_MODES = ("auto", "torchrun", "tasks")
+STOP_SIGNALS = ("USR1", "TERM", "none")
 ENTRIES = ("train", "command", "navsim")
 NAVSIM_SCRIPT = "/opt/navsim/navsim/planning/script/run_training.py"  # navsim.def's checkout
+NAVSIM_DATA_ROOT = "/data/navsim"  # navsim.def: dataset/, dataset/maps and exp/ under it
+# Passed into every container by name (the job's own values at run time), beside the
+# rank and SLURM variables container.PASS_THROUGH lists: the walltime contract's TRAIN_*,
+# experiment trackers' and model hubs' settings.
+PASSED_BY_DEFAULT = ("TRAIN_*", "SLURM_JOB_NAME", "SLURM_STEP_ID", "SLURM_RESTART_COUNT",
+                     "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_SUBMIT_DIR",
+                     "WANDB_*", "HF_*", "HUGGINGFACE_*", "MLFLOW_*", "COMET_*")
 RUNTIMES = ("none", "apptainer", "docker")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # A constraint a feature can be ANDed onto: no alternatives, brackets, groups or counts.
@@ -35,45 +43,136 @@ _AND_ONLY = re.compile(r"^[^|\[\]()*,]+$")
 # `train run` options that the job sets itself.
 _RESERVED_RUN_FLAGS = ("--out", "--time-budget")
 DEFAULT_MARGIN = 300
+DEFAULT_CHUNKS = 10
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Options the renderer writes itself: an extra option may not set them (the field to use).
+SBATCH_OWNED = {
+    "--nodes": "nodes", "-N": "nodes", "--ntasks": "ntasks_per_node", "-n": "ntasks_per_node",
+    "--ntasks-per-node": "ntasks_per_node", "--gres": "gpus_per_node",
+    "--gpus": "gpus_per_node", "-G": "gpus_per_node", "--gpus-per-node": "gpus_per_node",
+    "--gpus-per-task": "gpus_per_node", "--time": "time", "-t": "time",
+    "--signal": "stop_signal and signal_margin", "--output": "out", "-o": "out",
+    "--error": "out", "-e": "out", "--job-name": "name", "-J": "name",
+    "--account": "account", "-A": "account", "--partition": "partition", "-p": "partition",
+    "--qos": "qos", "-q": "qos", "--constraint": "constraint", "-C": "constraint",
+    "--mem": "mem", "--mem-per-cpu": "mem", "--mem-per-gpu": "mem",
+    "--cpus-per-task": "cpus_per_task", "-c": "cpus_per_task",
+    "--requeue": "requeue", "--no-requeue": "requeue", "--open-mode": "(none: the chain "
+    "appends to its logs)", "--kill-on-invalid-dep": "(none: the chain needs it)",
+    "--dependency": "(none: the chain sets it)", "-d": "(none: the chain sets it)",
+    "--array": "(none)", "-a": "(none)", "--chdir": "out", "-D": "out",
+    "--export": "env", "--wrap": "(none)",
+}
+SRUN_OWNED = {
+    **{k: v for k, v in SBATCH_OWNED.items() if k not in ("--output", "-o", "--error", "-e")},
+    "--kill-on-bad-exit": "(none: a failed rank ends the step)", "-K": "(none)",
+}
 MAX_CHUNKS_LIMIT = 1000  # years of walltime at any site; beyond it, a typo
+
+
+def check_env_item(item: str) -> tuple[str, str | None]:
+    """`NAME` (passed through) or `NAME=VALUE` -> (name, value or None)."""
+    name, sep, value = item.partition("=")
+    if not ENV_NAME_RE.match(name):
+        raise ConfigError("env", f"{name!r} is not a variable name (letters, digits and "
+                          f"'_', not starting with a digit), in {item!r}")
+    if "\0" in value:
+        raise ConfigError("env", f"the value of {name} holds a NUL byte")
+    return name, (value if sep else None)
+
+
+@dataclass(frozen=True)
+class Bind:
+    src: str
+    dst: str
+    read_only: bool = False
+
+    @property
+    def spec(self) -> str:
+        """SRC:DST[:ro], the form apptainer --bind and docker -v both take."""
+        return f"{self.src}:{self.dst}" + (":ro" if self.read_only else "")
+
+
+def parse_bind(item: str, base: str | None = None) -> Bind:
+    """SRC[:DST[:ro|rw]]; SRC is made absolute from `base` (or the working directory)."""
+    parts = item.split(":")
+    if len(parts) > 3 or not parts[0]:
+        raise ConfigError("bind", f"{item!r} is not SRC, SRC:DST or SRC:DST:ro")
+    if any(c in item for c in "\n\0,"):
+        raise ConfigError("bind", f"{item!r}: a path with a newline, NUL or ',' cannot be "
+                          "bound (the runtimes split on ',')")
+    src = os.path.abspath(os.path.join(base or os.getcwd(), parts[0]))
+    dst = parts[1] if len(parts) > 1 and parts[1] else src
+    if not dst.startswith("/"):
+        raise ConfigError("bind", f"{item!r}: the destination {dst!r} must be an absolute "
+                          "path")
+    mode = parts[2] if len(parts) == 3 else "rw"
+    if mode not in ("ro", "rw"):
+        raise ConfigError("bind", f"{item!r}: the mode must be ro or rw, got {mode!r}")
+    return Bind(src=src, dst=os.path.normpath(dst), read_only=mode == "ro")
+
+
+def check_extra_option(item: str, field_name: str, owned: dict[str, str]) -> None:
+    """One option per item, `--name=value`, `--flag` or `-xVALUE`; none the job sets."""
+    if not item.startswith("-") or item in ("-", "--"):
+        raise ConfigError(field_name, f"{item!r} is not an option (e.g. --reservation=NAME)")
+    if any(c in item for c in "\n\r\0"):
+        raise ConfigError(field_name, f"{item!r} holds a line break or NUL")
+    if item.startswith("--"):
+        key = item.split("=", 1)[0]
+        if " " in key:
+            raise ConfigError(field_name, f"{item!r}: give the value with '=' "
+                              f"({key.split()[0]}=VALUE), one option per item")
+    else:
+        key = item[:2]
+    if key in owned:
+        raise ConfigError(field_name, f"{key} is set by the job itself; use "
+                          f"{owned[key]} instead")
 
 
 @dataclass(frozen=True)
 class JobSpec:
     """What to run where; flags override the YAML file, which overrides defaults."""
 
-    name: str = opt("train", "Job and run name; the run directory is runs/NAME.", kind=str)
-    cluster: str = opt("local", "Cluster profile (train clusters lists them).", kind=str)
+    name: str = opt("train", "Job and run name; the run directory is runs/NAME.",
+                    short="-J", kind=str)
+    cluster: str | None = opt(None, "Cluster profile (train clusters lists them; "
+                              "`train init` makes it a default).", short="-M", kind=str,
+                              optional=True)
     workload: tuple[str, ...] = opt(("demo",), "What follows `--`: for entry train, the "
                                     "workload and its `train run` arguments; for command, "
                                     "the command; for navsim, extra Hydra overrides.",
                                     kind=list)
-    entry: str = opt("train", "train (`train run`), command (any program, one rank per "
-                     "task) or navsim (NAVSIM's Lightning training, nodes/devices/strategy "
-                     "set from the job).", kind=str, choices=ENTRIES)
-    account: str | None = opt(None, "SLURM account.", kind=str, optional=True)
+    entry: str = opt("train", "train (`train run`), command (any program, run verbatim: "
+                     "under torch's launcher or one rank per task, see --launch) or navsim "
+                     "(NAVSIM's Lightning training, nodes/devices/strategy set from the "
+                     "job).", short="-e", kind=str, choices=ENTRIES)
+    account: str | None = opt(None, "SLURM account.", short="-A", kind=str, optional=True)
     partition: str | None = opt(None, "Partition (not on sites that use constraints).",
-                                kind=str, optional=True)
-    qos: str | None = opt(None, "Quality of service.", kind=str, optional=True)
+                                short="-p", kind=str, optional=True)
+    qos: str | None = opt(None, "Quality of service.", short="-q", kind=str, optional=True)
     constraint: str | None = opt(None, "Node constraint, e.g. h200|l40s on Torch.",
-                                 kind=str, optional=True)
+                                 short="-C", kind=str, optional=True)
     time: str | None = opt(None, "Walltime per chunk (SLURM format; default: the "
-                           "profile's).", kind=str, optional=True)
-    nodes: int = opt(1, "Nodes.", kind=int, positive=True)
-    gpus_per_node: int = opt(0, "GPUs per node.", kind=int, minimum=0)
+                           "profile's).", short="-t", kind=str, optional=True)
+    nodes: int = opt(1, "Nodes.", short="-N", kind=int, positive=True)
+    gpus_per_node: int = opt(0, "GPUs per node.", short="-g", kind=int, minimum=0)
     gpu_type: str | None = opt(None, "GPU type, e.g. a100.", kind=str, optional=True)
-    cpus_per_task: int = opt(4, "CPUs per task (passed to srun explicitly).", kind=int,
+    cpus_per_task: int = opt(4, "CPUs per task (passed to srun explicitly).", short="-c", kind=int,
                              positive=True)
     mem: str | None = opt(None, "Memory per node, e.g. 50G (default: a CPU-proportional "
                           "share of the node).", kind=str, optional=True)
     ntasks_per_node: int | None = opt(None, "Tasks per node (default: 1 for torchrun, the "
                                       "GPU count for tasks).", kind=int, positive=True,
                                       optional=True)
-    max_chunks: int = opt(10, "Bound on the chain: walltime-sized jobs, each resuming the "
-                          "previous, submitted one at a time until the work is complete "
-                          "(in requeue mode: runs of the one job).", kind=int, positive=True)
-    launch: str = opt("auto", "auto (one process, or torchrun for several), torchrun (one "
-                      "task per node) or tasks (one task per GPU, as Lightning expects).",
+    max_chunks: int | None = opt(None, "Bound on the chain: walltime-sized jobs, each "
+                                 "resuming the previous, submitted one at a time until the "
+                                 "work is complete (in requeue mode: runs of the one job). "
+                                 "Default: 10, or 1 for a command without a stop signal.",
+                                 kind=int, positive=True, optional=True)
+    launch: str = opt("auto", "auto (one process; for several: tasks for navsim, torchrun "
+                      "otherwise), torchrun (one task per node; torch's launcher starts one "
+                      "process per GPU) or tasks (one task per GPU, as Lightning expects).",
                       kind=str, choices=LAUNCH_MODES)
     runtime: str = opt("none", "Container runtime: none, apptainer or docker.", kind=str,
                        choices=RUNTIMES)
@@ -82,10 +181,14 @@ class JobSpec:
     requeue: bool = opt(False, "Requeue mode: after each checkpointed stop, requeue this "
                         "same job (from the host batch shell) instead of chaining new ones.",
                         kind=bool)
-    signal_margin: int | None = opt(None, "Seconds before the walltime at which USR1 is "
-                                    "sent and by which the trainer's own time budget ends "
-                                    "(default: 300, or a quarter of a shorter walltime).",
-                                    kind=int, positive=True, optional=True)
+    stop_signal: str | None = opt(None, "Signal the program gets signal_margin seconds "
+                                  "before the walltime, to checkpoint and exit 0: USR1, TERM "
+                                  "or none (default: USR1; none for --entry command).",
+                                  kind=str, choices=STOP_SIGNALS, optional=True)
+    signal_margin: int | None = opt(None, "Seconds before the walltime at which the stop "
+                                    "signal is sent and by which the trainer's own time "
+                                    "budget ends (default: 300, or a quarter of a shorter "
+                                    "walltime).", kind=int, positive=True, optional=True)
     time_budget: bool = opt(True, "Give the trainer a time budget of walltime minus the "
                             "margin (signal delivery alone is coarse).", kind=bool)
     workers: int = opt(0, "DataLoader workers per process (checked against memory).",
@@ -97,6 +200,20 @@ class JobSpec:
                           "directory).", kind=str, optional=True)
     python: str = opt("python3", "Python on the nodes (runtime none) or in the image.",
                       kind=str)
+    env: tuple[str, ...] = opt((), "Environment for the program (may repeat): NAME passes "
+                               "the job's own value through at run time (never written "
+                               "down), NAME=VALUE sets one.", kind=list)
+    bind: tuple[str, ...] = opt((), "Host path the container sees (may repeat): SRC, "
+                                "SRC:DST or SRC:DST:ro.", kind=list)
+    data: str | None = opt(None, "NAVSIM data directory (holding navsim_logs, sensor_blobs, "
+                           "maps, ...): bound where the image expects its data roots.",
+                           kind=str, optional=True)
+    sbatch_extra: tuple[str, ...] = opt((), "Extra sbatch option (may repeat), e.g. "
+                                        "--reservation=NAME, --exclude=NODES, "
+                                        "--mail-type=END; options the job sets itself are "
+                                        "refused.", kind=list)
+    srun_extra: tuple[str, ...] = opt((), "Extra srun option for the job step (may "
+                                      "repeat), e.g. --mpi=none.", kind=list)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -104,12 +221,43 @@ class JobSpec:
         if not _NAME_RE.match(self.name):
             raise ConfigError("name", f"must be letters, digits, '.', '_' or '-' (at most 64, "
                               f"starting with a letter or digit); got {self.name!r}")
-        if self.max_chunks > MAX_CHUNKS_LIMIT:
+        if self.max_chunks is not None and self.max_chunks > MAX_CHUNKS_LIMIT:
             raise ConfigError("max_chunks", f"must be at most {MAX_CHUNKS_LIMIT}, got "
                               f"{self.max_chunks}")
         if not self.workload and self.entry != "navsim":
-            raise ConfigError("workload", "give what to run after --, e.g. -- demo "
-                              "--episodes 3000")
+            example = "python train.py" if self.entry == "command" else "demo --episodes 3000"
+            raise ConfigError("workload", f"give what to run after --, e.g. -- {example}")
+        for item in self.env:
+            check_env_item(item)
+        for item in self.bind:
+            parse_bind(item)
+        for item in self.sbatch_extra:
+            check_extra_option(item, "sbatch_extra", SBATCH_OWNED)
+        for item in self.srun_extra:
+            check_extra_option(item, "srun_extra", SRUN_OWNED)
+        if self.entry == "command" and self.stop == "none" and self.chunks > 1 \
+                and not self.requeue:
+            raise ConfigError("max_chunks", f"{self.chunks} chunks of a command with no stop "
+                              "signal: the program would be killed at each walltime without "
+                              "a chance to checkpoint, and nothing would tell the next chunk "
+                              "where to go on. Give --stop-signal USR1 (or TERM), handle it "
+                              "(checkpoint, exit 0), or run one chunk (--max-chunks 1)")
+        if self.data is not None and self.entry != "navsim":
+            raise ConfigError("data", "is for --entry navsim; use --bind for other data")
+
+    @property
+    def stop(self) -> str:
+        """The stop signal in force: the field, or the entry's default."""
+        if self.stop_signal is not None:
+            return self.stop_signal
+        return "none" if self.entry == "command" else "USR1"
+
+    @property
+    def chunks(self) -> int:
+        """The bound on the chain in force: the field, or the default for the entry."""
+        if self.max_chunks is not None:
+            return self.max_chunks
+        return 1 if self.entry == "command" and self.stop == "none" else DEFAULT_CHUNKS
 
 
 @dataclass(frozen=True)
@@ -135,15 +283,28 @@ class ResolvedJob:
     run_dir: str = ""  # absolute
     # `train run`'s results CSV, absolute (entry train only); the job passes it explicitly
     results_csv: str | None = None
-    # host paths the container sees: the profile's binds, the run directory, and the
-    # results CSV's directory where it lies outside both
+    # what the container sees, as SRC:DST[:ro]: the profile's binds, the job's, NAVSIM's
+    # data, the run directory, and the results CSV's directory where it lies outside them
     binds: tuple[str, ...] = ()
+    # the program's environment: values set (NAME=VALUE) and names passed through from
+    # the job's environment at run time (patterns such as WANDB_* allowed)
+    env_values: tuple[tuple[str, str], ...] = ()
+    env_names: tuple[str, ...] = ()
+    whole_node_mem: bool = False  # --mem=0: Slurm gives the job all of each node's memory
 
     @property
     def time_budget_seconds(self) -> int | None:
         if not self.spec.time_budget:
             return None
         return max(10, self.minutes * 60 - self.margin)
+
+    @property
+    def stop(self) -> str:
+        return self.spec.stop
+
+    @property
+    def chunks(self) -> int:
+        return self.spec.chunks
 
     @property
     def processes_per_node(self) -> int:
@@ -254,7 +415,24 @@ def _paths(spec: JobSpec, profile: Profile, run_config: RunConfig | None) -> dic
     if run_dir == Path(run_dir.anchor):
         raise ConfigError("out", f"{run_dir} is the file system root; give a directory "
                           "for the run")
-    binds = [*profile.binds, str(run_dir)]
+    extra = [parse_bind(b) for b in spec.bind]
+    if spec.data is not None:
+        data = Path(os.path.abspath(spec.data))
+        if not data.is_dir():
+            raise ConfigError("data", f"{data} is not a directory (it should hold NAVSIM's "
+                              "dataset/ and maps, and exp/ for the experiments)")
+        if spec.runtime != "none":  # (on the node itself: the roots are set, see below)
+            extra.append(Bind(str(data), NAVSIM_DATA_ROOT))
+    for bind in extra:
+        if not os.path.exists(bind.src):
+            raise ConfigError("bind", f"{bind.src} does not exist (a bind's source is a "
+                              "path on the cluster's shared file system)")
+        if spec.runtime == "none" and bind.src != bind.dst:
+            raise ConfigError("bind", f"{bind.spec}: runtime none runs on the node itself "
+                              "and cannot show a path elsewhere; use a container runtime or "
+                              "the path itself")
+    # same-path binds: where a host path is visible at the same path inside
+    binds = [*profile.binds, str(run_dir), *(b.src for b in extra if b.src == b.dst)]
     csv: Path | None = None
     if run_config is not None:
         if run_config.results_csv is None:
@@ -273,8 +451,29 @@ def _paths(spec: JobSpec, profile: Profile, run_config: RunConfig | None) -> dic
                 raise ConfigError("results_csv", f"{csv} is outside what the {spec.runtime} "
                                   f"container sees (the run directory and the profile's "
                                   f"binds: {', '.join(binds)}); put it under one of them")
+    specs = [*profile.binds, str(run_dir), *(b.spec for b in extra)]
+    specs += [b for b in binds if b not in specs]
     return {"run_dir": str(run_dir), "results_csv": None if csv is None else str(csv),
-            "binds": tuple(binds)}
+            "binds": tuple(dict.fromkeys(specs))}
+
+
+def _environment(spec: JobSpec, profile: Profile) -> dict[str, Any]:
+    """The job's NAME=VALUE settings and pass-through names (profile's, then the job's)."""
+    values: dict[str, str] = {}
+    names: list[str] = [*PASSED_BY_DEFAULT, *profile.env]
+    for item in spec.env:
+        name, value = check_env_item(item)
+        if value is None:
+            names.append(name)
+        else:
+            values[name] = value
+    if spec.entry == "navsim" and spec.runtime == "none" and spec.data is not None:
+        data = os.path.abspath(spec.data)
+        values.update({"OPENSCENE_DATA_ROOT": f"{data}/dataset",
+                       "NUPLAN_MAPS_ROOT": f"{data}/dataset/maps",
+                       "NAVSIM_EXP_ROOT": f"{data}/exp"})
+    return {"env_values": tuple(values.items()),
+            "env_names": tuple(n for n in dict.fromkeys(names) if n not in values)}
 
 
 def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
@@ -324,13 +523,18 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
                           f"over the {node.max_gpus}-GPU limit per job on {node.name}")
 
     launch = spec.launch
-    if spec.entry != "train":
+    if spec.entry == "navsim":
         if launch == "torchrun":
-            raise ConfigError("launch", f"entry {spec.entry} runs one task per GPU (Lightning "
+            raise ConfigError("launch", "entry navsim runs one task per GPU (Lightning "
                               "expects that); use --launch tasks")
         launch = "tasks"
     elif launch == "auto":
         launch = "single" if spec.nodes * max(1, spec.gpus_per_node) == 1 else "torchrun"
+    if launch == "torchrun" and spec.stop == "TERM":
+        raise ConfigError("stop_signal", "TERM cannot be the stop signal under torch's "
+                          "launcher: Slurm signals every process of the step, and the "
+                          "launcher takes TERM as the end of the job and fails it. Use USR1 "
+                          "(the launcher passes it to the workers), or --launch tasks")
     if launch == "tasks":
         ntasks = spec.ntasks_per_node or max(1, spec.gpus_per_node)
         if spec.gpus_per_node and ntasks != spec.gpus_per_node:
@@ -346,7 +550,10 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
     if spec.cpus_per_task * ntasks > node.cpus_per_node:
         raise ConfigError("cpus_per_task", f"{ntasks} task(s) x {spec.cpus_per_task} CPUs "
                           f"is more than the {node.cpus_per_node} CPUs of a {node.name} node")
-    if spec.mem is not None:
+    whole_node = spec.mem is not None and parse_mem(spec.mem, "mem", allow_zero=True) == 0
+    if whole_node:
+        mem_mb = node.mem_mb  # what Slurm gives for --mem=0 (checked against the workers)
+    elif spec.mem is not None:
         mem_mb = parse_mem(spec.mem, "mem")
     else:
         mem_mb = node.mem_mb * spec.cpus_per_task * ntasks // max(1, node.cpus_per_node)
@@ -372,7 +579,8 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
                        minutes=minutes, mem_mb=mem_mb, ntasks_per_node=ntasks, launch=launch,
                        margin=margin,
                        run_config=run_config, constraint=constraint, gres_type=gres_type,
-                       **_paths(spec, profile, run_config))
+                       whole_node_mem=whole_node, **_paths(spec, profile, run_config),
+                       **_environment(spec, profile))
 
 
 def navsim_command(job: ResolvedJob) -> list[str]:

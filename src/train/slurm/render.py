@@ -25,9 +25,11 @@ STEP_GRACE_SECONDS = 30
 
 # apptainer --cleanenv drops the host environment; the per-task SLURM and rank variables
 # `train launch` reads are handed in through APPTAINERENV_ copies made in each task.
+# The job's pass-through names (patterns such as WANDB_* too) come in TRAIN_ENV_NAMES.
 APPTAINER_TASK_ENV = (
-    "for v in " + " ".join(container.PASS_THROUGH) + "; do "
-    'if [ -n "${!v+x}" ]; then export "APPTAINERENV_$v=${!v}"; fi; done; exec "$@"'
+    "set -f; for v in $(compgen -v); do for p in " + " ".join(container.PASS_THROUGH)
+    + ' ${TRAIN_ENV_NAMES:-}; do if [[ $v == $p ]]; then '
+    'export "APPTAINERENV_$v=${!v}"; break; fi; done; done; set +f; exec "$@"'
 )
 
 
@@ -62,6 +64,17 @@ def requeue_allowed(job: ResolvedJob) -> bool:
     return job.spec.requeue or job.spec.preempt
 
 
+def stop_route(job: ResolvedJob) -> str:
+    """How the batch shell hands the stop signal to the step. usr1: USR1 to srun, which
+    has Slurm signal every process of the step; the docker task wrapper turns it into
+    STOP_SIGNAL for the container (outside the step). scancel: `scancel --signal=TERM` to
+    the job's steps, for TERM straight to their processes (srun itself must not get TERM:
+    it would end the step)."""
+    if job.stop == "TERM" and job.spec.runtime != "docker":
+        return "scancel"
+    return "usr1"
+
+
 def step_grace(job: ResolvedJob) -> int:
     """Seconds after the step starts before a walltime signal is passed on to it: enough
     for a program to start and set its handler, and well inside the signal margin."""
@@ -81,7 +94,7 @@ def sbatch_options(job: ResolvedJob) -> list[str]:
         ("nodes", str(spec.nodes)),
         ("ntasks-per-node", str(job.ntasks_per_node)),
         ("cpus-per-task", str(spec.cpus_per_task)),
-        ("mem", format_mem(job.mem_mb)),
+        ("mem", "0" if job.whole_node_mem else format_mem(job.mem_mb)),
     ]
     lines = [f"--{k}={sbatch_value(v, k.replace('-', '_'))}" for k, v in pairs if v]
     gpu = gpu_option(job)
@@ -89,7 +102,11 @@ def sbatch_options(job: ResolvedJob) -> list[str]:
         lines.append(gpu)
     lines += [
         f"--time={format_time(job.minutes)}",
-        f"--signal=B:USR1@{job.margin}",
+    ]
+    if job.stop != "none":
+        # to the batch shell, which passes the job's stop signal on to the step
+        lines.append(f"--signal=B:USR1@{job.margin}")
+    lines += [
         "--open-mode=append",
         f"--output={sbatch_value(logs + '/%x-%j.out', 'out')}",
         f"--error={sbatch_value(logs + '/%x-%j.err', 'out')}",
@@ -102,12 +119,27 @@ def sbatch_options(job: ResolvedJob) -> list[str]:
         for flag in job.profile.preempt_flags:
             key, _, value = flag.partition("=")
             lines.append(f"{key}={sbatch_value(value, 'preempt')}" if value else key)
+    # the escape hatch, always last: options the job spec has no field for
+    lines += [_extra_option(item, "sbatch_extra") for item in spec.sbatch_extra]
     return lines
+
+
+def _extra_option(item: str, field: str) -> str:
+    key, sep, value = item.partition("=")
+    return f"{key}={sbatch_value(value, field)}" if sep else key
+
+
+def step_environment(job: ResolvedJob) -> dict[str, str]:
+    """Values every process of the step gets: the fixed ones, then the job's own."""
+    return {**container.job_environment(job.profile.nccl_env), **dict(job.env_values)}
 
 
 def train_argv(job: ResolvedJob) -> list[str]:
     budget = job.time_budget_seconds
     tail = ["--out", job.run_dir]
+    if job.spec.gpus_per_node > 0:
+        # a GPU job trains on the GPU or stops at once (never the CPU for its walltime)
+        tail += ["--device", "cuda"]
     if job.results_csv is not None:
         # absolute, after the user's own (the last one counts): every runtime, whatever
         # its working directory, writes the file that was checked at submission
@@ -121,11 +153,10 @@ def step_argv(job: ResolvedJob) -> list[str]:
     spec = job.spec
     srun = ["srun", "--kill-on-bad-exit=1", f"--nodes={spec.nodes}",
             f"--ntasks-per-node={job.ntasks_per_node}",
-            f"--cpus-per-task={spec.cpus_per_task}"]
+            f"--cpus-per-task={spec.cpus_per_task}", *spec.srun_extra]
     prefix = container.runtime_prefix(
         spec.runtime, image=spec.image, gpus=spec.gpus_per_node > 0,
-        binds=job.binds, run_dir=job.run_dir,
-        env=container.job_environment(job.profile.nccl_env))
+        binds=job.binds, run_dir=job.run_dir, env=step_environment(job))
     if spec.runtime == "apptainer":
         prefix = ["bash", "-c", APPTAINER_TASK_ENV, "train-task", *prefix]
     if spec.entry == "command":
@@ -162,25 +193,28 @@ def render(job: ResolvedJob, library: str) -> str:
     out += [f"#SBATCH {line}" for line in sbatch_options(job)]
     out += [
         f"# Rendered by `train render` for cluster {job.profile.name}: every chunk of the "
-        f"chain (at most {spec.max_chunks}) runs this script; its argument is the chunk "
+        f"chain (at most {job.chunks}) runs this script; its argument is the chunk "
         "number.",
         "# Edit the job spec and render again rather than editing this file.",
         "set -euo pipefail",
         "",
         f"RUN_DIR={shlex.quote(job.run_dir)}",
-        f"MAX_CHUNKS={spec.max_chunks}",
+        f"MAX_CHUNKS={job.chunks}",
         f"REQUEUE={1 if spec.requeue else 0}",
         f"REQUEUE_ALLOWED={1 if requeue_allowed(job) else 0}",
-        # programs other than `train run` write no COMPLETE marker: success completes
+        # a program other than `train run` that exits 0 before its stop signal is done
         f"COMPLETE_ON_SUCCESS={0 if spec.entry == 'train' else 1}",
         f"WALLTIME_SECONDS={job.minutes * 60}",
+        f"STOP_SIGNAL={job.stop}",
+        f"STOP_MARGIN={job.margin}",
+        f"STOP_VIA={stop_route(job)}",
         f"STEP_GRACE={step_grace(job)}",
         f"RUNTIME={shlex.quote(spec.runtime)}",
         f"IMAGE={shlex.quote(spec.image or '')}",
         "# the contract with train (train/slurm/contract.py)",
         *[f"{k}={shlex.quote(v)}" for k, v in contract.shell_variables().items()],
     ]
-    env = container.job_environment(job.profile.nccl_env)
+    env = {**step_environment(job), container.ENV_NAMES_VAR: " ".join(job.env_names)}
     out.append("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
     if job.profile.modules and spec.runtime == "apptainer":
         out += ["", "# site set-up (from the cluster profile)", *job.profile.modules]

@@ -1,0 +1,97 @@
+"""Programs that are not ours on the REAL 2-node SLURM cluster: a plain DDP script (no
+`train` import) under torch's launcher and as one rank per task, on the host and inside
+the CI image, and the walltime contract (stop signal, checkpoint, the next chunk resumes,
+the chain completes)."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.integration.chains import TERMINAL, walltime_signal
+from tests.integration.chains import logs as _logs
+from tests.integration.chains import wait as _wait
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+SCRIPT = Path(__file__).with_name("user_ddp.py")
+
+
+def _submit(tmp_path: Path, env: dict[str, str], name: str, flags: list[str],
+            python: str = sys.executable) -> Path:
+    run_dir = tmp_path / "runs" / name
+    run_dir.mkdir(parents=True)  # the script lives where every runtime sees it
+    script = run_dir / "user_ddp.py"
+    shutil.copy(SCRIPT, script)
+    proc = run_cli(["submit", "--name", name, "--cluster", "local", "--entry", "command",
+                    "--nodes", "2", "--cpus-per-task", "2", "--mem", "2000M", "--time", "5",
+                    *flags, "--", python, str(script)], cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return run_dir
+
+
+def _python(request: pytest.FixtureRequest, runtime: str, env: dict[str, str]
+            ) -> tuple[list[str], str]:
+    if runtime == "docker":
+        env.update(request.getfixturevalue("docker_engine"))
+        return ["--runtime", "docker", "--image", request.getfixturevalue("ci_image")], \
+            "python3"
+    return ["--python", sys.executable], sys.executable
+
+
+@pytest.mark.parametrize("runtime", ["none", pytest.param("docker", marks=pytest.mark.docker)])
+@pytest.mark.parametrize("launch", ["torchrun", "tasks"])
+def test_a_plain_ddp_script_trains_on_two_nodes(
+        tmp_path: Path, slurm_env: dict[str, str], request: pytest.FixtureRequest,
+        launch: str, runtime: str) -> None:
+    env = dict(slurm_env)
+    flags, python = _python(request, runtime, env)
+    name = f"user-{launch}-{runtime}"
+    run_dir = _submit(tmp_path, env, name, [*flags, "--launch", launch], python)
+    st = _wait(tmp_path, env, name, lambda s: s["state"] in TERMINAL, timeout=300)
+    out = _logs(run_dir, "out")
+    assert st["state"] == "complete", (st, _logs(run_dir, "err")[-4000:])
+    assert "user script rank 0/2" in out and "user script rank 1/2" in out
+    weights = {line.rsplit(" ", 1)[-1] for line in out.splitlines() if "weight sum" in line}
+    assert len(weights) == 1, out  # DDP kept both ranks identical
+    assert out.count("done at step 20") == 2
+
+
+def test_with_no_stop_signal_a_program_without_a_handler_is_never_signalled(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    env = {**slurm_env, "USER_NO_HANDLER": "1", "USER_HOLD_AT": "5"}
+    run_dir = _submit(tmp_path, env, "nohandler", ["--launch", "tasks", "--python",
+                                                   sys.executable])
+    script = next((run_dir / "jobs").glob("*.sbatch")).read_text()
+    assert "--signal" not in script.split("set -euo")[0]  # Slurm sends nothing early
+    st = _wait(tmp_path, env, "nohandler",
+               lambda s: (run_dir / "user_held").exists(), timeout=300)
+    walltime_signal(st["chunks"][0]["job_id"], env)  # as if: it must not reach the step
+    _wait(tmp_path, env, "nohandler", lambda s: "not passed on" in _logs(run_dir), 120)
+    (run_dir / "user_release").touch()
+    st = _wait(tmp_path, env, "nohandler", lambda s: s["state"] in TERMINAL, timeout=300)
+    assert st["state"] == "complete", (st, _logs(run_dir)[-3000:])  # exit 0, never asked
+    assert "stopped by signal" not in _logs(run_dir, "out")
+    assert _logs(run_dir, "out").count("done at step 20") == 2
+
+@pytest.mark.parametrize(("launch", "stop"), [("torchrun", "USR1"), ("tasks", "TERM")])
+def test_a_script_that_checkpoints_on_its_stop_signal_resumes_in_the_next_chunk(
+        tmp_path: Path, slurm_env: dict[str, str], launch: str, stop: str) -> None:
+    env = {**slurm_env, "USER_HOLD_AT": "7"}
+    name = f"resume-{launch}-{stop}"
+    run_dir = _submit(tmp_path, env, name, ["--launch", launch, "--stop-signal", stop,
+                                            "--max-chunks", "3", "--python", sys.executable])
+    st = _wait(tmp_path, env, name, lambda s: (run_dir / "user_held").exists(), timeout=300)
+    walltime_signal(st["chunks"][0]["job_id"], env)
+    st = _wait(tmp_path, env, name, lambda s: s["state"] in TERMINAL, timeout=300)
+    out, err = _logs(run_dir, "out"), _logs(run_dir, "err")
+    assert st["state"] == "complete", (st, err[-4000:])
+    assert [c["events"][-1] for c in st["chunks"] if c["events"]] == ["stopped", "complete"], st
+    assert "user script stopped by signal at step 7" in out
+    assert "rank 0 resumed at step 7" in out and "rank 1 resumed at step 7" in out
+    assert out.count("done at step 20") == 2
+    assert f"checkpoint and stop ({stop})" in err
