@@ -232,7 +232,7 @@ def test_two_node_tasks_mode_lightning_ranks_join(tmp_path: Path, slurm_env: dic
         flags = ["--runtime", "docker", "--image", request.getfixturevalue("ci_image")]
         python = "python3"
     proc = run_cli(["submit", "--name", name, "--cluster", "local", "--entry", "command",
-                    *flags, "--nodes", "2", "--cpus-per-task", "2", "--mem", "2000M",
+                    "--launch", "tasks", *flags, "--nodes", "2", "--cpus-per-task", "2", "--mem", "2000M",
                     "--time", "5", "--", python, str(script)], cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
     st = _wait(tmp_path, env, name, lambda s: s["state"] in TERMINAL, timeout=300)
