@@ -36,7 +36,9 @@ exit codes:
      after writing a checkpoint: OUT/status.json says which; run the same command to resume
   1  an unexpected failure
   2  bad input (unknown workload, config key or value; unwritable --out); nothing written
-  3  a resource is missing: GPU memory at start-up, or the StarCraft II game (SC2PATH)
+  3  a resource is missing: GPU memory at start-up, the StarCraft II game (SC2PATH), a
+     usable CUDA with --device cuda (the message names the cause and the fix), or the
+     training runtime (pip install 'train[run]')
 
 A YAML file given with --config takes the same keys as the flags (with underscores);
 flags override it.

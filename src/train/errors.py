@@ -5,7 +5,8 @@ Exit codes (also documented in the README and `train run --help`):
   1  an unexpected failure
   2  bad input: unknown workload, bad config key or value, unwritable output directory
   3  a resource the run needs is missing: GPU memory at start-up, the StarCraft II game,
-     the training runtime (`train run`/`train launch` in a client-only install)
+     a usable CUDA with --device cuda, the training runtime (`train run`/`train launch`
+     in a client-only install)
 """
 
 from __future__ import annotations
