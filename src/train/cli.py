@@ -123,7 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run inside the container on each node of a SLURM job "
                        "step: derive the rendezvous from SLURM and start the command after "
                        "`--` (torchrun: one task per node; tasks: one task per GPU).")
-    p.add_argument("--mode", choices=["torchrun", "tasks"], default="torchrun")
+    p.add_argument("--mode", choices=["torchrun", "tasks", "single"], default="torchrun",
+                   help="torchrun (one task per node, a worker per GPU), tasks (this task "
+                   "is one rank) or single (one process: checks and waits, then runs it)")
     p.add_argument("--nproc-per-node", type=int, default=None,
                    help="torchrun workers per node (default: the node's GPUs, 1 on CPU)")
     p.add_argument("--min-free-mb", type=int, default=None,
@@ -204,14 +206,18 @@ def _cmd_clusters(args: argparse.Namespace) -> int:
 
 def _resolved_job(args: argparse.Namespace, workload: list[str] | None) -> Any:
     from train.clusters.profiles import Registry
-    from train.defaults import defaults_path, load_defaults, merged
+    from train.defaults import LISTS, defaults_path, load_defaults, merged
     from train.slurm.job import JobSpec, job_from_sources, resolve
 
     file_values = load_yaml(args.job_file) if args.job_file is not None else {}
     flags: dict[str, Any] = flags_from(args, JobSpec, skip=("workload",))
     if workload is not None:
         flags["workload"] = list(workload)
-    spec = job_from_sources(merged(load_defaults(), file_values), flags)
+    base = merged(load_defaults(), file_values)
+    for key in LISTS:  # list flags add to the file's and the defaults' lists
+        if key in flags and isinstance(base.get(key), list):
+            flags[key] = list(dict.fromkeys([*map(str, base[key]), *flags[key]]))
+    spec = job_from_sources(base, flags)
     registry = Registry(args.profile)
     if spec.cluster is None:
         raise UsageError(f"no cluster given: use --cluster NAME (one of "
@@ -228,6 +234,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
         defaults_path,
         interactive,
         load_defaults,
+        merged,
         write_defaults,
     )
 
@@ -240,7 +247,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
     given = {k: getattr(args, k) for k in ASKED if getattr(args, k) is not None}
     profiles = Registry(args.profile).names()
     asking = not given and interactive()
-    values = ask(profiles, current) if asking else {**current, **given}
+    values = ask(profiles, current) if asking else merged(current, given)
     written = write_defaults(values, profiles, path)
     print(f"defaults written to {written}")
     print(yaml.safe_dump(load_defaults(written), sort_keys=False), end="")

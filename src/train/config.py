@@ -401,6 +401,9 @@ def add_fields(p: argparse.ArgumentParser, cls: type[Any], skip: Sequence[str]) 
             p.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name,
                            action="store_const", const="false", default=None,
                            help=argparse.SUPPRESS)
+        elif meta["kind"] is list:  # may repeat: --env A --env B=1
+            p.add_argument(*flags, dest=f.name, default=None, action="append",
+                           metavar=f.name.upper(), help=help_text)
         else:
             p.add_argument(*flags, dest=f.name, default=None, metavar=f.name.upper(),
                            help=help_text)

@@ -103,8 +103,9 @@ def runtime_prefix(runtime: str, *, image: str | None, gpus: bool, binds: Sequen
         if gpus:
             argv.append("--nv")
         argv.append("--cleanenv")
-        for name, value in env.items():
-            argv += ["--env", f"{name}={value}"]
+        # `env` reaches the container by name (the task wrapper exports APPTAINERENV_ copies
+        # of the batch shell's values): apptainer's own --env parser splits a value on ','
+        # and '=' (PYTORCH_CUDA_ALLOC_CONF has commas), and quotes break it
         for spec in dict.fromkeys([*binds, run_dir]):
             argv += ["--bind", spec]
         return [*argv, image]

@@ -43,7 +43,7 @@ def load_defaults(path: Path | None = None) -> dict[str, Any]:
     values = normalise(load_yaml(path))
     from train.slurm.job import JobSpec
 
-    known = set(JobSpec.__dataclass_fields__) - {"workload"}
+    known = set(JobSpec.__dataclass_fields__) - set(NOT_DEFAULTS)
     unknown = sorted(set(values) - known)
     if unknown:
         raise ConfigError(unknown[0], f"unknown key in the defaults file {path}; valid keys "
@@ -51,9 +51,24 @@ def load_defaults(path: Path | None = None) -> dict[str, Any]:
     return values
 
 
-def merged(defaults: Mapping[str, Any], job_file: Mapping[str, Any]) -> dict[str, Any]:
-    """Defaults, then the job file over them (key by key)."""
-    return {**normalise(defaults), **normalise(job_file)}
+# list keys add up (defaults, then the job file, then flags); other keys are replaced
+LISTS = ("env", "bind", "sbatch_extra", "srun_extra")
+# keys that name one run: a default would make every job share them
+NOT_DEFAULTS = ("name", "out", "workload")
+
+
+def merged(defaults: Mapping[str, Any], job_file: Mapping[str, Any],
+           flags: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Defaults < the job file < flags, key by key; the list keys are concatenated."""
+    out: dict[str, Any] = {}
+    for layer in (normalise(defaults), normalise(job_file), dict(flags or {})):
+        for key, value in layer.items():
+            if key in LISTS and isinstance(value, (list, tuple)) and \
+                    isinstance(out.get(key), (list, tuple)):
+                out[key] = list(dict.fromkeys([*out[key], *value]))
+            else:
+                out[key] = value
+    return out
 
 
 def _check(values: Mapping[str, Any], profiles: list[str]) -> None:
@@ -93,6 +108,20 @@ def write_defaults(values: Mapping[str, Any], profiles: list[str],
     """Validate, then write atomically (nothing is written when a value is bad)."""
     path = path or defaults_path()
     clean = {k: v for k, v in normalise(values).items() if v is not None and v != []}
+    if not clean:
+        raise UsageError("init: nothing to write: give flags (e.g. --cluster NAME), or run "
+                         "it on a terminal to be asked")
+    for key in NOT_DEFAULTS:
+        if key in clean:
+            raise ConfigError(key, "names one run: it cannot be a default for every job")
+    if "bind" in clean:  # a default bind means the same path from any directory
+        from train.slurm.job import parse_bind
+
+        binds = [parse_bind(str(b)) for b in clean["bind"]]
+        for bind in binds:
+            if not os.path.exists(bind.src):
+                raise ConfigError("bind", f"{bind.src} does not exist")
+        clean["bind"] = [b.spec for b in binds]
     _check(clean, profiles)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

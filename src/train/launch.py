@@ -266,13 +266,8 @@ def prepare(opts: LaunchOptions, env: MutableMapping[str, str]) -> tuple[SlurmSt
     if opts.min_free_mb is not None:
         if step.gpus_on_node == 0:
             log.info("GPU memory wait skipped: no GPU on this node")
-        elif not wait_for_gpu_memory(opts.min_free_mb, opts.wait_timeout):
-            if opts.fallback_batch is None:
-                raise ResourceError(f"GPUs did not reach {opts.min_free_mb} MiB free within "
-                                    f"{opts.wait_timeout:g} s")
-            log.warning("GPU memory still short after %g s: falling back to batch size %d",
-                        opts.wait_timeout, opts.fallback_batch)
-            command += ["--batch-size", str(opts.fallback_batch)]
+        else:
+            command = _wait_or_fall_back(opts, env, command)
     if opts.workers is not None:
         procs = (opts.nproc_per_node or max(1, step.gpus_on_node)) if opts.mode == "torchrun" \
             else step.ntasks_per_node
@@ -285,6 +280,75 @@ def prepare(opts: LaunchOptions, env: MutableMapping[str, str]) -> tuple[SlurmSt
         command = [f"{WORKER_OVERRIDE}={allowed}" if a.startswith(WORKER_OVERRIDE + "=")
                    else a for a in command]
     return step, master, command
+
+
+DEADLINE_VAR = "TRAIN_DEADLINE"  # the walltime contract: checkpointed by this Unix time
+# what is left for the work itself when the wait ends at the latest
+MIN_WORK_SECONDS = 60
+
+
+def wait_budget(timeout: float, env: Mapping[str, str], now: float) -> float:
+    """The wait's timeout, cut so that the wait never eats the chunk's time budget: it
+    ends MIN_WORK_SECONDS before the deadline at the latest."""
+    deadline = env.get(DEADLINE_VAR, "")
+    if not deadline.isdigit():
+        return timeout
+    return max(0.0, min(timeout, int(deadline) - now - MIN_WORK_SECONDS))
+
+
+def _wait_or_fall_back(opts: LaunchOptions, env: Mapping[str, str],
+                       command: list[str]) -> list[str]:
+    assert opts.min_free_mb is not None
+    start = time.time()
+    timeout = wait_budget(opts.wait_timeout, env, start)
+    if timeout < opts.wait_timeout:
+        log.info("GPU memory wait: at most %.0f s (the chunk's deadline leaves that, not "
+                 "the %g s asked for)", timeout, opts.wait_timeout)
+    ok = wait_for_gpu_memory(opts.min_free_mb, timeout)
+    used = time.time() - start
+    log.info("GPU memory wait took %.0f s of the chunk's time budget", used)
+    if ok:
+        return command
+    if opts.fallback_batch is None:
+        raise ResourceError(f"GPUs did not reach {opts.min_free_mb} MiB free within "
+                            f"{timeout:.0f} s (the wait's limit)")
+    log.warning("GPU memory still short after %.0f s: falling back to batch size %d",
+                used, opts.fallback_batch)
+    return [*command, "--batch-size", str(opts.fallback_batch)]
+
+
+# Inside the step `scontrol requeue` (Lightning's SLURM plugin runs it on the walltime
+# signal, after saving its checkpoint) must not requeue the job from inside: the chain
+# goes on by itself. This stand-in asks the batch shell to end the step (TERM to its
+# tasks: Lightning then exits 0) by writing the file TRAIN_STOP_REQUEST names; the next
+# chunk resumes from the checkpoint. Anything else goes to the real scontrol, if any.
+SCONTROL_SHIM = """#!/bin/sh
+if [ "$1" = requeue ]; then
+    echo "train: the program asked to requeue job ${2:-}: this chunk ends now (its" \
+        "checkpoint is written) and the chain's next chunk continues" >&2
+    if [ -n "${TRAIN_STOP_REQUEST:-}" ]; then
+        echo "requeue ${2:-}" > "$TRAIN_STOP_REQUEST.tmp" && \
+            mv "$TRAIN_STOP_REQUEST.tmp" "$TRAIN_STOP_REQUEST"
+    fi
+    exit 0
+fi
+self_dir=$(cd "$(dirname "$0")" && pwd)
+PATH=$(printf '%s' "$PATH" | tr ':' '\n' | grep -vx "$self_dir" | paste -sd: -)
+export PATH
+exec scontrol "$@"
+"""
+
+
+def install_scontrol_shim(env: MutableMapping[str, str]) -> Path:
+    """Put the stand-in first on PATH for the program (and its children)."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="train-shim-"))
+    shim = folder / "scontrol"
+    shim.write_text(SCONTROL_SHIM, encoding="utf-8")
+    shim.chmod(0o755)
+    env["PATH"] = f"{folder}{os.pathsep}{env.get('PATH', os.defpath)}"
+    return folder
 
 
 def _children(pid: int) -> list[int]:
@@ -343,6 +407,7 @@ def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> 
     # (torchrun runs `python -m MODULE` with its own interpreter: no program to find)
     if opts.mode != "torchrun" or "--no-python" in torchrun_argv(step, master, 1, command):
         find_program(command, environ)
+    install_scontrol_shim(environ)
     if opts.mode == "torchrun":
         signal.signal(signal.SIGUSR1, _forward_to_workers)
         nproc = opts.nproc_per_node or max(1, step.gpus_on_node)
@@ -352,6 +417,11 @@ def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> 
 
         torchrun_main(argv)
         return 0
+    if opts.mode == "single":
+        log.info("single process: %s", " ".join(command))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execvpe(command[0], command, dict(environ))  # noqa: S606 (argv list, no shell)
     environ.update(tasks_env(step, master))
     log.info("rank %d/%d (node %d, local %d), master %s:%d: %s", step.procid, step.ntasks,
              step.node_id, step.localid, master, step.port, " ".join(command))

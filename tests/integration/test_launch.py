@@ -239,5 +239,6 @@ def test_two_node_tasks_mode_lightning_ranks_join(tmp_path: Path, slurm_env: dic
     out = _logs(run_dir, "out")
     assert st["state"] == "complete", (st, _logs(run_dir, "err")[-4000:])
     assert "lightning rank 0/2 joined" in out and "lightning rank 1/2 joined" in out
-    sums = {line.rsplit(" ", 1)[-1] for line in out.splitlines() if "weight sum" in line}
+    sums = {line.split("weight sum ")[1].split(";")[0] for line in out.splitlines()
+            if "weight sum" in line}
     assert len(sums) == 1  # DDP kept both ranks' weights identical

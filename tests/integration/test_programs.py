@@ -95,3 +95,38 @@ def test_a_script_that_checkpoints_on_its_stop_signal_resumes_in_the_next_chunk(
     assert "rank 0 resumed at step 7" in out and "rank 1 resumed at step 7" in out
     assert out.count("done at step 20") == 2
     assert f"checkpoint and stop ({stop})" in err
+
+
+@pytest.mark.parametrize("runtime", ["none", pytest.param("docker", marks=pytest.mark.docker)])
+def test_lightning_checkpoints_on_the_walltime_signal_and_the_next_chunk_resumes(
+        tmp_path: Path, slurm_env: dict[str, str], request: pytest.FixtureRequest,
+        runtime: str) -> None:
+    # Lightning's own SLURM support on USR1: it saves hpc_ckpt_1.ckpt and runs `scontrol
+    # requeue`, which train launch's stand-in turns into "end this chunk" (never a real
+    # requeue: the real scontrol is on PATH with runtime none); the next chunk's Lightning
+    # finds the checkpoint in its default_root_dir (TRAIN_RUN_DIR) and resumes
+    env = {**slurm_env, "PL_HOLD_AT": "3", "PL_EPOCHS": "3"}
+    flags, python = _python(request, runtime, env)
+    name = f"pl-resume-{runtime}"
+    run_dir = tmp_path / "runs" / name
+    run_dir.mkdir(parents=True)
+    script = run_dir / "lightning_tiny.py"
+    shutil.copy(Path(__file__).with_name("lightning_tiny.py"), script)
+    proc = run_cli(["submit", "--name", name, "--cluster", "local", "--entry", "command",
+                    "--launch", "tasks", "--stop-signal", "USR1", "--max-chunks", "3",
+                    "--env", "PL_HOLD_AT", "--env", "PL_EPOCHS", *flags, "--nodes", "2",
+                    "--cpus-per-task", "2", "--mem", "2000M", "--time", "5", "--", python,
+                    str(script)], cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    st = _wait(tmp_path, env, name, lambda s: (run_dir / "pl_held").exists(), timeout=300)
+    walltime_signal(st["chunks"][0]["job_id"], env)
+    st = _wait(tmp_path, env, name, lambda s: s["state"] in TERMINAL, timeout=300)
+    out, err = _logs(run_dir, "out"), _logs(run_dir, "err")
+    assert st["state"] == "complete", (st, err[-4000:])
+    assert [c["events"][-1] for c in st["chunks"] if c["events"]] == ["stopped", "complete"]
+    assert st["chunks"][0]["state"] == "COMPLETED"  # ended by us, not requeued by Slurm
+    assert "requeued" not in (run_dir / "chain.events").read_text()
+    assert "asked to requeue job" in err and "asked to end this chunk" in err
+    assert (run_dir / "hpc_ckpt_1.ckpt").exists()
+    assert "hpc_ckpt_1.ckpt" in err.split("chunk 2 of at most")[1]  # restored from it
+    assert out.count("global step 12") == 2, out  # 3 epochs x 4 steps, on both ranks

@@ -64,7 +64,7 @@ def test_a_chain_extends_itself_until_the_work_is_done_and_equals_one_run(
     assert st["state"] == "complete", st
     assert st["chunks_used"] == 3 and st["done"] == st["total"] == 600
     assert [c["state"] for c in st["chunks"]] == ["COMPLETED"] * 3 + ["CANCELLED"]
-    assert "walltime signal: asking the training step to checkpoint" in logs(run_dir)
+    assert "walltime signal: asking the step to checkpoint" in logs(run_dir)
     assert logs(run_dir).count("resumed at episode") == 2
 
     straight = tmp_path / "straight"

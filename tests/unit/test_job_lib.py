@@ -69,10 +69,16 @@ case "$STEP_MODE" in
             trap 'stop USR1' USR1
             trap 'stop TERM' TERM
         fi
+        if [ -n "${STEP_IGNORES_USR1:-}" ]; then trap '' USR1; fi
         echo $$ > "$RUN_DIR/step.pid"
         env | grep '^TRAIN_' > "$RUN_DIR/step.env"
         # like `train run` once its handlers are set, where the test asks for it
         if [ -n "${STEP_SAYS_READY:-}" ]; then touch "$TRAIN_SIGNAL_READY"; fi
+        # like Lightning through train launch's scontrol stand-in: "end this chunk"
+        if [ -n "${STEP_REQUESTS_STOP:-}" ]; then
+            ( while [ -n "${STEP_WAIT_GO:-}" ] && [ ! -e "$RUN_DIR/step.go" ]; do
+                sleep 0.02; done; echo requeue > "$TRAIN_STOP_REQUEST" ) &
+        fi
         touch "$RUN_DIR/step.ready"
         while [ ! -e "$RUN_DIR/step.quit" ]; do sleep 0.02; done
         exit 0 ;;
@@ -500,3 +506,25 @@ def _wait_for(condition: object, proc: subprocess.Popen[str]) -> None:
         time.sleep(0.01)
     proc.kill()
     pytest.fail("the condition was not reached")
+
+
+@pytest.mark.parametrize("after_usr1", [False, True])
+def test_a_program_that_asks_to_end_its_chunk_gets_term_and_the_chain_goes_on(
+        tmp_path: Path, after_usr1: bool) -> None:
+    # Lightning asks (through the scontrol stand-in) after the walltime USR1 reached it
+    script = _script(tmp_path, COMPLETE_ON_SUCCESS="1")
+    env = {**_env(tmp_path), "STEP_MODE": "wait", "STEP_REQUESTS_STOP": "1"}
+    if after_usr1:  # the step ignores USR1 here, and asks once the test says go
+        env.update(STEP_IGNORES_USR1="1", STEP_WAIT_GO="1")
+    proc = spawn_group(["bash", str(script), "1"], env=env)
+    if after_usr1:
+        _wait_started(tmp_path, proc)
+        proc.send_signal(signal.SIGUSR1)
+        (tmp_path / "run" / "step.go").touch()
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "asked to end this chunk" in err
+    assert _calls(tmp_path, "scancel") == ["--signal=TERM 500"]
+    assert (tmp_path / "run" / "step.signals").read_text() == "TERM\n"
+    assert _kinds(tmp_path) == ["started", "extended", "stopped"]
+    assert not list((tmp_path / "run").glob(".stop-request-*"))

@@ -3,6 +3,7 @@ defaults file and `train init`, and a CLI that never guesses (no prefix matching
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +50,11 @@ def test_a_passed_through_name_never_has_its_value_written(
                    entry="command", workload=("python", "fit.py"))
     assert "s3cr3t-value" not in text
     assert "MY_SECRET_TOKEN" in text  # by name, in TRAIN_ENV_NAMES
-    assert "--env\n    LR=0.1" in text  # a set value goes in as given
+    # set values reach apptainer by name too: its --env parser splits values on ',' and '='
+    assert "--env" not in text.split("STEP=(")[1]
     assert "export PYTHONUNBUFFERED=1" in text and " LR=0.1 " in text
+    names = shlex.split(text.split("TRAIN_ENV_NAMES=")[1].split("\n")[0])[0].split()
+    assert "LR" in names and "PYTORCH_CUDA_ALLOC_CONF" in names
 
 
 def test_profile_env_names_are_passed_through(tmp_path: Path) -> None:
@@ -181,7 +185,9 @@ def test_extra_options_are_rendered_in_one_place() -> None:
 
 
 @pytest.mark.parametrize(("item", "field", "use"), [
-    ("--time=10", "sbatch_extra", "time"), ("-N2", "sbatch_extra", "nodes"),
+    ("--time=10", "sbatch_extra", "time"), ("--nod=2", "sbatch_extra", "nodes"),
+    ("--parti=x", "sbatch_extra", "partition"), ("--depend=afterok:1", "sbatch_extra", "chain"),
+    ("--hold", "sbatch_extra", "held"), ("--kill-on=0", "srun_extra", "set by the job"),
     ("--gres=gpu:1", "sbatch_extra", "gpus_per_node"), ("--signal=USR1@60", "sbatch_extra",
                                                           "stop_signal"),
     ("--output=x", "sbatch_extra", "out"), ("--nodes=3", "srun_extra", "nodes"),
@@ -194,7 +200,8 @@ def test_options_the_job_sets_are_refused_naming_the_field(item: str, field: str
     assert err.value.field == field and use in str(err.value)
 
 
-@pytest.mark.parametrize("item", ["reservation=x", "--reservation x", "--a=b\n#SBATCH -x"])
+@pytest.mark.parametrize("item", ["reservation=x", "--reservation x", "--a=b\n#SBATCH -x",
+                                  "-N2", "-Hpx", "-vN3", "--", "--x"])
 def test_malformed_extra_options_are_refused(item: str) -> None:
     with pytest.raises(ConfigError):
         JobSpec(sbatch_extra=(item,))
@@ -305,3 +312,81 @@ def test_init_asks_on_a_terminal(tmp_path: Path, _own_defaults: Path) -> None:
     assert yaml.safe_load(_own_defaults.read_text()) == {
         "account": "lab", "cluster": "local", "runtime": "apptainer", "image": "/x.sif",
         "bind": ["/tmp", "/var"], "env": ["HF_HOME"]}
+
+
+# -- what a hostile user tried ------------------------------------------------------------
+
+def test_list_flags_repeat_on_the_command_line(tmp_path: Path) -> None:
+    proc = run_cli(["render", "-M", "local", "--env", "FOO", "--env", "LR=1", "--bind",
+                    "/tmp", "--sbatch-extra=--exclude=n1", "--", "demo"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH --exclude=n1" in proc.stdout and " LR=1 " in proc.stdout
+    assert "FOO" in proc.stdout.split("TRAIN_ENV_NAMES=")[1].split("\n")[0]
+
+
+def test_a_command_entry_without_a_program_is_refused(tmp_path: Path) -> None:
+    for argv in (["-e", "command"], ["-e", "command", "--", ""]):
+        proc = run_cli(["render", "-M", "local", *argv], cwd=tmp_path)
+        assert proc.returncode == 2 and "workload" in proc.stderr, (argv, proc.stdout)
+
+
+def test_stop_signal_none_from_a_flag_is_honoured(tmp_path: Path) -> None:
+    proc = run_cli(["render", "-M", "local", "--stop-signal", "none", "--", "demo"],
+                   cwd=tmp_path)
+    assert proc.returncode == 0 and "STOP_SIGNAL=none" in proc.stdout
+    assert "#SBATCH --signal" not in proc.stdout
+
+
+@pytest.mark.parametrize("item", ["SLURM_JOB_ID=5", "PATH=/x", "TRAIN_RUN_DIR=/x",
+                                  "BASH_ENV=/x", "RANK=0", "LD_PRELOAD=/x.so"])
+def test_names_the_job_owns_cannot_be_given_values(item: str) -> None:
+    assert "cannot be given a value" in _error("env", env=(item,), workload=("demo",))
+
+
+def test_bind_destinations_are_checked(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    kw = dict(runtime="apptainer", image="x.sif", workload=("demo",))
+    assert "two binds" in _error("bind", bind=(f"{a}:/d", f"{b}:/d"), **kw)
+    assert "whole file system" in _error("bind", bind=(f"{a}:/",), **kw)
+    assert "run directory" in _error("bind", bind=(f"{a}:{tmp_path}/runs:ro",),
+                                     out=str(tmp_path / "runs" / "x"), **kw)
+    assert "read-only" in _error("bind", bind=(f"{a}:{a}:ro",), workload=("demo",))
+    assert "':'" in _error("bind", bind=(f"{a}/with:colon",), **kw)
+
+
+def test_lists_add_up_from_defaults_file_and_flags(tmp_path: Path,
+                                                   _own_defaults: Path) -> None:
+    _own_defaults.write_text("cluster: local\nenv: [WANDB_API_KEY]\n")
+    job = tmp_path / "job.yaml"
+    job.write_text("env: [LR=1]\n")
+    proc = run_cli(["render", str(job), "--env", "SEED=3", "--", "demo"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "WANDB_API_KEY" in proc.stdout and " LR=1 " in proc.stdout
+    assert " SEED=3 " in proc.stdout
+    assert run_cli(["init", "--env", "HF_TOKEN"], cwd=tmp_path).returncode == 0
+    assert yaml.safe_load(_own_defaults.read_text())["env"] == ["WANDB_API_KEY", "HF_TOKEN"]
+
+
+def test_init_refuses_what_cannot_be_a_default(tmp_path: Path, _own_defaults: Path) -> None:
+    proc = run_cli(["init"], cwd=tmp_path)  # no flags, no terminal: nothing to write
+    assert proc.returncode == 2 and "nothing to write" in proc.stderr
+    assert not _own_defaults.exists()
+    proc = run_cli(["init", "--bind", "nope"], cwd=tmp_path)
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+    (tmp_path / "data").mkdir()
+    assert run_cli(["init", "--bind", "data"], cwd=tmp_path).returncode == 0
+    assert yaml.safe_load(_own_defaults.read_text())["bind"] == [str(tmp_path / "data")]
+    _own_defaults.write_text("cluster: local\nout: /tmp/x\n")
+    proc = run_cli(["render", "--", "demo"], cwd=tmp_path)
+    assert proc.returncode == 2 and "out" in proc.stderr
+
+
+def test_submit_without_sbatch_writes_nothing(tmp_path: Path) -> None:
+    import os
+
+    proc = run_cli(["submit", "-M", "local", "--out", "deep/er/run", "--", "demo"],
+                   cwd=tmp_path, env={"PATH": os.path.dirname(os.__file__) + "/../../bin"})
+    assert proc.returncode == 3 and "login node" in proc.stderr, proc.stderr
+    assert list(tmp_path.iterdir()) == []

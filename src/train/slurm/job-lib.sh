@@ -151,7 +151,16 @@ train_start_step() {
         TRAIN_DEADLINE=$((TRAIN_START + WALLTIME_SECONDS - STOP_MARGIN)) \
         TRAIN_TIME_BUDGET=$((TRAIN_START + WALLTIME_SECONDS - STOP_MARGIN - now)) \
         TRAIN_COMPLETE_FILE="$RUN_DIR/$COMPLETE_FILE" \
-        TRAIN_PROGRESS_FILE="$RUN_DIR/$PROGRESS_FILE"
+        TRAIN_PROGRESS_FILE="$RUN_DIR/$PROGRESS_FILE" \
+        TRAIN_STOP_REQUEST="$RUN_DIR/.stop-request-${SLURM_JOB_ID:-0}-${SLURM_RESTART_COUNT:-0}"
+    rm -f "$TRAIN_STOP_REQUEST"
+    # a program that has checkpointed may ask for its chunk to end (`train launch`'s
+    # scontrol stand-in does, when Lightning asks to requeue): looked at every second
+    (
+        while [ ! -e "$TRAIN_STOP_REQUEST" ]; do sleep 1; done
+        kill -USR2 "$$" 2>/dev/null
+    ) >/dev/null 2>&1 &
+    TRAIN_WATCHER=$!
     {
         "${STEP[@]}" &
         echo "$!" > "$TRAIN_TMP/step.pid"
@@ -216,6 +225,17 @@ train_on_usr1() {
     fi
 }
 
+# shellcheck disable=SC2329  # invoked by the USR2 trap
+train_on_stop_request() {
+    # the program checkpointed and asked to end this chunk: TERM to the step's tasks
+    # (never to srun or this shell), recorded as a checkpointed stop
+    [ "$TRAIN_TERMINATING" = 0 ] && [ "$TRAIN_STOP_REQUESTED" = 0 ] || return 0
+    train_log "the program asked to end this chunk after its checkpoint: stopping the step"
+    TRAIN_STOP_REQUESTED=1
+    TRAIN_STOP_SENT=1
+    scancel --signal=TERM "${SLURM_JOB_ID:-0}" 2>/dev/null || train_signal_step TERM
+}
+
 # shellcheck disable=SC2329  # invoked by the TERM trap
 train_on_term() {
     # Slurm sends TERM (KillWait seconds before KILL) to every process of the job at the
@@ -244,7 +264,10 @@ train_on_term() {
 # shellcheck disable=SC2329  # invoked by the EXIT trap
 train_on_exit() {
     rm -rf "${TRAIN_TMP:-/nonexistent}"
-    rm -f "$TRAIN_READY"
+    rm -f "$TRAIN_READY" "${TRAIN_STOP_REQUEST:-/nonexistent}"
+    if [ -n "${TRAIN_WATCHER:-}" ]; then
+        kill "$TRAIN_WATCHER" 2>/dev/null || true
+    fi
     if [ -n "${TRAIN_USR1_LATER:-}" ]; then
         kill "$TRAIN_USR1_LATER" 2>/dev/null || true
     fi
@@ -280,7 +303,10 @@ train_main() {
     TRAIN_USR1_HELD=0
     TRAIN_USR1_LATER=
     TRAIN_STOP_SENT=0
+    TRAIN_STOP_REQUESTED=0
+    TRAIN_WATCHER=
     trap train_on_exit EXIT
+    trap train_on_stop_request USR2
     trap train_on_usr1 USR1
     trap train_on_term TERM
     train_prologue
@@ -290,7 +316,7 @@ train_main() {
         train_cancel_rest  # the TERM came while the successor was being submitted
     fi
     train_wait_step
-    trap - USR1
+    trap - USR1 USR2
     local rc=$STEP_RC progress
     if [ "$TRAIN_TERMINATING" = 1 ]; then
         train_log "training step ended with exit code $rc after the TERM"

@@ -45,6 +45,12 @@ _RESERVED_RUN_FLAGS = ("--out", "--time-budget")
 DEFAULT_MARGIN = 300
 DEFAULT_CHUNKS = 10
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# names a job may pass through but not set: the batch shell, Slurm or the launcher own them
+RESERVED_ENV = {"PATH", "BASH_ENV", "ENV", "HOME", "SHELL", "IFS", "RANK", "LOCAL_RANK",
+                "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
+                "CUDA_VISIBLE_DEVICES", "PYTHONPATH", "PYTHONHOME"}
+RESERVED_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "TRAIN_", "LD_",
+                         "APPTAINER", "SINGULARITY")
 # Options the renderer writes itself: an extra option may not set them (the field to use).
 SBATCH_OWNED = {
     "--nodes": "nodes", "-N": "nodes", "--ntasks": "ntasks_per_node", "-n": "ntasks_per_node",
@@ -61,11 +67,18 @@ SBATCH_OWNED = {
     "appends to its logs)", "--kill-on-invalid-dep": "(none: the chain needs it)",
     "--dependency": "(none: the chain sets it)", "-d": "(none: the chain sets it)",
     "--array": "(none)", "-a": "(none)", "--chdir": "out", "-D": "out",
-    "--export": "env", "--wrap": "(none)",
+    "--export": "env", "--export-file": "env", "--wrap": "(nothing: the job is the script)",
+    "--hold": "(nothing: every chunk after the first would stay held)",
+    "--test-only": "(nothing: train render is the dry run)",
+    "--clusters": "cluster (the chain's own sbatch/scancel work on one cluster)",
+    "--cpus-per-gpu": "cpus_per_task", "--ntasks-per-gpu": "ntasks_per_node",
+    "--batch": "(nothing)",
 }
 SRUN_OWNED = {
     **{k: v for k, v in SBATCH_OWNED.items() if k not in ("--output", "-o", "--error", "-e")},
-    "--kill-on-bad-exit": "(none: a failed rank ends the step)", "-K": "(none)",
+    "--kill-on-bad-exit": "(nothing: a failed rank ends the step)",
+    "--jobid": "(nothing: the step runs in its own job)",
+    "--multi-prog": "entry command (one program for every task)",
 }
 MAX_CHUNKS_LIMIT = 1000  # years of walltime at any site; beyond it, a typo
 
@@ -78,6 +91,9 @@ def check_env_item(item: str) -> tuple[str, str | None]:
                           f"'_', not starting with a digit), in {item!r}")
     if "\0" in value:
         raise ConfigError("env", f"the value of {name} holds a NUL byte")
+    if sep and (name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)):
+        raise ConfigError("env", f"{name} is set by Slurm, the job or the launcher (the batch "
+                          "shell depends on it); it cannot be given a value here")
     return name, (value if sep else None)
 
 
@@ -89,7 +105,9 @@ class Bind:
 
     @property
     def spec(self) -> str:
-        """SRC:DST[:ro], the form apptainer --bind and docker -v both take."""
+        """SRC[:DST][:ro], the form apptainer --bind and docker -v both take."""
+        if self.src == self.dst and not self.read_only:
+            return self.src
         return f"{self.src}:{self.dst}" + (":ro" if self.read_only else "")
 
 
@@ -105,7 +123,7 @@ def parse_bind(item: str, base: str | None = None) -> Bind:
     dst = parts[1] if len(parts) > 1 and parts[1] else src
     if not dst.startswith("/"):
         raise ConfigError("bind", f"{item!r}: the destination {dst!r} must be an absolute "
-                          "path")
+                          "path (and a path with ':' in it cannot be bound)")
     mode = parts[2] if len(parts) == 3 else "rw"
     if mode not in ("ro", "rw"):
         raise ConfigError("bind", f"{item!r}: the mode must be ro or rw, got {mode!r}")
@@ -114,20 +132,20 @@ def parse_bind(item: str, base: str | None = None) -> Bind:
 
 def check_extra_option(item: str, field_name: str, owned: dict[str, str]) -> None:
     """One option per item, `--name=value`, `--flag` or `-xVALUE`; none the job sets."""
-    if not item.startswith("-") or item in ("-", "--"):
-        raise ConfigError(field_name, f"{item!r} is not an option (e.g. --reservation=NAME)")
+    if not item.startswith("--") or item == "--":
+        raise ConfigError(field_name, f"{item!r}: give one long option per item, e.g. "
+                          "--reservation=NAME (short and bundled letters are not taken)")
     if any(c in item for c in "\n\r\0"):
         raise ConfigError(field_name, f"{item!r} holds a line break or NUL")
-    if item.startswith("--"):
-        key = item.split("=", 1)[0]
-        if " " in key:
-            raise ConfigError(field_name, f"{item!r}: give the value with '=' "
-                              f"({key.split()[0]}=VALUE), one option per item")
-    else:
-        key = item[:2]
-    if key in owned:
-        raise ConfigError(field_name, f"{key} is set by the job itself; use "
-                          f"{owned[key]} instead")
+    key = item.split("=", 1)[0]
+    if " " in key or len(key) < 4:
+        raise ConfigError(field_name, f"{item!r}: give the value with '=' "
+                          f"({key.split()[0]}=VALUE), one option per item")
+    # Slurm takes any unambiguous prefix of a long option: so are they checked here
+    for name, use in owned.items():
+        if name.startswith("--") and name.startswith(key):
+            how = use if use.startswith("(") else f"(use {use} instead)"
+            raise ConfigError(field_name, f"{key} ({name}) is set by the job itself {how}")
 
 
 @dataclass(frozen=True)
@@ -139,7 +157,7 @@ class JobSpec:
     cluster: str | None = opt(None, "Cluster profile (train clusters lists them; "
                               "`train init` makes it a default).", short="-M", kind=str,
                               optional=True)
-    workload: tuple[str, ...] = opt(("demo",), "What follows `--`: for entry train, the "
+    workload: tuple[str, ...] = opt((), "What follows `--`: for entry train, the "
                                     "workload and its `train run` arguments; for command, "
                                     "the command; for navsim, extra Hydra overrides.",
                                     kind=list)
@@ -181,10 +199,10 @@ class JobSpec:
     requeue: bool = opt(False, "Requeue mode: after each checkpointed stop, requeue this "
                         "same job (from the host batch shell) instead of chaining new ones.",
                         kind=bool)
-    stop_signal: str | None = opt(None, "Signal the program gets signal_margin seconds "
-                                  "before the walltime, to checkpoint and exit 0: USR1, TERM "
-                                  "or none (default: USR1; none for --entry command).",
-                                  kind=str, choices=STOP_SIGNALS, optional=True)
+    stop_signal: str = opt("auto", "Signal the program gets signal_margin seconds before "
+                           "the walltime, to checkpoint and exit 0: USR1, TERM or none "
+                           "(auto: USR1; none for --entry command).", kind=str,
+                           choices=("auto", *STOP_SIGNALS))
     signal_margin: int | None = opt(None, "Seconds before the walltime at which the stop "
                                     "signal is sent and by which the trainer's own time "
                                     "budget ends (default: 300, or a quarter of a shorter "
@@ -205,9 +223,19 @@ class JobSpec:
                                "down), NAME=VALUE sets one.", kind=list)
     bind: tuple[str, ...] = opt((), "Host path the container sees (may repeat): SRC, "
                                 "SRC:DST or SRC:DST:ro.", kind=list)
-    data: str | None = opt(None, "NAVSIM data directory (holding navsim_logs, sensor_blobs, "
-                           "maps, ...): bound where the image expects its data roots.",
+    data: str | None = opt(None, "NAVSIM data directory (holding dataset/, dataset/maps "
+                           "and exp/): bound at /data/navsim, where the image expects it.",
                            kind=str, optional=True)
+    min_free_mb: int | None = opt(None, "Wait until every GPU of the node has this many "
+                                  "MiB free before starting (shared nodes); the wait counts "
+                                  "against the chunk's time budget and is logged.", kind=int,
+                                  positive=True, optional=True)
+    wait_timeout: int = opt(3600, "Seconds the GPU memory wait may take at most (it also "
+                            "ends 60 s before the chunk's deadline).", kind=int,
+                            positive=True)
+    fallback_batch: int | None = opt(None, "After the wait times out, train with this "
+                                     "--batch-size instead of failing (entry train).",
+                                     kind=int, positive=True, optional=True)
     sbatch_extra: tuple[str, ...] = opt((), "Extra sbatch option (may repeat), e.g. "
                                         "--reservation=NAME, --exclude=NODES, "
                                         "--mail-type=END; options the job sets itself are "
@@ -224,6 +252,10 @@ class JobSpec:
         if self.max_chunks is not None and self.max_chunks > MAX_CHUNKS_LIMIT:
             raise ConfigError("max_chunks", f"must be at most {MAX_CHUNKS_LIMIT}, got "
                               f"{self.max_chunks}")
+        if not self.workload and self.entry == "train":
+            object.__setattr__(self, "workload", ("demo",))  # `train submit` alone: demo
+        if self.workload and not self.workload[0] and self.entry != "navsim":
+            raise ConfigError("workload", "the program's name is empty")
         if not self.workload and self.entry != "navsim":
             example = "python train.py" if self.entry == "command" else "demo --episodes 3000"
             raise ConfigError("workload", f"give what to run after --, e.g. -- {example}")
@@ -242,13 +274,19 @@ class JobSpec:
                               "a chance to checkpoint, and nothing would tell the next chunk "
                               "where to go on. Give --stop-signal USR1 (or TERM), handle it "
                               "(checkpoint, exit 0), or run one chunk (--max-chunks 1)")
+        if self.fallback_batch is not None and self.entry != "train":
+            raise ConfigError("fallback_batch", "only `train run` takes --batch-size; your "
+                              "program can read TRAIN_* and pick its own batch size")
+        if self.fallback_batch is not None and self.min_free_mb is None:
+            raise ConfigError("fallback_batch", "is what the GPU memory wait falls back to: "
+                              "set min_free_mb too")
         if self.data is not None and self.entry != "navsim":
             raise ConfigError("data", "is for --entry navsim; use --bind for other data")
 
     @property
     def stop(self) -> str:
         """The stop signal in force: the field, or the entry's default."""
-        if self.stop_signal is not None:
+        if self.stop_signal != "auto":
             return self.stop_signal
         return "none" if self.entry == "command" else "USR1"
 
@@ -427,10 +465,20 @@ def _paths(spec: JobSpec, profile: Profile, run_config: RunConfig | None) -> dic
         if not os.path.exists(bind.src):
             raise ConfigError("bind", f"{bind.src} does not exist (a bind's source is a "
                               "path on the cluster's shared file system)")
-        if spec.runtime == "none" and bind.src != bind.dst:
+        if spec.runtime == "none" and (bind.src != bind.dst or bind.read_only):
             raise ConfigError("bind", f"{bind.spec}: runtime none runs on the node itself "
-                              "and cannot show a path elsewhere; use a container runtime or "
-                              "the path itself")
+                              "and can neither show a path elsewhere nor make it read-only; "
+                              "use a container runtime or the path itself")
+        moved = bind.src != bind.dst or bind.read_only
+        if bind.dst == "/" or (moved and _under(run_dir, [bind.dst])):
+            raise ConfigError("bind", f"{bind.spec}: the destination would hide the run "
+                              f"directory {run_dir} or make it read-only (or cover the "
+                              "whole file system)")
+    targets = [b.dst for b in extra]
+    twice = sorted({t for t in targets if targets.count(t) > 1})
+    if twice:
+        raise ConfigError("bind", f"two binds go to {twice[0]}; one destination takes one "
+                          "source (--data goes to /data/navsim)")
     # same-path binds: where a host path is visible at the same path inside
     binds = [*profile.binds, str(run_dir), *(b.src for b in extra if b.src == b.dst)]
     csv: Path | None = None
@@ -592,6 +640,9 @@ def navsim_command(job: ResolvedJob) -> list[str]:
     types = (spec.gpu_type,) if spec.gpu_type else job.node.gpu_types
     precision = "bf16-mixed" if all_bf16_capable(types) else "16-mixed"
     return [spec.python, NAVSIM_SCRIPT,
+            # one Lightning root for every chunk: Lightning's SLURM support saves its
+            # checkpoint there on the walltime signal and resumes from it (ckpt_path None)
+            f"+trainer.params.default_root_dir={job.run_dir}/lightning",
             f"trainer.params.num_nodes={spec.nodes}",
             f"+trainer.params.devices={max(1, gpus)}",
             "trainer.params.strategy=ddp",

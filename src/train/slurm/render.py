@@ -165,14 +165,18 @@ def step_argv(job: ResolvedJob) -> list[str]:
         run = navsim_command(job)
     else:
         run = [spec.python, "-m", "train", "run", *train_argv(job)]
-    if job.launch == "single":
-        return [*srun, *prefix, *run]
+    if job.launch == "single" and spec.entry == "train" and spec.min_free_mb is None:
+        return [*srun, *prefix, *run]  # `train run` alone: nothing to do before it
     launch = [spec.python, "-m", "train", "launch", f"--mode={job.launch}"]
     if job.launch == "torchrun":
         launch.append(f"--nproc-per-node={max(1, spec.gpus_per_node)}")
     if spec.workers:
         launch += [f"--workers={spec.workers}",
                    f"--worker-mem-mb={parse_mem(spec.worker_mem, 'worker_mem')}"]
+    if spec.min_free_mb is not None:
+        launch += [f"--min-free-mb={spec.min_free_mb}", f"--wait-timeout={spec.wait_timeout}"]
+        if spec.fallback_batch is not None:
+            launch.append(f"--fallback-batch={spec.fallback_batch}")
     return [*srun, *prefix, *launch, "--", *run]
 
 
@@ -214,7 +218,9 @@ def render(job: ResolvedJob, library: str) -> str:
         "# the contract with train (train/slurm/contract.py)",
         *[f"{k}={shlex.quote(v)}" for k, v in contract.shell_variables().items()],
     ]
-    env = {**step_environment(job), container.ENV_NAMES_VAR: " ".join(job.env_names)}
+    values = step_environment(job)
+    names = [*job.env_names, *(values if spec.runtime == "apptainer" else ())]
+    env = {**values, container.ENV_NAMES_VAR: " ".join(dict.fromkeys(names))}
     out.append("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
     if job.profile.modules and spec.runtime == "apptainer":
         out += ["", "# site set-up (from the cluster profile)", *job.profile.modules]

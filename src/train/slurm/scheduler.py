@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from train import _proc
-from train.errors import TrainError, UsageError
+from train.errors import ResourceError, TrainError, UsageError
 from train.jsonio import write_json_atomic
 from train.slurm import contract
 from train.slurm.job import ResolvedJob
@@ -237,11 +237,18 @@ def submit_chain(job: ResolvedJob, library: str) -> Chain:
     """
     run_dir = Path(job.run_dir)
     text = render(job, library)
+    import shutil
+
+    if shutil.which("sbatch") is None:
+        raise ResourceError("sbatch is not on PATH: `train submit` runs on a cluster's login "
+                            "node (`train render` prints the script anywhere)")
     previous = _check_not_active(run_dir)
     tag = (previous.ids[0] if previous.ids else "old") if previous else None
     jobs_dir = run_dir / contract.JOBS_DIR
     script = jobs_dir / contract.JOB_SCRIPT
-    created = [d for d in (run_dir, run_dir / contract.LOG_DIR, jobs_dir) if not d.exists()]
+    missing = [*reversed([p for p in run_dir.parents if not p.exists()]), run_dir,
+               run_dir / contract.LOG_DIR, jobs_dir]
+    created = [d for d in missing if not d.exists()]  # parents first
     # Slurm opens the log files before the script runs: their directory must exist
     (run_dir / contract.LOG_DIR).mkdir(parents=True, exist_ok=True)
     jobs_dir.mkdir(exist_ok=True)
