@@ -21,7 +21,7 @@ from train.runtime import results
 from train.runtime.distributed import init_distributed
 from train.runtime.memory import apply_allocator_settings
 from train.runtime.precision import resolve_precision
-from train.runtime.signals import StopController
+from train.runtime.signals import StopController, effective_budget
 from train.slurm import contract
 from train.workloads.dqn import trainer
 
@@ -50,7 +50,7 @@ def validate(cfg: RunConfig) -> None:
 
 def run(cfg: RunConfig) -> RunResult:
     validate(cfg)
-    stopper = StopController(cfg.time_budget)
+    stopper = StopController(effective_budget(cfg.time_budget))
     alloc_conf = apply_allocator_settings()
     # the device is chosen before anything is written: `--device cuda` with an unusable
     # CUDA stops here (ResourceError, exit 3) with the cause; `auto` warns and uses the CPU

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from train.errors import UsageError
@@ -104,3 +106,36 @@ def test_worker_override_in_the_command_gets_the_capped_value() -> None:
                          workers=8, worker_mem_mb=1)
     _step, _master, command = prepare(opts, env)
     assert command[-1] == "dataloader.params.num_workers=7"  # 8 CPUs, one kept
+
+
+def test_the_gpu_memory_wait_ends_before_the_chunks_deadline() -> None:
+    from train.launch import MIN_WORK_SECONDS, wait_budget
+
+    env = {"TRAIN_DEADLINE": "10000"}
+    assert wait_budget(3600.0, env, now=1000.0) == 3600.0
+    assert wait_budget(3600.0, env, now=8000.0) == 2000.0 - MIN_WORK_SECONDS
+    assert wait_budget(3600.0, env, now=9990.0) == 0.0
+    assert wait_budget(3600.0, {}, now=9990.0) == 3600.0
+
+
+def test_scontrol_requeue_inside_the_step_asks_the_batch_shell_instead(
+        tmp_path: Path) -> None:
+    import subprocess
+
+    from train.launch import install_scontrol_shim
+
+    real = tmp_path / "bin"
+    real.mkdir()
+    (real / "scontrol").write_text("#!/bin/sh\necho real \"$@\"\n")
+    (real / "scontrol").chmod(0o755)
+    env = {"PATH": f"{real}:/usr/bin:/bin"}
+    install_scontrol_shim(env)
+    request = tmp_path / ".stop-request-1-0"
+    proc = subprocess.run(["scontrol", "requeue", "77"], env={
+        **env, "TRAIN_STOP_REQUEST": str(request)}, capture_output=True, text=True,
+        check=False)
+    assert proc.returncode == 0 and "real" not in proc.stdout  # never the real requeue
+    assert request.read_text() == "requeue 77\n" and "asked to requeue" in proc.stderr
+    proc = subprocess.run(["scontrol", "show", "job"], env=env, capture_output=True,
+                          text=True, check=False)
+    assert proc.stdout == "real show job\n"  # anything else goes to the real one

@@ -118,3 +118,14 @@ def test_early_handlers_tell_the_batch_shell_they_are_in_place(
     finally:
         for sig, handler in previous.items():
             signal_module.signal(sig, handler)
+
+
+def test_the_time_budget_is_cut_to_the_chunks_deadline() -> None:
+    from train.runtime.signals import effective_budget
+
+    env = {"TRAIN_DEADLINE": "1000"}
+    assert effective_budget(600.0, env, now=300.0) == 600.0  # 700 s left: the budget holds
+    assert effective_budget(600.0, env, now=700.0) == 300.0  # a wait used 400 s of it
+    assert effective_budget(600.0, env, now=1200.0) == 1.0  # past it: checkpoint at once
+    assert effective_budget(None, env, now=700.0) is None
+    assert effective_budget(600.0, {}, now=700.0) == 600.0

@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType, TracebackType
 
@@ -57,6 +57,25 @@ def install_early_handlers(mark_ready: bool = True) -> None:
             Path(ready).touch()
         except OSError as exc:  # the batch shell then waits out its start-up grace
             log.debug("could not mark signal readiness in %s: %s", ready, exc)
+
+
+DEADLINE_VAR = "TRAIN_DEADLINE"  # the walltime contract (job-lib.sh exports it)
+
+
+def effective_budget(time_budget: float | None, env: Mapping[str, str] | None = None,
+                     now: float | None = None) -> float | None:
+    """The time budget, cut to the chunk's deadline where a job step gives one: time spent
+    before training starts (a GPU memory wait, a slow start) comes out of the budget."""
+    environ = os.environ if env is None else env
+    deadline = environ.get(DEADLINE_VAR, "")
+    if time_budget is None or not deadline.isdigit():
+        return time_budget
+    left = int(deadline) - (time.time() if now is None else now)
+    if left < time_budget:
+        log.info("time budget %.0f s (the chunk's deadline leaves that of the %g s asked "
+                 "for)", max(left, 1.0), time_budget)
+        return max(left, 1.0)
+    return time_budget
 
 
 class StopController:
