@@ -140,6 +140,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-mem-mb", type=int, default=4096,
                    help="host memory per DataLoader worker (default 4096)")
 
+    p = sub.add_parser("summary", help="mean and spread of a seed sweep's learning curves",
+                       description="Write runs/NAME/summary.csv and summary.png: the "
+                       "seeds' episode rewards (moving average), their mean and standard "
+                       "deviation (needs the runtime: matplotlib, numpy).")
+    p.add_argument("ref", metavar="NAME", help="the sweep's name (runs/NAME)")
+    p.add_argument("--runs", type=Path, default=Path("runs"), metavar="DIR",
+                   help="where runs live (default: runs)")
+    p.add_argument("--smooth", type=int, default=25, help="moving-average window "
+                   "(default 25)")
+
     for name, text in (("status", "state of a run's chain of jobs"),
                        ("logs", "print a run's job log"),
                        ("cancel", "cancel a run's whole chain")):
@@ -204,10 +214,24 @@ def _cmd_clusters(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _resolved_job(args: argparse.Namespace, workload: list[str] | None) -> Any:
+def _resolved_jobs(args: argparse.Namespace, workload: list[str] | None
+                   ) -> tuple[Any, list[tuple[int | None, Any]]]:
+    """The job, or a sweep's jobs (one per seed), each validated: (spec, [(seed, job)])."""
+    from train.slurm.job import resolve
+
+    spec, profile = _job_spec(args, workload)
+    if not spec.sweep_seeds:
+        return spec, [(None, resolve(spec, profile))]
+    from train.slurm.sweep import split
+
+    _root, specs = split(spec)
+    return spec, [(seed, resolve(s, profile)) for seed, s in specs]
+
+
+def _job_spec(args: argparse.Namespace, workload: list[str] | None) -> tuple[Any, Any]:
     from train.clusters.profiles import Registry
     from train.defaults import LISTS, defaults_path, load_defaults, merged
-    from train.slurm.job import JobSpec, job_from_sources, resolve
+    from train.slurm.job import JobSpec, job_from_sources
 
     file_values = load_yaml(args.job_file) if args.job_file is not None else {}
     flags: dict[str, Any] = flags_from(args, JobSpec, skip=("workload",))
@@ -223,7 +247,7 @@ def _resolved_job(args: argparse.Namespace, workload: list[str] | None) -> Any:
         raise UsageError(f"no cluster given: use --cluster NAME (one of "
                          f"{', '.join(registry.names())}), or set a default with "
                          f"`train init --cluster NAME` (it goes to {defaults_path()})")
-    return resolve(spec, registry.get(spec.cluster))
+    return spec, registry.get(spec.cluster)
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
@@ -257,8 +281,12 @@ def _cmd_init(args: argparse.Namespace) -> int:
 def _cmd_render(args: argparse.Namespace, workload: list[str] | None) -> int:
     from train.slurm.render import library_path, render
 
-    job = _resolved_job(args, workload)
-    print(render(job, library_path().read_text(encoding="utf-8")), end="")
+    _spec, jobs = _resolved_jobs(args, workload)
+    for seed, job in jobs:
+        if seed is not None:
+            print(f"# ---- seed {seed}: chain {job.run_dir} ({len(jobs)} chains, in "
+                  "parallel) ----")
+        print(render(job, library_path().read_text(encoding="utf-8")), end="")
     return EXIT_OK
 
 
@@ -266,18 +294,36 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
     from train.slurm.render import library_path
     from train.slurm.scheduler import submit_chain
 
-    job = _resolved_job(args, workload)
+    spec, jobs = _resolved_jobs(args, workload)  # every seed validated before any submit
+    library = library_path().read_text(encoding="utf-8")
     # a closed terminal (HUP) or a kill (TERM) mid-way must not leave a held job behind:
     # both unwind like Ctrl-C, through submit_chain's clean-up
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM,
                                                                 signal.SIGHUP)}
+    chains: list[Any] = []
     try:
-        chain = submit_chain(job, library_path().read_text(encoding="utf-8"))
+        for _seed, job in jobs:
+            chains.append(submit_chain(job, library))
+        if spec.sweep_seeds:
+            from train.slurm.sweep import split, write_record
+
+            root, _ = split(spec)
+            write_record(root, spec.name, [{"seed": seed, "run_dir": job.run_dir}
+                                           for seed, job in jobs])
+    except BaseException:
+        from train.slurm.scheduler import cancel_chain
+
+        for chain in chains:  # a sweep is submitted whole, or not at all
+            with contextlib.suppress(Exception):
+                cancel_chain(chain)
+        raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    print(f"submitted {job.spec.name}: job {chain.ids[0]} (chunk 1 of at most "
-          f"{job.chunks}; each chunk submits the next); run dir {chain.run_dir}")
+    for (seed, job), chain in zip(jobs, chains, strict=True):
+        what = f"{spec.name} seed {seed}" if seed is not None else job.spec.name
+        print(f"submitted {what}: job {chain.ids[0]} (chunk 1 of at most "
+              f"{job.chunks}; each chunk submits the next); run dir {chain.run_dir}")
     return EXIT_OK
 
 
@@ -293,7 +339,17 @@ def _cmd_status(args: argparse.Namespace) -> int:
         format_status,
         load_chain,
     )
+    from train.slurm.sweep import aggregate, chain_paths, format_sweep, is_sweep
 
+    if args.ref is not None and is_sweep(find_run(args.ref, args.runs)):
+        root = find_run(args.ref, args.runs)
+        chains = [chain_status(load_chain(run_dir)) for _seed, run_dir in chain_paths(root)]
+        st = aggregate(root.name, root, chains)
+        if args.json:
+            print(json.dumps(st, indent=2))
+        else:
+            print("\n".join(format_sweep(st, [format_status(c) for c in chains])))
+        return EXIT_OK
     if args.ref is not None:
         statuses = [chain_status(load_chain(find_run(args.ref, args.runs)))]
     else:  # every run: one unreadable record does not hide the others
@@ -315,8 +371,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def _cmd_logs(args: argparse.Namespace) -> int:
     from train.slurm.scheduler import ACTIVE_STATES, find_run, job_states, load_chain, log_path
+    from train.slurm.sweep import chain_paths, is_sweep
 
-    chain = load_chain(find_run(args.ref, args.runs))
+    run_dir = find_run(args.ref, args.runs)
+    if is_sweep(run_dir):
+        raise UsageError(f"logs: {args.ref} is a sweep; name one seed's chain: "
+                         + ", ".join(f"{args.ref}/{p.name}" for _, p in chain_paths(run_dir)))
+    chain = load_chain(run_dir)
     path = log_path(chain, args.job, args.err)
     position = 0
     while True:
@@ -416,11 +477,28 @@ def _cmd_launch(args: argparse.Namespace, command: list[str]) -> int:
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
     from train.slurm.scheduler import cancel_chain, find_run, load_chain
+    from train.slurm.sweep import chain_paths, is_sweep
 
-    chain = load_chain(find_run(args.ref, args.runs))
-    cancelled = cancel_chain(chain)
-    print(f"cancelled {chain.record['name']}: "
-          f"{' '.join(cancelled) if cancelled else 'no active jobs'}")
+    run_dir = find_run(args.ref, args.runs)
+    dirs = [p for _, p in chain_paths(run_dir)] if is_sweep(run_dir) else [run_dir]
+    for path in dirs:
+        chain = load_chain(path)
+        cancelled = cancel_chain(chain)
+        print(f"cancelled {chain.record['name']}: "
+              f"{' '.join(cancelled) if cancelled else 'no active jobs'}")
+    return EXIT_OK
+
+
+def _cmd_summary(args: argparse.Namespace) -> int:
+    from train.slurm.scheduler import find_run
+    from train.slurm.sweep import is_sweep, summarize
+
+    root = find_run(args.ref, args.runs)
+    if not is_sweep(root):
+        raise UsageError(f"summary: {args.ref} is not a seed sweep (submit one with "
+                         "--sweep-seeds)")
+    csv, plot, seeds = summarize(root, args.smooth)
+    print(f"{seeds} seed(s): {csv} and {plot}")
     return EXIT_OK
 
 
@@ -436,7 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _setup_logging(args.verbose)
     commands = {"run": _cmd_run, "clusters": _cmd_clusters, "status": _cmd_status,
                 "logs": _cmd_logs, "cancel": _cmd_cancel, "image": _cmd_image,
-                "init": _cmd_init}
+                "init": _cmd_init, "summary": _cmd_summary}
     try:
         if args.command == "launch":
             return _cmd_launch(args, workload or [])

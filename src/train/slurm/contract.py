@@ -19,6 +19,7 @@ CHAIN_EVENTS = "chain.events"  # one line "UNIXTIME CHUNK JOBID EVENT [DETAIL]" 
 LOG_DIR = "logs"
 JOBS_DIR = "jobs"
 JOB_SCRIPT = "chain.sbatch"  # in JOBS_DIR: the one script every chunk of the chain runs
+SWEEP_RECORD = "sweep.json"  # a seed sweep's directory: its chains, one per seed
 
 # -- events ---------------------------------------------------------------------------
 EV_STARTED = "started"  # detail: "RESTARTS DONE TOTAL"

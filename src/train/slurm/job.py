@@ -218,6 +218,10 @@ class JobSpec:
                           "directory).", kind=str, optional=True)
     python: str = opt("python3", "Python on the nodes (runtime none) or in the image.",
                       kind=str)
+    sweep_seeds: tuple[int, ...] = opt((), 'A seed sweep, e.g. "4 6 8": one chain per '
+                                       "seed, in parallel, under runs/NAME/seed-S "
+                                       "(entry train; `train summary NAME` compares them).",
+                                       kind=tuple)
     env: tuple[str, ...] = opt((), "Environment for the program (may repeat): NAME passes "
                                "the job's own value through at run time (never written "
                                "down), NAME=VALUE sets one.", kind=list)

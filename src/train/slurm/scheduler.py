@@ -186,15 +186,22 @@ def load_chain(run_dir: Path) -> Chain:
 
 
 def chain_dirs(runs_root: Path) -> list[Path]:
+    """Every chain under runs_root, a sweep's chains (one level deeper) included."""
     if not runs_root.is_dir():
         return []
-    return sorted(p.parent for p in runs_root.glob(f"*/{contract.CHAIN_RECORD}"))
+    found = [p.parent for p in runs_root.glob(f"*/{contract.CHAIN_RECORD}")]
+    found += [p.parent for p in runs_root.glob(f"*/*/{contract.CHAIN_RECORD}")
+              if (p.parent.parent / contract.SWEEP_RECORD).is_file()]
+    return sorted(found)
 
 
 def find_run(ref: str, runs_root: Path) -> Path:
     """A run directory by name (runs_root/NAME), by path, or by any of its job ids."""
     direct = Path(ref) if "/" in ref else runs_root / ref
-    if (direct / contract.CHAIN_RECORD).is_file():
+    if "/" in ref and not direct.exists():
+        direct = runs_root / ref  # NAME/seed-4: a sweep's chain
+    if (direct / contract.CHAIN_RECORD).is_file() or \
+            (direct / contract.SWEEP_RECORD).is_file():
         return direct
     if ref.isdigit():
         for run_dir in chain_dirs(runs_root):
