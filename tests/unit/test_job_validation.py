@@ -209,7 +209,7 @@ def test_navsim_preset_matches_the_job() -> None:
     cmd = navsim_command(job)
     assert cmd[1].endswith("navsim/planning/script/run_training.py")
     # every chunk shares one Lightning root: its SLURM checkpoint is found and resumed
-    assert cmd[2] == f"+trainer.params.default_root_dir={job.run_dir}/lightning"
+    assert cmd[2] == f"trainer.params.default_root_dir={job.run_dir}/lightning"
     assert cmd[3:] == ["trainer.params.num_nodes=4", "+trainer.params.devices=4",
                        "trainer.params.strategy=ddp", "trainer.params.accelerator=gpu",
                        "trainer.params.precision=bf16-mixed",

@@ -645,8 +645,10 @@ def navsim_command(job: ResolvedJob) -> list[str]:
     precision = "bf16-mixed" if all_bf16_capable(types) else "16-mixed"
     return [spec.python, NAVSIM_SCRIPT,
             # one Lightning root for every chunk: Lightning's SLURM support saves its
-            # checkpoint there on the walltime signal and resumes from it (ckpt_path None)
-            f"+trainer.params.default_root_dir={job.run_dir}/lightning",
+            # checkpoint there on the walltime signal and resumes from it (ckpt_path None).
+            # default_training.yaml has the key (${output_dir}, a new directory per run):
+            # overridden, not added with '+' (Hydra refuses to add an existing key)
+            f"trainer.params.default_root_dir={job.run_dir}/lightning",
             f"trainer.params.num_nodes={spec.nodes}",
             f"+trainer.params.devices={max(1, gpus)}",
             "trainer.params.strategy=ddp",
