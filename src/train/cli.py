@@ -302,14 +302,17 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
                                                                 signal.SIGHUP)}
     chains: list[Any] = []
     try:
-        for _seed, job in jobs:
-            chains.append(submit_chain(job, library))
-        if spec.sweep_seeds:
+        if spec.sweep_seeds:  # recorded first: a sweep cut short is still found, and ended
+            from train.slurm.scheduler import check_sweep_root
             from train.slurm.sweep import split, write_record
 
             root, _ = split(spec)
+            check_sweep_root(root)
+            root.mkdir(parents=True, exist_ok=True)
             write_record(root, spec.name, [{"seed": seed, "run_dir": job.run_dir}
                                            for seed, job in jobs])
+        for _seed, job in jobs:
+            chains.append(submit_chain(job, library))
     except BaseException:
         from train.slurm.scheduler import cancel_chain
 
@@ -481,11 +484,19 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
     run_dir = find_run(args.ref, args.runs)
     dirs = [p for _, p in chain_paths(run_dir)] if is_sweep(run_dir) else [run_dir]
-    for path in dirs:
-        chain = load_chain(path)
-        cancelled = cancel_chain(chain)
+    failures: list[TrainError] = []
+    for path in dirs:  # every chain of a sweep is tried, whatever one of them does
+        try:
+            chain = load_chain(path)
+            cancelled = cancel_chain(chain)
+        except TrainError as exc:
+            failures.append(exc)
+            print(f"train: {path.name}: {exc}", file=sys.stderr)
+            continue
         print(f"cancelled {chain.record['name']}: "
               f"{' '.join(cancelled) if cancelled else 'no active jobs'}")
+    if failures:
+        raise failures[0]
     return EXIT_OK
 
 
@@ -497,8 +508,10 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     if not is_sweep(root):
         raise UsageError(f"summary: {args.ref} is not a seed sweep (submit one with "
                          "--sweep-seeds)")
-    csv, plot, seeds = summarize(root, args.smooth)
-    print(f"{seeds} seed(s): {csv} and {plot}")
+    csv, plot, notes = summarize(root, args.smooth)
+    for note in notes:
+        print(f"train: {note}", file=sys.stderr)
+    print(f"written: {csv} and {plot}")
     return EXIT_OK
 
 

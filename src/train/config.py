@@ -22,6 +22,7 @@ import yaml
 from train.errors import ConfigError, UsageError
 
 WORKLOADS = ("demo", "sc2")
+MAX_SEED = (2**32 - 1) // 1000 - 1  # numpy's seed is seed x 1000 + rank (< 2**32)
 _T = TypeVar("_T")
 
 
@@ -121,6 +122,9 @@ class RunConfig:
             raise ConfigError("seeds", f"repeats a seed: {list(self.seeds)}")
         if any(s < 0 for s in self.seeds):
             raise ConfigError("seeds", f"must be non-negative integers, got {list(self.seeds)}")
+        if any(s > MAX_SEED for s in self.seeds):
+            raise ConfigError("seeds", f"must be at most {MAX_SEED} (each process seeds numpy "
+                              f"with seed x 1000 + rank, below 2**32), got {list(self.seeds)}")
         if self.learning_starts < self.batch_size:
             raise ConfigError("learning_starts", f"must be at least batch_size "
                               f"({self.batch_size}), got {self.learning_starts}")

@@ -290,10 +290,12 @@ MIN_WORK_SECONDS = 60
 def wait_budget(timeout: float, env: Mapping[str, str], now: float) -> float:
     """The wait's timeout, cut so that the wait never eats the chunk's time budget: it
     ends MIN_WORK_SECONDS before the deadline at the latest."""
-    deadline = env.get(DEADLINE_VAR, "")
-    if not deadline.isdigit():
+    from train.runtime.signals import parse_deadline
+
+    deadline = parse_deadline(env.get(DEADLINE_VAR, ""))
+    if deadline is None:
         return timeout
-    return max(0.0, min(timeout, int(deadline) - now - MIN_WORK_SECONDS))
+    return max(0.0, min(timeout, deadline - now - MIN_WORK_SECONDS))
 
 
 def _wait_or_fall_back(opts: LaunchOptions, env: Mapping[str, str],
@@ -323,32 +325,57 @@ def _wait_or_fall_back(opts: LaunchOptions, env: Mapping[str, str],
 # tasks: Lightning then exits 0) by writing the file TRAIN_STOP_REQUEST names; the next
 # chunk resumes from the checkpoint. Anything else goes to the real scontrol, if any.
 SCONTROL_SHIM = """#!/bin/sh
-if [ "$1" = requeue ]; then
+[ "${1:-}" != --train-shim-probe ] || exit 0
+if [ -n "${TRAIN_SHIM_ACTIVE:-}" ]; then  # found itself again: no real scontrol here
+    echo "train: no scontrol on PATH besides train's stand-in" >&2
+    exit 127
+fi
+if [ "${1:-}" = requeue ]; then
+    if [ -z "${TRAIN_STOP_REQUEST:-}" ] || ! { echo "requeue ${2:-}" > \
+            "$TRAIN_STOP_REQUEST.tmp" && mv "$TRAIN_STOP_REQUEST.tmp" \
+            "$TRAIN_STOP_REQUEST"; }; then
+        echo "train: scontrol requeue is not run inside a job step, and the request to end" \
+            "this chunk could not be written (${TRAIN_STOP_REQUEST:-no TRAIN_STOP_REQUEST})" >&2
+        exit 1
+    fi
     echo "train: the program asked to requeue job ${2:-}: this chunk ends now (its" \
         "checkpoint is written) and the chain's next chunk continues" >&2
-    if [ -n "${TRAIN_STOP_REQUEST:-}" ]; then
-        echo "requeue ${2:-}" > "$TRAIN_STOP_REQUEST.tmp" && \
-            mv "$TRAIN_STOP_REQUEST.tmp" "$TRAIN_STOP_REQUEST"
-    fi
     exit 0
 fi
-self_dir=$(cd "$(dirname "$0")" && pwd)
-PATH=$(printf '%s' "$PATH" | tr ':' '\n' | grep -vx "$self_dir" | paste -sd: -)
-export PATH
+self_dir=$(cd "$(dirname "$0")" && pwd -P)
+PATH=$(printf '%s' "$PATH" | tr ':' '\n' | while IFS= read -r d; do
+    [ "$(cd "$d" 2>/dev/null && pwd -P)" = "$self_dir" ] || printf '%s\n' "$d"
+done | paste -sd: -)
+TRAIN_SHIM_ACTIVE=1
+export PATH TRAIN_SHIM_ACTIVE
 exec scontrol "$@"
 """
 
 
-def install_scontrol_shim(env: MutableMapping[str, str]) -> Path:
-    """Put the stand-in first on PATH for the program (and its children)."""
+def install_scontrol_shim(env: MutableMapping[str, str]) -> Path | None:
+    """Put the stand-in first on PATH for the program (and its children), in the first
+    place where it can run: /tmp is noexec at some sites, and a stand-in that cannot
+    execute would be skipped for the real scontrol."""
+    import subprocess
     import tempfile
 
-    folder = Path(tempfile.mkdtemp(prefix="train-shim-"))
-    shim = folder / "scontrol"
-    shim.write_text(SCONTROL_SHIM, encoding="utf-8")
-    shim.chmod(0o755)
-    env["PATH"] = f"{folder}{os.pathsep}{env.get('PATH', os.defpath)}"
-    return folder
+    places = [os.environ.get("TMPDIR"), env.get("TRAIN_RUN_DIR"), None]
+    for base in dict.fromkeys(places):
+        try:
+            folder = Path(tempfile.mkdtemp(prefix=".train-shim-", dir=base))
+            shim = folder / "scontrol"
+            shim.write_text(SCONTROL_SHIM, encoding="utf-8")
+            shim.chmod(0o755)
+            subprocess.run([str(shim), "--train-shim-probe"], check=True, timeout=30,
+                           capture_output=True)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        path = env.get("PATH") or os.defpath
+        env["PATH"] = f"{folder}{os.pathsep}{path}"
+        return folder
+    log.warning("no place to run the scontrol stand-in: a program that runs `scontrol "
+                "requeue` (Lightning's SLURM support) would requeue the job from inside")
+    return None
 
 
 def _children(pid: int) -> list[int]:

@@ -139,3 +139,29 @@ def test_scontrol_requeue_inside_the_step_asks_the_batch_shell_instead(
     proc = subprocess.run(["scontrol", "show", "job"], env=env, capture_output=True,
                           text=True, check=False)
     assert proc.stdout == "real show job\n"  # anything else goes to the real one
+
+
+def test_the_stand_in_never_finds_itself_again(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    from train.launch import install_scontrol_shim
+
+    tools = tmp_path / "tools"  # what the stand-in uses, and no scontrol
+    tools.mkdir()
+    for name in ("sh", "dirname", "tr", "paste", "mv"):
+        found = shutil.which(name)
+        assert found
+        (tools / name).symlink_to(found)
+    env = {"PATH": str(tools)}
+    folder = install_scontrol_shim(env)
+    assert folder is not None
+    # the same directory spelled otherwise, and no real scontrol behind it
+    env["PATH"] = f"{folder}/:{folder}/.:{env['PATH']}"
+    proc = subprocess.run(["scontrol", "show", "hostnames"], env=env, capture_output=True,
+                          text=True, timeout=30, check=False)
+    assert proc.returncode == 127 and "scontrol" in proc.stderr  # not found: no loop
+    proc = subprocess.run(["scontrol", "requeue", "5"], capture_output=True, text=True,
+                          env={**env, "TRAIN_STOP_REQUEST": str(tmp_path / "no" / "x")},
+                          timeout=30, check=False)
+    assert proc.returncode == 1 and "could not be written" in proc.stderr

@@ -129,3 +129,5 @@ def test_the_time_budget_is_cut_to_the_chunks_deadline() -> None:
     assert effective_budget(600.0, env, now=1200.0) == 1.0  # past it: checkpoint at once
     assert effective_budget(None, env, now=700.0) is None
     assert effective_budget(600.0, {}, now=700.0) == 600.0
+    for odd in ("", "²", "x", "nan", "inf", "-5", "9" * 5000):
+        assert effective_budget(600.0, {"TRAIN_DEADLINE": odd}, now=700.0) == 600.0

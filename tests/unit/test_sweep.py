@@ -70,11 +70,20 @@ def test_the_summary_has_the_mean_and_spread_across_seeds(tmp_path: Path) -> Non
     proc = run_cli(["summary", "e1", "--smooth", "2"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     rows = list(csv.DictReader((root / "summary.csv").open()))
-    # the episodes every seed has (5), averaged over windows of 2
-    assert [int(r["episode"]) for r in rows] == [2, 3, 4, 5]
+    # moving averages over 2 episodes, per episode over the seeds that reached it
+    assert [int(r["episode"]) for r in rows] == [2, 3, 4, 5, 6]
     assert float(rows[0]["mean_reward"]) == pytest.approx((0.5 + 2.5) / 2)
     assert float(rows[0]["std_reward"]) == pytest.approx(1.0)
-    assert {r["seeds"] for r in rows} == {"2"}
+    assert [r["seeds"] for r in rows] == ["2", "2", "2", "2", "1"]
+    assert float(rows[-1]["mean_reward"]) == pytest.approx(6.5)
     assert (root / "summary.png").stat().st_size > 0
     proc = run_cli(["summary", "nope"], cwd=tmp_path)
     assert proc.returncode == 2
+    # a seed whose record is broken is left out by name; bad windows are refused
+    (root / "seed-6" / "seed_6" / "episodes.json").write_text('{"rewards": ["a", null]}')
+    proc = run_cli(["summary", "e1"], cwd=tmp_path)
+    assert proc.returncode == 0 and "seed 6 left out" in proc.stderr, proc.stderr
+    assert run_cli(["summary", "e1", "--smooth", "0"], cwd=tmp_path).returncode == 2
+    (root / "sweep.json").write_text('{"chains": [{"run_dir": "x"}]}')
+    proc = run_cli(["summary", "e1"], cwd=tmp_path)
+    assert proc.returncode == 2 and "no integer seed" in proc.stderr

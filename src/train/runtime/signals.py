@@ -62,15 +62,26 @@ def install_early_handlers(mark_ready: bool = True) -> None:
 DEADLINE_VAR = "TRAIN_DEADLINE"  # the walltime contract (job-lib.sh exports it)
 
 
+def parse_deadline(text: str) -> float | None:
+    """TRAIN_DEADLINE as Unix time; None (no deadline) for anything that is not one."""
+    import math
+
+    try:
+        value = float(text.strip())
+    except (ValueError, OverflowError):
+        return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
 def effective_budget(time_budget: float | None, env: Mapping[str, str] | None = None,
                      now: float | None = None) -> float | None:
     """The time budget, cut to the chunk's deadline where a job step gives one: time spent
     before training starts (a GPU memory wait, a slow start) comes out of the budget."""
     environ = os.environ if env is None else env
-    deadline = environ.get(DEADLINE_VAR, "")
-    if time_budget is None or not deadline.isdigit():
+    deadline = parse_deadline(environ.get(DEADLINE_VAR, ""))
+    if time_budget is None or deadline is None:
         return time_budget
-    left = int(deadline) - (time.time() if now is None else now)
+    left = deadline - (time.time() if now is None else now)
     if left < time_budget:
         log.info("time budget %.0f s (the chunk's deadline leaves that of the %g s asked "
                  "for)", max(left, 1.0), time_budget)

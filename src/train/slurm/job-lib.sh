@@ -207,14 +207,27 @@ train_on_usr1() {
             TRAIN_USR1_HELD=1
             train_log "walltime signal ${since}s after the step started: passing it on" \
                 "when the program is ready (at most ${STEP_GRACE}s after its start)"
-        fi
-        if [ -z "$TRAIN_USR1_LATER" ] || ! kill -0 "$TRAIN_USR1_LATER" 2>/dev/null; then
-            (sleep 1 && kill -USR1 "$$") >/dev/null 2>&1 &
+            # one reminder a second until then, from one process started once (a
+            # reminder started per signal can be lost: `kill -0` still finds the last
+            # one as an unreaped zombie)
+            (
+                i=0
+                while [ "$i" -le "$((STEP_GRACE + 1))" ]; do
+                    sleep 1
+                    kill -USR1 "$$" 2>/dev/null || exit 0
+                    i=$((i + 1))
+                done
+            ) >/dev/null 2>&1 &
             TRAIN_USR1_LATER=$!
         fi
         return 0
     fi
     TRAIN_USR1_HELD=0
+    if [ -n "$TRAIN_USR1_LATER" ]; then
+        kill "$TRAIN_USR1_LATER" 2>/dev/null || true
+        TRAIN_USR1_LATER=
+    fi
+    [ "$TRAIN_STOP_SENT" = 0 ] || return 0  # the step was asked already (a reminder)
     train_log "walltime signal: asking the step to checkpoint and stop ($STOP_SIGNAL)"
     TRAIN_STOP_SENT=1
     if [ "$STOP_VIA" = scancel ]; then

@@ -101,19 +101,31 @@ def job_states(ids: Sequence[str]) -> dict[str, dict[str, Any]]:
     if not ids:
         return {}
     states: dict[str, dict[str, Any]] = {}
+    squeue_error = ""
     try:
         proc = _proc.run(["squeue", "--json", "--jobs", ",".join(ids)], check=False)
         if proc.returncode == 0:
             states.update({k: v for k, v in parse_squeue_json(proc.stdout).items()
                            if k in ids})
+        else:  # also for jobs squeue no longer knows: then sacct answers
+            squeue_error = proc.stderr.strip()
     except (_proc.ProcError, ValueError) as exc:
+        squeue_error = str(exc)
         log.debug("squeue failed: %s", exc)
     missing = [i for i in ids if i not in states]
     if missing:
         argv = ["sacct", "-P", "-n", "-o", "JobID,State,ExitCode", "-j", ",".join(missing)]
-        proc = _proc.run(argv, check=False)
-        if _ACCOUNTING_OFF in (proc.stdout + proc.stderr):
-            proc = _proc.run(["sacct", "-c", *argv[1:]], check=False)
+        try:
+            proc = _proc.run(argv, check=False)
+            if _ACCOUNTING_OFF in (proc.stdout + proc.stderr):
+                proc = _proc.run(["sacct", "-c", *argv[1:]], check=False)
+        except _proc.ProcError as exc:  # not on PATH (not a login node), or hung
+            raise ResourceError(f"cannot ask Slurm about jobs {', '.join(missing)}: "
+                                f"{exc}") from None
+        if proc.returncode != 0 and squeue_error:
+            # neither answered: the jobs' states are not known, and must not read as ended
+            raise ResourceError(f"cannot reach Slurm: squeue: {squeue_error or '?'}; sacct: "
+                                f"{proc.stderr.strip() or proc.returncode}")
         found = parse_sacct(proc.stdout)
         for job_id in missing:
             states[job_id] = found.get(job_id, {"state": "UNKNOWN"})
@@ -221,15 +233,33 @@ def find_run(ref: str, runs_root: Path) -> Path:
 def _check_not_active(run_dir: Path) -> Chain | None:
     """The directory's earlier chain, if any; an error while any of it is queued or
     running. Nothing is written."""
+    if (run_dir / contract.SWEEP_RECORD).is_file():
+        raise UsageError(f"name: {run_dir.name} is a seed sweep; choose another --name (or "
+                         "--out) for a single chain")
     if not (run_dir / contract.CHAIN_RECORD).is_file():
         return None
     previous = load_chain(run_dir)
     active = [i for i, s in job_states(previous.ids).items() if s["state"] in ACTIVE_STATES]
     if active:
-        raise UsageError(f"name: {run_dir.name} already has an active chain (jobs "
+        ref = run_dir.name
+        if (run_dir.parent / contract.SWEEP_RECORD).is_file():
+            ref = f"{run_dir.parent.name}/{run_dir.name}"  # a sweep's chain
+        raise UsageError(f"name: {ref} already has an active chain (jobs "
                          f"{', '.join(sorted(active))}); cancel it first with `train cancel "
-                         f"{run_dir.name}`, or choose another --name")
+                         f"{ref}`, or choose another --name")
     return previous
+
+
+def check_sweep_root(root: Path) -> None:
+    """A sweep may replace an ended sweep, never a single chain or an active sweep."""
+    if (root / contract.CHAIN_RECORD).is_file():
+        raise UsageError(f"name: {root.name} holds a single chain; choose another --name (or "
+                         "--out) for a sweep")
+    if (root / contract.SWEEP_RECORD).is_file():
+        from train.slurm.sweep import chain_paths
+
+        for _seed, run_dir in chain_paths(root):
+            _check_not_active(run_dir)
 
 
 _CHAIN_FILES = (contract.CHAIN_RECORD, contract.CHAIN_IDS)

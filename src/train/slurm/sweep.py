@@ -37,15 +37,18 @@ def split(spec: JobSpec) -> tuple[Path, list[tuple[int, JobSpec]]]:
     if any(a == "--seeds" or a.startswith("--seeds=") for a in spec.workload):
         raise ConfigError("sweep_seeds", "give the seeds once: --sweep-seeds runs one chain "
                           "per seed (remove --seeds from the workload)")
+    from train.config import MAX_SEED
+
     if len(spec.sweep_seeds) != len(set(spec.sweep_seeds)) or \
-            any(s < 0 for s in spec.sweep_seeds):
-        raise ConfigError("sweep_seeds", f"must be distinct non-negative integers, got "
-                          f"{list(spec.sweep_seeds)}")
+            any(s < 0 or s > MAX_SEED for s in spec.sweep_seeds):
+        raise ConfigError("sweep_seeds", f"must be distinct integers from 0 to {MAX_SEED}, "
+                          f"got {list(spec.sweep_seeds)}")
     root = Path(os.path.abspath(spec.out or os.path.join("runs", spec.name)))
     specs = []
     for seed in spec.sweep_seeds:
+        suffix = f"-s{seed}"  # kept whole: the chains' job names must differ
         specs.append((seed, dataclasses.replace(
-            spec, name=f"{spec.name}-s{seed}"[:64], out=str(root / seed_dir(seed)),
+            spec, name=spec.name[:64 - len(suffix)] + suffix, out=str(root / seed_dir(seed)),
             sweep_seeds=(), workload=(*spec.workload, "--seeds", str(seed)))))
     return root, specs
 
@@ -70,7 +73,14 @@ def is_sweep(path: Path) -> bool:
 
 
 def chain_paths(root: Path) -> list[tuple[int, Path]]:
-    return [(int(c["seed"]), Path(c["run_dir"])) for c in load_record(root)["chains"]]
+    """(seed, chain directory) per chain; a moved sweep finds its chains where it is."""
+    out = []
+    for i, chain in enumerate(load_record(root)["chains"], 1):
+        seed = chain.get("seed") if isinstance(chain, dict) else None
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise UsageError(f"sweep: {root / SWEEP_RECORD}: chain {i} has no integer seed")
+        out.append((seed, root / seed_dir(seed)))
+    return out
 
 
 def aggregate(name: str, root: Path, statuses: list[dict[str, Any]]) -> dict[str, Any]:
@@ -95,40 +105,62 @@ def format_sweep(st: dict[str, Any], chain_lines: list[list[str]]) -> list[str]:
     return head + ["  " + line for lines in chain_lines for line in lines]
 
 
-def summarize(root: Path, smooth: int = 25) -> tuple[Path, Path, int]:
-    """Mean and spread of the seeds' learning curves (episode rewards, a moving average
-    of `smooth` episodes): summary.csv and summary.png in the sweep's directory. Returns
-    (csv, plot, seeds found). Seeds without any episodes yet are left out."""
-    import numpy as np
+def _rewards(path: Path) -> list[float] | str:
+    """A seed's episode rewards, or why they cannot be used."""
+    import math
 
-    curves: dict[int, list[float]] = {}
-    for seed, run_dir in chain_paths(root):
-        path = run_dir / f"seed_{seed}" / "episodes.json"
-        try:
-            rewards = json.loads(path.read_text(encoding="utf-8"))["rewards"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if rewards:
-            curves[seed] = [float(r) for r in rewards]
-    if not curves:
-        raise UsageError(f"summary: no seed of {root.name} has finished an episode yet")
-    length = min(len(c) for c in curves.values())  # the episodes every seed has
-    window = max(1, min(smooth, length))
-    kernel = np.ones(window) / window
-    smoothed = np.array([np.convolve(np.array(c[:length]), kernel, mode="valid")
-                         for c in curves.values()])
-    mean, std = smoothed.mean(axis=0), smoothed.std(axis=0)
-    episodes = np.arange(window, length + 1)
-    csv = root / SUMMARY_CSV
-    lines = ["episode,mean_reward,std_reward,seeds"]
-    lines += [f"{e},{m:.6g},{s:.6g},{len(curves)}" for e, m, s in zip(episodes, mean, std,
-                                                                       strict=True)]
-    csv.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    try:
+        rewards = json.loads(path.read_text(encoding="utf-8"))["rewards"]
+    except OSError:
+        return "no episodes yet"
+    except (ValueError, KeyError, TypeError):
+        return f"{path} is not an episode record"
+    if not isinstance(rewards, list) or not all(
+            isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r)
+            for r in rewards):
+        return f"{path}: rewards are not a list of finite numbers"
+    return [float(r) for r in rewards] if rewards else "no episodes yet"
+
+
+def summarize(root: Path, smooth: int = 25) -> tuple[Path, Path, list[str]]:
+    """Mean and spread of the seeds' learning curves (episode rewards, a moving average of
+    `smooth` episodes), per episode over the seeds that reached it: summary.csv and
+    summary.png in the sweep's directory. Returns (csv, plot, notes on seeds left out)."""
+    if smooth < 1:
+        raise UsageError(f"summary: --smooth must be at least 1, got {smooth}")
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    curves: dict[int, list[float]] = {}
+    notes: list[str] = []
+    for seed, run_dir in chain_paths(root):
+        found = _rewards(run_dir / f"seed_{seed}" / "episodes.json")
+        if isinstance(found, str):
+            notes.append(f"seed {seed} left out: {found}")
+        else:
+            curves[seed] = found
+    if not curves:
+        raise UsageError(f"summary: no seed of {root.name} has finished an episode yet")
+    window = max(1, min(smooth, *(len(c) for c in curves.values())))
+    kernel = np.ones(window) / window
+    smoothed = {seed: np.convolve(np.array(c), kernel, mode="valid")
+                for seed, c in curves.items()}
+    longest = max(len(v) for v in smoothed.values())
+    episodes, means, stds, counts = [], [], [], []
+    for i in range(longest):  # episode window + i, over the seeds that reached it
+        values = np.array([v[i] for v in smoothed.values() if i < len(v)])
+        episodes.append(window + i)
+        means.append(float(values.mean()))
+        stds.append(float(values.std()))
+        counts.append(len(values))
+    lines = ["episode,mean_reward,std_reward,seeds"]
+    lines += [f"{e},{m:.6g},{s:.6g},{n}" for e, m, s, n in zip(episodes, means, stds, counts,
+                                                               strict=True)]
+    csv, plot = root / SUMMARY_CSV, root / SUMMARY_PLOT
+    mean, std = np.array(means), np.array(stds)
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(episodes, mean, label=f"mean of {len(curves)} seeds")
     ax.fill_between(episodes, mean - std, mean + std, alpha=0.3, label="± 1 std")
@@ -136,7 +168,16 @@ def summarize(root: Path, smooth: int = 25) -> tuple[Path, Path, int]:
     ax.set_ylabel(f"reward (moving average of {window})")
     ax.set_title(f"{root.name}: seeds {', '.join(map(str, sorted(curves)))}")
     ax.legend()
-    plot = root / SUMMARY_PLOT
-    fig.savefig(plot, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return csv, plot, len(curves)
+    try:
+        tmp = csv.with_name(f".{SUMMARY_CSV}.tmp")
+        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        tmp.replace(csv)
+        fig.savefig(plot, dpi=100, bbox_inches="tight")
+    except OSError as exc:
+        raise UsageError(f"summary: cannot write into {root}: {exc.strerror or exc}") from None
+    finally:
+        plt.close(fig)
+    if window < smooth:
+        notes.append(f"moving average over {window} episodes (the shortest seed has that "
+                     "many)")
+    return csv, plot, notes
