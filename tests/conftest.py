@@ -53,12 +53,21 @@ def run_cli(args: Sequence[str], *, env: dict[str, str] | None = None, timeout: 
 _GROUPS: list[subprocess.Popen[str]] = []
 
 
+def _default_signals() -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2,
+                signal.SIGQUIT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def spawn_group(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[str]:
     """Start argv as the leader of a new process group (signals can go to the whole group,
     as Slurm sends them to every process of a job); the group is killed when the test ends,
-    so a failing test leaves nothing running."""
+    so a failing test leaves nothing running. It starts with the default action for every
+    signal, as a Slurm task does: a test run started in the background (nohup, `&`) has
+    SIGINT ignored, and a shell cannot trap a signal ignored when it starts."""
     proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, **kwargs)
+                            text=True, start_new_session=True, preexec_fn=_default_signals,
+                            **kwargs)
     _GROUPS.append(proc)
     return proc
 

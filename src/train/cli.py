@@ -195,6 +195,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not result.complete:
         print(f"train: stopped early ({result.stop_reason}); checkpoint written in "
               f"{cfg.out}; run the same command to continue", file=sys.stderr)
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        # Everything is written and the ranks have met at the last barrier. torch's gloo
+        # can still abort a rank as the process group is torn down while a peer leaves
+        # ("terminate called without an active exception", exit -6), failing a chunk
+        # whose work is done: leave without running the C++ destructors.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_OK)
     return EXIT_OK
 
 

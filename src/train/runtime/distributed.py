@@ -75,8 +75,10 @@ class DistContext:
             dist.barrier(group=self.object_group)
 
     def close(self) -> None:
-        if self.distributed and dist.is_initialized():
-            dist.destroy_process_group()
+        """Nothing to undo: the process group is left to the process's end. torch's gloo
+        can abort a rank (SIGABRT) when the group is destroyed while a peer is leaving,
+        failing a run whose work is complete; `train run` ends a distributed run with
+        os._exit once everything is written, without the C++ destructors."""
 
 
 def _int_var(env: Mapping[str, str], name: str) -> int:
