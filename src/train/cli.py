@@ -224,22 +224,23 @@ def _cmd_clusters(args: argparse.Namespace) -> int:
 
 
 def _resolved_jobs(args: argparse.Namespace, workload: list[str] | None
-                   ) -> tuple[Any, list[tuple[int | None, Any]]]:
-    """The job, or a sweep's jobs (one per seed), each validated: (spec, [(seed, job)])."""
+                   ) -> tuple[Any, Path | None, list[tuple[int | None, Any]]]:
+    """The job, or a sweep's jobs (one per seed), each validated: (spec, the sweep's
+    directory or None, [(seed, job)])."""
     from train.slurm.job import resolve
 
     spec, profile = _job_spec(args, workload)
     if not spec.sweep_seeds:
-        return spec, [(None, resolve(spec, profile))]
+        return spec, None, [(None, resolve(spec, profile))]
     from train.slurm.sweep import split
 
-    _root, specs = split(spec)
-    return spec, [(seed, resolve(s, profile)) for seed, s in specs]
+    root, specs = split(spec)
+    return spec, root, [(seed, resolve(s, profile)) for seed, s in specs]
 
 
 def _job_spec(args: argparse.Namespace, workload: list[str] | None) -> tuple[Any, Any]:
     from train.clusters.profiles import Registry
-    from train.defaults import LISTS, defaults_path, load_defaults, merged
+    from train.defaults import LISTS, defaults_path, joined, load_defaults, merged
     from train.slurm.job import JobSpec, job_from_sources
 
     file_values = load_yaml(args.job_file) if args.job_file is not None else {}
@@ -249,7 +250,7 @@ def _job_spec(args: argparse.Namespace, workload: list[str] | None) -> tuple[Any
     base = merged(load_defaults(), file_values)
     for key in LISTS:  # list flags add to the file's and the defaults' lists
         if key in flags and isinstance(base.get(key), list):
-            flags[key] = list(dict.fromkeys([*map(str, base[key]), *flags[key]]))
+            flags[key] = joined(map(str, base[key]), flags[key])  # flags are text
     spec = job_from_sources(base, flags)
     registry = Registry(args.profile)
     if spec.cluster is None:
@@ -290,7 +291,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
 def _cmd_render(args: argparse.Namespace, workload: list[str] | None) -> int:
     from train.slurm.render import library_path, render
 
-    _spec, jobs = _resolved_jobs(args, workload)
+    _spec, _root, jobs = _resolved_jobs(args, workload)
     for seed, job in jobs:
         if seed is not None:
             print(f"# ---- seed {seed}: chain {job.run_dir} ({len(jobs)} chains, in "
@@ -303,7 +304,7 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
     from train.slurm.render import library_path
     from train.slurm.scheduler import submit_chain
 
-    spec, jobs = _resolved_jobs(args, workload)  # every seed validated before any submit
+    spec, root, jobs = _resolved_jobs(args, workload)  # every seed validated first
     library = library_path().read_text(encoding="utf-8")
     # a closed terminal (HUP) or a kill (TERM) mid-way must not leave a held job behind:
     # both unwind like Ctrl-C, through submit_chain's clean-up
@@ -311,11 +312,10 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
                                                                 signal.SIGHUP)}
     chains: list[Any] = []
     try:
-        if spec.sweep_seeds:  # recorded first: a sweep cut short is still found, and ended
+        if root is not None:  # recorded first: a sweep cut short is still found, and ended
             from train.slurm.scheduler import check_sweep_root
-            from train.slurm.sweep import split, write_record
+            from train.slurm.sweep import write_record
 
-            root, _ = split(spec)
             check_sweep_root(root)
             root.mkdir(parents=True, exist_ok=True)
             write_record(root, spec.name, [{"seed": seed, "run_dir": job.run_dir}
@@ -353,8 +353,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
     )
     from train.slurm.sweep import aggregate, chain_paths, format_sweep, is_sweep
 
-    if args.ref is not None and is_sweep(find_run(args.ref, args.runs)):
-        root = find_run(args.ref, args.runs)
+    found = find_run(args.ref, args.runs) if args.ref is not None else None
+    if found is not None and is_sweep(found):
+        root = found
         chains = [chain_status(load_chain(run_dir)) for _seed, run_dir in chain_paths(root)]
         st = aggregate(root.name, root, chains)
         if args.json:
@@ -362,8 +363,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
         else:
             print("\n".join(format_sweep(st, [format_status(c) for c in chains])))
         return EXIT_OK
-    if args.ref is not None:
-        statuses = [chain_status(load_chain(find_run(args.ref, args.runs)))]
+    if found is not None:
+        statuses = [chain_status(load_chain(found))]
     else:  # every run: one unreadable record does not hide the others
         statuses = []
         for run_dir in chain_dirs(args.runs):

@@ -57,6 +57,11 @@ LISTS = ("env", "bind", "sbatch_extra", "srun_extra")
 NOT_DEFAULTS = ("name", "out", "workload")
 
 
+def joined(earlier: Any, later: Any) -> list[Any]:
+    """A list key's values: the earlier layer's, then the later one's, each once."""
+    return list(dict.fromkeys([*earlier, *later]))
+
+
 def merged(defaults: Mapping[str, Any], job_file: Mapping[str, Any],
            flags: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Defaults < the job file < flags, key by key; the list keys are concatenated."""
@@ -65,7 +70,7 @@ def merged(defaults: Mapping[str, Any], job_file: Mapping[str, Any],
         for key, value in layer.items():
             if key in LISTS and isinstance(value, (list, tuple)) and \
                     isinstance(out.get(key), (list, tuple)):
-                out[key] = list(dict.fromkeys([*out[key], *value]))
+                out[key] = joined(out[key], value)
             else:
                 out[key] = value
     return out

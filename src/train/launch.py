@@ -31,6 +31,7 @@ from pathlib import Path
 from train import _proc
 from train.errors import ResourceError, UsageError
 from train.runtime import cuda_check
+from train.slurm.contract import DEADLINE_VAR, STOP_SIGNAL_VAR
 
 log = logging.getLogger(__name__)
 
@@ -282,7 +283,6 @@ def prepare(opts: LaunchOptions, env: MutableMapping[str, str]) -> tuple[SlurmSt
     return step, master, command
 
 
-DEADLINE_VAR = "TRAIN_DEADLINE"  # the walltime contract: checkpointed by this Unix time
 # what is left for the work itself when the wait ends at the latest
 MIN_WORK_SECONDS = 60
 
@@ -388,7 +388,6 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-STOP_SIGNAL_VAR = "TRAIN_STOP_SIGNAL"  # the job's stop signal (the batch shell exports it)
 
 
 def stop_signal_for_workers(env: Mapping[str, str]) -> int:

@@ -316,17 +316,16 @@ def test_a_bad_chunk_number_is_refused(tmp_path: Path, chunk: str) -> None:
     assert _events(tmp_path) == []
 
 
-def _start(tmp_path: Path, ready: bool = False, **values: str) -> subprocess.Popen[str]:
+def _start(tmp_path: Path, ready: bool = False, step_env: dict[str, str] | None = None,
+           **values: str) -> subprocess.Popen[str]:
+    """The chunk with a waiting step (STEP_MODE wait, tuned by step_env), once the step
+    runs and the successor is submitted."""
     script = _script(tmp_path, **values)
-    env = {**_env(tmp_path), "STEP_MODE": "wait", **({"STEP_SAYS_READY": "1"} if ready else {})}
+    env = {**_env(tmp_path), "STEP_MODE": "wait", **({"STEP_SAYS_READY": "1"} if ready else {}),
+           **(step_env or {})}
     proc = spawn_group(["bash", str(script), "1"], env=env)
-    ready = tmp_path / "run" / "step.ready"
-    for _ in range(500):
-        if ready.exists() and "extended" in _kinds(tmp_path):
-            return proc
-        time.sleep(0.01)
-    proc.kill()
-    pytest.fail("the step did not start")
+    _wait_started(tmp_path, proc)
+    return proc
 
 
 def test_the_walltime_signal_reaches_the_step_which_stops_cleanly(tmp_path: Path) -> None:
@@ -432,10 +431,7 @@ def test_a_program_stopped_by_its_signal_continues_in_the_next_chunk(
         tmp_path: Path, progress: bool) -> None:
     # exit 0 after the stop means "continue"; one that never writes progress is not stalled
     extra = {} if progress else {"STEP_NO_PROGRESS": "1"}
-    script = _script(tmp_path, COMPLETE_ON_SUCCESS="1")
-    env = {**_env(tmp_path), "STEP_MODE": "wait", **extra}
-    proc = spawn_group(["bash", str(script), "1"], env=env)
-    _wait_started(tmp_path, proc)
+    proc = _start(tmp_path, step_env=extra, COMPLETE_ON_SUCCESS="1")
     proc.send_signal(signal.SIGUSR1)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
@@ -447,10 +443,7 @@ def test_a_program_stopped_by_its_signal_continues_in_the_next_chunk(
 
 def test_a_program_that_writes_complete_after_its_stop_ends_the_chain(
         tmp_path: Path) -> None:
-    script = _script(tmp_path, COMPLETE_ON_SUCCESS="1")
-    env = {**_env(tmp_path), "STEP_MODE": "wait", "STEP_COMPLETES": "1"}
-    proc = spawn_group(["bash", str(script), "1"], env=env)
-    _wait_started(tmp_path, proc)
+    proc = _start(tmp_path, step_env={"STEP_COMPLETES": "1"}, COMPLETE_ON_SUCCESS="1")
     proc.send_signal(signal.SIGUSR1)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
@@ -481,10 +474,7 @@ def test_with_stop_signal_none_the_program_is_not_signalled(tmp_path: Path) -> N
 
 
 def test_a_program_that_dies_of_its_stop_signal_is_told_why(tmp_path: Path) -> None:
-    script = _script(tmp_path, COMPLETE_ON_SUCCESS="1")
-    env = {**_env(tmp_path), "STEP_MODE": "wait", "STEP_NO_HANDLER": "1"}
-    proc = spawn_group(["bash", str(script), "1"], env=env)
-    _wait_started(tmp_path, proc)
+    proc = _start(tmp_path, step_env={"STEP_NO_HANDLER": "1"}, COMPLETE_ON_SUCCESS="1")
     proc.send_signal(signal.SIGUSR1)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 138, err

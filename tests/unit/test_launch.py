@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.test_cuda_check import OK as USABLE  # a healthy node's facts
 from train.errors import UsageError
 from train.launch import (
     LaunchOptions,
@@ -14,11 +15,6 @@ from train.launch import (
     torchrun_argv,
 )
 from train.runtime import cuda_check
-from train.runtime.cuda_check import CudaFacts
-
-USABLE = CudaFacts(torch_version="2.13.0", torch_cuda="13.0", torch_available=True,
-                   torch_devices=2, visible_devices="0,1", driver_cuda=13000,
-                   driver_version="580.65.06", nvml_gpus=2)
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType, TracebackType
 
-from train.slurm.contract import SIGNAL_READY_VAR
+from train.slurm.contract import DEADLINE_VAR, SIGNAL_READY_VAR
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,6 @@ def install_early_handlers(mark_ready: bool = True) -> None:
             log.debug("could not mark signal readiness in %s: %s", ready, exc)
 
 
-DEADLINE_VAR = "TRAIN_DEADLINE"  # the walltime contract (job-lib.sh exports it)
 
 
 def parse_deadline(text: str) -> float | None:

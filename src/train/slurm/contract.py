@@ -43,6 +43,10 @@ EVENTS = (EV_STARTED, EV_EXTENDED, EV_EXTEND_FAILED, EV_STOPPED, EV_COMPLETE, EV
 # handlers are in place (`train run` and `train launch` do): the batch shell passes the
 # walltime USR1 on at once after that, and holds it back during start-up before it.
 SIGNAL_READY_VAR = "TRAIN_SIGNAL_READY"
+# The walltime contract's other names that Python reads (job-lib.sh exports them): the
+# job's stop signal, and the Unix time by which the step must have checkpointed.
+STOP_SIGNAL_VAR = "TRAIN_STOP_SIGNAL"
+DEADLINE_VAR = "TRAIN_DEADLINE"
 
 # Docker containers of a job carry this label (value: the job id), so the batch shell can
 # remove what a killed step left running.
