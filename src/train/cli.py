@@ -423,9 +423,10 @@ def _pairs(items: list[str], flag: str) -> dict[str, str]:
 
 def _cmd_image(args: argparse.Namespace) -> int:
     from train.images import build as builder
-    from train.images.defs import containers_dir, find_def, parse
+    from train.images.defs import parse
     from train.images.dockerfile import translate
     from train.images.lint import lint_all
+    from train.images.sources import containers_dir, find_def
 
     if args.action == "lint":
         paths = [find_def(i) for i in args.images] or sorted(containers_dir().glob("*.def"))

@@ -15,8 +15,9 @@ from typing import Any
 
 from train import _proc
 from train.errors import ResourceError, TrainError, UsageError
-from train.images.defs import DefFile, containers_dir, find_def, parse
+from train.images.defs import DefFile, parse
 from train.images.dockerfile import BUILD_DIR, SCRIPT_DIR, translate
+from train.images.sources import containers_dir, find_def
 
 log = logging.getLogger(__name__)
 

@@ -148,19 +148,3 @@ def spython_check(path: Path) -> None:
         raise DefError(path, 1, f"spython cannot parse it: {exc}") from None
     finally:
         tmp.unlink(missing_ok=True)
-
-
-def containers_dir() -> Path:
-    """containers/ of the source tree (the .def files are the images' source of truth)."""
-    return Path(__file__).resolve().parents[3] / "containers"
-
-
-def find_def(image: str) -> Path:
-    path = Path(image)
-    if path.suffix == ".def" and path.is_file():
-        return path
-    candidate = containers_dir() / f"{image}.def"
-    if candidate.is_file():
-        return candidate
-    known = sorted(p.stem for p in containers_dir().glob("*.def"))
-    raise UsageError(f"image: unknown image {image!r}; known: {', '.join(known)}")

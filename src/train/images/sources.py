@@ -1,0 +1,64 @@
+"""Where the image definitions and their locks come from.
+
+In order: `--defs DIR` (or TRAIN_DEFS), the `containers/` folder of a source tree this
+package runs from (a clone), and the copy installed with the package
+(`<prefix>/share/train/containers`, from pyproject.toml's data-files). Finding none is a
+usage error (exit 2), never "0 definitions".
+"""
+
+from __future__ import annotations
+
+import os
+import site
+import sys
+from pathlib import Path
+
+from train.errors import UsageError
+
+DEFS_VAR = "TRAIN_DEFS"
+
+
+def _installed_copies() -> list[Path]:
+    prefixes = [Path(sys.prefix), Path(site.getuserbase())]
+    return [p / "share" / "train" / "containers" for p in prefixes]
+
+
+def containers_dir(defs: str | Path | None = None) -> Path:
+    """The folder holding the .def files (and requirements/ with the locks)."""
+    chosen = defs or os.environ.get(DEFS_VAR)
+    if chosen:
+        path = Path(chosen).expanduser().resolve()
+        if not any(path.glob("*.def")):
+            source = "--defs" if defs else DEFS_VAR
+            raise UsageError(f"{source}: {path} holds no .def files")
+        return path
+    tree = Path(__file__).resolve().parents[3] / "containers"
+    for candidate in [tree, *_installed_copies()]:
+        if any(candidate.glob("*.def")):
+            return candidate
+    raise UsageError("image: no image definitions found (looked in "
+                     f"{', '.join(str(p) for p in [tree, *_installed_copies()])}); "
+                     "name a folder of .def files with --defs DIR")
+
+
+def repo_root(defs: str | Path | None = None) -> Path:
+    """The folder %files sources resolve from: the parent of the definitions' folder, as
+    `apptainer build` run from the repository root sees them."""
+    return containers_dir(defs).parent
+
+
+def known_images(defs: str | Path | None = None) -> list[str]:
+    return sorted(p.stem for p in containers_dir(defs).glob("*.def"))
+
+
+def find_def(image: str, defs: str | Path | None = None) -> Path:
+    path = Path(image)
+    if path.suffix == ".def":
+        if path.is_file():
+            return path.resolve()
+        raise UsageError(f"image: {image} does not exist")
+    candidate = containers_dir(defs) / f"{image}.def"
+    if candidate.is_file():
+        return candidate
+    raise UsageError(f"image: unknown image {image!r}; known: "
+                     f"{', '.join(known_images(defs))}")
