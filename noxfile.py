@@ -100,6 +100,7 @@ def export(session: nox.Session) -> None:
     _image_session(session, "export")
 
 
+_PIN = re.compile(r"(?m)^([A-Za-z0-9_.-]+)==(\S+) ")
 # packages dropped from a lock after resolving (installed --no-deps, so never needed)
 LOCK_DROP = {"sc2": ["enum34"]}  # enum34 shadows the standard library's enum on Python 3
 
@@ -131,8 +132,16 @@ def lock(session: nox.Session) -> None:
             env=env,
         )
         text = out.read_text()
-        for package in LOCK_DROP.get(name, []):
-            text = re.sub(rf"(?m)^{package}==[^\n]*\n(?:    --hash[^\n]*\n)+", "", text)
+        drop = list(LOCK_DROP.get(name, []))
+        if not name.startswith("base"):
+            # a derived image (From: base.sif) keeps the base's packages: its lock lists only
+            # what it adds or changes, so its install never replaces the base's torch build
+            base = (req / "base-cu130.txt").read_text()
+            drop += [f"{pkg}=={version}" for pkg, version in _PIN.findall(base)
+                     if re.search(rf"(?m)^{re.escape(pkg)}=={re.escape(version)} ", text)]
+        for package in drop:
+            pin = re.escape(package) + " " if "==" in package else f"{re.escape(package)}=="
+            text = re.sub(rf"(?m)^{pin}[^\n]*\n(?:    --hash[^\n]*\n)+", "", text)
         out.write_text(text)
 
 

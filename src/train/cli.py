@@ -103,11 +103,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", type=Path, action="append", default=[], metavar="FILE",
                    help="extra cluster profile YAML (may repeat)")
 
-    p = sub.add_parser("image", help="lint, translate, build, test and export images",
-                       description="Container images from containers/*.def.")
-    p.add_argument("action", choices=["lint", "translate", "build", "test", "export"])
+    p = sub.add_parser("image", help="lint, translate, build, test, export and digest images",
+                       description="Container images from containers/*.def (the copy "
+                       "installed with the package when not run from a clone; --defs DIR "
+                       "names another folder). Works from any directory: %%files sources "
+                       "resolve from the folder above the definitions, as `apptainer build` "
+                       "run from the repository root does.")
+    p.add_argument("action", choices=["lint", "translate", "build", "test", "export",
+                                      "digest"],
+                   help="digest: the content digest of a built image (every file's path, "
+                   "mode and sha256), to compare an image on the cluster with CI's")
     p.add_argument("images", nargs="*", metavar="IMAGE",
                    help="base, sc2, navsim or a .def path (lint: all when none given)")
+    p.add_argument("--defs", type=Path, default=None, metavar="DIR",
+                   help="folder holding the .def files and requirements/ (default: "
+                   "$TRAIN_DEFS, the clone's containers/, then the installed copy)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="build: docker build without the engine's cache")
     p.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE",
                    help="override a %%arguments default (may repeat)")
     p.add_argument("--localimage", action="append", default=[], metavar="SIF=TAG",
@@ -116,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=["auto", "apptainer", "docker"], default="auto")
     p.add_argument("--fakeroot", action="store_true", help="apptainer build --fakeroot")
     p.add_argument("--out", type=Path, default=None,
-                   help="translate: context dir; build: SIF path; export: tar path")
+                   help="translate: context dir; build, test, digest: SIF path; export: "
+                   "tar path; digest: also write the listing there when a docker tag is used")
 
     p = sub.add_parser("launch", help="start a workload on every node of a job step "
                        "(inside the container)",
@@ -423,13 +436,15 @@ def _pairs(items: list[str], flag: str) -> dict[str, str]:
 
 def _cmd_image(args: argparse.Namespace) -> int:
     from train.images import build as builder
+    from train.images.content import digest
     from train.images.defs import parse
     from train.images.dockerfile import translate
     from train.images.lint import lint_all
     from train.images.sources import containers_dir, find_def
 
     if args.action == "lint":
-        paths = [find_def(i) for i in args.images] or sorted(containers_dir().glob("*.def"))
+        paths = ([find_def(i, args.defs) for i in args.images]
+                 or sorted(containers_dir(args.defs).glob("*.def")))
         violations = lint_all(paths)
         for v in violations:
             print(v)
@@ -437,37 +452,50 @@ def _cmd_image(args: argparse.Namespace) -> int:
         return 1 if violations else EXIT_OK
     if len(args.images) != 1:
         raise UsageError(f"image {args.action}: name exactly one image")
-    image = args.images[0]
+    path = find_def(args.images[0], args.defs)
+    d = parse(path)
+    root = path.parent.parent  # %files sources resolve from above containers/
     build_args = _pairs(args.build_arg, "--build-arg")
     localimages = _pairs(args.localimage, "--localimage")
-    tag = args.tag or f"train/{find_def(image).stem}:local"
+    tag = args.tag or f"train/{d.name}:local"
     engine = builder.engine(args.engine)
+    out = args.out.resolve() if args.out is not None else None  # before any cwd change
     if args.action == "translate":
-        if args.out is None:
-            print(translate(parse(find_def(image)), build_args, localimages).dockerfile,
-                  end="")
+        if out is None:
+            print(translate(d, build_args, localimages).dockerfile, end="")
         else:
-            builder.write_context(parse(find_def(image)), args.out, build_args, localimages)
-            print(f"build context written to {args.out}")
+            builder.write_context(d, out, build_args, localimages, root)
+            print(f"build context written to {out}")
         return EXIT_OK
-    sif = args.out or Path(f"{find_def(image).stem}.sif")
+    sif = out or Path(f"{d.name}.sif").resolve()
     if args.action == "build":
         if engine == "apptainer":
-            builder.apptainer_build(image, sif, build_args, args.fakeroot)
+            builder.apptainer_build(d, root, sif, build_args, args.fakeroot)
             print(f"built {sif}")
         else:
-            image_id = builder.docker_build(image, tag, build_args, localimages)
+            image_id = builder.docker_build(d, root, tag, build_args, localimages,
+                                            nocache=args.no_cache)
             print(f"built {tag} ({image_id})")
         return EXIT_OK
     if args.action == "test":
-        report = builder.apptainer_test(sif) if engine == "apptainer" \
-            else builder.docker_test(tag)
+        smoke = builder.smoke_args(d)
+        report = builder.apptainer_test(sif, smoke) if engine == "apptainer" \
+            else builder.docker_test(tag, smoke)
         print(report, end="")
+        return EXIT_OK
+    if args.action == "digest":
+        if engine == "apptainer":
+            lines = builder.apptainer_content(sif)
+        else:
+            lines = builder.docker_content(tag)
+            if out is not None:
+                out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        print(f"{digest(lines)} {len(lines)} entries "
+              f"({sif if engine == 'apptainer' else tag})")
         return EXIT_OK
     if engine == "apptainer":
         raise UsageError("image export: an apptainer build is already a SIF file")
-    out = args.out or Path(f"{find_def(image).stem}.tar")
-    print(builder.docker_export(tag, out))
+    print(builder.docker_export(tag, out or Path(f"{d.name}.tar").resolve()))
     return EXIT_OK
 
 

@@ -67,6 +67,10 @@ class RunConfig:
     episode_steps: int = opt(64, "Agent steps per episode of the demo game.",
                               kind=int, positive=True)
     step_mul: int = opt(8, "Game steps per agent step (sc2 only).", kind=int, positive=True)
+    sc2_env: str = opt("game", "sc2 only: game (StarCraft II found through SC2PATH) or mock "
+                        "(pysc2's own mock environment, no game: checks an image or a "
+                        "pipeline end to end, every action through pysc2's conversion).",
+                        kind=str, choices=("game", "mock"))
     batch_size: int = opt(32, "Replay minibatch size per update (per process under DDP).",
                            kind=int, positive=True)
     device: str = opt("auto", "auto (cuda when available), cpu or cuda.", kind=str,

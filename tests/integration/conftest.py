@@ -52,6 +52,17 @@ CI_BASE_TAG = "train-ci-base:bookworm"
 CI_IMAGE_TAG = "train/base:ci"
 CI_BUILD_ARGS = ("--build-arg", f"BASE_IMAGE={CI_BASE_TAG}", "--build-arg",
                  "BASE_LOCK=base-cpu.txt")
+CI_SC2_TAG = "train/sc2:ci"
+
+
+def sc2_build_args() -> list[str]:
+    """CI's build arguments for sc2.def (ci/sc2_standins.py: stand-ins for the game and the
+    maps, and the lock's wheels, in containers/downloads)."""
+    proc = subprocess.run([sys.executable, str(REPO / "ci" / "sc2_standins.py"), CI_IMAGE_TAG],
+                          capture_output=True, text=True, timeout=900, check=False)
+    if proc.returncode != 0:
+        pytest.fail(f"ci/sc2_standins.py failed: {proc.stderr[-2000:]}")
+    return proc.stdout.splitlines()
 
 
 @pytest.fixture(scope="session")
@@ -111,6 +122,25 @@ def ci_image(docker_engine: dict[str, str]) -> str:
         if proc.returncode != 0:
             pytest.fail(f"building {CI_IMAGE_TAG} failed: {proc.stderr[-3000:]}")
     return CI_IMAGE_TAG
+
+
+@pytest.fixture(scope="session")
+def sc2_image(ci_image: str, docker_engine: dict[str, str]) -> str:
+    """sc2.def built on the CI base image (once per session), offline: the stand-ins and
+    the lock's wheels in containers/downloads."""
+    import docker
+
+    args = sc2_build_args()
+    try:
+        docker.from_env().images.get(CI_SC2_TAG)
+    except docker.errors.ImageNotFound:
+        proc = subprocess.run([sys.executable, "-m", "train", "image", "build", "sc2",
+                               "--engine", "docker", "--tag", CI_SC2_TAG, *args],
+                              capture_output=True, text=True, timeout=1800, check=False,
+                              env={**os.environ, **docker_engine})
+        if proc.returncode != 0:
+            pytest.fail(f"building {CI_SC2_TAG} failed: {proc.stderr[-3000:]}")
+    return CI_SC2_TAG
 
 
 @pytest.fixture(scope="session")

@@ -80,6 +80,9 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Path:
                     ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, tree / name)
+    # the image definitions and locks ship with the package (pyproject's data-files)
+    shutil.copytree(REPO / "containers", tree / "containers",
+                    ignore=shutil.ignore_patterns("wheelhouse", "downloads"))
     own = work / "wheel"
     _ok(_run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
               "--no-index", "-w", str(own), str(tree)], work))
@@ -122,6 +125,24 @@ def test_cluster_commands_work_without_the_runtime(client: Path, tmp_path: Path)
     translated = _ok(_run([str(client / "train"), "image", "translate", str(base_def)],
                           tmp_path))
     assert "\nFROM " in translated.stdout
+    # outside a clone, images are found by name in the copy installed with the package
+    by_name = _ok(_run([str(client / "train"), "image", "translate", "sc2", "--localimage",
+                        "base.sif=train/base:ci"], tmp_path))
+    assert "# Generated from sc2.def" in by_name.stdout
+    installed = client.parent / "share" / "train" / "containers"
+    assert sorted(p.name for p in installed.glob("*.def")) == ["base.def", "navsim.def",
+                                                               "sc2.def"]
+    assert (installed / "requirements" / "sc2.txt").is_file()
+    # no definitions where --defs points: exit 2, never "0 definition(s)"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    none = _run([str(client / "train"), "image", "lint", "--defs", str(empty)], tmp_path)
+    assert none.returncode == 2 and f"--defs: {empty} holds no .def files" in none.stderr
+    # building needs the %files sources of a clone: exit 2 before any engine is asked
+    build = _run([str(client / "train"), "image", "build", "sc2", "--engine", "docker"],
+                 tmp_path)
+    assert build.returncode == 2, build.stderr
+    assert "does not exist under" in build.stderr and "clone" in build.stderr
 
 
 def test_train_run_names_the_runtime_extra(client: Path, tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
-from tests.integration.conftest import CI_BUILD_ARGS, CI_IMAGE_TAG
+from tests.conftest import REPO, run_cli
+from tests.integration.conftest import CI_BUILD_ARGS, CI_IMAGE_TAG, sc2_build_args
 
 pytestmark = pytest.mark.slow
 
@@ -54,6 +54,175 @@ def test_bad_build_argument_fails_before_building(docker_engine: dict[str, str])
                     "CUDA=12"], env=docker_engine)
     assert proc.returncode == 2
     assert "build-arg CUDA: base.def has no such argument" in proc.stderr
+
+
+EVERY_ACTION = """
+from train.workloads.envs.pysc2_env import Pysc2Env
+from train.workloads.envs.spec import ObsSpec
+env = Pysc2Env(16, 8, 1, mock=True)
+obs = env.reset()
+for action in range(ObsSpec(16).n_actions):
+    env.step(action)
+print("converted", env.converted, "of", ObsSpec(16).n_actions, "available", obs.available)
+"""
+
+
+def _docker(tag: str, command: list[str], entrypoint: list[str] | None = None,
+            environment: dict[str, str] | None = None) -> tuple[int, str]:
+    import docker
+
+    container = docker.from_env().containers.run(tag, command, entrypoint=entrypoint,
+                                                 environment=environment or {},
+                                                 network_mode="none", detach=True)
+    try:
+        code = container.wait(timeout=600)["StatusCode"]
+        return code, container.logs().decode(errors="replace")
+    finally:
+        container.remove(force=True)
+
+
+@pytest.mark.docker
+def test_sc2_image_imports_pysc2_runs_its_test_and_trains_on_pysc2s_mock_environment(
+        sc2_image: str, docker_engine: dict[str, str]) -> None:
+    # image test: %test (pysc2 imports on the image's Python with the locked protobuf), then
+    # the definition's smoke run: train run sc2 on pysc2's own mock environment
+    test = run_cli(["image", "test", "sc2", "--engine", "docker", "--tag", sc2_image],
+                   env=docker_engine, timeout=900)
+    assert test.returncode == 0, test.stderr
+    assert "pysc2 ok, protobuf 3.20.3" in test.stdout
+    # 3 episodes and 1 evaluation episode of the mock's 10 steps, every action converted
+    assert "pysc2 mock environment: 40 actions, every one accepted" in test.stdout
+    assert "run complete: /tmp/train-sc2-mock" in test.stdout
+    # every action the agent can send, through pysc2's transform_action
+    code, out = _docker(sc2_image, ["-c", EVERY_ACTION], entrypoint=["python"])
+    assert code == 0, out
+    assert "converted 258 of 258 available [ True  True  True]" in out
+
+
+@pytest.mark.docker
+def test_sc2_run_without_a_working_game_is_exit_3_before_anything_is_written(
+        sc2_image: str) -> None:
+    run = "python -m train run sc2 --device cpu --out /tmp/run; echo rc=$?; ls -d /tmp/run"
+    code, out = _docker(sc2_image, ["-c", run], entrypoint=["/bin/sh"],
+                        environment={"SC2PATH": "/opt/nothing"})
+    assert "rc=3" in out and "has no Versions/Base*/SC2_x64" in out, out
+    assert code != 0 and "No such file or directory" in out  # /tmp/run was never made
+    broken = ("chmod -x $SC2PATH/Versions/Base*/SC2_x64; " + run)
+    code, out = _docker(sc2_image, ["-c", broken], entrypoint=["/bin/sh"])
+    assert "rc=3" in out and "is broken: it must be a non-empty executable" in out, out
+    assert code != 0 and "No such file or directory" in out
+
+
+@pytest.mark.docker
+def test_image_test_fails_when_any_check_of_its_test_fails(sc2_image: str,
+                                                          docker_engine: dict[str, str]) -> None:
+    """%test runs as a plain /bin/sh script, as Apptainer runs it: without `set -e` only its
+    last command would count. Break the map check (not the last) and the test must fail."""
+    import io
+
+    import docker
+
+    client = docker.from_env()
+    dockerfile = (f"FROM {sc2_image}\n"
+                  "RUN rm /opt/sc2/StarCraftII/Maps/mini_games/MoveToBeacon.SC2Map\n")
+    client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag="train/sc2:broken",
+                        network_mode="none", rm=True)
+    try:
+        test = run_cli(["image", "test", "sc2", "--engine", "docker", "--tag",
+                        "train/sc2:broken"], env=docker_engine, timeout=600)
+        assert test.returncode != 0
+        assert "/.train/test exited with 1" in test.stderr, test.stderr
+    finally:
+        client.images.remove("train/sc2:broken", force=True)
+
+
+@pytest.mark.docker
+def test_a_directory_copied_onto_an_existing_one_nests_as_in_apptainer(
+        ci_image: str, docker_engine: dict[str, str], tmp_path: Path) -> None:
+    """%files are copied with Apptainer's `cp -fLr`, not Docker's merging COPY: the trap that
+    made derived images install the base's stale lock is visible in CI's build too."""
+    repo = tmp_path / "repo"
+    (repo / "containers" / "requirements").mkdir(parents=True)
+    (repo / "pyproject.toml").write_text("")
+    (repo / "containers" / "requirements" / "new.txt").write_text("new\n")
+    (repo / "containers" / "nest.def").write_text(
+        "Bootstrap: localimage\nFrom: base.sif\n\n%files\n"
+        "    containers/requirements /opt/train/requirements\n\n"
+        "%test\n    set -e\n    test -f /opt/train/requirements/requirements/new.txt\n"
+        "    test ! -e /opt/train/requirements/new.txt\n")
+    build = run_cli(["image", "build", str(repo / "containers" / "nest.def"), "--engine",
+                     "docker", "--tag", "train/nest:ci", "--localimage",
+                     f"base.sif={ci_image}"], env=docker_engine, timeout=600)
+    assert build.returncode == 0, build.stderr
+    try:
+        code, out = _docker("train/nest:ci", ["/.train/test"], entrypoint=["/bin/sh"])
+        assert code == 0, out
+    finally:
+        import docker
+
+        docker.from_env().images.remove("train/nest:ci", force=True)
+
+
+@pytest.mark.docker
+def test_sc2_builds_reproducibly_from_any_directory_and_prints_its_content_digest(
+        sc2_image: str, docker_engine: dict[str, str], tmp_path: Path) -> None:
+    """A second build without the engine's cache, started from another directory, holds the
+    same files (path, mode, sha256) as the first; `train image digest` shows it."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    rebuild = run_cli(["image", "build", "sc2", "--engine", "docker", "--tag",
+                       "train/sc2:again", "--no-cache", *sc2_build_args()],
+                      env=docker_engine, timeout=1800, cwd=elsewhere)
+    assert rebuild.returncode == 0, rebuild.stderr
+    try:
+        first = run_cli(["image", "digest", "sc2", "--engine", "docker", "--tag", sc2_image,
+                         "--out", "first.txt"], env=docker_engine, timeout=900, cwd=elsewhere)
+        second = run_cli(["image", "digest", "sc2", "--engine", "docker", "--tag",
+                          "train/sc2:again", "--out", "second.txt"], env=docker_engine,
+                         timeout=900, cwd=elsewhere)
+        assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+        listing = (elsewhere / "first.txt").read_text().splitlines()
+        assert any(line.endswith(" /opt/sc2/StarCraftII/Maps/mini_games/MoveToBeacon.SC2Map")
+                   for line in listing)
+        assert any("/pysc2/lib/__pycache__/colors.cpython-" in line for line in listing)
+        differ = sorted(set(listing) ^ set((elsewhere / "second.txt").read_text().splitlines()))
+        assert differ == []
+        assert first.stdout.split()[0] == second.stdout.split()[0]
+        assert first.stdout.startswith("sha256:")
+    finally:
+        import docker
+
+        docker.from_env().images.remove("train/sc2:again", force=True)
+
+
+@pytest.mark.docker
+def test_build_refuses_a_missing_stand_in_before_the_engine_starts(tmp_path: Path) -> None:
+    args = sc2_build_args()
+    args[args.index(next(a for a in args if a.startswith("MAPS_URL=")))] = (
+        "MAPS_URL=file:///opt/train/downloads/not-there.zip")
+    proc = run_cli(["image", "build", "sc2", "--engine", "docker", *args],
+                   env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
+    assert proc.returncode == 2, proc.stderr
+    assert "build-arg MAPS_URL: file:///opt/train/downloads/not-there.zip is missing" in \
+        proc.stderr
+    assert str(REPO / "containers" / "downloads" / "not-there.zip") in proc.stderr
+
+
+@pytest.mark.apptainer
+def test_apptainer_test_fails_when_any_check_of_its_test_fails(apptainer_sif: Path,
+                                                              tmp_path: Path) -> None:
+    """The same on Apptainer itself: numpy removed from a sandbox of the base image breaks the
+    first of base.def's %test checks, and `apptainer test` fails."""
+    import subprocess
+
+    sandbox = tmp_path / "sandbox"
+    subprocess.run(["apptainer", "build", "--sandbox", str(sandbox), str(apptainer_sif)],
+                   check=True, capture_output=True, timeout=1200)
+    for numpy in sandbox.glob("opt/venv/lib/python3*/site-packages/numpy"):
+        subprocess.run(["rm", "-rf", str(numpy)], check=True)
+    proc = subprocess.run(["apptainer", "test", str(sandbox)], capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert proc.returncode != 0, proc.stdout
 
 
 @pytest.mark.apptainer

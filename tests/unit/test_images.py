@@ -53,9 +53,14 @@ From: {{ BASE }}
 
 
 def _write(tmp_path: Path, text: str, lock: str = "a==1 \\\n    --hash=sha256:00\n") -> Path:
-    (tmp_path / "requirements").mkdir(exist_ok=True)
-    (tmp_path / "requirements" / "ok.txt").write_text(lock)
-    path = tmp_path / "image.def"
+    """A repository in tmp_path: containers/image.def, its lock, the %files sources."""
+    defs = tmp_path / "containers"
+    (defs / "requirements").mkdir(parents=True, exist_ok=True)
+    (defs / "requirements" / "ok.txt").write_text(lock)
+    (tmp_path / "src").mkdir(exist_ok=True)
+    (tmp_path / "README.md").write_text("readme\n")
+    (tmp_path / "pyproject.toml").write_text("")  # a source tree: %files sources are checked
+    path = defs / "image.def"
     path.write_text(text)
     return path
 
@@ -86,7 +91,7 @@ def test_good_definition_is_clean(tmp_path: Path) -> None:
     ("max_split_size_mb:128", "max_split_size_mb:64", "alloc-env", 18),
     ('exec python -m train "$@"', "exec python -m train", "runscript-args", 23),
     ("%help\n    Help text.\n", "", "section-help", 1),
-    ("%labels\n", "%labelz\n", "parse", 29),
+    ("%labels\n", "%labelz\n", "section", 29),
 ])
 def test_each_rule_catches_a_broken_definition(tmp_path: Path, old: str, new: str,
                                                rule: str, line: int) -> None:
@@ -94,7 +99,7 @@ def test_each_rule_catches_a_broken_definition(tmp_path: Path, old: str, new: st
     violations = lint_def(_write(tmp_path, GOOD.replace(old, new)))
     assert [(v.rule, v.line) for v in violations] == [(rule, line)], violations
     text = str(violations[0])
-    assert text.startswith(f"{tmp_path / 'image.def'}:{line}: [{rule}]")
+    assert text.startswith(f"{tmp_path / 'containers' / 'image.def'}:{line}: [{rule}]")
 
 
 def test_lock_without_hash_is_named(tmp_path: Path) -> None:
@@ -116,7 +121,14 @@ def test_translator_covers_every_section(tmp_path: Path) -> None:
     t = translate(parse(_write(tmp_path, GOOD)), {"BASE": "debian:12.6"})
     lines = t.dockerfile.splitlines()
     assert "FROM debian:12.6" in lines
-    assert 'COPY ["src", "/opt/src"]' in lines and 'COPY ["README.md", "README.md"]' in lines
+    # %files as Apptainer copies them: staged, then `cp -fLr` after making DST's parent
+    assert 'COPY ["src", "/.train/files/0/src"]' in lines
+    assert 'COPY ["README.md", "/.train/files/1/README.md"]' in lines
+    assert t.scripts["files"] == ("set -e\nmkdir -p /opt\ncp -fLr /.train/files/0/src /opt/src\n"
+                                  "mkdir -p /\ncp -fLr /.train/files/1/README.md /README.md\n"
+                                  "rm -rf /.train/files\n")
+    assert lines.index('RUN ["/bin/sh", "-e", "/.train/build/files"]') < lines.index(
+        'RUN ["/bin/sh", "-e", "/.train/build/post"]')  # %files before %post
     assert lines.index('RUN ["/bin/sh", "-e", "/.train/build/post"]') < lines.index(
         "ENV PATH=/opt/venv/bin:$PATH")  # %environment applies at run time, after %post
     assert "ENV LANG=C.UTF-8" in lines

@@ -15,24 +15,24 @@ from typing import Any
 
 from train import _proc
 from train.errors import ResourceError, TrainError, UsageError
-from train.images.defs import DefFile, parse
-from train.images.dockerfile import BUILD_DIR, SCRIPT_DIR, translate
-from train.images.sources import containers_dir, find_def
+from train.images.defs import DefFile
+from train.images.dockerfile import BUILD_DIR, SCRIPT_DIR, files_source_problem, translate
 
 log = logging.getLogger(__name__)
 
 DEMO_ARGS = ("run", "demo", "--device", "cpu", "--res", "8", "--episode-steps", "16",
              "--batch-size", "8", "--learning-starts", "16", "--replay-size", "200",
              "--episodes", "3", "--eval-episodes", "1", "--out", "/tmp/train-demo")  # noqa: S108 (inside the container)
+# lint rules that stop a build before any engine starts (the others are our images' own
+# conventions: a user's definition need not follow them to build)
+BUILD_BLOCKING = frozenset({"parse", "size", "section", "header", "placeholder",
+                            "files-source", "arguments-empty", "pip-lock"})
+SMOKE_LABEL = "org.train.smoke"  # %labels: the `train` arguments `image test` runs after %test
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc", ".keep")
 
 
 class ImageError(TrainError):
     """A build, test or export failed."""
-
-
-def repo_root() -> Path:
-    return containers_dir().parent
 
 
 def engine(requested: str = "auto") -> str:
@@ -41,10 +41,21 @@ def engine(requested: str = "auto") -> str:
     return "apptainer" if shutil.which("apptainer") else "docker"
 
 
+def smoke_args(d: DefFile) -> tuple[str, ...]:
+    """The short run `image test` does inside the image: the definition's own smoke label
+    (sc2: a few episodes on pysc2's mock environment), else the demo."""
+    labels = d.sections.get("labels")
+    for number, text in labels.body() if labels else []:
+        key, _, value = text.partition(" ")
+        if key == SMOKE_LABEL:
+            return tuple(d.substitute(value, d.arguments(), number).split())
+    return DEMO_ARGS
+
+
 def write_context(d: DefFile, dest: Path, build_args: Mapping[str, str],
-                  localimages: Mapping[str, str], root: Path | None = None) -> Path:
+                  localimages: Mapping[str, str], root: Path) -> Path:
     """The Docker build context: Dockerfile, generated scripts, the %files sources."""
-    root = root or repo_root()
+    check_inputs(d, build_args, root)
     translation = translate(d, build_args, localimages)
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "Dockerfile").write_text(translation.dockerfile, encoding="utf-8")
@@ -56,11 +67,57 @@ def write_context(d: DefFile, dest: Path, build_args: Mapping[str, str],
         target.parent.mkdir(parents=True, exist_ok=True)
         if source.is_dir():
             shutil.copytree(source, target, ignore=_IGNORE, dirs_exist_ok=True)
-        elif source.is_file():
-            shutil.copy2(source, target)
         else:
-            raise ImageError(f"%files source {src} does not exist under {root}")
+            shutil.copy2(source, target)
     return dest
+
+
+def check_inputs(d: DefFile, build_args: Mapping[str, str], root: Path) -> None:
+    """Everything a build needs from this machine, checked before any engine starts (exit 2):
+    build argument values, every %files source inside the repository, and every `file://`
+    build argument (an offline stand-in for a download) staged by a %files entry."""
+    for key, value in build_args.items():
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise UsageError(f"build-arg {key}: the value holds a control character (a "
+                             "newline would inject an instruction into the build)")
+    from train.images.lint import lint_def
+
+    blocking = [v for v in lint_def(d.path, root=root, reference=False)
+                if v.rule in BUILD_BLOCKING]
+    if blocking:
+        raise UsageError("\n".join(str(v) for v in blocking[:10]) + "\nimage build: "
+                         f"{d.path.name} breaks the rules above (train image lint)")
+    args = d.resolve_arguments(build_args)
+    files = d.sections.get("files")
+    staged: list[tuple[str, Path]] = []
+    real_root = root.resolve()
+    for number, text in files.body() if files else []:
+        parts = d.substitute(text, args, number).split()
+        src = parts[0]
+        problem = files_source_problem(src)  # the substituted value (lint saw the defaults)
+        if problem:
+            raise UsageError(f"{d.path}:{number}: %files source {src!r} {problem}")
+        source = (root / src).resolve()
+        if not source.is_relative_to(real_root) or not source.exists():
+            raise UsageError(f"{d.path}:{number}: %files source {src} does not exist under "
+                             f"{root}; build from a clone of the repository (or --defs a "
+                             "folder inside one)")
+        dst = parts[1] if len(parts) == 2 else "/" + src
+        staged.append((dst.rstrip("/"), source))
+    for key, value in build_args.items():
+        if not value.startswith("file://"):
+            continue
+        inside = value[len("file://"):]
+        for dst, source in staged:
+            if inside == dst or inside.startswith(dst + "/"):
+                local = source / inside[len(dst):].lstrip("/") if source.is_dir() else source
+                if not local.exists():
+                    raise UsageError(f"build-arg {key}: {value} is missing: put it at "
+                                     f"{local} (the %files entry for {dst} copies it in)")
+                break
+        else:
+            raise UsageError(f"build-arg {key}: {value} is not inside any %files "
+                             f"destination of {d.path.name}, so the build cannot read it")
 
 
 def _client() -> Any:
@@ -80,21 +137,22 @@ def _client() -> Any:
     return client
 
 
-def docker_build(image: str, tag: str, build_args: Mapping[str, str],
-                 localimages: Mapping[str, str], network: str = "none") -> str:
-    import docker
-
-    d = parse(find_def(image))
+def docker_build(d: DefFile, root: Path, tag: str, build_args: Mapping[str, str],
+                 localimages: Mapping[str, str], network: str = "none",
+                 nocache: bool = False) -> str:
+    check_inputs(d, build_args, root)
     client = _client()
+    import docker
     with tempfile.TemporaryDirectory(prefix="train-image-") as tmp:
-        ctx = write_context(d, Path(tmp), build_args, localimages)
+        ctx = write_context(d, Path(tmp), build_args, localimages, root)
         try:
             built, logs = client.images.build(path=str(ctx), tag=tag, rm=True, forcerm=True,
-                                              network_mode=network, pull=False)
+                                              network_mode=network, pull=False,
+                                              nocache=nocache)
         except docker.errors.BuildError as exc:
             tail = "".join(str(chunk.get("stream", chunk.get("error", "")))
                            for chunk in exc.build_log)[-3000:]
-            raise ImageError(f"docker build of {image} failed: {exc.msg}\n{tail}") from None
+            raise ImageError(f"docker build of {d.name} failed: {exc.msg}\n{tail}") from None
         for chunk in logs:
             if "stream" in chunk and chunk["stream"].strip():
                 log.debug("%s", chunk["stream"].rstrip())
@@ -116,11 +174,16 @@ def docker_run(tag: str, args: Sequence[str], entrypoint: Sequence[str] | None =
     return bytes(out).decode(errors="replace")
 
 
-def docker_test(tag: str) -> str:
-    """%test, then a short demo run, inside the image."""
+def docker_test(tag: str, smoke: Sequence[str] = DEMO_ARGS) -> str:
+    """%test (as Apptainer runs it: a plain /bin/sh script), then a short run inside."""
     report = docker_run(tag, [f"{SCRIPT_DIR}/test"], entrypoint=["/bin/sh"])
-    report += docker_run(tag, DEMO_ARGS)
+    report += docker_run(tag, smoke)
     return report
+
+
+def docker_content(tag: str) -> list[str]:
+    out = docker_run(tag, ["-m", "train.images.content", "/"], entrypoint=["python"])
+    return out.splitlines()
 
 
 def docker_export(tag: str, out: Path) -> str:
@@ -135,18 +198,26 @@ def docker_export(tag: str, out: Path) -> str:
     return f"apptainer build {out.stem}.sif docker-archive://{out}"
 
 
-def apptainer_build(image: str, sif: Path, build_args: Mapping[str, str],
+def apptainer_build(d: DefFile, root: Path, sif: Path, build_args: Mapping[str, str],
                     fakeroot: bool) -> None:
+    """`apptainer build` run from the repository root, where %files sources resolve."""
+    check_inputs(d, build_args, root)
     argv = ["apptainer", "build", "--force"]
     if fakeroot:
         argv.append("--fakeroot")
     for key, value in build_args.items():
         argv += ["--build-arg", f"{key}={value}"]
-    _proc.run([*argv, str(sif), str(find_def(image))], cwd=repo_root(), timeout=7200)
+    _proc.run([*argv, str(sif.resolve()), str(d.path.resolve())], cwd=root, timeout=7200)
 
 
-def apptainer_test(sif: Path) -> str:
+def apptainer_test(sif: Path, smoke: Sequence[str] = DEMO_ARGS) -> str:
     out = _proc.run(["apptainer", "test", str(sif)], timeout=600).stdout
-    out += _proc.run(["apptainer", "exec", str(sif), "python", "-m", "train",
-                      *DEMO_ARGS], timeout=600).stderr
+    out += _proc.run(["apptainer", "exec", str(sif), "python", "-m", "train", *smoke],
+                     timeout=600).stderr
     return out
+
+
+def apptainer_content(sif: Path) -> list[str]:
+    out = _proc.run(["apptainer", "exec", "--contain", str(sif), "python", "-m",
+                     "train.images.content", "/"], timeout=1800).stdout
+    return out.splitlines()

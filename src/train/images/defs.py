@@ -1,9 +1,42 @@
-"""Apptainer definition files: a parser that keeps line numbers, and build arguments.
+"""Apptainer definition files: a parser that keeps line numbers and follows Apptainer's own
+rules, and build arguments.
 
-The header (`Bootstrap:`, `From:`) and each `%section` are kept with the line number
-where they start, so lint and translation errors point at the file and line. `{{ NAME }}`
-placeholders are filled from `%arguments` defaults overridden by build arguments, as
-`apptainer build --build-arg` does; an unknown or missing argument is an error.
+The rules are those of Apptainer's parser (pkg/build/types/parser/deffile.go, the same in
+1.2.0 .. 1.5.3 except where noted), read from its source:
+
+- Lines end at "\\n" only, a trailing "\\r" dropped (bufio.ScanLines); no other character
+  ends a line.
+- A line whose first word starts with `%` starts a section (scanDefinitionFile), wherever
+  that word is, so `%` lines inside a script or %help end the section. The name is the
+  text up to the first space, all leading `%` removed, lower-cased (getSectionName); an
+  indented header keeps its indentation in the name, which is then invalid, so section
+  headers are valid only at column 0. What follows the first space is the section's
+  arguments (`%files from STAGE`, `%post -c /bin/bash`).
+- Valid names (validSections): arguments, environment, files, help, labels, post, pre,
+  runscript, setup, startscript, test, in any case; SCIF app sections (appSections:
+  appenv, appfiles, apphelp, appinstall, applabels, apprun, appstart, apptest) only in
+  lower case and with an app name (`%appinstall NAME`). A bare `%app`, `%post2` or any
+  other name is an error (populateDefinition: "invalid section(s) specified").
+- A repeated section is joined: its body is appended to the first one's (parseTokenSection
+  `Script +=`; a later header's arguments replace earlier ones); %files entries of sections
+  with the same arguments are appended to one list, in the order the lists first appear;
+  %labels are joined, then read key by key, the last value of a key winning (GetLabels).
+- Sections hold at most 64 KiB: the scanner is a bufio.Scanner with its default token limit
+  (a section together with the next section's header line, or the last section up to the
+  end of the file), beyond which Apptainer fails with "token too long".
+- The header is everything before the first section (doHeader): blank lines and lines
+  starting with `#` are skipped, everything from the first `#` of a line is a comment,
+  `Key: value` is split at the first `:`, keys are lower-cased, a line ending in `\\`
+  continues on the next one; a line without `:` is an error, an unknown key is an error
+  (validHeaders, plus otherurlN), a repeated key keeps its last value. The Bootstrap value
+  is case-sensitive (conveyorPacker: `Docker` is an invalid build source).
+- Every line starting with `bootstrap:` (any case, column 0) starts a build stage
+  (parser.All); we build single-stage images, so a second one is an error.
+
+`{{ NAME }}` placeholders are filled from `%arguments` defaults overridden by build
+arguments, as `apptainer build --build-arg` does; an unknown or missing argument is an
+error. Files over MAX_BYTES are refused before anything else reads them, and the parser
+makes one pass over the lines, so its time is linear in the size of the file.
 """
 
 from __future__ import annotations
@@ -16,26 +49,52 @@ from pathlib import Path
 
 from train.errors import UsageError
 
-KNOWN_SECTIONS = ("arguments", "setup", "files", "post", "environment", "runscript",
-                  "startscript", "test", "labels", "help", "app")
-_SECTION_RE = re.compile(r"^%([A-Za-z]+)\b(.*)$")
-_PLACEHOLDER = re.compile(r"{{\s*([A-Za-z_][A-Za-z0-9_]*)\s*}}")
+MAX_BYTES = 256 * 1024  # refuse larger definitions (ours are a few KiB; spython, which
+# lint also runs, is quadratic: about 1.3 s at this size, 12 s at 1 MiB)
+SECTION_LIMIT = 64 * 1024  # bufio.MaxScanTokenSize: Apptainer's limit per section
+
+SECTIONS = ("arguments", "environment", "files", "help", "labels", "post", "pre",
+            "runscript", "setup", "startscript", "test")
+APP_SECTIONS = ("appenv", "appfiles", "apphelp", "appinstall", "applabels", "apprun",
+                "appstart", "apptest")
+KNOWN_SECTIONS = SECTIONS + APP_SECTIONS  # kept for callers that list them
+HEADER_KEYS = ("bootstrap", "from", "includecmd", "mirrorurl", "updateurl", "osversion",
+               "include", "library", "registry", "namespace", "stage", "product", "user",
+               "regcode", "productpgp", "registerurl", "modules", "fingerprints", "confurl",
+               "setopt")
+HEADER_KEYS_1_5 = ("target", "frontend", "filename", "buildargs")  # valid from 1.5.0
+# Go's unicode.IsSpace for the characters bufio.ScanWords skips (Python's str.strip() also
+# strips \x1c-\x1f, which Go does not).
+_GO_SPACE = ("\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
+             "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
+_STAGE_RE = re.compile(r"(?i)bootstrap:")
+# Apptainer's `{{\s*(\w+)\s*}}` in Go's RE2: \s and \w are ASCII there.
+PLACEHOLDER_RE = _PLACEHOLDER = re.compile(r"{{[\t\n\f\r ]*([0-9A-Za-z_]+)[\t\n\f\r ]*}}")
+# Apptainer's %files splitter (fileSplitter), ported with RE2's ASCII classes.
+_S = r"\t\n\f\r "
+_FILE_SPLIT = re.compile(
+    rf"([^{_S}\"']*{{{{[{_S}]*[0-9A-Za-z_]+[{_S}]*}}*[^{_S}{{}}\"']*)+"
+    rf"|([^{_S}\"']+|\"([^\"]*)\"|'([^']*))")
 
 
 class DefError(UsageError):
-    """A definition file problem, located by file and line."""
+    """A definition file problem, located by file and line; `rule` names the lint rule."""
 
-    def __init__(self, path: Path | str, line: int, message: str) -> None:
+    def __init__(self, path: Path | str, line: int, message: str, rule: str = "parse") -> None:
         super().__init__(f"{path}:{line}: {message}")
         self.path = str(path)
         self.line = line
+        self.message = message
+        self.rule = rule
 
 
 @dataclass
 class Section:
-    name: str
-    line: int  # line of the %name header
+    name: str  # as Apptainer keys it: "post", "files", "appinstall NAME"
+    line: int  # line of the (first) %name header
     lines: list[tuple[int, str]] = field(default_factory=list)  # (line number, raw text)
+    args: str = ""  # what follows the name on the header line (the last one that had any)
+    headers: list[int] = field(default_factory=list)  # every header line, repeats included
 
     @property
     def text(self) -> str:
@@ -51,23 +110,30 @@ class Section:
 @dataclass
 class DefFile:
     path: Path
-    header: dict[str, tuple[int, str]]  # key (lowercase) -> (line, value)
+    header: dict[str, tuple[int, str]]  # key (lowercase) -> (line, value); last one wins
     sections: dict[str, Section]
+    header_repeats: list[tuple[int, str]] = field(default_factory=list)  # (line, key)
+    lines: list[str] = field(default_factory=list)  # every line, \r dropped (line n: [n-1])
 
     @property
     def name(self) -> str:
         return self.path.stem
 
     def arguments(self) -> dict[str, str]:
-        args: dict[str, str] = {}
+        return {key: value for _, key, value in self.argument_lines()}
+
+    def argument_lines(self) -> list[tuple[int, str, str]]:
+        """(line, NAME, default) of each %arguments line, as Apptainer's ReadDefaults reads
+        them (split at the first `=`, both sides stripped); a later NAME wins."""
+        out = []
         section = self.sections.get("arguments")
         for number, text in section.body() if section else []:
             key, sep, value = text.partition("=")
             if not sep or not key.strip().isidentifier():
                 raise DefError(self.path, number, f"%arguments line must be NAME=VALUE: "
                                f"{text!r}")
-            args[key.strip()] = value.strip()
-        return args
+            out.append((number, key.strip(), value.strip()))
+        return out
 
     def resolve_arguments(self, overrides: Mapping[str, str]) -> dict[str, str]:
         args = self.arguments()
@@ -82,53 +148,218 @@ class DefFile:
             name = match.group(1)
             if name not in args:
                 raise DefError(self.path, line, f"{{{{ {name} }}}} is not declared in "
-                               "%arguments")
+                               "%arguments", rule="placeholder")
             return args[name]
 
         return _PLACEHOLDER.sub(repl, text)
 
+    def files(self) -> list[tuple[int, str, str]]:
+        """(line, src, dst) of each %files entry as Apptainer splits it (fileSplitter:
+        whitespace outside double quotes, a `{{ NAME }}` kept whole, then `"` trimmed);
+        an empty dst means the same path as src. Extra words are ignored, as Apptainer
+        ignores them."""
+        out = []
+        section = self.sections.get("files")
+        for number, text in section.body() if section else []:
+            words = [w.strip().strip('"') for w in split_files_line(text)]
+            out.append((number, words[0] if words else "", words[1] if len(words) > 1 else ""))
+        return out
+
+
+def split_files_line(text: str) -> list[str]:
+    """The words Apptainer's fileSplitter finds in a %files line."""
+    return [m.group(0) for m in _FILE_SPLIT.finditer(text)]
+
+
+def placeholders(text: str) -> list[str]:
+    return [m.group(1) for m in _PLACEHOLDER.finditer(text)]
+
+
+def _classify(text: str) -> str:
+    """What a line is to Apptainer's scanner: "section" (its first word starts with `%`),
+    or "text". Called once per line (tests count the calls to show one pass)."""
+    return "section" if text.lstrip(_GO_SPACE).startswith("%") else "text"
+
+
+def _read(path: Path) -> str:
+    try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise DefError(path, 1, f"{size} bytes: definitions over {MAX_BYTES} bytes are "
+                           "refused", rule="size")
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DefError(path, 1, f"cannot read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_BYTES:  # grew since stat
+        raise DefError(path, 1, f"definitions over {MAX_BYTES} bytes are refused",
+                       rule="size")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise DefError(path, line, f"not UTF-8 (byte {raw[exc.start]:#04x} at offset "
+                       f"{exc.start})") from None
+
+
+def _header(path: Path, rows: list[tuple[int, str]],
+            repeats: list[tuple[int, str]]) -> dict[str, tuple[int, str]]:
+    """doHeader: `Key: value` lines, comments from `#`, `\\` continuations."""
+    header: dict[str, tuple[int, str]] = {}
+    key_cont, val_cont, cont_line = "", "", 0
+    for number, text in rows:
+        line = text.strip(_GO_SPACE)
+        if not line or line.startswith("#"):
+            if key_cont:  # doHeader stores into d.Header, still a nil map: a Go panic
+                raise DefError(path, cont_line, "a header line continued with '\\' and "
+                               "then a blank or comment line crashes Apptainer",
+                               rule="header")
+            continue
+        trimmed = line.split("#", 1)[0]
+        if not val_cont:
+            key, sep, value = trimmed.partition(":")
+            if not sep:
+                raise DefError(path, number, f"header lines are 'Key: value', got "
+                               f"{key.strip()[:60]!r} (Apptainer: header key had no val)",
+                               rule="header")
+            start, key, value = number, key.strip(_GO_SPACE).lower(), value.strip(_GO_SPACE)
+        else:
+            start, key, value = cont_line, key_cont, val_cont + trimmed.strip(_GO_SPACE)
+            key_cont, val_cont = "", ""
+        if value.endswith("\\"):
+            key_cont, val_cont, cont_line = key, value[:-1], start
+            if val_cont.endswith("\\n"):
+                val_cont = val_cont[:-2] + "\n"
+            continue
+        if key not in HEADER_KEYS + HEADER_KEYS_1_5 and not re.fullmatch(r"otherurl\d+", key):
+            raise DefError(path, start, f"unknown header key {key[:60]!r} (Apptainer: "
+                           "invalid header keyword)", rule="header")
+        if key in header:
+            repeats.append((start, key))
+        header[key] = (start, value)
+    # a continuation still open at the end of the header is dropped, as doHeader drops it
+    return header
+
 
 def parse(path: Path) -> DefFile:
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    header: dict[str, tuple[int, str]] = {}
+    raw = _read(path)
+    header_rows: list[tuple[int, str]] = []
+    all_lines: list[str] = []
     sections: dict[str, Section] = {}
+    files_groups: dict[str, Section] = {}  # %files arguments -> entries (parseTokenSection)
     current: Section | None = None
-    for number, text in enumerate(raw.splitlines(), start=1):
-        match = _SECTION_RE.match(text)
-        if match:
-            name = match.group(1).lower()
-            if name not in KNOWN_SECTIONS:
-                raise DefError(path, number, f"unknown section %{name}; known: "
-                               + ", ".join(f"%{s}" for s in KNOWN_SECTIONS))
-            if name in sections:
-                raise DefError(path, number, f"%{name} appears twice")
-            current = Section(name, number)
-            sections[name] = current
-            continue
-        if current is not None:
+    # the scanner's current token: where it starts (bytes) and what it is, for its limit
+    token_start, token_line, token_name = 0, 1, "the header"
+    offset = 0
+    header_content = False  # a header line other than blank or comment
+    seen_bootstrap = False
+    pieces = raw.split("\n")
+    ends_with_newline = pieces[-1] == ""
+    if ends_with_newline:
+        pieces.pop()
+    for number, piece in enumerate(pieces, start=1):
+        size = len(piece.encode("utf-8")) + (1 if number < len(pieces)
+                                             or ends_with_newline else 0)
+        text = piece[:-1] if piece.endswith("\r") else piece  # bufio.ScanLines drops \r
+        all_lines.append(text)
+        if _STAGE_RE.match(text):
+            if seen_bootstrap or current is not None or header_content:
+                raise DefError(path, number, "a line starting with 'Bootstrap:' starts a "
+                               "build stage in Apptainer (parser.All): the lines above it "
+                               "become a stage of their own. Put Bootstrap: first, once; "
+                               "multi-stage definitions are not supported", rule="section")
+            seen_bootstrap = True
+        if _classify(text) == "section":
+            # the scanner ends a token only once this whole line is in its 64 KiB buffer
+            if offset + size - token_start > SECTION_LIMIT:
+                _too_long(path, token_line, token_name)
+            token_start, token_line = offset, number
+            current = _start_section(path, number, text, sections, files_groups)
+            token_name = f"section %{current.name}"
+        elif current is not None:
             current.lines.append((number, text))
-            continue
-        stripped = text.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        key, sep, value = stripped.partition(":")
-        if not sep:
-            raise DefError(path, number, f"header lines are 'Key: value', got {stripped!r}")
-        header[key.strip().lower()] = (number, value.strip())
+        else:
+            header_rows.append((number, text))
+            stripped = text.strip()
+            header_content = header_content or bool(stripped and stripped[0] != "#")
+        offset += size
+    if offset - token_start >= SECTION_LIMIT:  # the last token must leave room for EOF
+        _too_long(path, token_line, token_name)
+    # %files groups whose arguments are blank after a comment are copied from the host,
+    # in the order the groups first appeared (stage.copyFiles); others are kept apart
+    host = [g for a, g in files_groups.items() if not a.split("#", 1)[0]]
+    if host:
+        sections["files"] = Section("files", host[0].line, [x for g in host for x in g.lines],
+                                    "", sorted(n for g in host for n in g.headers))
+    for args, group in files_groups.items():
+        if args.split("#", 1)[0]:
+            sections[f"files {args}"] = group
+    repeats: list[tuple[int, str]] = []
+    header = _header(path, header_rows, repeats)
     for key in ("bootstrap", "from"):
         if key not in header:
-            raise DefError(path, 1, f"the header has no {key.capitalize()}: line")
-    return DefFile(path, header, sections)
+            raise DefError(path, 1, f"the header has no {key.capitalize()}: line",
+                           rule="header")
+    line, agent = header["bootstrap"]
+    if agent != agent.lower():
+        raise DefError(path, line, f"Bootstrap: {agent}: Apptainer's bootstrap agents are "
+                       f"case-sensitive ({agent.lower()}); this is an invalid build source",
+                       rule="header")
+    return DefFile(path, header, sections, repeats, all_lines)
+
+
+def _too_long(path: Path, line: int, what: str) -> None:
+    raise DefError(path, line, f"{what} is {SECTION_LIMIT // 1024} KiB or more (with the "
+                   "next header line): Apptainer's scanner refuses it (token too long)",
+                   rule="size")
+
+
+def _start_section(path: Path, number: int, text: str, sections: dict[str, Section],
+                   files_groups: dict[str, Section]) -> Section:
+    """parseTokenSection for one header line: the Section its body lines go to."""
+    if text[:1] != "%":
+        raise DefError(path, number, f"section header {text.strip()!r} is indented: "
+                       "Apptainer reads it as an invalid section (headers start at column "
+                       "0; a `%` word starting a line inside a script ends the section)",
+                       rule="section")
+    bare = text.lstrip("%")
+    name, _, args = bare.partition(" ")
+    key = name.lower()
+    if key == "files":
+        group = files_groups.get(args)
+        if group is None:
+            group = files_groups[args] = Section("files", number, [], args)
+        group.headers.append(number)
+        return group
+    if key in APP_SECTIONS:
+        if name != key:
+            raise DefError(path, number, f"%{name}: app sections must be lower case "
+                           f"(Apptainer rejects %{name} as an invalid section)",
+                           rule="section")
+        app = bare.split(" ", 2)
+        if len(app) < 2:
+            raise DefError(path, number, f"%{name} needs an app name (%{key} NAME)",
+                           rule="section")
+        key, args = f"{key} {app[1]}", ""
+    elif key not in SECTIONS:
+        raise DefError(path, number, f"unknown section {'%' + name[:40]!r}: Apptainer "
+                       "accepts " + ", ".join(f"%{s}" for s in SECTIONS) + " and "
+                       + ", ".join(f"%{s}" for s in APP_SECTIONS) + " NAME",
+                       rule="section")
+    section = sections.get(key)
+    if section is None:
+        section = sections[key] = Section(key, number)
+    if args:
+        section.args = args
+    section.headers.append(number)
+    return section
 
 
 def spython_check(path: Path) -> None:
-    """Parse with spython's SingularityParser (the reference reader of .def files).
+    """Parse with spython's SingularityParser (a second reader of .def files).
 
     spython reads only `Bootstrap: docker`; derived images (`localimage`) are checked with
-    the agent swapped, which exercises the same section grammar.
+    the agent swapped, which exercises the same section grammar. Its time grows with the
+    square of the file size: call it only on files `parse` accepted (at most MAX_BYTES).
     """
     try:
         from spython.main.parse.parsers import SingularityParser
@@ -136,6 +367,9 @@ def spython_check(path: Path) -> None:
         raise UsageError("image lint needs spython: pip install 'train[images]'") from None
 
     text = path.read_text(encoding="utf-8")
+    if len(text.encode("utf-8")) > MAX_BYTES:
+        raise DefError(path, 1, f"definitions over {MAX_BYTES} bytes are refused",
+                       rule="size")
     text = re.sub(r"(?im)^(\s*Bootstrap:\s*)\S+", r"\1docker", text, count=1)
     import tempfile
 

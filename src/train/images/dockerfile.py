@@ -4,22 +4,28 @@ Written here because spython's writer splits %post into one RUN per line (losing
 mangles %test and drops %help. Semantics kept:
   header       Bootstrap docker -> FROM; localimage -> FROM a docker tag given for it
   %arguments   {{ NAME }} filled in everywhere (defaults overridden by build arguments)
-  %files       COPY src dst (paths relative to the build context, the repository root)
+  %files       as Apptainer copies them: each source is staged by COPY, then moved with
+               `cp -fLr SRC DST` after creating DST's parent (so a directory copied
+               onto an existing directory nests inside it, as on the cluster; Docker's
+               COPY would merge them); sources are relative to the repository root
   %post        one script run by /bin/sh -e, as Apptainer runs it (exports kept)
   %environment ENV for each `export NAME=VALUE` / `NAME=VALUE` line
   %runscript   /.train/runscript, the ENTRYPOINT (arguments reach it as "$@")
   %test        /.train/test (run by `train image test`)
   %labels      LABEL
   %help        /.train/help
-Anything else (%setup runs on the host, %startscript, %app) is an error, never dropped.
+Anything else (%setup and %pre run on the host, %startscript, the %app* sections) is an
+error, never dropped.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 
 from train.images.defs import DefError, DefFile
 
@@ -27,6 +33,7 @@ SCRIPT_DIR = "/.train"
 BUILD_DIR = ".train-build"
 _ENV_RE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _UNSUPPORTED = {"setup": "runs on the build host, which Docker cannot do",
+                "pre": "runs on the build host before bootstrap, which Docker cannot do",
                 "startscript": "is for Apptainer instances",
                 "app": "(SCIF apps) has no Docker equivalent"}
 
@@ -38,6 +45,22 @@ class Translation:
     copies: list[tuple[str, str]] = field(default_factory=list)  # %files (src, dst)
 
 
+def files_source_problem(src: str) -> str | None:
+    """Why a %files source cannot be built from the repository, or None. Sources resolve
+    from the repository root (where `apptainer build` must run); the translation refuses
+    what would read outside it, globs (Docker's COPY expands them differently) and control
+    characters."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in src):
+        return "holds a control character"
+    if src.startswith("/"):
+        return "is absolute: sources are relative to the repository root"
+    if ".." in PurePosixPath(src).parts:
+        return "uses '..': sources must stay inside the repository"
+    if any(c in src for c in "*?["):
+        return "is a glob, which the Docker translation does not expand: name each file"
+    return None
+
+
 def _quote_env(value: str) -> str:
     if re.fullmatch(r"[A-Za-z0-9_./:,=@%+$-]*", value):
         return value
@@ -47,10 +70,10 @@ def _quote_env(value: str) -> str:
 def translate(d: DefFile, build_args: Mapping[str, str] | None = None,
               localimages: Mapping[str, str] | None = None) -> Translation:
     args = d.resolve_arguments(build_args or {})
-    for name, why in _UNSUPPORTED.items():
-        if name in d.sections:
-            raise DefError(d.path, d.sections[name].line, f"%{name} cannot be translated: "
-                           f"it {why}")
+    for name, section in d.sections.items():
+        why = _UNSUPPORTED.get("app" if name.startswith("app") else name)
+        if why:
+            raise DefError(d.path, section.line, f"%{name} cannot be translated: it {why}")
 
     def sub(text: str, line: int) -> str:
         return d.substitute(text, args, line)
@@ -73,13 +96,27 @@ def translate(d: DefFile, build_args: Mapping[str, str] | None = None,
                        "be translated (docker and localimage can)")
     out = Translation(dockerfile="")
     files = d.sections.get("files")
+    moves = []
     for number, text in files.body() if files else []:
         parts = sub(text, number).split()
         if len(parts) not in (1, 2):
             raise DefError(d.path, number, f"%files lines are 'src [dst]', got {text!r}")
-        src, dst = parts[0], parts[-1]
+        src = parts[0]
+        dst = parts[1] if len(parts) == 2 else "/" + src.lstrip("/")  # Apptainer: same path
+        problem = files_source_problem(src)
+        if problem:
+            raise DefError(d.path, number, f"%files source {src!r} {problem}")
+        staged = f"{SCRIPT_DIR}/files/{len(out.copies)}/{PurePosixPath(src).name}"
         out.copies.append((src, dst))
-        lines.append(f"COPY {json.dumps([src, dst])}")
+        lines.append(f"COPY {json.dumps([src, staged])}")
+        # makeParentDir: the whole path when DST ends in '/', else its parent
+        parent = dst.rstrip("/") if dst.endswith("/") else str(PurePosixPath(dst).parent)
+        moves.append(f"mkdir -p {shlex.quote(parent)}\ncp -fLr {shlex.quote(staged)} "
+                     f"{shlex.quote(dst)}")
+    if moves:
+        out.scripts["files"] = "set -e\n" + "\n".join(moves) + f"\nrm -rf {SCRIPT_DIR}/files\n"
+        lines += [f"COPY {BUILD_DIR}/files {SCRIPT_DIR}/build/files",
+                  f'RUN ["/bin/sh", "-e", "{SCRIPT_DIR}/build/files"]']
     post = d.sections.get("post")
     if post is not None and post.text.strip():
         out.scripts["post"] = "set -e\n" + sub(post.text, post.line) + "\n"

@@ -1,20 +1,64 @@
-"""`train image lint`: rules every image definition must follow, each violation located by
-file and line.
+r"""`train image lint`: rules every image definition must follow, each violation located by
+file and line, with the rule's name.
 
-Rules: parse (our parser and spython's), pinned-base (no `latest`, no bare major tag),
-pip-lock (every pip install comes from a hash-pinned lock file, or is a local source tree
-installed with --no-index --no-deps), alloc-env (the tuned allocator settings in
-%environment), runscript-args (%runscript passes "$@"), and the %test, %labels and %help
-sections.
+Rules:
+  size            over defs.MAX_BYTES (refused before any parser reads it, so lint time is
+                  linear in the file size), or a section of 64 KiB or more (Apptainer's
+                  scanner limit)
+  parse           unreadable or not UTF-8, a %arguments line that is not NAME=VALUE, or
+                  spython's parser refuses it
+  header          a header Apptainer rejects (unknown key, no `:`, a crashing continuation,
+                  a Bootstrap agent not in lower case), a repeated key (the last one wins),
+                  a key that needs Apptainer >= 1.5
+  section         a section Apptainer rejects (`%post2`, `%Files-evil`, `%app` without an
+                  app name, an indented header, a second Bootstrap: stage); %setup and
+                  %pre (run as root on the build host), %startscript and the %app*
+                  sections (our translation refuses them); arguments after a section name
+                  (`%post -c bash`, `%files from STAGE`: ignored by our translation)
+  pinned-base     no `latest`, no bare major tag
+  pip-lock        every pip install comes from a hash-pinned lock file, or is a local
+                  source tree installed with --no-index --no-deps
+  alloc-env       the tuned allocator settings in %environment
+  runscript-args  %runscript passes "$@"
+  section-NAME    %test, %labels and %help present and not empty
+  arguments-empty an empty %arguments default (`NAME=`): Apptainer 1.2.0-1.2.3 skip it
+                  and then fail on its placeholder
+  arguments-compat a default holding `=` (Apptainer 1.2.x skip it), `"` or `\` (1.2.x
+                  substitutes inside JSON)
+  placeholder     a `{{ NAME }}` not declared in %arguments, anywhere; or one after a `#`
+                  on a line that is not a comment (Apptainer >= 1.3 leaves it unfilled)
+  test-exit       %test with several commands and no `set -e` first (Apptainer runs it
+                  with plain /bin/sh: only the last command's status counts); the same
+                  for a %runscript of several commands that does not end in exec
+  files-source    a %files source that is absolute, escapes the repository (`..` or a
+                  symbolic link), matches nothing under the repository root (the parent of
+                  the folder holding the .def), uses shell expansion or single quotes; a
+                  source or destination with a control character; more than two words
+  files-nesting   in a `Bootstrap: localimage` definition, a directory copied onto a
+                  path that already exists in the base image (`cp -fLr` nests it inside):
+                  a %files destination of the base definition (found from the From:
+                  default, `base.sif` -> `base.def` beside this file) or a parent of one, a
+                  standard folder (/ /opt /usr /etc ...), or a destination ending in `/`
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.images.defs import DefError, DefFile, parse, spython_check
+from train.images.defs import (
+    APP_SECTIONS,
+    HEADER_KEYS_1_5,
+    PLACEHOLDER_RE,
+    DefError,
+    DefFile,
+    parse,
+    placeholders,
+    split_files_line,
+    spython_check,
+)
 from train.runtime.alloc_conf import ALLOC_CONF_VAR, TUNED_ALLOC_CONF
 
 REQUIRED_SECTIONS = ("test", "labels", "help")
@@ -99,15 +143,25 @@ def _check_pip(d: DefFile, requirements: Path) -> list[Violation]:
     return out
 
 
-def lint_def(path: Path, requirements: Path | None = None) -> list[Violation]:
+def lint_def(path: Path, requirements: Path | None = None,
+             root: Path | None = None, reference: bool = True) -> list[Violation]:
+    """Violations of one definition; `root` is where %files sources resolve (default: the
+    parent of the folder holding the .def, the repository root). `reference=False` skips
+    spython's parser (builds run the rules without the `images` extra)."""
     requirements = requirements or path.parent / "requirements"
+    root = root or path.parent.parent
     try:
-        d = parse(path)
-        spython_check(path)
+        d = parse(path)  # refuses files over MAX_BYTES before reading them
+        args = d.arguments()
+        if reference:
+            spython_check(path)  # quadratic in the size: only on what parse accepted
     except DefError as exc:
-        return [Violation(exc.path, exc.line, "parse", str(exc).split(": ", 2)[-1])]
-    out: list[Violation] = []
-    args = d.arguments()
+        return [Violation(exc.path, exc.line, exc.rule, exc.message)]
+    out = _check_header(d) + _check_sections(d) + _check_arguments(d)
+    out += _check_placeholders(d, args)
+    if any(v.rule == "placeholder" and "not declared" in v.message for v in out):
+        return out  # the rules below substitute placeholders
+    out += _check_exit(d) + _check_files(d, args, root)
     bootstrap = d.header["bootstrap"][1].lower()
     line, source = d.header["from"]
     image = d.substitute(source, args, line)
@@ -132,7 +186,235 @@ def lint_def(path: Path, requirements: Path | None = None) -> list[Violation]:
         if sec is None or not sec.text.strip():
             out.append(Violation(str(d.path), sec.line if sec else 1, f"section-{name}",
                                  f"%{name} is missing or empty"))
+    return sorted(out, key=lambda v: v.line)
+
+
+_SET_E = re.compile(r"set\s+(-[A-Za-z]*e[A-Za-z]*\b|-o\s+errexit\b)")
+_STANDARD_DIRS = frozenset({
+    "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/media", "/mnt",
+    "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/usr", "/usr/bin",
+    "/usr/include", "/usr/lib", "/usr/local", "/usr/local/bin", "/usr/local/lib",
+    "/usr/sbin", "/usr/share", "/var", "/var/lib",
+    "/tmp", "/var/tmp"})  # noqa: S108 (paths inside the image, not used here)
+_HOST_SECTIONS = {"setup": "runs as root on the build host; our translation refuses it",
+                  "pre": "runs on the build host before bootstrap; our translation "
+                         "refuses it",
+                  "startscript": "is for Apptainer instances; our translation refuses it"}
+
+
+def _v(d: DefFile, line: int, rule: str, message: str) -> Violation:
+    return Violation(str(d.path), line, rule, message)
+
+
+def _check_header(d: DefFile) -> list[Violation]:
+    out = [_v(d, line, "header", f"{key.capitalize()}: repeated; Apptainer keeps the last "
+              "value only") for line, key in d.header_repeats]
+    out += [_v(d, line, "header", f"{key.capitalize()}: needs Apptainer >= 1.5 (earlier "
+               "releases reject the key)")
+            for key, (line, _) in d.header.items() if key in HEADER_KEYS_1_5]
     return out
+
+
+def _check_sections(d: DefFile) -> list[Violation]:
+    out = []
+    for key, sec in d.sections.items():
+        name = key.split(" ", 1)[0]
+        if name in _HOST_SECTIONS:
+            out.append(_v(d, sec.line, "section", f"%{name} {_HOST_SECTIONS[name]}"))
+        elif name in APP_SECTIONS:
+            out.append(_v(d, sec.line, "section", f"%{key}: SCIF app sections have no "
+                          "Docker equivalent; our translation refuses them"))
+        elif key.startswith("files "):
+            stage = sec.args.split("#", 1)[0].split()
+            why = ("copies from another build stage; multi-stage definitions are not "
+                   "supported" if len(stage) == 2 and stage[0] == "from" else
+                   "is ignored by Apptainer (only `%files from STAGE` takes arguments)")
+            out.append(_v(d, sec.line, "section", f"%files {sec.args.strip()[:60]}: this "
+                          f"section {why}"))
+        elif sec.args.split("#", 1)[0].strip():
+            out.append(_v(d, sec.line, "section", f"%{name} {sec.args.strip()[:60]}: "
+                          "section arguments change how Apptainer runs it, and our "
+                          "translation ignores them"))
+    return out
+
+
+def _check_arguments(d: DefFile) -> list[Violation]:
+    out = []
+    for line, key, value in d.argument_lines():
+        if not value:
+            out.append(_v(d, line, "arguments-empty", f"{key}= has an empty default: "
+                          "Apptainer 1.2.0-1.2.3 skip it and then fail on {{ " + key
+                          + " }}; give a non-empty default"))
+        elif "=" in value:
+            out.append(_v(d, line, "arguments-compat", f"{key}: a default holding '=' is "
+                          "skipped by Apptainer 1.2.x"))
+        elif '"' in value or "\\" in value:
+            out.append(_v(d, line, "arguments-compat", f"{key}: a default holding '\"' "
+                          "or '\\' breaks Apptainer 1.2.x, which substitutes inside JSON"))
+    return out
+
+
+def _check_placeholders(d: DefFile, args: dict[str, str]) -> list[Violation]:
+    out = []
+    for number, text in enumerate(d.lines, start=1):
+        if "{{" not in text:
+            continue
+        for name in placeholders(text):
+            if name not in args:
+                out.append(_v(d, number, "placeholder", f"{{{{ {name} }}}} is not declared "
+                              "in %arguments"))
+        if "#" in text and not text.strip().startswith("#") and _unfilled(text):
+            out.append(_v(d, number, "placeholder", "a {{ placeholder }} after '#' on this "
+                          "line is left unfilled by Apptainer >= 1.3 (args.NewReader takes "
+                          "the line for a comment); 1.2 fills it"))
+    return out
+
+
+def _unfilled(text: str) -> bool:
+    """Whether Apptainer >= 1.3 skips a placeholder of this line: one preceded, since the
+    line start or the last placeholder it filled, by `#` and a character other than `!`."""
+    start = 0
+    for match in PLACEHOLDER_RE.finditer(text):
+        if re.search(r"#[^!]", text[start:match.start()]):
+            return True
+        start = match.end()
+    return False
+
+
+def _script_commands(d: DefFile, name: str) -> list[tuple[int, str]]:
+    return [(n, c) for n, c in _commands(d, name) if not c.startswith("#!")]
+
+
+def _check_exit(d: DefFile) -> list[Violation]:
+    out = []
+    for name in ("test", "runscript"):
+        sec = d.sections.get(name)
+        commands = _script_commands(d, name)
+        if sec is None or len(commands) < 2 or _SET_E.match(commands[0][1]):
+            continue
+        if name == "runscript" and commands[-1][1].startswith("exec "):
+            continue
+        out.append(_v(d, sec.line, "test-exit", f"%{name} has {len(commands)} commands and "
+                      "no `set -e` first: Apptainer runs it with plain /bin/sh, so only the "
+                      "last command's status counts"))
+    return out
+
+
+def _control(text: str) -> bool:
+    return any((ord(c) < 32 and c != "\t") or 127 <= ord(c) < 160 or c in "\u2028\u2029"
+               for c in text)
+
+
+def _is_glob(src: str) -> bool:
+    return any(c in src for c in "*?[")
+
+
+def _sources(root: Path, src: str) -> list[Path]:
+    if _is_glob(src):
+        try:
+            return sorted(root.glob(src))
+        except (ValueError, NotImplementedError):
+            return []
+    return [root / src] if (root / src).exists() else []
+
+
+def _check_files(d: DefFile, args: dict[str, str], root: Path) -> list[Violation]:
+    out = []
+    resolved_root = root.resolve()
+    source_tree = (root / "pyproject.toml").is_file() or (root / ".git").exists()
+    existing = _base_paths(d, args) if d.header["bootstrap"][1] == "localimage" else None
+    for line, raw_src, raw_dst in d.files():
+        text = d.lines[line - 1].strip()
+        src, dst = d.substitute(raw_src, args, line), d.substitute(raw_dst, args, line)
+
+        def bad(message: str, line: int = line) -> None:
+            out.append(_v(d, line, "files-source", message))
+
+        if _control(src) or _control(dst) or _control(text):
+            bad("a control character in a %files entry")
+            continue
+        if len(split_files_line(text)) > 2:
+            bad(f"{text[:60]!r}: more than 'src dst'; Apptainer ignores the rest")
+        if "'" in text:
+            bad("single quotes: Apptainer's %files splitter keeps them in the path (quote "
+                'with ")')
+            continue
+        if not src:
+            bad("an empty source")
+            continue
+        if src.startswith("/"):
+            bad(f"{src}: an absolute source reads the build host, not the repository")
+            continue
+        if any(c in src for c in "$`") or src.startswith("~"):
+            bad(f"{src}: Apptainer expands it as a shell word; name the path")
+            continue
+        normal = posixpath.normpath(src)
+        if normal == ".." or normal.startswith("../"):
+            bad(f"{src}: escapes the repository")
+            continue
+        if _is_glob(src):
+            bad(f"{src}: a glob; the Docker translation (CI's build) cannot expand it as "
+                "Apptainer does, so name each path")
+            continue
+        if not source_tree:
+            continue  # an installed copy: sources exist only in the clone images build from
+        matches = _sources(root, src)
+        if not matches:
+            bad(f"{src}: {'matches nothing' if _is_glob(src) else 'does not exist'} under "
+                f"{root}")
+            continue
+        if any(not m.resolve().is_relative_to(resolved_root) for m in matches):
+            bad(f"{src}: resolves outside the repository (a symbolic link)")
+            continue
+        if existing is None or not any(m.is_dir() for m in matches):
+            continue
+        target = dst or "/" + normal
+        clean = posixpath.normpath("/" + target.lstrip("/"))
+        if target.endswith("/") or clean in existing:
+            out.append(_v(d, line, "files-nesting", f"{src} -> {target}: the destination "
+                          "already exists in the base image (or ends in '/'), and "
+                          "Apptainer's `cp -fLr` puts the directory inside it "
+                          f"({clean.rstrip('/')}/{posixpath.basename(normal)}); copy to a "
+                          "new path or copy the files one by one"))
+    return out
+
+
+def _destinations(d: DefFile) -> set[str]:
+    args = d.arguments()
+    out = set()
+    for line, src, dst in d.files():
+        target = d.substitute(dst or "/" + src, args, line)
+        out.add(posixpath.normpath("/" + target.lstrip("/")))
+    return out
+
+
+def _base_paths(d: DefFile, args: dict[str, str], depth: int = 0) -> set[str]:
+    """Paths that exist in a localimage's base: the standard folders, and the %files
+    destinations (with their parents) of the base definition, found from the From:
+    default (`base.sif` -> `base.def` next to this file), recursively."""
+    paths = set(_STANDARD_DIRS)
+    line, source = d.header["from"]
+    try:
+        image = d.substitute(source, args, line)
+    except DefError:
+        return paths
+    name = Path(image).name
+    base = d.path.parent / (name[:-4] + ".def" if name.endswith(".sif") else name + ".def")
+    if depth > 4 or not base.is_file() or base.resolve() == d.path.resolve():
+        return paths
+    try:
+        b = parse(base)
+        found = _destinations(b)
+        if b.header["bootstrap"][1] == "localimage":
+            paths |= _base_paths(b, b.arguments(), depth + 1)
+    except DefError:
+        return paths
+    for dest in found:
+        path = dest
+        while path not in paths:
+            paths.add(path)
+            path = posixpath.dirname(path)
+    return paths
 
 
 def lint_all(paths: list[Path]) -> list[Violation]:

@@ -41,12 +41,6 @@ def containers_dir(defs: str | Path | None = None) -> Path:
                      "name a folder of .def files with --defs DIR")
 
 
-def repo_root(defs: str | Path | None = None) -> Path:
-    """The folder %files sources resolve from: the parent of the definitions' folder, as
-    `apptainer build` run from the repository root sees them."""
-    return containers_dir(defs).parent
-
-
 def known_images(defs: str | Path | None = None) -> list[str]:
     return sorted(p.stem for p in containers_dir(defs).glob("*.def"))
 

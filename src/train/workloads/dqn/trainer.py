@@ -47,7 +47,8 @@ def make_env(cfg: RunConfig, seed: int, rank: int) -> Env:
     if cfg.workload == "sc2":
         from train.workloads.envs.pysc2_env import Pysc2Env
 
-        return Pysc2Env(cfg.res, cfg.step_mul, seed * 1000 + rank)
+        return Pysc2Env(cfg.res, cfg.step_mul, seed * 1000 + rank,
+                        mock=cfg.sc2_env == "mock")
     return BeaconEnv(cfg.res, cfg.episode_steps, [seed, rank])
 
 
@@ -56,7 +57,7 @@ def check_workload(cfg: RunConfig) -> None:
     if cfg.workload == "sc2":
         from train.workloads.envs.pysc2_env import check_available
 
-        check_available()
+        check_available(mock=cfg.sc2_env == "mock")
 
 
 def epsilon_at(cfg: RunConfig, step: int) -> float:

@@ -1,12 +1,13 @@
 """The real StarCraft II mini-game through pysc2, behind the same interface as the demo.
 
-Only importable pieces of pysc2 are touched inside `Pysc2Env`; `check_available` fails at
-once, naming SC2PATH, when pysc2 or the game is missing, so a misconfigured job dies in its
-first second instead of after the queue wait.
+pysc2 is touched only inside `Pysc2Env`; `check_available` fails at once (exit 3, nothing
+written), naming SC2PATH, when pysc2 does not import or the game is missing or broken, so a
+misconfigured job dies in its first second instead of after the queue wait.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from train.workloads.envs.spec import (
 )
 
 MAP_NAME = "MoveToBeacon"
+log = logging.getLogger(__name__)
 
 
 def sc2_path(environ: dict[str, str] | None = None) -> Path:
@@ -34,26 +36,56 @@ def sc2_path(environ: dict[str, str] | None = None) -> Path:
     return Path(env.get("SC2PATH") or Path.home() / "StarCraftII")
 
 
-def check_available(environ: dict[str, str] | None = None) -> Path:
-    """Return the game directory, or raise EnvironmentUnavailable saying what is missing."""
-    path = sc2_path(environ)
+GAME_BINARY = "SC2_x64"
+MAP_FILE = Path("mini_games") / f"{MAP_NAME}.SC2Map"
+
+
+def _import_pysc2(mock: bool) -> None:
+    """Import everything a run uses. pysc2 4.0.0 can fail at import for reasons other than
+    absence (protobuf newer than its generated code; `random.shuffle(x, fn)` on Python >=
+    3.11), so any exception is reported, first line only."""
     try:
-        import pysc2  # noqa: F401
-    except ImportError:
+        from pysc2.env import sc2_env  # noqa: F401
+        from pysc2.lib import actions, features  # noqa: F401
+
+        if mock:
+            from pysc2.env import mock_sc2_env  # noqa: F401
+            from pysc2.tests import dummy_observation  # noqa: F401
+    except ImportError as exc:
         raise EnvironmentUnavailable(
-            "workload sc2 needs pysc2 and the StarCraft II binary: pysc2 is not installed. "
-            "Use the sc2 container image, or pip install pysc2 and set SC2PATH to the game "
-            f"directory (now {path})."
-        ) from None
-    versions = path / "Versions"
-    if not versions.is_dir() or not any(versions.glob("Base*")):
+            f"workload sc2 needs pysc2: {exc}. Use the sc2 container image, or pip install "
+            "pysc2 (and set SC2PATH to the game directory).") from None
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise EnvironmentUnavailable(
+            f"workload sc2: pysc2 is installed but does not import here "
+            f"({type(exc).__name__}: {first}). The sc2 image pins protobuf 3.20.x and patches "
+            "pysc2 4.0.0 for Python >= 3.11; use it, or do the same.") from None
+
+
+def check_available(environ: dict[str, str] | None = None, mock: bool = False) -> Path:
+    """Return the game directory, or raise EnvironmentUnavailable (exit 3) saying what is
+    missing: pysc2 that imports, and (unless mock) an executable Versions/Base*/SC2_x64 and
+    the MoveToBeacon map under SC2PATH."""
+    path = sc2_path(environ)
+    _import_pysc2(mock)
+    if mock:
+        return path
+    binaries = sorted((path / "Versions").glob(f"Base*/{GAME_BINARY}"))
+    if not binaries:
         raise EnvironmentUnavailable(
             f"workload sc2 needs the StarCraft II binary: SC2PATH={path} has no "
-            "Versions/Base*/SC2_x64. Set SC2PATH to the game directory (the sc2 image sets it)."
-        )
-    if not (path / "Maps").is_dir():
-        raise EnvironmentUnavailable(f"SC2PATH={path} has no Maps/ directory with the "
-                                     "mini-game maps")
+            f"Versions/Base*/{GAME_BINARY}. Set SC2PATH to the game directory (the sc2 image "
+            "sets it), or --sc2-env mock to test without the game.")
+    game = binaries[-1]
+    if not game.is_file() or game.stat().st_size == 0 or not os.access(game, os.X_OK):
+        raise EnvironmentUnavailable(
+            f"the StarCraft II binary {game} is broken: it must be a non-empty executable "
+            "file. Unpack the game again (the sc2 image checks its sha256).")
+    if not (path / "Maps" / MAP_FILE).is_file():
+        raise EnvironmentUnavailable(
+            f"SC2PATH={path} has no Maps/{MAP_FILE}: unpack pysc2's mini_games.zip into "
+            f"{path / 'Maps'}")
     return path
 
 
@@ -76,10 +108,15 @@ def observation_from_timestep(obs: Any, res: int) -> Observation:
 
 
 class Pysc2Env:
-    """MoveToBeacon in the real game; `step` returns (obs, reward, terminal, over)."""
+    """MoveToBeacon in the real game, or in pysc2's own mock environment (`mock=True`);
+    `step` returns (obs, reward, terminal, over).
 
-    def __init__(self, res: int, step_mul: int, seed: int) -> None:
-        check_available()
+    In the mock, pysc2 does not convert actions itself, so every action goes through pysc2's
+    own `Features.transform_action` (availability and argument checks included) against the
+    observation the agent saw; `converted` counts them."""
+
+    def __init__(self, res: int, step_mul: int, seed: int, mock: bool = False) -> None:
+        check_available(mock=mock)
         from absl import flags
         from pysc2.env import sc2_env
         from pysc2.lib import actions, features
@@ -88,16 +125,32 @@ class Pysc2Env:
             flags.FLAGS.mark_as_parsed()
         self.spec = ObsSpec(res)
         self.res = res
+        self.converted = 0
         self._actions = actions
-        self._env = sc2_env.SC2Env(
-            map_name=MAP_NAME,
-            players=[sc2_env.Agent(sc2_env.Race.terran)],
-            agent_interface_format=features.AgentInterfaceFormat(
-                feature_dimensions=features.Dimensions(screen=res, minimap=res)),
-            step_mul=step_mul,
-            random_seed=seed,
-            visualize=False,
-        )
+        interface = features.AgentInterfaceFormat(
+            feature_dimensions=features.Dimensions(screen=res, minimap=res))
+        kwargs: dict[str, Any] = {"map_name": MAP_NAME,
+                                  "players": [sc2_env.Agent(sc2_env.Race.terran)],
+                                  "agent_interface_format": interface, "step_mul": step_mul,
+                                  "random_seed": seed, "visualize": False}
+        self._raw: Any = None
+        if mock:
+            from pysc2.env import mock_sc2_env
+            from pysc2.tests import dummy_observation
+
+            self._env = mock_sc2_env.SC2TestEnv(**kwargs)
+            self._features = features.features_from_game_info(
+                game_info=self._env.game_info[0], agent_interface_format=interface)
+            # pysc2's dummy observation (an army of 6) plus the Move ability a selected
+            # marine offers, so select_army and Move_screen are both available, as on the map
+            raw = dummy_observation.Builder(self._features.observation_spec()).build()
+            raw.observation.abilities.add(ability_id=16, requires_point=True)  # Move
+            self._raw = raw.observation
+            template = self._env.next_timestep[0]
+            self._env.next_timestep = [template._replace(
+                observation=self._features.transform_obs(raw))]
+        else:
+            self._env = sc2_env.SC2Env(**kwargs)
 
     def reset(self) -> Observation:
         return observation_from_timestep(self._env.reset()[0].observation, self.res)
@@ -111,6 +164,10 @@ class Pysc2Env:
             call = self._actions.FunctionCall(fid, [[0], [point[0], point[1]]])
         else:
             call = self._actions.FunctionCall(fid, [])
+        if self._raw is not None:
+            # raises ValueError naming the function when pysc2 would refuse it
+            self._features.transform_action(self._raw, call, skip_available=False)
+            self.converted += 1
         ts = self._env.step([call])[0]
         # The mini-game ends on its time limit, which is not a terminal state for bootstrapping.
         return (observation_from_timestep(ts.observation, self.res), float(ts.reward), False,
@@ -125,4 +182,7 @@ class Pysc2Env:
         """Nothing to restore (see state_dict)."""
 
     def close(self) -> None:
+        if self._raw is not None:
+            log.info("pysc2 mock environment: %d actions, every one accepted by pysc2's "
+                     "transform_action", self.converted)
         self._env.close()
