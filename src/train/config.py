@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import re
 import tempfile
@@ -17,9 +18,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
-import yaml
-
+from train import yamlio
 from train.errors import ConfigError, UsageError
+from train.yamlio import shown
 
 WORKLOADS = ("demo", "sc2")
 MAX_SEED = (2**32 - 1) // 1000 - 1  # numpy's seed is seed x 1000 + rank (< 2**32)
@@ -180,10 +181,12 @@ def check_value(f: dataclasses.Field[Any], value: Any) -> None:
         list: isinstance(value, tuple) and all(isinstance(v, str) for v in value),
     }[kind]
     if not ok:
-        raise ConfigError(f.name, f"must be {_type_name(f)}, got {value!r}")
+        raise ConfigError(f.name, f"must be {_type_name(f)}, got {shown(value)}")
     if meta["choices"] is not None and value not in meta["choices"]:
         allowed = ", ".join(meta["choices"])
-        raise ConfigError(f.name, f"must be one of {allowed}; got {value!r}")
+        raise ConfigError(f.name, f"must be one of {allowed}; got {shown(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f.name, f"must be a finite number, got {value}")
     if isinstance(value, (int, float)):
         if meta["positive"] and value <= 0:
             raise ConfigError(f.name, f"must be greater than 0, got {value}")
@@ -212,7 +215,7 @@ def _coerce(f: dataclasses.Field[Any], value: Any, *, from_text: bool) -> Any:
         if isinstance(value, (list, tuple)):
             return tuple(str(v) if isinstance(v, (int, float, str)) and not isinstance(v, bool)
                          else v for v in value)
-        raise ConfigError(f.name, f"must be a list of strings, got {value!r}")
+        raise ConfigError(f.name, f"must be a list of strings, got {shown(value)}")
     if kind is bool:
         if isinstance(value, bool):
             return value
@@ -221,18 +224,18 @@ def _coerce(f: dataclasses.Field[Any], value: Any, *, from_text: bool) -> Any:
             return True
         if from_text and text in ("false", "no", "0", "off"):
             return False
-        raise ConfigError(f.name, f"must be true or false, got {value!r}")
+        raise ConfigError(f.name, f"must be true or false, got {shown(value)}")
     if from_text:
         text = str(value).strip()
         if kind is int:
             if not _INT_RE.match(text):
-                raise ConfigError(f.name, f"must be an integer, got {value!r}")
+                raise ConfigError(f.name, f"must be an integer, got {shown(value)}")
             return int(text)
         if kind is float:
             try:
                 return float(text)
             except ValueError:
-                raise ConfigError(f.name, f"must be a number, got {value!r}") from None
+                raise ConfigError(f.name, f"must be a number, got {shown(value)}") from None
         return text
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
@@ -241,33 +244,25 @@ def _coerce(f: dataclasses.Field[Any], value: Any, *, from_text: bool) -> Any:
 
 def _coerce_seeds(name: str, value: Any) -> tuple[int, ...]:
     if isinstance(value, bool):
-        raise ConfigError(name, f"must be a list of integers, got {value!r}")
+        raise ConfigError(name, f"must be a list of integers, got {shown(value)}")
     if isinstance(value, int):
         return (value,)
     if isinstance(value, str):
         parts = [p for p in re.split(r"[\s,]+", value.strip()) if p]
         if not parts or not all(_INT_RE.match(p) for p in parts):
-            raise ConfigError(name, f'must be integers such as "4 6 8", got {value!r}')
+            raise ConfigError(name, f'must be integers such as "4 6 8", got {shown(value)}')
         return tuple(int(p) for p in parts)
     if isinstance(value, list):
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            raise ConfigError(name, f"must be a list of integers, got {value!r}")
+            raise ConfigError(name, f"must be a list of integers, got {shown(value)}")
         return tuple(value)
-    raise ConfigError(name, f"must be a list of integers, got {value!r}")
+    raise ConfigError(name, f"must be a list of integers, got {shown(value)}")
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
-    """Read a YAML mapping; a missing file or a non-mapping is a usage error."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError("config", f"cannot read {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError("config", f"{path} is not UTF-8 text (byte {exc.start})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError("config", f"{path} is not valid YAML: {exc}") from None
+    """Read a YAML mapping (train.yamlio: bounded, YAML 1.2 numbers); a missing file or a
+    non-mapping is a usage error."""
+    data = yamlio.load_file(path, "config")
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -131,3 +131,14 @@ def test_sc2_missing_names_sc2path(tmp_path: Path) -> None:
     with pytest.raises(EnvironmentUnavailable, match="SC2PATH"):
         pysc2_env.check_available({"SC2PATH": str(tmp_path)})
     assert pysc2_env.sc2_path({"SC2PATH": str(tmp_path)}) == tmp_path
+
+
+def test_smallest_map_places_the_beacon_without_looping() -> None:
+    """res 4 (the smallest allowed) has no cell far enough from every marine position: the
+    beacon goes to the farthest cell instead of the spawn loop never ending."""
+    from train.workloads.envs.beacon import BeaconEnv
+
+    env = BeaconEnv(4, 4, [1, 0])
+    for _ in range(50):
+        obs = env.reset()
+        assert obs.screen.shape[1:] == (4, 4)

@@ -17,9 +17,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from train import yamlio
 from train.errors import ConfigError, UsageError
+from train.yamlio import shown
 
 # How GPUs are counted: --gres=gpu:N or --gpus-per-node=N.
 GPU_REQUEST_STYLES = ("gres", "gpus_per_node")
@@ -220,9 +220,10 @@ def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
             raise ConfigError(f"{where}.gpu_features.{gpu}", f"must be one node feature "
                               f"name (no operators such as & | [ ]); got {feature!r}")
     partitions = {str(k): _node(f"{where}.partitions.{k}", str(k), v)
-                  for k, v in (data.get("partitions") or {}).items()}
+                  for k, v in _mapping(f"{where}.partitions", data.get("partitions")).items()}
     constraints = {str(k): _node(f"{where}.constraints.{k}", str(k), v)
-                   for k, v in (data.get("constraints") or {}).items()}
+                   for k, v in _mapping(f"{where}.constraints",
+                                        data.get("constraints")).items()}
     allowed = bool(partition.get("allowed", True))
     if not partitions and not constraints:
         raise ConfigError(f"{where}.partitions", "a profile needs partitions or constraints")
@@ -255,7 +256,7 @@ def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
         binds=tuple(str(b) for b in data.get("binds") or ()),
         env=_env_names(data.get("env") or ()),
         scratch_root=str(data.get("scratch_root", "")),
-        nccl_env={str(k): str(v) for k, v in (data.get("nccl_env") or {}).items()},
+        nccl_env=_nccl_env(f"{where}.nccl_env", data.get("nccl_env")),
         preempt_flags=tuple(str(f) for f in data.get("preempt_flags") or ()),
         partitions=partitions,
         constraints=constraints,
@@ -275,13 +276,37 @@ def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _mapping(where: str, value: Any) -> Mapping[Any, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(where, f"must be a mapping of names to settings, got "
+                          f"{type(value).__name__}")
+    return value
+
+
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _nccl_env(where: str, value: Any) -> dict[str, str]:
+    """NAME: value pairs every job exports: names must be variable names (they go into
+    `export NAME=...` in the job script), values plain scalars without control characters."""
+    out = {}
+    for key, item in _mapping(where, value).items():
+        if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
+            raise ConfigError(f"{where}", f"{shown(key)} is not an environment variable name "
+                              "(letters, digits and _, not starting with a digit)")
+        if isinstance(item, (dict, list)) or item is None:
+            raise ConfigError(f"{where}.{key}", f"must be a plain value, got {shown(item)}")
+        text = str(item).lower() if isinstance(item, bool) else str(item)
+        if any(ord(c) < 32 or ord(c) == 127 for c in text):
+            raise ConfigError(f"{where}.{key}", "must not hold control characters")
+        out[key] = text
+    return out
+
+
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError("profile", f"cannot read {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError("profile", f"{path} is not valid YAML: {exc}") from None
+    data = yamlio.load_file(path, "profile")
     if not isinstance(data, dict):
         raise ConfigError("profile", f"{path} must hold a mapping")
     return data
@@ -292,7 +317,7 @@ def _shipped() -> list[tuple[str, dict[str, Any]]]:
     found = []
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".yaml"):
-            data = yaml.safe_load(entry.read_text(encoding="utf-8"))
+            data = yamlio.load_text(entry.read_text(encoding="utf-8"), entry.name, "profile")
             found.append((f"package:{entry.name}", data))
     return found
 

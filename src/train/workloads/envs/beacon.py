@@ -64,9 +64,16 @@ class BeaconEnv:
 
     def _spawn_beacon(self) -> None:
         lo, hi = self.radius, self.res - self.radius
-        while True:
+        far = 2 * self.radius + 1
+        cells = np.stack(np.meshgrid(np.arange(lo, hi), np.arange(lo, hi)), -1).reshape(-1, 2)
+        distance = np.linalg.norm(cells + 0.5 - self._marine, axis=1)
+        if not (distance > far).any():
+            # small maps (res 4) have no cell that far from the marine: the farthest one
+            self._beacon = cells[int(np.argmax(distance))]
+            return
+        while True:  # the same draws as always where a far cell exists
             beacon = self._rng.integers(lo, hi, size=2)
-            if np.linalg.norm(beacon + 0.5 - self._marine) > 2 * self.radius + 1:
+            if np.linalg.norm(beacon + 0.5 - self._marine) > far:
                 self._beacon = beacon
                 return
 

@@ -1,0 +1,122 @@
+"""The one YAML reader for run configs, job files, profiles and defaults.
+
+Bounded and unsurprising:
+- files over MAX_BYTES are refused before parsing;
+- aliases are expanded in a count first: a document that would grow past MAX_NODES nodes
+  (a few hundred bytes of nested anchors can stand for gigabytes) is refused;
+- YAML 1.2's numbers, not 1.1's: `1:00:00` stays the text it looks like (1.1 reads it as
+  the base-60 integer 3600) and `1e-3` is a float (1.1 wants a dot: `1.0e-3`).
+Errors are ConfigError naming the field (the config key, or the file's role) and quote at
+most a short prefix of anything they show.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from train.errors import ConfigError
+
+MAX_BYTES = 1 << 20
+MAX_NODES = 100_000
+SHOWN = 60  # characters of a rejected value an error message quotes
+
+
+def shown(value: Any) -> str:
+    """repr(value), cut to SHOWN characters."""
+    text = repr(value)
+    return text if len(text) <= SHOWN else f"{text[:SHOWN]}... ({len(text)} characters)"
+
+
+class Loader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 core-schema integers and floats."""
+
+
+Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers
+            if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789"))
+Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+\.[0-9]*)(?:[eE][-+]?[0-9]+)?"
+               r"|[-+]?[0-9]+[eE][-+]?[0-9]+"
+               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+.0123456789"))
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.Node) -> int:
+    text = str(loader.construct_scalar(node))  # type: ignore[arg-type]
+    if text.startswith("0o"):
+        return int(text[2:], 8)
+    return int(text, 0) if text.startswith("0x") else int(text, 10)
+
+
+Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """Nodes the document has once every alias is expanded (memoised, so linear in the
+    number of distinct nodes; stops counting past MAX_NODES)."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in sizes:
+            continue
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        if done:
+            sizes[id(node)] = min(MAX_NODES + 1, 1 + sum(sizes[id(c)] for c in children))
+            continue
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in sizes)
+    return sizes[id(root)]
+
+
+def load_text(text: str, source: str, field: str) -> Any:
+    """Parse one YAML document; `source` names it in messages, `field` is the error's field."""
+    if len(text) > MAX_BYTES:
+        raise ConfigError(field, f"{source} is {len(text)} bytes; YAML input is limited to "
+                          f"{MAX_BYTES} bytes")
+    loader = Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node) > MAX_NODES:
+            raise ConfigError(field, f"{source} expands to more than {MAX_NODES} values "
+                              "through YAML aliases (&anchor/*alias); write it out plainly")
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        message = str(exc)
+        if len(message) > 400:
+            message = message[:400] + "..."
+        raise ConfigError(field, f"{source} is not valid YAML: {message}") from None
+    except RecursionError:
+        raise ConfigError(field, f"{source} nests too deeply") from None
+    finally:
+        loader.dispose()
+
+
+def load_file(path: Path, field: str) -> Any:
+    """Read and parse a YAML file: unreadable, oversized, non-UTF-8 or invalid is a
+    ConfigError naming `field`."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise ConfigError(field, f"{path} is {size} bytes; YAML input is limited to "
+                              f"{MAX_BYTES} bytes")
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(field, f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(field, f"{path} is not UTF-8 text (byte {exc.start})") from None
+    return load_text(text, str(path), field)

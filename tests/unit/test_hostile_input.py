@@ -1,0 +1,130 @@
+"""Hostile and surprising input: exit 2 naming the field, short messages, nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_cli
+from train import yamlio
+from train.errors import ConfigError
+
+BOMB = "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 9) if p else ', '.join(['x'] * 9)}]\n"
+               for p, c in zip(["", "a", "b", "c", "d", "e", "f", "g"], "abcdefgh", strict=True))
+
+
+def test_yaml_alias_bomb_is_refused_from_its_count_not_its_memory(tmp_path: Path) -> None:
+    assert len(BOMB) < 500  # 9**8 = 43 million values once expanded
+    cfg = tmp_path / "bomb.yaml"
+    cfg.write_text(BOMB)
+    proc = run_cli(["run", "demo", "--config", str(cfg), "--out", str(tmp_path / "out")])
+    assert proc.returncode == 2
+    assert "expands to more than 100000 values through YAML aliases" in proc.stderr
+    assert len(proc.stderr) < 400 and not (tmp_path / "out").exists()
+    job = tmp_path / "job.yaml"
+    job.write_text(BOMB)
+    proc = run_cli(["render", str(job), "--cluster", "local"])
+    assert proc.returncode == 2 and "YAML aliases" in proc.stderr
+
+
+def test_yaml_aliases_within_the_bound_still_work() -> None:
+    assert yamlio.load_text("a: &a [1, 2]\nb: *a\n", "x", "config") == {"a": [1, 2],
+                                                                        "b": [1, 2]}
+
+
+def test_oversized_yaml_is_refused_before_parsing(tmp_path: Path) -> None:
+    big = tmp_path / "big.yaml"
+    big.write_text("a: " + "x" * (yamlio.MAX_BYTES + 1) + "\n")
+    with pytest.raises(ConfigError, match="limited to"):
+        yamlio.load_file(big, "config")
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("time: 1:00:00", {"time": "1:00:00"}),  # YAML 1.1: the base-60 integer 3600
+    ("lr: 1e-3", {"lr": 0.001}),              # YAML 1.1: the string "1e-3"
+    ("lr: 5.0e-4", {"lr": 0.0005}),
+    ("n: 010", {"n": 10}),                     # YAML 1.1: octal 8
+    ("n: 0x10", {"n": 16}),
+    ("x: .inf", {"x": float("inf")}),
+    ("seeds: [4, 6]", {"seeds": [4, 6]}),
+])
+def test_yaml_numbers_follow_yaml_1_2(text: str, expected: dict[str, object]) -> None:
+    assert yamlio.load_text(text, "x", "config") == expected
+
+
+def test_job_file_time_and_run_config_lr_read_as_written(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("time: 1:00:00\nname: t\nworkload: [demo, --episodes, '5']\n")
+    proc = run_cli(["render", str(job), "--cluster", "local"])
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH --time=01:00:00" in proc.stdout or "#SBATCH --time=1:00:00" in proc.stdout
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("lr: 1e-3\nepisodes: 1\neval_episodes: 0\nres: 4\nepisode_steps: 4\n")
+    proc = run_cli(["run", "demo", "--config", str(cfg), "--device", "cpu", "--out",
+                    str(tmp_path / "out")])
+    assert proc.returncode == 0, proc.stderr
+    assert '"lr": 0.001' in (tmp_path / "out" / "config.json").read_text()
+
+
+FLOAT_FLAGS = ["--lr", "--gamma", "--eps-start", "--log-every", "--time-budget"]
+
+
+@pytest.mark.parametrize("flag", FLOAT_FLAGS)
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_non_finite_numbers_are_refused_naming_the_field(flag: str, value: str) -> None:
+    from train.config import build_config
+
+    name = flag[2:].replace("-", "_")
+    with pytest.raises(ConfigError, match=f"^{name}: must be"):
+        build_config(flag_values={name: value})
+
+
+def test_non_finite_number_is_exit_2_before_anything_is_written(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = run_cli(["run", "demo", "--time-budget=nan", "--out", str(out)])
+    assert proc.returncode == 2 and "time_budget: must be" in proc.stderr, proc.stderr
+    assert not out.exists()
+
+
+def test_a_huge_rejected_value_is_quoted_short(tmp_path: Path) -> None:
+    proc = run_cli(["run", "demo", "--res", "x" * 100_000, "--out", str(tmp_path / "o")])
+    assert proc.returncode == 2 and "res: must be an integer" in proc.stderr
+    assert len(proc.stderr) < 300
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("device: " + "y" * 100_000 + "\n")
+    proc = run_cli(["run", "demo", "--config", str(cfg), "--out", str(tmp_path / "o")])
+    assert proc.returncode == 2 and "device: must be one of" in proc.stderr
+    assert len(proc.stderr) < 300
+
+
+def _profile(tmp_path: Path, edit: tuple[str, str]) -> Path:
+    text = (REPO / "src" / "train" / "clusters" / "data" / "local.yaml").read_text()
+    assert edit[0] in text
+    path = tmp_path / "evil.yaml"
+    path.write_text(text.replace("name: local", "name: evil").replace(*edit))
+    return path
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (("nccl_env: {}", 'nccl_env: {"X=1; touch /tmp/pwned; Y": "1"}'),
+     "nccl_env: 'X=1; touch /tmp/pwned; Y' is not an environment variable name"),
+    (("nccl_env: {}", 'nccl_env: {NCCL_DEBUG: "INFO\\nrm -rf ~"}'),
+     "nccl_env.NCCL_DEBUG: must not hold control characters"),
+    (("nccl_env: {}", "nccl_env: [NCCL_DEBUG]"), "nccl_env: must be a mapping"),
+])
+def test_a_profile_cannot_inject_into_job_scripts(tmp_path: Path, edit: tuple[str, str],
+                                                  message: str) -> None:
+    path = _profile(tmp_path, edit)
+    proc = run_cli(["render", "--profile", str(path), "--cluster", "evil", "--", "demo"])
+    assert proc.returncode == 2, proc.stdout
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_profile_with_partitions_as_a_list_is_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "lst.yaml"
+    path.write_text("name: lst\nextends: local\npartitions: [debug]\n")
+    proc = run_cli(["render", "--profile", str(path), "--cluster", "lst", "--", "demo"])
+    assert proc.returncode == 2 and "partitions: must be a mapping" in proc.stderr, \
+        proc.stderr
