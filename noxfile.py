@@ -7,7 +7,7 @@ from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.sessions = ["lint", "typecheck", "navsim_lock", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
 
@@ -143,6 +143,56 @@ def lock(session: nox.Session) -> None:
             pin = re.escape(package) + " " if "==" in package else f"{re.escape(package)}=="
             text = re.sub(rf"(?m)^{pin}[^\n]*\n(?:    --hash[^\n]*\n)+", "", text)
         out.write_text(text)
+
+
+# Packages the navsim image takes from the base image: navsim_lock installs base-cpu.txt
+# (torch's CPU build) in their place. Lock entries pinned the same in base-cpu.txt are
+# skipped too (already installed); those pinned differently are installed over base's, as
+# the image's `pip install -r navsim.txt` does.
+NAVSIM_FROM_BASE = re.compile(r"^(torch|triton|nvidia-[a-z0-9-]+|cuda-[a-z0-9-]+)==")
+# PyPI's torchvision for Linux is built against the CUDA torch (its _C.so needs
+# libtorch_cuda.so and libcudart): over the CPU torch it fails at import ("operator
+# torchvision::nms does not exist"), and timm imports torchvision. Both are checked only
+# by the image's %test, on the base image's CUDA torch.
+NAVSIM_CUDA_ONLY = ("torchvision", "timm")  # modules; of them, torchvision is not installed
+_LOCK_ENTRY = re.compile(r"(?m)^([A-Za-z0-9][^ \n]*==[^ \n]+)[^\n]*\n(?:    [^\n]*\n)*")
+IMPORT_CHECK = """
+import importlib, sys, traceback
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except Exception:
+        traceback.print_exc()
+        sys.exit(f"navsim lock: {name} does not import")
+print(f"navsim lock: the {len(sys.argv) - 1} modules checked import")
+"""
+
+
+@nox.session
+def navsim_lock(session: nox.Session) -> None:
+    """Install navsim.txt over the CPU torch stack and import navsim-imports.txt's modules."""
+    req = ROOT / "containers" / "requirements"
+    env = {"PIP_CONSTRAINT": ""}
+    pip = ("python", "-m", "pip", "install", "--quiet", "--require-hashes", "--no-deps")
+    session.run(*pip, "-r", str(req / "base-cpu.txt"), env=env)
+    base = {m.group(1).lower() for m in _LOCK_ENTRY.finditer((req / "base-cpu.txt").read_text())}
+    entries = list(_LOCK_ENTRY.finditer((req / "navsim.txt").read_text()))
+    if not entries:
+        session.error("navsim.txt holds no pinned entries")
+    kept = [m.group(0) for m in entries
+            if not NAVSIM_FROM_BASE.match(m.group(1).lower()) and m.group(1).lower() not in base
+            and not m.group(1).lower().startswith("torchvision==")]
+    filtered = Path(session.create_tmp()) / "navsim-over-base.txt"
+    filtered.write_text("".join(kept))
+    session.log(f"installing {len(kept)} of navsim.txt's {len(entries)} entries (the rest "
+                "come from the base image, or need its CUDA torch)")
+    session.run(*pip, "-r", str(filtered), env=env)
+    modules = [line.split("#", 1)[0].strip()
+               for line in (req / "navsim-imports.txt").read_text().splitlines()]
+    session.log(f"not imported over the CPU torch (image only): {', '.join(NAVSIM_CUDA_ONLY)}")
+    session.run("python", "-c", IMPORT_CHECK,
+                *[m for m in modules if m and m not in NAVSIM_CUDA_ONLY],
+                env={"OMP_NUM_THREADS": "1"})
 
 
 @nox.session

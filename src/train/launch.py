@@ -31,14 +31,20 @@ from pathlib import Path
 from train import _proc
 from train.errors import ResourceError, UsageError
 from train.runtime import cuda_check
-from train.slurm.contract import DEADLINE_VAR, STOP_SIGNAL_VAR
+from train.slurm.contract import (
+    DEADLINE_VAR,
+    NAVSIM_PREFETCH_OVERRIDE,
+    NAVSIM_WORKERS_OVERRIDE,
+    STOP_SIGNAL_VAR,
+)
 
 log = logging.getLogger(__name__)
 
 # A hung collective fails the job with a message instead of burning the walltime.
 NCCL_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_DEBUG": "WARN"}
 WORKER_VAR = "TRAIN_DATALOADER_WORKERS"
-WORKER_OVERRIDE = "dataloader.params.num_workers"
+WORKER_OVERRIDE = NAVSIM_WORKERS_OVERRIDE
+PREFETCH_OVERRIDE = NAVSIM_PREFETCH_OVERRIDE
 # set it where node names do not resolve inside the container
 MASTER_ADDR_VAR = "TRAIN_MASTER_ADDR"
 MIB = 1024 * 1024
@@ -277,9 +283,14 @@ def prepare(opts: LaunchOptions, env: MutableMapping[str, str]) -> tuple[SlurmSt
                                    opts.worker_mem_mb * MIB)
         log.info("DataLoader workers per process: %d (%s)", allowed, why)
         env[WORKER_VAR] = str(allowed)
-        # a Hydra override for the workers (NAVSIM's preset) gets the capped value too
-        command = [f"{WORKER_OVERRIDE}={allowed}" if a.startswith(WORKER_OVERRIDE + "=")
-                   else a for a in command]
+        # a Hydra override for the workers (NAVSIM's preset) gets the capped value too, and
+        # with none left, DataLoader's prefetch_factor must be null (torch refuses it)
+        if any(a.startswith(WORKER_OVERRIDE + "=") for a in command):
+            command = [f"{WORKER_OVERRIDE}={allowed}" if a.startswith(WORKER_OVERRIDE + "=")
+                       else a for a in command]
+            if allowed == 0 and not any(a.startswith(PREFETCH_OVERRIDE + "=")
+                                        for a in command):
+                command.append(f"{PREFETCH_OVERRIDE}=null")
     return step, master, command
 
 

@@ -48,7 +48,7 @@ CASES: dict[str, dict[str, Any]] = {
                          cpus_per_task=8, mem="200G", workers=2, worker_mem="4G",
                          entry="navsim", runtime="apptainer", image="/scratch/me/navsim.sif",
                          time="1-00:00:00",
-                         workload=("agent=hydra_mdp_v8192_w_ep", "experiment_name=h16")),
+                         workload=("agent=transfuser_agent", "experiment_name=h16")),
     "local-chunked": dict(cluster="local", name="l1", max_chunks=3, time="5:00",
                           cpus_per_task=1, mem="1000M", signal_margin=30,
                           workload=("demo", "--episodes", "6")),

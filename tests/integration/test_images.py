@@ -107,6 +107,9 @@ def test_sc2_run_without_a_working_game_is_exit_3_before_anything_is_written(
                         environment={"SC2PATH": "/opt/nothing"})
     assert "rc=3" in out and "has no Versions/Base*/SC2_x64" in out, out
     assert code != 0 and "No such file or directory" in out  # /tmp/run was never made
+    # CI's stand-in game is executable but exits at once: pysc2 cannot connect to it
+    code, out = _docker(sc2_image, ["-c", run], entrypoint=["/bin/sh"])
+    assert "rc=3" in out and "did not start (ConnectError" in out, out
     broken = ("chmod -x $SC2PATH/Versions/Base*/SC2_x64; " + run)
     code, out = _docker(sc2_image, ["-c", broken], entrypoint=["/bin/sh"])
     assert "rc=3" in out and "is broken: it must be a non-empty executable" in out, out

@@ -3,12 +3,15 @@ anywhere, and the sc2 workload's up-front checks (exit 3 before anything is writ
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO, run_cli
 from train.errors import EnvironmentUnavailable
+from train.images.defs import parse
+from train.images.dockerfile import translate
 from train.workloads.envs import pysc2_env
 
 NO_ENGINE = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}
@@ -82,7 +85,7 @@ def test_image_commands_work_from_any_directory(tmp_path: Path) -> None:
                   cwd=tmp_path)
     assert ctx.returncode == 0, ctx.stderr
     # the %files sources come from the repository, the context lands where the user is
-    assert (out / "containers" / "patches" / "pysc2_shuffle.py").read_bytes() == (
+    assert (out / "files" / "1" / "pysc2_shuffle.py").read_bytes() == (
         REPO / "containers" / "patches" / "pysc2_shuffle.py").read_bytes()
     assert f"build context written to {out}" in ctx.stdout
 
@@ -161,3 +164,129 @@ def test_build_refuses_what_lint_names_before_the_engine(tmp_path: Path,
     proc = run_cli(["image", "build", str(path), "--engine", "docker"], env=NO_ENGINE)
     assert proc.returncode == 2, proc.stderr
     assert f"{path}:" in proc.stderr and f"[{rule}]" in proc.stderr
+
+
+def _translate_out(path: Path, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return run_cli(["image", "translate", str(path), "--out", str(out), *extra])
+
+
+def test_a_files_source_never_replaces_the_generated_dockerfile(tmp_path: Path) -> None:
+    path = _repo(tmp_path, "    Dockerfile /opt/Dockerfile\n    .train-build /opt/tb")
+    (tmp_path / "Dockerfile").write_text("FROM alpine:3.19\nRUN echo UNINTENDED\n")
+    (tmp_path / ".train-build").mkdir()
+    (tmp_path / ".train-build" / "post").write_text("echo UNINTENDED\n")
+    out = tmp_path.parent / f"{tmp_path.name}-ctx"
+    proc = _translate_out(path, out)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "Dockerfile").read_text().startswith("# Generated from img.def")
+    assert "UNINTENDED" not in (out / ".train-build" / "post").read_text()
+    assert (out / "files" / "0" / "Dockerfile").read_text().endswith("UNINTENDED\n")
+
+
+def test_translate_out_refuses_what_it_would_clobber_and_leaves_nothing(tmp_path: Path) -> None:
+    path = _repo(tmp_path, "    data /opt/data")
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    for out, message in ((afile, "already exists"), (tmp_path / "data",
+                                                     "already exists"),
+                         (tmp_path / "data" / "ctx", "inside the %files source")):
+        proc = _translate_out(path, out)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert afile.read_text() == "mine\n"
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["a.txt"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize(("target", "message"), [
+    ("/etc/hostname", "links outside the repository"),
+    ("/nonexistent/x", "dangling or looping"),
+    (".", "looping symbolic link"),  # copying it would never end
+])
+def test_links_inside_a_files_folder_are_checked(tmp_path: Path, target: str,
+                                                 message: str) -> None:
+    path = _repo(tmp_path, "    data /opt/data")
+    (tmp_path / "data" / "link").symlink_to(target)
+    proc = run_cli(["image", "build", str(path), "--engine", "docker"], env=NO_ENGINE)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_build_needs_a_source_tree(tmp_path: Path) -> None:
+    path = _repo(tmp_path, "    data /opt/data")
+    (tmp_path / "pyproject.toml").unlink()
+    proc = run_cli(["image", "build", str(path), "--engine", "docker"], env=NO_ENGINE)
+    assert proc.returncode == 2 and "is not a source tree" in proc.stderr
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ([], "give the docker tag built from it"),
+    (["--localimage", "base.sif=img:1\nRUN touch /PWNED"], "localimage base.sif: the value"),
+    (["--localimage", "base.sif="], "is not a docker image reference"),
+])
+def test_translation_errors_come_before_the_engine(tmp_path: Path, argv: list[str],
+                                                   message: str) -> None:
+    path = _repo(tmp_path, "    data /opt/data")
+    path.write_text(path.read_text().replace("Bootstrap: docker\nFrom: debian:12.6",
+                                             "Bootstrap: localimage\nFrom: base.sif"))
+    proc = run_cli(["image", "build", str(path), "--engine", "docker", *argv], env=NO_ENGINE)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_translate_to_stdout_refuses_control_characters(tmp_path: Path) -> None:
+    path = _repo(tmp_path, "    data /opt/data")
+    proc = run_cli(["image", "translate", str(path), "--build-arg", "URL=x\nRUN touch /PWNED"])
+    assert proc.returncode == 2 and "build-arg URL: the value holds" in proc.stderr
+    assert "PWNED" not in proc.stdout
+
+
+def test_files_copies_follow_apptainer_splitting_and_destinations(tmp_path: Path) -> None:
+    path = _repo(tmp_path, '    data/a.txt /\n    "data/my file" "/opt/my file"\n')
+    (tmp_path / "data" / "my file").write_text("x\n")
+    t = translate(parse(path))
+    assert "mkdir -p /\ncp -fLr /.train/files/0/a.txt /\n" in t.scripts["files"]
+    assert "cp -fLr '/.train/files/1/my file' '/opt/my file'" in t.scripts["files"]
+    assert 'COPY ["files/1/my file", "/.train/files/1/my file"]' in t.dockerfile
+    (tmp_path / "b").mkdir()
+    bad = _repo(tmp_path / "b", "    data /.train/files/0")
+    proc = run_cli(["image", "translate", str(bad)])
+    assert proc.returncode == 2 and "stages its own files" in proc.stderr
+
+
+def test_environment_lines_are_read_as_the_shell_reads_them(tmp_path: Path) -> None:
+    path = _repo(tmp_path, "    data /opt/data")
+    path.write_text(path.read_text() + "\n%environment\n"
+                    '    export PATH="/opt/venv/bin:$PATH"\n'
+                    "    export LANG='C.UTF-8' A=1 B=\"two words\"  # a comment\n")
+    lines = translate(parse(path)).dockerfile.splitlines()
+    assert "ENV PATH=/opt/venv/bin:$PATH" in lines
+    assert "ENV LANG=C.UTF-8" in lines and "ENV A=1" in lines
+    assert 'ENV B="two words"' in lines
+
+
+def test_content_listing_is_one_line_per_entry_for_odd_names(tmp_path: Path) -> None:
+    import os
+
+    from train.images.content import listing
+
+    (tmp_path / "new\nline").write_text("")
+    os.symlink(b"\xff", bytes(tmp_path / "badlink"))
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "loop").symlink_to(".")
+    lines = sorted(listing(str(tmp_path)))
+    assert len(lines) == 4 and all("\n" not in line for line in lines)
+    assert any(line.endswith(" /new\\x0aline") for line in lines)
+    assert any(line.startswith("p") and line.endswith(" /fifo") for line in lines)
+    assert lines == sorted(listing(str(tmp_path)))
+
+
+def test_sc2_check_looks_at_the_build_pysc2_runs(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pysc2_env, "_import_pysc2", lambda mock: None)
+    _game(tmp_path)  # Base75689 with a binary
+    older = tmp_path / "Versions" / "Base9" / "SC2_x64"
+    older.parent.mkdir()
+    older.write_bytes(b"#!/bin/sh\n")
+    older.chmod(0o755)
+    assert pysc2_env.check_available({"SC2PATH": str(tmp_path)}) == tmp_path
+    (tmp_path / "Versions" / "Base80000").mkdir()  # newest, without its binary
+    with pytest.raises(EnvironmentUnavailable, match="Base80000/SC2_x64"):
+        pysc2_env.check_available({"SC2PATH": str(tmp_path)})

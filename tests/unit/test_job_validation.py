@@ -208,9 +208,10 @@ def test_navsim_preset_matches_the_job() -> None:
     assert job.launch == "tasks" and job.ntasks_per_node == 4 and job.run_config is None
     cmd = navsim_command(job)
     assert cmd[1].endswith("navsim/planning/script/run_training.py")
+    assert cmd[2] == "train_test_split=navtrain"  # NAVSIM requires a split
     # every chunk shares one Lightning root: its SLURM checkpoint is found and resumed
-    assert cmd[2] == f"trainer.params.default_root_dir={job.run_dir}/lightning"
-    assert cmd[3:] == ["trainer.params.num_nodes=4", "+trainer.params.devices=4",
+    assert cmd[3] == f"trainer.params.default_root_dir={job.run_dir}/lightning"
+    assert cmd[4:] == ["trainer.params.num_nodes=4", "+trainer.params.devices=4",
                        "trainer.params.strategy=ddp", "trainer.params.accelerator=gpu",
                        "trainer.params.precision=bf16-mixed",
                        "dataloader.params.num_workers=2", "agent=hydra_mdp"]

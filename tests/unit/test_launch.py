@@ -161,3 +161,20 @@ def test_the_stand_in_never_finds_itself_again(tmp_path: Path) -> None:
                           env={**env, "TRAIN_STOP_REQUEST": str(tmp_path / "no" / "x")},
                           timeout=30, check=False)
     assert proc.returncode == 1 and "could not be written" in proc.stderr
+
+
+def test_workers_capped_to_none_make_navsims_prefetch_null() -> None:
+    """A task with one CPU has no worker to spare: NAVSIM's DataLoader then needs
+    prefetch_factor null (torch refuses a prefetch factor without workers)."""
+    env = {**ENV, "TRAIN_MASTER_ADDR": "10.0.0.1", "SLURM_CPUS_PER_TASK": "1"}
+    opts = LaunchOptions(mode="tasks", command=["python", "train.py",
+                                                "dataloader.params.num_workers=4"],
+                         workers=4, worker_mem_mb=1)
+    _step, _master, command = prepare(opts, env)
+    assert command[-2:] == ["dataloader.params.num_workers=0",
+                            "dataloader.params.prefetch_factor=null"]
+    # workers left: no prefetch override added
+    _step, _master, command = prepare(LaunchOptions(
+        mode="tasks", command=["python", "train.py", "dataloader.params.num_workers=4"],
+        workers=4, worker_mem_mb=1), {**ENV, "TRAIN_MASTER_ADDR": "10.0.0.1"})
+    assert not any("prefetch_factor" in a for a in command)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import posixpath
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -16,7 +17,13 @@ from typing import Any
 from train import _proc
 from train.errors import ResourceError, TrainError, UsageError
 from train.images.defs import DefFile
-from train.images.dockerfile import BUILD_DIR, SCRIPT_DIR, files_source_problem, translate
+from train.images.dockerfile import (
+    BUILD_DIR,
+    SCRIPT_DIR,
+    context_path,
+    files_source_problem,
+    translate,
+)
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +35,6 @@ DEMO_ARGS = ("run", "demo", "--device", "cpu", "--res", "8", "--episode-steps", 
 BUILD_BLOCKING = frozenset({"parse", "size", "section", "header", "placeholder",
                             "files-source", "arguments-empty", "pip-lock"})
 SMOKE_LABEL = "org.train.smoke"  # %labels: the `train` arguments `image test` runs after %test
-_IGNORE = shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc", ".keep")
 
 
 class ImageError(TrainError):
@@ -54,70 +60,130 @@ def smoke_args(d: DefFile) -> tuple[str, ...]:
 
 def write_context(d: DefFile, dest: Path, build_args: Mapping[str, str],
                   localimages: Mapping[str, str], root: Path) -> Path:
-    """The Docker build context: Dockerfile, generated scripts, the %files sources."""
-    check_inputs(d, build_args, root)
+    """The Docker build context: Dockerfile, generated scripts, and the %files sources
+    under files/ (see dockerfile.context_path). Written to a fresh folder beside `dest`,
+    then renamed into place: an error leaves nothing behind; `dest` must not exist yet or
+    be an empty folder, and must not lie inside a %files source."""
+    sources = check_inputs(d, build_args, root)
     translation = translate(d, build_args, localimages)
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "Dockerfile").write_text(translation.dockerfile, encoding="utf-8")
-    (dest / BUILD_DIR).mkdir(exist_ok=True)
-    for name, text in translation.scripts.items():
-        (dest / BUILD_DIR / name).write_text(text, encoding="utf-8")
-    for src, _ in translation.copies:
-        source, target = root / src, dest / src
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
-            shutil.copytree(source, target, ignore=_IGNORE, dirs_exist_ok=True)
-        else:
-            shutil.copy2(source, target)
+    dest = dest.absolute()
+    if dest.is_symlink() or (dest.exists() and (not dest.is_dir() or any(dest.iterdir()))):
+        raise UsageError(f"out: {dest} already exists; name a new or empty folder")
+    for source in sources:
+        if dest.resolve() == source or source in dest.resolve().parents:
+            raise UsageError(f"out: {dest} is inside the %files source {source}: the "
+                             "context would copy itself")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        (work / "Dockerfile").write_text(translation.dockerfile, encoding="utf-8")
+        (work / BUILD_DIR).mkdir()
+        for name, text in translation.scripts.items():
+            (work / BUILD_DIR / name).write_text(text, encoding="utf-8")
+        for index, (src, _) in enumerate(translation.copies):
+            source, target = root / src, work / context_path(index, src)
+            target.parent.mkdir(parents=True)
+            if source.is_dir():  # every link inside was checked by check_inputs
+                shutil.copytree(source, target)
+            else:
+                shutil.copy2(source, target)
+        if dest.exists():
+            dest.rmdir()
+        work.rename(dest)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
     return dest
 
 
-def check_inputs(d: DefFile, build_args: Mapping[str, str], root: Path) -> None:
+def _file_url_path(value: str) -> str | None:
+    """The path of a file: URL (file:///p, file:/p, any case of the scheme), or None."""
+    if value[:5].lower() != "file:":
+        return None
+    rest = value[5:]
+    return "/" + rest.lstrip("/") if rest.startswith("/") else rest
+
+
+def _check_links(number: int, d: DefFile, source: Path, real_root: Path) -> None:
+    """Every symbolic link inside a %files folder must resolve inside the repository (cp -L
+    follows them: a link out would copy the build host's files into the image)."""
+    for folder, dirs, names in os.walk(source):
+        for name in [*dirs, *names]:
+            path = Path(folder) / name
+            if not path.is_symlink():
+                continue
+            try:
+                target = path.resolve(strict=True)
+            except (OSError, RuntimeError):
+                raise UsageError(f"{d.path}:{number}: {path} is a dangling or looping "
+                                 "symbolic link") from None
+            if not target.is_relative_to(real_root):
+                raise UsageError(f"{d.path}:{number}: {path} links outside the repository "
+                                 f"({target})")
+            if target.is_dir() and (target == Path(folder).resolve()
+                                    or target in Path(folder).resolve().parents):
+                raise UsageError(f"{d.path}:{number}: {path} is a looping symbolic link "
+                                 "(it points at a folder that contains it)")
+
+
+def check_inputs(d: DefFile, build_args: Mapping[str, str], root: Path) -> list[Path]:
     """Everything a build needs from this machine, checked before any engine starts (exit 2):
-    build argument values, every %files source inside the repository, and every `file://`
-    build argument (an offline stand-in for a download) staged by a %files entry."""
+    a source tree to build from, build argument values, lint's blocking rules, every %files
+    source (and every link inside it) in the repository, and every `file://` build argument
+    (an offline stand-in for a download) staged by a %files entry. Returns the sources."""
+    if not ((root / "pyproject.toml").is_file() or (root / ".git").exists()):
+        raise UsageError(f"image build: {root} is not a source tree (no pyproject.toml or "
+                         ".git there): %files sources resolve from the repository root, so "
+                         "build from a clone (or --defs the containers/ folder of one)")
     for key, value in build_args.items():
         if any(ord(c) < 32 or ord(c) == 127 for c in value):
             raise UsageError(f"build-arg {key}: the value holds a control character (a "
                              "newline would inject an instruction into the build)")
     from train.images.lint import lint_def
 
+    overridden = [f" {k}=" for k in build_args]
     blocking = [v for v in lint_def(d.path, root=root, reference=False)
-                if v.rule in BUILD_BLOCKING]
+                if v.rule in BUILD_BLOCKING
+                and not (v.rule == "arguments-empty"
+                         and any(o in f" {v.message}" for o in overridden))]
     if blocking:
         raise UsageError("\n".join(str(v) for v in blocking[:10]) + "\nimage build: "
                          f"{d.path.name} breaks the rules above (train image lint)")
     args = d.resolve_arguments(build_args)
-    files = d.sections.get("files")
     staged: list[tuple[str, Path]] = []
     real_root = root.resolve()
-    for number, text in files.body() if files else []:
-        parts = d.substitute(text, args, number).split()
-        src = parts[0]
+    for number, raw_src, raw_dst in d.files():
+        src = d.substitute(raw_src, args, number)
         problem = files_source_problem(src)  # the substituted value (lint saw the defaults)
         if problem:
             raise UsageError(f"{d.path}:{number}: %files source {src!r} {problem}")
         source = (root / src).resolve()
         if not source.is_relative_to(real_root) or not source.exists():
             raise UsageError(f"{d.path}:{number}: %files source {src} does not exist under "
-                             f"{root}; build from a clone of the repository (or --defs a "
-                             "folder inside one)")
-        dst = parts[1] if len(parts) == 2 else "/" + src
-        staged.append((dst.rstrip("/"), source))
+                             f"{root}")
+        if source.is_dir():
+            _check_links(number, d, source, real_root)
+        dst = d.substitute(raw_dst, args, number) or "/" + src
+        staged.append((posixpath.normpath("/" + dst.lstrip("/")), source))
     for key, value in build_args.items():
-        if not value.startswith("file://"):
+        inside = _file_url_path(value)
+        if inside is None:
             continue
-        inside = value[len("file://"):]
+        clean = posixpath.normpath(inside)
+        if ".." in inside.split("/") or not clean.startswith("/"):
+            raise UsageError(f"build-arg {key}: {value[:80]} must be an absolute file:// "
+                             "path without '..'")
         for dst, source in staged:
-            if inside == dst or inside.startswith(dst + "/"):
-                local = source / inside[len(dst):].lstrip("/") if source.is_dir() else source
-                if not local.exists():
+            if clean == dst or (source.is_dir() and clean.startswith(dst.rstrip("/") + "/")):
+                local = source / clean[len(dst):].lstrip("/") if source.is_dir() else source
+                if not local.is_file():
                     raise UsageError(f"build-arg {key}: {value} is missing: put it at "
                                      f"{local} (the %files entry for {dst} copies it in)")
                 break
         else:
             raise UsageError(f"build-arg {key}: {value} is not inside any %files "
                              f"destination of {d.path.name}, so the build cannot read it")
+    return [source for _, source in staged]
 
 
 def _client() -> Any:
@@ -140,11 +206,12 @@ def _client() -> Any:
 def docker_build(d: DefFile, root: Path, tag: str, build_args: Mapping[str, str],
                  localimages: Mapping[str, str], network: str = "none",
                  nocache: bool = False) -> str:
-    check_inputs(d, build_args, root)
-    client = _client()
-    import docker
     with tempfile.TemporaryDirectory(prefix="train-image-") as tmp:
-        ctx = write_context(d, Path(tmp), build_args, localimages, root)
+        # every input checked and translated before the engine is asked
+        ctx = write_context(d, Path(tmp) / "context", build_args, localimages, root)
+        client = _client()
+        import docker
+
         try:
             built, logs = client.images.build(path=str(ctx), tag=tag, rm=True, forcerm=True,
                                               network_mode=network, pull=False,
@@ -159,13 +226,14 @@ def docker_build(d: DefFile, root: Path, tag: str, build_args: Mapping[str, str]
     return str(built.id)
 
 
-def docker_run(tag: str, args: Sequence[str], entrypoint: Sequence[str] | None = None) -> str:
+def docker_run(tag: str, args: Sequence[str], entrypoint: Sequence[str] | None = None,
+               user: str | None = None) -> str:
     import docker
 
     client = _client()
     try:
         out = client.containers.run(tag, list(args), entrypoint=list(entrypoint)
-                                    if entrypoint else None, remove=True,
+                                    if entrypoint else None, remove=True, user=user,
                                     network_mode="none", stdout=True, stderr=True)
     except docker.errors.ContainerError as exc:
         stderr = exc.stderr.decode(errors="replace") if exc.stderr else ""
@@ -182,7 +250,10 @@ def docker_test(tag: str, smoke: Sequence[str] = DEMO_ARGS) -> str:
 
 
 def docker_content(tag: str) -> list[str]:
-    out = docker_run(tag, ["-m", "train.images.content", "/"], entrypoint=["python"])
+    """The listing as an unprivileged user sees it, as under `apptainer exec` on a cluster
+    (files only root may read are listed as unreadable in both)."""
+    out = docker_run(tag, ["-m", "train.images.content", "/"], entrypoint=["python"],
+                     user="65534:65534")
     return out.splitlines()
 
 
@@ -202,6 +273,7 @@ def apptainer_build(d: DefFile, root: Path, sif: Path, build_args: Mapping[str, 
                     fakeroot: bool) -> None:
     """`apptainer build` run from the repository root, where %files sources resolve."""
     check_inputs(d, build_args, root)
+    _need_apptainer()
     argv = ["apptainer", "build", "--force"]
     if fakeroot:
         argv.append("--fakeroot")
@@ -210,7 +282,14 @@ def apptainer_build(d: DefFile, root: Path, sif: Path, build_args: Mapping[str, 
     _proc.run([*argv, str(sif.resolve()), str(d.path.resolve())], cwd=root, timeout=7200)
 
 
+def _need_apptainer() -> None:
+    if shutil.which("apptainer") is None:
+        raise ResourceError("apptainer is not installed here (on a cluster: module load "
+                            "apptainer); or build with --engine docker")
+
+
 def apptainer_test(sif: Path, smoke: Sequence[str] = DEMO_ARGS) -> str:
+    _need_apptainer()
     out = _proc.run(["apptainer", "test", str(sif)], timeout=600).stdout
     out += _proc.run(["apptainer", "exec", str(sif), "python", "-m", "train", *smoke],
                      timeout=600).stderr
@@ -218,6 +297,7 @@ def apptainer_test(sif: Path, smoke: Sequence[str] = DEMO_ARGS) -> str:
 
 
 def apptainer_content(sif: Path) -> list[str]:
+    _need_apptainer()
     out = _proc.run(["apptainer", "exec", "--contain", str(sif), "python", "-m",
                      "train.images.content", "/"], timeout=1800).stdout
     return out.splitlines()

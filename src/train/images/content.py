@@ -1,8 +1,9 @@
 """The content of an image, as a list a user can compare across machines and engines.
 
-Run inside the image (`python -m train.images.content /`): one line per file, symlink and
-directory, `MODE SHA256 PATH` (symlinks hash their target text, directories hash nothing),
-sorted by path. Timestamps, owners and what the runtime mounts or writes at start (/proc,
+Run inside the image (`python -m train.images.content /`): one line per entry,
+`KINDMODE SHA256 PATH` (symlinks hash their target text, folders and special files hash
+nothing, files the user cannot read say so; names are escaped to one line), sorted.
+Timestamps, owners and what the runtime mounts or writes at start (/proc,
 /sys, /dev, /tmp, /run, bind mounts, /etc/hosts and the like) are not part of it. The
 digest is the sha256 of the listing: two builds with the same digest hold the same files.
 """
@@ -26,14 +27,29 @@ RUNTIME_PATHS = frozenset({"/proc", "/sys", "/dev", "/tmp", "/run", "/var/tmp", 
 
 def _sha256(path: str) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
+    try:
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    except OSError:
+        return "unreadable"  # root-only files, as seen by the user the listing runs as
     return h.hexdigest()
 
 
+def _name(path: str) -> str:
+    """The path with every byte outside printable ASCII (and the backslash) escaped as \\xNN,
+    so a name holding a newline or invalid UTF-8 stays one unambiguous line."""
+    raw = os.fsencode(path)
+    return "".join(chr(b) if 32 < b < 127 and b != 0x5C else f"\\x{b:02x}" for b in raw)
+
+
+_KINDS = ((stat.S_ISFIFO, "p"), (stat.S_ISSOCK, "s"), (stat.S_ISCHR, "c"),
+          (stat.S_ISBLK, "b"))
+
+
 def listing(root: str = "/") -> Iterator[str]:
-    """`MODE SHA256 PATH` lines, sorted, for everything under root (one pass, streamed)."""
+    """`KINDMODE SHA256 PATH` lines for everything under root (one pass, streamed): f files,
+    d folders, l links (the hash of the target), p/s/c/b special files (no hash)."""
     root = os.path.abspath(root)
 
     def rel(path: str) -> str:
@@ -45,24 +61,31 @@ def listing(root: str = "/") -> Iterator[str]:
         try:
             names = sorted(os.listdir(top), reverse=True)
         except OSError:
+            yield f"d---- unreadable {_name(rel(top))}/"
             continue
         for name in names:
             path = os.path.join(top, name)
             shown = rel(path)
             if shown in RUNTIME_PATHS:
                 continue
-            info = os.lstat(path)
+            try:
+                info = os.lstat(path)
+            except OSError:
+                continue  # gone while listing
             mode = f"{stat.S_IMODE(info.st_mode):04o}"
             if stat.S_ISLNK(info.st_mode):
-                target = os.readlink(path)
-                yield f"l{mode} {hashlib.sha256(target.encode()).hexdigest()} {shown}"
+                target = os.fsencode(os.readlink(path))
+                yield f"l{mode} {hashlib.sha256(target).hexdigest()} {_name(shown)}"
             elif stat.S_ISDIR(info.st_mode):
                 if os.path.ismount(path):
                     continue  # a bind mount (home, scratch), not the image's own
-                yield f"d{mode} - {shown}/"
+                yield f"d{mode} - {_name(shown)}/"
                 stack.append(path)
             elif stat.S_ISREG(info.st_mode):
-                yield f"f{mode} {_sha256(path)} {shown}"
+                yield f"f{mode} {_sha256(path)} {_name(shown)}"
+            else:
+                kind = next((k for test, k in _KINDS if test(info.st_mode)), "?")
+                yield f"{kind}{mode} - {_name(shown)}"
 
 
 def digest(lines: list[str]) -> str:

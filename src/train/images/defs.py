@@ -42,6 +42,7 @@ makes one pass over the lines, so its time is linear in the size of the file.
 from __future__ import annotations
 
 import re
+import stat
 import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -183,7 +184,10 @@ def _classify(text: str) -> str:
 
 def _read(path: Path) -> str:
     try:
-        size = path.stat().st_size
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise DefError(path, 1, "not a regular file", rule="parse")
+        size = info.st_size
         if size > MAX_BYTES:
             raise DefError(path, 1, f"{size} bytes: definitions over {MAX_BYTES} bytes are "
                            "refused", rule="size")

@@ -27,11 +27,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from train.errors import UsageError
 from train.images.defs import DefError, DefFile
 
 SCRIPT_DIR = "/.train"
 BUILD_DIR = ".train-build"
-_ENV_RE = re.compile(r"^(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+_ENV_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
+DOCKER_REF = re.compile(r"^[a-z0-9][a-z0-9._/:-]*(?::[A-Za-z0-9_.-]+)?(?:@sha256:[0-9a-f]{64})?$")
 _UNSUPPORTED = {"setup": "runs on the build host, which Docker cannot do",
                 "pre": "runs on the build host before bootstrap, which Docker cannot do",
                 "startscript": "is for Apptainer instances",
@@ -58,6 +60,19 @@ def files_source_problem(src: str) -> str | None:
         return "uses '..': sources must stay inside the repository"
     if any(c in src for c in "*?["):
         return "is a glob, which the Docker translation does not expand: name each file"
+    if PurePosixPath(src).name in ("", "."):
+        return "names no file or folder by name (e.g. '.'): name the folder"
+    return None
+
+
+def files_destination_problem(dst: str) -> str | None:
+    if any(ord(c) < 32 or ord(c) == 127 for c in dst):
+        return "the destination holds a control character"
+    clean = PurePosixPath("/" + dst.lstrip("/"))
+    if ".." in clean.parts:
+        return "the destination uses '..'"
+    if clean == PurePosixPath(SCRIPT_DIR) or PurePosixPath(SCRIPT_DIR) in clean.parents:
+        return f"{SCRIPT_DIR} is where the Docker translation stages its own files"
     return None
 
 
@@ -67,8 +82,45 @@ def _quote_env(value: str) -> str:
     return json.dumps(value)
 
 
+def context_path(index: int, src: str) -> str:
+    """Where a %files source is staged in the build context: under files/, so no source
+    can land on the generated Dockerfile or scripts."""
+    return f"files/{index}/{PurePosixPath(src).name}"
+
+
+def environment_assignments(text: str, d: DefFile, number: int) -> list[tuple[str, str]]:
+    """`export A="x y" B=2  # note` read as the shell reads it: [(A, "x y"), (B, "2")]."""
+    try:
+        words = shlex.split(text, comments=True)
+    except ValueError as exc:
+        raise DefError(d.path, number, f"%environment line cannot be read: {exc}") from None
+    if words and words[0] == "export":
+        words = words[1:]
+    pairs = []
+    for word in words:
+        match = _ENV_RE.match(word)
+        if not match:
+            raise DefError(d.path, number, f"%environment line cannot become ENV: {text!r} "
+                           "(use export NAME=VALUE)")
+        pairs.append((match.group(1), match.group(2)))
+    return pairs
+
+
+def _check_text(what: str, value: str) -> None:
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise UsageError(f"{what}: the value holds a control character (a newline would "
+                         "inject an instruction into the build)")
+
+
 def translate(d: DefFile, build_args: Mapping[str, str] | None = None,
               localimages: Mapping[str, str] | None = None) -> Translation:
+    for key, value in (build_args or {}).items():
+        _check_text(f"build-arg {key}", value)
+    for key, value in (localimages or {}).items():
+        _check_text(f"localimage {key}", value)
+        if not DOCKER_REF.match(value):
+            raise UsageError(f"localimage {key}: {value[:80]!r} is not a docker image "
+                             "reference (name[:tag] or name@sha256:...)")
     args = d.resolve_arguments(build_args or {})
     for name, section in d.sections.items():
         why = _UNSUPPORTED.get("app" if name.startswith("app") else name)
@@ -95,41 +147,37 @@ def translate(d: DefFile, build_args: Mapping[str, str] | None = None,
         raise DefError(d.path, d.header["bootstrap"][0], f"Bootstrap: {bootstrap} cannot "
                        "be translated (docker and localimage can)")
     out = Translation(dockerfile="")
-    files = d.sections.get("files")
     moves = []
-    for number, text in files.body() if files else []:
-        parts = sub(text, number).split()
-        if len(parts) not in (1, 2):
-            raise DefError(d.path, number, f"%files lines are 'src [dst]', got {text!r}")
-        src = parts[0]
-        dst = parts[1] if len(parts) == 2 else "/" + src.lstrip("/")  # Apptainer: same path
-        problem = files_source_problem(src)
+    for number, raw_src, raw_dst in d.files():
+        src, dst = sub(raw_src, number), sub(raw_dst, number)
+        dst = dst or "/" + src.lstrip("/")  # Apptainer: an empty destination is src's path
+        problem = files_source_problem(src) or files_destination_problem(dst)
         if problem:
-            raise DefError(d.path, number, f"%files source {src!r} {problem}")
-        staged = f"{SCRIPT_DIR}/files/{len(out.copies)}/{PurePosixPath(src).name}"
+            raise DefError(d.path, number, f"%files {src} {dst}: {problem}")
+        name = PurePosixPath(src).name
+        staged = f"{SCRIPT_DIR}/files/{len(out.copies)}/{name}"
         out.copies.append((src, dst))
-        lines.append(f"COPY {json.dumps([src, staged])}")
+        lines.append(f"COPY {json.dumps([context_path(len(out.copies) - 1, src), staged])}")
         # makeParentDir: the whole path when DST ends in '/', else its parent
         parent = dst.rstrip("/") if dst.endswith("/") else str(PurePosixPath(dst).parent)
-        moves.append(f"mkdir -p {shlex.quote(parent)}\ncp -fLr {shlex.quote(staged)} "
+        moves.append(f"mkdir -p {shlex.quote(parent or '/')}\ncp -fLr {shlex.quote(staged)} "
                      f"{shlex.quote(dst)}")
     if moves:
-        out.scripts["files"] = "set -e\n" + "\n".join(moves) + f"\nrm -rf {SCRIPT_DIR}/files\n"
+        out.scripts["files"] = ("set -e\ncd /\n" + "\n".join(moves)
+                                + f"\nrm -rf {SCRIPT_DIR}/files\n")
         lines += [f"COPY {BUILD_DIR}/files {SCRIPT_DIR}/build/files",
                   f'RUN ["/bin/sh", "-e", "{SCRIPT_DIR}/build/files"]']
     post = d.sections.get("post")
     if post is not None and post.text.strip():
-        out.scripts["post"] = "set -e\n" + sub(post.text, post.line) + "\n"
+        # Apptainer runs %post in / (Docker would use the base image's WORKDIR)
+        out.scripts["post"] = "set -e\ncd /\n" + sub(post.text, post.line) + "\n"
         lines += [f"COPY {BUILD_DIR}/post {SCRIPT_DIR}/build/post",
                   f"RUN [\"/bin/sh\", \"-e\", \"{SCRIPT_DIR}/build/post\"]"]
     # after %post: Apptainer applies %environment at run time only
     env = d.sections.get("environment")
     for number, text in env.body() if env else []:
-        match = _ENV_RE.match(sub(text, number))
-        if not match:
-            raise DefError(d.path, number, f"%environment line cannot become ENV: {text!r} "
-                           "(use export NAME=VALUE)")
-        lines.append(f"ENV {match.group(1)}={_quote_env(match.group(2))}")
+        for name, value in environment_assignments(sub(text, number), d, number):
+            lines.append(f"ENV {name}={_quote_env(value)}")
     for name in ("runscript", "test", "help"):
         sec = d.sections.get(name)
         if sec is None:

@@ -27,9 +27,14 @@ def containers_dir(defs: str | Path | None = None) -> Path:
     """The folder holding the .def files (and requirements/ with the locks)."""
     chosen = defs or os.environ.get(DEFS_VAR)
     if chosen:
-        path = Path(chosen).expanduser().resolve()
-        if not any(path.glob("*.def")):
-            source = "--defs" if defs else DEFS_VAR
+        source = "--defs" if defs else DEFS_VAR
+        try:
+            path = Path(chosen).expanduser().resolve()
+            found = any(p.is_file() for p in path.glob("*.def"))
+        except (OSError, RuntimeError) as exc:
+            raise UsageError(f"{source}: {str(chosen)[:80]!r} cannot be used: "
+                             f"{getattr(exc, 'strerror', None) or exc}") from None
+        if not found:
             raise UsageError(f"{source}: {path} holds no .def files")
         return path
     tree = Path(__file__).resolve().parents[3] / "containers"
@@ -42,7 +47,7 @@ def containers_dir(defs: str | Path | None = None) -> Path:
 
 
 def known_images(defs: str | Path | None = None) -> list[str]:
-    return sorted(p.stem for p in containers_dir(defs).glob("*.def"))
+    return sorted(p.stem for p in containers_dir(defs).glob("*.def") if p.is_file())
 
 
 def find_def(image: str, defs: str | Path | None = None) -> Path:

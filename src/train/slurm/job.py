@@ -24,11 +24,20 @@ from train.clusters.profiles import (
 from train.config import RunConfig, check_value, opt, run_config_from_argv
 from train.errors import ConfigError
 from train.gpus import all_bf16_capable
+from train.slurm.contract import NAVSIM_PREFETCH_OVERRIDE, NAVSIM_WORKERS_OVERRIDE
 
 LAUNCH_MODES = ("auto", "torchrun", "tasks")
 STOP_SIGNALS = ("USR1", "TERM", "none")
 ENTRIES = ("train", "command", "navsim")
 NAVSIM_SCRIPT = "/opt/navsim/navsim/planning/script/run_training.py"  # navsim.def's checkout
+# NAVSIM's usual training split (its scripts/training/*.sh at the pinned commit); the
+# Hydra group `train_test_split` has no default there (`???`), so the job always passes one
+NAVSIM_SPLIT = "navtrain"
+# ddp: the job sets Lightning's strategy; none: the script's own config decides (forks such
+# as a run_training_dense.py that hard-code one would clash with an override)
+NAVSIM_STRATEGIES = ("ddp", "none")
+# a Hydra config name: what train_test_split=NAME can select
+_HYDRA_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 NAVSIM_DATA_ROOT = "/data/navsim"  # navsim.def: dataset/, dataset/maps and exp/ under it
 # Passed into every container by name (the job's own values at run time), beside the
 # rank and SLURM variables container.PASS_THROUGH lists: the walltime contract's TRAIN_*,
@@ -230,6 +239,16 @@ class JobSpec:
     data: str | None = opt(None, "NAVSIM data directory (holding dataset/, dataset/maps "
                            "and exp/): bound at /data/navsim, where the image expects it.",
                            kind=str, optional=True)
+    navsim_split: str = opt(NAVSIM_SPLIT, "NAVSIM's train/test split (a config of its "
+                            "common/train_test_split/, e.g. navtrain, navmini, trainval), "
+                            "passed as train_test_split=NAME (entry navsim).", kind=str)
+    navsim_script: str = opt(NAVSIM_SCRIPT, "NAVSIM training script, an absolute path in "
+                             "the image or a bound directory, e.g. a fork's "
+                             "run_training_dense.py (entry navsim).", kind=str)
+    navsim_strategy: str = opt("ddp", "Lightning strategy: ddp (set by the job) or none "
+                               "(no override: the script's config decides, for forks that "
+                               "hard-code one) (entry navsim).", kind=str,
+                               choices=NAVSIM_STRATEGIES)
     min_free_mb: int | None = opt(None, "Wait until every GPU of the node has this many "
                                   "MiB free before starting (shared nodes); the wait counts "
                                   "against the chunk's time budget and is logged.", kind=int,
@@ -286,6 +305,34 @@ class JobSpec:
                               "set min_free_mb too")
         if self.data is not None and self.entry != "navsim":
             raise ConfigError("data", "is for --entry navsim; use --bind for other data")
+        self._check_navsim()
+
+    def _check_navsim(self) -> None:
+        """The NAVSIM options: given only with entry navsim; values Hydra and the node take."""
+        given = [f.name for f in fields(self) if f.name.startswith("navsim_")
+                 and getattr(self, f.name) != f.default]
+        if given and self.entry != "navsim":
+            raise ConfigError(given[0], "is for --entry navsim")
+        if not _HYDRA_NAME_RE.match(self.navsim_split):
+            raise ConfigError("navsim_split", f"{self.navsim_split!r} is not a split name "
+                              "(letters, digits, '_', '.', '-'): one of NAVSIM's "
+                              "common/train_test_split/ configs, e.g. navtrain")
+        script = self.navsim_script
+        if not script.startswith("/") or any(c in script for c in "\n\r\0"):
+            raise ConfigError("navsim_script", f"{script!r} must be an absolute path on one "
+                              "line (the script as the image sees it, e.g. "
+                              f"{NAVSIM_SCRIPT})")
+        if self.entry != "navsim":
+            return
+        for arg in self.workload:
+            key = arg.split("=", 1)[0].lstrip("+~")
+            if key == "train_test_split":
+                raise ConfigError("workload", f"{arg!r}: the job passes the split itself; "
+                                  "give it with --navsim-split")
+            if key == "trainer.params.strategy" and self.navsim_strategy != "none":
+                raise ConfigError("workload", f"{arg!r}: the job sets the strategy; give "
+                                  "--navsim-strategy none to leave it to your overrides or "
+                                  "the script")
 
     @property
     def stop(self) -> str:
@@ -643,7 +690,11 @@ def navsim_command(job: ResolvedJob) -> list[str]:
     # bf16 only if every GPU type the job can land on has it (the trainer's own rule)
     types = (spec.gpu_type,) if spec.gpu_type else job.node.gpu_types
     precision = "bf16-mixed" if all_bf16_capable(types) else "16-mixed"
-    return [spec.python, NAVSIM_SCRIPT,
+    strategy = [] if spec.navsim_strategy == "none" \
+        else [f"trainer.params.strategy={spec.navsim_strategy}"]
+    prefetch = [f"{NAVSIM_PREFETCH_OVERRIDE}=null"] if spec.workers == 0 else []
+    return [spec.python, spec.navsim_script,
+            f"train_test_split={spec.navsim_split}",
             # one Lightning root for every chunk: Lightning's SLURM support saves its
             # checkpoint there on the walltime signal and resumes from it (ckpt_path None).
             # default_training.yaml has the key (${output_dir}, a new directory per run):
@@ -651,10 +702,11 @@ def navsim_command(job: ResolvedJob) -> list[str]:
             f"trainer.params.default_root_dir={job.run_dir}/lightning",
             f"trainer.params.num_nodes={spec.nodes}",
             f"+trainer.params.devices={max(1, gpus)}",
-            "trainer.params.strategy=ddp",
+            *strategy,
             f"trainer.params.accelerator={'gpu' if gpus else 'cpu'}",
             f"trainer.params.precision={precision if gpus else 32}",
-            f"dataloader.params.num_workers={spec.workers}",
+            f"{NAVSIM_WORKERS_OVERRIDE}={spec.workers}",
+            *prefetch,
             *spec.workload]
 
 

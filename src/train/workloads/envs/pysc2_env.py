@@ -71,13 +71,17 @@ def check_available(environ: dict[str, str] | None = None, mock: bool = False) -
     _import_pysc2(mock)
     if mock:
         return path
-    binaries = sorted((path / "Versions").glob(f"Base*/{GAME_BINARY}"))
-    if not binaries:
+    # pysc2 runs the newest build: the largest number among Versions/Base<N>
+    builds = [(int(p.name[4:]), p) for p in sorted((path / "Versions").glob("Base*"))
+              if p.name[4:].isdigit()]
+    if not builds or not (max(builds)[1] / GAME_BINARY).exists():
+        where = max(builds)[1] if builds else path / "Versions" / "Base*"
         raise EnvironmentUnavailable(
             f"workload sc2 needs the StarCraft II binary: SC2PATH={path} has no "
-            f"Versions/Base*/{GAME_BINARY}. Set SC2PATH to the game directory (the sc2 image "
-            "sets it), or --sc2-env mock to test without the game.")
-    game = binaries[-1]
+            f"Versions/Base*/{GAME_BINARY} (pysc2 runs {where / GAME_BINARY}). Set SC2PATH "
+            "to the game directory (the sc2 image sets it), or --sc2-env mock to test "
+            "without the game.")
+    game = max(builds)[1] / GAME_BINARY
     if not game.is_file() or game.stat().st_size == 0 or not os.access(game, os.X_OK):
         raise EnvironmentUnavailable(
             f"the StarCraft II binary {game} is broken: it must be a non-empty executable "
@@ -150,7 +154,14 @@ class Pysc2Env:
             self._env.next_timestep = [template._replace(
                 observation=self._features.transform_obs(raw))]
         else:
-            self._env = sc2_env.SC2Env(**kwargs)
+            try:
+                self._env = sc2_env.SC2Env(**kwargs)
+            except Exception as exc:  # pysc2's launch and connect errors have no common base
+                first = (str(exc).strip().splitlines() or [""])[0][:200]
+                raise EnvironmentUnavailable(
+                    f"the StarCraft II game under SC2PATH={sc2_path()} did not start "
+                    f"({type(exc).__name__}: {first}); reinstall it (the sc2 image checks its "
+                    "sha256), or --sc2-env mock to test without it") from None
 
     def reset(self) -> Observation:
         return observation_from_timestep(self._env.reset()[0].observation, self.res)
