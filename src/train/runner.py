@@ -8,6 +8,7 @@ are warnings in status.json, never a failed chunk.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -24,6 +25,7 @@ from train.runtime.precision import resolve_precision
 from train.runtime.signals import StopController, effective_budget
 from train.slurm import contract
 from train.workloads.dqn import trainer
+from train.yamlio import shown
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,31 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("results_csv", f"{csv_path} is a directory; name a file, e.g. "
                           f"{csv_path / 'results.csv'}")
     check_writable_dir(csv_path.parent, "results_csv")
+    check_same_run(cfg)
     trainer.check_workload(cfg)
+
+
+def check_same_run(cfg: RunConfig) -> None:
+    """A run directory that already holds a run (its config.json) is continued only with the
+    settings it was started with (the identity fields), finished runs included: anything
+    else is exit 2 naming every field that differs, before config.json is touched."""
+    record = cfg.out_dir / "config.json"
+    if not record.is_file():
+        return
+    try:
+        recorded = json.loads(record.read_text(encoding="utf-8"))["config"]
+        if not isinstance(recorded, dict):
+            raise TypeError("config is not a mapping")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError("out", f"{record} is not a readable run record ({exc}); use a new "
+                          "--out, or remove it to start over there") from None
+    differ = {k: (recorded[k], v) for k, v in cfg.identity().items()
+              if k in recorded and recorded[k] != v}
+    if differ:
+        detail = "; ".join(f"{k}: the run has {shown(old)}, now {shown(new)}"
+                           for k, (old, new) in sorted(differ.items()))
+        raise ConfigError(sorted(differ)[0], f"differs from the run in {cfg.out_dir} "
+                          f"({detail}); use its settings, or a new --out")
 
 
 def run(cfg: RunConfig) -> RunResult:

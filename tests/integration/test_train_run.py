@@ -77,8 +77,19 @@ def test_three_uneven_chunks_are_bit_identical(tmp_path: Path) -> None:
 
 def test_changed_identity_setting_refuses_to_resume(tmp_path: Path) -> None:
     runner.run(_cfg(tmp_path / "r", 2))
+    record = (tmp_path / "r" / "config.json").read_bytes()
     with pytest.raises(UsageError, match="lr: differs"):
         runner.run(_cfg(tmp_path / "r", 4, lr=0.1))
+    # the finished run too (same episodes: nothing left to train), naming every field, and
+    # the refused settings are never written down
+    with pytest.raises(UsageError, match=r"gamma: differs .*gamma: the run has 0\.9, now "
+                       r"0\.5; lr: the run has 0\.0005, now 0\.1"):
+        runner.run(_cfg(tmp_path / "r", 2, lr=0.1, gamma=0.5))
+    assert (tmp_path / "r" / "config.json").read_bytes() == record
+    (tmp_path / "r" / "config.json").write_text("{broken")
+    with pytest.raises(UsageError, match="out: .*config.json is not a readable run record"):
+        runner.run(_cfg(tmp_path / "r", 4))
+    (tmp_path / "r" / "config.json").write_bytes(record)
     with pytest.raises(UsageError, match="resume"):
         runner.run(_cfg(tmp_path / "r", 4, resume="never"))
 
