@@ -8,6 +8,7 @@ are warnings in status.json, never a failed chunk.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -81,6 +82,7 @@ def run(cfg: RunConfig) -> RunResult:
     # the device is chosen before anything is written: `--device cuda` with an unusable
     # CUDA stops here (ResourceError, exit 3) with the cause; `auto` warns and uses the CPU
     ctx = init_distributed(cfg.device)
+    lock = contextlib.ExitStack()
     try:
         precision = resolve_precision(cfg.precision, ctx.device)
         v = results.versions(ctx.device)
@@ -90,6 +92,8 @@ def run(cfg: RunConfig) -> RunResult:
                  ctx.world_size)
         if ctx.is_main:
             cfg.out_dir.mkdir(parents=True, exist_ok=True)
+            # one run per folder at a time (a second run is exit 2 naming the holder)
+            lock.enter_context(results.RunLock(cfg.out_dir))
             results.write_json_atomic(cfg.out_dir / "config.json", results.run_metadata(
                 cfg.to_dict(), ctx.device, {
                     "precision": precision.name,
@@ -125,6 +129,7 @@ def run(cfg: RunConfig) -> RunResult:
                         summary.stop_reason)
         return RunResult(summary.complete, summary.stop_reason, status)
     finally:
+        lock.close()
         ctx.close()
 
 

@@ -128,3 +128,22 @@ def test_a_profile_with_partitions_as_a_list_is_exit_2(tmp_path: Path) -> None:
     proc = run_cli(["render", "--profile", str(path), "--cluster", "lst", "--", "demo"])
     assert proc.returncode == 2 and "partitions: must be a mapping" in proc.stderr, \
         proc.stderr
+
+
+def test_a_second_run_on_the_same_out_is_exit_2_naming_the_holder(tmp_path: Path) -> None:
+    import os
+    import socket
+
+    from train.runtime.results import RunLock
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with RunLock(out):
+        proc = run_cli(["run", "demo", "--device", "cpu", "--res", "6", "--episodes", "1",
+                        "--out", str(out)])
+        assert proc.returncode == 2, proc.stderr
+        assert f"is in use by host {socket.gethostname()} pid {os.getpid()}" in proc.stderr
+    assert not (out / "config.json").exists()  # the second run wrote nothing
+    # the holder gone (its lock dies with it), the folder is free again
+    with RunLock(out):
+        pass

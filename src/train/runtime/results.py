@@ -11,6 +11,7 @@ import csv
 import errno
 import fcntl
 import io
+import logging
 import os
 import platform
 import socket
@@ -24,6 +25,8 @@ import torch
 
 from train import __version__, _proc
 from train.jsonio import to_builtin, write_json_atomic
+
+log = logging.getLogger(__name__)
 
 __all__ = ["to_builtin", "write_json_atomic"]
 
@@ -168,3 +171,46 @@ def plot_learning_curves(path: Path, curves: Mapping[str, Sequence[float]], titl
     fig.savefig(tmp)
     plt.close(fig)
     os.replace(tmp, path)
+
+
+RUN_LOCK = ".train.lock"  # in the run directory: held by the rank-0 process of a run
+
+
+class RunLock:
+    """An exclusive flock on the run directory for the life of a run, so two runs on one
+    --out (whose checkpoint clean-ups would delete each other's files) cannot overlap. The
+    kernel drops it when the process dies (kill -9, a node failure), so a chain's next chunk
+    never finds a stale lock. The file says who holds it, for the second run's message.
+    Where the file system has no locks (NO_LOCK_ERRNOS) the run goes on with a warning."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / RUN_LOCK
+        self._fd: int | None = None
+
+    def __enter__(self) -> RunLock:
+        from train.errors import ConfigError
+
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another run"
+            os.close(fd)
+            raise ConfigError("out", f"{self.path.parent} is in use by {holder}; wait for "
+                              "it to end, or use another --out") from None
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in NO_LOCK_ERRNOS:
+                log.warning("out: the file system of %s refuses flock; two runs on this "
+                            "folder would not be stopped", self.path.parent)
+                return self
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"host {socket.gethostname()} pid {os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the lock; the file stays (unlinking would race)
+            self._fd = None
