@@ -31,6 +31,7 @@ from pathlib import Path
 from train import _proc
 from train.errors import ResourceError, UsageError
 from train.runtime import cuda_check
+from train.secrets import masked_argv, recorded_environment
 from train.slurm.contract import (
     DEADLINE_VAR,
     NAVSIM_PREFETCH_OVERRIDE,
@@ -237,7 +238,7 @@ def log_interconnect(env: Mapping[str, str]) -> None:
         log.info("InfiniBand visible: %s", ", ".join(devices))
     else:
         log.info("InfiniBand not visible: NCCL will use TCP sockets across nodes")
-    nccl = {k: v for k, v in sorted(env.items()) if k.startswith(("NCCL_", "TORCH_NCCL_"))}
+    nccl = recorded_environment(env, ("NCCL_", "TORCH_NCCL_"))  # NCCL_IB_PASSWD: redacted
     log.info("NCCL settings: %s", nccl or "defaults")
 
 
@@ -449,13 +450,14 @@ def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> 
         signal.signal(signal.SIGUSR1, _forward_to_workers)
         nproc = opts.nproc_per_node or max(1, step.gpus_on_node)
         argv = torchrun_argv(step, master, nproc, command)
-        log.info("node %d/%d: torchrun %s", step.node_id, len(step.nodes), " ".join(argv))
+        log.info("node %d/%d: torchrun %s", step.node_id, len(step.nodes),
+                 " ".join(masked_argv(argv)))
         from torch.distributed.run import main as torchrun_main
 
         torchrun_main(argv)
         return 0
     if opts.mode == "single":
-        log.info("single process: %s", " ".join(command))
+        log.info("single process: %s", " ".join(masked_argv(command)))
         sys.stdout.flush()
         sys.stderr.flush()
         os.execvpe(command[0], command, dict(environ))  # noqa: S606 (argv list, no shell)

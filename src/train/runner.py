@@ -24,6 +24,7 @@ from train.runtime.distributed import init_distributed
 from train.runtime.memory import apply_allocator_settings
 from train.runtime.precision import resolve_precision
 from train.runtime.signals import StopController, effective_budget
+from train.secrets import masked_argv
 from train.slurm import contract
 from train.workloads.dqn import trainer
 from train.yamlio import shown
@@ -101,7 +102,7 @@ def run(cfg: RunConfig) -> RunResult:
                     "world_size": ctx.world_size,
                     # why `--device auto` trained on the CPU (or on fewer GPUs than seen)
                     "cuda_problem": ctx.cuda_problem,
-                    "argv": sys.argv,
+                    "argv": masked_argv(sys.argv),  # --wandb-key X: the value masked
                     # what reached this process of the host's Python set-up (none should,
                     # inside a container)
                     "process_env": {k: os.environ.get(k) for k in HOST_ENV_CHECK},

@@ -87,7 +87,7 @@ def test_changed_identity_setting_refuses_to_resume(tmp_path: Path) -> None:
         runner.run(_cfg(tmp_path / "r", 2, lr=0.1, gamma=0.5))
     assert (tmp_path / "r" / "config.json").read_bytes() == record
     (tmp_path / "r" / "config.json").write_text("{broken")
-    with pytest.raises(UsageError, match="out: .*config.json is not a readable run record"):
+    with pytest.raises(UsageError, match=r"out: .*config\.json is not a readable run record"):
         runner.run(_cfg(tmp_path / "r", 4))
     (tmp_path / "r" / "config.json").write_bytes(record)
     with pytest.raises(UsageError, match="resume"):

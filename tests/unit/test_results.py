@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from train.runtime.results import (
-    REDACTED,
     append_csv_row,
     environment_snapshot,
     moving_average,
@@ -22,6 +21,7 @@ from train.runtime.results import (
     to_builtin,
     write_json_atomic,
 )
+from train.secrets import REDACTED
 
 
 def test_environment_snapshot_filters_and_redacts() -> None:

@@ -25,26 +25,18 @@ import torch
 
 from train import __version__, _proc
 from train.jsonio import to_builtin, write_json_atomic
+from train.secrets import recorded_environment
 
 log = logging.getLogger(__name__)
 
 __all__ = ["to_builtin", "write_json_atomic"]
 
-ENV_PREFIXES = ("SLURM_", "CUDA_", "NCCL_", "PYTORCH_")
-SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
-REDACTED = "<redacted>"
 
 
 def environment_snapshot(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """SLURM_*, CUDA_*, NCCL_*, PYTORCH_* variables, secrets redacted by name."""
-    env = os.environ if environ is None else environ
-    out = {}
-    for name in sorted(env):
-        if not name.startswith(ENV_PREFIXES):
-            continue
-        secret = any(marker in name.upper() for marker in SECRET_MARKERS)
-        out[name] = REDACTED if secret else env[name]
-    return out
+    """SLURM_*, CUDA_*, NCCL_*, PYTORCH_*, TORCH_* variables, without secrets
+    (train.secrets: an allowlist verbatim, the rest redacted)."""
+    return recorded_environment(os.environ if environ is None else environ)
 
 
 def git_commit(cwd: Path | None = None) -> str | None:

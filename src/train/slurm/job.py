@@ -24,6 +24,7 @@ from train.clusters.profiles import (
 from train.config import RunConfig, check_value, opt, run_config_from_argv
 from train.errors import ConfigError
 from train.gpus import all_bf16_capable
+from train.secrets import is_secret_name, redact_text
 from train.slurm.contract import NAVSIM_PREFETCH_OVERRIDE, NAVSIM_WORKERS_OVERRIDE
 
 LAUNCH_MODES = ("auto", "torchrun", "tasks")
@@ -103,6 +104,10 @@ def check_env_item(item: str) -> tuple[str, str | None]:
     if sep and (name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)):
         raise ConfigError("env", f"{name} is set by Slurm, the job or the launcher (the batch "
                           "shell depends on it); it cannot be given a value here")
+    if sep and (is_secret_name(name) or redact_text(value) != value):
+        raise ConfigError("env", f"{name} looks like a secret: a value given here is written "
+                          f"into the job script; pass it through by name instead (--env "
+                          f"{name}, with it set where you submit)")
     return name, (value if sep else None)
 
 
