@@ -142,7 +142,7 @@ def test_cluster_commands_work_without_the_runtime(client: Path, tmp_path: Path)
     build = _run([str(client / "train"), "image", "build", "sc2", "--engine", "docker"],
                  tmp_path)
     assert build.returncode == 2, build.stderr
-    assert "does not exist under" in build.stderr and "clone" in build.stderr
+    assert "is not a source tree" in build.stderr and "clone" in build.stderr
 
 
 def test_train_run_names_the_runtime_extra(client: Path, tmp_path: Path) -> None:
