@@ -12,7 +12,15 @@ import pytest
 import torch
 
 from train.errors import CheckpointError
-from train.runtime.checkpoint import CheckpointManager, episode_of, load, save_atomic, snapshot
+from train.runtime.checkpoint import (
+    FORMAT,
+    CheckpointManager,
+    checksum_path,
+    episode_of,
+    load,
+    save_atomic,
+    snapshot,
+)
 
 
 def _state(i: int) -> dict[str, object]:
@@ -22,9 +30,9 @@ def _state(i: int) -> dict[str, object]:
 
 def test_save_atomic_roundtrip_and_no_temp_left(tmp_path: Path) -> None:
     path = tmp_path / "ckpt-00000001.pt"
-    save_atomic({"format": 1, "x": torch.arange(3)}, path)
+    save_atomic({"format": FORMAT, "x": torch.arange(3)}, path)
     assert torch.equal(load(path)["x"], torch.arange(3))
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name, path.name + ".sha256"]
 
 
 def test_snapshot_is_a_deep_copy() -> None:
@@ -46,7 +54,7 @@ def test_keeps_last_two_and_loads_newest(tmp_path: Path, background: bool) -> No
     assert [episode_of(p) for p in mgr.complete()] == [4, 5]
     latest = mgr.load_latest()
     assert latest is not None and latest["episode"] == 5
-    assert latest["format"] == 1
+    assert latest["format"] == FORMAT
 
 
 def test_state_mutated_after_save_does_not_leak(tmp_path: Path) -> None:
@@ -131,3 +139,69 @@ def test_sigkill_during_writes_never_leaves_an_unloadable_newest(tmp_path: Path)
         assert len(complete) <= 3  # pruning runs right after each rename
     # at least most trials were killed mid-stream with checkpoints on disk
     assert sum(1 for d in tmp_path.iterdir() if CheckpointManager(d).complete()) >= trials // 2
+
+
+def test_state_round_trips_exactly_through_safe_loading(tmp_path: Path) -> None:
+    """NumPy arrays, NumPy's and Python's RNG states and big integers survive the encoding
+    that lets torch.load(weights_only=True) read them."""
+    rng = np.random.default_rng([4, 0])
+    rng.random(5)
+    state = {"format": FORMAT, "replay": np.arange(12, dtype=np.float32).reshape(3, 4),
+             "rng": rng.bit_generator.state, "numpy_rng": np.random.get_state(),
+             "python_rng": random.getstate(), "torch_rng": torch.get_rng_state(),
+             "scalar": np.float64(0.5), "empty": np.zeros((0, 3), dtype=np.uint8)}
+    path = tmp_path / "ckpt-00000001.pt"
+    save_atomic(state, path)
+    loaded = load(path)
+    assert np.array_equal(loaded["replay"], state["replay"])
+    assert loaded["replay"].dtype == np.float32 and loaded["empty"].shape == (0, 3)
+    restored = np.random.default_rng()
+    restored.bit_generator.state = loaded["rng"]
+    assert restored.random() == rng.random()
+    np.random.set_state(loaded["numpy_rng"])
+    random.setstate(loaded["python_rng"])
+    assert torch.equal(loaded["torch_rng"], state["torch_rng"]) and loaded["scalar"] == 0.5
+
+
+class _Payload:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, ("touch PWNED",))
+
+
+def test_a_crafted_checkpoint_runs_no_code_and_the_older_one_is_used(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    manager = CheckpointManager(tmp_path, background=False)
+    manager.prepare()
+    manager.save(_state(1), 1)
+    evil = tmp_path / "ckpt-00000002.pt"
+    torch.save({"format": FORMAT, "x": _Payload()}, evil)
+    import hashlib
+    checksum_path(evil).write_text(hashlib.sha256(evil.read_bytes()).hexdigest() + "\n")
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        loaded = manager.load_latest()
+    finally:
+        os.chdir(cwd)
+    assert not (tmp_path / "PWNED").exists()
+    assert loaded is not None and loaded["episode"] == 1
+    assert "ckpt-00000002.pt cannot be loaded safely" in caplog.text
+
+
+@pytest.mark.parametrize("damage", ["flip", "no-checksum"])
+def test_a_damaged_checkpoint_falls_back_to_the_older_with_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str) -> None:
+    manager = CheckpointManager(tmp_path, background=False)
+    manager.prepare()
+    manager.save(_state(1), 1)
+    manager.save(_state(2), 2)
+    newest = tmp_path / "ckpt-00000002.pt"
+    if damage == "flip":  # one byte inside a tensor's data: torch would load it silently
+        data = bytearray(newest.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        newest.write_bytes(bytes(data))
+    else:
+        checksum_path(newest).unlink()
+    loaded = manager.load_latest()
+    assert loaded is not None and loaded["episode"] == 1
+    assert "ckpt-00000002.pt" in caplog.text and "trying an older one" in caplog.text

@@ -4,11 +4,18 @@ A checkpoint exists under its final name only once it is complete: it is written
 temporary file in the same directory, flushed and fsynced, renamed over its final name, and
 the directory is fsynced. A process killed at any moment leaves at worst a stale temporary
 file (removed at the next start) and the previous complete checkpoints. The training loop
-blocks only for the in-memory snapshot; serialising and writing happen in a thread.
+blocks only for the in-memory snapshot; encoding, serialising and writing happen in a thread.
+
+Loading never runs code from the file: checkpoints hold only tensors and plain types (NumPy
+arrays and RNG states are encoded as uint8 tensors with their dtype and shape), and are read
+with torch.load(weights_only=True). Each has a sha256 beside it (`ckpt-N.pt.sha256`, written
+before the checkpoint takes its final name); a checkpoint whose checksum is missing or does
+not match is skipped with a warning naming the file, and the older one is used.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -24,7 +31,8 @@ from train.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2  # 1: pickled NumPy objects, loaded with weights_only=False (no longer read)
+_ARRAY = "__ndarray__"
 _NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
 
 
@@ -51,27 +59,91 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def encode(obj: Any) -> Any:
+    """A state tree in the types torch.load(weights_only=True) accepts: NumPy arrays become
+    {__ndarray__: uint8 tensor, dtype, shape}, NumPy scalars Python numbers."""
+    if isinstance(obj, np.ndarray):
+        data = np.ascontiguousarray(obj)
+        return {_ARRAY: torch.from_numpy(data.reshape(-1).view(np.uint8).copy()),
+                "dtype": data.dtype.str, "shape": list(data.shape)}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, dict):
+        return {k: encode(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [encode(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(encode(v) for v in obj)
+    return obj
+
+
+def decode(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        if _ARRAY in obj:
+            raw = obj[_ARRAY].numpy()
+            return raw.view(np.dtype(obj["dtype"])).reshape(obj["shape"]).copy()
+        return {k: decode(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [decode(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(decode(v) for v in obj)
+    return obj
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def checksum_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
 def save_atomic(state: Any, path: Path) -> None:
-    """torch.save to a temp file, fsync, rename over `path`, fsync the directory."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    """torch.save to a temp file, fsync, its sha256 beside it, rename over `path`, fsync the
+    directory: a checkpoint under its final name always has its checksum."""
+    tag = f"{os.getpid()}-{threading.get_ident()}"
+    tmp = path.with_name(f".{path.name}.tmp-{tag}")
+    tmp_sum = path.with_name(f".{path.name}.sha256.tmp-{tag}")
     try:
         with open(tmp, "wb") as fh:
-            torch.save(state, fh)
+            torch.save(encode(state), fh)
             fh.flush()
             os.fsync(fh.fileno())
+        with open(tmp_sum, "w", encoding="ascii") as fh:
+            fh.write(f"{file_sha256(tmp)}  {path.name}\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp_sum, checksum_path(path))
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
+        tmp_sum.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
 
 
 def load(path: Path) -> dict[str, Any]:
-    """Load onto the CPU; optimizer and RNG states need weights_only=False."""
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    """Verify the checksum, then load onto the CPU without executing anything from the file
+    (weights_only=True)."""
+    try:
+        expected = checksum_path(path).read_text(encoding="ascii").split()[0]
+    except (OSError, IndexError, UnicodeDecodeError):
+        raise CheckpointError(f"{path} has no checksum ({checksum_path(path).name}): it was "
+                              "not completely written, or by an older version") from None
+    if file_sha256(path) != expected:
+        raise CheckpointError(f"{path} does not match its checksum: the file is damaged")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise CheckpointError(f"{path} cannot be loaded safely: {first}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a checkpoint of format {FORMAT}")
-    return state
+    return decode(state)  # type: ignore[no-any-return]
 
 
 def episode_of(path: Path) -> int:
@@ -95,10 +167,14 @@ class CheckpointManager:
         self.last_blocking_seconds = 0.0
 
     def prepare(self) -> None:
-        """Create the directory and remove temp files left by a killed writer."""
+        """Create the directory and remove temp files left by a killed writer, and the
+        checksums of checkpoints that are gone."""
         self.directory.mkdir(parents=True, exist_ok=True)
         for stale in self.directory.glob(".ckpt-*.tmp-*"):
             stale.unlink(missing_ok=True)
+        for orphan in self.directory.glob("ckpt-*.pt.sha256"):
+            if not orphan.with_name(orphan.name[:-len(".sha256")]).exists():
+                orphan.unlink(missing_ok=True)
 
     def complete(self) -> list[Path]:
         """Complete checkpoints, oldest first."""
@@ -145,6 +221,7 @@ class CheckpointManager:
             save_atomic(snap, path)
             for old in self.complete()[: -self.keep]:
                 old.unlink(missing_ok=True)
+                checksum_path(old).unlink(missing_ok=True)
         except BaseException as exc:
             self._error = exc
 
