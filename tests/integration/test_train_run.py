@@ -393,3 +393,19 @@ def test_gpu_run_checkpoints_and_resumes(tmp_path: Path, precision: str) -> None
     assert (state["agent"]["scaler"] is not None) == (precision == "fp16")
     assert state["ranks"][0]["torch_cuda_rng"] is not None
     assert all(torch.isfinite(t).all() for t in state["agent"]["policy"].values())
+
+
+def test_a_kill_between_the_csv_row_and_its_record_never_doubles_the_row(
+        tmp_path: Path) -> None:
+    """Killed after appending the seeds' rows but before summary.json recorded them: the
+    rerun finds the rows (keyed by run, seed and total) and appends none again."""
+    out = tmp_path / "k"
+    runner.run(_cfg(out, 2, seeds=(4, 6)))
+    for seed in (4, 6):  # as if the kill came before the record
+        path = out / f"seed_{seed}" / "summary.json"
+        summary = json.loads(path.read_text())
+        summary.pop("csv_episodes")
+        path.write_text(json.dumps(summary))
+    runner.run(_cfg(out, 2, seeds=(4, 6)))
+    rows = _rows(tmp_path / "results.csv")  # beside the run directory
+    assert sorted((r["seed"], r["episodes"]) for r in rows) == [("4", "2"), ("6", "2")]

@@ -133,3 +133,15 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
                          {"scripted": 9.0})
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert path.stat().st_size > 5000
+
+
+def test_keyed_rows_are_appended_once(tmp_path: Path) -> None:
+    path = tmp_path / "results.csv"
+    row = {"run": "/r", "seed": 4, "episodes": 10, "reward": 1.5}
+    assert append_csv_row(path, row, key=("run", "seed", "episodes")) is True
+    append_csv_row(path, {**row, "reward": 2.0}, key=("run", "seed", "episodes"))
+    append_csv_row(path, {**row, "episodes": 20}, key=("run", "seed", "episodes"))
+    append_csv_row(path, {**row, "seed": 6}, key=("run", "seed", "episodes"))
+    lines = path.read_text().splitlines()
+    assert lines[0] == "run,seed,episodes,reward"
+    assert lines[1:] == ["/r,4,10,1.5", "/r,4,20,1.5", "/r,6,10,1.5"]

@@ -82,8 +82,22 @@ def run_metadata(config: Mapping[str, Any], device: torch.device, extra: Mapping
 NO_LOCK_ERRNOS = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOLCK})
 
 
-def append_csv_row(path: Path, row: Mapping[str, Any]) -> bool:
+def _has_row(fd: int, key: Mapping[str, Any]) -> bool:
+    """Whether the CSV open at fd already holds a row whose `key` columns equal `key`."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return False
+    text = os.pread(fd, size, 0).decode("utf-8", errors="replace")
+    wanted = {k: str(to_builtin(v)) for k, v in key.items()}
+    return any(all(row.get(k) == v for k, v in wanted.items())
+               for row in csv.DictReader(io.StringIO(text)))
+
+
+def append_csv_row(path: Path, row: Mapping[str, Any],
+                   key: Sequence[str] = ()) -> bool:
     """Append one row under an exclusive lock; the header is written once, by the first.
+    With `key` (column names), a row whose key columns match one already in the file is not
+    appended again (a run killed after its append and before recording it reruns it).
 
     Returns True when the row was written under the lock. Where the file system refuses
     flock (NO_LOCK_ERRNOS) the row is appended without it, header included, in a single
@@ -93,7 +107,7 @@ def append_csv_row(path: Path, row: Mapping[str, Any]) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     fields = list(row)
     line_values = {k: to_builtin(v) for k, v in row.items()}
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -105,6 +119,8 @@ def append_csv_row(path: Path, row: Mapping[str, Any]) -> bool:
         try:
             buf = io.StringIO()
             writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+            if key and _has_row(fd, {k: row[k] for k in key}):
+                return locked
             if os.fstat(fd).st_size == 0:
                 writer.writeheader()
             writer.writerow(line_values)

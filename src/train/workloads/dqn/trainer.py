@@ -406,7 +406,9 @@ def append_result_rows(cfg: RunConfig) -> list[str]:
             continue
         what = f"the row for seed {seed} ({summary.get('episodes')} episodes)"
         try:
-            locked = results.append_csv_row(path, _result_row(cfg, seed, summary))
+            # keyed by run, seed and total: never twice, even if killed before the record
+            locked = results.append_csv_row(path, _result_row(cfg, seed, summary),
+                                            key=("run", "seed", "episodes"))
         except OSError as exc:
             warnings.append(f"results_csv: could not append {what} to {path}: {exc}; the "
                             "same command appends it when run again")
