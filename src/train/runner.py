@@ -50,7 +50,35 @@ def validate(cfg: RunConfig) -> None:
                           f"{csv_path / 'results.csv'}")
     check_writable_dir(csv_path.parent, "results_csv")
     check_same_run(cfg)
+    check_memory(cfg)
     trainer.check_workload(cfg)
+
+
+def check_memory(cfg: RunConfig) -> None:
+    """The replay buffer (and the network's activations at this resolution) must fit in the
+    host memory this process can expect (shared by the node's processes), or the run would
+    end in a MemoryError or the OOM killer after writing its files."""
+    import torch
+
+    from train.runtime.memory import device_memory
+    from train.workloads.dqn.replay import ReplayBuffer
+    from train.workloads.envs.spec import ObsSpec
+
+    spec = ObsSpec(cfg.res)
+    replay = ReplayBuffer.bytes_needed(cfg.replay_size, spec)
+    # the two conv layers' outputs (16 + 32 channels, float32) for a batch, forward and back
+    activations = 3 * cfg.batch_size * 48 * cfg.res * cfg.res * 4
+    needed = replay + activations
+    free, _total = device_memory(torch.device("cpu"))
+    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    share = free // local
+    if needed > share:
+        gib = 2**30
+        raise ConfigError("replay_size", f"a replay of {cfg.replay_size} at res {cfg.res} "
+                          f"needs {needed / gib:.1f} GiB of host memory (replay "
+                          f"{replay / gib:.1f} GiB), but this process can expect "
+                          f"{share / gib:.1f} GiB ({local} process(es) share "
+                          f"{free / gib:.1f} GiB available); lower --replay-size or --res")
 
 
 def check_same_run(cfg: RunConfig) -> None:

@@ -147,3 +147,22 @@ def test_a_second_run_on_the_same_out_is_exit_2_naming_the_holder(tmp_path: Path
     # the holder gone (its lock dies with it), the folder is free again
     with RunLock(out):
         pass
+
+
+@pytest.mark.parametrize("args", [["--res", "100000"], ["--replay-size", "10000000000"]])
+def test_a_run_that_cannot_fit_in_memory_is_exit_2_before_anything_is_written(
+        tmp_path: Path, args: list[str]) -> None:
+    out = tmp_path / "out"
+    proc = run_cli(["run", "demo", "--device", "cpu", *args, "--out", str(out)])
+    assert proc.returncode == 2, proc.stderr
+    assert "replay_size: a replay of" in proc.stderr and "GiB of host memory" in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
+
+
+def test_the_memory_estimate_counts_what_the_buffer_allocates() -> None:
+    from train.workloads.dqn.replay import ReplayBuffer
+    from train.workloads.envs.spec import ObsSpec
+
+    buffer = ReplayBuffer(100, ObsSpec(8))
+    assert ReplayBuffer.bytes_needed(100, ObsSpec(8)) == sum(
+        a.nbytes for a in buffer.arrays.values())

@@ -15,23 +15,34 @@ from train.workloads.envs.spec import Observation, ObsSpec
 _OBS_FIELDS = ("screen", "minimap", "nonspatial", "available")
 
 
+def _layout(capacity: int, spec: ObsSpec) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """Every array of a buffer: name -> (shape, dtype)."""
+    res = spec.res
+    obs: dict[str, tuple[tuple[int, ...], Any]] = {
+        "screen": ((spec.screen_channels, res, res), np.uint8),
+        "minimap": ((spec.minimap_channels, res, res), np.uint8),
+        "nonspatial": ((spec.nonspatial_dim,), np.float32),
+        "available": ((3,), np.bool_),
+    }
+    out = {prefix + name: ((capacity, *shape), dtype) for prefix in ("", "next_")
+           for name, (shape, dtype) in obs.items()}
+    out.update({"action": ((capacity,), np.int64), "reward": ((capacity,), np.float32),
+                "terminal": ((capacity,), np.bool_)})
+    return out
+
+
 class ReplayBuffer:
+    @staticmethod
+    def bytes_needed(capacity: int, spec: ObsSpec) -> int:
+        """Host memory a full buffer takes (checked before a run starts)."""
+        return sum(int(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize
+                   for shape, dtype in _layout(capacity, spec).values())
+
     def __init__(self, capacity: int, spec: ObsSpec) -> None:
         self.capacity = capacity
-        res = spec.res
-        shapes: dict[str, tuple[tuple[int, ...], Any]] = {
-            "screen": ((spec.screen_channels, res, res), np.uint8),
-            "minimap": ((spec.minimap_channels, res, res), np.uint8),
-            "nonspatial": ((spec.nonspatial_dim,), np.float32),
-            "available": ((3,), np.bool_),
-        }
-        self.arrays: dict[str, np.ndarray] = {}
-        for prefix in ("", "next_"):
-            for name, (shape, dtype) in shapes.items():
-                self.arrays[prefix + name] = np.zeros((capacity, *shape), dtype=dtype)
-        self.arrays["action"] = np.zeros(capacity, dtype=np.int64)
-        self.arrays["reward"] = np.zeros(capacity, dtype=np.float32)
-        self.arrays["terminal"] = np.zeros(capacity, dtype=np.bool_)
+        self.arrays: dict[str, np.ndarray] = {
+            name: np.zeros(shape, dtype=dtype)
+            for name, (shape, dtype) in _layout(capacity, spec).items()}
         self.ptr = 0
         self.size = 0
 
