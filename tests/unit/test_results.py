@@ -145,3 +145,12 @@ def test_keyed_rows_are_appended_once(tmp_path: Path) -> None:
     lines = path.read_text().splitlines()
     assert lines[0] == "run,seed,episodes,reward"
     assert lines[1:] == ["/r,4,10,1.5", "/r,4,20,1.5", "/r,6,10,1.5"]
+
+
+def test_a_failed_json_write_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> None:
+    path = tmp_path / "status.json"
+    write_json_atomic(path, {"a": 1})
+    with pytest.raises(ValueError):
+        write_json_atomic(path, {"a": float("nan")})  # refused mid-write, as a full disk is
+    assert [p.name for p in tmp_path.iterdir()] == ["status.json"]
+    assert path.read_text().strip() == '{\n  "a": 1\n}'
