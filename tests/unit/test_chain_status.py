@@ -255,3 +255,19 @@ def test_a_resubmission_keeps_the_earlier_record_under_its_first_job(
     assert not list((run / "jobs").glob(".*"))
     assert calls[0][:3] == ["sbatch", "--parsable", "--hold"]
     assert calls[-1] == ["scontrol", "release", "4242"]
+
+
+@pytest.mark.parametrize("text", ["[]", "{}", '{"jobs": {}}', '{"jobs": [1]}',
+                                  '{"jobs": [{"state": "X"}]}', "not json", "null"])
+def test_unexpected_squeue_json_is_a_value_error_naming_squeue(text: str) -> None:
+    from train.slurm.scheduler import parse_squeue_json
+
+    with pytest.raises(ValueError):
+        parse_squeue_json(text)
+
+
+def test_squeue_json_with_structured_job_ids() -> None:
+    from train.slurm.scheduler import parse_squeue_json
+
+    text = '{"jobs": [{"job_id": {"set": true, "number": 42}, "job_state": ["RUNNING"]}]}'
+    assert parse_squeue_json(text)["42"]["state"] == "RUNNING"

@@ -50,15 +50,22 @@ def parse_sbatch_id(stdout: str) -> str:
 
 def parse_squeue_json(text: str) -> dict[str, dict[str, Any]]:
     """squeue --json -> {job id: {state, reason, nodes}} (state strings or lists)."""
-    data = json.loads(text)
+    data = json.loads(text)  # ValueError (JSONDecodeError) for text that is not JSON
+    jobs = data.get("jobs") if isinstance(data, dict) else None
+    if not isinstance(jobs, list):
+        raise ValueError("squeue --json: no 'jobs' list in its output")
     out: dict[str, dict[str, Any]] = {}
-    for job in data.get("jobs", []):
+    for job in jobs:
+        if not isinstance(job, dict) or "job_id" not in job:
+            raise ValueError(f"squeue --json: a job entry without job_id: {str(job)[:80]}")
         state = job.get("job_state")
         if isinstance(state, list):
             state = state[0] if state else "UNKNOWN"
-        out[str(job["job_id"])] = {"state": str(state or "UNKNOWN"),
-                                   "reason": job.get("state_reason"),
-                                   "nodes": job.get("nodes")}
+        job_id = job["job_id"]
+        if isinstance(job_id, dict):  # newer Slurm: {"set": true, "number": N}
+            job_id = job_id.get("number")
+        out[str(job_id)] = {"state": str(state or "UNKNOWN"),
+                            "reason": job.get("state_reason"), "nodes": job.get("nodes")}
     return out
 
 
