@@ -193,10 +193,10 @@ def test_completion_record_is_written_before_the_csv_row_and_the_plot(
         assert contract.read_progress(out) == (6, 6), what
         seen.append(what)
 
-    def checked_append(path: Path, row: Any) -> bool:
+    def checked_append(path: Path, row: Any, **kwargs: Any) -> bool:
         record_exists(f"row {row['seed']}")
         assert not (out / "learning_curve.png").exists()
-        return append(path, row)
+        return append(path, row, **kwargs)
 
     def checked_plot(*args: Any, **kwargs: Any) -> None:
         record_exists("plot")
