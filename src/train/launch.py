@@ -463,7 +463,7 @@ def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> 
         os.execvpe(command[0], command, dict(environ))  # noqa: S606 (argv list, no shell)
     environ.update(tasks_env(step, master))
     log.info("rank %d/%d (node %d, local %d), master %s:%d: %s", step.procid, step.ntasks,
-             step.node_id, step.localid, master, step.port, " ".join(command))
+             step.node_id, step.localid, master, step.port, " ".join(masked_argv(command)))
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvpe(command[0], command, dict(environ))  # noqa: S606 (argv list, no shell)

@@ -70,7 +70,10 @@ def check_memory(cfg: RunConfig) -> None:
     activations = 3 * cfg.batch_size * 48 * cfg.res * cfg.res * 4
     needed = replay + activations
     free, _total = device_memory(torch.device("cpu"))
-    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    try:
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    except ValueError:
+        local = 1  # not torchrun's: one process
     share = free // local
     if needed > share:
         gib = 2**30

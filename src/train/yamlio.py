@@ -59,25 +59,35 @@ def _construct_int(loader: yaml.SafeLoader, node: yaml.Node) -> int:
 Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
-def _expanded_size(root: yaml.Node) -> int:
+def _expanded_size(root: yaml.Node) -> int | None:
     """Nodes the document has once every alias is expanded (memoised, so linear in the
-    number of distinct nodes; stops counting past MAX_NODES)."""
+    number of distinct nodes; stops counting past MAX_NODES), or None when a node contains
+    itself through an alias (`a: &a [*a]`), which no expansion ends."""
     sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()  # on the current path: their size is being counted
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:
         node, done = stack.pop()
-        if id(node) in sizes:
-            continue
         children: list[yaml.Node] = []
         if isinstance(node, yaml.SequenceNode):
             children = list(node.value)
         elif isinstance(node, yaml.MappingNode):
             children = [n for pair in node.value for n in pair]
         if done:
+            open_nodes.discard(id(node))
             sizes[id(node)] = min(MAX_NODES + 1, 1 + sum(sizes[id(c)] for c in children))
             continue
+        if id(node) in sizes:
+            continue
+        if id(node) in open_nodes:
+            return None
+        open_nodes.add(id(node))
         stack.append((node, True))
-        stack.extend((c, False) for c in children if id(c) not in sizes)
+        for child in children:
+            if id(child) in open_nodes:
+                return None
+            if id(child) not in sizes:
+                stack.append((child, False))
     return sizes[id(root)]
 
 
@@ -86,15 +96,22 @@ def load_text(text: str, source: str, field: str) -> Any:
     if len(text) > MAX_BYTES:
         raise ConfigError(field, f"{source} is {len(text)} bytes; YAML input is limited to "
                           f"{MAX_BYTES} bytes")
-    loader = Loader(text)
+    loader: Loader | None = None
     try:
+        loader = Loader(text)
         node = loader.get_single_node()
         if node is None:
             return None
-        if _expanded_size(node) > MAX_NODES:
+        size = _expanded_size(node)
+        if size is None:
+            raise ConfigError(field, f"{source} has an alias inside its own anchor (a "
+                              "recursive &anchor/*alias), which never ends")
+        if size > MAX_NODES:
             raise ConfigError(field, f"{source} expands to more than {MAX_NODES} values "
                               "through YAML aliases (&anchor/*alias); write it out plainly")
         return loader.construct_document(node)
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        raise ConfigError(field, f"{source}: {str(exc)[:120]}") from None
     except yaml.YAMLError as exc:
         message = str(exc)
         if len(message) > 400:
@@ -103,18 +120,24 @@ def load_text(text: str, source: str, field: str) -> Any:
     except RecursionError:
         raise ConfigError(field, f"{source} nests too deeply") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def load_file(path: Path, field: str) -> Any:
     """Read and parse a YAML file: unreadable, oversized, non-UTF-8 or invalid is a
     ConfigError naming `field`."""
     try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise ConfigError(field, f"{path} is {size} bytes; YAML input is limited to "
-                              f"{MAX_BYTES} bytes")
-        text = path.read_text(encoding="utf-8")
+        if not path.exists():
+            raise ConfigError(field, f"cannot read {path}: no such file")
+        if not path.is_file():  # a FIFO would block, /dev/zero never ends
+            raise ConfigError(field, f"{path} is not a regular file")
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_BYTES + 1)
+        if len(raw) > MAX_BYTES:
+            raise ConfigError(field, f"{path} is over {MAX_BYTES} bytes; YAML input is "
+                              "limited to that")
+        text = raw.decode("utf-8")
     except OSError as exc:
         raise ConfigError(field, f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:

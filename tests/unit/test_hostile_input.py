@@ -166,3 +166,73 @@ def test_the_memory_estimate_counts_what_the_buffer_allocates() -> None:
     buffer = ReplayBuffer(100, ObsSpec(8))
     assert ReplayBuffer.bytes_needed(100, ObsSpec(8)) == sum(
         a.nbytes for a in buffer.arrays.values())
+
+
+@pytest.mark.parametrize("text", ["a: &a [*a]\n", "a: &a {b: *a}\n", "a: &a\n  <<: *a\n",
+                                  "res: 6\x00\n", "res: " + "9" * 5000 + "\n"])
+def test_yaml_that_never_ends_or_cannot_convert_is_a_config_error(text: str) -> None:
+    with pytest.raises(ConfigError):
+        yamlio.load_text(text, "x.yaml", "config")
+
+
+def test_yaml_from_a_fifo_or_a_device_is_refused_without_reading_it(tmp_path: Path) -> None:
+    import os
+
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/zero")):
+        with pytest.raises(ConfigError, match="not a regular file"):
+            yamlio.load_file(path, "config")
+
+
+def test_the_run_lock_never_follows_a_link_or_opens_a_folder(tmp_path: Path) -> None:
+    from train.runtime.results import RUN_LOCK, RunLock
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / RUN_LOCK).symlink_to(victim)
+    folder = tmp_path / "folder"
+    (folder / RUN_LOCK).mkdir(parents=True)
+    for out in (linked, folder):
+        with pytest.raises(ConfigError, match="cannot lock"), RunLock(out):
+            pass
+    assert victim.read_text() == "precious\n"
+
+
+def test_a_checkpoint_that_is_a_device_or_a_fifo_is_skipped_not_read(tmp_path: Path) -> None:
+    import os
+
+    from train.errors import CheckpointError
+    from train.runtime.checkpoint import checksum_path, load
+
+    zero = tmp_path / "ckpt-00000002.pt"
+    zero.symlink_to("/dev/zero")
+    checksum_path(zero).write_text("0" * 64 + "\n")
+    fifo = tmp_path / "ckpt-00000003.pt"
+    os.mkfifo(fifo)
+    checksum_path(fifo).symlink_to("/dev/zero")
+    for path in (zero, fifo):
+        with pytest.raises(CheckpointError, match="not a regular file"):
+            load(path)
+
+
+def test_launch_masks_secrets_in_every_mode() -> None:
+    env = {"SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_ID": "5", "SLURM_NODEID": "0",
+           "SLURM_PROCID": "0", "SLURM_NNODES": "1", "SLURM_NTASKS": "1",
+           "SLURM_NTASKS_PER_NODE": "1", "SLURM_LOCALID": "0", "TRAIN_MASTER_ADDR": "127.0.0.1"}
+    proc = run_cli(["launch", "--mode", "tasks", "--", "true", "--wandb-key", "SEKRIT1"],
+                   env=env)
+    assert "SEKRIT1" not in proc.stderr + proc.stdout, proc.stderr
+    assert "--wandb-key <redacted>" in proc.stderr
+
+
+@pytest.mark.parametrize("value", ["abc", "1e3", "", "0"])
+def test_a_garbled_local_world_size_counts_as_one_process(
+        value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from train.config import RunConfig
+    from train.runner import check_memory
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", value)
+    check_memory(RunConfig(res=6, replay_size=300))  # no ValueError, fits

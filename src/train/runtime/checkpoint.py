@@ -129,8 +129,11 @@ def save_atomic(state: Any, path: Path) -> None:
 def load(path: Path) -> dict[str, Any]:
     """Verify the checksum, then load onto the CPU without executing anything from the file
     (weights_only=True)."""
+    if not path.is_file() or not checksum_path(path).is_file():  # no FIFO, no device
+        raise CheckpointError(f"{path} or its checksum is not a regular file")
     try:
-        expected = checksum_path(path).read_text(encoding="ascii").split()[0]
+        with open(checksum_path(path), "rb") as fh:
+            expected = fh.read(200).decode("ascii").split()[0]
     except (OSError, IndexError, UnicodeDecodeError):
         raise CheckpointError(f"{path} has no checksum ({checksum_path(path).name}): it was "
                               "not completely written, or by an older version") from None

@@ -15,6 +15,7 @@ import logging
 import os
 import platform
 import socket
+import stat
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -198,7 +199,15 @@ class RunLock:
     def __enter__(self) -> RunLock:
         from train.errors import ConfigError
 
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # never through a symbolic link, never anything but a regular file
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK,
+                         0o644)
+        except OSError as exc:
+            raise ConfigError("out", f"cannot lock {self.path}: {exc.strerror or exc} (it "
+                              "must be a regular file, not a link or a folder)") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ConfigError("out", f"cannot lock {self.path}: not a regular file")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
