@@ -76,3 +76,9 @@ class EnvironmentUnavailable(ResourceError):
 
 class CheckpointError(TrainError):
     """A checkpoint cannot be written, or none of the existing ones can be read."""
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message, at most `limit` characters (for messages
+    that quote a third party's error without its whole text)."""
+    return (str(exc).strip().splitlines() or [""])[0][:limit]

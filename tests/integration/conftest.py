@@ -107,40 +107,33 @@ def docker_engine() -> Iterator[dict[str, str]]:
                 os.environ["DOCKER_HOST"] = previous
 
 
-@pytest.fixture(scope="session")
-def ci_image(docker_engine: dict[str, str]) -> str:
-    """The base image built from base.def for CI (built once per session)."""
+def _built_once(tag: str, argv: list[str], docker_engine: dict[str, str]) -> str:
+    """`train image build ARGV --tag TAG`, unless the engine holds TAG already."""
     import docker
 
     try:
-        docker.from_env().images.get(CI_IMAGE_TAG)
+        docker.from_env().images.get(tag)
     except docker.errors.ImageNotFound:
-        proc = subprocess.run([sys.executable, "-m", "train", "image", "build", "base",
-                               "--engine", "docker", "--tag", CI_IMAGE_TAG, *CI_BUILD_ARGS],
+        proc = subprocess.run([sys.executable, "-m", "train", "image", "build", *argv,
+                               "--engine", "docker", "--tag", tag],
                               capture_output=True, text=True, timeout=1800, check=False,
                               env={**os.environ, **docker_engine})
         if proc.returncode != 0:
-            pytest.fail(f"building {CI_IMAGE_TAG} failed: {proc.stderr[-3000:]}")
-    return CI_IMAGE_TAG
+            pytest.fail(f"building {tag} failed: {proc.stderr[-3000:]}")
+    return tag
+
+
+@pytest.fixture(scope="session")
+def ci_image(docker_engine: dict[str, str]) -> str:
+    """The base image built from base.def for CI (built once per session)."""
+    return _built_once(CI_IMAGE_TAG, ["base", *CI_BUILD_ARGS], docker_engine)
 
 
 @pytest.fixture(scope="session")
 def sc2_image(ci_image: str, docker_engine: dict[str, str]) -> str:
     """sc2.def built on the CI base image (once per session), offline: the stand-ins and
     the lock's wheels in containers/downloads."""
-    import docker
-
-    args = sc2_build_args()
-    try:
-        docker.from_env().images.get(CI_SC2_TAG)
-    except docker.errors.ImageNotFound:
-        proc = subprocess.run([sys.executable, "-m", "train", "image", "build", "sc2",
-                               "--engine", "docker", "--tag", CI_SC2_TAG, *args],
-                              capture_output=True, text=True, timeout=1800, check=False,
-                              env={**os.environ, **docker_engine})
-        if proc.returncode != 0:
-            pytest.fail(f"building {CI_SC2_TAG} failed: {proc.stderr[-3000:]}")
-    return CI_SC2_TAG
+    return _built_once(CI_SC2_TAG, ["sc2", *sc2_build_args()], docker_engine)
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ from train.images.defs import DefFile
 from train.images.dockerfile import (
     BUILD_DIR,
     SCRIPT_DIR,
+    check_text,
     context_path,
     files_source_problem,
     translate,
@@ -136,9 +137,7 @@ def check_inputs(d: DefFile, build_args: Mapping[str, str], root: Path) -> list[
                          ".git there): %files sources resolve from the repository root, so "
                          "build from a clone (or --defs the containers/ folder of one)")
     for key, value in build_args.items():
-        if any(ord(c) < 32 or ord(c) == 127 for c in value):
-            raise UsageError(f"build-arg {key}: the value holds a control character (a "
-                             "newline would inject an instruction into the build)")
+        check_text(f"build-arg {key}", value)
     from train.images.lint import lint_def
 
     overridden = [f" {k}=" for k in build_args]

@@ -52,7 +52,7 @@ def files_source_problem(src: str) -> str | None:
     from the repository root (where `apptainer build` must run); the translation refuses
     what would read outside it, globs (Docker's COPY expands them differently) and control
     characters."""
-    if any(ord(c) < 32 or ord(c) == 127 for c in src):
+    if has_control(src):
         return "holds a control character"
     if src.startswith("/"):
         return "is absolute: sources are relative to the repository root"
@@ -66,7 +66,7 @@ def files_source_problem(src: str) -> str | None:
 
 
 def files_destination_problem(dst: str) -> str | None:
-    if any(ord(c) < 32 or ord(c) == 127 for c in dst):
+    if has_control(dst):
         return "the destination holds a control character"
     clean = PurePosixPath("/" + dst.lstrip("/"))
     if ".." in clean.parts:
@@ -106,8 +106,13 @@ def environment_assignments(text: str, d: DefFile, number: int) -> list[tuple[st
     return pairs
 
 
-def _check_text(what: str, value: str) -> None:
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+def has_control(text: str) -> bool:
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
+def check_text(what: str, value: str) -> None:
+    """A value that goes into the Dockerfile or a script: no control characters."""
+    if has_control(value):
         raise UsageError(f"{what}: the value holds a control character (a newline would "
                          "inject an instruction into the build)")
 
@@ -115,9 +120,9 @@ def _check_text(what: str, value: str) -> None:
 def translate(d: DefFile, build_args: Mapping[str, str] | None = None,
               localimages: Mapping[str, str] | None = None) -> Translation:
     for key, value in (build_args or {}).items():
-        _check_text(f"build-arg {key}", value)
+        check_text(f"build-arg {key}", value)
     for key, value in (localimages or {}).items():
-        _check_text(f"localimage {key}", value)
+        check_text(f"localimage {key}", value)
         if not DOCKER_REF.match(value):
             raise UsageError(f"localimage {key}: {value[:80]!r} is not a docker image "
                              "reference (name[:tag] or name@sha256:...)")

@@ -21,13 +21,14 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from train.errors import CheckpointError
+from train.errors import CheckpointError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -36,19 +37,35 @@ _ARRAY = "__ndarray__"
 _NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
 
 
-def snapshot(obj: Any) -> Any:
-    """Deep copy of a state tree: tensors to CPU copies, arrays copied, containers rebuilt."""
+_RECURSE = object()  # a leaf function's answer: not a leaf, walk into it
+
+
+def _map_tree(obj: Any, leaf: Callable[[Any], Any]) -> Any:
+    """`obj` rebuilt with `leaf` applied to each node: dicts, lists and tuples are walked
+    into where `leaf` returns _RECURSE; anything else it does not take is kept as it is."""
+    out = leaf(obj)
+    if out is not _RECURSE:
+        return out
+    if isinstance(obj, dict):
+        return {k: _map_tree(v, leaf) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_map_tree(v, leaf) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_map_tree(v, leaf) for v in obj)
+    return obj
+
+
+def _copy_leaf(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, np.ndarray):
         return obj.copy()
-    if isinstance(obj, dict):
-        return {k: snapshot(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [snapshot(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(snapshot(v) for v in obj)
-    return obj
+    return _RECURSE
+
+
+def snapshot(obj: Any) -> Any:
+    """Deep copy of a state tree: tensors to CPU copies, arrays copied, containers rebuilt."""
+    return _map_tree(obj, _copy_leaf)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -59,35 +76,32 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def encode(obj: Any) -> Any:
-    """A state tree in the types torch.load(weights_only=True) accepts: NumPy arrays become
-    {__ndarray__: uint8 tensor, dtype, shape}, NumPy scalars Python numbers."""
+def _encode_leaf(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         data = np.ascontiguousarray(obj)
         return {_ARRAY: torch.from_numpy(data.reshape(-1).view(np.uint8).copy()),
                 "dtype": data.dtype.str, "shape": list(data.shape)}
     if isinstance(obj, np.generic):
         return obj.item()
-    if isinstance(obj, dict):
-        return {k: encode(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [encode(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(encode(v) for v in obj)
-    return obj
+    return _RECURSE
+
+
+def _decode_leaf(obj: Any) -> Any:
+    if isinstance(obj, dict) and _ARRAY in obj:
+        raw = obj[_ARRAY].numpy()
+        return raw.view(np.dtype(obj["dtype"])).reshape(obj["shape"]).copy()
+    return _RECURSE
+
+
+def encode(obj: Any) -> Any:
+    """A state tree in the types torch.load(weights_only=True) accepts: NumPy arrays become
+    {__ndarray__: uint8 tensor, dtype, shape}, NumPy scalars Python numbers."""
+    return _map_tree(obj, _encode_leaf)
 
 
 def decode(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        if _ARRAY in obj:
-            raw = obj[_ARRAY].numpy()
-            return raw.view(np.dtype(obj["dtype"])).reshape(obj["shape"]).copy()
-        return {k: decode(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [decode(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(decode(v) for v in obj)
-    return obj
+    """The inverse of encode."""
+    return _map_tree(obj, _decode_leaf)
 
 
 def file_sha256(path: Path) -> str:
@@ -142,7 +156,7 @@ def load(path: Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        first = first_line(exc)
         raise CheckpointError(f"{path} cannot be loaded safely: {first}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a checkpoint of format {FORMAT}")

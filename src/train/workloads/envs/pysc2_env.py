@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from train.errors import EnvironmentUnavailable
+from train.errors import EnvironmentUnavailable, first_line
 from train.workloads.envs.spec import (
     FUNCTION_IDS,
     MINIMAP_LAYERS,
@@ -56,7 +56,7 @@ def _import_pysc2(mock: bool) -> None:
             f"workload sc2 needs pysc2: {exc}. Use the sc2 container image, or pip install "
             "pysc2 (and set SC2PATH to the game directory).") from None
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        first = first_line(exc)
         raise EnvironmentUnavailable(
             f"workload sc2: pysc2 is installed but does not import here "
             f"({type(exc).__name__}: {first}). The sc2 image pins protobuf 3.20.x and patches "
@@ -157,7 +157,7 @@ class Pysc2Env:
             try:
                 self._env = sc2_env.SC2Env(**kwargs)
             except Exception as exc:  # pysc2's launch and connect errors have no common base
-                first = (str(exc).strip().splitlines() or [""])[0][:200]
+                first = first_line(exc)
                 raise EnvironmentUnavailable(
                     f"the StarCraft II game under SC2PATH={sc2_path()} did not start "
                     f"({type(exc).__name__}: {first}); reinstall it (the sc2 image checks its "
