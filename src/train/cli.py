@@ -27,6 +27,7 @@ from train.config import (
     run_config_from_args,
 )
 from train.errors import EXIT_FAILURE, EXIT_OK, TrainError, UsageError, runtime_missing
+from train.runtime.signals import StartupStop
 
 log = logging.getLogger("train")
 
@@ -577,6 +578,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TrainError as exc:
         print(f"train: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except StartupStop as exc:  # SIGTERM/SIGINT before training started: leave now
+        print(f"train: stopped during start-up ({exc.name}); nothing was trained, run the "
+              "same command to start again", file=sys.stderr)
+        return 128 + exc.signum
     except KeyboardInterrupt:
         print("train: interrupted", file=sys.stderr)
         return 130

@@ -205,3 +205,67 @@ def test_a_damaged_checkpoint_falls_back_to_the_older_with_a_warning(
     loaded = manager.load_latest()
     assert loaded is not None and loaded["episode"] == 1
     assert "ckpt-00000002.pt" in caplog.text and "trying an older one" in caplog.text
+
+
+def test_a_folder_named_like_a_checkpoint_is_exit_2_at_start_not_a_failed_save(
+        tmp_path: Path) -> None:
+    from train.errors import UsageError
+
+    (tmp_path / "ckpt-00000003.pt").mkdir()
+    mgr = CheckpointManager(tmp_path, background=False)
+    assert mgr.complete() == []  # never a candidate to load
+    with pytest.raises(UsageError, match=r"out: .*ckpt-00000003.pt is not a regular file"):
+        mgr.prepare()
+    (tmp_path / "ckpt-00000003.pt").rmdir()
+    (tmp_path / "ckpt-00000003.pt").symlink_to(tmp_path / "elsewhere")
+    assert mgr.complete() == []
+    with pytest.raises(UsageError, match="not a regular file"):
+        mgr.prepare()
+
+
+def test_a_damaged_checkpoint_is_set_aside_and_holds_no_keep_place(tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path, background=False)
+    mgr.prepare()
+    mgr.save(_state(1), 1)
+    mgr.save(_state(2), 2)
+    junk = tmp_path / "ckpt-99999999.pt"  # the newest by name, forever
+    junk.write_bytes(b"junk")
+    latest = mgr.load_latest(set_aside=True)
+    assert latest is not None and latest["episode"] == 2
+    assert not junk.exists() and (tmp_path / "damaged-ckpt-99999999.pt").read_bytes() == b"junk"
+    mgr.save(_state(3), 3)
+    mgr.save(_state(4), 4)
+    # the two newest good ones are kept; the junk no longer takes one of the two places
+    assert [episode_of(p) for p in mgr.complete()] == [3, 4]
+
+
+def test_a_checkpoint_with_a_valid_checksum_but_foreign_content_falls_back(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from train.workloads.dqn.trainer import check_state
+
+    mgr = CheckpointManager(tmp_path, background=False)
+    good = {"seed": 1, "episode": 1, "step": 8, "world_size": 1, "identity": {},
+            "agent": {}, "history": {"rewards": [0.0], "losses": [float("nan")]},
+            "ranks": [{"replay": {}, "env": {}, "rng": {}, "numpy_rng": (), "python_rng": (),
+                       "torch_cpu_rng": torch.zeros(3, dtype=torch.uint8)}]}
+    mgr.save(good, 1)
+    check_state(mgr.load_latest() or {})  # what the trainer writes passes
+    # written through save_atomic, so the checksum is right; only the content is wrong
+    foreign = [{**good, "episode": "two"}, {**good, "ranks": []}, {**good, "history": []},
+               {k: v for k, v in good.items() if k != "agent"},
+               {**good, "ranks": [{"replay": {}}]}]
+    for i, bad in enumerate(foreign, start=2):
+        mgr.save(bad, i)
+        caplog.clear()
+        latest = mgr.load_latest(check_state)
+        assert latest is not None and latest["episode"] == 1, bad
+        assert f"ckpt-{i:08d}.pt is unreadable" in caplog.text
+        (tmp_path / f"ckpt-{i:08d}.pt").unlink()
+
+
+def test_an_array_that_does_not_decode_is_a_checkpoint_error(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt-00000001.pt"
+    save_atomic({"format": FORMAT, "a": {"__ndarray__": torch.zeros(3, dtype=torch.uint8),
+                                         "dtype": "<f8", "shape": [7]}}, path)
+    with pytest.raises(CheckpointError, match="does not decode"):
+        load(path)

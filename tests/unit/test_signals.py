@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -131,3 +134,122 @@ def test_the_time_budget_is_cut_to_the_chunks_deadline() -> None:
     assert effective_budget(600.0, {}, now=700.0) == 600.0
     for odd in ("", "²", "x", "nan", "inf", "-5", "9" * 5000):
         assert effective_budget(600.0, {"TRAIN_DEADLINE": odd}, now=700.0) == 600.0
+
+
+def test_a_stop_cuts_the_episode_after_the_grace() -> None:
+    from train.runtime.signals import STOP_GRACE_SECONDS
+
+    clock = FakeClock()
+    stopper = StopController(None, clock)
+    assert not stopper.overdue()
+    stopper.request_stop("received SIGTERM")
+    clock.now += STOP_GRACE_SECONDS - 1
+    assert not stopper.overdue()  # the episode may still finish on its own
+    clock.now += 1
+    assert stopper.overdue()
+
+
+def test_a_used_up_budget_cuts_the_episode() -> None:
+    clock = FakeClock()
+    stopper = StopController(20.0, clock)
+    clock.now += 19.5
+    assert not stopper.overdue()
+    clock.now += 0.5
+    assert stopper.overdue()
+    assert stopper.reason is not None and "within an episode" in stopper.reason
+
+
+def _restoring_stop_handlers() -> dict[int, object]:
+    from train.runtime.signals import STOP_SIGNALS
+
+    return {s: signal.getsignal(s) for s in STOP_SIGNALS}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_during_start_up_ends_it_at_once(sig: signal.Signals) -> None:
+    from train.runtime.signals import StartupStop, install_early_handlers
+
+    before = _restoring_stop_handlers()
+    try:
+        install_early_handlers()
+        with pytest.raises(StartupStop) as caught:
+            os.kill(os.getpid(), sig)
+        assert caught.value.signum == sig
+        # once the trainer has taken over, the restored early handler only records
+        with StopController(None):
+            pass
+        os.kill(os.getpid(), sig)
+        with StopController(None) as stopper:
+            assert stopper.reason == f"received {sig.name}"
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)  # type: ignore[arg-type]
+
+
+_RUN = ("['run', '--out', OUT, '--episodes', '2', '--res', '8', '--episode-steps', '4', "
+        "'--batch-size', '2', '--learning-starts', '2', '--replay-size', '8', "
+        "'--eval-episodes', '0', '--device', 'cpu']")
+
+
+def _run_with_start_up_signal(out: Path,
+                              sig: signal.Signals) -> subprocess.CompletedProcess[str]:
+    """`train run` in a fresh process whose start-up (the checks before anything is
+    written) receives `sig`; after SIGTERM it would then block for ten minutes."""
+    code = (
+        "import os, signal, sys, time\n"
+        "from train import runner\n"
+        "from train.cli import main\n"
+        "checks = runner.validate\n"
+        "def slow_validate(cfg):\n"
+        "    checks(cfg)\n"
+        f"    os.kill(os.getpid(), signal.{sig.name})\n"
+        f"    if {sig.name!r} != 'SIGUSR1':\n"
+        "        time.sleep(600)  # a rendezvous or a GPU wait that never ends\n"
+        "runner.validate = slow_validate\n"
+        f"OUT = {str(out)!r}\n"
+        f"sys.exit(main({_RUN}))\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def test_sigterm_during_start_up_exits_before_writing(tmp_path: Path) -> None:
+    proc = _run_with_start_up_signal(tmp_path / "r", signal.SIGTERM)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-2000:]
+    assert "stopped during start-up (SIGTERM)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "r" / "config.json").exists()
+
+
+def test_walltime_signal_during_start_up_stops_before_the_first_episode(
+        tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    code_out = _run_with_start_up_signal(out, signal.SIGUSR1)
+    assert code_out.returncode == 0, code_out.stderr[-2000:]
+    status = json.loads((out / "status.json").read_text())
+    assert status["complete"] is False and "SIGUSR1" in status["stop_reason"]
+    assert [s["episodes"] for s in status["seeds"].values()] == [0]
+    assert not list(out.glob("seed_*/checkpoints/ckpt-*.pt"))  # nothing new to save
+
+
+def test_an_endless_episode_stops_at_the_time_budget(tmp_path: Path) -> None:
+    """--episode-steps 1e9 with a budget: the episode is cut, its steps checkpointed, and
+    a second chunk continues from them (the work is counted in steps, not seconds)."""
+    from train.runtime.checkpoint import CheckpointManager
+
+    out = tmp_path / "r"
+    argv = ["run", "--out", str(out), "--episodes", "1", "--res", "8", "--episode-steps",
+            "1000000000", "--batch-size", "2", "--learning-starts", "2", "--replay-size",
+            "64", "--eval-episodes", "0", "--device", "cpu", "--time-budget", "2"]
+    steps = []
+    for _chunk in range(2):
+        proc = subprocess.run([sys.executable, "-m", "train", *argv], capture_output=True,
+                              text=True, timeout=300, check=False)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "cut after" in proc.stderr
+        status = json.loads((out / "status.json").read_text())
+        assert status["complete"] is False and "time budget" in status["stop_reason"]
+        [seed_dir] = out.glob("seed_*")
+        state = CheckpointManager(seed_dir / "checkpoints").load_latest()
+        assert state is not None and state["episode"] == 0
+        steps.append(state["step"])
+    assert 0 < steps[0] < steps[1]  # the second chunk went on from the first one's steps

@@ -10,7 +10,9 @@ Loading never runs code from the file: checkpoints hold only tensors and plain t
 arrays and RNG states are encoded as uint8 tensors with their dtype and shape), and are read
 with torch.load(weights_only=True). Each has a sha256 beside it (`ckpt-N.pt.sha256`, written
 before the checkpoint takes its final name); a checkpoint whose checksum is missing or does
-not match is skipped with a warning naming the file, and the older one is used.
+not match, or whose content is not what the trainer wrote, is skipped with a warning naming
+the file, and the older one is used. The skipped file is renamed `damaged-ckpt-N.pt` (kept
+for a look, out of the rotation), so it never holds one of the `keep` places.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import hashlib
 import logging
 import os
 import re
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -28,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from train.errors import CheckpointError, first_line
+from train.errors import CheckpointError, UsageError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +163,19 @@ def load(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} cannot be loaded safely: {first}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a checkpoint of format {FORMAT}")
-    return decode(state)  # type: ignore[no-any-return]
+    try:
+        return decode(state)  # type: ignore[no-any-return]
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a malformed array
+        raise CheckpointError(f"{path} holds an array that does not decode: "
+                              f"{first_line(exc)}") from None
+
+
+def _regular(path: Path) -> bool:
+    """A regular file itself, not a link to one."""
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return False
 
 
 def episode_of(path: Path) -> int:
@@ -185,8 +200,15 @@ class CheckpointManager:
 
     def prepare(self) -> None:
         """Create the directory and remove temp files left by a killed writer, and the
-        checksums of checkpoints that are gone."""
+        checksums of checkpoints that are gone. Something under a checkpoint's name that is
+        not a regular file (a folder, a link) would block the save of that episode hours
+        later: exit 2 now."""
         self.directory.mkdir(parents=True, exist_ok=True)
+        for entry in self.directory.iterdir():
+            if (_NAME.match(entry.name) or _NAME.match(entry.name.removesuffix(".sha256"))) \
+                    and not _regular(entry):
+                raise UsageError(f"out: {entry} is not a regular file but has a checkpoint's "
+                                 "name; remove it (or use a new --out)")
         for stale in self.directory.glob(".ckpt-*.tmp-*"):
             stale.unlink(missing_ok=True)
         for orphan in self.directory.glob("ckpt-*.pt.sha256"):
@@ -197,19 +219,27 @@ class CheckpointManager:
         """Complete checkpoints, oldest first."""
         if not self.directory.is_dir():
             return []
-        found = [p for p in self.directory.iterdir() if _NAME.match(p.name)]
+        found = [p for p in self.directory.iterdir() if _NAME.match(p.name) and _regular(p)]
         return sorted(found, key=episode_of)
 
-    def load_latest(self) -> dict[str, Any] | None:
-        """The newest checkpoint that loads; older ones are tried if the newest is damaged."""
+    def load_latest(self, check: Callable[[dict[str, Any]], None] | None = None,
+                    set_aside: bool = False) -> dict[str, Any] | None:
+        """The newest checkpoint that loads (and that `check` accepts: it raises
+        CheckpointError, ValueError, KeyError or TypeError for content that is not a
+        checkpoint of this trainer); older ones are tried if the newest is damaged. With
+        `set_aside` (one process of a run) a damaged one is renamed damaged-ckpt-N.pt."""
         candidates = self.complete()
         errors = []
         for path in reversed(candidates):
             try:
                 state = load(path)
+                if check is not None:
+                    check(state)
             except Exception as exc:
                 log.warning("checkpoint %s is unreadable (%s); trying an older one", path, exc)
                 errors.append(f"{path.name}: {exc}")
+                if set_aside:
+                    self._set_aside(path)
                 continue
             log.info("resuming from %s", path)
             return state
@@ -217,6 +247,17 @@ class CheckpointManager:
             raise CheckpointError(f"no readable checkpoint in {self.directory}: "
                                   + "; ".join(errors))
         return None
+
+    def _set_aside(self, path: Path) -> None:
+        """Rename a damaged checkpoint (and its checksum) out of the rotation."""
+        try:
+            for src in (checksum_path(path), path):
+                if src.exists():
+                    os.replace(src, src.with_name(f"damaged-{src.name}"))
+        except OSError as exc:  # a read-only folder: it stays, and is skipped again
+            log.warning("could not set %s aside: %s", path, exc)
+            return
+        log.warning("set aside as %s", path.with_name(f"damaged-{path.name}"))
 
     def save(self, state: dict[str, Any], episode: int) -> None:
         """Snapshot `state` now and write it (in the background when enabled)."""

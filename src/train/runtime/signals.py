@@ -5,6 +5,16 @@ preemption) and SIGINT (Ctrl-C) ask the trainer to finish the current episode, c
 and exit 0. A second SIGINT stops at once. Signal delivery is coarse (tens of seconds early
 or late), so the trainer also keeps its own time budget and stops before an episode that
 would not fit.
+
+An episode is not waited for without end: once a stop has been pending for
+STOP_GRACE_SECONDS, or the time budget is used up, `overdue()` is true and the trainer cuts
+the episode, checkpointing what it did (Slurm's KillWait, 30 s by default, follows SIGTERM
+with SIGKILL).
+
+During start-up (before the trainer takes the signals over) SIGTERM and SIGINT end the
+process at once (StartupStop, exit 128+N): nothing has been trained yet, and start-up may
+wait on a rendezvous, a GPU or a slow file system. SIGUSR1, the coarse walltime warning, is
+kept for the trainer, which then stops before its first episode.
 """
 
 from __future__ import annotations
@@ -23,14 +33,31 @@ log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 
+# How long a requested stop waits for the current episode before the trainer cuts it.
+STOP_GRACE_SECONDS = 15.0
+
 # A stop signal that arrived before the trainer was ready (SLURM's walltime signal is coarse
-# and may come during start-up, when SIGUSR1's default action would kill the process).
-_early: dict[str, str | None] = {"reason": None}
+# and may come during start-up, when SIGUSR1's default action would kill the process), and
+# whether start-up is over (the trainer took the signals over once: from then on the early
+# handler, restored after training, only records).
+_early: dict[str, str | None] = {"reason": None, "started": None}
+
+
+class StartupStop(BaseException):
+    """SIGTERM or SIGINT during start-up: the process ends now (a BaseException, so no
+    `except Exception` on the way swallows it; atomic writes remove their temporary files)."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+        super().__init__(f"received {self.name} during start-up")
 
 
 def _early_handler(signum: int, frame: FrameType | None) -> None:
     if signum == signal.SIGINT and _early["reason"] is not None:
         raise KeyboardInterrupt
+    if signum != signal.SIGUSR1 and _early["started"] is None:
+        raise StartupStop(signum)
     _early["reason"] = f"received {signal.Signals(signum).name}"
 
 
@@ -45,10 +72,12 @@ def ignore_late_walltime_signal() -> None:
 
 
 def install_early_handlers(mark_ready: bool = True) -> None:
-    """Record stop signals from process start on; StopController picks them up. Then tell
+    """From process start on: SIGTERM and SIGINT end start-up (StartupStop), SIGUSR1 is
+    recorded for the StopController to pick up. Then tell
     the batch shell that a walltime signal no longer kills this process (the file named by
     SIGNAL_READY_VAR, set for job steps) unless `mark_ready` is false: `train launch`
     starting a program of the user's cannot say when that program is ready."""
+    _early["started"] = None
     for sig in STOP_SIGNALS:
         signal.signal(sig, _early_handler)
     ready = os.environ.get(SIGNAL_READY_VAR) if mark_ready else None
@@ -96,10 +125,12 @@ class StopController:
         self._start = clock()
         self._episode_seconds = 0.0
         self.reason: str | None = None
+        self._requested_at: float | None = None
         self._previous: dict[int, object] = {}
 
     # -- signals ----------------------------------------------------------------------
     def __enter__(self) -> StopController:
+        _early["started"] = "yes"
         for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._on_signal)
         if _early["reason"] is not None:
@@ -122,6 +153,7 @@ class StopController:
     def request_stop(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
+            self._requested_at = self._clock()
             log.warning("stop requested (%s): finishing the current episode, then "
                         "checkpointing", reason)
 
@@ -142,5 +174,17 @@ class StopController:
         if self.elapsed + 1.2 * self._episode_seconds >= self.time_budget:
             self.request_stop(f"time budget of {self.time_budget:g} s: "
                               f"{self.elapsed:.1f} s used")
+            return True
+        return False
+
+    def overdue(self) -> bool:
+        """True when the current episode must be cut: a stop has waited STOP_GRACE_SECONDS
+        for it, or the time budget is used up (cheap enough to ask at every step)."""
+        if self._requested_at is not None:
+            return self._clock() - self._requested_at >= STOP_GRACE_SECONDS
+        if self.time_budget is not None and self.elapsed >= self.time_budget:
+            self.reason = f"time budget of {self.time_budget:g} s used up within an episode"
+            self._requested_at = self._clock()
+            log.warning("stop: %s; cutting the episode and checkpointing", self.reason)
             return True
         return False

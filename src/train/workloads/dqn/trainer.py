@@ -24,7 +24,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from train.config import RunConfig
-from train.errors import CheckpointError, UsageError
+from train.errors import CheckpointError, UsageError, first_line
 from train.runtime import results
 from train.runtime.checkpoint import CheckpointManager
 from train.runtime.distributed import DistContext
@@ -73,9 +73,20 @@ def param_digest(module: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+# How often (in agent steps) a training episode asks whether it must be cut: often enough
+# to stop within a few seconds at any speed, rarely enough that the ranks' agreement (one
+# small all-gather under DDP) costs nothing.
+STOP_CHECK_STEPS = 32
+
+
+class EpisodeCut(Exception):
+    """Raised from a step when a stop cannot wait for the episode's end."""
+
+
 def run_episode(env: Env, policy: Callable[[Any], int],
                 on_step: Callable[[Any, int, float, bool, Any], None] | None = None) -> float:
-    """Play one episode with `policy(obs) -> action`; returns the summed reward."""
+    """Play one episode with `policy(obs) -> action`; returns the summed reward. `on_step`
+    may end it early by raising EpisodeCut."""
     obs = env.reset()
     total = 0.0
     while True:
@@ -97,6 +108,34 @@ class SeedOutcome:
     rewards: list[float] = field(default_factory=list)
     evaluation: dict[str, Any] | None = None
     digest: str = ""
+
+
+def check_state(state: dict[str, Any]) -> None:
+    """The shape SeedRun.save writes, checked before anything is restored from it (a file
+    with a valid checksum may still be someone else's): TypeError or KeyError if not."""
+    def need(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+            raise TypeError(f"{what} is {type(value).__name__}, not what the trainer writes")
+        return value
+
+    for key in ("seed", "episode", "step", "world_size"):
+        if need(state.get(key), int, key) < 0:
+            raise ValueError(f"{key} is negative")
+    need(state.get("identity"), dict, "identity")
+    need(state.get("agent"), dict, "agent")
+    history = need(state.get("history"), dict, "history")
+    for key in ("rewards", "losses"):
+        for value in need(history.get(key), list, f"history.{key}"):
+            need(value, (int, float), f"a value of history.{key}")
+    ranks = need(state.get("ranks"), list, "ranks")
+    if len(ranks) != state["world_size"]:
+        raise ValueError(f"{len(ranks)} rank states for a world size of {state['world_size']}")
+    for i, rank in enumerate(ranks):
+        need(rank, dict, f"ranks[{i}]")
+        for key in ("replay", "env", "rng", "numpy_rng", "python_rng"):
+            if key not in rank:
+                raise KeyError(f"ranks[{i}] has no {key}")
+        need(rank.get("torch_cpu_rng"), torch.Tensor, f"ranks[{i}].torch_cpu_rng")
 
 
 class SeedRun:
@@ -167,7 +206,7 @@ class SeedRun:
 
     def restore(self) -> bool:
         """Load the newest complete checkpoint, if any; True when resumed."""
-        state = self.checkpoints.load_latest()
+        state = self.checkpoints.load_latest(check_state, set_aside=self.ctx.is_main)
         if state is None:
             return False
         mismatched = {k: (v, state["identity"].get(k)) for k, v in self.cfg.identity().items()
@@ -181,8 +220,13 @@ class SeedRun:
             raise UsageError(f"WORLD_SIZE: the checkpoint in {self.dir} was written by "
                              f"{state['world_size']} processes, this run has "
                              f"{self.ctx.world_size}; resume with the same number")
-        self.agent.load_state_dict(state["agent"])
-        self._restore_local(state["ranks"][self.ctx.rank])
+        try:
+            self.agent.load_state_dict(state["agent"])
+            self._restore_local(state["ranks"][self.ctx.rank])
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as exc:
+            raise CheckpointError(f"the newest checkpoint in {self.checkpoints.directory} "
+                                  f"does not fit this run: {first_line(exc)}; move it away "
+                                  "to resume from the one before") from None
         self.episode = int(state["episode"])
         self.step = int(state["step"])
         self.rewards = [float(r) for r in state["history"]["rewards"]]
@@ -208,17 +252,32 @@ class SeedRun:
                 losses_in_episode += 1
                 if self.agent.updates == 1:
                     log.info("first training step done at unix time %.3f", time.time())
+            # every rank has taken the same number of steps here, so they agree in lockstep
+            if self.step % STOP_CHECK_STEPS == 0 and self.ctx.any(stopper.overdue()):
+                raise EpisodeCut
 
-        stopped = False
+        # a stop asked for during start-up (the walltime signal) ends the chunk before its
+        # first episode: the last checkpoint already holds everything
+        stopped = self.episode < cfg.episodes and self.ctx.any(stopper.reason is not None)
         try:
-            while self.episode < cfg.episodes:
+            while self.episode < cfg.episodes and not stopped:
                 started = time.monotonic()
                 loss_sum.zero_()
                 losses_in_episode = 0
-                reward = run_episode(
-                    self.env,
-                    lambda obs: self.agent.act(obs, epsilon_at(cfg, self.step), self.rng),
-                    on_step)
+                try:
+                    reward = run_episode(
+                        self.env,
+                        lambda obs: self.agent.act(obs, epsilon_at(cfg, self.step), self.rng),
+                        on_step)
+                except EpisodeCut:
+                    # the episode is not counted (a resumed run starts it afresh); its steps,
+                    # updates and replay are kept in the checkpoint
+                    log.warning("episode %d cut after %.0f s (%s); checkpointing at step "
+                                "%d", self.episode + 1, time.monotonic() - started,
+                                stopper.reason, self.step)
+                    stopped = True
+                    self.save()
+                    break
                 self.episode += 1
                 rewards = self.ctx.all_gather_object(reward)
                 self.rewards.append(float(np.mean(rewards)))
@@ -232,8 +291,6 @@ class SeedRun:
                 if stopped or self.episode % cfg.checkpoint_every == 0 \
                         or self.episode >= cfg.episodes:
                     self.save()
-                if stopped:
-                    break
         finally:
             progress.close()
             self.checkpoints.wait()
@@ -317,7 +374,8 @@ def _train_seed(cfg: RunConfig, seed: int, ctx: DistContext, precision: Precisio
         outcome = SeedOutcome(seed, run.episode, complete, list(run.rewards),
                               digest=digests[0])
         if ctx.is_main:
-            outcome.evaluation = run.evaluate() if cfg.eval_episodes else None
+            # a stopped chunk must leave at once: the chunk that finishes evaluates
+            outcome.evaluation = run.evaluate() if cfg.eval_episodes and complete else None
             _write_seed_results(cfg, run, outcome, len(digests))
         return outcome
     finally:
