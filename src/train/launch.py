@@ -179,14 +179,10 @@ def cap_workers(requested: int, cpus: int, procs_per_node: int, host_free: int,
 
 
 def host_free_bytes() -> int:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    """What the node's processes can still allocate: MemAvailable within the job's cgroup."""
+    from train.runtime.hostmem import available_bytes
+
+    return available_bytes()
 
 
 def wait_for_gpu_memory(min_free_mb: int, timeout: float, poll: float = 10.0) -> bool:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -126,3 +128,54 @@ def test_real_cuda_preallocation_succeeds_and_reports_peak() -> None:
                          state_bytes=training_state_bytes(agent.policy.parameters()))
     assert report.peak_bytes > report.state_bytes // 4
     assert len(agent.optimizer.state) > 0
+
+
+def _cgroup(root: Path, rel: str, files: dict[str, str]) -> None:
+    directory = root / rel
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (directory / name).write_text(text + "\n")
+
+
+def test_cgroup_v2_limit_of_the_job_above_the_step(tmp_path: Path) -> None:
+    """Slurm's layout: the job's --mem on job_7, the task in job_7/step_0/user/task_0."""
+    from train.runtime.hostmem import cgroup_memory_left
+
+    gib = 2**30
+    _cgroup(tmp_path, "system.slice/slurmstepd.scope/job_7",
+            {"memory.max": str(8 * gib), "memory.current": str(3 * gib)})
+    _cgroup(tmp_path, "system.slice/slurmstepd.scope/job_7/step_0/user/task_0",
+            {"memory.max": "max", "memory.current": str(gib)})
+    text = "0::/system.slice/slurmstepd.scope/job_7/step_0/user/task_0\n"
+    assert cgroup_memory_left(text, tmp_path) == 5 * gib
+    assert cgroup_memory_left("0::/\n", tmp_path) is None  # no limit anywhere
+    assert cgroup_memory_left("0::/elsewhere/x\n", tmp_path) is None  # not mounted here
+
+
+def test_cgroup_v1_memory_controller_and_no_limit(tmp_path: Path) -> None:
+    from train.runtime.hostmem import cgroup_memory_left
+
+    _cgroup(tmp_path / "memory", "slurm/uid_1/job_9",
+            {"memory.limit_in_bytes": str(4 * 2**30), "memory.usage_in_bytes": str(2**30)})
+    _cgroup(tmp_path / "memory", "slurm/uid_1/job_9/step_batch",
+            {"memory.limit_in_bytes": "9223372036854771712",  # v1's "unlimited"
+             "memory.usage_in_bytes": "1"})
+    text = "12:pids:/x\n4:memory:/slurm/uid_1/job_9/step_batch\n1:name=systemd:/y\n"
+    assert cgroup_memory_left(text, tmp_path) == 3 * 2**30
+    assert cgroup_memory_left("garbage\n\n::\n", tmp_path) is None
+
+
+def test_the_memory_check_counts_the_jobs_cgroup_not_the_node(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A replay that fits the node's free memory but not the job's --mem is exit 2."""
+    from train import runner
+    from train.config import run_config_from_argv
+    from train.errors import ConfigError
+    from train.runtime import hostmem
+
+    cfg = run_config_from_argv(["--out", str(tmp_path / "r"), "--replay-size", "20000",
+                                "--res", "32"])
+    runner.check_memory(cfg)  # this machine's memory holds it
+    monkeypatch.setattr(hostmem, "cgroup_memory_left", lambda: 64 * 2**20)
+    with pytest.raises(ConfigError, match=r"replay_size: .* can expect 0\.1 GiB"):
+        runner.check_memory(cfg)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from train.errors import PreallocationError
+from train.runtime import hostmem
 from train.runtime.alloc_conf import ALLOC_CONF_VAR, TUNED_ALLOC_CONF
 
 log = logging.getLogger(__name__)
@@ -50,18 +51,9 @@ def device_memory(device: torch.device) -> tuple[int, int]:
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         return int(free), int(total)
-    pages = os.sysconf("SC_PHYS_PAGES")
-    page = os.sysconf("SC_PAGE_SIZE")
-    free = page * os.sysconf("SC_AVPHYS_PAGES")
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    free = int(line.split()[1]) * 1024
-                    break
-    except OSError:
-        pass
-    return free, pages * page
+    return hostmem.available_bytes(), os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 
 
 def training_state_bytes(params: Iterable[torch.nn.Parameter]) -> int:

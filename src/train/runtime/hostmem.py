@@ -1,0 +1,73 @@
+"""Host memory this process can still use: the node's MemAvailable, cut to what its
+memory cgroup allows. No heavy imports (`train launch` reads it before torch starts).
+
+Slurm's task/cgroup makes `--mem` the job's cgroup limit, while MemAvailable counts the
+whole node: a check against the node alone passes, and the OOM killer ends the job later
+(the field's 16-GPU job, 5 oom_kill events).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def available_bytes() -> int:
+    """min(MemAvailable, the memory cgroup's limit minus its use)."""
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    free = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    left = cgroup_memory_left()
+    return free if left is None else min(free, left)
+
+
+_UNLIMITED = 2**60  # cgroup v1 writes "no limit" as a page-rounded 2**63-1
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() else None  # "max": no limit
+
+
+def cgroup_memory_left(self_cgroup: str | None = None,
+                       root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Bytes this process's memory cgroup and its ancestors still allow (limit minus use,
+    at the tightest level; the job's limit sits above its step's cgroup), or None where no
+    level has a limit. `self_cgroup` is /proc/self/cgroup's text (v1 or v2)."""
+    if self_cgroup is None:
+        try:
+            self_cgroup = Path("/proc/self/cgroup").read_text(encoding="utf-8")
+        except OSError:
+            return None
+    tightest: int | None = None
+    for line in self_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, rel = parts
+        if controllers == "":  # v2: one unified hierarchy
+            base, files = root, ("memory.max", "memory.current")
+        elif "memory" in controllers.split(","):  # v1: the memory controller's own tree
+            base, files = root / "memory", ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        else:
+            continue
+        directory = base / rel.strip().lstrip("/")
+        while True:  # the job's limit sits above the step's own cgroup
+            limit = _read_int(directory / files[0])
+            used = _read_int(directory / files[1])
+            if limit is not None and limit < _UNLIMITED and used is not None:
+                left = max(0, limit - used)
+                tightest = left if tightest is None else min(tightest, left)
+            if directory == base or base not in directory.parents:
+                break
+            directory = directory.parent
+    return tightest
