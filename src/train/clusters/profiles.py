@@ -5,6 +5,11 @@ every `*.yaml` in `~/.config/train/clusters/`, then in each directory of
 `$TRAIN_CLUSTERS_PATH` (colon-separated), then files given with `--profile FILE`. A profile
 with `extends: NAME` starts from that profile and overrides only the keys it sets (nested
 mappings merge), so a site change is a three-line file.
+
+Profile values reach every rendered job script (`#SBATCH` lines, shell lines) and command
+line: each string is held to a tight character set (no spaces, quotes, `$`, `;`, backticks
+or line breaks), each value to its YAML type (a string is not a one-item list, "false" is
+not a boolean), and every error is a ConfigError naming the key path.
 """
 
 from __future__ import annotations
@@ -29,18 +34,47 @@ GPU_TYPE_REQUESTS = ("gres", "constraint", "none")
 USER_DIR = Path("~/.config/train/clusters")
 PATH_VAR = "TRAIN_CLUSTERS_PATH"
 
-_TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
-_MEM_RE = re.compile(r"^(\d+)([KMGT]?)B?$", re.I)
-_FEATURE_RE = re.compile(r"^[A-Za-z0-9_.:-]+$")
+# Every pattern here is used with fullmatch: `$` would let a trailing newline through.
+# (at most 12 digits a number: int() refuses thousands, and no walltime or memory needs more)
+_TIME_RE = re.compile(r"(?:([0-9]{1,12})-)?([0-9]{1,12})(?::([0-9]{1,12}))?(?::([0-9]{1,12}))?")
+_MEM_RE = re.compile(r"([0-9]{1,12})([KMGTkmgt]?)[Bb]?")  # ASCII units only (no Kelvin sign)
+
+# Profile strings reach rendered scripts (`#SBATCH` lines, shell lines) and command lines:
+# each kind has a tight set of characters, without spaces, quotes, `$`, `;`, backticks or
+# line breaks. Names: profiles, partitions, QOS, GPU types.
+_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+_NAME_CHARS = "letters, digits, '_', '.' and '-' (not starting with '.' or '-')"
+# one node feature (gpu_features values, constraint names): no operators such as & | [ ]
+_FEATURE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*")
+_FEATURE_CHARS = ("letters, digits, '_', '.', ':' and '-' (not starting with '.', ':' or '-'; "
+                  "no operators such as & | [ ])")
+# absolute paths (binds, scratch_root): no ',' or ':' either (the runtimes split on them)
+_PATH_RE = re.compile(r"/[A-Za-z0-9_.+@/-]*")
+_PATH_CHARS = "an absolute path of letters, digits, '_', '.', '+', '@', '-' and '/'"
+# `modules:` lines run as they are in the job script: `module ...` or `ml ...`, with words
+# such as load, cuda/12.1, gcc@11.2, py-torch+cuda
+_MODULE_COMMANDS = ("module", "ml")
+_MODULE_WORD_RE = re.compile(r"[A-Za-z0-9_./+@:-]+")
+_MODULE_CHARS = ("'module' (or 'ml') and words of letters, digits, '_', '.', '/', '+', '@', "
+                 "':' and '-' separated by single spaces (no quotes, $, ;, backticks or "
+                 "line breaks), such as 'module load apptainer'")
+# preempt_flags: one sbatch long option each, --name or --name=value
+_FLAG_NAME_RE = re.compile(r"--[A-Za-z][A-Za-z0-9-]*")
+_FLAG_VALUE_RE = re.compile(r"[A-Za-z0-9_.,:;=@%/+|&-]+")
+_FLAG_CHARS = ("one sbatch option, --name or --name=value: the name letters, digits and '-', "
+               "the value letters, digits and _ . , : ; = @ % / + | & - (no spaces, quotes, "
+               "$, backticks or line breaks)")
+_ENV_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\*?")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def parse_time(text: str | int, field_name: str = "time") -> int:
     """SLURM time formats -> whole minutes (seconds round up), as sbatch reads them."""
-    value = str(text).strip()
-    match = _TIME_RE.match(value)
+    value = str(text)
+    match = _TIME_RE.fullmatch(value)
     if not match:
-        raise ConfigError(field_name, f"{value!r} is not a SLURM time (MM, MM:SS, HH:MM:SS, "
-                          "D-HH, D-HH:MM or D-HH:MM:SS)")
+        raise ConfigError(field_name, f"{shown(value)} is not a SLURM time (MM, MM:SS, "
+                          "HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)")
     days, a, b, c = match.groups()
     if days is None:
         if b is None:  # minutes
@@ -65,15 +99,16 @@ def format_time(minutes: int) -> str:
 def parse_mem(text: str | int, field_name: str = "mem", *, allow_zero: bool = False) -> int:
     """'50G', '8000M', '8000' (MB, as sbatch) -> megabytes. 0 only with allow_zero (for
     --mem, where Slurm reads it as all of the node's memory)."""
-    value = str(text).strip()
-    match = _MEM_RE.match(value)
+    value = str(text)
+    match = _MEM_RE.fullmatch(value)
     if not match:
-        raise ConfigError(field_name, f"{value!r} is not a memory size such as 50G or 8000M")
+        raise ConfigError(field_name, f"{shown(value)} is not a memory size such as 50G or "
+                          "8000M")
     number, unit = int(match.group(1)), match.group(2).upper()
     if number == 0:
         if allow_zero:
             return 0
-        raise ConfigError(field_name, f"{value!r}: must be more than 0")
+        raise ConfigError(field_name, f"{shown(value)}: must be more than 0")
     factor = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}[unit]
     return max(1, int(number * factor))
 
@@ -138,130 +173,282 @@ _SECTION_KEYS = {"account": {"required", "hint"},
                  "qos": {"required", "default", "limits"}}
 _NODE_KEYS = {"gpus_per_node", "gpu_types", "cpus_per_node", "mem_per_node", "max_time",
               "max_nodes", "max_gpus"}
+_KEY_LABEL_RE = re.compile(r"[A-Za-z0-9_.:-]+")
 
 
-_ENV_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\*?$")
+def _got(value: Any) -> str:
+    return "null" if value is None else shown(value)
 
 
-def _env_names(items: Any) -> tuple[str, ...]:
-    if not isinstance(items, (list, tuple)):
-        raise ConfigError("env", "must be a list of variable names (NAME or PREFIX_*)")
-    for item in items:
-        if not isinstance(item, str) or not _ENV_PATTERN.match(item):
-            raise ConfigError("env", f"{item!r} is not a variable name or PREFIX_* pattern")
-    return tuple(items)
+def _label(key: Any) -> str:
+    """A mapping key as it goes into a field name: plain keys as they are, others quoted."""
+    return key if isinstance(key, str) and _KEY_LABEL_RE.fullmatch(key) else shown(key)
 
 
-def _check_keys(where: str, data: Mapping[str, Any], allowed: set[str]) -> None:
-    unknown = sorted(set(data) - allowed)
+def _check_keys(where: str, data: Mapping[Any, Any], allowed: set[str]) -> None:
+    unknown = sorted((k for k in data if k not in allowed), key=_label)
     if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}", "unknown profile key; valid keys are: "
-                          + ", ".join(sorted(allowed)))
+        raise ConfigError(f"{where}.{_label(unknown[0])}", "unknown profile key; valid keys "
+                          "are: " + ", ".join(sorted(allowed)))
+
+
+def _mapping(where: str, value: Any) -> Mapping[Any, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(where, f"must be a mapping of names to settings, got "
+                          f"{shown(value)}")
+    return value
+
+
+def _section(where: str, value: Any, allowed: set[str]) -> Mapping[Any, Any]:
+    """account, partition, qos: a mapping of the allowed keys (null: all defaults)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(where, f"must be a mapping (keys: {', '.join(sorted(allowed))}), "
+                          f"got {shown(value)}")
+    _check_keys(where, value, allowed)
+    return value
+
+
+def _list(where: str, value: Any, what: str) -> list[Any]:
+    """A YAML list (null: empty). A single string is refused, not split into characters."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        hint = " (write one item as a one-item list: [ITEM])" if isinstance(value, str) else ""
+        raise ConfigError(where, f"must be a list of {what}, got {shown(value)}{hint}")
+    return value
+
+
+def _bool(where: str, section: Mapping[Any, Any], key: str, default: bool) -> bool:
+    value = section.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}.{key}", f"must be true or false, got {_got(value)}")
+    return value
 
 
 def _int(where: str, value: Any, *, optional: bool = False) -> int | None:
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(where, f"must be a non-negative integer, got {value!r}")
+        raise ConfigError(where, f"must be a non-negative integer, got {_got(value)}")
     return value
+
+
+def _text(where: str, value: Any) -> str:
+    """Free text (description, hint): shown to people, never run; one plain string."""
+    if not isinstance(value, str):
+        raise ConfigError(where, f"must be a string, got {_got(value)}")
+    if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in value):
+        raise ConfigError(where, "must not hold control characters or line breaks")
+    return value
+
+
+def _word(where: str, value: Any, pattern: re.Pattern[str], what: str, chars: str) -> str:
+    """One name or feature (numbers such as 3090 taken as text), in `pattern`'s set."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise ConfigError(where, f"must be {what}: {chars}; got {_got(value)}")
+    return value
+
+
+def _name(where: str, value: Any, what: str = "a name") -> str:
+    return _word(where, value, _NAME_RE, what, _NAME_CHARS)
+
+
+def _names(where: str, value: Any, what: str) -> tuple[str, ...]:
+    return tuple(_name(f"{where}[{i}]", item, what)
+                 for i, item in enumerate(_list(where, value, f"{what}s")))
+
+
+def _keyed(where: str, value: Any, pattern: re.Pattern[str], what: str,
+           chars: str) -> dict[str, Any]:
+    """A mapping whose keys are names in `pattern`'s set; the key error names the mapping."""
+    out: dict[str, Any] = {}
+    for raw, item in _mapping(where, value).items():
+        number = isinstance(raw, (int, float)) and not isinstance(raw, bool)
+        key = str(raw) if number else raw
+        if not isinstance(key, str) or not pattern.fullmatch(key):
+            raise ConfigError(where, f"{_got(key)} is not a {what}: {chars}")
+        out[key] = item
+    return out
+
+
+def _time(where: str, value: Any, *, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ConfigError(where, f"must be a SLURM time such as \"2:00:00\" or \"1-00:00:00\","
+                          f" got {_got(value)}")
+    return parse_time(value, where)
+
+
+def _path(where: str, value: Any) -> str:
+    if not isinstance(value, str) or not _PATH_RE.fullmatch(value):
+        raise ConfigError(where, f"must be {_PATH_CHARS}; got {_got(value)}")
+    return value
+
+
+def _scratch_root(where: str, value: Any) -> str:
+    return "" if value == "" else _path(where, value)
+
+
+def _binds(where: str, value: Any) -> tuple[str, ...]:
+    out = []
+    for i, item in enumerate(_list(where, value, "absolute paths")):
+        path = _path(f"{where}[{i}]", item)
+        if path.strip("/") == "":
+            raise ConfigError(f"{where}[{i}]", "/ would cover the container's whole file "
+                              "system; bind the directories the jobs need")
+        out.append(path)
+    return tuple(out)
+
+
+def _modules(where: str, value: Any) -> tuple[str, ...]:
+    """Set-up lines the job script runs before the step, as they are: module commands."""
+    out = []
+    for i, item in enumerate(_list(where, value, "module command lines such as "
+                                   "'module load apptainer'")):
+        words = item.split(" ") if isinstance(item, str) else []
+        if len(words) < 2 or words[0] not in _MODULE_COMMANDS \
+                or not all(_MODULE_WORD_RE.fullmatch(w) for w in words[1:]):
+            raise ConfigError(f"{where}[{i}]", f"must be a module command line: "
+                              f"{_MODULE_CHARS}; got {_got(item)}")
+        out.append(item)
+    return tuple(out)
+
+
+def _preempt_flags(where: str, value: Any) -> tuple[str, ...]:
+    out = []
+    for i, item in enumerate(_list(where, value, "sbatch options")):
+        ok = isinstance(item, str)
+        if ok:
+            key, sep, flag_value = item.partition("=")
+            ok = bool(_FLAG_NAME_RE.fullmatch(key)) \
+                and (not sep or bool(_FLAG_VALUE_RE.fullmatch(flag_value)))
+        if not ok:
+            raise ConfigError(f"{where}[{i}]", f"must be {_FLAG_CHARS}; got {_got(item)}")
+        out.append(item)
+    return tuple(out)
+
+
+def _env_names(where: str, items: Any) -> tuple[str, ...]:
+    names = _list(where, items, "variable names (NAME or PREFIX_*)")
+    for i, item in enumerate(names):
+        if not isinstance(item, str) or not _ENV_PATTERN.fullmatch(item):
+            raise ConfigError(f"{where}[{i}]", f"{_got(item)} is not a variable name or "
+                              "PREFIX_* pattern (letters, digits and _, not starting with a "
+                              "digit)")
+    return tuple(names)
 
 
 def _node(where: str, name: str, data: Any) -> NodeType:
     if not isinstance(data, dict):
-        raise ConfigError(where, "must be a mapping")
+        raise ConfigError(where, f"must be a mapping, got {_got(data)}")
     _check_keys(where, data, _NODE_KEYS)
     missing = sorted({"gpus_per_node", "cpus_per_node", "mem_per_node", "max_time"}
                      - set(data))
     if missing:
         raise ConfigError(f"{where}.{missing[0]}", "is required")
-    max_time = data["max_time"]
+    mem = data["mem_per_node"]
+    if isinstance(mem, bool) or not isinstance(mem, (str, int)):
+        raise ConfigError(f"{where}.mem_per_node", f"must be a memory size such as 50G or "
+                          f"8000M, got {_got(mem)}")
     return NodeType(
         name=name,
         gpus_per_node=_int(f"{where}.gpus_per_node", data["gpus_per_node"]) or 0,
-        gpu_types=tuple(str(t) for t in data.get("gpu_types") or ()),
+        gpu_types=_names(f"{where}.gpu_types", data.get("gpu_types"), "a GPU type"),
         cpus_per_node=_int(f"{where}.cpus_per_node", data["cpus_per_node"]) or 0,
-        mem_mb=parse_mem(data["mem_per_node"], f"{where}.mem_per_node"),
-        max_minutes=None if max_time is None else parse_time(max_time, f"{where}.max_time"),
+        mem_mb=parse_mem(mem, f"{where}.mem_per_node"),
+        max_minutes=_time(f"{where}.max_time", data["max_time"], optional=True),
         max_nodes=_int(f"{where}.max_nodes", data.get("max_nodes"), optional=True),
         max_gpus=_int(f"{where}.max_gpus", data.get("max_gpus"), optional=True),
     )
 
 
+def _profile_name(source: str, value: Any) -> str:
+    if value is None or value == "":
+        raise ConfigError(f"profile {source}.name", "is required")
+    return _name(f"profile {source}.name", value, "a profile name")
+
+
 def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
     """Validate a merged profile mapping; errors name the key path."""
-    name = str(data.get("name") or "")
-    where = f"profile {name or source}"
+    name = _profile_name(source, data.get("name"))
+    where = f"profile {name}"
     _check_keys(where, data, _TOP_KEYS)
-    for section, keys in _SECTION_KEYS.items():
-        _check_keys(f"{where}.{section}", data.get(section) or {}, keys)
-    if not name:
-        raise ConfigError(f"{where}.name", "is required")
-    account = data.get("account") or {}
-    partition = data.get("partition") or {}
-    qos = data.get("qos") or {}
+    account, partition, qos = (_section(f"{where}.{s}", data.get(s), keys)
+                               for s, keys in _SECTION_KEYS.items())
     style = data.get("gpu_request", "gres")
     if style == "gres_typed":
         raise ConfigError(f"{where}.gpu_request", "gres_typed is now two keys: "
                           "gpu_request: gres and gpu_type_request: gres")
     if style not in GPU_REQUEST_STYLES:
         raise ConfigError(f"{where}.gpu_request", f"must be one of "
-                          f"{', '.join(GPU_REQUEST_STYLES)}; got {style!r}")
+                          f"{', '.join(GPU_REQUEST_STYLES)}; got {_got(style)}")
     type_request = data.get("gpu_type_request", "none")
     if type_request not in GPU_TYPE_REQUESTS:
         raise ConfigError(f"{where}.gpu_type_request", f"must be one of "
-                          f"{', '.join(GPU_TYPE_REQUESTS)}; got {type_request!r}")
-    features = data.get("gpu_features") or {}
-    if not isinstance(features, dict):
-        raise ConfigError(f"{where}.gpu_features", "must be a mapping of GPU type to node "
-                          "feature")
-    for gpu, feature in features.items():
-        if not isinstance(feature, str) or not _FEATURE_RE.match(feature):
-            raise ConfigError(f"{where}.gpu_features.{gpu}", f"must be one node feature "
-                              f"name (no operators such as & | [ ]); got {feature!r}")
-    partitions = {str(k): _node(f"{where}.partitions.{k}", str(k), v)
-                  for k, v in _mapping(f"{where}.partitions", data.get("partitions")).items()}
-    constraints = {str(k): _node(f"{where}.constraints.{k}", str(k), v)
-                   for k, v in _mapping(f"{where}.constraints",
-                                        data.get("constraints")).items()}
-    allowed = bool(partition.get("allowed", True))
+                          f"{', '.join(GPU_TYPE_REQUESTS)}; got {_got(type_request)}")
+    features = {}
+    for gpu, feature in _keyed(f"{where}.gpu_features", data.get("gpu_features"), _NAME_RE,
+                               "GPU type", _NAME_CHARS).items():
+        features[gpu] = _word(f"{where}.gpu_features.{gpu}", feature, _FEATURE_RE,
+                              "one node feature name", _FEATURE_CHARS)
+    partitions = {k: _node(f"{where}.partitions.{k}", k, v)
+                  for k, v in _keyed(f"{where}.partitions", data.get("partitions"), _NAME_RE,
+                                     "partition name", _NAME_CHARS).items()}
+    constraints = {k: _node(f"{where}.constraints.{k}", k, v)
+                   for k, v in _keyed(f"{where}.constraints", data.get("constraints"),
+                                      _FEATURE_RE, "node feature", _FEATURE_CHARS).items()}
+    allowed = _bool(f"{where}.partition", partition, "allowed", True)
     if not partitions and not constraints:
         raise ConfigError(f"{where}.partitions", "a profile needs partitions or constraints")
     if allowed and not partitions:
         raise ConfigError(f"{where}.partitions", "needed when partition.allowed is true")
     default_partition = partition.get("default")
-    if default_partition is not None and default_partition not in partitions:
-        raise ConfigError(f"{where}.partition.default", f"{default_partition!r} is not one "
-                          f"of the partitions: {', '.join(partitions)}")
-    backfill = data.get("backfill_threshold")
+    if default_partition is not None:
+        default_partition = _name(f"{where}.partition.default", default_partition,
+                                  "a partition name")
+        if default_partition not in partitions:
+            raise ConfigError(f"{where}.partition.default", f"{shown(default_partition)} is "
+                              f"not one of the partitions: {', '.join(partitions)}")
+    default_qos = qos.get("default")
+    if default_qos is not None:
+        default_qos = _name(f"{where}.qos.default", default_qos, "a QOS name")
+    qos_limits = {k: _time(f"{where}.qos.limits.{k}", v, optional=True)
+                  for k, v in _keyed(f"{where}.qos.limits", qos.get("limits"), _NAME_RE,
+                                     "QOS name", _NAME_CHARS).items()}
     return Profile(
         name=name,
-        description=str(data.get("description", "")),
+        description=_text(f"{where}.description", data.get("description", "")),
         source=source,
-        account_required=bool(account.get("required", False)),
-        account_hint=str(account.get("hint", "")),
-        partition_required=bool(partition.get("required", False)),
+        account_required=_bool(f"{where}.account", account, "required", False),
+        account_hint=_text(f"{where}.account.hint", account.get("hint", "")),
+        partition_required=_bool(f"{where}.partition", partition, "required", False),
         partitions_allowed=allowed,
         default_partition=default_partition,
-        qos_required=bool(qos.get("required", False)),
-        default_qos=qos.get("default"),
-        qos_limits={str(k): None if v is None else parse_time(v, f"{where}.qos.limits.{k}")
-                    for k, v in (qos.get("limits") or {}).items()},
+        qos_required=_bool(f"{where}.qos", qos, "required", False),
+        default_qos=default_qos,
+        qos_limits=qos_limits,
         gpu_request=style,
-        backfill_minutes=None if backfill is None else parse_time(backfill,
-                                                                  f"{where}.backfill"),
-        default_minutes=parse_time(data.get("default_time", "1:00:00"),
-                                   f"{where}.default_time"),
-        modules=tuple(str(m) for m in data.get("modules") or ()),
-        binds=tuple(str(b) for b in data.get("binds") or ()),
-        env=_env_names(data.get("env") or ()),
-        scratch_root=str(data.get("scratch_root", "")),
+        backfill_minutes=_time(f"{where}.backfill_threshold", data.get("backfill_threshold"),
+                               optional=True),
+        default_minutes=_time(f"{where}.default_time", data.get("default_time", "1:00:00"))
+        or 0,
+        modules=_modules(f"{where}.modules", data.get("modules")),
+        binds=_binds(f"{where}.binds", data.get("binds")),
+        env=_env_names(f"{where}.env", data.get("env")),
+        scratch_root=_scratch_root(f"{where}.scratch_root", data.get("scratch_root", "")),
         nccl_env=_nccl_env(f"{where}.nccl_env", data.get("nccl_env")),
-        preempt_flags=tuple(str(f) for f in data.get("preempt_flags") or ()),
+        preempt_flags=_preempt_flags(f"{where}.preempt_flags", data.get("preempt_flags")),
         partitions=partitions,
         constraints=constraints,
         gpu_type_request=type_request,
-        gpu_features={str(k): v for k, v in features.items()},
+        gpu_features=features,
     )
 
 
@@ -276,28 +463,16 @@ def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _mapping(where: str, value: Any) -> Mapping[Any, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ConfigError(where, f"must be a mapping of names to settings, got "
-                          f"{type(value).__name__}")
-    return value
-
-
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
 def _nccl_env(where: str, value: Any) -> dict[str, str]:
     """NAME: value pairs every job exports: names must be variable names (they go into
     `export NAME=...` in the job script), values plain scalars without control characters."""
     out = {}
     for key, item in _mapping(where, value).items():
-        if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
+        if not isinstance(key, str) or not _ENV_NAME_RE.fullmatch(key):
             raise ConfigError(f"{where}", f"{shown(key)} is not an environment variable name "
                               "(letters, digits and _, not starting with a digit)")
         if isinstance(item, (dict, list)) or item is None:
-            raise ConfigError(f"{where}.{key}", f"must be a plain value, got {shown(item)}")
+            raise ConfigError(f"{where}.{key}", f"must be a plain value, got {_got(item)}")
         text = str(item).lower() if isinstance(item, bool) else str(item)
         if any(ord(c) < 32 or ord(c) == 127 for c in text):
             raise ConfigError(f"{where}.{key}", "must not hold control characters")
@@ -342,15 +517,16 @@ class Registry:
         sources += [(str(p), _read(Path(p))) for p in extra_files]
         for source, loaded in sources:
             data = loaded
-            name = data.get("name")
-            if not isinstance(name, str) or not name:
+            if data.get("name") is None or data.get("name") == "":
                 raise ConfigError("profile.name", f"{source} has no name")
+            name = _profile_name(source, data.get("name"))
             parent = data.get("extends")
             if parent is not None:
-                base = raw.get(parent) or raw.get(str(parent))
+                parent = _name(f"profile {name}.extends", parent, "the name of a profile")
+                base = raw.get(parent)
                 if base is None:
                     raise ConfigError(f"profile {name}.extends", f"unknown profile "
-                                      f"{parent!r}; known: {', '.join(sorted(raw))}")
+                                      f"{shown(parent)}; known: {', '.join(sorted(raw))}")
                 data = _merge(base[1], {k: v for k, v in data.items() if k != "extends"})
             raw[name] = (source, data)
         self.profiles = {name: profile_from_dict(data, source)
