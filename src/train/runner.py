@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -24,13 +25,14 @@ from train.runtime.distributed import init_distributed
 from train.runtime.memory import apply_allocator_settings
 from train.runtime.precision import resolve_precision
 from train.runtime.signals import StopController, effective_budget
-from train.secrets import masked_argv
+from train.secrets import masked_argv, masked_environment
 from train.slurm import contract
 from train.workloads.dqn import trainer
 from train.yamlio import shown
 
 log = logging.getLogger(__name__)
 
+RECORD_LIMIT = 16 * 2**20  # config.json read back to compare a resumed run's settings
 HOST_ENV_CHECK = ("PYTHONPATH", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "VIRTUAL_ENV")
 
 
@@ -89,13 +91,19 @@ def check_same_run(cfg: RunConfig) -> None:
     settings it was started with (the identity fields), finished runs included: anything
     else is exit 2 naming every field that differs, before config.json is touched."""
     record = cfg.out_dir / "config.json"
-    if not record.is_file():
+    if not os.path.lexists(record):
         return
     try:
-        recorded = json.loads(record.read_text(encoding="utf-8"))["config"]
+        if not stat.S_ISREG(record.lstat().st_mode):
+            raise TypeError("not a regular file")
+        with open(record, "rb") as fh:  # a run record is a few KiB
+            text = fh.read(RECORD_LIMIT + 1)
+        if len(text) > RECORD_LIMIT:
+            raise ValueError(f"over {RECORD_LIMIT // 2**20} MiB")
+        recorded = json.loads(text)["config"]
         if not isinstance(recorded, dict):
             raise TypeError("config is not a mapping")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise ConfigError("out", f"{record} is not a readable run record ({exc}); use a new "
                           "--out, or remove it to start over there") from None
     differ = {k: (recorded[k], v) for k, v in cfg.identity().items()
@@ -136,7 +144,8 @@ def run(cfg: RunConfig) -> RunResult:
                     "argv": masked_argv(sys.argv),  # --wandb-key X: the value masked
                     # what reached this process of the host's Python set-up (none should,
                     # inside a container)
-                    "process_env": {k: os.environ.get(k) for k in HOST_ENV_CHECK},
+                    "process_env": masked_environment(
+                        {k: os.environ.get(k) for k in HOST_ENV_CHECK}),
                     "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 }))
         with stopper:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -236,3 +237,49 @@ def test_a_garbled_local_world_size_counts_as_one_process(
 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", value)
     check_memory(RunConfig(res=6, replay_size=300))  # no ValueError, fits
+
+
+def test_a_checksummed_checkpoint_of_foreign_shape_is_skipped_by_train_run(
+        tmp_path: Path) -> None:
+    """A file with a valid checksum that is not what the trainer wrote: resume from the one
+    before, with a warning naming it, and set it aside (no KeyError traceback)."""
+    from train.runtime.checkpoint import FORMAT, save_atomic
+
+    out = tmp_path / "r"
+    argv = ["run", "--out", str(out), "--res", "8", "--episode-steps", "4", "--batch-size",
+            "2", "--learning-starts", "2", "--replay-size", "16", "--eval-episodes", "0",
+            "--device", "cpu", "--seeds", "1", "--checkpoint-every", "1"]
+    assert run_cli([*argv, "--episodes", "2"]).returncode == 0
+    ckpts = out / "seed_1" / "checkpoints"
+    save_atomic({"format": FORMAT, "episode": "two"}, ckpts / "ckpt-00000002.pt")
+    proc = run_cli([*argv, "--episodes", "3"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "ckpt-00000002.pt is unreadable" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "resumed at episode 1" in proc.stderr
+    assert (ckpts / "damaged-ckpt-00000002.pt").is_file()
+    assert json.loads((out / "status.json").read_text())["complete"] is True
+
+
+@pytest.mark.parametrize("make", ["folder", "nested", "link", "huge"])
+def test_a_run_record_that_is_not_a_small_json_file_is_exit_2(tmp_path: Path,
+                                                               make: str) -> None:
+    from train.config import run_config_from_argv
+    from train.errors import UsageError
+    from train.runner import RECORD_LIMIT, check_same_run
+
+    out = tmp_path / "r"
+    out.mkdir()
+    record = out / "config.json"
+    if make == "folder":
+        record.mkdir()
+    elif make == "nested":
+        record.write_text("[" * 100_000 + "]" * 100_000)
+    elif make == "link":
+        (tmp_path / "other.json").write_text('{"config": {}}')
+        record.symlink_to(tmp_path / "other.json")
+    else:
+        record.write_text('{"config": {}, "pad": "' + "x" * RECORD_LIMIT + '"}')
+    cfg = run_config_from_argv(["--out", str(out)])
+    with pytest.raises(UsageError, match=r"out: .*config\.json is not a readable run record"):
+        check_same_run(cfg)

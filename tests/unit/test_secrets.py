@@ -10,7 +10,14 @@ import pytest
 
 from tests.conftest import run_cli
 from train.errors import ConfigError
-from train.secrets import REDACTED, masked_argv, recorded_environment, redact_text
+from train.secrets import (
+    REDACTED,
+    is_secret_name,
+    masked_argv,
+    masked_environment,
+    recorded_environment,
+    redact_text,
+)
 from train.slurm.job import check_env_item
 
 # name -> a value no output may contain (each value unique, so a leak is traced to its name)
@@ -95,14 +102,21 @@ def test_masked_argv_keeps_the_shape() -> None:
 
 def test_train_run_records_no_secret(tmp_path: Path) -> None:
     out = tmp_path / "out"
+    # the host's Python set-up is recorded as process_env, through the same redaction
+    host = {"CONDA_DEFAULT_ENV": "token=conda-value-33",
+            "CONDA_PREFIX": "https://u:conda-value-34@h/env"}
     proc = run_cli(["run", "demo", "--device", "cpu", "--res", "6", "--episodes", "1",
                     "--eval-episodes", "0", "--episode-steps", "4", "--out", str(out)],
-                   env=_environ())
+                   env={**_environ(), **host})
     assert proc.returncode == 0, proc.stderr
     record = (out / "config.json").read_text()
     _no_leak(record + proc.stdout + proc.stderr)
-    env = json.loads(record)["environment"]
+    assert "conda-value" not in record
+    config = json.loads(record)
+    env = config["environment"]
     assert env["SLURM_JWT"] == REDACTED and env["SLURM_JOB_ID"] == "4242"
+    assert config["process_env"]["CONDA_DEFAULT_ENV"] == f"token={REDACTED}"
+    assert config["process_env"]["CONDA_PREFIX"] == f"https://u:{REDACTED}@h/env"
 
 
 def test_train_launch_logs_no_secret(tmp_path: Path) -> None:
@@ -138,3 +152,167 @@ def test_render_and_submit_write_no_secret_of_the_submitting_shell(tmp_path: Pat
                        "--out", str(tmp_path / "runs"), "--", "demo"])
     assert refused.returncode == 2 and "looks like a secret" in refused.stderr
     assert not (tmp_path / "runs").exists()
+
+
+
+# --- command lines: what a hostile trial found masked_argv missed ---------------------------
+# (argv, what it must become); every secret value holds "sv" (secret value), so a leak shows
+MASKED_COMMANDS = {
+    "bash -c body": (
+        ["bash", "-c", "python fit.py --wandb-key sv-1 --lr 0.1 && run --token='sv 2' --x 1"],
+        ["bash", "-c", f"python fit.py --wandb-key {REDACTED} --lr 0.1 && run "
+                       f"--token={REDACTED} --x 1"]),
+    "sh -c body, value quoted": (
+        ["sh", "-c", 'train --api-token "sv 3 sv" --password=\'sv4\' --hf-token=sv5'],
+        ["sh", "-c", f"train --api-token {REDACTED} --password={REDACTED} "
+                     f"--hf-token={REDACTED}"]),
+    "a body inside a body": (
+        ["bash", "-lc", "ssh host 'python x.py --api-token sv-6 --n 3'"],
+        ["bash", "-lc", f"ssh host 'python x.py --api-token {REDACTED} --n 3'"]),
+    "--passphrase": (
+        ["gpg", "--batch", "--passphrase", "sv-7", "--passphrase=sv-8", "-c", "f"],
+        ["gpg", "--batch", "--passphrase", REDACTED, f"--passphrase={REDACTED}", "-c", "f"]),
+    "mysql -pSECRET": (
+        ["mysql", "-u", "root", "-psv-9", "db"], ["mysql", "-u", "root", f"-p{REDACTED}", "db"]),
+    "mysql -p alone prompts: the next word is the database": (
+        ["mysql", "-u", "root", "-p", "db"], ["mysql", "-u", "root", "-p", "db"]),
+    "mysql in a body": (
+        ["sh", "-c", "mysqldump -uroot -psv-10 db > d.sql; python -p 3"],
+        ["sh", "-c", f"mysqldump -uroot -p{REDACTED} db > d.sql; python -p 3"]),
+    "sshpass -p": (
+        ["sshpass", "-p", "sv-11", "ssh", "h"], ["sshpass", "-p", REDACTED, "ssh", "h"]),
+    "docker login -p": (
+        ["docker", "login", "-u", "me", "-p", "sv-12", "ghcr.io"],
+        ["docker", "login", "-u", "me", "-p", REDACTED, "ghcr.io"]),
+    "redis-cli -a": (["redis-cli", "-a", "sv-13", "ping"], ["redis-cli", "-a", REDACTED, "ping"]),
+    "curl -u user:password": (
+        ["curl", "-u", "me:sv-14", "--user=me:sv-15", "-ume:sv-16", "--proxy-user", "p:sv-17",
+         "https://h"],
+        ["curl", "-u", f"me:{REDACTED}", f"--user=me:{REDACTED}", f"-ume:{REDACTED}",
+         "--proxy-user", f"p:{REDACTED}", "https://h"]),
+    "HTTP Basic and Bearer headers": (
+        ["curl", "-H", "Authorization: Basic c3Y6c3YtMTg=", "-H",
+         "Authorization: Bearer sv-19-long-enough", "-H", "X-Api-Key: sv-20", "https://h"],
+        ["curl", "-H", f"Authorization: Basic {REDACTED}", "-H",
+         f"Authorization: Bearer {REDACTED}", "-H", f"X-Api-Key: {REDACTED}", "https://h"]),
+    "a Basic credential alone": (
+        ["wget", "--header=Proxy-Authorization: basic c3Y6c3YtMjE="],
+        ["wget", f"--header=Proxy-Authorization: basic {REDACTED}"]),
+    "URL userinfo: the user kept": (
+        ["git", "clone", "https://x-access-token:sv-22@github.com/o/r.git",
+         "postgres://u:sv-23@db:5432/x?sslmode=require", "redis://:sv-24@h:6379/0"],
+        ["git", "clone", f"https://x-access-token:{REDACTED}@github.com/o/r.git",
+         f"postgres://u:{REDACTED}@db:5432/x?sslmode=require", f"redis://:{REDACTED}@h:6379/0"]),
+    "JSON-shaped tokens": (
+        ["python", "-c", 'print({"token": "sv-25", "n": 1})', '{"api_key":"sv-26","x":"y"}',
+         "--cfg={'secret': 'sv 27'}"],
+        ["python", "-c", f'print({{"token": "{REDACTED}", "n": 1}})',
+         f'{{"api_key":"{REDACTED}","x":"y"}}', f"--cfg={{'secret': '{REDACTED}'}}"]),
+    "well-known token formats": (
+        ["git", "clone", "https://ghp_sv28abcdefghijklmnopqrstuvwxyz0123@github.com/o/r",
+         "HF=hf_sv29abcdefghijklmnopqrstuvwxyz0123"],
+        ["git", "clone", f"https://{REDACTED}@github.com/o/r", f"HF={REDACTED}"]),
+}
+
+
+@pytest.mark.parametrize("case", MASKED_COMMANDS)
+def test_masked_argv_masks_what_a_hostile_trial_found(case: str) -> None:
+    argv, expected = MASKED_COMMANDS[case]
+    masked = masked_argv(argv)
+    assert masked == expected
+    assert "sv-" not in " ".join(masked) and "sv " not in " ".join(masked)
+    assert redact_text(" ".join(masked)) == " ".join(masked)  # masking twice: the same
+
+
+def test_a_secret_option_does_not_hide_the_next_option() -> None:
+    # --private is a switch whose name looks secret: the option after it is not its value
+    assert masked_argv(["fit.py", "--private", "--lr", "1", "--token", "--", "x"]) == [
+        "fit.py", "--private", "--lr", "1", "--token", "--", "x"]
+
+
+# --- names and values that are not secrets -------------------------------------------------
+NOT_SECRET_NAMES = ["--key-frames", "--keyframe", "--keyframes", "SESSION_NAME",
+                    "--session-name", "--session-dir", "NCCL_CUMEM_ENABLE", "--monkey",
+                    "--passes", "--bypass", "--author", "--keep-last", "--max-keys",
+                    "--num-keys", "--pass-through", "--no-auth", "--auth-type", "--sort-key",
+                    "PRIMARY_KEY", "--pad-token", "EOS_TOKEN_ID", "--max-tokens",
+                    "--tokenizer", "--password-stdin", "--ask-pass", "PWD", "OLDPWD",
+                    "--key-size", "TOKEN_URL"]
+SECRET_NAMES_TOO = ["SESSION_ID", "SESSION_TOKEN", "SESSION_KEY", "--session", "API_KEYS",
+                    "PGPASSWORD", "MYSQL_PWD", "GITHUB_PAT", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY",
+                    "GPG_PASSPHRASE", "--passphrase", "SSH_PRIVATE_KEY", "AWS_SESSION_TOKEN",
+                    "apiKey", "clientSecret", "X-Api-Key", "--key", "--pass", "--auth",
+                    "SLURM_DB_PASS", "GH_ACCESSTOKEN"]
+
+
+@pytest.mark.parametrize("name", NOT_SECRET_NAMES)
+def test_a_name_that_only_describes_or_counts_is_not_a_secret(name: str) -> None:
+    assert not is_secret_name(name)
+    if name.startswith("-"):
+        argv = ["fit.py", name, "8", f"{name}=8", "--lr", "0.1"]
+        assert masked_argv(argv) == argv
+    else:
+        assert redact_text(f"{name}=8 {name}: 8") == f"{name}=8 {name}: 8"
+
+
+@pytest.mark.parametrize("name", SECRET_NAMES_TOO)
+def test_secret_names_are_still_caught(name: str) -> None:
+    assert is_secret_name(name)
+    if name.startswith("-"):
+        assert masked_argv([name, "sv-1"]) == [name, REDACTED]
+    else:
+        assert redact_text(f"{name}=sv-1") == f"{name}={REDACTED}"
+
+
+def test_ordinary_values_are_kept() -> None:
+    for text in ("keyframe=3 monkey=1 author=bob max_tokens=100 tokenizer=gpt2",
+                 "session_name=exp1 sort_key=id passes=3 bypass=1",
+                 "basic tutorial text", "12:30:00", "if token == x:", "PWD=/home/u",
+                 "https://host:8443/path@v2", "/data/sk-a-long-slug-of-plain-words-and-more",
+                 "python serve.py -p 8080", "docker run -p 8080:80 img"):
+        assert redact_text(text) == text
+    argv = ["docker", "run", "-p", "8080:80", "-u", "1000:1000", "img", "python", "-u", "x.py"]
+    assert masked_argv(argv) == argv
+
+
+# --- check_env_item: plurals, compounds and credentials in a value --------------------------
+@pytest.mark.parametrize("item", [
+    "API_KEYS=a,b", "PGPASSWORD=x", "MYSQL_PWD=x", "GITHUB_PAT=x", "HF_TOKEN=x",
+    "AWS_SECRET_ACCESS_KEY=x", "GPG_PASSPHRASE=x", "SSH_PRIVATE_KEY=x", "SESSION_TOKEN=x",
+    "DATABASE_URL=postgres://u:p@h/db", "CACHE_URL=redis://:p@h:6379/0",
+    "PG_DSN=host=h user=u password=p", "EXTRA_ARGS=--wandb-key abc --lr 1",
+    "NOTE={\"token\": \"abc\"}"])
+def test_secret_compounds_and_credential_values_are_refused(item: str) -> None:
+    with pytest.raises(ConfigError, match="looks like a secret") as refused:
+        check_env_item(item)
+    name = item.split("=", 1)[0]
+    assert refused.value.field == "env"
+    assert f"--env {name}" in str(refused.value) and "by name" in str(refused.value)
+    assert check_env_item(name) == (name, None)
+
+
+@pytest.mark.parametrize("item", ["SESSION_NAME=exp1", "NCCL_CUMEM_ENABLE=0",
+                                  "DATABASE_URL=postgres://u@h/db", "KEY_FRAMES=8",
+                                  "MAX_KEYS=100", "DATA_PATH=/a:/b"])
+def test_settings_that_only_look_alike_pass(item: str) -> None:
+    name, _, value = item.partition("=")
+    assert check_env_item(item) == (name, value)
+
+
+# --- process_env of config.json ------------------------------------------------------------
+def test_masked_environment_redacts_names_and_values() -> None:
+    env = {"PYTHONPATH": "/a:/b", "CONDA_PREFIX": None, "VIRTUAL_ENV": "https://u:sv-1@h/x",
+           "CONDA_DEFAULT_ENV": "token=sv-2", "HF_TOKEN": "sv-3"}
+    assert masked_environment(env) == {
+        "PYTHONPATH": "/a:/b", "CONDA_PREFIX": None, "VIRTUAL_ENV": f"https://u:{REDACTED}@h/x",
+        "CONDA_DEFAULT_ENV": f"token={REDACTED}", "HF_TOKEN": REDACTED}
+
+
+# --- linear time ------------------------------------------------------------------------------
+@pytest.mark.parametrize("unit", ["a.", "token='", "a://u:", "--token ", "-aB"])
+def test_a_megabyte_of_hostile_input_finishes(unit: str) -> None:
+    # shapes that make a backtracking pattern quadratic or worse: long runs of key-like
+    # characters, open quotes, URL schemes, option names; this only has to end
+    text = unit * ((1 << 20) // len(unit))
+    assert len(redact_text(text)) > 0
+    assert len(masked_argv(["x", text, "--token", text])) == 4

@@ -104,10 +104,16 @@ def check_env_item(item: str) -> tuple[str, str | None]:
     if sep and (name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)):
         raise ConfigError("env", f"{name} is set by Slurm, the job or the launcher (the batch "
                           "shell depends on it); it cannot be given a value here")
+    # by name: API_KEYS, PGPASSWORD, MYSQL_PWD, GITHUB_PAT, *_PASSPHRASE, *_PRIVATE_KEY;
+    # by value: a password in a URL (DATABASE_URL=postgres://u:p@h/db), token=...,
+    # "--password X" in a command line, a JWT or a well-known token format
     if sep and (is_secret_name(name) or redact_text(value) != value):
-        raise ConfigError("env", f"{name} looks like a secret: a value given here is written "
-                          f"into the job script; pass it through by name instead (--env "
-                          f"{name}, with it set where you submit)")
+        why = ("its name" if is_secret_name(name) else "its value holds a credential: "
+               "a URL's user:password@, token=..., --password X")
+        raise ConfigError("env", f"{name} looks like a secret ({why}): a value given here "
+                          f"is written into the job script; pass it through by name "
+                          f"instead (--env {name} exports it from where you submit; set "
+                          f"it there)")
     return name, (value if sep else None)
 
 
