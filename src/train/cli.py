@@ -179,6 +179,18 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--follow", "-f", action="store_true",
                            help="keep printing until the job ends")
             p.add_argument("--job", default=None, help="a particular chunk's job id")
+
+    p = sub.add_parser(
+        "doctor", help="explain a run's failed or stuck jobs, with the fix",
+        description="What happened to each chunk of a run, the cause with its evidence "
+        "(log file and line) and the fix as the flags to change. Exit 0: healthy; 1: a "
+        "problem was found; 2: bad input.")
+    p.add_argument("ref", nargs="?", metavar="NAME|JOBID|DIR",
+                   help="a run name (runs/NAME), any job id of its chain, or its directory "
+                   "(default: the newest run under --runs)")
+    p.add_argument("--runs", type=Path, default=Path("runs"), metavar="DIR",
+                   help="where runs live (default: runs)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
 
 
@@ -396,6 +408,17 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from train import doctor
+
+    report = doctor.diagnose(doctor.resolve(args.ref, args.runs))
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print("\n".join(doctor.format_report(report)))
+    return EXIT_OK if report.healthy else EXIT_FAILURE
+
+
 def _cmd_logs(args: argparse.Namespace) -> int:
     from train.slurm.scheduler import ACTIVE_STATES, find_run, job_states, load_chain, log_path
     from train.slurm.sweep import chain_paths, is_sweep
@@ -567,7 +590,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _setup_logging(args.verbose)
     commands = {"run": _cmd_run, "clusters": _cmd_clusters, "status": _cmd_status,
                 "logs": _cmd_logs, "cancel": _cmd_cancel, "image": _cmd_image,
-                "init": _cmd_init, "summary": _cmd_summary}
+                "init": _cmd_init, "summary": _cmd_summary, "doctor": _cmd_doctor}
     try:
         if args.command == "launch":
             return _cmd_launch(args, workload or [])

@@ -1,0 +1,716 @@
+"""`train doctor`: what happened to each chunk of a run, the cause with its evidence (log
+file and line), and the fix as the flags to change.
+
+It reads what the chain left: its record (chain.json), events (chain.events), the job
+logs, Slurm's state and exit code of each job (squeue, then sacct, or the job completion
+log where there is no accounting: `job_states`), the run's status.json and the GPU
+utilisation samples. Logs are streamed, never read whole: each is searched for the rules'
+literal needles (with grep -F where the system has it, else in blocks), and only the
+lines that hold one are matched against the rules' patterns, so a gigabyte of log costs
+about a second and flat memory.
+
+Each cause is one rule (RULES, LogRule for log messages; the Slurm-state and event rules in
+`_state_findings`). A run with no finding is healthy (exit 0); any finding is exit 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from train.errors import UsageError
+from train.slurm import contract
+from train.slurm.scheduler import (
+    ACTIVE_STATES,
+    Chain,
+    chain_dirs,
+    chain_status,
+    find_run,
+    load_chain,
+    parse_events,
+)
+
+MAX_LINE = 400  # evidence lines are cut to this many characters
+TAIL_BYTES = 64 * 1024  # the end of an error log shown for an unknown failure
+_KEEP = 3  # evidence lines kept per rule and file: the first and the last ones
+
+
+@dataclass(frozen=True)
+class Evidence:
+    file: str
+    line: int
+    text: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "text": self.text}
+
+
+@dataclass
+class Finding:
+    cause: str
+    title: str  # what happened, in a few words
+    fix: str  # what to change: flags and values where they are known
+    chunk: int | None = None
+    job_id: str | None = None
+    evidence: list[Evidence] = field(default_factory=list)
+    detail: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"cause": self.cause, "title": self.title, "detail": self.detail,
+                "fix": self.fix, "chunk": self.chunk, "job_id": self.job_id,
+                "evidence": [e.as_dict() for e in self.evidence]}
+
+
+@dataclass(frozen=True)
+class LogRule:
+    """A cause recognised by a message in a job log.
+
+    `needles`: literal substrings that select candidate lines (long and distinctive: they
+    are what the fast search looks for); `pattern`: refines a candidate line (None: every
+    candidate counts). `source`: where the message's format comes from.
+    """
+
+    cause: str
+    needles: tuple[str, ...]
+    pattern: re.Pattern[str] | None
+    source: str
+
+
+# Ordered by how decisive a message is: when one log holds several, the first rule that
+# matched explains the failure and the others are listed as well.
+RULES: tuple[LogRule, ...] = (
+    LogRule("host_oom", ("oom_kill event", "oom-kill event", "OOM Killed",
+                         "Exceeded job memory limit", "Out Of Memory", "MemoryError",
+                         "Cannot allocate memory"),
+            re.compile(r"^(?!.*(?:CUDA|OutOfMemoryError|HIP|cuda))"),  # not the GPU's
+            "slurmstepd (task/cgroup): 'Detected N oom_kill events in StepId=J.S. "
+            "Some of the step tasks have been OOM Killed.'; older: 'Exceeded job memory "
+            "limit'; Python under a memory limit: 'MemoryError', ENOMEM"),
+    LogRule("gpu_oom", ("CUDA out of memory", "OutOfMemoryError", "while preallocating",
+                        "CUBLAS_STATUS_ALLOC_FAILED", "HIP out of memory"),
+            None, "torch: 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+            "...'; ours: PreallocationError 'out of memory on cuda:0 ... while "
+            "preallocating ...'"),
+    LogRule("rendezvous", ("clients joined", "RendezvousTimeoutError",
+                           "RendezvousClosedError", "waiting for clients",
+                           "Initializing distributed:"),
+            None, "torch c10d TCPStore: 'Timed out after N seconds waiting for clients. "
+            "K/W clients joined.'; torch elastic: RendezvousTimeoutError; Lightning: "
+            "'Initializing distributed: GLOBAL_RANK: r, MEMBER: m/W'"),
+    LogRule("collective_timeout", ("collective operation timeout", "Watchdog caught",
+                                   "ms for recv operation", "NCCL communicator was aborted",
+                                   "ProcessGroupNCCL's watchdog"),
+            None, "torch ProcessGroupNCCL: '[Rank r] Watchdog caught collective operation "
+            "timeout: WorkNCCL(...) ran for N milliseconds before timing out'; gloo: "
+            "'Timed out waiting Nms for recv operation to complete'"),
+    LogRule("walltime", ("DUE TO TIME LIMIT",), None,
+            "slurmstepd: '*** JOB J ON NODE CANCELLED AT T DUE TO TIME LIMIT ***'"),
+    LogRule("preempted", ("DUE TO PREEMPTION",), None,
+            "slurmstepd: '*** JOB J ON NODE CANCELLED AT T DUE TO PREEMPTION ***'"),
+    LogRule("node_failure", ("DUE TO NODE FAILURE", "Node failure on"), None,
+            "slurmstepd: '... DUE TO NODE FAILURE ***'; srun: 'srun: error: Node failure "
+            "on NODE'"),
+    LogRule("nonfinite", ("without overflow", "non-finite", "nan or inf", "inf or nan",
+                          "returned nan values", "loss is nan", "Loss is NaN"),
+            None, "torch: 'RuntimeError: value cannot be converted to type at::Half without "
+            "overflow' (a -1e9 mask in fp16); anomaly mode: 'Function X returned nan "
+            "values'; Lightning/user loops: 'loss is nan', 'non-finite'"),
+    LogRule("cuda_driver", ("driver on your system is too old",
+                            "driver version is insufficient",
+                            "the NVIDIA driver is too old", "cudaErrorInsufficientDriver"),
+            None, "torch: 'The NVIDIA driver on your system is too old (found version N)'; "
+            "CUDA runtime: 'CUDA driver version is insufficient for CUDA runtime version'; "
+            "ours: 'CUDA is unusable: the NVIDIA driver is too old for this torch'"),
+    LogRule("missing_payload", ("needs the StarCraft II binary", "StarCraft II binary",
+                                "Maps/MoveToBeacon", "OPENSCENE_DATA_ROOT",
+                                "NAVSIM_DEVKIT_ROOT", "needs pysc2"),
+            None, "ours (EnvironmentUnavailable): 'workload sc2 needs the StarCraft II "
+            "binary: SC2PATH=...'; NAVSIM: a KeyError or missing path naming "
+            "OPENSCENE_DATA_ROOT / NAVSIM_DEVKIT_ROOT"),
+    LogRule("module_missing", ("module(s) are unknown", "Lmod has detected the following",
+                               "Unable to locate a modulefile", "module: command not found"),
+            None, "Lmod: 'Lmod has detected the following error: The following module(s) "
+            "are unknown: \"x\"'; Environment Modules: 'ERROR: Unable to locate a "
+            "modulefile for 'x''"),
+    LogRule("image_unopenable", ("could not open image", "FATAL:   container creation failed",
+                                 "FATAL:   Unable to handle", "FATAL:   image format",
+                                 "is not a valid SIF", "No such image:"),
+            None, "Apptainer: 'FATAL:   could not open image /p/x.sif: ...', 'FATAL:   "
+            "Unable to handle docker://... uri'; Docker: 'No such image: NAME'"),
+    LogRule("import_error", ("ModuleNotFoundError: No module named", "ImportError: "),
+            None, "Python: 'ModuleNotFoundError: No module named 'x'', 'ImportError: cannot "
+            "import name ...', 'ImportError: libX.so: cannot open shared object file'"),
+    LogRule("disk_full", ("No space left on device", "Disk quota exceeded",
+                          "[Errno 28]", "[Errno 122]"),
+            None, "the kernel's ENOSPC and EDQUOT as Python and tools print them"),
+    LogRule("train_error", ("train: error: ",), None,
+            "ours: the CLI's one-line error for bad input or a missing resource"),
+)
+RULES_BY_CAUSE = {r.cause: r for r in RULES}
+_ALL_NEEDLES = tuple(sorted({n for r in RULES for n in r.needles}))
+_MEMBER_RE = re.compile(r"GLOBAL_RANK: (\d+), MEMBER: (\d+)/(\d+)")
+_JOINED_RE = re.compile(r"(\d+)/(\d+) clients joined")
+_EXCEPTION_RE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): ?(.*)$")
+
+
+@dataclass
+class Hits:
+    """What one rule found in one file: the first and the last few lines, and a count."""
+
+    count: int = 0
+    first: list[Evidence] = field(default_factory=list)
+    last: deque[Evidence] = field(default_factory=lambda: deque(maxlen=_KEEP))
+
+    def add(self, ev: Evidence) -> None:
+        self.count += 1
+        if len(self.first) < _KEEP:
+            self.first.append(ev)
+        else:
+            self.last.append(ev)
+
+    def evidence(self) -> list[Evidence]:
+        return [*self.first, *self.last]
+
+
+def _candidate_lines_grep(path: Path, needles: Sequence[str]) -> Iterator[tuple[int, str]]:
+    """(line number, line) of every line holding a needle, from grep -F (streamed)."""
+    argv = ["grep", "-a", "-n", "-F"]
+    for needle in needles:
+        argv += ["-e", needle]
+    argv += ["--", str(path)]
+    env = {**os.environ, "LC_ALL": "C"}
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          env=env) as proc:
+        assert proc.stdout is not None
+        try:
+            for raw in proc.stdout:
+                number, _, text = raw.partition(b":")
+                if number.isdigit():
+                    yield int(number), text.rstrip(b"\r\n")[:MAX_LINE * 4].decode(
+                        "utf-8", "replace")
+        finally:
+            proc.kill()
+
+
+def _candidate_lines_python(path: Path, needles: Sequence[str],
+                            block: int = 8 << 20) -> Iterator[tuple[int, str]]:
+    """The same without grep: blocks of whole lines, searched for each needle."""
+    encoded = [n.encode() for n in needles]
+    with open(path, "rb") as fh:
+        carry = b""
+        first_line = 1
+        while True:
+            data = fh.read(block)
+            if not data and not carry:
+                return
+            if data:
+                data = carry + data
+                cut = data.rfind(b"\n") + 1
+                if cut == 0 and len(data) < 4 * block:  # one very long line: read on
+                    carry = data
+                    continue
+                chunk, carry = (data[:cut], data[cut:]) if cut else (data, b"")
+            else:
+                chunk, carry = carry, b""
+            starts = set()
+            for needle in encoded:
+                at = chunk.find(needle)
+                while at >= 0:
+                    start = chunk.rfind(b"\n", 0, at) + 1
+                    starts.add(start)
+                    end = chunk.find(b"\n", at)
+                    at = chunk.find(needle, end + 1) if end >= 0 else -1
+            for start in sorted(starts):
+                end = chunk.find(b"\n", start)
+                line = chunk[start:end if end >= 0 else len(chunk)]
+                number = first_line + chunk.count(b"\n", 0, start)
+                yield number, line[:MAX_LINE * 4].decode("utf-8", "replace")
+            first_line += chunk.count(b"\n")
+
+
+def candidate_lines(path: Path, needles: Sequence[str] = _ALL_NEEDLES
+                    ) -> Iterator[tuple[int, str]]:
+    if shutil.which("grep"):
+        yield from _candidate_lines_grep(path, needles)
+    else:
+        yield from _candidate_lines_python(path, needles)
+
+
+def scan_log(path: Path, rules: Sequence[LogRule] = RULES) -> dict[str, Hits]:
+    """Every rule's hits in one log, streamed."""
+    if not path.is_file():
+        return {}
+    needles = tuple(sorted({n for r in rules for n in r.needles}))
+    return scan_lines(path, candidate_lines(path, needles), rules)
+
+
+def scan_lines(path: Path, lines: Iterable[tuple[int | None, str]],
+               rules: Sequence[LogRule] = RULES) -> dict[str, Hits]:
+    """The rules' hits in lines already read (the end of a log)."""
+    found: dict[str, Hits] = {}
+    for number, line in lines:
+        for rule in rules:
+            if any(n in line for n in rule.needles) and (
+                    rule.pattern is None or rule.pattern.search(line)):
+                found.setdefault(rule.cause, Hits()).add(
+                    Evidence(str(path), number or 0, line.strip()[:MAX_LINE]))
+    return found
+
+
+def read_tail(path: Path, size: int = TAIL_BYTES) -> list[tuple[int | None, str]]:
+    """The last lines of a file (at most `size` bytes), with line numbers where the whole
+    file was read (else None: counting them would read it all)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            length = fh.tell()
+            fh.seek(max(0, length - size))
+            data = fh.read(size)
+    except OSError:
+        return []
+    lines = data.decode("utf-8", "replace").splitlines()
+    if length > size:
+        return [(None, line) for line in lines[1:]]  # the first one is cut
+    return [(i + 1, line) for i, line in enumerate(lines)]
+
+
+def last_exception(path: Path) -> Evidence | None:
+    """The last Python exception line ('XError: message') near the end of a log."""
+    for number, line in reversed(read_tail(path)):
+        if _EXCEPTION_RE.match(line.strip()):
+            return Evidence(str(path), number or 0, line.strip()[:MAX_LINE])
+    return None
+
+
+# -- what a run is made of -------------------------------------------------------------
+def newest_run(runs_root: Path) -> Path:
+    """The run whose chain was submitted last (chain.json's time)."""
+    dirs = chain_dirs(runs_root)
+    if not dirs:
+        raise UsageError(f"run: no runs under {runs_root} (give a run name, a job id or a "
+                         "run directory, or --runs the directory that holds them)")
+    return max(dirs, key=lambda d: (d / contract.CHAIN_RECORD).stat().st_mtime)
+
+
+def _logs_of(chain: Chain, job_id: str) -> list[Path]:
+    logs = chain.run_dir / contract.LOG_DIR
+    try:
+        return sorted(p for p in logs.glob(f"*-{job_id}.*")
+                      if p.suffix in (".out", ".err") and p.is_file())
+    except OSError:
+        return []
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            data = json.loads(fh.read(1 << 20))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _resources(chain: Chain) -> dict[str, Any]:
+    res = chain.record.get("resources")
+    return res if isinstance(res, dict) else {}
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _gib(mb: int) -> str:
+    return f"{mb / 1024:.0f}G" if mb >= 1024 else f"{mb}M"
+
+
+# -- fixes ----------------------------------------------------------------------------
+def _fix_host_oom(chain: Chain, _hits: Hits | None) -> str:
+    res = _resources(chain)
+    procs, workers = _int(res.get("processes_per_node")), _int(res.get("workers"))
+    per_worker, mem = _int(res.get("worker_mem_mb")), _int(res.get("mem_mb"))
+    if procs and workers and per_worker and mem:
+        used = procs * workers * per_worker
+        fit = max(0, (mem * 3 // 4) // (procs * per_worker))
+        return (f"--workers {min(fit, workers - 1)}: {procs} processes x {workers} workers x "
+                f"{_gib(per_worker)} = {_gib(used)} of the node's {_gib(mem)} (with the "
+                "model, the replay or the dataset on top); or more --mem")
+    return ("fewer DataLoader workers (--workers) or more host memory (--mem); "
+            "`train launch` caps the workers by memory when --worker-mem says what one "
+            "needs")
+
+
+def _fix_gpu_oom(chain: Chain, hits: Hits | None) -> str:
+    res = _resources(chain)
+    batch = _int(res.get("batch_size"))
+    first_step = hits is not None and any(
+        "preallocating" in e.text or "optimizer" in e.text for e in hits.evidence())
+    smaller = f"--batch-size {max(1, batch // 2)}" if batch else "a smaller --batch-size"
+    text = (f"{smaller}, or --precision bf16/fp16; on a shared GPU, --min-free-mb N with "
+            f"--fallback-batch {max(1, batch // 2) if batch else 'B'} waits for memory and "
+            "then trains with the smaller batch")
+    if first_step:
+        return ("it failed at the optimizer's first step (Adam's state is allocated then): "
+                + text)
+    return text
+
+
+def _fix_rendezvous(chain: Chain, hits: Hits | None) -> str:
+    res = _resources(chain)
+    launch, gpus = res.get("launch"), _int(res.get("gpus_per_node"))
+    ntasks = _int(res.get("ntasks_per_node"))
+    base = ("every rank must be started by srun, one task per GPU with --launch tasks "
+            "(--ntasks-per-node = --gpus-per-node) or one task per node with --launch "
+            "torchrun; a script run by sbatch alone starts only rank 0")
+    if launch == "tasks" and gpus and ntasks and gpus != ntasks:
+        return f"--ntasks-per-node {gpus} (one task per GPU; it is {ntasks}); " + base
+    return base
+
+
+_FIXES: dict[str, Callable[[Chain, Hits | None], str]] = {
+    "host_oom": _fix_host_oom,
+    "gpu_oom": _fix_gpu_oom,
+    "rendezvous": _fix_rendezvous,
+}
+_TITLES_FIXES: dict[str, tuple[str, str]] = {
+    "host_oom": ("host out of memory: the kernel's OOM killer ended tasks", ""),
+    "gpu_oom": ("GPU out of memory", ""),
+    "rendezvous": ("the ranks never all met (rendezvous incomplete)", ""),
+    "collective_timeout": (
+        "a collective operation timed out (one rank stopped answering)",
+        "find the rank that fell behind in its log (a DataLoader stall, a rank that "
+        "crashed, uneven work per rank); NCCL_DEBUG=INFO and TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
+        "show which; NCCL_SOCKET_IFNAME must name a network every node has"),
+    "walltime": (
+        "killed at the walltime before checkpointing",
+        "raise --signal-margin (the stop signal comes that many seconds before the "
+        "walltime; checkpointing must fit in it) or keep --time-budget on; with chunks, a "
+        "shorter --time and more --max-chunks lose less"),
+    "preempted": (
+        "preempted by a higher-priority job",
+        "submit the same job again to resume from the last checkpoint; --requeue resumes "
+        "in the same job on preemptible partitions"),
+    "node_failure": (
+        "a node failed under the job",
+        "submit the same job again (it resumes from the last checkpoint); add "
+        "--exclude NODE if the same node fails again"),
+    "nonfinite": (
+        "non-finite values (NaN/inf) or an fp16 overflow",
+        "--precision bf16 (fp16's range ends at 65504: a -1e9 attention mask or a large "
+        "loss overflows) or fp32; a mask fill of torch.finfo(dtype).min instead of -1e9; "
+        "a lower --lr"),
+    "cuda_driver": (
+        "torch's CUDA build is newer than the node's NVIDIA driver",
+        "an image built for that driver (containers/base.def: BASE_IMAGE and BASE_LOCK "
+        "for an older CUDA), or nodes with a newer driver (--constraint / --partition); "
+        "`train doctor --preflight` compares them where the profile records drivers"),
+    "missing_payload": (
+        "the game or the dataset is missing where the job looked",
+        "the sc2 image (it carries the game; SC2PATH), or for NAVSIM --navsim-data DIR on "
+        "a file system the compute nodes mount, bound into the container"),
+    "module_missing": (
+        "a module the job loads does not exist on the node",
+        "fix the profile's `modules:` lines (`module avail apptainer` on a compute node "
+        "lists what exists), or drop them where the runtime is on the default PATH"),
+    "image_unopenable": (
+        "the container image could not be opened",
+        "build or copy the image to a file system the compute nodes mount (not /tmp), "
+        "check its path in --image, and `train doctor --preflight` to try opening it"),
+    "import_error": (
+        "a Python import failed inside the container",
+        "rebuild the image with the package (its lock in containers/requirements/), or "
+        "remove what leaks in from the host (PYTHONPATH, a conda env: config.json's "
+        "process_env shows them)"),
+    "disk_full": (
+        "the disk or the quota is full",
+        "put --out on scratch (the profile's scratch_root), free space or ask for quota; "
+        "a checkpoint keeps only the last two, so a full disk is usually something else "
+        "in the same quota"),
+    "train_error": ("`train` refused its input or a resource", "see the message: it names "
+                    "the field and what is allowed"),
+    "dependency_never": (
+        "a chunk waits on a dependency that can never be met",
+        "`train cancel NAME` and submit the same job again (it resumes from the last "
+        "checkpoint); the chunk before it failed or was cancelled"),
+    "idle_gpu": (
+        "the GPUs sat idle",
+        "check that the program uses the GPU (--device cuda) and that the DataLoader keeps "
+        "up (--workers); NYU Torch cancels jobs whose GPUs stay idle"),
+    "sigkill": (
+        "killed with SIGKILL and no message said why",
+        "if nobody sent it (scancel --signal=KILL, a stop that outlived KillWait), it was "
+        "the kernel's OOM killer: see host_oom's fix (fewer --workers, more --mem)"),
+    "python_error": ("the program raised an exception", "see the exception and the lines "
+                     "before it in the error log"),
+    "failed": ("the job failed", "see the end of the error log shown here"),
+    "cancelled": (
+        "cancelled with scancel, not `train cancel`",
+        "if you did not cancel it, the site did (an idle-GPU or a fair-share policy: see "
+        "`train status` for the GPU utilisation); submit the same job again to continue "
+        "from the checkpoint"),
+}
+
+
+def _finding(chain: Chain, cause: str, chunk: int | None, job_id: str | None,
+             hits: Hits | None = None, detail: str = "") -> Finding:
+    title, fix = _TITLES_FIXES[cause]
+    if cause in _FIXES:
+        fix = _FIXES[cause](chain, hits)
+    return Finding(cause, title, fix, chunk, job_id,
+                   hits.evidence() if hits is not None else [], detail)
+
+
+# -- diagnosis ------------------------------------------------------------------------
+@dataclass
+class Report:
+    name: str
+    run_dir: str
+    state: str  # the chain's state (train status)
+    cause: str  # train status's sentence
+    chunks: list[dict[str, Any]]
+    findings: list[Finding]
+    training: dict[str, Any]  # status.json of the run, where there is one
+
+    @property
+    def healthy(self) -> bool:
+        return not self.findings
+
+    @property
+    def verdict(self) -> str:
+        if self.findings:
+            f = self.findings[0]
+            where = f" (chunk {f.chunk})" if f.chunk is not None else ""
+            more = f" (+{len(self.findings) - 1} more)" if len(self.findings) > 1 else ""
+            return f"{f.cause}{where}: {f.title}{more}"
+        return f"healthy: {self.state}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "run_dir": self.run_dir, "state": self.state,
+                "cause": self.cause, "healthy": self.healthy, "verdict": self.verdict,
+                "chunks": self.chunks, "findings": [f.as_dict() for f in self.findings],
+                "training": self.training}
+
+
+_STATE_CAUSES = {"OUT_OF_MEMORY": "host_oom", "TIMEOUT": "walltime",
+                 "PREEMPTED": "preempted", "NODE_FAIL": "node_failure",
+                 "BOOT_FAIL": "node_failure"}
+# log causes that explain a failure by themselves (the others only add to one)
+_LOG_PRIORITY = [r.cause for r in RULES]
+
+
+def _exit_code(chunk: Mapping[str, Any]) -> str | None:
+    value = chunk.get("exit")
+    return str(value) if value not in (None, "") else None
+
+
+def _chunk_failed(chunk: Mapping[str, Any], events: Sequence[str]) -> bool:
+    if chunk.get("state") in ("FAILED", "OUT_OF_MEMORY", "TIMEOUT", "NODE_FAIL",
+                              "BOOT_FAIL", "PREEMPTED", "DEADLINE"):
+        return True
+    return any(e in events for e in (contract.EV_FAILED, contract.EV_TIMEOUT,
+                                     contract.EV_NO_PROGRESS))
+
+
+def _rendezvous_partial(hits: Hits) -> str:
+    """'3 of 8 ranks joined' from the members or clients the log names, else ''."""
+    seen: set[int] = set()
+    world = 0
+    for ev in hits.evidence():
+        m = _MEMBER_RE.search(ev.text)
+        if m:
+            seen.add(int(m.group(1)))
+            world = max(world, int(m.group(3)))
+        j = _JOINED_RE.search(ev.text)
+        if j:
+            return f"{j.group(1)} of {j.group(2)} ranks joined"
+    if world and len(seen) < world and hits.count < world:
+        return f"{hits.count} of {world} ranks announced themselves"
+    return ""
+
+
+def _scan_chunk(logs: Sequence[Path], scan: bool) -> dict[str, Hits]:
+    """The rules' hits over a chunk's logs: all of each (scan) or the error log's end."""
+    merged: dict[str, Hits] = {}
+    for log in logs:
+        if scan:
+            found = scan_log(log)
+        elif log.suffix == ".err":
+            found = scan_lines(log, read_tail(log))
+        else:
+            continue
+        for cause, hits in found.items():
+            into = merged.setdefault(cause, Hits())
+            for ev in hits.evidence():
+                into.add(ev)
+            into.count += hits.count - len(hits.evidence())
+    return merged
+
+
+# log causes that are a problem even in a chunk that ended well or still runs
+_ALWAYS = ("nonfinite", "gpu_oom", "disk_full", "collective_timeout")
+
+
+def _chunk_findings(chain: Chain, c: Mapping[str, Any], logs: Sequence[Path],
+                    scan: bool) -> list[Finding]:
+    number, job_id = c["chunk"], c["job_id"]
+    events = list(c.get("events") or [])
+    state = str(c.get("state") or "UNKNOWN")
+    failed = _chunk_failed(c, events)
+    ended_early = failed or state == "CANCELLED" or contract.EV_TERMINATED in events
+    hits_all = _scan_chunk(logs, scan) if (scan or failed) else {}
+    out: list[Finding] = []
+    # Slurm's own verdict first: it is certain
+    state_cause = _STATE_CAUSES.get(state)
+    if state_cause is None and contract.EV_TIMEOUT in events:
+        state_cause = "walltime"
+    if state_cause is None and state == "CANCELLED":
+        for cause in ("walltime", "preempted", "node_failure"):  # slurmstepd's banner
+            if cause in hits_all:
+                state_cause = cause
+                break
+    if state_cause is not None:
+        out.append(_finding(chain, state_cause, number, job_id, hits_all.pop(state_cause, None),
+                            f"Slurm state {state}, exit {_exit_code(c) or '?'}"))
+    if state == "PENDING" and "DependencyNeverSatisfied" in str(c.get("reason") or ""):
+        out.append(_finding(chain, "dependency_never", number, job_id,
+                            detail=f"squeue reason {c.get('reason')}"))
+    exit_code = _exit_code(c) or ""
+    if failed and exit_code.split(":")[0] == "137" and "host_oom" not in hits_all \
+            and state_cause != "host_oom":
+        out.append(_finding(chain, "sigkill", number, job_id, detail=(
+            "exit code 137: the step was killed with SIGKILL")))
+    for cause in _LOG_PRIORITY:
+        hits = hits_all.get(cause)
+        if hits is None or (cause == "train_error" and out):
+            continue
+        if cause == "rendezvous":
+            partial = _rendezvous_partial(hits)
+            if partial and (ended_early or "clients joined" in partial):
+                out.append(_finding(chain, cause, number, job_id, hits, partial))
+            elif failed and any("Timeout" in e.text or "Closed" in e.text
+                                for e in hits.evidence()):
+                out.append(_finding(chain, cause, number, job_id, hits))
+            continue
+        if ended_early or cause in _ALWAYS:
+            out.append(_finding(chain, cause, number, job_id, hits))
+    if failed and not out:
+        err = next((p for p in logs if p.suffix == ".err"), None)
+        exc = last_exception(err) if err is not None else None
+        if exc is not None:
+            f = _finding(chain, "python_error", number, job_id, detail=exc.text)
+            f.evidence = [exc]
+        else:
+            f = _finding(chain, "failed", number, job_id,
+                         detail=f"Slurm state {state}, exit {exit_code or '?'}")
+            f.cause = "unknown"
+            if err is not None:
+                f.evidence = [Evidence(str(err), n or 0, line[:MAX_LINE])
+                              for n, line in read_tail(err)[-10:]]
+        out.append(f)
+    return out
+
+
+def diagnose(chain: Chain, status: Mapping[str, Any] | None = None, *, scan: bool = True,
+             gpu_findings: Callable[[Chain], list[Finding]] | None = None) -> Report:
+    """Everything `train doctor` says about one chain. `status`: chain_status's answer
+    (asked here when not given); `scan`: read every log whole, streamed (False: only the
+    end of failed chunks' error logs, for `train status --all`)."""
+    st = dict(status) if status is not None else chain_status(chain)
+    findings: list[Finding] = []
+    chunks_out = []
+    cancelled_by_us = _cancelled_with_train(chain)
+    for c in st.get("chunks", []):
+        logs = _logs_of(chain, c["job_id"])
+        found = _chunk_findings(chain, c, logs, scan)
+        if str(c.get("state")) == "CANCELLED" and not found and st.get("state") != "complete" \
+                and not cancelled_by_us and contract.EV_STARTED in (c.get("events") or []):
+            found.append(_finding(chain, "cancelled", c["chunk"], c["job_id"],
+                                  detail="Slurm state CANCELLED"))
+        findings += found
+        chunks_out.append({
+            "chunk": c["chunk"], "job_id": c["job_id"], "state": c.get("state"),
+            "exit": _exit_code(c), "events": list(c.get("events") or []),
+            "logs": [str(p) for p in logs],
+            "what": _what_happened(str(c.get("state")), c.get("events") or [], c),
+            "causes": [f.cause for f in found]})
+    if gpu_findings is not None and st.get("state") not in ("complete", "cancelled"):
+        findings += gpu_findings(chain)
+    if not findings and st.get("state") in ("failed", "stalled", "held"):
+        findings.append(Finding("unknown", f"the chain is {st.get('state')}",
+                                "see `train status` and `train logs`",
+                                detail=str(st.get("cause"))))
+    training = _read_json(chain.run_dir / "status.json")
+    return Report(str(st.get("name", chain.record.get("name"))), str(chain.run_dir),
+                  str(st.get("state")), str(st.get("cause")), chunks_out, findings, training)
+
+
+def _cancelled_with_train(chain: Chain) -> bool:
+    """`train cancel` records its event first: such a chain ended as its owner asked."""
+    try:
+        with open(chain.run_dir / contract.CHAIN_EVENTS, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 65536))
+            tail = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return False
+    return any(e["event"] == contract.EV_CANCELLED for e in parse_events(tail))
+
+
+def _what_happened(state: str, events: Sequence[str], chunk: Mapping[str, Any]) -> str:
+    ev = set(events)
+    if contract.EV_COMPLETE in ev:
+        return "finished the work"
+    if contract.EV_STOPPED in ev or contract.EV_REQUEUED in ev:
+        return "stopped cleanly at its time budget and checkpointed"
+    if contract.EV_FAILED in ev:
+        return f"failed (exit {chunk.get('exit') or '?'})"
+    if contract.EV_TIMEOUT in ev:
+        return "reached its walltime before it stopped"
+    if contract.EV_NO_PROGRESS in ev:
+        return "ended without adding work"
+    if state in ACTIVE_STATES:
+        reason = chunk.get("reason")
+        return f"{state.lower()}" + (f" ({reason})" if reason not in (None, "None") else "")
+    if contract.EV_TERMINATED in ev or state == "CANCELLED":
+        return f"ended {state}"
+    return f"ended {state}" if state != "UNKNOWN" else "state unknown to Slurm"
+
+
+def format_report(report: Report) -> list[str]:
+    lines = [f"{report.name}: {report.state}  {report.run_dir}", f"  {report.cause}"]
+    for c in report.chunks:
+        lines.append(f"  chunk {c['chunk']} (job {c['job_id']}): {c['what']}")
+    if report.healthy:
+        lines.append("  no problem found")
+        return lines
+    for f in report.findings:
+        where = f"chunk {f.chunk}, job {f.job_id}: " if f.chunk is not None else ""
+        lines.append(f"cause: {where}{f.title} [{f.cause}]")
+        if f.detail:
+            lines.append(f"  {f.detail}")
+        for ev in f.evidence[:6]:
+            at = f"{ev.file}:{ev.line}" if ev.line else ev.file
+            lines.append(f"  evidence: {at}: {ev.text}")
+        lines.append(f"  fix: {f.fix}")
+    return lines
+
+
+def resolve(ref: str | None, runs_root: Path) -> Chain:
+    """A run by name, path or job id; the newest run under runs_root without one."""
+    run_dir = find_run(ref, runs_root) if ref is not None else newest_run(runs_root)
+    if (run_dir / contract.SWEEP_RECORD).is_file() and not (
+            run_dir / contract.CHAIN_RECORD).is_file():
+        raise UsageError(f"run: {run_dir.name} is a seed sweep; name one of its chains "
+                         f"({run_dir.name}/seed-N)")
+    return load_chain(run_dir)
+
+
+def reports(chains: Iterable[Chain]) -> list[Report]:
+    return [diagnose(chain) for chain in chains]

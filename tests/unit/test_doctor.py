@@ -1,0 +1,271 @@
+"""`train doctor`'s rules on captured log texts and Slurm states (real failing jobs on the
+test cluster: tests/integration/test_doctor.py). Each case names where its text comes from.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import run_cli
+from train import doctor
+from train.slurm import contract
+from train.slurm.scheduler import load_chain
+
+RESOURCES = {"nodes": 1, "processes_per_node": 4, "gpus_per_node": 4, "ntasks_per_node": 4,
+             "launch": "tasks", "workers": 8, "worker_mem_mb": 8192, "mem_mb": 262144,
+             "batch_size": 256}
+
+
+def make_run(root: Path, logs: dict[str, str], name: str = "r",
+             resources: dict[str, Any] | None = None) -> Path:
+    """A run directory as `train submit` leaves it: its record, ids and job logs."""
+    run_dir = root / name
+    (run_dir / contract.LOG_DIR).mkdir(parents=True)
+    record = {"name": name, "cluster": "local", "max_chunks": 3, "signal_margin": 120,
+              "resources": RESOURCES if resources is None else resources}
+    (run_dir / contract.CHAIN_RECORD).write_text(json.dumps(record))
+    ids = sorted({f.split("-")[-1].split(".")[0] for f in logs} or {"101"})
+    (run_dir / contract.CHAIN_IDS).write_text(
+        "".join(f"{i + 1} {job}\n" for i, job in enumerate(ids)))
+    for file_name, text in logs.items():
+        (run_dir / contract.LOG_DIR / file_name).write_text(text)
+    return run_dir
+
+
+def status(state: str, exit_code: str | None = None, events: list[str] | None = None,
+           reason: str | None = None, chain_state: str = "failed",
+           job_id: str = "101") -> dict[str, Any]:
+    return {"name": "r", "state": chain_state, "cause": "as Slurm says",
+            "chunks": [{"chunk": 1, "job_id": job_id, "state": state, "exit": exit_code,
+                        "reason": reason, "events": events or ["started"]}]}
+
+
+def diagnose(tmp_path: Path, err: str, st: dict[str, Any], out: str = "",
+             resources: dict[str, Any] | None = None) -> doctor.Report:
+    run_dir = make_run(tmp_path, {"r-101.err": err, "r-101.out": out}, resources=resources)
+    return doctor.diagnose(load_chain(run_dir), st)
+
+
+# (cause, Slurm state, exit code, error log text, words the fix must hold); the comment
+# above each says where the text's format comes from
+CASES = [
+    # slurmstepd, task/cgroup plugin (Slurm 22.05-24.11): the step's oom_kill count
+    ("host_oom", "OUT_OF_MEMORY", "0:125",
+     "slurmstepd: error: Detected 5 oom_kill events in StepId=101.0. Some of the step "
+     "tasks have been OOM Killed.\n", ["--workers", "4 processes x 8 workers x 8G"]),
+    # torch 2.x caching allocator
+    ("gpu_oom", "FAILED", "1:0",
+     "Traceback (most recent call last):\n  File \"x.py\", line 3, in <module>\n"
+     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+     "total capacity of 79.10 GiB of which 1.06 GiB is free.\n", ["--batch-size 128"]),
+    # ours: runtime/memory.py PreallocationError (the optimizer's first step, up front)
+    ("gpu_oom", "FAILED", "3:0",
+     "train: error: out of memory on cuda:0 (NVIDIA H100) while preallocating optimizer "
+     "state and a batch of 256 at res 64: ...\n", ["optimizer's first step",
+                                                     "--fallback-batch 128"]),
+    # torch c10d TCPStore (torch 2.1-2.6): the rank-0 store waits for the others
+    ("rendezvous", "FAILED", "1:0",
+     "torch.distributed.DistStoreError: Timed out after 901 seconds waiting for clients. "
+     "1/16 clients joined.\n", ["srun"]),
+    # torch ProcessGroupNCCL watchdog (torch 2.2+)
+    ("collective_timeout", "FAILED", "6:0",
+     "[rank3]:[E ProcessGroupNCCL.cpp:563] [Rank 3] Watchdog caught collective operation "
+     "timeout: WorkNCCL(SeqNum=1027, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+     "Timeout(ms)=600000) ran for 600070 milliseconds before timing out.\n",
+     ["NCCL_DEBUG=INFO"]),
+    # slurmstepd's banner when the walltime passes (src/slurmd/slurmstepd/req.c)
+    ("walltime", "TIMEOUT", "0:15",
+     "slurmstepd: error: *** JOB 101 ON n1 CANCELLED AT 2026-11-22T10:00:00 DUE TO TIME "
+     "LIMIT ***\n", ["--signal-margin"]),
+    ("preempted", "PREEMPTED", "0:15",
+     "slurmstepd: error: *** JOB 101 ON n1 CANCELLED AT 2026-11-22T10:00:00 DUE TO "
+     "PREEMPTION ***\n", ["--requeue"]),
+    ("node_failure", "NODE_FAIL", "0:0",
+     "srun: error: Node failure on n2\nslurmstepd: error: *** JOB 101 ON n1 CANCELLED AT "
+     "2026-11-22T10:00:00 DUE TO NODE FAILURE ***\n", ["--exclude"]),
+    # torch: masked_fill with -1e9 on a Half tensor (the field notes' FP16 mask)
+    ("nonfinite", "FAILED", "1:0",
+     "RuntimeError: value cannot be converted to type at::Half without overflow\n",
+     ["--precision bf16", "finfo"]),
+    # torch's CUDA init on an old driver (torch/cuda/__init__.py)
+    ("cuda_driver", "FAILED", "1:0",
+     "RuntimeError: The NVIDIA driver on your system is too old (found version 11040). "
+     "Please update your GPU driver\n", ["BASE_IMAGE"]),
+    # ours: workloads/envs/pysc2_env.py check_available
+    ("missing_payload", "FAILED", "3:0",
+     "train: error: workload sc2 needs the StarCraft II binary: SC2PATH=/opt/sc2 has no "
+     "Versions/Base*/SC2_x64\n", ["sc2 image"]),
+    # Lmod 8.x
+    ("module_missing", "FAILED", "1:0",
+     "Lmod has detected the following error:  The following module(s) are unknown: "
+     "\"apptainer/9.9\"\n", ["modules:"]),
+    # Apptainer 1.2-1.4 (cmd/internal/cli/actions.go)
+    ("image_unopenable", "FAILED", "255:0",
+     "FATAL:   could not open image /scratch/u/train.sif: failed to retrieve path for "
+     "/scratch/u/train.sif: lstat /scratch/u/train.sif: no such file or directory\n",
+     ["--image"]),
+    # CPython
+    ("import_error", "FAILED", "1:0",
+     "Traceback (most recent call last):\nModuleNotFoundError: No module named 'timm'\n",
+     ["rebuild the image"]),
+    ("disk_full", "FAILED", "1:0",
+     "train: error: writing a checkpoint in /home/u/runs/r/seed_4/checkpoints failed: "
+     "[Errno 28] No space left on device\n", ["scratch"]),
+    ("disk_full", "FAILED", "1:0",
+     "OSError: [Errno 122] Disk quota exceeded: '/home/u/runs/r/status.json'\n",
+     ["quota"]),
+]
+
+
+@pytest.mark.parametrize(("cause", "state", "exit_code", "err", "fix_words"), CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_each_rule_names_its_cause_evidence_and_fix(
+        tmp_path: Path, cause: str, state: str, exit_code: str, err: str,
+        fix_words: list[str]) -> None:
+    report = diagnose(tmp_path, "some start-up line\n" + err,
+                      status(state, exit_code, ["started", "failed"]))
+    assert not report.healthy
+    first = report.findings[0]
+    assert first.cause == cause, [f.cause for f in report.findings]
+    assert (first.chunk, first.job_id) == (1, "101")
+    for word in fix_words:
+        assert word in first.fix, first.fix
+    if state not in ("NODE_FAIL",) or first.evidence:
+        ev = first.evidence[0]
+        assert ev.file.endswith("r-101.err") and ev.line >= 2
+        assert ev.text in err
+
+
+def test_the_same_rules_without_grep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                     ) -> None:
+    """The block search finds the same lines, with the same numbers, as grep -F."""
+    text = "".join(f"line {i}\n" for i in range(50_000)) + CASES[0][3] + "tail\n" * 3
+    path = tmp_path / "x.err"
+    path.write_text(text)
+    with_grep = list(doctor.candidate_lines(path))
+    monkeypatch.setattr(doctor.shutil, "which", lambda _name: None)
+    without = list(doctor.candidate_lines(path))
+    small_blocks = list(doctor._candidate_lines_python(path, doctor._ALL_NEEDLES, 4096))
+    assert with_grep == without == small_blocks
+    assert [n for n, _ in with_grep] == [50_001]
+
+
+def test_exit_137_without_a_message_is_a_sigkill_that_points_at_memory(
+        tmp_path: Path) -> None:
+    report = diagnose(tmp_path, "/var/spool/slurm/job101/slurm_script: line 9: 1234 Killed "
+                      "python train.py\n", status("FAILED", "137:0", ["started", "failed"]))
+    f = report.findings[0]
+    assert f.cause == "sigkill" and "137" in f.detail and "--workers" in f.fix
+
+
+def test_a_python_memory_error_is_host_memory(tmp_path: Path) -> None:
+    report = diagnose(tmp_path, "Traceback (most recent call last):\nMemoryError\n",
+                      status("FAILED", "1:0", ["started", "failed"]))
+    assert report.findings[0].cause == "host_oom"
+
+
+def test_scancel_by_someone_else_is_a_finding_train_cancel_is_not(tmp_path: Path) -> None:
+    st = status("CANCELLED", "0:15", ["started", "terminated"], chain_state="cancelled")
+    report = diagnose(tmp_path, "", st)
+    assert [f.cause for f in report.findings] == ["cancelled"]
+    run_dir = tmp_path / "r"
+    (run_dir / contract.CHAIN_EVENTS).write_text("1795000000 1 101 cancelled\n")
+    assert doctor.diagnose(load_chain(run_dir), st).healthy
+
+
+def test_a_lightning_rendezvous_that_never_completes(tmp_path: Path) -> None:
+    """--ntasks=8 with 8 GPUs on one task: Lightning announces member 1 of 8 and waits
+    (the field notes' hang); the walltime ends it."""
+    err = ("Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/8\n"
+           "slurmstepd: error: *** JOB 101 ON n1 CANCELLED AT 2026-11-22T10:00:00 DUE TO "
+           "TIME LIMIT ***\n")
+    report = diagnose(tmp_path, err, status("TIMEOUT", "0:15", ["started", "timeout"]))
+    causes = [f.cause for f in report.findings]
+    assert causes[:2] == ["walltime", "rendezvous"], causes
+    rdv = report.findings[1]
+    assert "1 of 8" in rdv.detail and "srun" in rdv.fix
+    # a healthy start of the same program is no finding
+    ok = "".join(f"Initializing distributed: GLOBAL_RANK: {r}, MEMBER: {r + 1}/8\n"
+                 for r in range(8))
+    report = diagnose(tmp_path / "ok", ok, status("COMPLETED", "0:0",
+                                                  ["started", "complete"], None, "complete"))
+    assert report.healthy, report.verdict
+
+
+def test_tasks_that_do_not_match_the_gpus_are_named(tmp_path: Path) -> None:
+    res = {**RESOURCES, "ntasks_per_node": 1, "gpus_per_node": 8}
+    report = diagnose(tmp_path, "1/8 clients joined.\n", status("FAILED", "1:0"),
+                      resources=res)
+    assert "--ntasks-per-node 8" in report.findings[0].fix
+
+
+def test_an_unknown_failure_shows_the_exit_code_and_the_tail(tmp_path: Path) -> None:
+    err = "".join(f"noise {i}\n" for i in range(30)) + "segfault somewhere\n"
+    report = diagnose(tmp_path, err, status("FAILED", "139:0", ["started", "failed"]))
+    f = report.findings[0]
+    assert f.cause == "unknown" and "139" in f.detail
+    assert f.evidence[-1].text == "segfault somewhere" and f.evidence[-1].line == 31
+
+
+def test_a_python_error_is_quoted_from_the_end_of_the_log(tmp_path: Path) -> None:
+    err = "Traceback (most recent call last):\n  File \"u.py\", line 1\nKeyError: 'lr'\n"
+    report = diagnose(tmp_path, err, status("FAILED", "1:0", ["started", "failed"]))
+    f = report.findings[0]
+    assert f.cause == "python_error" and f.detail == "KeyError: 'lr'"
+    assert f.evidence[0].line == 3
+
+
+def test_a_dependency_that_can_never_be_met(tmp_path: Path) -> None:
+    report = diagnose(tmp_path, "", status("PENDING", None, [],
+                                           "DependencyNeverSatisfied", "pending"))
+    assert report.findings[0].cause == "dependency_never"
+    assert "train cancel" in report.findings[0].fix
+
+
+def test_a_healthy_run_is_exit_0_and_its_chunks_are_told(tmp_path: Path) -> None:
+    report = diagnose(tmp_path, "", status("COMPLETED", "0:0", ["started", "complete"],
+                                           chain_state="complete"))
+    assert report.healthy and report.verdict == "healthy: complete"
+    assert report.chunks[0]["what"] == "finished the work"
+    lines = doctor.format_report(report)
+    assert "no problem found" in lines[-1]
+
+
+def test_nonfinite_values_in_a_run_that_ended_are_still_reported(tmp_path: Path) -> None:
+    report = diagnose(tmp_path, "", status("COMPLETED", "0:0", ["started", "stopped"],
+                                           chain_state="running"),
+                      out="epoch 3: loss is nan\n")
+    assert [f.cause for f in report.findings] == ["nonfinite"]
+    assert report.findings[0].evidence[0].file.endswith("r-101.out")
+
+
+def test_evidence_is_bounded_however_often_a_line_repeats(tmp_path: Path) -> None:
+    err = "[Errno 28] No space left on device\n" * 10_000
+    report = diagnose(tmp_path, err, status("FAILED", "1:0", ["started", "failed"]))
+    f = report.findings[0]
+    assert f.cause == "disk_full" and len(f.evidence) == 6
+    assert f.evidence[-1].line == 10_000
+
+
+def test_doctor_cli_bad_input_is_exit_2(tmp_path: Path) -> None:
+    proc = run_cli(["doctor", "nope", "--runs", str(tmp_path)])
+    assert proc.returncode == 2 and "no run named" in proc.stderr
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / contract.CHAIN_RECORD).write_text("{not json")
+    proc = run_cli(["doctor", "junk", "--runs", str(tmp_path)])
+    assert proc.returncode == 2 and "not valid JSON" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = run_cli(["doctor", "--runs", str(tmp_path / "empty")])
+    assert proc.returncode == 2 and "no runs under" in proc.stderr
+
+
+def test_unreadable_logs_are_no_traceback(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, {"r-101.out": ""})
+    (run_dir / contract.LOG_DIR / "r-101.err").mkdir()  # not a file
+    report = doctor.diagnose(load_chain(run_dir), status("FAILED", "2:0",
+                                                         ["started", "failed"]))
+    assert report.findings[0].cause == "unknown"
