@@ -174,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="where runs live (default: runs)")
         if name == "status":
             p.add_argument("--json", action="store_true", help="machine-readable output")
+            p.add_argument("--all", action="store_true", dest="all_runs",
+                           help="every run under --runs in one table: state, progress, GPU "
+                           "utilisation and `train doctor`'s verdict")
         if name == "logs":
             p.add_argument("--err", action="store_true", help="the stderr log")
             p.add_argument("--follow", "-f", action="store_true",
@@ -191,6 +194,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=Path, default=Path("runs"), metavar="DIR",
                    help="where runs live (default: runs)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    pre = p.add_argument_group(
+        "preflight", "--preflight checks, on the login node, what a job needs before it is "
+        "submitted: the container runtime, the image, the account, the runs root and the "
+        "image's CUDA against the nodes' driver (values not given come from `train init`'s "
+        "defaults)")
+    pre.add_argument("--preflight", action="store_true", help="run the checks (no run is "
+                     "diagnosed); exit 0 when none failed, 1 when one did")
+    pre.add_argument("-M", "--cluster", default=None, help="the cluster profile")
+    pre.add_argument("--profile", type=Path, action="append", default=[], metavar="FILE",
+                     help="an extra cluster profile file")
+    pre.add_argument("-A", "--account", default=None, help="the account jobs are charged to")
+    pre.add_argument("-p", "--partition", default=None, help="the partition jobs run in")
+    pre.add_argument("-C", "--constraint", default=None, help="the node type (constraint)")
+    pre.add_argument("--image", default=None, help="the image: a SIF path or a docker tag")
+    pre.add_argument("--runtime", default=None, help="auto, apptainer, docker or none")
     return parser
 
 
@@ -379,6 +397,18 @@ def _cmd_status(args: argparse.Namespace) -> int:
     )
     from train.slurm.sweep import aggregate, chain_paths, format_sweep, is_sweep
 
+    if args.all_runs:
+        if args.ref is not None:
+            raise UsageError("status: --all shows every run; give no run name with it")
+        from train import doctor
+
+        rows = doctor.overview(args.runs)
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            print("\n".join(doctor.format_overview(rows)) if rows else
+                  f"no runs under {args.runs}")
+        return EXIT_OK
     found = find_run(args.ref, args.runs) if args.ref is not None else None
     if found is not None and is_sweep(found):
         root = found
@@ -411,12 +441,45 @@ def _cmd_status(args: argparse.Namespace) -> int:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from train import doctor
 
+    if args.preflight:
+        return _preflight(args)
     report = doctor.diagnose(doctor.resolve(args.ref, args.runs))
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:
         print("\n".join(doctor.format_report(report)))
     return EXIT_OK if report.healthy else EXIT_FAILURE
+
+
+def _preflight(args: argparse.Namespace) -> int:
+    from train import preflight
+    from train.clusters.profiles import Registry
+    from train.defaults import defaults_path, load_defaults
+
+    if args.ref is not None:
+        raise UsageError("doctor: --preflight checks the login node, not a run; give no run "
+                         "name with it")
+    defaults = load_defaults()
+
+    def given(name: str) -> Any:
+        value = getattr(args, name)
+        return value if value is not None else defaults.get(name)
+
+    registry = Registry(args.profile)
+    cluster = given("cluster")
+    if cluster is None:
+        raise UsageError(f"cluster: --preflight needs the cluster: --cluster NAME (one of "
+                         f"{', '.join(registry.names())}), or `train init --cluster NAME` "
+                         f"(it goes to {defaults_path()})")
+    checks = preflight.run_preflight(
+        registry.get(str(cluster)), image=given("image"), account=given("account"),
+        runs_root=args.runs, partition_or_constraint=given("partition") or given(
+            "constraint"), runtime=given("runtime") or "auto")
+    if args.json:
+        print(json.dumps(preflight.checks_json(checks), indent=2))
+    else:
+        print("\n".join(preflight.format_checks(checks)))
+    return EXIT_FAILURE if preflight.failed(checks) else EXIT_OK
 
 
 def _cmd_logs(args: argparse.Namespace) -> int:

@@ -301,7 +301,7 @@ def newest_run(runs_root: Path) -> Path:
 
 
 def _logs_of(chain: Chain, job_id: str) -> list[Path]:
-    logs = chain.run_dir / contract.LOG_DIR
+    logs = chain.run_dir.absolute() / contract.LOG_DIR  # evidence usable from anywhere
     try:
         return sorted(p for p in logs.glob(f"*-{job_id}.*")
                       if p.suffix in (".out", ".err") and p.is_file())
@@ -617,16 +617,49 @@ def _chunk_findings(chain: Chain, c: Mapping[str, Any], logs: Sequence[Path],
     return out
 
 
-def diagnose(chain: Chain, status: Mapping[str, Any] | None = None, *, scan: bool = True,
-             gpu_findings: Callable[[Chain], list[Finding]] | None = None) -> Report:
+def idle_gpus(chain: Chain) -> list[Finding]:
+    """GPUs the utilisation watch saw idle for the job's idle time (its settings are in
+    the chain's record; the watch's defaults otherwise)."""
+    from train.runtime import gpuwatch
+
+    watch = _resources(chain).get("gpu_watch")
+    watch = watch if isinstance(watch, dict) else {}
+    threshold = watch.get("idle_threshold", gpuwatch.DEFAULT_IDLE_THRESHOLD)
+    minutes = watch.get("idle_minutes", gpuwatch.DEFAULT_IDLE_MINUTES)
+    if not isinstance(threshold, (int, float)) or not isinstance(minutes, (int, float)):
+        threshold, minutes = gpuwatch.DEFAULT_IDLE_THRESHOLD, gpuwatch.DEFAULT_IDLE_MINUTES
+    try:
+        idle = gpuwatch.idle_findings(chain.run_dir, threshold, minutes)
+    except (OSError, ValueError):
+        return []
+    out = []
+    for item in idle:
+        f = _finding(chain, "idle_gpu", None, None, detail=item.describe())
+        f.evidence = [Evidence(str(Path(item.file).absolute()), item.first_line,
+                               f"GPU {item.gpu}: {item.samples} samples under "
+                               f"{threshold:g}% (at most {item.max_util:g}%)")]
+        out.append(f)
+    return out
+
+
+def diagnose(chain: Chain, status: Mapping[str, Any] | None = None, *, scan: bool = True
+             ) -> Report:
     """Everything `train doctor` says about one chain. `status`: chain_status's answer
     (asked here when not given); `scan`: read every log whole, streamed (False: only the
     end of failed chunks' error logs, for `train status --all`)."""
     st = dict(status) if status is not None else chain_status(chain)
     findings: list[Finding] = []
     chunks_out = []
-    cancelled_by_us = _cancelled_with_train(chain)
-    for c in st.get("chunks", []):
+    events = _events(chain)
+    # `train cancel` records its event first: such a chain ended as its owner asked
+    cancelled_by_us = any(e["event"] == contract.EV_CANCELLED for e in events)
+    # the step's exit code as the batch shell saw it (sacct may not be there to say)
+    step_exit = {e["job_id"]: e["detail"] for e in events
+                 if e["event"] == contract.EV_FAILED and e["detail"]}
+    for given in st.get("chunks", []):
+        c = dict(given)
+        if not _exit_code(c) and c["job_id"] in step_exit:
+            c["exit"] = f"{step_exit[c['job_id']].split()[0]}:0"
         logs = _logs_of(chain, c["job_id"])
         found = _chunk_findings(chain, c, logs, scan)
         if str(c.get("state")) == "CANCELLED" and not found and st.get("state") != "complete" \
@@ -640,8 +673,7 @@ def diagnose(chain: Chain, status: Mapping[str, Any] | None = None, *, scan: boo
             "logs": [str(p) for p in logs],
             "what": _what_happened(str(c.get("state")), c.get("events") or [], c),
             "causes": [f.cause for f in found]})
-    if gpu_findings is not None and st.get("state") not in ("complete", "cancelled"):
-        findings += gpu_findings(chain)
+    findings += idle_gpus(chain)  # a finished run's idle hours were still spent
     if not findings and st.get("state") in ("failed", "stalled", "held"):
         findings.append(Finding("unknown", f"the chain is {st.get('state')}",
                                 "see `train status` and `train logs`",
@@ -651,16 +683,16 @@ def diagnose(chain: Chain, status: Mapping[str, Any] | None = None, *, scan: boo
                   str(st.get("state")), str(st.get("cause")), chunks_out, findings, training)
 
 
-def _cancelled_with_train(chain: Chain) -> bool:
-    """`train cancel` records its event first: such a chain ended as its owner asked."""
+def _events(chain: Chain) -> list[dict[str, Any]]:
+    """The chain's events (the end of the file: a line per event, so 256 KiB is years)."""
     try:
         with open(chain.run_dir / contract.CHAIN_EVENTS, "rb") as fh:
             fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 65536))
+            fh.seek(max(0, fh.tell() - 262144))
             tail = fh.read().decode("utf-8", "replace")
     except OSError:
-        return False
-    return any(e["event"] == contract.EV_CANCELLED for e in parse_events(tail))
+        return []
+    return parse_events(tail)
 
 
 def _what_happened(state: str, events: Sequence[str], chunk: Mapping[str, Any]) -> str:
@@ -714,3 +746,70 @@ def resolve(ref: str | None, runs_root: Path) -> Chain:
 
 def reports(chains: Iterable[Chain]) -> list[Report]:
     return [diagnose(chain) for chain in chains]
+
+
+# -- every run at once (`train status --all`) -------------------------------------------
+def _gpu_cell(run_dir: Path) -> dict[str, Any]:
+    """Mean and latest GPU utilisation per node from the watch's files (none: {})."""
+    try:
+        from train.runtime import gpuwatch
+    except ImportError:  # pragma: no cover - part of the package
+        return {}
+    try:
+        return dict(gpuwatch.summary(run_dir))
+    except (OSError, ValueError):
+        return {}
+
+
+def overview(runs_root: Path) -> list[dict[str, Any]]:
+    """One row per run under runs_root: state, progress, GPU utilisation and the doctor's
+    one-line verdict. Slurm is asked once for every run's jobs; the logs are not scanned
+    (only the end of a failed chunk's error log is read)."""
+    from train.slurm.scheduler import job_states
+
+    chains: list[Chain | tuple[Path, str]] = []
+    for run_dir in chain_dirs(runs_root):
+        try:
+            chains.append(load_chain(run_dir))
+        except UsageError as exc:  # one broken record does not hide the others
+            chains.append((run_dir, str(exc)))
+    ids = [i for c in chains if isinstance(c, Chain) for i in c.ids]
+    states = job_states(ids)
+    rows: list[dict[str, Any]] = []
+    for c in chains:
+        if not isinstance(c, Chain):
+            rows.append({"name": c[0].name, "run_dir": str(c[0]), "state": "unreadable",
+                         "done": None, "total": None, "gpu": {}, "verdict": c[1],
+                         "healthy": False})
+            continue
+        st = chain_status(c, states)
+        report = diagnose(c, st, scan=False)
+        rows.append({"name": st["name"], "run_dir": str(c.run_dir), "state": st["state"],
+                     "done": st["done"], "total": st["total"], "gpu": _gpu_cell(c.run_dir),
+                     "verdict": report.verdict, "healthy": report.healthy})
+    return rows
+
+
+def _gpu_text(gpu: Mapping[str, Any]) -> str:
+    cells = []
+    for node, s in sorted(gpu.items()):
+        if not isinstance(s, Mapping):
+            continue
+        mean, latest = s.get("mean_util"), s.get("latest_util")
+        if isinstance(mean, (int, float)) and isinstance(latest, (int, float)):
+            cells.append(f"{node} {mean:.0f}%/{latest:.0f}%")
+    return ", ".join(cells) or "-"
+
+
+def format_overview(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The table: NAME STATE PROGRESS GPU(mean/latest per node) VERDICT."""
+    table = [("NAME", "STATE", "PROGRESS", "GPU mean/latest", "VERDICT")]
+    for r in rows:
+        done, total = r.get("done"), r.get("total")
+        progress = f"{done}/{total} ({100 * done // total}%)" if isinstance(done, int) \
+            and isinstance(total, int) and total > 0 else "-"
+        table.append((str(r["name"]), str(r["state"]), progress, _gpu_text(r.get("gpu") or {}),
+                      str(r["verdict"])))
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    return [" ".join(cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True))
+            + " " + row[4] for row in table]

@@ -12,7 +12,8 @@ Before starting it checks that CUDA works where the step has GPUs (`runtime.cuda
 cause such as a driver too old for the image's torch is exit 3), can wait for free GPU
 memory (the field notes' wait-and-run wrapper), caps DataLoader workers by the task's CPUs
 and the host memory, and logs whether InfiniBand is visible and which NCCL settings are in
-force.
+force. Where the job asks for it (GPU jobs: the TRAIN_GPU_* settings), node-local rank 0
+starts the GPU utilisation sampler (`runtime.gpuwatch`) as a process of its own.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from train import _proc
 from train.errors import ResourceError, UsageError
@@ -263,7 +265,9 @@ def prepare(opts: LaunchOptions, env: MutableMapping[str, str]) -> tuple[SlurmSt
         raise UsageError("launch: give the command after --, e.g. -- python -m train run demo")
     step = read_step(env)
     check_cuda(step, env)  # before the memory wait: a broken CUDA never frees up
-    master = env.get(MASTER_ADDR_VAR) or resolve_address(step.master)
+    # (one process alone has no rendezvous: its node's name need not resolve)
+    master = env.get(MASTER_ADDR_VAR) or (step.master if opts.mode == "single"
+                                          else resolve_address(step.master))
     command = list(opts.command)
     apply_nccl_defaults(env)
     log_interconnect(env)
@@ -414,6 +418,41 @@ def _forward_to_workers(signum: int, frame: object) -> None:
             os.kill(pid, sig)
 
 
+def start_gpu_watch(step: SlurmStep, mode: str, env: Mapping[str, str],
+                    spawn: Callable[..., Any] | None = None) -> Any:
+    """Start the node's GPU sampler (node-local rank 0 only: torch's launcher agent, or the
+    task with local id 0) when the job's settings ask for one and the node has GPUs. The
+    sampler's parent is this process (in tasks mode the program it execs into, the same
+    pid). Never fails the launch: any problem is a warning. Returns the process or None."""
+    from train.runtime import gpuwatch
+
+    if step.gpus_on_node == 0 or (mode != "torchrun" and step.localid != 0):
+        return None
+    try:
+        settings = gpuwatch.settings_from_env(env)
+    except ValueError as exc:
+        log.warning("GPU watch not started: %s", exc)
+        return None
+    run_dir = env.get("TRAIN_RUN_DIR")
+    if settings is None or not run_dir:
+        return None
+    node = step.nodes[step.node_id]
+    try:
+        return (spawn or gpuwatch.spawn)(run_dir, node, settings, os.getpid(),
+                                         env=dict(env))
+    except Exception as exc:  # whatever starting it raises: training goes on without it
+        log.warning("GPU watch not started on %s: %s", node, exc)
+        return None
+
+
+def _stop_gpu_watch(proc: Any) -> None:
+    if proc is None:
+        return
+    with contextlib.suppress(Exception):
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 def is_train_run(command: Sequence[str]) -> bool:
     """`python -m train run ...`: the program that marks its own signal readiness."""
     return any(command[i:i + 3] == ["-m", "train", "run"] for i in range(len(command)))
@@ -442,6 +481,7 @@ def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> 
     if opts.mode != "torchrun" or "--no-python" in torchrun_argv(step, master, 1, command):
         find_program(command, environ)
     install_scontrol_shim(environ)
+    watcher = start_gpu_watch(step, opts.mode, environ)
     if opts.mode == "torchrun":
         signal.signal(signal.SIGUSR1, _forward_to_workers)
         nproc = opts.nproc_per_node or max(1, step.gpus_on_node)
@@ -450,7 +490,10 @@ def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> 
                  " ".join(masked_argv(argv)))
         from torch.distributed.run import main as torchrun_main
 
-        torchrun_main(argv)
+        try:
+            torchrun_main(argv)
+        finally:
+            _stop_gpu_watch(watcher)
         return 0
     if opts.mode == "single":
         log.info("single process: %s", " ".join(masked_argv(command)))

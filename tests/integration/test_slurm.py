@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -38,6 +39,14 @@ from tests.integration.chains import (
 from train.runtime.checkpoint import CheckpointManager
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def _doctor(cwd: Path, env: dict[str, str], name: str) -> dict[str, Any]:
+    """`train doctor NAME --json` on the real chain: exit 1 (a problem) and its report."""
+    proc = run_cli(["doctor", name, "--json"], cwd=cwd, env=env)
+    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+    report: dict[str, Any] = json.loads(proc.stdout)
+    return report
 
 
 def _events(run_dir: Path) -> list[str]:
@@ -112,6 +121,11 @@ def test_walltime_timeout_of_a_step_that_ignores_the_signal(
     assert "reached its walltime" in st["cause"] and "--signal-margin" in st["cause"]
     assert [c["state"] for c in st["chunks"]] == ["TIMEOUT", "CANCELLED"]
     assert "timeout" in st["chunks"][0]["events"]
+    first = _doctor(tmp_path, slurm_env, "tmo")["findings"][0]
+    assert (first["cause"], first["chunk"]) == ("walltime", 1)
+    assert "--signal-margin" in first["fix"]
+    # slurmstepd's own banner in the job's error log is the evidence
+    assert any("DUE TO TIME LIMIT" in e["text"] for e in first["evidence"]), first
 
 
 def test_scancel_of_the_running_chunk_checkpoints_and_ends_the_chain(
@@ -123,6 +137,9 @@ def test_scancel_of_the_running_chunk_checkpoints_and_ends_the_chain(
     assert [c["state"] for c in st["chunks"]] == ["CANCELLED", "CANCELLED"]
     assert "terminated" in st["chunks"][0]["events"]
     assert "received SIGTERM" in logs(run_dir)  # the trainer checkpointed on the TERM
+    # scancel, not `train cancel`: the doctor says so (a site's policy may have done it)
+    report = _doctor(tmp_path, slurm_env, "scx")
+    assert [f["cause"] for f in report["findings"]] == ["cancelled"], report
 
 
 def test_a_killed_step_fails_the_chain(tmp_path: Path, slurm_env: dict[str, str]) -> None:
@@ -130,6 +147,8 @@ def test_a_killed_step_fails_the_chain(tmp_path: Path, slurm_env: dict[str, str]
     assert st["state"] == "failed", st
     assert "exited with code 137" in st["cause"]
     assert [c["state"] for c in st["chunks"]] == ["FAILED", "CANCELLED"]
+    first = _doctor(tmp_path, slurm_env, "kst")["findings"][0]
+    assert first["cause"] == "sigkill" and "137" in first["detail"], first
 
 
 def test_a_node_failure_ends_the_chain_with_its_cause(
@@ -140,6 +159,9 @@ def test_a_node_failure_ends_the_chain_with_its_cause(
     # nobody was left to cancel the waiting chunk: Slurm removed it (--kill-on-invalid-dep)
     assert [c["state"] for c in st["chunks"]] == ["NODE_FAIL", "CANCELLED"]
     assert st["chunks"][0]["events"] == ["started", "extended"]
+    first = _doctor(tmp_path, slurm_env, "nf")["findings"][0]
+    assert (first["cause"], first["detail"]) == ("node_failure", "Slurm state NODE_FAIL, "
+                                                 f"exit {st['chunks'][0]['exit'] or '?'}")
 
 
 def test_a_requeued_chunk_resumes_and_the_chain_goes_on(
@@ -177,6 +199,10 @@ def test_a_failing_chunk_marks_the_chain_failed_and_leaves_nothing_pending(
     proc = run_cli(["logs", "fail", "--err"], cwd=tmp_path, env=slurm_env)
     assert proc.returncode == 0 and "results_csv: cannot write" in proc.stdout
     assert "training step failed with exit code 2" in proc.stdout
+    first = _doctor(tmp_path, slurm_env, "fail")["findings"][0]
+    assert first["cause"] == "train_error", first
+    assert "results_csv: cannot write" in first["evidence"][0]["text"]
+    assert first["evidence"][0]["file"].endswith(".err") and first["evidence"][0]["line"] > 0
 
 
 def test_finishing_early_cancels_the_waiting_chunk(tmp_path: Path,

@@ -269,3 +269,111 @@ def test_unreadable_logs_are_no_traceback(tmp_path: Path) -> None:
     report = doctor.diagnose(load_chain(run_dir), status("FAILED", "2:0",
                                                          ["started", "failed"]))
     assert report.findings[0].cause == "unknown"
+
+
+def test_status_all_is_one_row_per_run_with_the_verdict(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slurm is asked once for every run's jobs; a broken record is its own row."""
+    from train.slurm import scheduler
+
+    make_run(tmp_path, {"ok-201.out": ""}, name="ok")
+    (tmp_path / "ok" / contract.PROGRESS_FILE).write_text("40 40\n")
+    make_run(tmp_path, {"bad-301.err": "[Errno 28] No space left on device\n"}, name="bad")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / contract.CHAIN_RECORD).write_text("[")
+    asked: list[list[str]] = []
+
+    def job_states(ids: list[str]) -> dict[str, dict[str, Any]]:
+        asked.append(sorted(ids))
+        return {"201": {"state": "COMPLETED", "exit": "0:0"},
+                "301": {"state": "FAILED", "exit": "1:0"}}
+
+    monkeypatch.setattr(scheduler, "job_states", job_states)
+    (tmp_path / "ok" / contract.CHAIN_EVENTS).write_text(
+        "1795000000 1 201 started 0 0 40\n1795000100 1 201 complete 40 40\n")
+    (tmp_path / "bad" / contract.CHAIN_EVENTS).write_text(
+        "1795000000 1 301 started 0 0 40\n1795000100 1 301 failed 1\n")
+    rows = {r["name"]: r for r in doctor.overview(tmp_path)}
+    assert asked == [["201", "301"]]
+    assert rows["ok"]["verdict"] == "healthy: complete" and rows["ok"]["done"] == 40
+    assert rows["bad"]["verdict"].startswith("disk_full (chunk 1)")
+    assert rows["broken"]["state"] == "unreadable" and "not valid JSON" in rows["broken"][
+        "verdict"]
+    table = doctor.format_overview(list(rows.values()))
+    assert table[0].split()[:3] == ["NAME", "STATE", "PROGRESS"]
+    assert any(line.startswith("ok ") and "40/40 (100%)" in line for line in table)
+
+
+def test_status_all_takes_no_run_name(tmp_path: Path) -> None:
+    proc = run_cli(["status", "x", "--all", "--runs", str(tmp_path)])
+    assert proc.returncode == 2 and "--all" in proc.stderr
+
+
+def _gpu_csv(run_dir: Path, node: str, utils: list[float], start: int = 1_795_000_000,
+             every: int = 60) -> Path:
+    """The watch's file (runtime/gpuwatch.py's format): one line per GPU per sample."""
+    path = run_dir / "gpu" / f"{node}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = ["time,gpu,util_pct,mem_used_mib,mem_total_mib"]
+    rows += [f"{start + i * every},0,{u:g},1000,81559" for i, u in enumerate(utils)]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_idle_gpus_are_a_cause_with_the_samples_as_evidence(tmp_path: Path) -> None:
+    res = {**RESOURCES, "gpu_watch": {"interval": 60, "idle_threshold": 60,
+                                      "idle_minutes": 15}}
+    run_dir = make_run(tmp_path, {"r-101.out": ""}, resources=res)
+    # 10 busy minutes, then 20 minutes under Torch's 60% (its published cancel line)
+    csv = _gpu_csv(run_dir, "n1", [95.0] * 10 + [40.0] * 21)
+    st = status("RUNNING", None, ["started"], chain_state="running")
+    report = doctor.diagnose(load_chain(run_dir), st)
+    [f] = report.findings
+    assert f.cause == "idle_gpu" and "n1 GPU 0" in f.detail and "--workers" in f.fix
+    assert f.evidence[0].file == str(csv.absolute()) and f.evidence[0].line == 12
+    # with the watch's default settings (10%) the same samples are no finding
+    res["gpu_watch"] = None
+    run_dir = make_run(tmp_path / "b", {"r-101.out": ""}, resources=res)
+    _gpu_csv(run_dir, "n1", [95.0] * 10 + [40.0] * 21)
+    assert doctor.diagnose(load_chain(run_dir), st).healthy
+
+
+def test_status_shows_each_nodes_mean_and_latest_utilisation(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from train.slurm import scheduler
+
+    run_dir = make_run(tmp_path, {"r-101.out": ""})
+    _gpu_csv(run_dir, "n1", [80.0, 60.0, 40.0])
+    _gpu_csv(run_dir, "n2", [10.0, 30.0])
+    monkeypatch.setattr(scheduler, "job_states",
+                        lambda ids: {"101": {"state": "RUNNING", "reason": "None"}})
+    st = scheduler.chain_status(load_chain(run_dir))
+    assert st["gpu"]["n1"]["mean_util"] == 60 and st["gpu"]["n1"]["latest_util"] == 40
+    lines = scheduler.format_status(st)
+    assert "  gpu n1: 1 GPU(s), utilisation mean 60%, latest 40% (3 samples)" in lines
+    assert any(line.startswith("  gpu n2: ") and "mean 20%" in line for line in lines)
+
+
+def test_preflight_from_the_cli(tmp_path: Path) -> None:
+    """`train doctor --preflight` runs the login-node checks (train/preflight.py, tested
+    check by check in test_preflight.py): exit 0 when none failed, 1 when one did, 2 for
+    bad input. The defaults of `train init` fill what is not given."""
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "config"), "PATH": "/usr/bin:/bin"}
+    proc = run_cli(["doctor", "--preflight", "--cluster", "local", "--runtime", "none",
+                    "--runs", str(tmp_path / "runs")], env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PASS  runs root" in proc.stdout
+    # Torch needs apptainer (not on this PATH) and an account: two failures, each with a fix
+    proc = run_cli(["doctor", "--preflight", "--cluster", "torch", "--json", "--runs",
+                    str(tmp_path / "runs")], env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    failed = {c["name"]: c for c in json.loads(proc.stdout)["checks"]
+              if c["status"] == "fail"}
+    assert {"container runtime", "account"} <= set(failed), failed
+    assert all(c["fix"] for c in failed.values())
+    for argv, words in ((["--preflight"], "cluster: --preflight needs the cluster"),
+                        (["r", "--preflight", "--cluster", "local"], "give no run name"),
+                        (["--preflight", "--cluster", "nowhere"], "nowhere")):
+        proc = run_cli(["doctor", *argv, "--runs", str(tmp_path / "runs")], env=env)
+        assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr

@@ -129,6 +129,24 @@ class NodeType:
     max_minutes: int | None
     max_nodes: int | None = None
     max_gpus: int | None = None
+    # the NVIDIA driver of these nodes (`nvidia-smi`), e.g. "550.54.15"; None: not recorded
+    driver_version: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuWatch:
+    """The GPU utilisation watch of GPU jobs (train.runtime.gpuwatch): a sample of every
+    GPU each `interval` seconds (0: no watch), and a warning once every sample of a GPU
+    stayed under `idle_threshold` percent for `idle_minutes`."""
+
+    interval: int = 30
+    idle_threshold: int = 10
+    idle_minutes: int = 30
+
+
+# where a profile says nothing: no site policy known, an idle GPU is one under 10% (the
+# catch-all line of NYU Torch's published policy) for half an hour
+DEFAULT_GPU_WATCH = GpuWatch()
 
 
 @dataclass(frozen=True)
@@ -158,6 +176,12 @@ class Profile:
     gpu_features: Mapping[str, str] = field(default_factory=dict)
     # names passed into containers from the job's environment (NAME or PREFIX_*)
     env: tuple[str, ...] = ()
+    # the site's command that lists the user's accounts (argv, run without a shell)
+    account_list_command: tuple[str, ...] = ()
+    # every node is this machine (the local test cluster): its file systems are all shared
+    single_host: bool = False
+    # the jobs' default GPU utilisation watch (each job may set its own)
+    gpu_watch: GpuWatch = DEFAULT_GPU_WATCH
 
     def gpu_feature(self, gpu_type: str) -> str:
         """The node feature that selects `gpu_type` (gpu_type_request: constraint)."""
@@ -167,12 +191,19 @@ class Profile:
 _TOP_KEYS = {"name", "description", "extends", "account", "partition", "qos", "gpu_request",
              "gpu_type_request", "gpu_features", "backfill_threshold", "default_time",
              "modules", "binds", "env", "scratch_root", "nccl_env", "preempt_flags", "partitions",
-             "constraints"}
-_SECTION_KEYS = {"account": {"required", "hint"},
+             "constraints", "gpu_watch", "single_host"}
+_SECTION_KEYS = {"account": {"required", "hint", "list_command"},
                  "partition": {"required", "allowed", "default"},
                  "qos": {"required", "default", "limits"}}
+_GPU_WATCH_KEYS = {"interval", "idle_threshold", "idle_minutes"}
 _NODE_KEYS = {"gpus_per_node", "gpu_types", "cpus_per_node", "mem_per_node", "max_time",
-              "max_nodes", "max_gpus"}
+              "max_nodes", "max_gpus", "driver_version"}
+# an NVIDIA driver version as nvidia-smi prints it: 550, 550.54 or 550.54.15
+_DRIVER_RE = re.compile(r"[0-9]{1,4}(?:\.[0-9]{1,4}){0,2}")
+# one word of a command run without a shell (account.list_command)
+_ARGV_WORD_RE = re.compile(r"[A-Za-z0-9_./+@:=,-]+")
+_ARGV_CHARS = ("words of letters, digits, '_', '.', '/', '+', '@', ':', '=', ',' and '-' "
+               "(run without a shell: no spaces, quotes, $, ;, backticks or line breaks)")
 _KEY_LABEL_RE = re.compile(r"[A-Za-z0-9_.:-]+")
 
 
@@ -345,6 +376,29 @@ def _env_names(where: str, items: Any) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _gpu_watch(where: str, value: Any) -> GpuWatch:
+    """gpu_watch: {interval: seconds (0: off), idle_threshold: percent, idle_minutes}; a key
+    left out keeps the project's default."""
+    if value is None:
+        return DEFAULT_GPU_WATCH
+    if not isinstance(value, dict):
+        raise ConfigError(where, f"must be a mapping (keys: "
+                          f"{', '.join(sorted(_GPU_WATCH_KEYS))}), got {_got(value)}")
+    _check_keys(where, value, _GPU_WATCH_KEYS)
+    interval = _int(f"{where}.interval",
+                    value.get("interval", DEFAULT_GPU_WATCH.interval)) or 0
+    threshold = _int(f"{where}.idle_threshold",
+                     value.get("idle_threshold", DEFAULT_GPU_WATCH.idle_threshold)) or 0
+    minutes = _int(f"{where}.idle_minutes",
+                   value.get("idle_minutes", DEFAULT_GPU_WATCH.idle_minutes)) or 0
+    if threshold > 100:
+        raise ConfigError(f"{where}.idle_threshold", f"must be a percentage (0 to 100), got "
+                          f"{threshold}")
+    if minutes == 0:
+        raise ConfigError(f"{where}.idle_minutes", "must be at least 1")
+    return GpuWatch(interval=interval, idle_threshold=threshold, idle_minutes=minutes)
+
+
 def _node(where: str, name: str, data: Any) -> NodeType:
     if not isinstance(data, dict):
         raise ConfigError(where, f"must be a mapping, got {_got(data)}")
@@ -366,7 +420,29 @@ def _node(where: str, name: str, data: Any) -> NodeType:
         max_minutes=_time(f"{where}.max_time", data["max_time"], optional=True),
         max_nodes=_int(f"{where}.max_nodes", data.get("max_nodes"), optional=True),
         max_gpus=_int(f"{where}.max_gpus", data.get("max_gpus"), optional=True),
+        driver_version=_driver(f"{where}.driver_version", data.get("driver_version")),
     )
+
+
+def _driver(where: str, value: Any) -> str | None:
+    """An NVIDIA driver version (a YAML number such as 550.54 taken as its text)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not _DRIVER_RE.fullmatch(value):
+        raise ConfigError(where, "must be an NVIDIA driver version as nvidia-smi prints it, "
+                          f"such as \"550.54.15\" (quoted); got {_got(value)}")
+    return value
+
+
+def _argv(where: str, value: Any) -> tuple[str, ...]:
+    """A command as its words, e.g. [slist]; run as argv, never through a shell."""
+    words = _list(where, value, "command words such as [slist]")
+    for i, word in enumerate(words):
+        if not isinstance(word, str) or not _ARGV_WORD_RE.fullmatch(word):
+            raise ConfigError(f"{where}[{i}]", f"must be {_ARGV_CHARS}; got {_got(word)}")
+    return tuple(words)
 
 
 def _profile_name(source: str, value: Any) -> str:
@@ -449,6 +525,10 @@ def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
         constraints=constraints,
         gpu_type_request=type_request,
         gpu_features=features,
+        gpu_watch=_gpu_watch(f"{where}.gpu_watch", data.get("gpu_watch")),
+        account_list_command=_argv(f"{where}.account.list_command",
+                                   account.get("list_command")),
+        single_host=_bool(where, data, "single_host", False),
     )
 
 
@@ -551,11 +631,14 @@ def describe(profile: Profile) -> dict[str, Any]:
         return {"gpus_per_node": n.gpus_per_node, "gpu_types": list(n.gpu_types),
                 "cpus_per_node": n.cpus_per_node, "mem_per_node": format_mem(n.mem_mb),
                 "max_time": None if n.max_minutes is None else format_time(n.max_minutes),
-                "max_nodes": n.max_nodes, "max_gpus": n.max_gpus}
+                "max_nodes": n.max_nodes, "max_gpus": n.max_gpus,
+                "driver_version": n.driver_version}
 
     return {
         "name": profile.name, "description": profile.description, "source": profile.source,
-        "account": {"required": profile.account_required, "hint": profile.account_hint},
+        "account": {"required": profile.account_required, "hint": profile.account_hint,
+                    "list_command": list(profile.account_list_command)},
+        "single_host": profile.single_host,
         "partition": {"required": profile.partition_required,
                       "allowed": profile.partitions_allowed,
                       "default": profile.default_partition},
@@ -572,6 +655,9 @@ def describe(profile: Profile) -> dict[str, Any]:
         "env": list(profile.env),
         "scratch_root": profile.scratch_root, "nccl_env": dict(profile.nccl_env),
         "preempt_flags": list(profile.preempt_flags),
+        "gpu_watch": {"interval": profile.gpu_watch.interval,
+                      "idle_threshold": profile.gpu_watch.idle_threshold,
+                      "idle_minutes": profile.gpu_watch.idle_minutes},
         "partitions": {k: node(v) for k, v in profile.partitions.items()},
         "constraints": {k: node(v) for k, v in profile.constraints.items()},
     }

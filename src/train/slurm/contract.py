@@ -52,6 +52,14 @@ DEADLINE_VAR = "TRAIN_DEADLINE"
 # remove what a killed step left running.
 DOCKER_JOB_LABEL = "train.job"
 
+# The GPU utilisation watch (train.runtime.gpuwatch): the job's settings, which the rendered
+# script exports to the step for `train launch` (set only for GPU jobs with the watch on),
+# and the folder of the run directory that holds one CSV file per node.
+GPU_WATCH_INTERVAL_VAR = "TRAIN_GPU_WATCH_INTERVAL"  # seconds between samples
+GPU_IDLE_THRESHOLD_VAR = "TRAIN_GPU_IDLE_THRESHOLD"  # percent: under it a sample is idle
+GPU_IDLE_MINUTES_VAR = "TRAIN_GPU_IDLE_MINUTES"  # idle this long: a warning in the log
+GPU_WATCH_DIR = "gpu"  # RUN_DIR/gpu/NODE.csv
+
 
 def shell_variables() -> dict[str, str]:
     """Every name above as a batch-shell variable (rendered before job-lib.sh)."""

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from train.clusters.profiles import (
+    GpuWatch,
     NodeType,
     Profile,
     format_mem,
@@ -22,10 +23,11 @@ from train.clusters.profiles import (
     parse_time,
 )
 from train.config import RunConfig, check_value, opt, run_config_from_argv
-from train.errors import ConfigError
+from train.errors import ConfigError, UsageError
 from train.gpus import all_bf16_capable
 from train.secrets import is_secret_name, redact_text
 from train.slurm.contract import NAVSIM_PREFETCH_OVERRIDE, NAVSIM_WORKERS_OVERRIDE
+from train.yamlio import shown
 
 LAUNCH_MODES = ("auto", "torchrun", "tasks")
 STOP_SIGNALS = ("USR1", "TERM", "none")
@@ -270,6 +272,18 @@ class JobSpec:
     fallback_batch: int | None = opt(None, "After the wait times out, train with this "
                                      "--batch-size instead of failing (entry train).",
                                      kind=int, positive=True, optional=True)
+    gpu_watch_interval: int | None = opt(None, "GPU jobs: seconds between samples of every "
+                                         "GPU's utilisation and memory (runs/NAME/gpu/"
+                                         "NODE.csv, shown by `train status`); 0 turns the "
+                                         "watch off (default: the cluster profile's).",
+                                         kind=int, minimum=0, optional=True)
+    gpu_idle_threshold: int | None = opt(None, "GPU jobs: utilisation percent (0-100) under "
+                                         "which a GPU counts as idle (default: the cluster "
+                                         "profile's; Torch's is its published cancel line).",
+                                         kind=int, minimum=0, optional=True)
+    gpu_idle_minutes: int | None = opt(None, "GPU jobs: minutes every sample of a GPU must "
+                                       "be idle before the log warns (default: the cluster "
+                                       "profile's).", kind=int, positive=True, optional=True)
     sbatch_extra: tuple[str, ...] = opt((), "Extra sbatch option (may repeat), e.g. "
                                         "--reservation=NAME, --exclude=NODES, "
                                         "--mail-type=END; options the job sets itself are "
@@ -316,6 +330,13 @@ class JobSpec:
                               "set min_free_mb too")
         if self.data is not None and self.entry != "navsim":
             raise ConfigError("data", "is for --entry navsim; use --bind for other data")
+        if self.gpu_idle_threshold is not None and self.gpu_idle_threshold > 100:
+            raise ConfigError("gpu_idle_threshold", f"must be a percentage (0 to 100), got "
+                              f"{self.gpu_idle_threshold}")
+        if self.gpu_watch_interval is not None and self.gpu_watch_interval > 3600:
+            raise ConfigError("gpu_watch_interval", f"must be at most 3600 seconds (one "
+                              f"sample an hour), got {self.gpu_watch_interval}; 0 turns "
+                              "the watch off")
         self._check_navsim()
 
     def _check_navsim(self) -> None:
@@ -391,6 +412,9 @@ class ResolvedJob:
     env_values: tuple[tuple[str, str], ...] = ()
     env_names: tuple[str, ...] = ()
     whole_node_mem: bool = False  # --mem=0: Slurm gives the job all of each node's memory
+    # the GPU utilisation watch in force (the job's settings over the profile's); None for a
+    # job without GPUs or with the watch off
+    gpu_watch: GpuWatch | None = None
 
     @property
     def time_budget_seconds(self) -> int | None:
@@ -411,6 +435,21 @@ class ResolvedJob:
         if self.launch == "torchrun":
             return max(1, self.spec.gpus_per_node)
         return self.ntasks_per_node
+
+    def resources(self) -> dict[str, Any]:
+        """What `train doctor` needs to turn a cause into flags (kept in chain.json)."""
+        batch = self.run_config.batch_size if self.run_config is not None else None
+        return {"nodes": self.spec.nodes, "gpus_per_node": self.spec.gpus_per_node,
+                "ntasks_per_node": self.ntasks_per_node,
+                "processes_per_node": self.processes_per_node, "launch": self.launch,
+                "mem_mb": self.mem_mb, "workers": self.spec.workers,
+                "worker_mem_mb": parse_mem(self.spec.worker_mem, "worker_mem"),
+                "batch_size": batch, "partition": self.partition,
+                "constraint": self.constraint, "image": self.spec.image,
+                "gpu_watch": None if self.gpu_watch is None else {
+                    "interval": self.gpu_watch.interval,
+                    "idle_threshold": self.gpu_watch.idle_threshold,
+                    "idle_minutes": self.gpu_watch.idle_minutes}}
 
 
 def _choose_node(spec: JobSpec, profile: Profile) -> tuple[NodeType, str | None]:
@@ -498,7 +537,12 @@ def _run_config(spec: JobSpec) -> RunConfig:
         if any(a == flag or a.startswith(flag + "=") for a in spec.workload):
             raise ConfigError("workload", f"{flag} is set by the job (the run directory and "
                               "the walltime); remove it from the workload arguments")
-    return run_config_from_argv(list(spec.workload))
+    try:
+        return run_config_from_argv(list(spec.workload))
+    except ConfigError:
+        raise  # names the run config's field (lr, seeds, ...)
+    except UsageError as exc:  # argparse: an unknown flag, a flag without its value
+        raise ConfigError("workload", str(exc)) from None
 
 
 def _under(path: Path, roots: Sequence[str]) -> bool:
@@ -518,7 +562,11 @@ def _paths(spec: JobSpec, profile: Profile, run_config: RunConfig | None) -> dic
     extra = [parse_bind(b) for b in spec.bind]
     if spec.data is not None:
         data = Path(os.path.abspath(spec.data))
-        if not data.is_dir():
+        try:
+            is_dir = data.is_dir()
+        except OSError as exc:  # a name too long for the file system, a link loop
+            raise ConfigError("data", f"{shown(str(data))}: {exc.strerror or exc}") from None
+        if not is_dir:
             raise ConfigError("data", f"{data} is not a directory (it should hold NAVSIM's "
                               "dataset/ and maps, and exp/ for the experiments)")
         if spec.runtime != "none":  # (on the node itself: the roots are set, see below)
@@ -690,7 +738,22 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
                        margin=margin,
                        run_config=run_config, constraint=constraint, gres_type=gres_type,
                        whole_node_mem=whole_node, **_paths(spec, profile, run_config),
-                       **_environment(spec, profile))
+                       **_environment(spec, profile), gpu_watch=_gpu_watch(spec, profile))
+
+
+def _gpu_watch(spec: JobSpec, profile: Profile) -> GpuWatch | None:
+    """The job's GPU watch settings, each from the job or else the profile."""
+    if spec.gpus_per_node == 0:
+        return None
+    base = profile.gpu_watch
+    watch = GpuWatch(
+        interval=base.interval if spec.gpu_watch_interval is None
+        else spec.gpu_watch_interval,
+        idle_threshold=base.idle_threshold if spec.gpu_idle_threshold is None
+        else spec.gpu_idle_threshold,
+        idle_minutes=base.idle_minutes if spec.gpu_idle_minutes is None
+        else spec.gpu_idle_minutes)
+    return watch if watch.interval > 0 else None
 
 
 def navsim_command(job: ResolvedJob) -> list[str]:

@@ -130,8 +130,19 @@ def _extra_option(item: str, field: str) -> str:
 
 
 def step_environment(job: ResolvedJob) -> dict[str, str]:
-    """Values every process of the step gets: the fixed ones, then the job's own."""
-    return {**container.job_environment(job.profile.nccl_env), **dict(job.env_values)}
+    """Values every process of the step gets: the fixed ones, the GPU watch's settings for
+    `train launch` (GPU jobs with the watch on), then the job's own."""
+    return {**container.job_environment(job.profile.nccl_env), **gpu_watch_environment(job),
+            **dict(job.env_values)}
+
+
+def gpu_watch_environment(job: ResolvedJob) -> dict[str, str]:
+    watch = job.gpu_watch
+    if watch is None:
+        return {}
+    return {contract.GPU_WATCH_INTERVAL_VAR: str(watch.interval),
+            contract.GPU_IDLE_THRESHOLD_VAR: str(watch.idle_threshold),
+            contract.GPU_IDLE_MINUTES_VAR: str(watch.idle_minutes)}
 
 
 def train_argv(job: ResolvedJob) -> list[str]:
@@ -165,7 +176,8 @@ def step_argv(job: ResolvedJob) -> list[str]:
         run = navsim_command(job)
     else:
         run = [spec.python, "-m", "train", "run", *train_argv(job)]
-    if job.launch == "single" and spec.entry == "train" and spec.min_free_mb is None:
+    if job.launch == "single" and spec.entry == "train" and spec.min_free_mb is None \
+            and job.gpu_watch is None:
         return [*srun, *prefix, *run]  # `train run` alone: nothing to do before it
     launch = [spec.python, "-m", "train", "launch", f"--mode={job.launch}"]
     if job.launch == "torchrun":

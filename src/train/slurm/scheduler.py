@@ -26,6 +26,7 @@ from train.jsonio import write_json_atomic
 from train.slurm import contract
 from train.slurm.job import ResolvedJob
 from train.slurm.render import render
+from train.yamlio import shown
 
 log = logging.getLogger(__name__)
 
@@ -39,18 +40,30 @@ class SchedulerError(TrainError):
 
 
 # -- pure parsers ---------------------------------------------------------------------
+# A job id, chunk number or Unix time: ASCII digits (str.isdigit() also takes '²', which
+# int() refuses), short enough for int() (it refuses more than 4300 digits).
+_NUMBER = re.compile(r"[0-9]{1,18}")
+
+
+def _is_number(text: str) -> bool:
+    return _NUMBER.fullmatch(text) is not None
+
+
 def parse_sbatch_id(stdout: str) -> str:
     """`sbatch --parsable` prints 'ID' or 'ID;CLUSTER'."""
     text = stdout.strip().splitlines()[-1] if stdout.strip() else ""
     job_id = text.split(";")[0].strip()
-    if not job_id.isdigit():
+    if not _is_number(job_id):
         raise SchedulerError(f"cannot read a job id from sbatch output {stdout!r}")
     return job_id
 
 
 def parse_squeue_json(text: str) -> dict[str, dict[str, Any]]:
     """squeue --json -> {job id: {state, reason, nodes}} (state strings or lists)."""
-    data = json.loads(text)  # ValueError (JSONDecodeError) for text that is not JSON
+    try:
+        data = json.loads(text)  # ValueError (JSONDecodeError) for text that is not JSON
+    except RecursionError:  # nested deeper than the decoder's stack
+        raise ValueError("squeue --json: its output nests too deeply") from None
     jobs = data.get("jobs") if isinstance(data, dict) else None
     if not isinstance(jobs, list):
         raise ValueError("squeue --json: no 'jobs' list in its output")
@@ -80,14 +93,14 @@ def parse_sacct(text: str) -> dict[str, dict[str, Any]]:
         if len(parts) < 3 or not parts[0] or "." in parts[0]:
             continue
         job_id = parts[0].split("_")[0]
-        if not job_id.isdigit():
+        if not _is_number(job_id):
             continue
-        out[job_id] = {"state": parts[1].split()[0] if parts[1] else "UNKNOWN",
-                       "exit": parts[2]}
+        words = parts[1].split()
+        out[job_id] = {"state": words[0] if words else "UNKNOWN", "exit": parts[2]}
     return out
 
 
-_EVENT_RE = re.compile(r"^(\d+) (\d+) (\d+) ([a-z_]+)(?: (.*))?$")
+_EVENT_RE = re.compile(r"^([0-9]{1,18}) ([0-9]{1,18}) ([0-9]{1,18}) ([a-z_]+)(?: (.*))?$")
 
 
 def parse_events(text: str) -> list[dict[str, Any]]:
@@ -168,7 +181,7 @@ def parse_ids(text: str) -> list[tuple[int, str]]:
     out: dict[int, str] = {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit() \
+        if len(parts) == 2 and _is_number(parts[0]) and _is_number(parts[1]) \
                 and int(parts[0]) > 0:
             out.setdefault(int(parts[0]), parts[1])
     return sorted(out.items())
@@ -192,9 +205,9 @@ def load_chain(run_dir: Path) -> Chain:
     except OSError:
         raise UsageError(f"run: no chain recorded in {run_dir} (no "
                          f"{contract.CHAIN_RECORD})") from None
-    except ValueError as exc:
-        raise UsageError(f"run: {path} is not valid JSON ({exc}); it was not written by "
-                         "`train submit`, or was cut short") from None
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested too deep
+        raise UsageError(f"run: {path} is not valid JSON ({str(exc)[:120]}); it was not "
+                         "written by `train submit`, or was cut short") from None
     if not isinstance(record, dict) or not isinstance(record.get("name"), str):
         raise UsageError(f"run: {path} does not hold a chain record")
     try:
@@ -204,25 +217,36 @@ def load_chain(run_dir: Path) -> Chain:
     return Chain(run_dir, record, parse_ids(ids))
 
 
+def _is_file(path: Path) -> bool:
+    """path.is_file(), False also where the name cannot be looked up (too long: an
+    OSError that pathlib passes on)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
 def chain_dirs(runs_root: Path) -> list[Path]:
     """Every chain under runs_root, a sweep's chains (one level deeper) included."""
-    if not runs_root.is_dir():
+    try:
+        if not runs_root.is_dir():
+            return []
+        found = [p.parent for p in runs_root.glob(f"*/{contract.CHAIN_RECORD}")]
+        found += [p.parent for p in runs_root.glob(f"*/*/{contract.CHAIN_RECORD}")
+                  if _is_file(p.parent.parent / contract.SWEEP_RECORD)]
+    except OSError:  # a name too long, a folder that cannot be listed
         return []
-    found = [p.parent for p in runs_root.glob(f"*/{contract.CHAIN_RECORD}")]
-    found += [p.parent for p in runs_root.glob(f"*/*/{contract.CHAIN_RECORD}")
-              if (p.parent.parent / contract.SWEEP_RECORD).is_file()]
     return sorted(found)
 
 
 def find_run(ref: str, runs_root: Path) -> Path:
     """A run directory by name (runs_root/NAME), by path, or by any of its job ids."""
     direct = Path(ref) if "/" in ref else runs_root / ref
-    if "/" in ref and not direct.exists():
+    if "/" in ref and not os.path.exists(direct):  # (False for a name too long)
         direct = runs_root / ref  # NAME/seed-4: a sweep's chain
-    if (direct / contract.CHAIN_RECORD).is_file() or \
-            (direct / contract.SWEEP_RECORD).is_file():
+    if _is_file(direct / contract.CHAIN_RECORD) or _is_file(direct / contract.SWEEP_RECORD):
         return direct
-    if ref.isdigit():
+    if _is_number(ref):
         for run_dir in chain_dirs(runs_root):
             try:
                 text = (run_dir / contract.CHAIN_IDS).read_text(encoding="utf-8",
@@ -232,7 +256,7 @@ def find_run(ref: str, runs_root: Path) -> Path:
             if ref in [job_id for _, job_id in parse_ids(text)]:
                 return run_dir
     known = [p.name for p in chain_dirs(runs_root)]
-    raise UsageError(f"run: no run named or holding job {ref!r} under {runs_root}; "
+    raise UsageError(f"run: no run named or holding job {shown(ref)} under {runs_root}; "
                      f"known runs: {', '.join(known) or 'none'} (a chain submitted with "
                      "--out lives there: give that directory, or --runs its parent)")
 
@@ -328,6 +352,7 @@ def submit_chain(job: ResolvedJob, library: str) -> Chain:
             "stop_signal": job.stop,
             "run_dir": str(run_dir),
             "script": str(script),
+            "resources": job.resources(),  # for `train doctor`'s fixes
         }
         write_json_atomic(run_dir / contract.CHAIN_RECORD, record)
         _proc.run(["scontrol", "release", job_id], timeout=60)
@@ -347,7 +372,7 @@ def submit_chain(job: ResolvedJob, library: str) -> Chain:
 
 def _split_progress(detail: str | None) -> tuple[int, int] | None:
     parts = (detail or "").split()
-    if len(parts) >= 2 and parts[-1].isdigit() and parts[-2].isdigit():
+    if len(parts) >= 2 and _is_number(parts[-1]) and _is_number(parts[-2]):
         return int(parts[-2]), int(parts[-1])
     return None
 
@@ -456,9 +481,41 @@ def _outcome(chain: Chain, chunks: list[dict[str, Any]], events: list[dict[str, 
     return "ended", "no chunk is queued or running"
 
 
-def chain_status(chain: Chain) -> dict[str, Any]:
-    """The chain as a whole, its progress, and each chunk's SLURM state and events."""
-    states = job_states(chain.ids)
+def _record_int(chain: Chain, key: str) -> int | None:
+    """An integer of the chain's record; None where it is missing or not an integer (a
+    record edited by hand, or not written by `train submit`)."""
+    value = chain.record.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _gpu_summary(chain: Chain) -> dict[str, Any]:
+    """Per node, the GPU watch's mean and latest utilisation (runtime/gpuwatch.py)."""
+    from train.runtime import gpuwatch
+
+    res = chain.record.get("resources")
+    watch = res.get("gpu_watch") if isinstance(res, dict) else None
+    given = watch if isinstance(watch, dict) else {}  # the job's idle settings (submit)
+
+    def setting(name: str, default: float) -> float:
+        value = given.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        return default
+
+    try:
+        return dict(gpuwatch.summary(
+            chain.run_dir, threshold=setting("idle_threshold", gpuwatch.DEFAULT_IDLE_THRESHOLD),
+            minutes=setting("idle_minutes", gpuwatch.DEFAULT_IDLE_MINUTES)))
+    except (OSError, ValueError):
+        return {}
+
+
+def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
+                 ) -> dict[str, Any]:
+    """The chain as a whole, its progress, and each chunk's SLURM state and events.
+    `states`: the jobs' states when already asked for (one query for many chains)."""
+    if states is None:
+        states = job_states(chain.ids)
     events_path = chain.run_dir / contract.CHAIN_EVENTS
     try:
         text = events_path.read_text(encoding="utf-8", errors="replace")
@@ -484,17 +541,17 @@ def chain_status(chain: Chain) -> dict[str, Any]:
         "done": progress[0] if progress else None,
         "total": progress[1] if progress else None,
         "rate_per_second": rate, "eta_seconds": None, "chunks_left_estimate": None,
-        "warning": None, "chunks": chunks,
+        "warning": None, "chunks": chunks, "gpu": _gpu_summary(chain),
     }
     if progress and rate and state not in ("complete", "cancelled", "failed"):
         eta = max(0, progress[1] - progress[0]) / rate
         status["eta_seconds"] = round(eta)
-        budget = chain.record.get("time_budget_seconds") or chain.record.get(
-            "walltime_seconds")
-        if budget and eta > 0:
-            left = max(1, -(-int(eta) // int(budget)))
+        budget = _record_int(chain, "time_budget_seconds") or _record_int(
+            chain, "walltime_seconds")
+        if budget and budget > 0 and eta > 0:
+            left = max(1, -(-int(eta) // budget))
             status["chunks_left_estimate"] = left
-            bound = int(chain.record.get("max_chunks") or 0)
+            bound = _record_int(chain, "max_chunks") or 0
             remaining = bound - used + (1 if state == "running" else 0)
             if state in ("running", "pending") and left > remaining:
                 status["warning"] = (f"at this rate the work needs about {left} more "
@@ -520,6 +577,11 @@ def format_status(st: dict[str, Any]) -> list[str]:
             if st["chunks_left_estimate"]:
                 text += f" (~{st['chunks_left_estimate']} more {st['unit']}(s))"
         lines.append(text)
+    for node, g in sorted((st.get("gpu") or {}).items()):
+        idle = f"; {g['idle_description']}" if g.get("idle_description") else ""
+        lines.append(f"  gpu {node}: {g['gpus']} GPU(s), utilisation mean "
+                     f"{g['mean_util']:.0f}%, latest {g['latest_util']:.0f}% "
+                     f"({g['samples']} samples){idle}")
     if st["warning"]:
         lines.append(f"  note: {st['warning']}")
     for c in st["chunks"]:

@@ -1,0 +1,692 @@
+"""The GPU utilisation watch: the sampler (with an injected NVML and clock: samples are
+counted, never timed), its process (parent gone, SIGTERM, no NVML), the readers for
+`train status` and `train doctor`, the job settings and profile defaults, the rendered
+script, and `train launch` starting one sampler per node."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tests.conftest import run_cli, spawn_group
+from tests.unit.test_cuda_check import OK as USABLE
+from train import launch as launch_mod
+from train.clusters.profiles import DEFAULT_GPU_WATCH, GpuWatch, Registry
+from train.errors import ConfigError
+from train.launch import LaunchOptions, launch
+from train.runtime import cuda_check, gpuwatch
+from train.runtime.gpuwatch import (
+    CSV_HEADER,
+    WatchSettings,
+    csv_path,
+    idle_findings,
+    read_records,
+    select_gpus,
+    summary,
+    watch,
+)
+from train.slurm import contract
+from train.slurm.job import JobSpec, resolve
+from train.slurm.render import library_path, render, step_argv
+
+MIB = 1024 * 1024
+REG = Registry(environ={})
+
+
+class NVMLError(Exception):
+    pass
+
+
+class FakeNvml:
+    """NVML as pynvml shows it, with a scripted utilisation series per GPU (the last value
+    repeats). `broken` GPUs raise on every read, like a MIG-enabled card."""
+
+    NVMLError = NVMLError
+
+    def __init__(self, series: dict[int, list[int]], *, total_mib: int = 81920,
+                 init_error: bool = False, broken: tuple[int, ...] = ()) -> None:
+        self.series = series
+        self.total = total_mib * MIB
+        self.init_error = init_error
+        self.broken = broken
+        self.reads = dict.fromkeys(series, 0)
+        self.calls: list[str] = []
+
+    def nvmlInit(self) -> None:
+        self.calls.append("init")
+        if self.init_error:
+            raise NVMLError("Driver Not Loaded")
+
+    def nvmlShutdown(self) -> None:
+        self.calls.append("shutdown")
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.series)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        if i not in self.series:
+            raise NVMLError("Invalid Argument")
+        return i
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
+        return f"GPU-{handle:04d}"
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
+        if handle in self.broken:
+            raise NVMLError("Not Supported")
+        values = self.series[handle]
+        k = self.reads[handle]
+        self.reads[handle] = k + 1
+        return SimpleNamespace(gpu=values[min(k, len(values) - 1)], memory=0)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
+        return SimpleNamespace(used=(1000 + handle) * MIB, total=self.total, free=0)
+
+
+class Clock:
+    """Wall time that moves only when the sampler sleeps: N samples take no real time."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.now = start
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _watch(nvml: FakeNvml, run_dir: Path, samples: int, *, interval: float = 30,
+           threshold: float = 50, minutes: float = 1, clock: Clock | None = None,
+           sleep: Callable[[float], None] | None = None, node: str = "gpu-a01",
+           visible: str | None = None) -> int:
+    clock = clock or Clock()
+    return watch(nvml, run_dir, node, WatchSettings(interval, threshold, minutes),
+                 clock=clock.time, sleep=sleep or clock.sleep, max_samples=samples,
+                 visible=visible)
+
+
+def _rows(path: Path) -> list[list[str]]:
+    return [line.split(",") for line in path.read_text().splitlines()[1:]]
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and r.name == "train.gpuwatch"]
+
+
+# -- sampling ----------------------------------------------------------------------------
+
+def test_one_line_per_gpu_per_sample_with_a_header_once(tmp_path: Path) -> None:
+    nvml = FakeNvml({0: [10, 20, 30], 1: [90, 80, 70]})
+    assert _watch(nvml, tmp_path, 3) == 0
+    path = tmp_path / contract.GPU_WATCH_DIR / "gpu-a01.csv"
+    assert path == csv_path(tmp_path, "gpu-a01")
+    lines = path.read_text().splitlines()
+    assert lines[0] == CSV_HEADER == "time,gpu,util_pct,mem_used_mib,mem_total_mib"
+    rows = _rows(path)
+    assert [(r[1], r[2], r[3], r[4]) for r in rows] == [
+        ("0", "10", "1000", "81920"), ("1", "90", "1001", "81920"),
+        ("0", "20", "1000", "81920"), ("1", "80", "1001", "81920"),
+        ("0", "30", "1000", "81920"), ("1", "70", "1001", "81920")]
+    times = [float(r[0]) for r in rows]
+    assert times[0] == times[1] and times[2] - times[0] == 30  # one time per sample
+    assert nvml.calls == ["init", "shutdown"]
+    # the next chunk of the chain appends to the same file, without a second header
+    assert _watch(FakeNvml({0: [5], 1: [5]}), tmp_path, 2) == 0
+    text = path.read_text()
+    assert text.count("time,") == 1 and len(text.splitlines()) == 1 + 6 + 4
+
+
+def test_every_sample_is_on_disk_before_the_sampler_waits(tmp_path: Path) -> None:
+    clock = Clock()
+    path = csv_path(tmp_path, "n1")
+    seen: list[int] = []
+
+    def sleep(seconds: float) -> None:
+        seen.append(len(path.read_text().splitlines()))
+        clock.sleep(seconds)
+
+    _watch(FakeNvml({0: [50], 1: [50]}), tmp_path, 3, interval=1, clock=clock, sleep=sleep,
+           node="n1")
+    assert seen == [3, 5]  # header + 2, header + 4: flushed after each sample
+
+
+def test_node_names_become_safe_file_names(tmp_path: Path) -> None:
+    assert csv_path(tmp_path, "../../etc/x").parent == tmp_path / "gpu"
+    assert csv_path(tmp_path, "gpu-a01.cluster").name == "gpu-a01.cluster.csv"
+
+
+def test_the_idle_warning_fires_once_after_the_idle_time(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="train.gpuwatch")
+    nvml = FakeNvml({0: [0] * 20, 1: [95] * 20})
+    clock = Clock()
+    counts: list[int] = []  # warnings so far, read as each sample starts
+
+    def now() -> float:
+        counts.append(len(_warnings(caplog)))
+        return clock.time()
+
+    # 30 s apart, 1 min: the third idle sample (0, 30, 60 s) completes the idle time
+    watch(nvml, tmp_path, "gpu-a01", WatchSettings(30, 50, 1), clock=now,
+          sleep=clock.sleep, max_samples=10)
+    assert counts == [0, 0, 0, 1, 1, 1, 1, 1, 1, 1] and len(_warnings(caplog)) == 1
+    message = _warnings(caplog)[0]
+    assert "gpu-a01" in message and "GPU 0 " in message and "GPU 1" not in message
+    assert "50%" in message and "1 min" in message
+    assert "--workers" in message and "uses the GPU" in message
+
+
+def test_the_warning_rearms_only_after_the_gpu_recovered(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # idle 3 samples (warn), busy once, idle 3 samples again (warn again), idle on (no more)
+    _watch(FakeNvml({0: [0, 0, 0, 0, 80, 1, 2, 3, 4, 5, 6]}), tmp_path, 11, minutes=1)
+    assert len(_warnings(caplog)) == 2
+    caplog.clear()
+    # never three idle samples in a row: never idle for the whole minute
+    _watch(FakeNvml({0: [0, 0, 90, 0, 0, 90, 0, 0]}), tmp_path, 8, minutes=1)
+    assert _warnings(caplog) == []
+    caplog.clear()
+    # at the threshold is not under it
+    _watch(FakeNvml({0: [50]}), tmp_path, 6, threshold=50, minutes=1)
+    assert _warnings(caplog) == []
+
+
+def test_gpus_idle_together_share_one_warning(tmp_path: Path,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    _watch(FakeNvml({0: [1], 1: [90], 2: [3]}), tmp_path, 5, minutes=1)
+    assert len(_warnings(caplog)) == 1 and "GPUs 0, 2 " in _warnings(caplog)[0]
+
+
+def test_no_driver_or_no_gpu_is_a_quiet_exit_0(tmp_path: Path,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="train.gpuwatch")
+    assert _watch(FakeNvml({0: [1]}, init_error=True), tmp_path, 3) == 0
+    assert _watch(FakeNvml({}), tmp_path, 3) == 0
+    assert not (tmp_path / "gpu").exists()
+    assert [r.levelno for r in caplog.records] == [logging.INFO, logging.INFO]
+    assert "Driver Not Loaded" in caplog.records[0].getMessage()
+
+
+def test_a_gpu_that_cannot_be_read_is_left_out(tmp_path: Path,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="train.gpuwatch")
+    assert _watch(FakeNvml({0: [40], 1: [40]}, broken=(1,)), tmp_path, 3) == 0
+    assert {r[1] for r in _rows(csv_path(tmp_path, "gpu-a01"))} == {"0"}
+    assert sum("GPU 1 cannot be read" in r.getMessage() for r in caplog.records) == 1
+    # none readable: nothing to watch, exit 0
+    assert _watch(FakeNvml({0: [40]}, broken=(0,)), tmp_path, 3, node="mig") == 0
+
+
+def test_only_the_jobs_gpus_are_sampled() -> None:
+    nvml = FakeNvml({i: [0] for i in range(8)})
+    assert select_gpus(nvml, 8, None) == list(range(8))
+    assert select_gpus(nvml, 8, "2,5") == [2, 5]  # no device cgroup: NVML sees all 8
+    assert select_gpus(nvml, 2, "0,1") == [0, 1]  # cgroup: NVML sees the job's two
+    assert select_gpus(nvml, 8, "GPU-0003,GPU-0006") == [3, 6]
+    assert select_gpus(nvml, 8, "GPU-unknown") == list(range(8))
+
+
+def test_the_settings_come_from_the_job_environment() -> None:
+    env = {contract.GPU_WATCH_INTERVAL_VAR: "30", contract.GPU_IDLE_THRESHOLD_VAR: "60",
+           contract.GPU_IDLE_MINUTES_VAR: "15"}
+    assert gpuwatch.settings_from_env(env) == WatchSettings(30, 60, 15)
+    assert gpuwatch.settings_from_env({}) is None
+    assert gpuwatch.settings_from_env({**env, contract.GPU_WATCH_INTERVAL_VAR: "0"}) is None
+    with pytest.raises(ValueError, match=contract.GPU_IDLE_MINUTES_VAR):
+        gpuwatch.settings_from_env({**env, contract.GPU_IDLE_MINUTES_VAR: "soon"})
+    assert WatchSettings(30, 60, 15).as_env() == env
+
+
+def test_missing_nvml_library_exits_0_with_one_info_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml: ImportError
+    caplog.set_level(logging.INFO, logger="train.gpuwatch")
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM,
+                                                  signal.SIGINT)}
+    try:
+        rc = gpuwatch.main(["--out", str(tmp_path), "--node", "n", "--interval", "1",
+                            "--idle-threshold", "10", "--idle-minutes", "1"])
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert rc == 0
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
+    assert "nvidia-ml-py" in caplog.records[0].getMessage()
+    assert not (tmp_path / "gpu").exists()
+
+
+# -- the process -------------------------------------------------------------------------
+
+FAKE_PYNVML = textwrap.dedent("""\
+    # a stand-in for nvidia-ml-py in the sampler's subprocess: two GPUs, 42 % busy
+    from types import SimpleNamespace
+    class NVMLError(Exception):
+        pass
+    def nvmlInit(): pass
+    def nvmlShutdown(): pass
+    def nvmlDeviceGetCount(): return 2
+    def nvmlDeviceGetHandleByIndex(i): return i
+    def nvmlDeviceGetUtilizationRates(h): return SimpleNamespace(gpu=42, memory=0)
+    def nvmlDeviceGetMemoryInfo(h):
+        return SimpleNamespace(used=2**30, total=2**34, free=0)
+    """)
+
+
+@pytest.fixture
+def fake_nvml_env(tmp_path: Path) -> dict[str, str]:
+    folder = tmp_path / "fake-nvml"
+    folder.mkdir()
+    (folder / "pynvml.py").write_text(FAKE_PYNVML)
+    path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+def _sampler(run_dir: Path, parent: int, env: dict[str, str],
+             interval: str = "0.05") -> subprocess.Popen[str]:
+    return spawn_group([sys.executable, "-m", "train.runtime.gpuwatch", "--out",
+                        str(run_dir), "--node", "n1", "--interval", interval,
+                        "--idle-threshold", "10", "--idle-minutes", "5",
+                        "--parent", str(parent)], env=env)
+
+
+def _sample_count(path: Path) -> int:
+    try:
+        return max(0, len(path.read_text().splitlines()) - 1) // 2
+    except OSError:
+        return 0
+
+
+def _until(condition: Callable[[], bool], proc: subprocess.Popen[str]) -> None:
+    """Poll for a count of samples; the deadline only guards against a hang."""
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "hang guard: the sampler made no progress"
+        time.sleep(0.02)
+
+
+def test_the_sampler_exits_once_its_parent_is_gone(tmp_path: Path,
+                                                   fake_nvml_env: dict[str, str]) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    proc = _sampler(tmp_path, gone.pid, fake_nvml_env)
+    _, err = proc.communicate(timeout=60)  # hang guard only
+    assert proc.returncode == 0, err
+    assert _sample_count(csv_path(tmp_path, "n1")) >= 1
+
+
+def test_the_sampler_samples_while_the_parent_lives_then_exits(
+        tmp_path: Path, fake_nvml_env: dict[str, str]) -> None:
+    parent = spawn_group([sys.executable, "-c", "import time; time.sleep(600)"])
+    proc = _sampler(tmp_path, parent.pid, fake_nvml_env)
+    path = csv_path(tmp_path, "n1")
+    _until(lambda: _sample_count(path) >= 3, proc)
+    parent.kill()
+    parent.wait()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    rows = _rows(path)
+    assert {r[1] for r in rows} == {"0", "1"} and {r[2] for r in rows} == {"42"}
+    assert {(r[3], r[4]) for r in rows} == {("1024", "16384")}
+
+
+def test_the_sampler_ignores_the_walltime_usr1_and_ends_on_term(
+        tmp_path: Path, fake_nvml_env: dict[str, str]) -> None:
+    proc = _sampler(tmp_path, os.getpid(), fake_nvml_env)
+    path = csv_path(tmp_path, "n1")
+    _until(lambda: _sample_count(path) >= 1, proc)
+    proc.send_signal(signal.SIGUSR1)
+    before = _sample_count(path)
+    _until(lambda: _sample_count(path) >= before + 2, proc)  # still sampling
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "GPU watch: 2 GPU(s)" in err and "WARNING" not in err
+
+
+def test_the_sampler_without_nvml_exits_0_in_one_line(tmp_path: Path) -> None:
+    folder = tmp_path / "no-nvml"
+    folder.mkdir()
+    (folder / "pynvml.py").write_text("raise ImportError('no nvidia-ml-py here')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(folder), os.environ.get("PYTHONPATH")) if p)}
+    proc = _sampler(tmp_path, os.getpid(), env)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert len(err.strip().splitlines()) == 1 and "GPU watch off" in err
+
+
+# -- reading -----------------------------------------------------------------------------
+
+def _written(tmp_path: Path) -> Path:
+    """Two nodes: a01 busy, a02 with GPU 1 idle since its 5th sample (30 s apart)."""
+    _watch(FakeNvml({0: [80, 90], 1: [60, 70]}), tmp_path, 10, node="a01")
+    _watch(FakeNvml({0: [95], 1: [90, 90, 90, 90, 2, 3, 1, 0, 4, 5, 2, 1]}), tmp_path, 12,
+           node="a02")
+    return tmp_path
+
+
+def test_summary_per_node(tmp_path: Path) -> None:
+    run = _written(tmp_path)
+    nodes = summary(run, threshold=10, minutes=3)
+    assert set(nodes) == {"a01", "a02"}
+    a01, a02 = nodes["a01"], nodes["a02"]
+    assert a01["gpus"] == 2 and a01["samples"] == 10 and not a01["partial"]
+    assert a01["mean_util"] == pytest.approx((80 + 60 + 9 * (90 + 70)) / 20, abs=0.05)
+    assert a01["latest_util"] == 80.0 and a01["latest"] == {0: 90.0, 1: 70.0}
+    assert a01["latest_time"] == a01["first_time"] + 9 * 30
+    assert a01["idle"] is False and a01["idle_description"] == ""
+    # a02's GPU 1: under 10% for the last 8 samples, 3.5 min: idle now
+    assert a02["idle"] is True and a02["latest_util"] == pytest.approx((95 + 1) / 2)
+    assert a02["idle_description"].startswith("GPU 1 under 10% for 4 min")
+    assert summary(run, threshold=10, minutes=4)["a02"]["idle"] is False
+    assert summary(tmp_path / "nowhere") == {}
+
+
+def test_idle_findings_name_the_gpu_and_the_lines(tmp_path: Path) -> None:
+    run = _written(tmp_path)
+    found = idle_findings(run, threshold=10, minutes=3)
+    assert len(found) == 1
+    f = found[0]
+    assert (f.node, f.gpu, f.samples, f.ongoing) == ("a02", 1, 8, True)
+    assert f.minutes == pytest.approx(3.5) and f.max_util == 5
+    # header on line 1, two lines per sample: GPU 1 of sample 5 is line 11, of 12 line 25
+    assert (f.first_line, f.last_line) == (11, 25)
+    lines = Path(f.file).read_text().splitlines()
+    assert lines[f.first_line - 1].split(",")[1:3] == ["1", "2"]
+    text = f.describe()
+    assert "node a02 GPU 1" in text and "lines 11-25" in text and f.file in text
+    assert idle_findings(run, threshold=10, minutes=4) == []
+    # a higher threshold: every GPU of a02 under it, a finished run on a01's too
+    assert {(x.node, x.gpu) for x in idle_findings(run, threshold=100, minutes=1)} == {
+        ("a01", 0), ("a01", 1), ("a02", 0), ("a02", 1)}
+
+
+def test_readers_skip_garbage_lines(tmp_path: Path) -> None:
+    path = csv_path(tmp_path, "g1")
+    path.parent.mkdir(parents=True)
+    path.write_bytes(
+        b"time,gpu,util_pct,mem_used_mib,mem_total_mib\n"
+        b"1700000000.0,0,5,10,100\n"
+        b"garbage\n"
+        b"\xff\xfe not utf-8\n"
+        b"1700000030.0,0,nan,10,100\n"
+        b"1700000030.0,0,150,10,100\n"
+        b"1700000030.0,-1,5,10,100\n"
+        b"1700000030.0,0,5,10\n"
+        b"time,gpu,util_pct,mem_used_mib,mem_total_mib\n"
+        b"1700000060.0,0,7,10,100\n"
+        b"1700000090.0,0,9,10,100\n"
+        b"1700000120.0,0,8")  # a sample still being written
+    assert [r.line for r in read_records(path)] == [2, 10, 11]
+    node = summary(tmp_path, threshold=10, minutes=1)["g1"]
+    assert node["samples"] == 3 and node["mean_util"] == 7.0 and node["idle"] is True
+    found = idle_findings(tmp_path, threshold=10, minutes=1)
+    assert [(f.first_line, f.last_line, f.samples) for f in found] == [(2, 11, 3)]
+    (tmp_path / "gpu" / "empty.csv").write_text("")
+    (tmp_path / "gpu" / "junk.csv").write_text("not,a,gpu,file\n" * 10)
+    assert set(summary(tmp_path)) == {"g1"}
+
+
+def test_summary_reads_only_the_tail_of_a_large_file(tmp_path: Path) -> None:
+    path = csv_path(tmp_path, "big")
+    path.parent.mkdir(parents=True)
+    with path.open("w") as f:
+        f.write(CSV_HEADER + "\n")
+        for k in range(5000):  # busy first, idle at the end
+            f.write(f"{1_700_000_000 + 30 * k}.0,0,{90 if k < 4000 else 0},1,2\n")
+    node = summary(tmp_path, threshold=10, minutes=30, max_bytes=20_000)["big"]
+    assert node["partial"] is True and node["samples"] < 1000
+    assert node["mean_util"] == 0.0 and node["idle"] is True
+    assert node["first_time"] > 1_700_000_000 + 30 * 4000
+    # line numbers of a tail still count from the top of the file
+    tail = list(read_records(path, max_bytes=200))
+    assert tail[-1].line == 5001 and tail[0].line > 4990
+    full = summary(tmp_path, threshold=10, minutes=30)["big"]
+    assert full["partial"] is False and full["samples"] == 5000
+
+
+# -- job settings, profiles, rendering ---------------------------------------------------
+
+LOCAL = dict(cluster="local", cpus_per_task=1, mem="1000M", workload=("demo",))
+TORCH = dict(cluster="torch", account="torch_pr_1_x", constraint="h200|l40s",
+             workload=("demo",))
+
+
+def _resolve(**kw: Any) -> Any:
+    spec = JobSpec(**kw)
+    return resolve(spec, REG.get(spec.cluster or "local"))
+
+
+@pytest.mark.parametrize(("field", "value", "why"), [
+    ("gpu_idle_threshold", 101, "percentage"), ("gpu_idle_threshold", -1, "at least 0"),
+    ("gpu_watch_interval", -5, "at least 0"), ("gpu_watch_interval", 3601, "at most 3600"),
+    ("gpu_idle_minutes", 0, "greater than 0"), ("gpu_idle_minutes", "soon", "integer"),
+])
+def test_bad_watch_settings_name_the_field(field: str, value: Any, why: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        JobSpec(**{**LOCAL, field: value})
+    assert err.value.field == field and why in str(err.value)
+
+
+def test_a_bad_watch_setting_on_the_command_line_is_exit_2() -> None:
+    proc = run_cli(["render", "--cluster", "local", "-g", "1", "--gpu-idle-threshold",
+                    "150", "--", "demo"])
+    assert proc.returncode == 2 and "gpu_idle_threshold" in proc.stderr, proc.stderr
+
+
+def test_defaults_come_from_the_profile_and_the_job_overrides_them() -> None:
+    assert REG.get("torch").gpu_watch == GpuWatch(interval=30, idle_threshold=60,
+                                                  idle_minutes=15)
+    assert REG.get("gilbreth").gpu_watch == DEFAULT_GPU_WATCH
+    assert _resolve(**TORCH, gpus_per_node=1).gpu_watch == GpuWatch(30, 60, 15)
+    assert _resolve(**TORCH, gpus_per_node=1, gpu_idle_threshold=75,
+                    gpu_watch_interval=10).gpu_watch == GpuWatch(10, 75, 15)
+    assert _resolve(**LOCAL, gpus_per_node=2).gpu_watch == GpuWatch(30, 10, 30)
+    # no GPUs, or the watch turned off: nothing to watch
+    assert _resolve(**LOCAL).gpu_watch is None
+    assert _resolve(**LOCAL, gpus_per_node=1, gpu_watch_interval=0).gpu_watch is None
+
+
+def test_profile_watch_settings_are_validated(tmp_path: Path) -> None:
+    def load(text: str) -> Any:
+        path = tmp_path / "site.yaml"
+        path.write_text("name: site\nextends: local\n" + text)
+        return Registry(extra_files=[path], environ={}).get("site")
+
+    assert load("gpu_watch: {idle_minutes: 5}\n").gpu_watch == GpuWatch(30, 10, 5)
+    assert load("gpu_watch: {interval: 0}\n").gpu_watch.interval == 0
+    for text, where in [("gpu_watch: {idle_threshold: 150}\n", "gpu_watch.idle_threshold"),
+                        ("gpu_watch: {idle_minutes: 0}\n", "gpu_watch.idle_minutes"),
+                        ("gpu_watch: {interval: -1}\n", "gpu_watch.interval"),
+                        ("gpu_watch: {interval: '30'}\n", "gpu_watch.interval"),
+                        ("gpu_watch: {every: 30}\n", "gpu_watch.every"),
+                        ("gpu_watch: 30\n", "gpu_watch")]:
+        with pytest.raises(ConfigError) as err:
+            load(text)
+        assert err.value.field == f"profile site.{where}", text
+
+
+def test_the_rendered_script_carries_the_settings_to_the_launcher() -> None:
+    job = _resolve(**TORCH, gpus_per_node=1)
+    text = render(job, library_path().read_text(encoding="utf-8"))
+    export = next(line for line in text.splitlines() if line.startswith("export "))
+    assert (f"{contract.GPU_WATCH_INTERVAL_VAR}=30 {contract.GPU_IDLE_THRESHOLD_VAR}=60 "
+            f"{contract.GPU_IDLE_MINUTES_VAR}=15") in export
+    # one GPU, `train run`: through `train launch`, which starts the sampler
+    argv = step_argv(job)
+    assert argv[argv.index("launch") - 2:argv.index("--")] == [
+        "-m", "train", "launch", "--mode=single"]
+    for off in (_resolve(**LOCAL), _resolve(**LOCAL, gpus_per_node=1, gpu_watch_interval=0)):
+        text = render(off, library_path().read_text(encoding="utf-8"))
+        assert "TRAIN_GPU_" not in text
+        assert "launch" not in step_argv(off)  # `train run` alone, as before
+
+
+# -- `train launch` ----------------------------------------------------------------------
+
+class Execed(Exception):
+    """Stands for os.execvpe: the launch reached the point of becoming the program."""
+
+
+class FakeProc:
+    def __init__(self) -> None:
+        self.terminated = False
+
+    def terminate(self) -> None:
+        self.terminated = True
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
+
+
+@pytest.fixture
+def launchable(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Any, ...]]]:
+    """`launch` up to the point of starting: CUDA usable, no shim, exec and torch's launcher
+    stubbed, and the sampler's spawn recorded (node, run dir, settings, parent, process)."""
+    spawned: list[tuple[Any, ...]] = []
+
+    def spawn(run_dir: str, node: str, settings: WatchSettings, parent: int,
+              env: dict[str, str] | None = None) -> FakeProc:
+        proc = FakeProc()
+        spawned.append((node, run_dir, settings, parent, proc))
+        return proc
+
+    def execvpe(*args: Any) -> None:
+        raise Execed
+
+    monkeypatch.setattr(cuda_check, "gather_facts", lambda env=None: USABLE)
+    monkeypatch.setattr(launch_mod, "install_scontrol_shim", lambda env: None)
+    monkeypatch.setattr(launch_mod, "log_interconnect", lambda env: None)
+    monkeypatch.setattr(gpuwatch, "spawn", spawn)
+    monkeypatch.setattr(os, "execvpe", execvpe)
+    import torch.distributed.run
+
+    monkeypatch.setattr(torch.distributed.run, "main", lambda argv: None)
+    handler = signal.getsignal(signal.SIGUSR1)  # torchrun mode sets its own
+    try:
+        yield spawned
+    finally:
+        signal.signal(signal.SIGUSR1, handler)
+
+
+WATCH_ENV = {contract.GPU_WATCH_INTERVAL_VAR: "30", contract.GPU_IDLE_THRESHOLD_VAR: "60",
+             contract.GPU_IDLE_MINUTES_VAR: "15", "TRAIN_RUN_DIR": "/runs/x",
+             "TRAIN_MASTER_ADDR": "10.0.0.1"}
+
+
+def _step_env(node: int, local: int, tasks_per_node: int, gpus: str = "0,1") -> dict[str, str]:
+    return {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "gpu-a[01-02]", "SLURM_NNODES": "2",
+            "SLURM_NODEID": str(node), "SLURM_LOCALID": str(local),
+            "SLURM_PROCID": str(node * tasks_per_node + local),
+            "SLURM_NTASKS": str(2 * tasks_per_node),
+            "SLURM_NTASKS_PER_NODE": str(tasks_per_node), "SLURM_CPUS_PER_TASK": "2",
+            "CUDA_VISIBLE_DEVICES": gpus, "PATH": os.environ.get("PATH", ""), **WATCH_ENV}
+
+
+def test_tasks_mode_starts_one_sampler_per_node(launchable: list[tuple[Any, ...]]) -> None:
+    command = [sys.executable, "-c", "pass"]
+    for node in (0, 1):
+        for local in (0, 1):
+            with pytest.raises(Execed):  # it went on to exec the program
+                launch(LaunchOptions(mode="tasks", command=command),
+                       _step_env(node, local, 2))
+    assert [s[0] for s in launchable] == ["gpu-a01", "gpu-a02"]
+    _, run_dir, settings, parent, proc = launchable[0]
+    assert run_dir == "/runs/x" and settings == WatchSettings(30, 60, 15)
+    assert parent == os.getpid()  # the program it execs into keeps this pid
+    assert not proc.terminated  # it outlives the exec, and ends when the program does
+
+
+def test_a_single_process_starts_its_sampler_without_a_rendezvous(
+        launchable: list[tuple[Any, ...]], monkeypatch: pytest.MonkeyPatch) -> None:
+    def unresolvable(node: str) -> str:
+        raise AssertionError("one process needs no master address")
+
+    monkeypatch.setattr(launch_mod, "resolve_address", unresolvable)
+    env = {**_step_env(0, 0, 1), "SLURM_JOB_NODELIST": "gpu-a01", "SLURM_NNODES": "1",
+           "SLURM_NTASKS": "1"}
+    del env["TRAIN_MASTER_ADDR"]
+    with pytest.raises(Execed):
+        launch(LaunchOptions(mode="single", command=[sys.executable, "-c", "pass"]), env)
+    assert [s[0] for s in launchable] == ["gpu-a01"]
+
+
+def test_torchrun_mode_starts_one_sampler_per_node_and_stops_it(
+        launchable: list[tuple[Any, ...]]) -> None:
+    for node in (0, 1):
+        assert launch(LaunchOptions(mode="torchrun", command=["python3", "-m", "train",
+                                                              "run", "demo"]),
+                      _step_env(node, 0, 1)) == 0
+    assert [s[0] for s in launchable] == ["gpu-a01", "gpu-a02"]
+    assert all(s[4].terminated for s in launchable)  # stopped once the workers are done
+
+
+def test_no_sampler_without_gpus_or_settings(launchable: list[tuple[Any, ...]]) -> None:
+    command = ["python3", "-m", "train", "run", "demo"]
+    launch(LaunchOptions(mode="torchrun", command=command), _step_env(0, 0, 1, gpus=""))
+    env = {k: v for k, v in _step_env(0, 0, 1).items()
+           if k != contract.GPU_WATCH_INTERVAL_VAR}
+    launch(LaunchOptions(mode="torchrun", command=command), env)
+    assert launchable == []
+
+
+def test_a_sampler_that_cannot_start_never_fails_the_launch(
+        launchable: list[tuple[Any, ...]], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise OSError("no such interpreter")
+
+    monkeypatch.setattr(gpuwatch, "spawn", broken)
+    command = ["python3", "-m", "train", "run", "demo"]
+    assert launch(LaunchOptions(mode="torchrun", command=command), _step_env(0, 0, 1)) == 0
+    env = {**_step_env(0, 0, 1), contract.GPU_IDLE_MINUTES_VAR: "later"}
+    assert launch(LaunchOptions(mode="torchrun", command=command), env) == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("no such interpreter" in w for w in warnings)
+    assert any(contract.GPU_IDLE_MINUTES_VAR in w for w in warnings)
+
+
+def test_the_real_spawn_runs_the_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[list[str], dict[str, Any]]] = []
+    gpuwatch.spawn("/runs/x", "n1", WatchSettings(30, 60.5, 15), 123, env={"A": "1"},
+                   popen=lambda argv, **kw: calls.append((argv, kw)))
+    argv, kw = calls[0]
+    assert argv[:3] == [sys.executable, "-m", "train.runtime.gpuwatch"]
+    assert argv[3:] == ["--out", "/runs/x", "--node", "n1", "--interval", "30",
+                        "--idle-threshold", "60.5", "--idle-minutes", "15", "--parent", "123"]
+    assert kw["stdout"] == subprocess.DEVNULL and kw["env"] == {"A": "1"}
+
+
+# -- a real GPU --------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_real_gpus_are_sampled_through_nvml(tmp_path: Path) -> None:
+    import pynvml
+
+    rc = watch(pynvml, tmp_path, "real", WatchSettings(0.05, 10, 30), max_samples=3,
+               visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    assert rc == 0
+    rows = _rows(csv_path(tmp_path, "real"))
+    gpus = {r[1] for r in rows}
+    assert gpus and len(rows) == 3 * len(gpus)
+    for _, _, util, used, total in rows:
+        assert 0 <= int(util) <= 100 and 0 <= int(used) <= int(total) and int(total) > 0
+    node = summary(tmp_path)["real"]
+    assert node["samples"] == 3 and node["gpus"] == len(gpus)

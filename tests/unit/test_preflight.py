@@ -1,0 +1,689 @@
+"""`train doctor --preflight` (train.preflight): each check passes, fails (with its fix) and
+skips where it cannot know; bad input is a ConfigError naming the field, never a traceback.
+
+Outside commands are scripted (`Script`) or, where this machine has what a check needs, real:
+a writable tmp directory, /proc/self/mounts, a PATH without apptainer, and small scripts in
+tmp_path standing in for apptainer, docker and the sites' account commands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from train import preflight
+from train._proc import ProcError
+from train.clusters import profiles
+from train.clusters.profiles import Profile
+from train.errors import ConfigError
+from train.preflight import (
+    ACCOUNT,
+    CUDA,
+    IMAGE,
+    RUNS_ROOT,
+    RUNTIME,
+    Check,
+    ImageFacts,
+    checks_json,
+    format_checks,
+    image_cuda,
+    run_preflight,
+)
+
+SHIPPED = profiles.Registry(environ={})
+NODE = {"gpus_per_node": 4, "gpu_types": ["a100"], "cpus_per_node": 32,
+        "mem_per_node": "100G", "max_time": "1-00:00:00"}
+SIF_HEAD = b"#!/usr/bin/env run-singularity\n".ljust(32, b"\0") + b"SIF_MAGIC\0" + b"01 "
+LABELS = {"org.train.image": "base", "org.train.lock": "base-cu130.txt",
+          "org.train.base-image": "nvidia/cuda:13.0.0-runtime-ubuntu24.04"}
+INSPECT = json.dumps({"data": {"attributes": {"labels": LABELS, "environment": {
+    "/.singularity.d/env/10-docker2singularity.sh": 'export CUDA_VERSION="13.0.0"'}}},
+    "type": "container"})
+
+
+def site(**extra: Any) -> Profile:
+    """A site like Gilbreth: account required and listed by `myaccounts`, partitions whose
+    drivers are recorded (old: 550, new: 580), apptainer from a module."""
+    data: dict[str, Any] = {
+        "name": "site",
+        "account": {"required": True, "hint": "list your accounts with: myaccounts",
+                    "list_command": ["myaccounts"]},
+        "partition": {"required": True, "allowed": True},
+        "modules": ["module load apptainer"],
+        "scratch_root": "/scratch/site",
+        "partitions": {"old": {**NODE, "driver_version": "550.54.15"},
+                       "new": {**NODE, "driver_version": "580.65.06"},
+                       "plain": dict(NODE)},
+    }
+    data.update(extra)
+    return profiles.profile_from_dict(data, "test")
+
+
+class Script:
+    """A scripted `run`: answers by the program's name and first argument ("apptainer
+    inspect"), else by the name alone. An answer is stdout, (code, stdout, stderr) or an
+    exception; a command without an answer fails the test."""
+
+    def __init__(self, answers: dict[str, Any]) -> None:
+        self.answers = answers
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: Sequence[str], *, timeout: float = 60.0,
+                 check: bool = True) -> subprocess.CompletedProcess[str]:
+        assert timeout > 0
+        self.calls.append(list(argv))
+        name = Path(argv[0]).name
+        key = f"{name} {argv[1]}" if len(argv) > 1 and f"{name} {argv[1]}" in self.answers \
+            else name
+        assert key in self.answers, f"unexpected command {argv}"
+        answer = self.answers[key]
+        if isinstance(answer, Exception):
+            raise answer
+        code, out, err = answer if isinstance(answer, tuple) else (0, answer, "")
+        return subprocess.CompletedProcess(list(argv), code, out, err)
+
+
+def tool(bin_dir: Path, name: str, body: str = "exit 0") -> Path:
+    """An executable script named `name` in bin_dir (on the PATH tests give)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    path = bin_dir / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
+def mounts(tmp_path: Path, *entries: tuple[str, str]) -> Path:
+    """A mount table (point, fstype), in /proc/self/mounts' format."""
+    path = tmp_path / "mounts"
+    path.write_text("".join(f"dev{i} {point.replace(' ', chr(92) + '040')} {fs} rw 0 0\n"
+                            for i, (point, fs) in enumerate(entries)))
+    return path
+
+
+def sif(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(SIF_HEAD + b"\0" * 64)
+    return path
+
+
+def by_name(checks: list[Check]) -> dict[str, Check]:
+    return {c.name: c for c in checks}
+
+
+def preflight_of(profile: Profile, tmp_path: Path, *, image: str | Path | None = None,
+                 account: str | None = None, runs_root: Path | None = None,
+                 partition: str | None = None, runtime: str = "auto",
+                 path: Sequence[Path] = (), answers: dict[str, Any] | None = None,
+                 table: Path | None = None) -> dict[str, Check]:
+    """run_preflight with a PATH of `path` only, a scripted run (when `answers`) and a mount
+    table that puts tmp_path on NFS (unless `table`)."""
+    environ = {"PATH": os.pathsep.join(str(p) for p in path) or str(tmp_path / "empty"),
+               "USER": "alice"}
+    kwargs: dict[str, Any] = {}
+    if answers is not None:
+        kwargs["run"] = Script(answers)
+    checks = run_preflight(
+        profile, image=image, account=account,
+        runs_root=runs_root if runs_root is not None else tmp_path / "runs",
+        partition_or_constraint=partition, runtime=runtime, environ=environ,
+        mounts=table if table is not None else mounts(tmp_path, ("/", "ext4"),
+                                                      (str(tmp_path), "nfs4")),
+        **kwargs)
+    assert [c.name for c in checks] == [RUNTIME, IMAGE, ACCOUNT, RUNS_ROOT, CUDA]
+    return by_name(checks)
+
+
+# -- 1. container runtime --------------------------------------------------------------------
+def test_runtime_passes_with_a_recent_apptainer(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "apptainer")
+    got = preflight_of(site(), tmp_path, account="lab", partition="new", path=[bin_dir],
+                       answers={"apptainer --version": "apptainer version 1.3.4\n",
+                                "myaccounts": "lab\n"})[RUNTIME]
+    assert got.status == "pass"
+    assert "apptainer 1.3.4" in got.detail and "module load apptainer" in got.detail
+
+
+def test_runtime_warns_for_apptainer_older_than_the_images_need(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "apptainer")
+    got = preflight_of(site(), tmp_path, account="lab", partition="new", path=[bin_dir],
+                       answers={"apptainer --version": "apptainer version 1.1.9\n",
+                                "myaccounts": "lab"})[RUNTIME]
+    assert got.ok is True and got.warn and got.status == "warn"
+    assert "1.2.0" in got.detail and "build the images elsewhere" in got.fix
+
+
+def test_runtime_fails_when_version_fails(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "apptainer")
+    got = preflight_of(site(), tmp_path, account="lab", partition="new", path=[bin_dir],
+                       answers={"apptainer --version": (1, "", "FATAL: broken install"),
+                                "myaccounts": "lab"})[RUNTIME]
+    assert got.ok is False and "broken install" in got.detail and got.fix
+
+
+def test_runtime_missing_fails_with_the_profiles_module_line(tmp_path: Path) -> None:
+    checks = preflight_of(site(), tmp_path, account="lab", partition="new",
+                          answers={})  # nothing on PATH: no command may run
+    got = checks[RUNTIME]
+    assert got.ok is False and "not on PATH" in got.detail
+    assert "module load apptainer" in got.fix
+    assert checks[IMAGE].ok is None  # no image given
+
+
+def test_runtime_missing_on_this_machines_real_path(tmp_path: Path) -> None:
+    if shutil.which("apptainer"):
+        pytest.skip("apptainer is installed here")
+    checks = run_preflight(SHIPPED.get("gilbreth"), image=None, account=None,
+                           runs_root=tmp_path, partition_or_constraint="a30",
+                           runtime="apptainer")
+    got = by_name(checks)[RUNTIME]
+    assert got.ok is False and "apptainer is not on PATH" in got.detail
+    assert "module load apptainer" in got.fix
+
+
+def test_runtime_real_fake_apptainer_prints_its_version(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "apptainer", 'echo "apptainer version 1.4.2"')
+    got = preflight_of(SHIPPED.get("torch"), tmp_path, path=[bin_dir],
+                       runtime="apptainer")[RUNTIME]
+    assert got.status == "pass" and "apptainer 1.4.2" in got.detail
+
+
+def test_runtime_singularity_alone_fails(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "singularity", 'echo "singularity-ce version 4.1.0"')
+    got = preflight_of(SHIPPED.get("torch"), tmp_path, path=[bin_dir])[RUNTIME]
+    assert got.ok is False and "only singularity" in got.detail
+    assert "singularity-ce version 4.1.0" in got.detail and got.fix
+
+
+def test_runtime_docker_on_the_local_cluster(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "docker", 'echo "Docker version 20.10.24"')
+    got = preflight_of(SHIPPED.get("local"), tmp_path, path=[bin_dir])[RUNTIME]
+    assert got.status == "pass" and "docker (auto)" in got.detail
+    assert "no apptainer" in got.detail
+
+
+def test_runtime_docker_missing_fails(tmp_path: Path) -> None:
+    got = preflight_of(SHIPPED.get("local"), tmp_path, runtime="docker")[RUNTIME]
+    assert got.ok is False and "docker" in got.detail and "ci/docker-up.sh" in got.fix
+
+
+def test_runtime_none_skips_the_container_checks(tmp_path: Path) -> None:
+    checks = preflight_of(site(), tmp_path, account="lab", partition="old",
+                          runtime="none", answers={})
+    assert checks[RUNTIME].ok is None and checks[IMAGE].ok is None
+    assert checks[CUDA].ok is None
+
+
+# -- 2. the image ----------------------------------------------------------------------------
+def test_image_opens_with_apptainer_inspect(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "apptainer")
+    image = sif(tmp_path / "images" / "base.sif")
+    script = {"apptainer --version": "apptainer version 1.3.4", "apptainer inspect": INSPECT,
+              "myaccounts": "lab"}
+    got = preflight_of(site(), tmp_path, image=image, account="lab", partition="new",
+                       path=[bin_dir], answers=script)[IMAGE]
+    assert got.status == "pass", got
+    assert "org.train.lock=base-cu130.txt" in got.detail
+
+
+def test_image_on_a_local_file_system_warns(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "apptainer")
+    image = sif(tmp_path / "base.sif")
+    got = preflight_of(site(), tmp_path, image=image, account="lab", partition="new",
+                       path=[bin_dir], table=mounts(tmp_path, ("/", "ext4"),
+                                                    (str(tmp_path), "tmpfs")),
+                       answers={"apptainer --version": "apptainer version 1.3.4",
+                                "apptainer inspect": INSPECT, "myaccounts": "lab"})[IMAGE]
+    assert got.ok is True and got.warn and "tmpfs" in got.detail
+    assert "/scratch/site" in got.fix
+
+
+def test_image_real_fake_apptainer_inspects(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    (tmp_path / "inspect.json").write_text(INSPECT)
+    tool(bin_dir, "apptainer", 'if [ "$1" = --version ]; then echo "apptainer version 1.3.4"; '
+         f'elif [ "$1" = inspect ]; then cat {tmp_path / "inspect.json"}; else exit 2; fi')
+    image = sif(tmp_path / "base.sif")
+    checks = preflight_of(site(), tmp_path, image=image, account="lab", partition="new",
+                          path=[bin_dir])
+    assert checks[IMAGE].status == "pass", checks[IMAGE]
+    assert checks[CUDA].ok is True  # CUDA 13.0 from the lock, driver 580 on "new"
+
+
+def test_image_that_apptainer_cannot_open_fails(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "apptainer")
+    image = sif(tmp_path / "base.sif")
+    got = preflight_of(site(), tmp_path, image=image, account="lab", partition="new",
+                       path=[bin_dir], answers={
+                           "apptainer --version": "apptainer version 1.3.4",
+                           "apptainer inspect": (255, "", "FATAL: could not open image: "
+                                                 "truncated"),
+                           "myaccounts": "lab"})[IMAGE]
+    assert got.ok is False and "truncated" in got.detail and "copy" in got.fix
+
+
+def test_image_inspect_timing_out_fails(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "apptainer")
+    image = sif(tmp_path / "base.sif")
+    timeout = ProcError(["apptainer", "inspect"], 124, "timed out after 120 s")
+    got = preflight_of(site(), tmp_path, image=image, account="lab", partition="new",
+                       path=[bin_dir], answers={
+                           "apptainer --version": "apptainer version 1.3.4",
+                           "apptainer inspect": timeout, "myaccounts": "lab"})[IMAGE]
+    assert got.ok is False and "timed out" in got.detail
+
+
+def test_image_missing_fails(tmp_path: Path) -> None:
+    got = preflight_of(site(), tmp_path, image=tmp_path / "nope.sif", account="lab",
+                       partition="new", answers={})[IMAGE]
+    assert got.ok is False and "does not exist" in got.detail
+    assert "train image build" in got.fix
+
+
+def test_image_that_is_a_directory_fails(tmp_path: Path) -> None:
+    folder = tmp_path / "images"
+    folder.mkdir()
+    got = preflight_of(site(), tmp_path, image=folder, account="lab", partition="new",
+                       answers={})[IMAGE]
+    assert got.ok is False and "is a directory" in got.detail and ".sif" in got.fix
+
+
+def test_image_sandbox_directory_is_inspected(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "apptainer")
+    sandbox = tmp_path / "base"
+    (sandbox / ".singularity.d").mkdir(parents=True)
+    got = preflight_of(site(), tmp_path, image=sandbox, account="lab", partition="new",
+                       path=[bin_dir], answers={
+                           "apptainer --version": "apptainer version 1.3.4",
+                           "apptainer inspect": INSPECT, "myaccounts": "lab"})[IMAGE]
+    assert got.status == "pass"
+
+
+def test_image_that_is_not_a_sif_fails(tmp_path: Path) -> None:
+    bad = tmp_path / "base.sif"
+    bad.write_text("<html>404 not found</html>")
+    got = preflight_of(site(), tmp_path, image=bad, account="lab", partition="new",
+                       answers={})[IMAGE]
+    assert got.ok is False and "not a SIF image" in got.detail and got.fix
+
+
+def test_image_without_apptainer_is_checked_as_a_file_and_skipped(tmp_path: Path) -> None:
+    image = sif(tmp_path / "base.sif")
+    got = preflight_of(site(), tmp_path, image=image, account="lab", partition="new",
+                       answers={})[IMAGE]
+    assert got.ok is None and "readable" in got.detail and "not opened" in got.detail
+
+
+def test_image_not_readable_fails(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root reads every file")
+    image = sif(tmp_path / "base.sif")
+    image.chmod(0)
+    got = preflight_of(site(), tmp_path, image=image, account="lab", partition="new",
+                       answers={})[IMAGE]
+    assert got.ok is False and "not readable" in got.detail and "chmod" in got.fix
+
+
+def test_docker_image_is_inspected(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "docker")
+    answer = json.dumps([{"Id": "sha256:abc", "Config": {
+        "Labels": {"org.train.image": "base", "org.train.lock": "base-cpu.txt"},
+        "Env": ["PATH=/opt/venv/bin"]}}])
+    got = preflight_of(SHIPPED.get("local"), tmp_path, image="train-base:ci", path=[bin_dir],
+                       answers={"docker --version": "Docker version 20.10.24",
+                                "docker image": answer})[IMAGE]
+    assert got.status == "pass" and "org.train.lock=base-cpu.txt" in got.detail
+
+
+def test_docker_image_without_engine_or_image_fails(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "docker")
+    down = (1, "", "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. "
+            "Is the docker daemon running?")
+    got = preflight_of(SHIPPED.get("local"), tmp_path, image="train-base:ci", path=[bin_dir],
+                       answers={"docker --version": "Docker version 20.10.24",
+                                "docker image": down})[IMAGE]
+    assert got.ok is False and "ci/docker-up.sh" in got.fix
+    missing = (1, "[]", "Error: No such image: train-base:ci")
+    got = preflight_of(SHIPPED.get("local"), tmp_path, image="train-base:ci", path=[bin_dir],
+                       answers={"docker --version": "Docker version 20.10.24",
+                                "docker image": missing})[IMAGE]
+    assert got.ok is False and "No such image" in got.detail and "train image build" in got.fix
+
+
+# -- 3. account ------------------------------------------------------------------------------
+def test_account_required_but_missing_fails_with_the_hint(tmp_path: Path) -> None:
+    got = preflight_of(site(), tmp_path, partition="new", answers={})[ACCOUNT]
+    assert got.ok is False and "myaccounts" in got.detail and "--account" in got.fix
+
+
+def test_account_not_required_and_missing_skips(tmp_path: Path) -> None:
+    got = preflight_of(SHIPPED.get("local"), tmp_path, runtime="none")[ACCOUNT]
+    assert got.ok is None and "does not require" in got.detail
+
+
+def test_account_listed_by_the_sites_command(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "myaccounts")
+    table = "Account   Total  Queue\n=======   =====  =====\nOtherLab  8 0\nLab  4 0\n"
+    got = preflight_of(site(), tmp_path, account="lab", partition="new", path=[bin_dir],
+                       answers={"myaccounts": table})[ACCOUNT]
+    assert got.status == "pass" and "`myaccounts`" in got.detail
+
+
+def test_account_real_site_command_on_path(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "my_slurm_accounts", 'echo "torch_pr_123_general"; echo "torch_pr_9_tandon"')
+    torch = SHIPPED.get("torch")
+    checks = preflight_of(torch, tmp_path, account="torch_pr_9_tandon", runtime="none",
+                          path=[bin_dir])
+    assert checks[ACCOUNT].status == "pass"
+    checks = preflight_of(torch, tmp_path, account="torch_pr_5_other", runtime="none",
+                          path=[bin_dir])
+    got = checks[ACCOUNT]
+    assert got.ok is False and "does not list torch_pr_5_other" in got.detail
+    assert "my_slurm_accounts" in got.fix
+
+
+def test_account_from_sacctmgr_when_the_site_command_is_missing(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "sacctmgr")
+    checks = preflight_of(site(), tmp_path, account="lab", partition="new", path=[bin_dir],
+                          answers={"sacctmgr": "lab\nlab\nother\n"})
+    assert checks[ACCOUNT].status == "pass" and "sacctmgr" in checks[ACCOUNT].detail
+    got = preflight_of(site(), tmp_path, account="nope", partition="new", path=[bin_dir],
+                       answers={"sacctmgr": "lab\nother\n"})[ACCOUNT]
+    assert got.ok is False and "lab, other" in got.detail and "--account" in got.fix
+
+
+def test_account_sacctmgr_overrules_a_site_listing_that_misses_it(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "myaccounts")
+    tool(bin_dir, "sacctmgr")
+    got = preflight_of(site(), tmp_path, account="lab", partition="new", path=[bin_dir],
+                       answers={"myaccounts": "Account\n-------\nla...\n",
+                                "sacctmgr": "lab\n"})[ACCOUNT]
+    assert got.status == "pass"
+
+
+def test_account_unknowable_skips_never_fails(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "myaccounts")
+    tool(bin_dir, "sacctmgr")
+    got = preflight_of(site(), tmp_path, account="lab", partition="new", path=[bin_dir],
+                       answers={"myaccounts": (1, "", "database unavailable"),
+                                "sacctmgr": (1, "", "sacctmgr: fatal: Could not establish a "
+                                             "configuration source")})[ACCOUNT]
+    assert got.ok is None and "database unavailable" in got.detail
+    assert "Could not establish" in got.detail
+    got = preflight_of(site(), tmp_path, account="lab", partition="new", answers={})[ACCOUNT]
+    assert got.ok is None and "not on PATH" in got.detail
+
+
+# -- 4. runs root ----------------------------------------------------------------------------
+def test_runs_root_real_tmp_dir_and_real_mount_table(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    root.mkdir()
+    checks = run_preflight(SHIPPED.get("gilbreth"), image=None, account=None, runs_root=root,
+                           partition_or_constraint="a30", runtime="none",
+                           environ={"PATH": str(tmp_path / "empty")})
+    got = by_name(checks)[RUNS_ROOT]
+    assert got.ok is not None and str(root) in got.detail
+    if got.ok:
+        assert "writable" in got.detail
+    assert list(root.iterdir()) == []  # the test file is gone
+
+
+def test_runs_root_on_nfs_passes_and_notes_scratch(tmp_path: Path) -> None:
+    profile = site(scratch_root=str(tmp_path))
+    got = preflight_of(profile, tmp_path, runtime="none", account="lab", partition="new",
+                       path=[])[RUNS_ROOT]
+    assert got.status == "pass" and "does not exist yet" in got.detail
+    assert "nfs4" in got.detail and "under the site's scratch" in got.detail
+
+
+def test_runs_root_on_tmpfs_fails_with_the_fix(tmp_path: Path) -> None:
+    table = mounts(tmp_path, ("/", "ext4"), (str(tmp_path), "tmpfs"))
+    got = preflight_of(site(), tmp_path, runtime="none", account="lab", partition="new",
+                       table=table)[RUNS_ROOT]
+    assert got.ok is False and "tmpfs" in got.detail and "/scratch/site/$USER" in got.fix
+
+
+def test_runs_root_under_tmp_on_a_local_disk_fails(tmp_path: Path) -> None:
+    if os.path.realpath("/tmp") != "/tmp" or not os.access("/tmp", os.W_OK):
+        pytest.skip("/tmp is not a plain writable directory here")
+    root = Path("/tmp") / f"train-preflight-test-{os.getpid()}" / "runs"  # never created
+    table = mounts(tmp_path, ("/", "ext4"))
+    got = preflight_of(site(), tmp_path, runtime="none", account="lab", partition="new",
+                       runs_root=root, table=table)[RUNS_ROOT]
+    assert got.ok is False and "under /tmp" in got.detail
+    assert not root.parent.exists()
+
+
+def test_runs_root_on_a_local_disk_elsewhere_warns(tmp_path: Path) -> None:
+    table = mounts(tmp_path, ("/", "nfs"), (str(tmp_path), "xfs"))
+    got = preflight_of(site(), tmp_path, runtime="none", account="lab", partition="new",
+                       table=table)[RUNS_ROOT]
+    if any(preflight._under(os.path.realpath(tmp_path), t) for t in preflight.TEMP_DIRS):
+        assert got.ok is False  # tmp_path itself lies under /tmp: node-local scratch
+    else:
+        assert got.ok is True and got.warn and "local disk" in got.detail
+
+
+def test_runs_root_unreadable_mount_table_warns(tmp_path: Path) -> None:
+    got = preflight_of(site(), tmp_path, runtime="none", account="lab", partition="new",
+                       table=tmp_path / "no-such-mounts")[RUNS_ROOT]
+    assert got.ok is True and got.warn and "mount table" in got.detail
+
+
+def test_runs_root_single_host_profile_passes(tmp_path: Path) -> None:
+    table = mounts(tmp_path, ("/", "ext4"), (str(tmp_path), "tmpfs"))
+    got = preflight_of(SHIPPED.get("local"), tmp_path, runtime="none", table=table)[RUNS_ROOT]
+    assert got.status == "pass" and "this machine" in got.detail
+
+
+def test_runs_root_that_is_a_file_fails(tmp_path: Path) -> None:
+    file = tmp_path / "runs"
+    file.write_text("not a directory")
+    got = preflight_of(site(), tmp_path, runtime="none", account="lab", partition="new",
+                       runs_root=file)[RUNS_ROOT]
+    assert got.ok is False and "is a file" in got.detail and got.fix
+    got = preflight_of(site(), tmp_path, runtime="none", account="lab", partition="new",
+                       runs_root=file / "deeper")[RUNS_ROOT]
+    assert got.ok is False and "cannot be created" in got.detail
+
+
+def test_runs_root_not_writable_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(preflight, "_try_write", lambda directory: "Permission denied")
+    got = preflight_of(site(), tmp_path, runtime="none", account="lab", partition="new")
+    assert got[RUNS_ROOT].ok is False and "Permission denied" in got[RUNS_ROOT].detail
+    assert "chmod" in got[RUNS_ROOT].fix
+
+
+def test_mount_table_parsing() -> None:
+    table = [preflight.Mount("/", "ext4"), preflight.Mount("/scratch", "lustre"),
+             preflight.Mount("/scratch/x y", "nfs4"), preflight.Mount("/scratchy", "xfs")]
+    assert preflight.mount_of("/scratch/u/runs", table) == table[1]
+    assert preflight.mount_of("/scratch/x y/runs", table) == table[2]
+    assert preflight.mount_of("/scratchy/runs", table) == table[3]
+    assert preflight.mount_of("/home/u", table) == table[0]
+    assert preflight._unescape("/scratch/x\\040y") == "/scratch/x y"
+
+
+def test_real_mount_table_reads() -> None:
+    table = preflight.read_mounts()
+    if not table:
+        pytest.skip("no /proc/self/mounts here")
+    assert preflight.mount_of("/", table) is not None
+
+
+# -- 5. CUDA build vs driver -----------------------------------------------------------------
+def _opened(tmp_path: Path, profile: Profile, partition: str | None,
+            labels: dict[str, str]) -> Check:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "apptainer")
+    image = sif(tmp_path / "img.sif")
+    inspect = json.dumps({"data": {"attributes": {"labels": labels}}, "type": "container"})
+    return preflight_of(profile, tmp_path, image=image, account="lab", partition=partition,
+                        path=[bin_dir], answers={
+                            "apptainer --version": "apptainer version 1.3.4",
+                            "apptainer inspect": inspect, "myaccounts": "lab"})[CUDA]
+
+
+def test_cuda_13_image_on_an_old_driver_fails_with_the_fix(tmp_path: Path) -> None:
+    got = _opened(tmp_path, site(), "old", LABELS)
+    assert got.ok is False and ">= 580" in got.detail and "550.54.15" in got.detail
+    assert "new (--partition)" in got.fix and "CUDA 12.x" in got.fix
+    assert "BASE_IMAGE" in got.fix
+
+
+def test_cuda_13_image_on_a_new_driver_passes(tmp_path: Path) -> None:
+    got = _opened(tmp_path, site(), "new", LABELS)
+    assert got.status == "pass" and "580.65.06" in got.detail
+
+
+def test_cuda_not_recorded_skips(tmp_path: Path) -> None:
+    got = _opened(tmp_path, site(), "plain", LABELS)
+    assert got.ok is None and "driver_version" in got.detail
+
+
+def test_cuda_cpu_image_on_gpu_nodes_fails(tmp_path: Path) -> None:
+    got = _opened(tmp_path, site(), "new", {"org.train.lock": "base-cpu.txt"})
+    assert got.ok is False and "CPU build" in got.detail and "base-cu130" in got.fix
+
+
+def test_cuda_unknown_image_skips(tmp_path: Path) -> None:
+    got = _opened(tmp_path, site(), "new", {"org.train.image": "mine"})
+    assert got.ok is None and "no CUDA version" in got.detail
+
+
+def test_cuda_without_partition_warns_about_the_old_ones(tmp_path: Path) -> None:
+    got = _opened(tmp_path, site(), None, LABELS)  # no default partition: every node type
+    assert got.ok is True and got.warn and "avoid old" in got.detail
+
+
+def test_cuda_constraint_alternatives_must_all_suit(tmp_path: Path) -> None:
+    node = {**NODE, "gpu_types": ["h200"]}
+    profile = profiles.profile_from_dict({
+        "name": "constrained", "partition": {"allowed": False},
+        "constraints": {"h200": {**node, "driver_version": 580},
+                        "l40s": {**node, "driver_version": "535.104.05"}}}, "test")
+    got = _opened(tmp_path, profile, "h200|l40s", LABELS)
+    assert got.ok is False and "l40s" in got.detail and "h200 (--constraint)" in got.fix
+    assert _opened(tmp_path, profile, "h200", LABELS).status == "pass"
+
+
+def test_image_cuda_sources() -> None:
+    assert image_cuda(ImageFacts(LABELS))[:2] == ("cuda", (13, 0))
+    assert image_cuda(ImageFacts({"org.train.lock": "base-cu128.txt"}))[:2] == ("cuda", (12, 8))
+    assert image_cuda(ImageFacts({"org.train.lock": "base-cpu.txt"}))[0] == "cpu"
+    assert image_cuda(ImageFacts({"org.train.base-image": "nvidia/cuda:12.4.1-runtime"}))[:2] \
+        == ("cuda", (12, 4))
+    assert image_cuda(ImageFacts({}, 'export CUDA_VERSION="11.8.0"'))[:2] == ("cuda", (11, 8))
+    assert image_cuda(ImageFacts({}, "CUDA_VERSION=12.2.0\nPATH=/x"))[:2] == ("cuda", (12, 2))
+    assert image_cuda(ImageFacts({"org.train.cuda": "12.6"}))[:2] == ("cuda", (12, 6))
+    assert image_cuda(ImageFacts({"org.train.image": "x"}))[0] == "unknown"
+
+
+def test_old_style_inspect_output_is_read() -> None:
+    facts = preflight._apptainer_facts("org.train.image: base\norg.train.lock: base-cu130.txt\n")
+    assert facts.labels["org.train.lock"] == "base-cu130.txt"
+
+
+# -- bad input, profile keys, output ---------------------------------------------------------
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"runtime": "podman"}, "runtime"),
+    ({"partition_or_constraint": "h100"}, "partition"),
+    ({"account": "lab; rm -rf ~"}, "account"),
+    ({"account": ""}, "account"),
+    ({"image": ""}, "image"),
+    ({"image": "base\x00.sif"}, "image"),
+    ({"runs_root": Path("runs\x00x")}, "runs"),
+])
+def test_bad_input_names_the_field(tmp_path: Path, kwargs: dict[str, Any], field: str) -> None:
+    args: dict[str, Any] = {"image": None, "account": None, "runs_root": tmp_path,
+                            "partition_or_constraint": None, "runtime": "none",
+                            "environ": {"PATH": ""}, "run": Script({}), **kwargs}
+    with pytest.raises(ConfigError) as err:
+        run_preflight(site(), **args)
+    assert err.value.field == field
+
+
+def test_unknown_constraint_names_the_field(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        run_preflight(SHIPPED.get("torch"), image=None, account=None, runs_root=tmp_path,
+                      partition_or_constraint="h200|a100", runtime="none",
+                      environ={"PATH": ""}, run=Script({}))
+    assert err.value.field == "constraint" and "a100" in str(err.value)
+
+
+def test_a_long_runs_root_is_a_failed_check_not_a_traceback(tmp_path: Path) -> None:
+    got = preflight_of(site(), tmp_path, runtime="none", account="lab", partition="new",
+                       runs_root=tmp_path / ("x" * 300) / "runs")[RUNS_ROOT]
+    assert got.ok is False and got.fix
+
+
+def test_shipped_profiles_name_the_sites_account_commands() -> None:
+    assert SHIPPED.get("gilbreth").account_list_command == ("slist",)
+    assert SHIPPED.get("rivanna").account_list_command == ("allocations",)
+    assert SHIPPED.get("torch").account_list_command == ("my_slurm_accounts",)
+    assert SHIPPED.get("local").single_host
+    assert not any(SHIPPED.get(n).single_host for n in ("gilbreth", "rivanna", "torch"))
+
+
+def test_driver_version_key() -> None:
+    assert site().partitions["old"].driver_version == "550.54.15"
+    assert site().partitions["plain"].driver_version is None
+    number = site(partitions={"p": {**NODE, "driver_version": 550.54}})
+    assert number.partitions["p"].driver_version == "550.54"
+
+
+@pytest.mark.parametrize(("extra", "field"), [
+    ({"partitions": {"p": {**NODE, "driver_version": "new"}}}, "partitions.p.driver_version"),
+    ({"partitions": {"p": {**NODE, "driver_version": True}}}, "partitions.p.driver_version"),
+    ({"partitions": {"p": {**NODE, "driver_version": [550]}}}, "partitions.p.driver_version"),
+    ({"account": {"list_command": "slist"}}, "account.list_command"),
+    ({"account": {"list_command": ["slist --all"]}}, "account.list_command[0]"),
+    ({"account": {"list_command": ["$(id)"]}}, "account.list_command[0]"),
+    ({"account": {"list_command": [3]}}, "account.list_command[0]"),
+    ({"single_host": "yes"}, "single_host"),
+])
+def test_new_profile_keys_refuse_bad_values(extra: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        site(**extra)
+    assert err.value.field == f"profile site.{field}"
+
+
+def test_format_and_json(tmp_path: Path) -> None:
+    checks = list(preflight_of(site(), tmp_path, account=None, partition="new",
+                               answers={}).values())
+    lines = format_checks(checks)
+    assert len(lines) == 5
+    assert all(line.split()[0] in ("PASS", "WARN", "FAIL", "SKIP") for line in lines)
+    fails = [line for line in lines if line.startswith("FAIL")]
+    assert fails and all(" Fix: " in line for line in fails)
+    data = checks_json(checks)
+    assert data["ok"] is False and preflight.failed(checks)
+    assert json.loads(json.dumps(data))["checks"][0]["name"] == RUNTIME
+    assert {c["status"] for c in data["checks"]} <= {"pass", "warn", "fail", "skip"}
+    passing = [replace(c, ok=True) for c in checks]
+    assert checks_json(passing)["ok"] is True
