@@ -194,6 +194,9 @@ def check_value(f: dataclasses.Field[Any], value: Any) -> None:
             raise ConfigError(f.name, f"must be at least {meta['minimum']}, got {value}")
     if kind is str and not value:
         raise ConfigError(f.name, "must not be empty")
+    # no path, argument or environment value can hold one (the OS ends strings there)
+    if any("\0" in v for v in ((value,) if kind is str else value if kind is list else ())):
+        raise ConfigError(f.name, f"must not hold a NUL byte, got {shown(value)}")
 
 
 def field_table(cls: type[Any] | None = None) -> list[dataclasses.Field[Any]]:
@@ -230,7 +233,7 @@ def _coerce(f: dataclasses.Field[Any], value: Any, *, from_text: bool) -> Any:
         if kind is int:
             if not _INT_RE.match(text):
                 raise ConfigError(f.name, f"must be an integer, got {shown(value)}")
-            return int(text)
+            return _int(f.name, text)
         if kind is float:
             try:
                 return float(text)
@@ -238,8 +241,20 @@ def _coerce(f: dataclasses.Field[Any], value: Any, *, from_text: bool) -> Any:
                 raise ConfigError(f.name, f"must be a number, got {shown(value)}") from None
         return text
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer past the largest float (about 1.8e308)
+            raise ConfigError(f.name, f"must be a finite number, got {shown(value)}") from None
     return value
+
+
+def _int(name: str, text: str) -> int:
+    """int(text) for text that matched _INT_RE; beyond Python's limit on the digits it
+    converts (4300) a ConfigError, not a ValueError."""
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(name, f"{len(text)} digits is too long for an integer") from None
 
 
 def _coerce_seeds(name: str, value: Any) -> tuple[int, ...]:
@@ -251,7 +266,7 @@ def _coerce_seeds(name: str, value: Any) -> tuple[int, ...]:
         parts = [p for p in re.split(r"[\s,]+", value.strip()) if p]
         if not parts or not all(_INT_RE.match(p) for p in parts):
             raise ConfigError(name, f'must be integers such as "4 6 8", got {shown(value)}')
-        return tuple(int(p) for p in parts)
+        return tuple(_int(name, p) for p in parts)
     if isinstance(value, list):
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             raise ConfigError(name, f"must be a list of integers, got {shown(value)}")
@@ -288,11 +303,20 @@ def build(cls: type[_T], file_values: Mapping[str, Any] | None = None,
         name = str(key).replace("-", "_")
         if name not in by_name:
             valid = ", ".join(sorted(by_name))
-            raise ConfigError(str(key), f"unknown config key; valid keys are: {valid}")
+            raise ConfigError(_key_name(key), f"unknown config key; valid keys are: {valid}")
         merged[name] = _coerce(by_name[name], value, from_text=False)
     for name, text in (flag_values or {}).items():
         merged[name] = _coerce(by_name[name], text, from_text=isinstance(text, str))
     return cls(**merged)
+
+
+def _key_name(key: Any) -> str:
+    """An unknown key as the error's field: as written when it reads as one (a short
+    line of printable text), else quoted and cut (an empty key, a NUL, a line break)."""
+    text = str(key)
+    if text and len(text) <= 60 and text.isprintable() and text.strip() == text:
+        return text
+    return shown(key)
 
 
 def check_writable_dir(path: Path, field_name: str) -> None:
@@ -301,14 +325,19 @@ def check_writable_dir(path: Path, field_name: str) -> None:
     Nothing is created here: the check walks up to the nearest existing ancestor.
     """
     probe = path.absolute()
-    while not probe.exists():
-        if probe.is_symlink():
-            raise ConfigError(field_name, f"{path} is a dangling symlink")
-        parent = probe.parent
-        if parent == probe:
-            break
-        probe = parent
-    if not probe.is_dir():
+    try:
+        while not probe.exists():
+            if probe.is_symlink():
+                raise ConfigError(field_name, f"{path} is a dangling symlink")
+            parent = probe.parent
+            if parent == probe:
+                break
+            probe = parent
+        is_dir = probe.is_dir()
+    except OSError as exc:  # a name too long for the file system, a link loop
+        raise ConfigError(field_name, f"cannot use {shown(str(path))}: "
+                          f"{exc.strerror or exc}") from None
+    if not is_dir:
         raise ConfigError(field_name, f"cannot create {path}: {probe} is not a directory")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(field_name, f"cannot write to {path}: {probe} is not writable")

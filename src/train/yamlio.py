@@ -5,7 +5,9 @@ Bounded and unsurprising:
 - aliases are expanded in a count first: a document that would grow past MAX_NODES nodes
   (a few hundred bytes of nested anchors can stand for gigabytes) is refused;
 - YAML 1.2's numbers, not 1.1's: `1:00:00` stays the text it looks like (1.1 reads it as
-  the base-60 integer 3600) and `1e-3` is a float (1.1 wants a dot: `1.0e-3`).
+  the base-60 integer 3600) and `1e-3` is a float (1.1 wants a dot: `1.0e-3`);
+- a tagged value its tag cannot read (`!!bool 2`, `!!float ''`) and an escape for a lone
+  surrogate (`"\\ud800"`, no text: it fails wherever it is written out) are errors.
 Errors are ConfigError naming the field (the config key, or the file's role) and quote at
 most a short prefix of anything they show.
 """
@@ -57,6 +59,43 @@ def _construct_int(loader: yaml.SafeLoader, node: yaml.Node) -> int:
 
 
 Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _construct_str(loader: yaml.SafeLoader, node: yaml.Node) -> str:
+    """A string; a lone surrogate (only a `\\uD800`-style escape makes one) is refused: it
+    is no text, and fails later wherever it is written out (a job script, a path)."""
+    value = str(loader.construct_scalar(node))  # type: ignore[arg-type]
+    if _SURROGATE.search(value):
+        raise yaml.constructor.ConstructorError(
+            None, None, "an escape for a lone surrogate (U+D800..U+DFFF) is not text",
+            node.start_mark)
+    return value
+
+
+Loader.add_constructor("tag:yaml.org,2002:str", _construct_str)
+
+
+def _strict(tag: str) -> None:
+    """SafeLoader's constructor for `tag`, with what it raises on a malformed value
+    (`!!bool 2` a KeyError, `!!float ''` an IndexError, `!!timestamp x` an
+    AttributeError) turned into a ConstructorError at the value's line."""
+    construct = yaml.SafeLoader.yaml_constructors[tag]
+
+    def strict(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
+        try:
+            return construct(loader, node)
+        except (KeyError, IndexError, AttributeError, TypeError, ValueError):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read this value as {tag.rsplit(':', 1)[-1]}",
+                node.start_mark) from None
+
+    Loader.add_constructor(tag, strict)
+
+
+for _tag in ("bool", "float", "timestamp"):
+    _strict(f"tag:yaml.org,2002:{_tag}")
 
 
 def _expanded_size(root: yaml.Node) -> int | None:

@@ -48,6 +48,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from train.errors import first_line
 from train.images.defs import (
     APP_SECTIONS,
     HEADER_KEYS_1_5,
@@ -130,13 +131,26 @@ def _check_pip(d: DefFile, requirements: Path) -> list[Violation]:
                                  "--require-hashes -r <lock file> (or install a local tree "
                                  "with --no-index --no-deps)"))
             continue
-        lock_name = Path(words[words.index("-r") + 1]).name
+        at = words.index("-r") + 1
+        if at == len(words):
+            out.append(Violation(str(d.path), number, "pip-lock", "-r names no lock file"))
+            continue
+        lock_name = Path(words[at]).name
         lock = requirements / lock_name
-        if not lock.is_file():
-            out.append(Violation(str(d.path), number, "pip-lock", f"lock file {lock_name} "
+        try:
+            found = lock.is_file()
+        except OSError:  # a name too long for the file system
+            found = False
+        if not found:
+            out.append(Violation(str(d.path), number, "pip-lock", f"lock file {lock_name[:60]} "
                                  f"is not in {requirements}"))
             continue
-        missing = lock_problems(lock)
+        try:
+            missing = lock_problems(lock)
+        except (OSError, UnicodeDecodeError) as exc:
+            out.append(Violation(str(d.path), number, "pip-lock", f"cannot read the lock "
+                                 f"file {lock_name}: {first_line(exc, 120)}"))
+            continue
         if missing:
             out.append(Violation(str(d.path), number, "pip-lock", f"{lock_name} has "
                                  f"requirements without --hash: {', '.join(missing[:3])}"))
@@ -358,12 +372,17 @@ def _check_files(d: DefFile, args: dict[str, str], root: Path) -> list[Violation
             continue
         if not source_tree:
             continue  # an installed copy: sources exist only in the clone images build from
-        matches = _sources(root, src)
+        try:
+            matches = _sources(root, src)
+            outside = any(not m.resolve().is_relative_to(resolved_root) for m in matches)
+        except (OSError, RuntimeError) as exc:  # a name too long, a symbolic link loop
+            bad(f"{src[:60]}: cannot be read under {root}: {first_line(exc, 80)}")
+            continue
         if not matches:
             bad(f"{src}: {'matches nothing' if _is_glob(src) else 'does not exist'} under "
                 f"{root}")
             continue
-        if any(not m.resolve().is_relative_to(resolved_root) for m in matches):
+        if outside:
             bad(f"{src}: resolves outside the repository (a symbolic link)")
             continue
         if existing is None or not any(m.is_dir() for m in matches):
@@ -400,7 +419,10 @@ def _base_paths(d: DefFile, args: dict[str, str], depth: int = 0) -> set[str]:
         return paths
     name = Path(image).name
     base = d.path.parent / (name[:-4] + ".def" if name.endswith(".sif") else name + ".def")
-    if depth > 4 or not base.is_file() or base.resolve() == d.path.resolve():
+    try:
+        if depth > 4 or not base.is_file() or base.resolve() == d.path.resolve():
+            return paths
+    except (OSError, RuntimeError):  # a name too long for the file system, a link loop
         return paths
     try:
         b = parse(base)
