@@ -58,8 +58,13 @@ NOT_DEFAULTS = ("name", "out", "workload")
 
 
 def joined(earlier: Any, later: Any) -> list[Any]:
-    """A list key's values: the earlier layer's, then the later one's, each once."""
-    return list(dict.fromkeys([*earlier, *later]))
+    """A list key's values: the earlier layer's, then the later one's, each once (items
+    that are not text or numbers are kept as they are, for the job's check to name)."""
+    out: list[Any] = []
+    for item in [*earlier, *later]:
+        if item not in out:
+            out.append(item)
+    return out
 
 
 def merged(defaults: Mapping[str, Any], job_file: Mapping[str, Any],

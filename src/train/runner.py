@@ -47,10 +47,10 @@ def validate(cfg: RunConfig) -> None:
     """Everything that can be checked without side effects."""
     check_writable_dir(cfg.out_dir, "out")
     csv_path = cfg.results_csv_path
+    check_writable_dir(csv_path.parent, "results_csv")  # (names too long included)
     if csv_path.is_dir():  # else it fails only after training, when the row is appended
         raise ConfigError("results_csv", f"{csv_path} is a directory; name a file, e.g. "
                           f"{csv_path / 'results.csv'}")
-    check_writable_dir(csv_path.parent, "results_csv")
     check_same_run(cfg)
     check_memory(cfg)
     trainer.check_workload(cfg)

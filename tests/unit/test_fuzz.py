@@ -571,9 +571,9 @@ def event_lines(draw: st.DrawFn) -> str:
        st.lists(st.tuples(_DIGITS, st.sampled_from(["10", "11", "12", "x", "\u00b2"]))
                 .map(" ".join), max_size=4).map("\n".join),
        st.lists(st.one_of(event_lines(), texts), max_size=6).map("\n".join),
-       # left out until contract.read_progress takes them: '\u00b2 3' ('²'.isdigit() but
-       # int('²') fails), a number of 5000 digits, bytes that are not UTF-8
-       st.one_of(st.none(), st.sampled_from(["5 10", "10 10", "0 0", "x", "1 2 3", ""])),
+       # '\u00b2 3' ('²'.isdigit() but int('²') fails), 5000 digits, text and junk
+       st.one_of(st.none(), st.sampled_from(["5 10", "10 10", "0 0", "x", "1 2 3", "",
+                                             "\u00b2 3", "9" * 5000 + " 1"]), texts),
        st.dictionaries(st.sampled_from(["10", "11", "12"]),
                        st.sampled_from([*scheduler.ACTIVE_STATES, "COMPLETED", "FAILED",
                                         "CANCELLED", "TIMEOUT", "UNKNOWN", "JobHeldUser"]),
@@ -582,7 +582,7 @@ def event_lines(draw: st.DrawFn) -> str:
          ids="1 10\n\u00b2 11",  # '²'.isdigit(), int('²') a ValueError
          events="100 1 10 started 0 0 10\n200 1 10 stopped 5 10\n"
                 + "9" * 5000 + " 1 10 started",  # past int()'s 4300 digits
-         progress="5 10", states={"10": "RUNNING"})
+         progress="\u00b2 3", states={"10": "RUNNING"})
 def test_chain_record_and_status(record: str, ids: str, events: str, progress: str | None,
                                  states: dict[str, str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
@@ -590,8 +590,9 @@ def test_chain_record_and_status(record: str, ids: str, events: str, progress: s
         (run / contract.CHAIN_RECORD).write_text(record, encoding="utf-8")
         (run / contract.CHAIN_IDS).write_text(ids, encoding="utf-8")
         (run / contract.CHAIN_EVENTS).write_text(events, encoding="utf-8")
-        if progress is not None:
-            (run / contract.PROGRESS_FILE).write_text(progress, encoding="utf-8")
+        if progress is not None:  # and bytes that are not UTF-8 (surrogate escapes)
+            (run / contract.PROGRESS_FILE).write_bytes(
+                progress.encode("utf-8", "surrogateescape") + b"\xff")
         chain = clean(lambda: scheduler.load_chain(run))
         if chain is None:
             return

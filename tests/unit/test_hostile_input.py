@@ -283,3 +283,25 @@ def test_a_run_record_that_is_not_a_small_json_file_is_exit_2(tmp_path: Path,
     cfg = run_config_from_argv(["--out", str(out)])
     with pytest.raises(UsageError, match=r"out: .*config\.json is not a readable run record"):
         check_same_run(cfg)
+
+
+def test_the_fuzz_tiers_leftovers_are_clear_errors(tmp_path: Path) -> None:
+    """What the fuzz tier found outside the parsers it covers: a progress file of '²' or
+    5000 digits or not UTF-8, a results CSV whose name is too long, a list item that is a
+    list in both the defaults and the job file, an env name with a trailing newline."""
+    from train.defaults import merged
+    from train.slurm import contract
+    from train.slurm.job import check_env_item, job_from_sources
+
+    for text in ("\u00b2 3".encode(), b"9" * 5000 + b" 1", b"\xff\xfe 3"):
+        (tmp_path / contract.PROGRESS_FILE).write_bytes(text)
+        assert contract.read_progress(tmp_path) is None
+    (tmp_path / contract.PROGRESS_FILE).write_text("3 10\n")
+    assert contract.read_progress(tmp_path) == (3, 10)
+    proc = run_cli(["run", "--out", str(tmp_path / "r"), "--results-csv",
+                    str(tmp_path / ("x" * 300) / "r.csv")])
+    assert proc.returncode == 2 and "results_csv: " in proc.stderr, proc.stderr
+    with pytest.raises(ConfigError, match=r"^env: "):
+        job_from_sources(merged({"env": ["A"]}, {"env": [[1]]}), {})
+    with pytest.raises(ConfigError, match=r"^env: "):
+        check_env_item("A\n")

@@ -88,10 +88,13 @@ def write_progress(run_dir: Path, done: int, total: int) -> None:
 
 def read_progress(run_dir: Path) -> tuple[int, int] | None:
     try:
-        parts = (run_dir / PROGRESS_FILE).read_text(encoding="utf-8").split()
-    except OSError:
+        with open(run_dir / PROGRESS_FILE, "rb") as fh:
+            parts = fh.read(64).decode("ascii").split()  # "DONE TOTAL\n"
+    except (OSError, UnicodeDecodeError):
         return None
-    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+    # ASCII digits only (str.isdigit takes '²', which int() refuses), short enough for int
+    if len(parts) != 2 or not all(p.isascii() and p.isdigit() and len(p) <= 18
+                                  for p in parts):
         return None
     return int(parts[0]), int(parts[1])
 

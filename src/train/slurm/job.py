@@ -56,7 +56,7 @@ _AND_ONLY = re.compile(r"^[^|\[\]()*,]+$")
 _RESERVED_RUN_FLAGS = ("--out", "--time-budget")
 DEFAULT_MARGIN = 300
 DEFAULT_CHUNKS = 10
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # fullmatch: no trailing newline
 # names a job may pass through but not set: the batch shell, Slurm or the launcher own them
 RESERVED_ENV = {"PATH", "BASH_ENV", "ENV", "HOME", "SHELL", "IFS", "RANK", "LOCAL_RANK",
                 "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
@@ -98,7 +98,7 @@ MAX_CHUNKS_LIMIT = 1000  # years of walltime at any site; beyond it, a typo
 def check_env_item(item: str) -> tuple[str, str | None]:
     """`NAME` (passed through) or `NAME=VALUE` -> (name, value or None)."""
     name, sep, value = item.partition("=")
-    if not ENV_NAME_RE.match(name):
+    if not ENV_NAME_RE.fullmatch(name):
         raise ConfigError("env", f"{name!r} is not a variable name (letters, digits and "
                           f"'_', not starting with a digit), in {item!r}")
     if "\0" in value:
