@@ -207,13 +207,13 @@ def bench(session: nox.Session) -> None:
     """Benchmarks against hand-written baselines; figures go to benchmarks/RESULTS.md."""
     _install(session, "dev")
     names = session.posargs or ["update", "checkpoint", "learning", "submit", "image",
-                                "chain", "flags"]
+                                "chain", "flags", "doctor"]
     for name in names:
         script = ROOT / "benchmarks" / f"bench_{name}.py"
         if not script.is_file():
             session.error(
                 f"Usage: nox -s bench -- [update] [checkpoint] [learning] [submit] [image] "
-                f"[launch] [chain] [flags] [gpu]; "
+                f"[launch] [chain] [flags] [doctor] [gpu]; "
                 f"no benchmark named {name!r}"
             )
         session.run("python", str(script))

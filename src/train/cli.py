@@ -194,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=Path, default=Path("runs"), metavar="DIR",
                    help="where runs live (default: runs)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--full", action="store_true", help="search every byte of logs over "
+                   "256 MiB (by default their first 32 MiB and last 128 MiB)")
     pre = p.add_argument_group(
         "preflight", "--preflight checks, on the login node, what a job needs before it is "
         "submitted: the container runtime, the image, the account, the runs root and the "
@@ -443,7 +445,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
     if args.preflight:
         return _preflight(args)
-    report = doctor.diagnose(doctor.resolve(args.ref, args.runs))
+    report = doctor.diagnose(doctor.resolve(args.ref, args.runs), full=args.full)
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:

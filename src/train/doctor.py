@@ -15,11 +15,13 @@ Each cause is one rule (RULES, LogRule for log messages; the Slurm-state and eve
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -180,24 +182,61 @@ class Hits:
         return [*self.first, *self.last]
 
 
-def _candidate_lines_grep(path: Path, needles: Sequence[str]) -> Iterator[tuple[int, str]]:
-    """(line number, line) of every line holding a needle, from grep -F (streamed)."""
+def _feed(path: Path, start: int, end: int, sink: Any) -> None:
+    """Copy bytes [start, end) of `path` into `sink` (grep's stdin), then close it."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(start)
+            left = end - start
+            while left > 0:
+                block = fh.read(min(left, 1 << 20))
+                if not block:
+                    break
+                sink.write(block)
+                left -= len(block)
+    except (OSError, ValueError):  # grep left early (killed), or the file went away
+        pass
+    finally:
+        with contextlib.suppress(OSError):
+            sink.close()
+
+
+def _candidate_lines_grep(path: Path, needles: Sequence[str],
+                          region: tuple[int, int] | None = None,
+                          first_line: int = 1) -> Iterator[tuple[int, str]]:
+    """(line number, line) of every line holding a needle, from grep -F (streamed); with
+    `region`, only those bytes of the file (starting at line `first_line`). Lines are read
+    at most 64 KiB at a time: a matched line of any length costs no more memory."""
     argv = ["grep", "-a", "-n", "-F"]
     for needle in needles:
         argv += ["-e", needle]
-    argv += ["--", str(path)]
+    if region is None:
+        argv += ["--", str(path)]
     env = {**os.environ, "LC_ALL": "C"}
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                          env=env) as proc:
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+                          stdin=subprocess.PIPE if region else subprocess.DEVNULL) as proc:
         assert proc.stdout is not None
+        feeder = None
+        if region is not None:
+            feeder = threading.Thread(target=_feed, args=(path, *region, proc.stdin),
+                                      daemon=True)
+            feeder.start()
         try:
-            for raw in proc.stdout:
-                number, _, text = raw.partition(b":")
-                if number.isdigit():
-                    yield int(number), text.rstrip(b"\r\n")[:MAX_LINE * 4].decode(
-                        "utf-8", "replace")
+            at_start = True
+            while True:
+                raw = proc.stdout.readline(1 << 16)
+                if not raw:
+                    break
+                if at_start:  # else the rest of a line longer than one read: skipped
+                    number, _, text = raw.partition(b":")
+                    if number.isdigit():
+                        yield first_line - 1 + int(number), text.rstrip(b"\r\n")[
+                            :MAX_LINE * 4].decode("utf-8", "replace")
+                at_start = raw.endswith(b"\n")
         finally:
             proc.kill()
+            if feeder is not None:
+                feeder.join()
 
 
 def _candidate_lines_python(path: Path, needles: Sequence[str],
@@ -244,12 +283,106 @@ def candidate_lines(path: Path, needles: Sequence[str] = _ALL_NEEDLES
         yield from _candidate_lines_python(path, needles)
 
 
-def scan_log(path: Path, rules: Sequence[LogRule] = RULES) -> dict[str, Hits]:
-    """Every rule's hits in one log, streamed."""
-    if not path.is_file():
-        return {}
-    needles = tuple(sorted({n for r in rules for n in r.needles}))
-    return scan_lines(path, candidate_lines(path, needles), rules)
+def _groups(rules: Sequence[LogRule], count: int) -> list[list[LogRule]]:
+    """The rules in `count` groups of about as many needles each (grep's time grows with
+    the number of fixed strings: two greps of half the needles each, on two cores, take
+    about half the time of one)."""
+    groups: list[list[LogRule]] = [[] for _ in range(max(1, count))]
+    sizes = [0] * len(groups)
+    for rule in sorted(rules, key=lambda r: -len(r.needles)):
+        i = sizes.index(min(sizes))
+        groups[i].append(rule)
+        sizes[i] += len(rule.needles)
+    return [g for g in groups if g]
+
+
+WHOLE_LIMIT = 256 * 2**20  # logs up to this size are searched whole
+HEAD_BYTES = 32 * 2**20  # larger ones: their start (start-up: rendezvous, imports, images)
+TAIL_BYTES_SCANNED = 128 * 2**20  # and their end (what ended the job), unless --full
+
+
+def _newlines(path: Path, start: int = 0, end: int | None = None) -> int:
+    """'\\n' in bytes [start, end) of a file, counted in blocks (memchr speed)."""
+    count = 0
+    with open(path, "rb") as fh:
+        fh.seek(start)
+        left = (end if end is not None else 1 << 62) - start
+        while left > 0:
+            block = fh.read(min(left, 8 << 20))
+            if not block:
+                break
+            count += block.count(b"\n")
+            left -= len(block)
+    return count
+
+
+def _regions(path: Path, size: int) -> list[tuple[tuple[int, int], int]]:
+    """A large log's head and tail, cut at line ends: [((start, end), first line)]."""
+    with open(path, "rb") as fh:
+        probe_at = max(0, HEAD_BYTES - (1 << 20))  # the head's last MiB: where it ends
+        fh.seek(probe_at)
+        head_end = probe_at + fh.read(HEAD_BYTES - probe_at).rfind(b"\n") + 1
+        fh.seek(size - TAIL_BYTES_SCANNED)
+        probe = fh.read(1 << 20)
+    cut = probe.find(b"\n")
+    tail_start = size - TAIL_BYTES_SCANNED + (cut + 1 if cut >= 0 else 0)
+    before_tail = _newlines(path, 0, tail_start)
+    return [((0, head_end), 1), ((tail_start, size), before_tail + 1)]
+
+
+@dataclass
+class Scan:
+    """What a log search covered: the whole file, or its head and tail."""
+
+    hits: dict[str, Hits]
+    whole: bool = True
+    skipped_bytes: int = 0
+
+
+def scan_log(path: Path, rules: Sequence[LogRule] = RULES, full: bool = False) -> Scan:
+    """Every rule's hits in one log, streamed. Logs over WHOLE_LIMIT are searched in their
+    first HEAD_BYTES and last TAIL_BYTES_SCANNED (what ended a job is at its end, start-up
+    trouble at its start; the middle of a gigabyte log is progress lines) unless `full`.
+    With grep: one grep per CPU (at most two) for a share of the rules."""
+    try:
+        if not path.is_file():
+            return Scan({})
+        size = path.stat().st_size
+    except OSError:
+        return Scan({})
+    if not shutil.which("grep"):
+        needles = tuple(sorted({n for r in rules for n in r.needles}))
+        return Scan(scan_lines(path, _candidate_lines_python(path, needles), rules))
+    parts: list[tuple[tuple[int, int] | None, int]] = [(None, 1)]
+    skipped = 0
+    if size > WHOLE_LIMIT and not full:
+        regions = _regions(path, size)
+        parts = [(r, first) for r, first in regions]
+        skipped = regions[1][0][0] - regions[0][0][1]
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    groups = _groups(rules, min(2, cpus))
+    found: list[dict[str, Hits]] = [{} for _ in groups]
+    failures: list[BaseException] = []
+
+    def scan(i: int, group: list[LogRule]) -> None:
+        try:
+            needles = tuple(sorted({n for r in group for n in r.needles}))
+            lines = (line for region, first in parts
+                     for line in _candidate_lines_grep(path, needles, region, first))
+            found[i] = scan_lines(path, lines, group)
+        except BaseException as exc:  # re-raised below, in the caller's thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=scan, args=(i, g), daemon=True)
+               for i, g in enumerate(groups)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise failures[0]
+    return Scan({cause: hits for part in found for cause, hits in part.items()},
+                whole=skipped == 0, skipped_bytes=skipped)
 
 
 def scan_lines(path: Path, lines: Iterable[tuple[int | None, str]],
@@ -477,6 +610,7 @@ class Report:
     chunks: list[dict[str, Any]]
     findings: list[Finding]
     training: dict[str, Any]  # status.json of the run, where there is one
+    notes: list[str] = field(default_factory=list)  # what was not searched
 
     @property
     def healthy(self) -> bool:
@@ -495,7 +629,7 @@ class Report:
         return {"name": self.name, "run_dir": self.run_dir, "state": self.state,
                 "cause": self.cause, "healthy": self.healthy, "verdict": self.verdict,
                 "chunks": self.chunks, "findings": [f.as_dict() for f in self.findings],
-                "training": self.training}
+                "training": self.training, "notes": self.notes}
 
 
 _STATE_CAUSES = {"OUT_OF_MEMORY": "host_oom", "TIMEOUT": "walltime",
@@ -535,12 +669,20 @@ def _rendezvous_partial(hits: Hits) -> str:
     return ""
 
 
-def _scan_chunk(logs: Sequence[Path], scan: bool) -> dict[str, Hits]:
-    """The rules' hits over a chunk's logs: all of each (scan) or the error log's end."""
+def _scan_chunk(logs: Sequence[Path], scan: bool, full: bool = False,
+                notes: list[str] | None = None) -> dict[str, Hits]:
+    """The rules' hits over a chunk's logs: each searched (scan; its head and tail only
+    when large, unless full: a note says so) or the error log's end."""
     merged: dict[str, Hits] = {}
     for log in logs:
         if scan:
-            found = scan_log(log)
+            result = scan_log(log, full=full)
+            found = result.hits
+            if not result.whole and notes is not None:
+                notes.append(f"{log}: searched its first {HEAD_BYTES >> 20} MiB and last "
+                             f"{TAIL_BYTES_SCANNED >> 20} MiB, not the "
+                             f"{result.skipped_bytes >> 20} MiB between (--full searches "
+                             "every byte)")
         elif log.suffix == ".err":
             found = scan_lines(log, read_tail(log))
         else:
@@ -558,13 +700,14 @@ _ALWAYS = ("nonfinite", "gpu_oom", "disk_full", "collective_timeout")
 
 
 def _chunk_findings(chain: Chain, c: Mapping[str, Any], logs: Sequence[Path],
-                    scan: bool) -> list[Finding]:
+                    scan: bool, full: bool = False, notes: list[str] | None = None
+                    ) -> list[Finding]:
     number, job_id = c["chunk"], c["job_id"]
     events = list(c.get("events") or [])
     state = str(c.get("state") or "UNKNOWN")
     failed = _chunk_failed(c, events)
     ended_early = failed or state == "CANCELLED" or contract.EV_TERMINATED in events
-    hits_all = _scan_chunk(logs, scan) if (scan or failed) else {}
+    hits_all = _scan_chunk(logs, scan, full, notes) if (scan or failed) else {}
     out: list[Finding] = []
     # Slurm's own verdict first: it is certain
     state_cause = _STATE_CAUSES.get(state)
@@ -642,14 +785,15 @@ def idle_gpus(chain: Chain) -> list[Finding]:
     return out
 
 
-def diagnose(chain: Chain, status: Mapping[str, Any] | None = None, *, scan: bool = True
-             ) -> Report:
+def diagnose(chain: Chain, status: Mapping[str, Any] | None = None, *, scan: bool = True,
+             full: bool = False) -> Report:
     """Everything `train doctor` says about one chain. `status`: chain_status's answer
     (asked here when not given); `scan`: read every log whole, streamed (False: only the
     end of failed chunks' error logs, for `train status --all`)."""
     st = dict(status) if status is not None else chain_status(chain)
     findings: list[Finding] = []
     chunks_out = []
+    notes: list[str] = []
     events = _events(chain)
     # `train cancel` records its event first: such a chain ended as its owner asked
     cancelled_by_us = any(e["event"] == contract.EV_CANCELLED for e in events)
@@ -661,7 +805,7 @@ def diagnose(chain: Chain, status: Mapping[str, Any] | None = None, *, scan: boo
         if not _exit_code(c) and c["job_id"] in step_exit:
             c["exit"] = f"{step_exit[c['job_id']].split()[0]}:0"
         logs = _logs_of(chain, c["job_id"])
-        found = _chunk_findings(chain, c, logs, scan)
+        found = _chunk_findings(chain, c, logs, scan, full, notes)
         if str(c.get("state")) == "CANCELLED" and not found and st.get("state") != "complete" \
                 and not cancelled_by_us and contract.EV_STARTED in (c.get("events") or []):
             found.append(_finding(chain, "cancelled", c["chunk"], c["job_id"],
@@ -680,7 +824,8 @@ def diagnose(chain: Chain, status: Mapping[str, Any] | None = None, *, scan: boo
                                 detail=str(st.get("cause"))))
     training = _read_json(chain.run_dir / "status.json")
     return Report(str(st.get("name", chain.record.get("name"))), str(chain.run_dir),
-                  str(st.get("state")), str(st.get("cause")), chunks_out, findings, training)
+                  str(st.get("state")), str(st.get("cause")), chunks_out, findings, training,
+                  notes)
 
 
 def _events(chain: Chain) -> list[dict[str, Any]]:
@@ -719,6 +864,7 @@ def format_report(report: Report) -> list[str]:
     lines = [f"{report.name}: {report.state}  {report.run_dir}", f"  {report.cause}"]
     for c in report.chunks:
         lines.append(f"  chunk {c['chunk']} (job {c['job_id']}): {c['what']}")
+    lines += [f"  note: {n}" for n in report.notes]
     if report.healthy:
         lines.append("  no problem found")
         return lines

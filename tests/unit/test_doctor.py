@@ -377,3 +377,41 @@ def test_preflight_from_the_cli(tmp_path: Path) -> None:
         proc = run_cli(["doctor", *argv, "--runs", str(tmp_path / "runs")], env=env)
         assert proc.returncode == 2 and words in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_a_large_log_is_searched_in_its_head_and_tail_with_true_line_numbers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sizes scaled down (the real ones: 256 MiB whole, else the first 32 and the last
+    128 MiB): an import error at the start, the OOM kill at the end are found at their
+    lines; a message in the middle only with full."""
+    monkeypatch.setattr(doctor, "WHOLE_LIMIT", 64 * 1024)
+    monkeypatch.setattr(doctor, "HEAD_BYTES", 8 * 1024)
+    monkeypatch.setattr(doctor, "TAIL_BYTES_SCANNED", 16 * 1024)
+    lines = [f"progress line {i:06d} reward 1.0" for i in range(20_000)]
+    lines[10] = "ModuleNotFoundError: No module named 'timm'"
+    lines[10_000] = "[Errno 28] No space left on device"
+    lines[-2] = CASES[0][3].strip()
+    path = tmp_path / "x.err"
+    path.write_text("\n".join(lines) + "\n")
+    scan = doctor.scan_log(path)
+    assert not scan.whole and scan.skipped_bytes > 0
+    assert [e.line for e in scan.hits["import_error"].evidence()] == [11]
+    assert [e.line for e in scan.hits["host_oom"].evidence()] == [19_999]
+    assert "disk_full" not in scan.hits
+    full = doctor.scan_log(path, full=True)
+    assert full.whole and [e.line for e in full.hits["disk_full"].evidence()] == [10_001]
+    run_dir = make_run(tmp_path / "run", {"r-101.err": path.read_text()})
+    report = doctor.diagnose(load_chain(run_dir), status("FAILED", "1:0"))
+    assert any("--full searches every byte" in n for n in report.notes)
+    assert report.findings[0].cause == "host_oom"
+
+
+def test_a_matched_line_of_any_length_costs_bounded_memory(tmp_path: Path) -> None:
+    path = tmp_path / "x.err"
+    with open(path, "w") as fh:
+        fh.write("ImportError: " + "x" * (3 << 20) + "\n")  # 3 MiB in one line
+        fh.write("12:34 DUE TO TIME LIMIT ***\n")  # digits and a colon after the long line
+    hits = doctor.scan_log(path).hits
+    [imp] = hits["import_error"].evidence()
+    assert imp.line == 1 and len(imp.text) <= doctor.MAX_LINE
+    assert [e.line for e in hits["walltime"].evidence()] == [2]
