@@ -27,12 +27,16 @@ def run(argv: Sequence[str], *, cwd: Path | None = None, timeout: float = 60.0,
     """Run argv, capture text output; raise ProcError on a non-zero exit when `check`."""
     log.debug("running %s", shlex.join(argv))
     try:
+        # bytes that are not UTF-8 (a site tool's output, a mangled name) are replaced
         proc = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True,
-                              timeout=timeout, check=False)
+                              encoding="utf-8", errors="replace", timeout=timeout,
+                              check=False)
     except FileNotFoundError:
         raise ProcError(argv, 127, f"{argv[0]}: command not found") from None
     except subprocess.TimeoutExpired:
         raise ProcError(argv, 124, f"timed out after {timeout:g} s") from None
+    except OSError as exc:  # E2BIG (an argument list too long), EACCES, ...
+        raise ProcError(argv, 126, f"{argv[0]} could not be started: {exc}") from None
     if check and proc.returncode != 0:
         raise ProcError(argv, proc.returncode, proc.stderr)
     return proc

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from train.errors import UsageError
+from train.errors import TrainError, UsageError, first_line
+from train.jsonio import read_bounded
 from train.slurm import contract
 from train.slurm.scheduler import (
     ACTIVE_STATES,
@@ -41,6 +42,7 @@ from train.slurm.scheduler import (
 )
 
 MAX_LINE = 400  # evidence lines are cut to this many characters
+READ_LINE = 1 << 16  # of a longer line only its first 64 KiB are matched
 TAIL_BYTES = 64 * 1024  # the end of an error log shown for an unknown failure
 _KEEP = 3  # evidence lines kept per rule and file: the first and the last ones
 
@@ -86,19 +88,39 @@ class LogRule:
     source: str
 
 
+# A line's own prefix before a message: torchrun's "[rank1]:", srun --label's "1: ", Open
+# MPI's "[1,0]<stderr>:". An exception counts where it starts the line (after such a
+# prefix): "Warning: ImportError: apex not installed" or a path ".../MemoryError_logs/" is
+# not one.
+_LEAD = r"^\s*(?:\[rank ?\d+\]:?\s*|\d+:\s+|\[[\d,]+\]<std\w+>:\s*)?"
+
+
+def _exception(*names: str) -> str:
+    """A pattern for a line that is one of these exceptions (module prefixes allowed)."""
+    return _LEAD + r"(?:[\w.]+\.)?(?:" + "|".join(names) + r")\b(?::|$)"
+
+
+def _banner(reason: str) -> str:
+    """slurmstepd's own line when it ends a job or step (src/slurmd/slurmstepd/req.c)."""
+    return r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ DUE TO " + reason
+
+
 # Ordered by how decisive a message is: when one log holds several, the first rule that
 # matched explains the failure and the others are listed as well.
 RULES: tuple[LogRule, ...] = (
-    LogRule("host_oom", ("oom_kill event", "oom-kill event", "OOM Killed",
-                         "Exceeded job memory limit", "Out Of Memory", "MemoryError",
-                         "Cannot allocate memory"),
-            re.compile(r"^(?!.*(?:CUDA|OutOfMemoryError|HIP|cuda))"),  # not the GPU's
+    LogRule("host_oom", ("oom_kill event", "oom-kill event", "Exceeded job memory limit",
+                         "MemoryError", "Cannot allocate memory"),
+            re.compile(r"oom[_-]kill event|Exceeded job memory limit|Cannot allocate memory|"
+                       + _exception("MemoryError")),
             "slurmstepd (task/cgroup): 'Detected N oom_kill events in StepId=J.S. "
             "Some of the step tasks have been OOM Killed.'; older: 'Exceeded job memory "
-            "limit'; Python under a memory limit: 'MemoryError', ENOMEM"),
+            "limit'; Python under a memory limit: 'MemoryError'; ENOMEM: 'Cannot allocate "
+            "memory'"),
     LogRule("gpu_oom", ("CUDA out of memory", "OutOfMemoryError", "while preallocating",
                         "CUBLAS_STATUS_ALLOC_FAILED", "HIP out of memory"),
-            None, "torch: 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+            re.compile(r"(?:CUDA|HIP) out of memory|while preallocating|"
+                       r"CUBLAS_STATUS_ALLOC_FAILED|" + _exception("OutOfMemoryError")),
+            "torch: 'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
             "...'; ours: PreallocationError 'out of memory on cuda:0 ... while "
             "preallocating ...'"),
     LogRule("rendezvous", ("clients joined", "RendezvousTimeoutError",
@@ -113,18 +135,24 @@ RULES: tuple[LogRule, ...] = (
             None, "torch ProcessGroupNCCL: '[Rank r] Watchdog caught collective operation "
             "timeout: WorkNCCL(...) ran for N milliseconds before timing out'; gloo: "
             "'Timed out waiting Nms for recv operation to complete'"),
-    LogRule("walltime", ("DUE TO TIME LIMIT",), None,
+    LogRule("walltime", ("DUE TO TIME LIMIT",), re.compile(_banner("TIME LIMIT")),
             "slurmstepd: '*** JOB J ON NODE CANCELLED AT T DUE TO TIME LIMIT ***'"),
-    LogRule("preempted", ("DUE TO PREEMPTION",), None,
+    LogRule("preempted", ("DUE TO PREEMPTION",), re.compile(_banner("PREEMPTION")),
             "slurmstepd: '*** JOB J ON NODE CANCELLED AT T DUE TO PREEMPTION ***'"),
-    LogRule("node_failure", ("DUE TO NODE FAILURE", "Node failure on"), None,
+    LogRule("node_failure", ("DUE TO NODE FAILURE", "Node failure on"),
+            re.compile(_banner("NODE FAILURE") + r"|srun: error: Node failure on"),
             "slurmstepd: '... DUE TO NODE FAILURE ***'; srun: 'srun: error: Node failure "
             "on NODE'"),
     LogRule("nonfinite", ("without overflow", "non-finite", "nan or inf", "inf or nan",
                           "returned nan values", "loss is nan", "Loss is NaN"),
-            None, "torch: 'RuntimeError: value cannot be converted to type at::Half without "
-            "overflow' (a -1e9 mask in fp16); anomaly mode: 'Function X returned nan "
-            "values'; Lightning/user loops: 'loss is nan', 'non-finite'"),
+            re.compile(r"to type at::Half without overflow|is non-finite|"
+                       r"non-finite (?:loss|value)|(?i:\bloss (?:is|=|:) ?nan\b)|"
+                       r"returned nan values|(?:found|detected) (?:nan or inf|inf or nan)",
+                       re.IGNORECASE),
+            "torch: 'RuntimeError: value cannot be converted to type at::Half without "
+            "overflow' (a -1e9 mask in fp16), clip_grad_norm_: 'the total norm ... is "
+            "non-finite'; anomaly mode: 'Function X returned nan values'; Lightning/user "
+            "loops: 'loss is nan', 'detected inf or nan'"),
     LogRule("cuda_driver", ("driver on your system is too old",
                             "driver version is insufficient",
                             "the NVIDIA driver is too old", "cudaErrorInsufficientDriver"),
@@ -132,9 +160,11 @@ RULES: tuple[LogRule, ...] = (
             "CUDA runtime: 'CUDA driver version is insufficient for CUDA runtime version'; "
             "ours: 'CUDA is unusable: the NVIDIA driver is too old for this torch'"),
     LogRule("missing_payload", ("needs the StarCraft II binary", "StarCraft II binary",
-                                "Maps/MoveToBeacon", "OPENSCENE_DATA_ROOT",
+                                "MoveToBeacon", "OPENSCENE_DATA_ROOT",
                                 "NAVSIM_DEVKIT_ROOT", "needs pysc2"),
-            None, "ours (EnvironmentUnavailable): 'workload sc2 needs the StarCraft II "
+            re.compile(r"train: error|Error\b|error:|No such file|not found|does not exist|"
+                       r"is broken|has no "),
+            "ours (EnvironmentUnavailable): 'workload sc2 needs the StarCraft II "
             "binary: SC2PATH=...'; NAVSIM: a KeyError or missing path naming "
             "OPENSCENE_DATA_ROOT / NAVSIM_DEVKIT_ROOT"),
     LogRule("module_missing", ("module(s) are unknown", "Lmod has detected the following",
@@ -147,8 +177,13 @@ RULES: tuple[LogRule, ...] = (
                                  "is not a valid SIF", "No such image:"),
             None, "Apptainer: 'FATAL:   could not open image /p/x.sif: ...', 'FATAL:   "
             "Unable to handle docker://... uri'; Docker: 'No such image: NAME'"),
-    LogRule("import_error", ("ModuleNotFoundError: No module named", "ImportError: "),
-            None, "Python: 'ModuleNotFoundError: No module named 'x'', 'ImportError: cannot "
+    LogRule("program_missing", ("execve():", ": command not found", "exec format error"),
+            re.compile(r"execve\(\)|(?<!module): command not found|exec format error"),
+            "srun: 'srun: error: NODE: task 0: execve(): PROG: No such file or directory'; "
+            "bash: 'PROG: command not found'"),
+    LogRule("import_error", ("ModuleNotFoundError", "ImportError"),
+            re.compile(_exception("ModuleNotFoundError", "ImportError")),
+            "Python: 'ModuleNotFoundError: No module named 'x'', 'ImportError: cannot "
             "import name ...', 'ImportError: libX.so: cannot open shared object file'"),
     LogRule("disk_full", ("No space left on device", "Disk quota exceeded",
                           "[Errno 28]", "[Errno 122]"),
@@ -160,7 +195,8 @@ RULES_BY_CAUSE = {r.cause: r for r in RULES}
 _ALL_NEEDLES = tuple(sorted({n for r in RULES for n in r.needles}))
 _MEMBER_RE = re.compile(r"GLOBAL_RANK: (\d+), MEMBER: (\d+)/(\d+)")
 _JOINED_RE = re.compile(r"(\d+)/(\d+) clients joined")
-_EXCEPTION_RE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): ?(.*)$")
+_EXCEPTION_RE = re.compile(_LEAD + r"([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit))"
+                           r"(?:: ?(.*))?$")
 
 
 @dataclass
@@ -224,14 +260,14 @@ def _candidate_lines_grep(path: Path, needles: Sequence[str],
         try:
             at_start = True
             while True:
-                raw = proc.stdout.readline(1 << 16)
+                raw = proc.stdout.readline(READ_LINE)
                 if not raw:
                     break
                 if at_start:  # else the rest of a line longer than one read: skipped
                     number, _, text = raw.partition(b":")
                     if number.isdigit():
                         yield first_line - 1 + int(number), text.rstrip(b"\r\n")[
-                            :MAX_LINE * 4].decode("utf-8", "replace")
+                            :READ_LINE].decode("utf-8", "replace")
                 at_start = raw.endswith(b"\n")
         finally:
             proc.kill()
@@ -271,7 +307,7 @@ def _candidate_lines_python(path: Path, needles: Sequence[str],
                 end = chunk.find(b"\n", start)
                 line = chunk[start:end if end >= 0 else len(chunk)]
                 number = first_line + chunk.count(b"\n", 0, start)
-                yield number, line[:MAX_LINE * 4].decode("utf-8", "replace")
+                yield number, line[:READ_LINE].decode("utf-8", "replace")
             first_line += chunk.count(b"\n")
 
 
@@ -391,11 +427,22 @@ def scan_lines(path: Path, lines: Iterable[tuple[int | None, str]],
     found: dict[str, Hits] = {}
     for number, line in lines:
         for rule in rules:
-            if any(n in line for n in rule.needles) and (
-                    rule.pattern is None or rule.pattern.search(line)):
+            at = min((i for i in (line.find(n) for n in rule.needles) if i >= 0),
+                     default=-1)
+            if at >= 0 and (rule.pattern is None or rule.pattern.search(line)):
                 found.setdefault(rule.cause, Hits()).add(
-                    Evidence(str(path), number or 0, line.strip()[:MAX_LINE]))
+                    Evidence(str(path), number or 0, _excerpt(line, at)))
     return found
+
+
+def _excerpt(line: str, at: int) -> str:
+    """A line as evidence: whole when short, else MAX_LINE characters around `at` (a JSON
+    log line of kilobytes keeps the words that matched)."""
+    text = line.strip()
+    if len(text) <= MAX_LINE:
+        return text
+    start = max(0, min(at - MAX_LINE // 4, len(line) - MAX_LINE))
+    return ("..." if start else "") + line[start:start + MAX_LINE].strip() + "..."
 
 
 def read_tail(path: Path, size: int = TAIL_BYTES) -> list[tuple[int | None, str]]:
@@ -443,10 +490,13 @@ def _logs_of(chain: Chain, job_id: str) -> list[Path]:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
+    """A small JSON file of the run (status.json) as a mapping; {} for anything else (not
+    a regular file, over 1 MiB, not JSON). NaN and Infinity read as null: --json output
+    stays strict JSON."""
+    raw = read_bounded(path, 1 << 20)
     try:
-        with open(path, "rb") as fh:
-            data = json.loads(fh.read(1 << 20))
-    except (OSError, ValueError, RecursionError):
+        data = json.loads(raw or b"", parse_constant=lambda _name: None)
+    except (ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -580,9 +630,22 @@ _TITLES_FIXES: dict[str, tuple[str, str]] = {
         "killed with SIGKILL and no message said why",
         "if nobody sent it (scancel --signal=KILL, a stop that outlived KillWait), it was "
         "the kernel's OOM killer: see host_oom's fix (fewer --workers, more --mem)"),
+    "native_crash": (
+        "the program crashed in native code",
+        "a C/C++ library crashed (CUDA, NCCL, a compiled extension): the error log's end "
+        "names where; often the image's libraries do not match the node (run with "
+        "--runtime apptainer --image, which binds the driver with --nv) or a GPU fault "
+        "(`nvidia-smi -q` on that node)"),
+    "program_missing": (
+        "the program to run was not found",
+        "the first word after `--` must exist on the nodes (runtime none) or inside the "
+        "image: an absolute path or a name on its PATH"),
+    "no_jobs": ("the chain records no job", "chain.ids is missing or unreadable: `train "
+                "submit` writes it; submit the same job again"),
     "python_error": ("the program raised an exception", "see the exception and the lines "
                      "before it in the error log"),
-    "failed": ("the job failed", "see the end of the error log shown here"),
+    "failed": ("the job failed", "see the end of the error log shown here (`train logs "
+               "NAME --err --job JOBID` for all of it)"),
     "cancelled": (
         "cancelled with scancel, not `train cancel`",
         "if you did not cancel it, the site did (an idle-GPU or a fair-share policy: see "
@@ -696,7 +759,26 @@ def _scan_chunk(logs: Sequence[Path], scan: bool, full: bool = False,
 
 
 # log causes that are a problem even in a chunk that ended well or still runs
-_ALWAYS = ("nonfinite", "gpu_oom", "disk_full", "collective_timeout")
+_ALWAYS = ("nonfinite", "disk_full", "collective_timeout")  # (a GPU OOM may be recovered)
+
+
+_SIGNALS = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL",
+            11: "SIGSEGV", 15: "SIGTERM"}
+_CRASHES = {4, 6, 7, 8, 11}
+
+
+def _signal_of(exit_code: str) -> int | None:
+    """The signal that ended a step: sacct's 'CODE:SIGNAL', or a shell's 128+N."""
+    code, _, sig = exit_code.partition(":")
+    if sig.isdigit() and int(sig) > 0:
+        return int(sig)
+    if code.isdigit() and 128 < int(code) < 160:
+        return int(code) - 128
+    return None
+
+
+def _state_detail(state: str, exit_code: str) -> str:
+    return f"Slurm state {state}" + (f", exit {exit_code}" if exit_code else "")
 
 
 def _chunk_findings(chain: Chain, c: Mapping[str, Any], logs: Sequence[Path],
@@ -705,9 +787,11 @@ def _chunk_findings(chain: Chain, c: Mapping[str, Any], logs: Sequence[Path],
     number, job_id = c["chunk"], c["job_id"]
     events = list(c.get("events") or [])
     state = str(c.get("state") or "UNKNOWN")
+    exit_code = _exit_code(c) or ""
     failed = _chunk_failed(c, events)
     ended_early = failed or state == "CANCELLED" or contract.EV_TERMINATED in events
     hits_all = _scan_chunk(logs, scan, full, notes) if (scan or failed) else {}
+    err = next((p for p in logs if p.suffix == ".err"), None)
     out: list[Finding] = []
     # Slurm's own verdict first: it is certain
     state_cause = _STATE_CAUSES.get(state)
@@ -720,19 +804,35 @@ def _chunk_findings(chain: Chain, c: Mapping[str, Any], logs: Sequence[Path],
                 break
     if state_cause is not None:
         out.append(_finding(chain, state_cause, number, job_id, hits_all.pop(state_cause, None),
-                            f"Slurm state {state}, exit {_exit_code(c) or '?'}"))
+                            _state_detail(state, exit_code)))
     if state == "PENDING" and "DependencyNeverSatisfied" in str(c.get("reason") or ""):
         out.append(_finding(chain, "dependency_never", number, job_id,
                             detail=f"squeue reason {c.get('reason')}"))
-    exit_code = _exit_code(c) or ""
-    if failed and exit_code.split(":")[0] == "137" and "host_oom" not in hits_all \
-            and state_cause != "host_oom":
+    sig = _signal_of(exit_code) if failed else None
+    if sig == 9 and "host_oom" not in hits_all and state_cause != "host_oom":
         out.append(_finding(chain, "sigkill", number, job_id, detail=(
-            "exit code 137: the step was killed with SIGKILL")))
-    for cause in _LOG_PRIORITY:
+            f"exit code {exit_code}: the step was killed with SIGKILL")))
+    elif sig in _CRASHES:
+        out.append(_finding(chain, "native_crash", number, job_id, detail=(
+            f"exit code {exit_code}: the step died of {_SIGNALS[sig]}")))
+    # the last exception of a failed chunk is what ended it: its cause leads the log's
+    exc = last_exception(err) if failed and err is not None else None
+    lead = scan_lines(Path(exc.file), [(exc.line, exc.text)]) if exc is not None else {}
+    order = [c for c in _LOG_PRIORITY if c in lead] + [
+        c for c in _LOG_PRIORITY if c not in lead]
+    if exc is not None and not lead:
+        f = _finding(chain, "python_error", number, job_id, detail=exc.text)
+        f.evidence = [exc]
+        out.append(f)
+    for cause in order:
         hits = hits_all.get(cause)
+        if hits is None and cause in lead:
+            hits = lead[cause]
         if hits is None or (cause == "train_error" and out):
             continue
+        if cause in lead and exc is not None and all(e.line != exc.line for e in
+                                                     hits.evidence()):
+            hits.add(exc)  # the deciding line is always shown
         if cause == "rendezvous":
             partial = _rendezvous_partial(hits)
             if partial and (ended_early or "clients joined" in partial):
@@ -744,18 +844,15 @@ def _chunk_findings(chain: Chain, c: Mapping[str, Any], logs: Sequence[Path],
         if ended_early or cause in _ALWAYS:
             out.append(_finding(chain, cause, number, job_id, hits))
     if failed and not out:
-        err = next((p for p in logs if p.suffix == ".err"), None)
-        exc = last_exception(err) if err is not None else None
-        if exc is not None:
-            f = _finding(chain, "python_error", number, job_id, detail=exc.text)
-            f.evidence = [exc]
-        else:
-            f = _finding(chain, "failed", number, job_id,
-                         detail=f"Slurm state {state}, exit {exit_code or '?'}")
-            f.cause = "unknown"
-            if err is not None:
-                f.evidence = [Evidence(str(err), n or 0, line[:MAX_LINE])
-                              for n, line in read_tail(err)[-10:]]
+        f = _finding(chain, "failed", number, job_id, detail=_state_detail(state, exit_code))
+        f.cause = "unknown"
+        tail = read_tail(err)[-6:] if err is not None else []
+        f.evidence = [Evidence(str(err), n or 0, _excerpt(line, 0)) for n, line in tail]
+        if not tail:
+            f.fix = ("no error log was written: the job failed before its shell ran "
+                     "(`sacct -j JOBID` or `scontrol show job JOBID` says why; a log folder "
+                     "the compute nodes cannot write is a common cause)").replace(
+                         "JOBID", str(job_id))
         out.append(f)
     return out
 
@@ -785,15 +882,31 @@ def idle_gpus(chain: Chain) -> list[Finding]:
     return out
 
 
+def ask_slurm(ids: Sequence[str]) -> tuple[dict[str, dict[str, Any]], str]:
+    """The jobs' states, or none and why: without Slurm (a login node where it does not
+    answer, a copy of the run elsewhere) the chain's events and logs still tell most."""
+    from train.slurm import scheduler
+
+    try:
+        return scheduler.job_states(list(ids)), ""
+    except TrainError as exc:
+        return {}, (f"Slurm could not be asked ({first_line(exc)}): the states come from "
+                    "the chain's own events")
+
+
 def diagnose(chain: Chain, status: Mapping[str, Any] | None = None, *, scan: bool = True,
              full: bool = False) -> Report:
     """Everything `train doctor` says about one chain. `status`: chain_status's answer
     (asked here when not given); `scan`: read every log whole, streamed (False: only the
     end of failed chunks' error logs, for `train status --all`)."""
-    st = dict(status) if status is not None else chain_status(chain)
+    notes: list[str] = []
+    if status is None:
+        states, note = ask_slurm(chain.ids)
+        notes += [note] if note else []
+        status = chain_status(chain, states)
+    st = dict(status)
     findings: list[Finding] = []
     chunks_out = []
-    notes: list[str] = []
     events = _events(chain)
     # `train cancel` records its event first: such a chain ended as its owner asked
     cancelled_by_us = any(e["event"] == contract.EV_CANCELLED for e in events)
@@ -817,7 +930,11 @@ def diagnose(chain: Chain, status: Mapping[str, Any] | None = None, *, scan: boo
             "logs": [str(p) for p in logs],
             "what": _what_happened(str(c.get("state")), c.get("events") or [], c),
             "causes": [f.cause for f in found]})
-    findings += idle_gpus(chain)  # a finished run's idle hours were still spent
+    if scan:  # (the table asks the watch's summary instead: it reads only files' ends)
+        findings += idle_gpus(chain)  # a finished run's idle hours were still spent
+    if not st.get("chunks"):
+        findings.append(_finding(chain, "no_jobs", None, None,
+                                 detail=f"{contract.CHAIN_IDS} lists no job"))
     if not findings and st.get("state") in ("failed", "stalled", "held"):
         findings.append(Finding("unknown", f"the chain is {st.get('state')}",
                                 "see `train status` and `train logs`",
@@ -830,14 +947,8 @@ def diagnose(chain: Chain, status: Mapping[str, Any] | None = None, *, scan: boo
 
 def _events(chain: Chain) -> list[dict[str, Any]]:
     """The chain's events (the end of the file: a line per event, so 256 KiB is years)."""
-    try:
-        with open(chain.run_dir / contract.CHAIN_EVENTS, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 262144))
-            tail = fh.read().decode("utf-8", "replace")
-    except OSError:
-        return []
-    return parse_events(tail)
+    tail = read_bounded(chain.run_dir / contract.CHAIN_EVENTS, 262144, tail=True)
+    return parse_events((tail or b"").decode("utf-8", "replace"))
 
 
 def _what_happened(state: str, events: Sequence[str], chunk: Mapping[str, Any]) -> str:
@@ -860,24 +971,34 @@ def _what_happened(state: str, events: Sequence[str], chunk: Mapping[str, Any]) 
     return f"ended {state}" if state != "UNKNOWN" else "state unknown to Slurm"
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def clean(text: object) -> str:
+    """Text for a terminal: control characters (escape sequences, carriage returns, line
+    breaks) written as \\xNN, so a log line or a run's name cannot rewrite the screen."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
 def format_report(report: Report) -> list[str]:
+    """The report as text; every line through clean() (logs and names are anyone's)."""
     lines = [f"{report.name}: {report.state}  {report.run_dir}", f"  {report.cause}"]
     for c in report.chunks:
         lines.append(f"  chunk {c['chunk']} (job {c['job_id']}): {c['what']}")
     lines += [f"  note: {n}" for n in report.notes]
     if report.healthy:
         lines.append("  no problem found")
-        return lines
+        return [clean(line) for line in lines]
     for f in report.findings:
         where = f"chunk {f.chunk}, job {f.job_id}: " if f.chunk is not None else ""
         lines.append(f"cause: {where}{f.title} [{f.cause}]")
         if f.detail:
             lines.append(f"  {f.detail}")
-        for ev in f.evidence[:6]:
+        for ev in f.evidence:
             at = f"{ev.file}:{ev.line}" if ev.line else ev.file
             lines.append(f"  evidence: {at}: {ev.text}")
         lines.append(f"  fix: {f.fix}")
-    return lines
+    return [clean(line) for line in lines]
 
 
 def resolve(ref: str | None, runs_root: Path) -> Chain:
@@ -890,29 +1011,14 @@ def resolve(ref: str | None, runs_root: Path) -> Chain:
     return load_chain(run_dir)
 
 
-def reports(chains: Iterable[Chain]) -> list[Report]:
-    return [diagnose(chain) for chain in chains]
-
-
 # -- every run at once (`train status --all`) -------------------------------------------
-def _gpu_cell(run_dir: Path) -> dict[str, Any]:
-    """Mean and latest GPU utilisation per node from the watch's files (none: {})."""
-    try:
-        from train.runtime import gpuwatch
-    except ImportError:  # pragma: no cover - part of the package
-        return {}
-    try:
-        return dict(gpuwatch.summary(run_dir))
-    except (OSError, ValueError):
-        return {}
-
-
 def overview(runs_root: Path) -> list[dict[str, Any]]:
     """One row per run under runs_root: state, progress, GPU utilisation and the doctor's
     one-line verdict. Slurm is asked once for every run's jobs; the logs are not scanned
     (only the end of a failed chunk's error log is read)."""
-    from train.slurm.scheduler import job_states
-
+    if not runs_root.is_dir():
+        raise UsageError(f"runs: {runs_root} is not a directory (give --runs the directory "
+                         "that holds the runs)")
     chains: list[Chain | tuple[Path, str]] = []
     for run_dir in chain_dirs(runs_root):
         try:
@@ -920,7 +1026,7 @@ def overview(runs_root: Path) -> list[dict[str, Any]]:
         except UsageError as exc:  # one broken record does not hide the others
             chains.append((run_dir, str(exc)))
     ids = [i for c in chains if isinstance(c, Chain) for i in c.ids]
-    states = job_states(ids)
+    states, note = ask_slurm(ids)
     rows: list[dict[str, Any]] = []
     for c in chains:
         if not isinstance(c, Chain):
@@ -930,9 +1036,15 @@ def overview(runs_root: Path) -> list[dict[str, Any]]:
             continue
         st = chain_status(c, states)
         report = diagnose(c, st, scan=False)
+        gpu = st.get("gpu") or {}
+        verdict = report.verdict
+        idle = [str(n) for n, g in sorted(gpu.items()) if isinstance(g, dict) and g.get("idle")]
+        if idle and report.healthy:  # the table's idle check: the watch's own summary
+            verdict = f"idle_gpu: GPUs idle now on {', '.join(idle)}"
         rows.append({"name": st["name"], "run_dir": str(c.run_dir), "state": st["state"],
-                     "done": st["done"], "total": st["total"], "gpu": _gpu_cell(c.run_dir),
-                     "verdict": report.verdict, "healthy": report.healthy})
+                     "done": st["done"], "total": st["total"], "gpu": gpu,
+                     "verdict": verdict, "healthy": report.healthy and not idle,
+                     "slurm": note or None})
     return rows
 
 
@@ -954,8 +1066,8 @@ def format_overview(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         done, total = r.get("done"), r.get("total")
         progress = f"{done}/{total} ({100 * done // total}%)" if isinstance(done, int) \
             and isinstance(total, int) and total > 0 else "-"
-        table.append((str(r["name"]), str(r["state"]), progress, _gpu_text(r.get("gpu") or {}),
-                      str(r["verdict"])))
+        table.append((clean(r["name"]), clean(r["state"]), progress,
+                      clean(_gpu_text(r.get("gpu") or {})), clean(r["verdict"])))
     widths = [max(len(row[i]) for row in table) for i in range(4)]
     return [" ".join(cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True))
             + " " + row[4] for row in table]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -39,3 +40,31 @@ def write_json_atomic(path: Path, data: Any) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)  # a full disk or a bad value leaves the old file only
         raise
+
+
+def read_bounded(path: Path, limit: int, *, tail: bool = False) -> bytes | None:
+    """At most `limit` bytes of a regular file (its last ones with `tail`); None for what
+    is missing or not a regular file. Never blocks on a FIFO, never reads a device: the
+    files of a run directory are anyone's to replace (a FIFO, a link to /dev/zero)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        if tail and info.st_size > limit:
+            os.lseek(fd, info.st_size - limit, os.SEEK_SET)
+        chunks, left = [], limit
+        while left > 0:
+            block = os.read(fd, min(left, 1 << 20))
+            if not block:
+                break
+            chunks.append(block)
+            left -= len(block)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

@@ -204,11 +204,33 @@ def test_tasks_that_do_not_match_the_gpus_are_named(tmp_path: Path) -> None:
 
 
 def test_an_unknown_failure_shows_the_exit_code_and_the_tail(tmp_path: Path) -> None:
-    err = "".join(f"noise {i}\n" for i in range(30)) + "segfault somewhere\n"
-    report = diagnose(tmp_path, err, status("FAILED", "139:0", ["started", "failed"]))
+    err = "".join(f"noise {i}\n" for i in range(30)) + "it went wrong somewhere\n"
+    report = diagnose(tmp_path, err, status("FAILED", "2:0", ["started", "failed"]))
     f = report.findings[0]
-    assert f.cause == "unknown" and "139" in f.detail
-    assert f.evidence[-1].text == "segfault somewhere" and f.evidence[-1].line == 31
+    assert f.cause == "unknown" and "2:0" in f.detail
+    assert f.evidence[-1].text == "it went wrong somewhere" and f.evidence[-1].line == 31
+    assert len(f.evidence) == 6  # the end of the log, all of it shown
+    assert all(line in doctor.format_report(report) for line in (
+        f"  evidence: {f.evidence[-1].file}:31: it went wrong somewhere",))
+
+
+@pytest.mark.parametrize(("exit_code", "cause"), [("139:0", "native_crash"),
+                                                  ("0:11", "native_crash"),
+                                                  ("0:9", "sigkill"), ("137:0", "sigkill")])
+def test_a_signal_names_the_death(tmp_path: Path, exit_code: str, cause: str) -> None:
+    """sacct's CODE:SIGNAL and a shell's 128+N: SIGSEGV is a crash in native code, SIGKILL
+    a kill (or the OOM killer)."""
+    report = diagnose(tmp_path, "srun: error: n1: task 0: Segmentation fault\n",
+                      status("FAILED", exit_code, ["started", "failed"]))
+    assert report.findings[0].cause == cause, report.verdict
+
+
+def test_no_error_log_says_where_to_look(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, {"r-101.out": ""})
+    report = doctor.diagnose(load_chain(run_dir), status("FAILED", "1:0"))
+    f = report.findings[0]
+    assert f.cause == "unknown" and "no error log was written" in f.fix
+    assert "sacct -j 101" in f.fix
 
 
 def test_a_python_error_is_quoted_from_the_end_of_the_log(tmp_path: Path) -> None:
@@ -410,8 +432,164 @@ def test_a_matched_line_of_any_length_costs_bounded_memory(tmp_path: Path) -> No
     path = tmp_path / "x.err"
     with open(path, "w") as fh:
         fh.write("ImportError: " + "x" * (3 << 20) + "\n")  # 3 MiB in one line
-        fh.write("12:34 DUE TO TIME LIMIT ***\n")  # digits and a colon after the long line
+        # digits and a colon, after the long line: its own line number, not a misread one
+        fh.write("12:34 slurmstepd: error: *** JOB 7 ON n1 CANCELLED AT 2026-11-22T10:00:00 "
+                 "DUE TO TIME LIMIT ***\n")
     hits = doctor.scan_log(path).hits
     [imp] = hits["import_error"].evidence()
-    assert imp.line == 1 and len(imp.text) <= doctor.MAX_LINE
+    assert imp.line == 1 and len(imp.text) <= doctor.MAX_LINE + 6  # and the "..."s
     assert [e.line for e in hits["walltime"].evidence()] == [2]
+
+
+# the hostile trial's misdiagnoses: ordinary words in a log never beat the real cause
+TRACEBACK = ("Traceback (most recent call last):\n  File \"fit.py\", line 9, in <module>\n"
+             "ValueError: bad shape (3, 4)\n")
+
+
+@pytest.mark.parametrize(("err", "out"), [
+    ("Warning: ImportError: apex not installed, using torch AMP\n" + TRACEBACK, ""),
+    (TRACEBACK, "reading /data/MemoryError_logs/x.json\n"),
+    (TRACEBACK, "the run will stop DUE TO TIME LIMIT of its budget\nnon-finite grads "
+     "skipped: 0\n/data/OutOfMemoryError_benchmark/a.bin\n"),
+])
+def test_a_word_in_a_log_is_not_a_cause(tmp_path: Path, err: str, out: str) -> None:
+    report = diagnose(tmp_path, err, status("FAILED", "1:0", ["started", "failed"]), out=out)
+    assert [f.cause for f in report.findings] == ["python_error"], report.as_dict()
+    assert report.findings[0].detail == "ValueError: bad shape (3, 4)"
+
+
+def test_a_healthy_run_with_alarming_words_is_healthy(tmp_path: Path) -> None:
+    out = ("loading /data/OutOfMemoryError_benchmark/a.bin\nnon-finite grads skipped: 0\n"
+           "batch 512: CUDA out of memory, retrying with 256\n"  # a recovered search
+           "the run will stop DUE TO TIME LIMIT of its budget\n")
+    report = diagnose(tmp_path, "", status("COMPLETED", "0:0", ["started", "complete"],
+                                           chain_state="complete"), out=out)
+    assert report.healthy, report.as_dict()
+
+
+def test_a_scancelled_job_is_not_a_walltime_for_a_word(tmp_path: Path) -> None:
+    report = diagnose(tmp_path, "the run will stop DUE TO TIME LIMIT of its budget\n",
+                      status("CANCELLED", "0:15", ["started", "terminated"]))
+    assert [f.cause for f in report.findings] == ["cancelled"], report.verdict
+
+
+@pytest.mark.parametrize("line", [
+    "[rank1]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] "
+    "Connection closed by peer [10.0.0.2]:4432",
+    "1: ZeroDivisionError: division by zero",  # srun --label
+    "[1,0]<stderr>:KeyError: 'lr'",  # Open MPI
+])
+def test_a_rank_prefixed_exception_is_the_cause(tmp_path: Path, line: str) -> None:
+    report = diagnose(tmp_path, "start\n" + line + "\n", status("FAILED", "1:0"))
+    f = report.findings[0]
+    assert f.cause == "python_error" and f.evidence[0].line == 2, report.as_dict()
+
+
+def test_the_last_exception_leads_when_a_rule_knows_it(tmp_path: Path) -> None:
+    err = ("warning: [Errno 28] No space left on device (cache, ignored)\n"
+           "Traceback (most recent call last):\n"
+           "ModuleNotFoundError: No module named 'timm'\n")
+    report = diagnose(tmp_path, err, status("FAILED", "1:0", ["started", "failed"]))
+    assert [f.cause for f in report.findings] == ["import_error", "disk_full"]
+    assert report.findings[0].evidence[-1].line == 3
+
+
+def test_a_keyword_deep_in_a_long_json_line_is_found(tmp_path: Path) -> None:
+    line = '{"pad": "' + "x" * 3000 + '", "error": "[Errno 28] No space left on device"}'
+    report = diagnose(tmp_path, line + "\n", status("FAILED", "1:0"))
+    f = report.findings[0]
+    assert f.cause == "disk_full" and "No space left" in f.evidence[0].text
+    assert len(f.evidence[0].text) <= doctor.MAX_LINE + 6
+
+
+def test_control_characters_in_logs_and_names_are_escaped(tmp_path: Path) -> None:
+    err = "ImportError: \x1b]0;owned\x07\x1b[2J cleared\r\n"
+    run_dir = make_run(tmp_path, {"r-101.err": err}, name="r")
+    record = json.loads((run_dir / contract.CHAIN_RECORD).read_text())
+    record["name"] = "r\x1b[2J\nok  complete"
+    (run_dir / contract.CHAIN_RECORD).write_text(json.dumps(record))
+    report = doctor.diagnose(load_chain(run_dir), status("FAILED", "1:0"))
+    text = "\n".join(doctor.format_report(report))
+    assert "\x1b" not in text and "\x07" not in text and "\r" not in text
+    assert "\\x1b" in text
+    table = "\n".join(doctor.format_overview([{"name": record["name"], "state": "failed",
+                                               "done": 1, "total": 2, "gpu": {},
+                                               "verdict": "x\x1by"}]))
+    assert "\x1b" not in table and len(table.splitlines()) == 2
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero"])
+def test_run_files_that_are_fifos_or_devices_never_hang(tmp_path: Path, kind: str) -> None:
+    """Every file of a run directory is read bounded and only when regular: a FIFO would
+    block a reader forever, a link to /dev/zero would fill memory."""
+    import os
+
+    run_dir = make_run(tmp_path, {"r-101.err": "[Errno 28] No space left on device\n"})
+    for name in (contract.CHAIN_EVENTS, contract.PROGRESS_FILE, "status.json"):
+        if kind == "fifo":
+            os.mkfifo(run_dir / name)
+        else:
+            (run_dir / name).symlink_to("/dev/zero")
+    st = status("FAILED", "1:0", ["started", "failed"])
+    report = doctor.diagnose(load_chain(run_dir), st)
+    assert report.findings[0].cause == "disk_full" and report.training == {}
+    (run_dir / contract.CHAIN_IDS).unlink()
+    if kind == "fifo":
+        os.mkfifo(run_dir / contract.CHAIN_IDS)
+    else:
+        (run_dir / contract.CHAIN_IDS).symlink_to("/dev/zero")
+    assert load_chain(run_dir).chunks == []
+    other = tmp_path / "other"
+    other.mkdir()
+    if kind == "fifo":
+        os.mkfifo(other / contract.CHAIN_RECORD)
+    else:
+        (other / contract.CHAIN_RECORD).symlink_to("/dev/zero")
+    from train.slurm.scheduler import chain_dirs
+
+    assert other not in chain_dirs(tmp_path)
+
+
+def test_without_slurm_the_events_still_diagnose(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """squeue and sacct unreachable: a note says so, and the chain's events decide."""
+    from train.errors import ResourceError
+    from train.slurm import scheduler
+
+    def no_slurm(ids: list[str]) -> dict[str, Any]:
+        raise ResourceError("cannot reach Slurm: squeue: connection refused")
+
+    monkeypatch.setattr(scheduler, "job_states", no_slurm)
+    run_dir = make_run(tmp_path, {"r-101.err": TRACEBACK})
+    (run_dir / contract.CHAIN_EVENTS).write_text(
+        "1795000000 1 101 started 0 0 40\n1795000100 1 101 failed 1\n")
+    report = doctor.diagnose(load_chain(run_dir))
+    assert report.findings[0].cause == "python_error", report.as_dict()
+    assert any("Slurm could not be asked" in n for n in report.notes)
+    rows = doctor.overview(tmp_path)
+    assert rows[0]["verdict"].startswith("python_error") and rows[0]["slurm"]
+
+
+def test_a_chain_with_no_jobs_is_a_finding(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, {})
+    (run_dir / contract.CHAIN_IDS).unlink()
+    (run_dir / contract.CHAIN_IDS).mkdir()
+    report = doctor.diagnose(load_chain(run_dir), {"name": "r", "state": "ended",
+                                                   "cause": "-", "chunks": []})
+    assert [f.cause for f in report.findings] == ["no_jobs"]
+
+
+def test_status_all_on_a_runs_root_that_is_not_a_folder_is_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    for root in (tmp_path / "missing", tmp_path / "file"):
+        proc = run_cli(["status", "--all", "--runs", str(root)])
+        assert proc.returncode == 2 and "runs: " in proc.stderr, proc.stderr
+
+
+def test_json_output_stays_strict_json(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, {"r-101.out": ""})
+    (run_dir / "status.json").write_text('{"complete": false, "loss": NaN}')
+    report = doctor.diagnose(load_chain(run_dir), status("RUNNING", None,
+                                                         chain_state="running"))
+    text = json.dumps(report.as_dict(), allow_nan=False)  # raises on NaN
+    assert json.loads(text)["training"] == {"complete": False, "loss": None}

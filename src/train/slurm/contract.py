@@ -87,10 +87,12 @@ def write_progress(run_dir: Path, done: int, total: int) -> None:
 
 
 def read_progress(run_dir: Path) -> tuple[int, int] | None:
+    from train.jsonio import read_bounded  # (light: json, os)
+
+    data = read_bounded(run_dir / PROGRESS_FILE, 64)  # "DONE TOTAL\n"; no FIFO, no device
     try:
-        with open(run_dir / PROGRESS_FILE, "rb") as fh:
-            parts = fh.read(64).decode("ascii").split()  # "DONE TOTAL\n"
-    except (OSError, UnicodeDecodeError):
+        parts = (data or b"").decode("ascii").split()
+    except UnicodeDecodeError:
         return None
     # ASCII digits only (str.isdigit takes '²', which int() refuses), short enough for int
     if len(parts) != 2 or not all(p.isascii() and p.isdigit() and len(p) <= 18

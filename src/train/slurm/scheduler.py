@@ -22,7 +22,7 @@ from typing import Any
 
 from train import _proc
 from train.errors import ResourceError, TrainError, UsageError
-from train.jsonio import write_json_atomic
+from train.jsonio import read_bounded, write_json_atomic
 from train.slurm import contract
 from train.slurm.job import ResolvedJob
 from train.slurm.render import render
@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 ACTIVE_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING",
                  "SUSPENDED", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT"}
 _ACCOUNTING_OFF = "accounting storage is disabled"
+RECORD_LIMIT = 1 << 20  # chain.json and chain.ids: a few KiB when train submit writes them
+EVENTS_LIMIT = 1 << 20  # the end of chain.events that status reads
+QUERY_BATCH = 1000  # job ids per squeue/sacct call (19 bytes each, far under ARG_MAX)
 
 
 class SchedulerError(TrainError):
@@ -120,6 +123,11 @@ def job_states(ids: Sequence[str]) -> dict[str, dict[str, Any]]:
     job completion log (`sacct -c`) where accounting storage is disabled."""
     if not ids:
         return {}
+    if len(ids) > QUERY_BATCH:  # argv has a size limit (E2BIG): ask in batches
+        out: dict[str, dict[str, Any]] = {}
+        for at in range(0, len(ids), QUERY_BATCH):
+            out.update(job_states(ids[at:at + QUERY_BATCH]))
+        return out
     states: dict[str, dict[str, Any]] = {}
     squeue_error = ""
     try:
@@ -200,21 +208,26 @@ class Chain:
 
 def load_chain(run_dir: Path) -> Chain:
     path = run_dir / contract.CHAIN_RECORD
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except OSError:
+    data = read_bounded(path, RECORD_LIMIT + 1)  # never a FIFO, a device or a huge file
+    if data is None:
         raise UsageError(f"run: no chain recorded in {run_dir} (no "
-                         f"{contract.CHAIN_RECORD})") from None
+                         f"{contract.CHAIN_RECORD}, or it is not a regular file)")
+    if len(data) > RECORD_LIMIT:
+        raise UsageError(f"run: {path} is over {RECORD_LIMIT >> 20} MiB: not a chain record")
+    try:
+        record = json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested too deep
         raise UsageError(f"run: {path} is not valid JSON ({str(exc)[:120]}); it was not "
                          "written by `train submit`, or was cut short") from None
     if not isinstance(record, dict) or not isinstance(record.get("name"), str):
         raise UsageError(f"run: {path} does not hold a chain record")
-    try:
-        ids = (run_dir / contract.CHAIN_IDS).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        ids = ""
-    return Chain(run_dir, record, parse_ids(ids))
+    return Chain(run_dir, record, parse_ids(_read_text(run_dir / contract.CHAIN_IDS)))
+
+
+def _read_text(path: Path, limit: int = RECORD_LIMIT, tail: bool = False) -> str:
+    """A run file's text, bounded ('' for what is missing or not a regular file)."""
+    data = read_bounded(path, limit, tail=tail)
+    return "" if data is None else data.decode("utf-8", "replace")
 
 
 def _is_file(path: Path) -> bool:
@@ -231,9 +244,10 @@ def chain_dirs(runs_root: Path) -> list[Path]:
     try:
         if not runs_root.is_dir():
             return []
-        found = [p.parent for p in runs_root.glob(f"*/{contract.CHAIN_RECORD}")]
+        found = [p.parent for p in runs_root.glob(f"*/{contract.CHAIN_RECORD}")
+                 if _is_file(p)]
         found += [p.parent for p in runs_root.glob(f"*/*/{contract.CHAIN_RECORD}")
-                  if _is_file(p.parent.parent / contract.SWEEP_RECORD)]
+                  if _is_file(p) and _is_file(p.parent.parent / contract.SWEEP_RECORD)]
     except OSError:  # a name too long, a folder that cannot be listed
         return []
     return sorted(found)
@@ -248,11 +262,7 @@ def find_run(ref: str, runs_root: Path) -> Path:
         return direct
     if _is_number(ref):
         for run_dir in chain_dirs(runs_root):
-            try:
-                text = (run_dir / contract.CHAIN_IDS).read_text(encoding="utf-8",
-                                                                errors="replace")
-            except OSError:
-                continue
+            text = _read_text(run_dir / contract.CHAIN_IDS)
             if ref in [job_id for _, job_id in parse_ids(text)]:
                 return run_dir
     known = [p.name for p in chain_dirs(runs_root)]
@@ -516,11 +526,8 @@ def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
     `states`: the jobs' states when already asked for (one query for many chains)."""
     if states is None:
         states = job_states(chain.ids)
-    events_path = chain.run_dir / contract.CHAIN_EVENTS
-    try:
-        text = events_path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        text = ""
+    # the end of the events: a few lines a chunk, so 1 MiB is thousands of chunks
+    text = _read_text(chain.run_dir / contract.CHAIN_EVENTS, EVENTS_LIMIT, tail=True)
     chunk_ids = set(chain.ids)
     events = [e for e in parse_events(text) if e["job_id"] in chunk_ids]
     chunks = []
