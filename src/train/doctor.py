@@ -521,9 +521,13 @@ def _fix_host_oom(chain: Chain, _hits: Hits | None) -> str:
     per_worker, mem = _int(res.get("worker_mem_mb")), _int(res.get("mem_mb"))
     if procs and workers and per_worker and mem:
         used = procs * workers * per_worker
+        if 2 * used <= mem:  # the workers are not what filled it
+            return (f"more --mem: the DataLoader workers take about {_gib(used)} ({procs} "
+                    f"processes x {workers} x {_gib(per_worker)}) of the job's {_gib(mem)}, "
+                    "so the model, the replay buffer or the dataset in memory took the rest")
         fit = max(0, (mem * 3 // 4) // (procs * per_worker))
         return (f"--workers {min(fit, workers - 1)}: {procs} processes x {workers} workers x "
-                f"{_gib(per_worker)} = {_gib(used)} of the node's {_gib(mem)} (with the "
+                f"{_gib(per_worker)} = {_gib(used)} of the job's {_gib(mem)} (with the "
                 "model, the replay or the dataset on top); or more --mem")
     return ("fewer DataLoader workers (--workers) or more host memory (--mem); "
             "`train launch` caps the workers by memory when --worker-mem says what one "

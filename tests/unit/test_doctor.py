@@ -162,6 +162,13 @@ def test_exit_137_without_a_message_is_a_sigkill_that_points_at_memory(
     assert f.cause == "sigkill" and "137" in f.detail and "--workers" in f.fix
 
 
+def test_host_memory_fix_blames_workers_only_when_they_filled_it(tmp_path: Path) -> None:
+    res = {**RESOURCES, "workers": 1, "worker_mem_mb": 2048, "mem_mb": 65536}
+    report = diagnose(tmp_path, CASES[0][3], status("OUT_OF_MEMORY", "0:125"),
+                      resources=res)
+    assert report.findings[0].fix.startswith("more --mem"), report.findings[0].fix
+
+
 def test_a_python_memory_error_is_host_memory(tmp_path: Path) -> None:
     report = diagnose(tmp_path, "Traceback (most recent call last):\nMemoryError\n",
                       status("FAILED", "1:0", ["started", "failed"]))
