@@ -55,7 +55,8 @@ def tests(session: nox.Session) -> None:
     # test_client_install.py) installs the package's base dependencies from these wheels
     session.run("python", "-m", "pip", "download", "--quiet", "--only-binary=:all:",
                 "--no-build-isolation", *CONSTRAINTS, "-d", str(CLIENT_WHEELS), str(ROOT))
-    session.run("pytest", *session.posargs,
+    # the slowest tests are listed at the end: CI's time budget is watched from there
+    session.run("pytest", "--durations=25", *session.posargs,
                 env={"OMP_NUM_THREADS": "1", "TRAIN_TEST_WHEELS": str(CLIENT_WHEELS)})
 
 
