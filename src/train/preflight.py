@@ -5,7 +5,8 @@ enough), the image opens, the account is one of the user's (the site's own comma
 profile, else sacctmgr), the runs root is writable and on a file system the compute nodes
 share, and the image's CUDA build suits the nodes' NVIDIA driver where the profile records it.
 A check that cannot know says so (SKIP) and never fails on not knowing; a warning (WARN) is a
-pass with a fix. Every outside command goes through `run` (default: `train._proc.run`) with a
+pass with a fix. Every outside command goes through `run` (default: `run_command`, which runs
+it in a process group of its own and kills the whole group when it times out) with a
 timeout, found on `environ`'s PATH; the mount table is read from `mounts`: tests inject all.
 Bad input (an unknown runtime, partition or constraint, an unusable account name or path)
 raises ConfigError naming the field; everything else is a check's result.
@@ -13,11 +14,15 @@ raises ConfigError naming the field; everything else is a check's result.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import pwd
 import re
 import shutil
+import signal
+import stat
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -62,6 +67,10 @@ VOLATILE_FS = frozenset({"tmpfs", "ramfs", "devtmpfs", "overlay", "overlayfs", "
 TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")  # noqa: S108  (names compared, never used)
 
 _ACCOUNT_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,127}")
+# `--version` of SingularityCE ("singularity-ce version 3.11.4", "SingularityCE version
+# 4.1") or of Singularity before the split ("singularity version 3.8.7"); Apptainer says
+# "apptainer version 1.3.4"
+_SINGULARITY_RE = re.compile(r"\bsingularity", re.IGNORECASE)
 _SIF_MAGIC = b"SIF_MAGIC"  # sylabs/sif: after the 32-byte launch line
 _SQUASHFS_MAGIC = (b"hsqs", b"sqsh")  # Singularity 2.x images: a bare squashfs
 
@@ -131,10 +140,56 @@ def checks_json(checks: Sequence[Check]) -> dict[str, Any]:
                         "fix": c.fix} for c in checks]}
 
 
+def run_command(argv: Sequence[str], *, timeout: float = 60.0,
+                check: bool = True) -> subprocess.CompletedProcess[str]:
+    """`train._proc.run` for commands that may hang (a site's apptainer, docker, account
+    tool): argv runs as the leader of a new session, and on a timeout the whole process
+    group is killed, not only argv's process (a script's `sleep` child holds its output
+    open and would live on). Output is decoded as UTF-8 with replacement. Raises ProcError
+    like `_proc.run`: 127 not found, 126 not startable, 124 timed out, the exit code where
+    `check` and it failed."""
+    try:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+    except FileNotFoundError:
+        raise _proc.ProcError(argv, 127, f"{argv[0]}: command not found") from None
+    except OSError as exc:  # E2BIG, EACCES, ...
+        raise _proc.ProcError(argv, 126, f"{argv[0]} could not be started: {exc}") from None
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        raise _proc.ProcError(argv, 124, f"timed out after {timeout:g} s") from None
+    finally:
+        if proc.returncode is None:  # an exception other than the timeout: no orphans
+            _kill_group(proc)
+    result = subprocess.CompletedProcess(list(argv), proc.returncode,
+                                         out.decode("utf-8", errors="replace"),
+                                         err.decode("utf-8", errors="replace"))
+    if check and result.returncode != 0:
+        raise _proc.ProcError(argv, result.returncode, result.stderr)
+    return result
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL to proc's process group (it leads it: start_new_session), then reap it. Its
+    pid is not reaped before the kill, so the group id cannot have been reused."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        proc.kill()
+    # a grandchild that left the group (setsid) may still hold the pipes: do not wait on it
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
+    proc.wait()
+
+
 def run_preflight(profile: Profile, *, image: str | Path | None, account: str | None,
                   runs_root: Path, partition_or_constraint: str | None,
                   runtime: str = "auto", environ: Mapping[str, str] | None = None,
-                  run: Runner = _proc.run, mounts: Path = MOUNTS) -> list[Check]:
+                  run: Runner = run_command, mounts: Path = MOUNTS) -> list[Check]:
     """The five checks for jobs of `profile`, in order: container runtime, image, account,
     runs root, CUDA vs driver.
 
@@ -273,6 +328,15 @@ def _check_runtime(chosen: str, asked: str, profile: Profile, environ: Mapping[s
                      "should print its version); " + _module_fix(profile)), None
     text = _tail(out or err)
     loads = f"; jobs run `{'; '.join(profile.modules)}` first" if profile.modules else ""
+    if _SINGULARITY_RE.search(text):
+        return Check(RUNTIME, False, f"{binary} is not Apptainer: `{Path(binary).name} "
+                     f"--version` says {text!r} (SingularityCE or Singularity, whose version "
+                     "numbers are not Apptainer's); jobs run `apptainer exec` and the images "
+                     f"need Apptainer >= {_dotted(MIN_APPTAINER)}",
+                     ("put Apptainer first on PATH: " + _module_fix(profile))
+                     if profile.modules else
+                     "put Apptainer >= 1.2.0 first on PATH (not a link to singularity), or "
+                     "ask the site's support for it"), None
     version = _version(text)
     if version is None:
         return Check(RUNTIME, True, f"{binary}: {text!r} (version not recognised; images need "
@@ -460,8 +524,23 @@ def _user(environ: Mapping[str, str]) -> str | None:
         return None
 
 
-def _words(text: str) -> set[str]:
-    return {w for w in re.split(r"[\s|,;:()\[\]\"']+", text.lower()) if w}
+def _first_fields(text: str) -> list[str]:
+    """The first field of every line, lower-cased (fields separated by whitespace or '|')."""
+    out = []
+    for line in text.lower().splitlines():
+        fields = [f for f in re.split(r"[\s|]+", line) if f]
+        if fields:
+            out.append(fields[0])
+    return out
+
+
+def listed_accounts(text: str) -> set[str]:
+    """What a site's account command lists, lower-cased: the first field of every line
+    (fields separated by whitespace or '|': slist's and allocations' tables, sacctmgr -nP,
+    one name a line), and every whole line. A word elsewhere in a line ("denied: acct is
+    suspended", "some other text") is no listing."""
+    return {*_first_fields(text),
+            *(line.strip() for line in text.lower().splitlines() if line.strip())}
 
 
 def _check_account(profile: Profile, account: str | None, environ: Mapping[str, str],
@@ -485,7 +564,7 @@ def _check_account(profile: Profile, account: str | None, environ: Mapping[str, 
             code, out, err = _run(run, [binary, *command[1:]], _ACCOUNTS_TIMEOUT)
             if code != 0:
                 notes.append(f"`{label}` failed (exit {code}): {_tail(err or out, 1, 160)}")
-            elif account.lower() in _words(out):
+            elif account.lower() in listed_accounts(out):
                 return Check(ACCOUNT, True, f"{account} is listed by `{label}`")
             else:
                 not_listed = f"`{label}` does not list {account}"
@@ -498,7 +577,7 @@ def _check_account(profile: Profile, account: str | None, environ: Mapping[str, 
     else:
         code, out, err = _run(run, [sacctmgr, "-nP", "show", "assoc", f"user={user}",
                                     "format=account"], _ACCOUNTS_TIMEOUT)
-        accounts = sorted({line.strip().lower() for line in out.splitlines() if line.strip()})
+        accounts = sorted(set(_first_fields(out)))  # -nP: one account a line
         if code != 0:
             notes.append(f"sacctmgr failed (exit {code}): {_tail(err or out, 1, 160)}")
         elif not accounts:
@@ -597,18 +676,46 @@ def _try_write(directory: Path) -> str | None:
     return None
 
 
+def _unreachable(path: Path, where: Path, exc: OSError, elsewhere: str) -> Check:
+    if exc.errno == errno.ELOOP:
+        return Check(RUNS_ROOT, False, f"{path} cannot be reached: a loop of symbolic links "
+                     f"(at {where} or above it: {exc.strerror})",
+                     f"correct or remove the looping link (ls -l each part of {where}); or "
+                     f"choose another directory: {elsewhere}")
+    return Check(RUNS_ROOT, False, f"{path} cannot be reached: {exc.strerror or exc}",
+                 f"choose another directory: {elsewhere}")
+
+
 def _check_runs_root(root: Path, profile: Profile, mounts: Sequence[Mount]) -> Check:
     path = Path(os.path.abspath(os.path.expanduser(str(root))))
     scratch = profile.scratch_root
     elsewhere = (f"--runs DIR (and --out) under {scratch}/$USER" if scratch
                  else "--runs DIR (and --out) on a shared file system")
     existing = path
-    try:
-        while not existing.exists():
-            existing = existing.parent
-    except OSError as exc:
-        return Check(RUNS_ROOT, False, f"{path} cannot be reached: {exc.strerror or exc}",
-                     f"choose another directory: {elsewhere}")
+    while True:  # up to the nearest part that exists; no symbolic link may dangle on the way
+        try:
+            os.stat(existing)
+            break
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        except OSError as exc:
+            return _unreachable(path, existing, exc, elsewhere)
+        try:
+            link = stat.S_ISLNK(os.lstat(existing).st_mode)
+        except OSError:
+            link = False
+        if link:
+            try:
+                target = os.readlink(existing)
+            except OSError:
+                target = "?"
+            return Check(RUNS_ROOT, False, f"{path} cannot be created: {existing} is a "
+                         f"symbolic link to {target}, which does not exist",
+                         f"create the link's target (mkdir -p {target}) or remove the link "
+                         f"(rm {existing}); or choose another directory: {elsewhere}")
+        if existing.parent == existing:
+            break
+        existing = existing.parent
     if existing != path and not existing.is_dir():
         return Check(RUNS_ROOT, False, f"{path} cannot be created: {existing} is a file",
                      f"choose another directory: {elsewhere}")

@@ -142,7 +142,7 @@ def test_one_line_per_gpu_per_sample_with_a_header_once(tmp_path: Path) -> None:
         ("0", "30", "1000", "81920"), ("1", "70", "1001", "81920")]
     times = [float(r[0]) for r in rows]
     assert times[0] == times[1] and times[2] - times[0] == 30  # one time per sample
-    assert nvml.calls == ["init", "shutdown"]
+    assert nvml.calls == ["init"]  # never nvmlShutdown: it can hang, the process ends
     # the next chunk of the chain appends to the same file, without a second header
     assert _watch(FakeNvml({0: [5], 1: [5]}), tmp_path, 2) == 0
     text = path.read_text()
@@ -220,14 +220,201 @@ def test_no_driver_or_no_gpu_is_a_quiet_exit_0(tmp_path: Path,
     assert "Driver Not Loaded" in caplog.records[0].getMessage()
 
 
-def test_a_gpu_that_cannot_be_read_is_left_out(tmp_path: Path,
-                                               caplog: pytest.LogCaptureFixture) -> None:
+def _messages(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if text in r.getMessage()]
+
+
+def test_a_gpu_that_never_reads_is_given_up_after_max_failures(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="train.gpuwatch")
-    assert _watch(FakeNvml({0: [40], 1: [40]}, broken=(1,)), tmp_path, 3) == 0
-    assert {r[1] for r in _rows(csv_path(tmp_path, "gpu-a01"))} == {"0"}
-    assert sum("GPU 1 cannot be read" in r.getMessage() for r in caplog.records) == 1
-    # none readable: nothing to watch, exit 0
-    assert _watch(FakeNvml({0: [40]}, broken=(0,)), tmp_path, 3, node="mig") == 0
+    samples = gpuwatch.MAX_FAILURES + 5
+    assert _watch(FakeNvml({0: [40], 1: [40]}, broken=(1,)), tmp_path, samples) == 0
+    rows = _rows(csv_path(tmp_path, "gpu-a01"))
+    assert [r[1] for r in rows] == ["0"] * samples  # GPU 0 sampled throughout
+    assert len(_messages(caplog, "GPU 1 cannot be read")) == 1
+    gave_up = _messages(caplog, "no longer sampled")
+    assert len(gave_up) == 1 and f"GPU 1 gave no reading in {gpuwatch.MAX_FAILURES}" \
+        in gave_up[0]
+    # none readable: tried MAX_FAILURES times, then nothing to watch, exit 0
+    caplog.clear()
+    mig = FakeNvml({0: [40]}, broken=(0,))
+    calls: list[int] = []
+    real = mig.nvmlDeviceGetUtilizationRates
+    mig.nvmlDeviceGetUtilizationRates = lambda h: calls.append(h) or real(h)  # type: ignore
+    assert _watch(mig, tmp_path, 100, node="mig") == 0
+    assert len(calls) == gpuwatch.MAX_FAILURES
+    assert len(_messages(caplog, "GPU watch stopped: no GPU can be read")) == 1
+    assert _rows(csv_path(tmp_path, "mig")) == []
+
+
+class FlakyNvml(FakeNvml):
+    """Reads (handles, or utilisation) of some GPUs fail at the listed attempts only."""
+
+    def __init__(self, series: dict[int, list[int]], *, handle_fails: dict[int, set[int]]
+                 | None = None, read_fails: dict[int, set[int]] | None = None) -> None:
+        super().__init__(series)
+        self.handle_fails = handle_fails or {}
+        self.read_fails = read_fails or {}
+        self.handle_tries = dict.fromkeys(series, 0)
+        self.read_tries = dict.fromkeys(series, 0)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        self.handle_tries[i] += 1
+        if self.handle_tries[i] in self.handle_fails.get(i, set()):
+            raise NVMLError("GPU is lost")
+        return super().nvmlDeviceGetHandleByIndex(i)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
+        self.read_tries[handle] += 1
+        if self.read_tries[handle] in self.read_fails.get(handle, set()):
+            raise NVMLError("Unknown Error")
+        return super().nvmlDeviceGetUtilizationRates(handle)
+
+
+def _gpus_per_sample(path: Path) -> list[list[str]]:
+    by_time: dict[str, list[str]] = {}
+    for r in _rows(path):
+        by_time.setdefault(r[0], []).append(r[1])
+    return list(by_time.values())
+
+
+def test_a_transient_read_error_drops_a_gpu_for_that_sample_only(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="train.gpuwatch")
+    nvml = FlakyNvml({0: [40], 1: [60]}, read_fails={1: {2, 3}})
+    assert _watch(nvml, tmp_path, 5) == 0
+    assert _gpus_per_sample(csv_path(tmp_path, "gpu-a01")) == [
+        ["0", "1"], ["0"], ["0"], ["0", "1"], ["0", "1"]]
+    assert len(_messages(caplog, "GPU 1 cannot be read")) == 1
+    assert _messages(caplog, "no longer sampled") == []
+
+
+def test_a_handle_error_of_one_gpu_keeps_the_watch_on(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="train.gpuwatch")
+    nvml = FlakyNvml({0: [40], 1: [60]}, handle_fails={1: {1, 2}})
+    assert _watch(nvml, tmp_path, 4) == 0
+    assert _gpus_per_sample(csv_path(tmp_path, "gpu-a01")) == [
+        ["0"], ["0"], ["0", "1"], ["0", "1"]]
+    assert _messages(caplog, "lists no GPU") == []
+    assert len(_messages(caplog, "GPU 1 cannot be read")) == 1
+
+
+class OddNvml(FakeNvml):
+    """Utilisation and memory readings scripted per sample, whatever their type."""
+
+    def __init__(self, utils: list[Any], mems: list[tuple[Any, Any]]) -> None:
+        super().__init__({0: [0]})
+        self.utils, self.mems = utils, mems
+        self.k = 0
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
+        return SimpleNamespace(gpu=self.utils[min(self.k, len(self.utils) - 1)], memory=0)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
+        used, total = self.mems[min(self.k, len(self.mems) - 1)]
+        self.k += 1
+        return SimpleNamespace(used=used, total=total, free=0)
+
+
+GOOD_MEM = (1024 * MIB, 16384 * MIB)
+
+
+def test_impossible_readings_are_left_out_and_logged_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="train.gpuwatch")
+    utils: list[Any] = [42, -5, 1e300, 10**400, float("nan"), float("inf"), "42%", None,
+                        101, True, 7, 42, 42, 42, 42, 42]
+    mems = [GOOD_MEM] * 11 + [(-2**40, -1), (10**30, 10**30), (2 * MIB, MIB),
+                              (float("nan"), 1), GOOD_MEM]
+    nvml = OddNvml(utils, mems)
+    assert len(utils) == len(mems) == 16
+    assert _watch(nvml, tmp_path, len(utils), threshold=10, minutes=0.5) == 0
+    rows = _rows(csv_path(tmp_path, "gpu-a01"))
+    assert [(r[2], r[3], r[4]) for r in rows] == [
+        ("42", "1024", "16384"), ("7", "1024", "16384"), ("42", "1024", "16384")]
+    assert len(_messages(caplog, "cannot be true")) == 1
+    assert _warnings(caplog) == []  # -5 % was no idle sample
+    # a GPU that says -5 % all along: no idle warning, no line
+    caplog.clear()
+    assert _watch(OddNvml([-5], [GOOD_MEM]), tmp_path, 10, node="neg", minutes=1) == 0
+    assert _warnings(caplog) == [] and _rows(csv_path(tmp_path, "neg")) == []
+
+
+@pytest.mark.parametrize(("util", "used", "total", "expected"), [
+    (42, 2**30, 2**34, (42, 1024, 16384)),
+    (0, 0, 0, (0, 0, 0)),
+    (100.0, 2**34, 2**34, (100, 16384, 16384)),
+    (-5, 0, 2**34, None), (101, 0, 2**34, None), (1e300, 0, 2**34, None),
+    (10**400, 0, 2**34, None), (float("nan"), 0, 2**34, None), ("42", 0, 2**34, None),
+    (None, 0, 2**34, None), (False, 0, 2**34, None),
+    (42, -1, 2**34, None), (42, 0, -1, None), (42, 2**35, 2**34, None),
+    (42, 2**31 * MIB, 2**31 * MIB, None), (42, 10**24 * MIB, 10**24 * MIB, None),
+    (42, float("inf"), float("inf"), None), (42, "1", "2", None),
+])
+def test_valid_reading(util: Any, used: Any, total: Any, expected: Any) -> None:
+    assert gpuwatch.valid_reading(util, used, total) == expected
+
+
+class CountNvml(FakeNvml):
+    def __init__(self, count: Any) -> None:
+        super().__init__({0: [50]})
+        self.count = count
+
+    def nvmlDeviceGetCount(self) -> Any:
+        if isinstance(self.count, Exception):
+            raise self.count
+        return self.count
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        assert i < gpuwatch.MAX_GPUS, "a GPU past the cap was asked for"
+        return i
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
+        return SimpleNamespace(gpu=50, memory=0)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
+        return SimpleNamespace(used=MIB, total=2 * MIB, free=0)
+
+
+def test_an_absurd_gpu_count_is_capped(tmp_path: Path,
+                                       caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="train.gpuwatch")
+    assert _watch(CountNvml(10**7), tmp_path, 2) == 0
+    rows = _rows(csv_path(tmp_path, "gpu-a01"))
+    assert len(rows) == 2 * gpuwatch.MAX_GPUS
+    assert {int(r[1]) for r in rows} == set(range(gpuwatch.MAX_GPUS))
+    assert len(_messages(caplog, f"more than {gpuwatch.MAX_GPUS} GPUs")) == 1
+
+
+@pytest.mark.parametrize("count", [NVMLError("Unknown"), None, "2", -3, 0, 2.5])
+def test_a_gpu_count_that_is_no_count_is_a_quiet_exit_0(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, count: Any) -> None:
+    caplog.set_level(logging.INFO, logger="train.gpuwatch")
+    assert _watch(CountNvml(count), tmp_path, 2) == 0
+    assert not (tmp_path / "gpu").exists()
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
+    assert "GPU watch off" in caplog.records[0].getMessage()
+
+
+def test_the_header_is_on_disk_before_the_first_sample(tmp_path: Path) -> None:
+    path = csv_path(tmp_path, "n1")
+    seen: list[str] = []
+
+    class Looking(FakeNvml):
+        def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
+            seen.append(path.read_text())
+            return super().nvmlDeviceGetUtilizationRates(handle)
+
+    _watch(Looking({0: [50]}), tmp_path, 1, node="n1")
+    assert seen == [CSV_HEADER + "\n"]
+
+
+def test_messages_from_the_driver_are_printable(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="train.gpuwatch")
+    assert _watch(CountNvml(NVMLError("fake \x1b[31mred\x1b[0m")), tmp_path, 1) == 0
+    assert "\x1b" not in caplog.records[0].getMessage()
 
 
 def test_only_the_jobs_gpus_are_sampled() -> None:
@@ -250,22 +437,40 @@ def test_the_settings_come_from_the_job_environment() -> None:
     assert WatchSettings(30, 60, 15).as_env() == env
 
 
+def _main_in_process(tmp_path: Path) -> int:
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM,
+                                                  signal.SIGINT)}
+    try:
+        return gpuwatch.main(["--out", str(tmp_path), "--node", "n", "--interval", "1",
+                              "--idle-threshold", "10", "--idle-minutes", "1"])
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
 def test_missing_nvml_library_exits_0_with_one_info_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml: ImportError
     caplog.set_level(logging.INFO, logger="train.gpuwatch")
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM,
-                                                  signal.SIGINT)}
-    try:
-        rc = gpuwatch.main(["--out", str(tmp_path), "--node", "n", "--interval", "1",
-                            "--idle-threshold", "10", "--idle-minutes", "1"])
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-    assert rc == 0
+    assert _main_in_process(tmp_path) == 0
     assert [r.levelno for r in caplog.records] == [logging.INFO]
     assert "nvidia-ml-py" in caplog.records[0].getMessage()
+    assert not (tmp_path / "gpu").exists()
+
+
+def test_an_nvml_library_that_raises_as_it_loads_exits_0_with_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    folder = tmp_path / "broken-nvml"
+    folder.mkdir()
+    (folder / "pynvml.py").write_text("raise RuntimeError('libnvidia-ml.so.1: broken')\n")
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    monkeypatch.syspath_prepend(str(folder))
+    caplog.set_level(logging.INFO, logger="train.gpuwatch")
+    assert _main_in_process(tmp_path) == 0
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
+    assert "libnvidia-ml.so.1: broken" in caplog.records[0].getMessage()
     assert not (tmp_path / "gpu").exists()
 
 
@@ -328,7 +533,7 @@ def test_the_sampler_exits_once_its_parent_is_gone(tmp_path: Path,
     proc = _sampler(tmp_path, gone.pid, fake_nvml_env)
     _, err = proc.communicate(timeout=60)  # hang guard only
     assert proc.returncode == 0, err
-    assert _sample_count(csv_path(tmp_path, "n1")) >= 1
+    assert _sample_count(csv_path(tmp_path, "n1")) == 0  # gone before it began: no sample
 
 
 def test_the_sampler_samples_while_the_parent_lives_then_exits(
@@ -356,7 +561,7 @@ def test_the_sampler_ignores_the_walltime_usr1_and_ends_on_term(
     _until(lambda: _sample_count(path) >= before + 2, proc)  # still sampling
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    assert proc.returncode == -signal.SIGTERM, err  # TERM keeps its default action
     assert "GPU watch: 2 GPU(s)" in err and "WARNING" not in err
 
 
@@ -370,6 +575,152 @@ def test_the_sampler_without_nvml_exits_0_in_one_line(tmp_path: Path) -> None:
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0
     assert len(err.strip().splitlines()) == 1 and "GPU watch off" in err
+
+
+BLOCKING_PYNVML = textwrap.dedent("""\
+    # two GPUs; FAKE_NVML_MODE picks the call that never returns (after creating the file
+    # FAKE_NVML_MARK): util_block, shutdown_block
+    import os, time
+    from types import SimpleNamespace
+    MODE = os.environ.get("FAKE_NVML_MODE", "")
+    class NVMLError(Exception):
+        pass
+    def _block():
+        open(os.environ["FAKE_NVML_MARK"], "w").close()
+        time.sleep(3600)
+    def nvmlInit(): pass
+    def nvmlShutdown():
+        if MODE == "shutdown_block": _block()
+    def nvmlDeviceGetCount(): return 2
+    def nvmlDeviceGetHandleByIndex(i): return i
+    def nvmlDeviceGetUtilizationRates(h):
+        if MODE == "util_block": _block()
+        return SimpleNamespace(gpu=42, memory=0)
+    def nvmlDeviceGetMemoryInfo(h):
+        return SimpleNamespace(used=2**30, total=2**34, free=0)
+    """)
+
+
+@pytest.fixture
+def blocking_nvml_env(tmp_path: Path) -> dict[str, str]:
+    folder = tmp_path / "blocking-nvml"
+    folder.mkdir()
+    (folder / "pynvml.py").write_text(BLOCKING_PYNVML)
+    path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "FAKE_NVML_MARK": str(tmp_path / "blocked")}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+def _until_exists(path: Path, proc: subprocess.Popen[str]) -> None:
+    _until(path.exists, proc)
+
+
+def test_term_ends_the_sampler_inside_a_blocking_nvml_call(
+        tmp_path: Path, blocking_nvml_env: dict[str, str]) -> None:
+    env = {**blocking_nvml_env, "FAKE_NVML_MODE": "util_block"}
+    proc = _sampler(tmp_path, os.getpid(), env)
+    _until_exists(tmp_path / "blocked", proc)  # inside nvmlDeviceGetUtilizationRates
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)  # hang guard only
+    assert proc.returncode == -signal.SIGTERM, err
+    assert "Traceback" not in err
+
+
+def test_the_sampler_ends_with_its_parent_inside_a_blocking_nvml_call(
+        tmp_path: Path, blocking_nvml_env: dict[str, str]) -> None:
+    env = {**blocking_nvml_env, "FAKE_NVML_MODE": "util_block"}
+    argv = [sys.executable, "-m", "train.runtime.gpuwatch", "--out", str(tmp_path),
+            "--node", "n1", "--interval", "0.05", "--idle-threshold", "10",
+            "--idle-minutes", "5"]
+    # the parent starts the sampler (default --parent: its parent) and waits
+    parent = spawn_group([sys.executable, "-c", textwrap.dedent(f"""\
+        import subprocess, sys, time
+        proc = subprocess.Popen({argv!r}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        print(proc.pid, flush=True)
+        time.sleep(600)
+        """)], env=env)
+    assert parent.stdout is not None
+    sampler = int(parent.stdout.readline())
+    _until_exists(tmp_path / "blocked", parent)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 60
+    while gpuwatch.process_alive(sampler):
+        assert time.monotonic() < deadline, "hang guard: the sampler outlived its parent"
+        time.sleep(0.02)
+
+
+def test_a_parent_named_by_pid_ends_the_sampler_inside_a_blocking_nvml_call(
+        tmp_path: Path, blocking_nvml_env: dict[str, str]) -> None:
+    # --parent is not this process's parent (no PR_SET_PDEATHSIG): the polling thread
+    parent = spawn_group([sys.executable, "-c", "import time; time.sleep(600)"])
+    env = {**blocking_nvml_env, "FAKE_NVML_MODE": "util_block"}
+    proc = _sampler(tmp_path, parent.pid, env)
+    _until_exists(tmp_path / "blocked", proc)
+    parent.kill()
+    parent.wait()
+    _, err = proc.communicate(timeout=60)  # hang guard only
+    assert proc.returncode == 0, err
+
+
+def test_the_sampler_never_waits_for_nvml_shutdown(
+        tmp_path: Path, blocking_nvml_env: dict[str, str]) -> None:
+    parent = spawn_group([sys.executable, "-c", "import time; time.sleep(600)"])
+    env = {**blocking_nvml_env, "FAKE_NVML_MODE": "shutdown_block"}
+    proc = _sampler(tmp_path, parent.pid, env)
+    _until(lambda: _sample_count(csv_path(tmp_path, "n1")) >= 1, proc)
+    parent.kill()
+    parent.wait()
+    _, err = proc.communicate(timeout=60)  # hang guard only
+    assert proc.returncode == 0, err
+    assert not (tmp_path / "blocked").exists()
+
+
+def test_a_fifo_in_place_of_the_file_is_one_line_and_exit_0(
+        tmp_path: Path, fake_nvml_env: dict[str, str]) -> None:
+    path = csv_path(tmp_path, "n1")
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    proc = _sampler(tmp_path, os.getpid(), fake_nvml_env)
+    _, err = proc.communicate(timeout=60)  # hang guard: an open that waits for a reader
+    assert proc.returncode == 0, err
+    assert len(err.strip().splitlines()) == 1 and "not a regular file" in err
+
+
+def test_a_device_in_place_of_the_file_is_one_line_and_exit_0(
+        tmp_path: Path, fake_nvml_env: dict[str, str]) -> None:
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    path = csv_path(tmp_path, "n1")
+    path.parent.mkdir(parents=True)
+    path.symlink_to("/dev/full")
+    proc = _sampler(tmp_path, os.getpid(), fake_nvml_env)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert len(err.strip().splitlines()) == 1 and "not a regular file" in err
+
+
+def test_a_full_disk_stops_the_sampler_with_one_line(
+        tmp_path: Path, fake_nvml_env: dict[str, str]) -> None:
+    # a file size limit stands for the full disk: the header fits, the second sample not
+    code = textwrap.dedent(f"""\
+        import resource, runpy, signal, sys
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100, 100))
+        sys.argv = ["gpuwatch", "--out", {str(tmp_path)!r}, "--node", "n1", "--interval",
+                    "0.05", "--idle-threshold", "10", "--idle-minutes", "5",
+                    "--parent", "{os.getpid()}"]
+        runpy.run_module("train.runtime.gpuwatch", run_name="__main__")
+        """)
+    proc = spawn_group([sys.executable, "-c", code], env=fake_nvml_env)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and len(lines) == 2, err
+    assert "GPU watch stopped: cannot write" in lines[1]
+    assert csv_path(tmp_path, "n1").read_text().startswith(CSV_HEADER + "\n")
 
 
 # -- reading -----------------------------------------------------------------------------
@@ -442,6 +793,87 @@ def test_readers_skip_garbage_lines(tmp_path: Path) -> None:
     (tmp_path / "gpu" / "empty.csv").write_text("")
     (tmp_path / "gpu" / "junk.csv").write_text("not,a,gpu,file\n" * 10)
     assert set(summary(tmp_path)) == {"g1"}
+
+
+@pytest.mark.parametrize(("line", "ok"), [
+    ("1700000000.0,0,5,10,100", True),
+    ("1700000000.0,1023,5,10,100", True),
+    ("1700000000.0,1024,5,10,100", False),
+    ("1700000000.0,99999999999999999999999,5,10,100", False),
+    ("1e300,0,5,10,100", False),
+    ("100000000000,0,5,10,100", False),
+    ("99999999999,0,5,10,100", True),
+    ("0,0,5,10,100", False),
+    ("inf,0,5,10,100", False),
+    ("1700000000.0,0,5,-1,100", False),
+    ("1700000000.0,0,5,10,2147483648", False),
+    ("1700000000.0,0,5,10," + "9" * 5000, False),
+    ("1700000000.0,0,-5,10,100", False),
+])
+def test_parse_line_accepts_only_sane_values(line: str, ok: bool) -> None:
+    assert (gpuwatch.parse_line(line, 1) is not None) is ok
+
+
+def test_describe_never_raises_on_odd_times() -> None:
+    for start in (1e300, -1e300, float("nan"), float("inf"), 1e11, 0.0):
+        finding = gpuwatch.IdleFinding("n", 0, "f.csv", 2, 3, start, start, 2, 1.0, 10.0,
+                                       True)
+        assert "node n GPU 0" in finding.describe()
+
+
+def test_idle_findings_read_only_the_tail_with_true_line_numbers(tmp_path: Path) -> None:
+    import inspect
+
+    assert inspect.signature(idle_findings).parameters["max_bytes"].default == \
+        gpuwatch.SUMMARY_MAX_BYTES
+    path = csv_path(tmp_path, "big")
+    path.parent.mkdir(parents=True)
+    with path.open("w") as f:
+        f.write(CSV_HEADER + "\n")
+        for k in range(3000):  # idle at the start (k < 100) and at the end (k >= 2900)
+            f.write(f"{1_700_000_000 + 30 * k}.0,0,{0 if k < 100 or k >= 2900 else 90},1,2\n")
+    tail = idle_findings(tmp_path, threshold=10, minutes=30, max_bytes=5000)
+    assert [(x.first_line, x.last_line, x.ongoing) for x in tail] == [(2902, 3001, True)]
+    whole = idle_findings(tmp_path, threshold=10, minutes=30, max_bytes=None)
+    assert [(x.first_line, x.last_line) for x in whole] == [(2, 101), (2902, 3001)]
+    lines = path.read_text().splitlines()
+    assert lines[2902 - 1].startswith(f"{1_700_000_000 + 30 * 2900}.0,0,0,")
+
+
+def test_the_readers_never_raise_on_any_content(tmp_path: Path) -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    field = st.one_of(
+        st.integers(min_value=-(10**30), max_value=10**30).map(str),
+        st.floats(allow_nan=True, allow_infinity=True).map(repr),
+        st.sampled_from(["1e300", "99999999999999999999999", "nan", "-0", "", "1_0",
+                         "1700000000.0", "0", "100", "1023", "1024", "9" * 5000]),
+        st.text(max_size=8))
+    line = st.one_of(st.lists(field, min_size=5, max_size=5).map(",".join),
+                     st.lists(field, max_size=7).map(",".join))
+    content = st.one_of(
+        st.lists(line, max_size=30).map(lambda ls: "\n".join(ls).encode("utf-8", "replace")),
+        st.binary(max_size=300))
+    path = csv_path(tmp_path, "fuzz")
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+    @settings(max_examples=150, derandomize=True, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(data=content, max_bytes=st.sampled_from([None, 7, 64, gpuwatch.SUMMARY_MAX_BYTES]))
+    def check(data: bytes, max_bytes: int | None) -> None:
+        path.write_bytes(data)
+        for rec in read_records(path, max_bytes):
+            assert 0 < rec.time < gpuwatch.MAX_TIME and 0 <= rec.gpu <= 1023
+            assert 0 <= rec.util <= 100
+        for node in summary(tmp_path, threshold=10, minutes=0,
+                            max_bytes=max_bytes or gpuwatch.SUMMARY_MAX_BYTES).values():
+            str(node)
+        for finding in idle_findings(tmp_path, threshold=50, minutes=0,
+                                     max_bytes=max_bytes):
+            finding.describe()
+
+    check()
 
 
 def test_summary_reads_only_the_tail_of_a_large_file(tmp_path: Path) -> None:

@@ -8,10 +8,12 @@ tmp_path standing in for apptainer, docker and the sites' account commands.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -205,6 +207,23 @@ def test_runtime_singularity_alone_fails(tmp_path: Path) -> None:
     got = preflight_of(SHIPPED.get("torch"), tmp_path, path=[bin_dir])[RUNTIME]
     assert got.ok is False and "only singularity" in got.detail
     assert "singularity-ce version 4.1.0" in got.detail and got.fix
+
+
+@pytest.mark.parametrize("said", ["singularity-ce version 3.11.4",
+                                  "SingularityCE version 4.1.0-jammy",
+                                  "singularity version 3.8.7-1.el8"])
+def test_runtime_singularityce_named_apptainer_fails(tmp_path: Path, said: str) -> None:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "apptainer", f'echo "{said}"')
+    got = preflight_of(site(), tmp_path, account="lab", partition="new", path=[bin_dir],
+                       runtime="apptainer", answers={"apptainer --version": said + "\n",
+                                                     "myaccounts": "lab\n"})[RUNTIME]
+    assert got.ok is False and "not Apptainer" in got.detail and said in got.detail
+    assert "apptainer exec" in got.detail and "module load apptainer" in got.fix
+    # the real command too (no scripted run), and without a module line
+    got = preflight_of(SHIPPED.get("torch"), tmp_path, path=[bin_dir],
+                       runtime="apptainer")[RUNTIME]
+    assert got.ok is False and "not Apptainer" in got.detail and "Apptainer" in got.fix
 
 
 def test_runtime_docker_on_the_local_cluster(tmp_path: Path) -> None:
@@ -404,6 +423,63 @@ def test_account_real_site_command_on_path(tmp_path: Path) -> None:
     assert "my_slurm_accounts" in got.fix
 
 
+SLIST = """\
+                      Current Number of GPUs                        Node
+Account             Total    Queue     Run    Free    Max Walltime    Type
+==============  =================================  ==============  ======
+debug                   8        0       0       8        00:30:00     B,F,G
+standby               512       64      12     500        04:00:00     B,F,G
+torch_pr_123           16        0       4      12     14-00:00:00     K
+"""
+ALLOCATIONS = """\
+Account                      Balance        Reserved       Available
+-----------------            ---------      ---------      ---------
+hpc_build                    9999986        0              9999986
+lab_gpu_x                    1200           0              1200
+
+for more information about a specific allocation, run: allocations -a <allocation name>
+"""
+BOXED = "| Account | Balance |\n|---------|---------|\n| lab_boxed | 10 |\n"
+
+
+@pytest.mark.parametrize(("output", "account", "listed"), [
+    (SLIST, "torch_pr_123", True), (SLIST, "standby", True), (SLIST, "debug", True),
+    (SLIST, "16", False), (SLIST, "k", False), (SLIST, "walltime", False),
+    (ALLOCATIONS, "hpc_build", True), (ALLOCATIONS, "LAB_GPU_X", True),
+    (ALLOCATIONS, "allocation", False), (ALLOCATIONS, "specific", False),
+    (ALLOCATIONS, "9999986", False), (BOXED, "lab_boxed", True), (BOXED, "10", False),
+    ("torch_pr_123\ntorch_pr_9_tandon\n", "torch_pr_9_tandon", True),
+    ("lab|\nother|\n", "other", True),  # sacctmgr -nP with a field after it
+    # hostile: a word of the output that is not the first field of its line
+    ("torch_pr_000 torch_pr_001 torch_pr_002 some other text\n", "some", False),
+    ("torch_pr_000 torch_pr_001 torch_pr_002 some other text\n", "torch_pr_001", False),
+    ("you are not in torch_pr_123-old, denied: torch_pr_123 is suspended\n",
+     "torch_pr_123", False),
+    ("Error: account torch_pr_123 does not exist\n", "torch_pr_123", False),
+])
+def test_account_must_lead_a_line_of_the_sites_output(output: str, account: str,
+                                                      listed: bool) -> None:
+    assert (account.lower() in preflight.listed_accounts(output)) is listed
+
+
+def test_account_named_mid_line_by_the_site_is_not_listed(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "my_slurm_accounts",
+         'echo "you are not in torch_pr_123-old, denied: torch_pr_123 is suspended"')
+    torch = SHIPPED.get("torch")
+    got = preflight_of(torch, tmp_path, account="torch_pr_123", runtime="none",
+                       path=[bin_dir])[ACCOUNT]
+    assert got.ok is False and "does not list torch_pr_123" in got.detail
+    tool(bin_dir, "my_slurm_accounts", 'echo "torch_pr_0 torch_pr_1 some other text"')
+    got = preflight_of(torch, tmp_path, account="some", runtime="none",
+                       path=[bin_dir])[ACCOUNT]
+    assert got.ok is False
+    got = preflight_of(site(), tmp_path, account="torch_pr_123", partition="new",
+                       path=[tool(tmp_path / "b2", "myaccounts").parent],
+                       answers={"myaccounts": SLIST})[ACCOUNT]
+    assert got.status == "pass"
+
+
 def test_account_from_sacctmgr_when_the_site_command_is_missing(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     tool(bin_dir, "sacctmgr")
@@ -512,11 +588,97 @@ def test_runs_root_that_is_a_file_fails(tmp_path: Path) -> None:
     assert got.ok is False and "cannot be created" in got.detail
 
 
+def test_runs_root_that_is_a_dangling_symlink_fails(tmp_path: Path) -> None:
+    dangling = tmp_path / "dang"
+    dangling.symlink_to("/nonexistent/zzz")
+    for root in (dangling, dangling / "runs"):
+        got = preflight_of(site(), tmp_path, runtime="none", account="lab",
+                           partition="new", runs_root=root)[RUNS_ROOT]
+        assert got.ok is False, got
+        assert "symbolic link" in got.detail and "/nonexistent/zzz" in got.detail
+        assert str(dangling) in got.fix and "mkdir -p /nonexistent/zzz" in got.fix
+    # the way it would fail: mkdir cannot make it
+    with pytest.raises(FileExistsError):
+        dangling.mkdir(parents=True, exist_ok=True)
+
+
+def test_runs_root_under_a_symlink_loop_fails(tmp_path: Path) -> None:
+    (tmp_path / "loopA").symlink_to("loopB")
+    (tmp_path / "loopB").symlink_to("loopA")
+    for root in (tmp_path / "loopA", tmp_path / "loopA" / "runs" / "deeper"):
+        got = preflight_of(site(), tmp_path, runtime="none", account="lab",
+                           partition="new", runs_root=root)[RUNS_ROOT]
+        assert got.ok is False, got
+        assert "loop of symbolic links" in got.detail and "loopA" in got.detail
+        assert "--runs" in got.fix
+
+
+def test_runs_root_through_a_good_symlink_still_passes(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    got = preflight_of(site(), tmp_path, runtime="none", account="lab", partition="new",
+                       runs_root=tmp_path / "link" / "runs")[RUNS_ROOT]
+    assert got.ok is True and "does not exist yet" in got.detail
+
+
 def test_runs_root_not_writable_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(preflight, "_try_write", lambda directory: "Permission denied")
     got = preflight_of(site(), tmp_path, runtime="none", account="lab", partition="new")
     assert got[RUNS_ROOT].ok is False and "Permission denied" in got[RUNS_ROOT].detail
     assert "chmod" in got[RUNS_ROOT].fix
+
+
+# -- the runner ------------------------------------------------------------------------------
+def _gone(pid: int) -> bool:
+    from train.runtime.gpuwatch import process_alive
+
+    deadline = time.monotonic() + 60  # hang guard only
+    while process_alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_a_hung_command_and_its_children_are_killed_on_timeout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = tmp_path / "bin"
+    child = tmp_path / "child.pid"
+    # a wrapper script whose child hangs (the script waits for it)
+    tool(bin_dir, "apptainer", f'sleep 3600 &\necho $! > {child}\nwait')
+    monkeypatch.setattr(preflight, "_VERSION_TIMEOUT", 2.0)  # the real 30 s, shortened
+    got = preflight_of(SHIPPED.get("torch"), tmp_path, path=[bin_dir],
+                       runtime="apptainer")[RUNTIME]
+    assert got.ok is False and "exit 124" in got.detail and "timed out" in got.detail
+    pid = int(child.read_text())
+    try:
+        assert _gone(pid), "the hung command's child was left running"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+
+
+def test_the_runner_reports_like_proc_run(tmp_path: Path) -> None:
+    got = preflight.run_command(["sh", "-c", "printf 'a\\377\\376b'; printf 'e\\377' >&2"],
+                                check=False)
+    assert got.returncode == 0 and got.stdout == "a\ufffd\ufffdb" and got.stderr == "e\ufffd"
+    with pytest.raises(ProcError) as err:
+        preflight.run_command(["sh", "-c", "echo bad >&2; exit 3"])
+    assert err.value.returncode == 3 and "bad" in err.value.stderr
+    with pytest.raises(ProcError) as err:
+        preflight.run_command([str(tmp_path / "no-such-program")])
+    assert err.value.returncode == 127
+    with pytest.raises(ProcError) as err:
+        preflight.run_command(["sleep", "3600"], timeout=0.5)
+    assert err.value.returncode == 124
+
+
+def test_non_utf8_output_of_the_real_commands_is_read(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "apptainer", "printf 'apptainer version 1.3.4 \\377\\376\\n'")
+    got = preflight_of(SHIPPED.get("torch"), tmp_path, path=[bin_dir],
+                       runtime="apptainer")[RUNTIME]
+    assert got.status == "pass" and "apptainer 1.3.4" in got.detail
 
 
 def test_mount_table_parsing() -> None:

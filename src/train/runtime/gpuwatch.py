@@ -10,27 +10,42 @@ that sampling never slows or blocks training:
 
 It reads every GPU of the job through NVML (`nvidia-ml-py`, imported lazily) each interval
 and appends one line per GPU to `RUN_DIR/gpu/NODE.csv` (CSV_HEADER; the header is written
-once, when the file is new, so the chunks of a chain append to one file), flushed after
-each sample. It logs one warning when every sample of a GPU stayed under the threshold for
-the idle time, and again only after that GPU recovered and fell again. It exits when the
-parent is gone, on SIGTERM or SIGINT, and at once (exit 0, one info line) where NVML or a
-GPU is missing. The walltime USR1 (Slurm sends it to every process of the step) is ignored.
+once, when the file is new, so the chunks of a chain append to one file), written straight
+to the file (no buffer) after each sample. Only a regular file is written: a FIFO, a device
+or a socket at that path is one line in the log and exit 0. Readings that cannot be true
+(utilisation outside 0..100, memory negative or absurd) are left out of that sample; a GPU
+that cannot be read is tried again at the next samples and given up after MAX_FAILURES in
+a row. It logs one warning when every sample of a GPU stayed under the threshold for the
+idle time, and again only after that GPU recovered and fell again.
 
-`summary` and `idle_findings` stream the files (never a whole file in memory; `summary`
-reads at most the last `max_bytes` of each) and skip lines they cannot read.
+It ends when the parent is gone (the kernel sends it SIGTERM: PR_SET_PDEATHSIG; the parent
+is also polled, by the sampling loop and by a thread that ends the process even while the
+loop waits in NVML), and on SIGTERM or SIGINT, which keep their default action so that they end
+it even inside an NVML call that blocks (every sample is on disk already). NVML is never
+shut down (nvmlShutdown can hang on a broken driver; the process is ending anyway). Where
+NVML or a GPU is missing it exits at once (exit 0, one info line). The walltime USR1 (Slurm
+sends it to every process of the step) is ignored.
+
+`summary` and `idle_findings` stream the files (never a whole file in memory; both read at
+most the last `max_bytes` of each, SUMMARY_MAX_BYTES by default), skip lines they cannot
+read and never raise on a file's content.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import logging
 import math
+import numbers
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,7 +70,28 @@ SUMMARY_MAX_BYTES = 16 * MIB
 # used by readers that are not told the job's settings (the project's defaults)
 DEFAULT_IDLE_THRESHOLD = 10
 DEFAULT_IDLE_MINUTES = 30
+# the most GPUs one sampler watches (NVML's count beyond it is a broken library)
+MAX_GPUS = 64
+# a GPU that gives no reading this many samples in a row is given up
+MAX_FAILURES = 10
+# what a reading may say: memory in MiB below this (2 PiB), GPU indexes in the files up to
+# MAX_GPU_INDEX, times in the files between 0 and MAX_TIME (unix seconds, the year 5138)
+MAX_MIB = 2**31
+MAX_GPU_INDEX = 1023
+MAX_TIME = 10**11
 _NODE_FILE_RE = re.compile(r"[^A-Za-z0-9._-]")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _text(value: Any, limit: int = 200) -> str:
+    """`value` as one short printable line for the log (a driver's message may hold
+    terminal escapes; str() of a hostile object may raise)."""
+    try:
+        text = str(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    text = _CONTROL_RE.sub("?", text)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def csv_path(run_dir: Path | str, node: str) -> Path:
@@ -160,7 +196,7 @@ def select_gpus(nvml: Any, count: int, visible: str | None) -> list[int]:
     items = [v.strip() for v in (visible or "").split(",") if v.strip()]
     if not items or items == ["-1"] or len(items) >= count:
         return every
-    if all(v.isdigit() for v in items):
+    if all(re.fullmatch(r"[0-9]{1,6}", v) for v in items):
         chosen = sorted({int(v) for v in items if int(v) < count})
         return chosen or every
     uuids: dict[str, int] = {}
@@ -172,26 +208,85 @@ def select_gpus(nvml: Any, count: int, visible: str | None) -> list[int]:
     return chosen or every
 
 
+def _number(value: Any) -> float | None:
+    """A finite real number as float, else None (None, text, NaN, 1e300 ** 2, 10**400)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    try:
+        number = float(value)
+    except (OverflowError, ValueError, TypeError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def valid_reading(util: Any, used: Any, total: Any) -> tuple[int, int, int] | None:
+    """(util %, used MiB, total MiB) from NVML's values (percent, bytes, bytes), or None
+    where they cannot be true: a utilisation that is not a number in 0..100, memory that is
+    not a number, negative, MAX_MIB or more, or more used than there is (1% slack)."""
+    u, m_used, m_total = _number(util), _number(used), _number(total)
+    if u is None or m_used is None or m_total is None or not 0 <= u <= 100:
+        return None
+    used_mib, total_mib = m_used / MIB, m_total / MIB
+    if not (0 <= used_mib < MAX_MIB and 0 <= total_mib < MAX_MIB
+            and used_mib <= total_mib * 1.01):
+        return None
+    return int(u), int(m_used) // MIB, int(m_total) // MIB
+
+
 class Sampler:
-    """One sample of every watched GPU: (gpu, util %, used MiB, total MiB) rows. A GPU
-    whose utilisation cannot be read (a MIG-enabled card, a GPU gone from the bus) is
-    logged once and left out from then on."""
+    """One sample of every watched GPU: (gpu, util %, used MiB, total MiB) rows.
+
+    A GPU that cannot be read (its handle or a reading raises) is logged the first time and
+    tried again at every later sample; after MAX_FAILURES in a row it is given up (one line
+    says so). A reading that cannot be true leaves that GPU out of that sample only (counted
+    in `invalid`, logged once per GPU)."""
 
     def __init__(self, nvml: Any, gpus: Sequence[int]) -> None:
         self.nvml = nvml
-        self.handles = {i: nvml.nvmlDeviceGetHandleByIndex(i) for i in gpus}
+        self.gpus: list[int] = list(gpus)  # the GPUs still watched
+        self.handles: dict[int, Any] = {}
+        self.failures: dict[int, int] = dict.fromkeys(self.gpus, 0)  # in a row
+        self.invalid: dict[int, int] = dict.fromkeys(self.gpus, 0)  # readings left out
+        self._logged: set[tuple[str, int]] = set()
+
+    def _once(self, kind: str, gpu: int, message: str, *args: Any) -> None:
+        if (kind, gpu) not in self._logged:
+            self._logged.add((kind, gpu))
+            log.info(message, *args)
+
+    def _read(self, gpu: int) -> tuple[Any, Any, Any]:
+        if gpu not in self.handles:
+            self.handles[gpu] = self.nvml.nvmlDeviceGetHandleByIndex(gpu)
+        handle = self.handles[gpu]
+        util = self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+        mem = self.nvml.nvmlDeviceGetMemoryInfo(handle)
+        return util, mem.used, mem.total
 
     def sample(self) -> list[tuple[int, int, int, int]]:
         rows = []
-        for gpu, handle in list(self.handles.items()):
+        for gpu in list(self.gpus):
             try:
-                util = int(self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-                mem = self.nvml.nvmlDeviceGetMemoryInfo(handle)
-                rows.append((gpu, util, int(mem.used) // MIB, int(mem.total) // MIB))
+                util, used, total = self._read(gpu)
             except Exception as exc:  # an NVMLError, or anything a driver shim raises
-                log.info("GPU watch: GPU %d cannot be read (%s); it is not sampled", gpu,
-                         exc)
-                del self.handles[gpu]
+                self.handles.pop(gpu, None)  # asked for again at the next try
+                self.failures[gpu] += 1
+                self._once("error", gpu, "GPU watch: GPU %d cannot be read (%s); it is "
+                           "tried again at the next samples", gpu, _text(exc))
+                if self.failures[gpu] >= MAX_FAILURES:
+                    log.info("GPU watch: GPU %d gave no reading in %d samples in a row "
+                             "(%s); it is no longer sampled", gpu, MAX_FAILURES, _text(exc))
+                    self.gpus.remove(gpu)
+                continue
+            self.failures[gpu] = 0
+            reading = valid_reading(util, used, total)
+            if reading is None:
+                self.invalid[gpu] += 1
+                self._once("invalid", gpu, "GPU watch: GPU %d gave a reading that cannot be "
+                           "true (utilisation %s, memory used %s of %s bytes); such samples "
+                           "are left out", gpu, _text(util, 40), _text(used, 40),
+                           _text(total, 40))
+                continue
+            rows.append((gpu, *reading))
         return rows
 
 
@@ -213,70 +308,145 @@ def watch(nvml: Any, run_dir: Path | str, node: str, settings: WatchSettings, *,
           keep_going: Callable[[], bool] = lambda: True, max_samples: int | None = None,
           visible: str | None = None) -> int:
     """Sample until keep_going says no (or max_samples are taken). Returns the exit code:
-    0, also where NVML has no driver or no GPU; 1 where the file cannot be written."""
+    0, also where NVML has no driver or no GPU, where the path is not a regular file, and
+    where a write fails; 1 where the file cannot be opened. NVML is not shut down
+    (nvmlShutdown may block on a broken driver; the sampler's process ends after this)."""
     try:
         nvml.nvmlInit()
     except Exception as exc:
-        log.info("GPU watch off: NVML cannot start here (%s)", exc)
+        log.info("GPU watch off: NVML cannot start here (%s)", _text(exc))
+        return 0
+    count = _gpu_count(nvml)
+    if count is None:
         return 0
     try:
-        try:
-            count = int(nvml.nvmlDeviceGetCount())
-            sampler = Sampler(nvml, select_gpus(nvml, count, visible))
-        except Exception as exc:
-            log.info("GPU watch off: NVML lists no GPU (%s)", exc)
-            return 0
-        if not sampler.handles:
-            log.info("GPU watch off: no GPU on this node")
-            return 0
-        return _sample_loop(sampler, run_dir, node, settings, clock, sleep, keep_going,
-                            max_samples)
-    finally:
-        with contextlib.suppress(Exception):
-            nvml.nvmlShutdown()
+        gpus = select_gpus(nvml, count, visible)
+    except Exception as exc:  # a shim's UUIDs: never fatal
+        log.info("GPU watch: the job's GPUs cannot be told apart (%s); watching all %d",
+                 _text(exc), count)
+        gpus = list(range(count))
+    sampler = Sampler(nvml, gpus)
+    if not sampler.gpus:
+        log.info("GPU watch off: no GPU on this node")
+        return 0
+    return _sample_loop(sampler, run_dir, node, settings, clock, sleep, keep_going,
+                        max_samples)
+
+
+def _gpu_count(nvml: Any) -> int | None:
+    """How many GPUs NVML sees, at most MAX_GPUS; None (logged) where it cannot say."""
+    try:
+        raw = nvml.nvmlDeviceGetCount()
+    except Exception as exc:
+        log.info("GPU watch off: NVML cannot count the GPUs (%s)", _text(exc))
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, numbers.Integral):
+        log.info("GPU watch off: NVML gave no GPU count (%s)", _text(raw, 40))
+        return None
+    count = int(raw)
+    if count <= 0:
+        log.info("GPU watch off: no GPU on this node")
+        return None
+    if count > MAX_GPUS:
+        log.info("GPU watch: NVML reports more than %d GPUs; only the first %d are watched",
+                 MAX_GPUS, MAX_GPUS)
+        return MAX_GPUS
+    return count
+
+
+def _open_csv(path: Path) -> tuple[int | None, int]:
+    """(the file's descriptor, 0), opened for appending only where it is a regular file (a
+    FIFO would block the open, a device accepts or refuses anything); else (None, the exit
+    code), logged: 0 where the path is not a regular file, 1 where it cannot be opened."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # O_NONBLOCK: opening a FIFO without a reader fails at once instead of waiting
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK
+                     | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO nobody reads
+            log.warning("GPU watch off: %s is not a regular file; nothing is written", path)
+            return None, 0
+        log.warning("GPU watch off: cannot write %s (%s)", path, _text(exc))
+        return None, 1
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        regular = False
+    if not regular:
+        log.warning("GPU watch off: %s is not a regular file; nothing is written", path)
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        return None, 0
+    return fd, 0
+
+
+def _write_all(fd: int, text: str) -> None:
+    view = memoryview(text.encode("ascii", errors="replace"))
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.EIO, "nothing was written")
+        view = view[written:]
 
 
 def _sample_loop(sampler: Sampler, run_dir: Path | str, node: str, settings: WatchSettings,
                  clock: Callable[[], float], sleep: Callable[[float], None],
                  keep_going: Callable[[], bool], max_samples: int | None) -> int:
     path = csv_path(run_dir, node)
+    fd, code = _open_csv(path)
+    if fd is None:
+        return code
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        out: IO[str] = path.open("a", encoding="utf-8")
-    except OSError as exc:
-        log.warning("GPU watch off: cannot write %s (%s)", path, exc)
-        return 1
+        return _write_samples(fd, path, sampler, node, settings, clock, sleep, keep_going,
+                              max_samples)
+    finally:
+        with contextlib.suppress(OSError):  # a full disk or NFS may fail the close too
+            os.close(fd)
+
+
+def _write_samples(fd: int, path: Path, sampler: Sampler, node: str,
+                   settings: WatchSettings, clock: Callable[[], float],
+                   sleep: Callable[[float], None], keep_going: Callable[[], bool],
+                   max_samples: int | None) -> int:
     tracker = IdleTracker(settings.idle_threshold, settings.idle_minutes)
     log.info("GPU watch: %d GPU(s) (%s) every %s s into %s; a warning after %s min under "
-             "%s%%", len(sampler.handles), ", ".join(map(str, sampler.handles)),
+             "%s%%", len(sampler.gpus), ", ".join(map(str, sampler.gpus)),
              _num(settings.interval), path, _num(settings.idle_minutes),
              _num(settings.idle_threshold))
+    def write(text: str) -> bool:
+        try:
+            _write_all(fd, text)
+        except OSError as exc:  # a full disk, a lost NFS server: one line, exit 0
+            log.warning("GPU watch stopped: cannot write %s (%s)", path, _text(exc))
+            return False
+        return True
+
+    try:
+        new = os.fstat(fd).st_size == 0
+    except OSError:
+        new = False
+    if new and not write(CSV_HEADER + "\n"):  # on disk before the first sample
+        return 0
     taken = 0
-    with out:
-        if out.tell() == 0:
-            out.write(CSV_HEADER + "\n")
-        while True:
-            now = clock()
-            rows = sampler.sample()
-            if not rows:
-                log.info("GPU watch stopped: no GPU can be read")
-                return 0
-            try:
-                out.write("".join(f"{now:.1f},{g},{u},{used},{total}\n"
-                                  for g, u, used, total in rows))
-                out.flush()
-            except OSError as exc:
-                log.warning("GPU watch stopped: cannot write %s (%s)", path, exc)
-                return 1
-            crossed = tracker.update(now, {g: u for g, u, _, _ in rows})
-            if crossed:
-                log.warning("%s", idle_warning(node, crossed, settings.idle_threshold,
-                                               settings.idle_minutes))
-            taken += 1
-            if max_samples is not None and taken >= max_samples:
-                return 0
-            if not _wait(settings.interval, sleep, keep_going):
-                return 0
+    while True:
+        now = clock()
+        rows = sampler.sample()
+        if not sampler.gpus:
+            log.info("GPU watch stopped: no GPU can be read")
+            return 0
+        if rows and not write("".join(f"{now:.1f},{g},{u},{used},{total}\n"
+                                      for g, u, used, total in rows)):
+            return 0
+        crossed = tracker.update(now, {g: u for g, u, _, _ in rows})
+        if crossed:
+            log.warning("%s", idle_warning(node, crossed, settings.idle_threshold,
+                                           settings.idle_minutes))
+        taken += 1
+        if max_samples is not None and taken >= max_samples:
+            return 0
+        if not _wait(settings.interval, sleep, keep_going):
+            return 0
 
 
 # -- the process ----------------------------------------------------------------------
@@ -284,9 +454,11 @@ def _sample_loop(sampler: Sampler, run_dir: Path | str, node: str, settings: Wat
 
 def process_alive(pid: int) -> bool:
     """Whether `pid` is a live process (a zombie counts as gone)."""
+    if pid <= 0:
+        return False  # 0 and negative numbers name process groups, not a process
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         pass
@@ -351,23 +523,63 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
-    stop: list[int] = []
     # the walltime USR1 reaches every process of the step: the sampler samples on
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    # TERM and INT end it where it stands, also inside a blocking NVML call or open (a
+    # Python handler would run only once that call returns): every sample is on disk
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: stop.append(signum))
+        signal.signal(sig, signal.SIG_DFL)
     parent_alive = parent_watch(os.getppid() if args.parent is None else args.parent)
+    if not parent_alive():  # gone before the kernel was told to end this with it
+        return 0
     try:
         import pynvml
     except ImportError:
         log.info("GPU watch off: NVIDIA's management library (nvidia-ml-py) is not "
                  "installed")
         return 0
+    except Exception as exc:  # a broken install: a library that raises as it loads
+        log.info("GPU watch off: NVIDIA's management library (nvidia-ml-py) cannot be "
+                 "loaded (%s)", _text(exc))
+        return 0
     settings = WatchSettings(args.interval, min(args.idle_threshold, 100.0),
                              args.idle_minutes)
-    return watch(pynvml, args.out, args.node, settings,
-                 keep_going=lambda: not stop and parent_alive(),
-                 visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    done = threading.Event()
+    threading.Thread(target=_exit_with_parent, args=(parent_alive, done), daemon=True,
+                     name="gpuwatch-parent").start()
+    try:
+        return watch(pynvml, args.out, args.node, settings, keep_going=parent_alive,
+                     visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    finally:
+        done.set()
+
+
+def _exit_with_parent(parent_alive: Callable[[], bool], done: threading.Event) -> None:
+    """The parent polled from a thread of its own: where the main thread is stuck in an
+    NVML call (pynvml's ctypes calls release the GIL) and the parent is not this process's
+    own (no PR_SET_PDEATHSIG then), the process still ends with it. Every sample is on disk
+    (unbuffered writes): exit 0 at once."""
+    while not done.wait(TICK_SECONDS):
+        if not parent_alive():
+            os._exit(0)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> bool:
+    """Linux: have the kernel send `sig` to this process when its parent ends (the thread
+    that started it; an exec of the parent keeps it alive). Whether that was set."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(sig),
+                              ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))) == 0
+    except Exception:  # no libc, no prctl: the parent is still polled
+        return False
 
 
 # -- reading --------------------------------------------------------------------------
@@ -384,19 +596,29 @@ class Record:
 
 
 def parse_line(text: str, line: int) -> Record | None:
-    """One CSV line, or None for the header, garbage and impossible values."""
+    """One CSV line, or None for the header, garbage and impossible values: a time outside
+    0 < t < MAX_TIME, a GPU index outside 0..MAX_GPU_INDEX, a utilisation outside 0..100,
+    memory outside 0..MAX_MIB."""
     parts = text.strip().split(",")
-    if len(parts) != 5:
+    if len(parts) != 5 or any(len(p) > 40 for p in parts):
         return None
     try:
         t, util = float(parts[0]), float(parts[2])
         gpu, used, total = int(parts[1]), int(parts[3]), int(parts[4])
     except ValueError:
         return None
-    if not (math.isfinite(t) and t > 0 and math.isfinite(util) and 0 <= util <= 100
-            and gpu >= 0 and used >= 0 and total >= 0):
-        return None
+    if not (0 < t < MAX_TIME and 0 <= util <= 100 and 0 <= gpu <= MAX_GPU_INDEX
+            and 0 <= used < MAX_MIB and 0 <= total < MAX_MIB):
+        return None  # NaN fails every comparison
     return Record(line, t, gpu, util, used, total)
+
+
+def _stamp(t: float, fmt: str) -> str:
+    """A unix time in local time; never raises (a time out of range is shown as a number)."""
+    try:
+        return time.strftime(fmt, time.localtime(t))
+    except (OverflowError, OSError, ValueError):
+        return f"{t:.0f}" if math.isfinite(t) and abs(t) < 1e15 else "?"
 
 
 def _count_lines(f: IO[bytes], end: int) -> int:
@@ -455,12 +677,12 @@ def summary(run_dir: Path | str, threshold: float = DEFAULT_IDLE_THRESHOLD,
     tail: "partial" is then true), "latest": {gpu: util}, "idle": whether a GPU is idle now
     (every sample under `threshold` for `minutes` up to the latest), "idle_description":
     which and since when ("" when none)}. Nodes whose files hold no valid line are left
-    out."""
+    out; never raises on a file's content."""
     out: dict[str, dict[str, Any]] = {}
     for path in node_files(run_dir):
         try:
             node = _summarise(path, threshold, minutes, max_bytes)
-        except OSError:
+        except (OSError, ValueError, ArithmeticError):
             continue
         if node is not None:
             out[path.stem] = node
@@ -498,7 +720,7 @@ def _summarise(path: Path, threshold: float, minutes: float, max_bytes: int
         gpus = ", ".join(str(g) for g in sorted(idle))
         description = (f"GPU{'s' if len(idle) > 1 else ''} {gpus} under {_num(threshold)}% "
                        f"for {(last - since) / 60:.0f} min (since "
-                       f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(since))})")
+                       f"{_stamp(since, '%Y-%m-%d %H:%M:%S')})")
     try:
         partial = path.stat().st_size > max_bytes
     except OSError:
@@ -531,7 +753,7 @@ class IdleFinding:
         return (self.end - self.start) / 60
 
     def describe(self) -> str:
-        stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.start))
+        stamp = _stamp(self.start, "%Y-%m-%d %H:%M")
         still = ", still at the latest sample" if self.ongoing else ""
         return (f"node {self.node} GPU {self.gpu}: under {_num(self.threshold)}% utilisation "
                 f"(at most {self.max_util:g}%) for {self.minutes:.0f} min from {stamp}"
@@ -539,15 +761,17 @@ class IdleFinding:
                 f"{self.first_line}-{self.last_line}")
 
 
-def idle_findings(run_dir: Path | str, threshold: float, minutes: float
-                  ) -> list[IdleFinding]:
+def idle_findings(run_dir: Path | str, threshold: float, minutes: float,
+                  max_bytes: int | None = SUMMARY_MAX_BYTES) -> list[IdleFinding]:
     """Every run of samples of one GPU all under `threshold` spanning at least `minutes`,
-    with the file and line numbers as evidence; by node, GPU and start."""
+    with the file and line numbers as evidence; by node, GPU and start. Only the last
+    `max_bytes` of each file are read (None: all of it); line numbers still count from the
+    file's start. Never raises on a file's content."""
     found: list[IdleFinding] = []
     for path in node_files(run_dir):
         try:
-            found += _findings(path, threshold, minutes)
-        except OSError:
+            found += _findings(path, threshold, minutes, max_bytes)
+        except (OSError, ValueError, ArithmeticError):
             continue
     return sorted(found, key=lambda f: (f.node, f.gpu, f.start))
 
@@ -560,7 +784,8 @@ class _Run:
     max_util: float = 0.0
 
 
-def _findings(path: Path, threshold: float, minutes: float) -> list[IdleFinding]:
+def _findings(path: Path, threshold: float, minutes: float, max_bytes: int | None
+              ) -> list[IdleFinding]:
     runs: dict[int, _Run | None] = {}
     found: list[IdleFinding] = []
 
@@ -570,7 +795,7 @@ def _findings(path: Path, threshold: float, minutes: float) -> list[IdleFinding]
                                      run.last.line, run.first.time, run.last.time,
                                      run.samples, run.max_util, threshold, ongoing))
 
-    for rec in read_records(path):
+    for rec in read_records(path, max_bytes):
         run = runs.get(rec.gpu)
         if rec.util >= threshold:
             close(run, ongoing=False)
@@ -586,4 +811,5 @@ def _findings(path: Path, threshold: float, minutes: float) -> list[IdleFinding]
 
 
 if __name__ == "__main__":
+    die_with_parent()  # first: the parent may die while this starts (main checks it)
     sys.exit(main())
