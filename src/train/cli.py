@@ -27,7 +27,6 @@ from train.config import (
     run_config_from_args,
 )
 from train.errors import EXIT_FAILURE, EXIT_OK, TrainError, UsageError, runtime_missing
-from train.runtime.signals import StartupStop
 
 log = logging.getLogger("train")
 
@@ -239,8 +238,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     finally:
         ignore_late_walltime_signal()
     if not result.complete:
-        print(f"train: stopped early ({result.stop_reason}); checkpoint written in "
-              f"{cfg.out}; run the same command to continue", file=sys.stderr)
+        print(f"train: stopped early ({result.stop_reason}); run the same command to "
+              f"continue from the last checkpoint in {cfg.out}", file=sys.stderr)
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         # Everything is written and the ranks have met at the last barrier. torch's gloo
         # can still abort a rank as the process group is torn down while a peer leaves
@@ -589,11 +588,12 @@ def _cmd_image(args: argparse.Namespace) -> int:
 
 
 def _cmd_launch(args: argparse.Namespace, command: list[str]) -> int:
-    from train.launch import LaunchOptions, is_train_run, launch
+    from train.launch import LaunchOptions, launch
     from train.runtime.signals import install_early_handlers
 
-    # only `train run` is known to handle the walltime signal from its first second
-    install_early_handlers(mark_ready=is_train_run(command))
+    # never marked ready here: the program it starts (`train run` marks itself) must have
+    # its handlers in place before the batch shell passes the walltime signal on
+    install_early_handlers(mark_ready=False)
     try:
         return launch(LaunchOptions(mode=args.mode, command=command,
                                 nproc_per_node=args.nproc_per_node,
@@ -666,10 +666,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TrainError as exc:
         print(f"train: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except StartupStop as exc:  # SIGTERM/SIGINT before training started: leave now
-        print(f"train: stopped during start-up ({exc.name}); nothing was trained, run the "
-              "same command to start again", file=sys.stderr)
-        return 128 + exc.signum
     except KeyboardInterrupt:
         print("train: interrupted", file=sys.stderr)
         return 130

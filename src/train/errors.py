@@ -7,7 +7,7 @@ Exit codes (also documented in the README and `train run --help`):
   3  a resource the run needs is missing: GPU memory at start-up, the StarCraft II game,
      a usable CUDA with --device cuda, the training runtime (`train run`/`train launch`
      in a client-only install)
-  128+N  signal N (SIGTERM, SIGINT) during start-up, before training began
+  -N (killed by signal N)  SIGTERM or SIGINT during start-up, before training began
   `train doctor`: 0 healthy, 1 a problem found, 2 bad input
 """
 

@@ -36,6 +36,7 @@ from train.runtime import cuda_check
 from train.secrets import masked_argv, recorded_environment
 from train.slurm.contract import (
     DEADLINE_VAR,
+    FALLBACK_BATCH_VAR,
     NAVSIM_PREFETCH_OVERRIDE,
     NAVSIM_WORKERS_OVERRIDE,
     STOP_SIGNAL_VAR,
@@ -310,7 +311,7 @@ def wait_budget(timeout: float, env: Mapping[str, str], now: float) -> float:
     return max(0.0, min(timeout, deadline - now - MIN_WORK_SECONDS))
 
 
-def _wait_or_fall_back(opts: LaunchOptions, env: Mapping[str, str],
+def _wait_or_fall_back(opts: LaunchOptions, env: MutableMapping[str, str],
                        command: list[str]) -> list[str]:
     assert opts.min_free_mb is not None
     start = time.time()
@@ -328,6 +329,7 @@ def _wait_or_fall_back(opts: LaunchOptions, env: Mapping[str, str],
                             f"{timeout:.0f} s (the wait's limit)")
     log.warning("GPU memory still short after %.0f s: falling back to batch size %d",
                 used, opts.fallback_batch)
+    env[FALLBACK_BATCH_VAR] = str(opts.fallback_batch)  # the run may resume with it
     return [*command, "--batch-size", str(opts.fallback_batch)]
 
 

@@ -52,6 +52,7 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("results_csv", f"{csv_path} is a directory; name a file, e.g. "
                           f"{csv_path / 'results.csv'}")
     check_same_run(cfg)
+    check_checkpoint_folders(cfg)
     check_memory(cfg)
     trainer.check_workload(cfg)
 
@@ -106,13 +107,52 @@ def check_same_run(cfg: RunConfig) -> None:
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise ConfigError("out", f"{record} is not a readable run record ({exc}); use a new "
                           "--out, or remove it to start over there") from None
+    if not _trained_before(cfg):  # an attempt that stopped before training pins nothing
+        return
+    # a run that fell back to a smaller batch (train launch's GPU memory wait) continues
+    # with either size
+    fallback = contract.batch_fallback(cfg.batch_size) or _read_fallback(record)
+    exempt = {"batch_size"} if fallback else set()
     differ = {k: (recorded[k], v) for k, v in cfg.identity().items()
-              if k in recorded and recorded[k] != v}
+              if k in recorded and recorded[k] != v and k not in exempt}
     if differ:
         detail = "; ".join(f"{k}: the run has {shown(old)}, now {shown(new)}"
                            for k, (old, new) in sorted(differ.items()))
         raise ConfigError(sorted(differ)[0], f"differs from the run in {cfg.out_dir} "
                           f"({detail}); use its settings, or a new --out")
+
+
+def _read_fallback(record: Any) -> bool:
+    """The run record says a chunk fell back to a smaller batch size."""
+    from train.jsonio import read_bounded
+
+    try:
+        data = json.loads(read_bounded(record, RECORD_LIMIT) or b"{}")
+        return isinstance(data, dict) and bool(data.get("batch_fallback"))
+    except (ValueError, RecursionError):
+        return False
+
+
+def _trained_before(cfg: RunConfig) -> bool:
+    """Some seed of this folder has a checkpoint or a summary: a run was trained here."""
+    try:
+        return any(p.name.startswith("seed_") and (
+            (p / "summary.json").exists() or any((p / "checkpoints").glob("ckpt-*.pt")))
+            for p in cfg.out_dir.iterdir())
+    except OSError:
+        return False
+
+
+def check_checkpoint_folders(cfg: RunConfig) -> None:
+    """Every seed's checkpoint folder, before any seed trains: no folder or link under a
+    checkpoint's name (it would block a save hours later), and writable where it exists."""
+    from train.runtime.checkpoint import CheckpointManager
+
+    for seed in cfg.seeds:
+        folder = cfg.out_dir / f"seed_{seed}" / "checkpoints"
+        CheckpointManager(folder).check_names()
+        if folder.is_dir():
+            check_writable_dir(folder, "out")
 
 
 def run(cfg: RunConfig) -> RunResult:
@@ -134,6 +174,7 @@ def run(cfg: RunConfig) -> RunResult:
             cfg.out_dir.mkdir(parents=True, exist_ok=True)
             # one run per folder at a time (a second run is exit 2 naming the holder)
             lock.enter_context(results.RunLock(cfg.out_dir))
+            check_same_run(cfg)  # again under the lock: a run may have finished meanwhile
             results.write_json_atomic(cfg.out_dir / "config.json", results.run_metadata(
                 cfg.to_dict(), ctx.device, {
                     "precision": precision.name,
@@ -147,6 +188,9 @@ def run(cfg: RunConfig) -> RunResult:
                     "process_env": masked_environment(
                         {k: os.environ.get(k) for k in HOST_ENV_CHECK}),
                     "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    # once a chunk fell back to a smaller batch, either size may resume
+                    "batch_fallback": contract.batch_fallback(cfg.batch_size) or _read_fallback(
+                        cfg.out_dir / "config.json"),
                 }))
         with stopper:
             summary = trainer.train(cfg, ctx, precision, stopper)

@@ -160,8 +160,9 @@ def test_a_node_failure_ends_the_chain_with_its_cause(
     assert [c["state"] for c in st["chunks"]] == ["NODE_FAIL", "CANCELLED"]
     assert st["chunks"][0]["events"] == ["started", "extended"]
     first = _doctor(tmp_path, slurm_env, "nf")["findings"][0]
-    assert (first["cause"], first["detail"]) == ("node_failure", "Slurm state NODE_FAIL, "
-                                                 f"exit {st['chunks'][0]['exit'] or '?'}")
+    exit_code = st["chunks"][0]["exit"]
+    assert (first["cause"], first["detail"]) == (
+        "node_failure", "Slurm state NODE_FAIL" + (f", exit {exit_code}" if exit_code else ""))
 
 
 def test_a_requeued_chunk_resumes_and_the_chain_goes_on(

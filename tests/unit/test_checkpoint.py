@@ -269,3 +269,19 @@ def test_an_array_that_does_not_decode_is_a_checkpoint_error(tmp_path: Path) -> 
                                          "dtype": "<f8", "shape": [7]}}, path)
     with pytest.raises(CheckpointError, match="does not decode"):
         load(path)
+
+
+def test_a_second_set_aside_keeps_the_first_and_a_missing_checksum_is_named(
+        tmp_path: Path) -> None:
+    mgr = CheckpointManager(tmp_path, background=False)
+    mgr.prepare()
+    mgr.save(_state(1), 1)
+    for text in (b"junk one", b"junk two"):
+        (tmp_path / "ckpt-00000002.pt").write_bytes(text)
+        latest = mgr.load_latest(set_aside=True)
+        assert latest is not None and latest["episode"] == 1
+    assert (tmp_path / "damaged-ckpt-00000002.pt").read_bytes() == b"junk one"
+    assert (tmp_path / "damaged2-ckpt-00000002.pt").read_bytes() == b"junk two"
+    checksum_path(tmp_path / "ckpt-00000001.pt").unlink()
+    with pytest.raises(CheckpointError, match="has no checksum"):
+        load(tmp_path / "ckpt-00000001.pt")

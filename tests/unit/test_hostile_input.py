@@ -305,3 +305,91 @@ def test_the_fuzz_tiers_leftovers_are_clear_errors(tmp_path: Path) -> None:
         job_from_sources(merged({"env": ["A"]}, {"env": [[1]]}), {})
     with pytest.raises(ConfigError, match=r"^env: "):
         check_env_item("A\n")
+
+
+def test_an_attempt_that_never_trained_pins_no_settings(tmp_path: Path) -> None:
+    """config.json written by a start that failed before training (an OOM at the dummy
+    step) must not refuse the fix its error suggests (a smaller --batch-size)."""
+    from train.config import run_config_from_argv
+    from train.runner import check_same_run
+
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"config": {"batch_size": 1024}}))  # (valid)
+    check_same_run(run_config_from_argv(["--out", str(out), "--batch-size", "32"]))
+    (out / "seed_4" / "checkpoints").mkdir(parents=True)
+    (out / "seed_4" / "checkpoints" / "ckpt-00000001.pt").write_bytes(b"x")
+    with pytest.raises(ConfigError, match="batch_size: differs"):
+        check_same_run(run_config_from_argv(["--out", str(out), "--batch-size", "32"]))
+
+
+def test_the_cpu_allocators_failure_at_the_dummy_step_is_exit_3() -> None:
+    import torch
+
+    from train.errors import PreallocationError
+    from train.runtime.memory import preallocate
+
+    def step() -> None:
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: "
+                           "not enough memory: you tried to allocate 1073741824 bytes.")
+
+    with pytest.raises(PreallocationError, match="out of memory on cpu"):
+        preallocate(step, device=torch.device("cpu"), state_bytes=1, what="a batch")
+
+    def other() -> None:
+        raise RuntimeError("shape mismatch")
+
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        preallocate(other, device=torch.device("cpu"), state_bytes=1, what="a batch")
+
+
+def test_every_seeds_checkpoint_folder_is_checked_before_any_seed_trains(
+        tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    (out / "seed_6" / "checkpoints" / "ckpt-00000003.pt").mkdir(parents=True)
+    proc = run_cli(["run", "--out", str(out), "--seeds", "4 6", "--res", "8",
+                    "--episode-steps", "4", "--episodes", "2", "--device", "cpu"])
+    assert proc.returncode == 2 and "ckpt-00000003.pt is not a regular file" in proc.stderr
+    assert not (out / "seed_4").exists()  # seed 4 never trained
+
+
+def test_a_run_that_fell_back_to_a_smaller_batch_resumes_with_either(
+        tmp_path: Path) -> None:
+    """train launch's GPU memory wait fell back to --batch-size 1 (TRAIN_FALLBACK_BATCH):
+    that chunk resumes the batch-2 run, and later chunks with batch 2 resume it too."""
+    out = tmp_path / "r"
+    argv = ["run", "--out", str(out), "--res", "8", "--episode-steps", "4",
+            "--learning-starts", "2", "--replay-size", "16", "--eval-episodes", "0",
+            "--device", "cpu", "--seeds", "1", "--checkpoint-every", "1"]
+    assert run_cli([*argv, "--batch-size", "2", "--episodes", "1"]).returncode == 0
+    refused = run_cli([*argv, "--batch-size", "1", "--episodes", "2"])
+    assert refused.returncode == 2 and "batch_size: differs" in refused.stderr
+    proc = run_cli([*argv, "--batch-size", "1", "--episodes", "2"],
+                   env={"TRAIN_FALLBACK_BATCH": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_cli([*argv, "--batch-size", "2", "--episodes", "3"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((out / "status.json").read_text())["complete"] is True
+
+
+def test_train_launch_never_marks_the_program_ready_itself(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch shell passes the walltime USR1 on once the ready file exists: only the
+    program (train run marks itself) may say it has its handlers."""
+    import signal
+
+    from train import cli, launch
+
+    ready = tmp_path / "ready"
+    monkeypatch.setenv("TRAIN_SIGNAL_READY", str(ready))
+    seen = []
+    monkeypatch.setattr(launch, "launch", lambda opts: seen.append(ready.exists()) or 0)
+    before = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM,
+                                                signal.SIGINT)}
+    try:
+        assert cli.main(["launch", "--mode", "single", "--", "python", "-m", "train",
+                         "run"]) == 0
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+    assert seen == [False] and not ready.exists()

@@ -166,24 +166,33 @@ def _restoring_stop_handlers() -> dict[int, object]:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_sigterm_during_start_up_ends_it_at_once(sig: signal.Signals) -> None:
-    from train.runtime.signals import StartupStop, install_early_handlers
+def test_sigterm_and_sigint_keep_their_default_action_during_start_up(
+        sig: signal.Signals) -> None:
+    """A Python handler never runs while start-up waits in C++ (a rendezvous): the default
+    action ends the process there. Once the trainer has run, the restored handler is the
+    default too."""
+    from train.runtime.signals import install_early_handlers
 
     before = _restoring_stop_handlers()
     try:
         install_early_handlers()
-        with pytest.raises(StartupStop) as caught:
-            os.kill(os.getpid(), sig)
-        assert caught.value.signum == sig
-        # once the trainer has taken over, the restored early handler only records
+        assert signal.getsignal(sig) is signal.SIG_DFL
+        assert signal.getsignal(signal.SIGUSR1) is not signal.SIG_DFL  # kept for the trainer
         with StopController(None):
-            pass
-        os.kill(os.getpid(), sig)
-        with StopController(None) as stopper:
-            assert stopper.reason == f"received {sig.name}"
+            assert signal.getsignal(sig) is not signal.SIG_DFL
+        assert signal.getsignal(sig) is signal.SIG_DFL
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)  # type: ignore[arg-type]
+
+
+def test_one_ctrl_c_after_a_walltime_signal_still_checkpoints() -> None:
+    with StopController(None) as stopper:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C: a clean stop, not at once
+        assert stopper.reason == "received SIGUSR1"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
 
 
 _RUN = ("['run', '--out', OUT, '--episodes', '2', '--res', '8', '--episode-steps', '4', "
@@ -212,12 +221,46 @@ def _run_with_start_up_signal(out: Path,
                           timeout=300, check=False)
 
 
-def test_sigterm_during_start_up_exits_before_writing(tmp_path: Path) -> None:
+def test_sigterm_during_start_up_ends_the_process_before_writing(tmp_path: Path) -> None:
     proc = _run_with_start_up_signal(tmp_path / "r", signal.SIGTERM)
-    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr[-2000:]
-    assert "stopped during start-up (SIGTERM)" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert proc.returncode == -signal.SIGTERM, proc.stderr[-2000:]
     assert not (tmp_path / "r" / "config.json").exists()
+
+
+def test_sigterm_ends_a_start_up_stuck_in_a_rendezvous(tmp_path: Path) -> None:
+    """Rank 0 of two, alone: init_process_group waits in C++ for the other rank (its
+    timeout: 30 minutes); SIGTERM must end it there (a Python handler would never run)."""
+    import socket
+    import threading
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    proc = subprocess.Popen([sys.executable, "-m", "train", "run", "--out",
+                             str(tmp_path / "r"), "--res", "8", "--device", "cpu"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    started = threading.Event()
+
+    def watch() -> None:  # the allocator line comes just before init_process_group
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "PYTORCH_CUDA_ALLOC_CONF" in line:
+                started.set()
+
+    reader = threading.Thread(target=watch, daemon=True)
+    reader.start()
+    try:
+        assert started.wait(timeout=300), "train run never reached its rendezvous"
+        time.sleep(1)  # inside init_process_group's wait (the waits here are hang guards)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == -signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_walltime_signal_during_start_up_stops_before_the_first_episode(

@@ -146,8 +146,13 @@ def save_atomic(state: Any, path: Path) -> None:
 def load(path: Path) -> dict[str, Any]:
     """Verify the checksum, then load onto the CPU without executing anything from the file
     (weights_only=True)."""
-    if not path.is_file() or not checksum_path(path).is_file():  # no FIFO, no device
-        raise CheckpointError(f"{path} or its checksum is not a regular file")
+    if not path.is_file():  # no FIFO, no device
+        raise CheckpointError(f"{path} is not a regular file")
+    if not os.path.lexists(checksum_path(path)):
+        raise CheckpointError(f"{path} has no checksum ({checksum_path(path).name}): it was "
+                              "not completely written, or by an older version")
+    if not checksum_path(path).is_file():
+        raise CheckpointError(f"{checksum_path(path)} is not a regular file")
     try:
         with open(checksum_path(path), "rb") as fh:
             expected = fh.read(200).decode("ascii").split()[0]
@@ -204,16 +209,22 @@ class CheckpointManager:
         not a regular file (a folder, a link) would block the save of that episode hours
         later: exit 2 now."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        for entry in self.directory.iterdir():
-            if (_NAME.match(entry.name) or _NAME.match(entry.name.removesuffix(".sha256"))) \
-                    and not _regular(entry):
-                raise UsageError(f"out: {entry} is not a regular file but has a checkpoint's "
-                                 "name; remove it (or use a new --out)")
+        self.check_names()
         for stale in self.directory.glob(".ckpt-*.tmp-*"):
             stale.unlink(missing_ok=True)
         for orphan in self.directory.glob("ckpt-*.pt.sha256"):
             if not orphan.with_name(orphan.name[:-len(".sha256")]).exists():
                 orphan.unlink(missing_ok=True)
+
+    def check_names(self) -> None:
+        """Exit 2 for anything under a checkpoint's name that is not a regular file."""
+        if not self.directory.is_dir():
+            return
+        for entry in self.directory.iterdir():
+            if (_NAME.match(entry.name) or _NAME.match(entry.name.removesuffix(".sha256"))) \
+                    and not _regular(entry):
+                raise UsageError(f"out: {entry} is not a regular file but has a checkpoint's "
+                                 "name; remove it (or use a new --out)")
 
     def complete(self) -> list[Path]:
         """Complete checkpoints, oldest first."""
@@ -250,14 +261,19 @@ class CheckpointManager:
 
     def _set_aside(self, path: Path) -> None:
         """Rename a damaged checkpoint (and its checksum) out of the rotation."""
+        tag = "damaged"
+        n = 1
+        while path.with_name(f"{tag}-{path.name}").exists():  # an earlier one is kept too
+            n += 1
+            tag = f"damaged{n}"
         try:
             for src in (checksum_path(path), path):
                 if src.exists():
-                    os.replace(src, src.with_name(f"damaged-{src.name}"))
+                    os.replace(src, src.with_name(f"{tag}-{src.name}"))
         except OSError as exc:  # a read-only folder: it stays, and is skipped again
             log.warning("could not set %s aside: %s", path, exc)
             return
-        log.warning("set aside as %s", path.with_name(f"damaged-{path.name}"))
+        log.warning("set aside as %s", path.with_name(f"{tag}-{path.name}"))
 
     def save(self, state: dict[str, Any], episode: int) -> None:
         """Snapshot `state` now and write it (in the background when enabled)."""

@@ -76,7 +76,12 @@ def preallocate(dummy_step: Callable[[], None], *, device: torch.device, state_b
         torch.cuda.reset_peak_memory_stats(device)
     try:
         dummy_step()
-    except torch.OutOfMemoryError as exc:
+    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
+        # the CPU allocator's failure is a RuntimeError ("DefaultCPUAllocator: not enough
+        # memory"); any other RuntimeError is not ours to explain
+        if isinstance(exc, RuntimeError) and not isinstance(exc, torch.OutOfMemoryError) \
+                and "not enough memory" not in str(exc) and "out of memory" not in str(exc):
+            raise
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -11,10 +11,11 @@ STOP_GRACE_SECONDS, or the time budget is used up, `overdue()` is true and the t
 the episode, checkpointing what it did (Slurm's KillWait, 30 s by default, follows SIGTERM
 with SIGKILL).
 
-During start-up (before the trainer takes the signals over) SIGTERM and SIGINT end the
-process at once (StartupStop, exit 128+N): nothing has been trained yet, and start-up may
-wait on a rendezvous, a GPU or a slow file system. SIGUSR1, the coarse walltime warning, is
-kept for the trainer, which then stops before its first episode.
+During start-up (before the trainer takes the signals over) SIGTERM and SIGINT keep their
+default action: the process ends at once, even inside a C++ wait (a rendezvous, a GPU
+memory wait), where a Python handler would never run. Nothing has been trained yet.
+SIGUSR1, the coarse walltime warning, is kept for the trainer, which then stops before its
+first episode.
 """
 
 from __future__ import annotations
@@ -36,28 +37,12 @@ STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 # How long a requested stop waits for the current episode before the trainer cuts it.
 STOP_GRACE_SECONDS = 15.0
 
-# A stop signal that arrived before the trainer was ready (SLURM's walltime signal is coarse
-# and may come during start-up, when SIGUSR1's default action would kill the process), and
-# whether start-up is over (the trainer took the signals over once: from then on the early
-# handler, restored after training, only records).
-_early: dict[str, str | None] = {"reason": None, "started": None}
-
-
-class StartupStop(BaseException):
-    """SIGTERM or SIGINT during start-up: the process ends now (a BaseException, so no
-    `except Exception` on the way swallows it; atomic writes remove their temporary files)."""
-
-    def __init__(self, signum: int) -> None:
-        self.signum = signum
-        self.name = signal.Signals(signum).name
-        super().__init__(f"received {self.name} during start-up")
+# A walltime signal that arrived before the trainer was ready (SLURM's signal is coarse and
+# may come during start-up, when SIGUSR1's default action would kill the process).
+_early: dict[str, str | None] = {"reason": None}
 
 
 def _early_handler(signum: int, frame: FrameType | None) -> None:
-    if signum == signal.SIGINT and _early["reason"] is not None:
-        raise KeyboardInterrupt
-    if signum != signal.SIGUSR1 and _early["started"] is None:
-        raise StartupStop(signum)
     _early["reason"] = f"received {signal.Signals(signum).name}"
 
 
@@ -72,14 +57,14 @@ def ignore_late_walltime_signal() -> None:
 
 
 def install_early_handlers(mark_ready: bool = True) -> None:
-    """From process start on: SIGTERM and SIGINT end start-up (StartupStop), SIGUSR1 is
-    recorded for the StopController to pick up. Then tell
+    """From process start on: SIGTERM and SIGINT end start-up at once (their default
+    action), SIGUSR1 is recorded for the StopController to pick up. Then tell
     the batch shell that a walltime signal no longer kills this process (the file named by
     SIGNAL_READY_VAR, set for job steps) unless `mark_ready` is false: `train launch`
     starting a program of the user's cannot say when that program is ready."""
-    _early["started"] = None
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, _early_handler)
+    signal.signal(signal.SIGUSR1, _early_handler)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
     ready = os.environ.get(SIGNAL_READY_VAR) if mark_ready else None
     if ready:
         try:
@@ -126,11 +111,11 @@ class StopController:
         self._episode_seconds = 0.0
         self.reason: str | None = None
         self._requested_at: float | None = None
+        self._interrupts = 0
         self._previous: dict[int, object] = {}
 
     # -- signals ----------------------------------------------------------------------
     def __enter__(self) -> StopController:
-        _early["started"] = "yes"
         for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._on_signal)
         if _early["reason"] is not None:
@@ -146,8 +131,10 @@ class StopController:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
-        if signum == signal.SIGINT and self.reason is not None:
-            raise KeyboardInterrupt
+        if signum == signal.SIGINT:
+            if self._interrupts:  # the second Ctrl-C: at once
+                raise KeyboardInterrupt
+            self._interrupts += 1
         self.request_stop(f"received {name}")
 
     def request_stop(self, reason: str) -> None:

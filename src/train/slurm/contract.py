@@ -8,6 +8,8 @@ runner and the CLI import them from here. No heavy imports: the login node reads
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 # -- files in the run directory -------------------------------------------------------
@@ -46,6 +48,14 @@ SIGNAL_READY_VAR = "TRAIN_SIGNAL_READY"
 # The walltime contract's other names that Python reads (job-lib.sh exports them): the
 # job's stop signal, and the Unix time by which the step must have checkpointed.
 STOP_SIGNAL_VAR = "TRAIN_STOP_SIGNAL"
+# Set by `train launch` when its GPU memory wait fell back to a smaller --batch-size: the run
+# then continues with either batch size (from then on, batch_size is not compared on resume)
+FALLBACK_BATCH_VAR = "TRAIN_FALLBACK_BATCH"
+
+
+def batch_fallback(batch_size: int, env: Mapping[str, str] | None = None) -> bool:
+    """`train launch` fell back to this batch size (its GPU memory wait ran out)."""
+    return (os.environ if env is None else env).get(FALLBACK_BATCH_VAR) == str(batch_size)
 DEADLINE_VAR = "TRAIN_DEADLINE"
 
 # Docker containers of a job carry this label (value: the job id), so the batch shell can

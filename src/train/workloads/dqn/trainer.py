@@ -32,6 +32,7 @@ from train.runtime.memory import preallocate, training_state_bytes
 from train.runtime.precision import PrecisionPolicy
 from train.runtime.progress import Progress
 from train.runtime.signals import StopController
+from train.slurm import contract
 from train.workloads.dqn.agent import DQNAgent
 from train.workloads.dqn.replay import ReplayBuffer
 from train.workloads.envs.beacon import BeaconEnv
@@ -73,10 +74,10 @@ def param_digest(module: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-# How often (in agent steps) a training episode asks whether it must be cut: often enough
-# to stop within a few seconds at any speed, rarely enough that the ranks' agreement (one
-# small all-gather under DDP) costs nothing.
-STOP_CHECK_STEPS = 32
+# How often (in agent steps) a training episode asks whether it must be cut: one process
+# asks at every step (a clock read); under DDP the ranks agree every few steps in lockstep
+# (one small all-gather beside each step's gradient all-reduce).
+STOP_CHECK_STEPS_DDP = 4
 
 
 class EpisodeCut(Exception):
@@ -164,6 +165,7 @@ class SeedRun:
         self.rewards: list[float] = []
         self.losses: list[float] = []
         self.checkpoints = CheckpointManager(self.dir / "checkpoints")
+        self.batch_fallback = False  # see restore()
 
     # -- checkpoint state -------------------------------------------------------------
     def _local_state(self) -> dict[str, Any]:
@@ -199,6 +201,7 @@ class SeedRun:
             "step": self.step,
             "world_size": self.ctx.world_size,
             "identity": self.cfg.identity(),
+            "batch_fallback": self.batch_fallback,
             "agent": self.agent.state_dict(),
             "history": {"rewards": self.rewards, "losses": self.losses},
             "ranks": ranks,
@@ -209,8 +212,13 @@ class SeedRun:
         state = self.checkpoints.load_latest(check_state, set_aside=self.ctx.is_main)
         if state is None:
             return False
+        # a run that fell back to a smaller batch (train launch's GPU memory wait) resumes
+        # with either size from then on
+        self.batch_fallback = contract.batch_fallback(self.cfg.batch_size) or bool(
+            state.get("batch_fallback"))
+        exempt = {"batch_size"} if self.batch_fallback else set()
         mismatched = {k: (v, state["identity"].get(k)) for k, v in self.cfg.identity().items()
-                      if state["identity"].get(k) != v}
+                      if state["identity"].get(k) != v and k not in exempt}
         if mismatched:
             detail = "; ".join(f"{k}: checkpoint {old!r}, now {new!r}"
                                for k, (new, old) in sorted(mismatched.items()))
@@ -253,7 +261,11 @@ class SeedRun:
                 if self.agent.updates == 1:
                     log.info("first training step done at unix time %.3f", time.time())
             # every rank has taken the same number of steps here, so they agree in lockstep
-            if self.step % STOP_CHECK_STEPS == 0 and self.ctx.any(stopper.overdue()):
+            if not self.ctx.distributed:
+                if stopper.overdue():
+                    raise EpisodeCut
+            elif self.step % STOP_CHECK_STEPS_DDP == 0 and self.ctx.any(stopper.overdue()):
+                stopper.request_stop("a stop on another rank")  # (kept if this rank's own)
                 raise EpisodeCut
 
         # a stop asked for during start-up (the walltime signal) ends the chunk before its
@@ -286,6 +298,8 @@ class SeedRun:
                 self.losses.append(mean_loss)
                 stopper.episode_finished(time.monotonic() - started)
                 stopped = self.ctx.any(stopper.should_stop())
+                if stopped:
+                    stopper.request_stop("a stop on another rank")  # (kept if this rank's)
                 progress.update(self.episode, reward=self.rewards[-1],
                                 eps=epsilon_at(cfg, self.step))
                 if stopped or self.episode % cfg.checkpoint_every == 0 \
@@ -294,7 +308,8 @@ class SeedRun:
         finally:
             progress.close()
             self.checkpoints.wait()
-        return not stopped and self.episode >= cfg.episodes
+        # the last episode finished while a stop was asked for: the work is done all the same
+        return self.episode >= cfg.episodes
 
     def evaluate(self) -> dict[str, Any]:
         """Episodes with a fixed game seed and generator: the same weights, the same result."""
