@@ -229,3 +229,18 @@ def test_navsim_preset_matches_the_job() -> None:
 def test_command_entry_is_not_parsed_as_train_run() -> None:
     job = _resolve(**{**GIL, "entry": "command", "workload": ("python", "fit.py", "--x")})
     assert job.launch == "single" and job.run_config is None
+
+
+def test_a_tiny_memory_share_never_renders_as_the_whole_node(tmp_path: Path) -> None:
+    """mem_per_node 64M over 128 CPUs: one CPU's share rounds down to 0 MB, and
+    --mem=0 is Slurm's 'all of the node's memory'."""
+    from train.slurm.render import render
+
+    profile = tmp_path / "tiny.yaml"
+    profile.write_text("name: tiny\nextends: local\npartition: {default: p}\n"
+                       "partitions:\n  p: {gpus_per_node: 0, cpus_per_node: 128, "
+                       "mem_per_node: 64M, max_time: '1:00:00'}\n")
+    reg = Registry([profile], environ={})
+    job = resolve(JobSpec(cluster="tiny", cpus_per_task=1, time="10"), reg.get("tiny"))
+    assert job.mem_mb == 1
+    assert "#SBATCH --mem=0" not in render(job, "")

@@ -714,7 +714,8 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
     elif spec.mem is not None:
         mem_mb = parse_mem(spec.mem, "mem")
     else:
-        mem_mb = node.mem_mb * spec.cpus_per_task * ntasks // max(1, node.cpus_per_node)
+        # the CPUs' share of the node's memory, never 0 (--mem=0 is the whole node)
+        mem_mb = max(1, node.mem_mb * spec.cpus_per_task * ntasks // max(1, node.cpus_per_node))
     if mem_mb > node.mem_mb:
         raise ConfigError("mem", f"{format_mem(mem_mb)} is more than the "
                           f"{format_mem(node.mem_mb)} of a {node.name} node")
