@@ -490,10 +490,15 @@ def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> 
         argv = torchrun_argv(step, master, nproc, command)
         log.info("node %d/%d: torchrun %s", step.node_id, len(step.nodes),
                  " ".join(masked_argv(argv)))
+        from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.run import main as torchrun_main
 
         try:
             torchrun_main(argv)
+        except SignalException as exc:  # scancel, preemption: the workers were stopped
+            log.warning("torchrun's agent received %s and stopped its workers (they "
+                        "checkpoint on it)", exc.sigval.name)
+            return 128 + int(exc.sigval)
         finally:
             _stop_gpu_watch(watcher)
         return 0

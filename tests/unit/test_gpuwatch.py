@@ -1122,3 +1122,20 @@ def test_real_gpus_are_sampled_through_nvml(tmp_path: Path) -> None:
         assert 0 <= int(util) <= 100 and 0 <= int(used) <= int(total) and int(total) > 0
     node = summary(tmp_path)["real"]
     assert node["samples"] == 3 and node["gpus"] == len(gpus)
+
+
+def test_torchruns_agent_stopped_by_a_signal_is_no_unexpected_failure(
+        launchable: list[tuple[Any, ...]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """scancel's TERM reaches torch's agent, which raises SignalException once it has
+    stopped the workers: the launcher says so and exits 128+N, no traceback."""
+    import torch.distributed.run
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    def stopped(argv: list[str]) -> None:
+        raise SignalException("Process 1 got signal: 15", sigval=signal.SIGTERM)
+
+    monkeypatch.setattr(torch.distributed.run, "main", stopped)
+    rc = launch(LaunchOptions(mode="torchrun", command=[sys.executable, "-m", "x"]),
+                _step_env(0, 0, 1))
+    assert rc == 128 + signal.SIGTERM
+    assert launchable[0][-1].terminated  # the sampler was stopped too
