@@ -213,7 +213,8 @@ def wait_for_gpu_memory(min_free_mb: int, timeout: float, poll: float = 10.0) ->
                 return False
             log.info("waiting for %d MiB free on every GPU, have %s MiB", min_free_mb,
                      [f // MIB for f in free])
-            time.sleep(poll)
+            # never past the deadline: a --wait-timeout shorter than the poll is kept
+            time.sleep(max(0.0, min(poll, deadline - time.monotonic())))
     finally:
         pynvml.nvmlShutdown()
 

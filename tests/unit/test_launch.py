@@ -178,3 +178,35 @@ def test_workers_capped_to_none_make_navsims_prefetch_null() -> None:
         mode="tasks", command=["python", "train.py", "dataloader.params.num_workers=4"],
         workers=4, worker_mem_mb=1), {**ENV, "TRAIN_MASTER_ADDR": "10.0.0.1"})
     assert not any("prefetch_factor" in a for a in command)
+
+
+def test_the_gpu_memory_wait_never_sleeps_past_its_timeout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """--wait-timeout 1 with the 10 s poll: the wait ends after 1 s, not 10."""
+    import sys
+    import types
+    from typing import ClassVar
+
+    from train import launch as launch_mod
+
+    class Clock:
+        now = 0.0
+        slept: ClassVar[list[float]] = []
+
+        @classmethod
+        def monotonic(cls) -> float:
+            return cls.now
+
+        @classmethod
+        def sleep(cls, seconds: float) -> None:
+            cls.slept.append(seconds)
+            cls.now += seconds
+
+    info = types.SimpleNamespace(free=10 * launch_mod.MIB)
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 1,
+        nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetMemoryInfo=lambda h: info)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(launch_mod, "time", Clock)
+    assert launch_mod.wait_for_gpu_memory(1000, 1.0) is False
+    assert Clock.slept == [1.0] and Clock.now == 1.0
