@@ -37,6 +37,7 @@ from train.slurm.scheduler import (
     chain_dirs,
     chain_status,
     find_run,
+    idle_settings,
     load_chain,
     parse_events,
 )
@@ -866,12 +867,7 @@ def idle_gpus(chain: Chain) -> list[Finding]:
     the chain's record; the watch's defaults otherwise)."""
     from train.runtime import gpuwatch
 
-    watch = _resources(chain).get("gpu_watch")
-    watch = watch if isinstance(watch, dict) else {}
-    threshold = watch.get("idle_threshold", gpuwatch.DEFAULT_IDLE_THRESHOLD)
-    minutes = watch.get("idle_minutes", gpuwatch.DEFAULT_IDLE_MINUTES)
-    if not isinstance(threshold, (int, float)) or not isinstance(minutes, (int, float)):
-        threshold, minutes = gpuwatch.DEFAULT_IDLE_THRESHOLD, gpuwatch.DEFAULT_IDLE_MINUTES
+    threshold, minutes = idle_settings(chain)
     try:
         idle = gpuwatch.idle_findings(chain.run_dir, threshold, minutes)
     except (OSError, ValueError):

@@ -87,13 +87,14 @@ def check_memory(cfg: RunConfig) -> None:
                           f"{free / gib:.1f} GiB available); lower --replay-size or --res")
 
 
-def check_same_run(cfg: RunConfig) -> None:
+def check_same_run(cfg: RunConfig) -> dict[str, Any]:
     """A run directory that already holds a run (its config.json) is continued only with the
     settings it was started with (the identity fields), finished runs included: anything
-    else is exit 2 naming every field that differs, before config.json is touched."""
+    else is exit 2 naming every field that differs, before config.json is touched. Returns
+    the run record ({} where there is none)."""
     record = cfg.out_dir / "config.json"
     if not os.path.lexists(record):
-        return
+        return {}
     try:
         if not stat.S_ISREG(record.lstat().st_mode):
             raise TypeError("not a regular file")
@@ -101,17 +102,20 @@ def check_same_run(cfg: RunConfig) -> None:
             text = fh.read(RECORD_LIMIT + 1)
         if len(text) > RECORD_LIMIT:
             raise ValueError(f"over {RECORD_LIMIT // 2**20} MiB")
-        recorded = json.loads(text)["config"]
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise TypeError("not a mapping")
+        recorded = data["config"]
         if not isinstance(recorded, dict):
             raise TypeError("config is not a mapping")
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise ConfigError("out", f"{record} is not a readable run record ({exc}); use a new "
                           "--out, or remove it to start over there") from None
     if not _trained_before(cfg):  # an attempt that stopped before training pins nothing
-        return
+        return data
     # a run that fell back to a smaller batch (train launch's GPU memory wait) continues
     # with either size
-    fallback = contract.batch_fallback(cfg.batch_size) or _read_fallback(record)
+    fallback = contract.batch_fallback(cfg.batch_size) or bool(data.get("batch_fallback"))
     exempt = {"batch_size"} if fallback else set()
     differ = {k: (recorded[k], v) for k, v in cfg.identity().items()
               if k in recorded and recorded[k] != v and k not in exempt}
@@ -120,17 +124,7 @@ def check_same_run(cfg: RunConfig) -> None:
                            for k, (old, new) in sorted(differ.items()))
         raise ConfigError(sorted(differ)[0], f"differs from the run in {cfg.out_dir} "
                           f"({detail}); use its settings, or a new --out")
-
-
-def _read_fallback(record: Any) -> bool:
-    """The run record says a chunk fell back to a smaller batch size."""
-    from train.jsonio import read_bounded
-
-    try:
-        data = json.loads(read_bounded(record, RECORD_LIMIT) or b"{}")
-        return isinstance(data, dict) and bool(data.get("batch_fallback"))
-    except (ValueError, RecursionError):
-        return False
+    return data
 
 
 def _trained_before(cfg: RunConfig) -> bool:
@@ -174,7 +168,8 @@ def run(cfg: RunConfig) -> RunResult:
             cfg.out_dir.mkdir(parents=True, exist_ok=True)
             # one run per folder at a time (a second run is exit 2 naming the holder)
             lock.enter_context(results.RunLock(cfg.out_dir))
-            check_same_run(cfg)  # again under the lock: a run may have finished meanwhile
+            # again under the lock: a run may have finished meanwhile
+            previous = check_same_run(cfg)
             results.write_json_atomic(cfg.out_dir / "config.json", results.run_metadata(
                 cfg.to_dict(), ctx.device, {
                     "precision": precision.name,
@@ -189,8 +184,8 @@ def run(cfg: RunConfig) -> RunResult:
                         {k: os.environ.get(k) for k in HOST_ENV_CHECK}),
                     "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     # once a chunk fell back to a smaller batch, either size may resume
-                    "batch_fallback": contract.batch_fallback(cfg.batch_size) or _read_fallback(
-                        cfg.out_dir / "config.json"),
+                    "batch_fallback": contract.batch_fallback(cfg.batch_size) or bool(
+                        previous.get("batch_fallback")),
                 }))
         with stopper:
             summary = trainer.train(cfg, ctx, precision, stopper)

@@ -12,6 +12,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from train.jsonio import read_bounded  # (no heavy imports: json, os)
+
 # -- files in the run directory -------------------------------------------------------
 COMPLETE_MARKER = "COMPLETE"  # the work is done (written by `train run`, rank 0)
 PROGRESS_FILE = "progress"  # one line "DONE TOTAL": work units (episodes over all seeds)
@@ -97,8 +99,6 @@ def write_progress(run_dir: Path, done: int, total: int) -> None:
 
 
 def read_progress(run_dir: Path) -> tuple[int, int] | None:
-    from train.jsonio import read_bounded  # (light: json, os)
-
     data = read_bounded(run_dir / PROGRESS_FILE, 64)  # "DONE TOTAL\n"; no FIFO, no device
     try:
         parts = (data or b"").decode("ascii").split()

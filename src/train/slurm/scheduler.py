@@ -498,13 +498,14 @@ def _record_int(chain: Chain, key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _gpu_summary(chain: Chain) -> dict[str, Any]:
-    """Per node, the GPU watch's mean and latest utilisation (runtime/gpuwatch.py)."""
+def idle_settings(chain: Chain) -> tuple[float, float]:
+    """The job's GPU idle threshold (percent) and minutes, as `train submit` recorded them
+    in the chain's resources; the watch's defaults where they are missing or odd."""
     from train.runtime import gpuwatch
 
     res = chain.record.get("resources")
     watch = res.get("gpu_watch") if isinstance(res, dict) else None
-    given = watch if isinstance(watch, dict) else {}  # the job's idle settings (submit)
+    given = watch if isinstance(watch, dict) else {}
 
     def setting(name: str, default: float) -> float:
         value = given.get(name)
@@ -512,10 +513,17 @@ def _gpu_summary(chain: Chain) -> dict[str, Any]:
             return float(value)
         return default
 
+    return (setting("idle_threshold", gpuwatch.DEFAULT_IDLE_THRESHOLD),
+            setting("idle_minutes", gpuwatch.DEFAULT_IDLE_MINUTES))
+
+
+def _gpu_summary(chain: Chain) -> dict[str, Any]:
+    """Per node, the GPU watch's mean and latest utilisation (runtime/gpuwatch.py)."""
+    from train.runtime import gpuwatch
+
+    threshold, minutes = idle_settings(chain)
     try:
-        return dict(gpuwatch.summary(
-            chain.run_dir, threshold=setting("idle_threshold", gpuwatch.DEFAULT_IDLE_THRESHOLD),
-            minutes=setting("idle_minutes", gpuwatch.DEFAULT_IDLE_MINUTES)))
+        return dict(gpuwatch.summary(chain.run_dir, threshold=threshold, minutes=minutes))
     except (OSError, ValueError):
         return {}
 
