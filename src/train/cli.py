@@ -38,7 +38,7 @@ exit codes:
   2  bad input (unknown workload, config key or value; unwritable --out); nothing written
   3  a resource is missing: GPU memory at start-up, the StarCraft II game (SC2PATH), a
      usable CUDA with --device cuda (the message names the cause and the fix), or the
-     training runtime (pip install 'train[run]')
+     training runtime (pip install './[run]' in a checkout of this repository)
 
 A YAML file given with --config takes the same keys as the flags (with underscores);
 flags override it.
@@ -153,10 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-mem-mb", type=int, default=4096,
                    help="host memory per DataLoader worker (default 4096)")
 
-    p = sub.add_parser("summary", help="mean and spread of a seed sweep's learning curves",
-                       description="Write runs/NAME/summary.csv and summary.png: the "
-                       "seeds' episode rewards (moving average), their mean and standard "
-                       "deviation (needs the runtime: matplotlib, numpy).")
+    p = sub.add_parser("summary", help="a seed sweep's results: per seed and across seeds",
+                       description="Print a table of the sweep's seeds (episodes, final "
+                       "evaluation, state) with the mean +- std of their final evaluations, "
+                       "and write runs/NAME/summary.csv: the seeds' episode rewards (moving "
+                       "average), their mean and standard deviation per episode. Works on "
+                       "the login-node client; summary.png is drawn where matplotlib is "
+                       "installed.")
     p.add_argument("ref", metavar="NAME", help="the sweep's name (runs/NAME)")
     p.add_argument("--runs", type=Path, default=Path("runs"), metavar="DIR",
                    help="where runs live (default: runs)")
@@ -636,11 +639,31 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     if not is_sweep(root):
         raise UsageError(f"summary: {args.ref} is not a seed sweep (submit one with "
                          "--sweep-seeds)")
-    csv, plot, notes = summarize(root, args.smooth)
-    for note in notes:
+    if args.smooth < 1:
+        raise UsageError(f"summary: --smooth must be at least 1, got {args.smooth}")
+    summary = summarize(root, args.smooth, _chain_states(root))
+    print("\n".join(summary.table))
+    for note in summary.notes:
         print(f"train: {note}", file=sys.stderr)
-    print(f"written: {csv} and {plot}")
+    written = [str(p) for p in (summary.csv, summary.plot) if p is not None]
+    if written:
+        print(f"written: {' and '.join(written)}")
     return EXIT_OK
+
+
+def _chain_states(root: Path) -> dict[int, str]:
+    """Each seed's chain state as `train status` shows it, where Slurm answers; the
+    summary falls back to the run folders where it does not (or the chain has no record)."""
+    from train.slurm.scheduler import chain_status, load_chain
+    from train.slurm.sweep import chain_paths
+
+    states = {}
+    for seed, run_dir in chain_paths(root):
+        try:
+            states[seed] = str(chain_status(load_chain(run_dir))["state"])
+        except TrainError as exc:
+            log.debug("summary: no chain state for seed %d: %s", seed, exc)
+    return states
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -673,7 +696,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError):
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115  # no flush error at exit
         return EXIT_OK
-    except ModuleNotFoundError as exc:  # a client-only install: `train run` needs train[run]
+    except ModuleNotFoundError as exc:  # a client-only install: `train run` needs the run extra
         missing = runtime_missing(exc)
         if missing is None:
             log.exception("unexpected failure")

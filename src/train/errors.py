@@ -49,6 +49,15 @@ class RuntimeMissing(ResourceError):
     """The training runtime (the `run` extra: torch, numpy, ...) is not installed here."""
 
 
+DISTRIBUTION = "train-slurm-apptainer"  # pyproject.toml's name; PyPI's `train` is another project
+
+
+def install_hint(extra: str) -> str:
+    """How to install an extra: from a checkout (there is no package index release)."""
+    return (f"pip install './[{extra}]' in a checkout of this repository (the distribution "
+            f"{DISTRIBUTION}; `pip install train` installs an unrelated project)")
+
+
 # top-level modules of the `run` extra (pyproject.toml): torch, numpy, matplotlib,
 # python-hostlist and nvidia-ml-py
 RUNTIME_MODULES = frozenset({"torch", "numpy", "matplotlib", "hostlist", "pynvml"})
@@ -64,8 +73,8 @@ def runtime_missing(exc: ModuleNotFoundError) -> RuntimeMissing | None:
         return None
     return RuntimeMissing(
         f"the training runtime is not installed here (no module named {exc.name!r}): "
-        "install it with pip install 'train[run]' (from a checkout: pip install './[run]'), "
-        "or run the command inside the container image")
+        f"install it with {install_hint('run')}, or run the command inside the container "
+        "image")
 
 
 class PreallocationError(ResourceError):

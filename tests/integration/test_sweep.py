@@ -46,6 +46,11 @@ def test_a_seed_sweep_runs_its_chains_side_by_side_and_summarises_them(
     assert len(rows) == 3  # header + one row per seed, in the sweep's shared CSV
     proc = run_cli(["summary", "sw"], cwd=tmp_path, env=slurm_env)
     assert proc.returncode == 0, proc.stderr
+    # the table: each seed's chain state as Slurm reports it, and the final evaluations
+    table = proc.stdout.splitlines()
+    assert [line.split()[::3] for line in table[2:4]] == [["4", "complete"],
+                                                          ["6", "complete"]]
+    assert "final evaluation over 2 of 2 seed(s): " in table[4] and "+-" in table[4]
     summary = list(csv.DictReader((tmp_path / "runs" / "sw" / "summary.csv").open()))
     assert summary and {r["seeds"] for r in summary} == {"2"}
     assert (tmp_path / "runs" / "sw" / "summary.png").exists()

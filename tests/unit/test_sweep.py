@@ -87,3 +87,83 @@ def test_the_summary_has_the_mean_and_spread_across_seeds(tmp_path: Path) -> Non
     (root / "sweep.json").write_text('{"chains": [{"run_dir": "x"}]}')
     proc = run_cli(["summary", "e1"], cwd=tmp_path)
     assert proc.returncode == 2 and "no integer seed" in proc.stderr
+
+
+def _sweep_on_disk(root: Path, curves: dict[int, list[float]],
+                   evaluations: dict[int, float]) -> None:
+    """A sweep's folders as `train submit` and `train run` leave them (no chain record:
+    the states come from the run folders)."""
+    chains = []
+    for seed, rewards in curves.items():
+        run_dir = root / f"seed-{seed}"
+        (run_dir / f"seed_{seed}").mkdir(parents=True)
+        (run_dir / f"seed_{seed}" / "episodes.json").write_text(
+            json.dumps({"rewards": rewards}))
+        if seed in evaluations:
+            (run_dir / "eval").mkdir()
+            (run_dir / "eval" / "test_results.json").write_text(json.dumps(
+                {str(seed): {"mean_reward": evaluations[seed], "trained_episodes":
+                             len(rewards)}}))
+            (run_dir / "COMPLETE").touch()
+        chains.append({"seed": seed, "run_dir": str(run_dir)})
+    write_record(root, root.name, chains)
+
+
+# `train summary` as the login-node client runs it: neither matplotlib nor numpy installed
+_CLIENT = """
+import sys
+class NotInstalled:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("matplotlib", "numpy", "torch"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, NotInstalled())
+from train.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_the_summary_runs_on_the_client_without_matplotlib(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    root = tmp_path / "runs" / "e1"
+    _sweep_on_disk(root, {4: [0.0, 1.0, 2.0, 3.0], 6: [2.0, 3.0, 4.0, 5.0], 8: [1.0]},
+                   {4: 10.0, 6: 14.0})
+    proc = subprocess.run([sys.executable, "-c", _CLIENT, "summary", "e1", "--smooth", "2"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "e1: sweep of 3 seed(s)"
+    assert lines[1].split() == ["seed", "episodes", "final", "eval", "state"]
+    assert lines[2].split() == ["4", "4", "10", "complete"]
+    assert lines[3].split() == ["6", "4", "14", "complete"]
+    assert lines[4].split() == ["8", "1", "-", "incomplete"]
+    # mean and sample standard deviation of 10 and 14: 12 +- 2.828
+    assert "final evaluation over 2 of 3 seed(s): 12 +- 2.828 (mean +- std" in lines[5]
+    assert "no plot: matplotlib is not installed here" in proc.stderr
+    assert "pip install './[run]'" in proc.stderr
+    assert (root / "summary.csv").is_file() and not (root / "summary.png").exists()
+    rows = list(csv.DictReader((root / "summary.csv").open()))
+    # the shortest seed has 1 episode: a window of 1, so the curves are the rewards
+    assert float(rows[0]["mean_reward"]) == pytest.approx(1.0)
+    assert float(rows[0]["std_reward"]) == pytest.approx((2 / 3) ** 0.5)
+    assert proc.stdout.endswith("written: runs/e1/summary.csv\n")
+
+
+def test_a_short_sweep_plots_no_empty_axes(tmp_path: Path) -> None:
+    root = tmp_path / "runs" / "e1"
+    _sweep_on_disk(root, {4: [3.0], 6: [5.0]}, {4: 7.0})
+    proc = run_cli(["summary", "e1"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "no plot: the curves have 1 point(s)" in proc.stderr
+    assert not (root / "summary.png").exists()
+    assert "final evaluation over 1 of 2 seed(s): 7 (one seed, no spread)" in proc.stdout
+    # no episode at all: the table still, and no curves
+    for seed in (4, 6):
+        (root / f"seed-{seed}" / f"seed_{seed}" / "episodes.json").unlink()
+    proc = run_cli(["summary", "e1"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "has finished an episode yet" in proc.stderr
+    assert proc.stdout.splitlines()[2].split() == ["4", "0", "7", "complete"]

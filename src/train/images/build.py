@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from train import _proc
-from train.errors import ResourceError, TrainError, UsageError
+from train.errors import ResourceError, TrainError, UsageError, install_hint
 from train.images.defs import DefFile
 from train.images.dockerfile import (
     BUILD_DIR,
@@ -189,8 +189,8 @@ def _client() -> Any:
     try:
         import docker
     except ImportError:
-        raise UsageError("docker builds need the docker SDK: pip install "
-                         "'train[images]'") from None
+        raise UsageError(f"docker builds need the docker SDK: {install_hint('images')}"
+                         ) from None
 
     try:
         client = docker.from_env()

@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from train.errors import UsageError
+from train.errors import UsageError, install_hint
 
 MAX_BYTES = 256 * 1024  # refuse larger definitions (ours are a few KiB; spython, which
 # lint also runs, is quadratic: about 1.3 s at this size, 12 s at 1 MiB)
@@ -368,7 +368,7 @@ def spython_check(path: Path) -> None:
     try:
         from spython.main.parse.parsers import SingularityParser
     except ImportError:
-        raise UsageError("image lint needs spython: pip install 'train[images]'") from None
+        raise UsageError(f"image lint needs spython: {install_hint('images')}") from None
 
     text = path.read_text(encoding="utf-8")
     if len(text.encode("utf-8")) > MAX_BYTES:

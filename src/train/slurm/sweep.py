@@ -4,8 +4,10 @@
 (`sweep.json`) and one chain directory per seed (`seed-4/`, ...), each an ordinary chain
 (`train run ... --seeds 4`) with its own chunks. They share the results CSV beside them
 (runs/NAME/results.csv, one row per finished seed). `train status NAME` shows the sweep
-and each chain; `train summary NAME` writes the curves' mean and spread across seeds.
-No heavy imports here except in `summarize` (the plot needs the runtime).
+and each chain; `train summary NAME` prints a table of the seeds (episodes, final
+evaluation, state; mean +- std of the final evaluations) and writes the curves' mean and
+spread across seeds.
+Nothing here needs the training runtime: the plot is drawn where matplotlib is installed.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from train.errors import ConfigError, UsageError
 from train.jsonio import write_json_atomic
-from train.slurm.contract import SWEEP_RECORD
+from train.slurm.contract import COMPLETE_MARKER, SWEEP_RECORD
 from train.slurm.job import JobSpec
 
 SUMMARY_CSV = "summary.csv"
@@ -122,62 +124,182 @@ def _rewards(path: Path) -> list[float] | str:
     return [float(r) for r in rewards] if rewards else "no episodes yet"
 
 
-def summarize(root: Path, smooth: int = 25) -> tuple[Path, Path, list[str]]:
-    """Mean and spread of the seeds' learning curves (episode rewards, a moving average of
-    `smooth` episodes), per episode over the seeds that reached it: summary.csv and
-    summary.png in the sweep's directory. Returns (csv, plot, notes on seeds left out)."""
+@dataclasses.dataclass(frozen=True)
+class SeedResult:
+    """One seed's line of the summary table."""
+
+    seed: int
+    episodes: int | None  # finished training episodes (None: no readable record)
+    evaluation: float | None  # mean reward of the final evaluation (None: not evaluated)
+    state: str
+
+
+def _evaluation(run_dir: Path, seed: int) -> float | None:
+    """The mean reward of the seed's final evaluation (`train run` writes it when the seed
+    has trained all its episodes), or None."""
+    import math
+
+    try:
+        found = json.loads((run_dir / "eval" / "test_results.json").read_text(
+            encoding="utf-8")).get(str(seed))
+    except (OSError, ValueError, AttributeError):
+        return None
+    value = found.get("mean_reward") if isinstance(found, dict) else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def file_state(run_dir: Path) -> str:
+    """A chain's state from its run folder alone (where Slurm cannot be asked)."""
+    if (run_dir / COMPLETE_MARKER).exists():
+        return "complete"
+    return "incomplete" if run_dir.is_dir() else "not started"
+
+
+def seed_results(root: Path, states: dict[int, str] | None = None) -> list[SeedResult]:
+    """Every seed of the sweep: episodes, final evaluation and state (`states`: the chains'
+    states where Slurm was asked; otherwise from the run folders)."""
+    out = []
+    for seed, run_dir in chain_paths(root):
+        found = _rewards(run_dir / f"seed_{seed}" / "episodes.json")
+        episodes = len(found) if isinstance(found, list) else (
+            0 if found == "no episodes yet" else None)
+        state = (states or {}).get(seed) or file_state(run_dir)
+        out.append(SeedResult(seed, episodes, _evaluation(run_dir, seed), state))
+    return out
+
+
+def mean_std(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation (None for a single value)."""
+    import statistics
+
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def format_table(name: str, seeds: list[SeedResult]) -> list[str]:
+    """The text summary: a line per seed, then mean +- std of the final evaluations."""
+    lines = [f"{name}: sweep of {len(seeds)} seed(s)",
+             f"  {'seed':>7}  {'episodes':>8}  {'final eval':>10}  state"]
+    for s in seeds:
+        episodes = "?" if s.episodes is None else str(s.episodes)
+        evaluation = "-" if s.evaluation is None else f"{s.evaluation:.4g}"
+        lines.append(f"  {s.seed:>7}  {episodes:>8}  {evaluation:>10}  {s.state}")
+    evaluated = [s.evaluation for s in seeds if s.evaluation is not None]
+    if not evaluated:
+        lines.append("  final evaluation: none yet (a seed is evaluated when it has trained "
+                     "all its episodes)")
+        return lines
+    mean, std = mean_std(evaluated)
+    spread = f" +- {std:.4g} (mean +- std" if std is not None else " (one seed, no spread"
+    lines.append(f"  final evaluation over {len(evaluated)} of {len(seeds)} seed(s): "
+                 f"{mean:.4g}{spread})")
+    return lines
+
+
+def _moving_average(values: list[float], window: int) -> list[float]:
+    """Means of each `window` consecutive values (numpy's 'valid' convolution)."""
+    out, total = [], sum(values[:window])
+    out.append(total / window)
+    for i in range(window, len(values)):
+        total += values[i] - values[i - window]
+        out.append(total / window)
+    return out
+
+
+# fewer points than this on the longest curve: no plot (a line needs two points)
+MIN_PLOT_POINTS = 2
+
+
+@dataclasses.dataclass
+class Summary:
+    table: list[str]
+    csv: Path | None = None
+    plot: Path | None = None
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def summarize(root: Path, smooth: int = 25, states: dict[int, str] | None = None
+              ) -> Summary:
+    """The sweep's text table (every seed's episodes, final evaluation and state; mean +-
+    std of the final evaluations), and the mean and spread of the seeds' learning curves
+    (episode rewards, a moving average of `smooth` episodes) per episode over the seeds
+    that reached it: summary.csv always, summary.png where matplotlib is installed and the
+    curves have points to draw. Needs neither numpy nor matplotlib for the table and CSV."""
     if smooth < 1:
         raise UsageError(f"summary: --smooth must be at least 1, got {smooth}")
-    import matplotlib
-    import numpy as np
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    seeds = seed_results(root, states)
+    summary = Summary(format_table(root.name, seeds))
     curves: dict[int, list[float]] = {}
-    notes: list[str] = []
     for seed, run_dir in chain_paths(root):
         found = _rewards(run_dir / f"seed_{seed}" / "episodes.json")
         if isinstance(found, str):
-            notes.append(f"seed {seed} left out: {found}")
+            summary.notes.append(f"seed {seed} left out of the curves: {found}")
         else:
             curves[seed] = found
     if not curves:
-        raise UsageError(f"summary: no seed of {root.name} has finished an episode yet")
+        summary.notes.append(f"no seed of {root.name} has finished an episode yet: no "
+                             "curves to write")
+        return summary
     window = max(1, min(smooth, *(len(c) for c in curves.values())))
-    kernel = np.ones(window) / window
-    smoothed = {seed: np.convolve(np.array(c), kernel, mode="valid")
-                for seed, c in curves.items()}
+    smoothed = {seed: _moving_average(c, window) for seed, c in curves.items()}
     longest = max(len(v) for v in smoothed.values())
     episodes, means, stds, counts = [], [], [], []
     for i in range(longest):  # episode window + i, over the seeds that reached it
-        values = np.array([v[i] for v in smoothed.values() if i < len(v)])
+        values = [v[i] for v in smoothed.values() if i < len(v)]
+        mean = sum(values) / len(values)
         episodes.append(window + i)
-        means.append(float(values.mean()))
-        stds.append(float(values.std()))
+        means.append(mean)
+        # the spread of the seeds' curves (population std, as before: one seed has 0)
+        stds.append((sum((x - mean) ** 2 for x in values) / len(values)) ** 0.5)
         counts.append(len(values))
     lines = ["episode,mean_reward,std_reward,seeds"]
     lines += [f"{e},{m:.6g},{s:.6g},{n}" for e, m, s, n in zip(episodes, means, stds, counts,
                                                                strict=True)]
-    csv, plot = root / SUMMARY_CSV, root / SUMMARY_PLOT
-    mean, std = np.array(means), np.array(stds)
+    csv = root / SUMMARY_CSV
+    try:
+        tmp = csv.with_name(f".{SUMMARY_CSV}.tmp")
+        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        tmp.replace(csv)
+    except OSError as exc:
+        raise UsageError(f"summary: cannot write into {root}: {exc.strerror or exc}") from None
+    summary.csv = csv
+    if window < smooth:
+        summary.notes.append(f"moving average over {window} episodes (the shortest seed has "
+                             "that many)")
+    if longest < MIN_PLOT_POINTS:
+        summary.notes.append(f"no plot: the curves have {longest} point(s) (a moving average "
+                             f"of {window} over the seeds' episodes); it is drawn once they "
+                             f"have {MIN_PLOT_POINTS}")
+        return summary
+    try:
+        import matplotlib
+    except ImportError:
+        from train.errors import install_hint
+
+        summary.notes.append(f"no plot: matplotlib is not installed here (the login-node "
+                             f"client); the table and {SUMMARY_CSV} have the numbers; for "
+                             f"{SUMMARY_PLOT}, {install_hint('run')}")
+        return summary
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plot = root / SUMMARY_PLOT
+    lower = [m - s for m, s in zip(means, stds, strict=True)]
+    upper = [m + s for m, s in zip(means, stds, strict=True)]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(episodes, mean, label=f"mean of {len(curves)} seeds")
-    ax.fill_between(episodes, mean - std, mean + std, alpha=0.3, label="± 1 std")
+    marker = "o" if longest < 20 else None  # a few points stay visible
+    ax.plot(episodes, means, marker=marker, label=f"mean of {len(curves)} seeds")
+    ax.fill_between(episodes, lower, upper, alpha=0.3, label="± 1 std")
     ax.set_xlabel("episode")
     ax.set_ylabel(f"reward (moving average of {window})")
     ax.set_title(f"{root.name}: seeds {', '.join(map(str, sorted(curves)))}")
     ax.legend()
     try:
-        tmp = csv.with_name(f".{SUMMARY_CSV}.tmp")
-        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        tmp.replace(csv)
         fig.savefig(plot, dpi=100, bbox_inches="tight")
     except OSError as exc:
         raise UsageError(f"summary: cannot write into {root}: {exc.strerror or exc}") from None
     finally:
         plt.close(fig)
-    if window < smooth:
-        notes.append(f"moving average over {window} episodes (the shortest seed has that "
-                     "many)")
-    return csv, plot, notes
+    summary.plot = plot
+    return summary
