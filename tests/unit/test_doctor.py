@@ -600,3 +600,17 @@ def test_json_output_stays_strict_json(tmp_path: Path) -> None:
                                                          chain_state="running"))
     text = json.dumps(report.as_dict(), allow_nan=False)  # raises on NaN
     assert json.loads(text)["training"] == {"complete": False, "loss": None}
+
+
+def test_a_healthy_chain_queued_for_hours_has_no_idle_gpu(tmp_path: Path) -> None:
+    """Issue 18 item 7: three chunks, each idle while it starts and while it saves, 3 hours
+    of queue between them (the real sampler loop wrote the file): healthy, exit 0."""
+    from tests.unit.test_gpuwatch import HEALTHY_CHUNK, _chain_of_samplers
+
+    res = {**RESOURCES, "gpu_watch": {"interval": 30, "idle_threshold": 60,
+                                      "idle_minutes": 15}}
+    run_dir = make_run(tmp_path, {"r-101.out": ""}, resources=res)
+    _chain_of_samplers(run_dir, [HEALTHY_CHUNK] * 3)
+    st = status("COMPLETED", "0:0", ["started", "complete"], chain_state="complete")
+    report = doctor.diagnose(load_chain(run_dir), st)
+    assert report.healthy, report.as_dict()

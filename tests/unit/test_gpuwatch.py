@@ -118,7 +118,14 @@ def _watch(nvml: FakeNvml, run_dir: Path, samples: int, *, interval: float = 30,
 
 
 def _rows(path: Path) -> list[list[str]]:
-    return [line.split(",") for line in path.read_text().splitlines()[1:]]
+    return [line.split(",") for line in path.read_text().splitlines()[1:]
+            if not line.startswith(gpuwatch.START_MARK)]
+
+
+@pytest.fixture
+def no_warmup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests of the idle arithmetic itself: no warm-up (its own tests below)."""
+    monkeypatch.setattr(gpuwatch, "WARMUP_MINUTES", 0.0)
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -143,10 +150,12 @@ def test_one_line_per_gpu_per_sample_with_a_header_once(tmp_path: Path) -> None:
     times = [float(r[0]) for r in rows]
     assert times[0] == times[1] and times[2] - times[0] == 30  # one time per sample
     assert nvml.calls == ["init"]  # never nvmlShutdown: it can hang, the process ends
-    # the next chunk of the chain appends to the same file, without a second header
+    # the next chunk of the chain appends to the same file, without a second header; each
+    # sampler marks where its run begins
     assert _watch(FakeNvml({0: [5], 1: [5]}), tmp_path, 2) == 0
     text = path.read_text()
-    assert text.count("time,") == 1 and len(text.splitlines()) == 1 + 6 + 4
+    assert text.count("time,") == 1 and len(text.splitlines()) == 1 + 1 + 6 + 1 + 4
+    assert text.splitlines()[1] == f"{gpuwatch.START_MARK}{Clock().time():.1f}"
 
 
 def test_every_sample_is_on_disk_before_the_sampler_waits(tmp_path: Path) -> None:
@@ -160,7 +169,7 @@ def test_every_sample_is_on_disk_before_the_sampler_waits(tmp_path: Path) -> Non
 
     _watch(FakeNvml({0: [50], 1: [50]}), tmp_path, 3, interval=1, clock=clock, sleep=sleep,
            node="n1")
-    assert seen == [3, 5]  # header + 2, header + 4: flushed after each sample
+    assert seen == [4, 6]  # header, mark + 2, + 4: flushed after each sample
 
 
 def test_node_names_become_safe_file_names(tmp_path: Path) -> None:
@@ -169,7 +178,7 @@ def test_node_names_become_safe_file_names(tmp_path: Path) -> None:
 
 
 def test_the_idle_warning_fires_once_after_the_idle_time(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, no_warmup: None) -> None:
     caplog.set_level(logging.INFO, logger="train.gpuwatch")
     nvml = FakeNvml({0: [0] * 20, 1: [95] * 20})
     clock = Clock()
@@ -182,7 +191,8 @@ def test_the_idle_warning_fires_once_after_the_idle_time(
     # 30 s apart, 1 min: the third idle sample (0, 30, 60 s) completes the idle time
     watch(nvml, tmp_path, "gpu-a01", WatchSettings(30, 50, 1), clock=now,
           sleep=clock.sleep, max_samples=10)
-    assert counts == [0, 0, 0, 1, 1, 1, 1, 1, 1, 1] and len(_warnings(caplog)) == 1
+    # (the first reading of the clock is the sampler's start mark)
+    assert counts == [0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1] and len(_warnings(caplog)) == 1
     message = _warnings(caplog)[0]
     assert "gpu-a01" in message and "GPU 0 " in message and "GPU 1" not in message
     assert "50%" in message and "1 min" in message
@@ -190,7 +200,7 @@ def test_the_idle_warning_fires_once_after_the_idle_time(
 
 
 def test_the_warning_rearms_only_after_the_gpu_recovered(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, no_warmup: None) -> None:
     # idle 3 samples (warn), busy once, idle 3 samples again (warn again), idle on (no more)
     _watch(FakeNvml({0: [0, 0, 0, 0, 80, 1, 2, 3, 4, 5, 6]}), tmp_path, 11, minutes=1)
     assert len(_warnings(caplog)) == 2
@@ -205,7 +215,8 @@ def test_the_warning_rearms_only_after_the_gpu_recovered(
 
 
 def test_gpus_idle_together_share_one_warning(tmp_path: Path,
-                                             caplog: pytest.LogCaptureFixture) -> None:
+                                             caplog: pytest.LogCaptureFixture,
+                                             no_warmup: None) -> None:
     _watch(FakeNvml({0: [1], 1: [90], 2: [3]}), tmp_path, 5, minutes=1)
     assert len(_warnings(caplog)) == 1 and "GPUs 0, 2 " in _warnings(caplog)[0]
 
@@ -407,7 +418,7 @@ def test_the_header_is_on_disk_before_the_first_sample(tmp_path: Path) -> None:
             return super().nvmlDeviceGetUtilizationRates(handle)
 
     _watch(Looking({0: [50]}), tmp_path, 1, node="n1")
-    assert seen == [CSV_HEADER + "\n"]
+    assert seen == [f"{CSV_HEADER}\n{gpuwatch.START_MARK}{Clock().time():.1f}\n"]
 
 
 def test_messages_from_the_driver_are_printable(
@@ -750,21 +761,27 @@ def test_summary_per_node(tmp_path: Path) -> None:
     assert summary(tmp_path / "nowhere") == {}
 
 
-def test_idle_findings_name_the_gpu_and_the_lines(tmp_path: Path) -> None:
+def test_idle_findings_name_the_gpu_and_the_lines(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     run = _written(tmp_path)
     found = idle_findings(run, threshold=10, minutes=3)
     assert len(found) == 1
     f = found[0]
     assert (f.node, f.gpu, f.samples, f.ongoing) == ("a02", 1, 8, True)
     assert f.minutes == pytest.approx(3.5) and f.max_util == 5
-    # header on line 1, two lines per sample: GPU 1 of sample 5 is line 11, of 12 line 25
-    assert (f.first_line, f.last_line) == (11, 25)
+    # header on line 1, the sampler's mark on 2, two lines per sample: GPU 1 of sample 5
+    # is line 12, of 12 line 26
+    assert (f.first_line, f.last_line) == (12, 26)
     lines = Path(f.file).read_text().splitlines()
     assert lines[f.first_line - 1].split(",")[1:3] == ["1", "2"]
     text = f.describe()
-    assert "node a02 GPU 1" in text and "lines 11-25" in text and f.file in text
+    assert "node a02 GPU 1" in text and "lines 12-26" in text and f.file in text
     assert idle_findings(run, threshold=10, minutes=4) == []
-    # a higher threshold: every GPU of a02 under it, a finished run on a01's too
+    # a higher threshold: no sample of any GPU reaches it, and all of them are in the
+    # sampler's first 10 minutes: start-up, not idleness
+    assert idle_findings(run, threshold=100, minutes=1) == []
+    # without the warm-up every GPU of both nodes would be idle
+    monkeypatch.setattr(gpuwatch, "WARMUP_MINUTES", 0.0)
     assert {(x.node, x.gpu) for x in idle_findings(run, threshold=100, minutes=1)} == {
         ("a01", 0), ("a01", 1), ("a02", 0), ("a02", 1)}
 
@@ -892,6 +909,82 @@ def test_summary_reads_only_the_tail_of_a_large_file(tmp_path: Path) -> None:
     assert tail[-1].line == 5001 and tail[0].line > 4990
     full = summary(tmp_path, threshold=10, minutes=30)["big"]
     assert full["partial"] is False and full["samples"] == 5000
+
+
+def _chain_of_samplers(run_dir: Path, chunks: list[list[int]], *, gap: float = 3 * 3600,
+                       interval: float = 30) -> Clock:
+    """The samplers of a chain's chunks (the real loop, a fake NVML and clock), each
+    appending to the node's one file, `gap` seconds of queue wait between them."""
+    clock = Clock()
+    for k, series in enumerate(chunks):
+        if k:
+            clock.now += gap
+        watch(FakeNvml({0: series}), run_dir, "n1", WatchSettings(interval, 60, 15),
+              clock=clock.time, sleep=clock.sleep, max_samples=len(series))
+    return clock
+
+
+# issue 18 item 7: a healthy chain, each chunk idle while it starts (imports, CUDA, the
+# rendezvous) and while it saves its checkpoint at the end, with 3 hours of queue between
+# chunks: Torch's settings (60%, 15 min)
+HEALTHY_CHUNK = [0] * 6 + [90] * 100 + [0] * 4  # 3 min start-up, 50 busy, 2 min saving
+
+
+def test_the_queue_wait_between_chunks_is_no_idle_time(tmp_path: Path) -> None:
+    _chain_of_samplers(tmp_path, [HEALTHY_CHUNK] * 3)
+    text = csv_path(tmp_path, "n1").read_text()
+    assert text.count(gpuwatch.START_MARK) == 3
+    assert idle_findings(tmp_path, threshold=60, minutes=15) == []
+    # the status table's idle flag: chunk 3 is busy now, chunk 2's end is not its start
+    node = summary(tmp_path, threshold=60, minutes=15)["n1"]
+    assert node["idle"] is False and node["gpus"] == 1
+
+
+def test_idle_status_now_counts_from_the_chunk_that_runs(tmp_path: Path) -> None:
+    # chunk 1 ended idle (saving), chunk 2 is 4 minutes into its start-up: not idle
+    _chain_of_samplers(tmp_path, [HEALTHY_CHUNK, [0] * 8])
+    assert summary(tmp_path, threshold=60, minutes=15)["n1"]["idle"] is False
+    assert idle_findings(tmp_path, threshold=60, minutes=15) == []
+
+
+def test_a_program_that_never_uses_the_gpu_is_idle_after_the_warm_up(tmp_path: Path) -> None:
+    # 40 minutes at 0% from the sampler's start: the first 10 are the warm-up, the 30
+    # after them are an idle stretch (15 min is the idle time)
+    _chain_of_samplers(tmp_path, [HEALTHY_CHUNK, [0] * 81])
+    [f] = idle_findings(tmp_path, threshold=60, minutes=15)
+    assert f.ongoing and f.minutes == pytest.approx(30.0)
+    lines = Path(f.file).read_text().splitlines()
+    mark = max(i for i, line in enumerate(lines) if line.startswith(gpuwatch.START_MARK))
+    started = float(lines[mark][len(gpuwatch.START_MARK):])
+    assert f.first_line == mark + 1 + 21  # the 21st sample of chunk 2 is 10 min in
+    assert f.start - started == gpuwatch.WARMUP_MINUTES * 60
+    assert summary(tmp_path, threshold=60, minutes=15)["n1"]["idle"] is True
+
+
+def test_the_warm_up_ends_at_the_first_busy_sample(tmp_path: Path,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    # busy after 1 minute, then idle for 20 minutes: the stretch starts right after the
+    # busy sample, not 10 minutes after the start; the live warning says the same
+    _chain_of_samplers(tmp_path, [[0, 0, 95] + [0] * 40])
+    [f] = idle_findings(tmp_path, threshold=60, minutes=15)
+    assert f.samples == 40 and f.minutes == pytest.approx(19.5)
+    assert len(_warnings(caplog)) == 1
+    caplog.clear()
+    # the same start-up without the busy sample: 21.5 min, 10 of them warm-up: no finding
+    _chain_of_samplers(tmp_path / "b", [[0] * 43])
+    assert idle_findings(tmp_path / "b", threshold=60, minutes=15) == []
+    assert _warnings(caplog) == []
+
+
+def test_a_file_without_marks_is_one_stretch_without_warm_up(tmp_path: Path) -> None:
+    """Files of samplers that wrote no mark (and tails that start after the last mark):
+    one run whose start is unknown."""
+    path = csv_path(tmp_path, "old")
+    path.parent.mkdir(parents=True)
+    path.write_text(CSV_HEADER + "\n" + "".join(
+        f"{1_700_000_000 + 30 * k}.0,0,0,1,2\n" for k in range(40)))
+    [f] = idle_findings(tmp_path, threshold=60, minutes=15)
+    assert (f.first_line, f.samples) == (2, 40)
 
 
 # -- job settings, profiles, rendering ---------------------------------------------------

@@ -11,7 +11,9 @@ that sampling never slows or blocks training:
 It reads every GPU of the job through NVML (`nvidia-ml-py`, imported lazily) each interval
 and appends one line per GPU to `RUN_DIR/gpu/NODE.csv` (CSV_HEADER; the header is written
 once, when the file is new, so the chunks of a chain append to one file), written straight
-to the file (no buffer) after each sample. Only a regular file is written: a FIFO, a device
+to the file (no buffer) after each sample. Each sampler writes a START_MARK line before its
+first sample: a chain's chunks append to one file, and the queue wait between two chunks is
+no idle time. Only a regular file is written: a FIFO, a device
 or a socket at that path is one line in the log and exit 0. Readings that cannot be true
 (utilisation outside 0..100, memory negative or absurd) are left out of that sample; a GPU
 that cannot be read is tried again at the next samples and given up after MAX_FAILURES in
@@ -25,6 +27,11 @@ it even inside an NVML call that blocks (every sample is on disk already). NVML 
 shut down (nvmlShutdown can hang on a broken driver; the process is ending anyway). Where
 NVML or a GPU is missing it exits at once (exit 0, one info line). The walltime USR1 (Slurm
 sends it to every process of the step) is ignored.
+
+Idle stretches (the live warning, `summary`, `idle_findings`) are counted per sampler run,
+never across a START_MARK, and after a warm-up: a sampler starts before the program has
+imported torch or touched CUDA, so a GPU's samples do not count until its first busy
+sample or until WARMUP_MINUTES after the sampler started, whichever comes first.
 
 `summary` and `idle_findings` stream the files (never a whole file in memory; both read at
 most the last `max_bytes` of each, SUMMARY_MAX_BYTES by default), skip lines they cannot
@@ -70,6 +77,18 @@ SUMMARY_MAX_BYTES = 16 * MIB
 # used by readers that are not told the job's settings (the project's defaults)
 DEFAULT_IDLE_THRESHOLD = 10
 DEFAULT_IDLE_MINUTES = 30
+# Start-up is not idleness: a GPU's samples count toward an idle stretch only from its first
+# sample at or over the threshold, or from this many minutes after its sampler started. The
+# sampler starts with `train launch`, before the program: the container starts, Python
+# imports torch, CUDA initialises, the ranks meet and the data is indexed, with the GPU at
+# 0% throughout (a few minutes on the field's jobs; the multi-node rendezvous alone can
+# take minutes). 10 minutes covers that, while a program that never uses the GPU is still
+# reported after 10 minutes plus the idle time; longer start-ups (a feature cache rebuilt
+# in every chunk) are real idle GPU time and are reported.
+WARMUP_MINUTES = 10.0
+# the line each sampler writes before its first sample (then its start as unix time)
+START_MARK = "# sampler started at "
+_START_RE = re.compile(r"# sampler started at (\d{1,11}(?:\.\d+)?)\s*$")
 # the most GPUs one sampler watches (NVML's count beyond it is a broken library)
 MAX_GPUS = 64
 # a GPU that gives no reading this many samples in a row is given up
@@ -150,19 +169,46 @@ class _IdleRun:
 
 
 @dataclass
+class WarmUp:
+    """Which GPUs of one sampler run are past their warm-up (WARMUP_MINUTES): from the
+    first sample at or over the threshold, or from `start` + the warm-up. `start` None: the
+    run's start is not known (a file read from its tail, or written before the marks
+    existed): no warm-up."""
+
+    threshold: float
+    start: float | None
+    done: set[int] = field(default_factory=set)
+
+    def counts(self, gpu: int, now: float, util: float) -> bool:
+        """Whether this sample counts toward idle stretches."""
+        if self.start is None or gpu in self.done:
+            return True
+        if util >= self.threshold or now - self.start >= WARMUP_MINUTES * 60:
+            self.done.add(gpu)
+            return True
+        return False
+
+
+@dataclass
 class IdleTracker:
     """Per GPU: since when every sample was under the threshold, and whether that run was
-    warned about. A sample at or over the threshold ends the run and re-arms the warning."""
+    warned about. A sample at or over the threshold ends the run and re-arms the warning.
+    Samples in the warm-up (WarmUp, from the tracker's first sample) do not count."""
 
     threshold: float
     minutes: float
     runs: dict[int, _IdleRun] = field(default_factory=dict)
+    warm: WarmUp | None = None
 
     def update(self, now: float, utils: Mapping[int, float]) -> list[tuple[int, float]]:
         """Record one sample; the GPUs whose idle run just reached the idle time, with the
         time the run started."""
+        if self.warm is None:
+            self.warm = WarmUp(self.threshold, now)
         crossed = []
         for gpu, util in utils.items():
+            if not self.warm.counts(gpu, now, util):
+                continue
             run = self.runs.setdefault(gpu, _IdleRun())
             if util >= self.threshold:
                 run.since, run.warned = None, False
@@ -428,6 +474,8 @@ def _write_samples(fd: int, path: Path, sampler: Sampler, node: str,
         new = False
     if new and not write(CSV_HEADER + "\n"):  # on disk before the first sample
         return 0
+    if not write(f"{START_MARK}{clock():.1f}\n"):  # where this sampler's run begins
+        return 0
     taken = 0
     while True:
         now = clock()
@@ -639,6 +687,15 @@ def read_records(path: Path, max_bytes: int | None = None,
     """The file's valid records, streamed; with max_bytes only its tail (from the first
     whole line of the last max_bytes), line numbers still counted from the file's start
     unless count_skipped is False (then they count from the tail's start)."""
+    for item in read_items(path, max_bytes, count_skipped):
+        if isinstance(item, Record):
+            yield item
+
+
+def read_items(path: Path, max_bytes: int | None = None,
+               count_skipped: bool = True) -> Iterator[Record | float]:
+    """read_records, with each sampler's START_MARK as its start time (a float) where it
+    stands in the file."""
     with path.open("rb") as f:
         size = f.seek(0, os.SEEK_END)
         start, line = 0, 0
@@ -655,7 +712,14 @@ def read_records(path: Path, max_bytes: int | None = None,
             line += 1
             if not raw.endswith(b"\n"):
                 return  # the sample being written now
-            record = parse_line(raw.decode("utf-8", errors="replace"), line)
+            text = raw.decode("utf-8", errors="replace")
+            if text.startswith("#"):
+                mark = _START_RE.match(text)
+                began = float(mark.group(1)) if mark else 0.0
+                if 0 < began < MAX_TIME:
+                    yield began
+                continue
+            record = parse_line(text, line)
             if record is not None:
                 yield record
 
@@ -697,7 +761,13 @@ def _summarise(path: Path, threshold: float, minutes: float, max_bytes: int
     last: float | None = None
     latest: dict[int, float] = {}
     idle_since: dict[int, float | None] = {}
-    for rec in read_records(path, max_bytes, count_skipped=False):
+    seen: set[int] = set()
+    warm = WarmUp(threshold, None)
+    for rec in read_items(path, max_bytes, count_skipped=False):
+        if not isinstance(rec, Record):  # a new sampler run: idle time starts again
+            idle_since, warm = {}, WarmUp(threshold, rec)
+            continue
+        seen.add(rec.gpu)
         if rec.time != last:  # a new sample round (the lines of one share its time)
             samples += 1
             latest = {}
@@ -706,6 +776,8 @@ def _summarise(path: Path, threshold: float, minutes: float, max_bytes: int
         total += rec.util
         lines += 1
         latest[rec.gpu] = rec.util
+        if not warm.counts(rec.gpu, rec.time, rec.util):
+            continue
         if rec.util >= threshold:
             idle_since[rec.gpu] = None
         elif idle_since.get(rec.gpu) is None:
@@ -725,7 +797,7 @@ def _summarise(path: Path, threshold: float, minutes: float, max_bytes: int
         partial = path.stat().st_size > max_bytes
     except OSError:
         partial = False
-    return {"gpus": len(idle_since), "mean_util": round(total / lines, 1),
+    return {"gpus": len(seen), "mean_util": round(total / lines, 1),
             "latest_util": round(sum(latest.values()) / len(latest), 1),
             "latest_time": last, "first_time": first, "samples": samples,
             "latest": dict(sorted(latest.items())), "partial": partial,
@@ -763,8 +835,9 @@ class IdleFinding:
 
 def idle_findings(run_dir: Path | str, threshold: float, minutes: float,
                   max_bytes: int | None = SUMMARY_MAX_BYTES) -> list[IdleFinding]:
-    """Every run of samples of one GPU all under `threshold` spanning at least `minutes`,
-    with the file and line numbers as evidence; by node, GPU and start. Only the last
+    """Every run of samples of one GPU all under `threshold` spanning at least `minutes`
+    within one sampler run and after its warm-up (WarmUp), with the file and line numbers
+    as evidence; by node, GPU and start. Only the last
     `max_bytes` of each file are read (None: all of it); line numbers still count from the
     file's start. Never raises on a file's content."""
     found: list[IdleFinding] = []
@@ -795,7 +868,15 @@ def _findings(path: Path, threshold: float, minutes: float, max_bytes: int | Non
                                      run.last.line, run.first.time, run.last.time,
                                      run.samples, run.max_util, threshold, ongoing))
 
-    for rec in read_records(path, max_bytes):
+    warm = WarmUp(threshold, None)
+    for rec in read_items(path, max_bytes):
+        if not isinstance(rec, Record):  # a new sampler run (a new chunk): the stretches
+            for run in runs.values():  # of the one before end where its samples end
+                close(run, ongoing=False)
+            runs, warm = {}, WarmUp(threshold, rec)
+            continue
+        if not warm.counts(rec.gpu, rec.time, rec.util):
+            continue
         run = runs.get(rec.gpu)
         if rec.util >= threshold:
             close(run, ongoing=False)
