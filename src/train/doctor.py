@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from train.errors import TrainError, UsageError, first_line
 from train.jsonio import read_bounded
@@ -51,11 +51,20 @@ _KEEP = 3  # evidence lines kept per rule and file: the first and the last ones
 @dataclass(frozen=True)
 class Evidence:
     file: str
-    line: int
+    line: int  # 1-based; 0 where unknown (in the tail of a log searched in head and tail)
     text: str
+    offset: int | None = None  # where the line starts in the file, where line is unknown
 
     def as_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "line": self.line, "text": self.text}
+        out = {"file": self.file, "line": self.line, "text": self.text}
+        return out if self.offset is None else {**out, "offset": self.offset}
+
+    @property
+    def where(self) -> str:
+        """file:line, or file (byte N) where only the line's offset is known."""
+        if self.line:
+            return f"{self.file}:{self.line}"
+        return self.file if self.offset is None else f"{self.file} (byte {self.offset})"
 
 
 @dataclass
@@ -219,65 +228,87 @@ class Hits:
         return [*self.first, *self.last]
 
 
-def _feed(path: Path, start: int, end: int, sink: Any) -> None:
-    """Copy bytes [start, end) of `path` into `sink` (grep's stdin), then close it."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(start)
-            left = end - start
-            while left > 0:
-                block = fh.read(min(left, 1 << 20))
-                if not block:
-                    break
-                sink.write(block)
-                left -= len(block)
-    except (OSError, ValueError):  # grep left early (killed), or the file went away
-        pass
-    finally:
-        with contextlib.suppress(OSError):
-            sink.close()
-
-
-def _candidate_lines_grep(path: Path, needles: Sequence[str],
-                          region: tuple[int, int] | None = None,
-                          first_line: int = 1) -> Iterator[tuple[int, str]]:
-    """(line number, line) of every line holding a needle, from grep -F (streamed); with
-    `region`, only those bytes of the file (starting at line `first_line`). Lines are read
-    at most 64 KiB at a time: a matched line of any length costs no more memory."""
-    argv = ["grep", "-a", "-n", "-F"]
+def _grep(needles: Sequence[str], path: Path | None) -> subprocess.Popen[bytes]:
+    """grep -F for the needles in `path`, or in its stdin (a pipe) where path is None;
+    each output line is LINE:OFFSET:TEXT."""
+    argv = ["grep", "-a", "-n", "-b", "-F"]
     for needle in needles:
         argv += ["-e", needle]
-    if region is None:
+    if path is not None:
         argv += ["--", str(path)]
     env = {**os.environ, "LC_ALL": "C"}
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
-                          stdin=subprocess.PIPE if region else subprocess.DEVNULL) as proc:
-        assert proc.stdout is not None
-        feeder = None
-        if region is not None:
-            feeder = threading.Thread(target=_feed, args=(path, *region, proc.stdin),
-                                      daemon=True)
-            feeder.start()
-        try:
-            at_start = True
-            while True:
-                raw = proc.stdout.readline(READ_LINE)
-                if not raw:
-                    break
-                if at_start:  # else the rest of a line longer than one read: skipped
-                    number, _, text = raw.partition(b":")
-                    if number.isdigit():
-                        yield first_line - 1 + int(number), text.rstrip(b"\r\n")[
-                            :READ_LINE].decode("utf-8", "replace")
-                at_start = raw.endswith(b"\n")
-        finally:
-            proc.kill()
-            if feeder is not None:
-                feeder.join()
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+                            stdin=subprocess.PIPE if path is None else subprocess.DEVNULL)
+
+
+# (line number or None where unknown, the line, its offset in the file or None)
+Line = tuple[int | None, str, int | None]
+
+
+def _grep_output(proc: subprocess.Popen[bytes],
+                 place: Callable[[int, int], tuple[int | None, int | None]]
+                 ) -> Iterator[Line]:
+    """grep's lines as (line, text, offset), `place` turning grep's line number and byte
+    offset into the file's. Read at most 64 KiB at a time: a matched line of any length
+    costs no more memory. grep is killed when the reader stops early."""
+    assert proc.stdout is not None
+    try:
+        at_start = True
+        while True:
+            raw = proc.stdout.readline(READ_LINE)
+            if not raw:
+                break
+            if at_start:  # else the rest of a line longer than one read: skipped
+                number, _, rest = raw.partition(b":")
+                offset, _, text = rest.partition(b":")
+                if number.isdigit() and offset.isdigit():
+                    line, at = place(int(number), int(offset))
+                    yield line, text.rstrip(b"\r\n")[:READ_LINE].decode(
+                        "utf-8", "replace"), at
+            at_start = raw.endswith(b"\n")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _candidate_lines_grep(path: Path, needles: Sequence[str]) -> Iterator[Line]:
+    """(line number, line, None) of every line of the file holding a needle, from grep -F
+    (streamed)."""
+    with _grep(needles, path) as proc:
+        yield from _grep_output(proc, lambda number, _offset: (number, None))
+
+
+def _feed_all(path: Path, regions: Sequence[tuple[int, int]],
+              sinks: list[IO[bytes]]) -> None:
+    """Bytes [start, end) of each region of `path`, read once, into every sink (the greps'
+    stdins, one per group of rules), then close them. A sink whose grep left early (it was
+    killed) is dropped."""
+    live = list(sinks)
+    try:
+        with open(path, "rb") as fh:
+            for start, end in regions:
+                fh.seek(start)
+                left = end - start
+                while left > 0 and live:
+                    block = fh.read(min(left, 1 << 20))
+                    if not block:
+                        break
+                    for sink in list(live):
+                        try:
+                            sink.write(block)
+                        except (OSError, ValueError):
+                            live.remove(sink)
+                    left -= len(block)
+    except OSError:  # the file went away
+        pass
+    finally:
+        for sink in sinks:
+            with contextlib.suppress(OSError, ValueError):
+                sink.close()
 
 
 def _candidate_lines_python(path: Path, needles: Sequence[str],
-                            block: int = 8 << 20) -> Iterator[tuple[int, str]]:
+                            block: int = 8 << 20) -> Iterator[Line]:
     """The same without grep: blocks of whole lines, searched for each needle."""
     encoded = [n.encode() for n in needles]
     with open(path, "rb") as fh:
@@ -308,12 +339,12 @@ def _candidate_lines_python(path: Path, needles: Sequence[str],
                 end = chunk.find(b"\n", start)
                 line = chunk[start:end if end >= 0 else len(chunk)]
                 number = first_line + chunk.count(b"\n", 0, start)
-                yield number, line[:READ_LINE].decode("utf-8", "replace")
+                yield number, line[:READ_LINE].decode("utf-8", "replace"), None
             first_line += chunk.count(b"\n")
 
 
 def candidate_lines(path: Path, needles: Sequence[str] = _ALL_NEEDLES
-                    ) -> Iterator[tuple[int, str]]:
+                    ) -> Iterator[Line]:
     if shutil.which("grep"):
         yield from _candidate_lines_grep(path, needles)
     else:
@@ -338,33 +369,40 @@ HEAD_BYTES = 32 * 2**20  # larger ones: their start (start-up: rendezvous, impor
 TAIL_BYTES_SCANNED = 128 * 2**20  # and their end (what ended the job), unless --full
 
 
-def _newlines(path: Path, start: int = 0, end: int | None = None) -> int:
-    """'\\n' in bytes [start, end) of a file, counted in blocks (memchr speed)."""
-    count = 0
-    with open(path, "rb") as fh:
-        fh.seek(start)
-        left = (end if end is not None else 1 << 62) - start
-        while left > 0:
-            block = fh.read(min(left, 8 << 20))
-            if not block:
-                break
-            count += block.count(b"\n")
-            left -= len(block)
-    return count
+_PROBE = 64 * 1024  # a line end is looked for in steps of this many bytes
+_PROBE_MAX = 1 << 20  # and no further: a line longer than this is cut there
 
 
-def _regions(path: Path, size: int) -> list[tuple[tuple[int, int], int]]:
-    """A large log's head and tail, cut at line ends: [((start, end), first line)]."""
+def _line_end(fh: IO[bytes], at: int, backward: bool) -> int:
+    """The offset just after the line end nearest `at`: before it (backward) or from it
+    on; `at` itself where none is within _PROBE_MAX. Reads only what it looks at."""
+    for step in range(_PROBE, _PROBE_MAX + 1, _PROBE):
+        if backward:
+            fh.seek(max(0, at - step))
+            block = fh.read(min(_PROBE, at - max(0, at - step)))
+            cut = block.rfind(b"\n")
+            if cut >= 0:
+                return max(0, at - step) + cut + 1
+            if at - step <= 0:
+                return at
+        else:
+            fh.seek(at + step - _PROBE)
+            block = fh.read(_PROBE)
+            cut = block.find(b"\n")
+            if cut >= 0:
+                return at + step - _PROBE + cut + 1
+            if len(block) < _PROBE:
+                return at
+    return at
+
+
+def _regions(path: Path, size: int) -> list[tuple[int, int]]:
+    """A large log's head and tail, cut at line ends: [(start, end)]. Nothing between them
+    is read (their line numbers are not counted: a tail line is placed by its offset)."""
     with open(path, "rb") as fh:
-        probe_at = max(0, HEAD_BYTES - (1 << 20))  # the head's last MiB: where it ends
-        fh.seek(probe_at)
-        head_end = probe_at + fh.read(HEAD_BYTES - probe_at).rfind(b"\n") + 1
-        fh.seek(size - TAIL_BYTES_SCANNED)
-        probe = fh.read(1 << 20)
-    cut = probe.find(b"\n")
-    tail_start = size - TAIL_BYTES_SCANNED + (cut + 1 if cut >= 0 else 0)
-    before_tail = _newlines(path, 0, tail_start)
-    return [((0, head_end), 1), ((tail_start, size), before_tail + 1)]
+        head_end = _line_end(fh, HEAD_BYTES, backward=True)
+        tail_start = _line_end(fh, size - TAIL_BYTES_SCANNED, backward=False)
+    return [(0, head_end), (tail_start, size)]
 
 
 @dataclass
@@ -390,49 +428,71 @@ def scan_log(path: Path, rules: Sequence[LogRule] = RULES, full: bool = False) -
     if not shutil.which("grep"):
         needles = tuple(sorted({n for r in rules for n in r.needles}))
         return Scan(scan_lines(path, _candidate_lines_python(path, needles), rules))
-    parts: list[tuple[tuple[int, int] | None, int]] = [(None, 1)]
-    skipped = 0
-    if size > WHOLE_LIMIT and not full:
-        regions = _regions(path, size)
-        parts = [(r, first) for r, first in regions]
-        skipped = regions[1][0][0] - regions[0][0][1]
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     groups = _groups(rules, min(2, cpus))
+    regions: list[tuple[int, int]] = []
+    if size > WHOLE_LIMIT and not full:
+        regions = _regions(path, size)
+    skipped = regions[1][0] - regions[0][1] if regions else 0
+    procs = [_grep(sorted({n for r in g for n in r.needles}), None if regions else path)
+             for g in groups]
     found: list[dict[str, Hits]] = [{} for _ in groups]
     failures: list[BaseException] = []
 
+    def place(number: int, offset: int) -> tuple[int | None, int | None]:
+        """grep's line and offset in the head-then-tail stream as the file's: the head's
+        lines keep their numbers, a tail line has its offset in the file."""
+        if offset < regions[0][1]:
+            return number, None
+        return None, regions[1][0] + offset - regions[0][1]
+
     def scan(i: int, group: list[LogRule]) -> None:
         try:
-            needles = tuple(sorted({n for r in group for n in r.needles}))
-            lines = (line for region, first in parts
-                     for line in _candidate_lines_grep(path, needles, region, first))
+            lines = _grep_output(procs[i], place if regions else
+                                 (lambda number, _offset: (number, None)))
             found[i] = scan_lines(path, lines, group)
         except BaseException as exc:  # re-raised below, in the caller's thread
             failures.append(exc)
 
     threads = [threading.Thread(target=scan, args=(i, g), daemon=True)
                for i, g in enumerate(groups)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    if regions:  # one reader for every grep: each searched byte is read once
+        sinks = [p.stdin for p in procs if p.stdin is not None]
+        threads.append(threading.Thread(target=_feed_all, args=(path, regions, sinks),
+                                        daemon=True))
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        for p in procs:
+            with contextlib.suppress(OSError):
+                p.kill()
+            p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
     if failures:
         raise failures[0]
     return Scan({cause: hits for part in found for cause, hits in part.items()},
                 whole=skipped == 0, skipped_bytes=skipped)
 
 
-def scan_lines(path: Path, lines: Iterable[tuple[int | None, str]],
+def scan_lines(path: Path, lines: Iterable[tuple[int | None, str] | Line],
                rules: Sequence[LogRule] = RULES) -> dict[str, Hits]:
-    """The rules' hits in lines already read (the end of a log)."""
+    """The rules' hits in lines already read (the end of a log): (line number, text) or
+    (line number, text, offset in the file)."""
     found: dict[str, Hits] = {}
-    for number, line in lines:
+    for item in lines:
+        number, line = item[0], item[1]
+        offset = item[2] if len(item) == 3 else None
         for rule in rules:
             at = min((i for i in (line.find(n) for n in rule.needles) if i >= 0),
                      default=-1)
             if at >= 0 and (rule.pattern is None or rule.pattern.search(line)):
                 found.setdefault(rule.cause, Hits()).add(
-                    Evidence(str(path), number or 0, _excerpt(line, at)))
+                    Evidence(str(path), number or 0, _excerpt(line, at),
+                             None if number else offset))
     return found
 
 
@@ -995,8 +1055,7 @@ def format_report(report: Report) -> list[str]:
         if f.detail:
             lines.append(f"  {f.detail}")
         for ev in f.evidence:
-            at = f"{ev.file}:{ev.line}" if ev.line else ev.file
-            lines.append(f"  evidence: {at}: {ev.text}")
+            lines.append(f"  evidence: {ev.where}: {ev.text}")
         lines.append(f"  fix: {f.fix}")
     return [clean(line) for line in lines]
 

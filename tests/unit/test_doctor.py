@@ -151,7 +151,7 @@ def test_the_same_rules_without_grep(tmp_path: Path, monkeypatch: pytest.MonkeyP
     without = list(doctor.candidate_lines(path))
     small_blocks = list(doctor._candidate_lines_python(path, doctor._ALL_NEEDLES, 4096))
     assert with_grep == without == small_blocks
-    assert [n for n, _ in with_grep] == [50_001]
+    assert [(n, at) for n, _, at in with_grep] == [(50_001, None)]
 
 
 def test_exit_137_without_a_message_is_a_sigkill_that_points_at_memory(
@@ -408,11 +408,12 @@ def test_preflight_from_the_cli(tmp_path: Path) -> None:
         assert "Traceback" not in proc.stderr
 
 
-def test_a_large_log_is_searched_in_its_head_and_tail_with_true_line_numbers(
+def test_a_large_log_is_searched_in_its_head_and_tail_with_true_positions(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Sizes scaled down (the real ones: 256 MiB whole, else the first 32 and the last
-    128 MiB): an import error at the start, the OOM kill at the end are found at their
-    lines; a message in the middle only with full."""
+    128 MiB): an import error at the start is found at its line, the OOM kill at the end
+    at its byte offset (its line number would need the skipped middle read); a message in
+    the middle only with full."""
     monkeypatch.setattr(doctor, "WHOLE_LIMIT", 64 * 1024)
     monkeypatch.setattr(doctor, "HEAD_BYTES", 8 * 1024)
     monkeypatch.setattr(doctor, "TAIL_BYTES_SCANNED", 16 * 1024)
@@ -425,7 +426,10 @@ def test_a_large_log_is_searched_in_its_head_and_tail_with_true_line_numbers(
     scan = doctor.scan_log(path)
     assert not scan.whole and scan.skipped_bytes > 0
     assert [e.line for e in scan.hits["import_error"].evidence()] == [11]
-    assert [e.line for e in scan.hits["host_oom"].evidence()] == [19_999]
+    [oom] = scan.hits["host_oom"].evidence()
+    text = path.read_bytes()
+    assert oom.line == 0 and oom.offset == text.index(CASES[0][3].strip().encode())
+    assert oom.where == f"{path} (byte {oom.offset})"
     assert "disk_full" not in scan.hits
     full = doctor.scan_log(path, full=True)
     assert full.whole and [e.line for e in full.hits["disk_full"].evidence()] == [10_001]
@@ -433,6 +437,61 @@ def test_a_large_log_is_searched_in_its_head_and_tail_with_true_line_numbers(
     report = doctor.diagnose(load_chain(run_dir), status("FAILED", "1:0"))
     assert any("--full searches every byte" in n for n in report.notes)
     assert report.findings[0].cause == "host_oom"
+
+
+READ_COUNT = """
+import json, sys
+from pathlib import Path
+from train import doctor
+doctor.WHOLE_LIMIT, doctor.HEAD_BYTES, doctor.TAIL_BYTES_SCANNED = (
+    8 << 20, 1 << 20, 4 << 20)
+
+def rchar():
+    with open("/proc/self/io") as fh:
+        return int(next(line for line in fh if line.startswith("rchar:")).split()[1])
+
+before = rchar()
+scan = doctor.scan_log(Path(sys.argv[1]))
+read = rchar() - before
+print(json.dumps({"read": read, "skipped": scan.skipped_bytes, "hits": {
+    cause: [e.as_dict() for e in hits.evidence()] for cause, hits in scan.hits.items()}}))
+"""
+
+
+def test_what_head_and_tail_mode_skips_is_never_read(tmp_path: Path) -> None:
+    """Issue 18 item 8: a 600 MiB log with 440 MiB skipped read 1114 MiB (the skipped part
+    was read to count its lines, the rest once per grep). Scaled down (64 MiB, the first
+    1 MiB and the last 4 MiB searched) in a sparse file. rchar counts every read of this
+    process and of the greps it has reaped (the kernel adds a reaped child's counts to its
+    parent's): each searched byte is read once from the file here and once by each grep
+    from its pipe, and a skipped byte never."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "big.err"
+    head = "".join(f"step {i} loss 0.1\n" for i in range(100_000)).encode()  # > 1 MiB
+    head = head.replace(b"step 10 loss 0.1\n", b"ModuleNotFoundError: No module named 'x'\n")
+    size = 64 << 20
+    tail = ("".join(f"step {i} loss 0.1\n" for i in range(300_000))
+            + CASES[0][3]).encode()  # > 4 MiB, the OOM kill last
+    with open(path, "wb") as fh:
+        fh.write(head)
+        fh.seek(size - len(tail) - 1)
+        fh.write(b"\n" + tail)  # the middle is a hole: zeros, never written
+    proc = subprocess.run([sys.executable, "-c", READ_COUNT, str(path)], capture_output=True,
+                          text=True, check=True)
+    got = json.loads(proc.stdout)
+    searched = size - got["skipped"]
+    assert 60 << 20 > got["skipped"] > 58 << 20, got["skipped"]
+    greps = len(doctor._groups(doctor.RULES, min(2, len(os.sched_getaffinity(0)))))
+    assert got["read"] < (1 + greps) * searched + (1 << 20), (got["read"], searched, greps)
+    [imp] = got["hits"]["import_error"]
+    assert imp["line"] == 11
+    [oom] = got["hits"]["host_oom"]
+    # in the tail the line number is unknown (counting it would read the middle): the
+    # byte offset says where the line starts
+    assert oom["offset"] == size - len(CASES[0][3]) and oom["line"] == 0
 
 
 def test_a_matched_line_of_any_length_costs_bounded_memory(tmp_path: Path) -> None:
