@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -52,8 +52,67 @@ Bad input exits 2 and nothing is submitted.
 """
 
 
+DESCRIPTION = """\
+Train on a university SLURM cluster inside a pinned container: write your defaults once
+(train init), render or submit a job as a chain of walltime-sized chunks that checkpoint
+and resume, follow it (status, logs, doctor), and train for real with train run (the demo
+needs no cluster or GPU: train run demo). `train COMMAND --help` describes each command.
+"""
+
+# render and submit: the job's flags by topic (field name -> group), so the help reads as
+# a few short lists; a field not named here lands in "other" (a unit test refuses that)
+JOB_GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "job": ("what runs, and where its files go",
+            ("name", "cluster", "entry", "out", "sweep_seeds", "no_check")),
+    "resources": ("what the job asks SLURM for, per node",
+                  ("account", "partition", "qos", "constraint", "time", "nodes",
+                   "gpus_per_node", "gpu_type", "cpus_per_task", "mem", "ntasks_per_node",
+                   "workers", "worker_mem", "preempt")),
+    "chain": ("walltime-sized chunks that checkpoint and resume",
+              ("max_chunks", "requeue", "stop_signal", "signal_margin", "time_budget")),
+    "container": ("the runtime, the image, and what the program sees of the host",
+                  ("runtime", "image", "python", "bind", "env")),
+    "program": ("how the program is started on the nodes",
+                ("launch", "chdir", "data", "navsim_split", "navsim_script",
+                 "navsim_strategy")),
+    "GPU memory wait": ("before the program starts, on shared GPUs",
+                        ("min_free_mb", "wait_timeout", "fallback_batch")),
+    "monitoring": ("GPU utilisation watch while the job runs",
+                   ("gpu_watch_interval", "gpu_idle_threshold", "gpu_idle_minutes")),
+    "passed to SLURM": ("options this tool has no flag for",
+                        ("sbatch_extra", "srun_extra")),
+}
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """`-A, --account ACCOUNT` (the value named once), help from column 32."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=32)
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if not action.option_strings or action.nargs == 0:
+            return super()._format_action_invocation(action)
+        value = self._format_args(action, self._get_default_metavar_for_optional(action))
+        return f"{', '.join(action.option_strings)} {value}"
+
+
+def _job_groups(p: argparse.ArgumentParser) -> dict[str, Any]:
+    """The render/submit parser's argument groups, by field name ("other" for the rest)."""
+    by_field: dict[str, Any] = {}
+    for title, (text, names) in JOB_GROUPS.items():
+        group = p.add_argument_group(f"{title} ({text})")
+        by_field.update(dict.fromkeys(names, group))
+    by_field[""] = p.add_argument_group("other")
+    return by_field
+
+
+def _group_of(groups: dict[str, Any]) -> Callable[[str], Any]:
+    return lambda field: groups.get(field, groups[""])
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = FlagParser(prog="train", description=__doc__)
+    parser = FlagParser(prog="train", description=DESCRIPTION, formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"train {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -76,13 +135,15 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in (("render", "print the sbatch script(s) of a job (dry run)"),
                        ("submit", "submit a job as a chain of chunks")):
         p = sub.add_parser(name, help=text, description=text.capitalize() + ".",
-                           epilog=JOB_EPILOG,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+                           epilog=JOB_EPILOG, formatter_class=HelpFormatter,
+                           usage="%(prog)s [JOB.yaml] [OPTIONS] [-- WORKLOAD [ARG ...]]")
         p.add_argument("job_file", nargs="?", type=Path, metavar="JOB.yaml",
                        help="job spec file")
-        p.add_argument("--profile", type=Path, action="append", default=[], metavar="FILE",
-                       help="extra cluster profile YAML (may repeat)")
-        add_fields(p, JobSpec, skip=("workload",))
+        groups = _job_groups(p)
+        groups["cluster"].add_argument("--profile", type=Path, action="append", default=[],
+                                       metavar="FILE",
+                                       help="extra cluster profile YAML (may repeat)")
+        add_fields(p, JobSpec, skip=("workload",), group=_group_of(groups))
 
     p = sub.add_parser("init", help="write your defaults for jobs (cluster, account, ...)",
                        description="Write the defaults every job starts from (flags and the "
@@ -152,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "exported as TRAIN_DATALOADER_WORKERS)")
     p.add_argument("--worker-mem-mb", type=int, default=4096,
                    help="host memory per DataLoader worker (default 4096)")
+    p.add_argument("--chdir", default=None, metavar="DIR",
+                   help="run the command in this folder")
 
     p = sub.add_parser("summary", help="a seed sweep's results: per seed and across seeds",
                        description="Print a table of the sweep's seeds (episodes, final "
@@ -180,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
                            help="every run under --runs in one table: state, progress, GPU "
                            "utilisation and `train doctor`'s verdict")
         if name == "logs":
-            p.add_argument("--err", action="store_true", help="the stderr log")
+            p.add_argument("--err", action="store_true", help="the stderr log (tracebacks, "
+                           "logging, Lightning's output); without it, where it is")
             p.add_argument("--follow", "-f", action="store_true",
                            help="keep printing until the job ends")
             p.add_argument("--job", default=None, help="a particular chunk's job id")
@@ -353,6 +417,11 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
     from train.slurm.scheduler import submit_chain
 
     spec, root, jobs = _resolved_jobs(args, workload)  # every seed validated first
+    from train.programs import submit_notes
+
+    job = jobs[0][1]
+    for note in submit_notes(spec.entry, spec.workload, job.launch, job.run_dir, spec.chdir):
+        print(f"train: warning: {note}", file=sys.stderr)
     library = library_path().read_text(encoding="utf-8")
     # a closed terminal (HUP) or a kill (TERM) mid-way must not leave a held job behind:
     # both unwind like Ctrl-C, through submit_chain's clean-up
@@ -496,6 +565,13 @@ def _cmd_logs(args: argparse.Namespace) -> int:
                          + ", ".join(f"{args.ref}/{p.name}" for _, p in chain_paths(run_dir)))
     chain = load_chain(run_dir)
     path = log_path(chain, args.job, args.err)
+    if not args.err:  # the program's own stderr (tracebacks, logging, Lightning) is apart
+        err = log_path(chain, args.job, True)
+        with contextlib.suppress(OSError):
+            if err.stat().st_size > 0:
+                print(f"train: this is the job's stdout; its stderr is in {err} ("
+                      f"{err.stat().st_size} bytes: `train logs {args.ref} --err`)",
+                      file=sys.stderr)
     position = 0
     while True:
         if path.exists():
@@ -602,7 +678,7 @@ def _cmd_launch(args: argparse.Namespace, command: list[str]) -> int:
                                 nproc_per_node=args.nproc_per_node,
                                 min_free_mb=args.min_free_mb, wait_timeout=args.wait_timeout,
                                 fallback_batch=args.fallback_batch, workers=args.workers,
-                                worker_mem_mb=args.worker_mem_mb))
+                                worker_mem_mb=args.worker_mem_mb, chdir=args.chdir))
     finally:
         from train.runtime.signals import ignore_late_walltime_signal
 

@@ -13,7 +13,7 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -414,31 +414,51 @@ class ArgumentParser(FlagParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
-def add_fields(p: argparse.ArgumentParser, cls: type[Any], skip: Sequence[str]) -> None:
-    """One flag per config field, generated from the field table."""
+def default_text(f: Any) -> str:
+    """The help's one statement of a field's default: none where the doc already says it
+    (or there is none to say: None, an empty list, off)."""
+    meta = f.metadata
+    if re.search(r"\bdefault\b", meta["doc"], re.IGNORECASE):
+        return ""
+    flag = f.name.replace("_", "-")
+    if meta["kind"] is bool:
+        return f" (default: on; --no-{flag} turns it off)" if f.default else ""
+    if f.default is None or f.default == ():
+        return ""
+    if isinstance(f.default, tuple):
+        return f" (default: {' '.join(map(str, f.default))})"
+    return f" (default: {f.default})"
+
+
+def add_fields(p: argparse.ArgumentParser, cls: type[Any], skip: Sequence[str],
+               group: Callable[[str], Any] | None = None) -> None:
+    """One flag per config field, generated from the field table; `group(name)` gives the
+    argument group a field's flag goes into (default: the parser's own list)."""
     for f in field_table(cls):
         if f.name in skip:
             continue
         meta = f.metadata
         help_text = meta["doc"]
-        if meta["choices"]:
+        if meta["choices"] and not all(c in help_text for c in meta["choices"]):
             help_text += f" Choices: {', '.join(meta['choices'])}."
-        default = list(f.default) if isinstance(f.default, tuple) else f.default
-        help_text += f" (default: {default})"
+        help_text += default_text(f)
         flag = "--" + f.name.replace("_", "-")
         flags = [meta["short"], flag] if meta.get("short") else [flag]
+        target = group(f.name) if group is not None else p
+        # a number is N; a name says what the value is
+        metavar = "N" if meta["kind"] in (int, float) else f.name.upper()
         if meta["kind"] is bool:
-            p.add_argument(*flags, dest=f.name, action="store_const", const="true",
-                           default=None, help=help_text)
-            p.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name,
-                           action="store_const", const="false", default=None,
-                           help=argparse.SUPPRESS)
+            target.add_argument(*flags, dest=f.name, action="store_const", const="true",
+                                default=None, help=help_text)
+            target.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name,
+                                action="store_const", const="false", default=None,
+                                help=argparse.SUPPRESS)
         elif meta["kind"] is list:  # may repeat: --env A --env B=1
-            p.add_argument(*flags, dest=f.name, default=None, action="append",
-                           metavar=f.name.upper(), help=help_text)
+            target.add_argument(*flags, dest=f.name, default=None, action="append",
+                                metavar=metavar, help=help_text)
         else:
-            p.add_argument(*flags, dest=f.name, default=None, metavar=f.name.upper(),
-                           help=help_text)
+            target.add_argument(*flags, dest=f.name, default=None, metavar=metavar,
+                                help=help_text)
 
 
 def flags_from(args: argparse.Namespace, cls: type[Any], skip: Sequence[str]

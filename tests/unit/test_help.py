@@ -1,0 +1,58 @@
+"""`train --help` and the job commands' help: options in named groups, one default each,
+and a top line for users."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import pytest
+
+from train.cli import build_parser
+
+
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def _options(p: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [a for a in p._actions
+            if a.option_strings and a.help != argparse.SUPPRESS
+            and not isinstance(a, argparse._HelpAction)]
+
+
+@pytest.mark.parametrize("command", sorted(_commands()))
+def test_no_option_states_two_defaults(command: str) -> None:
+    p = _commands()[command]
+    for action in _options(p):
+        text = (action.help or "") % {"default": action.default, "prog": p.prog}
+        assert len(re.findall(r"\bdefault\b", text, re.IGNORECASE)) <= 1, (
+            f"{command} {action.option_strings[-1]}: {text}")
+    # and as printed: no option block says "(default: None)" or a second default
+    assert "(default: None)" not in p.format_help()
+    assert "(default: False)" not in p.format_help()
+
+
+@pytest.mark.parametrize("command", ["render", "submit"])
+def test_every_job_option_is_in_a_named_group(command: str) -> None:
+    p = _commands()[command]
+    homes = {id(a): g.title for g in p._action_groups for a in g._group_actions}
+    ungrouped = [a.option_strings[-1] for a in _options(p)
+                 if homes[id(a)] in ("options", "optional arguments", "other")]
+    assert not ungrouped, f"options outside a named group: {ungrouped}"
+    text = p.format_help()
+    for title in ("resources", "chain", "container", "program", "monitoring"):
+        assert re.search(rf"^{title} \(.*\):$", text, re.MULTILINE), title
+    # the value is named once: `-g, --gpus-per-node N`, not `-g N, --gpus-per-node N`
+    assert "-g, --gpus-per-node N " in text and "-g GPUS_PER_NODE" not in text
+
+
+def test_the_top_level_help_is_for_users() -> None:
+    text = build_parser().format_help()
+    description = text.split("\n\n")[1]
+    assert description.startswith("Train on a university SLURM cluster")
+    assert "exceptions" not in text and "exit codes" not in description
+    for command in ("init", "submit", "status", "run demo"):
+        assert command in description
