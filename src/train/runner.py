@@ -9,10 +9,8 @@ are warnings in status.json, never a failed chunk.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
-import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ from typing import Any
 
 from train.config import RunConfig, check_writable_dir
 from train.errors import ConfigError
+from train.runrecord import check_same_run
 from train.runtime import results
 from train.runtime.distributed import init_distributed
 from train.runtime.memory import apply_allocator_settings
@@ -28,11 +27,9 @@ from train.runtime.signals import StopController, effective_budget
 from train.secrets import masked_argv, masked_environment
 from train.slurm import contract
 from train.workloads.dqn import trainer
-from train.yamlio import shown
 
 log = logging.getLogger(__name__)
 
-RECORD_LIMIT = 16 * 2**20  # config.json read back to compare a resumed run's settings
 HOST_ENV_CHECK = ("PYTHONPATH", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "VIRTUAL_ENV")
 
 
@@ -85,56 +82,6 @@ def check_memory(cfg: RunConfig) -> None:
                           f"{replay / gib:.1f} GiB), but this process can expect "
                           f"{share / gib:.1f} GiB ({local} process(es) share "
                           f"{free / gib:.1f} GiB available); lower --replay-size or --res")
-
-
-def check_same_run(cfg: RunConfig) -> dict[str, Any]:
-    """A run directory that already holds a run (its config.json) is continued only with the
-    settings it was started with (the identity fields), finished runs included: anything
-    else is exit 2 naming every field that differs, before config.json is touched. Returns
-    the run record ({} where there is none)."""
-    record = cfg.out_dir / "config.json"
-    if not os.path.lexists(record):
-        return {}
-    try:
-        if not stat.S_ISREG(record.lstat().st_mode):
-            raise TypeError("not a regular file")
-        with open(record, "rb") as fh:  # a run record is a few KiB
-            text = fh.read(RECORD_LIMIT + 1)
-        if len(text) > RECORD_LIMIT:
-            raise ValueError(f"over {RECORD_LIMIT // 2**20} MiB")
-        data = json.loads(text)
-        if not isinstance(data, dict):
-            raise TypeError("not a mapping")
-        recorded = data["config"]
-        if not isinstance(recorded, dict):
-            raise TypeError("config is not a mapping")
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise ConfigError("out", f"{record} is not a readable run record ({exc}); use a new "
-                          "--out, or remove it to start over there") from None
-    if not _trained_before(cfg):  # an attempt that stopped before training pins nothing
-        return data
-    # a run that fell back to a smaller batch (train launch's GPU memory wait) continues
-    # with either size
-    fallback = contract.batch_fallback(cfg.batch_size) or bool(data.get("batch_fallback"))
-    exempt = {"batch_size"} if fallback else set()
-    differ = {k: (recorded[k], v) for k, v in cfg.identity().items()
-              if k in recorded and recorded[k] != v and k not in exempt}
-    if differ:
-        detail = "; ".join(f"{k}: the run has {shown(old)}, now {shown(new)}"
-                           for k, (old, new) in sorted(differ.items()))
-        raise ConfigError(sorted(differ)[0], f"differs from the run in {cfg.out_dir} "
-                          f"({detail}); use its settings, or a new --out")
-    return data
-
-
-def _trained_before(cfg: RunConfig) -> bool:
-    """Some seed of this folder has a checkpoint or a summary: a run was trained here."""
-    try:
-        return any(p.name.startswith("seed_") and (
-            (p / "summary.json").exists() or any((p / "checkpoints").glob("ckpt-*.pt")))
-            for p in cfg.out_dir.iterdir())
-    except OSError:
-        return False
 
 
 def check_checkpoint_folders(cfg: RunConfig) -> None:

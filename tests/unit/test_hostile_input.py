@@ -266,7 +266,7 @@ def test_a_run_record_that_is_not_a_small_json_file_is_exit_2(tmp_path: Path,
                                                                make: str) -> None:
     from train.config import run_config_from_argv
     from train.errors import UsageError
-    from train.runner import RECORD_LIMIT, check_same_run
+    from train.runrecord import RECORD_LIMIT, check_same_run
 
     out = tmp_path / "r"
     out.mkdir()
@@ -311,7 +311,7 @@ def test_an_attempt_that_never_trained_pins_no_settings(tmp_path: Path) -> None:
     """config.json written by a start that failed before training (an OOM at the dummy
     step) must not refuse the fix its error suggests (a smaller --batch-size)."""
     from train.config import run_config_from_argv
-    from train.runner import check_same_run
+    from train.runrecord import check_same_run
 
     out = tmp_path / "r"
     out.mkdir()
