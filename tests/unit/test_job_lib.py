@@ -22,20 +22,53 @@ from train.slurm import contract
 from train.slurm.render import library_path
 
 STUBS = {
-    # records its arguments and environment; prints the next job id, or fails on demand
+    # records its arguments and environment; prints the next job id, or fails on demand:
+    # sbatch.fail.N refuses call N, sbatch.lost.N accepts it (the queue has it) and fails as
+    # a lost reply does; sbatch.signal.N holds a signal sent to the batch shell first
     "sbatch": """#!/bin/bash
 n=$(cat "$STUB_DIR/sbatch.count" 2>/dev/null || echo 0)
 n=$((n + 1)); echo "$n" > "$STUB_DIR/sbatch.count"
 printf '%s\\n' "$*" >> "$STUB_DIR/sbatch.calls"
 env > "$STUB_DIR/sbatch.env.$n"
+if [ -e "$STUB_DIR/sbatch.signal.$n" ]; then
+    batch=$$  # the topmost process running the chain script: the batch shell
+    while parent=$(awk '{print $4}' "/proc/$batch/stat") && \\
+            grep -q chain.sbatch "/proc/$parent/cmdline"; do
+        batch=$parent
+    done
+    kill "-$(cat "$STUB_DIR/sbatch.signal.$n")" "$batch"
+fi
 if [ -e "$STUB_DIR/sbatch.fail.$n" ]; then
     echo "sbatch: error: QOSMaxSubmitJobPerUserLimit" >&2; exit 1
 fi
+comment=
+for a in "$@"; do case "$a" in --comment=*) comment=${a#--comment=} ;; esac; done
+echo "$((900 + n)) $comment" >> "$STUB_DIR/queue"
+if [ -e "$STUB_DIR/sbatch.lost.$n" ]; then
+    echo "sbatch: error: Batch job submission failed: Socket timed out on send/recv" \\
+        "operation" >&2; exit 1
+fi
 echo "$((900 + n))"
 """,
-    # records; `--signal=SIG JOB` (signal the job's steps) signals the test's step
+    # records; prints the queue ("ID COMMENT" lines), or fails with squeue.fail
+    "squeue": """#!/bin/bash
+printf '%s\\n' "$*" >> "$STUB_DIR/squeue.calls"
+if [ -e "$STUB_DIR/squeue.fail" ]; then
+    echo "squeue: error: Socket timed out on send/recv operation" >&2; exit 1
+fi
+cat "$STUB_DIR/queue" 2>/dev/null || true
+""",
+    # records; `--signal=SIG JOB` (signal the job's steps) signals the test's step. With
+    # scancel.wait it first waits while the batch shell runs other children (or is gone).
     "scancel": """#!/bin/bash
 printf '%s\\n' "$*" >> "$STUB_DIR/scancel.calls"
+if [ -e "$STUB_DIR/scancel.wait" ]; then
+    for _ in $(seq 2000); do
+        kill -0 "$PPID" 2>/dev/null || break
+        [ -n "$(ps -o pid= --ppid "$PPID" | grep -vw "$$")" ] || break
+        sleep 0.05
+    done
+fi
 case "$1" in --signal=*) kill "-${1#--signal=}" "$(cat "$RUN_DIR/step.pid")" ;; esac
 """,
     "scontrol": '#!/bin/bash\nprintf \'%s\\n\' "$*" >> "$STUB_DIR/scontrol.calls"\n',
@@ -56,6 +89,14 @@ case "$STEP_MODE" in
     complete) echo "$total $total" > "$progress"; touch "$RUN_DIR/COMPLETE"; exit 0 ;;
     fail) exit 3 ;;
     noprogress) exit 0 ;;
+    asks)
+        # like a program through train launch's scontrol stand-in ("end this chunk"), which
+        # then exits 0 at once
+        advance; echo requeue > "$TRAIN_STOP_REQUEST"; exit 0 ;;
+    asks-lingers)
+        # asks, then goes on without a TERM handler until the TERM it asked for ends it
+        advance; echo $$ > "$RUN_DIR/step.pid"; echo requeue > "$TRAIN_STOP_REQUEST"
+        while :; do sleep 0.02; done ;;
     wait)
         # on its stop signal: progress (unless STEP_NO_PROGRESS), COMPLETE (if
         # STEP_COMPLETES), exit 0; no handler at all with STEP_NO_HANDLER
@@ -176,8 +217,10 @@ def test_a_checkpointed_stop_extends_the_chain_once_and_records_progress(
     assert _ids(tmp_path) == "1 500\n2 901\n"
     call = _calls(tmp_path, "sbatch")
     assert len(call) == 1
-    assert call[0].split() == ["--parsable", "--dependency=afterok:500",
-                               str(tmp_path / "chain.sbatch"), "2"]
+    assert call[0].split() == ["--parsable", "--comment=train-chunk-2-after-500",
+                               "--dependency=afterok:500", str(tmp_path / "chain.sbatch"),
+                               "2"]
+    assert _calls(tmp_path, "squeue") == []  # nothing to look for: no earlier attempt
     assert _calls(tmp_path, "scancel") == []
     # the nested sbatch sees none of this job's SLURM_/SBATCH_ variables but the config
     env = (tmp_path / "stubs" / "sbatch.env.1").read_text().splitlines()
@@ -518,3 +561,119 @@ def test_a_program_that_asks_to_end_its_chunk_gets_term_and_the_chain_goes_on(
     assert (tmp_path / "run" / "step.signals").read_text() == "TERM\n"
     assert _kinds(tmp_path) == ["started", "extended", "stopped"]
     assert not list((tmp_path / "run").glob(".stop-request-*"))
+
+
+# -- a program that asks to end its chunk, and exits before the watcher looks ---------
+
+def test_a_program_that_asks_to_end_its_chunk_and_exits_at_once_is_not_complete(
+        tmp_path: Path) -> None:
+    # the watcher looks once a second; the step is gone before that: the request is
+    # looked at again after the step, before "exit 0 before any stop signal is complete"
+    proc = _run(tmp_path, "asks", COMPLETE_ON_SUCCESS="1")
+    assert proc.returncode == 0, proc.stderr
+    assert _kinds(tmp_path) == ["started", "extended", "stopped"]
+    assert _events(tmp_path)[-1][3] == "10 100"
+    assert not (tmp_path / "run" / contract.COMPLETE_MARKER).exists()
+    assert _calls(tmp_path, "scancel") == []  # the next chunk runs
+    assert "asked to end this chunk" in proc.stderr
+    assert not list((tmp_path / "run").glob(".stop-request-*"))
+
+
+def test_a_program_that_dies_of_the_term_it_asked_for_has_stopped(tmp_path: Path) -> None:
+    # it asked (its checkpoint written), then lingered without a TERM handler: 143
+    proc = _run(tmp_path, "asks-lingers", COMPLETE_ON_SUCCESS="1")
+    assert proc.returncode == 0, proc.stderr
+    assert _calls(tmp_path, "scancel") == ["--signal=TERM 500"]
+    assert _kinds(tmp_path) == ["started", "extended", "stopped"]
+    assert "needs a handler" not in proc.stderr and "died of" not in proc.stderr
+
+
+# -- no late signal ends the batch shell once the step has ended -----------------------
+
+@pytest.mark.parametrize("sig", ["USR1", "USR2"])
+def test_a_late_signal_during_the_end_time_retry_does_not_kill_the_batch_shell(
+        tmp_path: Path, sig: str) -> None:
+    # the successor is refused at the start; the walltime USR1 (or the stop request's
+    # USR2) reaches the batch shell while it submits again at the end
+    (tmp_path / "stubs").mkdir()
+    (tmp_path / "stubs" / "sbatch.fail.1").touch()
+    (tmp_path / "stubs" / "sbatch.signal.2").write_text(sig)
+    proc = _run(tmp_path, "progress")
+    assert proc.returncode == 0, proc.stderr
+    assert _kinds(tmp_path) == ["started", "extend_failed", "extended", "stopped"]
+    assert _ids(tmp_path) == "2 902\n"
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def test_a_held_walltime_signal_never_fires_after_a_quick_step(tmp_path: Path) -> None:
+    # USR1 comes while the program is starting (held, reminded once a second); the step
+    # then ends with 0 at once, and the batch shell cancels the waiting chunk, which at a
+    # busy controller takes a while: here scancel waits while the shell runs any other
+    # process (the reminder, the watcher) or until the shell is gone
+    (tmp_path / "stubs").mkdir()
+    (tmp_path / "stubs" / "scancel.wait").touch()
+    proc = _start(tmp_path, STEP_GRACE="600", COMPLETE_ON_SUCCESS="1")
+    before = len(_children(proc.pid))  # the watcher and the step's waiter
+    proc.send_signal(signal.SIGUSR1)
+    _wait_for(lambda: len(_children(proc.pid)) > before, proc)  # the reminder runs
+    (tmp_path / "run" / "step.quit").touch()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "passing it on when the program is ready" in err
+    assert not (tmp_path / "run" / "step.signals").exists()  # never passed on
+    assert _kinds(tmp_path) == ["started", "extended", "complete"]
+    assert _calls(tmp_path, "scancel") == ["901"]
+
+
+# -- a lost sbatch reply: look for the mark before submitting again -------------------
+
+def test_a_successor_whose_reply_was_lost_is_found_not_submitted_again(
+        tmp_path: Path) -> None:
+    (tmp_path / "stubs").mkdir()
+    (tmp_path / "stubs" / "sbatch.lost.1").touch()  # accepted as 901, reported failed
+    (tmp_path / "stubs" / "queue").write_text("42 train-chunk-2-after-41\n77 \n")
+    proc = _run(tmp_path, "progress")
+    assert proc.returncode == 0, proc.stderr
+    assert _kinds(tmp_path) == ["started", "extend_failed", "extended", "stopped"]
+    assert "Socket timed out" in _events(tmp_path)[1][3]
+    assert _events(tmp_path)[2][3] == "901"
+    assert _ids(tmp_path) == "2 901\n"
+    assert len(_calls(tmp_path, "sbatch")) == 1
+    assert _calls(tmp_path, "squeue") == [f"--noheader --user={os.getuid()} --format=%i %k"]
+    assert "sbatch's reply was lost" in proc.stderr
+    assert _calls(tmp_path, "scancel") == []
+
+
+def test_when_the_queue_cannot_be_read_no_second_successor_is_submitted(
+        tmp_path: Path) -> None:
+    (tmp_path / "stubs").mkdir()
+    (tmp_path / "stubs" / "sbatch.lost.1").touch()
+    (tmp_path / "stubs" / "squeue.fail").touch()
+    proc = _run(tmp_path, "progress")
+    assert proc.returncode == 0, proc.stderr
+    assert _kinds(tmp_path) == ["started", "extend_failed", "extend_failed", "incomplete"]
+    assert _events(tmp_path)[2][3].startswith("squeue: squeue: error: Socket timed out")
+    assert len(_calls(tmp_path, "sbatch")) == 1
+    assert _ids(tmp_path) == ""
+
+
+def test_a_restarted_chunk_looks_for_the_successor_its_first_run_submitted(
+        tmp_path: Path) -> None:
+    # the first run's sbatch reply was lost, then the job was requeued (preemption)
+    (tmp_path / "stubs").mkdir()
+    (tmp_path / "stubs" / "queue").write_text("777 train-chunk-2-after-500\n")
+    proc = _run(tmp_path, "progress", extra_env={"SLURM_RESTART_COUNT": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert _calls(tmp_path, "sbatch") == []
+    assert _ids(tmp_path) == "2 777\n"
+    assert _kinds(tmp_path) == ["started", "extended", "stopped"]

@@ -58,30 +58,76 @@ train_gpu_report() {
     fi
 }
 
-train_sbatch() {
-    # sbatch without this job's own SLURM_*/SBATCH_* variables (a nested sbatch would read
-    # or pass them on); SLURM_CONF stays so a site's non-default configuration is found
+train_slurm_cmd() {
+    # a Slurm command (sbatch, squeue) without this job's own SLURM_*/SBATCH_*/SQUEUE_*
+    # variables (a nested sbatch would read or pass them on, squeue would filter by them);
+    # SLURM_CONF stays so a site's non-default configuration is found
     (
         for v in $(compgen -v); do
             case "$v" in
                 SLURM_CONF) ;;
-                SLURM_* | SBATCH_* | SALLOC_*) unset "$v" 2>/dev/null || true ;;
+                SLURM_* | SBATCH_* | SALLOC_* | SQUEUE_*) unset "$v" 2>/dev/null || true ;;
             esac
         done
-        sbatch "$@"
+        "$@"
     )
+}
+
+train_find_submitted() {
+    # The job ids of this user's queued jobs whose comment is $1 (a successor's mark),
+    # one per line; fails (with squeue's message) when Slurm cannot be asked.
+    local out id comment
+    out=$(train_slurm_cmd squeue --noheader --user="$(id -u)" --format='%i %k' 2>&1) ||
+        { printf '%s' "$out"; return 1; }
+    while read -r id comment; do
+        [ "$comment" = "$1" ] && printf '%s\n' "$id"
+    done <<< "$out"
+    return 0
+}
+
+train_record_successor() {
+    # $1: the next chunk's number, $2: its job id, $3: how it was found (log words)
+    printf '%s %s\n' "$1" "$2" >> "$RUN_DIR/$IDS_FILE"
+    train_log "chunk $1 $3 job $2 (runs after this one succeeds)"
+    train_event "$EV_EXTENDED" "$2"
 }
 
 train_extend() {
     # submit the next chunk (once: a requeued or restarted chunk finds it recorded)
-    local next=$((CHUNK + 1)) out id
+    local next=$((CHUNK + 1)) out id mark found
     [ "$REQUEUE" = 0 ] && [ "$TRAIN_TERMINATING" = 0 ] || return 0
     [ "$CHUNK" -lt "$MAX_CHUNKS" ] || return 0
     if [ -e "$RUN_DIR/$IDS_FILE" ] && grep -q "^$next " "$RUN_DIR/$IDS_FILE"; then
         return 0
     fi
-    if ! out=$(train_sbatch --parsable --dependency="afterok:${SLURM_JOB_ID:-0}" \
-            "$TRAIN_SCRIPT" "$next" 2>&1); then
+    # Each successor carries a mark of its own (its comment). An earlier attempt of this
+    # job (or of its run before a restart) that sbatch reported failed may have been
+    # accepted all the same (its reply lost: "Socket timed out"): look for the mark
+    # before submitting again, so that no second successor waits unseen by the chain.
+    mark="train-chunk-$next-after-${SLURM_JOB_ID:-0}"
+    if [ "$TRAIN_EXTEND_TRIED" = 1 ] || [ "${SLURM_RESTART_COUNT:-0}" != 0 ]; then
+        if ! found=$(train_find_submitted "$mark"); then
+            [ "$TRAIN_TERMINATING" = 0 ] || return 1
+            train_log "could not look for a chunk $next submitted before (so none is" \
+                "submitted again): $found"
+            train_event "$EV_EXTEND_FAILED" \
+                "squeue: $(printf '%s' "$found" | tr '\n' ' ')"
+            return 1
+        fi
+        if [ -n "$found" ]; then
+            id=${found%%$'\n'*}
+            if [ "$id" != "$found" ]; then  # (only where a look missed one: cancelled)
+                # shellcheck disable=SC2086  # one id per line
+                scancel ${found#*$'\n'} 2>/dev/null || true
+            fi
+            train_record_successor "$next" "$id" \
+                "was submitted after all (sbatch's reply was lost) as"
+            return 0
+        fi
+    fi
+    TRAIN_EXTEND_TRIED=1
+    if ! out=$(train_slurm_cmd sbatch --parsable --comment="$mark" \
+            --dependency="afterok:${SLURM_JOB_ID:-0}" "$TRAIN_SCRIPT" "$next" 2>&1); then
         [ "$TRAIN_TERMINATING" = 0 ] || return 1  # the TERM ended sbatch too
         train_log "could not submit chunk $next: $out"
         train_event "$EV_EXTEND_FAILED" "$(printf '%s' "$out" | tr '\n' ' ')"
@@ -94,9 +140,7 @@ train_extend() {
         train_event "$EV_EXTEND_FAILED" "no job id in: $(printf '%s' "$out" | tr '\n' ' ')"
         return 1
     fi
-    printf '%s %s\n' "$next" "$id" >> "$RUN_DIR/$IDS_FILE"
-    train_log "chunk $next submitted as job $id (runs after this one succeeds)"
-    train_event "$EV_EXTENDED" "$id"
+    train_record_successor "$next" "$id" "submitted as"
 }
 
 train_cancel_rest() {
@@ -299,6 +343,29 @@ train_wait_step() {
     fi
 }
 
+train_step_ended() {
+    # The step has ended. A walltime USR1 or a stop request's USR2 that comes now has
+    # nothing left to stop, and must not end this shell (their default action would: 138
+    # or 140, the chunk counted failed, its successor removed by Slurm): from here on both
+    # are ignored, then the reminder and the watcher that send them are stopped.
+    local pid
+    trap '' USR1 USR2
+    for pid in "$TRAIN_USR1_LATER" "$TRAIN_WATCHER"; do
+        [ -n "$pid" ] || continue
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    TRAIN_USR1_LATER=
+    TRAIN_WATCHER=
+    # a program that asked to end its chunk and exited before the watcher saw the request
+    # (it looks once a second) has asked all the same: a stop, never "complete"
+    if [ "$TRAIN_STOP_REQUESTED" = 0 ] && [ -e "${TRAIN_STOP_REQUEST:-/nonexistent}" ]; then
+        train_log "the program asked to end this chunk after its checkpoint, and has ended"
+        TRAIN_STOP_REQUESTED=1
+        TRAIN_STOP_SENT=1
+    fi
+}
+
 train_main() {
     CHUNK=${1-1}
     case "$CHUNK" in '' | *[!0-9]* | 0)
@@ -318,6 +385,7 @@ train_main() {
     TRAIN_STOP_SENT=0
     TRAIN_STOP_REQUESTED=0
     TRAIN_WATCHER=
+    TRAIN_EXTEND_TRIED=0
     trap train_on_exit EXIT
     trap train_on_stop_request USR2
     trap train_on_usr1 USR1
@@ -329,12 +397,18 @@ train_main() {
         train_cancel_rest  # the TERM came while the successor was being submitted
     fi
     train_wait_step
-    trap - USR1 USR2
+    train_step_ended
     local rc=$STEP_RC progress
     if [ "$TRAIN_TERMINATING" = 1 ]; then
         train_log "training step ended with exit code $rc after the TERM"
         train_runtime_cleanup
         exit 143
+    fi
+    if [ "$rc" = 143 ] && [ "$TRAIN_STOP_REQUESTED" = 1 ]; then
+        # the TERM it asked for ended a program without a TERM handler: its checkpoint
+        # was written before it asked
+        train_log "the step ended of the TERM that the program asked for: a stop"
+        rc=0
     fi
     if [ "$rc" -ne 0 ]; then
         train_log "training step failed with exit code $rc"
