@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+import builtins
+import itertools
 import multiprocessing
 import os
 import random
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -285,3 +289,256 @@ def test_a_second_set_aside_keeps_the_first_and_a_missing_checksum_is_named(
     checksum_path(tmp_path / "ckpt-00000001.pt").unlink()
     with pytest.raises(CheckpointError, match="has no checksum"):
         load(tmp_path / "ckpt-00000001.pt")
+
+
+# --- a crash at every step of a save ---------------------------------------------------------
+# Every call a save makes to the file system (open, write-out, fsync, rename, unlink) is a
+# point where a process can die. The injector counts those calls and stops the process just
+# before or just after the k-th one: by an exception (the writer's own clean-up runs) or by
+# os._exit in a forked child (nothing runs, as under SIGKILL or a node failure). After each,
+# a fresh manager resumes as the trainer does (prepare, load_latest with set_aside) and must
+# load the newest intact checkpoint, setting nothing intact aside.
+_CRASHED = 17
+
+
+class _Crash(BaseException):
+    """A death at a chosen point (BaseException: no `except Exception` stops it)."""
+
+
+class _Injector:
+    """Counts the file-system calls made inside `directory` and dies at call `target`
+    (`when`: "before" or "after" it); target None only records the trace."""
+
+    def __init__(self, directory: Path, target: int | None = None, when: str = "before",
+                 die: Callable[[], None] | None = None) -> None:
+        self.directory = str(directory)
+        self.target, self.when = target, when
+        self.die = die or self._raise
+        self.trace: list[tuple[str, str]] = []
+        self.fds: dict[int, str] = {}
+
+    @staticmethod
+    def _raise() -> None:
+        raise _Crash
+
+    def _mine(self, path: object) -> bool:
+        return str(path).startswith(self.directory)
+
+    def _step(self, what: str, name: str, call: Callable[[], Any]) -> Any:
+        index = len(self.trace)
+        self.trace.append((what, name))
+        if index == self.target and self.when == "before":
+            self.die()
+        result = call()
+        if index == self.target and self.when == "after":
+            self.die()
+        return result
+
+    def install(self, patch: Callable[[object, str, object], None]) -> None:
+        real = {name: getattr(os, name) for name in ("replace", "rename", "unlink", "fsync",
+                                                     "open")}
+        real_open = builtins.open
+
+        def replace(src: Any, dst: Any, **kw: Any) -> None:
+            if not self._mine(dst):
+                return real["replace"](src, dst, **kw)  # type: ignore[no-any-return]
+            self._step("replace", f"{Path(src).name} -> {Path(dst).name}",
+                       lambda: real["replace"](src, dst, **kw))
+
+        def rename(src: Any, dst: Any, **kw: Any) -> None:
+            if not self._mine(dst):
+                return real["rename"](src, dst, **kw)  # type: ignore[no-any-return]
+            self._step("rename", f"{Path(src).name} -> {Path(dst).name}",
+                       lambda: real["rename"](src, dst, **kw))
+
+        def unlink(path: Any, **kw: Any) -> None:
+            if not self._mine(path):
+                return real["unlink"](path, **kw)  # type: ignore[no-any-return]
+            self._step("unlink", Path(path).name, lambda: real["unlink"](path, **kw))
+
+        def fsync(fd: int) -> None:
+            if fd not in self.fds:
+                return real["fsync"](fd)  # type: ignore[no-any-return]
+            self._step("fsync", self.fds[fd], lambda: real["fsync"](fd))
+
+        def os_open(path: Any, flags: int, *args: Any, **kw: Any) -> int:
+            fd: int = real["open"](path, flags, *args, **kw)
+            if self._mine(path):
+                self.fds[fd] = "<dir>" if os.path.isdir(path) else Path(path).name
+            return fd
+
+        def py_open(path: Any, mode: str = "r", *args: Any, **kw: Any) -> Any:
+            if not isinstance(path, (str, Path)) or not self._mine(path) or "r" in mode:
+                return real_open(path, mode, *args, **kw)
+            fh = self._step("open", Path(path).name,
+                            lambda: real_open(path, mode, *args, **kw))
+            self.fds[fh.fileno()] = Path(path).name
+            return fh
+
+        for name, fake in (("replace", replace), ("rename", rename), ("unlink", unlink),
+                           ("fsync", fsync), ("open", os_open)):
+            patch(os, name, fake)
+        patch(builtins, "open", py_open)
+
+
+def _small(marker: str, episode: int) -> dict[str, object]:
+    return {"marker": marker, "episode": episode, "w": torch.full((64,), float(episode))}
+
+
+# (episodes saved before, the save that is cut short): a new name, which also prunes the
+# oldest, and the re-save of the newest under its own name (an episode cut by a stop)
+_SCENARIOS = {"new name": ([1, 2], ("3", 3)), "same name again": ([1, 2], ("2-cut", 2))}
+
+
+def _prepared(directory: Path, scenario: str) -> tuple[str, str, int]:
+    """`directory` with the scenario's earlier checkpoints: (old newest, new, episode)."""
+    before, (marker, episode) = _SCENARIOS[scenario]
+    mgr = CheckpointManager(directory, background=False)
+    mgr.prepare()
+    for i in before:
+        mgr.save(_small(str(i), i), i)
+    return str(before[-1]), marker, episode
+
+
+def _resumed(directory: Path) -> str:
+    """What a restarted run loads, checking that nothing intact was set aside and that
+    every file under a checkpoint's name is intact; then that the run can save again."""
+    mgr = CheckpointManager(directory, background=False)
+    mgr.prepare()
+    state = mgr.load_latest(set_aside=True)
+    assert sorted(p.name for p in directory.iterdir() if "damaged" in p.name) == []
+    assert all(load(p) is not None for p in mgr.complete())
+    assert state is not None
+    mgr.save(_small("after", 9), 9)
+    again = CheckpointManager(directory).load_latest()
+    assert again is not None and again["marker"] == "after"
+    return str(state["marker"])
+
+
+def _save_trace(tmp_path: Path, scenario: str) -> list[tuple[str, str]]:
+    directory = tmp_path / "trace"
+    _, marker, episode = _prepared(directory, scenario)
+    injector = _Injector(directory)
+    with pytest.MonkeyPatch.context() as mp:
+        injector.install(mp.setattr)
+        CheckpointManager(directory, background=False).save(_small(marker, episode), episode)
+    return injector.trace
+
+
+def _check_sequence(seen: list[str], old: str, new: str) -> None:
+    """The run resumes from the old checkpoint up to one point of the save and from the new
+    one after it, never from anything else."""
+    assert set(seen) <= {old, new}, seen
+    assert seen[0] == old and seen[-1] == new, seen
+    switch = seen.index(new)
+    assert seen[switch:] == [new] * (len(seen) - switch), seen
+
+
+@pytest.mark.parametrize("scenario", _SCENARIOS)
+def test_an_exception_at_any_step_of_a_save_resumes_from_the_newest_intact(
+        tmp_path: Path, scenario: str) -> None:
+    trace = _save_trace(tmp_path, scenario)
+    assert len(trace) >= 6, trace  # opens, fsyncs and renames were all seen
+    seen = []
+    for k in range(len(trace)):
+        for when in ("before", "after"):
+            directory = tmp_path / f"{k}-{when}"
+            old, new, episode = _prepared(directory, scenario)
+            injector = _Injector(directory, k, when)
+            with pytest.MonkeyPatch.context() as mp:
+                injector.install(mp.setattr)
+                try:
+                    CheckpointManager(directory, background=False).save(
+                        _small(new, episode), episode)
+                except CheckpointError as exc:
+                    assert isinstance(exc.__cause__, _Crash)
+            assert injector.trace[k] == trace[k]  # the same save, cut where intended
+            seen.append(_resumed(directory))
+    _check_sequence(seen, old, new)
+
+
+def _crash_in_child(directory: Path, scenario: str, k: int, when: str) -> int:
+    """Fork; the child saves and dies by os._exit at step k; the child's exit code."""
+    marker, episode = _SCENARIOS[scenario][1]
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 3
+        try:
+            torch.set_num_threads(1)
+            injector = _Injector(directory, k, when, die=lambda: os._exit(_CRASHED))
+            mp = pytest.MonkeyPatch()
+            injector.install(mp.setattr)
+            mgr = CheckpointManager(directory)  # the background writer thread, as trained
+            mgr.save(_small(marker, episode), episode)
+            mgr.wait()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", _SCENARIOS)
+def test_a_process_killed_at_any_step_of_a_save_resumes_from_the_newest_intact(
+        tmp_path: Path, scenario: str) -> None:
+    trace = _save_trace(tmp_path, scenario)
+    seen = []
+    for k in range(len(trace)):
+        for when in ("before", "after"):
+            directory = tmp_path / f"{k}-{when}"
+            old, new, _ = _prepared(directory, scenario)
+            assert _crash_in_child(directory, scenario, k, when) == _CRASHED, (k, when)
+            seen.append(_resumed(directory))
+    _check_sequence(seen, old, new)
+    # and a save that is not cut short completes in the child
+    directory = tmp_path / "whole"
+    _prepared(directory, scenario)
+    assert _crash_in_child(directory, scenario, len(trace), "before") == 0
+
+
+@pytest.mark.parametrize("scenario", _SCENARIOS)
+def test_each_rename_of_a_save_is_on_disk_before_the_next(tmp_path: Path,
+                                                          scenario: str) -> None:
+    """A power cut keeps renames and removals only up to the last directory fsync: each
+    rename or removal of a save is on disk before the next one (a directory fsync between),
+    the last rename before the save ends, and the file renamed was fsynced first, so no
+    order of lost steps pairs a checkpoint with a wrong checksum or leaves one without."""
+    trace = _save_trace(tmp_path, scenario)
+    steps = [i for i, (what, _) in enumerate(trace) if what in ("replace", "rename", "unlink")]
+    renames = [i for i in steps if trace[i][0] != "unlink"]
+    assert renames, trace
+    for i, j in itertools.pairwise(steps):
+        assert ("fsync", "<dir>") in trace[i + 1:j], (trace[i], trace)
+    assert ("fsync", "<dir>") in trace[renames[-1] + 1:], trace
+    for i in renames:
+        source = trace[i][1].split(" -> ")[0]
+        assert ("fsync", source) in trace[:i], (trace[i], trace)
+
+
+def test_a_checkpoint_that_cannot_be_read_now_is_skipped_but_not_set_aside(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An I/O error (a file server's hiccup) says nothing of the file: the older one is
+    used and the newer stays in the rotation for the next start."""
+    import errno
+
+    from train.runtime import checkpoint
+
+    mgr = CheckpointManager(tmp_path, background=False)
+    mgr.prepare()
+    mgr.save(_state(1), 1)
+    mgr.save(_state(2), 2)
+    real = checkpoint.file_sha256
+
+    def flaky(path: Path) -> str:
+        if path.name == "ckpt-00000002.pt":
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        return real(path)
+
+    monkeypatch.setattr(checkpoint, "file_sha256", flaky)
+    latest = mgr.load_latest(set_aside=True)
+    assert latest is not None and latest["episode"] == 1
+    assert not any("damaged" in p.name for p in tmp_path.iterdir())
+    monkeypatch.setattr(checkpoint, "file_sha256", real)
+    latest = mgr.load_latest(set_aside=True)
+    assert latest is not None and latest["episode"] == 2

@@ -13,6 +13,14 @@ before the checkpoint takes its final name); a checkpoint whose checksum is miss
 not match, or whose content is not what the trainer wrote, is skipped with a warning naming
 the file, and the older one is used. The skipped file is renamed `damaged-ckpt-N.pt` (kept
 for a look, out of the rotation), so it never holds one of the `keep` places.
+
+A save is two renames (checksum, then data), and a stop that cuts an episode saves the same
+`ckpt-N` again. So that a process killed between them never pairs a checkpoint with a
+checksum of other data, the checksum file may list several sha256 lines, any of which the
+data may match: while `ckpt-N` is saved again, the new checksum is put in place listing the
+new data's sha256 and the present data's, the data is renamed over, then the checksum is
+rewritten with the new line alone. The directory is fsynced after each rename, so a power
+cut cannot keep a later rename and lose an earlier one.
 """
 
 from __future__ import annotations
@@ -119,9 +127,35 @@ def checksum_path(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_MAX_SUMS = 8  # lines a checksum file may carry: a few saves of one name each cut short
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w", encoding="ascii") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def checksums(path: Path) -> list[str]:
+    """The sha256s the checksum file of `path` vouches for (newest first; [] when it is
+    missing, unreadable or holds none)."""
+    if not _regular(checksum_path(path)):  # a FIFO would block the read
+        return []
+    try:
+        with open(checksum_path(path), "rb") as fh:
+            text = fh.read(_MAX_SUMS * 200).decode("ascii")
+    except (OSError, UnicodeDecodeError):
+        return []
+    sums = [line.split()[0] for line in text.splitlines() if line.split()]
+    return [s for s in sums if _HEX64.fullmatch(s)][:_MAX_SUMS]
+
+
 def save_atomic(state: Any, path: Path) -> None:
     """torch.save to a temp file, fsync, its sha256 beside it, rename over `path`, fsync the
-    directory: a checkpoint under its final name always has its checksum."""
+    directory: a checkpoint under its final name always has its checksum, also while a
+    checkpoint of the same name is replaced (see the module's notes)."""
     tag = f"{os.getpid()}-{threading.get_ident()}"
     tmp = path.with_name(f".{path.name}.tmp-{tag}")
     tmp_sum = path.with_name(f".{path.name}.sha256.tmp-{tag}")
@@ -130,17 +164,24 @@ def save_atomic(state: Any, path: Path) -> None:
             torch.save(encode(state), fh)
             fh.flush()
             os.fsync(fh.fileno())
-        with open(tmp_sum, "w", encoding="ascii") as fh:
-            fh.write(f"{file_sha256(tmp)}  {path.name}\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        digest = file_sha256(tmp)
+        # the data under `path` now (a save of the same name again) stays vouched for
+        # until the new data has replaced it
+        present = [s for s in checksums(path) if s != digest] if _regular(path) else []
+        lines = [digest, *present][:_MAX_SUMS]
+        _write_synced(tmp_sum, "".join(f"{s}  {path.name}\n" for s in lines))
         os.replace(tmp_sum, checksum_path(path))
+        _fsync_dir(path.parent)
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
+        if len(lines) > 1:  # the old data is gone: the checksum vouches for the new alone
+            _write_synced(tmp_sum, f"{digest}  {path.name}\n")
+            os.replace(tmp_sum, checksum_path(path))
+            _fsync_dir(path.parent)
     except BaseException:
         tmp.unlink(missing_ok=True)
         tmp_sum.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -153,13 +194,11 @@ def load(path: Path) -> dict[str, Any]:
                               "not completely written, or by an older version")
     if not checksum_path(path).is_file():
         raise CheckpointError(f"{checksum_path(path)} is not a regular file")
-    try:
-        with open(checksum_path(path), "rb") as fh:
-            expected = fh.read(200).decode("ascii").split()[0]
-    except (OSError, IndexError, UnicodeDecodeError):
+    expected = checksums(path)
+    if not expected:
         raise CheckpointError(f"{path} has no checksum ({checksum_path(path).name}): it was "
-                              "not completely written, or by an older version") from None
-    if file_sha256(path) != expected:
+                              "not completely written, or by an older version")
+    if file_sha256(path) not in expected:
         raise CheckpointError(f"{path} does not match its checksum: the file is damaged")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -249,7 +288,8 @@ class CheckpointManager:
             except Exception as exc:
                 log.warning("checkpoint %s is unreadable (%s); trying an older one", path, exc)
                 errors.append(f"{path.name}: {exc}")
-                if set_aside:
+                # an I/O error (EIO, ESTALE) is not the file's fault: it is tried next time
+                if set_aside and not isinstance(exc, OSError):
                     self._set_aside(path)
                 continue
             log.info("resuming from %s", path)
@@ -293,8 +333,12 @@ class CheckpointManager:
     def _write(self, snap: dict[str, Any], path: Path) -> None:
         try:
             save_atomic(snap, path)
-            for old in self.complete()[: -self.keep]:
+            pruned = self.complete()[: -self.keep]
+            for old in pruned:
                 old.unlink(missing_ok=True)
+            if pruned:  # the data is gone on disk before its checksum: never one without
+                _fsync_dir(self.directory)
+            for old in pruned:
                 checksum_path(old).unlink(missing_ok=True)
         except BaseException as exc:
             self._error = exc
