@@ -98,11 +98,11 @@ class LogRule:
     source: str
 
 
-# A line's own prefix before a message: torchrun's "[rank1]:", srun --label's "1: ", Open
-# MPI's "[1,0]<stderr>:". An exception counts where it starts the line (after such a
-# prefix): "Warning: ImportError: apex not installed" or a path ".../MemoryError_logs/" is
-# not one.
-_LEAD = r"^\s*(?:\[rank ?\d+\]:?\s*|\d+:\s+|\[[\d,]+\]<std\w+>:\s*)?"
+# A line's own prefix before a message: torch's "[rank1]:", torchrun --tee's "[default1]:"
+# (the local rank), srun --label's "1: ", Open MPI's "[1,0]<stderr>:". An exception counts
+# where it starts the line (after such a prefix): "Warning: ImportError: apex not
+# installed" or a path ".../MemoryError_logs/" is not one.
+_LEAD = r"^\s*(?:\[(?:rank ?|default)\d+\]:?\s*|\d+:\s+|\[[\d,]+\]<std\w+>:\s*)?"
 
 
 def _exception(*names: str) -> str:
@@ -531,6 +531,76 @@ def last_exception(path: Path) -> Evidence | None:
     return None
 
 
+# torch's elastic agent (torchrun) ends with its own exception around a rank's failure,
+# then a summary (torch/distributed/elastic/multiprocessing/errors/error_handler.py and
+# __init__.py): "Root Cause (first observed failure):" and, per rank, "rank : R
+# (local_rank: L)", "exitcode : N (pid: P)" (negative: the signal), "traceback : ..."
+# (the rank's own traceback where it wrote an error file: @record; else a link)
+_WRAPPER_RE = re.compile(_exception("ChildFailedError"))
+_ROOT_RANK_RE = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
+_ROOT_EXIT_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_PREFIX_RE = re.compile(r"^\s*\[(rank ?|default)(\d+)\]")
+
+
+@dataclass(frozen=True)
+class RootCause:
+    """The failed rank behind torchrun's ChildFailedError."""
+
+    exception: Evidence | None  # the rank's own exception line, where the log has it
+    rank: str  # "rank 1 (local_rank 1)", "" where the summary was not found
+    signal: int | None  # the signal that ended the rank (its exitcode -N)
+
+
+def launcher_root_cause(path: Path) -> RootCause | None:
+    """Where the end of a log is torchrun's ChildFailedError: the rank that failed and its
+    exception. The rank's traceback in the summary (an error file: torch timed the failures)
+    wins; else the workers' exception lines before the agent's traceback, the root rank's
+    where lines carry rank prefixes: the first that a rule recognises (the first rank to
+    fail prints first; the others fail after it, e.g. 'Connection closed by peer'), else
+    the last. Without error files torch's root cause is a guess (a tie in time goes to the
+    lowest rank), so a rule-recognised exception of another rank still counts. None where
+    the log does not end in the wrapper."""
+    lines = read_tail(path)
+    wrap = next((i for i in range(len(lines) - 1, -1, -1)
+                 if _WRAPPER_RE.match(lines[i][1].strip())), None)
+    if wrap is None:
+        return None
+    rank = local = None
+    sig = None
+    own: Evidence | None = None
+    in_root = False
+    for number, line in lines[wrap + 1:]:
+        text = line.strip()
+        if text.startswith("Root Cause"):
+            in_root = True
+        elif in_root and text.startswith("====="):
+            break
+        elif in_root:
+            if m := _ROOT_RANK_RE.match(line):
+                rank, local = int(m.group(1)), int(m.group(2))
+            elif (m := _ROOT_EXIT_RE.match(line)) and int(m.group(1)) < 0:
+                sig = -int(m.group(1))
+            elif _EXCEPTION_RE.match(text) and not _WRAPPER_RE.match(text):
+                own = Evidence(str(path), number or 0, text[:MAX_LINE])
+    where = f"rank {rank} (local_rank {local})" if rank is not None else ""
+    if own is not None:
+        return RootCause(own, where, sig)
+    # the agent's own traceback starts at the last "Traceback" before its exception
+    end = next((i for i in range(wrap - 1, -1, -1)
+                if lines[i][1].strip().startswith("Traceback (most recent call last)")), wrap)
+    found = [(n, line.strip()) for n, line in lines[:end]
+             if _EXCEPTION_RE.match(line.strip()) and not _WRAPPER_RE.match(line.strip())]
+    prefixed = [(n, t, _PREFIX_RE.match(t)) for n, t in found]
+    if rank is not None and any(m for _, _, m in prefixed):
+        found = [(n, t) for n, t, m in prefixed if m and int(m.group(2)) == (
+            rank if m.group(1).startswith("rank") else local)] or found
+    if not found:
+        return RootCause(None, where, sig)
+    known = [(n, t) for n, t in found if scan_lines(path, [(n, t)])]
+    number, text = known[0] if known else found[-1]
+    return RootCause(Evidence(str(path), number or 0, text[:MAX_LINE]), where, sig)
+
+
 # -- what a run is made of -------------------------------------------------------------
 def newest_run(runs_root: Path) -> Path:
     """The run whose chain was submitted last (chain.json's time)."""
@@ -874,14 +944,23 @@ def _chunk_findings(chain: Chain, c: Mapping[str, Any], logs: Sequence[Path],
         out.append(_finding(chain, "dependency_never", number, job_id,
                             detail=f"squeue reason {c.get('reason')}"))
     sig = _signal_of(exit_code) if failed else None
+    ended = f"exit code {exit_code}: the step"
+    # the last exception of a failed chunk is what ended it: its cause leads the log's;
+    # torchrun's wrapper stands for a rank's failure: that rank's own cause leads
+    exc = last_exception(err) if failed and err is not None else None
+    if exc is not None and err is not None and _WRAPPER_RE.match(exc.text):
+        root = launcher_root_cause(err)
+        if root is not None:
+            exc = root.exception
+            if exc is None and root.signal is not None and sig is None:
+                sig = root.signal
+                ended = f"torchrun's root cause, {root.rank or 'a rank'},"
     if sig == 9 and "host_oom" not in hits_all and state_cause != "host_oom":
         out.append(_finding(chain, "sigkill", number, job_id, detail=(
-            f"exit code {exit_code}: the step was killed with SIGKILL")))
+            f"{ended} was killed with SIGKILL")))
     elif sig in _CRASHES:
         out.append(_finding(chain, "native_crash", number, job_id, detail=(
-            f"exit code {exit_code}: the step died of {_SIGNALS[sig]}")))
-    # the last exception of a failed chunk is what ended it: its cause leads the log's
-    exc = last_exception(err) if failed and err is not None else None
+            f"{ended} died of {_SIGNALS[sig]}")))
     lead = scan_lines(Path(exc.file), [(exc.line, exc.text)]) if exc is not None else {}
     order = [c for c in _LOG_PRIORITY if c in lead] + [
         c for c in _LOG_PRIORITY if c not in lead]

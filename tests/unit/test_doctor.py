@@ -673,3 +673,68 @@ def test_a_healthy_chain_queued_for_hours_has_no_idle_gpu(tmp_path: Path) -> Non
     st = status("COMPLETED", "0:0", ["started", "complete"], chain_state="complete")
     report = doctor.diagnose(load_chain(run_dir), st)
     assert report.healthy, report.as_dict()
+
+
+# -- under torchrun (issue 18 item 6) ---------------------------------------------------
+# Real job stderr captured from torch 2.13's elastic agent (tests/unit/doctor_logs/, each
+# file's first line says how; the workers are these programs):
+TORCHRUN_WORKERS = {
+    "torchrun_oom.err": "rank 1: raise torch.OutOfMemoryError('CUDA out of memory. ...')",
+    "torchrun_record_oom.err": "the same inside main() decorated with errors.record",
+    "torchrun_tee_oom.err": "rank 1: raise RuntimeError('CUDA out of memory. ...'), --tee 3",
+    "torchrun_two_ranks.err": "rank 1: the OOM; rank 0, 0.3 s later: a gloo RuntimeError",
+    "torchrun_sigkill.err": "rank 1: os.kill(os.getpid(), SIGKILL)",
+}
+LOGS = Path(__file__).parent / "doctor_logs"
+
+
+@pytest.mark.parametrize("name", ["torchrun_oom.err", "torchrun_record_oom.err",
+                                  "torchrun_tee_oom.err", "torchrun_two_ranks.err"])
+def test_under_torchrun_the_ranks_cause_leads_not_the_agents_wrapper(
+        tmp_path: Path, name: str) -> None:
+    err = (LOGS / name).read_text()
+    assert "ChildFailedError" in err and "Root Cause (first observed failure)" in err
+    report = diagnose(tmp_path, err, status("FAILED", "1:0", ["started", "failed"]))
+    assert report.findings[0].cause == "gpu_oom", report.verdict
+    assert "python_error" not in [f.cause for f in report.findings], report.verdict
+    assert any("CUDA out of memory" in e.text for e in report.findings[0].evidence)
+    assert all("ChildFailedError" not in f.detail for f in report.findings)
+
+
+def test_a_rank_killed_under_torchrun_is_a_sigkill_of_that_rank(tmp_path: Path) -> None:
+    err = (LOGS / "torchrun_sigkill.err").read_text()
+    report = diagnose(tmp_path, err, status("FAILED", "1:0", ["started", "failed"]))
+    f = report.findings[0]
+    assert f.cause == "sigkill", report.verdict
+    assert "rank 1" in f.detail and "SIGKILL" in f.detail, f.detail
+    assert "python_error" not in [x.cause for x in report.findings]
+
+
+OOM_RANK = """
+import os
+import torch
+if os.environ["RANK"] == "1":
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has "
+                                 "a total capacity of 79.10 GiB of which 1.06 GiB is free.")
+"""
+
+
+@pytest.mark.slow
+def test_a_real_torchrun_whose_rank_runs_out_of_gpu_memory(tmp_path: Path) -> None:
+    """torch's own agent (CPU, 2 ranks, no rendezvous beyond this machine's loopback):
+    rank 1 raises torch's OOM; rank 0 ends at once without error."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "w.py"
+    script.write_text(OOM_RANK)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "2", "--monitor-interval", "0.2",
+                           str(script)], capture_output=True, text=True, timeout=300,
+                          env=env, cwd=tmp_path, check=False)
+    assert proc.returncode == 1 and "ChildFailedError" in proc.stderr, proc.stderr[-3000:]
+    report = diagnose(tmp_path, proc.stderr, status("FAILED", "1:0", ["started", "failed"]))
+    assert report.findings[0].cause == "gpu_oom", report.as_dict()
+    assert "python_error" not in [f.cause for f in report.findings]
