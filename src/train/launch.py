@@ -150,12 +150,15 @@ def resolve_address(node: str) -> str:
                      "(often missing inside containers) did not give its NodeAddr")
 
 
-def torchrun_argv(step: SlurmStep, master_addr: str, nproc: int, command: Sequence[str]
-                  ) -> list[str]:
-    """torch.distributed.run arguments: a static rendezvous on the first node."""
+def torchrun_argv(step: SlurmStep, master_addr: str, nproc: int, command: Sequence[str],
+                  log_dir: str | None = None) -> list[str]:
+    """torch.distributed.run arguments: a static rendezvous on the first node (and the
+    folder for the agent's files: without one it leaves a torchelastic_* in $TMPDIR)."""
     argv = [f"--nnodes={len(step.nodes)}", f"--node-rank={step.node_id}",
             f"--nproc-per-node={nproc}", f"--master-addr={master_addr}",
             f"--master-port={step.port}", f"--rdzv-id={step.job_id}"]
+    if log_dir is not None:
+        argv.append(f"--log-dir={log_dir}")
     if command and command[0] in ("python", "python3", sys.executable) and len(command) > 2 \
             and command[1] == "-m":
         return [*argv, "-m", command[2], *command[3:]]
@@ -257,6 +260,7 @@ class LaunchOptions:
     fallback_batch: int | None = None
     workers: int | None = None
     worker_mem_mb: int = 4096
+    chdir: str | None = None
 
 
 def prepare(opts: LaunchOptions, env: MutableMapping[str, str]) -> tuple[SlurmStep, str,
@@ -367,23 +371,38 @@ exec scontrol "$@"
 """
 
 
+SHIM_FOLDER = ".scontrol-shim"
+
+
 def install_scontrol_shim(env: MutableMapping[str, str]) -> Path | None:
-    """Put the stand-in first on PATH for the program (and its children), in the first
-    place where it can run: /tmp is noexec at some sites, and a stand-in that cannot
-    execute would be skipped for the real scontrol."""
+    """Put the stand-in first on PATH for the program (and its children). It lives in the
+    run folder (one per run, rewritten in place by each launch: nothing is left in /tmp,
+    whose noexec mounts at some sites would also make the stand-in be skipped for the real
+    scontrol); a run folder where it cannot execute falls back to a fresh folder under
+    $TMPDIR, returned so that a launch that does not exec can remove it. Returns the
+    folder, or None where the program keeps the real scontrol."""
     import subprocess
     import tempfile
 
-    places = [os.environ.get("TMPDIR"), env.get("TRAIN_RUN_DIR"), None]
-    for base in dict.fromkeys(places):
+    run_dir = env.get("TRAIN_RUN_DIR")
+    places: list[Path | None] = [Path(run_dir) / SHIM_FOLDER] if run_dir else []
+    places.append(None)
+    for place in places:
         try:
-            folder = Path(tempfile.mkdtemp(prefix=".train-shim-", dir=base))
+            if place is None:
+                folder = Path(tempfile.mkdtemp(prefix=".train-shim-",
+                                               dir=os.environ.get("TMPDIR")))
+            else:
+                folder = place
+                folder.mkdir(exist_ok=True)
             shim = folder / "scontrol"
-            shim.write_text(SCONTROL_SHIM, encoding="utf-8")
-            shim.chmod(0o755)
+            _write_shim(shim)
             subprocess.run([str(shim), "--train-shim-probe"], check=True, timeout=30,
                            capture_output=True)
         except (OSError, subprocess.SubprocessError):
+            if place is None:
+                with contextlib.suppress(NameError, OSError):
+                    _remove_shim(folder)
             continue
         path = env.get("PATH") or os.defpath
         env["PATH"] = f"{folder}{os.pathsep}{path}"
@@ -391,6 +410,33 @@ def install_scontrol_shim(env: MutableMapping[str, str]) -> Path | None:
     log.warning("no place to run the scontrol stand-in: a program that runs `scontrol "
                 "requeue` (Lightning's SLURM support) would requeue the job from inside")
     return None
+
+
+def _write_shim(shim: Path) -> None:
+    """Write the stand-in unless it is there already: a new file renamed over the old one
+    (tasks on other nodes may be running it), with an old modification time, so that it
+    never looks like something the program saved during the chunk."""
+    with contextlib.suppress(OSError):
+        if shim.read_text(encoding="utf-8") == SCONTROL_SHIM and os.access(shim, os.X_OK):
+            return
+    tmp = shim.with_name(f".scontrol.{socket.gethostname()}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(SCONTROL_SHIM, encoding="utf-8")
+        tmp.chmod(0o755)
+        os.utime(tmp, (0, 0))
+        os.replace(tmp, shim)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def _remove_shim(folder: Path | None) -> None:
+    """A stand-in folder of this launch's own under $TMPDIR (never the run folder's)."""
+    if folder is None or folder.name == SHIM_FOLDER:
+        return
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _children(pid: int) -> list[int]:
@@ -456,11 +502,6 @@ def _stop_gpu_watch(proc: Any) -> None:
         proc.wait(timeout=10)
 
 
-def is_train_run(command: Sequence[str]) -> bool:
-    """`python -m train run ...`: the program that marks its own signal readiness."""
-    return any(command[i:i + 3] == ["-m", "train", "run"] for i in range(len(command)))
-
-
 def find_program(command: Sequence[str], env: Mapping[str, str]) -> None:
     """A program that is not there fails now, by name, not as a traceback per rank."""
     import shutil
@@ -476,22 +517,96 @@ def find_program(command: Sequence[str], env: Mapping[str, str]) -> None:
                          f"{env.get('PATH', os.defpath)}")
 
 
+LIGHTNING_ROOT_VAR = "PL_TRAINER_DEFAULT_ROOT_DIR"
+
+
+def program_environment(step: SlurmStep, mode: str, env: MutableMapping[str, str]) -> None:
+    """Defaults for the program that the user's own setting (--env, or the host's value
+    with runtime none) always beats: Lightning's default_root_dir is the run folder (its
+    hpc checkpoints are saved and restored there, never in the submit folder another run
+    shares; a Trainer(default_root_dir=...) of the script still wins), and in tasks mode
+    the OpenMP threads of each rank are its task's CPUs (torchrun sets 1 for its workers)."""
+    run_dir = env.get("TRAIN_RUN_DIR")
+    if run_dir and LIGHTNING_ROOT_VAR not in env:
+        env[LIGHTNING_ROOT_VAR] = run_dir
+    if mode == "tasks" and "OMP_NUM_THREADS" not in env and env.get("SLURM_CPUS_PER_TASK"):
+        env["OMP_NUM_THREADS"] = str(step.cpus_per_task)
+        log.info("OMP_NUM_THREADS=%d (the task's CPUs)", step.cpus_per_task)
+
+
+def enter_folder(folder: str | None) -> None:
+    """--chdir: the program runs in this folder (relative paths it reads are from there)."""
+    if folder is None:
+        return
+    try:
+        os.chdir(folder)
+    except OSError as exc:
+        raise UsageError(f"launch: --chdir {folder}: {exc.strerror or exc} here (inside the "
+                         "container, if the job runs in one)") from None
+    log.info("working folder: %s", folder)
+
+
+def worker_failure(exc: Any, node: str, stop_signal: int) -> int:
+    """torchrun's report of failed workers (ChildFailedError), told as the program's
+    failure: the first failing rank, its exit code or signal and, where the worker wrote
+    torch's error file (@record), its exception. Returns the exit code for this launch:
+    the worker's own, or 128 + N for a worker killed by signal N."""
+    rank, failure = exc.get_first_failure()
+    others = len(exc.failures) - 1
+    also = f" ({others} more worker(s) failed after it)" if others else ""
+    exitcode = int(failure.exitcode)
+    if exitcode < 0:
+        signum = -exitcode
+        code = 128 + signum
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        log.error("worker rank %s (local rank %s, pid %s) on %s was killed by %s (exit "
+                  "code %d)%s", rank, failure.local_rank, failure.pid, node, name, code, also)
+        if signum == stop_signal:
+            log.error("the stop signal %s reached a worker that has no handler for it: "
+                      "the program must catch it, save and exit 0", name.removeprefix("SIG"))
+        return code
+    code = exitcode if 0 < exitcode < 256 else 1
+    log.error("worker rank %s (local rank %s, pid %s) on %s exited with code %d%s", rank,
+              failure.local_rank, failure.pid, node, exitcode, also)
+    data = failure.error_file_data if isinstance(failure.error_file_data, dict) else {}
+    message = data.get("message")
+    if isinstance(message, dict):
+        message = message.get("message")
+    if isinstance(message, str) and message and failure.error_file != "<N/A>":
+        log.error("its exception (torch's error file): %s", message)
+    else:
+        log.error("its own traceback, if it raised, is above in this log")
+    return code
+
+
 def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> int:
     """torchrun mode returns when the node's workers are done; tasks mode execs."""
     environ = os.environ if env is None else env
     step, master, command = prepare(opts, environ)
+    enter_folder(opts.chdir)
     # (torchrun runs `python -m MODULE` with its own interpreter: no program to find)
     if opts.mode != "torchrun" or "--no-python" in torchrun_argv(step, master, 1, command):
         find_program(command, environ)
-    install_scontrol_shim(environ)
+    program_environment(step, opts.mode, environ)
+    # the stand-in turns `scontrol requeue` into "end this chunk": only under the job's
+    # batch shell, which watches for that request
+    shim = install_scontrol_shim(environ) if environ.get("TRAIN_STOP_REQUEST") else None
     watcher = start_gpu_watch(step, opts.mode, environ)
     if opts.mode == "torchrun":
         signal.signal(signal.SIGUSR1, _forward_to_workers)
         nproc = opts.nproc_per_node or max(1, step.gpus_on_node)
-        argv = torchrun_argv(step, master, nproc, command)
+        import shutil
+        import tempfile
+
+        agent_dir = tempfile.mkdtemp(prefix=".train-torchrun-")  # the workers' error files
+        argv = torchrun_argv(step, master, nproc, command, agent_dir)
         log.info("node %d/%d: torchrun %s", step.node_id, len(step.nodes),
                  " ".join(masked_argv(argv)))
         from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.run import main as torchrun_main
 
         try:
@@ -500,8 +615,13 @@ def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> 
             log.warning("torchrun's agent received %s and stopped its workers (they "
                         "checkpoint on it)", exc.sigval.name)
             return 128 + int(exc.sigval)
+        except ChildFailedError as exc:  # the program failed, not this launcher
+            return worker_failure(exc, step.nodes[step.node_id],
+                                  stop_signal_for_workers(environ))
         finally:
             _stop_gpu_watch(watcher)
+            _remove_shim(shim)
+            shutil.rmtree(agent_dir, ignore_errors=True)
         return 0
     if opts.mode == "single":
         log.info("single process: %s", " ".join(masked_argv(command)))

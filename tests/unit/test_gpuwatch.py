@@ -1049,6 +1049,8 @@ def test_profile_watch_settings_are_validated(tmp_path: Path) -> None:
 
 
 def test_the_rendered_script_carries_the_settings_to_the_launcher() -> None:
+    from train.entry import entry_code
+
     job = _resolve(**TORCH, gpus_per_node=1)
     text = render(job, library_path().read_text(encoding="utf-8"))
     export = next(line for line in text.splitlines() if line.startswith("export "))
@@ -1057,7 +1059,7 @@ def test_the_rendered_script_carries_the_settings_to_the_launcher() -> None:
     # one GPU, `train run`: through `train launch`, which starts the sampler
     argv = step_argv(job)
     assert argv[argv.index("launch") - 2:argv.index("--")] == [
-        "-m", "train", "launch", "--mode=single"]
+        "-c", entry_code(), "launch", "--mode=single"]
     for off in (_resolve(**LOCAL), _resolve(**LOCAL, gpus_per_node=1, gpu_watch_interval=0)):
         text = render(off, library_path().read_text(encoding="utf-8"))
         assert "TRAIN_GPU_" not in text
@@ -1193,7 +1195,9 @@ def test_the_real_spawn_runs_the_module(monkeypatch: pytest.MonkeyPatch) -> None
     gpuwatch.spawn("/runs/x", "n1", WatchSettings(30, 60.5, 15), 123, env={"A": "1"},
                    popen=lambda argv, **kw: calls.append((argv, kw)))
     argv, kw = calls[0]
-    assert argv[:3] == [sys.executable, "-m", "train.runtime.gpuwatch"]
+    from train.entry import module_argv
+
+    assert argv[:3] == module_argv(sys.executable, "train.runtime.gpuwatch")
     assert argv[3:] == ["--out", "/runs/x", "--node", "n1", "--interval", "30",
                         "--idle-threshold", "60.5", "--idle-minutes", "15", "--parent", "123"]
     assert kw["stdout"] == subprocess.DEVNULL and kw["env"] == {"A": "1"}

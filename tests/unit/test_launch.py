@@ -124,8 +124,8 @@ def test_scontrol_requeue_inside_the_step_asks_the_batch_shell_instead(
     real.mkdir()
     (real / "scontrol").write_text("#!/bin/sh\necho real \"$@\"\n")
     (real / "scontrol").chmod(0o755)
-    env = {"PATH": f"{real}:/usr/bin:/bin"}
-    install_scontrol_shim(env)
+    env = {"PATH": f"{real}:/usr/bin:/bin", "TRAIN_RUN_DIR": str(tmp_path)}
+    assert install_scontrol_shim(env) == tmp_path / ".scontrol-shim"  # in the run folder
     request = tmp_path / ".stop-request-1-0"
     proc = subprocess.run(["scontrol", "requeue", "77"], env={
         **env, "TRAIN_STOP_REQUEST": str(request)}, capture_output=True, text=True,
@@ -149,7 +149,7 @@ def test_the_stand_in_never_finds_itself_again(tmp_path: Path) -> None:
         found = shutil.which(name)
         assert found
         (tools / name).symlink_to(found)
-    env = {"PATH": str(tools)}
+    env = {"PATH": str(tools), "TRAIN_RUN_DIR": str(tmp_path)}
     folder = install_scontrol_shim(env)
     assert folder is not None
     # the same directory spelled otherwise, and no real scontrol behind it

@@ -532,7 +532,10 @@ def spawn(run_dir: Path | str, node: str, settings: WatchSettings, parent: int, 
           popen: Callable[..., Any] = subprocess.Popen) -> Any:
     """Start the sampler process (stdout discarded, stderr shared: its lines go to the job's
     log). Returns the Popen object; raises what starting it raises."""
-    argv = [sys.executable, "-m", "train.runtime.gpuwatch", "--out", str(run_dir),
+    from train.entry import module_argv
+
+    # (not `-m`: a train.py in the current folder would be imported as `train`)
+    argv = [*module_argv(sys.executable, "train.runtime.gpuwatch"), "--out", str(run_dir),
             "--node", node, "--interval", _num(settings.interval),
             "--idle-threshold", _num(settings.idle_threshold),
             "--idle-minutes", _num(settings.idle_minutes), "--parent", str(parent)]

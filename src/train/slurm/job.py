@@ -25,6 +25,7 @@ from train.clusters.profiles import (
 from train.config import RunConfig, check_value, opt, run_config_from_argv
 from train.errors import ConfigError, UsageError
 from train.gpus import all_bf16_capable
+from train.programs import imports_lightning
 from train.secrets import is_secret_name, redact_text
 from train.slurm.contract import NAVSIM_PREFETCH_OVERRIDE, NAVSIM_WORKERS_OVERRIDE
 from train.yamlio import shown
@@ -210,9 +211,10 @@ class JobSpec:
                                  "work is complete (in requeue mode: runs of the one job). "
                                  "Default: 10, or 1 for a command without a stop signal.",
                                  kind=int, positive=True, optional=True)
-    launch: str = opt("auto", "auto (one process; for several: tasks for navsim, torchrun "
-                      "otherwise), torchrun (one task per node; torch's launcher starts one "
-                      "process per GPU) or tasks (one task per GPU, as Lightning expects).",
+    launch: str = opt("auto", "auto (one process; for several: tasks for navsim and for a "
+                      "script that imports Lightning, torchrun otherwise), torchrun (one "
+                      "task per node; torch's launcher starts one process per GPU) or tasks "
+                      "(one task per GPU, as Lightning expects).",
                       kind=str, choices=LAUNCH_MODES)
     runtime: str = opt("none", "Container runtime: none, apptainer or docker.", kind=str,
                        choices=RUNTIMES)
@@ -240,6 +242,10 @@ class JobSpec:
                           "directory).", kind=str, optional=True)
     python: str = opt("python3", "Python on the nodes (runtime none) or in the image.",
                       kind=str)
+    chdir: str | None = opt(None, "Folder the program runs in (default: the submit "
+                            "folder), for programs that read relative paths; it must be "
+                            "visible on the nodes (in the container: bound).", kind=str,
+                            optional=True)
     sweep_seeds: tuple[int, ...] = opt((), 'A seed sweep, e.g. "4 6 8": one chain per '
                                        "seed, in parallel, under runs/NAME/seed-S "
                                        "(entry train; `train summary NAME` compares them).",
@@ -687,7 +693,11 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
                               "expects that); use --launch tasks")
         launch = "tasks"
     elif launch == "auto":
-        launch = "single" if spec.nodes * max(1, spec.gpus_per_node) == 1 else "torchrun"
+        # a Lightning script wants one task per GPU from Slurm (under torch's launcher its
+        # SLURM support, the stop signal's handler included, is off)
+        lightning = spec.entry == "command" and imports_lightning(spec.workload, spec.chdir)
+        launch = "single" if spec.nodes * max(1, spec.gpus_per_node) == 1 \
+            else "tasks" if lightning else "torchrun"
     if launch == "torchrun" and spec.stop == "TERM":
         raise ConfigError("stop_signal", "TERM cannot be the stop signal under torch's "
                           "launcher: Slurm signals every process of the step, and the "

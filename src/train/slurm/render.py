@@ -8,6 +8,7 @@ when they are plain, and double-quoted otherwise.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from collections.abc import Sequence
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from train import container
 from train.clusters.profiles import format_mem, format_time, parse_mem
+from train.entry import module_argv
 from train.errors import ConfigError
 from train.slurm import contract
 from train.slurm.job import ResolvedJob, navsim_command
@@ -175,11 +177,12 @@ def step_argv(job: ResolvedJob) -> list[str]:
     elif spec.entry == "navsim":
         run = navsim_command(job)
     else:
-        run = [spec.python, "-m", "train", "run", *train_argv(job)]
+        # never `python -m train`: a train.py in the submit folder would be imported instead
+        run = [*module_argv(spec.python), "run", *train_argv(job)]
     if job.launch == "single" and spec.entry == "train" and spec.min_free_mb is None \
-            and job.gpu_watch is None:
+            and job.gpu_watch is None and spec.chdir is None:
         return [*srun, *prefix, *run]  # `train run` alone: nothing to do before it
-    launch = [spec.python, "-m", "train", "launch", f"--mode={job.launch}"]
+    launch = [*module_argv(spec.python), "launch", f"--mode={job.launch}"]
     if job.launch == "torchrun":
         launch.append(f"--nproc-per-node={max(1, spec.gpus_per_node)}")
     if spec.workers:
@@ -189,7 +192,23 @@ def step_argv(job: ResolvedJob) -> list[str]:
         launch += [f"--min-free-mb={spec.min_free_mb}", f"--wait-timeout={spec.wait_timeout}"]
         if spec.fallback_batch is not None:
             launch.append(f"--fallback-batch={spec.fallback_batch}")
+    if spec.chdir is not None:
+        launch.append(f"--chdir={program_folder(spec.chdir)}")
     return [*srun, *prefix, *launch, "--", *run]
+
+
+def program_folder(chdir: str) -> str:
+    """--chdir as an absolute path (relative ones are from the submit folder), checked on
+    the login node where it can be seen."""
+    folder = os.path.abspath(chdir)
+    try:
+        is_dir = os.path.isdir(folder)
+    except (OSError, ValueError) as exc:
+        raise ConfigError("chdir", f"{folder!r}: {exc}") from None
+    if not is_dir:
+        raise ConfigError("chdir", f"{folder} is not a directory (the folder the program "
+                          "runs in, on the cluster's shared file system)")
+    return folder
 
 
 

@@ -1,0 +1,89 @@
+"""What the login node can tell about a user's program before submitting it (`--entry
+command`): whether its script imports Lightning (which wants one task per GPU from Slurm)
+and whether the folder it runs in holds another run's Lightning checkpoints.
+
+Only files the login node can read are looked at (the script named in the command, a
+`python -m` module under the folder); anything else is left to the node.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+SCRIPT_LIMIT = 4 * 2**20  # a script is read up to this size
+_LIGHTNING = re.compile(rb"^[ \t]*(?:import|from)[ \t]+(?:lightning|pytorch_lightning)\b",
+                        re.MULTILINE)
+HPC_CHECKPOINTS = "hpc_ckpt_*.ckpt"
+
+
+def script_of(command: Sequence[str], folder: str | os.PathLike[str] | None = None
+              ) -> Path | None:
+    """The Python file the command runs, where the login node can read it: the first
+    argument that names a `.py` file, or the module of `-m MODULE`, taken from `folder`
+    (default: the current one)."""
+    base = Path(folder) if folder is not None else Path.cwd()
+    args = list(command)
+    for i, arg in enumerate(args):
+        if arg == "-m" and i + 1 < len(args):
+            parts = Path(*args[i + 1].split("."))
+            candidates = [base / parts.with_suffix(".py"), base / parts / "__main__.py"]
+        elif arg.endswith(".py"):
+            candidates = [base / arg]
+        else:
+            continue
+        for path in candidates:
+            try:
+                if path.is_file():
+                    return path
+            except OSError:
+                continue
+        return None  # the program's own file, but not here: left to the node
+    return None
+
+
+def imports_lightning(command: Sequence[str], folder: str | os.PathLike[str] | None = None
+                      ) -> bool:
+    """Whether the command's script imports Lightning (`lightning` or
+    `pytorch_lightning`) at the start of a line."""
+    path = script_of(command, folder)
+    if path is None:
+        return False
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read(SCRIPT_LIMIT)
+    except OSError:
+        return False
+    return _LIGHTNING.search(text) is not None
+
+
+def hpc_checkpoints(folder: str | os.PathLike[str]) -> list[str]:
+    """Lightning's SLURM checkpoints (hpc_ckpt_N.ckpt) in the folder, sorted."""
+    try:
+        return sorted(p.name for p in Path(folder).glob(HPC_CHECKPOINTS))
+    except OSError:
+        return []
+
+
+def submit_notes(entry: str, command: Sequence[str], launch: str, run_dir: str,
+                 folder: str | os.PathLike[str] | None = None) -> list[str]:
+    """Warnings for `train submit` about a command job's program (nothing is refused)."""
+    if entry != "command":
+        return []
+    notes = []
+    base = Path(folder) if folder is not None else Path.cwd()
+    found = hpc_checkpoints(base)
+    if found and Path(os.path.abspath(run_dir)) != Path(os.path.abspath(base)):
+        shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+        notes.append(f"{base} holds Lightning checkpoints of another run ({shown}): this "
+                     f"job's default_root_dir is its run folder {run_dir} "
+                     "(PL_TRAINER_DEFAULT_ROOT_DIR), so it does not restore them; a script "
+                     f"that sets default_root_dir to {base} would")
+    if launch == "torchrun" and imports_lightning(command, base):
+        notes.append("the script imports Lightning, and --launch torchrun runs it under "
+                     "torch's launcher: Lightning then installs no handler for the stop "
+                     "signal (its SLURM support is off). --launch tasks, the default for "
+                     "Lightning scripts, is what it expects")
+    return notes
