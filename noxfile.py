@@ -45,6 +45,11 @@ def typecheck(session: nox.Session) -> None:
 
 # wheels of the login-node client's dependencies (PyYAML, ...), for the offline install test
 CLIENT_WHEELS = ROOT / ".nox" / "client-wheels"
+# real CUDA builds for the GPU-architecture reader's test (tests/unit/test_gpu_arch.py):
+# torchvision's CUDA 12.8 and 13.0 wheels (8 MB each; torch's own are 0.5-0.9 GB), whose
+# kernels are built for the same GPUs as the torch release they belong to
+ARCH_WHEELS = ROOT / ".nox" / "arch-wheels"
+ARCH_WHEEL_PINS = ("torchvision==0.25.0", "torchvision==0.28.0")
 
 
 @nox.session
@@ -55,9 +60,15 @@ def tests(session: nox.Session) -> None:
     # test_client_install.py) installs the package's base dependencies from these wheels
     session.run("python", "-m", "pip", "download", "--quiet", "--only-binary=:all:",
                 "--no-build-isolation", *CONSTRAINTS, "-d", str(CLIENT_WHEELS), str(ROOT))
+    for pin in ARCH_WHEEL_PINS:
+        session.run("python", "-m", "pip", "download", "--quiet", "--no-deps",
+                    "--only-binary=:all:", "--python-version", "3.11", "--platform",
+                    "manylinux_2_28_x86_64", "-d", str(ARCH_WHEELS), pin,
+                    env={"PIP_CONSTRAINT": "", "PIP_FIND_LINKS": ""})
     # the slowest tests are listed at the end: CI's time budget is watched from there
     session.run("pytest", "--durations=25", *session.posargs,
-                env={"OMP_NUM_THREADS": "1", "TRAIN_TEST_WHEELS": str(CLIENT_WHEELS)})
+                env={"OMP_NUM_THREADS": "1", "TRAIN_TEST_WHEELS": str(CLIENT_WHEELS),
+                     "TRAIN_TEST_ARCH_WHEELS": str(ARCH_WHEELS)})
 
 
 @nox.session
@@ -143,7 +154,25 @@ def lock(session: nox.Session) -> None:
         for package in drop:
             pin = re.escape(package) + " " if "==" in package else f"{re.escape(package)}=="
             text = re.sub(rf"(?m)^{pin}[^\n]*\n(?:    --hash[^\n]*\n)+", "", text)
+        if name.startswith("base"):
+            text = _arch_header(session, text, env) + text
         out.write_text(text)
+
+
+def _arch_header(session: nox.Session, lock: str, env: dict[str, str]) -> str:
+    """The `# cuda` and `# arch` lines of a base lock: read from its torch wheel's own
+    binaries (train.images.arch), which decide the GPUs the image runs on."""
+    pin = re.search(r"(?m)^torch==(\S+) ", lock)
+    if pin is None:
+        session.error("a base lock without a torch pin")
+    wheels = ROOT / ".nox" / "torch-wheels"
+    session.run("python", "-m", "pip", "download", "--quiet", "--no-deps",
+                "--only-binary=:all:", "--python-version", "3.11", "--platform",
+                "manylinux_2_28_x86_64", "-d", str(wheels), f"torch=={pin.group(1)}", env=env)
+    wheel = sorted(wheels.glob(f"torch-{pin.group(1).replace('+', '?')}-*.whl"))[-1]
+    header = session.run("python", "-m", "train.images.arch", str(wheel), silent=True,
+                         env={"PYTHONPATH": str(ROOT / "src")})
+    return str(header)
 
 
 # Packages the navsim image takes from the base image: navsim_lock installs base-cpu.txt

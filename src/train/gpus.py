@@ -72,3 +72,43 @@ def all_bf16_capable(gpu_types: Iterable[str]) -> bool:
     """True when every type is known and bf16-capable; an empty set is not."""
     types = list(gpu_types)
     return bool(types) and all(bf16_capable(capability(t)) for t in types)
+
+
+# An entry of torch.cuda.get_arch_list() (or of a wheel's fatbins): sm_XY is machine code
+# (SASS) for capability X.Y, compute_XY is PTX for it; an "a" suffix (sm_90a) is code for
+# exactly that capability, an "f" suffix (sm_100f) for that family (same major).
+_ARCH = re.compile(r"^(sm|compute)_(\d+)(\d)([af]?)$")
+
+
+def parse_arch(entry: str) -> tuple[str, tuple[int, int], str] | None:
+    """'sm_86' -> ('sm', (8, 6), ''), 'compute_90' -> ('compute', (9, 0), ''),
+    'sm_90a' -> ('sm', (9, 0), 'a'); None for anything else."""
+    match = _ARCH.match(entry.strip().lower())
+    if not match:
+        return None
+    kind, major, minor, suffix = match.groups()
+    return kind, (int(major), int(minor)), suffix
+
+
+def arch_runs(cap: tuple[int, int], arch_list: Iterable[str]) -> bool:
+    """Can a GPU of capability `cap` run a build carrying `arch_list`?
+
+    Machine code runs on the same major at an equal or higher minor (sm_80 runs on 8.6, not
+    on 9.0 or 7.5); "a" code only on exactly its capability; PTX is compiled by the driver
+    for any equal or newer capability. A build with no entry for the GPU fails at its first
+    kernel ("no kernel image is available for execution on the device").
+    """
+    for entry in arch_list:
+        parsed = parse_arch(entry)
+        if parsed is None:
+            continue
+        kind, arch, suffix = parsed
+        if kind == "compute":
+            if tuple(cap) >= arch:
+                return True
+        elif suffix == "a":
+            if tuple(cap) == arch:
+                return True
+        elif cap[0] == arch[0] and cap[1] >= arch[1]:
+            return True
+    return False

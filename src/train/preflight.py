@@ -32,8 +32,11 @@ from typing import Any, Protocol
 
 from train import _proc
 from train.clusters.profiles import NodeType, Profile
-from train.errors import ConfigError
-from train.runtime.cuda_check import MIN_DRIVER, parse_version
+from train.errors import ConfigError, UsageError
+from train.gpus import arch_runs, capability
+from train.images.arch import BuildArch, read_header
+from train.images.sources import containers_dir
+from train.runtime.cuda_check import MIN_DRIVER, VARIANTS, parse_version, variant_for_driver
 from train.yamlio import shown
 
 RUNTIMES = ("auto", "apptainer", "docker", "none")
@@ -44,6 +47,7 @@ MOUNTS = Path("/proc/self/mounts")
 # check names, in the order they run
 RUNTIME, IMAGE, ACCOUNT, RUNS_ROOT, CUDA = ("container runtime", "image", "account",
                                             "runs root", "CUDA vs driver")
+ARCH = "GPU architecture"
 
 _VERSION_TIMEOUT = 30.0
 _INSPECT_TIMEOUT = 120.0  # a SIF without its metadata descriptor is inspected by running it
@@ -217,7 +221,8 @@ def run_preflight(profile: Profile, *, image: str | Path | None, account: str | 
     image_check, facts = _check_image(chosen, image_text, binary, profile, table, run)
     return [runtime_check, image_check, _check_account(profile, account, env, run),
             _check_runs_root(Path(runs_text), profile, table),
-            _check_cuda(profile, nodes, named, chosen, facts)]
+            _check_cuda(profile, nodes, named, chosen, facts),
+            _check_arch(nodes, named, chosen, facts)]
 
 
 # -- input -----------------------------------------------------------------------------------
@@ -395,8 +400,15 @@ def _check_image(chosen: str, image: str | None, binary: str | None, profile: Pr
                       mounts, run)
 
 
+def check_image_file(path: Path, profile: Profile, mounts: list[Mount]) -> Check:
+    """The image file as `train submit` sees it, without running apptainer: there,
+    readable, and a SIF (or a Singularity 2 squashfs, or a sandbox folder) whatever its
+    name."""
+    return _check_sif(path, None, profile, mounts, run_command, strict=True)[0]
+
+
 def _check_sif(path: Path, binary: str | None, profile: Profile, mounts: list[Mount],
-               run: Runner) -> tuple[Check, ImageFacts | None]:
+               run: Runner, strict: bool = False) -> tuple[Check, ImageFacts | None]:
     build = ("build it (`train image build base`, see the README's Images section) or copy "
              "it to a file system the compute nodes mount, and pass its path with --image")
     try:
@@ -429,7 +441,7 @@ def _check_sif(path: Path, binary: str | None, profile: Profile, mounts: list[Mo
             return Check(IMAGE, False, f"{path} cannot be read: {exc.strerror or exc}",
                          build), None
         if head[32:41] != _SIF_MAGIC and head[:4] not in _SQUASHFS_MAGIC \
-                and path.suffix == ".sif":
+                and (strict or path.suffix == ".sif"):
             return Check(IMAGE, False, f"{path} is not a SIF image (no SIF header: "
                          f"{len(head)} bytes read; an incomplete copy, or another file)",
                          "copy or build it again (" + build + ")"), None
@@ -780,6 +792,74 @@ def image_cuda(facts: ImageFacts) -> tuple[str, tuple[int, int] | None, str]:
     return "unknown", None, ""
 
 
+def image_arch(facts: ImageFacts) -> tuple[BuildArch | None, str]:
+    """The GPU architectures the image's torch carries, and where that was read: a label
+    org.train.arch, else the header of the lock named by org.train.lock (the shipped locks
+    record what their torch wheel carries, read by train.images.arch)."""
+    labels = facts.labels
+    if labels.get("org.train.arch"):
+        build = read_header(f"# cuda {labels.get('org.train.cuda', 'unknown')}\n"
+                            f"# arch {labels['org.train.arch']}\n")
+        return build, f"label org.train.arch={labels['org.train.arch']}"
+    lock = labels.get("org.train.lock", "")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+\.txt", lock):
+        return None, ""
+    try:
+        text = (containers_dir() / "requirements" / lock).read_text(errors="replace")
+    except (OSError, UsageError):
+        return None, f"lock {lock} (not found in this checkout)"
+    return read_header(text), f"lock {lock}"
+
+
+def _check_arch(nodes: list[NodeType], named: bool, chosen: str,
+                facts: ImageFacts | None) -> Check:
+    """Each GPU type of the job's nodes against the architectures the image carries: a
+    V100 (sm_70) on the CUDA 13 image fails at its first kernel, after the queue wait."""
+    if chosen == "none":
+        return Check(ARCH, None, "runtime none: the nodes' own torch (`train run --device "
+                     "cuda` compares it with the GPU at start)")
+    if facts is None:
+        return Check(ARCH, None, f"the image was not opened (see {IMAGE})")
+    build, source = image_arch(facts)
+    if build is None:
+        return Check(ARCH, None, "the image records no GPU architectures" +
+                     (f" ({source})" if source else " (labels org.train.arch or "
+                      "org.train.lock)"))
+    if build.cuda is None and not build.arch_list:
+        return Check(ARCH, None, f"a CPU build ({source}): see {CUDA}")
+    served: list[str] = []
+    unserved: list[str] = []
+    no_linalg: list[str] = []
+    for node in nodes:
+        for gpu in node.gpu_types:
+            cap = capability(gpu)
+            if cap is None:
+                continue
+            (served if arch_runs(cap, build.arch_list) else unserved).append(
+                f"{node.name} {gpu} (sm_{cap[0]}{cap[1]})")
+            if build.linalg is not None and arch_runs(cap, build.arch_list) and \
+                    not arch_runs(cap, build.linalg):
+                no_linalg.append(f"{node.name} {gpu} (sm_{cap[0]}{cap[1]})")
+    arch = " ".join(build.arch_list)
+    variants = ", ".join(VARIANTS)
+    if not unserved and no_linalg:
+        return Check(ARCH, True, f"{source} carries {arch}, but its linear algebra library "
+                     f"(torch.linalg on CUDA) only {' '.join(build.linalg or ())}: none for "
+                     f"{', '.join(no_linalg)}", "a job that uses torch.linalg needs another "
+                     f"variant there (shipped locks: {variants})", warn=True)
+    if not unserved:
+        return Check(ARCH, True if served else None,
+                     f"{source} carries {arch}" + (f"; serves {', '.join(served)}" if served
+                                                   else "; no known GPU type to compare"))
+    fix = ("use the image variant built for these GPUs (README, \"GPUs, drivers and image "
+           f"variants\"; shipped locks: {variants})" +
+           (", or another partition" if served else ""))
+    detail = f"{source} carries {arch}: no code for {', '.join(unserved)}"
+    if named or not served:
+        return Check(ARCH, False, detail, fix)
+    return Check(ARCH, True, f"{detail}; avoid those nodes", fix, warn=True)
+
+
 def _driver_major(version: str) -> int:
     return int(version.split(".", maxsplit=1)[0])
 
@@ -826,9 +906,8 @@ def _check_cuda(profile: Profile, nodes: list[NodeType], named: bool, chosen: st
     oldest = min(_driver_major(n.driver_version or "0") for n in bad)
     fits = max((major for major, minimum in MIN_DRIVER.items() if minimum <= oldest),
                default=None)
-    rebuild = (f"build the image for CUDA {fits}.x, which driver {oldest} supports "
-               "(containers/base.def takes BASE_IMAGE and BASE_LOCK build arguments: an "
-               f"nvidia/cuda:{fits}.x base and a cu{fits}x lock)" if fits is not None else
+    rebuild = (f"build the image for CUDA {fits}.x, which driver {oldest} supports: "
+               f"{variant_for_driver((fits, 9))}" if fits is not None else
                "ask the site about a newer driver")
     where = "--partition" if profile.partitions_allowed else "--constraint"
     suits = [n.name for n in (*profile.partitions.values(), *profile.constraints.values())

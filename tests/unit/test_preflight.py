@@ -28,6 +28,7 @@ from train.clusters.profiles import Profile
 from train.errors import ConfigError
 from train.preflight import (
     ACCOUNT,
+    ARCH,
     CUDA,
     IMAGE,
     RUNS_ROOT,
@@ -139,7 +140,7 @@ def preflight_of(profile: Profile, tmp_path: Path, *, image: str | Path | None =
         mounts=table if table is not None else mounts(tmp_path, ("/", "ext4"),
                                                       (str(tmp_path), "nfs4")),
         **kwargs)
-    assert [c.name for c in checks] == [RUNTIME, IMAGE, ACCOUNT, RUNS_ROOT, CUDA]
+    assert [c.name for c in checks] == [RUNTIME, IMAGE, ACCOUNT, RUNS_ROOT, CUDA, ARCH]
     return by_name(checks)
 
 
@@ -715,7 +716,7 @@ def test_cuda_13_image_on_an_old_driver_fails_with_the_fix(tmp_path: Path) -> No
     got = _opened(tmp_path, site(), "old", LABELS)
     assert got.ok is False and ">= 580" in got.detail and "550.54.15" in got.detail
     assert "new (--partition)" in got.fix and "CUDA 12.x" in got.fix
-    assert "BASE_IMAGE" in got.fix
+    assert "BASE_IMAGE" in got.fix and "BASE_LOCK=base-cu128.txt" in got.fix  # shipped
 
 
 def test_cuda_13_image_on_a_new_driver_passes(tmp_path: Path) -> None:
@@ -752,6 +753,52 @@ def test_cuda_constraint_alternatives_must_all_suit(tmp_path: Path) -> None:
     got = _opened(tmp_path, profile, "h200|l40s", LABELS)
     assert got.ok is False and "l40s" in got.detail and "h200 (--constraint)" in got.fix
     assert _opened(tmp_path, profile, "h200", LABELS).status == "pass"
+
+
+def _arch(tmp_path: Path, profile: Profile, partition: str | None,
+          labels: dict[str, str]) -> Check:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "apptainer")
+    image = sif(tmp_path / "img.sif")
+    inspect = json.dumps({"data": {"attributes": {"labels": labels}}, "type": "container"})
+    return preflight_of(profile, tmp_path, image=image, account="lab", partition=partition,
+                        path=[bin_dir], answers={
+                            "apptainer --version": "apptainer version 1.3.4",
+                            "apptainer inspect": inspect, "myaccounts": "lab"})[ARCH]
+
+
+def test_arch_the_cuda13_image_on_gilbreths_v100_partition_fails_with_the_variant(
+        tmp_path: Path) -> None:
+    """The shipped lock's header (read from its torch wheel) has no sm_70: a V100 job is
+    refused on the login node, not after the queue wait."""
+    got = _arch(tmp_path, SHIPPED.get("gilbreth"), "v100", LABELS)
+    assert got.ok is False and "v100 (sm_70)" in got.detail and "sm_75" in got.detail
+    assert "base-cu128.txt" in got.fix
+    cu128 = {**LABELS, "org.train.lock": "base-cu128.txt"}
+    assert _arch(tmp_path, SHIPPED.get("gilbreth"), "v100", cu128).status == "pass"
+    assert _arch(tmp_path, SHIPPED.get("gilbreth"), "a30", LABELS).status == "pass"
+
+
+def test_arch_mixed_partition_warns_and_unknown_images_skip(tmp_path: Path) -> None:
+    got = _arch(tmp_path, SHIPPED.get("gilbreth"), "training", LABELS)  # V100, A100, H100
+    assert got.ok is False and "v100" in got.detail and "a100" not in got.detail.split(
+        "no code for")[1]
+    label = {"org.train.arch": "sm_70 sm_80", "org.train.image": "mine"}
+    assert _arch(tmp_path, SHIPPED.get("gilbreth"), "training", label).ok is False
+    assert _arch(tmp_path, SHIPPED.get("gilbreth"), "v100", label).status == "pass"
+    assert _arch(tmp_path, SHIPPED.get("gilbreth"), "v100", {"x": "y"}).ok is None
+
+
+def test_arch_rivannas_rtx2080_trains_on_cuda13_but_its_linalg_is_named(tmp_path: Path
+                                                                       ) -> None:
+    """torch 2.13.0's linear algebra library has no sm_75 (its main library has): a warning
+    naming the GPU and the variant, not a failure."""
+    got = _arch(tmp_path, SHIPPED.get("rivanna"), "interactive", LABELS)
+    assert got.ok is True and got.warn and "rtx2080 (sm_75)" in got.detail
+    assert "torch.linalg" in got.detail and "base-cu128.txt" in got.fix
+    cu128 = {**LABELS, "org.train.lock": "base-cu128.txt"}
+    fine = _arch(tmp_path, SHIPPED.get("rivanna"), "interactive", cu128)
+    assert fine.status == "pass" and not fine.warn
 
 
 def test_image_cuda_sources() -> None:
@@ -839,7 +886,7 @@ def test_format_and_json(tmp_path: Path) -> None:
     checks = list(preflight_of(site(), tmp_path, account=None, partition="new",
                                answers={}).values())
     lines = format_checks(checks)
-    assert len(lines) == 5
+    assert len(lines) == 6
     assert all(line.split()[0] in ("PASS", "WARN", "FAIL", "SKIP") for line in lines)
     fails = [line for line in lines if line.startswith("FAIL")]
     assert fails and all(" Fix: " in line for line in fails)

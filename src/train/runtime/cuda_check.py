@@ -20,10 +20,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from train.gpus import arch_runs
+
 # Why NVML gave no facts when its Python binding is absent (not a crash: a fact).
 PYNVML_MISSING = "pynvml (the nvidia-ml-py package) is not installed"
-# Oldest Linux driver per CUDA major version (12.x and 11.x by minor-version compatibility).
+# Oldest Linux driver per CUDA major version. From CUDA 11 on, a driver of the same major runs
+# any minor of it (CUDA's minor-version compatibility: a cu128 torch runs on driver 535,
+# which reports CUDA 12.2), so only the major decides.
 MIN_DRIVER = {13: 580, 12: 525, 11: 450}
+# The first CUDA major with minor-version compatibility.
+MINOR_COMPAT_FROM = 11
 # CUDA_VISIBLE_DEVICES values that hide every GPU (Slurm writes NoDevFiles for a GRES
 # without device files).
 _HIDE_ALL = ("-1", "NoDevFiles")
@@ -47,6 +53,9 @@ class CudaFacts:
     torch_error: str | None = None  # what torch warned while initialising CUDA
     slurm_job_id: str | None = None  # SLURM_JOB_ID
     slurm_gpus: str | None = None  # SLURM_GPUS_ON_NODE
+    arch_list: tuple[str, ...] | None = None  # torch.cuda.get_arch_list(); None: unknown
+    # each visible GPU: (name, compute capability), from torch; None: not read
+    gpus: tuple[tuple[str, tuple[int, int]], ...] | None = None
 
 
 def cuda_version(value: int) -> tuple[int, int]:
@@ -99,6 +108,9 @@ def check(facts: CudaFacts, expected: int | None = None) -> str | None:
     if facts.torch_cuda is None:
         return _cpu_build(facts)
     if facts.torch_available and facts.torch_devices > 0:
+        unserved = unserved_gpus(facts)
+        if unserved:
+            return _no_kernel_image(facts, unserved)
         if want is not None and facts.torch_devices < want:
             return _fewer_devices(facts, want)
         return None
@@ -114,7 +126,7 @@ def check(facts: CudaFacts, expected: int | None = None) -> str | None:
     if facts.driver_cuda is None:  # NVML says nothing: a job without GPUs, or no driver
         return _none_visible(facts, slurm_none) if slurm_none else _no_driver(facts)
     built = parse_version(facts.torch_cuda)
-    if built is not None and cuda_version(facts.driver_cuda) < built:
+    if built is not None and not driver_runs(cuda_version(facts.driver_cuda), built):
         return _driver_too_old(facts, built)
     if slurm_none:
         return _none_visible(facts, slurm_none)
@@ -123,6 +135,21 @@ def check(facts: CudaFacts, expected: int | None = None) -> str | None:
         return _none_visible(facts, f"the NVIDIA driver{driver} is loaded but NVML sees no "
                                     "GPU")
     return _fewer_devices(facts, max(1, want or 0))
+
+
+def driver_runs(driver: tuple[int, int], built: tuple[int, int]) -> bool:
+    """Does a driver that supports CUDA `driver` run code built for CUDA `built`? The same
+    major is enough from CUDA 11 on (minor-version compatibility); before, the minor too."""
+    if built[0] >= MINOR_COMPAT_FROM:
+        return driver[0] >= built[0]
+    return driver >= built
+
+
+def unserved_gpus(facts: CudaFacts) -> list[tuple[str, tuple[int, int]]]:
+    """The visible GPUs this torch build carries no code for (empty when unknown)."""
+    if not facts.arch_list or not facts.gpus:
+        return []
+    return [(name, cap) for name, cap in facts.gpus if not arch_runs(cap, facts.arch_list)]
 
 
 def _torch(facts: CudaFacts) -> str:
@@ -168,11 +195,52 @@ def _driver_too_old(facts: CudaFacts, built: tuple[int, int]) -> str:
     return (f"CUDA is unusable: the NVIDIA driver is too old for this torch: driver {driver} "
             f"supports CUDA up to {have[0]}.{have[1]}, but {_torch(facts)} was built for "
             f"CUDA {facts.torch_cuda}{need_text}.{_said(facts)} Fix: use an image built for "
-            f"this driver: a cu{have[0]}{have[1]} (or older CUDA {have[0]}.x) build of torch in "
-            f"a cu{have[0]}x lock on an nvidia/cuda:{have[0]}.{have[1]} base (containers/"
-            "base.def takes BASE_IMAGE and BASE_LOCK build arguments), or run on nodes whose "
+            f"this driver: {variant_for_driver(have)}, or run on nodes whose "
             f"driver is {'>= ' + str(need) if need else 'newer'} (`nvidia-smi` shows a node's "
             f"driver). {_CPU_FIX}")
+
+
+# The shipped base image variants: lock file -> (CUDA it is built for, base image). Their
+# architecture lists are recorded in each lock's header (README, "GPUs, drivers and image
+# variants").
+VARIANTS = {
+    "base-cu130.txt": ((13, 0), "nvidia/cuda:13.0.0-runtime-ubuntu24.04"),
+    "base-cu128.txt": ((12, 8), "nvidia/cuda:12.8.1-runtime-ubuntu24.04"),
+}
+
+
+def variant_for_driver(have: tuple[int, int]) -> str:
+    """The shipped variant a driver supporting CUDA `have` runs, as build arguments; or what
+    to build where none fits."""
+    fits = [(cuda, lock, base) for lock, (cuda, base) in VARIANTS.items()
+            if driver_runs(have, cuda)]
+    if fits:
+        cuda, lock, base = max(fits)
+        return (f"the CUDA {cuda[0]}.{cuda[1]} variant (containers/base.def with "
+                f"--build-arg BASE_LOCK={lock} --build-arg BASE_IMAGE={base})")
+    return (f"no shipped variant runs on a driver for CUDA {have[0]}.{have[1]}: build "
+            f"containers/base.def with a lock of a CUDA {have[0]}.x torch (BASE_LOCK) on an "
+            f"nvidia/cuda:{have[0]}.x base (BASE_IMAGE)")
+
+
+def _no_kernel_image(facts: CudaFacts, unserved: list[tuple[str, tuple[int, int]]]) -> str:
+    gpus = ", ".join(sorted({f"{name} (sm_{cap[0]}{cap[1]})" for name, cap in unserved}))
+    arch = " ".join(facts.arch_list or ())
+    oldest = min(cap for _name, cap in unserved)
+    return (f"CUDA is unusable: {_torch(facts)} (built for CUDA {facts.torch_cuda}) carries "
+            f"no code for {gpus}: its architectures are {arch}, and machine code runs only on "
+            "its own major at an equal or higher minor, so every kernel would fail with \"no "
+            "kernel image is available\". Fix: use the image variant built for this GPU "
+            f"(README, \"GPUs, drivers and image variants\": compute capability "
+            f"{oldest[0]}.{oldest[1]}{_variant_hint(oldest)}), or run on a partition whose GPUs "
+            f"this image serves. {_CPU_FIX}")
+
+
+def _variant_hint(cap: tuple[int, int]) -> str:
+    if cap < (7, 5):
+        return " needs a CUDA 12.x torch such as 2.10.0 (cu128: sm_70 and up), the cu128 " \
+               "variant: BASE_LOCK=base-cu128.txt"
+    return ""
 
 
 def _none_visible(facts: CudaFacts, why: str) -> str:
@@ -217,6 +285,10 @@ def gather_facts(environ: Mapping[str, str] | None = None) -> CudaFacts:
             devices = torch.cuda.device_count() if available else 0
         if caught:
             torch_error = " ".join(_torch_said(str(w.message)) for w in caught)
+    arch_list: tuple[str, ...] | None = None
+    gpus: tuple[tuple[str, tuple[int, int]], ...] | None = None
+    if available and devices > 0:
+        arch_list, gpus = _torch_arch(torch, devices)
     driver_cuda, driver_version, nvml_gpus, mig, nvml_error = _nvml_facts()
     return CudaFacts(
         torch_version=str(torch.__version__),
@@ -232,7 +304,24 @@ def gather_facts(environ: Mapping[str, str] | None = None) -> CudaFacts:
         torch_error=torch_error,
         slurm_job_id=env.get("SLURM_JOB_ID"),
         slurm_gpus=env.get("SLURM_GPUS_ON_NODE"),
+        arch_list=arch_list,
+        gpus=gpus,
     )
+
+
+def _torch_arch(torch: Any, devices: int
+                ) -> tuple[tuple[str, ...] | None, tuple[tuple[str, tuple[int, int]], ...] | None]:
+    """torch's architecture list and each visible GPU's name and capability (both read
+    without running a kernel); None where torch cannot say."""
+    try:
+        arch = tuple(str(a) for a in torch.cuda.get_arch_list())
+        gpus = []
+        for index in range(devices):
+            major, minor = torch.cuda.get_device_capability(index)
+            gpus.append((str(torch.cuda.get_device_name(index)), (int(major), int(minor))))
+    except (RuntimeError, AssertionError):
+        return None, None
+    return arch or None, tuple(gpus)
 
 
 def _torch_said(warning: str) -> str:
