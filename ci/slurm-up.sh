@@ -86,10 +86,12 @@ if ! grep -qF "train-local-slurm $dir" /etc/hosts 2>/dev/null; then
     printf '127.0.0.1 n1 n2  # train-local-slurm %s\n' "$dir" >> /etc/hosts
 fi
 
+# (each daemon's command line names the folder: ci/slurm-down.sh finds what is left of
+# the cluster by it, and by SLURM_CONF in the environment of the jobs and their steps)
 export SLURM_CONF="$dir/slurm.conf"
-slurmctld -i
-slurmd -N n1
-slurmd -N n2
+slurmctld -i -f "$SLURM_CONF"
+slurmd -N n1 -f "$SLURM_CONF"
+slurmd -N n2 -f "$SLURM_CONF"
 
 for _ in $(seq 1 100); do
     if sinfo -h -o '%T' 2>/dev/null | grep -qx idle && \

@@ -147,8 +147,10 @@ def fail_node(conf_dir: Path, node: str, job_id: str) -> None:
 
 def restart_node(conf_dir: Path, node: str, env: dict[str, str]) -> None:
     """Start the node's slurmd again and wait until it takes jobs (ReturnToService=2)."""
-    subprocess.run(["slurmd", "-N", node], env={**os.environ, **env}, check=True,
-                   timeout=60)
+    # (its command line names the cluster's folder, as ci/slurm-up.sh starts it: what
+    # ci/slurm-down.sh finds if it is left; on the trixie cluster PATH gives its slurmd)
+    subprocess.run(["slurmd", "-N", node, "-f", env["SLURM_CONF"]], env={**os.environ, **env},
+                   check=True, timeout=60)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         state = slurm(["sinfo", "-h", "-N", "-n", node, "-o", "%T"], env).strip()

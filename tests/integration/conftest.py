@@ -1,5 +1,6 @@
 """A real SLURM cluster for the `slurm` tier: started once per session by ci/slurm-up.sh
-(munged, slurmctld, two slurmd on loopback, fake GPUs), stopped by PID afterwards."""
+(munged, slurmctld, two slurmd on loopback, fake GPUs; Slurm 24.11 in a trixie root with
+TRAIN_TEST_SLURM=24.11), stopped by PID afterwards, also when the session is killed."""
 
 from __future__ import annotations
 
@@ -14,38 +15,40 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.integration import localslurm
 
 NEEDED = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol")
+TRIXIE_NEEDED = ("debootstrap", "unshare", "nsenter", "chroot")
 
 
-def _skip_reason() -> str | None:
+def _skip_reason(version: str) -> str | None:
     if os.geteuid() != 0:
         return "the local SLURM cluster needs root (its daemons run as SlurmUser=root)"
-    missing = [cmd for cmd in NEEDED if shutil.which(cmd) is None]
+    needed = TRIXIE_NEEDED if version == localslurm.TRIXIE else NEEDED
+    missing = [cmd for cmd in needed if shutil.which(cmd) is None]
     if missing:
         return (f"{', '.join(missing)} not installed: run `bash ci/bootstrap.sh` as root "
-                "(apt-get install slurm-wlm munge)")
+                "(apt-get install slurm-wlm munge debootstrap)")
     return None
 
 
 @pytest.fixture(scope="session")
 def slurm_env() -> Iterator[dict[str, str]]:
-    reason = _skip_reason()
+    """The local cluster's environment (SLURM_CONF; with TRAIN_TEST_SLURM=24.11 also PATH,
+    trixie's client commands first). Stopped by PID when the session ends, however it ends
+    (tests/integration/localslurm.py)."""
+    try:
+        version = localslurm.selected()
+    except ValueError as exc:
+        pytest.fail(str(exc))
+    reason = _skip_reason(version)
     if reason:
         pytest.skip(reason)
-    folder = Path(tempfile.mkdtemp(prefix="ts", dir="/tmp"))  # munge socket path < 108
-    proc = subprocess.run(["bash", str(REPO / "ci" / "slurm-up.sh"), str(folder)],
-                          capture_output=True, text=True, timeout=120, check=False)
-    if proc.returncode != 0:
-        subprocess.run(["bash", str(REPO / "ci" / "slurm-down.sh"), str(folder)],
-                       check=False, timeout=120)
-        pytest.fail(f"slurm-up.sh failed: {proc.stderr}")
     try:
-        yield {"SLURM_CONF": proc.stdout.strip().splitlines()[-1]}
-    finally:
-        subprocess.run(["bash", str(REPO / "ci" / "slurm-down.sh"), str(folder)],
-                       check=False, timeout=120)
-        shutil.rmtree(folder, ignore_errors=True)
+        with localslurm.local_cluster(version) as env:
+            yield env
+    except localslurm.ClusterError as exc:
+        pytest.fail(str(exc))
 
 
 CI_BASE_TAG = "train-ci-base:bookworm"

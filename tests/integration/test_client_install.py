@@ -108,7 +108,8 @@ def test_client_venv_is_small_and_has_no_runtime(client: Path, tmp_path: Path) -
 
 
 def test_cluster_commands_work_without_the_runtime(client: Path, tmp_path: Path) -> None:
-    render = _ok(_run([str(client / "train"), "render", "--cluster", "local", "--", "demo",
+    render = _ok(_run([str(client / "train"), "render", "--cluster", "local", "--runtime",
+                       "none", "--", "demo",
                        "--episodes", "10"], tmp_path))
     assert render.stdout.startswith("#!/bin/bash\n")
     assert "#SBATCH --" in render.stdout

@@ -186,7 +186,7 @@ def _job(tmp_path: Path) -> Any:
     from train.slurm.job import JobSpec, resolve
 
     spec = JobSpec(cluster="local", name="e1", out=str(tmp_path / "runs" / "e1"),
-                   workload=("demo",))
+                   runtime="none", workload=("demo",))
     return resolve(spec, Registry(environ={}).get("local"))
 
 

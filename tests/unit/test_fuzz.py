@@ -322,6 +322,11 @@ def base_job(cluster: str) -> dict[str, Any]:
         base["partition"] = next(iter(prof.partitions))
     if prof.qos_required and not prof.default_qos:
         base["qos"] = next(iter(prof.qos_limits))
+    node = (prof.constraints[base["constraint"]] if "constraint" in base
+            else prof.partitions[base.get("partition") or prof.default_partition or ""])
+    if node.gpus_per_node and not node.cpu_jobs:  # a GPU node runs GPU jobs only
+        base["gpus_per_node"] = 1
+    base["runtime"] = "none"  # (`train run` needs torch: an image, or the nodes' own)
     return base
 
 

@@ -17,12 +17,12 @@ from train.slurm.job import JobSpec, ResolvedJob, navsim_command, resolve
 
 REG = Registry(environ={})
 TRAINING = dict(cluster="gilbreth", account="lab", partition="training", qos="training",
-                time="4:00:00", gpus_per_node=4)
-TORCH = dict(cluster="torch", account="torch_pr_1", gpus_per_node=4)
+                time="4:00:00", gpus_per_node=4, runtime="none")
+TORCH = dict(cluster="torch", account="torch_pr_1", gpus_per_node=4, runtime="none")
 
 
 def _resolve(registry: Registry = REG, **kw: Any) -> ResolvedJob:
-    spec = JobSpec(**kw)
+    spec = JobSpec(**{"runtime": "none", **kw})  # the runtime is not what these test
     return resolve(spec, registry.get(spec.cluster))
 
 
@@ -196,6 +196,32 @@ def test_torch_without_a_type_fits_every_alternative() -> None:
     with pytest.raises(ConfigError) as err:
         _resolve(**{**TORCH, "gpus_per_node": 8}, constraint="h200|l40s")
     assert err.value.field == "gpus_per_node"
+
+
+def test_one_type_for_all_nodes_is_slurms_matching_or() -> None:
+    """Issue 19: `[h200|l40s]` was refused; `h200|l40s` on several nodes could mix L40S and
+    H200 nodes in one DDP job. Plain alternatives of a multi-node job are bracketed."""
+    job = _resolve(**TORCH, constraint="[h200|l40s]")
+    assert job.constraint == "[h200|l40s]" and job.node.gpus_per_node == 4
+    assert '--constraint="[h200|l40s]"' in _sbatch(job)
+    job = _resolve(**TORCH, nodes=2, constraint="h200|l40s")
+    assert job.constraint == "[h200|l40s]"
+    assert _resolve(**TORCH, constraint="h200|l40s").constraint == "h200|l40s"  # one node
+    # narrowed to one type: nothing to bracket
+    assert _resolve(**TORCH, nodes=2, constraint="[h200|l40s]",
+                    gpu_type="l40s").constraint == "l40s"
+    with pytest.raises(ConfigError) as err:
+        _resolve(**TORCH, constraint="[h200|nope]")
+    assert err.value.field == "constraint" and "[a|b]" in str(err.value)
+    # a partition site's own constraint: bracketed too, or refused where it is no plain OR
+    base = dict(cluster="gilbreth", account="lab", partition="a100-40gb", gpus_per_node=2,
+                nodes=2)
+    assert _resolve(**base, constraint="nvlink|fast").constraint == "[nvlink|fast]"
+    assert _resolve(**base, constraint="[nvlink|fast]").constraint == "[nvlink|fast]"
+    assert _resolve(**{**base, "nodes": 1}, constraint="a|b").constraint == "a|b"
+    with pytest.raises(ConfigError) as err:
+        _resolve(**base, constraint="nvlink&fast|slow")
+    assert err.value.field == "constraint" and "[a|b]" in str(err.value)
 
 
 def test_torch_type_on_no_alternative() -> None:

@@ -989,9 +989,9 @@ def test_a_file_without_marks_is_one_stretch_without_warm_up(tmp_path: Path) -> 
 
 # -- job settings, profiles, rendering ---------------------------------------------------
 
-LOCAL = dict(cluster="local", cpus_per_task=1, mem="1000M", workload=("demo",))
+LOCAL = dict(cluster="local", cpus_per_task=1, mem="1000M", runtime="none", workload=("demo",))
 TORCH = dict(cluster="torch", account="torch_pr_1_x", constraint="h200|l40s",
-             workload=("demo",))
+             runtime="none", workload=("demo",))
 
 
 def _resolve(**kw: Any) -> Any:

@@ -56,7 +56,7 @@ def test_yaml_numbers_follow_yaml_1_2(text: str, expected: dict[str, object]) ->
 
 def test_job_file_time_and_run_config_lr_read_as_written(tmp_path: Path) -> None:
     job = tmp_path / "job.yaml"
-    job.write_text("time: 1:00:00\nname: t\nworkload: [demo, --episodes, '5']\n")
+    job.write_text("time: 1:00:00\nname: t\nruntime: none\nworkload: [demo, --episodes, '5']\n")
     proc = run_cli(["render", str(job), "--cluster", "local"])
     assert proc.returncode == 0, proc.stderr
     assert "#SBATCH --time=01:00:00" in proc.stdout or "#SBATCH --time=1:00:00" in proc.stdout

@@ -41,16 +41,18 @@ fi
 if [ -e "$STUB_DIR/sbatch.fail.$n" ]; then
     echo "sbatch: error: QOSMaxSubmitJobPerUserLimit" >&2; exit 1
 fi
-comment=
-for a in "$@"; do case "$a" in --comment=*) comment=${a#--comment=} ;; esac; done
-echo "$((900 + n)) $comment" >> "$STUB_DIR/queue"
+dependency='(null)'
+for a in "$@"; do
+    case "$a" in --dependency=*) dependency="${a#--dependency=}(unfulfilled)" ;; esac
+done
+echo "$((900 + n)) $dependency" >> "$STUB_DIR/queue"
 if [ -e "$STUB_DIR/sbatch.lost.$n" ]; then
     echo "sbatch: error: Batch job submission failed: Socket timed out on send/recv" \\
         "operation" >&2; exit 1
 fi
 echo "$((900 + n))"
 """,
-    # records; prints the queue ("ID COMMENT" lines), or fails with squeue.fail
+    # records; prints the queue ("ID DEPENDENCY" lines), or fails with squeue.fail
     "squeue": """#!/bin/bash
 printf '%s\\n' "$*" >> "$STUB_DIR/squeue.calls"
 if [ -e "$STUB_DIR/squeue.fail" ]; then
@@ -217,9 +219,8 @@ def test_a_checkpointed_stop_extends_the_chain_once_and_records_progress(
     assert _ids(tmp_path) == "1 500\n2 901\n"
     call = _calls(tmp_path, "sbatch")
     assert len(call) == 1
-    assert call[0].split() == ["--parsable", "--comment=train-chunk-2-after-500",
-                               "--dependency=afterok:500", str(tmp_path / "chain.sbatch"),
-                               "2"]
+    assert call[0].split() == ["--parsable", "--dependency=afterok:500",
+                               str(tmp_path / "chain.sbatch"), "2"]
     assert _calls(tmp_path, "squeue") == []  # nothing to look for: no earlier attempt
     assert _calls(tmp_path, "scancel") == []
     # the nested sbatch sees none of this job's SLURM_/SBATCH_ variables but the config
@@ -635,13 +636,15 @@ def test_a_held_walltime_signal_never_fires_after_a_quick_step(tmp_path: Path) -
     assert _calls(tmp_path, "scancel") == ["901"]
 
 
-# -- a lost sbatch reply: look for the mark before submitting again -------------------
+# -- a lost sbatch reply: look for the job that waits on this one before submitting again
 
 def test_a_successor_whose_reply_was_lost_is_found_not_submitted_again(
         tmp_path: Path) -> None:
     (tmp_path / "stubs").mkdir()
     (tmp_path / "stubs" / "sbatch.lost.1").touch()  # accepted as 901, reported failed
-    (tmp_path / "stubs" / "queue").write_text("42 train-chunk-2-after-41\n77 \n")
+    # (other jobs of the user: another chain's successor, one that waits on job 5000)
+    (tmp_path / "stubs" / "queue").write_text(
+        "42 afterok:41(unfulfilled)\n43 afterok:5000_*(unfulfilled)\n77 (null)\n")
     proc = _run(tmp_path, "progress")
     assert proc.returncode == 0, proc.stderr
     assert _kinds(tmp_path) == ["started", "extend_failed", "extended", "stopped"]
@@ -649,7 +652,7 @@ def test_a_successor_whose_reply_was_lost_is_found_not_submitted_again(
     assert _events(tmp_path)[2][3] == "901"
     assert _ids(tmp_path) == "2 901\n"
     assert len(_calls(tmp_path, "sbatch")) == 1
-    assert _calls(tmp_path, "squeue") == [f"--noheader --user={os.getuid()} --format=%i %k"]
+    assert _calls(tmp_path, "squeue") == [f"--noheader --user={os.getuid()} --format=%i %E"]
     assert "sbatch's reply was lost" in proc.stderr
     assert _calls(tmp_path, "scancel") == []
 
@@ -671,7 +674,8 @@ def test_a_restarted_chunk_looks_for_the_successor_its_first_run_submitted(
         tmp_path: Path) -> None:
     # the first run's sbatch reply was lost, then the job was requeued (preemption)
     (tmp_path / "stubs").mkdir()
-    (tmp_path / "stubs" / "queue").write_text("777 train-chunk-2-after-500\n")
+    (tmp_path / "stubs" / "queue").write_text(
+        "776 afterany:12,afterok:5001(unfulfilled)\n777 afterok:500_*(unfulfilled)\n")
     proc = _run(tmp_path, "progress", extra_env={"SLURM_RESTART_COUNT": "1"})
     assert proc.returncode == 0, proc.stderr
     assert _calls(tmp_path, "sbatch") == []

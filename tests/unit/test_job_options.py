@@ -17,7 +17,7 @@ from train.slurm.job import JobSpec, resolve
 from train.slurm.render import library_path, render, step_argv
 
 REG = Registry(environ={})
-LOCAL = dict(cluster="local", cpus_per_task=1, mem="1000M")
+LOCAL = dict(cluster="local", cpus_per_task=1, mem="1000M", runtime="none")
 
 
 def _resolve(**kw: Any) -> Any:
@@ -57,11 +57,27 @@ def test_a_passed_through_name_never_has_its_value_written(
     assert "LR" in names and "PYTORCH_CUDA_ALLOC_CONF" in names
 
 
+def test_a_pythonpath_value_is_accepted(tmp_path: Path) -> None:
+    """Issue 19: --env PYTHONPATH=/scratch/fork was refused, so a fork (the field notes'
+    Hydra-MDP) could not be put on the path. It is no secret and no name the job owns."""
+    text = _script(env=("PYTHONPATH=/scratch/fork", "HF_HOME=/scratch/hf"),
+                   runtime="apptainer", image="/x.sif", entry="command",
+                   workload=("python", "fit.py"))
+    assert " PYTHONPATH=/scratch/fork " in text
+    names = shlex.split(text.split("TRAIN_ENV_NAMES=")[1].split("\n")[0])[0].split()
+    assert "PYTHONPATH" in names  # into the container by name
+    assert "PYTHONHOME" in _error("env", env=("PYTHONHOME=/x",), workload=("demo",))
+    proc = run_cli(["render", "-M", "local", "--runtime", "none", "--env",
+                    "PYTHONPATH=/scratch/fork", "--", "demo"], cwd=tmp_path)
+    assert proc.returncode == 0 and "PYTHONPATH=/scratch/fork" in proc.stdout, proc.stderr
+
+
 def test_profile_env_names_are_passed_through(tmp_path: Path) -> None:
     profile = tmp_path / "site.yaml"
     profile.write_text("name: site\nextends: local\nenv: [MYLAB_*, SCRATCH]\n")
     reg = Registry([profile], environ={})
-    job = resolve(JobSpec(cluster="site", cpus_per_task=1, mem="1000M"), reg.get("site"))
+    job = resolve(JobSpec(cluster="site", cpus_per_task=1, mem="1000M", runtime="none"),
+                  reg.get("site"))
     assert "MYLAB_*" in job.env_names and "SCRATCH" in job.env_names
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\nextends: local\nenv: ['A B']\n")
@@ -240,9 +256,12 @@ def test_a_misspelled_flag_gets_the_nearest_one(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists()
 
 
-def test_short_flags_make_a_two_node_ddp_job_four_flags(tmp_path: Path) -> None:
-    proc = run_cli(["render", "-M", "local", "-N", "2", "-g", "2", "-e", "command", "--",
-                    "python", "train.py"], cwd=tmp_path)
+def test_short_flags_make_a_two_node_ddp_job(tmp_path: Path) -> None:
+    argv = ["render", "-M", "local", "-N", "2", "-g", "2", "-e", "command", "--", "python",
+            "train.py"]
+    proc = run_cli(argv, cwd=tmp_path)  # torch's launcher, and no runtime or image
+    assert proc.returncode == 2 and "--runtime apptainer --image" in proc.stderr
+    proc = run_cli([*argv[:-3], "--runtime", "none", *argv[-3:]], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "#SBATCH --nodes=2" in proc.stdout and "--mode=torchrun" in proc.stdout
 
@@ -265,16 +284,18 @@ def test_no_cluster_anywhere_lists_the_profiles(tmp_path: Path) -> None:
 
 def test_defaults_are_used_and_flags_beat_them(tmp_path: Path,
                                                _own_defaults: Path) -> None:
-    proc = run_cli(["init", "--cluster", "local", "--env", "WANDB_API_KEY",
-                    "--bind", "/tmp"], cwd=tmp_path)
+    proc = run_cli(["init", "--cluster", "local", "--runtime", "none", "--env",
+                    "WANDB_API_KEY", "--bind", "/tmp"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     saved = yaml.safe_load(_own_defaults.read_text())
-    assert saved == {"cluster": "local", "bind": ["/tmp"], "env": ["WANDB_API_KEY"]}
+    assert saved == {"cluster": "local", "runtime": "none", "bind": ["/tmp"],
+                     "env": ["WANDB_API_KEY"]}
     proc = run_cli(["render", "--", "demo"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "#SBATCH --partition=debug" in proc.stdout and "WANDB_API_KEY" in proc.stdout
     job = tmp_path / "job.yaml"
-    job.write_text("cluster: gilbreth\naccount: lab\npartition: a30\nqos: standby\n")
+    job.write_text("cluster: gilbreth\naccount: lab\npartition: a30\nqos: standby\n"
+                   "gpus_per_node: 1\n")
     proc = run_cli(["render", str(job), "--", "demo"], cwd=tmp_path)  # the file beats it
     assert proc.returncode == 0 and "#SBATCH --partition=a30" in proc.stdout, proc.stderr
     job.write_text("name: fromfile\n")
@@ -317,7 +338,8 @@ def test_init_asks_on_a_terminal(tmp_path: Path, _own_defaults: Path) -> None:
 # -- what a hostile user tried ------------------------------------------------------------
 
 def test_list_flags_repeat_on_the_command_line(tmp_path: Path) -> None:
-    proc = run_cli(["render", "-M", "local", "--env", "FOO", "--env", "LR=1", "--bind",
+    proc = run_cli(["render", "-M", "local", "--runtime", "none", "--env", "FOO", "--env",
+                    "LR=1", "--bind",
                     "/tmp", "--sbatch-extra=--exclude=n1", "--", "demo"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "#SBATCH --exclude=n1" in proc.stdout and " LR=1 " in proc.stdout
@@ -331,7 +353,8 @@ def test_a_command_entry_without_a_program_is_refused(tmp_path: Path) -> None:
 
 
 def test_stop_signal_none_from_a_flag_is_honoured(tmp_path: Path) -> None:
-    proc = run_cli(["render", "-M", "local", "--stop-signal", "none", "--", "demo"],
+    proc = run_cli(["render", "-M", "local", "--runtime", "none", "--stop-signal", "none",
+                    "--", "demo"],
                    cwd=tmp_path)
     assert proc.returncode == 0 and "STOP_SIGNAL=none" in proc.stdout
     assert "#SBATCH --signal" not in proc.stdout
@@ -358,7 +381,7 @@ def test_bind_destinations_are_checked(tmp_path: Path) -> None:
 
 def test_lists_add_up_from_defaults_file_and_flags(tmp_path: Path,
                                                    _own_defaults: Path) -> None:
-    _own_defaults.write_text("cluster: local\nenv: [WANDB_API_KEY]\n")
+    _own_defaults.write_text("cluster: local\nruntime: none\nenv: [WANDB_API_KEY]\n")
     job = tmp_path / "job.yaml"
     job.write_text("env: [LR=1]\n")
     proc = run_cli(["render", str(job), "--env", "SEED=3", "--", "demo"], cwd=tmp_path)
@@ -385,8 +408,10 @@ def test_init_refuses_what_cannot_be_a_default(tmp_path: Path, _own_defaults: Pa
 
 def test_submit_without_sbatch_writes_nothing(tmp_path: Path) -> None:
     import os
+    import sys
 
-    proc = run_cli(["submit", "-M", "local", "--out", "deep/er/run", "--", "demo"],
+    proc = run_cli(["submit", "-M", "local", "--python", sys.executable, "--out",
+                    "deep/er/run", "--", "demo"],
                    cwd=tmp_path, env={"PATH": os.path.dirname(os.__file__) + "/../../bin"})
     assert proc.returncode == 3 and "login node" in proc.stderr, proc.stderr
     assert list(tmp_path.iterdir()) == []

@@ -15,11 +15,11 @@ from train.slurm.scheduler import parse_events, parse_sacct, parse_sbatch_id, pa
 
 REG = Registry(environ={})
 GIL = dict(cluster="gilbreth", account="lab", partition="a30", qos="standby", time="2:00:00",
-           gpus_per_node=1)
+           gpus_per_node=1, runtime="none")
 
 
 def _resolve(**kw: Any) -> Any:
-    spec = JobSpec(**kw)
+    spec = JobSpec(**{"runtime": "none", **kw})  # the runtime is not what these test
     return resolve(spec, REG.get(spec.cluster))
 
 
@@ -83,14 +83,78 @@ def test_gpu_type_the_partition_lacks() -> None:
 
 def test_dataloader_workers_over_memory_suggests_a_safe_count() -> None:
     # the field notes' 16-GPU host OOM: 4 L40S per node, 8 workers each, 256 GB nodes
-    msg = _fails("workers", "use at most 3 workers per process", cluster="torch",
+    msg = _fails("workers", "use --workers 3 (at most 3 per process)", cluster="torch",
                  account="torch_pr_1", constraint="l40s", nodes=4, gpus_per_node=4,
                  launch="tasks", cpus_per_task=8, mem="200G", workers=8, worker_mem="16G")
-    assert "8 DataLoader workers x 4 processes per node" in msg
+    assert "8 DataLoader workers x 4 processes per node" in msg and "--worker-mem" in msg
     ok = _resolve(cluster="torch", account="torch_pr_1", constraint="l40s", nodes=4,
                   gpus_per_node=4, launch="tasks", cpus_per_task=8, mem="200G", workers=2,
                   worker_mem="16G")
     assert ok.processes_per_node == 4
+
+
+def test_cpus_and_memory_scale_with_the_gpus_in_every_launch_mode() -> None:
+    """Issue 19: under torchrun a 4-GPU node got 4 CPUs and 32 GB for 4 ranks, while one
+    task per GPU got 16 CPUs and 125G for the same job."""
+    base = dict(cluster="rivanna", account="grp", nodes=2, gpus_per_node=4, gpu_type="a100",
+                entry="command", stop_signal="USR1", workload=("python", "t.py"))
+    torchrun = _resolve(**base, launch="torchrun")
+    tasks = _resolve(**base, launch="tasks")
+    assert torchrun.ntasks_per_node == 1 and tasks.ntasks_per_node == 4
+    assert torchrun.spec.cpus_per_task == 16 and tasks.spec.cpus_per_task == 4
+    assert torchrun.mem_mb == tasks.mem_mb == 125 * 1024
+    single = _resolve(**{**base, "nodes": 1, "gpus_per_node": 1})
+    assert single.launch == "single" and single.spec.cpus_per_task == 4
+    # within the node: 3 A30 a 32-CPU Gilbreth node (4 x 3 = 12 fits); a given count stays
+    assert _resolve(**{**GIL, "gpus_per_node": 3}, entry="command", launch="torchrun",
+                    workload=("x",)).spec.cpus_per_task == 12
+    assert _resolve(**base, launch="torchrun", cpus_per_task=8).spec.cpus_per_task == 8
+    tiny = _resolve(cluster="torch", account="torch_pr_1", constraint="l40s",
+                    gpus_per_node=4, launch="torchrun", entry="command", stop_signal="USR1",
+                    workload=("x",))
+    assert tiny.spec.cpus_per_task == 16 and tiny.mem_mb == 64 * 1024
+
+
+def test_a_gpu_partition_without_gpus_is_refused_unless_the_profile_allows_cpu_jobs(
+        tmp_path: Path) -> None:
+    msg = _fails("gpus_per_node", "-g N (--gpus-per-node, 1 to 3)",
+                 **{**GIL, "gpus_per_node": 0})
+    assert "partition a30" in msg and "CPU" in msg
+    _fails("gpus_per_node", "-g N", cluster="torch", account="torch_pr_1",
+           constraint="h200|l40s")
+    _fails("gpus_per_node", "-g N", cluster="rivanna", account="grp")
+    assert _resolve(cluster="local").spec.gpus_per_node == 0  # cpu_jobs: true
+    profile = tmp_path / "cpu.yaml"
+    profile.write_text("name: cpu\nextends: gilbreth\npartitions:\n  a30: {gpus_per_node: "
+                       "3, cpus_per_node: 32, mem_per_node: 250G, max_time: '4:00:00', "
+                       "cpu_jobs: true}\n  cpu: {gpus_per_node: 0, cpus_per_node: 64, "
+                       "mem_per_node: 250G, max_time: '4:00:00'}\n")
+    reg = Registry([profile], environ={})
+    for part in ("a30", "cpu"):
+        job = resolve(JobSpec(**{**GIL, "cluster": "cpu", "partition": part,
+                                 "gpus_per_node": 0}), reg.get("cpu"))
+        assert job.spec.gpus_per_node == 0
+    profile.write_text("name: cpu\nextends: local\npartitions:\n  debug: {gpus_per_node: 2, "
+                       "cpus_per_node: 4, mem_per_node: 8000M, max_time: '1:00', "
+                       "cpu_jobs: 'yes'}\n")
+    with pytest.raises(ConfigError) as err:
+        Registry([profile], environ={})
+    assert err.value.field == "profile cpu.partitions.debug.cpu_jobs"
+
+
+def test_runtime_follows_the_image_and_a_torch_job_needs_one_or_a_python() -> None:
+    assert _resolve(**{**GIL, "runtime": "auto"}, image="/x.sif").spec.runtime == "apptainer"
+    msg = _fails("runtime", "--runtime apptainer --image X.sif", **{**GIL, "runtime": "auto"})
+    assert "--runtime none --python /path/to/env/bin/python" in msg
+    env = _resolve(**{**GIL, "runtime": "auto"}, python="/depot/lab/env/bin/python")
+    assert env.spec.runtime == "none"
+    assert _resolve(**{**GIL, "runtime": "none"}).spec.runtime == "none"  # chosen: kept
+    # navsim needs torch; a program of one's own in one process is its own business
+    _fails("runtime", "NAVSIM", **{**GIL, "runtime": "auto"}, entry="navsim")
+    own = _resolve(**{**GIL, "runtime": "auto"}, entry="command", workload=("./a.sh",))
+    assert own.spec.runtime == "none"
+    _fails("runtime", "torchrun", **{**GIL, "runtime": "auto", "gpus_per_node": 2},
+           entry="command", workload=("python", "t.py"))
 
 
 def test_tasks_launch_needs_one_task_per_gpu() -> None:
@@ -187,7 +251,7 @@ def test_scheduler_output_parsers() -> None:
 def test_login_node_commands_do_not_import_torch(tmp_path: Path) -> None:
     # login nodes are slow and their file systems slower: render/submit/status stay light
     code = ("import sys\nfrom train.cli import main\n"
-            "rc = main(['render', '--cluster', 'local', '--', 'demo'])\n"
+            "rc = main(['render', '--cluster', 'local', '--runtime', 'none', '--', 'demo'])\n"
             "assert rc == 0, rc\n"
             "assert 'torch' not in sys.modules and 'numpy' not in sys.modules\n")
     import subprocess
@@ -241,6 +305,7 @@ def test_a_tiny_memory_share_never_renders_as_the_whole_node(tmp_path: Path) -> 
                        "partitions:\n  p: {gpus_per_node: 0, cpus_per_node: 128, "
                        "mem_per_node: 64M, max_time: '1:00:00'}\n")
     reg = Registry([profile], environ={})
-    job = resolve(JobSpec(cluster="tiny", cpus_per_task=1, time="10"), reg.get("tiny"))
+    job = resolve(JobSpec(cluster="tiny", cpus_per_task=1, time="10", runtime="none"),
+                  reg.get("tiny"))
     assert job.mem_mb == 1
     assert "#SBATCH --mem=0" not in render(job, "")

@@ -16,7 +16,7 @@ from train.slurm.job import NAVSIM_SCRIPT, JobSpec, navsim_command, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 REG = Registry(environ={})
-NAVSIM = dict(cluster="local", cpus_per_task=1, mem="1000M", entry="navsim",
+NAVSIM = dict(cluster="local", cpus_per_task=1, mem="1000M", entry="navsim", runtime="none",
               workload=("agent=ego_status_mlp_agent",))
 
 
@@ -92,7 +92,8 @@ def test_bad_values_exit_2_naming_the_field(flag: str, value: str, field: str) -
 
 
 def test_render_passes_the_options_through_the_cli() -> None:
-    proc = run_cli(["render", "--cluster", "local", "--cpus-per-task", "1", "--mem", "1000M",
+    proc = run_cli(["render", "--cluster", "local", "--runtime", "none", "--cpus-per-task", "1",
+                    "--mem", "1000M",
                     "--entry", "navsim", "--navsim-split", "navmini", "--navsim-strategy",
                     "none", "--navsim-script", "/opt/fork/run_training_dense.py", "--",
                     "agent=transfuser_agent"])

@@ -37,12 +37,14 @@ def test_bad_sweeps_are_refused(kw: dict[str, object], message: str) -> None:
 
 
 def test_render_shows_every_seeds_chain_and_refuses_repeats(tmp_path: Path) -> None:
-    proc = run_cli(["render", "-M", "local", "--sweep-seeds", "4 6", "--", "demo"],
+    proc = run_cli(["render", "-M", "local", "--runtime", "none", "--sweep-seeds", "4 6", "--",
+                    "demo"],
                    cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("#!/bin/bash") == 2
     assert "--seeds\n    4" in proc.stdout.replace("'", "") and "seed-6" in proc.stdout
-    proc = run_cli(["render", "-M", "local", "--sweep-seeds", "4 4", "--", "demo"],
+    proc = run_cli(["render", "-M", "local", "--runtime", "none", "--sweep-seeds", "4 4", "--",
+                    "demo"],
                    cwd=tmp_path)
     assert proc.returncode == 2 and "sweep_seeds" in proc.stderr
 

@@ -131,6 +131,9 @@ class NodeType:
     max_gpus: int | None = None
     # the NVIDIA driver of these nodes (`nvidia-smi`), e.g. "550.54.15"; None: not recorded
     driver_version: str | None = None
+    # a job without GPUs may run here (nodes with GPUs: false unless the profile says so,
+    # since a GPU job that forgot -g would run on the CPU for its walltime)
+    cpu_jobs: bool = False
 
 
 @dataclass(frozen=True)
@@ -197,7 +200,7 @@ _SECTION_KEYS = {"account": {"required", "hint", "list_command"},
                  "qos": {"required", "default", "limits"}}
 _GPU_WATCH_KEYS = {"interval", "idle_threshold", "idle_minutes"}
 _NODE_KEYS = {"gpus_per_node", "gpu_types", "cpus_per_node", "mem_per_node", "max_time",
-              "max_nodes", "max_gpus", "driver_version"}
+              "max_nodes", "max_gpus", "driver_version", "cpu_jobs"}
 # an NVIDIA driver version as nvidia-smi prints it: 550, 550.54 or 550.54.15
 _DRIVER_RE = re.compile(r"[0-9]{1,4}(?:\.[0-9]{1,4}){0,2}")
 # one word of a command run without a shell (account.list_command)
@@ -421,6 +424,7 @@ def _node(where: str, name: str, data: Any) -> NodeType:
         max_nodes=_int(f"{where}.max_nodes", data.get("max_nodes"), optional=True),
         max_gpus=_int(f"{where}.max_gpus", data.get("max_gpus"), optional=True),
         driver_version=_driver(f"{where}.driver_version", data.get("driver_version")),
+        cpu_jobs=_bool(where, data, "cpu_jobs", False),
     )
 
 
@@ -632,7 +636,7 @@ def describe(profile: Profile) -> dict[str, Any]:
                 "cpus_per_node": n.cpus_per_node, "mem_per_node": format_mem(n.mem_mb),
                 "max_time": None if n.max_minutes is None else format_time(n.max_minutes),
                 "max_nodes": n.max_nodes, "max_gpus": n.max_gpus,
-                "driver_version": n.driver_version}
+                "driver_version": n.driver_version, "cpu_jobs": n.cpu_jobs}
 
     return {
         "name": profile.name, "description": profile.description, "source": profile.source,

@@ -11,6 +11,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# Host memory one DataLoader worker is counted at when the job does not say: the job's
+# up-front check uses it, and the rendered `train launch --worker-mem-mb` caps the workers
+# by it on the node (the doctor's host-OOM advice counts the same figure).
+# From the field notes (seed 003): 4 L40S ranks x 8 workers = 32 workers on a 256 GB node
+# were OOM-killed, so a worker there took more than 256 / 32 = 8 GB; the fix the notes
+# settled on, 2 workers per rank (8 a node), has to fit: at most 256 / 8 = 32 GB each.
+# 24 GB lies in (8, 32] and leaves the fix's node 256 - 8 x 24 = 64 GB (16 GB a rank) for
+# the training processes themselves. With it, that job (--mem 250G) is refused and told
+# 250 // (4 x 24) = 2 workers per rank. Workers that hold less: give --worker-mem.
+DEFAULT_WORKER_MEM_MB = 24 * 1024
+
 
 def available_bytes() -> int:
     """min(MemAvailable, the memory cgroup's limit minus its use)."""

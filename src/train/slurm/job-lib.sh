@@ -73,14 +73,21 @@ train_slurm_cmd() {
     )
 }
 
-train_find_submitted() {
-    # The job ids of this user's queued jobs whose comment is $1 (a successor's mark),
-    # one per line; fails (with squeue's message) when Slurm cannot be asked.
-    local out id comment
-    out=$(train_slurm_cmd squeue --noheader --user="$(id -u)" --format='%i %k' 2>&1) ||
+train_sbatch() {
+    # (what chunk 1's sbatch in `train submit` leaves out too)
+    train_slurm_cmd sbatch "$@"
+}
+
+train_find_successors() {
+    # The ids of this user's queued jobs that wait on job $1 (afterok), one per line: a
+    # chunk's successor is the only one (its dependency marks it). Fails (with squeue's
+    # message) when Slurm cannot be asked.
+    local out id dep
+    out=$(train_slurm_cmd squeue --noheader --user="$(id -u)" --format='%i %E' 2>&1) ||
         { printf '%s' "$out"; return 1; }
-    while read -r id comment; do
-        [ "$comment" = "$1" ] && printf '%s\n' "$id"
+    while read -r id dep; do
+        # "afterok:JOB(unfulfilled)", also "afterok:JOB_*(...)", among others after commas
+        case ",$dep" in *,afterok:"$1"[!0-9]*) printf '%s\n' "$id" ;; esac
     done <<< "$out"
     return 0
 }
@@ -94,19 +101,18 @@ train_record_successor() {
 
 train_extend() {
     # submit the next chunk (once: a requeued or restarted chunk finds it recorded)
-    local next=$((CHUNK + 1)) out id mark found
+    local next=$((CHUNK + 1)) out id found
     [ "$REQUEUE" = 0 ] && [ "$TRAIN_TERMINATING" = 0 ] || return 0
     [ "$CHUNK" -lt "$MAX_CHUNKS" ] || return 0
     if [ -e "$RUN_DIR/$IDS_FILE" ] && grep -q "^$next " "$RUN_DIR/$IDS_FILE"; then
         return 0
     fi
-    # Each successor carries a mark of its own (its comment). An earlier attempt of this
-    # job (or of its run before a restart) that sbatch reported failed may have been
-    # accepted all the same (its reply lost: "Socket timed out"): look for the mark
-    # before submitting again, so that no second successor waits unseen by the chain.
-    mark="train-chunk-$next-after-${SLURM_JOB_ID:-0}"
+    # An earlier attempt of this job (or of its run before a restart) that sbatch
+    # reported failed may have been accepted all the same (its reply lost: "Socket timed
+    # out"). Its dependency on this job marks it: look for it before submitting again,
+    # so that no second successor waits unseen by the chain.
     if [ "$TRAIN_EXTEND_TRIED" = 1 ] || [ "${SLURM_RESTART_COUNT:-0}" != 0 ]; then
-        if ! found=$(train_find_submitted "$mark"); then
+        if ! found=$(train_find_successors "${SLURM_JOB_ID:-0}"); then
             [ "$TRAIN_TERMINATING" = 0 ] || return 1
             train_log "could not look for a chunk $next submitted before (so none is" \
                 "submitted again): $found"
@@ -126,8 +132,8 @@ train_extend() {
         fi
     fi
     TRAIN_EXTEND_TRIED=1
-    if ! out=$(train_slurm_cmd sbatch --parsable --comment="$mark" \
-            --dependency="afterok:${SLURM_JOB_ID:-0}" "$TRAIN_SCRIPT" "$next" 2>&1); then
+    if ! out=$(train_sbatch --parsable --dependency="afterok:${SLURM_JOB_ID:-0}" \
+            "$TRAIN_SCRIPT" "$next" 2>&1); then
         [ "$TRAIN_TERMINATING" = 0 ] || return 1  # the TERM ended sbatch too
         train_log "could not submit chunk $next: $out"
         train_event "$EV_EXTEND_FAILED" "$(printf '%s' "$out" | tr '\n' ' ')"

@@ -6,6 +6,7 @@ is allowed. Nothing is written or submitted before it succeeds.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Sequence
@@ -26,6 +27,7 @@ from train.config import RunConfig, check_value, opt, run_config_from_argv
 from train.errors import ConfigError, UsageError
 from train.gpus import all_bf16_capable
 from train.programs import imports_lightning
+from train.runtime.hostmem import DEFAULT_WORKER_MEM_MB
 from train.secrets import is_secret_name, redact_text
 from train.slurm.contract import NAVSIM_PREFETCH_OVERRIDE, NAVSIM_WORKERS_OVERRIDE
 from train.yamlio import shown
@@ -50,18 +52,29 @@ PASSED_BY_DEFAULT = ("TRAIN_*", "SLURM_JOB_NAME", "SLURM_STEP_ID", "SLURM_RESTAR
                      "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_SUBMIT_DIR",
                      "WANDB_*", "HF_*", "HUGGINGFACE_*", "MLFLOW_*", "COMET_*")
 RUNTIMES = ("none", "apptainer", "docker")
+# the Python a job runs where none is given: the nodes' (or the image's) python3
+DEFAULT_PYTHON = "python3"
+# CPUs for each process a node runs (a GPU rank, or the one process of a CPU job) where
+# --cpus-per-task is not given: Gilbreth's documented example and the field notes' jobs
+# give a GPU 4. Under torchrun the node's one task runs every rank, so it gets 4 per GPU.
+CPUS_PER_PROCESS = 4
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # A constraint a feature can be ANDed onto: no alternatives, brackets, groups or counts.
 _AND_ONLY = re.compile(r"^[^|\[\]()*,]+$")
+# alternatives of plain features only: what may go into Slurm's matching OR, [a|b]
+_OR_LIST = re.compile(r"[A-Za-z0-9_.:-]+(?:\|[A-Za-z0-9_.:-]+)+")
 # `train run` options that the job sets itself.
 _RESERVED_RUN_FLAGS = ("--out", "--time-budget")
 DEFAULT_MARGIN = 300
 DEFAULT_CHUNKS = 10
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # fullmatch: no trailing newline
-# names a job may pass through but not set: the batch shell, Slurm or the launcher own them
+# names a job may pass through but not set: the batch shell, Slurm or the launcher own them.
+# PYTHONPATH is the program's to set (a fork put on the path, as the field notes' NAVSIM
+# fork needed): the batch shell runs no Python, and the images set none of their own.
+# PYTHONHOME stays: a wrong one stops every Python, `train launch` included.
 RESERVED_ENV = {"PATH", "BASH_ENV", "ENV", "HOME", "SHELL", "IFS", "RANK", "LOCAL_RANK",
                 "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
-                "CUDA_VISIBLE_DEVICES", "PYTHONPATH", "PYTHONHOME"}
+                "CUDA_VISIBLE_DEVICES", "PYTHONHOME"}
 RESERVED_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "TRAIN_", "LD_",
                          "APPTAINER", "SINGULARITY")
 # Options the renderer writes itself: an extra option may not set them (the field to use).
@@ -199,10 +212,14 @@ class JobSpec:
     nodes: int = opt(1, "Nodes.", short="-N", kind=int, positive=True)
     gpus_per_node: int = opt(0, "GPUs per node.", short="-g", kind=int, minimum=0)
     gpu_type: str | None = opt(None, "GPU type, e.g. a100.", kind=str, optional=True)
-    cpus_per_task: int = opt(4, "CPUs per task (passed to srun explicitly).", short="-c", kind=int,
-                             positive=True)
-    mem: str | None = opt(None, "Memory per node, e.g. 50G (default: a CPU-proportional "
-                          "share of the node).", kind=str, optional=True)
+    cpus_per_task: int | None = opt(None, f"CPUs per task, passed to srun explicitly "
+                                    f"(default: {CPUS_PER_PROCESS} for each process the "
+                                    f"task runs: {CPUS_PER_PROCESS} x the GPUs per node "
+                                    "under torchrun, within the node).", short="-c",
+                                    kind=int, positive=True, optional=True)
+    mem: str | None = opt(None, "Memory per node, e.g. 50G (default: the CPUs' share of "
+                          "the node, plus the DataLoader workers' memory, within the "
+                          "node).", kind=str, optional=True)
     ntasks_per_node: int | None = opt(None, "Tasks per node (default: 1 for torchrun, the "
                                       "GPU count for tasks).", kind=int, positive=True,
                                       optional=True)
@@ -216,8 +233,10 @@ class JobSpec:
                       "task per node; torch's launcher starts one process per GPU) or tasks "
                       "(one task per GPU, as Lightning expects).",
                       kind=str, choices=LAUNCH_MODES)
-    runtime: str = opt("none", "Container runtime: none, apptainer or docker.", kind=str,
-                       choices=RUNTIMES)
+    runtime: str = opt("auto", "Container runtime: apptainer, docker or none (the nodes' "
+                       "own --python). auto: apptainer where an image is given, none where "
+                       "--python is; a job that needs torch with neither is refused.",
+                       kind=str, choices=("auto", *RUNTIMES))
     image: str | None = opt(None, "Container image (SIF path or docker tag).", kind=str,
                             optional=True)
     requeue: bool = opt(False, "Requeue mode: after each checkpointed stop, requeue this "
@@ -235,12 +254,14 @@ class JobSpec:
                             "margin (signal delivery alone is coarse).", kind=bool)
     workers: int = opt(0, "DataLoader workers per process (checked against memory).",
                        kind=int, minimum=0)
-    worker_mem: str = opt("4G", "Host memory per DataLoader worker.", kind=str)
+    worker_mem: str = opt(f"{DEFAULT_WORKER_MEM_MB // 1024}G", "Host memory per "
+                          "DataLoader worker (the default is from the field notes' "
+                          "host-OOM job; give what yours take).", kind=str)
     preempt: bool = opt(False, "Submit as preemptible where the site supports it.",
                         kind=bool)
     out: str | None = opt(None, "Run directory (default: runs/NAME under the submit "
                           "directory).", kind=str, optional=True)
-    python: str = opt("python3", "Python on the nodes (runtime none) or in the image.",
+    python: str = opt(DEFAULT_PYTHON, "Python on the nodes (runtime none) or in the image.",
                       kind=str)
     chdir: str | None = opt(None, "Folder the program runs in (default: the submit "
                             "folder), for programs that read relative paths; it must be "
@@ -467,11 +488,12 @@ def _choose_node(spec: JobSpec, profile: Profile) -> tuple[NodeType, str | None]
         if not spec.constraint:
             raise ConfigError("constraint", f"{profile.name} needs a constraint instead of a "
                               f"partition: one of {', '.join(profile.constraints)}")
-        names = spec.constraint.split("|")
+        names = _unbracketed(spec.constraint).split("|")
         unknown = [n for n in names if n not in profile.constraints]
         if unknown:
             raise ConfigError("constraint", f"unknown constraint {unknown[0]!r} on "
-                              f"{profile.name}; known: {', '.join(profile.constraints)}")
+                              f"{profile.name}; known: {', '.join(profile.constraints)} "
+                              "(alternatives as a|b, or [a|b] for one type on every node)")
         if spec.gpu_type is not None:
             # land only where the requested type is (with none, resolve lists the types)
             names = [n for n in names if spec.gpu_type in profile.constraints[n].gpu_types] \
@@ -489,6 +511,7 @@ def _choose_node(spec: JobSpec, profile: Profile) -> tuple[NodeType, str | None]
             max_nodes=min((n.max_nodes for n in nodes if n.max_nodes is not None),
                           default=None),
             max_gpus=min((n.max_gpus for n in nodes if n.max_gpus is not None), default=None),
+            cpu_jobs=all(n.cpu_jobs for n in nodes),
         )
         return merged, None
     partition = spec.partition or profile.default_partition
@@ -499,6 +522,32 @@ def _choose_node(spec: JobSpec, profile: Profile) -> tuple[NodeType, str | None]
         raise ConfigError("partition", f"unknown partition {partition!r} on {profile.name}; "
                           f"known: {', '.join(profile.partitions)}")
     return profile.partitions[partition], partition
+
+
+def _unbracketed(constraint: str) -> str:
+    """[a|b] (Slurm's matching OR) without its brackets."""
+    if len(constraint) > 2 and constraint[0] == "[" and constraint[-1] == "]":
+        return constraint[1:-1]
+    return constraint
+
+
+def _one_type_for_all(spec: JobSpec, constraint: str | None) -> str | None:
+    """Alternatives as Slurm's matching OR where the job has several nodes.
+
+    With `a|b` each node of a job may match a different alternative (a DDP job on L40S and
+    H200 nodes at once, run at the slower one's pace); `[a|b]` makes every node match the
+    same one. A multi-node job's plain alternatives are bracketed; one written as [a|b]
+    stays so; other expressions with '|' (with '&', counts or groups) are refused.
+    """
+    if constraint is None or "|" not in constraint or _unbracketed(constraint) != constraint:
+        return constraint
+    if spec.nodes == 1 and _unbracketed(spec.constraint or "") == (spec.constraint or ""):
+        return constraint
+    if _OR_LIST.fullmatch(constraint):
+        return f"[{constraint}]"
+    raise ConfigError("constraint", f"{constraint!r} on {spec.nodes} nodes: Slurm may give "
+                      f"each node a different alternative; give one type for every node "
+                      f"with the matching OR [a|b] (alternatives only), or one alternative")
 
 
 def _gpu_type_request(spec: JobSpec, profile: Profile, node: NodeType,
@@ -678,7 +727,16 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
             allowed = ", ".join(node.gpu_types) or "none (untyped GPUs)"
             raise ConfigError("gpu_type", f"{node.name} has no {spec.gpu_type!r} GPUs; "
                               f"it has: {allowed}")
+    if spec.gpus_per_node == 0 and node.gpus_per_node > 0 and not node.cpu_jobs:
+        what = f"partition {partition}" if partition else f"constraint {node.name}"
+        kinds = "/".join(dict.fromkeys(node.gpu_types))
+        raise ConfigError("gpus_per_node", f"{what} on {profile.name} is for GPU jobs "
+                          f"({node.gpus_per_node} {kinds + ' ' if kinds else ''}GPUs a "
+                          "node) and the job asks for none: it would run on the CPU for "
+                          "its walltime. Give the GPUs it needs: -g N (--gpus-per-node, 1 "
+                          f"to {node.gpus_per_node})")
     constraint, gres_type = _gpu_type_request(spec, profile, node, partition)
+    constraint = _one_type_for_all(spec, constraint)
     if node.max_nodes is not None and spec.nodes > node.max_nodes:
         raise ConfigError("nodes", f"{spec.nodes} is over the {node.name} limit of "
                           f"{node.max_nodes} nodes per job")
@@ -715,30 +773,31 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
             raise ConfigError("ntasks_per_node", f"{launch} launch runs one task per node "
                               f"(it starts the per-GPU processes itself); got {ntasks}. "
                               "Use --launch tasks for one task per GPU")
-    if spec.cpus_per_task * ntasks > node.cpus_per_node:
-        raise ConfigError("cpus_per_task", f"{ntasks} task(s) x {spec.cpus_per_task} CPUs "
+    # the defaults in force, settled here: the resolved job's spec holds them
+    spec = dataclasses.replace(spec, runtime=_runtime(spec, launch),
+                               cpus_per_task=_cpus_per_task(spec, node, launch, ntasks))
+    cpus = spec.cpus_per_task or 1
+    if cpus * ntasks > node.cpus_per_node:
+        raise ConfigError("cpus_per_task", f"{ntasks} task(s) x {cpus} CPUs "
                           f"is more than the {node.cpus_per_node} CPUs of a {node.name} node")
+    procs = max(1, spec.gpus_per_node) if launch == "torchrun" else ntasks
+    per_worker = parse_mem(spec.worker_mem, "worker_mem")
+    need = spec.workers * procs * per_worker  # the DataLoader workers' host memory a node
     whole_node = spec.mem is not None and parse_mem(spec.mem, "mem", allow_zero=True) == 0
     if whole_node:
         mem_mb = node.mem_mb  # what Slurm gives for --mem=0 (checked against the workers)
     elif spec.mem is not None:
         mem_mb = parse_mem(spec.mem, "mem")
     else:
-        # the CPUs' share of the node's memory, never 0 (--mem=0 is the whole node)
-        mem_mb = max(1, node.mem_mb * spec.cpus_per_task * ntasks // max(1, node.cpus_per_node))
+        # the CPUs' share of the node's memory (never 0: --mem=0 is the whole node), plus
+        # what the workers take, within the node (the workers' check below says if not)
+        share = max(1, node.mem_mb * cpus * ntasks // max(1, node.cpus_per_node))
+        mem_mb = min(node.mem_mb, share + need)
     if mem_mb > node.mem_mb:
         raise ConfigError("mem", f"{format_mem(mem_mb)} is more than the "
                           f"{format_mem(node.mem_mb)} of a {node.name} node")
-    procs = max(1, spec.gpus_per_node) if launch == "torchrun" else ntasks
-    if spec.workers:
-        per_worker = parse_mem(spec.worker_mem, "worker_mem")
-        need = spec.workers * procs * per_worker
-        if need > mem_mb:
-            safe = mem_mb // (procs * per_worker)
-            raise ConfigError("workers", f"{spec.workers} DataLoader workers x {procs} "
-                              f"processes per node x {format_mem(per_worker)} = "
-                              f"{format_mem(need)} is over the job's {format_mem(mem_mb)} "
-                              f"per node; use at most {safe} workers per process")
+    if need > mem_mb:
+        _workers_do_not_fit(spec, node, procs, per_worker, mem_mb)
     if spec.runtime != "none" and not spec.image:
         raise ConfigError("image", f"runtime {spec.runtime} needs --image")
     if spec.preempt and not profile.preempt_flags:
@@ -750,6 +809,57 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
                        run_config=run_config, constraint=constraint, gres_type=gres_type,
                        whole_node_mem=whole_node, **_paths(spec, profile, run_config),
                        **_environment(spec, profile), gpu_watch=_gpu_watch(spec, profile))
+
+
+def _runtime(spec: JobSpec, launch: str) -> str:
+    """The runtime in force. auto: apptainer with an image (the three sites' runtime), the
+    nodes' own Python where --python names one; a job that needs torch with neither is
+    refused here, not after the queue wait (the nodes' python3 is the login node's, which
+    has no torch)."""
+    if spec.runtime != "auto":
+        return spec.runtime
+    if spec.image:
+        return "apptainer"
+    what = {"train": "`train run` needs torch", "navsim": "NAVSIM's training needs torch"}
+    needs = what.get(spec.entry) or ("torch's launcher (torchrun) needs torch"
+                                     if launch == "torchrun" else None)
+    if needs is None or spec.python != DEFAULT_PYTHON:
+        return "none"
+    raise ConfigError("runtime", f"no --runtime and no --image: {needs}, and without them "
+                      f"the job runs the nodes' own {DEFAULT_PYTHON}, which has none (it "
+                      "would fail after the queue wait). Give a container: --runtime "
+                      "apptainer --image X.sif (`train image build base` makes one), or a "
+                      "Python environment with torch on the shared file system: --runtime "
+                      "none --python /path/to/env/bin/python. `train init --image ...` (or "
+                      "--python) makes either your default")
+
+
+def _cpus_per_task(spec: JobSpec, node: NodeType, launch: str, ntasks: int) -> int:
+    """--cpus-per-task in force: the job's, else CPUS_PER_PROCESS for each process a task
+    runs (under torchrun the node's one task runs a process per GPU), within the node."""
+    if spec.cpus_per_task is not None:
+        return spec.cpus_per_task
+    per_task = max(1, spec.gpus_per_node) if launch == "torchrun" else 1
+    return max(1, min(CPUS_PER_PROCESS * per_task, node.cpus_per_node // max(1, ntasks)))
+
+
+def _workers_do_not_fit(spec: JobSpec, node: NodeType, procs: int, per_worker: int,
+                        mem_mb: int) -> None:
+    """The DataLoader workers' memory is over the job's: exit 2 with the counts that fit."""
+    need = spec.workers * procs * per_worker
+    safe = mem_mb // (procs * per_worker)
+    fix = f"use --workers {safe} (at most {safe} per process)" if safe else \
+        "use --workers 0 (the data loaded in the training processes)"
+    more = f", ask for more memory (--mem, a {node.name} node has " \
+        f"{format_mem(node.mem_mb)})" if spec.mem is not None and mem_mb < node.mem_mb \
+        and need < node.mem_mb else ""
+    default = spec.worker_mem == f"{DEFAULT_WORKER_MEM_MB // 1024}G"
+    raise ConfigError("workers", f"{spec.workers} DataLoader workers x {procs} processes "
+                      f"per node x {format_mem(per_worker)} (--worker-mem) = "
+                      f"{format_mem(need)} is over the job's {format_mem(mem_mb)} per "
+                      f"node; {fix}{more}, or give --worker-mem the memory one of your "
+                      "workers really takes" + (" (the default is what the field notes' "
+                      "host-OOM job's workers took: over 8G each)" if default else ""))
 
 
 def _gpu_watch(spec: JobSpec, profile: Profile) -> GpuWatch | None:

@@ -1,0 +1,89 @@
+"""The slurm tier's own harness: no process of a local cluster outlives the test session
+that started it, however the session ends. A session holding a job whose step runs is
+ended as it ends in the field: its tests finish, Ctrl-C, a timeout's TERM, SIGKILL. Then
+no process of the cluster may remain: daemons, guard, slurmstepd, the job's programs
+(seen in /proc: what names the cluster's folder, works in it, has its SLURM_CONF, or runs
+in its mount namespace). The cluster is the selected one (TRAIN_TEST_SLURM)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.integration import localslurm
+from tests.integration.conftest import _skip_reason
+
+pytestmark = [pytest.mark.slurm]
+
+# A test session that starts the cluster through the slurm tier's own fixture, runs a job
+# with a step, says where the cluster is, and then waits to be told to finish (or killed).
+INNER = '''
+import os, subprocess, time
+from pathlib import Path
+
+from tests.integration.conftest import slurm_env  # noqa: F401  (the fixture under test)
+
+
+def test_a_session_with_a_running_step(slurm_env):
+    env = {**os.environ, **slurm_env}
+    subprocess.run(["sbatch", "-o", "/dev/null", "--wrap", "srun sleep 100000"], env=env,
+                   check=True, cwd="/tmp", capture_output=True)
+    while ".0 " not in subprocess.run(["squeue", "-h", "-s", "-o", "%i "], env=env,
+                                      capture_output=True, text=True).stdout:
+        time.sleep(0.2)
+    probe = Path(os.environ["HARNESS_PROBE"])
+    probe.write_text(slurm_env["SLURM_CONF"])
+    while not probe.with_suffix(".finish").exists():
+        time.sleep(0.2)
+'''
+
+
+@pytest.mark.parametrize("ending", ["finished", "SIGINT", "SIGTERM", "SIGKILL"])
+def test_no_process_of_the_cluster_outlives_its_test_session(tmp_path: Path,
+                                                             ending: str) -> None:
+    reason = _skip_reason(localslurm.selected())
+    if reason:
+        pytest.skip(reason)
+    (tmp_path / "test_inner.py").write_text(INNER)
+    probe = tmp_path / "probe"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HARNESS_PROBE": str(probe)}
+    session = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull,
+         "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True)
+    try:
+        while not probe.exists() and session.poll() is None:
+            time.sleep(0.2)
+        assert probe.exists(), session.communicate()[0].decode(errors="replace")
+        folder = Path(probe.read_text()).parent
+        mntns = localslurm.mount_namespace(folder)
+        running = [cmd for _, cmd in localslurm.processes_of(folder, mntns)]
+        assert any(cmd.startswith("slurmctld") for cmd in running), running
+        assert any("sleep 100000" in cmd for cmd in running), running
+        if ending == "finished":
+            probe.with_suffix(".finish").touch()
+        elif ending == "SIGINT":  # Ctrl-C: to the whole foreground process group
+            os.killpg(session.pid, signal.SIGINT)
+        else:
+            os.kill(session.pid, getattr(signal, ending))
+        out = session.communicate(timeout=300)[0].decode(errors="replace")
+    finally:
+        if session.poll() is None:
+            os.killpg(session.pid, signal.SIGKILL)
+            session.wait()
+    if ending == "finished":
+        assert session.returncode == 0, out
+    # the guard stops a cluster its session left behind: wait for it (it names the folder)
+    deadline = time.monotonic() + 300  # (a bound on a hang, not a measure)
+    while (left := localslurm.processes_of(folder, mntns)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left == [], f"after a session that ended by {ending}: {left}\n{out[-3000:]}"
+    assert f"train-local-slurm {folder}" not in Path("/etc/hosts").read_text()
