@@ -5,13 +5,18 @@
   other variable of those families is recorded as present, its value redacted (Slurm's
   SLURM_JWT, NCCL_IB_PASSWD, a site's SLURM_DB_PASS and whatever comes next).
 - Values that look like credentials (token=..., key: ..., password=..., "api_key": "...",
-  a URL's password, an Authorization header, a JWT, a well-known token format) are
-  redacted wherever they appear, allowed names included (SLURM_JOB_COMMENT may carry
-  "token=...").
+  a URL's password or a token as its user, an Authorization header, a JWT, a well-known
+  token format) are redacted wherever they appear, allowed names included
+  (SLURM_JOB_COMMENT may carry "token=..."). A value after `NAME: ` or `NAME = ` (YAML,
+  INI) runs to the end of its line, so a password with spaces is redacted whole.
 - Command lines keep their shape, with the value of every option whose name looks secret
   (--wandb-key X, --api-token=X, --password X) masked, and the few short options that
-  take a password in known programs (mysql -pX, sshpass -p X, curl -u user:X); a word
-  holding a command line (bash -c BODY) is masked the same way inside.
+  take a password in known programs (mysql -pX, sshpass -p X, curl -u user:X), the key
+  of `wandb login KEY`, the value of a secret setting given to a `config`/`configure`
+  command (aws configure set aws_secret_access_key X, git config user.password X), and
+  the whole value of a word NAME=VALUE with a secret NAME (env 'PASSWORD=a b c', a Hydra
+  override db.password=...); a word holding a command line (bash -c BODY) is masked the
+  same way inside.
 
 Names are judged by words, not by substrings (is_secret_name): --key-frames, --monkey,
 --author, SESSION_NAME and --max-keys are not secrets; WANDB_API_KEY, PGPASSWORD,
@@ -84,6 +89,9 @@ _STRONG_WORDS = frozenset({
     "ACCESSKEY", "AUTHKEY", "PRIVATEKEY", "SIGNINGKEY", "MASTERKEY",
 })
 _AMBIGUOUS_WORDS = frozenset({"TOKEN", "KEY", "KEYS", "AUTH", "PASS", "SESSION"})
+# PASS joined to what it opens (sshpass's SSHPASS, DBPASS); BYPASS, COMPASS, TWOPASS are not
+_PASS_OWNERS = frozenset({"SSH", "SFTP", "FTP", "DB", "PG", "MYSQL", "REDIS", "LDAP", "SMTP",
+                          "MAIL", "ROOT", "ADMIN", "USER", "VNC", "RCLONE"})
 # a last word that makes the name a description of the secret, not the secret itself
 _DESCRIPTIVE = frozenset({
     "TYPE", "TYPES", "KIND", "METHOD", "MODE", "ALGO", "ALGORITHM", "FORMAT", "SIZE", "BITS",
@@ -133,7 +141,8 @@ def _judge_name(name: str) -> bool:
     plain = words[0] in _COUNTING or words[-1] in _DESCRIPTIVE
     for i, word in enumerate(words):
         if (word in _STRONG_WORDS or any(part in word for part in _STRONG_PARTS)
-                or (word.endswith("TOKEN") and word != "TOKEN")):  # ACCESSTOKEN, GHTOKEN
+                or (word.endswith("TOKEN") and word != "TOKEN")  # ACCESSTOKEN, GHTOKEN
+                or (word.endswith("PASS") and word[:-4] in _PASS_OWNERS)):
             return True
         if word not in _AMBIGUOUS_WORDS or plain:
             continue
@@ -168,6 +177,8 @@ def masked_environment(environ: Mapping[str, str | None]) -> dict[str, str | Non
 #   redacted by is_secret_name(NAME))
 _PAIR = re.compile(r"(?<![\w.-])([\w.-]+)([\"']?\]?[ \t]*[=:][ \t]*)")
 _BARE_VALUE = re.compile(r"[^\s,;&\"'<>(){}\[\]]+")
+#   after `NAME: ` or `NAME = ` an unquoted value runs to the end of its line (YAML, INI)
+_LINE_VALUE = re.compile(r"[^\n,;&\"'<>(){}\[\]]+")
 _DQ_BODY = re.compile(r"(?:[^\"\\\n]|\\.)*")
 _SQ_BODY = re.compile(r"[^'\n]*")
 _SPACES = re.compile(r"[ \t]+")
@@ -176,6 +187,9 @@ _AUTH_SCHEMES = frozenset({"basic", "bearer", "digest", "token", "negotiate", "n
 #   scheme://user:password@host (the user kept)
 _USERINFO = re.compile(r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*://[^\s:/?#@\"'<>]*:)"
                        r"([^\s/?#\"'<>]*)@")
+#   scheme://TOKEN@host: a user name that is a token (32 or more letters, digits, - and _,
+#   with letters and digits both): a GitHub or Azure DevOps token given as the user
+_TOKEN_USER = re.compile(r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*://)([\w-]{32,})@")
 _BEARER = re.compile(r"(?i)(?<![\w-])(bearer[ \t]+)[\w.~+/=-]{8,}")
 _BASIC = re.compile(r"(?i)(?<![\w-])(basic[ \t]+)([A-Za-z0-9+/_-]{8,}={0,2})")
 _JWT = re.compile(r"(?<![\w-])eyJ[\w-]{6,}\.[\w-]{6,}\.[\w-]*")
@@ -186,8 +200,9 @@ _KNOWN_TOKEN = re.compile(
     r"|AIza[\w-]{35})")
 
 
-def _value_span(text: str, pos: int, header: bool) -> tuple[int, int]:
-    """Where the value that starts at `pos` lies (empty when there is none)."""
+def _value_span(text: str, pos: int, header: bool, spaced: bool) -> tuple[int, int]:
+    """Where the value that starts at `pos` lies (empty when there is none); `spaced`:
+    after `: ` or ` = `, where an unquoted value runs to the end of the line."""
     if pos >= len(text) or text[pos] == "=":  # nothing, or `==`
         return pos, pos
     if text[pos] in "\"'":
@@ -203,6 +218,10 @@ def _value_span(text: str, pos: int, header: bool) -> tuple[int, int]:
             if rest:
                 return rest.span()
         return pos, pos
+    if spaced:
+        line = _LINE_VALUE.match(text, pos)
+        assert line is not None  # it holds the bare value at least
+        return pos, pos + len(line.group().rstrip())
     return bare.span()
 
 
@@ -213,7 +232,9 @@ def _redact_pairs(text: str) -> str:
         if match.start() < last or not is_secret_name(match.group(1)):
             continue
         header = _name_words(match.group(1))[-1:] == ["AUTHORIZATION"]
-        start, end = _value_span(text, match.end(), header)
+        sep = match.group(2)
+        spaced = ":" in sep or sep[:1].isspace() or sep[-1:].isspace()
+        start, end = _value_span(text, match.end(), header, spaced)
         if end > start and text[start:end] != REDACTED:
             out += [text[last:start], REDACTED]
             last = end
@@ -244,8 +265,16 @@ def _userinfo(match: re.Match[str]) -> str:
     return f"{match.group(1)}{REDACTED}@"
 
 
+def _token_user(match: re.Match[str]) -> str:
+    user = match.group(2)
+    if any(c.isdigit() for c in user) and any(c.isalpha() for c in user):
+        return f"{match.group(1)}{REDACTED}@"
+    return match.group()
+
+
 def _redact_values(text: str) -> str:
     text = _USERINFO.sub(_userinfo, text)
+    text = _TOKEN_USER.sub(_token_user, text)
     text = _redact_pairs(text)
     text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
     text = _BASIC.sub(_basic, text)
@@ -275,6 +304,16 @@ _TOOLS: dict[str, tuple[frozenset[str], frozenset[str]]] = {  # separate, attach
 _LOGIN_TOOLS = frozenset({"docker", "podman", "buildah", "skopeo", "nerdctl", "helm",
                           "oras", "crane", "regctl"})
 _CURL_USER = frozenset({"-u", "--user", "-U", "--proxy-user"})
+# `wandb login [OPTIONS] [KEY]`: the first word that is not an option or --host's value
+_WANDB_LOGIN_VALUED = frozenset({"--host"})
+# `aws configure set NAME VALUE`, `git config NAME VALUE`, `npm config set NAME VALUE`: in a
+# command with one of these words, the word after a secret-looking NAME is its value
+_CONFIG_WORDS = frozenset({"config", "configure"})
+# a word NAME=VALUE (env's and the shell's assignments, Hydra's overrides): all of VALUE,
+# unless the word is a command line (quoted or escaped, or after bash's -c): then each of
+# its words is judged (PASSWORD='a b c' fit.py keeps fit.py)
+_ASSIGNED_NAME = re.compile(r"[A-Za-z_][\w.-]*")
+_BODY_OPTION = re.compile(r"-[a-z]{0,3}c")
 _SEPARATORS = frozenset({";", "&", "&&", "|", "||", "|&"})
 _NO_TOOL: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
 
@@ -296,28 +335,50 @@ def _mask_points(words: Sequence[str | None]) -> list[int | None]:
     first characters to keep, the rest masked (0: all of it)."""
     points: list[int | None] = []
     tool = ""
-    pending = ""  # "value": mask the next word; "user": the password of the next user:pw
+    config = False  # a `config`/`configure` command
+    # "value": mask the next word; "user": the password of the next user:pw; "keep": the
+    # next word is an option's value, kept
+    pending = ""
+    previous: str | None = None
     for word in words:
+        prior, previous = previous, word
         if word is None:
             tool = pending = ""
+            config = False
             points.append(None)
             continue
         point: int | None = None
         if pending and not _is_option(word):
-            point = 0 if pending == "value" else _after_colon(word, 0)
+            if pending != "keep":
+                point = 0 if pending == "value" else _after_colon(word, 0)
             pending = ""
             points.append(point)
             continue
         pending = ""
         base = os.path.basename(word)
-        if base in _TOOLS:
+        if tool == "wandb login" and word[:1] != "-":  # the key
+            tool = "wandb"
+            points.append(0)
+            continue
+        if word == "login" and tool == "wandb":
+            tool = "wandb login"
+        elif base in _TOOLS:
             tool = base
         elif word == "login" and tool in _LOGIN_TOOLS:
             tool = "login"
-        elif base in _LOGIN_TOOLS:
+        elif base in _LOGIN_TOOLS or base == "wandb":
             tool = base
-        if word[:1] == "-" and len(word) > 1 and not word.startswith("--="):
-            name, sep, _ = word.partition("=")
+        config = config or word in _CONFIG_WORDS
+        name, sep, _ = word.partition("=")
+        if word[:1] != "-" and sep and _ASSIGNED_NAME.fullmatch(name) \
+                and is_secret_name(name) and not any(c in word for c in "'\"\\") \
+                and not (prior and _BODY_OPTION.fullmatch(prior)):  # env 'PASSWORD=a b'
+            point = len(name) + 1
+        elif config and word[:1] != "-" and not sep and is_secret_name(word):
+            pending = "value"  # aws configure set aws_secret_access_key VALUE
+        elif tool == "wandb login" and word in _WANDB_LOGIN_VALUED:
+            pending = "keep"
+        elif word[:1] == "-" and len(word) > 1 and not word.startswith("--="):
             separate, attached = _TOOLS.get(tool, _NO_TOOL)
             if is_secret_name(name):
                 if sep:

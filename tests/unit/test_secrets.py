@@ -4,6 +4,7 @@ names and values through `train run`, `train launch` and `train render`/`train s
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -143,7 +144,8 @@ def test_a_secret_value_is_never_written_into_a_job_script(item: str) -> None:
 
 
 def test_render_and_submit_write_no_secret_of_the_submitting_shell(tmp_path: Path) -> None:
-    proc = run_cli(["render", "--cluster", "local", "--env", "WANDB_API_KEY", "--", "demo",
+    proc = run_cli(["render", "--cluster", "local", "--runtime", "none", "--env",
+                    "WANDB_API_KEY", "--", "demo",
                     "--episodes", "1"], env={**_environ(), "WANDB_API_KEY": "wandb-value-29"})
     assert proc.returncode == 0, proc.stderr
     _no_leak(proc.stdout)
@@ -313,6 +315,155 @@ def test_masked_environment_redacts_names_and_values() -> None:
 def test_a_megabyte_of_hostile_input_finishes(unit: str) -> None:
     # shapes that make a backtracking pattern quadratic or worse: long runs of key-like
     # characters, open quotes, URL schemes, option names; this only has to end
+    text = unit * ((1 << 20) // len(unit))
+    assert len(redact_text(text)) > 0
+    assert len(masked_argv(["x", text, "--token", text])) == 4
+
+
+# --- what a second hostile review found passing (issue 18) ------------------------------------
+# Each through every place the project masks or refuses secrets: masked_argv (the launcher's
+# log, config.json's argv), redact_text of the same command line as text (a `bash -c` body,
+# a recorded variable's value) and check_env_item (a value written into a job script).
+HEX40 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b"
+PASSED_BEFORE = {
+    "a token as a URL's user, no colon": (
+        ["git", "clone", f"https://{HEX40}@github.com/o/r.git"],
+        ["git", "clone", f"https://{REDACTED}@github.com/o/r.git"]),
+    "SSHPASS": (
+        ["env", "SSHPASS=sv-1", "sshpass", "-e", "ssh", "h"],
+        ["env", f"SSHPASS={REDACTED}", "sshpass", "-e", "ssh", "h"]),
+    "wandb login KEY": (["wandb", "login", "sv-2"], ["wandb", "login", REDACTED]),
+    "wandb login, options first": (
+        ["wandb", "login", "--relogin", "--host", "https://wandb.example.org", "sv-3"],
+        ["wandb", "login", "--relogin", "--host", "https://wandb.example.org", REDACTED]),
+    "wandb login in a body": (
+        ["bash", "-c", "wandb login sv-4 && python fit.py"],
+        ["bash", "-c", f"wandb login {REDACTED} && python fit.py"]),
+    "aws configure set": (
+        ["aws", "configure", "set", "aws_secret_access_key", "sv-5"],
+        ["aws", "configure", "set", "aws_secret_access_key", REDACTED]),
+    "aws configure set, a profile's key": (
+        ["aws", "configure", "set", "profile.dev.aws_session_token", "sv-6", "--profile", "dev"],
+        ["aws", "configure", "set", "profile.dev.aws_session_token", REDACTED, "--profile",
+         "dev"]),
+    "aws configure in a body": (
+        ["sh", "-c", "aws configure set aws_secret_access_key sv-7; aws s3 ls"],
+        ["sh", "-c", f"aws configure set aws_secret_access_key {REDACTED}; aws s3 ls"]),
+    "--password with spaces": (
+        ["fit.py", "--password", "correct horse sv-8"], ["fit.py", "--password", REDACTED]),
+    "--password with spaces in a body": (
+        ["bash", "-c", 'fit.py --password "correct horse sv-9" --lr 1'],
+        ["bash", "-c", f"fit.py --password {REDACTED} --lr 1"]),
+    "PASSWORD='a b c' in a body": (
+        ["bash", "-c", "PASSWORD='a b sv-10' fit.py"],
+        ["bash", "-c", f"PASSWORD={REDACTED} fit.py"]),
+    "PASSWORD=a b c, one word (env, a launcher)": (
+        ["env", "PASSWORD=a b sv-11", "fit.py"], ["env", f"PASSWORD={REDACTED}", "fit.py"]),
+    "a Hydra override with spaces": (
+        ["python", "fit.py", "db.password=correct horse sv-12"],
+        ["python", "fit.py", f"db.password={REDACTED}"]),
+    "escaped spaces in a body": (
+        ["bash", "-c", "PASSWORD=a\\ b\\ sv-13 fit.py"],
+        ["bash", "-c", f"PASSWORD={REDACTED} fit.py"]),
+    "an unquoted assignment in a body keeps the command": (
+        ["bash", "-c", "PASSWORD=sv-17 fit.py --lr 1"],
+        ["bash", "-c", f"PASSWORD={REDACTED} fit.py --lr 1"]),
+    "ANSI-C quoting in a body": (
+        ["bash", "-c", "PASSWORD=$'a b sv-14' fit.py"],
+        ["bash", "-c", f"PASSWORD={REDACTED} fit.py"]),
+    "password: with spaces (a YAML line)": (
+        ["fit.py", "--cfg", "password: correct horse sv-15"],
+        ["fit.py", "--cfg", f"password: {REDACTED}"]),
+    "password = with spaces (an INI line)": (
+        ["fit.py", "--cfg", "db_password = correct horse sv-16"],
+        ["fit.py", "--cfg", f"db_password = {REDACTED}"]),
+}
+
+
+def _leaks(text: str) -> list[str]:
+    return [word for word in ("sv-", "sv ", HEX40, "horse") if word in text]
+
+
+@pytest.mark.parametrize("case", PASSED_BEFORE)
+def test_what_passed_before_is_masked_everywhere(case: str) -> None:
+    argv, expected = PASSED_BEFORE[case]
+    masked = masked_argv(argv)
+    assert masked == expected  # the launcher's log and config.json's argv
+    assert _leaks(" ".join(masked)) == []
+    assert masked_argv(masked) == masked  # masking twice: the same
+    line = shlex.join(argv)  # the same command line as text
+    assert _leaks(redact_text(line)) == [], redact_text(line)
+    assert _leaks(masked_environment({"EXTRA": line})["EXTRA"] or "") == []
+    with pytest.raises(ConfigError, match="looks like a secret"):  # a job script
+        check_env_item(f"EXTRA_ARGS={line}")
+
+
+def test_sshpass_is_a_secret_name_everywhere() -> None:
+    assert is_secret_name("SSHPASS") and is_secret_name("DBPASS")
+    assert masked_environment({"SSHPASS": "sv-1"}) == {"SSHPASS": REDACTED}
+    assert redact_text("SSHPASS=sv-1 sshpass -e ssh h") == f"SSHPASS={REDACTED} sshpass -e ssh h"
+    with pytest.raises(ConfigError, match="looks like a secret"):
+        check_env_item("SSHPASS=sv-1")
+    assert check_env_item("SSHPASS") == ("SSHPASS", None)
+    for name in ("--bypass", "COMPASS", "--multipass", "TWOPASS", "ONEPASS"):
+        assert not is_secret_name(name), name
+
+
+# ordinary arguments that look like the cases above and must stay as they are
+LOOK_ALIKE = [
+    ["git", "clone", "ssh://git@github.com/o/r.git"],
+    ["git", "clone", "https://bob@example.org/o/r.git", "git@github.com:o/r.git"],
+    ["pip", "install", "git+https://deploy-bot-2024@gitlab.example.org/o/r.git"],
+    ["git", "clone", "https://abcdefghijklmnopqrstuvwxyzabcdefgh@h/o/r.git"],  # no digit
+    ["wandb", "login", "--relogin"], ["wandb", "sync", "runs/1"], ["wandb", "login"],
+    ["python", "login.py", "key-frames"], ["docker", "login", "ghcr.io"],
+    ["aws", "configure", "set", "region", "us-east-1"], ["aws", "configure", "list"],
+    ["aws", "configure", "get", "aws_secret_access_key"],
+    ["git", "config", "user.name", "Bob Smith"],
+    ["python", "fit.py", "name: correct horse battery", "comment = a b c", "lr=0.1 0.2"],
+    ["env", "DATA=a b c", "KEY_FRAMES=1 2", "python", "fit.py"],
+    ["train", "submit", "--env", "PYTHONPATH=/scratch/fork", "--", "demo"],
+    ["env", "PYTHONPATH=/scratch/fork:/home/u/lib", "python", "fit.py"],
+]
+
+
+@pytest.mark.parametrize("argv", LOOK_ALIKE, ids=lambda a: " ".join(a)[:40])
+def test_ordinary_arguments_like_them_are_kept(argv: list[str]) -> None:
+    assert masked_argv(argv) == argv
+    line = shlex.join(argv)
+    assert redact_text(line) == line
+    check_env_item(f"EXTRA_ARGS={line}")  # written into a job script as it is
+
+
+def test_pythonpath_is_no_secret() -> None:
+    """`--env PYTHONPATH=/scratch/fork`: nothing here treats it as a secret (a refusal of it,
+    if any, is about the batch shell's own variables, never 'looks like a secret')."""
+    assert not is_secret_name("PYTHONPATH")
+    assert redact_text("PYTHONPATH=/scratch/fork") == "PYTHONPATH=/scratch/fork"
+    assert masked_environment({"PYTHONPATH": "/scratch/fork"}) == {
+        "PYTHONPATH": "/scratch/fork"}
+    try:
+        check_env_item("PYTHONPATH=/scratch/fork")
+    except ConfigError as exc:
+        assert "looks like a secret" not in str(exc)
+
+
+def test_train_launch_logs_none_of_what_passed_before() -> None:
+    command = ["python", "-c", "pass"]
+    for argv, _ in PASSED_BEFORE.values():
+        command += [*argv, ";"]
+    proc = run_cli(["launch", "--mode", "single", "--", *command],
+                   env={"SLURM_JOB_ID": "4242", "SLURM_NNODES": "1", "SLURM_NODEID": "0",
+                        "SLURM_JOB_NODELIST": "localhost", "SLURM_NTASKS": "1",
+                        "SLURM_PROCID": "0"})
+    assert proc.returncode == 0, proc.stderr
+    assert "wandb login" in proc.stderr and "aws configure set" in proc.stderr
+    assert _leaks(proc.stdout + proc.stderr) == []
+
+
+@pytest.mark.parametrize("unit", ["a://0a", "a://" + HEX40, "wandb login ", "password: a ",
+                                  "aws configure set token ", "p=a\\ ", "x = a "])
+def test_a_megabyte_of_the_new_shapes_finishes(unit: str) -> None:
     text = unit * ((1 << 20) // len(unit))
     assert len(redact_text(text)) > 0
     assert len(masked_argv(["x", text, "--token", text])) == 4
