@@ -30,6 +30,7 @@ from typing import IO, Any
 
 from train.errors import TrainError, UsageError, first_line
 from train.jsonio import read_bounded
+from train.runtime.hostmem import DEFAULT_WORKER_MEM_MB
 from train.slurm import contract
 from train.slurm.scheduler import (
     ACTIVE_STATES,
@@ -115,6 +116,7 @@ def _banner(reason: str) -> str:
     return r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+ DUE TO " + reason
 
 
+RENDEZVOUS_DONE = "rendezvous_complete"
 # Ordered by how decisive a message is: when one log holds several, the first rule that
 # matched explains the failure and the others are listed as well.
 RULES: tuple[LogRule, ...] = (
@@ -200,6 +202,12 @@ RULES: tuple[LogRule, ...] = (
             None, "the kernel's ENOSPC and EDQUOT as Python and tools print them"),
     LogRule("train_error", ("train: error: ",), None,
             "ours: the CLI's one-line error for bad input or a missing resource"),
+    # not a cause: the group met (a partial count of member lines is then no finding)
+    LogRule(RENDEZVOUS_DONE, ("All distributed processes registered",
+                              "Rendezvous complete for workers"), None,
+            "Lightning (lightning_fabric/utilities/distributed.py, rank 0 only): 'All "
+            "distributed processes registered. Starting with W processes'; torch elastic "
+            "agent: '[default] Rendezvous complete for workers. Result: ...'"),
 )
 RULES_BY_CAUSE = {r.cause: r for r in RULES}
 _ALL_NEEDLES = tuple(sorted({n for r in RULES for n in r.needles}))
@@ -646,23 +654,55 @@ def _gib(mb: int) -> str:
 
 
 # -- fixes ----------------------------------------------------------------------------
+# a job whose memory is at least this share of its node's has (nearly) the whole node:
+# more --mem cannot help it
+_NEAR_WHOLE_NODE = 0.9
+
+
 def _fix_host_oom(chain: Chain, _hits: Hits | None) -> str:
+    """Fewer DataLoader workers first where they can be what filled the memory (each
+    counted at least at DEFAULT_WORKER_MEM_MB, the field's evidence: the same figure and
+    the same arithmetic as the job's up-front check) or where the job already has (nearly)
+    its whole node; more --mem only where neither is so."""
     res = _resources(chain)
     procs, workers = _int(res.get("processes_per_node")), _int(res.get("workers"))
-    per_worker, mem = _int(res.get("worker_mem_mb")), _int(res.get("mem_mb"))
-    if procs and workers and per_worker and mem:
-        used = procs * workers * per_worker
-        if 2 * used <= mem:  # the workers are not what filled it
-            return (f"more --mem: the DataLoader workers take about {_gib(used)} ({procs} "
-                    f"processes x {workers} x {_gib(per_worker)}) of the job's {_gib(mem)}, "
-                    "so the model, the replay buffer or the dataset in memory took the rest")
-        fit = max(0, (mem * 3 // 4) // (procs * per_worker))
-        return (f"--workers {min(fit, workers - 1)}: {procs} processes x {workers} workers x "
-                f"{_gib(per_worker)} = {_gib(used)} of the job's {_gib(mem)} (with the "
-                "model, the replay or the dataset on top); or more --mem")
-    return ("fewer DataLoader workers (--workers) or more host memory (--mem); "
-            "`train launch` caps the workers by memory when --worker-mem says what one "
-            "needs")
+    recorded, mem = _int(res.get("worker_mem_mb")), _int(res.get("mem_mb"))
+    node = _int(res.get("node_mem_mb"))
+    if not (procs and mem):
+        return ("fewer DataLoader workers (--workers) or more host memory (--mem); "
+                "`train launch` caps the workers by memory when --worker-mem says what one "
+                "needs")
+    whole = node is not None and mem >= node * _NEAR_WHOLE_NODE
+    on_node = f"the job has {'the whole' if mem >= node else 'nearly the whole'} " \
+        f"{_gib(node)} node, so more --mem cannot help" if whole and node else ""
+    if workers:
+        per = max(recorded or 0, DEFAULT_WORKER_MEM_MB)
+        need = procs * workers * per
+        why = f"{procs} processes x {workers} DataLoader workers, each counted at {_gib(per)}"
+        if recorded is not None and recorded < per:
+            why += (f" (not the job's --worker-mem {_gib(recorded)}: the field's 32 workers "
+                    "on a 256 GB node were OOM-killed, more than 8G each)")
+        if need > mem:
+            fit = min(workers - 1, mem // (procs * per))
+            text = (f"--workers {fit}: {why}, need {_gib(need)} of the job's {_gib(mem)} "
+                    f"per node; {_gib(mem)} // ({procs} x {_gib(per)}) = "
+                    f"{mem // (procs * per)} per process fit")
+            if fit == 0:
+                text += " (--workers 0 loads the data in the training process itself)"
+            return text + (f"; {on_node}" if on_node else "; or more --mem")
+        if whole:
+            return (f"--workers {workers - 1}: {on_node}, and the DataLoader workers are "
+                    f"what can give memory back ({why}: {_gib(need)}); then hold less in "
+                    "memory (a smaller dataset or replay buffer)")
+    if whole:
+        return (f"{on_node}: the training processes themselves fill it (the model, the "
+                "replay buffer or the dataset held in memory): hold less in memory, or "
+                "nodes with more memory (--partition / --constraint)")
+    up_to = f" (up to the node's {_gib(node)}, or --mem 0 for all of it)" if node else ""
+    used = (f"the DataLoader workers take about {_gib(procs * workers * recorded)} of the "
+            f"job's {_gib(mem)}, so " if workers and recorded else "")
+    return (f"more --mem{up_to}: {used}the model, the replay buffer or the dataset in "
+            "memory took the rest")
 
 
 def _fix_gpu_oom(chain: Chain, hits: Hits | None) -> str:
@@ -972,13 +1012,15 @@ def _chunk_findings(chain: Chain, c: Mapping[str, Any], logs: Sequence[Path],
         hits = hits_all.get(cause)
         if hits is None and cause in lead:
             hits = lead[cause]
-        if hits is None or (cause == "train_error" and out):
+        if hits is None or (cause == "train_error" and out) or cause == RENDEZVOUS_DONE:
             continue
         if cause in lead and exc is not None and all(e.line != exc.line for e in
                                                      hits.evidence()):
             hits.add(exc)  # the deciding line is always shown
         if cause == "rendezvous":
-            partial = _rendezvous_partial(hits)
+            # member lines are often shown for rank 0 only: where the group says it met,
+            # their count is no evidence of a missing rank
+            partial = "" if RENDEZVOUS_DONE in hits_all else _rendezvous_partial(hits)
             if partial and (ended_early or "clients joined" in partial):
                 out.append(_finding(chain, cause, number, job_id, hits, partial))
             elif failed and any("Timeout" in e.text or "Closed" in e.text

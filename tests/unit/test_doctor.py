@@ -56,7 +56,8 @@ CASES = [
     # slurmstepd, task/cgroup plugin (Slurm 22.05-24.11): the step's oom_kill count
     ("host_oom", "OUT_OF_MEMORY", "0:125",
      "slurmstepd: error: Detected 5 oom_kill events in StepId=101.0. Some of the step "
-     "tasks have been OOM Killed.\n", ["--workers", "4 processes x 8 workers x 8G"]),
+     "tasks have been OOM Killed.\n", ["--workers 2", "4 processes x 8 DataLoader workers",
+                                        "256G // (4 x 24G) = 2"]),
     # torch 2.x caching allocator
     ("gpu_oom", "FAILED", "1:0",
      "Traceback (most recent call last):\n  File \"x.py\", line 3, in <module>\n"
@@ -163,10 +164,17 @@ def test_exit_137_without_a_message_is_a_sigkill_that_points_at_memory(
 
 
 def test_host_memory_fix_blames_workers_only_when_they_filled_it(tmp_path: Path) -> None:
-    res = {**RESOURCES, "workers": 1, "worker_mem_mb": 2048, "mem_mb": 65536}
+    # one process, one worker (counted at 24G, the field's figure) in 64G: not the workers
+    res = {**RESOURCES, "processes_per_node": 1, "workers": 1, "worker_mem_mb": 2048,
+           "mem_mb": 65536}
     report = diagnose(tmp_path, CASES[0][3], status("OUT_OF_MEMORY", "0:125"),
                       resources=res)
     assert report.findings[0].fix.startswith("more --mem"), report.findings[0].fix
+    # four of them: 96G by that figure, over the 64G: fewer workers first
+    res["processes_per_node"] = 4
+    report = diagnose(tmp_path / "b", CASES[0][3], status("OUT_OF_MEMORY", "0:125"),
+                      resources=res)
+    assert report.findings[0].fix.startswith("--workers 0"), report.findings[0].fix
 
 
 def test_a_python_memory_error_is_host_memory(tmp_path: Path) -> None:
@@ -738,3 +746,74 @@ def test_a_real_torchrun_whose_rank_runs_out_of_gpu_memory(tmp_path: Path) -> No
     report = diagnose(tmp_path, proc.stderr, status("FAILED", "1:0", ["started", "failed"]))
     assert report.findings[0].cause == "gpu_oom", report.as_dict()
     assert "python_error" not in [f.cause for f in report.findings]
+
+
+# -- host memory and the field notes' 16-GPU job (issue 18 item 9) ----------------------
+# seed 003: NYU Torch, 4 nodes x 4 L40S, 256 GB nodes, num_workers=8 per GPU: "Detected 5
+# oom_kill events"; the fix that worked was 2 workers per GPU. Lightning printed its
+# rendezvous lines (lightning_fabric/utilities/distributed.py: "Initializing distributed:
+# GLOBAL_RANK: r, MEMBER: r+1/W" from each rank's logger, where only rank 0's is shown, and
+# rank_zero_info "All distributed processes registered. Starting with W processes").
+SEED_003 = {"nodes": 4, "processes_per_node": 4, "gpus_per_node": 4, "ntasks_per_node": 4,
+            "launch": "tasks", "workers": 8, "worker_mem_mb": 4096, "mem_mb": 256000,
+            "node_mem_mb": 262144, "batch_size": None}
+SEED_003_ERR = (
+    "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/16\n"
+    + "-" * 100 + "\ndistributed_backend=nccl\n"
+    "All distributed processes registered. Starting with 16 processes\n" + "-" * 100 + "\n"
+    "Epoch 0:   3%|          | 120/3865 [04:10<2:10:11,  0.48it/s, v_num=0]\n"
+    "slurmstepd: error: Detected 5 oom_kill events in StepId=269582.0. Some of the step "
+    "tasks have been OOM Killed.\n")
+
+
+@pytest.mark.parametrize("mem_mb", [256000, 262144])  # --mem 250G, and the whole node
+def test_the_field_notes_host_oom_is_told_fewer_workers(tmp_path: Path, mem_mb: int) -> None:
+    res = {**SEED_003, "mem_mb": mem_mb}
+    report = diagnose(tmp_path, SEED_003_ERR, status("OUT_OF_MEMORY", "0:125"), resources=res)
+    assert [f.cause for f in report.findings] == ["host_oom"], report.verdict
+    fix = report.findings[0].fix
+    assert fix.startswith("--workers 2"), fix
+    assert "or more --mem" not in fix, fix
+
+
+def test_a_whole_node_job_is_never_told_more_mem(tmp_path: Path) -> None:
+    # 2 workers x 4 processes fit by the per-worker figure, but the job has the whole node:
+    # fewer workers first, then what the program itself holds
+    res = {**SEED_003, "workers": 2, "mem_mb": 262144}
+    report = diagnose(tmp_path, SEED_003_ERR, status("OUT_OF_MEMORY", "0:125"), resources=res)
+    fix = report.findings[0].fix
+    assert fix.startswith("--workers 1"), fix
+    assert "or more --mem" not in fix and "more --mem cannot help" in fix, fix
+
+
+def test_a_small_job_with_few_workers_is_told_more_mem(tmp_path: Path) -> None:
+    res = {**SEED_003, "workers": 1, "processes_per_node": 1, "mem_mb": 32768}
+    report = diagnose(tmp_path, SEED_003_ERR, status("OUT_OF_MEMORY", "0:125"), resources=res)
+    fix = report.findings[0].fix
+    assert fix.startswith("more --mem"), fix
+    assert "256G" in fix  # up to the node's memory
+
+
+def test_a_completed_lightning_rendezvous_is_no_rendezvous_finding(tmp_path: Path) -> None:
+    report = diagnose(tmp_path, SEED_003_ERR, status("OUT_OF_MEMORY", "0:125"),
+                      resources=SEED_003)
+    assert "rendezvous" not in [f.cause for f in report.findings], report.as_dict()
+    # the same member line without the group's completion is still a partial rendezvous
+    err = "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/16\n" + CASES[0][3]
+    report = diagnose(tmp_path / "b", err, status("FAILED", "1:0", ["started", "failed"]),
+                      resources=SEED_003)
+    rdv = [f for f in report.findings if f.cause == "rendezvous"]
+    assert rdv and "1 of 16" in rdv[0].detail, report.as_dict()
+
+
+def test_the_chain_record_keeps_the_nodes_memory_for_the_doctor() -> None:
+    import sys
+
+    from train.clusters.profiles import Registry
+    from train.slurm.job import JobSpec, resolve
+
+    spec = JobSpec(cluster="torch", account="torch_pr_1_x", constraint="l40s", nodes=4,
+                   gpus_per_node=4, launch="tasks", workers=2, mem="250G", workload=("demo",),
+                   runtime="none", python=sys.executable)
+    res = resolve(spec, Registry(environ={}).get("torch")).resources()
+    assert res["node_mem_mb"] == 262144 and res["mem_mb"] == 256000
