@@ -7,6 +7,7 @@ plus the restore."""
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -67,6 +68,7 @@ def measure(res: int, replay: int, rounds: int = 5) -> dict[str, float]:
 
 def main() -> None:
     torch.set_num_threads(2)
+    load = os.getloadavg()[0]  # other work on the machine, shown beside the figures
     rows = []
     for res, replay in ((16, 20000), (32, 20000)):
         m = measure(res, replay)
@@ -78,12 +80,14 @@ def main() -> None:
         "## Checkpoint blocking time and resume (goals: blocked <= 0.25x a plain synchronous "
         "torch.save; resume <= 1.2x a plain unverified torch.load and the same restore)",
         "",
-        f"Machine: {machine()}. Full replay buffer (the worst case); median of 5 "
-        "checkpoints. 'blocked' is what the training loop waits for (snapshot + hand-off); "
-        "the background write adds the encoding for safe loading, fsync, the sha256 file and "
-        "an atomic rename. 'resume' verifies the newest checkpoint's sha256, loads it with "
-        "weights_only=True, decodes it and restores agent, replay, game and RNGs; 'plain "
-        "resume' is torch.load(weights_only=False) of the plain file and the same restore.",
+        f"Machine: {machine()}; load average {load:.1f} at the start. Full replay buffer "
+        "(the worst case); median of 5 checkpoints. 'blocked' is what the training loop "
+        "waits for (snapshot + hand-off); the background write adds the encoding for safe "
+        "loading, fsync, the sha256 file and two renames (checksum, then data) with a "
+        "directory fsync after each. 'resume' verifies the newest checkpoint's sha256, loads "
+        "it with weights_only=True, decodes it and restores agent, replay, game and RNGs; "
+        "'plain resume' is torch.load(weights_only=False) of the plain file and the same "
+        "restore.",
         "",
         "| res | replay | checkpoint MiB | blocked ms | plain torch.save ms | ratio | "
         "background write ms | resume ms | plain resume ms | resume ratio |",
