@@ -81,10 +81,14 @@ def test_a_train_py_in_the_submit_folder_is_never_imported_as_the_tool(
         "cmd2": ["--entry", "command", "--nodes", "2", "--launch", "tasks",
                  "--cpus-per-task", "1", "--", sys.executable, "hello.py"],
     }
+    # the jobs' own temporary folder (runtime none: the submit environment reaches them)
+    job_tmp = tmp_path / "job-tmp"
+    job_tmp.mkdir()
+    env = {**slurm_env, "TMPDIR": str(job_tmp)}
     for name, args in jobs.items():
-        _submit(tmp_path, slurm_env, name, *args)
+        _submit(tmp_path, env, name, *args)
     for name in jobs:
-        st = _ended(tmp_path, slurm_env, name)
+        st = _ended(tmp_path, env, name)
         run_dir = tmp_path / "runs" / name
         err = _logs(run_dir, "err")
         assert "IMPORTED" not in err and "IMPORTED" not in _logs(run_dir, "out"), err[-3000:]
@@ -92,6 +96,9 @@ def test_a_train_py_in_the_submit_folder_is_never_imported_as_the_tool(
     assert _logs(tmp_path / "runs" / "cmd2", "out").count("hello from the program") == 2
     config = json.loads((tmp_path / "runs" / "demo2" / "config.json").read_text())
     assert config["world_size"] == 2  # torchrun's workers ran the tool's `train run`
+    # nothing left behind by the launches: no scontrol stand-in, no torchrun agent folder
+    left = [p.name for p in job_tmp.iterdir() if p.name.startswith((".train-", "torchelastic"))]
+    assert left == [], left
 
 
 def test_a_worker_that_raises_under_torchrun_is_the_programs_failure(
