@@ -70,19 +70,28 @@ _HWM = ("[int(line.split()[1]) for line in open('/proc/self/status') "
         "if line.startswith('VmHWM:')][0]")
 
 
-def doctor_peak_rss(run_dir: Path) -> int:
-    """Peak resident memory (KiB) of a process that runs the diagnosis."""
+# bytes read by the process and the greps it reaped (the kernel adds those to its counts)
+_RCHAR = ("[int(line.split()[1]) for line in open('/proc/self/io') "
+          "if line.startswith('rchar:')][0]")
+
+
+def doctor_peak_rss(run_dir: Path) -> tuple[int, int]:
+    """Peak resident memory (KiB) of a process that runs the diagnosis, and the bytes it
+    and its greps read doing it."""
     code = ("import json, resource, sys\n"
             "from train import doctor\n"
             "from train.slurm.scheduler import load_chain\n"
             f"st = json.loads({json.dumps(json.dumps(_status('1001')))})\n"
+            f"before = {_RCHAR}\n"
             f"r = doctor.diagnose(load_chain(__import__('pathlib').Path({str(run_dir)!r})),"
             " st)\n"
+            f"read = {_RCHAR} - before\n"
             "assert r.findings[0].cause == 'host_oom', r.verdict\n"
-            f"print({_HWM})\n")
+            f"print({_HWM}, read)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
-    return int(proc.stdout.strip())
+    hwm, read = proc.stdout.split()
+    return int(hwm), int(read)
 
 
 def baseline_rss() -> int:
@@ -118,7 +127,7 @@ def main() -> None:
         full = median([timed(lambda: runs.append(doctor.diagnose(chain, _status("1001"),
                                                                  full=True)))
                        for _ in range(3)])
-        rss, rss0 = doctor_peak_rss(big), baseline_rss()
+        (rss, bytes_read), rss0 = doctor_peak_rss(big), baseline_rss()
 
         many = root / "many"
         for i in range(200):
@@ -156,8 +165,11 @@ Machine: {machine()}. Logs in the page cache; Slurm's answer injected (one query
 
 By default a log over {doctor.WHOLE_LIMIT >> 20} MiB is searched in its first
 {doctor.HEAD_BYTES >> 20} MiB and last {doctor.TAIL_BYTES_SCANNED >> 20} MiB (the report says
-so; `--full` searches all of it): grep's search for many fixed strings runs at about
-{size / 2**20 / full:.0f} MiB/s here (two greps, one per core), so a whole gigabyte
+so; `--full` searches all of it; the skipped middle is not read: {bytes_read / 2**20:.0f} MiB
+read for {size / 2**20:.0f} MiB of logs, by the doctor and its greps together, rchar; the
+searched part is read once from the file and once more by each grep from its pipe):
+grep's search for many fixed strings runs at about {size / 2**20 / full:.0f} MiB/s here
+(two greps, one per core), so a whole gigabyte
 takes {full:.1f} s. Peak memory of a process that runs the diagnosis: {rss / 1024:.0f} MiB,
 against {rss0 / 1024:.0f} MiB for one that only imports the doctor: the logs are streamed
 (grep's matching lines, read 64 KiB at a time, at most {doctor._KEEP * 2} kept per rule),
