@@ -149,9 +149,10 @@ def run(cfg: RunConfig) -> RunResult:
         if ctx.is_main:
             _record_outcome(cfg, summary, status)
         ctx.barrier()
-        if summary.complete:
-            log.info("run complete: %s", cfg.out_dir)
-        else:
+        if summary.complete and ctx.is_main:  # what it did, and where the results are
+            for line in results.outcome_lines(cfg.out_dir, cfg.seeds, cfg.results_csv_path):
+                log.info("%s", line)
+        elif not summary.complete:
             log.warning("run stopped before the end (%s); resume with the same command",
                         summary.stop_reason)
         return RunResult(summary.complete, summary.stop_reason, status)

@@ -7,6 +7,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -101,9 +102,26 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 def test_cli_demo_writes_every_result(tmp_path: Path) -> None:
     out = tmp_path / "runs" / "demo"
+    # the device as the demo has it (auto), every progress line shown
     proc = run_cli(["run", "demo", "--out", str(out), "--seeds", "4 6", "--episodes", "3",
-                    *tiny_flags()], env={"SLURM_JOB_ID": "77", "SLURM_FAKE_TOKEN": "s3cret"})
+                    *tiny_flags(device="auto", log_every=1e-6)],
+                   env={"SLURM_JOB_ID": "77", "SLURM_FAKE_TOKEN": "s3cret"})
     assert proc.returncode == 0, proc.stderr
+    # no CUDA warning where there is no GPU to use (nor anything else to warn about)
+    assert "WARNING" not in proc.stderr and "CUDA is unusable" not in proc.stderr, proc.stderr
+    # the progress lines have an ETA once two episodes are timed
+    assert re.search(r"seed 4 episode 2/3 \([0-9.]+ ep/s, ETA \d+s\)", proc.stderr), \
+        proc.stderr
+    # it ends saying what it did and where everything is
+    assert f"INFO train.runner: run complete: {out}\n" in proc.stderr
+    for seed in (4, 6):
+        assert re.search(rf"INFO train.runner: seed {seed}: evaluation reward -?[0-9.]+ \+- "
+                         r"[0-9.e+-]+ over 2 episodes after 3 trained; the scripted policy "
+                         r"scores [0-9.]+ \(\d+% of it\)\n", proc.stderr), proc.stderr
+    assert f"learning curve: {out / 'learning_curve.png'}\n" in proc.stderr
+    assert f"results CSV: {tmp_path / 'runs' / 'results.csv'}\n" in proc.stderr
+    assert (f"checkpoints: {out / 'seed_4' / 'checkpoints'}, "
+            f"{out / 'seed_6' / 'checkpoints'}\n") in proc.stderr
     config = json.loads((out / "config.json").read_text())
     assert config["config"]["seeds"] == [4, 6]
     assert config["environment"]["SLURM_JOB_ID"] == "77"

@@ -72,3 +72,45 @@ def test_cuda_requested_without_gpu_is_a_resource_error() -> None:
         pytest.skip("this machine has a GPU")
     with pytest.raises(ResourceError, match="--device cuda: CUDA is unusable"):
         init_distributed("cuda", {})
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_lines_carry_the_time_left_at_the_recent_rate() -> None:
+    from train.runtime.progress import RATE_WINDOW, format_duration
+
+    clock, stream = Clock(), io.StringIO()
+    log = Progress(200, 0, "seed 4", 0.0, stream=stream, clock=clock)
+    # the first episodes are fast (nothing to learn from yet), the rest 2 s each
+    for i in range(1, 21):
+        clock.now += 0.01
+        log.update(i)
+    for i in range(21, 21 + RATE_WINDOW):
+        clock.now += 2.0
+        log.update(i)
+    lines = stream.getvalue().splitlines()
+    last = lines[-1]
+    # 0.5 ep/s over the last RATE_WINDOW episodes (the fast first ones left behind)
+    done = 20 + RATE_WINDOW
+    eta = format_duration((200 - done) * 2.0)
+    assert f"episode {done}/200 (0.50 ep/s, ETA {eta})" in last, last
+    # no ETA from the first episode alone; every later line before the end has one
+    assert "ETA" not in lines[0] and all(", ETA " in line for line in lines[1:]), lines
+    log.update(200)
+    assert "ETA" not in stream.getvalue().splitlines()[-1]  # done: no time left to show
+    assert [format_duration(s) for s in (0, 45, 125, 3600, 3725, 90000)] == [
+        "0s", "45s", "2m05s", "1h00m", "1h02m", "25h00m"]
+
+
+def test_the_bar_shows_the_eta_too() -> None:
+    clock, stream = Clock(), Tty()
+    bar = Progress(10, 4, "seed 4", 30.0, stream=stream, clock=clock)  # a resumed run
+    clock.now += 6.0
+    bar.update(6)
+    assert "6/10 0.33 ep/s, ETA 12s" in stream.getvalue()

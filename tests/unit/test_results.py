@@ -16,6 +16,7 @@ from train.runtime.results import (
     append_csv_row,
     environment_snapshot,
     moving_average,
+    outcome_lines,
     plot_learning_curves,
     run_metadata,
     to_builtin,
@@ -154,3 +155,32 @@ def test_a_failed_json_write_leaves_the_old_file_and_no_temporary(tmp_path: Path
         write_json_atomic(path, {"a": float("nan")})  # refused mid-write, as a full disk is
     assert [p.name for p in tmp_path.iterdir()] == ["status.json"]
     assert path.read_text().strip() == '{\n  "a": 1\n}'
+
+
+def test_the_outcome_says_the_score_against_the_scripted_policy_and_where_files_are(
+        tmp_path: Path) -> None:
+    out = tmp_path / "runs" / "demo"
+    (out / "eval").mkdir(parents=True)
+    (out / "eval" / "test_results.json").write_text(json.dumps({
+        "4": {"mean_reward": 18.5, "std_reward": 1.25, "episode_rewards": [17.25, 19.75],
+              "trained_episodes": 200, "scripted_mean_reward": 23.0},
+        "6": {"mean_reward": 2.0, "std_reward": 0.0, "episode_rewards": [2.0],
+              "trained_episodes": 200, "scripted_mean_reward": 0.0}}))
+    for seed in (4, 6):
+        (out / f"seed_{seed}" / "checkpoints").mkdir(parents=True)
+    (out / "learning_curve.png").write_bytes(b"\x89PNG")
+    csv_path = tmp_path / "runs" / "results.csv"
+    csv_path.write_text("seed\n4\n")
+    lines = outcome_lines(out, [4, 6, 8], csv_path)
+    assert lines == [
+        f"run complete: {out}",
+        "seed 4: evaluation reward 18.5 +- 1.2 over 2 episodes after 200 trained; the "
+        "scripted policy scores 23 (80% of it)",
+        # a scripted score of 0 gives no share
+        "seed 6: evaluation reward 2 +- 0 over 1 episodes after 200 trained; the scripted "
+        "policy scores 0",
+        "seed 8: not evaluated (--eval-episodes 0, or done earlier)",
+        f"learning curve: {out / 'learning_curve.png'}",
+        f"results CSV: {csv_path}",
+        f"checkpoints: {out / 'seed_4' / 'checkpoints'}, {out / 'seed_6' / 'checkpoints'}",
+    ]

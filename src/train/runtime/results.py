@@ -182,6 +182,45 @@ def plot_learning_curves(path: Path, curves: Mapping[str, Sequence[float]], titl
     os.replace(tmp, path)
 
 
+def outcome_lines(out_dir: Path, seeds: Sequence[int], results_csv: Path) -> list[str]:
+    """What a finished run did and where its results are: each seed's evaluation (against
+    the scripted policy where the workload has one), the curve, the CSV, the checkpoints."""
+    import json
+
+    def mapping(path: Path) -> dict[str, Any]:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    evaluation = mapping(out_dir / "eval" / "test_results.json")
+    lines = [f"run complete: {out_dir}"]
+    for seed in seeds:
+        ev = evaluation.get(str(seed))
+        mean = ev.get("mean_reward") if isinstance(ev, dict) else None
+        if not isinstance(ev, dict) or not isinstance(mean, (int, float)):
+            lines.append(f"seed {seed}: not evaluated (--eval-episodes 0, or done earlier)")
+            continue
+        text = (f"seed {seed}: evaluation reward {mean:.3g} +- {ev.get('std_reward') or 0:.2g}"
+                f" over {len(ev.get('episode_rewards') or [])} episodes after "
+                f"{ev.get('trained_episodes')} trained")
+        scripted = ev.get("scripted_mean_reward")
+        if isinstance(scripted, (int, float)):
+            text += f"; the scripted policy scores {scripted:.3g}"
+            if scripted > 0:
+                text += f" ({100 * mean / scripted:.0f}% of it)"
+        lines.append(text)
+    curve = out_dir / "learning_curve.png"
+    if curve.is_file():
+        lines.append(f"learning curve: {curve}")
+    if results_csv.is_file():
+        lines.append(f"results CSV: {results_csv}")
+    folders = [out_dir / f"seed_{s}" / "checkpoints" for s in seeds]
+    lines.append("checkpoints: " + ", ".join(str(f) for f in folders if f.is_dir()))
+    return lines
+
+
 RUN_LOCK = ".train.lock"  # in the run directory: held by the rank-0 process of a run
 
 

@@ -321,7 +321,7 @@ class SeedRun:
         rng = np.random.default_rng([self.seed, _EVAL_STREAM])
         rewards = [run_episode(env, lambda obs: self.agent.act(obs, cfg.eval_epsilon, rng))
                    for _ in range(cfg.eval_episodes)]
-        return {
+        result: dict[str, Any] = {
             "seed": self.seed,
             "trained_episodes": self.episode,
             "eval_epsilon": cfg.eval_epsilon,
@@ -329,6 +329,13 @@ class SeedRun:
             "mean_reward": float(np.mean(rewards)) if rewards else None,
             "std_reward": float(np.std(rewards)) if rewards else None,
         }
+        if cfg.workload == "demo" and rewards:
+            # the yardstick: the hand-written policy on the same evaluation games
+            ref = BeaconEnv(cfg.res, cfg.episode_steps, [self.seed, _EVAL_STREAM])
+            scripted = [run_episode(ref, lambda obs: ref.scripted_action())
+                        for _ in range(cfg.eval_episodes)]
+            result["scripted_mean_reward"] = float(np.mean(scripted))
+        return result
 
 
 @dataclass
