@@ -36,20 +36,21 @@ def _events(run_dir: Path) -> list[tuple[str, str]]:
             for line in (run_dir / "chain.events").read_text().splitlines()]
 
 
-def _sbatch_first(tmp_path: Path, body: str) -> dict[str, str]:
-    """PATH with an `sbatch` stand-in first: `body` runs for the successor submissions
+def _sbatch_first(tmp_path: Path, env: dict[str, str], body: str) -> dict[str, str]:
+    """env with an `sbatch` stand-in first on PATH: `body` runs for the successor submissions
     (those with --dependency) before the real sbatch ($REAL) does; train submit's own
     sbatch of chunk 1 goes straight through. The job inherits PATH (sbatch --export=ALL)."""
+    path = env.get("PATH", os.environ["PATH"])  # (the cluster's client commands first)
     shim = tmp_path / "shim"
     shim.mkdir()
-    real = shutil.which("sbatch")
+    real = shutil.which("sbatch", path=path)
     assert real is not None
     (shim / "sbatch").write_text(
         f"#!/bin/bash\nREAL={real}\nSTATE={tmp_path}\n"
         'case " $* " in *" --dependency="*)\n' + body + "\n;; esac\n"
         'exec "$REAL" "$@"\n')
     (shim / "sbatch").chmod(0o755)
-    return {"PATH": f"{shim}:{os.environ['PATH']}"}
+    return {**env, "PATH": f"{shim}:{path}"}
 
 
 # -- 1: a program that asks to end its chunk is never taken as complete --------------
@@ -107,7 +108,7 @@ def test_a_walltime_signal_during_the_end_time_retry_does_not_fail_the_chunk(
         tmp_path: Path, slurm_env: dict[str, str]) -> None:
     # the successor is refused at the chunk's start; at its end the batch shell submits
     # it again, and the walltime USR1 reaches the batch shell just then
-    env = {**slurm_env, **_sbatch_first(tmp_path, """
+    env = _sbatch_first(tmp_path, slurm_env, """
     if mkdir "$STATE/refused" 2>/dev/null; then
         echo "sbatch: error: Batch job submission failed: Job violates accounting/QOS policy" >&2
         exit 1
@@ -119,7 +120,7 @@ def test_a_walltime_signal_during_the_end_time_retry_does_not_fail_the_chunk(
             pid=$parent
         done
         kill -USR1 "$pid"
-    fi""")}
+    fi""")
     run_dir = submit(tmp_path, env, "late", ["--time", "10", "--max-chunks", "3"], ENDLESS)
     job = running_chunk(tmp_path, env, "late", 1, min_episode=25)
     walltime_signal(job["job_id"], env)
@@ -148,12 +149,12 @@ def _queued(env: dict[str, str], name: str) -> list[str]:
 def test_a_lost_sbatch_reply_leaves_one_successor_which_train_cancel_ends(
         tmp_path: Path, slurm_env: dict[str, str]) -> None:
     # the controller accepts chunk 2, but its reply never reaches the batch shell
-    env = {**slurm_env, **_sbatch_first(tmp_path, """
+    env = _sbatch_first(tmp_path, slurm_env, """
     if mkdir "$STATE/lost" 2>/dev/null; then
         "$REAL" "$@" > "$STATE/lost/reply" 2>&1
         echo "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation" >&2
         exit 1
-    fi""")}
+    fi""")
     # (chunk 2 is the last: it submits no successor of its own while the test counts)
     run_dir = submit(tmp_path, env, "lost", ["--time", "10", "--max-chunks", "2"], ENDLESS)
     first = running_chunk(tmp_path, env, "lost", 1, min_episode=25)["job_id"]
