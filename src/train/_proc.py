@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import shlex
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from train.errors import TrainError
@@ -23,14 +23,16 @@ class ProcError(TrainError):
 
 
 def run(argv: Sequence[str], *, cwd: Path | None = None, timeout: float = 60.0,
-        check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run argv, capture text output; raise ProcError on a non-zero exit when `check`."""
+        check: bool = True, env: Mapping[str, str] | None = None
+        ) -> subprocess.CompletedProcess[str]:
+    """Run argv, capture text output; raise ProcError on a non-zero exit when `check`.
+    `env`: the whole environment argv gets (default: this process's)."""
     log.debug("running %s", shlex.join(argv))
     try:
         # bytes that are not UTF-8 (a site tool's output, a mangled name) are replaced
         proc = subprocess.run(list(argv), cwd=cwd, capture_output=True, text=True,
                               encoding="utf-8", errors="replace", timeout=timeout,
-                              check=False)
+                              check=False, env=None if env is None else dict(env))
     except FileNotFoundError:
         raise ProcError(argv, 127, f"{argv[0]}: command not found") from None
     except subprocess.TimeoutExpired:

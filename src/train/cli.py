@@ -143,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
         groups["cluster"].add_argument("--profile", type=Path, action="append", default=[],
                                        metavar="FILE",
                                        help="extra cluster profile YAML (may repeat)")
+        groups["no_check"].add_argument(
+            "--no-check", action="store_true",
+            help="skip the login node's look at the image, the program and --python (for "
+            "nodes that see files or programs this login node does not)")
         add_fields(p, JobSpec, skip=("workload",), group=_group_of(groups))
 
     p = sub.add_parser("init", help="write your defaults for jobs (cluster, account, ...)",
@@ -404,6 +408,7 @@ def _cmd_render(args: argparse.Namespace, workload: list[str] | None) -> int:
     from train.slurm.render import library_path, render
 
     _spec, _root, jobs = _resolved_jobs(args, workload)
+    _check_jobs(args, jobs, submitting=False)
     for seed, job in jobs:
         if seed is not None:
             print(f"# ---- seed {seed}: chain {job.run_dir} ({len(jobs)} chains, in "
@@ -417,6 +422,7 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
     from train.slurm.scheduler import submit_chain
 
     spec, root, jobs = _resolved_jobs(args, workload)  # every seed validated first
+    _check_jobs(args, jobs, submitting=True)
     from train.programs import submit_notes
 
     job = jobs[0][1]
@@ -454,6 +460,17 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
         print(f"submitted {what}: job {chain.ids[0]} (chunk 1 of at most "
               f"{job.chunks}; each chunk submits the next); run dir {chain.run_dir}")
     return EXIT_OK
+
+
+def _check_jobs(args: argparse.Namespace, jobs: list[tuple[int | None, Any]],
+                submitting: bool) -> None:
+    """What the login node can check before the queue wait (exit 2 at submit; warnings
+    at render, which works anywhere)."""
+    from train.slurm.submitcheck import check_jobs
+
+    for note in check_jobs([job for _, job in jobs], submitting=submitting,
+                           no_check=args.no_check):
+        print(f"train: warning: {note}", file=sys.stderr)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

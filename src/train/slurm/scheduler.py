@@ -23,7 +23,7 @@ from typing import Any
 from train import _proc
 from train.errors import ResourceError, TrainError, UsageError
 from train.jsonio import read_bounded, write_json_atomic
-from train.slurm import contract
+from train.slurm import contract, submitcheck
 from train.slurm.job import ResolvedJob
 from train.slurm.render import render
 from train.yamlio import shown
@@ -335,16 +335,24 @@ def submit_chain(job: ResolvedJob, library: str) -> Chain:
     written = [pending]  # by this submission, at their final paths
     moved: list[tuple[Path, Path]] = []  # an earlier chain's files: (kept as, original)
     job_id: str | None = None
+    cleared: Path | None = None  # an earlier run's COMPLETE marker, kept until released
     try:
         # sbatch reads the script now: where the file goes afterwards does not matter
+        # without SBATCH_* variables: they would override chunk 1's #SBATCH lines only
         job_id = parse_sbatch_id(_proc.run(["sbatch", "--parsable", "--hold", str(pending),
-                                            "1"], timeout=120).stdout)
+                                            "1"], timeout=120,
+                                           env=submitcheck.sbatch_environment()).stdout)
         if tag is not None:
             for path in [*(run_dir / n for n in _CHAIN_FILES), script]:
                 if path.exists():
                     kept = path.with_name(f"chain-{tag}{path.suffix}")
                     path.replace(kept)
                     moved.append((kept, path))
+        marker = run_dir / contract.COMPLETE_MARKER
+        if os.path.lexists(marker):  # an earlier run's: it would end this chain at chunk 1
+            cleared = marker.with_name(f".{contract.COMPLETE_MARKER}-{job_id}")
+            marker.replace(cleared)
+            moved.append((cleared, marker))
         pending.replace(script)
         written = [script, run_dir / contract.CHAIN_IDS, run_dir / contract.CHAIN_RECORD]
         (run_dir / contract.CHAIN_IDS).write_text(f"1 {job_id}\n", encoding="utf-8")
@@ -377,6 +385,9 @@ def submit_chain(job: ResolvedJob, library: str) -> Chain:
             with contextlib.suppress(OSError):
                 folder.rmdir()  # only when empty: never anything of an earlier run
         raise
+    if cleared is not None:
+        with contextlib.suppress(OSError):  # (a folder of that name stays aside)
+            cleared.unlink(missing_ok=True)
     return Chain(run_dir, record, [(1, job_id)])
 
 
