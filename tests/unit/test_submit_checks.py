@@ -16,6 +16,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import run_cli, tiny_flags
 from train.slurm import submitcheck
 
@@ -216,6 +218,24 @@ def test_runtime_none_with_a_python_that_has_no_torch_is_refused_with_both_ways_
                    "/bin/true")
     assert "cannot import this package" in err and "train launch" in err, err
     _passes(tmp_path, *none, "-e", "command", "--", "/bin/true")
+
+
+def test_a_train_py_in_the_submit_folder_is_not_taken_for_this_package(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the job's steps leave the working folder out of the path (a train.py there is not
+    # the tool): so does the question to --python
+    from train.clusters.profiles import Registry
+    from train.slurm.job import job_from_sources, resolve
+
+    (tmp_path / "train.py").write_text("raise SystemExit('imported')\n")
+    monkeypatch.chdir(tmp_path)
+    torch_only = _python_without(tmp_path, "torch-only", keep_torch=True)
+    spec = job_from_sources({"cluster": "local", "runtime": "none", "python": str(torch_only),
+                             "workload": ["demo"], "cpus_per_task": 1, "mem": "1000M"}, {})
+    job = resolve(spec, Registry(environ={}).get("local"))
+    problems, _notes = submitcheck.python_problems(job, os.environ)
+    assert [p.field for p in problems] == ["python"], problems
+    assert "cannot import this package" in problems[0].text
 
 
 # -- the run folder ----------------------------------------------------------------------

@@ -43,8 +43,12 @@ DOCKER_TIMEOUT = 60.0
 _PYTHON_NAME = re.compile(r"python[0-9.]*")
 # python's options that take the next argument as their value
 _PYTHON_VALUE_OPTIONS = ("-W", "-X", "--check-hash-based-pycs")
-# asks for modules without importing them (torch takes seconds to import)
-_FIND_SPECS = ("import importlib.util, sys\n"
+# asks for modules without importing them (torch takes seconds to import); the working
+# folder is left out of the path, as the job's steps leave it out (train.entry): a train.py
+# there is not this package
+_FIND_SPECS = ("import importlib.util, os, sys\n"
+               "here = os.path.realpath(os.getcwd())\n"
+               "sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != here]\n"
                "print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))")
 # sbatch reads these too, as the options SBATCH_CLUSTERS and SBATCH_HINT
 _SLURM_OPTION_VARS = ("SLURM_CLUSTERS", "SLURM_HINT")
