@@ -4,6 +4,7 @@ training runtime is absent and `train run` says how to install it (exit 3)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -86,7 +87,7 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Path:
     own = work / "wheel"
     _ok(_run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
               "--no-index", "-w", str(own), str(tree)], work))
-    (wheel,) = own.glob("train-*.whl")
+    (wheel,) = own.glob("train_slurm_apptainer-*.whl")  # the distribution's name
     venv = work / "venv"
     _ok(_run([sys.executable, "-m", "venv", str(venv)], work))
     _ok(_run([str(venv / "bin" / "python"), "-m", "pip", "install", "--no-index",
@@ -158,3 +159,22 @@ def test_train_run_names_the_runtime_extra(client: Path, tmp_path: Path) -> None
     launch = _run([str(client / "train"), "launch", "--", "true"], tmp_path)
     assert launch.returncode == EXIT_RESOURCE, launch.stderr
     assert "pip install './[run]'" in launch.stderr
+
+
+def test_sweep_summary_works_on_the_client(client: Path, tmp_path: Path) -> None:
+    """`train summary` on the login node: the table and the CSV, no plot (no matplotlib)."""
+    root = tmp_path / "runs" / "sw"
+    chains = []
+    for seed, rewards, score in ((4, [1.0, 2.0, 3.0], 9.0), (6, [2.0, 4.0, 6.0], 11.0)):
+        run_dir = root / f"seed-{seed}"
+        (run_dir / f"seed_{seed}").mkdir(parents=True)
+        (run_dir / f"seed_{seed}" / "episodes.json").write_text(json.dumps({"rewards": rewards}))
+        (run_dir / "eval").mkdir()
+        (run_dir / "eval" / "test_results.json").write_text(
+            json.dumps({str(seed): {"mean_reward": score}}))
+        chains.append({"seed": seed, "run_dir": str(run_dir)})
+    (root / "sweep.json").write_text(json.dumps({"name": "sw", "chains": chains}))
+    proc = _ok(_run([str(client / "train"), "summary", "sw", "--smooth", "2"], tmp_path))
+    assert "final evaluation over 2 of 2 seed(s): 10 +- 1.414 (mean +- std)" in proc.stdout
+    assert "no plot: matplotlib is not installed here" in proc.stderr
+    assert (root / "summary.csv").is_file() and not (root / "summary.png").exists()
