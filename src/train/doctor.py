@@ -197,6 +197,11 @@ RULES: tuple[LogRule, ...] = (
             re.compile(_exception("ModuleNotFoundError", "ImportError")),
             "Python: 'ModuleNotFoundError: No module named 'x'', 'ImportError: cannot "
             "import name ...', 'ImportError: libX.so: cannot open shared object file'"),
+    LogRule("stop_signal_unhandled", ("died of the stop signal",
+                                      "reached a worker that has no handler"),
+            None, "ours: the batch shell's 'the program died of the stop signal USR1: it "
+            "needs a handler ...'; train launch under torchrun: 'the stop signal USR1 "
+            "reached a worker that has no handler for it'"),
     LogRule("disk_full", ("No space left on device", "Disk quota exceeded",
                           "[Errno 28]", "[Errno 122]"),
             None, "the kernel's ENOSPC and EDQUOT as Python and tools print them"),
@@ -811,6 +816,12 @@ _TITLES_FIXES: dict[str, tuple[str, str]] = {
         "names where; often the image's libraries do not match the node (run with "
         "--runtime apptainer --image, which binds the driver with --nv) or a GPU fault "
         "(`nvidia-smi -q` on that node)"),
+    "stop_signal_unhandled": (
+        "the program died of the walltime stop signal (it has no handler for it)",
+        "give the program a handler (on the signal: checkpoint, then exit 0; Lightning "
+        "has one under SLURM in --launch tasks), or submit with --stop-signal none and let "
+        "the program save by itself before the walltime (README, \"Running a program you "
+        "did not write\")"),
     "program_missing": (
         "the program to run was not found",
         "the first word after `--` must exist on the nodes (runtime none) or inside the "

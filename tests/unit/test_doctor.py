@@ -256,6 +256,22 @@ def test_a_python_error_is_quoted_from_the_end_of_the_log(tmp_path: Path) -> Non
     assert f.evidence[0].line == 3
 
 
+@pytest.mark.parametrize("line", [
+    # the batch shell's own hint (job-lib.sh) and train launch's under torchrun
+    "12:00:01 train-job[1]: the program died of the stop signal USR1: it needs a handler "
+    "(checkpoint, exit 0), or submit with --stop-signal none",
+    "12:00:01 ERROR train: the stop signal USR1 reached a worker that has no handler for it: "
+    "local rank 0 (pid 4242) on n1 died of it (exit 138)",
+])
+def test_a_program_without_a_stop_handler_is_named_with_both_fixes(tmp_path: Path,
+                                                                   line: str) -> None:
+    err = "training step failed with exit code 138\n" + line + "\n"
+    report = diagnose(tmp_path, err, status("FAILED", "138:0", ["started", "failed"]))
+    f = report.findings[0]
+    assert f.cause == "stop_signal_unhandled", report.verdict
+    assert "handler" in f.fix and "--stop-signal none" in f.fix
+
+
 def test_a_dependency_that_can_never_be_met(tmp_path: Path) -> None:
     report = diagnose(tmp_path, "", status("PENDING", None, [],
                                            "DependencyNeverSatisfied", "pending"))
