@@ -27,6 +27,7 @@ from train.config import (
     run_config_from_args,
 )
 from train.errors import EXIT_FAILURE, EXIT_OK, TrainError, UsageError, runtime_missing
+from train.runtime.hostmem import DEFAULT_WORKER_MEM_MB
 
 log = logging.getLogger("train")
 
@@ -215,8 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None,
                    help="DataLoader workers wanted per process (capped by CPUs and memory; "
                    "exported as TRAIN_DATALOADER_WORKERS)")
-    p.add_argument("--worker-mem-mb", type=int, default=4096,
-                   help="host memory per DataLoader worker (default 4096)")
+    p.add_argument("--worker-mem-mb", type=int, default=DEFAULT_WORKER_MEM_MB,
+                   help="host memory per DataLoader worker, in MB (default "
+                   f"{DEFAULT_WORKER_MEM_MB}, as for rendered jobs)")
     p.add_argument("--chdir", default=None, metavar="DIR",
                    help="run the command in this folder")
 

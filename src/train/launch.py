@@ -33,6 +33,7 @@ from typing import Any
 from train import _proc
 from train.errors import ResourceError, UsageError
 from train.runtime import cuda_check
+from train.runtime.hostmem import DEFAULT_WORKER_MEM_MB
 from train.secrets import masked_argv, recorded_environment
 from train.slurm.contract import (
     DEADLINE_VAR,
@@ -259,7 +260,7 @@ class LaunchOptions:
     wait_timeout: float = 3600.0
     fallback_batch: int | None = None
     workers: int | None = None
-    worker_mem_mb: int = 4096
+    worker_mem_mb: int = DEFAULT_WORKER_MEM_MB
     chdir: str | None = None
 
 
