@@ -98,10 +98,14 @@ def test_a_chain_extends_itself_until_the_work_is_done_and_equals_one_run(
 
 def test_the_time_budget_ends_each_chunk_until_the_bound(
         tmp_path: Path, slurm_env: dict[str, str]) -> None:
-    # 1-minute chunks with a 45 s margin: the trainer's 15 s budget and the USR1 land
-    # together; work that cannot finish runs into --max-chunks 2
+    # 2-minute chunks with a 60 s margin: the trainer's 60 s budget and the USR1 land
+    # together; work that cannot finish runs into --max-chunks 2. Each chunk must add work
+    # before its stop, or the chain is stalled (the contract): Slurm sends the walltime
+    # signal early (seen: up to 30 s, its time-limit pass; its manual allows 60), so the
+    # stop comes 30 s after the start or later, twice what start-up and resume took with a
+    # load of 12 on 2 cores (a 1-minute chunk with a 45 s margin left 15 s, or none)
     run_dir = submit(tmp_path, slurm_env, "budget",
-                     ["--time", "1", "--signal-margin", "45", "--max-chunks", "2"], ENDLESS)
+                     ["--time", "2", "--signal-margin", "60", "--max-chunks", "2"], ENDLESS)
     st = wait(tmp_path, slurm_env, "budget", settled, timeout=300)
     assert st["state"] == "incomplete", st
     assert "--max-chunks" in st["cause"]
@@ -179,7 +183,8 @@ def test_a_requeued_chunk_resumes_and_the_chain_goes_on(
 def test_requeue_mode_requeues_after_each_checkpointed_stop_up_to_the_bound(
         tmp_path: Path, slurm_env: dict[str, str]) -> None:
     run_dir = submit(tmp_path, slurm_env, "rq",
-                     ["--requeue", "--time", "1", "--signal-margin", "45", "--max-chunks",
+                     # (sized as in test_the_time_budget_ends_each_chunk_until_the_bound)
+                     ["--requeue", "--time", "2", "--signal-margin", "60", "--max-chunks",
                       "2"], ENDLESS)
     st = wait(tmp_path, slurm_env, "rq", settled, timeout=400)
     assert st["state"] == "incomplete", st
