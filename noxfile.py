@@ -7,7 +7,7 @@ from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["lint", "typecheck", "navsim_lock", "tests"]
+nox.options.sessions = ["lint", "typecheck", "navsim_lock", "lock_check", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = True
 
@@ -173,6 +173,23 @@ def _arch_header(session: nox.Session, lock: str, env: dict[str, str]) -> str:
     header = session.run("python", "-m", "train.images.arch", str(wheel), silent=True,
                          env={"PYTHONPATH": str(ROOT / "src")})
     return str(header)
+
+
+# the locks the real images install, on their Python 3.12 (the CUDA bases are Ubuntu 24.04);
+# base-cpu.txt is CI's stand-in base only (Debian's 3.11, a local torch build)
+IMAGE_LOCKS = ("base-cu130.txt", "base-cu128.txt", "sc2.txt", "navsim.txt")
+
+
+@nox.session
+def lock_check(session: nox.Session) -> None:
+    """Every pin of the images' locks has a wheel for CPython 3.12 on manylinux x86_64 (or
+    its source archive) with the lock's hash; small wheels fetched by pip (ci/lock_check.py;
+    cached under .nox/lock-check)."""
+    session.install(*CONSTRAINTS, "packaging")
+    req = ROOT / "containers" / "requirements"
+    session.run("python", str(ROOT / "ci" / "lock_check.py"), "--cache",
+                str(ROOT / ".nox" / "lock-check"), *session.posargs,
+                *[str(req / name) for name in IMAGE_LOCKS])
 
 
 # Packages the navsim image takes from the base image: navsim_lock installs base-cpu.txt

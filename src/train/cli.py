@@ -193,9 +193,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tag", default=None, help="docker tag (default: train/IMAGE:local)")
     p.add_argument("--engine", choices=["auto", "apptainer", "docker"], default="auto")
     p.add_argument("--fakeroot", action="store_true", help="apptainer build --fakeroot")
+    p.add_argument("--network", choices=["none", "default", "host"], default=None,
+                   help="build, docker engine: the network the build's steps reach (default "
+                   "none: offline inputs only, as in CI; `default` for a real build that "
+                   "downloads the CUDA base's packages, the game and the wheels)")
     p.add_argument("--out", type=Path, default=None,
-                   help="translate: context dir; build, test, digest: SIF path; export: "
-                   "tar path; digest: also write the listing there when a docker tag is used")
+                   help="translate: context dir; build, test, digest: SIF path (docker "
+                   "build: the build record's path); export: tar path; digest: also write "
+                   "the listing there when a docker tag is used")
 
     p = sub.add_parser("launch", help="start a workload on every node of a job step "
                        "(inside the container)",
@@ -656,12 +661,17 @@ def _cmd_image(args: argparse.Namespace) -> int:
     sif = out or Path(f"{d.name}.sif").resolve()
     if args.action == "build":
         if engine == "apptainer":
-            builder.apptainer_build(d, root, sif, build_args, args.fakeroot)
+            if args.network not in (None, "default"):
+                raise UsageError("--network: apptainer builds use the host's network; "
+                                 "--network none|host is for --engine docker")
+            result = builder.apptainer_build(d, root, sif, build_args, args.fakeroot)
             print(f"built {sif}")
         else:
-            image_id = builder.docker_build(d, root, tag, build_args, localimages,
-                                            nocache=args.no_cache)
-            print(f"built {tag} ({image_id})")
+            result = builder.docker_build(d, root, tag, build_args, localimages,
+                                          network=args.network or "none",
+                                          nocache=args.no_cache, record=out)
+            print(f"built {tag} ({result.image})")
+        print("\n".join(result.summary()))
         return EXIT_OK
     if args.action == "test":
         smoke = builder.smoke_args(d)

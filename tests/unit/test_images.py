@@ -174,3 +174,113 @@ def test_build_args_and_localimages(tmp_path: Path) -> None:
     with pytest.raises(DefError, match=r"--localimage base\.sif=TAG"):
         translate(sc2)
     assert translate(sc2, {}, {"base.sif": "t:1"}).dockerfile.splitlines()[2] == "FROM t:1"
+
+
+def _sc2_fetch() -> str:
+    """sc2.def's own fetch() function, as its %post defines it."""
+    post = parse(containers_dir(None) / "sc2.def").sections["post"].text
+    start = post.index("fetch() {")
+    return post[start:post.index("\n}\n", start) + 3]
+
+
+def test_sc2_download_prints_its_sha256_on_a_line_the_build_reads(tmp_path: Path) -> None:
+    """The real definition's download step: the file's sum on a `train-download:` line
+    (which both engines' build output is read for), and a failed download stops %post."""
+    import hashlib
+
+    from train.images.build import BuildLog
+
+    (tmp_path / "maps.zip").write_bytes(b"maps" * 1000)
+    script = (_sc2_fetch() + f"cd {tmp_path}\n"
+              f"fetch file://{tmp_path}/maps.zip got.zip MAPS_SHA256\n"
+              f"fetch file://{tmp_path}/absent.zip gone.zip SC2_SHA256\necho not reached\n")
+    proc = subprocess.run(["/bin/sh", "-e", "-c", script], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode != 0 and "not reached" not in proc.stdout
+    build_log = BuildLog(show=lambda line: None)
+    build_log.feed(proc.stdout)
+    (download,) = build_log.downloads
+    assert download.sha256 == hashlib.sha256(b"maps" * 1000).hexdigest()
+    assert (download.name, download.argument) == ("got.zip", "MAPS_SHA256")
+    assert download.url == f"file://{tmp_path}/maps.zip"
+
+
+FAKE_APPTAINER = """#!/bin/sh
+# stand-in for `apptainer build ... SIF DEF`: what a real build prints, then the SIF
+for last; do :; done
+eval "sif=\\${$(($# - 1))}"
+echo "INFO:    Starting build..."
+echo "downloading sc2.zip: 512 MiB after 30 s"
+echo "train-download: %s sc2.zip http://example.invalid/SC2.4.10.zip SC2_SHA256"
+echo "train-download: %s mini_games.zip https://example.invalid/mini_games.zip MAPS_SHA256"
+echo "INFO:    Build complete: $sif"
+printf 'sif bytes' > "$sif"
+"""
+
+
+def test_apptainer_build_shows_every_sum_and_writes_the_build_record(tmp_path: Path) -> None:
+    """Without -v: each download's sum at the end, the exact --build-arg for the maps sum
+    still to record, progress lines as they come; the record beside the SIF holds them,
+    the lock's sum and the SIF's digest. (apptainer is a stand-in: it cannot be installed
+    here; the lines it prints are those sc2.def's %post prints, tested above.)"""
+    import hashlib
+    import json
+    import os
+
+    from tests.conftest import REPO, run_cli
+
+    game, maps = "a" * 64, "b" * 64
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "apptainer"
+    fake.write_text(FAKE_APPTAINER % (game, maps))
+    fake.chmod(0o755)
+    sif = tmp_path / "sc2.sif"
+    proc = run_cli(["image", "build", "sc2", "--engine", "apptainer", "--out", str(sif)],
+                   env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert proc.returncode == 0, proc.stderr
+    assert f"{game}  sc2.zip  http://example.invalid/SC2.4.10.zip  verified (SC2_SHA256)" \
+        in proc.stdout
+    assert f"{maps}  mini_games.zip" in proc.stdout
+    assert "NOT VERIFIED (MAPS_SHA256=record-on-first-build)" in proc.stdout
+    assert f"next time pass: --build-arg MAPS_SHA256={maps}" in proc.stdout
+    assert "downloading sc2.zip: 512 MiB after 30 s" in proc.stderr
+    record = json.loads((tmp_path / "sc2.build.json").read_text())
+    assert record["image_digest"] == "sha256:" + hashlib.sha256(b"sif bytes").hexdigest()
+    assert [(d["name"], d["sha256"], d["verified"]) for d in record["downloads"]] == [
+        ("sc2.zip", game, True), ("mini_games.zip", maps, False)]
+    lock = REPO / "containers" / "requirements" / "sc2.txt"
+    assert record["locks"] == {"containers/requirements/sc2.txt":
+                               hashlib.sha256(lock.read_bytes()).hexdigest()}
+    assert record["build_args"]["MAPS_SHA256"] == "record-on-first-build"
+
+
+def test_apptainer_build_failure_shows_the_builds_last_lines(tmp_path: Path) -> None:
+    import os
+
+    from tests.conftest import run_cli
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "apptainer"
+    fake.write_text("#!/bin/sh\necho 'curl: (6) Could not resolve host'\nexit 255\n")
+    fake.chmod(0o755)
+    sif = tmp_path / "sc2.sif"
+    proc = run_cli(["image", "build", "sc2", "--engine", "apptainer", "--out", str(sif)],
+                   env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert proc.returncode != 0
+    assert "apptainer build of sc2 exited with 255" in proc.stderr
+    assert "Could not resolve host" in proc.stderr
+    assert not (tmp_path / "sc2.build.json").exists()
+
+
+def test_network_is_checked_before_any_engine_starts(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    proc = run_cli(["image", "build", "base", "--engine", "docker", "--network", "bridge"])
+    assert proc.returncode == 2
+    assert "--network" in proc.stderr and "none" in proc.stderr
+    proc = run_cli(["image", "build", "base", "--engine", "apptainer", "--network", "none",
+                    "--out", str(tmp_path / "b.sif")])
+    assert proc.returncode == 2
+    assert "apptainer builds use the host's network" in proc.stderr

@@ -5,12 +5,19 @@ a SIF on a cluster."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import hashlib
+import json
 import logging
 import os
 import posixpath
 import shutil
+import subprocess
+import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +43,131 @@ DEMO_ARGS = ("run", "demo", "--device", "cpu", "--res", "8", "--episode-steps", 
 BUILD_BLOCKING = frozenset({"parse", "size", "section", "header", "placeholder",
                             "files-source", "arguments-empty", "pip-lock"})
 SMOKE_LABEL = "org.train.smoke"  # %labels: the `train` arguments `image test` runs after %test
+# what a definition's %post prints for each file it downloads (sc2.def's fetch):
+#   train-download: SHA256 NAME URL SUM_ARGUMENT
+DOWNLOAD_MARK = "train-download:"
+PROGRESS_MARK = "downloading "  # a long download's progress lines, shown as they come
+RECORD_SUM = "record-on-first-build"  # a sum argument's value before its first build
+NETWORKS = ("none", "default", "host")
 
 
 class ImageError(TrainError):
     """A build, test or export failed."""
+
+
+@dataclass(frozen=True)
+class Download:
+    sha256: str
+    name: str
+    url: str
+    argument: str  # the build argument that holds its expected sum ("" when none)
+
+
+@dataclass
+class BuildLog:
+    """Reads a build's output line by line: keeps the downloads its %post reported and the
+    last lines (for an error), and passes progress lines on to `show` as they come."""
+
+    show: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
+    downloads: list[Download] = field(default_factory=list)
+    tail: collections.deque[str] = field(
+        default_factory=lambda: collections.deque(maxlen=60))
+
+    def feed(self, text: str) -> None:
+        for raw in text.splitlines():
+            line = raw.rstrip()
+            if not line:
+                continue
+            self.tail.append(line)
+            log.debug("%s", line)
+            words = line.split()
+            if line.startswith(DOWNLOAD_MARK) and len(words) >= 4:
+                self.downloads.append(Download(words[1], words[2], words[3],
+                                               words[4] if len(words) > 4 else ""))
+                self.show(line)
+            elif line.startswith(PROGRESS_MARK):
+                self.show(line)
+
+
+@dataclass
+class BuildResult:
+    image: str  # the docker image id (sha256 of its config) or the SIF path
+    image_digest: str  # sha256:... of the image's content (docker: its id; SIF: the file)
+    downloads: list[Download]
+    args: dict[str, str]  # every build argument's value, defaults included
+    record: Path
+
+    def summary(self) -> list[str]:
+        """The lines printed at the end of a build: each download's sha256, and the exact
+        --build-arg to pass next time for a sum that was not yet recorded."""
+        lines = [f"downloaded: {len(self.downloads)} file(s)"]
+        for item in self.downloads:
+            expected = self.args.get(item.argument, "")
+            if expected == RECORD_SUM:
+                state = f"NOT VERIFIED ({item.argument}={RECORD_SUM})"
+            elif item.argument:
+                state = f"verified ({item.argument})"
+            else:
+                state = "no sum to check"
+            lines.append(f"  {item.sha256}  {item.name}  {item.url}  {state}")
+        for item in self.downloads:
+            if self.args.get(item.argument) == RECORD_SUM:
+                lines.append(f"next time pass: --build-arg {item.argument}={item.sha256}")
+        lines.append(f"image {self.image_digest}; build record: {self.record}")
+        return lines
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def lock_digests(d: DefFile, args: Mapping[str, str], root: Path) -> dict[str, str]:
+    """sha256 of every lock file (requirements *.txt) the definition copies in."""
+    out = {}
+    for number, raw_src, _ in d.files():
+        source = root / d.substitute(raw_src, args, number)
+        files = sorted(source.rglob("*.txt")) if source.is_dir() else [source]
+        for path in files:
+            if path.suffix == ".txt" and "requirements" in path.parts and path.is_file():
+                out[str(path.relative_to(root))] = sha256_file(path)
+    return out
+
+
+def write_record(d: DefFile, root: Path, result: BuildResult, engine_name: str,
+                 base: str) -> None:
+    """The build record beside the image: what was downloaded and its sum, the lock files'
+    sums, the base it was built from, and the image's own digest. Written whole or not at
+    all (a temporary file renamed into place)."""
+    record = {
+        "definition": d.path.name,
+        "engine": engine_name,
+        "image": result.image,
+        "image_digest": result.image_digest,
+        "from": base,
+        "build_args": result.args,
+        "downloads": [{"name": i.name, "url": i.url, "sha256": i.sha256,
+                       "sum_argument": i.argument,
+                       "verified": bool(i.argument)
+                       and result.args.get(i.argument) != RECORD_SUM}
+                      for i in result.downloads],
+        "locks": lock_digests(d, result.args, root),
+    }
+    result.record.parent.mkdir(parents=True, exist_ok=True)
+    tmp = result.record.with_name(result.record.name + ".part")
+    tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(result.record)
+
+
+def default_record(tag: str) -> Path:
+    """Where a docker build's record goes when --out names none (the image itself lives in
+    the engine): the user's cache folder, named after the tag."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "train" / "images" / (tag.replace("/", "_").replace(":", "_")
+                                         + ".build.json")
 
 
 def engine(requested: str = "auto") -> str:
@@ -204,25 +332,54 @@ def _client() -> Any:
 
 def docker_build(d: DefFile, root: Path, tag: str, build_args: Mapping[str, str],
                  localimages: Mapping[str, str], network: str = "none",
-                 nocache: bool = False) -> str:
+                 nocache: bool = False, record: Path | None = None,
+                 show: Callable[[str], None] | None = None) -> BuildResult:
+    """Build with the Docker engine. `network`: what the build's RUN steps reach ("none",
+    CI's default: offline inputs only; "default" or "host": the downloads a real build
+    makes, as Apptainer's build makes them)."""
+    if network not in NETWORKS:
+        raise UsageError(f"network: {network!r} is not one of {', '.join(NETWORKS)}")
+    build_log = BuildLog() if show is None else BuildLog(show=show)
     with tempfile.TemporaryDirectory(prefix="train-image-") as tmp:
         # every input checked and translated before the engine is asked
         ctx = write_context(d, Path(tmp) / "context", build_args, localimages, root)
         client = _client()
         import docker
 
+        image_id = ""
+        error = ""
         try:
-            built, logs = client.images.build(path=str(ctx), tag=tag, rm=True, forcerm=True,
-                                              network_mode=network, pull=False,
-                                              nocache=nocache)
-        except docker.errors.BuildError as exc:
-            tail = "".join(str(chunk.get("stream", chunk.get("error", "")))
-                           for chunk in exc.build_log)[-3000:]
-            raise ImageError(f"docker build of {d.name} failed: {exc.msg}\n{tail}") from None
-        for chunk in logs:
-            if "stream" in chunk and chunk["stream"].strip():
-                log.debug("%s", chunk["stream"].rstrip())
-    return str(built.id)
+            for chunk in client.api.build(path=str(ctx), tag=tag, rm=True, forcerm=True,
+                                          network_mode=network, pull=False,
+                                          nocache=nocache, decode=True):
+                if "stream" in chunk:
+                    build_log.feed(str(chunk["stream"]))
+                if "error" in chunk:
+                    error = str(chunk["error"])
+                aux = chunk.get("aux")
+                if isinstance(aux, dict) and "ID" in aux:
+                    image_id = str(aux["ID"])
+        except docker.errors.APIError as exc:
+            error = str(exc)
+        if error or not image_id:
+            raise ImageError(f"docker build of {d.name} failed: {error or 'no image id'}\n"
+                             + "\n".join(build_log.tail) + _network_hint(network))
+    args = d.resolve_arguments(build_args)
+    result = BuildResult(image_id, image_id, build_log.downloads, args,
+                         record or default_record(tag))
+    base = translate(d, build_args, localimages).dockerfile.split("\nFROM ", 1)[1]
+    base = base.split("\n", 1)[0]
+    with contextlib.suppress(docker.errors.DockerException):
+        base = f"{base} ({client.images.get(base).id})"
+    write_record(d, root, result, "docker", base)
+    return result
+
+
+def _network_hint(network: str) -> str:
+    if network != "none":
+        return ""
+    return ("\n(the build had no network: --network none. A build that downloads the real "
+            "base, game or packages needs --network default)")
 
 
 def docker_run(tag: str, args: Sequence[str], entrypoint: Sequence[str] | None = None,
@@ -269,8 +426,10 @@ def docker_export(tag: str, out: Path) -> str:
 
 
 def apptainer_build(d: DefFile, root: Path, sif: Path, build_args: Mapping[str, str],
-                    fakeroot: bool) -> None:
-    """`apptainer build` run from the repository root, where %files sources resolve."""
+                    fakeroot: bool, show: Callable[[str], None] | None = None,
+                    timeout: float = 7200) -> BuildResult:
+    """`apptainer build` run from the repository root, where %files sources resolve; its
+    output is read as it comes (progress lines shown, downloads kept for the record)."""
     check_inputs(d, build_args, root)
     _need_apptainer()
     argv = ["apptainer", "build", "--force"]
@@ -278,7 +437,50 @@ def apptainer_build(d: DefFile, root: Path, sif: Path, build_args: Mapping[str, 
         argv.append("--fakeroot")
     for key, value in build_args.items():
         argv += ["--build-arg", f"{key}={value}"]
-    _proc.run([*argv, str(sif.resolve()), str(d.path.resolve())], cwd=root, timeout=7200)
+    argv += [str(sif.resolve()), str(d.path.resolve())]
+    build_log = BuildLog() if show is None else BuildLog(show=show)
+    code = _stream(argv, root, build_log.feed, timeout)
+    if code != 0:
+        raise ImageError(f"apptainer build of {d.name} exited with {code}:\n"
+                         + "\n".join(build_log.tail))
+    args = d.resolve_arguments(build_args)
+    digest = "sha256:" + sha256_file(sif)
+    result = BuildResult(str(sif), digest, build_log.downloads, args,
+                         sif.with_suffix(".build.json"))
+    header = d.header["from"]
+    write_record(d, root, result, "apptainer", d.substitute(header[1], args, header[0]))
+    return result
+
+
+def _stream(argv: Sequence[str], cwd: Path, feed: Callable[[str], None],
+            timeout: float) -> int:
+    """Run argv with its output (stdout and stderr together) fed line by line to `feed`;
+    the exit status (124 after `timeout` seconds, the process killed)."""
+    import threading
+
+    log.debug("running %s", " ".join(argv))
+    try:
+        proc = subprocess.Popen(list(argv), cwd=cwd, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, encoding="utf-8",
+                                errors="replace")
+    except OSError as exc:
+        raise ImageError(f"{argv[0]} could not be started: {exc}") from None
+    killed = threading.Event()
+
+    def kill() -> None:
+        killed.set()
+        proc.kill()
+
+    timer = threading.Timer(timeout, kill)
+    timer.start()
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            feed(line)
+        code = proc.wait()
+    finally:
+        timer.cancel()
+    return 124 if killed.is_set() else code
 
 
 def _need_apptainer() -> None:
