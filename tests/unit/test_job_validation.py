@@ -278,7 +278,8 @@ def test_navsim_preset_matches_the_job() -> None:
     assert cmd[4:] == ["trainer.params.num_nodes=4", "+trainer.params.devices=4",
                        "trainer.params.strategy=ddp", "trainer.params.accelerator=gpu",
                        "trainer.params.precision=bf16-mixed",
-                       "dataloader.params.num_workers=2", "agent=hydra_mdp"]
+                       "dataloader.params.num_workers=2",
+                       f"cache_path={job.run_dir}/navsim-cache", "agent=hydra_mdp"]
     v100 = _resolve(**{**GIL, "partition": "v100", "qos": None, "gpu_type": "v100",
                        "gpus_per_node": 2, "entry": "navsim", "workload": ()})
     assert "trainer.params.precision=16-mixed" in navsim_command(v100)

@@ -3,7 +3,10 @@ navsim image's import list (the lock check of `nox -s navsim_lock` and the image
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +14,11 @@ import pytest
 
 from tests.conftest import run_cli
 from train.clusters.profiles import Registry
+from train.entry import module_argv
 from train.errors import ConfigError
 from train.slurm.job import NAVSIM_SCRIPT, JobSpec, navsim_command, resolve
+from train.slurm.render import step_argv
+from train.workloads import navsim
 
 ROOT = Path(__file__).resolve().parents[2]
 REG = Registry(environ={})
@@ -129,3 +135,133 @@ def test_the_import_list_covers_what_the_image_test_imports() -> None:
 def test_the_import_list_holds_what_the_issue_found_missing() -> None:
     assert {"aioboto3", "boto3", "requests", "pytest", "pytorch_lightning",
             "pkg_resources"} <= _import_list()
+
+
+# -- the feature cache: computed once per chain (train.workloads.navsim) ----------------
+
+def test_the_command_caches_in_the_run_folder_unless_the_job_gives_a_folder() -> None:
+    keys = _keys(_command())
+    assert keys["cache_path"].endswith("/runs/train/navsim-cache")
+    assert "force_cache_computation" not in keys  # chosen per chunk on the node
+    own = _command(workload=("agent=ego_status_mlp_agent", "cache_path=/data/navsim/exp/c"))
+    assert [a for a in own if a.startswith("cache_path=")] == ["cache_path=/data/navsim/exp/c"]
+
+
+@pytest.mark.parametrize("arg", ["force_cache_computation=true",
+                                 "+use_cache_without_dataset=false"])
+def test_the_job_owns_the_cache_switches(arg: str) -> None:
+    assert "cache_path=DIR" in _error("workload", workload=("agent=x", arg))
+
+
+def test_the_rendered_step_runs_navsim_through_the_cache_phase() -> None:
+    spec = JobSpec(**NAVSIM)  # type: ignore[arg-type]
+    argv = step_argv(resolve(spec, REG.get("local")))
+    program = argv[argv.index("--") + 1:]
+    assert program[:3] == module_argv(spec.python, "train.workloads.navsim")
+    assert program[3:5] == [spec.python, NAVSIM_SCRIPT]
+
+
+OVERRIDES = ["train_test_split=navtrain", "cache_path=/c/cache", "agent=transfuser_agent",
+             "agent.config.latent=true", "experiment_name=x", "dataloader.params.num_workers=2"]
+COMMAND = ["/py", "/opt/navsim/script/run_training.py", *OVERRIDES]
+
+
+def test_training_from_the_complete_cache_computes_nothing_and_skips_the_dataset() -> None:
+    argv = navsim.training_command([*COMMAND, "force_cache_computation=true"])
+    assert argv[:2] == COMMAND[:2]
+    assert _keys(argv)["force_cache_computation"] == "false"
+    assert _keys(argv)["use_cache_without_dataset"] == "true"
+    assert sum(a.startswith("force_cache_computation=") for a in argv) == 1
+
+
+def test_the_cache_is_computed_by_navsims_caching_script_missing_scenes_only() -> None:
+    argv = navsim.caching_command(COMMAND, cpus=8)
+    assert argv[:2] == ["/py", "/opt/navsim/script/run_dataset_caching.py"]
+    keys = _keys(argv)
+    assert keys["force_cache_computation"] == "false"  # a cut cache is completed
+    assert "use_cache_without_dataset" not in keys
+    assert keys["worker"] == "single_machine_thread_pool" and keys["worker.max_workers"] == "8"
+    assert keys["agent"] == "transfuser_agent" and keys["cache_path"] == "/c/cache"
+    own = navsim.caching_command([*COMMAND, "worker=ray_distributed"], cpus=8)
+    assert _keys(own)["worker"] == "ray_distributed" and "worker.max_workers" not in _keys(own)
+
+
+def test_the_cache_key_is_the_split_and_the_agent() -> None:
+    key = navsim.cache_key(OVERRIDES)
+    assert key == {"split": "navtrain",
+                   "agent": ["agent=transfuser_agent", "agent.config.latent=true"]}
+    assert navsim.cache_key([*OVERRIDES, "experiment_name=y"]) == key
+
+
+def _navsim_scripts(tmp_path: Path, caching: str) -> list[str]:
+    """A training script (never run here) and a caching script beside it."""
+    folder = tmp_path / "script"
+    folder.mkdir()
+    (folder / "run_dataset_caching.py").write_text(caching)
+    cache = tmp_path / "cache"
+    return [sys.executable, str(folder / "run_training.py"), "train_test_split=navmini",
+            f"cache_path={cache}", "agent=ego_status_mlp_agent"]
+
+
+CACHE_ONE = ("import sys, pathlib; a = dict(x.split('=', 1) for x in sys.argv[1:]); "
+             "assert a['force_cache_computation'] == 'false'; "
+             "p = pathlib.Path(a['cache_path'], 'log', 'tok'); p.mkdir(parents=True); "
+             "(p / 'f.gz').write_text('x'); "
+             "open(pathlib.Path(sys.argv[0]).with_name('runs'), 'a').write('1')\n")
+
+
+def test_the_first_chunk_caches_and_marks_then_later_chunks_only_train(
+        tmp_path: Path) -> None:
+    command = _navsim_scripts(tmp_path, CACHE_ONE)
+    cache = tmp_path / "cache"
+    first = navsim.cache_phase(command, {"SLURM_PROCID": "0"})
+    assert first == navsim.training_command(command)
+    complete, started = navsim.marker_paths(cache)
+    assert complete.is_file() and not started.exists()
+    assert complete.parent == cache.parent  # beside the cache: NAVSIM lists what is in it
+    again = navsim.cache_phase(command, {"SLURM_PROCID": "0"})
+    assert again == first
+    assert (tmp_path / "script" / "runs").read_text() == "1"  # computed once
+    other = [*command[:-1], "agent=transfuser_agent"]
+    with pytest.raises(navsim.CacheError) as err:
+        navsim.cache_phase(other, {})
+    assert err.value.code == 2 and "cache_path=" in str(err.value)
+
+
+def test_a_failed_caching_is_not_marked_complete(tmp_path: Path) -> None:
+    command = _navsim_scripts(tmp_path, "import sys; sys.exit(3)\n")
+    with pytest.raises(navsim.CacheError) as err:
+        navsim.cache_phase(command, {"SLURM_PROCID": "0"})
+    assert err.value.code == 3 and "not marked complete" in str(err.value)
+    complete, started = navsim.marker_paths(tmp_path / "cache")
+    assert not complete.exists() and started.exists()  # the next start completes it
+
+
+def test_other_tasks_wait_for_the_first_tasks_marker(tmp_path: Path) -> None:
+    command = _navsim_scripts(tmp_path, "raise SystemExit('not run by rank 1')\n")
+    complete = navsim.marker_paths(tmp_path / "cache")[0]
+    key = navsim.cache_key(command[2:])
+    import threading
+
+    timer = threading.Timer(0.3, lambda: complete.write_text(json.dumps({"key": key})))
+    timer.start()
+    try:
+        assert navsim.cache_phase(command, {"SLURM_PROCID": "1"}, poll=0.05) == \
+            navsim.training_command(command)
+    finally:
+        timer.cancel()
+
+
+def test_a_cut_cache_loses_the_scenes_written_in_its_last_moments(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    for i in range(4):
+        scene = cache / "log" / f"tok{i}"
+        scene.mkdir(parents=True)
+        for name in ("a.gz", "b.gz"):
+            (scene / name).write_text("x")
+            os.utime(scene / name, (1000.0 + 1000 * i, 1000.0 + 1000 * i))
+    # the newest scene (3000 s) and one with a file written 60 s before it go
+    os.utime(cache / "log" / "tok2" / "b.gz", (4000.0 - 60, 4000.0 - 60))
+    assert navsim.drop_cut_scenes(cache, window=120) == 2
+    assert sorted(p.name for p in (cache / "log").iterdir()) == ["tok0", "tok1"]
+    assert navsim.drop_cut_scenes(tmp_path / "none") == 0

@@ -30,6 +30,7 @@ from train.programs import imports_lightning
 from train.runtime.hostmem import DEFAULT_WORKER_MEM_MB
 from train.secrets import is_secret_name, redact_text
 from train.slurm.contract import NAVSIM_PREFETCH_OVERRIDE, NAVSIM_WORKERS_OVERRIDE
+from train.workloads import navsim
 from train.yamlio import shown
 
 LAUNCH_MODES = ("auto", "torchrun", "tasks")
@@ -383,6 +384,7 @@ class JobSpec:
                               f"{NAVSIM_SCRIPT})")
         if self.entry != "navsim":
             return
+        navsim.check_workload(self.workload)
         for arg in self.workload:
             key = arg.split("=", 1)[0].lstrip("+~")
             if key == "train_test_split":
@@ -903,6 +905,7 @@ def navsim_command(job: ResolvedJob) -> list[str]:
             f"trainer.params.precision={precision if gpus else 32}",
             f"{NAVSIM_WORKERS_OVERRIDE}={spec.workers}",
             *prefetch,
+            *navsim.cache_overrides(job.run_dir, spec.workload),
             *spec.workload]
 
 

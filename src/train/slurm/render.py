@@ -20,6 +20,7 @@ from train.entry import module_argv
 from train.errors import ConfigError
 from train.slurm import contract
 from train.slurm.job import ResolvedJob, navsim_command
+from train.workloads import navsim
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_.,:=@%/+|-]+$")
 LIBRARY_NAME = "job-lib.sh"
@@ -175,7 +176,7 @@ def step_argv(job: ResolvedJob) -> list[str]:
     if spec.entry == "command":
         run = list(spec.workload)
     elif spec.entry == "navsim":
-        run = navsim_command(job)
+        run = navsim.step_argv(navsim_command(job))  # the feature cache once per chain
     else:
         # never `python -m train`: a train.py in the submit folder would be imported instead
         run = [*module_argv(spec.python), "run", *train_argv(job)]
