@@ -237,6 +237,16 @@ def test_a_failed_caching_is_not_marked_complete(tmp_path: Path) -> None:
     assert not complete.exists() and started.exists()  # the next start completes it
 
 
+def test_a_caching_cut_by_the_walltime_signal_is_a_stop_without_marker(
+        tmp_path: Path) -> None:
+    # the step's USR1 reaches the caching process itself (srun signals the whole task)
+    command = _navsim_scripts(tmp_path, "import os, signal; "
+                              "os.kill(os.getpid(), signal.SIGUSR1)\n")
+    assert navsim.cache_phase(command, {"SLURM_PROCID": "0"}) is None
+    complete, started = navsim.marker_paths(tmp_path / "cache")
+    assert not complete.exists() and started.exists()
+
+
 def test_other_tasks_wait_for_the_first_tasks_marker(tmp_path: Path) -> None:
     command = _navsim_scripts(tmp_path, "raise SystemExit('not run by rank 1')\n")
     complete = navsim.marker_paths(tmp_path / "cache")[0]

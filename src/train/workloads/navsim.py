@@ -231,7 +231,8 @@ def _compute(command: Sequence[str], cache: Path, key: dict[str, Any], cpus: int
     if stop.requested:
         stop.child.terminate()
     rc = stop.child.wait()
-    if stop.requested:
+    # (the step's signal may reach the caching process before this one)
+    if stop.requested or rc in (-signal.SIGUSR1, -signal.SIGTERM):
         _log(f"the walltime signal (or TERM) cut the feature cache in {cache}: not marked "
              "complete; the next chunk completes it")
         return False
