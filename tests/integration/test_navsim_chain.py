@@ -80,6 +80,22 @@ def test_the_feature_cache_is_computed_once_across_two_chunks(
     assert text.count("computing the feature cache") == 1, text[-3000:]
     assert "feature cache complete" in text
 
+    # chunk 1 of another chain on the same cache: trains from it, computes nothing
+    again = submit(tmp_path, slurm_env, "nav2", _flags(folder),
+                   ["agent=ego_status_mlp_agent", f"cache_path={cache}"])
+    st = wait(tmp_path, slurm_env, "nav2", settled, timeout=300)
+    assert st["state"] == "complete", (st, logs(again)[-3000:])
+    events = _events(folder)
+    assert len([e for e in events if e.startswith("compute ")]) == len(SCENES), events
+    assert events[-1] == "train 6", events
+    # ... but not another agent's features: exit 2 on the node, naming cache_path
+    other = submit(tmp_path, slurm_env, "nav3", _flags(folder),
+                   ["agent=transfuser_agent", f"cache_path={cache}"])
+    st = wait(tmp_path, slurm_env, "nav3", settled, timeout=300)
+    assert st["state"] == "failed", st
+    assert "give another cache_path=" in logs(other), logs(other)[-3000:]
+    assert len(_events(folder)) == len(events)
+
 
 def test_a_cache_cut_by_the_walltime_is_completed_not_trusted(
         tmp_path: Path, slurm_env: dict[str, str]) -> None:
