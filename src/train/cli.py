@@ -125,9 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(p)
 
-    p = sub.add_parser("clusters", help="list cluster profiles, or show one")
-    p.add_argument("action", nargs="?", choices=["list", "show"], default="list")
-    p.add_argument("name", nargs="?", help="profile to show")
+    p = sub.add_parser("clusters", help="list cluster profiles, show one, or probe the site "
+                       "(on its login node: what Slurm says against the profile)")
+    p.add_argument("action", nargs="?", choices=["list", "show", "probe"], default="list")
+    p.add_argument("name", nargs="?", help="profile to show or probe")
+    p.add_argument("--write", action="store_true",
+                   help="probe: write the probed values as your profile NAME (extends NAME)")
     p.add_argument("--profile", type=Path, action="append", default=[], metavar="FILE",
                    help="extra profile YAML (may repeat)")
 
@@ -147,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
         groups["no_check"].add_argument(
             "--no-check", action="store_true",
             help="skip the login node's look at the image, the program and --python (for "
-            "nodes that see files or programs this login node does not)")
+            "nodes that see files or programs this login node does not), and submit without "
+            "asking Slurm first (sbatch --test-only)")
         add_fields(p, JobSpec, skip=("workload",), group=_group_of(groups))
 
     p = sub.add_parser("init", help="write your defaults for jobs (cluster, account, ...)",
@@ -340,6 +344,18 @@ def _cmd_clusters(args: argparse.Namespace) -> int:
                              + ", ".join(registry.names()))
         print(yaml.safe_dump(describe(registry.get(args.name)), sort_keys=False), end="")
         return EXIT_OK
+    if args.action == "probe":
+        from train.clusters.probe import probe
+
+        if not args.name:
+            raise UsageError("clusters probe: name a profile; known: "
+                             + ", ".join(registry.names()))
+        lines, read = probe(registry.get(args.name), write=args.write,
+                            extra_files=args.profile)
+        print("\n".join(lines))
+        return EXIT_OK if read else EXIT_FAILURE
+    if args.write:
+        raise UsageError("--write: only with `train clusters probe NAME`")
     for name in registry.names():
         prof = registry.get(name)
         print(f"{name:10s} {prof.description}  [{prof.source}]")

@@ -23,7 +23,7 @@ from typing import Any
 from train import _proc
 from train.errors import ResourceError, TrainError, UsageError
 from train.jsonio import read_bounded, write_json_atomic
-from train.slurm import contract, submitcheck
+from train.slurm import contract, reasons, submitcheck
 from train.slurm.job import ResolvedJob
 from train.slurm.render import render
 from train.yamlio import shown
@@ -81,7 +81,10 @@ def parse_squeue_json(text: str) -> dict[str, dict[str, Any]]:
         if isinstance(job_id, dict):  # newer Slurm: {"set": true, "number": N}
             job_id = job_id.get("number")
         out[str(job_id)] = {"state": str(state or "UNKNOWN"),
-                            "reason": job.get("state_reason"), "nodes": job.get("nodes")}
+                            "reason": job.get("state_reason"), "nodes": job.get("nodes"),
+                            # the expected start (`squeue --start`) of a pending job
+                            "start": reasons.start_seconds(job.get("start_time"))
+                            if str(state) == "PENDING" else None}
     return out
 
 
@@ -615,6 +618,11 @@ def format_status(st: dict[str, Any]) -> list[str]:
         events = ", ".join(c["events"])
         lines.append(f"  chunk {c['chunk']}: job {c['job_id']} {c['state']}{extra}"
                      f"{'  events: ' + events if events else ''}")
+        if c["state"] == "PENDING":  # why it waits, and until when (train.slurm.reasons)
+            why = reasons.words(c.get("reason"))
+            start = reasons.expected_start(c.get("expected_start"))
+            lines += [f"    waiting: {why}"] if why else []
+            lines.append(f"    expected start: {start or 'Slurm gives no estimate yet'}")
     return lines
 
 

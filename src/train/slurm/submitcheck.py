@@ -89,6 +89,14 @@ def check_jobs(jobs: Sequence[ResolvedJob], *, submitting: bool, no_check: bool 
             notes.append(f"{marker} was left by an earlier run: "
                          + ("cleared, so that it does not end this chain after its first "
                             "chunk" if submitting else "train submit clears it"))
+    if submitting and jobs and not no_check:  # resources: Slurm is asked (slurm.testonly)
+        from train.slurm.testonly import ask
+
+        refused = ask(jobs[0], sbatch_environment(env))
+        if refused is not None and refused[0]:
+            found.append(Problem(refused[0], refused[1], files=False))
+        elif refused is not None:  # not a refusal of the job's: sbatch itself will say
+            notes.append(refused[1])
     if not found:
         return notes
     texts = [p.text + (f" ({NO_CHECK})" if p.files else "") for p in found]
