@@ -120,3 +120,18 @@ def test_a_cache_cut_by_the_walltime_is_completed_not_trusted(
     # the training read every scene whole (it fails on a cut file) and ran once
     assert [e for e in events if e.startswith("train ")] == ["train 6"], events
     assert marker_paths(cache)[0].is_file()
+
+
+def test_on_two_nodes_one_task_caches_and_the_other_waits(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    folder = _navsim(tmp_path)
+    run_dir = submit(tmp_path, slurm_env, "two", [*_flags(folder), "--nodes", "2"],
+                     ["agent=ego_status_mlp_agent"])
+    st = wait(tmp_path, slurm_env, "two", settled, timeout=300)
+    text = logs(run_dir)
+    assert st["state"] == "complete", (st, text[-3000:])
+    events = _events(folder)
+    assert sorted(e.split()[1] for e in events if e.startswith("compute ")) == sorted(SCENES)
+    assert [e for e in events if e.startswith("train ")] == ["train 6", "train 6"], events
+    assert "waiting for the first task to complete the feature cache" in text
+
