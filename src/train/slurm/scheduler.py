@@ -75,8 +75,8 @@ def parse_squeue_json(text: str) -> dict[str, dict[str, Any]]:
         if not isinstance(job, dict) or "job_id" not in job:
             raise ValueError(f"squeue --json: a job entry without job_id: {str(job)[:80]}")
         state = job.get("job_state")
-        if isinstance(state, list):
-            state = state[0] if state else "UNKNOWN"
+        if isinstance(state, list):  # 24.11: the base state, then flags; still completing
+            state = "COMPLETING" if "COMPLETING" in state else state[0] if state else "UNKNOWN"
         job_id = job["job_id"]
         if isinstance(job_id, dict):  # newer Slurm: {"set": true, "number": N}
             job_id = job_id.get("number")
