@@ -392,9 +392,12 @@ def probed_tree(profile: Profile, site: Site, earlier: Mapping[str, Any], when: 
     tree: Tree = {k: _kept(v, f"kept from the earlier {earlier_name}")
                   for k, v in earlier.items()
                   if k not in ("name", "extends", "partitions", "constraints")}
-    tree = {"name": _leaf(profile.name, f"{when}: train clusters probe {profile.name}"),
-            "extends": _leaf(profile.name, "the values below replace the profile's"),
-            **tree}
+    # over the profile this file replaces: the shipped one, or what the earlier file extended
+    base = earlier.get("extends") if earlier else profile.name
+    head: Tree = {"name": _leaf(profile.name, f"{when}: train clusters probe {profile.name}")}
+    if base is not None:
+        head["extends"] = _leaf(base, "the values below replace that profile's")
+    tree = {**head, **tree}
     if site.nodes:
         parts = site.partitions()
         if profile.partitions_allowed:
@@ -490,14 +493,20 @@ def write_profile(profile: Profile, site: Site, path: Path,
     path.parent.mkdir(parents=True, exist_ok=True)
     pending = path.with_name(f".{path.name}.{os.getpid()}")
     pending.write_text(text, encoding="utf-8")
-    try:  # the written file must load as a profile, over what is there now
+    kept = path.with_name(path.name + ".before-probe") if path.exists() else None
+    try:
         yamlio.load_file(pending, "profile")
-        Registry(extra_files=[pending])
-        kept = None
-        if path.exists():
-            kept = path.with_name(path.name + ".before-probe")
+        if kept is not None:
             kept.write_bytes(path.read_bytes())
         pending.replace(path)
+        try:  # the profiles as they now are must load: else the earlier file goes back
+            Registry([] if path.parent == USER_DIR.expanduser() else [path])
+        except ConfigError:
+            if kept is not None:
+                kept.replace(path)
+            else:
+                path.unlink()
+            raise
     finally:
         pending.unlink(missing_ok=True)
     return kept
