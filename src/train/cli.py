@@ -338,6 +338,8 @@ def _cmd_clusters(args: argparse.Namespace) -> int:
     from train.clusters.profiles import Registry, describe
 
     registry = Registry(args.profile)
+    if args.write and args.action != "probe":
+        raise UsageError("--write: only with `train clusters probe NAME`")
     if args.action == "show":
         if not args.name:
             raise UsageError("clusters show: name a profile; known: "
@@ -354,8 +356,6 @@ def _cmd_clusters(args: argparse.Namespace) -> int:
                             extra_files=args.profile)
         print("\n".join(lines))
         return EXIT_OK if read else EXIT_FAILURE
-    if args.write:
-        raise UsageError("--write: only with `train clusters probe NAME`")
     for name in registry.names():
         prof = registry.get(name)
         print(f"{name:10s} {prof.description}  [{prof.source}]")

@@ -13,7 +13,6 @@ debug, the default, MaxTime=60, EnforcePartLimits=ALL, no accounting database).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest

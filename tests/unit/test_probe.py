@@ -229,3 +229,24 @@ def test_status_of_a_pending_chunk_says_why_and_when() -> None:
     assert any(line.startswith("    expected start: 2027-01-15 10:00 UTC") for line in lines)
     st["chunks"][0].update(reason="Priority", expected_start=None)
     assert "    expected start: Slurm gives no estimate yet" in scheduler.format_status(st)
+
+
+def test_without_slurm_probe_says_what_it_could_not_read_and_write_writes_nothing(
+        tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    # a PATH with no Slurm and no Apptainer: not a login node
+    env = {"HOME": str(tmp_path), "PATH": str(tmp_path / "bin")}
+    proc = run_cli(["clusters", "probe", "local"], env=env, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "could not read (the profile's values stay as they are):\n  partitions and nodes: " \
+           "sinfo is not on PATH\n" in proc.stdout, proc.stdout
+    assert "  Apptainer: apptainer is not on PATH\n" in proc.stdout, proc.stdout
+    assert "differences" not in proc.stdout, proc.stdout
+    proc = run_cli(["clusters", "probe", "local", "--write"], env=env, cwd=tmp_path)
+    assert proc.returncode == 3 and "sinfo could not be read" in proc.stderr, proc.stderr
+    assert not (tmp_path / ".config").exists()
+    proc = run_cli(["clusters", "show", "local", "--write"], env=env, cwd=tmp_path)
+    assert proc.returncode == 2 and "--write: only with" in proc.stderr, proc.stderr
+    proc = run_cli(["clusters", "probe"], env=env, cwd=tmp_path)
+    assert proc.returncode == 2 and "name a profile" in proc.stderr, proc.stderr

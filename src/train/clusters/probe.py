@@ -28,6 +28,7 @@ import getpass
 import json
 import os
 import re
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,9 +204,13 @@ def parse_qos(text: str) -> dict[str, int | None]:
 # -- asking the site ------------------------------------------------------------------
 def _ask(argv: Sequence[str], site: Site, what: str,
          environ: Mapping[str, str] | None) -> str | None:
+    path = (os.environ if environ is None else environ).get("PATH")
+    if shutil.which(argv[0], path=path) is None:
+        site.unread.append(f"{what}: {argv[0]} is not on PATH")
+        return None
     try:
         proc = _proc.run(argv, check=False, timeout=TIMEOUT, env=environ)
-    except _proc.ProcError as exc:
+    except _proc.ProcError as exc:  # it hung
         site.unread.append(f"{what}: {exc}")
         return None
     if proc.returncode != 0:
