@@ -114,6 +114,7 @@ def test_each_difference_is_one_line_profile_says_site_says(tmp_path: Path) -> N
     assert any(line.startswith("partitions.mixed: profile does not list it, the site has it")
                for line in lines), lines
     assert not any("cpus_per_node" in line for line in lines if "a100" in line), lines
+    assert "QOS time limits (sacctmgr show qos): normal 2-00:00:00" in probe.facts(site)
 
 
 def test_what_could_not_be_read_leaves_the_profile_alone(tmp_path: Path) -> None:

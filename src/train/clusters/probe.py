@@ -329,6 +329,9 @@ def facts(site: Site) -> list[str]:
             lines.append(f"partition {name}: node features {', '.join(part.features)}")
         if part.uneven:
             lines.append(f"partition {name}: its nodes differ; the smallest is shown")
+    if site.qos:
+        lines.append("QOS time limits (sacctmgr show qos): " + ", ".join(
+            f"{name} {_time(minutes)}" for name, minutes in site.qos.items()))
     if site.associations:
         lines.append("your associations (Account|Partition|QOS): "
                      + "; ".join(site.associations))
