@@ -70,7 +70,8 @@ JOB_GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
                    "gpus_per_node", "gpu_type", "cpus_per_task", "mem", "ntasks_per_node",
                    "workers", "worker_mem", "preempt")),
     "chain": ("walltime-sized chunks that checkpoint and resume",
-              ("max_chunks", "requeue", "stop_signal", "signal_margin", "time_budget")),
+              ("max_chunks", "requeue", "stop_signal", "signal_margin", "time_budget",
+               "stop_mode", "resume_args", "save_path")),
     "container": ("the runtime, the image, and what the program sees of the host",
                   ("runtime", "image", "python", "bind", "env")),
     "program": ("how the program is started on the nodes",
@@ -787,6 +788,17 @@ def _chain_states(root: Path) -> dict[int, str]:
     return states
 
 
+def _value_flag_joined(raw: list[str], flag: str) -> list[str]:
+    """`FLAG VALUE` as `FLAG=VALUE`: a value that is itself a flag (--resume-args
+    --init_from=resume), which argparse would take for an option of its own."""
+    out: list[str] = []
+    it = iter(raw)
+    for arg in it:
+        value = next(it, None) if arg == flag else None
+        out.append(arg if value is None else f"{flag}={value}")
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     workload: list[str] | None = None  # None: no `--` given
@@ -794,6 +806,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                                    "launch")):
         cut = raw.index("--")
         raw, workload = raw[:cut], raw[cut + 1:]
+    raw = _value_flag_joined(raw, "--resume-args")
     parser = build_parser()
     args = parser.parse_args(raw)
     _setup_logging(args.verbose)

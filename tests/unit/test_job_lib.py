@@ -83,6 +83,7 @@ if [ "$1" = ps ]; then printf 'c0ffee1\\nc0ffee2\\n'; fi
 
 # The job step: its behaviour comes from STEP_MODE. PROGRESS is the run's progress file.
 STEP = """#!/bin/bash
+printf '%s\\n' "$@" > "$STUB_DIR/step.args"  # (one argument a line)
 progress="$RUN_DIR/progress"
 read -r done_units total < "$progress" 2>/dev/null || { done_units=0; total=100; }
 advance() { echo "$((done_units + 10)) $total" > "$progress"; }
@@ -125,6 +126,14 @@ case "$STEP_MODE" in
         touch "$RUN_DIR/step.ready"
         while [ ! -e "$RUN_DIR/step.quit" ]; do sleep 0.02; done
         exit 0 ;;
+    saves)
+        # a program as most research code is: saves on its own (to STEP_SAVE_DIR, where
+        # given), has no signal handler (ignores TERM with STEP_DEAF), never ends by itself
+        [ -z "${STEP_SAVE_DIR:-}" ] || echo saved > "$STEP_SAVE_DIR/ckpt"
+        [ -z "${STEP_DEAF:-}" ] || trap '' TERM
+        echo $$ > "$RUN_DIR/step.pid"
+        touch "$RUN_DIR/step.ready"
+        while :; do sleep 0.02; done ;;
     race)
         # the walltime signal reaches the batch shell just as the step stops on its own
         # time budget (they are designed to land close together); like the trainer, it
@@ -157,6 +166,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 def _script(tmp_path: Path, **values: str) -> Path:
+    """(a value named ARRAY_NAME is the array NAME, one item a line)"""
     run_dir = tmp_path / "run"
     run_dir.mkdir(exist_ok=True)
     step = tmp_path / "step.sh"
@@ -169,8 +179,11 @@ def _script(tmp_path: Path, **values: str) -> Path:
                 "IMAGE": "",
                 **contract.shell_variables(), **values}
     lines = ["#!/bin/bash", "set -euo pipefail",
-             *[f"{k}={shlex.quote(v)}" for k, v in settings.items()],
+             *[f"{k}={shlex.quote(v)}" for k, v in settings.items()
+               if not k.startswith("ARRAY_")],
              f"STEP=({shlex.quote(str(step))})",
+             *[f"{k[6:]}=({' '.join(shlex.quote(v) for v in vs.splitlines())})"
+               for k, vs in values.items() if k.startswith("ARRAY_")],
              library_path().read_text(encoding="utf-8"), 'train_main "$@"']
     script = tmp_path / "chain.sbatch"
     script.write_text("\n".join(lines) + "\n")
@@ -178,11 +191,11 @@ def _script(tmp_path: Path, **values: str) -> Path:
 
 
 def _run(tmp_path: Path, mode: str, chunk: str = "1", extra_env: dict[str, str] | None = None,
-         **values: str) -> subprocess.CompletedProcess[str]:
+         first: str | None = None, **values: str) -> subprocess.CompletedProcess[str]:
     script = _script(tmp_path, **values)
     env = {**_env(tmp_path), "STEP_MODE": mode, **(extra_env or {})}
-    return subprocess.run(["bash", str(script), chunk], env=env, capture_output=True,
-                          text=True, timeout=60, check=False)
+    return subprocess.run(["bash", str(script), chunk, *([first] if first else [])],
+                          env=env, capture_output=True, text=True, timeout=60, check=False)
 
 
 def _events(tmp_path: Path) -> list[list[str]]:
@@ -681,3 +694,135 @@ def test_a_restarted_chunk_looks_for_the_successor_its_first_run_submitted(
     assert _calls(tmp_path, "sbatch") == []
     assert _ids(tmp_path) == "2 777\n"
     assert _kinds(tmp_path) == ["started", "extended", "stopped"]
+
+
+# -- programs as they are: --stop-mode kill, --resume-args, saves ---------------------
+
+# the unit tests' step writes these into the run folder itself: not a save of the program
+SKIP_STEP_FILES = contract.shell_variables()["SAVE_SKIP"] + " step.*"
+
+
+def _start_saving(tmp_path: Path, step_env: dict[str, str], **values: str
+                  ) -> subprocess.Popen[str]:
+    """The chunk with a step in mode `saves`, once it runs and the successor is submitted."""
+    script = _script(tmp_path, SAVE_SKIP=SKIP_STEP_FILES, **values)
+    env = {**_env(tmp_path), "STEP_MODE": "saves", **step_env}
+    proc = spawn_group(["bash", str(script), "1"], env=env)
+    _wait_started(tmp_path, proc)
+    return proc
+
+
+KILL_MODE = {"STOP_MODE": "kill", "KILL_GRACE": "1", "STOP_SIGNAL": "TERM",
+             "STOP_VIA": "scancel", "COMPLETE_ON_SUCCESS": "1"}
+
+
+@pytest.mark.parametrize("deaf", [False, True])
+def test_stop_mode_kill_ends_a_program_with_no_handler_and_the_chain_goes_on(
+        tmp_path: Path, deaf: bool) -> None:
+    save_dir = tmp_path / "out"
+    save_dir.mkdir()
+    if deaf:  # the job's steps, as `squeue --steps` lists them
+        (tmp_path / "stubs").mkdir()
+        (tmp_path / "stubs" / "queue").write_text("500.extern\n500.batch\n500.0\n")
+    proc = _start_saving(tmp_path, {"STEP_SAVE_DIR": str(save_dir),
+                                    **({"STEP_DEAF": "1"} if deaf else {})},
+                         ARRAY_SAVE_PATHS=str(save_dir), **KILL_MODE)
+    proc.send_signal(signal.SIGUSR1)  # the walltime signal, at the margin
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "ending the program (stop mode kill): TERM, then KILL after 1s" in err
+    assert "after the tool ended it (stop mode kill)" in err
+    assert "the work since the program's last save is redone by the next chunk" in err
+    assert "died of the stop signal" not in err
+    assert _kinds(tmp_path) == ["started", "extended", "stopped"]
+    scancels = _calls(tmp_path, "scancel")
+    assert scancels[0] == "--signal=TERM 500"
+    if deaf:  # still there after the grace: KILL to its step, never to the whole job
+        assert scancels[1:] == ["--signal=KILL 500.0"]
+        assert "--noheader --steps --jobs=500 --format=%i" in _calls(tmp_path, "squeue")
+    else:
+        assert scancels[1:] == []
+    marker = (tmp_path / "run" / contract.SAVED_MARKER).read_text().split()
+    assert marker[:2] == ["1", "500"]
+
+
+@pytest.mark.parametrize("saves", [False, True])
+def test_a_stop_counts_as_checkpointed_only_when_something_was_saved(
+        tmp_path: Path, saves: bool) -> None:
+    save_dir = tmp_path / "elsewhere"
+    save_dir.mkdir()
+    (save_dir / "old.ckpt").write_text("from before the chunk")  # not a save of this one
+    proc = _start_saving(tmp_path, {"STEP_SAVE_DIR": str(save_dir)} if saves else {},
+                         ARRAY_SAVE_PATHS=f"{save_dir}\n{tmp_path / 'not-yet'}",
+                         **KILL_MODE)
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    if saves:
+        assert _kinds(tmp_path) == ["started", "extended", "stopped"]
+        assert _calls(tmp_path, "scancel") == ["--signal=TERM 500"]
+        assert (tmp_path / "run" / contract.SAVED_MARKER).exists()
+        return
+    assert _kinds(tmp_path) == ["started", "extended", "unsaved"]
+    assert "stopped before any save" in err and "goes on at chunk 2" in err
+    assert _calls(tmp_path, "scancel") == ["--signal=TERM 500", "901"]  # the successor
+    assert not (tmp_path / "run" / contract.SAVED_MARKER).exists()
+
+
+def test_a_file_the_program_writes_in_the_run_folder_is_a_save(tmp_path: Path) -> None:
+    # (and the chain's own files, which change in every chunk, are not)
+    proc = _start_saving(tmp_path, {"STEP_SAVE_DIR": str(tmp_path / "run")},
+                         **KILL_MODE)
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert _kinds(tmp_path)[-1] == "stopped"
+
+
+def test_a_program_that_stops_on_its_signal_without_saving_ends_the_chain(
+        tmp_path: Path) -> None:
+    # stop mode signal: the program's handler exits 0, having saved nothing
+    script = _script(tmp_path, COMPLETE_ON_SUCCESS="1", SAVE_SKIP=SKIP_STEP_FILES)
+    env = {**_env(tmp_path), "STEP_MODE": "wait", "STEP_NO_PROGRESS": "1"}
+    proc = spawn_group(["bash", str(script), "1"], env=env)
+    _wait_started(tmp_path, proc)
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert (tmp_path / "run" / "step.signals").read_text() == "USR1\n"
+    assert _kinds(tmp_path) == ["started", "extended", "unsaved"]
+    assert "stopped before any save" in err
+
+
+def test_resume_args_come_after_a_checkpointed_stop_of_the_run_only(tmp_path: Path) -> None:
+    resume = "--init_from=resume\ntwo words"
+    args = tmp_path / "stubs" / "step.args"
+    proc = _run(tmp_path, "progress", ARRAY_RESUME_ARGS=resume)  # fresh: nothing saved
+    assert proc.returncode == 0, proc.stderr
+    assert args.read_text() == "\n"  # no arguments
+    assert _kinds(tmp_path)[-1] == "stopped"
+    proc = _run(tmp_path, "progress", chunk="2", ARRAY_RESUME_ARGS=resume)
+    assert proc.returncode == 0, proc.stderr
+    assert args.read_text().splitlines() == ["--init_from=resume", "two words"]
+    assert "the program's arguments end with --init_from=resume two words" in proc.stderr
+
+
+def test_a_chain_that_starts_at_a_later_chunk_counts_on_within_its_own_bound(
+        tmp_path: Path) -> None:
+    proc = _run(tmp_path, "progress", chunk="3", first="3", MAX_CHUNKS="2")
+    assert proc.returncode == 0, proc.stderr
+    assert "chunk 3 of at most 4" in proc.stderr
+    assert _calls(tmp_path, "sbatch")[0].split()[-2:] == ["4", "3"]
+    assert _kinds(tmp_path) == ["started", "extended", "stopped"]
+    proc = _run(tmp_path, "progress", chunk="4", first="3", MAX_CHUNKS="2")
+    assert proc.returncode == 0, proc.stderr
+    assert _kinds(tmp_path)[-1] == "incomplete"
+    assert len(_calls(tmp_path, "sbatch")) == 1
+
+
+@pytest.mark.parametrize("first", ["0", "x", "-1"])
+def test_a_bad_first_chunk_is_refused(tmp_path: Path, first: str) -> None:
+    proc = _run(tmp_path, "progress", chunk="2", first=first)
+    assert proc.returncode == 2
+    assert "first chunk" in proc.stderr
+    assert _events(tmp_path) == []

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import sys
@@ -66,7 +67,7 @@ def test_one_script_serves_every_chunk_of_the_chain() -> None:
     assert f"#SBATCH --output={RUN_ROOT}/e1/logs/%x-%j.out" in text
     # the batch shell spells no contract name itself: each comes as a variable
     for name, value in contract.shell_variables().items():
-        assert f"\n{name}={value}\n" in text
+        assert f"\n{name}={shlex.quote(value)}\n" in text
 
 
 def test_the_results_csv_is_passed_as_an_absolute_path() -> None:

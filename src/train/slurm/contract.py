@@ -24,6 +24,9 @@ LOG_DIR = "logs"
 JOBS_DIR = "jobs"
 JOB_SCRIPT = "chain.sbatch"  # in JOBS_DIR: the one script every chunk of the chain runs
 SWEEP_RECORD = "sweep.json"  # a seed sweep's directory: its chains, one per seed
+# Written by the batch shell when a chunk of the run ends by a checkpointed stop (something
+# was saved since it began): from then on every chunk gets the job's --resume-args.
+SAVED_MARKER = "checkpointed"
 
 # -- events ---------------------------------------------------------------------------
 EV_STARTED = "started"  # detail: "RESTARTS DONE TOTAL"
@@ -38,10 +41,15 @@ EV_REQUEUED = "requeued"  # requeue mode: the batch shell requeued this job. "RE
 EV_TIMEOUT = "timeout"  # TERM at the walltime: the step overran the signal margin
 EV_TERMINATED = "terminated"  # TERM before the walltime: scancel, preemption, requeue
 EV_CANCELLED = "cancelled"  # `train cancel`
+# a stop (the stop signal, or stop mode kill) before the program saved anything since the
+# chunk began: the chain ends; a resubmitted chain of the run continues the chunk count.
+# "DONE TOTAL"
+EV_UNSAVED = "unsaved"
+UNSAVED_TEXT = "stopped before any save"
 
 EVENTS = (EV_STARTED, EV_EXTENDED, EV_EXTEND_FAILED, EV_STOPPED, EV_COMPLETE, EV_FAILED,
           EV_NO_PROGRESS, EV_INCOMPLETE, EV_REQUEUED, EV_TIMEOUT, EV_TERMINATED,
-          EV_CANCELLED)
+          EV_CANCELLED, EV_UNSAVED)
 
 # The step's environment names a file here that a program touches once its signal
 # handlers are in place (`train run` and `train launch` do): the batch shell passes the
@@ -72,6 +80,13 @@ GPU_IDLE_THRESHOLD_VAR = "TRAIN_GPU_IDLE_THRESHOLD"  # percent: under it a sampl
 GPU_IDLE_MINUTES_VAR = "TRAIN_GPU_IDLE_MINUTES"  # idle this long: a warning in the log
 GPU_WATCH_DIR = "gpu"  # RUN_DIR/gpu/NODE.csv
 
+# What the batch shell's look for saves passes over at the top of the run directory: its
+# own files and `train launch`'s scontrol stand-in, which change in every chunk whatever the
+# program does (shell patterns).
+SAVE_SCAN_SKIP = (LOG_DIR, JOBS_DIR, GPU_WATCH_DIR, CHAIN_RECORD, CHAIN_IDS, CHAIN_EVENTS,
+                  SAVED_MARKER, "chain-*", ".scontrol-shim", ".signal-ready-*",
+                  ".stop-request-*")
+
 
 def shell_variables() -> dict[str, str]:
     """Every name above as a batch-shell variable (rendered before job-lib.sh)."""
@@ -83,6 +98,9 @@ def shell_variables() -> dict[str, str]:
         "LOG_DIR": LOG_DIR,
         "DOCKER_JOB_LABEL": DOCKER_JOB_LABEL,
         "READY_VAR": SIGNAL_READY_VAR,
+        "SAVED_FILE": SAVED_MARKER,
+        "UNSAVED_TEXT": UNSAVED_TEXT,
+        "SAVE_SKIP": " ".join(SAVE_SCAN_SKIP),
     }
     for name in EVENTS:
         if name != EV_CANCELLED:  # written by `train cancel` alone

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Host-side job library, inlined into the script `train render` writes. The renderer sets
 # before it: RUN_DIR MAX_CHUNKS REQUEUE REQUEUE_ALLOWED COMPLETE_ON_SUCCESS
-# WALLTIME_SECONDS STOP_SIGNAL STOP_MARGIN STOP_VIA STEP_GRACE RUNTIME IMAGE, the array
-# STEP, and the contract's names
+# WALLTIME_SECONDS STOP_SIGNAL STOP_MARGIN STOP_VIA STEP_GRACE STOP_MODE KILL_GRACE RUNTIME
+# IMAGE, the arrays STEP, RESUME_ARGS and SAVE_PATHS, and the contract's names
 # (files COMPLETE_FILE PROGRESS_FILE IDS_FILE EVENTS_FILE LOG_DIR, the label
 # DOCKER_JOB_LABEL, the step's READY_VAR, the event names EV_*), all defined once in
 # train/slurm/contract.py.
@@ -11,7 +11,9 @@
 # one chunk, requeueing, recording what happened, and ending the chain (cancelling the
 # waiting chunk) when it is done, failed or killed.
 #
-# Every chunk runs this same script; its chunk number is the script's first argument.
+# Every chunk runs this same script; its chunk number is the script's first argument, the
+# chain's first chunk its second (1 where it is left out: a resubmitted chain of a run
+# whose last chunk stopped before any save continues the count).
 # A chunk submits its successor when it starts, with afterok on itself and
 # --kill-on-invalid-dep=yes (an #SBATCH line): whatever kills this chunk, Slurm itself
 # removes the successor, even where the batch shell gets no chance to.
@@ -44,7 +46,7 @@ train_prologue() {
     START_PROGRESS=$(train_progress)
     train_log "job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}) on" \
         "${SLURM_JOB_NODELIST:-?}, ${SLURM_JOB_NUM_NODES:-?} node(s);" \
-        "chunk $CHUNK of at most $MAX_CHUNKS"
+        "chunk $CHUNK of at most $LAST_CHUNK"
     train_log "submit dir ${SLURM_SUBMIT_DIR:-?}, run dir $RUN_DIR"
     train_log "runtime $RUNTIME, image ${IMAGE:-none}; work done so far: $START_PROGRESS"
     train_event "$EV_STARTED" "${SLURM_RESTART_COUNT:-0} $START_PROGRESS"
@@ -103,7 +105,7 @@ train_extend() {
     # submit the next chunk (once: a requeued or restarted chunk finds it recorded)
     local next=$((CHUNK + 1)) out id found
     [ "$REQUEUE" = 0 ] && [ "$TRAIN_TERMINATING" = 0 ] || return 0
-    [ "$CHUNK" -lt "$MAX_CHUNKS" ] || return 0
+    [ "$CHUNK" -lt "$LAST_CHUNK" ] || return 0
     if [ -e "$RUN_DIR/$IDS_FILE" ] && grep -q "^$next " "$RUN_DIR/$IDS_FILE"; then
         return 0
     fi
@@ -133,7 +135,7 @@ train_extend() {
     fi
     TRAIN_EXTEND_TRIED=1
     if ! out=$(train_sbatch --parsable --dependency="afterok:${SLURM_JOB_ID:-0}" \
-            "$TRAIN_SCRIPT" "$next" 2>&1); then
+            "$TRAIN_SCRIPT" "$next" ${TRAIN_FIRST_ARG:+"$TRAIN_FIRST_ARG"} 2>&1); then
         [ "$TRAIN_TERMINATING" = 0 ] || return 1  # the TERM ended sbatch too
         train_log "could not submit chunk $next: $out"
         train_event "$EV_EXTEND_FAILED" "$(printf '%s' "$out" | tr '\n' ' ')"
@@ -188,6 +190,10 @@ train_start_step() {
     # child exits (seen as 138 or -1 for a step that exited 0). The waiter has no traps,
     # so its wait is never interrupted; signals go to the step itself (step.pid).
     TRAIN_TMP=$(mktemp -d "${TMPDIR:-/tmp}/train-job.XXXXXX")
+    # what a save is newer than (train_last_save); a file's time comes from a clock that
+    # ticks every few milliseconds: the step starts a tick later
+    touch "$TRAIN_TMP/start"
+    sleep 0.02 2>/dev/null || sleep 1
     TRAIN_READY="$RUN_DIR/.signal-ready-${SLURM_JOB_ID:-0}-${SLURM_RESTART_COUNT:-0}"
     rm -f "$TRAIN_READY"
     export "$READY_VAR=$TRAIN_READY"
@@ -196,7 +202,7 @@ train_start_step() {
     # to say that the work is complete
     local now
     printf -v now '%(%s)T' -1
-    export TRAIN_RUN_DIR="$RUN_DIR" TRAIN_CHUNK="$CHUNK" TRAIN_MAX_CHUNKS="$MAX_CHUNKS" \
+    export TRAIN_RUN_DIR="$RUN_DIR" TRAIN_CHUNK="$CHUNK" TRAIN_MAX_CHUNKS="$LAST_CHUNK" \
         TRAIN_STOP_SIGNAL="$STOP_SIGNAL" TRAIN_STOP_MARGIN="$STOP_MARGIN" \
         TRAIN_DEADLINE=$((TRAIN_START + WALLTIME_SECONDS - STOP_MARGIN)) \
         TRAIN_TIME_BUDGET=$((TRAIN_START + WALLTIME_SECONDS - STOP_MARGIN - now)) \
@@ -211,8 +217,17 @@ train_start_step() {
         kill -USR2 "$$" 2>/dev/null
     ) >/dev/null 2>&1 &
     TRAIN_WATCHER=$!
+    # a program that resumes only when told: after a checkpointed stop of the run (this
+    # chain's or an earlier one's), its arguments end with --resume-args
+    # shellcheck disable=SC2153  # STEP: set by the renderer
+    local step_argv=("${STEP[@]}")
+    if [ -n "${RESUME_ARGS[*]+x}" ] && [ -e "$RUN_DIR/$SAVED_FILE" ]; then
+        step_argv+=("${RESUME_ARGS[@]}")
+        train_log "resuming after a checkpointed stop: the program's arguments end with" \
+            "${RESUME_ARGS[*]}"
+    fi
     {
-        "${STEP[@]}" &
+        "${step_argv[@]}" &
         echo "$!" > "$TRAIN_TMP/step.pid"
         # (after the step started: it must not inherit these as ignored)
         trap '' USR1 TERM INT
@@ -261,6 +276,7 @@ train_on_usr1() {
             # reminder started per signal can be lost: `kill -0` still finds the last
             # one as an unreaped zombie)
             (
+                trap - EXIT  # (forked in a trap handler, as train_kill's is)
                 i=0
                 while [ "$i" -le "$((STEP_GRACE + 1))" ]; do
                     sleep 1
@@ -278,6 +294,10 @@ train_on_usr1() {
         TRAIN_USR1_LATER=
     fi
     [ "$TRAIN_STOP_SENT" = 0 ] || return 0  # the step was asked already (a reminder)
+    if [ "$STOP_MODE" = kill ]; then
+        train_kill
+        return 0
+    fi
     train_log "walltime signal: asking the step to checkpoint and stop ($STOP_SIGNAL)"
     TRAIN_STOP_SENT=1
     if [ "$STOP_VIA" = scancel ]; then
@@ -286,6 +306,74 @@ train_on_usr1() {
     else
         train_signal_step USR1
     fi
+}
+
+# shellcheck disable=SC2329  # invoked by train_on_usr1
+train_kill() {
+    # stop mode kill: the program has no handler and saves on its own; the chunk ends it
+    # (TERM to the step's tasks, KILL to its steps after KILL_GRACE seconds) and the next
+    # chunk continues from its last save
+    train_log "walltime signal: ending the program (stop mode kill): TERM, then KILL" \
+        "after ${KILL_GRACE}s"
+    TRAIN_STOP_SENT=1
+    TRAIN_KILLED=1
+    printf -v TRAIN_KILL_AT '%(%s)T' -1
+    scancel --signal=TERM "${SLURM_JOB_ID:-0}" 2>/dev/null || train_signal_step TERM
+    # (forked in a trap handler: a TERM that comes before it resets the traps can run this
+    # shell's EXIT trap in it, which removes TRAIN_TMP; it is ended with KILL)
+    (
+        trap - EXIT USR1 USR2 TERM
+        sleep "$KILL_GRACE"
+        train_kill_steps
+    ) >/dev/null 2>&1 &
+    TRAIN_KILLER=$!
+}
+
+# shellcheck disable=SC2329  # invoked by train_kill's background process
+train_kill_steps() {
+    # KILL to the job's steps, never to the batch shell (`scancel --signal=KILL JOB` would
+    # cancel the whole job): each numbered step by its id; srun itself where Slurm cannot
+    # be asked
+    local steps step sent=0
+    steps=$(train_slurm_cmd squeue --noheader --steps --jobs="${SLURM_JOB_ID:-0}" \
+        --format=%i 2>/dev/null) || steps=
+    for step in $steps; do
+        case "$step" in *.[0-9]*)
+            scancel --signal=KILL "$step" 2>/dev/null && sent=1 ;;
+        esac
+    done
+    [ "$sent" = 1 ] || train_signal_step KILL
+}
+
+train_last_save() {
+    # The Unix time of the newest file saved since the chunk began: in the run folder
+    # (but the chain's own files, SAVE_SKIP) or under a save path. Fails when there is none.
+    local entry name skip x newest='' line
+    local -a skips paths=()
+    read -r -a skips <<< "$SAVE_SKIP"
+    for entry in "$RUN_DIR"/* "$RUN_DIR"/.[!.]* "$RUN_DIR"/..?*; do
+        [ -e "$entry" ] || [ -L "$entry" ] || continue
+        name=${entry##*/}
+        skip=0
+        for x in "${skips[@]}"; do
+            # shellcheck disable=SC2254  # the names are patterns
+            case "$name" in $x) skip=1; break ;; esac
+        done
+        [ "$skip" = 1 ] || paths+=("$entry")
+    done
+    if [ -n "${SAVE_PATHS[*]+x}" ]; then
+        for entry in "${SAVE_PATHS[@]}"; do
+            [ -e "$entry" ] && paths+=("$entry")
+        done
+    fi
+    [ "${#paths[@]}" -gt 0 ] || return 1
+    while read -r line; do
+        line=${line%%.*}
+        if [ -z "$newest" ] || [ "$line" -gt "$newest" ]; then newest=$line; fi
+    done < <(find "${paths[@]}" -type f -newer "$TRAIN_TMP/start" -printf '%T@\n' \
+        2>/dev/null || true)
+    [ -n "$newest" ] || return 1
+    printf '%s\n' "$newest"
 }
 
 # shellcheck disable=SC2329  # invoked by the USR2 trap
@@ -334,6 +422,9 @@ train_on_exit() {
     if [ -n "${TRAIN_USR1_LATER:-}" ]; then
         kill "$TRAIN_USR1_LATER" 2>/dev/null || true
     fi
+    if [ -n "${TRAIN_KILLER:-}" ]; then
+        kill -KILL "$TRAIN_KILLER" 2>/dev/null || true
+    fi
 }
 
 train_wait_step() {
@@ -356,6 +447,10 @@ train_step_ended() {
     # are ignored, then the reminder and the watcher that send them are stopped.
     local pid
     trap '' USR1 USR2
+    if [ -n "$TRAIN_KILLER" ]; then
+        kill -KILL "$TRAIN_KILLER" 2>/dev/null || true
+        wait "$TRAIN_KILLER" 2>/dev/null || true
+    fi
     for pid in "$TRAIN_USR1_LATER" "$TRAIN_WATCHER"; do
         [ -n "$pid" ] || continue
         kill "$pid" 2>/dev/null || true
@@ -363,6 +458,7 @@ train_step_ended() {
     done
     TRAIN_USR1_LATER=
     TRAIN_WATCHER=
+    TRAIN_KILLER=
     # a program that asked to end its chunk and exited before the watcher saw the request
     # (it looks once a second) has asked all the same: a stop, never "complete"
     if [ "$TRAIN_STOP_REQUESTED" = 0 ] && [ -e "${TRAIN_STOP_REQUEST:-/nonexistent}" ]; then
@@ -374,11 +470,16 @@ train_step_ended() {
 
 train_main() {
     CHUNK=${1-1}
-    case "$CHUNK" in '' | *[!0-9]* | 0)
-        echo "train-job: the chunk number (first argument) must be a positive integer," \
-            "got '$CHUNK'" >&2
+    TRAIN_FIRST_ARG=${2-}
+    case "$CHUNK ${TRAIN_FIRST_ARG:-1}" in *[!0-9\ ]* | ' '* | '0 '* | *' 0')
+        echo "train-job: the chunk number (first argument) and the chain's first chunk" \
+            "(second, optional) must be positive integers, got '$CHUNK' '$TRAIN_FIRST_ARG'" >&2
         exit 2 ;;
     esac
+    # the chain's own bound: MAX_CHUNKS chunks from its first
+    LAST_CHUNK=$((${TRAIN_FIRST_ARG:-1} + MAX_CHUNKS - 1))
+    STOP_MODE=${STOP_MODE:-signal}
+    KILL_GRACE=${KILL_GRACE:-10}
     TRAIN_SCRIPT=${TRAIN_SCRIPT:-$0}
     TRAIN_TERMINATING=0
     TRAIN_REQUEUING=0
@@ -392,6 +493,9 @@ train_main() {
     TRAIN_STOP_REQUESTED=0
     TRAIN_WATCHER=
     TRAIN_EXTEND_TRIED=0
+    TRAIN_KILLED=0
+    TRAIN_KILL_AT=
+    TRAIN_KILLER=
     trap train_on_exit EXIT
     trap train_on_stop_request USR2
     trap train_on_usr1 USR1
@@ -404,7 +508,7 @@ train_main() {
     fi
     train_wait_step
     train_step_ended
-    local rc=$STEP_RC progress
+    local rc=$STEP_RC progress last_save saved
     if [ "$TRAIN_TERMINATING" = 1 ]; then
         train_log "training step ended with exit code $rc after the TERM"
         train_runtime_cleanup
@@ -414,6 +518,12 @@ train_main() {
         # the TERM it asked for ended a program without a TERM handler: its checkpoint
         # was written before it asked
         train_log "the step ended of the TERM that the program asked for: a stop"
+        rc=0
+    fi
+    if [ "$TRAIN_KILLED" = 1 ]; then
+        # whatever it ended with (143 of the TERM, 137 of the KILL, or 0): the tool's stop
+        train_log "the step ended (exit code $rc) after the tool ended it (stop mode kill)"
+        train_runtime_cleanup
         rc=0
     fi
     if [ "$rc" -ne 0 ]; then
@@ -448,6 +558,26 @@ train_main() {
         train_cancel_rest
         exit 0
     fi
+    # a stop counts as checkpointed only when something was saved since the chunk began
+    if [ "$progress" != "$START_PROGRESS" ]; then
+        printf -v last_save '%(%s)T' -1  # (where no file of it is newer: the progress)
+        if saved=$(train_last_save); then last_save=$saved; fi
+    elif ! last_save=$(train_last_save); then
+        train_log "$UNSAVED_TEXT: the progress file, the run folder" \
+            "${SAVE_PATHS[*]+and ${SAVE_PATHS[*]} }show nothing saved since this chunk" \
+            "began; the chain stops here. Submit the same job again (with a longer --time" \
+            "if the program saves too late for it): the chain goes on at chunk $((CHUNK + 1))"
+        train_event "$EV_UNSAVED" "$progress"
+        train_cancel_rest
+        exit 0
+    fi
+    if [ "$TRAIN_KILLED" = 1 ] && [ -n "$last_save" ]; then
+        train_log "the work since the program's last save is redone by the next chunk:" \
+            "$((TRAIN_KILL_AT > last_save ? TRAIN_KILL_AT - last_save : 0))s (last save" \
+            "$(printf '%(%H:%M:%S)T' "$last_save"), stopped $(printf '%(%H:%M:%S)T' \
+            "$TRAIN_KILL_AT"))"
+    fi
+    printf '%s %s %s\n' "$CHUNK" "${SLURM_JOB_ID:-0}" "$last_save" > "$RUN_DIR/$SAVED_FILE"
     if [ "$REQUEUE" = 1 ]; then
         if [ $((${SLURM_RESTART_COUNT:-0} + 1)) -lt "$MAX_CHUNKS" ]; then
             train_log "checkpoint written ($progress); requeueing job $SLURM_JOB_ID"
@@ -460,7 +590,7 @@ train_main() {
         train_event "$EV_INCOMPLETE" "$progress"
         exit 0
     fi
-    if [ "$CHUNK" -ge "$MAX_CHUNKS" ]; then
+    if [ "$CHUNK" -ge "$LAST_CHUNK" ]; then
         train_log "bound of $MAX_CHUNKS chunks reached before the work ($progress):" \
             "submit again with a larger --max-chunks to continue"
         train_event "$EV_INCOMPLETE" "$progress"

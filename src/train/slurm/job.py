@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -35,6 +36,8 @@ from train.yamlio import shown
 
 LAUNCH_MODES = ("auto", "torchrun", "tasks")
 STOP_SIGNALS = ("USR1", "TERM", "none")
+# signal: the program gets the stop signal and checkpoints; kill: the tool ends it itself
+STOP_MODES = ("signal", "kill")
 ENTRIES = ("train", "command", "navsim")
 NAVSIM_SCRIPT = "/opt/navsim/navsim/planning/script/run_training.py"  # navsim.def's checkout
 # NAVSIM's usual training split (its scripts/training/*.sh at the pinned commit); the
@@ -245,7 +248,8 @@ class JobSpec:
                         kind=bool)
     stop_signal: str = opt("auto", "Signal the program gets signal_margin seconds before "
                            "the walltime, to checkpoint and exit 0: USR1, TERM or none "
-                           "(auto: USR1; none for --entry command).", kind=str,
+                           "(auto: USR1; none for --entry command; TERM, from the tool "
+                           "itself, with --stop-mode kill).", kind=str,
                            choices=("auto", *STOP_SIGNALS))
     signal_margin: int | None = opt(None, "Seconds before the walltime at which the stop "
                                     "signal is sent and by which the trainer's own time "
@@ -253,6 +257,23 @@ class JobSpec:
                                     "walltime).", kind=int, positive=True, optional=True)
     time_budget: bool = opt(True, "Give the trainer a time budget of walltime minus the "
                             "margin (signal delivery alone is coarse).", kind=bool)
+    stop_mode: str = opt("signal", "signal: at the margin the program gets the stop signal "
+                         "and checkpoints itself. kill: for a program with no handler that "
+                         "saves on its own every so often: at the margin the tool ends it "
+                         "(TERM, then KILL after a grace) and the next chunk continues from "
+                         "its last save (the work since is redone; the job log says how "
+                         "much).", kind=str, choices=STOP_MODES)
+    resume_args: str | None = opt(None, "Arguments added to the program's own in every chunk "
+                                  "that follows a checkpointed stop (never in the first "
+                                  "chunk of a run), for a program that resumes only when "
+                                  "told, e.g. --resume-args=--init_from=resume (entry "
+                                  "command or navsim).", kind=str, optional=True)
+    save_path: tuple[str, ...] = opt((), "Where the program saves (a file or folder, may "
+                                     "repeat; relative paths are from --chdir or the submit "
+                                     "folder). A stop counts as checkpointed only when the "
+                                     "progress file, a file of the run folder or of a "
+                                     "save path changed since the chunk began; otherwise "
+                                     "the chain ends 'stopped before any save'.", kind=list)
     workers: int = opt(0, "DataLoader workers per process (checked against memory).",
                        kind=int, minimum=0)
     worker_mem: str = opt(f"{DEFAULT_WORKER_MEM_MB // 1024}G", "Host memory per "
@@ -343,6 +364,7 @@ class JobSpec:
             check_extra_option(item, "sbatch_extra", SBATCH_OWNED)
         for item in self.srun_extra:
             check_extra_option(item, "srun_extra", SRUN_OWNED)
+        self._check_resume()
         if self.entry == "command" and self.stop == "none" and self.chunks > 1 \
                 and not self.requeue:
             raise ConfigError("max_chunks", f"{self.chunks} chunks of a command with no stop "
@@ -366,6 +388,36 @@ class JobSpec:
                               f"sample an hour), got {self.gpu_watch_interval}; 0 turns "
                               "the watch off")
         self._check_navsim()
+
+    def _check_resume(self) -> None:
+        """--stop-mode, --resume-args and --save-path: values the batch shell can use."""
+        if self.stop_mode == "kill" and self.stop_signal not in ("auto", "TERM"):
+            raise ConfigError("stop_mode", f"kill ends the program with TERM, then KILL: "
+                              f"--stop-signal {self.stop_signal} cannot go with it (leave "
+                              "--stop-signal out)")
+        if self.resume_args is not None:
+            if self.entry == "train":
+                raise ConfigError("resume_args", "is for --entry command or navsim: "
+                                  "`train run` resumes from its checkpoint by itself")
+            if any(c in self.resume_args for c in "\n\r\0"):
+                raise ConfigError("resume_args", "must be on one line, without NUL")
+            try:
+                words = shlex.split(self.resume_args)
+            except ValueError as exc:
+                raise ConfigError("resume_args", f"{self.resume_args!r} cannot be split into "
+                                  f"arguments as a shell would: {exc}") from None
+            if not words:
+                raise ConfigError("resume_args", "is empty: give the arguments the program "
+                                  "resumes with, e.g. --resume-args=--init_from=resume")
+        for item in self.save_path:
+            if not item or any(c in item for c in "\n\r\0"):
+                raise ConfigError("save_path", f"{item!r} is not a path (empty, or it holds "
+                                  "a line break or NUL)")
+
+    @property
+    def resume_argv(self) -> tuple[str, ...]:
+        """--resume-args as the program gets them (split as a shell would)."""
+        return tuple(shlex.split(self.resume_args)) if self.resume_args else ()
 
     def _check_navsim(self) -> None:
         """The NAVSIM options: given only with entry navsim; values Hydra and the node take."""
@@ -397,7 +449,10 @@ class JobSpec:
 
     @property
     def stop(self) -> str:
-        """The stop signal in force: the field, or the entry's default."""
+        """The stop signal in force: the field, or the entry's default (TERM, from the
+        tool itself, in stop mode kill)."""
+        if self.stop_mode == "kill":
+            return "TERM"
         if self.stop_signal != "auto":
             return self.stop_signal
         return "none" if self.entry == "command" else "USR1"
@@ -759,7 +814,7 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
         lightning = spec.entry == "command" and imports_lightning(spec.workload, spec.chdir)
         launch = "single" if spec.nodes * max(1, spec.gpus_per_node) == 1 \
             else "tasks" if lightning else "torchrun"
-    if launch == "torchrun" and spec.stop == "TERM":
+    if launch == "torchrun" and spec.stop == "TERM" and spec.stop_mode != "kill":
         raise ConfigError("stop_signal", "TERM cannot be the stop signal under torch's "
                           "launcher: Slurm signals every process of the step, and the "
                           "launcher takes TERM as the end of the job and fails it. Use USR1 "

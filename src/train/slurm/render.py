@@ -84,6 +84,18 @@ def step_grace(job: ResolvedJob) -> int:
     return max(1, min(STEP_GRACE_SECONDS, job.margin // 2))
 
 
+def kill_grace(job: ResolvedJob) -> int:
+    """Stop mode kill: seconds between the TERM and the KILL, well inside the margin."""
+    return max(1, min(STEP_GRACE_SECONDS, job.margin // 3))
+
+
+def save_paths(job: ResolvedJob) -> list[str]:
+    """--save-path as absolute paths: relative ones are from --chdir (where the program
+    runs), or the submit folder."""
+    base = program_folder(job.spec.chdir) if job.spec.chdir is not None else os.getcwd()
+    return [os.path.normpath(os.path.join(base, p)) for p in job.spec.save_path]
+
+
 def sbatch_options(job: ResolvedJob) -> list[str]:
     spec = job.spec
     # sbatch expands %j, %x, ... in these paths: a literal % in the run directory is %%
@@ -245,6 +257,8 @@ def render(job: ResolvedJob, library: str) -> str:
         f"STOP_MARGIN={job.margin}",
         f"STOP_VIA={stop_route(job)}",
         f"STEP_GRACE={step_grace(job)}",
+        f"STOP_MODE={spec.stop_mode}",
+        f"KILL_GRACE={kill_grace(job)}",
         f"RUNTIME={shlex.quote(spec.runtime)}",
         f"IMAGE={shlex.quote(spec.image or '')}",
         "# the contract with train (train/slurm/contract.py)",
@@ -257,7 +271,11 @@ def render(job: ResolvedJob, library: str) -> str:
     if job.profile.modules and spec.runtime == "apptainer":
         out += ["", "# site set-up (from the cluster profile)", *job.profile.modules]
     out += ["", "# shellcheck disable=SC2016,SC2054  # literal arguments, quoted on purpose",
-            "STEP=(", *_wrap(step_argv(job)), ")", "",
+            "STEP=(", *_wrap(step_argv(job)), ")",
+            "# added to the program's arguments after a checkpointed stop (--resume-args)",
+            "RESUME_ARGS=(", *_wrap(job.spec.resume_argv), ")",
+            "# where the program saves, besides the run folder (--save-path)",
+            "SAVE_PATHS=(", *_wrap(save_paths(job)), ")", "",
             f"# --- {LIBRARY_NAME} (inlined) ---", _strip_header(library),
             f"# --- end of {LIBRARY_NAME} ---", "", 'train_main "$@"', ""]
     return "\n".join(out)

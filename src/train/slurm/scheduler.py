@@ -181,10 +181,10 @@ _ENDING_STATES = {
 # Events after which a chunk's batch shell has nothing more to say.
 _DECISIVE = (contract.EV_STARTED, contract.EV_STOPPED, contract.EV_REQUEUED,
              contract.EV_FAILED, contract.EV_TIMEOUT, contract.EV_TERMINATED,
-             contract.EV_NO_PROGRESS, contract.EV_INCOMPLETE)
+             contract.EV_NO_PROGRESS, contract.EV_INCOMPLETE, contract.EV_UNSAVED)
 # Events whose detail ends with "DONE TOTAL".
 _WITH_PROGRESS = (contract.EV_STOPPED, contract.EV_REQUEUED, contract.EV_COMPLETE,
-                  contract.EV_NO_PROGRESS, contract.EV_INCOMPLETE)
+                  contract.EV_NO_PROGRESS, contract.EV_INCOMPLETE, contract.EV_UNSAVED)
 
 
 def parse_ids(text: str) -> list[tuple[int, str]]:
@@ -309,6 +309,20 @@ def check_sweep_root(root: Path) -> None:
 _CHAIN_FILES = (contract.CHAIN_RECORD, contract.CHAIN_IDS)
 
 
+def first_chunk(previous: Chain | None) -> int:
+    """The chunk a new chain of the run starts at: 1, or, where the earlier chain's last
+    chunk stopped before any save, the one after it (so TRAIN_CHUNK goes on counting)."""
+    if previous is None or not previous.ids:
+        return 1
+    text = _read_text(previous.run_dir / contract.CHAIN_EVENTS, EVENTS_LIMIT, tail=True)
+    ids = set(previous.ids)
+    last = next((e for e in reversed(parse_events(text))
+                 if e["job_id"] in ids and e["event"] in _DECISIVE), None)
+    if last is None or last["event"] != contract.EV_UNSAVED:
+        return 1
+    return int(last["chunk"]) + 1
+
+
 def submit_chain(job: ResolvedJob, library: str) -> Chain:
     """Render the chain's script, submit chunk 1 held, record the chain, then release.
 
@@ -324,6 +338,7 @@ def submit_chain(job: ResolvedJob, library: str) -> Chain:
         raise ResourceError("sbatch is not on PATH: `train submit` runs on a cluster's login "
                             "node (`train render` prints the script anywhere)")
     previous = _check_not_active(run_dir)
+    first = first_chunk(previous)
     tag = (previous.ids[0] if previous.ids else "old") if previous else None
     jobs_dir = run_dir / contract.JOBS_DIR
     script = jobs_dir / contract.JOB_SCRIPT
@@ -342,8 +357,10 @@ def submit_chain(job: ResolvedJob, library: str) -> Chain:
     try:
         # sbatch reads the script now: where the file goes afterwards does not matter
         # without SBATCH_* variables: they would override chunk 1's #SBATCH lines only
+        # the chunk number, and the chain's first chunk where it is not 1
+        chunk_args = ["1"] if first == 1 else [str(first), str(first)]
         job_id = parse_sbatch_id(_proc.run(["sbatch", "--parsable", "--hold", str(pending),
-                                            "1"], timeout=120,
+                                            *chunk_args], timeout=120,
                                            env=submitcheck.sbatch_environment()).stdout)
         if tag is not None:
             for path in [*(run_dir / n for n in _CHAIN_FILES), script]:
@@ -358,13 +375,14 @@ def submit_chain(job: ResolvedJob, library: str) -> Chain:
             moved.append((cleared, marker))
         pending.replace(script)
         written = [script, run_dir / contract.CHAIN_IDS, run_dir / contract.CHAIN_RECORD]
-        (run_dir / contract.CHAIN_IDS).write_text(f"1 {job_id}\n", encoding="utf-8")
+        (run_dir / contract.CHAIN_IDS).write_text(f"{first} {job_id}\n", encoding="utf-8")
         record = {
             "name": job.spec.name,
             "cluster": job.profile.name,
             "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "first_job": job_id,
             "max_chunks": job.chunks,
+            "first_chunk": first,
             "requeue": job.spec.requeue,
             "entry": job.spec.entry,
             "walltime_seconds": job.minutes * 60,
@@ -391,7 +409,7 @@ def submit_chain(job: ResolvedJob, library: str) -> Chain:
     if cleared is not None:
         with contextlib.suppress(OSError):  # (a folder of that name stays aside)
             cleared.unlink(missing_ok=True)
-    return Chain(run_dir, record, [(1, job_id)])
+    return Chain(run_dir, record, [(first, job_id)])
 
 
 def _split_progress(detail: str | None) -> tuple[int, int] | None:
@@ -459,6 +477,13 @@ def _outcome(chain: Chain, chunks: list[dict[str, Any]], events: list[dict[str, 
         if event == contract.EV_NO_PROGRESS:
             return "stalled", (f"{where} ended without adding work (done/total now "
                                f"{detail.replace(' ', '/')}), so the chain stopped; see {logs}")
+        if event == contract.EV_UNSAVED:
+            return "stalled", (f"{where} {contract.UNSAVED_TEXT} (the program's progress "
+                               "file, the run folder and its save paths show nothing saved "
+                               "since the chunk began), so the chain stopped; submit the "
+                               "same job again (a longer --time if the program saves too "
+                               "late for it): the new chain goes on at chunk "
+                               f"{chunk['chunk'] + 1}; see {logs}")
         if event == contract.EV_INCOMPLETE:
             unit = "run" if chain.record.get("requeue") else "chunk"
             return "incomplete", (f"the bound of {chain.record.get('max_chunks')} {unit}(s) was "
