@@ -1,7 +1,7 @@
 """A training program in nanoGPT's shape, without torch: `--key=value` flags, a checkpoint
 (ckpt.json in --out_dir) written every --eval_interval iterations, resumed only when told
 (`--init_from=resume`, which fails with no checkpoint), no signal handler, and no idea of
-Slurm, chunks or TRAIN_*: a stop signal kills it.
+Slurm, chunks or TRAIN_*: a stop signal kills it (a TERM does not with --ignore_term=1).
 
 For the tests, what each process did goes to --log_dir (never under --out_dir, which is
 what the job names as its save path): one line per iteration ("PID ITER"), its argv and
@@ -14,19 +14,22 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 config: dict[str, Any] = {"out_dir": "out", "log_dir": "log", "init_from": "scratch", "max_iters": 30,
-          "eval_interval": 5, "block_after": 0}
+          "eval_interval": 5, "block_after": 0, "ignore_term": 0}
 for arg in sys.argv[1:]:  # nanoGPT's configurator: --key=value overrides a default
     key, sep, value = arg[2:].partition("=")
     if not arg.startswith("--") or not sep or key not in config:
         sys.exit(f"unknown argument {arg!r}")
     config[key] = type(config[key])(value)
 
+if config["ignore_term"]:  # (some programs carry on through a TERM)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 out_dir, log_dir = Path(str(config["out_dir"])), Path(str(config["log_dir"]))
 out_dir.mkdir(parents=True, exist_ok=True)
 log_dir.mkdir(parents=True, exist_ok=True)

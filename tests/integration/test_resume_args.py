@@ -127,3 +127,23 @@ def test_a_chunk_stopped_before_any_save_ends_the_chain_and_a_resubmit_counts_on
     assert "--init_from=resume" not in runs[1]["argv"]
     assert json.loads((tmp_path / "out" / "ckpt.json").read_text()) == {"iter_num": 10}
     assert status(tmp_path, slurm_env, "early")["chunks_used"] == 1
+
+
+def test_a_program_that_carries_on_through_the_term_is_killed_after_the_grace(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    shutil.copy(PROGRAM, tmp_path / "nanogpt_like.py")
+    log_dir = tmp_path / "log"
+    # chunk 1 runs 1-7 (a save at 5) and ignores the TERM; chunk 2 resumes at 5, ends at 10
+    run_dir = submit(tmp_path, slurm_env, "deaf", _flags("--max-chunks", "2"),
+                     [sys.executable, "nanogpt_like.py", "--max_iters=10",
+                      "--eval_interval=5", "--block_after=7", "--ignore_term=1"])
+    _stop_when_blocked(tmp_path, slurm_env, "deaf", log_dir, 1)
+    st = wait(tmp_path, slurm_env, "deaf", lambda s: s["state"] in TERMINAL, timeout=300)
+    err = logs(run_dir)
+    assert st["state"] == "complete", (st, err[-4000:])
+    assert [c["events"][-1] for c in st["chunks"]] == ["stopped", "complete"]
+    assert "still running 10s after the TERM: KILL" in err
+    assert "exit code 137" in err  # the program died of the KILL
+    runs = _runs(log_dir)
+    iters = _iters(log_dir)
+    assert [iters[r["pid"]] for r in runs] == [list(range(1, 8)), list(range(6, 11))]

@@ -323,9 +323,10 @@ train_kill() {
     # shell's EXIT trap in it, which removes TRAIN_TMP; it is ended with KILL)
     (
         trap - EXIT USR1 USR2 TERM
-        sleep "$KILL_GRACE"
+        sleep "$KILL_GRACE" 2>/dev/null
+        train_log "the program is still running ${KILL_GRACE}s after the TERM: KILL"
         train_kill_steps
-    ) >/dev/null 2>&1 &
+    ) >/dev/null &
     TRAIN_KILLER=$!
 }
 
