@@ -380,7 +380,13 @@ def _mask_points(words: Sequence[str | None]) -> list[int | None]:
             pending = "keep"
         elif word[:1] == "-" and len(word) > 1 and not word.startswith("--="):
             separate, attached = _TOOLS.get(tool, _NO_TOOL)
-            if is_secret_name(name):
+            # the program's own password options first: -psecret is mysql's -p with the
+            # password "secret", not an option named like a secret (whose value follows)
+            if word in separate:
+                pending = "value"
+            elif word[:2] in attached and len(word) > 2 and word[1] != "-":  # -pSECRET
+                point = 2
+            elif is_secret_name(name):
                 if sep:
                     point = len(name) + 1
                 else:
@@ -392,10 +398,6 @@ def _mask_points(words: Sequence[str | None]) -> list[int | None]:
                     pending = "user"
             elif tool == "curl" and word.startswith("-u"):  # -uuser:password
                 point = _after_colon(word, 2)
-            elif word in separate:
-                pending = "value"
-            elif word[:2] in attached and len(word) > 2 and word[1] != "-":  # -pSECRET
-                point = 2
         points.append(point)
     return points
 

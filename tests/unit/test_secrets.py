@@ -467,3 +467,28 @@ def test_a_megabyte_of_the_new_shapes_finishes(unit: str) -> None:
     text = unit * ((1 << 20) // len(unit))
     assert len(redact_text(text)) > 0
     assert len(masked_argv(["x", text, "--token", text])) == 4
+
+
+# A password attached to a program's short option (mysql -pX, sshpass -pX) whose own text
+# looks like a secret's name (secret, mytoken, apikey): the option's value, masked, and the
+# word after it (a database, a command) kept. A hostile trial found the password kept and
+# the next word masked in its place.
+ATTACHED_LOOK_ALIKE = {
+    "mysql -psecret": (["mysql", "-u", "root", "-psecret", "db"],
+                       ["mysql", "-u", "root", f"-p{REDACTED}", "db"]),
+    "mysql -pmytoken": (["mysqldump", "-pmytoken", "db"], ["mysqldump", f"-p{REDACTED}", "db"]),
+    "mysql -p with = in it": (["mysql", "-psecret=sv-1", "db"], ["mysql", f"-p{REDACTED}", "db"]),
+    "sshpass -psecretpw": (["sshpass", "-psecretpw", "ssh", "h"],
+                           ["sshpass", f"-p{REDACTED}", "ssh", "h"]),
+    "in a body": (["sh", "-c", "mysql -psecret db < x.sql"],
+                  ["sh", "-c", f"mysql -p{REDACTED} db < x.sql"]),
+}
+
+
+@pytest.mark.parametrize("case", ATTACHED_LOOK_ALIKE)
+def test_an_attached_password_that_looks_like_a_name_is_masked(case: str) -> None:
+    argv, expected = ATTACHED_LOOK_ALIKE[case]
+    assert masked_argv(argv) == expected
+    text = redact_text(shlex.join(argv))  # the same command line as text
+    assert [w for w in ("secret", "mytoken", "sv-1") if w in text] == [], text
+    assert text in (shlex.join(expected), " ".join(expected))  # the next word kept
