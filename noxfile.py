@@ -54,7 +54,8 @@ ARCH_WHEEL_PINS = ("torchvision==0.25.0", "torchvision==0.28.0")
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The whole test suite; integration tiers skip with a reason where their tool is missing."""
+    """The whole test suite, then the slurm tier's main scenarios on Slurm 24.11 too;
+    integration tiers skip with a reason where their tool is missing."""
     _install(session, "dev")
     # tests reach nothing but loopback: the client install test (tests/integration/
     # test_client_install.py) installs the package's base dependencies from these wheels
@@ -69,6 +70,29 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", "--durations=25", *session.posargs,
                 env={"OMP_NUM_THREADS": "1", "TRAIN_TEST_WHEELS": str(CLIENT_WHEELS),
                      "TRAIN_TEST_ARCH_WHEELS": str(ARCH_WHEELS)})
+    if not session.posargs:  # the whole suite: then the main scenarios on Slurm 24.11 too
+        session.run("pytest", "-m", "slurm", "-k", SLURM_24_11, "--durations=10",
+                    "tests/integration",
+                    env={"OMP_NUM_THREADS": "1", "TRAIN_TEST_SLURM": "24.11"})
+
+
+# The slurm tier's scenarios that meet what changed between Slurm 22.05 (Debian bookworm's,
+# the machine's own) and the sites' 23.x-25.x: chains, walltime, requeue, launch, doctor.
+# They run again on Debian trixie's Slurm 24.11 in a chroot (ci/trixie-slurm.sh: the root
+# is made once per machine, about 2 minutes, and kept in /var/cache/train-ci).
+SLURM_24_11 = " or ".join([
+    "test_the_time_budget_ends_each_chunk_until_the_bound",  # a chain: resume, the bound
+    "test_walltime_timeout_of_a_step_that_ignores_the_signal",
+    "test_scancel_of_the_running_chunk",
+    "test_a_requeued_chunk_resumes_and_the_chain_goes_on",
+    "test_a_failing_chunk_marks_the_chain_failed",
+    "test_two_node_ddp_ranks_end_with_identical_parameters",  # train launch, srun
+    # (`train doctor` runs in the walltime, scancel and failing-chunk tests; test_doctor's
+    # full disk is a tmpfs mounted after the cluster started: its mount namespace, private,
+    # never sees it, so that test is for the machine's own Slurm only)
+    "test_no_process_of_the_cluster_outlives_its_test_session and SIGKILL",
+    "test_slurm_versions.py",  # what differs between releases, checked on both
+])
 
 
 @nox.session

@@ -8,7 +8,10 @@ set -euo pipefail
 dir=${1:?usage: slurm-up.sh DIR}
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
-base_port=${SLURM_BASE_PORT:-$((20000 + RANDOM % 20000))}
+# (clusters side by side differ in their ports and job ids: `train launch` takes the DDP
+# master port from the job id, 20000 + id % 20000; the daemons' ports lie above that)
+base_port=${SLURM_BASE_PORT:-$((40000 + RANDOM % 10000))}
+first_job=${SLURM_FIRST_JOB_ID:-$((1000 + RANDOM % 18000))}
 ctld_port=$base_port
 node_first=$((base_port + 1))
 node_last=$((base_port + 2))
@@ -70,6 +73,7 @@ EnforcePartLimits=ALL
 ReturnToService=2
 MpiDefault=none
 MinJobAge=600
+FirstJobId=$first_job
 KillWait=5
 SlurmdTimeout=10
 InactiveLimit=0

@@ -181,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "resolve from the folder above the definitions, as `apptainer build` "
                        "run from the repository root does.")
     p.add_argument("action", choices=["lint", "translate", "build", "test", "export",
-                                      "digest"],
+                                      "digest", "new"],
                    help="digest: the content digest of a built image (every file's path, "
                    "mode and sha256), to compare an image on the cluster with CI's")
     p.add_argument("images", nargs="*", metavar="IMAGE",
@@ -650,6 +650,8 @@ def _cmd_image(args: argparse.Namespace) -> int:
     from train.images.lint import lint_all
     from train.images.sources import containers_dir, find_def
 
+    if args.action == "new":
+        return _image_new(args, containers_dir(args.defs))
     if args.action == "lint":
         paths = ([find_def(i, args.defs) for i in args.images]
                  or sorted(containers_dir(args.defs).glob("*.def")))
@@ -709,6 +711,24 @@ def _cmd_image(args: argparse.Namespace) -> int:
     if engine == "apptainer":
         raise UsageError("image export: an apptainer build is already a SIF file")
     print(builder.docker_export(tag, out or Path(f"{d.name}.tar").resolve()))
+    return EXIT_OK
+
+
+def _image_new(args: argparse.Namespace, containers: Path) -> int:
+    from train.images.derive import PIP_INDEX, derive
+
+    if len(args.images) != 1:
+        raise UsageError("image new: name exactly one new image (NAME)")
+    if args.requirements is None:
+        raise UsageError("image new: --requirements FILE is required")
+    index = (["--no-index", "--find-links", str(args.find_links.resolve())]
+             if args.find_links is not None else ["--index-url", PIP_INDEX])
+    made = derive(args.images[0], args.from_image, args.requirements, containers,
+                  out=args.out, editable=args.editable, index_args=index)
+    print(f"wrote {made.definition} and {made.lock} ({len(made.added)} package(s) added to "
+          f"{args.from_image}: {', '.join(f'{p.name}=={p.version}' for p in made.added)})")
+    print(f"next: train image lint {made.definition}; train image build {made.definition} "
+          f"(Docker: --localimage {args.from_image}.sif=train/{args.from_image}:local)")
     return EXIT_OK
 
 

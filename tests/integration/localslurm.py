@@ -190,9 +190,15 @@ def local_cluster(version: str = "", prefix: str = "ts") -> Iterator[dict[str, s
     """A cluster for the `with` block: its environment, and nothing of it left after."""
     folder = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))  # munge socket path < 108
     cluster = LocalCluster(folder, version)
+    path = os.environ.get("PATH")
     try:
         with interrupt_on_terminate():
-            yield cluster.start()
+            env = cluster.start()
+            if "PATH" in env:  # also for tests that build PATH from the session's own
+                os.environ["PATH"] = env["PATH"]
+            yield env
     finally:
+        if path is not None:
+            os.environ["PATH"] = path
         cluster.stop()
         shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,162 @@
+"""`train image new`: a derived definition and a lock of only what it adds, resolved by the
+real pip against the base image's lock, offline: the "index" is a folder of tiny wheels this
+test writes (--find-links), so no test reaches the network. Every bad-requirements case is
+exit 2 with nothing written."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from train.cli import main
+from train.images.derive import read_lock
+from train.images.lint import lint_def
+from train.images.sources import containers_dir
+
+CONTAINERS = containers_dir()
+BASE_PINS = read_lock(CONTAINERS / "requirements" / "base-cu130.txt")
+
+
+def make_wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = (),
+               tag: str = "py3-none-any") -> Path:
+    """A minimal valid wheel (METADATA, WHEEL, RECORD and one module)."""
+    module = name.replace("-", "_")
+    info = f"{module}-{version}.dist-info"
+    files = {
+        f"{module}/__init__.py": f"VERSION = {version!r}\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                            + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                         f"Tag: {tag}\n",
+    }
+    path = folder / f"{module}-{version}-{tag}.whl"
+    record = []
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, text in files.items():
+            archive.writestr(member, text)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest())
+            record.append(f"{member},sha256={digest.rstrip(b'=').decode()},{len(text)}")
+        archive.writestr(f"{info}/RECORD", "\n".join([*record, f"{info}/RECORD,,"]) + "\n")
+    return path
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def index(tmp_path: Path) -> Path:
+    """The wheels pip may choose from: the user's packages, one that needs an old numpy,
+    one built for CPython 3.11 only, one with only a source archive, and stand-ins for
+    the base's numpy and setuptools at the base lock's versions."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    make_wheel(wheels, "extra-pkg", "1.2.0", ("numpy>=1.20", "helper-pkg>=0.2"))
+    make_wheel(wheels, "helper-pkg", "0.3")
+    make_wheel(wheels, "helper-pkg", "0.1")
+    make_wheel(wheels, "old-numpy-user", "1.0", ("numpy<2",))
+    make_wheel(wheels, "numpy", BASE_PINS["numpy"].version)
+    make_wheel(wheels, "numpy", "1.26.4")
+    make_wheel(wheels, "setuptools", BASE_PINS["setuptools"].version)
+    make_wheel(wheels, "only-cp311", "1.0", tag="cp311-cp311-manylinux_2_28_x86_64")
+    (wheels / "only_sdist-1.0.tar.gz").write_bytes(b"not a wheel")
+    return wheels
+
+
+def new(tmp_path: Path, index: Path, requirements: str, *extra: str) -> int:
+    req = tmp_path / "requirements.txt"
+    req.write_text(requirements, encoding="utf-8")
+    return main(["image", "new", "myproj", "--requirements", str(req), "--find-links",
+                 str(index), "--out", str(tmp_path / "containers-myproj"), *extra])
+
+
+def test_derive_writes_a_lock_of_only_what_it_adds(tmp_path: Path, index: Path) -> None:
+    assert new(tmp_path, index, "extra-pkg==1.2.0  # the one I need\n") == 0
+    folder = tmp_path / "containers-myproj"
+    lock = read_lock(folder / "requirements" / "myproj.txt")
+    # numpy is the base's (dropped); helper-pkg's newest allowed version, with its hash
+    assert sorted(lock) == ["extra-pkg", "helper-pkg"]
+    assert lock["helper-pkg"].version == "0.3"
+    assert lock["extra-pkg"].hashes == (sha256(index / "extra_pkg-1.2.0-py3-none-any.whl"),)
+    assert lock["helper-pkg"].hashes == (sha256(index / "helper_pkg-0.3-py3-none-any.whl"),)
+    definition = (folder / "myproj.def").read_text(encoding="utf-8")
+    assert "Bootstrap: localimage\nFrom: {{ BASE_SIF }}\n" in definition
+    assert "    BASE_SIF=base.sif\n" in definition
+    assert "--require-hashes --no-deps -r /opt/train/requirements/myproj.txt" in definition
+    assert lint_def(folder / "myproj.def") == []
+    assert main(["image", "lint", str(folder / "myproj.def")]) == 0
+
+
+def test_derive_from_sc2_keeps_the_sc2_pins_and_environment(tmp_path: Path,
+                                                            index: Path) -> None:
+    assert new(tmp_path, index, "helper-pkg\n", "--from", "sc2") == 0
+    folder = tmp_path / "containers-myproj"
+    definition = (folder / "myproj.def").read_text(encoding="utf-8")
+    assert "    BASE_SIF=sc2.sif\n" in definition
+    assert "export SC2PATH=/opt/sc2/StarCraftII" in definition
+    assert "sc2.txt" in (folder / "requirements" / "myproj.txt").read_text(encoding="utf-8")
+    assert lint_def(folder / "myproj.def") == []
+
+
+def test_editable_project_is_copied_and_installed_and_its_dependencies_locked(
+        tmp_path: Path, index: Path) -> None:
+    project = tmp_path / "myproject"
+    (project / "myproject").mkdir(parents=True)
+    (project / "myproject" / "__init__.py").write_text("", encoding="utf-8")
+    (project / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = '
+        '"setuptools.build_meta"\n[project]\nname = "myproject"\nversion = "0.1"\n'
+        'dependencies = ["helper-pkg>=0.2"]\n', encoding="utf-8")
+    assert new(tmp_path, index, "", "--editable", str(project)) == 0
+    folder = tmp_path / "containers-myproj"
+    definition = (folder / "myproj.def").read_text(encoding="utf-8")
+    assert "    myproject /opt/src/myproj\n" in definition
+    assert "--no-build-isolation -e /opt/src/myproj" in definition
+    # setuptools is the base's; the project's dependency is added
+    assert sorted(read_lock(folder / "requirements" / "myproj.txt")) == ["helper-pkg"]
+    assert lint_def(folder / "myproj.def") == []
+
+
+@pytest.mark.parametrize(("requirements", "named"), [
+    # a pin of the base's own packages that the base lock does not satisfy
+    ("torch==2.5.0\n", "torch==2.5.0"),
+    ("numpy<2\n", "numpy<2"),
+    ("nvidia-nccl-cu13==2.18.1\n", "nvidia-nccl-cu13==2.18.1"),
+    # a package whose own dependency conflicts with the base's numpy (found by pip)
+    ("old-numpy-user==1.0\n", "old-numpy-user"),
+    # nothing pip can pin by hash from an index
+    ("git+https://github.com/example/pkg.git@main\n", "git+https://github.com/example/pkg"),
+    ("pkg @ https://example.org/pkg-1.0.tar.gz\n", "pkg @ https://example.org"),
+    ("./mypkg\n", "./mypkg"),
+    ("-e ./mypkg\n", "-e ./mypkg"),
+    # no wheel for the image's CPython 3.12 on manylinux x86_64
+    ("only-cp311==1.0\n", "only-cp311"),
+    ("only-sdist==1.0\n", "only-sdist"),
+    ("not-on-the-index==1.0\n", "not-on-the-index"),
+])
+def test_bad_requirements_exit_2_naming_it_and_write_nothing(
+        tmp_path: Path, index: Path, capsys: pytest.CaptureFixture[str],
+        requirements: str, named: str) -> None:
+    assert new(tmp_path, index, requirements) == 2
+    err = capsys.readouterr().err
+    assert named in err, err
+    assert not (tmp_path / "containers-myproj").exists()
+
+
+def test_bad_name_and_editable_outside_exit_2(tmp_path: Path, index: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    req = tmp_path / "r.txt"
+    req.write_text("helper-pkg\n", encoding="utf-8")
+    assert main(["image", "new", "base", "--requirements", str(req), "--find-links",
+                 str(index), "--out", str(tmp_path / "c")]) == 2
+    assert "NAME 'base'" in capsys.readouterr().err
+    outside = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+    outside.mkdir()
+    assert new(tmp_path, index, "helper-pkg\n", "--editable", str(outside)) == 2
+    assert "--editable" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
+    assert not (tmp_path / "containers-myproj").exists()
