@@ -196,6 +196,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--localimage", action="append", default=[], metavar="SIF=TAG",
                    help="docker tag to use for a localimage bootstrap (may repeat)")
     p.add_argument("--tag", default=None, help="docker tag (default: train/IMAGE:local)")
+    p.add_argument("--from", dest="from_image", choices=["base", "sc2", "navsim"],
+                   default="base", help="new: the image of ours to build on")
+    p.add_argument("--requirements", type=Path, default=None, metavar="FILE",
+                   help="new: your requirements (name and version specifier, one a line)")
+    p.add_argument("--editable", type=Path, default=None, metavar="DIR",
+                   help="new: a local project installed editable at /opt/src/NAME")
+    p.add_argument("--find-links", type=Path, default=None, metavar="DIR",
+                   help="new: resolve from this folder of wheels only, not the index")
     p.add_argument("--engine", choices=["auto", "apptainer", "docker"], default="auto")
     p.add_argument("--fakeroot", action="store_true", help="apptainer build --fakeroot")
     p.add_argument("--network", choices=["none", "default", "host"], default=None,
