@@ -251,7 +251,8 @@ def _pip_refusal(text: str) -> str:
     if missing:
         return (f"--requirements: {', '.join(missing)}: no wheel for the image's Python "
                 f"(CPython {PYTHON_VERSION}, {PLATFORM}) that fits the base's pins; pick a "
-                "version that publishes one (pip: " + "; ".join(lines[-3:])[:400] + ")")
+                "version that publishes one (pip: "
+                + "; ".join(ln for ln in lines if ln.startswith("ERROR"))[:500] + ")")
     conflict = [ln for ln in lines if ln.startswith(("The user requested", "ERROR"))
                 or " depends on " in ln]
     if conflict:
