@@ -190,7 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder holding the .def files and requirements/ (default: "
                    "$TRAIN_DEFS, the clone's containers/, then the installed copy)")
     p.add_argument("--no-cache", action="store_true",
-                   help="build: docker build without the engine's cache")
+                   help="build: no effect since every Docker build starts from the base "
+                   "image (kept for scripts that pass it)")
     p.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE",
                    help="override a %%arguments default (may repeat)")
     p.add_argument("--localimage", action="append", default=[], metavar="SIF=TAG",

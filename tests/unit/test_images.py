@@ -284,3 +284,52 @@ def test_network_is_checked_before_any_engine_starts(tmp_path: Path) -> None:
                     "--out", str(tmp_path / "b.sif")])
     assert proc.returncode == 2
     assert "apptainer builds use the host's network" in proc.stderr
+
+
+def test_docker_build_stages_files_and_scripts_as_the_translation_places_them(
+        tmp_path: Path) -> None:
+    """The tar the build container gets: %files sources under /.train/files (where the
+    translated `files` script copies them from), the scripts `all` runs, and `all` removes
+    what was staged in the same step, so no layer keeps it."""
+    import tarfile
+
+    from train.images.build import _stage, write_context
+
+    repo = tmp_path / "repo"
+    (repo / "containers" / "dl").mkdir(parents=True)
+    (repo / "pyproject.toml").write_text("")
+    (repo / "containers" / "dl" / "game.zip").write_bytes(b"zip")
+    (repo / "containers" / "x.def").write_text(
+        "Bootstrap: docker\nFrom: debian:12.5\n\n%files\n    containers/dl /opt/dl\n\n"
+        "%post\n    rm -rf /opt/dl\n\n%runscript\n    exec true \"$@\"\n")
+    d = parse(repo / "containers" / "x.def")
+    ctx = write_context(d, tmp_path / "ctx", {}, {}, repo)
+    archive = tmp_path / "staged.tar"
+    _stage(ctx, translate(d).scripts, archive)
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+        run_all = tar.extractfile(".train/build/all").read().decode()  # type: ignore[union-attr]
+    assert ".train/files/0/dl/game.zip" in names
+    assert {".train/build/files", ".train/build/post", ".train/runscript"} <= names
+    assert run_all.splitlines() == ["set -e", "/bin/sh -e /.train/build/files",
+                                    "/bin/sh -e /.train/build/post",
+                                    "rm -rf /.train/build /.train/files"]
+
+
+def test_docker_build_config_fills_in_environment_variables_as_docker_env_does() -> None:
+    """A commit keeps `ENV PATH=/opt/venv/bin:$PATH` as text (then nothing is found on
+    PATH): the values are filled in from the base image's environment first."""
+    from types import SimpleNamespace
+
+    from train.images.build import DEFAULT_PATH, _config
+
+    d = parse(containers_dir(None) / "base.def")
+    translation = translate(d)
+    image = SimpleNamespace(attrs={"Config": {"Env": None, "Entrypoint": None,
+                                              "Cmd": ["bash"]}})
+    client = SimpleNamespace(images=SimpleNamespace(get=lambda tag: image))
+    changes = _config(translation, client, "base")
+    assert f"ENV PATH=/opt/venv/bin:{DEFAULT_PATH}" in changes
+    assert 'ENTRYPOINT ["/bin/sh", "/.train/runscript"]' in changes
+    assert changes[-1] == "CMD []"
+    assert any(c.startswith('LABEL "org.train.image"="base"') for c in changes)

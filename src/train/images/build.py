@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 import shutil
 import subprocess
 import sys
@@ -27,9 +28,11 @@ from train.images.defs import DefFile
 from train.images.dockerfile import (
     BUILD_DIR,
     SCRIPT_DIR,
+    Translation,
     check_text,
     context_path,
     files_source_problem,
+    quote_env,
     translate,
 )
 
@@ -334,45 +337,138 @@ def docker_build(d: DefFile, root: Path, tag: str, build_args: Mapping[str, str]
                  localimages: Mapping[str, str], network: str = "none",
                  nocache: bool = False, record: Path | None = None,
                  show: Callable[[str], None] | None = None) -> BuildResult:
-    """Build with the Docker engine. `network`: what the build's RUN steps reach ("none",
-    CI's default: offline inputs only; "default" or "host": the downloads a real build
-    makes, as Apptainer's build makes them)."""
+    """Build with the Docker engine as Apptainer builds: one container from the base image
+    gets the %files sources and the generated scripts (staged under /.train), runs the
+    %files copies and %post in one go, removes what was staged, and is committed as the
+    image's one new layer with %environment, %labels and the runscript as its config. So
+    nothing staged or downloaded and then removed stays in any layer (Docker's builder
+    would keep each COPY as a layer of its own). `network`: what %post reaches ("none", the
+    default and CI's: offline inputs only; "default" or "host": the downloads a real build
+    makes, as Apptainer's build makes them). Every build starts from the base image (the
+    engine's cache is not used, so `nocache` changes nothing)."""
+    del nocache
     if network not in NETWORKS:
         raise UsageError(f"network: {network!r} is not one of {', '.join(NETWORKS)}")
     build_log = BuildLog() if show is None else BuildLog(show=show)
+    args = d.resolve_arguments(build_args)
     with tempfile.TemporaryDirectory(prefix="train-image-") as tmp:
         # every input checked and translated before the engine is asked
         ctx = write_context(d, Path(tmp) / "context", build_args, localimages, root)
+        translation = translate(d, build_args, localimages)
+        base = translation.dockerfile.split("\nFROM ", 1)[1].split("\n", 1)[0]
+        archive = Path(tmp) / "staged.tar"
+        _stage(ctx, translation.scripts, archive)
         client = _client()
         import docker
 
-        image_id = ""
-        error = ""
         try:
-            for chunk in client.api.build(path=str(ctx), tag=tag, rm=True, forcerm=True,
-                                          network_mode=network, pull=False,
-                                          nocache=nocache, decode=True):
-                if "stream" in chunk:
-                    build_log.feed(str(chunk["stream"]))
-                if "error" in chunk:
-                    error = str(chunk["error"])
-                aux = chunk.get("aux")
-                if isinstance(aux, dict) and "ID" in aux:
-                    image_id = str(aux["ID"])
-        except docker.errors.APIError as exc:
-            error = str(exc)
-        if error or not image_id:
-            raise ImageError(f"docker build of {d.name} failed: {error or 'no image id'}\n"
-                             + "\n".join(build_log.tail) + _network_hint(network))
-    args = d.resolve_arguments(build_args)
-    result = BuildResult(image_id, image_id, build_log.downloads, args,
+            base_id = _base_image(client, base)
+            container = client.containers.create(
+                base, entrypoint=["/bin/sh", "-e", f"{SCRIPT_DIR}/build/all"], command=[],
+                network_mode=network, detach=True)
+        except docker.errors.DockerException as exc:
+            raise ImageError(f"docker build of {d.name}: {exc}") from None
+        try:
+            with open(archive, "rb") as fh:
+                container.put_archive("/", fh)
+            container.start()
+            pending = ""
+            for chunk in container.logs(stream=True, follow=True):
+                pending += bytes(chunk).decode(errors="replace")
+                done, _, pending = pending.rpartition("\n")
+                build_log.feed(done)
+            build_log.feed(pending)
+            code = int(container.wait()["StatusCode"])
+            if code != 0:
+                raise ImageError(f"docker build of {d.name} failed: %files/%post exited with "
+                                 f"{code}\n" + "\n".join(build_log.tail)
+                                 + _network_hint(network))
+            image = container.commit(*_split_tag(tag),
+                                     changes=_config(translation, client, base))
+        except docker.errors.DockerException as exc:
+            raise ImageError(f"docker build of {d.name} failed: {exc}\n"
+                             + "\n".join(build_log.tail)) from None
+        finally:
+            with contextlib.suppress(docker.errors.DockerException):
+                container.remove(force=True)
+    result = BuildResult(str(image.id), str(image.id), build_log.downloads, args,
                          record or default_record(tag))
-    base = translate(d, build_args, localimages).dockerfile.split("\nFROM ", 1)[1]
-    base = base.split("\n", 1)[0]
-    with contextlib.suppress(docker.errors.DockerException):
-        base = f"{base} ({client.images.get(base).id})"
-    write_record(d, root, result, "docker", base)
+    write_record(d, root, result, "docker", f"{base} ({base_id})")
     return result
+
+
+def _stage(ctx: Path, scripts: Mapping[str, str], archive: Path) -> None:
+    """The tar put into the build container: the %files sources under /.train/files, the
+    build scripts under /.train/build (`all` runs them and removes what was staged), the
+    runscript, test and help under /.train, as the translated Dockerfile places them."""
+    import io
+    import tarfile
+
+    steps = [f"/bin/sh -e {SCRIPT_DIR}/build/{name}" for name in ("files", "post")
+             if name in scripts]
+    run_all = ("set -e\n" + "\n".join(steps)
+               + f"\nrm -rf {SCRIPT_DIR}/build {SCRIPT_DIR}/files\n")
+
+    def add_text(tar: tarfile.TarFile, name: str, text: str, mode: int) -> None:
+        data = text.encode("utf-8")
+        info = tarfile.TarInfo(name)
+        info.size, info.mode = len(data), mode
+        tar.addfile(info, io.BytesIO(data))
+
+    inside = SCRIPT_DIR.lstrip("/")
+    with tarfile.open(archive, "w") as tar:
+        files = ctx / "files"
+        if files.is_dir():
+            tar.add(files, arcname=f"{inside}/files")
+        add_text(tar, f"{inside}/build/all", run_all, 0o644)
+        for name, text in scripts.items():
+            if name in ("files", "post"):
+                add_text(tar, f"{inside}/build/{name}", text, 0o644)
+            else:  # runscript, test, help: kept in the image
+                add_text(tar, f"{inside}/{name}", text, 0o644)
+
+
+def _base_image(client: Any, base: str) -> str:
+    """The base image's id, pulled first when the engine does not hold it."""
+    import docker
+
+    try:
+        return str(client.images.get(base).id)
+    except docker.errors.ImageNotFound:
+        return str(client.images.pull(base).id)
+
+
+def _split_tag(tag: str) -> tuple[str, str]:
+    name, sep, version = tag.rpartition(":")
+    if sep and "/" not in version:
+        return name, version
+    return tag, "latest"
+
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def _config(translation: Translation, client: Any, base: str) -> list[str]:
+    """The commit's config: %environment (each `$VAR` filled in from the base image's
+    environment and the lines before, as Docker's ENV does: a commit would keep `$PATH`
+    as text), the translation's LABEL and ENTRYPOINT; without a runscript, the base
+    image's own entrypoint and command (the build container's are the build script)."""
+    config = client.images.get(base).attrs.get("Config") or {}
+    env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
+    env.setdefault("PATH", DEFAULT_PATH)  # Docker's FROM gives an image without one this
+    changes = []
+    for name, value in translation.env:
+        env[name] = _VAR.sub(lambda m: env.get(m.group(1) or m.group(2), ""), value)
+        changes.append(f"ENV {name}={quote_env(env[name])}")
+    changes += [line for line in translation.dockerfile.splitlines()
+                if line.startswith(("LABEL ", "ENTRYPOINT "))]
+    if not any(line.startswith("ENTRYPOINT ") for line in changes):
+        changes.append(f"ENTRYPOINT {json.dumps(config.get('Entrypoint') or [])}")
+        changes.append(f"CMD {json.dumps(config.get('Cmd') or [])}")
+    else:
+        changes.append("CMD []")
+    return changes
 
 
 def _network_hint(network: str) -> str:

@@ -44,6 +44,7 @@ _UNSUPPORTED = {"setup": "runs on the build host, which Docker cannot do",
 class Translation:
     dockerfile: str
     scripts: dict[str, str] = field(default_factory=dict)  # name in BUILD_DIR -> text
+    env: list[tuple[str, str]] = field(default_factory=list)  # %environment, as written
     copies: list[tuple[str, str]] = field(default_factory=list)  # %files (src, dst)
 
 
@@ -76,7 +77,7 @@ def files_destination_problem(dst: str) -> str | None:
     return None
 
 
-def _quote_env(value: str) -> str:
+def quote_env(value: str) -> str:
     if re.fullmatch(r"[A-Za-z0-9_./:,=@%+$-]*", value):
         return value
     return json.dumps(value)
@@ -182,7 +183,8 @@ def translate(d: DefFile, build_args: Mapping[str, str] | None = None,
     env = d.sections.get("environment")
     for number, text in env.body() if env else []:
         for name, value in environment_assignments(sub(text, number), d, number):
-            lines.append(f"ENV {name}={_quote_env(value)}")
+            out.env.append((name, value))
+            lines.append(f"ENV {name}={quote_env(value)}")
     for name in ("runscript", "test", "help"):
         sec = d.sections.get(name)
         if sec is None:
