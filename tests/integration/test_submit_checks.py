@@ -113,8 +113,9 @@ def test_a_complete_marker_left_by_an_earlier_run_does_not_end_a_new_chain(
     run_dir.mkdir(parents=True)
     marker = run_dir / "COMPLETE"
     marker.touch()
-    # a submission sbatch refuses leaves the folder as it was, marker included
-    proc = run_cli(["submit", "--name", "again", *job_flags(*CHAIN),
+    # a submission sbatch refuses leaves the folder as it was, marker included (--no-check:
+    # not asked first, which refuses it with exit 2 before anything is written)
+    proc = run_cli(["submit", "--name", "again", *job_flags(*CHAIN), "--no-check",
                     "--sbatch-extra=--reservation=nosuch", "--", *STOPS_ON_USR1],
                    cwd=tmp_path, env=slurm_env)
     assert proc.returncode == 1 and "reservation" in proc.stderr.lower(), proc.stderr

@@ -12,14 +12,20 @@ found is left for the compute node after the queue wait.
   (every job step runs `train run` or `train launch` with it); asked with
   importlib.util.find_spec: nothing is imported;
 - run folder holds an earlier run of the same name with other settings (the rule
-  `train run` applies on the node: train.runrecord), or of another --entry.
+  `train run` applies on the node: train.runrecord), or of another --entry;
+- NAVSIM's data (in a container) is not bound where the image reads it, or the --data
+  folder has no dataset/ or dataset/maps;
+- command starts a launcher of its own inside the job's step: srun, or torchrun (or
+  python -m torch.distributed.run) where the job already starts a process per GPU.
 
-The first three look at files and programs: `--no-check` skips them, for a login node that
-does not see what the nodes see. `train render` says the same as warnings (it works
-anywhere, a laptop included). Also at submit: the COMPLETE marker an earlier run left in
-the folder is cleared (the scheduler does it, once chunk 1 is queued), and SBATCH_*
-variables of the environment are not passed to sbatch (`sbatch_environment`): every chunk
-runs with exactly the job spec's options.
+The image, program, Python and NAVSIM data checks look at files and programs:
+`--no-check` skips them, for a login node that does not see what the nodes see. `train
+render` says the same as warnings (it works anywhere, a laptop included). Also at submit: the
+COMPLETE marker an earlier run left in the folder is cleared (the scheduler does it, once
+chunk 1 is queued), and SBATCH_* variables of the environment are not passed to sbatch
+(`sbatch_environment`): every chunk runs with exactly the job spec's options. Where Slurm
+refuses a job with --sbatch-extra options and accepts it without them, the refusal is
+said as theirs.
 """
 
 from __future__ import annotations
@@ -84,6 +90,7 @@ def check_jobs(jobs: Sequence[ResolvedJob], *, submitting: bool, no_check: bool 
 
             _check_not_active(Path(job.run_dir))
         found += identity_problems(job)
+        found += launcher_problems(job)
         marker = stale_complete(job)
         if marker is not None:
             notes.append(f"{marker} was left by an earlier run: "
@@ -93,6 +100,8 @@ def check_jobs(jobs: Sequence[ResolvedJob], *, submitting: bool, no_check: bool 
         from train.slurm.testonly import ask
 
         refused = ask(jobs[0], sbatch_environment(env))
+        if refused is not None and jobs[0].spec.sbatch_extra:
+            refused = _extras_at_fault(jobs[0], refused, sbatch_environment(env))
         if refused is not None and refused[0]:
             found.append(Problem(refused[0], refused[1], files=False))
         elif refused is not None:  # not a refusal of the job's: sbatch itself will say
@@ -117,7 +126,7 @@ def environment_problems(job: ResolvedJob, environ: Mapping[str, str] | None = N
     problems: list[Problem] = []
     notes: list[str] = []
     for found, seen in (image_problems(job, env), program_problems(job, env),
-                        python_problems(job, env)):
+                        python_problems(job, env), navsim_data_problems(job)):
         problems += found
         notes += seen
     return problems, notes
@@ -310,6 +319,148 @@ def python_problems(job: ResolvedJob, environ: Mapping[str, str]
                         "'./[run]'), or give a container (--runtime apptainer --image "
                         "X.sif)")], []
     return [], []
+
+
+# -- a launcher in the workload ---------------------------------------------------------
+# torchrun's options that take no value (every other option takes one, as --opt V or
+# --opt=V): after them comes the script or module
+_TORCHRUN_FLAGS = ("--standalone", "--no-python", "--no_python", "-m", "--module",
+                   "--run-path", "--run_path")
+_TORCH_LAUNCH_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+
+
+def launcher_problems(job: ResolvedJob) -> list[Problem]:
+    """A command job whose program is a launcher of its own: the job's step already is one
+    (srun starts its tasks; under --launch torchrun or tasks each GPU gets its process).
+    `srun` inside the step waits for resources the step holds (and is not in an image);
+    torchrun inside the job's own launcher starts a launcher per process."""
+    spec = job.spec
+    if spec.entry != "command" or not spec.workload:
+        return []
+    argv = list(spec.workload)
+    name = os.path.basename(argv[0])
+    if name == "srun":
+        program = _after_options(argv[1:], ())
+        return [Problem("workload", "the command after -- starts with srun, and the job's "
+                        "step is already started by srun (one task per node, or one per GPU "
+                        "with --launch tasks): an srun inside it waits for the CPUs and GPUs "
+                        "that step holds (inside a container there is no srun at all). Give "
+                        f"the program itself: -- {_joined(program)}", files=False)]
+    if job.launch == "single":  # one process in all: a torchrun of one process is harmless
+        return []
+    rest: list[str] | None = None
+    if name == "torchrun":
+        rest = _torchrun_program(argv[1:])
+    elif _PYTHON_NAME.fullmatch(name) and len(argv) > 2 and argv[1] == "-m" \
+            and argv[2] in _TORCH_LAUNCH_MODULES:
+        rest = _torchrun_program(argv[3:])
+        name = f"{name} -m {argv[2]}"
+    if rest is None:
+        return []
+    per_node = max(1, spec.gpus_per_node)
+    how = (f"torch's launcher itself (--launch torchrun: {per_node} processes a node, the "
+           "rendezvous on the first node)" if job.launch == "torchrun" else
+           f"one task per GPU ({per_node} a node, --launch tasks)")
+    return [Problem("workload", f"the command after -- is torch's launcher ({name}), and "
+                    f"the job already runs {how}: each of its processes would start a "
+                    "launcher of its own, and their workers contend for the same GPUs and "
+                    f"port. Give the program the launcher runs: -- {_joined(rest)}",
+                    files=False)]
+
+
+def _torchrun_program(args: Sequence[str]) -> list[str]:
+    """What torchrun runs, as the job's launcher wants it: `python SCRIPT ARGS`, `python
+    -m MODULE ARGS`, or the program itself after --no-python."""
+    module = no_python = False
+    items = iter(args)
+    for arg in items:
+        if arg in ("-m", "--module"):
+            module = True
+        elif arg in ("--no-python", "--no_python"):
+            no_python = True
+        elif arg.startswith("-") and arg != "-" and "=" not in arg \
+                and arg not in _TORCHRUN_FLAGS:
+            next(items, None)  # its value
+        elif not arg.startswith("-") or arg == "-":
+            rest = [arg, *items]
+            return rest if no_python else ["python", "-m", *rest] if module else \
+                ["python", *rest]
+    return ["python", "SCRIPT"]
+
+
+def _after_options(args: Sequence[str], flags: Sequence[str]) -> list[str]:
+    """The program after a launcher's own options (those with a value written --opt=V;
+    srun's short options with a separate value are not told apart: good enough for a
+    hint)."""
+    for i, arg in enumerate(args):
+        if not arg.startswith("-") or arg in flags:
+            return list(args[i:])
+    return ["PROGRAM"]
+
+
+def _joined(argv: Sequence[str]) -> str:
+    import shlex
+
+    return shlex.join(argv) if argv else "PROGRAM"
+
+
+# -- NAVSIM's data ----------------------------------------------------------------------
+def navsim_data_problems(job: ResolvedJob) -> tuple[list[Problem], list[str]]:
+    """In a container, NAVSIM reads its dataset and maps under /data/navsim: the folder
+    --data binds there must hold them, and without --data (or a bind there, or the data
+    roots moved with --env) the image's own empty folders are all the job finds, after the
+    queue wait. The nodes' own NAVSIM (runtime none) reads the environment: not checked."""
+    from train.slurm.job import NAVSIM_DATA_ROOT
+
+    spec = job.spec
+    if spec.entry != "navsim" or spec.runtime == "none":
+        return [], []
+    if spec.data is None:
+        root = NAVSIM_DATA_ROOT
+        bound = any(b.dst == root or b.dst.startswith(root + "/") or root.startswith(
+            b.dst.rstrip("/") + "/") for b in map(parse_bind, job.binds))
+        moved = any(name == "OPENSCENE_DATA_ROOT" for name, _ in job.env_values)
+        if bound or moved:
+            return [], []
+        return [Problem("data", f"--entry navsim trains on NAVSIM's dataset, and nothing is "
+                        f"bound where the image looks for it ({root}: dataset/ with the logs "
+                        "and sensor blobs, dataset/maps, exp/): give --data DIR, the folder "
+                        "on the cluster's shared file system that holds them")], []
+    data = os.path.abspath(spec.data)
+    missing = [sub for sub in ("dataset", "dataset/maps")
+               if not os.path.isdir(os.path.join(data, sub))]
+    if not missing:
+        return [], []
+    return [Problem("data", f"--data {spec.data}: {data} has no {missing[0]}/ (the image "
+                    f"reads NAVSIM's logs and sensor blobs from {NAVSIM_DATA_ROOT}/dataset "
+                    f"and the maps from {NAVSIM_DATA_ROOT}/dataset/maps, and --data is "
+                    "bound at /data/navsim): give the folder that holds dataset/")], []
+
+
+# -- Slurm's refusal of --sbatch-extra --------------------------------------------------
+def _extras_at_fault(job: ResolvedJob, refused: tuple[str, str] | None,
+                     environ: dict[str, str]) -> tuple[str, str] | None:
+    """Where Slurm refuses a job with --sbatch-extra options, the job without them is
+    asked too: accepted, the refusal is theirs (it names no flag of the job's, or one that
+    was not the cause: an --exclude that leaves too few nodes reads as the GPU request)."""
+    import dataclasses
+
+    from train.slurm.testonly import ask
+
+    if refused is None:
+        return None
+    spec = job.spec
+    plain = dataclasses.replace(job, spec=dataclasses.replace(spec, sbatch_extra=()))
+    if ask(plain, environ) is not None:
+        return refused  # refused without them too: the first answer stands
+    words = re.sub(r"^`sbatch --test-only` failed, naming nothing of the job: ", "",
+                   refused[1])
+    words = re.sub(r"^Slurm refuses this job \(`sbatch --test-only`: (.*?)\); it asked for "
+                   r".*$", r"\1", words, flags=re.S)
+    extras = " ".join(f"--sbatch-extra={item}" for item in spec.sbatch_extra)
+    return "sbatch_extra", (f"Slurm refuses this job with {extras} and accepts it without "
+                            f"(`sbatch --test-only`: {words}); nothing was queued: correct or "
+                            "drop that option (--no-check submits without asking)")
 
 
 # -- the run folder ---------------------------------------------------------------------

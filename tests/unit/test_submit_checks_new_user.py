@@ -1,0 +1,103 @@
+"""Issue 19, re-tried as a new user: mistakes that still reached the compute node (or
+were told as another flag's fault) before these checks. Each is refused at submit (exit 2,
+the flag named, the fix given, nothing written) and warned of by render:
+
+- the field notes' own launch lines copied after `--`: `torchrun --nproc_per_node=4
+  train.py` (the rv tool's examples) inside the job's own torch launcher, `srun python
+  train.py` (seed 003's fix) inside the job's srun step;
+- a NAVSIM job in a container with no data bound at /data/navsim, or a --data folder
+  without NAVSIM's dataset/ and dataset/maps;
+- an --sbatch-extra option that Slurm refuses (`sbatch --test-only`), which was said as
+  "naming nothing of the job" and then failed at sbatch with exit 1.
+
+No cluster: stand-in `sbatch` programs (the same helpers as test_submit_checks)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tests.conftest import run_cli
+from tests.unit.test_submit_checks import LOCAL, _exe, _fake_sif, _passes, _refused
+
+
+def test_a_torch_launcher_of_the_users_own_inside_the_jobs_launcher_is_refused(
+        tmp_path: Path) -> None:
+    (tmp_path / "ddp.py").write_text("print(1)\n")
+    cmd = ["-e", "command", "-g", "2"]  # two GPUs: the job runs torch's launcher itself
+    err = _refused(tmp_path, "workload", *cmd, "--", "torchrun", "--nproc_per_node=2",
+                   "--master_port", "29501", "ddp.py", "--lr", "3", no_check=False)
+    assert "torch's launcher (torchrun)" in err and "-- python ddp.py --lr 3" in err, err
+    err = _refused(tmp_path, "workload", *cmd, "--", "python", "-m",
+                   "torch.distributed.run", "--nproc_per_node", "2", "-m", "pkg.fit",
+                   no_check=False)
+    assert "python -m torch.distributed.run" in err and "-- python -m pkg.fit" in err, err
+    # one tasks a GPU (--launch tasks): each task would start a launcher too
+    err = _refused(tmp_path, "workload", *cmd, "--launch", "tasks", "--", "torchrun",
+                   "--standalone", "ddp.py", no_check=False)
+    assert "one task per GPU" in err and "-- python ddp.py" in err, err
+    # what it should be passes; a single process may keep its one-process torchrun
+    _passes(tmp_path, *cmd, "--", "python3", "ddp.py", "--lr", "3")
+
+
+def test_srun_in_the_command_is_refused_with_the_program_to_give(tmp_path: Path) -> None:
+    (tmp_path / "ddp.py").write_text("print(1)\n")
+    for gpus in ("0", "2"):
+        err = _refused(tmp_path, "workload", "-e", "command", "-g", gpus, "--", "srun",
+                       "python3", "ddp.py", no_check=False)
+        assert "starts with srun" in err and "-- python3 ddp.py" in err, err
+
+
+def test_a_navsim_job_in_a_container_needs_its_data_bound(tmp_path: Path) -> None:
+    sif = str(_fake_sif(tmp_path / "navsim.sif"))
+    nav = ["-e", "navsim", "--runtime", "apptainer", "--image", sif]
+    err = _refused(tmp_path, "data", *nav)
+    assert "/data/navsim" in err and "--data DIR" in err, err
+    data = tmp_path / "navsim"
+    (data / "exp").mkdir(parents=True)
+    err = _refused(tmp_path, "data", *nav, "--data", str(data))
+    assert "has no dataset/" in err, err
+    (data / "dataset").mkdir()
+    err = _refused(tmp_path, "data", *nav, "--data", str(data))
+    assert "has no dataset/maps/" in err, err
+    (data / "dataset" / "maps").mkdir()
+    _passes(tmp_path, *nav, "--data", str(data))
+    # bound there by the user's own --bind, or the data roots moved by --env: theirs
+    _passes(tmp_path, *nav, "--bind", f"{data}:/data/navsim")
+    _passes(tmp_path, *nav, "--bind", str(data), "--env",
+            f"OPENSCENE_DATA_ROOT={data}/dataset")
+
+
+SBATCH_RESERVATION = """#!/bin/sh
+# --test-only: refuses a script asking for a reservation, accepts any other
+if [ "$1" = --test-only ]; then
+    if grep -q -- '--reservation=' "$2"; then
+        echo 'sbatch: error: Batch job submission failed: Requested reservation is invalid' >&2
+        exit 1
+    fi
+    echo 'sbatch: Job 7 to start at 2030-01-01T00:00:00 using 1 processors on nodes n1' >&2
+    exit 0
+fi
+echo 'sbatch: error: no cluster in unit tests' >&2
+exit 1
+"""
+
+
+def test_slurms_refusal_of_an_sbatch_extra_option_names_it(tmp_path: Path) -> None:
+    """Slurm's words named nothing of the job: submit went on, and sbatch failed with
+    exit 1 after the note."""
+    stand_in = _exe(tmp_path / "fake" / "sbatch", SBATCH_RESERVATION).parent
+    env = {"PATH": f"{stand_in}:{os.environ['PATH']}"}
+
+    def submit(*args: str) -> tuple[int, str]:
+        proc = run_cli(["submit", *LOCAL, *args], cwd=tmp_path, env=env)
+        return proc.returncode, proc.stderr
+
+    code, err = submit("--sbatch-extra=--reservation=nosuch", "--", "demo")
+    assert code == 2, err
+    assert "train: error: sbatch_extra: " in err, err
+    assert "--sbatch-extra=--reservation=nosuch" in err and "Requested reservation" in err
+    assert not (tmp_path / "runs").exists()
+    # without the option Slurm accepts it: submit goes on to sbatch (the stand-in's end)
+    code, err = submit("--", "demo")
+    assert code == 1 and "no cluster in unit tests" in err, err
