@@ -738,6 +738,11 @@ def _image_new(args: argparse.Namespace, containers: Path) -> int:
           f"{args.from_image}: {', '.join(f'{p.name}=={p.version}' for p in made.added)})")
     print(f"next: train image lint {made.definition}; train image build {made.definition} "
           f"(Docker: --localimage {args.from_image}.sif=train/{args.from_image}:local)")
+    root = made.definition.parent.parent
+    if not ((root / "pyproject.toml").is_file() or (root / ".git").exists()):
+        print(f"note: `train image build` builds from a source tree, and {root} has no "
+              "pyproject.toml or .git: build from a project folder (`--out` inside it) or "
+              "`git init` there first", file=sys.stderr)
     return EXIT_OK
 
 

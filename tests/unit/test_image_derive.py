@@ -74,8 +74,14 @@ def new(tmp_path: Path, index: Path, requirements: str, *extra: str) -> int:
                  str(index), "--out", str(tmp_path / "containers-myproj"), *extra])
 
 
-def test_derive_writes_a_lock_of_only_what_it_adds(tmp_path: Path, index: Path) -> None:
+def test_derive_writes_a_lock_of_only_what_it_adds(
+        tmp_path: Path, index: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert new(tmp_path, index, "extra-pkg==1.2.0  # the one I need\n") == 0
+    # the folder above has no pyproject.toml or .git: `image build` would refuse it
+    assert "has no pyproject.toml or .git" in capsys.readouterr().err
+    (tmp_path / ".git").mkdir()
+    assert new(tmp_path, index, "extra-pkg==1.2.0\n") == 0
+    assert "note:" not in capsys.readouterr().err
     folder = tmp_path / "containers-myproj"
     lock = read_lock(folder / "requirements" / "myproj.txt")
     # numpy is the base's (dropped); helper-pkg's newest allowed version, with its hash
