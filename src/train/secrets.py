@@ -6,7 +6,8 @@
   SLURM_JWT, NCCL_IB_PASSWD, a site's SLURM_DB_PASS and whatever comes next).
 - Values that look like credentials (token=..., key: ..., password=..., "api_key": "...",
   a URL's password or a token as its user, an Authorization header, a JWT, a well-known
-  token format) are redacted wherever they appear, allowed names included
+  token format, a .netrc's password, an Azure SAS signature, a private key block) are
+  redacted wherever they appear, allowed names included
   (SLURM_JOB_COMMENT may carry "token=..."). A value after `NAME: ` or `NAME = ` (YAML,
   INI) runs to the end of its line, so a password with spaces is redacted whole.
 - Command lines keep their shape, with the value of every option whose name looks secret
@@ -272,7 +273,22 @@ def _token_user(match: re.Match[str]) -> str:
     return match.group()
 
 
+#   shapes with no NAME=VALUE: a .netrc's password (after `machine HOST` or `login USER`,
+#   or before `login`), an Azure SAS URL's signature (sig=), a private key block's body
+_NETRC = re.compile(r"(?<![\w-])((?:machine|login|default)[ \t\n]+(?:[^\s]+[ \t\n]+)?"
+                    r"password[ \t\n]+)([^\s]+)")
+_SAS_SIG = re.compile(r"([?&]sig=)([^&\s\"'#<>]+)")
+_PRIVATE_KEY = re.compile(r"(-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----[ \t]*\n?)[^-]+")
+
+
+def _netrc(match: re.Match[str]) -> str:
+    return match.group() if match.group(2) == REDACTED else match.group(1) + REDACTED
+
+
 def _redact_values(text: str) -> str:
+    text = _PRIVATE_KEY.sub(lambda m: f"{m.group(1)}{REDACTED}\n", text)
+    text = _NETRC.sub(_netrc, text)
+    text = _SAS_SIG.sub(lambda m: m.group(1) + REDACTED, text)
     text = _USERINFO.sub(_userinfo, text)
     text = _TOKEN_USER.sub(_token_user, text)
     text = _redact_pairs(text)

@@ -492,3 +492,50 @@ def test_an_attached_password_that_looks_like_a_name_is_masked(case: str) -> Non
     text = redact_text(shlex.join(argv))  # the same command line as text
     assert [w for w in ("secret", "mytoken", "sv-1") if w in text] == [], text
     assert text in (shlex.join(expected), " ".join(expected))  # the next word kept
+
+
+# Credentials in shapes with no NAME=VALUE: a .netrc written by a setup command (wandb login
+# writes one; `login USER password X`), an Azure SAS URL's signature (`sig=`, given to
+# azcopy or in --env DATA_URL=...), a private key block. A hostile trial found all three
+# kept as they were, and a SAS URL passed by --env written into the job script.
+SAS = ("https://acct.blob.core.windows.net/data/shard.tar?sv=2022-11-02&ss=b&srt=o&sp=r"
+       "&se=2026-12-01T00:00:00Z&sig=sv1Abc%2Bdef%3D")
+NO_NAME_SHAPES = {
+    "netrc on one line": ("machine api.wandb.ai login user password sv-1ab",
+                          f"machine api.wandb.ai login user password {REDACTED}"),
+    "netrc on lines": ("machine api.wandb.ai\n  login user\n  password sv-2ab\n",
+                       f"machine api.wandb.ai\n  login user\n  password {REDACTED}\n"),
+    "netrc, password before login": ("machine h password sv-3ab login u",
+                                     f"machine h password {REDACTED} login u"),
+    "Azure SAS": (SAS, SAS.replace("sv1Abc%2Bdef%3D", REDACTED)),
+    "a private key": ("-----BEGIN OPENSSH PRIVATE KEY-----\nsv1b3BlbnNzaC1rZXktdjEAAAAA\n"
+                      "-----END OPENSSH PRIVATE KEY-----",
+                      f"-----BEGIN OPENSSH PRIVATE KEY-----\n{REDACTED}\n"
+                      "-----END OPENSSH PRIVATE KEY-----"),
+}
+
+
+@pytest.mark.parametrize("case", NO_NAME_SHAPES)
+def test_credentials_without_a_name_are_redacted(case: str) -> None:
+    text, expected = NO_NAME_SHAPES[case]
+    assert redact_text(text) == expected
+    assert "sv1" not in " ".join(masked_argv(["bash", "-c", f"printf '{text}' > f"]))
+    with pytest.raises(ConfigError, match="looks like a secret"):
+        check_env_item(f"DATA={text}")
+
+
+@pytest.mark.parametrize("text", [
+    "password updated successfully", "login: alice", "the password prompt",
+    "https://acct.blob.core.windows.net/data/shard.tar?sv=2022-11-02&sp=r",
+    "--signal=USR1@120 sig=USR1", "-----BEGIN CERTIFICATE-----\nMIIBsz\n-----END CERTIFICATE-----",
+    "ssh-keygen -t ed25519 -f key"])
+def test_what_only_looks_like_them_is_kept(text: str) -> None:
+    assert redact_text(text) == text
+
+
+@pytest.mark.parametrize("unit", ["login a ", "machine ", "login " + "x" * 1000 + " ",
+                                  "?sig=a", "-----BEGIN RSA PRIVATE KEY-----\n",
+                                  "-----BEGIN PRIVATE KEY-----a"])
+def test_a_megabyte_of_the_nameless_shapes_finishes(unit: str) -> None:
+    text = unit * ((1 << 20) // len(unit))
+    assert len(redact_text(text)) > 0
