@@ -28,6 +28,11 @@ def test_a_torch_launcher_of_the_users_own_inside_the_jobs_launcher_is_refused(
     err = _refused(tmp_path, "workload", *cmd, "--", "torchrun", "--nproc_per_node=2",
                    "--master_port", "29501", "ddp.py", "--lr", "3", no_check=False)
     assert "torch's launcher (torchrun)" in err and "-- python ddp.py --lr 3" in err, err
+    assert "2 processes a node" in err and "same GPUs" in err, err
+    # a CPU job on two nodes: one process a node, CPUs
+    err = _refused(tmp_path, "workload", "-e", "command", "-N", "2", "--launch", "torchrun",
+                   "--", "torchrun", "ddp.py", no_check=False)
+    assert "1 process a node" in err and "same CPUs" in err, err
     err = _refused(tmp_path, "workload", *cmd, "--", "python", "-m",
                    "torch.distributed.run", "--nproc_per_node", "2", "-m", "pkg.fit",
                    no_check=False)
@@ -101,3 +106,16 @@ def test_slurms_refusal_of_an_sbatch_extra_option_names_it(tmp_path: Path) -> No
     # without the option Slurm accepts it: submit goes on to sbatch (the stand-in's end)
     code, err = submit("--", "demo")
     assert code == 1 and "no cluster in unit tests" in err, err
+
+
+def test_a_python_that_is_there_but_cannot_run_is_said_as_such(tmp_path: Path) -> None:
+    """--python ./env-python (a text file, or the environment's folder) was said to be
+    'not found here', which sends the user looking for a typo."""
+    (tmp_path / "notes").write_text("not a python\n")
+    err = _refused(tmp_path, "python", "--python", "./notes", "--", "demo")
+    assert "is there but not executable" in err and "not found" not in err, err
+    (tmp_path / "env").mkdir()
+    err = _refused(tmp_path, "python", "--python", "./env", "--", "demo")
+    assert "is a folder" in err and "bin/python" in err, err
+    err = _refused(tmp_path, "python", "--python", "./nope/bin/python", "--", "demo")
+    assert "is not found here" in err, err

@@ -286,15 +286,20 @@ def python_problems(job: ResolvedJob, environ: Mapping[str, str]
                 "base` makes one), or a Python environment with torch on the shared file "
                 "system, --python /path/to/env/bin/python")
     python: str | None
+    what = "is not found here"
     if "/" in spec.python:
         python = os.path.abspath(spec.python)
-        if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        if os.path.isdir(python):
+            what, python = "is a folder, not a Python (give the environment's bin/python)", None
+        elif os.path.isfile(python) and not os.access(python, os.X_OK):
+            what, python = f"({python}) is there but not executable", None
+        elif not os.path.isfile(python):
             python = None
     else:
         python = shutil.which(spec.python, path=environ.get("PATH", os.defpath))
     if python is None:
-        return [Problem("python", f"--python {spec.python} is not found here (runtime none "
-                        f"runs it on the nodes; the job needs {needs or 'this package'}). "
+        return [Problem("python", f"--python {spec.python} {what} (runtime none runs it on "
+                        f"the nodes; the job needs {needs or 'this package'}). "
                         + ways_out)], []
     try:
         proc = _proc.run([python, "-c", _FIND_SPECS, *modules], timeout=PYTHON_TIMEOUT,
@@ -358,14 +363,15 @@ def launcher_problems(job: ResolvedJob) -> list[Problem]:
     if rest is None:
         return []
     per_node = max(1, spec.gpus_per_node)
-    how = (f"torch's launcher itself (--launch torchrun: {per_node} processes a node, the "
-           "rendezvous on the first node)" if job.launch == "torchrun" else
+    procs = f"{per_node} process{'es' if per_node > 1 else ''} a node"
+    how = (f"torch's launcher itself (--launch torchrun: {procs}, the rendezvous on the "
+           "first node)" if job.launch == "torchrun" else
            f"one task per GPU ({per_node} a node, --launch tasks)")
     return [Problem("workload", f"the command after -- is torch's launcher ({name}), and "
                     f"the job already runs {how}: each of its processes would start a "
-                    "launcher of its own, and their workers contend for the same GPUs and "
-                    f"port. Give the program the launcher runs: -- {_joined(rest)}",
-                    files=False)]
+                    "launcher of its own, whose workers contend for the same "
+                    f"{'GPUs' if spec.gpus_per_node else 'CPUs'} and port. Give the program "
+                    f"the launcher runs: -- {_joined(rest)}", files=False)]
 
 
 def _torchrun_program(args: Sequence[str]) -> list[str]:
