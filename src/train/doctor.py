@@ -901,6 +901,31 @@ def _chunk_failed(chunk: Mapping[str, Any], events: Sequence[str]) -> bool:
                                      contract.EV_NO_PROGRESS))
 
 
+def _log_order(ev: Evidence) -> tuple[int, int]:
+    """Where a line stands in its file: the head's by line number, then the tail's by
+    offset (a log searched in head and tail)."""
+    return (0, ev.line) if ev.line else (1, ev.offset or 0)
+
+
+def _after_meeting(done: Hits | None, hits: Hits) -> Hits:
+    """The rendezvous lines after the last 'the group met' line of their file (where no
+    file says the group met: all of them; a file without such a line where another has
+    one: none, as the output and error logs are not ordered with each other). Lines the
+    meeting follows are left out: members announce themselves before the group is
+    complete. A job requeued (--requeue) appends each run to one log, where an earlier
+    run's meeting says nothing of the later run's rendezvous."""
+    met: dict[str, tuple[int, int]] = {}
+    for ev in done.evidence() if done is not None else []:
+        met[ev.file] = max(met.get(ev.file, _log_order(ev)), _log_order(ev))
+    if not met:
+        return hits
+    left = Hits()
+    for ev in hits.evidence():
+        if ev.file in met and _log_order(ev) > met[ev.file]:
+            left.add(ev)
+    return left
+
+
 def _rendezvous_partial(hits: Hits) -> str:
     """'3 of 8 ranks joined' from the members or clients the log names, else ''."""
     seen: set[int] = set()
@@ -1031,7 +1056,10 @@ def _chunk_findings(chain: Chain, c: Mapping[str, Any], logs: Sequence[Path],
         if cause == "rendezvous":
             # member lines are often shown for rank 0 only: where the group says it met,
             # their count is no evidence of a missing rank
-            partial = "" if RENDEZVOUS_DONE in hits_all else _rendezvous_partial(hits)
+            # (a requeued job's runs share one log: only a meeting after the last
+            # rendezvous line counts)
+            hits = _after_meeting(hits_all.get(RENDEZVOUS_DONE), hits)
+            partial = _rendezvous_partial(hits) if hits.count else ""
             if partial and (ended_early or "clients joined" in partial):
                 out.append(_finding(chain, cause, number, job_id, hits, partial))
             elif failed and any("Timeout" in e.text or "Closed" in e.text

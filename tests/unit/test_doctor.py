@@ -822,6 +822,36 @@ def test_a_completed_lightning_rendezvous_is_no_rendezvous_finding(tmp_path: Pat
     assert rdv and "1 of 16" in rdv[0].detail, report.as_dict()
 
 
+# A requeued job (--requeue) appends each run to the same log: the group that met in an
+# earlier run says nothing of the run that failed. A hostile trial found an earlier run's
+# "All distributed processes registered" hiding the last run's stuck rendezvous (the
+# 1/16-clients timeout reported as an unknown failure, a cancelled wait as no finding).
+REQUEUED_RUN_0 = (
+    "16:00:00 train-job[1]: job 101 (restart 0) on n[1-4], 4 node(s); chunk 1 of at most 3\n"
+    "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/16\n"
+    "All distributed processes registered. Starting with 16 processes\n"
+    "Epoch 0:  10%\n"
+    "16:50:00 train-job[1]: checkpoint written (10 100); requeueing job 101\n"
+    "17:00:00 train-job[1]: job 101 (restart 1) on n[1-3,5], 4 node(s); chunk 1 of at most 3\n"
+    "Initializing distributed: GLOBAL_RANK: 0, MEMBER: 1/16\n")
+
+
+@pytest.mark.parametrize("end, state, detail", [
+    ("torch.distributed.DistStoreError: Timed out after 1801 seconds waiting for clients. "
+     "1/16 clients joined.\n", status("FAILED", "1:0", ["started", "failed"]), "1 of 16"),
+    ("", status("CANCELLED", "0:15", ["started", "terminated"]), "of 16 ranks"),
+])
+def test_an_earlier_runs_rendezvous_does_not_hide_the_last_runs(
+        tmp_path: Path, end: str, state: dict[str, Any], detail: str) -> None:
+    report = diagnose(tmp_path, REQUEUED_RUN_0 + end, state, resources=SEED_003)
+    rdv = [f for f in report.findings if f.cause == "rendezvous"]
+    assert rdv and detail in rdv[0].detail, report.as_dict()
+    # and the group that met after its members announced themselves is still no finding
+    met = REQUEUED_RUN_0 + "All distributed processes registered. Starting with 16 processes\n"
+    report = diagnose(tmp_path / "met", met, state, resources=SEED_003)
+    assert "rendezvous" not in [f.cause for f in report.findings], report.as_dict()
+
+
 def test_the_chain_record_keeps_the_nodes_memory_for_the_doctor() -> None:
     import sys
 
