@@ -668,7 +668,8 @@ def _fix_host_oom(chain: Chain, _hits: Hits | None) -> str:
     """Fewer DataLoader workers first where they can be what filled the memory (each
     counted at least at DEFAULT_WORKER_MEM_MB, the field's evidence: the same figure and
     the same arithmetic as the job's up-front check) or where the job already has (nearly)
-    its whole node; more --mem only where neither is so."""
+    its whole node; more --mem only where neither is so. A command's own workers, which
+    train does not know, are named first."""
     res = _resources(chain)
     procs, workers = _int(res.get("processes_per_node")), _int(res.get("workers"))
     recorded, mem = _int(res.get("worker_mem_mb")), _int(res.get("mem_mb"))
@@ -699,11 +700,19 @@ def _fix_host_oom(chain: Chain, _hits: Hits | None) -> str:
             return (f"--workers {workers - 1}: {on_node}, and the DataLoader workers are "
                     f"what can give memory back ({why}: {_gib(need)}); then hold less in "
                     "memory (a smaller dataset or replay buffer)")
+    up_to = f" (up to the node's {_gib(node)}, or --mem 0 for all of it)" if node else ""
+    if not workers and chain.record.get("entry") == "command":
+        # the program's own DataLoader (its num_workers), which train neither sets nor
+        # counts: the field notes' case, a Lightning script's 8 workers per GPU
+        return (f"fewer DataLoader workers in the program (its num_workers: train does not "
+                f"set or count them for --entry command; {procs} processes per node x N "
+                "workers, each a copy of the dataset's state, often several GB: the field's "
+                "8 per GPU on 256 GB nodes were OOM-killed, 2 per GPU fit); "
+                + (f"{on_node}" if on_node else f"or more --mem{up_to}"))
     if whole:
         return (f"{on_node}: the training processes themselves fill it (the model, the "
                 "replay buffer or the dataset held in memory): hold less in memory, or "
                 "nodes with more memory (--partition / --constraint)")
-    up_to = f" (up to the node's {_gib(node)}, or --mem 0 for all of it)" if node else ""
     used = (f"the DataLoader workers take about {_gib(procs * workers * recorded)} of the "
             f"job's {_gib(mem)}, so " if workers and recorded else "")
     return (f"more --mem{up_to}: {used}the model, the replay buffer or the dataset in "

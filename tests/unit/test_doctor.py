@@ -852,6 +852,24 @@ def test_an_earlier_runs_rendezvous_does_not_hide_the_last_runs(
     assert "rendezvous" not in [f.cause for f in report.findings], report.as_dict()
 
 
+# The field notes' case as it was run: the user's own Lightning script (--entry command),
+# whose DataLoader workers (num_workers=8 per GPU) train neither sets nor records (workers
+# 0 in the record). A hostile trial found the doctor blaming "the training processes
+# themselves" on the whole node and "more --mem" otherwise, never the program's workers.
+@pytest.mark.parametrize("mem_mb", [262144, 128000])
+def test_a_commands_own_dataloader_workers_are_named_for_a_host_oom(
+        tmp_path: Path, mem_mb: int) -> None:
+    res = {**SEED_003, "workers": 0, "mem_mb": mem_mb}
+    run_dir = make_run(tmp_path, {"r-101.err": SEED_003_ERR, "r-101.out": ""}, resources=res)
+    record = json.loads((run_dir / contract.CHAIN_RECORD).read_text())
+    (run_dir / contract.CHAIN_RECORD).write_text(json.dumps({**record, "entry": "command"}))
+    report = doctor.diagnose(load_chain(run_dir), status("OUT_OF_MEMORY", "0:125"))
+    fix = report.findings[0].fix
+    assert report.findings[0].cause == "host_oom", report.verdict
+    assert fix.startswith("fewer DataLoader workers in the program"), fix
+    assert "num_workers" in fix, fix
+
+
 def test_the_chain_record_keeps_the_nodes_memory_for_the_doctor() -> None:
     import sys
 
