@@ -30,6 +30,8 @@ def test_ci_builds_the_base_image_runs_its_test_and_the_demo_and_exports(
     env = dict(e.split("=", 1) for e in image.attrs["Config"]["Env"])
     assert env["PYTORCH_CUDA_ALLOC_CONF"].startswith("expandable_segments:True")
     assert env["PYTHONUNBUFFERED"] == "1"
+    # %environment's $PATH filled in from the base's, as Docker's ENV does
+    assert env["PATH"].startswith("/opt/venv/bin:/usr/local/sbin:"), env["PATH"]
 
     test = run_cli(["image", "test", "base", "--engine", "docker", "--tag", CI_IMAGE_TAG],
                    env=docker_engine, timeout=600)
@@ -173,10 +175,22 @@ def test_sc2_builds_reproducibly_from_any_directory_and_prints_its_content_diges
     same files (path, mode, sha256) as the first; `train image digest` shows it."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
+    args = sc2_build_args()
     rebuild = run_cli(["image", "build", "sc2", "--engine", "docker", "--tag",
-                       "train/sc2:again", "--no-cache", *sc2_build_args()],
+                       "train/sc2:again", "--no-cache", "--out", "sc2.build.json", *args],
                       env=docker_engine, timeout=1800, cwd=elsewhere)
     assert rebuild.returncode == 0, rebuild.stderr
+    # every download's sum printed (without -v) and recorded beside the build
+    sums = dict(a.split("=", 1) for a in args if a.startswith(("SC2_SHA256=", "MAPS_SHA256=")))
+    assert "downloaded: 2 file(s)" in rebuild.stdout, rebuild.stdout
+    assert f"{sums['SC2_SHA256']}  sc2.zip  file:///opt/train/downloads/SC2.4.10.zip  " \
+        "verified (SC2_SHA256)" in rebuild.stdout
+    assert f"{sums['MAPS_SHA256']}  mini_games.zip" in rebuild.stdout
+    record = json.loads((elsewhere / "sc2.build.json").read_text())
+    assert {(x["name"], x["sha256"], x["verified"]) for x in record["downloads"]} == {
+        ("sc2.zip", sums["SC2_SHA256"], True), ("mini_games.zip", sums["MAPS_SHA256"], True)}
+    assert "containers/requirements/sc2.txt" in record["locks"]
+    assert record["image_digest"].startswith("sha256:")
     try:
         first = run_cli(["image", "digest", "sc2", "--engine", "docker", "--tag", sc2_image,
                          "--out", "first.txt"], env=docker_engine, timeout=900, cwd=elsewhere)
@@ -196,6 +210,61 @@ def test_sc2_builds_reproducibly_from_any_directory_and_prints_its_content_diges
         import docker
 
         docker.from_env().images.remove("train/sc2:again", force=True)
+
+
+def _layer_files(tag: str) -> list[tuple[int, list[str]]]:
+    """(size, file names) of each layer of a docker image, from `docker save`."""
+    import io
+    import tarfile
+
+    import docker
+
+    raw = b"".join(docker.from_env().images.get(tag).save())
+    layers = []
+    with tarfile.open(fileobj=io.BytesIO(raw)) as outer:
+        manifest = json.load(outer.extractfile("manifest.json"))  # type: ignore[arg-type]
+        for name in manifest[0]["Layers"]:
+            member = outer.getmember(name)
+            with tarfile.open(fileobj=outer.extractfile(member)) as layer:
+                layers.append((member.size, [n[2:] if n.startswith("./") else n
+                                             for n in layer.getnames()]))
+    return layers
+
+
+@pytest.mark.docker
+def test_downloads_and_staged_files_stay_in_no_layer(sc2_image: str, ci_image: str,
+                                                     docker_engine: dict[str, str],
+                                                     tmp_path: Path) -> None:
+    """What %files staged and %post removed (the stand-in game, maps and the lock's wheels
+    from DOWNLOADS) is in no layer of the image: the build adds one layer to the base's.
+    Docker's own builder, given the translated Dockerfile, keeps them (the COPY layer and
+    the %files copy): the check below sees them there."""
+    import docker
+
+    staged = ("opt/train/downloads/", ".train/files/", ".train/build/")
+    base = _layer_files(ci_image)
+    layers = _layer_files(sc2_image)
+    added = [size for size, _ in layers[len(base):]]
+    assert len(layers) == len(base) + 1
+    for _, names in layers:
+        assert not [n for n in names if n.startswith(staged)]
+    # the lock's wheels (DOWNLOADS) were installed, not kept
+    assert not [n for n in layers[-1][1] if n.endswith(".whl")]
+    context = tmp_path / "context"
+    translate = run_cli(["image", "translate", "sc2", "--out", str(context),
+                         *sc2_build_args()], env=docker_engine)
+    assert translate.returncode == 0, translate.stderr
+    docker.from_env().images.build(path=str(context), tag="train/sc2:dockerfile",
+                                   network_mode="none", rm=True)
+    try:
+        old = _layer_files("train/sc2:dockerfile")[len(base):]
+        dead = [size for size, names in old if [n for n in names if n.startswith(staged)]]
+        print(f"sc2 on the CI base: train image build adds {added} bytes in one layer; "
+              f"Docker's builder adds {[size for size, _ in old]}, of which {dead} hold "
+              "staged downloads")
+        assert dead
+    finally:
+        docker.from_env().images.remove("train/sc2:dockerfile", force=True)
 
 
 @pytest.mark.docker
