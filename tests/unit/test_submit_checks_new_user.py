@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.conftest import run_cli
-from tests.unit.test_submit_checks import LOCAL, _exe, _fake_sif, _passes, _refused
+from tests.conftest import run_cli, tiny_flags
+from tests.unit.test_submit_checks import LOCAL, _exe, _fake_sif, _passes, _refused, _submit
 
 
 def test_a_torch_launcher_of_the_users_own_inside_the_jobs_launcher_is_refused(
@@ -119,3 +119,30 @@ def test_a_python_that_is_there_but_cannot_run_is_said_as_such(tmp_path: Path) -
     assert "is a folder" in err and "bin/python" in err, err
     err = _refused(tmp_path, "python", "--python", "./nope/bin/python", "--", "demo")
     assert "is not found here" in err, err
+
+
+def test_a_sweep_resubmitted_with_other_settings_names_its_name_and_seeds_once(
+        tmp_path: Path) -> None:
+    """The refusal named --out runs/sw/seed-1 (a flag the user never gave) and said it
+    once per seed."""
+    for seed in (1, 2, 3):
+        run = run_cli(["run", "demo", "--out", str(tmp_path / "runs" / "sw" / f"seed-{seed}"),
+                       "--episodes", "2", "--seeds", str(seed), *tiny_flags()], cwd=tmp_path)
+        assert run.returncode == 0, run.stderr
+    sweep = ["--name", "sw", "--sweep-seeds", "1 2 3", "--", "demo", "--episodes", "4"]
+    code, err = _submit(tmp_path, *sweep, *tiny_flags(res=12))
+    assert code == 2, err
+    assert "train: error: name: --name sw: the folders of seeds 1, 2 and 3 (" in err, err
+    assert "res: the run has 8, now 12" in err and "another --name for a new sweep" in err
+    assert "--out" not in err and "also," not in err, err
+    # one seed of them: said in the singular
+    code, err = _submit(tmp_path, "--name", "sw", "--sweep-seeds", "2", "--", "demo",
+                        "--episodes", "4", *tiny_flags(res=12))
+    assert code == 2 and "--name sw: the folder of seed 2 (" in err and " holds " in err, err
+    # a sweep given --out is told by its --out
+    code, err = _submit(tmp_path, "--out", "runs/sw", "--sweep-seeds", "1 2", "--", "demo",
+                        "--episodes", "4", *tiny_flags(res=12))
+    assert code == 2 and "train: error: out: --out " in err and "seeds 1 and 2" in err, err
+    # its own settings continue it
+    code, err = _submit(tmp_path, *sweep, *tiny_flags())
+    assert code == 1 and "no cluster in unit tests" in err, err

@@ -70,6 +70,36 @@ class Problem:
     field: str
     text: str
     files: bool = True  # about files or programs: --no-check skips it
+    # a sweep's chain: its seed, the text saying {seeds} where problems of the same text
+    # for several seeds are said once
+    seed: int | None = None
+
+
+def _merge_seeds(found: list[Problem]) -> list[Problem]:
+    """A sweep's problems said once for all the seeds that have the same one."""
+    merged: dict[tuple[str, str, bool], list[int]] = {}
+    out: list[Problem] = []
+    for p in found:
+        if p.seed is None:
+            out.append(p)
+            continue
+        key = (p.field, p.text, p.files)
+        if key not in merged:
+            merged[key] = []
+            out.append(p)
+        merged[key].append(p.seed)
+    result = []
+    for p in out:
+        if p.seed is None:
+            result.append(p)
+            continue
+        seeds = merged[(p.field, p.text, p.files)]
+        said = f"the folder of seed {seeds[0]}" if len(seeds) == 1 else \
+            "the folders of seeds " + ", ".join(map(str, seeds[:-1])) + f" and {seeds[-1]}"
+        text = p.text.replace("{seeds}", said).replace(
+            "{holds}", "holds" if len(seeds) == 1 else "hold")
+        result.append(Problem(p.field, text, p.files))
+    return result
 
 
 def check_jobs(jobs: Sequence[ResolvedJob], *, submitting: bool, no_check: bool = False,
@@ -108,6 +138,7 @@ def check_jobs(jobs: Sequence[ResolvedJob], *, submitting: bool, no_check: bool 
             notes.append(refused[1])
     if not found:
         return notes
+    found = _merge_seeds(found)
     texts = [p.text + (f" ({NO_CHECK})" if p.files else "") for p in found]
     if submitting:
         also = "".join(f"\n  also, {p.field}: {t}" for p, t in zip(found[1:], texts[1:],
@@ -482,6 +513,13 @@ def identity_problems(job: ResolvedJob) -> list[Problem]:
     run_dir = Path(job.run_dir)
     field, flag = ("out", "--out") if spec.out else ("name", "--name")
     which = f"{flag} {spec.out if spec.out else spec.name}"
+    where, holds, new = str(run_dir), "holds", "run"
+    seed: int | None = None
+    sweep = _sweep_chain(job)
+    if sweep is not None:  # said of the sweep's --name (or --out) and its seeds
+        field, flag, value, seed = sweep
+        which, where = f"{flag} {value}", f"{{seeds}} ({run_dir.parent}/seed-N)"
+        holds, new = "{holds}", "sweep"
     problems = []
     if (run_dir / contract.CHAIN_RECORD).is_file():
         try:
@@ -489,10 +527,10 @@ def identity_problems(job: ResolvedJob) -> list[Problem]:
         except UsageError:
             entry = None  # an unreadable record: submit says so when it keeps it aside
         if isinstance(entry, str) and entry != spec.entry:
-            problems.append(Problem(field, f"{which}: {run_dir} holds an earlier chain of "
+            problems.append(Problem(field, f"{which}: {where} {holds} an earlier chain of "
                                     f"--entry {entry}, and this job is --entry {spec.entry}: "
                                     f"choose another {flag} (or remove that folder)",
-                                    files=False))
+                                    files=False, seed=seed))
     if spec.entry == "train" and not problems:
         cfg = run_config_from_argv(train_argv(job))
         try:
@@ -500,12 +538,32 @@ def identity_problems(job: ResolvedJob) -> list[Problem]:
         except ConfigError as exc:  # a config.json that is not train's (exit 2 either way)
             return [Problem(field, f"{which}: {exc}", files=False)]
         if differ:
-            problems.append(Problem(field, f"{which}: {run_dir} holds an earlier run with "
+            problems.append(Problem(field, f"{which}: {where} {holds} an earlier run with "
                                     f"other settings ({describe(differ)}); `train run` "
                                     "would refuse to continue it on the node. Give its "
-                                    f"settings, or another {flag} for a new run",
-                                    files=False))
+                                    f"settings, or another {flag} for a new {new}",
+                                    files=False, seed=seed))
     return problems
+
+
+def _sweep_chain(job: ResolvedJob) -> tuple[str, str, str, int] | None:
+    """(field, flag, value, seed) of the sweep a chain is one seed of (train.slurm.sweep
+    names it NAME-sS in ROOT/seed-S): the flag the user gave is --name, or --out where the
+    root is not runs/NAME; None for a chain of its own."""
+    from train.slurm.sweep import seed_dir
+
+    run_dir = Path(job.run_dir)
+    found = re.fullmatch(r"seed-([0-9]+)", run_dir.name)
+    if found is None:
+        return None
+    seed = int(found.group(1))
+    suffix = f"-s{seed}"
+    if seed_dir(seed) != run_dir.name or not job.spec.name.endswith(suffix):
+        return None
+    base = job.spec.name[:-len(suffix)]
+    if run_dir.parent == Path(os.path.abspath(os.path.join("runs", base))):
+        return "name", "--name", base, seed
+    return "out", "--out", str(run_dir.parent), seed
 
 
 def stale_complete(job: ResolvedJob) -> Path | None:
