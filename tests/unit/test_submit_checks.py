@@ -315,3 +315,38 @@ def test_the_escape_hatch_is_in_the_help() -> None:
     for command in ("render", "submit"):
         proc = run_cli([command, "--help"])
         assert "--no-check" in proc.stdout, proc.stdout
+
+
+# chunk 1's sbatch that fails after the controller took the job (its reply lost: "Socket
+# timed out", or sbatch killed at train's timeout): the held job stayed queued, unseen by
+# any chain and never released. These stand-ins play the controller: sbatch queues the
+# job (a line 'ID COMMAND' in the queue file) and fails; squeue lists the queue; scancel
+# records what it cancels.
+LOST_REPLY_SBATCH = """#!/bin/sh
+case " $* " in *" --test-only "*) echo "sbatch: Job 1 to start at now" >&2; exit 0 ;; esac
+while [ "${1#-}" != "$1" ]; do shift; done
+echo "4242 $*" >> "$QUEUE"
+echo "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation" >&2
+exit 1
+"""
+QUEUE_SQUEUE = """#!/bin/sh
+echo "4100 /elsewhere/other.sh 1"
+cat "$QUEUE" 2>/dev/null
+"""
+RECORD_SCANCEL = """#!/bin/sh
+echo "$*" >> "$CANCELLED"
+"""
+
+
+def test_a_lost_sbatch_reply_of_chunk_1_leaves_no_held_job(tmp_path: Path) -> None:
+    stand_ins = tmp_path / "sbin"
+    _exe(stand_ins / "sbatch", LOST_REPLY_SBATCH)
+    _exe(stand_ins / "squeue", QUEUE_SQUEUE)
+    _exe(stand_ins / "scancel", RECORD_SCANCEL)
+    queue, cancelled = tmp_path / "queue", tmp_path / "cancelled"
+    proc = run_cli(["submit", *LOCAL, "--name", "lost", "--no-check", "--", "demo"],
+                   cwd=tmp_path, env={"PATH": f"{stand_ins}:{os.environ['PATH']}",
+                                      "QUEUE": str(queue), "CANCELLED": str(cancelled)})
+    assert proc.returncode != 0 and "Socket timed out" in proc.stderr, proc.stderr
+    assert cancelled.exists() and cancelled.read_text().split() == ["4242"], proc.stderr
+    assert not (tmp_path / "runs" / "lost" / "chain.json").exists()

@@ -323,6 +323,26 @@ def first_chunk(previous: Chain | None) -> int:
     return int(last["chunk"]) + 1
 
 
+def _cancel_unreplied(command: str) -> None:
+    """An sbatch that failed after the controller took the job (its reply lost: "Socket
+    timed out", or sbatch ended at its timeout) left chunk 1 held in the queue, where no
+    chain knows it. This submission's script name is unique (it holds train's pid): the
+    user's pending job running exactly `command` is that job, and is cancelled. Nothing
+    is said where Slurm cannot be asked: the error that follows is sbatch's."""
+    try:
+        out = _proc.run(["squeue", "--noheader", "--user", str(os.getuid()), "--states",
+                         "PENDING", "--format", "%i %o"], timeout=60,
+                        env=submitcheck.sbatch_environment()).stdout
+    except _proc.ProcError:
+        return
+    for line in out.splitlines():
+        job_id, _, queued = line.strip().partition(" ")
+        if queued.strip() == command and _is_number(job_id):
+            log.warning("sbatch failed, but Slurm had queued the job (%s): cancelling it",
+                        job_id)
+            _proc.run(["scancel", job_id], check=False)
+
+
 def submit_chain(job: ResolvedJob, library: str) -> Chain:
     """Render the chain's script, submit chunk 1 held, record the chain, then release.
 
@@ -359,9 +379,13 @@ def submit_chain(job: ResolvedJob, library: str) -> Chain:
         # without SBATCH_* variables: they would override chunk 1's #SBATCH lines only
         # the chunk number, and the chain's first chunk where it is not 1
         chunk_args = ["1"] if first == 1 else [str(first), str(first)]
-        job_id = parse_sbatch_id(_proc.run(["sbatch", "--parsable", "--hold", str(pending),
-                                            *chunk_args], timeout=120,
-                                           env=submitcheck.sbatch_environment()).stdout)
+        try:
+            job_id = parse_sbatch_id(_proc.run(["sbatch", "--parsable", "--hold",
+                                                str(pending), *chunk_args], timeout=120,
+                                               env=submitcheck.sbatch_environment()).stdout)
+        except _proc.ProcError:
+            _cancel_unreplied(" ".join([str(pending), *chunk_args]))
+            raise
         if tag is not None:
             for path in [*(run_dir / n for n in _CHAIN_FILES), script]:
                 if path.exists():
@@ -582,6 +606,7 @@ def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
         s = states.get(job_id, {"state": "UNKNOWN"})
         chunks.append({"chunk": number, "job_id": job_id, "state": s["state"],
                        "reason": s.get("reason"), "exit": s.get("exit"),
+                       "expected_start": s.get("start"),
                        "events": [e["event"] for e in events if e["job_id"] == job_id]})
     state, cause = _outcome(chain, chunks, events)
     progress = contract.read_progress(chain.run_dir)
