@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
 import itertools
 import multiprocessing
 import os
@@ -540,5 +541,41 @@ def test_a_checkpoint_that_cannot_be_read_now_is_skipped_but_not_set_aside(
     assert latest is not None and latest["episode"] == 1
     assert not any("damaged" in p.name for p in tmp_path.iterdir())
     monkeypatch.setattr(checkpoint, "file_sha256", real)
+    latest = mgr.load_latest(set_aside=True)
+    assert latest is not None and latest["episode"] == 2
+
+
+@pytest.mark.parametrize("failure", [
+    MemoryError(),
+    RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough "
+                 "memory: you tried to allocate 4294967296 bytes."),
+    RuntimeError("[enforce fail at CPUAllocator.cpp:64] . DefaultCPUAllocator: can't "
+                 "allocate memory: you tried to allocate 4294967296 bytes. Error code 12 "
+                 "(Cannot allocate memory)"),
+])
+def test_an_intact_checkpoint_that_memory_cannot_hold_now_is_not_set_aside(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: BaseException) -> None:
+    """The host short of memory while loading (a crowded node, a smaller --mem) says
+    nothing of the file, whose checksum matched: it stays in the rotation for the next
+    start. A hostile trial found it renamed damaged-ckpt-N.pt and the run resumed from the
+    older one."""
+    from train.runtime import checkpoint
+
+    mgr = CheckpointManager(tmp_path, background=False)
+    mgr.prepare()
+    mgr.save(_state(1), 1)
+    mgr.save(_state(2), 2)
+    real = torch.load
+
+    def short(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if Path(path).name == "ckpt-00000002.pt":
+            raise failure
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.torch, "load", short)
+    with contextlib.suppress(MemoryError, CheckpointError):
+        mgr.load_latest(set_aside=True)
+    assert not any("damaged" in p.name for p in tmp_path.iterdir())
+    monkeypatch.setattr(checkpoint.torch, "load", real)
     latest = mgr.load_latest(set_aside=True)
     assert latest is not None and latest["episode"] == 2

@@ -128,6 +128,10 @@ def checksum_path(path: Path) -> Path:
 
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+# torch's CPU allocator out of host memory (DefaultCPUAllocator: not enough memory / can't
+# allocate memory), or the system's ENOMEM
+_OUT_OF_MEMORY = re.compile(r"DefaultCPUAllocator|Cannot allocate memory|out of memory",
+                            re.IGNORECASE)
 _MAX_SUMS = 8  # lines a checksum file may carry: a few saves of one name each cut short
 
 
@@ -202,8 +206,12 @@ def load(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} does not match its checksum: the file is damaged")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
+    except MemoryError:
+        raise
     except Exception as exc:
         first = first_line(exc)
+        if _OUT_OF_MEMORY.search(str(exc)):  # torch's allocator: the host, not the file
+            raise MemoryError(f"{path} could not be loaded: {first}") from None
         raise CheckpointError(f"{path} cannot be loaded safely: {first}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a checkpoint of format {FORMAT}")
@@ -288,8 +296,9 @@ class CheckpointManager:
             except Exception as exc:
                 log.warning("checkpoint %s is unreadable (%s); trying an older one", path, exc)
                 errors.append(f"{path.name}: {exc}")
-                # an I/O error (EIO, ESTALE) is not the file's fault: it is tried next time
-                if set_aside and not isinstance(exc, OSError):
+                # an I/O error (EIO, ESTALE) or a host short of memory is not the file's
+                # fault: it is tried next time
+                if set_aside and not isinstance(exc, (OSError, MemoryError)):
                     self._set_aside(path)
                 continue
             log.info("resuming from %s", path)
