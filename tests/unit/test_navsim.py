@@ -275,3 +275,16 @@ def test_a_cut_cache_loses_the_scenes_written_in_its_last_moments(tmp_path: Path
     assert navsim.drop_cut_scenes(cache, window=120) == 2
     assert sorted(p.name for p in (cache / "log").iterdir()) == ["tok0", "tok1"]
     assert navsim.drop_cut_scenes(tmp_path / "none") == 0
+
+
+def test_a_cache_path_of_the_users_counts_as_a_save_path() -> None:
+    """A chunk cut while it computes the cache has saved that much: with cache_path= outside
+    the run folder the batch shell must look there too, or it ends the chain as 'stopped
+    before any save'. The run folder's own cache needs no entry (the run folder counts)."""
+    from train.slurm.render import save_paths
+
+    own = resolve(JobSpec(**NAVSIM), REG.get("local"))
+    assert save_paths(own) == []
+    shared = resolve(JobSpec(**{**NAVSIM, "workload": (
+        "agent=ego_status_mlp_agent", "cache_path=/scratch/u/cache")}), REG.get("local"))
+    assert save_paths(shared) == ["/scratch/u/cache"]

@@ -93,7 +93,14 @@ def save_paths(job: ResolvedJob) -> list[str]:
     """--save-path as absolute paths: relative ones are from --chdir (where the program
     runs), or the submit folder."""
     base = program_folder(job.spec.chdir) if job.spec.chdir is not None else os.getcwd()
-    return [os.path.normpath(os.path.join(base, p)) for p in job.spec.save_path]
+    paths = [os.path.normpath(os.path.join(base, p)) for p in job.spec.save_path]
+    if job.spec.entry == "navsim":
+        # a chunk cut while it computes NAVSIM's feature cache has saved that much: a
+        # cache_path= of the user's outside the run folder counts as a save path
+        cache = navsim.override_value(job.spec.workload, navsim.CACHE_PATH)
+        if cache and os.path.isabs(cache):
+            paths.append(os.path.normpath(cache))
+    return paths
 
 
 def sbatch_options(job: ResolvedJob) -> list[str]:
