@@ -825,6 +825,12 @@ _TITLES_FIXES: dict[str, tuple[str, str]] = {
         "names where; often the image's libraries do not match the node (run with "
         "--runtime apptainer --image, which binds the driver with --nv) or a GPU fault "
         "(`nvidia-smi -q` on that node)"),
+    "unsaved": (
+        "the chunk was stopped before the program saved anything",
+        "the program must save before the stop comes: a longer --time (or a shorter "
+        "interval between its saves), and --save-path for where it saves when that is "
+        "outside the run folder; submitting the same run again continues at the next "
+        "chunk"),
     "stop_signal_unhandled": (
         "the program died of the walltime stop signal (it has no handler for it)",
         "give the program a handler (on the signal: checkpoint, then exit 0; Lightning "
@@ -1148,6 +1154,9 @@ def diagnose(chain: Chain, status: Mapping[str, Any] | None = None, *, scan: boo
             c["exit"] = f"{step_exit[c['job_id']].split()[0]}:0"
         logs = _logs_of(chain, c["job_id"])
         found = _chunk_findings(chain, c, logs, scan, full, notes)
+        if contract.EV_UNSAVED in (c.get("events") or []) and not found:
+            found.append(_finding(chain, "unsaved", c["chunk"], c["job_id"],
+                                  detail=contract.UNSAVED_TEXT))
         if str(c.get("state")) == "CANCELLED" and not found and st.get("state") != "complete" \
                 and not cancelled_by_us and contract.EV_STARTED in (c.get("events") or []):
             found.append(_finding(chain, "cancelled", c["chunk"], c["job_id"],
@@ -1192,6 +1201,8 @@ def _what_happened(state: str, events: Sequence[str], chunk: Mapping[str, Any]) 
         return "reached its walltime before it stopped"
     if contract.EV_NO_PROGRESS in ev:
         return "ended without adding work"
+    if contract.EV_UNSAVED in ev:
+        return f"was stopped at its walltime margin, {contract.UNSAVED_TEXT}"
     if state in ACTIVE_STATES:
         reason = chunk.get("reason")
         return f"{state.lower()}" + (f" ({reason})" if reason not in (None, "None") else "")

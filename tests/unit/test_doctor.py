@@ -881,3 +881,15 @@ def test_the_chain_record_keeps_the_nodes_memory_for_the_doctor() -> None:
                    runtime="none", python=sys.executable)
     res = resolve(spec, Registry(environ={}).get("torch")).resources()
     assert res["node_mem_mb"] == 262144 and res["mem_mb"] == 256000
+
+
+def test_a_chunk_stopped_before_any_save_is_named_with_the_fix(tmp_path: Path) -> None:
+    """The batch shell's 'unsaved' event (a stop with nothing saved since the chunk began):
+    the doctor says so and what to change, instead of calling the chain healthy or
+    unknown."""
+    st = status("COMPLETED", "0:0", ["started", "unsaved"], chain_state="stalled")
+    report = diagnose(tmp_path, "", st)
+    f = report.findings[0]
+    assert f.cause == "unsaved" and "--save-path" in f.fix and "--time" in f.fix
+    assert "stopped before any save" in report.chunks[0]["what"]
+    assert not report.healthy
