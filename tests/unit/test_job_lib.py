@@ -41,18 +41,22 @@ fi
 if [ -e "$STUB_DIR/sbatch.fail.$n" ]; then
     echo "sbatch: error: QOSMaxSubmitJobPerUserLimit" >&2; exit 1
 fi
-dependency='(null)'
+dependency='(null)' command=''
 for a in "$@"; do
-    case "$a" in --dependency=*) dependency="${a#--dependency=}(unfulfilled)" ;; esac
+    case "$a" in
+        --dependency=*) dependency="${a#--dependency=}(unfulfilled)" ;;
+        -*) ;;
+        *) [ -n "$command" ] || command=$a ;;
+    esac
 done
-echo "$((900 + n)) $dependency" >> "$STUB_DIR/queue"
+echo "$((900 + n)) $dependency $command" >> "$STUB_DIR/queue"
 if [ -e "$STUB_DIR/sbatch.lost.$n" ]; then
     echo "sbatch: error: Batch job submission failed: Socket timed out on send/recv" \\
         "operation" >&2; exit 1
 fi
 echo "$((900 + n))"
 """,
-    # records; prints the queue ("ID DEPENDENCY" lines), or fails with squeue.fail
+    # records; prints the queue ("ID DEPENDENCY COMMAND" lines), or fails with squeue.fail
     "squeue": """#!/bin/bash
 printf '%s\\n' "$*" >> "$STUB_DIR/squeue.calls"
 if [ -e "$STUB_DIR/squeue.fail" ]; then
@@ -655,9 +659,12 @@ def test_a_successor_whose_reply_was_lost_is_found_not_submitted_again(
         tmp_path: Path) -> None:
     (tmp_path / "stubs").mkdir()
     (tmp_path / "stubs" / "sbatch.lost.1").touch()  # accepted as 901, reported failed
-    # (other jobs of the user: another chain's successor, one that waits on job 5000)
+    # (other jobs of the user: another chain's successor, one that waits on job 5000, and
+    # the user's own evaluation job that waits on this chunk: never taken, never cancelled)
     (tmp_path / "stubs" / "queue").write_text(
-        "42 afterok:41(unfulfilled)\n43 afterok:5000_*(unfulfilled)\n77 (null)\n")
+        f"42 afterok:41(unfulfilled) {tmp_path / 'chain.sbatch'}\n"
+        "43 afterok:5000_*(unfulfilled) /x/chain.sbatch 2\n77 (null) /bin/true\n"
+        "78 afterok:500(unfulfilled) /home/u/eval.sh\n")
     proc = _run(tmp_path, "progress")
     assert proc.returncode == 0, proc.stderr
     assert _kinds(tmp_path) == ["started", "extend_failed", "extended", "stopped"]
@@ -665,7 +672,7 @@ def test_a_successor_whose_reply_was_lost_is_found_not_submitted_again(
     assert _events(tmp_path)[2][3] == "901"
     assert _ids(tmp_path) == "2 901\n"
     assert len(_calls(tmp_path, "sbatch")) == 1
-    assert _calls(tmp_path, "squeue") == [f"--noheader --user={os.getuid()} --format=%i %E"]
+    assert _calls(tmp_path, "squeue") == [f"--noheader --user={os.getuid()} --format=%i %E %o"]
     assert "sbatch's reply was lost" in proc.stderr
     assert _calls(tmp_path, "scancel") == []
 
@@ -688,7 +695,8 @@ def test_a_restarted_chunk_looks_for_the_successor_its_first_run_submitted(
     # the first run's sbatch reply was lost, then the job was requeued (preemption)
     (tmp_path / "stubs").mkdir()
     (tmp_path / "stubs" / "queue").write_text(
-        "776 afterany:12,afterok:5001(unfulfilled)\n777 afterok:500_*(unfulfilled)\n")
+        "776 afterany:12,afterok:5001(unfulfilled)\n"
+        f"777 afterok:500_*(unfulfilled) {tmp_path / 'chain.sbatch'} 2\n")
     proc = _run(tmp_path, "progress", extra_env={"SLURM_RESTART_COUNT": "1"})
     assert proc.returncode == 0, proc.stderr
     assert _calls(tmp_path, "sbatch") == []

@@ -81,15 +81,18 @@ train_sbatch() {
 }
 
 train_find_successors() {
-    # The ids of this user's queued jobs that wait on job $1 (afterok), one per line: a
-    # chunk's successor is the only one (its dependency marks it). Fails (with squeue's
+    # The ids of this user's queued jobs that wait on job $1 (afterok) and run this very
+    # script (squeue's command: the batch script this chunk runs), one per line: a chunk's
+    # successor is the only one. A job of the user's own that waits on the chunk (an
+    # evaluation after it) runs another script and is never taken. Fails (with squeue's
     # message) when Slurm cannot be asked.
-    local out id dep
-    out=$(train_slurm_cmd squeue --noheader --user="$(id -u)" --format='%i %E' 2>&1) ||
+    local out id dep cmd
+    out=$(train_slurm_cmd squeue --noheader --user="$(id -u)" --format='%i %E %o' 2>&1) ||
         { printf '%s' "$out"; return 1; }
-    while read -r id dep; do
+    while read -r id dep cmd; do
         # "afterok:JOB(unfulfilled)", also "afterok:JOB_*(...)", among others after commas
-        case ",$dep" in *,afterok:"$1"[!0-9]*) printf '%s\n' "$id" ;; esac
+        case ",$dep" in *,afterok:"$1"[!0-9]*) ;; *) continue ;; esac
+        case "$cmd" in "$TRAIN_SCRIPT" | "$TRAIN_SCRIPT "*) printf '%s\n' "$id" ;; esac
     done <<< "$out"
     return 0
 }
