@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -270,7 +271,11 @@ def navsim_lock(session: nox.Session) -> None:
 def demo(session: nox.Session) -> None:
     """Train the built-in demo on this machine (no cluster, container or GPU needed)."""
     _install(session, "run")
-    session.run("train", "run", "demo", *session.posargs)
+    # one torch thread: the demo's network is small, and on a machine that is busy with
+    # anything else torch's threads wait for each other (measured on 2 cores at a load of
+    # about 9: 0.02-0.03 episodes a second with two threads, 0.9-1.4 with one)
+    session.run("train", "run", "demo", *session.posargs,
+                env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
 
 
 @nox.session

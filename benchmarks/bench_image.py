@@ -24,7 +24,8 @@ EPISODES = 30  # per run; both workloads at res 16 with 10 agent steps per episo
 RUN_ARGS = ["--device", "cpu", "--res", "16", "--batch-size", "8", "--learning-starts", "8",
             "--replay-size", "500", "--episodes", str(EPISODES), "--eval-episodes", "0",
             "--log-every", "1"]
-ARGS = ["--build-arg", f"BASE_IMAGE={BASE}", "--build-arg", "BASE_LOCK=base-cpu.txt"]
+ARGS = ["--build-arg", f"BASE_IMAGE={BASE}", "--build-arg", "BASE_LOCK=base-cpu.txt",
+        "--build-arg", "WHEELHOUSE=.nox/wheelhouse"]
 
 
 def timed_run(argv: list[str], env: dict[str, str]) -> float:
@@ -59,7 +60,7 @@ def main() -> None:
                        check=True, capture_output=True)
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
                         "--require-hashes", "-d",
-                        str(REPO / "containers" / "wheelhouse"), "-r",
+                        str(REPO / ".nox" / "wheelhouse"), "-r",
                         str(REPO / "containers" / "requirements" / "base-cpu.txt")],
                        check=True, capture_output=True)
         build = [sys.executable, "-m", "train", "image", "build", "base", "--engine",

@@ -53,8 +53,11 @@ def slurm_env() -> Iterator[dict[str, str]]:
 
 CI_BASE_TAG = "train-ci-base:bookworm"
 CI_IMAGE_TAG = "train/base:ci"
+# CI's offline wheels (the CPU torch stack, cp311) live where a cluster build never looks:
+# base.def installs offline from its WHEELHOUSE whenever that folder holds wheels
+CI_WHEELHOUSE = ".nox/wheelhouse"
 CI_BUILD_ARGS = ("--build-arg", f"BASE_IMAGE={CI_BASE_TAG}", "--build-arg",
-                 "BASE_LOCK=base-cpu.txt")
+                 "BASE_LOCK=base-cpu.txt", "--build-arg", f"WHEELHOUSE={CI_WHEELHOUSE}")
 CI_SC2_TAG = "train/sc2:ci"
 
 
@@ -93,7 +96,7 @@ def docker_engine() -> Iterator[dict[str, str]]:
             pytest.fail(f"base-rootfs.sh failed: {base.stderr[-2000:]}")
         wheels = subprocess.run(
             [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--require-hashes",
-             "-d", str(REPO / "containers" / "wheelhouse"), "-r",
+             "-d", str(REPO / CI_WHEELHOUSE), "-r",
              str(REPO / "containers" / "requirements" / "base-cpu.txt")],
             capture_output=True, text=True, timeout=900, check=False)
         if wheels.returncode != 0:
