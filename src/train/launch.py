@@ -351,9 +351,10 @@ if [ -n "${TRAIN_SHIM_ACTIVE:-}" ]; then  # found itself again: no real scontrol
     exit 127
 fi
 if [ "${1:-}" = requeue ]; then
-    if [ -z "${TRAIN_STOP_REQUEST:-}" ] || ! { echo "requeue ${2:-}" > \
-            "$TRAIN_STOP_REQUEST.tmp" && mv "$TRAIN_STOP_REQUEST.tmp" \
-            "$TRAIN_STOP_REQUEST"; }; then
+    # (a temporary name of this process's own: every task of the step may ask at once)
+    tmp="${TRAIN_STOP_REQUEST:-}.tmp.${SLURM_PROCID:-0}.$$"
+    if [ -z "${TRAIN_STOP_REQUEST:-}" ] || ! { echo "requeue ${2:-}" > "$tmp" && \
+            mv "$tmp" "$TRAIN_STOP_REQUEST"; }; then
         echo "train: scontrol requeue is not run inside a job step, and the request to end" \
             "this chunk could not be written (${TRAIN_STOP_REQUEST:-no TRAIN_STOP_REQUEST})" >&2
         exit 1

@@ -137,6 +137,26 @@ def test_scontrol_requeue_inside_the_step_asks_the_batch_shell_instead(
     assert proc.stdout == "real show job\n"  # anything else goes to the real one
 
 
+def test_every_task_asking_at_once_gets_its_request_written(tmp_path: Path) -> None:
+    """Lightning under --launch tasks: each task runs `scontrol requeue` at the same
+    moment; a shared temporary name made some of them fail (exit 1, the chunk failed)."""
+    import subprocess
+
+    from train.launch import install_scontrol_shim
+
+    env = {"PATH": "/usr/bin:/bin", "TRAIN_RUN_DIR": str(tmp_path)}
+    assert install_scontrol_shim(env) is not None
+    request = tmp_path / ".stop-request-9-0"
+    for _ in range(25):
+        procs = [subprocess.Popen(["scontrol", "requeue", "9"], env={
+            **env, "TRAIN_STOP_REQUEST": str(request), "SLURM_PROCID": str(rank)},
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for rank in range(4)]
+        codes = [p.wait(timeout=60) for p in procs]
+        assert codes == [0, 0, 0, 0]
+        assert request.read_text() == "requeue 9\n"
+    assert not list(tmp_path.glob(".stop-request-9-0.tmp*"))
+
+
 def test_the_stand_in_never_finds_itself_again(tmp_path: Path) -> None:
     import shutil
     import subprocess
