@@ -6,8 +6,9 @@
 # 2. TERMs every daemon by the PID in its PID file, all at once, and waits for them
 #    (KILL after 10 s);
 # 3. KILLs whatever of the cluster is left: every process whose command line names DIR/ or
-#    whose environment says SLURM_CONF=DIR/slurm.conf (the daemons, slurmstepd, the jobs'
-#    programs), except this script and its callers.
+#    whose environment says SLURM_CONF=DIR/slurm.conf with a SLURM_JOB_ID (the jobs'
+#    programs), working in DIR or in its mount namespace (the daemons, slurmstepd), except
+#    this script and its callers.
 # Safe to run twice, or beside a run of itself; never fails.
 set -uo pipefail
 
@@ -39,7 +40,10 @@ cluster_pids() {
     # working directory (slurmd's, which its slurmstepd keep: 24.11 starts them with an
     # empty environment) or, for a cluster in a root of its own, its mount namespace
     local p
-    { grep -lszxF -f "$patterns/env" /proc/[0-9]*/environ
+    # (by environment only the jobs' own processes, which Slurm gives a SLURM_JOB_ID: a
+    # shell of the user's that exported SLURM_CONF, and what it runs, is no part of it)
+    { grep -lszxF -f "$patterns/env" /proc/[0-9]*/environ |
+          while read -r env; do grep -qsz '^SLURM_JOB_ID=' "$env" && echo "$env"; done
       grep -lszF -f "$patterns/cmd" /proc/[0-9]*/cmdline
       stat -c '%N' /proc/[0-9]*/cwd | awk -v d="$dir" '{
           pid = $0; sub(/^.\/proc\//, "", pid); sub(/\/.*/, "", pid)

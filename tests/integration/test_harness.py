@@ -87,3 +87,33 @@ def test_no_process_of_the_cluster_outlives_its_test_session(tmp_path: Path,
         time.sleep(0.5)
     assert left == [], f"after a session that ended by {ending}: {left}\n{out[-3000:]}"
     assert f"train-local-slurm {folder}" not in Path("/etc/hosts").read_text()
+
+
+def test_stopping_a_cluster_spares_a_shell_that_exported_its_slurm_conf(
+        slurm_env: dict[str, str]) -> None:
+    """A user (or a test) that exported SLURM_CONF to talk to the cluster is no part of it:
+    slurm-down.sh of another cluster folder with the same file name must not touch it, and
+    by environment it takes only processes Slurm started for a job (SLURM_JOB_ID)."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="th", dir="/tmp"))
+    up = subprocess.run(["bash", str(REPO / "ci" / "slurm-up.sh"), str(folder)],
+                        capture_output=True, text=True, timeout=120, check=False)
+    bystander = None
+    try:
+        assert up.returncode == 0, up.stderr
+        conf = up.stdout.strip().splitlines()[-1]
+        bystander = subprocess.Popen(["sleep", "300"], env={**os.environ, "SLURM_CONF": conf},
+                                     cwd="/tmp")
+    finally:
+        subprocess.run(["bash", str(REPO / "ci" / "slurm-down.sh"), str(folder)],
+                       check=False, timeout=300)
+        shutil.rmtree(folder, ignore_errors=True)
+    assert bystander is not None
+    try:
+        assert bystander.poll() is None, "slurm-down.sh killed a process that only " \
+            "had the cluster's SLURM_CONF in its environment"
+    finally:
+        bystander.kill()
+        bystander.wait()
