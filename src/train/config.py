@@ -403,6 +403,14 @@ def unknown_message(extras: Sequence[str], parser: argparse.ArgumentParser) -> s
             hints.append(f"{flag}: did you mean {close[0]}?")
         else:
             hints.append(f"{flag}: not a flag of {parser.prog} (see {parser.prog} --help)")
+    if parser.prog.split()[-1] in ("render", "submit"):
+        # `train render -g 1 sc2 --episodes 10`: the workload's options were meant
+        hints.append(f"a workload and its own options go after `--`: {parser.prog} "
+                     "[options] -- WORKLOAD [ARG ...]")
+    elif parser.prog.split()[-1] == "run" and any(a.startswith("-") for a in extras):
+        # `train render -- demo -g 1 -t 30`: the job's options were put after `--`
+        hints.append("after `--` come the workload's own options (train run --help); those "
+                     "of train render/submit go before `--`")
     text = "unrecognized arguments: " + " ".join(extras)
     return text + ("; " + "; ".join(hints) if hints else "")
 

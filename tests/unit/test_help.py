@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from tests.conftest import run_cli
 from train.cli import build_parser
 
 
@@ -58,3 +59,16 @@ def test_the_top_level_help_is_for_users() -> None:
     assert "exceptions" not in text and "exit codes" not in description
     for command in ("init", "submit", "status", "run demo"):
         assert command in description
+
+
+def test_options_on_the_wrong_side_of_the_double_dash_say_where_they_go() -> None:
+    """Two everyday slips: the workload's options before `--` (the `--` forgotten), and the
+    job's options after it."""
+    forgot = run_cli(["render", "-M", "local", "-g", "1", "--runtime", "none", "sc2",
+                      "--episodes", "10"])
+    assert forgot.returncode == 2
+    assert "a workload and its own options go after `--`" in forgot.stderr
+    after = run_cli(["render", "-M", "local", "--runtime", "none", "--", "demo",
+                     "--episodes", "10", "-g", "1", "-t", "30"])
+    assert after.returncode == 2
+    assert "those of train render/submit go before `--`" in after.stderr
