@@ -117,6 +117,7 @@ def _banner(reason: str) -> str:
 
 
 RENDEZVOUS_DONE = "rendezvous_complete"
+RANK_ZERO_BANNER = "rank_zero_banner"
 # Ordered by how decisive a message is: when one log holds several, the first rule that
 # matched explains the failure and the others are listed as well.
 RULES: tuple[LogRule, ...] = (
@@ -207,6 +208,12 @@ RULES: tuple[LogRule, ...] = (
             None, "the kernel's ENOSPC and EDQUOT as Python and tools print them"),
     LogRule("train_error", ("train: error: ",), None,
             "ours: the CLI's one-line error for bad input or a missing resource"),
+    # not a cause: Lightning's banner, printed by global rank 0 only; every process of a
+    # multi-process job printing it means each trained alone (ranks_alone)
+    LogRule(RANK_ZERO_BANNER, ("GPU available: ",),
+            re.compile(r"GPU available: (?:True|False)\b"),
+            "Lightning (trainer/connectors/accelerator_connector.py, rank_zero_info): 'GPU "
+            "available: True (cuda), used: True'"),
     # not a cause: the group met (a partial count of member lines is then no finding)
     LogRule(RENDEZVOUS_DONE, ("All distributed processes registered",
                               "Rendezvous complete for workers"), None,
@@ -831,6 +838,12 @@ _TITLES_FIXES: dict[str, tuple[str, str]] = {
         "interval between its saves), and --save-path for where it saves when that is "
         "outside the run folder; submitting the same run again continues at the next "
         "chunk"),
+    "ranks_alone": (
+        "the processes never joined one group: each trained alone (world size 1)",
+        "give the Trainer the job's shape: Trainer(num_nodes=N, devices=GPUS_PER_NODE, "
+        "strategy='ddp') as the job has them (with --launch tasks Lightning then takes its "
+        "ranks from Slurm); a plain torch script must call "
+        "torch.distributed.init_process_group (train launch sets its environment)"),
     "stop_signal_unhandled": (
         "the program died of the walltime stop signal (it has no handler for it)",
         "give the program a handler (on the signal: checkpoint, then exit 0; Lightning "
@@ -1063,7 +1076,8 @@ def _chunk_findings(chain: Chain, c: Mapping[str, Any], logs: Sequence[Path],
         hits = hits_all.get(cause)
         if hits is None and cause in lead:
             hits = lead[cause]
-        if hits is None or (cause == "train_error" and out) or cause == RENDEZVOUS_DONE:
+        if hits is None or (cause == "train_error" and out) or \
+                cause in (RENDEZVOUS_DONE, RANK_ZERO_BANNER):
             continue
         if cause in lead and exc is not None and all(e.line != exc.line for e in
                                                      hits.evidence()):
@@ -1083,6 +1097,11 @@ def _chunk_findings(chain: Chain, c: Mapping[str, Any], logs: Sequence[Path],
             continue
         if ended_early or cause in _ALWAYS:
             out.append(_finding(chain, cause, number, job_id, hits))
+    runs = max(1, events.count(contract.EV_STARTED))  # a requeued job's runs share its log
+    alone = _ranks_alone(chain, hits_all.get(RANK_ZERO_BANNER), runs)
+    if alone:
+        out.append(_finding(chain, "ranks_alone", number, job_id,
+                            hits_all.get(RANK_ZERO_BANNER), alone))
     if failed and not out:
         f = _finding(chain, "failed", number, job_id, detail=_state_detail(state, exit_code))
         f.cause = "unknown"
@@ -1095,6 +1114,22 @@ def _chunk_findings(chain: Chain, c: Mapping[str, Any], logs: Sequence[Path],
                          "JOBID", str(job_id))
         out.append(f)
     return out
+
+
+def _ranks_alone(chain: Chain, banners: Hits | None, runs: int) -> str:
+    """A multi-process job whose every process printed the rank-zero banner: each was
+    global rank 0 of a world of its own (a bare Lightning Trainer() on several nodes
+    trains the same model N times, alone). A healthy group prints it once a run (a
+    requeued job's runs append to one log); alone, once per process and run."""
+    res = _resources(chain)
+    nodes = _int(res.get("nodes")) or 1
+    per_node = _int(res.get("processes_per_node")) or _int(res.get("ntasks_per_node")) or 1
+    procs = nodes * per_node
+    if banners is None or procs < 2 or banners.count < procs * runs:
+        return ""
+    return (f"each of the job's {procs} processes printed Lightning's rank-zero banner "
+            f"('GPU available: ...', {banners.count} times): every one was rank 0 of a "
+            "world of its own")
 
 
 def idle_gpus(chain: Chain) -> list[Finding]:

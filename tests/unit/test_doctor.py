@@ -893,3 +893,27 @@ def test_a_chunk_stopped_before_any_save_is_named_with_the_fix(tmp_path: Path) -
     assert f.cause == "unsaved" and "--save-path" in f.fix and "--time" in f.fix
     assert "stopped before any save" in report.chunks[0]["what"]
     assert not report.healthy
+
+
+# Lightning's rank-zero banner, as 2.x prints it (rank_zero_info in its accelerator
+# connector): global rank 0 only
+BANNER = ("GPU available: False, used: False\nTPU available: False, using: 0 TPU cores\n"
+          "HPU available: False, using: 0 HPUs\n")
+
+
+def test_every_process_alone_at_world_size_1_is_flagged(tmp_path: Path) -> None:
+    """A bare Trainer() on a 2-node job: each process is rank 0 of its own world, prints
+    the banner, trains the whole model, and the chain completes 'healthy'."""
+    res = {**RESOURCES, "nodes": 2, "processes_per_node": 1, "ntasks_per_node": 1}
+    done = status("COMPLETED", "0:0", ["started", "complete"], chain_state="complete")
+    report = diagnose(tmp_path, "", done, out=BANNER * 2, resources=res)
+    f = report.findings[0]
+    assert f.cause == "ranks_alone" and "2 processes" in f.detail
+    assert "num_nodes" in f.fix and not report.healthy
+    # the same job as one group: rank 0 alone prints it, once a run (a requeued run too)
+    for runs in (1, 2):
+        events = ["started"] * runs + ["complete"]
+        ok = diagnose(tmp_path / f"ok{runs}", "", status("COMPLETED", "0:0", events,
+                                                         chain_state="complete"),
+                      out=BANNER * runs, resources=res)
+        assert ok.healthy, ok.verdict
