@@ -908,7 +908,7 @@ def _workers_do_not_fit(spec: JobSpec, node: NodeType, procs: int, per_worker: i
     safe = mem_mb // (procs * per_worker)
     fix = f"use --workers {safe} (at most {safe} per process)" if safe else \
         "use --workers 0 (the data loaded in the training processes)"
-    more = f", ask for more memory (--mem, a {node.name} node has " \
+    more = f", ask for more memory (--mem, one {node.name} node has " \
         f"{format_mem(node.mem_mb)})" if spec.mem is not None and mem_mb < node.mem_mb \
         and need < node.mem_mb else ""
     default = spec.worker_mem == f"{DEFAULT_WORKER_MEM_MB // 1024}G"
@@ -916,8 +916,9 @@ def _workers_do_not_fit(spec: JobSpec, node: NodeType, procs: int, per_worker: i
                       f"per node x {format_mem(per_worker)} (--worker-mem) = "
                       f"{format_mem(need)} is over the job's {format_mem(mem_mb)} per "
                       f"node; {fix}{more}, or give --worker-mem the memory one of your "
-                      "workers really takes" + (" (the default is what the field notes' "
-                      "host-OOM job's workers took: over 8G each)" if default else ""))
+                      "workers really takes" + (" (the default 24G is set from the field "
+                      "notes' host-OOM job, whose workers took more than 8G each and at "
+                      "most 32G)" if default else ""))
 
 
 def _gpu_watch(spec: JobSpec, profile: Profile) -> GpuWatch | None:
