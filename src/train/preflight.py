@@ -222,7 +222,7 @@ def run_preflight(profile: Profile, *, image: str | Path | None, account: str | 
     return [runtime_check, image_check, _check_account(profile, account, env, run),
             _check_runs_root(Path(runs_text), profile, table),
             _check_cuda(profile, nodes, named, chosen, facts),
-            _check_arch(nodes, named, chosen, facts)]
+            check_arch(nodes, named, chosen, facts)]
 
 
 # -- input -----------------------------------------------------------------------------------
@@ -405,6 +405,20 @@ def check_image_file(path: Path, profile: Profile, mounts: list[Mount]) -> Check
     readable, and a SIF (or a Singularity 2 squashfs, or a sandbox folder) whatever its
     name."""
     return _check_sif(path, None, profile, mounts, run_command, strict=True)[0]
+
+
+def image_facts(path: Path, binary: str, profile: Profile) -> ImageFacts | None:
+    """What an image says about itself (its labels), for `train submit`: a sandbox's
+    labels.json, else `apptainer inspect`; None where it cannot be read."""
+    if path.is_dir():
+        try:
+            labels = json.loads((path / ".singularity.d" / "labels.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(labels, dict):
+            return None
+        return ImageFacts({str(k): str(v) for k, v in labels.items()})
+    return _check_sif(path, binary, profile, [], run_command)[1]
 
 
 def _check_sif(path: Path, binary: str | None, profile: Profile, mounts: list[Mount],
@@ -811,7 +825,7 @@ def image_arch(facts: ImageFacts) -> tuple[BuildArch | None, str]:
     return read_header(text), f"lock {lock}"
 
 
-def _check_arch(nodes: list[NodeType], named: bool, chosen: str,
+def check_arch(nodes: list[NodeType], named: bool, chosen: str,
                 facts: ImageFacts | None) -> Check:
     """Each GPU type of the job's nodes against the architectures the image carries: a
     V100 (sm_70) on the CUDA 13 image fails at its first kernel, after the queue wait."""

@@ -350,3 +350,34 @@ def test_a_lost_sbatch_reply_of_chunk_1_leaves_no_held_job(tmp_path: Path) -> No
     assert proc.returncode != 0 and "Socket timed out" in proc.stderr, proc.stderr
     assert cancelled.exists() and cancelled.read_text().split() == ["4242"], proc.stderr
     assert not (tmp_path / "runs" / "lost" / "chain.json").exists()
+
+
+def test_a_partitions_gpus_the_image_has_no_code_for_are_refused_at_submit(
+        tmp_path: Path) -> None:
+    """Issue 20: the CUDA 13 image (its lock's torch carries sm_75 and up) on Gilbreth's
+    V100 partition is exit 2 naming the variant, before anything is queued; the cu128
+    variant passes this check. The image's labels come from `apptainer inspect` (a stand-in
+    here: apptainer cannot be installed on our machines)."""
+    sif = _fake_sif(tmp_path / "img" / "base.sif")
+    tools = tmp_path / "tools"
+
+    def apptainer(lock: str) -> dict[str, str]:
+        labels = {"org.train.image": "base", "org.train.lock": lock}
+        inspect = json.dumps({"data": {"attributes": {"labels": labels}}, "type": "container"})
+        _exe(tools / "apptainer", f"#!/bin/sh\n[ \"$1\" = inspect ] && cat <<'X'\n{inspect}\nX\n"
+             "exit 0\n")
+        return {"PATH": f"{tools}:{os.environ['PATH']}"}
+
+    job = ["--cluster", "gilbreth", "-A", "lab", "-q", "standby", "-p", "v100", "-g", "1",
+           "--runtime", "apptainer", "--image", str(sif), "--", "demo"]
+    env = apptainer("base-cu130.txt")
+    proc = run_cli(["submit", *job], cwd=tmp_path,
+                   env={**env, "PATH": f"{_exe(tmp_path / 'sbin' / 'sbatch', NO_SBATCH).parent}"
+                                       f":{env['PATH']}"})
+    assert proc.returncode == 2, proc.stderr
+    assert "train: error: image: " in proc.stderr and "v100 (sm_70)" in proc.stderr
+    assert "base-cu128.txt" in proc.stderr and "--no-check" in proc.stderr
+    assert not (tmp_path / "runs").exists()
+    env = apptainer("base-cu128.txt")
+    proc = run_cli(["render", *job], cwd=tmp_path, env=env)
+    assert proc.returncode == 0 and "sm_70" not in proc.stderr, proc.stderr

@@ -181,9 +181,34 @@ def image_problems(job: ResolvedJob, environ: Mapping[str, str]
         tilde = " (a '~' is not expanded in the job: give the full path)" \
             if image.startswith("~") else ""
         return [Problem("image", f"--image {image}: {check.detail}{tilde}; {check.fix}")], []
-    if check.fix:  # there, but on a file system the nodes may not mount
-        return [], [f"--image {image}: {check.fix}"]
-    return [], []
+    notes = [f"--image {image}: {check.fix}"] if check.fix else []  # (storage the nodes
+    # may not mount)
+    found, seen = _arch_problems(job, path, environ)
+    return found, notes + seen
+
+
+def _arch_problems(job: ResolvedJob, path: Path, environ: Mapping[str, str]
+                   ) -> tuple[list[Problem], list[str]]:
+    """The partition's GPUs against the architectures the image's torch carries (its lock,
+    read through its labels): a V100 job with the CUDA 13 image fails at its first kernel,
+    after the queue wait."""
+    from train import preflight
+
+    if not job.node.gpu_types or job.spec.gpus_per_node == 0:
+        return [], []
+    search = environ.get("PATH", os.defpath)
+    binary = shutil.which("apptainer", path=search) or shutil.which("singularity",
+                                                                    path=search)
+    if binary is None and not path.is_dir():
+        return [], [f"--image {job.spec.image}: its GPU architectures were not compared with "
+                    f"the {job.node.name} GPUs: apptainer is not on PATH here"]
+    facts = preflight.image_facts(path, binary or "", job.profile)
+    if facts is None:
+        return [], []
+    check = preflight.check_arch([job.node], True, "apptainer", facts)
+    if check.ok is False:
+        return [Problem("image", f"--image {job.spec.image}: {check.detail}; {check.fix}")], []
+    return [], [f"--image {job.spec.image}: {check.detail}; {check.fix}"] if check.warn else []
 
 
 def _docker_image(tag: str, environ: Mapping[str, str]) -> tuple[list[Problem], list[str]]:
