@@ -31,7 +31,6 @@ from tests.integration.chains import (
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-# A command that checkpoints nothing and stops cleanly on the walltime signal.
 # a program that saves its checkpoint (in the run folder) on the stop signal and exits 0
 STOPS_ON_USR1 = ["bash", "-c",
                  'trap "date > \\"\\$TRAIN_RUN_DIR/ckpt\\"; exit 0" USR1; '

@@ -18,7 +18,6 @@ as `containers/` resolves from the clone):
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import os
@@ -272,11 +271,9 @@ def _sha256_of(item: dict[str, Any]) -> str:
     url = str(info.get("url", ""))
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme == "file":
-        digest = hashlib.sha256()
-        with open(urllib.request.url2pathname(parsed.path), "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-        return digest.hexdigest()
+        from train.images.build import sha256_file
+
+        return sha256_file(Path(urllib.request.url2pathname(parsed.path)))
     raise UsageError(f"--requirements: the index gave no sha256 for {url[:120]}: it cannot "
                      "be hash-pinned")
 
