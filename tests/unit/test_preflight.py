@@ -701,7 +701,8 @@ def test_real_mount_table_reads() -> None:
 
 # -- 5. CUDA build vs driver -----------------------------------------------------------------
 def _opened(tmp_path: Path, profile: Profile, partition: str | None,
-            labels: dict[str, str]) -> Check:
+            labels: dict[str, str], check: str = CUDA) -> Check:
+    """The check named `check` of an image that opens with these labels."""
     bin_dir = tmp_path / "bin"
     tool(bin_dir, "apptainer")
     image = sif(tmp_path / "img.sif")
@@ -709,7 +710,7 @@ def _opened(tmp_path: Path, profile: Profile, partition: str | None,
     return preflight_of(profile, tmp_path, image=image, account="lab", partition=partition,
                         path=[bin_dir], answers={
                             "apptainer --version": "apptainer version 1.3.4",
-                            "apptainer inspect": inspect, "myaccounts": "lab"})[CUDA]
+                            "apptainer inspect": inspect, "myaccounts": "lab"})[check]
 
 
 def test_cuda_13_image_on_an_old_driver_fails_with_the_fix(tmp_path: Path) -> None:
@@ -757,14 +758,7 @@ def test_cuda_constraint_alternatives_must_all_suit(tmp_path: Path) -> None:
 
 def _arch(tmp_path: Path, profile: Profile, partition: str | None,
           labels: dict[str, str]) -> Check:
-    bin_dir = tmp_path / "bin"
-    tool(bin_dir, "apptainer")
-    image = sif(tmp_path / "img.sif")
-    inspect = json.dumps({"data": {"attributes": {"labels": labels}}, "type": "container"})
-    return preflight_of(profile, tmp_path, image=image, account="lab", partition=partition,
-                        path=[bin_dir], answers={
-                            "apptainer --version": "apptainer version 1.3.4",
-                            "apptainer inspect": inspect, "myaccounts": "lab"})[ARCH]
+    return _opened(tmp_path, profile, partition, labels, ARCH)
 
 
 def test_arch_the_cuda13_image_on_gilbreths_v100_partition_fails_with_the_variant(
