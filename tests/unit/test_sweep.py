@@ -61,14 +61,7 @@ def test_the_sweeps_state_is_its_worst_chains() -> None:
 def test_the_summary_has_the_mean_and_spread_across_seeds(tmp_path: Path) -> None:
     root = tmp_path / "runs" / "e1"
     curves = {4: [0.0, 1.0, 2.0, 3.0, 4.0], 6: [2.0, 3.0, 4.0, 5.0, 6.0, 7.0]}
-    chains = []
-    for seed, rewards in curves.items():
-        run_dir = root / f"seed-{seed}"
-        (run_dir / f"seed_{seed}").mkdir(parents=True)
-        (run_dir / f"seed_{seed}" / "episodes.json").write_text(
-            json.dumps({"rewards": rewards}))
-        chains.append({"seed": seed, "run_dir": str(run_dir)})
-    write_record(root, "e1", chains)
+    _sweep_on_disk(root, curves, {})
     proc = run_cli(["summary", "e1", "--smooth", "2"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     rows = list(csv.DictReader((root / "summary.csv").open()))
