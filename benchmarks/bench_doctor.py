@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import machine, median, timed, write_section
 from train import doctor
+from train.doctor import logread
 from train.slurm import contract, scheduler
 from train.slurm.scheduler import load_chain
 
@@ -143,7 +145,7 @@ def main() -> None:
             scheduler.job_states = original  # type: ignore[assignment]
         assert len(rows[-1]) == 200 and rows[-1][0]["verdict"].startswith("host_oom")
         loop = median([timed(lambda: overview_loop(many)) for _ in range(3)])
-    grep = "grep -F" if doctor.shutil.which("grep") else "the block search (no grep)"
+    grep = "grep -F" if shutil.which("grep") else "the block search (no grep)"
     read = "reading them once in 8 MiB blocks"
     opened = "opening each run's record, progress and events"
     rows = "\n".join([
@@ -163,8 +165,8 @@ Machine: {machine()}. Logs in the page cache; Slurm's answer injected (one query
 |---|---|---|---|
 {rows}
 
-By default a log over {doctor.WHOLE_LIMIT >> 20} MiB is searched in its first
-{doctor.HEAD_BYTES >> 20} MiB and last {doctor.TAIL_BYTES_SCANNED >> 20} MiB (the report says
+By default a log over {logread.WHOLE_LIMIT >> 20} MiB is searched in its first
+{logread.HEAD_BYTES >> 20} MiB and last {logread.TAIL_BYTES_SCANNED >> 20} MiB (the report says
 so; `--full` searches all of it; the skipped middle is not read: {bytes_read / 2**20:.0f} MiB
 read for {size / 2**20:.0f} MiB of logs, by the doctor and its greps together, rchar; the
 searched part is read once from the file and once more by each grep from its pipe):

@@ -148,7 +148,7 @@ def test_the_same_rules_without_grep(tmp_path: Path, monkeypatch: pytest.MonkeyP
     path = tmp_path / "x.err"
     path.write_text(text)
     with_grep = list(doctor.candidate_lines(path))
-    monkeypatch.setattr(doctor.shutil, "which", lambda _name: None)
+    monkeypatch.setattr(doctor.logread.shutil, "which", lambda _name: None)
     without = list(doctor.candidate_lines(path))
     small_blocks = list(doctor._candidate_lines_python(path, doctor._ALL_NEEDLES, 4096))
     assert with_grep == without == small_blocks
@@ -438,9 +438,9 @@ def test_a_large_log_is_searched_in_its_head_and_tail_with_true_positions(
     128 MiB): an import error at the start is found at its line, the OOM kill at the end
     at its byte offset (its line number would need the skipped middle read); a message in
     the middle only with full."""
-    monkeypatch.setattr(doctor, "WHOLE_LIMIT", 64 * 1024)
-    monkeypatch.setattr(doctor, "HEAD_BYTES", 8 * 1024)
-    monkeypatch.setattr(doctor, "TAIL_BYTES_SCANNED", 16 * 1024)
+    monkeypatch.setattr(doctor.logread, "WHOLE_LIMIT", 64 * 1024)
+    monkeypatch.setattr(doctor.logread, "HEAD_BYTES", 8 * 1024)
+    monkeypatch.setattr(doctor.logread, "TAIL_BYTES_SCANNED", 16 * 1024)
     lines = [f"progress line {i:06d} reward 1.0" for i in range(20_000)]
     lines[10] = "ModuleNotFoundError: No module named 'timm'"
     lines[10_000] = "[Errno 28] No space left on device"
@@ -467,7 +467,8 @@ READ_COUNT = """
 import json, sys
 from pathlib import Path
 from train import doctor
-doctor.WHOLE_LIMIT, doctor.HEAD_BYTES, doctor.TAIL_BYTES_SCANNED = (
+from train.doctor import logread
+logread.WHOLE_LIMIT, logread.HEAD_BYTES, logread.TAIL_BYTES_SCANNED = (
     8 << 20, 1 << 20, 4 << 20)
 
 def rchar():
