@@ -25,7 +25,7 @@ from train import launch as launch_mod
 from train.clusters.profiles import DEFAULT_GPU_WATCH, GpuWatch, Registry
 from train.errors import ConfigError
 from train.launch import LaunchOptions, launch
-from train.runtime import cuda_check, gpuwatch
+from train.runtime import cuda_check, gpuwatch, gpuwatch_file
 from train.runtime.gpuwatch import (
     CSV_HEADER,
     WatchSettings,
@@ -125,7 +125,7 @@ def _rows(path: Path) -> list[list[str]]:
 @pytest.fixture
 def no_warmup(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests of the idle arithmetic itself: no warm-up (its own tests below)."""
-    monkeypatch.setattr(gpuwatch, "WARMUP_MINUTES", 0.0)
+    monkeypatch.setattr(gpuwatch_file, "WARMUP_MINUTES", 0.0)
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -781,9 +781,21 @@ def test_idle_findings_name_the_gpu_and_the_lines(tmp_path: Path,
     # sampler's first 10 minutes: start-up, not idleness
     assert idle_findings(run, threshold=100, minutes=1) == []
     # without the warm-up every GPU of both nodes would be idle
-    monkeypatch.setattr(gpuwatch, "WARMUP_MINUTES", 0.0)
+    monkeypatch.setattr(gpuwatch_file, "WARMUP_MINUTES", 0.0)
     assert {(x.node, x.gpu) for x in idle_findings(run, threshold=100, minutes=1)} == {
         ("a01", 0), ("a01", 1), ("a02", 0), ("a02", 1)}
+
+
+def test_the_reader_loads_nothing_of_the_node_side() -> None:
+    """`train status` and `train doctor` read the files through gpuwatch_reader: it loads
+    neither the sampler, the sampler's process, NVML nor torch (a fresh interpreter)."""
+    code = "import sys, train.runtime.gpuwatch_reader; print(' '.join(sorted(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, timeout=60)
+    loaded = set(proc.stdout.split())
+    assert "train.runtime.gpuwatch_reader" in loaded
+    assert not loaded & {"train.runtime.gpuwatch", "train.runtime.gpuwatch_sampler",
+                         "pynvml", "torch", "numpy"}
 
 
 def test_readers_skip_garbage_lines(tmp_path: Path) -> None:

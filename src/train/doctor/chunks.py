@@ -299,7 +299,7 @@ def _ranks_alone(chain: Chain, banners: Hits | None, runs: int) -> str:
 def idle_gpus(chain: Chain) -> list[Finding]:
     """GPUs the utilisation watch saw idle for the job's idle time (its settings are in
     the chain's record; the watch's defaults otherwise)."""
-    from train.runtime import gpuwatch
+    from train.runtime import gpuwatch_reader as gpuwatch
 
     threshold, minutes = idle_settings(chain)
     try:

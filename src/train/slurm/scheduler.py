@@ -564,7 +564,7 @@ def _record_int(chain: Chain, key: str) -> int | None:
 def idle_settings(chain: Chain) -> tuple[float, float]:
     """The job's GPU idle threshold (percent) and minutes, as `train submit` recorded them
     in the chain's resources; the watch's defaults where they are missing or odd."""
-    from train.runtime import gpuwatch
+    from train.runtime import gpuwatch_reader as gpuwatch
 
     res = chain.record.get("resources")
     watch = res.get("gpu_watch") if isinstance(res, dict) else None
@@ -582,7 +582,7 @@ def idle_settings(chain: Chain) -> tuple[float, float]:
 
 def _gpu_summary(chain: Chain) -> dict[str, Any]:
     """Per node, the GPU watch's mean and latest utilisation (runtime/gpuwatch.py)."""
-    from train.runtime import gpuwatch
+    from train.runtime import gpuwatch_reader as gpuwatch
 
     threshold, minutes = idle_settings(chain)
     try:
