@@ -623,7 +623,7 @@ def test_runs_root_through_a_good_symlink_still_passes(tmp_path: Path) -> None:
 
 
 def test_runs_root_not_writable_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(preflight, "_try_write", lambda directory: "Permission denied")
+    monkeypatch.setattr(preflight.runs_root, "_try_write", lambda directory: "Permission denied")
     got = preflight_of(site(), tmp_path, runtime="none", account="lab", partition="new")
     assert got[RUNS_ROOT].ok is False and "Permission denied" in got[RUNS_ROOT].detail
     assert "chmod" in got[RUNS_ROOT].fix
@@ -647,7 +647,7 @@ def test_a_hung_command_and_its_children_are_killed_on_timeout(
     child = tmp_path / "child.pid"
     # a wrapper script whose child hangs (the script waits for it)
     tool(bin_dir, "apptainer", f'sleep 3600 &\necho $! > {child}\nwait')
-    monkeypatch.setattr(preflight, "_VERSION_TIMEOUT", 2.0)  # the real 30 s, shortened
+    monkeypatch.setattr(preflight.container, "_VERSION_TIMEOUT", 2.0)  # the real 30 s, shortened
     got = preflight_of(SHIPPED.get("torch"), tmp_path, path=[bin_dir],
                        runtime="apptainer")[RUNTIME]
     assert got.ok is False and "exit 124" in got.detail and "timed out" in got.detail

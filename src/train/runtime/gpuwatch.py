@@ -228,7 +228,6 @@ def die_with_parent(sig: int = signal.SIGTERM) -> bool:
         return False
 
 
-
 if __name__ == "__main__":
     die_with_parent()  # first: the parent may die while this starts (main checks it)
     sys.exit(main())

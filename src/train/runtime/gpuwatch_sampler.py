@@ -69,8 +69,6 @@ class _IdleRun:
     warned: bool = False
 
 
-
-
 @dataclass
 class IdleTracker:
     """Per GPU: since when every sample was under the threshold, and whether that run was
