@@ -1,0 +1,31 @@
+"""The split modules stay small (issue 23): the login-node preflight, the GPU watch and the
+cluster probe, each no module over 500 lines and no function over 60 (nested ones too)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "train"
+AREAS = [*sorted((SRC / "preflight").glob("*.py")),
+         *sorted((SRC / "runtime").glob("gpuwatch*.py")),
+         *sorted((SRC / "clusters" / "probe").glob("*.py"))]
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 60
+
+
+def test_the_areas_are_packages_of_several_modules() -> None:
+    assert len(AREAS) >= 12, AREAS  # an area folded back into one file would hide here
+
+
+@pytest.mark.parametrize("path", AREAS, ids=lambda p: str(p.relative_to(SRC)))
+def test_no_module_or_function_over_the_limits(path: Path) -> None:
+    text = path.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= MAX_MODULE_LINES
+    long = [f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for node in ast.walk(ast.parse(text))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and (node.end_lineno or node.lineno) - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert long == []
