@@ -1,0 +1,74 @@
+"""A user's `--env` beats what the job sets by default, in the rendered script of every
+runtime: PYTORCH_CUDA_ALLOC_CONF (the GRPO/FSDP recipe: a library with its own memory pool
+refuses our expandable_segments default) and PYTHONPATH (a fork bound into the container).
+The batch shell's export line and what each task hands the container are run here in bash
+(the docker task's `-e` options; apptainer's APPTAINERENV_ copies), as the job runs them."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+
+import pytest
+
+from train.clusters.profiles import Registry
+from train.runtime.alloc_conf import ALLOC_CONF_VAR, TUNED_ALLOC_CONF
+from train.slurm.job import JobSpec, resolve
+from train.slurm.render import APPTAINER_TASK_ENV, library_path, render, step_argv
+
+USER_ALLOC = "backend:cudaMallocAsync"
+USER_ENV = (f"{ALLOC_CONF_VAR}={USER_ALLOC}", "PYTHONPATH=/opt/fork")
+IMAGES = {"docker": "train/mine:1", "apptainer": "/scratch/me/mine.sif", "none": None}
+
+
+def _job(runtime: str) -> JobSpec:
+    return JobSpec(cluster="local", name="grpo", out="/scratch/me/runs/grpo", nodes=2,
+                   gpus_per_node=2, cpus_per_task=2, mem="2000M", entry="command",
+                   launch="torchrun", runtime=runtime, image=IMAGES[runtime],
+                   env=USER_ENV,
+                   bind=("/usr/share:/opt/fork:ro",) if IMAGES[runtime] else (),
+                   workload=("python", "train_grpo.py"))
+
+
+def _exported(runtime: str) -> dict[str, str]:
+    """What the batch shell exports: its export line, run by bash."""
+    job = resolve(_job(runtime), Registry(environ={}).get("local"))
+    (line,) = [ln for ln in render(job, library_path().read_text()).splitlines()
+               if ln.startswith("export ")]
+    out = subprocess.run(["bash", "-c", f"{line}; env -0"], capture_output=True,
+                         check=True, env={}).stdout.decode()
+    return dict(item.split("=", 1) for item in out.split("\0") if item)
+
+
+@pytest.mark.parametrize("runtime", ["docker", "apptainer", "none"])
+def test_the_batch_shell_exports_the_users_values_over_the_defaults(runtime: str) -> None:
+    env = _exported(runtime)
+    assert env[ALLOC_CONF_VAR] == USER_ALLOC
+    assert env["PYTHONPATH"] == "/opt/fork"
+
+
+def test_the_docker_task_passes_the_users_values_once() -> None:
+    job = resolve(_job("docker"), Registry(environ={}).get("local"))
+    argv = step_argv(job)
+    given = [argv[i + 1] for i, arg in enumerate(argv) if arg == "-e"]
+    assert [g for g in given if g.startswith(ALLOC_CONF_VAR)] == \
+        [f"{ALLOC_CONF_VAR}={USER_ALLOC}"]
+    assert f"{ALLOC_CONF_VAR}={TUNED_ALLOC_CONF}" not in argv
+    assert [g for g in given if g.startswith("PYTHONPATH")] == ["PYTHONPATH=/opt/fork"]
+    assert "/usr/share:/opt/fork:ro" in argv  # docker -v, as given
+
+
+def test_the_apptainer_task_hands_the_users_values_to_the_container() -> None:
+    # apptainer --cleanenv lets only APPTAINERENV_ copies in; they override the image's
+    # %environment (where base.def exports the tuned default)
+    env = _exported("apptainer")
+    out = subprocess.run(["bash", "-c", APPTAINER_TASK_ENV, "train-task", "env"],
+                         capture_output=True, text=True, check=True, env=env).stdout
+    assert f"APPTAINERENV_{ALLOC_CONF_VAR}={USER_ALLOC}\n" in out
+    assert "APPTAINERENV_PYTHONPATH=/opt/fork\n" in out
+
+
+def test_without_the_users_value_the_tuned_default_is_exported() -> None:
+    job = resolve(dataclasses.replace(_job("docker"), env=()),
+                  Registry(environ={}).get("local"))
+    assert f"-e {ALLOC_CONF_VAR}={TUNED_ALLOC_CONF}" in " ".join(step_argv(job))
