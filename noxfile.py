@@ -51,6 +51,10 @@ CLIENT_WHEELS = ROOT / ".nox" / "client-wheels"
 # kernels are built for the same GPUs as the torch release they belong to
 ARCH_WHEELS = ROOT / ".nox" / "arch-wheels"
 ARCH_WHEEL_PINS = ("torchvision==0.25.0", "torchvision==0.28.0")
+# a user's one extra dependency (pure Python, no dependencies) for the derived-image stack
+# test (tests/integration/test_user_stacks.py): `train image new` resolves it from here
+STACK_WHEELS = ROOT / ".nox" / "stack-wheels"
+STACK_WHEEL_PIN = "tabulate==0.9.0"
 
 
 @nox.session
@@ -67,10 +71,14 @@ def tests(session: nox.Session) -> None:
                     "--only-binary=:all:", "--python-version", "3.11", "--platform",
                     "manylinux_2_28_x86_64", "-d", str(ARCH_WHEELS), pin,
                     env={"PIP_CONSTRAINT": "", "PIP_FIND_LINKS": ""})
+    session.run("python", "-m", "pip", "download", "--quiet", "--no-deps",
+                "--only-binary=:all:", "-d", str(STACK_WHEELS), STACK_WHEEL_PIN,
+                env={"PIP_CONSTRAINT": "", "PIP_FIND_LINKS": ""})
     # the slowest tests are listed at the end: CI's time budget is watched from there
     session.run("pytest", "--durations=25", *session.posargs,
                 env={"OMP_NUM_THREADS": "1", "TRAIN_TEST_WHEELS": str(CLIENT_WHEELS),
-                     "TRAIN_TEST_ARCH_WHEELS": str(ARCH_WHEELS)})
+                     "TRAIN_TEST_ARCH_WHEELS": str(ARCH_WHEELS),
+                     "TRAIN_TEST_STACK_WHEELS": str(STACK_WHEELS)})
     if not session.posargs:  # the whole suite: then the main scenarios on Slurm 24.11 too
         session.run("pytest", "-m", "slurm", "-k", SLURM_24_11, "--durations=10",
                     "tests/integration",
