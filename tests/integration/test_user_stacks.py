@@ -49,7 +49,7 @@ def _has_tabulate(image: str) -> bool:
         image, ["-c", "import tabulate"], entrypoint=["python3"], network_mode="none",
         detach=True)
     try:
-        return container.wait(timeout=300)["StatusCode"] == 0
+        return bool(container.wait(timeout=300)["StatusCode"] == 0)
     finally:
         container.remove(force=True)
 
