@@ -64,7 +64,8 @@ needs no cluster or GPU: train run demo). `train COMMAND --help` describes each 
 # a few short lists; a field not named here lands in "other" (a unit test refuses that)
 JOB_GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "job": ("what runs, and where its files go",
-            ("name", "cluster", "entry", "out", "sweep_seeds", "no_check")),
+            ("name", "cluster", "entry", "out", "sweep_seeds", "sweep", "sweep_throttle",
+             "no_check")),
     "resources": ("what the job asks SLURM for, per node",
                   ("account", "partition", "qos", "constraint", "time", "nodes",
                    "gpus_per_node", "gpu_type", "cpus_per_task", "mem", "ntasks_per_node",
@@ -267,6 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--all", action="store_true", dest="all_runs",
                            help="every run under --runs in one table: state, progress, GPU "
                            "utilisation and `train doctor`'s verdict")
+            p.add_argument("--tasks", action="store_true", help="a sweep: one line per "
+                           "task (its chain's state, newest chunk, progress)")
         if name == "logs":
             p.add_argument("--err", action="store_true", help="the stderr log (tracebacks, "
                            "logging, Lightning's output); without it, where it is")
@@ -373,18 +376,20 @@ def _cmd_clusters(args: argparse.Namespace) -> int:
 
 
 def _resolved_jobs(args: argparse.Namespace, workload: list[str] | None
-                   ) -> tuple[Any, Path | None, list[tuple[int | None, Any]]]:
-    """The job, or a sweep's jobs (one per seed), each validated: (spec, the sweep's
-    directory or None, [(seed, job)])."""
+                   ) -> tuple[Any, Path | None, list[tuple[Any, Any]]]:
+    """The job, or a sweep's jobs (one per task of its job array), each validated: (spec,
+    the sweep's directory or None, [(SweepTask or None, job)])."""
     from train.slurm.job import resolve
 
     spec, profile = _job_spec(args, workload)
-    if not spec.sweep_seeds:
+    if not spec.sweep_seeds and not spec.sweep:
+        if spec.sweep_throttle is not None:
+            raise UsageError("sweep_throttle: is for a sweep (--sweep-seeds or --sweep)")
         return spec, None, [(None, resolve(spec, profile))]
-    from train.slurm.sweep import split
+    from train.slurm.sweep import split, task_job
 
-    root, specs = split(spec)
-    return spec, root, [(seed, resolve(s, profile)) for seed, s in specs]
+    root, specs = split(spec, profile.max_array_size)
+    return spec, root, [(task, task_job(task, resolve(s, profile))) for task, s in specs]
 
 
 def _job_spec(args: argparse.Namespace, workload: list[str] | None) -> tuple[Any, Any]:
@@ -440,12 +445,17 @@ def _cmd_init(args: argparse.Namespace) -> int:
 def _cmd_render(args: argparse.Namespace, workload: list[str] | None) -> int:
     from train.slurm.render import library_path, render
 
-    _spec, _root, jobs = _resolved_jobs(args, workload)
+    spec, root, jobs = _resolved_jobs(args, workload)
     _check_jobs(args, jobs, submitting=False)
-    for seed, job in jobs:
-        if seed is not None:
-            print(f"# ---- seed {seed}: chain {job.run_dir} ({len(jobs)} chains, in "
-                  "parallel) ----")
+    if root is not None:
+        from train.slurm.sweeparray import array_script
+
+        print(f"# ---- the sweep's job array: {root}/jobs/array.sbatch ----")
+        print(array_script(spec.name, root, jobs, spec.sweep_throttle), end="")
+    for task, job in jobs:
+        if task is not None:
+            print(f"# ---- task {task.index} ({task.label}): chain {job.run_dir}, "
+                  "jobs/chain.sbatch ----")
         print(render(job, library_path().read_text(encoding="utf-8")), end="")
     return EXIT_OK
 
@@ -466,32 +476,23 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
     # both unwind like Ctrl-C, through submit_chain's clean-up
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM,
                                                                 signal.SIGHUP)}
-    chains: list[Any] = []
     try:
-        if root is not None:  # recorded first: a sweep cut short is still found, and ended
-            from train.slurm.scheduler import check_sweep_root
-            from train.slurm.sweep import write_record
+        if root is not None:  # one job array, submitted whole or not at all
+            from train.slurm.sweep import swept_flag
+            from train.slurm.sweeparray import array_spec, submit_sweep
 
-            check_sweep_root(root)
-            root.mkdir(parents=True, exist_ok=True)
-            write_record(root, spec.name, [{"seed": seed, "run_dir": job.run_dir}
-                                           for seed, job in jobs])
-        for _seed, job in jobs:
-            chains.append(submit_chain(job, library))
-    except BaseException:
-        from train.slurm.scheduler import cancel_chain
-
-        for chain in chains:  # a sweep is submitted whole, or not at all
-            with contextlib.suppress(Exception):
-                cancel_chain(chain)
-        raise
+            array_id = submit_sweep(spec.name, swept_flag(spec), root, jobs,
+                                    spec.sweep_throttle, library)
+            print(f"submitted sweep {spec.name}: job array {array_id} "
+                  f"(--array={array_spec(len(jobs), spec.sweep_throttle)}; each task chunk 1 "
+                  f"of at most {job.chunks}, chaining on its own); run dirs under {root}")
+            return EXIT_OK
+        chain = submit_chain(job, library)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    for (seed, job), chain in zip(jobs, chains, strict=True):
-        what = f"{spec.name} seed {seed}" if seed is not None else job.spec.name
-        print(f"submitted {what}: job {chain.ids[0]} (chunk 1 of at most "
-              f"{job.chunks}; each chunk submits the next); run dir {chain.run_dir}")
+    print(f"submitted {job.spec.name}: job {chain.ids[0]} (chunk 1 of at most "
+          f"{job.chunks}; each chunk submits the next); run dir {chain.run_dir}")
     return EXIT_OK
 
 
@@ -518,7 +519,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
         format_status,
         load_chain,
     )
-    from train.slurm.sweep import aggregate, chain_paths, format_sweep, is_sweep
+    from train.slurm.sweep import is_sweep
+    from train.slurm.sweeparray import format_sweep_status, sweep_status
 
     if args.all_runs:
         if args.ref is not None:
@@ -534,13 +536,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
         return EXIT_OK
     found = find_run(args.ref, args.runs) if args.ref is not None else None
     if found is not None and is_sweep(found):
-        root = found
-        chains = [chain_status(load_chain(run_dir)) for _seed, run_dir in chain_paths(root)]
-        st = aggregate(root.name, root, chains)
+        st = sweep_status(found)
         if args.json:
             print(json.dumps(st, indent=2))
         else:
-            print("\n".join(format_sweep(st, [format_status(c) for c in chains])))
+            print("\n".join(format_sweep_status(st, args.tasks)))
         return EXIT_OK
     if found is not None:
         statuses = [chain_status(load_chain(found))]
@@ -767,10 +767,16 @@ def _cmd_launch(args: argparse.Namespace, command: list[str]) -> int:
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
     from train.slurm.scheduler import cancel_chain, find_run, load_chain
-    from train.slurm.sweep import chain_paths, is_sweep
+    from train.slurm.sweep import is_sweep
 
     run_dir = find_run(args.ref, args.runs)
-    dirs = [p for _, p in chain_paths(run_dir)] if is_sweep(run_dir) else [run_dir]
+    if is_sweep(run_dir):
+        from train.slurm.sweeparray import cancel_sweep
+
+        ids = cancel_sweep(run_dir)
+        print(f"cancelled sweep {run_dir.name}: {' '.join(ids) if ids else 'no active jobs'}")
+        return EXIT_OK
+    dirs = [run_dir]
     failures: list[TrainError] = []
     for path in dirs:  # every chain of a sweep is tried, whatever one of them does
         try:
@@ -807,19 +813,17 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _chain_states(root: Path) -> dict[int, str]:
-    """Each seed's chain state as `train status` shows it, where Slurm answers; the
-    summary falls back to the run folders where it does not (or the chain has no record)."""
-    from train.slurm.scheduler import chain_status, load_chain
-    from train.slurm.sweep import chain_paths
+def _chain_states(root: Path) -> dict[str, str]:
+    """Each task's chain state as `train status` shows it, where Slurm answers; the
+    summary falls back to the run folders where it does not (or a chain has no record)."""
+    from train.slurm.sweeparray import sweep_status
 
-    states = {}
-    for seed, run_dir in chain_paths(root):
-        try:
-            states[seed] = str(chain_status(load_chain(run_dir))["state"])
-        except TrainError as exc:
-            log.debug("summary: no chain state for seed %d: %s", seed, exc)
-    return states
+    try:
+        chains = sweep_status(root)["chains"]
+    except TrainError as exc:
+        log.debug("summary: no chain states: %s", exc)
+        return {}
+    return {str(c["label"]): str(c["state"]) for c in chains}
 
 
 def _value_flag_joined(raw: list[str], flag: str) -> list[str]:

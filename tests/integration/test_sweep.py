@@ -1,56 +1,119 @@
-"""A seed sweep on the REAL local SLURM cluster: one chain per seed, running side by side,
-`train status` for the sweep, and the summary across seeds."""
+"""A seed sweep on the REAL local SLURM cluster as one job array: a throttle of 2 runs two
+tasks at a time, each task chains on its own (its successors are its own jobs), one task
+killed with scancel ends alone, `train status` shows one line for the sweep, and the
+summary gives the mean and spread across seeds."""
 
 from __future__ import annotations
 
-import csv
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import run_cli, tiny_flags
-from tests.integration.chains import wait
+from tests.integration.chains import checkpointed, slurm, wait
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+SEEDS = (4, 6, 8, 10)
 
 
-def _sweep(cwd: Path, env: dict[str, str]) -> dict[str, object]:
-    proc = run_cli(["status", "sw", "--json"], cwd=cwd, env=env)
-    assert proc.returncode == 0, proc.stderr
-    data: dict[str, object] = json.loads(proc.stdout)
-    return data
+def _first_chunk(task: dict[str, Any]) -> dict[str, Any] | None:
+    chunk = task["chunks"][0] if task["chunks"] else None
+    if chunk and chunk["state"] == "RUNNING" and "started" in chunk["events"]:
+        return dict(chunk)
+    return None
 
 
-def test_a_seed_sweep_runs_its_chains_side_by_side_and_summarises_them(
+def _first_chunk_interval(run_dir: Path) -> tuple[int, int]:
+    """When chunk 1 started and ended, as its own batch shell recorded it."""
+    lines = [line.split() for line in (run_dir / "chain.events").read_text().splitlines()]
+    mine = [ln for ln in lines if ln[1] == "1"]
+    start = next(int(ln[0]) for ln in mine if ln[3] == "started")
+    end = next(int(ln[0]) for ln in mine if ln[3] in ("stopped", "complete", "terminated"))
+    return start, end
+
+
+def test_a_seed_sweep_is_one_array_whose_tasks_chain_on_their_own(
         tmp_path: Path, slurm_env: dict[str, str]) -> None:
     proc = run_cli(["submit", "--name", "sw", "--cluster", "local", "--python",
                     sys.executable, "--cpus-per-task", "1", "--mem", "1000M", "--time", "10",
-                    "--sweep-seeds", "4 6", "--", "demo", "--episodes", "120",
+                    "--max-chunks", "3", "--sweep-seeds", " ".join(map(str, SEEDS)),
+                    "--sweep-throttle", "2", "--", "demo", "--episodes", "120",
                     *tiny_flags()], cwd=tmp_path, env=slurm_env)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("submitted sw seed") == 2
-    # both seeds' first chunks run at the same time (polled, not timed)
-    both = wait(tmp_path, slurm_env, "sw", lambda s: all(
-        c["chunks"] and c["chunks"][0]["state"] == "RUNNING" for c in s["chains"])
-        or s["state"] == "complete", timeout=240, poll=0.2)
-    assert both["state"] != "complete", "the seeds ran one after the other"
-    st = wait(tmp_path, slurm_env, "sw", lambda s: s["state"] in ("complete", "failed"),
-              timeout=400)
-    assert st["state"] == "complete", st
-    assert st["done"] == st["total"] == 240 and st["counts"] == {"complete": 2}
-    text = run_cli(["status", "sw"], cwd=tmp_path, env=slurm_env).stdout
-    assert "sweep of 2 seeds, complete" in text and "sw-s6" in text
-    rows = (tmp_path / "runs" / "sw" / "results.csv").read_text().splitlines()
-    assert len(rows) == 3  # header + one row per seed, in the sweep's shared CSV
+    assert proc.stdout.startswith("submitted sweep sw: job array ")
+    assert "--array=0-3%2" in proc.stdout
+    root = tmp_path / "runs" / "sw"
+    array_id = json.loads((root / "sweep.json").read_text())["array_job"]
+    # Tasks 0-2 are stopped at the walltime signal once they have checkpointed (their
+    # successors finish the work); task 3 is killed with scancel. Counted, never timed.
+    acted: dict[int, str] = {}
+
+    def act(st: dict[str, Any]) -> bool:
+        for i, task in enumerate(st["chains"]):
+            chunk = _first_chunk(task)
+            if i in acted or chunk is None or checkpointed(root / f"seed-{SEEDS[i]}",
+                                                           SEEDS[i]) < 2:
+                continue
+            acted[i] = chunk["job_id"]
+            ref = f"{array_id}_{i}"  # (Slurm 22.05's scancel refuses the task's own id)
+            if i == 3:
+                slurm(["scancel", ref], slurm_env)
+            else:
+                slurm(["scancel", "-v", "--batch", "--signal=USR1", ref], slurm_env)
+        return len(acted) == len(SEEDS)
+
+    wait(tmp_path, slurm_env, "sw", act, timeout=900, poll=0.3)
+    st = wait(tmp_path, slurm_env, "sw", lambda s: all(
+        c["state"] in ("complete", "cancelled", "failed", "ended", "stalled")
+        for c in s["chains"]), timeout=900)
+    states = [c["state"] for c in st["chains"]]
+    assert states == ["complete", "complete", "complete", "cancelled"], st
+    assert st["counts"] == {"complete": 3, "cancelled": 1}
+    for task in st["chains"][:3]:  # each extended itself by its own single jobs
+        assert task["chunks_used"] >= 2 and task["done"] == task["total"] == 120, task
+        assert "_" not in task["chunks"][1]["job_id"]
+    assert st["chains"][3]["chunks_used"] == 1
+    assert all(c["state"] == "CANCELLED" for c in st["chains"][3]["chunks"])
+    # chunk 1 ran as the array's tasks: its own job id, recorded when it started
+    assert all(c["chunks"][0]["job_id"] == acted[i] for i, c in enumerate(st["chains"]))
+    # the throttle: never more than 2 of the array's tasks ran at once, and 2 did
+    spans = [_first_chunk_interval(root / f"seed-{s}") for s in SEEDS]
+    overlap = max(sum(1 for s, e in spans if s <= start < e) for start, _ in spans)
+    assert overlap == 2, spans
+
+    text = run_cli(["status", "sw"], cwd=tmp_path, env=slurm_env).stdout.splitlines()
+    assert text[0].startswith("sweep sw: 4 tasks  complete 3, cancelled 1  (array job "
+                              f"{array_id}, at most 2 at once"), text
+    assert sum(1 for line in text if line.startswith("sweep ")) == 1
+    text = run_cli(["status", "sw", "--tasks"], cwd=tmp_path, env=slurm_env).stdout
+    assert text.count("\n  task ") == 4 and "task 3 (seed 10): cancelled" in text
     proc = run_cli(["summary", "sw"], cwd=tmp_path, env=slurm_env)
     assert proc.returncode == 0, proc.stderr
-    # the table: each seed's chain state as Slurm reports it, and the final evaluations
     table = proc.stdout.splitlines()
-    assert [line.split()[::3] for line in table[2:4]] == [["4", "complete"],
-                                                          ["6", "complete"]]
-    assert "final evaluation over 2 of 2 seed(s): " in table[4] and "+-" in table[4]
-    summary = list(csv.DictReader((tmp_path / "runs" / "sw" / "summary.csv").open()))
-    assert summary and {r["seeds"] for r in summary} == {"2"}
-    assert (tmp_path / "runs" / "sw" / "summary.png").exists()
+    assert [line.split()[::3] for line in table[2:6]] == [
+        ["4", "complete"], ["6", "complete"], ["8", "complete"], ["10", "cancelled"]]
+    assert "final evaluation over 3 of 4 seed(s): " in table[6] and "+-" in table[6]
+    assert (root / "summary.csv").exists()
+
+
+def test_train_cancel_ends_every_task_and_its_successors(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    proc = run_cli(["submit", "--name", "sc", "--cluster", "local", "--python",
+                    sys.executable, "--cpus-per-task", "1", "--mem", "1000M", "--time", "10",
+                    "--max-chunks", "3", "--sweep", "lr=1e-3,5e-4,2e-4",
+                    "--sweep-throttle", "1", "--", "demo", "--episodes", "100000",
+                    *tiny_flags()], cwd=tmp_path, env=slurm_env)
+    assert proc.returncode == 0, proc.stderr
+    # task 0 runs and has queued its successor; tasks 1 and 2 wait for the throttle
+    wait(tmp_path, slurm_env, "sc", lambda s: len(s["chains"][0]["chunks"]) == 2)
+    proc = run_cli(["cancel", "sc"], cwd=tmp_path, env=slurm_env)
+    assert proc.returncode == 0, proc.stderr
+    st = wait(tmp_path, slurm_env, "sc", lambda s: all(
+        c["state"] == "cancelled" and all(x["state"] not in ("PENDING", "RUNNING")
+                                          for x in c["chunks"]) for c in s["chains"]))
+    assert [len(c["chunks"]) for c in st["chains"]] == [2, 1, 1]
+    queued = slurm(["squeue", "-h", "--array", "-o", "%i %j"], slurm_env)
+    assert " sc" not in queued, queued

@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import run_cli
 from train.errors import ConfigError
 from train.slurm.job import JobSpec
-from train.slurm.sweep import aggregate, split, write_record
+from train.slurm.sweep import SweepTask, aggregate, split, write_record
 
 
 def test_a_sweep_is_one_chain_per_seed_under_one_directory(tmp_path: Path) -> None:
@@ -19,8 +19,9 @@ def test_a_sweep_is_one_chain_per_seed_under_one_directory(tmp_path: Path) -> No
                    sweep_seeds=(4, 6, 8), workload=("demo", "--episodes", "9000"))
     root, specs = split(spec)
     assert root == tmp_path / "e1"
-    assert [seed for seed, _ in specs] == [4, 6, 8]
-    _seed, six = specs[1]
+    assert [task.seed for task, _ in specs] == [4, 6, 8]
+    assert [task.index for task, _ in specs] == [0, 1, 2]
+    _task, six = specs[1]
     assert six.name == "e1-s6" and six.out == str(tmp_path / "e1" / "seed-6")
     assert six.workload == ("demo", "--episodes", "9000", "--seeds", "6")
     assert six.sweep_seeds == ()
@@ -28,7 +29,7 @@ def test_a_sweep_is_one_chain_per_seed_under_one_directory(tmp_path: Path) -> No
 
 @pytest.mark.parametrize(("kw", "message"), [
     (dict(workload=("demo", "--seeds", "4")), "give the seeds once"),
-    (dict(entry="command", workload=("python", "x.py")), "`train run` workloads"),
+    (dict(entry="navsim", workload=()), "entry train or command"),
 ])
 def test_bad_sweeps_are_refused(kw: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -41,7 +42,8 @@ def test_render_shows_every_seeds_chain_and_refuses_repeats(tmp_path: Path) -> N
                     "demo"],
                    cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("#!/bin/bash") == 2
+    assert proc.stdout.count("#!/bin/bash") == 3  # the array's script and each chain's
+    assert "#SBATCH --array=0-1\n" in proc.stdout
     assert "--seeds\n    4" in proc.stdout.replace("'", "") and "seed-6" in proc.stdout
     proc = run_cli(["render", "-M", "local", "--runtime", "none", "--sweep-seeds", "4 4", "--",
                     "demo"],
@@ -81,7 +83,7 @@ def test_the_summary_has_the_mean_and_spread_across_seeds(tmp_path: Path) -> Non
     assert run_cli(["summary", "e1", "--smooth", "0"], cwd=tmp_path).returncode == 2
     (root / "sweep.json").write_text('{"chains": [{"run_dir": "x"}]}')
     proc = run_cli(["summary", "e1"], cwd=tmp_path)
-    assert proc.returncode == 2 and "no integer seed" in proc.stderr
+    assert proc.returncode == 2 and "has no folder" in proc.stderr
 
 
 def _sweep_on_disk(root: Path, curves: dict[int, list[float]],
@@ -100,7 +102,7 @@ def _sweep_on_disk(root: Path, curves: dict[int, list[float]],
                 {str(seed): {"mean_reward": evaluations[seed], "trained_episodes":
                              len(rewards)}}))
             (run_dir / "COMPLETE").touch()
-        chains.append({"seed": seed, "run_dir": str(run_dir)})
+        chains.append(SweepTask(len(chains), str(seed), seed, f"seed-{seed}"))
     write_record(root, root.name, chains)
 
 

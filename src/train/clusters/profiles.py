@@ -185,6 +185,8 @@ class Profile:
     single_host: bool = False
     # the jobs' default GPU utilisation watch (each job may set its own)
     gpu_watch: GpuWatch = DEFAULT_GPU_WATCH
+    # the most tasks one job array may have (Slurm's MaxArraySize, default 1001)
+    max_array_size: int = 1001
 
     def gpu_feature(self, gpu_type: str) -> str:
         """The node feature that selects `gpu_type` (gpu_type_request: constraint)."""
@@ -194,7 +196,7 @@ class Profile:
 _TOP_KEYS = {"name", "description", "extends", "account", "partition", "qos", "gpu_request",
              "gpu_type_request", "gpu_features", "backfill_threshold", "default_time",
              "modules", "binds", "env", "scratch_root", "nccl_env", "preempt_flags", "partitions",
-             "constraints", "gpu_watch", "single_host"}
+             "constraints", "gpu_watch", "single_host", "max_array_size"}
 _SECTION_KEYS = {"account": {"required", "hint", "list_command"},
                  "partition": {"required", "allowed", "default"},
                  "qos": {"required", "default", "limits"}}
@@ -533,7 +535,18 @@ def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
         account_list_command=_argv(f"{where}.account.list_command",
                                    account.get("list_command")),
         single_host=_bool(where, data, "single_host", False),
+        max_array_size=_array_size(f"{where}.max_array_size", data.get("max_array_size")),
     )
+
+
+def _array_size(where: str, value: Any) -> int:
+    """max_array_size: a positive integer; Slurm's default where the profile has none."""
+    if value is None:
+        return Profile.max_array_size
+    size = _int(where, value, optional=False)
+    if size is None or size < 1:
+        raise ConfigError(where, f"must be a positive integer, got {_got(value)}")
+    return size
 
 
 def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -643,6 +656,7 @@ def describe(profile: Profile) -> dict[str, Any]:
         "account": {"required": profile.account_required, "hint": profile.account_hint,
                     "list_command": list(profile.account_list_command)},
         "single_host": profile.single_host,
+        "max_array_size": profile.max_array_size,
         "partition": {"required": profile.partition_required,
                       "allowed": profile.partitions_allowed,
                       "default": profile.default_partition},

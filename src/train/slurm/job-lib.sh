@@ -104,6 +104,18 @@ train_record_successor() {
     train_event "$EV_EXTENDED" "$2"
 }
 
+train_array_task() {
+    # A sweep's chunk 1 runs as task SLURM_ARRAY_TASK_ID of its job array, recorded as
+    # ARRAY_TASK until it starts; from then on its own job id names it (its events, its
+    # log, its successor's afterok, what `train status` asks Slurm about).
+    local ref="${SLURM_ARRAY_JOB_ID:-}_${SLURM_ARRAY_TASK_ID:-}" tmp
+    [ -n "${SLURM_ARRAY_JOB_ID:-}" ] && [ -e "$RUN_DIR/$IDS_FILE" ] || return 0
+    grep -q " ${ref}\$" "$RUN_DIR/$IDS_FILE" || return 0
+    tmp="$RUN_DIR/.$IDS_FILE.${SLURM_JOB_ID:-0}"
+    sed "s/ ${ref}\$/ ${SLURM_JOB_ID:-0}/" "$RUN_DIR/$IDS_FILE" > "$tmp" &&
+        mv -f "$tmp" "$RUN_DIR/$IDS_FILE"
+}
+
 train_extend() {
     # submit the next chunk (once: a requeued or restarted chunk finds it recorded)
     local next=$((CHUNK + 1)) out id found
@@ -504,6 +516,7 @@ train_main() {
     trap train_on_stop_request USR2
     trap train_on_usr1 USR1
     trap train_on_term TERM
+    train_array_task
     train_prologue
     train_start_step
     train_extend || true  # while the step starts up

@@ -289,10 +289,22 @@ class JobSpec:
                             "folder), for programs that read relative paths; it must be "
                             "visible on the nodes (in the container: bound).", kind=str,
                             optional=True)
-    sweep_seeds: tuple[int, ...] = opt((), 'A seed sweep, e.g. "4 6 8": one chain per '
-                                       "seed, in parallel, under runs/NAME/seed-S "
-                                       "(entry train; `train summary NAME` compares them).",
+    sweep_seeds: tuple[int, ...] = opt((), 'A seed sweep, e.g. "4 6 8": one Slurm job '
+                                       "array, one task (and chain) per seed, under "
+                                       "runs/NAME/seed-S (`train summary NAME` compares "
+                                       "them; a command gets TRAIN_SWEEP_VALUE).",
                                        kind=tuple)
+    sweep: str | None = opt(None, "A sweep over one flag's values, NAME=V1,V2,...: one Slurm "
+                            "job array, one task (and chain) per value, under "
+                            "runs/NAME/task-I. Entry train: a `train run` flag (lr=1e-3,5e-4 "
+                            "adds --lr V); entry command: any NAME, each task gets "
+                            "TRAIN_SWEEP_INDEX and TRAIN_SWEEP_VALUE.", kind=str,
+                            optional=True)
+    sweep_throttle: int | None = opt(None, "At most this many tasks of the sweep's job array "
+                                     "run at once (Slurm's array throttle; default: none, the "
+                                     "site's per-user limits apply). A task's later chunks "
+                                     "are its own jobs, outside the throttle.", kind=int,
+                                     positive=True, optional=True)
     env: tuple[str, ...] = opt((), "Environment for the program (may repeat): NAME passes "
                                "the job's own value through at run time (never written "
                                "down), NAME=VALUE sets one.", kind=list)

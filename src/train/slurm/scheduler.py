@@ -52,6 +52,13 @@ def _is_number(text: str) -> bool:
     return _NUMBER.fullmatch(text) is not None
 
 
+def _is_job_ref(text: str) -> bool:
+    """A job id, or ARRAY_TASK: a sweep's array task before it starts (it then records
+    its own job id, see job-lib.sh's train_array_task)."""
+    array, sep, task = text.partition("_")
+    return _is_number(array) and (not sep or _is_number(task))
+
+
 def parse_sbatch_id(stdout: str) -> str:
     """`sbatch --parsable` prints 'ID' or 'ID;CLUSTER'."""
     text = stdout.strip().splitlines()[-1] if stdout.strip() else ""
@@ -89,7 +96,7 @@ def parse_squeue_json(text: str) -> dict[str, dict[str, Any]]:
 
 
 def parse_sacct(text: str) -> dict[str, dict[str, Any]]:
-    """`sacct -P -n -o JobID,State,ExitCode` (also with -c) -> {job id: {state, exit}}.
+    """`sacct -P -n -o JobIDRaw,State,ExitCode` (also with -c) -> {job id: {state, exit}}.
 
     Job steps (ids with a dot) are skipped; 'CANCELLED by 0' becomes CANCELLED.
     """
@@ -106,7 +113,9 @@ def parse_sacct(text: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-_EVENT_RE = re.compile(r"^([0-9]{1,18}) ([0-9]{1,18}) ([0-9]{1,18}) ([a-z_]+)(?: (.*))?$")
+# (a job id, or ARRAY_TASK where `train cancel` ended a sweep's task before it started)
+_EVENT_RE = re.compile(r"^([0-9]{1,18}) ([0-9]{1,18}) ([0-9]{1,18}(?:_[0-9]{1,18})?) "
+                       r"([a-z_]+)(?: (.*))?$")
 
 
 def parse_events(text: str) -> list[dict[str, Any]]:
@@ -145,7 +154,8 @@ def job_states(ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         log.debug("squeue failed: %s", exc)
     missing = [i for i in ids if i not in states]
     if missing:
-        argv = ["sacct", "-P", "-n", "-o", "JobID,State,ExitCode", "-j", ",".join(missing)]
+        argv = ["sacct", "-P", "-n", "-o", "JobIDRaw,State,ExitCode", "-j",
+                ",".join(missing)]
         try:
             proc = _proc.run(argv, check=False)
             if _ACCOUNTING_OFF in (proc.stdout + proc.stderr):
@@ -192,7 +202,7 @@ def parse_ids(text: str) -> list[tuple[int, str]]:
     out: dict[int, str] = {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 2 and _is_number(parts[0]) and _is_number(parts[1]) \
+        if len(parts) == 2 and _is_number(parts[0]) and _is_job_ref(parts[1]) \
                 and int(parts[0]) > 0:
             out.setdefault(int(parts[0]), parts[1])
     return sorted(out.items())
@@ -400,23 +410,7 @@ def submit_chain(job: ResolvedJob, library: str) -> Chain:
         pending.replace(script)
         written = [script, run_dir / contract.CHAIN_IDS, run_dir / contract.CHAIN_RECORD]
         (run_dir / contract.CHAIN_IDS).write_text(f"{first} {job_id}\n", encoding="utf-8")
-        record = {
-            "name": job.spec.name,
-            "cluster": job.profile.name,
-            "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "first_job": job_id,
-            "max_chunks": job.chunks,
-            "first_chunk": first,
-            "requeue": job.spec.requeue,
-            "entry": job.spec.entry,
-            "walltime_seconds": job.minutes * 60,
-            "time_budget_seconds": job.time_budget_seconds,
-            "signal_margin": job.margin,
-            "stop_signal": job.stop,
-            "run_dir": str(run_dir),
-            "script": str(script),
-            "resources": job.resources(),  # for `train doctor`'s fixes
-        }
+        record = chain_record(job, job_id, first, script)
         write_json_atomic(run_dir / contract.CHAIN_RECORD, record)
         _proc.run(["scontrol", "release", job_id], timeout=60)
     except BaseException:
@@ -434,6 +428,28 @@ def submit_chain(job: ResolvedJob, library: str) -> Chain:
         with contextlib.suppress(OSError):  # (a folder of that name stays aside)
             cleared.unlink(missing_ok=True)
     return Chain(run_dir, record, [(first, job_id)])
+
+
+def chain_record(job: ResolvedJob, job_id: str, first: int, script: Path
+                 ) -> dict[str, Any]:
+    """What chain.json holds: the chain's bounds and the job's resources."""
+    return {
+        "name": job.spec.name,
+        "cluster": job.profile.name,
+        "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "first_job": job_id,
+        "max_chunks": job.chunks,
+        "first_chunk": first,
+        "requeue": job.spec.requeue,
+        "entry": job.spec.entry,
+        "walltime_seconds": job.minutes * 60,
+        "time_budget_seconds": job.time_budget_seconds,
+        "signal_margin": job.margin,
+        "stop_signal": job.stop,
+        "run_dir": str(job.run_dir),
+        "script": str(script),
+        "resources": job.resources(),  # for `train doctor`'s fixes
+    }
 
 
 def _split_progress(detail: str | None) -> tuple[int, int] | None:

@@ -15,15 +15,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 from train.errors import ConfigError, UsageError
 from train.jsonio import write_json_atomic
 from train.slurm.contract import COMPLETE_MARKER, SWEEP_RECORD
-from train.slurm.job import JobSpec
+from train.slurm.job import JobSpec, ResolvedJob
 
 SUMMARY_CSV = "summary.csv"
+# Slurm's default MaxArraySize (its array indices run from 0 to MaxArraySize - 1)
+DEFAULT_MAX_ARRAY_SIZE = 1001
+# what each task of a command's sweep finds in its environment
+SWEEP_INDEX_VAR = "TRAIN_SWEEP_INDEX"
+SWEEP_VALUE_VAR = "TRAIN_SWEEP_VALUE"
 SUMMARY_PLOT = "summary.png"
 
 
@@ -31,32 +37,115 @@ def seed_dir(seed: int) -> str:
     return f"seed-{seed}"
 
 
-def split(spec: JobSpec) -> tuple[Path, list[tuple[int, JobSpec]]]:
-    """The sweep's root directory and one chain spec per seed."""
-    if spec.entry != "train":
-        raise ConfigError("sweep_seeds", "sweeps are for `train run` workloads; run your "
-                          "own program's seeds as separate jobs")
-    if any(a == "--seeds" or a.startswith("--seeds=") for a in spec.workload):
-        raise ConfigError("sweep_seeds", "give the seeds once: --sweep-seeds runs one chain "
-                          "per seed (remove --seeds from the workload)")
+@dataclasses.dataclass(frozen=True)
+class SweepTask:
+    """One task of a sweep: its index in the job array, the value it runs with, the seed
+    its `train run` trains (None for a command), and its folder under the sweep's."""
+
+    index: int
+    value: str
+    seed: int | None
+    dir: str
+
+    @property
+    def label(self) -> str:
+        return str(self.seed) if self.dir == seed_dir(self.seed or 0) else self.value
+
+
+def sweep_field(spec: JobSpec) -> str:
+    return "sweep" if spec.sweep else "sweep_seeds"
+
+
+def _values(spec: JobSpec) -> tuple[str, list[str]]:
+    """The swept flag's name (`seeds` for --sweep-seeds) and its values, checked."""
     from train.config import MAX_SEED
 
-    if len(spec.sweep_seeds) != len(set(spec.sweep_seeds)) or \
-            any(s < 0 or s > MAX_SEED for s in spec.sweep_seeds):
-        raise ConfigError("sweep_seeds", f"must be distinct integers from 0 to {MAX_SEED}, "
-                          f"got {list(spec.sweep_seeds)}")
+    if spec.sweep and spec.sweep_seeds:
+        raise ConfigError("sweep", "give --sweep or --sweep-seeds, not both")
+    if spec.sweep_seeds:
+        if len(spec.sweep_seeds) != len(set(spec.sweep_seeds)) or \
+                any(s < 0 or s > MAX_SEED for s in spec.sweep_seeds):
+            raise ConfigError("sweep_seeds", f"must be distinct integers from 0 to {MAX_SEED}, "
+                              f"got {list(spec.sweep_seeds)}")
+        return "seeds", [str(s) for s in spec.sweep_seeds]
+    name, sep, text = (spec.sweep or "").partition("=")
+    name = name.strip().lstrip("-").replace("_", "-")
+    values = [v.strip() for v in text.split(",")]
+    if not sep or not re.fullmatch(r"[a-z][a-z0-9-]{0,40}", name) or not all(values) or \
+            any(c in text for c in "\n\r\0"):
+        raise ConfigError("sweep", f"must be NAME=V1,V2,... (a `train run` flag without its "
+                          f"dashes, e.g. lr=1e-3,5e-4; for a command any name), got "
+                          f"{spec.sweep!r}")
+    if len(values) != len(set(values)):
+        raise ConfigError("sweep", f"the values must differ, got {text!r}")
+    if name == "seeds":
+        raise ConfigError("sweep", "sweep seeds with --sweep-seeds \"4 6 8\"")
+    return name, values
+
+
+def swept_flag(spec: JobSpec) -> str:
+    """The flag the sweep sets per task (`seeds` for --sweep-seeds)."""
+    return _values(spec)[0]
+
+
+def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
+          ) -> tuple[Path, list[tuple[SweepTask, JobSpec]]]:
+    """The sweep's root directory and one chain spec per task of its job array."""
+    field = sweep_field(spec)
+    if spec.entry == "navsim":
+        raise ConfigError(field, "sweeps are for `train run` workloads and commands (entry "
+                          "train or command)")
+    flag, values = _values(spec)
+    if len(values) > max_array_size:
+        raise ConfigError(field, f"{len(values)} tasks are more than the cluster's job "
+                          f"array size limit of {max_array_size} (max_array_size in its "
+                          "profile; Slurm's MaxArraySize): split the sweep")
+    given = f"--{flag}"
+    if spec.entry == "train" and any(a == given or a.startswith(given + "=")
+                                     for a in spec.workload):
+        raise ConfigError(field, f"give the {flag} once: the sweep sets {given} for each "
+                          f"task (remove {given} from the workload)")
     root = Path(os.path.abspath(spec.out or os.path.join("runs", spec.name)))
-    specs = []
-    for seed in spec.sweep_seeds:
-        suffix = f"-s{seed}"  # kept whole: the chains' job names must differ
-        specs.append((seed, dataclasses.replace(
-            spec, name=spec.name[:64 - len(suffix)] + suffix, out=str(root / seed_dir(seed)),
-            sweep_seeds=(), workload=(*spec.workload, "--seeds", str(seed)))))
-    return root, specs
+    out = []
+    for index, value in enumerate(values):
+        seed = int(value) if flag == "seeds" else None
+        where = seed_dir(seed) if seed is not None else f"task-{index}"
+        suffix = f"-s{seed}" if seed is not None else f"-t{index}"  # the names must differ
+        changes: dict[str, Any] = {"name": spec.name[:64 - len(suffix)] + suffix,
+                                   "out": str(root / where), "sweep_seeds": (), "sweep": None}
+        if spec.entry == "train":
+            changes["workload"] = (*spec.workload, given, value)
+            if seed is None:
+                seed = _train_seed(spec.workload)
+        out.append((SweepTask(index, value, seed, where), dataclasses.replace(spec, **changes)))
+    return root, out
 
 
-def write_record(root: Path, name: str, chains: list[dict[str, Any]]) -> None:
-    write_json_atomic(root / SWEEP_RECORD, {"name": name, "chains": chains})
+def task_job(task: SweepTask, job: ResolvedJob) -> ResolvedJob:
+    """The task's resolved job: every process of its chain (each chunk) finds its index
+    and value in TRAIN_SWEEP_INDEX and TRAIN_SWEEP_VALUE (names a job may not set)."""
+    values = (*job.env_values, (SWEEP_INDEX_VAR, str(task.index)),
+              (SWEEP_VALUE_VAR, task.value))
+    return dataclasses.replace(job, env_values=values)
+
+
+def _train_seed(workload: tuple[str, ...]) -> int | None:
+    """The first seed a `train run` workload trains (where its flags can be read)."""
+    from train.config import run_config_from_argv
+
+    try:
+        seeds = run_config_from_argv(list(workload)).seeds
+    except (ConfigError, UsageError, SystemExit):
+        return None
+    return seeds[0] if seeds else None
+
+
+def write_record(root: Path, name: str, tasks: list[SweepTask], flag: str = "seeds",
+                 **extra: Any) -> None:
+    chains = [{"index": t.index, "value": t.value, "seed": t.seed, "dir": t.dir}
+              for t in tasks]
+    write_json_atomic(root / SWEEP_RECORD, {"name": name, "flag": flag, **extra,
+                                            "chains": chains})
 
 
 def load_record(root: Path) -> dict[str, Any]:
@@ -74,15 +163,26 @@ def is_sweep(path: Path) -> bool:
     return (path / SWEEP_RECORD).is_file()
 
 
-def chain_paths(root: Path) -> list[tuple[int, Path]]:
-    """(seed, chain directory) per chain; a moved sweep finds its chains where it is."""
+def sweep_tasks(root: Path) -> list[SweepTask]:
+    """The sweep's tasks from its record; a moved sweep finds its chains where it is."""
     out = []
-    for i, chain in enumerate(load_record(root)["chains"], 1):
-        seed = chain.get("seed") if isinstance(chain, dict) else None
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise UsageError(f"sweep: {root / SWEEP_RECORD}: chain {i} has no integer seed")
-        out.append((seed, root / seed_dir(seed)))
+    for i, found in enumerate(load_record(root)["chains"]):
+        chain = found if isinstance(found, dict) else {}
+        seed, where = chain.get("seed"), chain.get("dir")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            seed = None
+        if where is None and seed is not None:  # a record of before the job arrays
+            where = seed_dir(seed)
+        if not isinstance(where, str) or not re.fullmatch(r"(seed|task)-[0-9]{1,18}", where):
+            raise UsageError(f"sweep: {root / SWEEP_RECORD}: chain {i + 1} has no folder")
+        value = chain.get("value", seed)
+        out.append(SweepTask(int(chain.get("index", i)), str(value), seed, where))
     return out
+
+
+def chain_paths(root: Path) -> list[tuple[str, Path]]:
+    """(label, chain directory) per task of the sweep."""
+    return [(t.label, root / t.dir) for t in sweep_tasks(root)]
 
 
 def aggregate(name: str, root: Path, statuses: list[dict[str, Any]]) -> dict[str, Any]:
@@ -128,13 +228,13 @@ def _rewards(path: Path) -> list[float] | str:
 class SeedResult:
     """One seed's line of the summary table."""
 
-    seed: int
+    seed: str  # the task's label: its seed, or the value it runs with
     episodes: int | None  # finished training episodes (None: no readable record)
     evaluation: float | None  # mean reward of the final evaluation (None: not evaluated)
     state: str
 
 
-def _evaluation(run_dir: Path, seed: int) -> float | None:
+def _evaluation(run_dir: Path, seed: int | None) -> float | None:
     """The mean reward of the seed's final evaluation (`train run` writes it when the seed
     has trained all its episodes), or None."""
     import math
@@ -157,16 +257,17 @@ def file_state(run_dir: Path) -> str:
     return "incomplete" if run_dir.is_dir() else "not started"
 
 
-def seed_results(root: Path, states: dict[int, str] | None = None) -> list[SeedResult]:
+def seed_results(root: Path, states: dict[str, str] | None = None) -> list[SeedResult]:
     """Every seed of the sweep: episodes, final evaluation and state (`states`: the chains'
     states where Slurm was asked; otherwise from the run folders)."""
     out = []
-    for seed, run_dir in chain_paths(root):
-        found = _rewards(run_dir / f"seed_{seed}" / "episodes.json")
+    for task in sweep_tasks(root):
+        run_dir = root / task.dir
+        found = _rewards(run_dir / f"seed_{task.seed}" / "episodes.json")
         episodes = len(found) if isinstance(found, list) else (
             0 if found == "no episodes yet" else None)
-        state = (states or {}).get(seed) or file_state(run_dir)
-        out.append(SeedResult(seed, episodes, _evaluation(run_dir, seed), state))
+        state = (states or {}).get(task.label) or file_state(run_dir)
+        out.append(SeedResult(task.label, episodes, _evaluation(run_dir, task.seed), state))
     return out
 
 
@@ -219,7 +320,7 @@ class Summary:
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
-def summarize(root: Path, smooth: int = 25, states: dict[int, str] | None = None
+def summarize(root: Path, smooth: int = 25, states: dict[str, str] | None = None
               ) -> Summary:
     """The sweep's text table (every seed's episodes, final evaluation and state; mean +-
     std of the final evaluations), and the mean and spread of the seeds' learning curves
@@ -230,9 +331,10 @@ def summarize(root: Path, smooth: int = 25, states: dict[int, str] | None = None
         raise UsageError(f"summary: --smooth must be at least 1, got {smooth}")
     seeds = seed_results(root, states)
     summary = Summary(format_table(root.name, seeds))
-    curves: dict[int, list[float]] = {}
-    for seed, run_dir in chain_paths(root):
-        found = _rewards(run_dir / f"seed_{seed}" / "episodes.json")
+    curves: dict[str, list[float]] = {}
+    for task in sweep_tasks(root):
+        seed = task.label
+        found = _rewards(root / task.dir / f"seed_{task.seed}" / "episodes.json")
         if isinstance(found, str):
             summary.notes.append(f"seed {seed} left out of the curves: {found}")
         else:
@@ -293,7 +395,7 @@ def summarize(root: Path, smooth: int = 25, states: dict[int, str] | None = None
     ax.fill_between(episodes, lower, upper, alpha=0.3, label="± 1 std")
     ax.set_xlabel("episode")
     ax.set_ylabel(f"reward (moving average of {window})")
-    ax.set_title(f"{root.name}: seeds {', '.join(map(str, sorted(curves)))}")
+    ax.set_title(f"{root.name}: {', '.join(curves)}")
     ax.legend()
     try:
         fig.savefig(plot, dpi=100, bbox_inches="tight")
