@@ -9,13 +9,26 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import run_cli, tiny_flags
-from tests.integration.chains import checkpointed, slurm, wait
+from tests.integration.chains import (
+    ENDLESS,
+    checkpointed,
+    conf_dir,
+    fail_node,
+    logs,
+    node_of,
+    restart_node,
+    settled,
+    slurm,
+    status,
+    wait,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SEEDS = (4, 6, 8, 10)
@@ -130,3 +143,55 @@ def test_train_cancel_ends_every_task_and_its_successors(
     assert [len(c["chunks"]) for c in st["chains"]] == [2, 1, 1]
     queued = slurm(["squeue", "-h", "--array", "-o", "%i %j"], slurm_env)
     assert " sc" not in queued, queued
+
+
+def _sweep(cwd: Path, env: dict[str, str], name: str, *flags: str) -> tuple[Path, str]:
+    """Two seeds of endless work, each task on a node of its own (its memory takes most
+    of one): the sweep's root and its array job id."""
+    proc = run_cli(["submit", "--name", name, "--cluster", "local", "--python",
+                    sys.executable, "--cpus-per-task", "1", "--mem", "5000M", "--time", "10",
+                    "--max-chunks", "3", "--sweep-seeds", "4 6", *flags, "--", *ENDLESS],
+                   cwd=cwd, env=env)
+    assert proc.returncode == 0, proc.stderr
+    root = cwd / "runs" / name
+    return root, str(json.loads((root / "sweep.json").read_text())["array_job"])
+
+
+def _both_checkpointed(root: Path) -> Callable[[dict[str, Any]], bool]:
+    return lambda st: all(_first_chunk(c) for c in st["chains"]) and all(
+        checkpointed(root / f"seed-{s}", s) >= 2 for s in (4, 6))
+
+
+def test_a_requeued_task_resumes_and_the_other_runs_on(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    root, array_id = _sweep(tmp_path, slurm_env, "rq", "--requeue")
+    st = wait(tmp_path, slurm_env, "rq", _both_checkpointed(root), timeout=300, poll=0.3)
+    other = st["chains"][1]["chunks"][0]["job_id"]
+    slurm(["scontrol", "requeue", f"{array_id}_0"], slurm_env)
+    wait(tmp_path, slurm_env, "rq", lambda s: "resumed at episode" in logs(root / "seed-4"),
+         timeout=300, poll=0.3)
+    st = status(tmp_path, slurm_env, "rq")
+    assert [c["state"] for c in st["chains"]] == ["running", "running"], st
+    assert "resumed at episode" not in logs(root / "seed-6")  # the other task ran on
+    assert st["chains"][1]["chunks"][0] == {**st["chains"][1]["chunks"][0],
+                                            "job_id": other, "state": "RUNNING"}
+    assert run_cli(["cancel", "rq"], cwd=tmp_path, env=slurm_env).returncode == 0
+    st = wait(tmp_path, slurm_env, "rq", lambda s: all(settled(c) for c in s["chains"]))
+    assert st["counts"] == {"cancelled": 2}
+
+
+def test_a_node_failure_ends_its_task_alone(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    root, _array_id = _sweep(tmp_path, slurm_env, "nf")
+    st = wait(tmp_path, slurm_env, "nf", _both_checkpointed(root), timeout=300, poll=0.3)
+    job = st["chains"][0]["chunks"][0]["job_id"]
+    node = node_of(job, slurm_env)
+    assert node != node_of(st["chains"][1]["chunks"][0]["job_id"], slurm_env)
+    fail_node(conf_dir(slurm_env), node, job)
+    try:
+        st = wait(tmp_path, slurm_env, "nf", lambda s: settled(s["chains"][0]), timeout=180)
+    finally:
+        restart_node(conf_dir(slurm_env), node, slurm_env)
+    assert st["chains"][0]["state"] == "failed" and "NODE_FAIL" in st["chains"][0]["cause"]
+    assert st["chains"][1]["state"] == "running", st["chains"][1]
+    assert run_cli(["cancel", "nf"], cwd=tmp_path, env=slurm_env).returncode == 0
