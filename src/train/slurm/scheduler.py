@@ -304,18 +304,6 @@ def _check_not_active(run_dir: Path) -> Chain | None:
     return previous
 
 
-def check_sweep_root(root: Path) -> None:
-    """A sweep may replace an ended sweep, never a single chain or an active sweep."""
-    if (root / contract.CHAIN_RECORD).is_file():
-        raise UsageError(f"name: {root.name} holds a single chain; choose another --name (or "
-                         "--out) for a sweep")
-    if (root / contract.SWEEP_RECORD).is_file():
-        from train.slurm.sweep import chain_paths
-
-        for _seed, run_dir in chain_paths(root):
-            _check_not_active(run_dir)
-
-
 _CHAIN_FILES = (contract.CHAIN_RECORD, contract.CHAIN_IDS)
 
 

@@ -199,14 +199,6 @@ def aggregate(name: str, root: Path, statuses: list[dict[str, Any]]) -> dict[str
             "chains": statuses}
 
 
-def format_sweep(st: dict[str, Any], chain_lines: list[list[str]]) -> list[str]:
-    counts = ", ".join(f"{n} {s}" for s, n in st["counts"].items())
-    head = [f"{st['name']}: sweep of {len(st['chains'])} seeds, {st['state']} ({counts})",
-            f"  done {st['done']}/{st['total']} episodes over all seeds; "
-            f"`train summary {st['name']}` for the curves across seeds"]
-    return head + ["  " + line for lines in chain_lines for line in lines]
-
-
 def _rewards(path: Path) -> list[float] | str:
     """A seed's episode rewards, or why they cannot be used."""
     import math
@@ -308,6 +300,21 @@ def _moving_average(values: list[float], window: int) -> list[float]:
     return out
 
 
+def _spread(curves: list[list[float]], window: int, longest: int
+            ) -> tuple[list[int], list[float], list[float], list[int]]:
+    """Per episode (window + i): the mean, the population std (one curve: 0) and the
+    number of the curves that reached it."""
+    episodes, means, stds, counts = [], [], [], []
+    for i in range(longest):
+        values = [v[i] for v in curves if i < len(v)]
+        mean = sum(values) / len(values)
+        episodes.append(window + i)
+        means.append(mean)
+        stds.append((sum((x - mean) ** 2 for x in values) / len(values)) ** 0.5)
+        counts.append(len(values))
+    return episodes, means, stds, counts
+
+
 # fewer points than this on the longest curve: no plot (a line needs two points)
 MIN_PLOT_POINTS = 2
 
@@ -346,15 +353,7 @@ def summarize(root: Path, smooth: int = 25, states: dict[str, str] | None = None
     window = max(1, min(smooth, *(len(c) for c in curves.values())))
     smoothed = {seed: _moving_average(c, window) for seed, c in curves.items()}
     longest = max(len(v) for v in smoothed.values())
-    episodes, means, stds, counts = [], [], [], []
-    for i in range(longest):  # episode window + i, over the seeds that reached it
-        values = [v[i] for v in smoothed.values() if i < len(v)]
-        mean = sum(values) / len(values)
-        episodes.append(window + i)
-        means.append(mean)
-        # the spread of the seeds' curves (population std, as before: one seed has 0)
-        stds.append((sum((x - mean) ** 2 for x in values) / len(values)) ** 0.5)
-        counts.append(len(values))
+    episodes, means, stds, counts = _spread(list(smoothed.values()), window, longest)
     lines = ["episode,mean_reward,std_reward,seeds"]
     lines += [f"{e},{m:.6g},{s:.6g},{n}" for e, m, s, n in zip(episodes, means, stds, counts,
                                                                strict=True)]
@@ -384,18 +383,26 @@ def summarize(root: Path, smooth: int = 25, states: dict[str, str] | None = None
                              f"{SUMMARY_PLOT}, {install_hint('run')}")
         return summary
     matplotlib.use("Agg")
+    plot = _plot(root, list(curves), window, episodes, means, stds)
+    summary.plot = plot
+    return summary
+
+
+def _plot(root: Path, labels: list[str], window: int, episodes: list[int],
+          means: list[float], stds: list[float]) -> Path:
+    """summary.png: the mean curve across the sweep's tasks with a one-std band."""
     import matplotlib.pyplot as plt
 
     plot = root / SUMMARY_PLOT
     lower = [m - s for m, s in zip(means, stds, strict=True)]
     upper = [m + s for m, s in zip(means, stds, strict=True)]
     fig, ax = plt.subplots(figsize=(7, 4))
-    marker = "o" if longest < 20 else None  # a few points stay visible
-    ax.plot(episodes, means, marker=marker, label=f"mean of {len(curves)} seeds")
+    marker = "o" if len(episodes) < 20 else None  # a few points stay visible
+    ax.plot(episodes, means, marker=marker, label=f"mean of {len(labels)} seeds")
     ax.fill_between(episodes, lower, upper, alpha=0.3, label="± 1 std")
     ax.set_xlabel("episode")
     ax.set_ylabel(f"reward (moving average of {window})")
-    ax.set_title(f"{root.name}: {', '.join(curves)}")
+    ax.set_title(f"{root.name}: {', '.join(labels)}")
     ax.legend()
     try:
         fig.savefig(plot, dpi=100, bbox_inches="tight")
@@ -403,5 +410,4 @@ def summarize(root: Path, smooth: int = 25, states: dict[str, str] | None = None
         raise UsageError(f"summary: cannot write into {root}: {exc.strerror or exc}") from None
     finally:
         plt.close(fig)
-    summary.plot = plot
-    return summary
+    return plot

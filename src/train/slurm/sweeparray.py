@@ -95,6 +95,19 @@ def _set_aside(run_dir: Path, moved: list[tuple[Path, Path]]) -> None:
         moved.append((kept, marker))
 
 
+def _write_scripts(tasks: list[tuple[SweepTask, ResolvedJob]], texts: list[str],
+                   written: list[Path], moved: list[tuple[Path, Path]]) -> None:
+    """Each task's folder (logs/ before Slurm opens them) and its chain's script."""
+    for (_, job), text in zip(tasks, texts, strict=True):
+        run_dir = Path(job.run_dir)
+        (run_dir / contract.LOG_DIR).mkdir(parents=True, exist_ok=True)
+        (run_dir / contract.JOBS_DIR).mkdir(exist_ok=True)
+        _set_aside(run_dir, moved)
+        script = run_dir / contract.JOBS_DIR / contract.JOB_SCRIPT
+        script.write_text(text, encoding="utf-8")
+        written.append(script)
+
+
 def submit_sweep(name: str, flag: str, root: Path, tasks: list[tuple[SweepTask, ResolvedJob]],
                  throttle: int | None, library: str) -> str:
     """Write every task's chain script and the array script, submit the array held,
@@ -112,14 +125,7 @@ def submit_sweep(name: str, flag: str, root: Path, tasks: list[tuple[SweepTask, 
     moved: list[tuple[Path, Path]] = []
     array_id: str | None = None
     try:
-        for (_, job), text in zip(tasks, texts, strict=True):
-            run_dir = Path(job.run_dir)
-            (run_dir / contract.LOG_DIR).mkdir(parents=True, exist_ok=True)
-            (run_dir / contract.JOBS_DIR).mkdir(exist_ok=True)
-            _set_aside(run_dir, moved)
-            script = run_dir / contract.JOBS_DIR / contract.JOB_SCRIPT
-            script.write_text(text, encoding="utf-8")
-            written.append(script)
+        _write_scripts(tasks, texts, written, moved)
         (root / contract.LOG_DIR).mkdir(exist_ok=True)
         (root / contract.JOBS_DIR).mkdir(exist_ok=True)
         launcher = root / contract.JOBS_DIR / ARRAY_SCRIPT
