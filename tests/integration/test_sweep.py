@@ -195,3 +195,20 @@ def test_a_node_failure_ends_its_task_alone(
     assert st["chains"][0]["state"] == "failed" and "NODE_FAIL" in st["chains"][0]["cause"]
     assert st["chains"][1]["state"] == "running", st["chains"][1]
     assert run_cli(["cancel", "nf"], cwd=tmp_path, env=slurm_env).returncode == 0
+
+
+def test_a_commands_sweep_tells_each_task_its_value(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    program = 'echo "$TRAIN_SWEEP_INDEX $TRAIN_SWEEP_VALUE" > "$TRAIN_RUN_DIR/value"'
+    proc = run_cli(["submit", "--name", "cmd", "--cluster", "local", "-e", "command",
+                    "--python", sys.executable, "--cpus-per-task", "1", "--mem", "500M", "--time",
+                    "5", "--max-chunks", "1", "--sweep", "alpha=0.1,0.3", "--",
+                    "bash", "-c", program], cwd=tmp_path, env=slurm_env)
+    assert proc.returncode == 0, proc.stderr
+    st = wait(tmp_path, slurm_env, "cmd", lambda s: all(settled(c) for c in s["chains"]))
+    assert st["counts"] == {"complete": 2}, st
+    root = tmp_path / "runs" / "cmd"
+    assert [(root / f"task-{i}" / "value").read_text() for i in (0, 1)] == [
+        "0 0.1\n", "1 0.3\n"]
+    text = run_cli(["status", "cmd", "--tasks"], cwd=tmp_path, env=slurm_env).stdout
+    assert "task 1 (alpha=0.3): complete" in text, text

@@ -117,3 +117,14 @@ def test_status_is_one_line_per_sweep_and_one_per_task_with_tasks() -> None:
     assert lines[3].startswith("  task 2 (seed 8): pending, chunk 1 job 10_2 PENDING")
     st["flag"] = "lr"
     assert "task 3 (lr=10): pending" in format_sweep_status(st, tasks=True)[4]
+
+
+def test_a_value_sweeps_summary_names_the_flag_and_its_values() -> None:
+    from train.slurm.sweep import SeedResult, format_table
+
+    lines = format_table("lr", [SeedResult("1e-3", 30, 4.0, "complete"),
+                                SeedResult("5e-4", 30, 6.0, "complete")], "lr")
+    assert lines[0] == "lr: sweep of 2 values of --lr"
+    assert lines[1].split() == ["lr", "episodes", "final", "eval", "state"]
+    assert lines[2].split() == ["1e-3", "30", "4", "complete"]
+    assert "final evaluation over 2 of 2 seed(s): 5 +- 1.414" in lines[4]

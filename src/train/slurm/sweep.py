@@ -270,10 +270,13 @@ def mean_std(values: list[float]) -> tuple[float, float | None]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
-def format_table(name: str, seeds: list[SeedResult]) -> list[str]:
-    """The text summary: a line per seed, then mean +- std of the final evaluations."""
-    lines = [f"{name}: sweep of {len(seeds)} seed(s)",
-             f"  {'seed':>7}  {'episodes':>8}  {'final eval':>10}  state"]
+def format_table(name: str, seeds: list[SeedResult], flag: str = "seeds") -> list[str]:
+    """The text summary: a line per task (its seed, or the value of the swept flag), then
+    mean +- std of the final evaluations."""
+    what = "seed(s)" if flag == "seeds" else f"values of --{flag}"
+    column = "seed" if flag == "seeds" else flag[:12]
+    lines = [f"{name}: sweep of {len(seeds)} {what}",
+             f"  {column:>7}  {'episodes':>8}  {'final eval':>10}  state"]
     for s in seeds:
         episodes = "?" if s.episodes is None else str(s.episodes)
         evaluation = "-" if s.evaluation is None else f"{s.evaluation:.4g}"
@@ -337,7 +340,8 @@ def summarize(root: Path, smooth: int = 25, states: dict[str, str] | None = None
     if smooth < 1:
         raise UsageError(f"summary: --smooth must be at least 1, got {smooth}")
     seeds = seed_results(root, states)
-    summary = Summary(format_table(root.name, seeds))
+    summary = Summary(format_table(root.name, seeds,
+                                   str(load_record(root).get("flag") or "seeds")))
     curves: dict[str, list[float]] = {}
     for task in sweep_tasks(root):
         seed = task.label
