@@ -293,7 +293,7 @@ def test_docker_build_stages_files_and_scripts_as_the_translation_places_them(
     what was staged in the same step, so no layer keeps it."""
     import tarfile
 
-    from train.images.build import _stage, write_context
+    from train.images.dockerengine import _stage, write_context
 
     repo = tmp_path / "repo"
     (repo / "containers" / "dl").mkdir(parents=True)
@@ -321,7 +321,7 @@ def test_docker_build_config_fills_in_environment_variables_as_docker_env_does()
     PATH): the values are filled in from the base image's environment first."""
     from types import SimpleNamespace
 
-    from train.images.build import DEFAULT_PATH, _config
+    from train.images.dockerengine import DEFAULT_PATH, _config
 
     d = parse(containers_dir(None) / "base.def")
     translation = translate(d)

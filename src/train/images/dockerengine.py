@@ -1,0 +1,297 @@
+"""Docker builds, for workstations and CI: the build context, one build container from the
+base image committed as the image's one new layer, and the runs that test, list and
+export the image (a docker-archive that Apptainer turns into a SIF on a cluster)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from train.errors import ResourceError, UsageError, install_hint
+from train.images.defs import DefFile
+from train.images.dockerfile import (
+    BUILD_DIR,
+    SCRIPT_DIR,
+    Translation,
+    context_path,
+    quote_env,
+    translate,
+)
+from train.images.inputs import check_inputs
+from train.images.record import (
+    DEMO_ARGS,
+    BuildLog,
+    BuildResult,
+    ImageError,
+    default_record,
+    write_record,
+)
+
+NETWORKS = ("none", "default", "host")
+
+
+def write_context(d: DefFile, dest: Path, build_args: Mapping[str, str],
+                  localimages: Mapping[str, str], root: Path) -> Path:
+    """The Docker build context: Dockerfile, generated scripts, and the %files sources
+    under files/ (see dockerfile.context_path). Written to a fresh folder beside `dest`,
+    then renamed into place: an error leaves nothing behind; `dest` must not exist yet or
+    be an empty folder, and must not lie inside a %files source."""
+    sources = check_inputs(d, build_args, root)
+    translation = translate(d, build_args, localimages)
+    dest = dest.absolute()
+    if dest.is_symlink() or (dest.exists() and (not dest.is_dir() or any(dest.iterdir()))):
+        raise UsageError(f"out: {dest} already exists; name a new or empty folder")
+    for source in sources:
+        if dest.resolve() == source or source in dest.resolve().parents:
+            raise UsageError(f"out: {dest} is inside the %files source {source}: the "
+                             "context would copy itself")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        (work / "Dockerfile").write_text(translation.dockerfile, encoding="utf-8")
+        (work / BUILD_DIR).mkdir()
+        for name, text in translation.scripts.items():
+            (work / BUILD_DIR / name).write_text(text, encoding="utf-8")
+        for index, (src, _) in enumerate(translation.copies):
+            source, target = root / src, work / context_path(index, src)
+            target.parent.mkdir(parents=True)
+            if source.is_dir():  # every link inside was checked by check_inputs
+                shutil.copytree(source, target)
+            else:
+                shutil.copy2(source, target)
+        if dest.exists():
+            dest.rmdir()
+        work.rename(dest)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return dest
+
+
+def _client() -> Any:
+    try:
+        import docker
+    except ImportError:
+        raise UsageError(f"docker builds need the docker SDK: {install_hint('images')}"
+                         ) from None
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception as exc:
+        raise ResourceError(f"no Docker engine reachable (DOCKER_HOST="
+                            f"{os.environ.get('DOCKER_HOST')}): {exc}. Start "
+                            "one (ci/docker-up.sh) or build with apptainer") from None
+    return client
+
+
+def docker_build(d: DefFile, root: Path, tag: str, build_args: Mapping[str, str],
+                 localimages: Mapping[str, str], network: str = "none",
+                 nocache: bool = False, record: Path | None = None,
+                 show: Callable[[str], None] | None = None) -> BuildResult:
+    """Build with the Docker engine as Apptainer builds: one container from the base image
+    gets the %files sources and the generated scripts (staged under /.train), runs the
+    %files copies and %post in one go, removes what was staged, and is committed as the
+    image's one new layer with %environment, %labels and the runscript as its config. So
+    nothing staged or downloaded and then removed stays in any layer (Docker's builder
+    would keep each COPY as a layer of its own). `network`: what %post reaches ("none", the
+    default and CI's: offline inputs only; "default" or "host": the downloads a real build
+    makes, as Apptainer's build makes them). Every build starts from the base image (the
+    engine's cache is not used, so `nocache` changes nothing)."""
+    del nocache
+    if network not in NETWORKS:
+        raise UsageError(f"network: {network!r} is not one of {', '.join(NETWORKS)}")
+    build_log = BuildLog() if show is None else BuildLog(show=show)
+    args = d.resolve_arguments(build_args)
+    with tempfile.TemporaryDirectory(prefix="train-image-") as tmp:
+        # every input checked and translated before the engine is asked
+        ctx = write_context(d, Path(tmp) / "context", build_args, localimages, root)
+        translation = translate(d, build_args, localimages)
+        base = translation.dockerfile.split("\nFROM ", 1)[1].split("\n", 1)[0]
+        archive = Path(tmp) / "staged.tar"
+        _stage(ctx, translation.scripts, archive)
+        client = _client()
+        base_id, container = _create_container(client, base, network, d.name)
+        image = _run_and_commit(client, container, archive, build_log, d.name, network,
+                                tag, translation, base)
+    result = BuildResult(str(image.id), str(image.id), build_log.downloads, args,
+                         record or default_record(tag))
+    write_record(d, root, result, "docker", f"{base} ({base_id})")
+    return result
+
+
+def _create_container(client: Any, base: str, network: str, what: str) -> tuple[str, Any]:
+    """The base image's id (pulled when the engine lacks it) and the build container made
+    from it, whose entrypoint runs the staged build scripts."""
+    import docker
+
+    try:
+        base_id = _base_image(client, base)
+        container = client.containers.create(
+            base, entrypoint=["/bin/sh", "-e", f"{SCRIPT_DIR}/build/all"], command=[],
+            network_mode=network, detach=True)
+    except docker.errors.DockerException as exc:
+        raise ImageError(f"docker build of {what}: {exc}") from None
+    return base_id, container
+
+
+def _run_and_commit(client: Any, container: Any, archive: Path, build_log: BuildLog,
+                    what: str, network: str, tag: str, translation: Translation,
+                    base: str) -> Any:
+    """Put the staged tar into the build container, run it with its output fed to
+    `build_log`, and commit it as the image; the container is removed in every case."""
+    import docker
+
+    try:
+        with open(archive, "rb") as fh:
+            container.put_archive("/", fh)
+        container.start()
+        pending = ""
+        for chunk in container.logs(stream=True, follow=True):
+            pending += bytes(chunk).decode(errors="replace")
+            done, _, pending = pending.rpartition("\n")
+            build_log.feed(done)
+        build_log.feed(pending)
+        code = int(container.wait()["StatusCode"])
+        if code != 0:
+            raise ImageError(f"docker build of {what} failed: %files/%post exited with "
+                             f"{code}\n" + "\n".join(build_log.tail)
+                             + _network_hint(network))
+        return container.commit(*_split_tag(tag), changes=_config(translation, client, base))
+    except docker.errors.DockerException as exc:
+        raise ImageError(f"docker build of {what} failed: {exc}\n"
+                         + "\n".join(build_log.tail)) from None
+    finally:
+        with contextlib.suppress(docker.errors.DockerException):
+            container.remove(force=True)
+
+
+def _stage(ctx: Path, scripts: Mapping[str, str], archive: Path) -> None:
+    """The tar put into the build container: the %files sources under /.train/files, the
+    build scripts under /.train/build (`all` runs them and removes what was staged), the
+    runscript, test and help under /.train, as the translated Dockerfile places them."""
+    import io
+    import tarfile
+
+    steps = [f"/bin/sh -e {SCRIPT_DIR}/build/{name}" for name in ("files", "post")
+             if name in scripts]
+    run_all = ("set -e\n" + "\n".join(steps)
+               + f"\nrm -rf {SCRIPT_DIR}/build {SCRIPT_DIR}/files\n")
+
+    def add_text(tar: tarfile.TarFile, name: str, text: str, mode: int) -> None:
+        data = text.encode("utf-8")
+        info = tarfile.TarInfo(name)
+        info.size, info.mode = len(data), mode
+        tar.addfile(info, io.BytesIO(data))
+
+    inside = SCRIPT_DIR.lstrip("/")
+    with tarfile.open(archive, "w") as tar:
+        files = ctx / "files"
+        if files.is_dir():
+            tar.add(files, arcname=f"{inside}/files")
+        add_text(tar, f"{inside}/build/all", run_all, 0o644)
+        for name, text in scripts.items():
+            if name in ("files", "post"):
+                add_text(tar, f"{inside}/build/{name}", text, 0o644)
+            else:  # runscript, test, help: kept in the image
+                add_text(tar, f"{inside}/{name}", text, 0o644)
+
+
+def _base_image(client: Any, base: str) -> str:
+    """The base image's id, pulled first when the engine does not hold it."""
+    import docker
+
+    try:
+        return str(client.images.get(base).id)
+    except docker.errors.ImageNotFound:
+        return str(client.images.pull(base).id)
+
+
+def _split_tag(tag: str) -> tuple[str, str]:
+    name, sep, version = tag.rpartition(":")
+    if sep and "/" not in version:
+        return name, version
+    return tag, "latest"
+
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def _config(translation: Translation, client: Any, base: str) -> list[str]:
+    """The commit's config: %environment (each `$VAR` filled in from the base image's
+    environment and the lines before, as Docker's ENV does: a commit would keep `$PATH`
+    as text), the translation's LABEL and ENTRYPOINT; without a runscript, the base
+    image's own entrypoint and command (the build container's are the build script)."""
+    config = client.images.get(base).attrs.get("Config") or {}
+    env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
+    env.setdefault("PATH", DEFAULT_PATH)  # Docker's FROM gives an image without one this
+    changes = []
+    for name, value in translation.env:
+        env[name] = _VAR.sub(lambda m: env.get(m.group(1) or m.group(2), ""), value)
+        changes.append(f"ENV {name}={quote_env(env[name])}")
+    changes += [line for line in translation.dockerfile.splitlines()
+                if line.startswith(("LABEL ", "ENTRYPOINT "))]
+    if not any(line.startswith("ENTRYPOINT ") for line in changes):
+        changes.append(f"ENTRYPOINT {json.dumps(config.get('Entrypoint') or [])}")
+        changes.append(f"CMD {json.dumps(config.get('Cmd') or [])}")
+    else:
+        changes.append("CMD []")
+    return changes
+
+
+def _network_hint(network: str) -> str:
+    if network != "none":
+        return ""
+    return ("\n(the build had no network: --network none. A build that downloads the real "
+            "base, game or packages needs --network default)")
+
+
+def docker_run(tag: str, args: Sequence[str], entrypoint: Sequence[str] | None = None,
+               user: str | None = None) -> str:
+    import docker
+
+    client = _client()
+    try:
+        out = client.containers.run(tag, list(args), entrypoint=list(entrypoint)
+                                    if entrypoint else None, remove=True, user=user,
+                                    network_mode="none", stdout=True, stderr=True)
+    except docker.errors.ContainerError as exc:
+        stderr = exc.stderr.decode(errors="replace") if exc.stderr else ""
+        raise ImageError(f"{tag} {' '.join(args)} exited with {exc.exit_status}:\n"
+                         f"{stderr[-3000:]}") from None
+    return bytes(out).decode(errors="replace")
+
+
+def docker_test(tag: str, smoke: Sequence[str] = DEMO_ARGS) -> str:
+    """%test (as Apptainer runs it: a plain /bin/sh script), then a short run inside."""
+    report = docker_run(tag, [f"{SCRIPT_DIR}/test"], entrypoint=["/bin/sh"])
+    report += docker_run(tag, smoke)
+    return report
+
+
+def docker_content(tag: str) -> list[str]:
+    """The listing as an unprivileged user sees it, as under `apptainer exec` on a cluster
+    (files only root may read are listed as unreadable in both)."""
+    out = docker_run(tag, ["-m", "train.images.content", "/"], entrypoint=["python"],
+                     user="65534:65534")
+    return out.splitlines()
+
+
+def docker_export(tag: str, out: Path) -> str:
+    client = _client()
+    image = client.images.get(tag)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".part")
+    with open(tmp, "wb") as fh:
+        for chunk in image.save(named=True):
+            fh.write(chunk)
+    tmp.replace(out)
+    return f"apptainer build {out.stem}.sif docker-archive://{out}"
