@@ -246,6 +246,18 @@ def _header(path: Path, rows: list[tuple[int, str]],
 
 def parse(path: Path) -> DefFile:
     raw = _read(path)
+    header_rows, all_lines, sections, files_groups = _scan(path, raw)
+    _add_files_groups(sections, files_groups)
+    repeats: list[tuple[int, str]] = []
+    header = _header(path, header_rows, repeats)
+    _check_bootstrap(path, header)
+    return DefFile(path, header, sections, repeats, all_lines)
+
+
+def _scan(path: Path, raw: str) -> tuple[list[tuple[int, str]], list[str], dict[str, Section],
+                                         dict[str, Section]]:
+    """One pass over the lines as Apptainer's scanner reads them: the header rows, every
+    line, the sections, and the %files groups by their arguments (parseTokenSection)."""
     header_rows: list[tuple[int, str]] = []
     all_lines: list[str] = []
     sections: dict[str, Section] = {}
@@ -266,11 +278,8 @@ def parse(path: Path) -> DefFile:
         text = piece[:-1] if piece.endswith("\r") else piece  # bufio.ScanLines drops \r
         all_lines.append(text)
         if _STAGE_RE.match(text):
-            if seen_bootstrap or current is not None or header_content:
-                raise DefError(path, number, "a line starting with 'Bootstrap:' starts a "
-                               "build stage in Apptainer (parser.All): the lines above it "
-                               "become a stage of their own. Put Bootstrap: first, once; "
-                               "multi-stage definitions are not supported", rule="section")
+            _check_one_stage(path, number, seen_bootstrap or current is not None
+                             or header_content)
             seen_bootstrap = True
         if _classify(text) == "section":
             # the scanner ends a token only once this whole line is in its 64 KiB buffer
@@ -288,8 +297,21 @@ def parse(path: Path) -> DefFile:
         offset += size
     if offset - token_start >= SECTION_LIMIT:  # the last token must leave room for EOF
         _too_long(path, token_line, token_name)
-    # %files groups whose arguments are blank after a comment are copied from the host,
-    # in the order the groups first appeared (stage.copyFiles); others are kept apart
+    return header_rows, all_lines, sections, files_groups
+
+
+def _check_one_stage(path: Path, number: int, after_content: bool) -> None:
+    """A `Bootstrap:` line once anything but blank or comment lines came before it."""
+    if after_content:
+        raise DefError(path, number, "a line starting with 'Bootstrap:' starts a "
+                       "build stage in Apptainer (parser.All): the lines above it "
+                       "become a stage of their own. Put Bootstrap: first, once; "
+                       "multi-stage definitions are not supported", rule="section")
+
+
+def _add_files_groups(sections: dict[str, Section], files_groups: dict[str, Section]) -> None:
+    """%files groups whose arguments are blank after a comment are copied from the host,
+    in the order the groups first appeared (stage.copyFiles); others are kept apart."""
     host = [g for a, g in files_groups.items() if not a.split("#", 1)[0]]
     if host:
         sections["files"] = Section("files", host[0].line, [x for g in host for x in g.lines],
@@ -297,8 +319,9 @@ def parse(path: Path) -> DefFile:
     for args, group in files_groups.items():
         if args.split("#", 1)[0]:
             sections[f"files {args}"] = group
-    repeats: list[tuple[int, str]] = []
-    header = _header(path, header_rows, repeats)
+
+
+def _check_bootstrap(path: Path, header: Mapping[str, tuple[int, str]]) -> None:
     for key in ("bootstrap", "from"):
         if key not in header:
             raise DefError(path, 1, f"the header has no {key.capitalize()}: line",
@@ -308,7 +331,6 @@ def parse(path: Path) -> DefFile:
         raise DefError(path, line, f"Bootstrap: {agent}: Apptainer's bootstrap agents are "
                        f"case-sensitive ({agent.lower()}); this is an invalid build source",
                        rule="header")
-    return DefFile(path, header, sections, repeats, all_lines)
 
 
 def _too_long(path: Path, line: int, what: str) -> None:
