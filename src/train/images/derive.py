@@ -290,15 +290,18 @@ def lock_text(name: str, base: str, locks: Sequence[Path], added: Sequence[Pin])
     return "\n".join(head + body) + "\n"
 
 
-def definition_text(name: str, base: str, folder: str, environment: str,
-                    lock_nonempty: bool, editable: str | None,
-                    top_level: Sequence[str]) -> str:
+def _files_lines(name: str, folder: str, lock_nonempty: bool,
+                 editable: str | None) -> list[str]:
     files = [f"    {folder}/wheels /opt/train/wheels"]
     if lock_nonempty:
         files.insert(0, f"    {folder}/requirements/{name}.txt "
                         f"/opt/train/requirements/{name}.txt")
     if editable is not None:
         files.append(f"    {editable} /opt/src/{name}")
+    return files
+
+
+def _post_lines(name: str, lock_nonempty: bool, editable: str | None) -> list[str]:
     post = ["    export SOURCE_DATE_EPOCH=315532800 PYTHONHASHSEED=0"]
     if lock_nonempty:
         post += [
@@ -319,10 +322,20 @@ def definition_text(name: str, base: str, folder: str, environment: str,
             "--no-index --no-deps \\",
             f"        --no-build-isolation -e /opt/src/{name}"]
     post.append("    rm -rf /opt/train/wheels")
+    return post
+
+
+def _test_lines(top_level: Sequence[str]) -> list[str]:
     show = " ".join(top_level)
     test = ["    set -e", '    python -c "import torch, train"']
     if show:
         test.append(f"    python -m pip show --disable-pip-version-check {show} >/dev/null")
+    return test
+
+
+def definition_text(name: str, base: str, folder: str, environment: str,
+                    lock_nonempty: bool, editable: str | None,
+                    top_level: Sequence[str]) -> str:
     return "\n".join([
         "Bootstrap: localimage",
         "From: {{ BASE_SIF }}",
@@ -332,10 +345,10 @@ def definition_text(name: str, base: str, folder: str, environment: str,
         f"    PIP_INDEX={PIP_INDEX}",
         "",
         "%files",
-        *files,
+        *_files_lines(name, folder, lock_nonempty, editable),
         "",
         "%post",
-        *post,
+        *_post_lines(name, lock_nonempty, editable),
         "",
         "%environment",
         *[f"    {line.strip()}" for line in environment.splitlines() if line.strip()],
@@ -344,7 +357,7 @@ def definition_text(name: str, base: str, folder: str, environment: str,
         '    exec train "$@"',
         "",
         "%test",
-        *test,
+        *_test_lines(top_level),
         "",
         "%labels",
         f"    org.train.image {name}",
@@ -361,44 +374,37 @@ def definition_text(name: str, base: str, folder: str, environment: str,
     ])
 
 
-def derive(name: str, base: str, requirements: Path, containers: Path,
-           out: Path | None = None, editable: Path | None = None,
-           index_args: Sequence[str] = ("--index-url", PIP_INDEX)) -> Derived:
-    """Resolve, check and write NAME.def and requirements/NAME.txt (nothing is written when
-    any check fails)."""
+def _check_name(name: str, containers: Path) -> None:
     if not NAME_RE.fullmatch(name):
         raise UsageError(f"image new: NAME {name[:80]!r} must be lower-case letters, digits, "
                          "'-' or '_' (a docker tag and a file name)")
     if name in BASES or (containers / "requirements" / f"{name}.txt").exists():
         raise UsageError(f"image new: NAME {name!r} is one of our images or locks; pick "
                          "another")
-    locks = base_locks(containers, base)
-    pins: dict[str, Pin] = {}
-    for lock in locks:
-        pins.update(read_lock(lock))
-    requests = read_requirements(requirements)
-    check_against_base(requests, pins)
-    folder = (out or Path.cwd() / f"containers-{name}").resolve()
+
+
+def _editable_project(editable: Path, folder: Path, pins: dict[str, Pin]
+                      ) -> tuple[str, list[Request]]:
+    """A local project for --editable: its path from the folder above `folder` (where
+    %files sources resolve), and its build requirements and dependencies, checked."""
     root = folder.parent
-    wanted = [r.text for r in requests]
-    editable_rel = None
-    if editable is not None:
-        project = editable.resolve()
-        if not project.is_dir():
-            raise UsageError(f"--editable: {editable} is not a folder")
-        try:
-            editable_rel = project.relative_to(root).as_posix()
-        except ValueError:
-            raise UsageError(f"--editable: {project} must be inside {root} (the folder "
-                             f"above {folder.name}/, where %files sources resolve); "
-                             "or choose --out inside the project's parent") from None
-        build, deps = _editable_requirements(project)
-        extra = read_requirements_lines(build + deps, f"{project.name}/pyproject.toml")
-        check_against_base(extra, pins)
-        wanted += [r.text for r in extra]
-    if not wanted:
-        raise UsageError(f"--requirements: {requirements} lists nothing to add")
-    resolved = pip_resolve(wanted, pins, index_args)
+    project = editable.resolve()
+    if not project.is_dir():
+        raise UsageError(f"--editable: {editable} is not a folder")
+    try:
+        editable_rel = project.relative_to(root).as_posix()
+    except ValueError:
+        raise UsageError(f"--editable: {project} must be inside {root} (the folder "
+                         f"above {folder.name}/, where %files sources resolve); "
+                         "or choose --out inside the project's parent") from None
+    build, deps = _editable_requirements(project)
+    extra = read_requirements_lines(build + deps, f"{project.name}/pyproject.toml")
+    check_against_base(extra, pins)
+    return editable_rel, extra
+
+
+def _added_pins(resolved: Sequence[dict[str, Any]], pins: dict[str, Pin]) -> list[Pin]:
+    """What pip's resolution adds to the base's pins, by name, each with its wheel's sum."""
     added = []
     for item in resolved:
         meta = item.get("metadata", {})
@@ -411,13 +417,12 @@ def derive(name: str, base: str, requirements: Path, containers: Path,
             continue
         added.append(Pin(key, version, (_sha256_of(item),), ""))
     added.sort(key=lambda p: p.name)
-    if not added and editable is None:
-        raise UsageError(f"--requirements: everything {requirements.name} lists is in the "
-                         f"{base} image already; nothing to derive")
-    environment = parse(containers / f"{base}.def").sections["environment"].text
-    definition = definition_text(name, base, folder.name, environment, bool(added),
-                                 editable_rel, [r.req.name for r in requests])
-    # write only now, every check passed; each file whole (temp file, then rename)
+    return added
+
+
+def _write_folder(folder: Path, name: str, lock: str, definition: str) -> tuple[Path, Path]:
+    """The derived folder, each file whole (temp file, then rename): the definition's path
+    and the lock's."""
     (folder / "requirements").mkdir(parents=True, exist_ok=True)
     (folder / "wheels").mkdir(exist_ok=True)
     readme = folder / "wheels" / "README"
@@ -427,8 +432,41 @@ def derive(name: str, base: str, requirements: Path, containers: Path,
                           "build.\n", encoding="utf-8")
     lock_path = folder / "requirements" / f"{name}.txt"
     def_path = folder / f"{name}.def"
-    _write(lock_path, lock_text(name, base, locks, added))
+    _write(lock_path, lock)
     _write(def_path, definition)
+    return def_path, lock_path
+
+
+def derive(name: str, base: str, requirements: Path, containers: Path,
+           out: Path | None = None, editable: Path | None = None,
+           index_args: Sequence[str] = ("--index-url", PIP_INDEX)) -> Derived:
+    """Resolve, check and write NAME.def and requirements/NAME.txt (nothing is written when
+    any check fails)."""
+    _check_name(name, containers)
+    locks = base_locks(containers, base)
+    pins: dict[str, Pin] = {}
+    for lock in locks:
+        pins.update(read_lock(lock))
+    requests = read_requirements(requirements)
+    check_against_base(requests, pins)
+    folder = (out or Path.cwd() / f"containers-{name}").resolve()
+    wanted = [r.text for r in requests]
+    editable_rel = None
+    if editable is not None:
+        editable_rel, extra = _editable_project(editable, folder, pins)
+        wanted += [r.text for r in extra]
+    if not wanted:
+        raise UsageError(f"--requirements: {requirements} lists nothing to add")
+    added = _added_pins(pip_resolve(wanted, pins, index_args), pins)
+    if not added and editable is None:
+        raise UsageError(f"--requirements: everything {requirements.name} lists is in the "
+                         f"{base} image already; nothing to derive")
+    environment = parse(containers / f"{base}.def").sections["environment"].text
+    definition = definition_text(name, base, folder.name, environment, bool(added),
+                                 editable_rel, [r.req.name for r in requests])
+    # write only now, every check passed
+    def_path, lock_path = _write_folder(folder, name, lock_text(name, base, locks, added),
+                                        definition)
     return Derived(def_path, lock_path, added)
 
 
