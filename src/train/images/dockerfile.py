@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
@@ -118,15 +118,13 @@ def check_text(what: str, value: str) -> None:
                          "inject an instruction into the build)")
 
 
+# fills a build argument's {{ NAME }} in the text of a line: sub(text, line number)
+_Sub = Callable[[str, int], str]
+
+
 def translate(d: DefFile, build_args: Mapping[str, str] | None = None,
               localimages: Mapping[str, str] | None = None) -> Translation:
-    for key, value in (build_args or {}).items():
-        check_text(f"build-arg {key}", value)
-    for key, value in (localimages or {}).items():
-        check_text(f"localimage {key}", value)
-        if not DOCKER_REF.match(value):
-            raise UsageError(f"localimage {key}: {value[:80]!r} is not a docker image "
-                             "reference (name[:tag] or name@sha256:...)")
+    _check_values(build_args or {}, localimages or {})
     args = d.resolve_arguments(build_args or {})
     for name, section in d.sections.items():
         why = _UNSUPPORTED.get("app" if name.startswith("app") else name)
@@ -137,23 +135,46 @@ def translate(d: DefFile, build_args: Mapping[str, str] | None = None,
         return d.substitute(text, args, line)
 
     lines = [f"# Generated from {d.path.name} by `train image translate`; do not edit.",
-             "# build arguments: " + ", ".join(f"{k}={v}" for k, v in sorted(args.items()))]
+             "# build arguments: " + ", ".join(f"{k}={v}" for k, v in sorted(args.items())),
+             _from_line(d, sub, localimages or {})]
+    out = Translation(dockerfile="")
+    for step in _STEPS:  # in the order of the Dockerfile's instructions
+        lines += step(d, sub, out)
+    out.dockerfile = "\n".join(lines) + "\n"
+    return out
+
+
+def _check_values(build_args: Mapping[str, str], localimages: Mapping[str, str]) -> None:
+    for key, value in build_args.items():
+        check_text(f"build-arg {key}", value)
+    for key, value in localimages.items():
+        check_text(f"localimage {key}", value)
+        if not DOCKER_REF.match(value):
+            raise UsageError(f"localimage {key}: {value[:80]!r} is not a docker image "
+                             "reference (name[:tag] or name@sha256:...)")
+
+
+def _from_line(d: DefFile, sub: _Sub, localimages: Mapping[str, str]) -> str:
+    """The header: Bootstrap docker -> FROM its image; localimage -> FROM the tag given."""
     bootstrap = d.header["bootstrap"][1].lower()
     from_line, from_value = d.header["from"]
     source = sub(from_value, from_line)
     if bootstrap == "docker":
-        lines.append(f"FROM {source}")
-    elif bootstrap == "localimage":
-        tag = (localimages or {}).get(source)
+        return f"FROM {source}"
+    if bootstrap == "localimage":
+        tag = localimages.get(source)
         if tag is None:
             raise DefError(d.path, from_line, f"localimage {source!r}: give the docker tag "
                            f"built from it (--localimage {source}=TAG)")
-        lines.append(f"FROM {tag}")
-    else:
-        raise DefError(d.path, d.header["bootstrap"][0], f"Bootstrap: {bootstrap} cannot "
-                       "be translated (docker and localimage can)")
-    out = Translation(dockerfile="")
-    moves = []
+        return f"FROM {tag}"
+    raise DefError(d.path, d.header["bootstrap"][0], f"Bootstrap: {bootstrap} cannot "
+                   "be translated (docker and localimage can)")
+
+
+def _copy_files(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
+    """%files: each source staged by COPY, then moved by the `files` script as Apptainer
+    copies it."""
+    lines, moves = [], []
     for number, raw_src, raw_dst in d.files():
         src, dst = sub(raw_src, number), sub(raw_dst, number)
         dst = dst or "/" + src.lstrip("/")  # Apptainer: an empty destination is src's path
@@ -173,18 +194,33 @@ def translate(d: DefFile, build_args: Mapping[str, str] | None = None,
                                 + f"\nrm -rf {SCRIPT_DIR}/files\n")
         lines += [f"COPY {BUILD_DIR}/files {SCRIPT_DIR}/build/files",
                   f'RUN ["/bin/sh", "-e", "{SCRIPT_DIR}/build/files"]']
+    return lines
+
+
+def _run_post(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
     post = d.sections.get("post")
-    if post is not None and post.text.strip():
-        # Apptainer runs %post in / (Docker would use the base image's WORKDIR)
-        out.scripts["post"] = "set -e\ncd /\n" + sub(post.text, post.line) + "\n"
-        lines += [f"COPY {BUILD_DIR}/post {SCRIPT_DIR}/build/post",
-                  f"RUN [\"/bin/sh\", \"-e\", \"{SCRIPT_DIR}/build/post\"]"]
-    # after %post: Apptainer applies %environment at run time only
+    if post is None or not post.text.strip():
+        return []
+    # Apptainer runs %post in / (Docker would use the base image's WORKDIR)
+    out.scripts["post"] = "set -e\ncd /\n" + sub(post.text, post.line) + "\n"
+    return [f"COPY {BUILD_DIR}/post {SCRIPT_DIR}/build/post",
+            f"RUN [\"/bin/sh\", \"-e\", \"{SCRIPT_DIR}/build/post\"]"]
+
+
+def _environment(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
+    """After %post: Apptainer applies %environment at run time only."""
+    lines = []
     env = d.sections.get("environment")
     for number, text in env.body() if env else []:
         for name, value in environment_assignments(sub(text, number), d, number):
             out.env.append((name, value))
             lines.append(f"ENV {name}={quote_env(value)}")
+    return lines
+
+
+def _scripts(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
+    """%runscript, %test and %help: files under SCRIPT_DIR in the image."""
+    lines = []
     for name in ("runscript", "test", "help"):
         sec = d.sections.get(name)
         if sec is None:
@@ -192,11 +228,23 @@ def translate(d: DefFile, build_args: Mapping[str, str] | None = None,
         body = sub(sec.text, sec.line) + "\n"
         out.scripts[name] = body if name == "help" else "#!/bin/sh\n" + body
         lines.append(f"COPY {BUILD_DIR}/{name} {SCRIPT_DIR}/{name}")
+    return lines
+
+
+def _labels(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
+    lines = []
     labels = d.sections.get("labels")
     for number, text in labels.body() if labels else []:
         key, _, value = sub(text, number).partition(" ")
         lines.append(f"LABEL {json.dumps(key)}={json.dumps(value.strip())}")
-    if "runscript" in out.scripts:
-        lines.append(f'ENTRYPOINT ["/bin/sh", "{SCRIPT_DIR}/runscript"]')
-    out.dockerfile = "\n".join(lines) + "\n"
-    return out
+    return lines
+
+
+def _entrypoint(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
+    if "runscript" not in out.scripts:
+        return []
+    return [f'ENTRYPOINT ["/bin/sh", "{SCRIPT_DIR}/runscript"]']
+
+
+_STEPS: tuple[Callable[[DefFile, _Sub, Translation], list[str]], ...] = (
+    _copy_files, _run_post, _environment, _scripts, _labels, _entrypoint)
