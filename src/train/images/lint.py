@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -332,6 +333,73 @@ def _sources(root: Path, src: str) -> list[Path]:
     return [root / src] if (root / src).exists() else []
 
 
+def _escapes(src: str) -> bool:
+    normal = posixpath.normpath(src)
+    return normal == ".." or normal.startswith("../")
+
+
+# a %files source's text, checked in this order: the first rule it breaks is reported and
+# ends the checks of its entry
+_SOURCE_RULES: tuple[tuple[Callable[[str], bool], Callable[[str], str]], ...] = (
+    (lambda src: not src, lambda src: "an empty source"),
+    (lambda src: src.startswith("/"),
+     lambda src: f"{src}: an absolute source reads the build host, not the repository"),
+    (lambda src: any(c in src for c in "$`") or src.startswith("~"),
+     lambda src: f"{src}: Apptainer expands it as a shell word; name the path"),
+    (_escapes, lambda src: f"{src}: escapes the repository"),
+    (_is_glob, lambda src: f"{src}: a glob; the Docker translation (CI's build) cannot expand "
+     "it as Apptainer does, so name each path"),
+)
+
+
+def _entry_problems(text: str, src: str, dst: str) -> tuple[list[str], bool]:
+    """What is wrong with a %files line's text and its source's name, and whether the
+    entry's checks end there."""
+    if _control(src) or _control(dst) or _control(text):
+        return ["a control character in a %files entry"], True
+    found = []
+    if len(split_files_line(text)) > 2:
+        found.append(f"{text[:60]!r}: more than 'src dst'; Apptainer ignores the rest")
+    if "'" in text:
+        return [*found, "single quotes: Apptainer's %files splitter keeps them in the path "
+                '(quote with ")'], True
+    for broken, message in _SOURCE_RULES:
+        if broken(src):
+            return [*found, message(src)], True
+    return found, False
+
+
+def _source_on_disk(root: Path, resolved_root: Path, src: str
+                    ) -> tuple[str | None, list[Path]]:
+    """A %files source in the repository: what is wrong with it, or the paths it names."""
+    try:
+        matches = _sources(root, src)
+        outside = any(not m.resolve().is_relative_to(resolved_root) for m in matches)
+    except (OSError, RuntimeError) as exc:  # a name too long, a symbolic link loop
+        return f"{src[:60]}: cannot be read under {root}: {first_line(exc, 80)}", []
+    if not matches:
+        return (f"{src}: {'matches nothing' if _is_glob(src) else 'does not exist'} under "
+                f"{root}"), []
+    if outside:
+        return f"{src}: resolves outside the repository (a symbolic link)", []
+    return None, matches
+
+
+def _nesting(d: DefFile, line: int, src: str, dst: str, existing: set[str]
+             ) -> list[Violation]:
+    """A folder copied onto a path the base image has: `cp -fLr` nests it inside."""
+    normal = posixpath.normpath(src)
+    target = dst or "/" + normal
+    clean = posixpath.normpath("/" + target.lstrip("/"))
+    if not (target.endswith("/") or clean in existing):
+        return []
+    return [_v(d, line, "files-nesting", f"{src} -> {target}: the destination "
+               "already exists in the base image (or ends in '/'), and "
+               "Apptainer's `cp -fLr` puts the directory inside it "
+               f"({clean.rstrip('/')}/{posixpath.basename(normal)}); copy to a "
+               "new path or copy the files one by one")]
+
+
 def _check_files(d: DefFile, args: dict[str, str], root: Path) -> list[Violation]:
     out = []
     resolved_root = root.resolve()
@@ -340,61 +408,15 @@ def _check_files(d: DefFile, args: dict[str, str], root: Path) -> list[Violation
     for line, raw_src, raw_dst in d.files():
         text = d.lines[line - 1].strip()
         src, dst = d.substitute(raw_src, args, line), d.substitute(raw_dst, args, line)
-
-        def bad(message: str, line: int = line) -> None:
-            out.append(_v(d, line, "files-source", message))
-
-        if _control(src) or _control(dst) or _control(text):
-            bad("a control character in a %files entry")
-            continue
-        if len(split_files_line(text)) > 2:
-            bad(f"{text[:60]!r}: more than 'src dst'; Apptainer ignores the rest")
-        if "'" in text:
-            bad("single quotes: Apptainer's %files splitter keeps them in the path (quote "
-                'with ")')
-            continue
-        if not src:
-            bad("an empty source")
-            continue
-        if src.startswith("/"):
-            bad(f"{src}: an absolute source reads the build host, not the repository")
-            continue
-        if any(c in src for c in "$`") or src.startswith("~"):
-            bad(f"{src}: Apptainer expands it as a shell word; name the path")
-            continue
-        normal = posixpath.normpath(src)
-        if normal == ".." or normal.startswith("../"):
-            bad(f"{src}: escapes the repository")
-            continue
-        if _is_glob(src):
-            bad(f"{src}: a glob; the Docker translation (CI's build) cannot expand it as "
-                "Apptainer does, so name each path")
-            continue
-        if not source_tree:
+        messages, stop = _entry_problems(text, src, dst)
+        out += [_v(d, line, "files-source", m) for m in messages]
+        if stop or not source_tree:
             continue  # an installed copy: sources exist only in the clone images build from
-        try:
-            matches = _sources(root, src)
-            outside = any(not m.resolve().is_relative_to(resolved_root) for m in matches)
-        except (OSError, RuntimeError) as exc:  # a name too long, a symbolic link loop
-            bad(f"{src[:60]}: cannot be read under {root}: {first_line(exc, 80)}")
-            continue
-        if not matches:
-            bad(f"{src}: {'matches nothing' if _is_glob(src) else 'does not exist'} under "
-                f"{root}")
-            continue
-        if outside:
-            bad(f"{src}: resolves outside the repository (a symbolic link)")
-            continue
-        if existing is None or not any(m.is_dir() for m in matches):
-            continue
-        target = dst or "/" + normal
-        clean = posixpath.normpath("/" + target.lstrip("/"))
-        if target.endswith("/") or clean in existing:
-            out.append(_v(d, line, "files-nesting", f"{src} -> {target}: the destination "
-                          "already exists in the base image (or ends in '/'), and "
-                          "Apptainer's `cp -fLr` puts the directory inside it "
-                          f"({clean.rstrip('/')}/{posixpath.basename(normal)}); copy to a "
-                          "new path or copy the files one by one"))
+        problem, matches = _source_on_disk(root, resolved_root, src)
+        if problem is not None:
+            out.append(_v(d, line, "files-source", problem))
+        elif existing is not None and any(m.is_dir() for m in matches):
+            out += _nesting(d, line, src, dst, existing)
     return out
 
 
