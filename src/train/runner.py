@@ -20,13 +20,13 @@ from train.config import RunConfig, check_writable_dir
 from train.errors import ConfigError
 from train.runrecord import check_same_run
 from train.runtime import results
-from train.runtime.distributed import init_distributed
+from train.runtime.distributed import DistContext, init_distributed
 from train.runtime.memory import apply_allocator_settings
 from train.runtime.precision import resolve_precision
 from train.runtime.signals import StopController, effective_budget
 from train.secrets import masked_argv, masked_environment
 from train.slurm import contract
-from train.workloads.dqn import trainer
+from train.workloads.dqn import records, trainer
 
 log = logging.getLogger(__name__)
 
@@ -112,40 +112,10 @@ def run(cfg: RunConfig) -> RunResult:
         log.info("device %s, precision %s, world size %d", ctx.device, precision.name,
                  ctx.world_size)
         if ctx.is_main:
-            cfg.out_dir.mkdir(parents=True, exist_ok=True)
-            # one run per folder at a time (a second run is exit 2 naming the holder)
-            lock.enter_context(results.RunLock(cfg.out_dir))
-            # again under the lock: a run may have finished meanwhile
-            previous = check_same_run(cfg)
-            results.write_json_atomic(cfg.out_dir / "config.json", results.run_metadata(
-                cfg.to_dict(), ctx.device, {
-                    "precision": precision.name,
-                    "allocator": alloc_conf,
-                    "world_size": ctx.world_size,
-                    # why `--device auto` trained on the CPU (or on fewer GPUs than seen)
-                    "cuda_problem": ctx.cuda_problem,
-                    "argv": masked_argv(sys.argv),  # --wandb-key X: the value masked
-                    # what reached this process of the host's Python set-up (none should,
-                    # inside a container)
-                    "process_env": masked_environment(
-                        {k: os.environ.get(k) for k in HOST_ENV_CHECK}),
-                    "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    # once a chunk fell back to a smaller batch, either size may resume
-                    "batch_fallback": contract.batch_fallback(cfg.batch_size) or bool(
-                        previous.get("batch_fallback")),
-                }))
+            _start_run(cfg, ctx, lock, {"precision": precision.name, "allocator": alloc_conf})
         with stopper:
             summary = trainer.train(cfg, ctx, precision, stopper)
-        status: dict[str, Any] = {
-            "complete": summary.complete,
-            "stop_reason": summary.stop_reason,
-            "target_episodes": cfg.episodes,
-            "seeds": {str(s.seed): {"episodes": s.episodes, "complete": s.complete}
-                      for s in summary.seeds},
-            "world_size": ctx.world_size,
-            "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "warnings": [],
-        }
+        status = _status(cfg, ctx, summary)
         if ctx.is_main:
             _record_outcome(cfg, summary, status)
         ctx.barrier()
@@ -161,7 +131,48 @@ def run(cfg: RunConfig) -> RunResult:
         ctx.close()
 
 
-def _record_outcome(cfg: RunConfig, summary: trainer.RunSummary, status: dict[str, Any]
+def _start_run(cfg: RunConfig, ctx: DistContext, lock: contextlib.ExitStack,
+               settings: dict[str, Any]) -> None:
+    """Rank 0 before training: the run folder, its lock (held in `lock`), and config.json
+    with `settings` (precision, allocator) and what else describes this process."""
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    # one run per folder at a time (a second run is exit 2 naming the holder)
+    lock.enter_context(results.RunLock(cfg.out_dir))
+    # again under the lock: a run may have finished meanwhile
+    previous = check_same_run(cfg)
+    results.write_json_atomic(cfg.out_dir / "config.json", results.run_metadata(
+        cfg.to_dict(), ctx.device, {
+            **settings,
+            "world_size": ctx.world_size,
+            # why `--device auto` trained on the CPU (or on fewer GPUs than seen)
+            "cuda_problem": ctx.cuda_problem,
+            "argv": masked_argv(sys.argv),  # --wandb-key X: the value masked
+            # what reached this process of the host's Python set-up (none should,
+            # inside a container)
+            "process_env": masked_environment(
+                {k: os.environ.get(k) for k in HOST_ENV_CHECK}),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            # once a chunk fell back to a smaller batch, either size may resume
+            "batch_fallback": contract.batch_fallback(cfg.batch_size) or bool(
+                previous.get("batch_fallback")),
+        }))
+
+
+def _status(cfg: RunConfig, ctx: DistContext, summary: records.RunSummary) -> dict[str, Any]:
+    """status.json's content for this chunk (its warnings added by _record_outcome)."""
+    return {
+        "complete": summary.complete,
+        "stop_reason": summary.stop_reason,
+        "target_episodes": cfg.episodes,
+        "seeds": {str(s.seed): {"episodes": s.episodes, "complete": s.complete}
+                  for s in summary.seeds},
+        "world_size": ctx.world_size,
+        "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "warnings": [],
+    }
+
+
+def _record_outcome(cfg: RunConfig, summary: records.RunSummary, status: dict[str, Any]
                     ) -> None:
     """Rank 0 at the end of every chunk (the seeds' own files are written by then).
 
@@ -180,9 +191,9 @@ def _record_outcome(cfg: RunConfig, summary: trainer.RunSummary, status: dict[st
     else:
         marker.unlink(missing_ok=True)
     # every chunk, complete or not: the batch shell sees how much work this one added
-    contract.write_progress(cfg.out_dir, trainer.work_done(cfg, summary),
+    contract.write_progress(cfg.out_dir, records.work_done(cfg, summary),
                             len(cfg.seeds) * cfg.episodes)
-    warnings = trainer.append_result_rows(cfg)
+    warnings = records.append_result_rows(cfg)
     warnings += _plot_learning_curves(cfg)
     if not warnings:
         return
@@ -201,7 +212,7 @@ def _plot_learning_curves(cfg: RunConfig) -> list[str]:
     try:
         curves = {}
         for seed in cfg.seeds:
-            history = trainer.read_json(cfg.out_dir / f"seed_{seed}" / "episodes.json")
+            history = records.read_json(cfg.out_dir / f"seed_{seed}" / "episodes.json")
             if history.get("rewards"):
                 curves[f"seed {seed}"] = history["rewards"]
         if curves:

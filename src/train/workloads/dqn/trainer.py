@@ -10,13 +10,11 @@ training. Checkpoints fall on episode boundaries.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,6 +32,7 @@ from train.runtime.progress import Progress
 from train.runtime.signals import StopController
 from train.slurm import contract
 from train.workloads.dqn.agent import DQNAgent
+from train.workloads.dqn.records import RunSummary, SeedOutcome, read_json
 from train.workloads.dqn.replay import ReplayBuffer
 from train.workloads.envs.beacon import BeaconEnv
 from train.workloads.envs.spec import Env, ObsSpec
@@ -101,16 +100,6 @@ def run_episode(env: Env, policy: Callable[[Any], int],
             return total
 
 
-@dataclass
-class SeedOutcome:
-    seed: int
-    episodes: int
-    complete: bool
-    rewards: list[float] = field(default_factory=list)
-    evaluation: dict[str, Any] | None = None
-    digest: str = ""
-
-
 def check_state(state: dict[str, Any]) -> None:
     """The shape SeedRun.save writes, checked before anything is restored from it (a file
     with a valid checksum may still be someone else's): TypeError or KeyError if not."""
@@ -137,6 +126,25 @@ def check_state(state: dict[str, Any]) -> None:
             if key not in rank:
                 raise KeyError(f"ranks[{i}] has no {key}")
         need(rank.get("torch_cpu_rng"), torch.Tensor, f"ranks[{i}].torch_cpu_rng")
+
+
+@dataclass
+class _EpisodeLosses:
+    """The training losses of one episode, summed on the device (read once at its end)."""
+
+    total: torch.Tensor
+    count: int = 0
+
+    def reset(self) -> None:
+        self.total.zero_()
+        self.count = 0
+
+    def add(self, loss: torch.Tensor) -> None:
+        self.total += loss
+        self.count += 1
+
+    def mean(self) -> float:
+        return float(self.total.item()) / self.count if self.count else float("nan")
 
 
 class SeedRun:
@@ -247,26 +255,10 @@ class SeedRun:
         cfg = self.cfg
         progress = Progress(cfg.episodes, self.episode, f"seed {self.seed}", cfg.log_every,
                             enabled=self.ctx.is_main)
-        loss_sum = torch.zeros((), device=self.ctx.device)
-        losses_in_episode = 0
+        losses = _EpisodeLosses(torch.zeros((), device=self.ctx.device))
 
         def on_step(obs: Any, action: int, reward: float, terminal: bool, nxt: Any) -> None:
-            nonlocal loss_sum, losses_in_episode
-            self.replay.add(obs, action, reward, terminal, nxt)
-            self.step += 1
-            if len(self.replay) >= cfg.learning_starts and self.step % cfg.train_every == 0:
-                batch = self.agent.to_batch(self.replay.sample(cfg.batch_size, self.rng))
-                loss_sum += self.agent.update(batch)
-                losses_in_episode += 1
-                if self.agent.updates == 1:
-                    log.info("first training step done at unix time %.3f", time.time())
-            # every rank has taken the same number of steps here, so they agree in lockstep
-            if not self.ctx.distributed:
-                if stopper.overdue():
-                    raise EpisodeCut
-            elif self.step % STOP_CHECK_STEPS_DDP == 0 and self.ctx.any(stopper.overdue()):
-                stopper.request_stop("a stop on another rank")  # (kept if this rank's own)
-                raise EpisodeCut
+            self._step(stopper, losses, obs, action, reward, terminal, nxt)
 
         # a stop asked for during start-up (the walltime signal) ends the chunk before its
         # first episode: the last checkpoint already holds everything
@@ -274,8 +266,7 @@ class SeedRun:
         try:
             while self.episode < cfg.episodes and not stopped:
                 started = time.monotonic()
-                loss_sum.zero_()
-                losses_in_episode = 0
+                losses.reset()
                 try:
                     reward = run_episode(
                         self.env,
@@ -290,26 +281,52 @@ class SeedRun:
                     stopped = True
                     self.save()
                     break
-                self.episode += 1
-                rewards = self.ctx.all_gather_object(reward)
-                self.rewards.append(float(np.mean(rewards)))
-                mean_loss = float(loss_sum.item()) / losses_in_episode if losses_in_episode \
-                    else float("nan")
-                self.losses.append(mean_loss)
-                stopper.episode_finished(time.monotonic() - started)
-                stopped = self.ctx.any(stopper.should_stop())
-                if stopped:
-                    stopper.request_stop("a stop on another rank")  # (kept if this rank's)
-                progress.update(self.episode, reward=self.rewards[-1],
-                                eps=epsilon_at(cfg, self.step))
-                if stopped or self.episode % cfg.checkpoint_every == 0 \
-                        or self.episode >= cfg.episodes:
-                    self.save()
+                stopped = self._end_episode(stopper, progress, reward, losses, started)
         finally:
             progress.close()
             self.checkpoints.wait()
         # the last episode finished while a stop was asked for: the work is done all the same
         return self.episode >= cfg.episodes
+
+    def _step(self, stopper: StopController, losses: _EpisodeLosses, obs: Any, action: int,
+              reward: float, terminal: bool, nxt: Any) -> None:
+        """After each agent step: store it, update every train_every steps, and ask
+        whether the episode must be cut (EpisodeCut)."""
+        cfg = self.cfg
+        self.replay.add(obs, action, reward, terminal, nxt)
+        self.step += 1
+        if len(self.replay) >= cfg.learning_starts and self.step % cfg.train_every == 0:
+            batch = self.agent.to_batch(self.replay.sample(cfg.batch_size, self.rng))
+            losses.add(self.agent.update(batch))
+            if self.agent.updates == 1:
+                log.info("first training step done at unix time %.3f", time.time())
+        # every rank has taken the same number of steps here, so they agree in lockstep
+        if not self.ctx.distributed:
+            if stopper.overdue():
+                raise EpisodeCut
+        elif self.step % STOP_CHECK_STEPS_DDP == 0 and self.ctx.any(stopper.overdue()):
+            stopper.request_stop("a stop on another rank")  # (kept if this rank's own)
+            raise EpisodeCut
+
+    def _end_episode(self, stopper: StopController, progress: Progress, reward: float,
+                     losses: _EpisodeLosses, started: float) -> bool:
+        """Count a finished episode (its reward averaged over the ranks), checkpoint when
+        due; True when the ranks agree to stop."""
+        cfg = self.cfg
+        self.episode += 1
+        rewards = self.ctx.all_gather_object(reward)
+        self.rewards.append(float(np.mean(rewards)))
+        self.losses.append(losses.mean())
+        stopper.episode_finished(time.monotonic() - started)
+        stopped = self.ctx.any(stopper.should_stop())
+        if stopped:
+            stopper.request_stop("a stop on another rank")  # (kept if this rank's)
+        progress.update(self.episode, reward=self.rewards[-1],
+                        eps=epsilon_at(cfg, self.step))
+        if stopped or self.episode % cfg.checkpoint_every == 0 \
+                or self.episode >= cfg.episodes:
+            self.save()
+        return stopped
 
     def evaluate(self) -> dict[str, Any]:
         """Episodes with a fixed game seed and generator: the same weights, the same result."""
@@ -336,21 +353,6 @@ class SeedRun:
                         for _ in range(cfg.eval_episodes)]
             result["scripted_mean_reward"] = float(np.mean(scripted))
         return result
-
-
-@dataclass
-class RunSummary:
-    complete: bool
-    stop_reason: str | None
-    seeds: list[SeedOutcome]
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def train(cfg: RunConfig, ctx: DistContext, precision: PrecisionPolicy,
@@ -431,76 +433,3 @@ def _write_seed_results(cfg: RunConfig, run: SeedRun, outcome: SeedOutcome,
     if "csv_episodes" in previous:
         summary["csv_episodes"] = previous["csv_episodes"]
     results.write_json_atomic(seed_dir / "summary.json", summary)
-
-
-def work_done(cfg: RunConfig, summary: RunSummary) -> int:
-    """Episodes trained over all seeds, each seed counted up to the target (progress DONE)."""
-    trained = {s.seed: s.episodes for s in summary.seeds}
-    done = 0
-    for seed in cfg.seeds:
-        episodes = trained.get(seed)
-        if episodes is None:  # not reached in this chunk: what an earlier chunk recorded
-            recorded = read_json(cfg.out_dir / f"seed_{seed}" / "summary.json").get("episodes")
-            episodes = recorded if isinstance(recorded, int) else 0
-        done += min(max(episodes, 0), cfg.episodes)
-    return done
-
-
-def _result_row(cfg: RunConfig, seed: int, summary: dict[str, Any]) -> dict[str, Any]:
-    episodes = int(summary["episodes"])
-    rewards = read_json(cfg.out_dir / f"seed_{seed}" / "episodes.json").get("rewards") or []
-    ev = read_json(cfg.out_dir / "eval" / "test_results.json").get(str(seed))
-    if not isinstance(ev, dict) or ev.get("trained_episodes") != episodes:
-        ev = {}  # the chunk that finished the seed did not evaluate these weights
-    last = rewards[-20:] or [float("nan")]
-    return {
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "run": str(cfg.out_dir),
-        "workload": cfg.workload,
-        "seed": seed,
-        "res": cfg.res,
-        "episodes": episodes,
-        "batch_size": cfg.batch_size,
-        "train_reward_last20": float(np.mean(last)),
-        "eval_mean_reward": ev.get("mean_reward"),
-        "eval_std_reward": ev.get("std_reward"),
-        "world_size": summary.get("ranks_checked"),
-    }
-
-
-def append_result_rows(cfg: RunConfig) -> list[str]:
-    """Append a central CSV row for each finished seed that has none for its finished total.
-
-    Called by rank 0 after the completion record (status.json, COMPLETE), so nothing here
-    fails the chunk: each problem comes back as a warning. summary.json's csv_episodes
-    records the total that has its row, so a rerun never appends a row twice and a row that
-    failed is appended by the next run of the same command.
-    """
-    warnings: list[str] = []
-    path = cfg.results_csv_path
-    for seed in cfg.seeds:
-        summary_path = cfg.out_dir / f"seed_{seed}" / "summary.json"
-        summary = read_json(summary_path)
-        if not summary.get("complete") or summary.get("csv_episodes") == summary.get(
-                "episodes"):
-            continue
-        what = f"the row for seed {seed} ({summary.get('episodes')} episodes)"
-        try:
-            # keyed by run, seed and total: never twice, even if killed before the record
-            locked = results.append_csv_row(path, _result_row(cfg, seed, summary),
-                                            key=("run", "seed", "episodes"))
-        except OSError as exc:
-            warnings.append(f"results_csv: could not append {what} to {path}: {exc}; the "
-                            "same command appends it when run again")
-            continue
-        if not locked:
-            warnings.append(f"results_csv: the file system of {path} refuses flock; {what} "
-                            "was appended without the lock, in one O_APPEND write")
-        summary["csv_rows"] = int(summary.get("csv_rows", 0)) + 1
-        summary["csv_episodes"] = summary["episodes"]
-        try:
-            results.write_json_atomic(summary_path, summary)
-        except OSError as exc:
-            warnings.append(f"results_csv: {what} was appended to {path} but not recorded "
-                            f"in {summary_path} ({exc}); a rerun appends it again")
-    return warnings
