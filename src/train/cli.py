@@ -27,7 +27,7 @@ from train.config import (
     run_config_from_args,
 )
 from train.errors import EXIT_FAILURE, EXIT_OK, TrainError, UsageError, runtime_missing
-from train.runtime.hostmem import DEFAULT_WORKER_MEM_MB
+from train.nodeentry import add_launch_arguments
 
 log = logging.getLogger("train")
 
@@ -222,25 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run inside the container on each node of a SLURM job "
                        "step: derive the rendezvous from SLURM and start the command after "
                        "`--` (torchrun: one task per node; tasks: one task per GPU).")
-    p.add_argument("--mode", choices=["torchrun", "tasks", "single"], default="torchrun",
-                   help="torchrun (one task per node, a worker per GPU), tasks (this task "
-                   "is one rank) or single (one process: checks and waits, then runs it)")
-    p.add_argument("--nproc-per-node", type=int, default=None,
-                   help="torchrun workers per node (default: the node's GPUs, 1 on CPU)")
-    p.add_argument("--min-free-mb", type=int, default=None,
-                   help="wait until every GPU has this much free memory")
-    p.add_argument("--wait-timeout", type=float, default=3600.0,
-                   help="seconds to wait for --min-free-mb (default 3600)")
-    p.add_argument("--fallback-batch", type=int, default=None,
-                   help="after the wait times out, add --batch-size N instead of failing")
-    p.add_argument("--workers", type=int, default=None,
-                   help="DataLoader workers wanted per process (capped by CPUs and memory; "
-                   "exported as TRAIN_DATALOADER_WORKERS)")
-    p.add_argument("--worker-mem-mb", type=int, default=DEFAULT_WORKER_MEM_MB,
-                   help="host memory per DataLoader worker, in MB (default "
-                   f"{DEFAULT_WORKER_MEM_MB}, as for rendered jobs)")
-    p.add_argument("--chdir", default=None, metavar="DIR",
-                   help="run the command in this folder")
+    add_launch_arguments(p)
 
     p = sub.add_parser("summary", help="a seed sweep's results: per seed and across seeds",
                        description="Print a table of the sweep's seeds (episodes, final "
@@ -446,7 +428,7 @@ def _cmd_render(args: argparse.Namespace, workload: list[str] | None) -> int:
     from train.slurm.render import library_path, render
 
     spec, root, jobs = _resolved_jobs(args, workload)
-    _check_jobs(args, jobs, submitting=False)
+    jobs = _check_jobs(args, jobs, submitting=False)
     if root is not None:
         from train.slurm.sweeparray import array_script
 
@@ -465,7 +447,7 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
     from train.slurm.scheduler import submit_chain
 
     spec, root, jobs = _resolved_jobs(args, workload)  # every seed validated first
-    _check_jobs(args, jobs, submitting=True)
+    jobs = _check_jobs(args, jobs, submitting=True)
     from train.programs import submit_notes
 
     job = jobs[0][1]
@@ -496,15 +478,21 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
     return EXIT_OK
 
 
-def _check_jobs(args: argparse.Namespace, jobs: list[tuple[int | None, Any]],
-                submitting: bool) -> None:
+def _check_jobs(args: argparse.Namespace, jobs: list[tuple[Any, Any]],
+                submitting: bool) -> list[tuple[Any, Any]]:
     """What the login node can check before the queue wait (exit 2 at submit; warnings
-    at render, which works anywhere)."""
+    at render, which works anywhere). Returns the jobs, with the client's launcher bound
+    in where the image has no `train` (train.images.features; not with --no-check)."""
     from train.slurm.submitcheck import check_jobs
 
     for note in check_jobs([job for _, job in jobs], submitting=submitting,
                            no_check=args.no_check):
         print(f"train: warning: {note}", file=sys.stderr)
+    if args.no_check:
+        return jobs
+    from train.images.features import equip
+
+    return [(task, equip(job)) for task, job in jobs]
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -747,22 +735,9 @@ def _image_new(args: argparse.Namespace, containers: Path) -> int:
 
 
 def _cmd_launch(args: argparse.Namespace, command: list[str]) -> int:
-    from train.launch import LaunchOptions, launch
-    from train.runtime.signals import install_early_handlers
+    from train.nodeentry import run_launch
 
-    # never marked ready here: the program it starts (`train run` marks itself) must have
-    # its handlers in place before the batch shell passes the walltime signal on
-    install_early_handlers(mark_ready=False)
-    try:
-        return launch(LaunchOptions(mode=args.mode, command=command,
-                                nproc_per_node=args.nproc_per_node,
-                                min_free_mb=args.min_free_mb, wait_timeout=args.wait_timeout,
-                                fallback_batch=args.fallback_batch, workers=args.workers,
-                                worker_mem_mb=args.worker_mem_mb, chdir=args.chdir))
-    finally:
-        from train.runtime.signals import ignore_late_walltime_signal
-
-        ignore_late_walltime_signal()
+    return run_launch(args, command)
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:

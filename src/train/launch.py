@@ -97,16 +97,26 @@ def gpus_visible(env: Mapping[str, str]) -> int:
     return _int(env, "SLURM_GPUS_ON_NODE", 0)
 
 
+def expand_nodes(raw: str) -> list[str]:
+    """python-hostlist where it is installed; the standard library's expansion in an image
+    without it (the bound launcher)."""
+    try:
+        import hostlist
+    except ImportError:
+        from train.runtime.nodelist import expand
+
+        return expand(raw)
+    return list(hostlist.expand_hostlist(raw))
+
+
 def read_step(env: Mapping[str, str]) -> SlurmStep:
     """The job step as SLURM describes it; inconsistencies are errors naming the variable."""
-    import hostlist
-
     raw = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     if not raw:
         raise UsageError("environment variable SLURM_JOB_NODELIST is missing: `train launch` "
                          "runs inside a SLURM job step (srun)")
     try:
-        nodes = list(hostlist.expand_hostlist(raw))
+        nodes = expand_nodes(raw)
     except Exception:
         raise UsageError(f"environment variable SLURM_JOB_NODELIST={raw!r} is not a host "
                          "list") from None
@@ -228,6 +238,11 @@ def check_cuda(step: SlurmStep, env: Mapping[str, str]) -> None:
     for the image's torch, no `--nv`, ...) as a ResourceError, not workers on the CPU."""
     if step.gpus_on_node == 0:
         return
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:  # a program of the image's own (tasks)
+        log.info("CUDA check skipped: this image's Python has no torch")
+        return
     problem = cuda_check.check(cuda_check.gather_facts(env))
     if problem is not None:
         raise ResourceError(f"this step has {step.gpus_on_node} GPU(s) on node "
@@ -251,6 +266,18 @@ def apply_nccl_defaults(env: MutableMapping[str, str]) -> None:
         env.setdefault(key, value)
 
 
+def need_torch() -> None:
+    """--mode torchrun runs torch's launcher in this process: an image without torch is
+    said in one line (exit 3), not as a traceback on every node."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise ResourceError(f"--launch torchrun runs torch's launcher, and this image's "
+                            f"Python ({sys.executable}) cannot import torch: use an image "
+                            "with torch, or --launch tasks (the program starts its ranks "
+                            "itself)")
+
+
 @dataclass(frozen=True)
 class LaunchOptions:
     mode: str
@@ -270,6 +297,8 @@ def prepare(opts: LaunchOptions, env: MutableMapping[str, str]) -> tuple[SlurmSt
     log.info("launch started at unix time %.3f", time.time())
     if not opts.command:
         raise UsageError("launch: give the command after --, e.g. -- python -m train run demo")
+    if opts.mode == "torchrun":
+        need_torch()
     step = read_step(env)
     check_cuda(step, env)  # before the memory wait: a broken CUDA never frees up
     # (one process alone has no rendezvous: its node's name need not resolve)

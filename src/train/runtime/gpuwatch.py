@@ -128,9 +128,14 @@ def spawn(run_dir: Path | str, node: str, settings: WatchSettings, parent: int, 
     """Start the sampler process (stdout discarded, stderr shared: its lines go to the job's
     log). Returns the Popen object; raises what starting it raises."""
     from train.entry import module_argv
+    from train.nodeentry import bound_root, entry_argv
 
-    # (not `-m`: a train.py in the current folder would be imported as `train`)
-    argv = [*module_argv(sys.executable, "train.runtime.gpuwatch"), "--out", str(run_dir),
+    # (not `-m`: a train.py in the current folder would be imported as `train`; the bound
+    # launcher's copy is found through its own entry, never through PYTHONPATH)
+    module = "train.runtime.gpuwatch"
+    start = entry_argv(sys.executable, module) if bound_root() else \
+        module_argv(sys.executable, module)
+    argv = [*start, "--out", str(run_dir),
             "--node", node, "--interval", _num(settings.interval),
             "--idle-threshold", _num(settings.idle_threshold),
             "--idle-minutes", _num(settings.idle_minutes), "--parent", str(parent)]

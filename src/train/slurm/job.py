@@ -511,6 +511,9 @@ class ResolvedJob:
     # the GPU utilisation watch in force (the job's settings over the profile's); None for a
     # job without GPUs or with the watch off
     gpu_watch: GpuWatch | None = None
+    # an image without `train` (found at submit, train.images.features): the client's own
+    # launcher bound read-only into it, as SRC:DST:ro; empty for an image that has `train`
+    launcher_binds: tuple[str, ...] = ()
 
     @property
     def time_budget_seconds(self) -> int | None:

@@ -18,6 +18,7 @@ from train import container
 from train.clusters.profiles import format_mem, format_time, parse_mem
 from train.entry import module_argv
 from train.errors import ConfigError
+from train.nodeentry import entry_argv
 from train.slurm import contract
 from train.slurm.job import ResolvedJob, navsim_command
 from train.workloads import navsim
@@ -189,7 +190,8 @@ def step_argv(job: ResolvedJob) -> list[str]:
             f"--cpus-per-task={spec.cpus_per_task}", *spec.srun_extra]
     prefix = container.runtime_prefix(
         spec.runtime, image=spec.image, gpus=spec.gpus_per_node > 0,
-        binds=job.binds, run_dir=job.run_dir, env=step_environment(job))
+        binds=(*job.binds, *job.launcher_binds), run_dir=job.run_dir,
+        env=step_environment(job))
     if spec.runtime == "apptainer":
         prefix = ["bash", "-c", APPTAINER_TASK_ENV, "train-task", *prefix]
     if spec.entry == "command":
@@ -202,7 +204,9 @@ def step_argv(job: ResolvedJob) -> list[str]:
     if job.launch == "single" and spec.entry == "train" and spec.min_free_mb is None \
             and job.gpu_watch is None and spec.chdir is None:
         return [*srun, *prefix, *run]  # `train run` alone: nothing to do before it
-    launch = [*module_argv(spec.python), "launch", f"--mode={job.launch}"]
+    # an image without `train`: the client's own launcher, bound in (train.nodeentry)
+    start = entry_argv(spec.python) if job.launcher_binds else module_argv(spec.python)
+    launch = [*start, "launch", f"--mode={job.launch}"]
     if job.launch == "torchrun":
         launch.append(f"--nproc-per-node={max(1, spec.gpus_per_node)}")
     if spec.workers:

@@ -157,7 +157,8 @@ def environment_problems(job: ResolvedJob, environ: Mapping[str, str] | None = N
     problems: list[Problem] = []
     notes: list[str] = []
     for found, seen in (image_problems(job, env), program_problems(job, env),
-                        python_problems(job, env), navsim_data_problems(job)):
+                        python_problems(job, env), navsim_data_problems(job),
+                        feature_problems(job, env)):
         problems += found
         notes += seen
     return problems, notes
@@ -185,6 +186,19 @@ def image_problems(job: ResolvedJob, environ: Mapping[str, str]
     # may not mount)
     found, seen = _arch_problems(job, path, environ)
     return found, notes + seen
+
+
+def feature_problems(job: ResolvedJob, environ: Mapping[str, str]
+                     ) -> tuple[list[Problem], list[str]]:
+    """What the image must offer the step (train.images.features): Python, torch for
+    --launch torchrun, `train` for its own entries; no NVML for the GPU watch is a note."""
+    from train.images import features
+
+    found, notes = features.image_features(job, environ)
+    if found is None:
+        return [], notes
+    refusals, warnings = features.problems(job, found)
+    return [Problem("image", text) for text in refusals], notes + warnings
 
 
 def _arch_problems(job: ResolvedJob, path: Path, environ: Mapping[str, str]
