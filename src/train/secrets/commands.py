@@ -231,7 +231,8 @@ def _mask_shell(text: str, depth: int = 0) -> str:
     points = _mask_points([value for _, _, value in spans])
     out: list[str] = []
     last = 0
-    for (start, end, value), point in zip(spans, points, strict=True):
+    # (no strict=, 3.10+: the bound launcher runs this in an image's Python from 3.9)
+    for (start, end, value), point in zip(spans, points):  # noqa: B905  # one per word
         if value is None:
             continue
         raw = text[start:end]
@@ -270,4 +271,4 @@ def masked_argv(argv: Iterable[str]) -> list[str]:
     words = list(argv)
     points = _mask_points([None if word in _SEPARATORS else word for word in words])
     return [redact_text(word) if point is None else word[:point] + REDACTED
-            for word, point in zip(words, points, strict=True)]
+            for word, point in zip(words, points)]  # noqa: B905  # (as above: 3.9)

@@ -1,0 +1,227 @@
+"""Bring your own image (issue 21, item 2): what submit finds out about an image without
+our labels (its Python, torch, `train`, NVML), the cache of that answer, the refusals
+(exit 2, nothing queued), and the client's launcher bound into the container.
+
+No image engine here: stand-ins for `docker` and `apptainer` answer `inspect` and run the
+probe (and only the probe) with a real interpreter of this machine, the way the image's
+Python would run it: /usr/bin/python3 has neither torch nor `train`, older ones (pyenv's,
+where installed) are too old.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from train.images import features
+from train.images.features import Features
+from train.nodeentry import LAUNCHER_ROOT
+
+NO_SBATCH = "#!/bin/sh\necho 'sbatch: error: no cluster in unit tests' >&2\nexit 1\n"
+# the engine's stand-in: `image inspect` says the id (IMAGE_ID) and no labels (or
+# IMAGE_LABELS); `run ... IMAGE PYTHON -c CODE` runs PYTHON -c CODE here, and counts it
+FAKE_DOCKER = """#!/bin/bash
+if [ "$1" = image ] && [ "$2" = inspect ]; then
+    echo "${IMAGE_ID:-sha256:feed} ${IMAGE_LABELS:-{\\}}"; exit 0
+fi
+if [ "$1" = run ]; then
+    echo run >> "$PROBE_COUNT"
+    while [ "$1" != env ]; do shift; done; shift 2  # to the image's command
+    exec env -u PYTHONPATH "$@"  # (nothing of the host's environment)
+fi
+echo "docker stand-in: $*" >&2; exit 1
+"""
+FAKE_APPTAINER = """#!/bin/bash
+if [ "$1" = inspect ]; then
+    echo '{"data": {"attributes": {"labels": {}, "environment": {}}}}'; exit 0
+fi
+if [ "$1" = exec ]; then
+    echo run >> "$PROBE_COUNT"
+    shift 3; exec env -u PYTHONPATH "$@"  # exec --cleanenv IMAGE PYTHON -c CODE
+fi
+echo "apptainer stand-in: $*" >&2; exit 1
+"""
+NO_TORCH = "/usr/bin/python3"  # Debian's: neither torch nor `train`
+PYENV = Path("/root/.pyenv/versions")
+
+
+def _old_python(version: str) -> str | None:
+    found = sorted(PYENV.glob(f"{version}.*/bin/python{version.split('.', maxsplit=1)[0]}"))
+    return str(found[0]) if found else shutil.which(f"python{version}")
+
+
+def _engine(tmp_path: Path, runtime: str, **extra: str) -> dict[str, str]:
+    sbin = tmp_path / "sbin"
+    sbin.mkdir(exist_ok=True)
+    for name, text in (("sbatch", NO_SBATCH), (runtime, FAKE_DOCKER if runtime == "docker"
+                                               else FAKE_APPTAINER)):
+        (sbin / name).write_text(text)
+        (sbin / name).chmod(0o755)
+    return {"PATH": f"{sbin}:{os.environ['PATH']}", "PROBE_COUNT": str(tmp_path / "probes"),
+            "XDG_CACHE_HOME": str(tmp_path / "cache"), "DOCKER_HOST": "", **extra}
+
+
+def _job(tmp_path: Path, runtime: str, python: str, *flags: str) -> list[str]:
+    image = "my/ngc:24.01"
+    if runtime == "apptainer":
+        sif = tmp_path / "ngc.sif"
+        head = b"#!/usr/bin/env run-singularity\n".ljust(32, b"\0")
+        sif.write_bytes(head + b"SIF_MAGIC\0" + b"01\0" + b"\0" * 1024)
+        image = str(sif)
+    (tmp_path / "prog.py").write_text("print('hi')\n")
+    return ["--cluster", "local", "--cpus-per-task", "1", "--mem", "1000M", "--name", "byo",
+            "--entry", "command", "--runtime", runtime, "--image", image, "--python", python,
+            *flags, "--", "python3", str(tmp_path / "prog.py")]
+
+
+def _probes(tmp_path: Path) -> int:
+    path = tmp_path / "probes"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+# -- the probe -----------------------------------------------------------------------------
+def test_the_probe_reads_a_real_pythons_version_and_modules() -> None:
+    import subprocess
+
+    ours = subprocess.run([sys.executable, "-c", features.PROBE], capture_output=True,
+                          text=True, timeout=120, check=True)
+    found = features.parse_probe(ours.stdout)
+    assert found.python == tuple(sys.version_info[:3])
+    assert found.torch and found.train and found.pynvml
+    assert found.train_version == __import__("train").__version__
+    bare = subprocess.run([NO_TORCH, "-c", features.PROBE], capture_output=True, text=True,
+                          timeout=120, check=True,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    plain = features.parse_probe(bare.stdout)
+    assert (plain.torch, plain.train, plain.train_version) == (False, False, "")
+    with pytest.raises(ValueError, match="no answer"):
+        features.parse_probe("Traceback ...\nSyntaxError\n")
+
+
+@pytest.mark.parametrize("version", ["2.7", "3.6"])
+def test_the_probe_says_an_old_pythons_version(version: str) -> None:
+    import subprocess
+
+    python = _old_python(version)
+    if python is None:  # (where pyenv's old interpreters are not installed)
+        pytest.skip(f"no Python {version} here")
+    proc = subprocess.run([python, "-c", features.PROBE], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert features.parse_probe(proc.stdout).python[:2] == tuple(map(int, version.split(".")))
+
+
+def test_our_labels_answer_without_a_probe() -> None:
+    ours = features.from_labels({"org.train.image": "base", "org.train.torch": "2.5"})
+    assert ours is not None and ours.train and ours.torch
+    assert features.from_labels({"maintainer": "NVIDIA"}) is None
+    assert features.from_labels({"org.train.image": ""}) is None  # a derived image cleared it
+
+
+# -- submit: the cache, the refusals, the bind ---------------------------------------------
+def test_the_answer_is_cached_per_image_identity(tmp_path: Path) -> None:
+    env = _engine(tmp_path, "docker")
+    for _ in range(2):
+        proc = run_cli(["render", *_job(tmp_path, "docker", NO_TORCH, "--launch", "tasks")],
+                       cwd=tmp_path, env=env)
+        assert proc.returncode == 0, proc.stderr
+    assert _probes(tmp_path) == 1  # the second render read the cache
+    cache = (tmp_path / "cache" / "train" / "image-features.json").read_text()
+    assert "sha256:feed" in cache and NO_TORCH in cache
+    proc = run_cli(["render", *_job(tmp_path, "docker", NO_TORCH, "--launch", "tasks")],
+                   cwd=tmp_path, env={**env, "IMAGE_ID": "sha256:other"})
+    assert proc.returncode == 0 and _probes(tmp_path) == 2  # another image: asked again
+
+
+def test_a_sif_is_known_by_path_size_and_time(tmp_path: Path) -> None:
+    sif = tmp_path / "a.sif"
+    sif.write_bytes(b"x" * 10)
+    first = features.file_identity(str(sif))
+    os.utime(sif, ns=(1, 1))
+    assert first is not None and features.file_identity(str(sif)) != first
+    assert features.file_identity(str(tmp_path / "none.sif")) is None
+
+
+def _refused(tmp_path: Path, env: dict[str, str], args: list[str]) -> str:
+    proc = run_cli(["submit", *args], cwd=tmp_path, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "train: error: image: --image" in proc.stderr, proc.stderr
+    assert "no cluster in unit tests" not in proc.stderr  # sbatch never ran
+    assert not (tmp_path / "runs").exists()
+    return proc.stderr
+
+
+@pytest.mark.parametrize("runtime", ["docker", "apptainer"])
+def test_torchrun_in_an_image_without_torch_is_refused(tmp_path: Path, runtime: str) -> None:
+    env = _engine(tmp_path, runtime)
+    err = _refused(tmp_path, env, _job(tmp_path, runtime, NO_TORCH, "--launch", "torchrun"))
+    assert "cannot import torch" in err and "--launch tasks" in err, err
+
+
+def test_a_python_older_than_the_minimum_is_refused(tmp_path: Path) -> None:
+    python = _old_python("3.8")
+    if python is None:
+        pytest.skip("no Python 3.8 here")
+    env = _engine(tmp_path, "docker")
+    err = _refused(tmp_path, env, _job(tmp_path, "docker", python, "--launch", "tasks"))
+    assert "its Python is 3.8." in err and "needs Python >= 3.9" in err, err
+
+
+def test_a_python_that_is_not_in_the_image_is_refused(tmp_path: Path) -> None:
+    env = _engine(tmp_path, "docker")
+    err = _refused(tmp_path, env, _job(tmp_path, "docker", "python3.99", "--launch", "tasks"))
+    assert "its Python (python3.99) does not run in it" in err, err
+
+
+def test_entry_train_needs_train_in_the_image(tmp_path: Path) -> None:
+    env = _engine(tmp_path, "docker")
+    args = _job(tmp_path, "docker", NO_TORCH, "--launch", "tasks")
+    args = [*args[:args.index("--entry")], "--entry", "train",
+            *args[args.index("--entry") + 2:args.index("--")], "--", "demo"]
+    err = _refused(tmp_path, env, args)
+    assert "has no `train` package" in err and "--entry command" in err, err
+
+
+def test_no_nvml_is_a_warning_not_a_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    job = SimpleNamespace(spec=SimpleNamespace(image="ngc", python="python3",
+                                               entry="command"),
+                          launch="tasks", gpu_watch=object())
+    bare = Features(python=(3, 10, 1), torch=True, train=False, pynvml=False,
+                    nvidia_smi=True)
+    monkeypatch.setattr(features, "client_pynvml", lambda: None)
+    refusals, warnings = features.problems(job, bare)  # type: ignore[arg-type]
+    assert refusals == [] and "GPU watch is off" in warnings[0]
+    assert "nvidia-smi is there" in warnings[0]
+    monkeypatch.setattr(features, "client_pynvml", lambda: "/x/pynvml.py")
+    assert features.problems(job, bare) == ([], [])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("runtime", ["docker", "apptainer"])
+def test_an_image_without_train_gets_the_launcher_bound_read_only(
+        tmp_path: Path, runtime: str) -> None:
+    import train
+
+    env = _engine(tmp_path, runtime)
+    proc = run_cli(["render", *_job(tmp_path, runtime, NO_TORCH, "--launch", "tasks")],
+                   cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    package = os.path.dirname(os.path.abspath(train.__file__))
+    bind = f"{package}:{LAUNCHER_ROOT}/train:ro"
+    flag = "-v" if runtime == "docker" else "--bind"
+    step = proc.stdout.split("STEP=(")[1].split("\n)")[0]
+    lines = [line.strip().strip("'") for line in step.splitlines()]
+    assert any(line == flag and nxt == bind for line, nxt in itertools.pairwise(lines)), step
+    assert "sys.path.append(" in step and "train.nodeentry" in step
+    assert "PYTHONPATH" not in step  # the program's environment is the image's own
+    # an image of ours (its labels say so) runs its own `train`: nothing bound
+    proc = run_cli(["render", *_job(tmp_path, "docker", NO_TORCH, "--launch", "tasks")],
+                   cwd=tmp_path, env={**_engine(tmp_path, "docker"), "IMAGE_ID": "sha256:o",
+                                      "IMAGE_LABELS": '{"org.train.image":"base"}'})
+    assert proc.returncode == 0 and LAUNCHER_ROOT not in proc.stdout, proc.stderr
