@@ -30,7 +30,7 @@ MODULE = "train.nodeentry"
 # any version, and it says the version it found in one line
 ENTRY_TEMPLATE = (
     "import sys; sys.version_info[:2] >= {minimum!r} or sys.exit((sys.stderr.write("
-    "'train: this image\\'s Python is %d.%d (%s); the job\\'s launcher needs Python "
+    "'train: error: this image\\'s Python is %d.%d (%s); the job\\'s launcher needs Python "
     ">= {shown}: use an image with a newer Python, or name its interpreter with --python"
     "\\n' % (sys.version_info[0], sys.version_info[1], sys.executable)), {code})[1]); "
     "import os, runpy; here = os.path.realpath(os.getcwd()); "

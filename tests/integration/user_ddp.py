@@ -9,6 +9,7 @@ there (still answering its stop signal, or until a file user_release appears) so
 can stop it with work left, counted in steps, never in seconds; USER_NO_HANDLER leaves the signals at their default actions.
 """
 
+import importlib.util
 import os
 import signal
 import sys
@@ -37,6 +38,9 @@ def main() -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     print(f"user script rank {rank}/{world} local {os.environ['LOCAL_RANK']} "
           f"master {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", flush=True)
+    # (an image brought without `train`: the launcher bound in must stay out of sight)
+    seen = importlib.util.find_spec("train") is not None
+    print(f"user script rank {rank} can import train: {seen}", flush=True)
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -115,6 +115,11 @@ def test_a_python_older_than_the_minimum_is_one_line_and_exit_3(
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and f"Python is {version} " in lines[0], lines
     assert "needs Python >= 3.9" in lines[0]
+    from train.doctor import scan_log  # the job's log: `train doctor` names this line
+
+    log = tmp_path / "job.err"
+    log.write_text(proc.stderr)
+    assert "train_error" in scan_log(log).hits, proc.stderr
 
 
 def test_the_node_side_imports_nothing_but_the_standard_library(tmp_path: Path) -> None:
