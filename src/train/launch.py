@@ -97,20 +97,10 @@ def gpus_visible(env: Mapping[str, str]) -> int:
     return _int(env, "SLURM_GPUS_ON_NODE", 0)
 
 
-def expand_nodes(raw: str) -> list[str]:
-    """python-hostlist where it is installed; the standard library's expansion in an image
-    without it (the bound launcher)."""
-    try:
-        import hostlist
-    except ImportError:
-        from train.runtime.nodelist import expand
-
-        return expand(raw)
-    return list(hostlist.expand_hostlist(raw))
-
-
 def read_step(env: Mapping[str, str]) -> SlurmStep:
     """The job step as SLURM describes it; inconsistencies are errors naming the variable."""
+    from train.runtime.nodelist import expand_nodes
+
     raw = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     if not raw:
         raise UsageError("environment variable SLURM_JOB_NODELIST is missing: `train launch` "

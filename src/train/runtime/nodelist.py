@@ -56,3 +56,13 @@ def expand(text: str) -> list[str]:
     for part in _split_top(text.strip()):
         names += _expand_one(part)
     return names
+
+
+def expand_nodes(raw: str) -> list[str]:
+    """python-hostlist where it is installed (as before); this module's expansion in an
+    image without it (the bound launcher). Either raises for a malformed list."""
+    try:
+        import hostlist
+    except ImportError:
+        return expand(raw)
+    return list(hostlist.expand_hostlist(raw))
