@@ -25,11 +25,11 @@ from train import nodeentry
 from train.runtime.nodelist import expand
 
 PYENV = Path("/root/.pyenv/versions")
-# the modules `launch` imports on its way (a GPU step's too: the CUDA check, the watch)
-NODE_MODULES = ("train.nodeentry", "train.launch", "train.runtime.signals",
-                "train.runtime.gpuwatch", "train.runtime.nodelist", "train.runtime.cuda_check",
-                "train.runtime.hostmem", "train.slurm.contract", "train.secrets",
-                "train._proc", "train.errors", "train.gpus", "train.jsonio", "train.entry")
+# the modules `launch` starts from (a GPU step's too: the CUDA check, the watch); what they
+# import in turn is found by importing them (_node_side)
+ENTRY_MODULES = ("train.nodeentry", "train.launch", "train.runtime.signals",
+                 "train.runtime.gpuwatch", "train.runtime.nodelist",
+                 "train.runtime.cuda_check")
 
 
 def _python(version: str) -> str | None:
@@ -122,17 +122,31 @@ def test_a_python_older_than_the_minimum_is_one_line_and_exit_3(
     assert "train_error" in scan_log(log).hits, proc.stderr
 
 
-def test_the_node_side_imports_nothing_but_the_standard_library(tmp_path: Path) -> None:
+def _node_side(tmp_path: Path) -> tuple[list[str], list[Path]]:
+    """Import the entry modules from a bound copy with the standard library alone: (the
+    top-level names of what else got imported, besides the standard library; the files
+    of every module of ours that got imported)."""
     code = ("import sys; sys.path.append(sys.argv[1]); "
-            + "; ".join(f"import {m}" for m in NODE_MODULES)
+            + "; ".join(f"import {m}" for m in ENTRY_MODULES)
             + "; names = {m.split('.')[0] for m in sys.modules}; "
             "print(' '.join(sorted(n for n in names if n not in sys.stdlib_module_names "
-            "and n not in ('train', '__main__'))))")
-    proc = subprocess.run([sys.executable, "-S", "-c", code, str(_bound(tmp_path))],
+            "and n not in ('train', '__main__')))); "
+            "print('\\n'.join(sorted(m.__file__ for n, m in list(sys.modules.items()) "
+            "if n == 'train' or n.startswith('train.'))))")
+    root = _bound(tmp_path)
+    proc = subprocess.run([sys.executable, "-S", "-c", code, str(root)],
                           capture_output=True, text=True, timeout=120, check=False,
                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == []
+    first, *files = proc.stdout.split("\n")
+    here = Path(train.__file__).parent
+    return first.split(), [here / Path(f).relative_to(root / "train") for f in files if f]
+
+
+def test_the_node_side_imports_nothing_but_the_standard_library(tmp_path: Path) -> None:
+    others, files = _node_side(tmp_path)
+    assert others == []
+    assert len(files) >= len(ENTRY_MODULES)
 
 
 # Python 3.10+ features an AST shows: names that 3.9 lacks, keywords it does not take
@@ -166,11 +180,11 @@ def _newer_than_39(tree: ast.Module, future: bool) -> list[str]:
     return found
 
 
-def test_the_node_side_uses_nothing_newer_than_python_39() -> None:
+def test_the_node_side_uses_nothing_newer_than_python_39(tmp_path: Path) -> None:
     assert nodeentry.MIN_PYTHON == (3, 9)  # (the checks below are for 3.9)
     problems = []
-    for module in NODE_MODULES:
-        path = Path(train.__file__).parent.parent / (module.replace(".", "/") + ".py")
+    for path in _node_side(tmp_path)[1]:
+        module = str(path)
         source = path.read_text(encoding="utf-8")
         tree = ast.parse(source, feature_version=(3, 9)) if sys.version_info >= (3, 9) \
             else ast.parse(source)
@@ -179,12 +193,11 @@ def test_the_node_side_uses_nothing_newer_than_python_39() -> None:
     assert problems == []
 
 
-def test_an_old_python_compiles_every_node_side_module() -> None:
+def test_an_old_python_compiles_every_node_side_module(tmp_path: Path) -> None:
     python = _python("3.9")
     if python is None:
         pytest.skip("no Python 3.9 here: the AST check above stands alone")
-    files = [str(Path(train.__file__).parent.parent / (m.replace(".", "/") + ".py"))
-             for m in NODE_MODULES]
+    files = [str(f) for f in _node_side(tmp_path)[1]]
     code = ("import sys\nfor f in sys.argv[1:]:\n"
             "    compile(open(f).read(), f, 'exec')\n")
     proc = subprocess.run([python, "-c", code, *files], capture_output=True, text=True,
