@@ -54,7 +54,8 @@ def test_an_image_without_train_keeps_the_walltime_contract_and_resumes(
            "XDG_CACHE_HOME": str(tmp_path / "cache")}
     name = "byo-torchrun"
     run_dir = _submit(tmp_path, env, name, ["--runtime", "docker", "--image", no_train_image,
-                                            "--launch", "torchrun", "--max-chunks", "3"],
+                                            "--launch", "torchrun", "--stop-signal", "USR1",
+                                            "--max-chunks", "3", "--env", "USER_HOLD_AT"],
                       "python3")
     script = next((run_dir / "jobs").glob("*.sbatch")).read_text()
     assert "/opt/train-launcher/train:ro" in script  # the client's launcher, bound in
