@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import machine, median, timed, write_section
 from train import doctor
 from train.doctor import logread
-from train.slurm import contract, scheduler
+from train.slurm import contract, queue
 from train.slurm.scheduler import load_chain
 
 LINE = ("12:00:01 INFO train.workloads.dqn.trainer: seed 4: episode 1234/5000 reward 3.000 "
@@ -135,14 +135,14 @@ def main() -> None:
         for i in range(200):
             make_run(many, f"r{i:03d}", str(2000 + i), 64 * 1024)
         states = {str(2000 + i): {"state": "FAILED", "exit": "137:0"} for i in range(200)}
-        original = scheduler.job_states
-        scheduler.job_states = lambda ids: {i: states[i] for i in ids}  # type: ignore
+        original = queue.job_states
+        queue.job_states = lambda ids: {i: states[i] for i in ids}  # type: ignore
         try:
             rows: list[Any] = []
             table = median([timed(lambda: rows.append(doctor.overview(many)))
                             for _ in range(3)])
         finally:
-            scheduler.job_states = original  # type: ignore[assignment]
+            queue.job_states = original  # type: ignore[assignment]
         assert len(rows[-1]) == 200 and rows[-1][0]["verdict"].startswith("host_oom")
         loop = median([timed(lambda: overview_loop(many)) for _ in range(3)])
     grep = "grep -F" if shutil.which("grep") else "the block search (no grep)"

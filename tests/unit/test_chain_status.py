@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from train.errors import UsageError
-from train.slurm import contract, scheduler
+from train.slurm import contract, queue, scheduler
 
 
 def _chain(tmp_path: Path, ids: str, events: str, states: dict[str, str],
@@ -26,7 +26,7 @@ def _chain(tmp_path: Path, ids: str, events: str, states: dict[str, str],
     (run / contract.CHAIN_EVENTS).write_text(events)
     if progress is not None:
         (run / contract.PROGRESS_FILE).write_text(progress)
-    monkeypatch.setattr(scheduler, "job_states", lambda ids: {
+    monkeypatch.setattr(queue, "job_states", lambda ids: {
         i: {"state": states.get(i, "UNKNOWN")} for i in ids})
     return scheduler.chain_status(scheduler.load_chain(run))
 
@@ -123,7 +123,7 @@ def test_a_cut_or_held_chain_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyP
                                      words: str) -> None:
     st = _chain(tmp_path, "1 10\n2 11\n" if "11" in states else "1 10\n", events, states,
                 monkeypatch)
-    monkeypatch.setattr(scheduler, "job_states", lambda ids: {
+    monkeypatch.setattr(queue, "job_states", lambda ids: {
         i: {"state": states.get(i, "UNKNOWN"), "reason": reasons.get(i)} for i in ids})
     st = scheduler.chain_status(scheduler.load_chain(tmp_path / "run"))
     assert st["state"] == state, st
@@ -203,7 +203,7 @@ def _fake_slurm(monkeypatch: pytest.MonkeyPatch, fail: str | None) -> list[list[
         return subprocess.CompletedProcess(argv, 0, out, "")
 
     monkeypatch.setattr(scheduler._proc, "run", run)
-    monkeypatch.setattr(scheduler, "job_states", lambda ids: {
+    monkeypatch.setattr(queue, "job_states", lambda ids: {
         i: {"state": "COMPLETED"} for i in ids})
     return calls
 

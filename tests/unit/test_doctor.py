@@ -327,7 +327,7 @@ def test_unreadable_logs_are_no_traceback(tmp_path: Path) -> None:
 def test_status_all_is_one_row_per_run_with_the_verdict(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Slurm is asked once for every run's jobs; a broken record is its own row."""
-    from train.slurm import scheduler
+    from train.slurm import queue
 
     make_run(tmp_path, {"ok-201.out": ""}, name="ok")
     (tmp_path / "ok" / contract.PROGRESS_FILE).write_text("40 40\n")
@@ -341,7 +341,7 @@ def test_status_all_is_one_row_per_run_with_the_verdict(
         return {"201": {"state": "COMPLETED", "exit": "0:0"},
                 "301": {"state": "FAILED", "exit": "1:0"}}
 
-    monkeypatch.setattr(scheduler, "job_states", job_states)
+    monkeypatch.setattr(queue, "job_states", job_states)
     (tmp_path / "ok" / contract.CHAIN_EVENTS).write_text(
         "1795000000 1 201 started 0 0 40\n1795000100 1 201 complete 40 40\n")
     (tmp_path / "bad" / contract.CHAIN_EVENTS).write_text(
@@ -393,12 +393,12 @@ def test_idle_gpus_are_a_cause_with_the_samples_as_evidence(tmp_path: Path) -> N
 
 def test_status_shows_each_nodes_mean_and_latest_utilisation(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from train.slurm import scheduler
+    from train.slurm import queue, scheduler
 
     run_dir = make_run(tmp_path, {"r-101.out": ""})
     _gpu_csv(run_dir, "n1", [80.0, 60.0, 40.0])
     _gpu_csv(run_dir, "n2", [10.0, 30.0])
-    monkeypatch.setattr(scheduler, "job_states",
+    monkeypatch.setattr(queue, "job_states",
                         lambda ids: {"101": {"state": "RUNNING", "reason": "None"}})
     st = scheduler.chain_status(load_chain(run_dir))
     assert st["gpu"]["n1"]["mean_util"] == 60 and st["gpu"]["n1"]["latest_util"] == 40
@@ -645,12 +645,12 @@ def test_without_slurm_the_events_still_diagnose(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """squeue and sacct unreachable: a note says so, and the chain's events decide."""
     from train.errors import ResourceError
-    from train.slurm import scheduler
+    from train.slurm import queue
 
     def no_slurm(ids: list[str]) -> dict[str, Any]:
         raise ResourceError("cannot reach Slurm: squeue: connection refused")
 
-    monkeypatch.setattr(scheduler, "job_states", no_slurm)
+    monkeypatch.setattr(queue, "job_states", no_slurm)
     run_dir = make_run(tmp_path, {"r-101.err": TRACEBACK})
     (run_dir / contract.CHAIN_EVENTS).write_text(
         "1795000000 1 101 started 0 0 40\n1795000100 1 101 failed 1\n")

@@ -44,7 +44,7 @@ from train.config import (
 from train.defaults import merged
 from train.errors import EXIT_USAGE, ConfigError, TrainError
 from train.images import defs, lint
-from train.slurm import contract, scheduler, sweep
+from train.slurm import contract, queue, scheduler, sweep
 from train.slurm.job import JobSpec, job_from_sources, resolve
 from train.slurm.render import library_path, render
 
@@ -603,7 +603,7 @@ def test_chain_record_and_status(record: str, ids: str, events: str, progress: s
             return
         answer = {i: {"state": states.get(i, "UNKNOWN"), "reason": states.get(i)}
                   for i in chain.ids}
-        with mock.patch.object(scheduler, "job_states", lambda ids: answer):
+        with mock.patch.object(queue, "job_states", lambda ids: answer):
             status = scheduler.chain_status(chain)
         assert scheduler.format_status(status)
 

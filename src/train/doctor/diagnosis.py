@@ -91,10 +91,10 @@ def _read_json(path: Path) -> dict[str, Any]:
 def ask_slurm(ids: Sequence[str]) -> tuple[dict[str, dict[str, Any]], str]:
     """The jobs' states, or none and why: without Slurm (a login node where it does not
     answer, a copy of the run elsewhere) the chain's events and logs still tell most."""
-    from train.slurm import scheduler
+    from train.slurm import queue
 
     try:
-        return scheduler.job_states(list(ids)), ""
+        return queue.job_states(list(ids)), ""
     except TrainError as exc:
         return {}, (f"Slurm could not be asked ({first_line(exc)}): the states come from "
                     "the chain's own events")

@@ -116,7 +116,7 @@ def check_jobs(jobs: Sequence[ResolvedJob], *, submitting: bool, no_check: bool 
         notes += seen
     for job in jobs:
         if submitting:  # a chain still queued or running there is the first thing to say
-            from train.slurm.scheduler import _check_not_active
+            from train.slurm.submission import _check_not_active
 
             _check_not_active(Path(job.run_dir))
         found += identity_problems(job)
