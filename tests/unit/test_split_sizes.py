@@ -1,6 +1,7 @@
 """The split modules stay small (issue 23): the login-node preflight, the GPU watch, the
-cluster probe and profiles, the image tools, `train run` and the DQN trainer, each no module
-over 500 lines and no function over 60 (nested ones too)."""
+cluster probe and profiles, the image tools, `train run`, the DQN trainer, the `train`
+command (one module per command) and the scheduler (queue, chain, submission, status), each
+no module over 500 lines and no function over 60 (nested ones too)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,12 @@ AREAS = [*sorted((SRC / "preflight").glob("*.py")),
                                                           "validate")],
          *sorted((SRC / "images").glob("*.py")),
          SRC / "runner.py",
-         *sorted((SRC / "workloads" / "dqn").glob("*.py"))]
+         *sorted((SRC / "workloads" / "dqn").glob("*.py")),
+         *[SRC / "cli" / f"{name}.py" for name in ("__init__", "common", "run", "clusters",
+                                                     "jobs", "init", "image", "launch",
+                                                     "runs", "doctor")],
+         *[SRC / "slurm" / f"{name}.py" for name in ("scheduler", "queue", "chain",
+                                                       "submission", "chainstatus")]]
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
 
@@ -35,3 +41,22 @@ def test_no_module_or_function_over_the_limits(path: Path) -> None:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
             and (node.end_lineno or node.lineno) - node.lineno + 1 > MAX_FUNCTION_LINES]
     assert long == []
+
+
+def test_the_command_parser_imports_no_login_node_code() -> None:
+    """`python -m train launch` runs in the container on every node: building the parser
+    (which every command does) loads no Slurm client, doctor, preflight or image tools;
+    each command's handler imports those when it runs."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom train.cli import build_parser\nbuild_parser()\n"
+            "print('\\n'.join(sorted(sys.modules)))\n")
+    loaded = set(subprocess.run([sys.executable, "-c", code], check=True, text=True,
+                                capture_output=True).stdout.split())
+    assert {"train.cli.launch", "train.cli.jobs", "train.cli.runs"} <= loaded
+    login_only = ("train.slurm.scheduler", "train.slurm.queue", "train.slurm.submission",
+                  "train.slurm.chainstatus", "train.doctor", "train.preflight",
+                  "train.images", "train.clusters.probe", "train.defaults", "torch", "numpy",
+                  "matplotlib")
+    assert sorted(loaded & set(login_only)) == []

@@ -1,0 +1,118 @@
+"""The `train` command; the only place that turns exceptions into messages and exit codes.
+
+One module per command (or family of commands) holds its parser and its handler;
+handlers import what they need when they run, so `train launch` on the nodes stays light."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from train import __version__
+from train.cli import clusters, doctor, image, init, jobs, launch, run, runs
+from train.cli.common import HelpFormatter
+from train.config import FlagParser
+from train.errors import EXIT_FAILURE, EXIT_OK, TrainError, runtime_missing
+
+if TYPE_CHECKING:
+    from train.cli.common import Subparsers
+
+log = logging.getLogger("train")
+
+
+DESCRIPTION = """\
+Train on a university SLURM cluster inside a pinned container: write your defaults once
+(train init), render or submit a job as a chain of walltime-sized chunks that checkpoint
+and resume, follow it (status, logs, doctor), and train for real with train run (the demo
+needs no cluster or GPU: train run demo). `train COMMAND --help` describes each command.
+"""
+
+# each sub-command's parser, in the order `train --help` lists them
+ADD_COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
+    run.add_run, clusters.add_clusters, jobs.add_render, jobs.add_submit, init.add_init,
+    image.add_image, launch.add_launch, runs.add_summary, runs.add_status, runs.add_logs,
+    runs.add_cancel, doctor.add_doctor)
+# each sub-command's handler (render, submit and launch also take the words after `--`)
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": run._cmd_run, "clusters": clusters._cmd_clusters, "status": runs._cmd_status,
+    "logs": runs._cmd_logs, "cancel": runs._cmd_cancel, "image": image._cmd_image,
+    "init": init._cmd_init, "summary": runs._cmd_summary, "doctor": doctor._cmd_doctor}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = FlagParser(prog="train", description=DESCRIPTION, formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"train {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for add in ADD_COMMANDS:  # in this order in `train --help`
+        add(sub)
+    return parser
+
+
+def _setup_logging(verbose: bool) -> None:
+    rank = os.environ.get("RANK")
+    prefix = f"[rank {rank}] " if rank is not None else ""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format=f"%(asctime)s %(levelname)s {prefix}%(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+
+
+def _value_flag_joined(raw: list[str], flag: str) -> list[str]:
+    """`FLAG VALUE` as `FLAG=VALUE`: a value that is itself a flag (--resume-args
+    --init_from=resume), which argparse would take for an option of its own."""
+    out: list[str] = []
+    it = iter(raw)
+    for arg in it:
+        value = next(it, None) if arg == flag else None
+        out.append(arg if value is None else f"{flag}={value}")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    raw = list(sys.argv[1:] if argv is None else argv)
+    workload: list[str] | None = None  # None: no `--` given
+    if "--" in raw and any(c in raw[: raw.index("--")] for c in ("render", "submit",
+                                                                   "launch")):
+        cut = raw.index("--")
+        raw, workload = raw[:cut], raw[cut + 1:]
+    raw = _value_flag_joined(raw, "--resume-args")
+    parser = build_parser()
+    args = parser.parse_args(raw)
+    _setup_logging(args.verbose)
+    try:
+        if args.command == "launch":
+            return launch._cmd_launch(args, workload or [])
+        if args.command in ("render", "submit"):
+            job_cmd = jobs._cmd_render if args.command == "render" else jobs._cmd_submit
+            return job_cmd(args, workload)
+        return COMMANDS[args.command](args)
+    except TrainError as exc:
+        print(f"train: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("train: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `train status | head`: the reader left, nothing to report
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115  # no flush error at exit
+        return EXIT_OK
+    except ModuleNotFoundError as exc:  # a client-only install: `train run` needs the run extra
+        missing = runtime_missing(exc)
+        if missing is None:
+            log.exception("unexpected failure")
+            return EXIT_FAILURE
+        print(f"train: error: {missing}", file=sys.stderr)
+        return missing.exit_code
+    except Exception:
+        log.exception("unexpected failure")
+        return EXIT_FAILURE

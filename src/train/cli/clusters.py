@@ -1,0 +1,54 @@
+"""`train clusters`: list cluster profiles, show one, or probe the site."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
+
+from train.errors import EXIT_FAILURE, EXIT_OK, UsageError
+
+if TYPE_CHECKING:
+    from train.cli.common import Subparsers
+
+
+def add_clusters(sub: Subparsers) -> None:
+    """`train clusters [list|show|probe] [NAME]`."""
+    p = sub.add_parser("clusters", help="list cluster profiles, show one, or probe the site "
+                       "(on its login node: what Slurm says against the profile)")
+    p.add_argument("action", nargs="?", choices=["list", "show", "probe"], default="list")
+    p.add_argument("name", nargs="?", help="profile to show or probe")
+    p.add_argument("--write", action="store_true",
+                   help="probe: write the probed values as your profile NAME (extends NAME)")
+    p.add_argument("--profile", type=Path, action="append", default=[], metavar="FILE",
+                   help="extra profile YAML (may repeat)")
+
+
+def _cmd_clusters(args: argparse.Namespace) -> int:
+    from train.clusters.profiles import Registry, describe
+
+    registry = Registry(args.profile)
+    if args.write and args.action != "probe":
+        raise UsageError("--write: only with `train clusters probe NAME`")
+    if args.action == "show":
+        if not args.name:
+            raise UsageError("clusters show: name a profile; known: "
+                             + ", ".join(registry.names()))
+        print(yaml.safe_dump(describe(registry.get(args.name)), sort_keys=False), end="")
+        return EXIT_OK
+    if args.action == "probe":
+        from train.clusters.probe import probe
+
+        if not args.name:
+            raise UsageError("clusters probe: name a profile; known: "
+                             + ", ".join(registry.names()))
+        lines, read = probe(registry.get(args.name), write=args.write,
+                            extra_files=args.profile)
+        print("\n".join(lines))
+        return EXIT_OK if read else EXIT_FAILURE
+    for name in registry.names():
+        prof = registry.get(name)
+        print(f"{name:10s} {prof.description}  [{prof.source}]")
+    return EXIT_OK

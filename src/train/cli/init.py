@@ -1,0 +1,64 @@
+"""`train init`: write the defaults every job starts from."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
+
+from train.errors import EXIT_OK
+
+if TYPE_CHECKING:
+    from train.cli.common import Subparsers
+
+
+def add_init(sub: Subparsers) -> None:
+    """`train init`: the defaults' flags, --show and --reset."""
+    p = sub.add_parser("init", help="write your defaults for jobs (cluster, account, ...)",
+                       description="Write the defaults every job starts from (flags and the "
+                       "job file beat them). On a terminal with no flags: questions; "
+                       "otherwise the flags given are set, the rest kept.")
+    p.add_argument("--cluster", "-M", default=None, help="cluster profile")
+    p.add_argument("--account", "-A", default=None, help="SLURM account")
+    p.add_argument("--partition", "-p", default=None, help="partition")
+    p.add_argument("--runtime", default=None, choices=["none", "apptainer", "docker"])
+    p.add_argument("--image", default=None, help="SIF path or docker tag")
+    p.add_argument("--python", default=None, help="Python on the nodes or in the image")
+    p.add_argument("--bind", action="append", default=None, metavar="SRC[:DST[:ro]]",
+                   help="a bind every job gets (may repeat)")
+    p.add_argument("--env", action="append", default=None, metavar="NAME[=VALUE]",
+                   help="an environment setting every job gets (may repeat)")
+    p.add_argument("--show", action="store_true", help="print the defaults and their file")
+    p.add_argument("--reset", action="store_true", help="start from nothing, not the file")
+    p.add_argument("--profile", type=Path, action="append", default=[], metavar="FILE",
+                   help="extra cluster profile YAML (may repeat)")
+
+
+def _cmd_init(args: argparse.Namespace) -> int:
+    from train.clusters.profiles import Registry
+    from train.defaults import (
+        ASKED,
+        ask,
+        defaults_path,
+        interactive,
+        load_defaults,
+        merged,
+        write_defaults,
+    )
+
+    path = defaults_path()
+    current = load_defaults(path) if path.exists() and not args.reset else {}
+    if args.show:
+        print(f"# {path}" + ("" if path.exists() else " (not written yet)"))
+        print(yaml.safe_dump(current, sort_keys=False), end="")
+        return EXIT_OK
+    given = {k: getattr(args, k) for k in ASKED if getattr(args, k) is not None}
+    profiles = Registry(args.profile).names()
+    asking = not given and interactive()
+    values = ask(profiles, current) if asking else merged(current, given)
+    written = write_defaults(values, profiles, path)
+    print(f"defaults written to {written}")
+    print(yaml.safe_dump(load_defaults(written), sort_keys=False), end="")
+    return EXIT_OK

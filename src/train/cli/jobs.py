@@ -1,0 +1,213 @@
+"""`train render` and `train submit`: a job, or a sweep of jobs, from the job file,
+`train init`'s defaults and the flags."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from train.cli.common import HelpFormatter
+from train.config import add_fields, flags_from, load_yaml
+from train.errors import EXIT_OK, UsageError
+
+if TYPE_CHECKING:
+    from train.cli.common import Subparsers
+
+
+JOB_EPILOG = """\
+The workload and its arguments follow `--`, exactly as `train run` takes them, e.g.
+  train submit job.yaml --max-chunks 5 -- demo --episodes 9000 --res 32
+A job YAML file takes the same keys as the flags (with underscores), `workload` a list.
+Bad input exits 2 and nothing is submitted.
+"""
+
+
+# render and submit: the job's flags by topic (field name -> group), so the help reads as
+# a few short lists; a field not named here lands in "other" (a unit test refuses that)
+JOB_GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "job": ("what runs, and where its files go",
+            ("name", "cluster", "entry", "out", "sweep_seeds", "sweep", "sweep_throttle",
+             "no_check")),
+    "resources": ("what the job asks SLURM for, per node",
+                  ("account", "partition", "qos", "constraint", "time", "nodes",
+                   "gpus_per_node", "gpu_type", "cpus_per_task", "mem", "ntasks_per_node",
+                   "workers", "worker_mem", "preempt")),
+    "chain": ("walltime-sized chunks that checkpoint and resume",
+              ("max_chunks", "requeue", "stop_signal", "signal_margin", "time_budget",
+               "stop_mode", "resume_args", "save_path")),
+    "container": ("the runtime, the image, and what the program sees of the host",
+                  ("runtime", "image", "python", "bind", "env")),
+    "program": ("how the program is started on the nodes",
+                ("launch", "chdir", "data", "navsim_split", "navsim_script",
+                 "navsim_strategy")),
+    "GPU memory wait": ("before the program starts, on shared GPUs",
+                        ("min_free_mb", "wait_timeout", "fallback_batch")),
+    "monitoring": ("GPU utilisation watch while the job runs",
+                   ("gpu_watch_interval", "gpu_idle_threshold", "gpu_idle_minutes")),
+    "passed to SLURM": ("options this tool has no flag for",
+                        ("sbatch_extra", "srun_extra")),
+}
+
+
+def _job_groups(p: argparse.ArgumentParser) -> dict[str, Any]:
+    """The render/submit parser's argument groups, by field name ("other" for the rest)."""
+    by_field: dict[str, Any] = {}
+    for title, (text, names) in JOB_GROUPS.items():
+        group = p.add_argument_group(f"{title} ({text})")
+        by_field.update(dict.fromkeys(names, group))
+    by_field[""] = p.add_argument_group("other")
+    return by_field
+
+
+def _group_of(groups: dict[str, Any]) -> Callable[[str], Any]:
+    return lambda field: groups.get(field, groups[""])
+
+
+def add_render(sub: Subparsers) -> None:
+    """`train render`: the job's flags, as `train submit` takes them."""
+    _add_job_parser(sub, "render", "print the sbatch script(s) of a job (dry run)")
+
+
+def add_submit(sub: Subparsers) -> None:
+    """`train submit`: the job's flags, by topic."""
+    _add_job_parser(sub, "submit", "submit a job as a chain of chunks")
+
+
+def _add_job_parser(sub: Subparsers, name: str, text: str) -> None:
+    """A job command's parser: the job file, and the job's fields as flags in groups."""
+    from train.slurm.job import JobSpec
+
+    p = sub.add_parser(name, help=text, description=text.capitalize() + ".",
+                       epilog=JOB_EPILOG, formatter_class=HelpFormatter,
+                       usage="%(prog)s [JOB.yaml] [OPTIONS] [-- WORKLOAD [ARG ...]]")
+    p.add_argument("job_file", nargs="?", type=Path, metavar="JOB.yaml",
+                   help="job spec file")
+    groups = _job_groups(p)
+    groups["cluster"].add_argument("--profile", type=Path, action="append", default=[],
+                                   metavar="FILE",
+                                   help="extra cluster profile YAML (may repeat)")
+    groups["no_check"].add_argument(
+        "--no-check", action="store_true",
+        help="skip the login node's look at the image, the program and --python (for "
+        "nodes that see files or programs this login node does not), and submit without "
+        "asking Slurm first (sbatch --test-only)")
+    add_fields(p, JobSpec, skip=("workload",), group=_group_of(groups))
+
+
+def _resolved_jobs(args: argparse.Namespace, workload: list[str] | None
+                   ) -> tuple[Any, Path | None, list[tuple[Any, Any]]]:
+    """The job, or a sweep's jobs (one per task of its job array), each validated: (spec,
+    the sweep's directory or None, [(SweepTask or None, job)])."""
+    from train.slurm.job import resolve
+
+    spec, profile = _job_spec(args, workload)
+    if not spec.sweep_seeds and not spec.sweep:
+        if spec.sweep_throttle is not None:
+            raise UsageError("sweep_throttle: is for a sweep (--sweep-seeds or --sweep)")
+        return spec, None, [(None, resolve(spec, profile))]
+    from train.slurm.sweep import split, task_job
+
+    root, specs = split(spec, profile.max_array_size)
+    return spec, root, [(task, task_job(task, resolve(s, profile))) for task, s in specs]
+
+
+def _job_spec(args: argparse.Namespace, workload: list[str] | None) -> tuple[Any, Any]:
+    from train.clusters.profiles import Registry
+    from train.defaults import LISTS, defaults_path, joined, load_defaults, merged
+    from train.slurm.job import JobSpec, job_from_sources
+
+    file_values = load_yaml(args.job_file) if args.job_file is not None else {}
+    flags: dict[str, Any] = flags_from(args, JobSpec, skip=("workload",))
+    if workload is not None:
+        flags["workload"] = list(workload)
+    base = merged(load_defaults(), file_values)
+    for key in LISTS:  # list flags add to the file's and the defaults' lists
+        if key in flags and isinstance(base.get(key), list):
+            flags[key] = joined(map(str, base[key]), flags[key])  # flags are text
+    spec = job_from_sources(base, flags)
+    registry = Registry(args.profile)
+    if spec.cluster is None:
+        raise UsageError(f"no cluster given: use --cluster NAME (one of "
+                         f"{', '.join(registry.names())}), or set a default with "
+                         f"`train init --cluster NAME` (it goes to {defaults_path()})")
+    return spec, registry.get(spec.cluster)
+
+
+def _cmd_render(args: argparse.Namespace, workload: list[str] | None) -> int:
+    from train.slurm.render import library_path, render
+
+    spec, root, jobs = _resolved_jobs(args, workload)
+    jobs = _check_jobs(args, jobs, submitting=False)
+    if root is not None:
+        from train.slurm.sweeparray import array_script
+
+        print(f"# ---- the sweep's job array: {root}/jobs/array.sbatch ----")
+        print(array_script(spec.name, root, jobs, spec.sweep_throttle), end="")
+    for task, job in jobs:
+        if task is not None:
+            print(f"# ---- task {task.index} ({task.label}): chain {job.run_dir}, "
+                  "jobs/chain.sbatch ----")
+        print(render(job, library_path().read_text(encoding="utf-8")), end="")
+    return EXIT_OK
+
+
+def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
+    from train.slurm.render import library_path
+    from train.slurm.scheduler import submit_chain
+
+    spec, root, jobs = _resolved_jobs(args, workload)  # every seed validated first
+    jobs = _check_jobs(args, jobs, submitting=True)
+    from train.programs import submit_notes
+
+    job = jobs[0][1]
+    for note in submit_notes(spec.entry, spec.workload, job.launch, job.run_dir, spec.chdir):
+        print(f"train: warning: {note}", file=sys.stderr)
+    library = library_path().read_text(encoding="utf-8")
+    # a closed terminal (HUP) or a kill (TERM) mid-way must not leave a held job behind:
+    # both unwind like Ctrl-C, through submit_chain's clean-up
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM,
+                                                                signal.SIGHUP)}
+    try:
+        if root is not None:  # one job array, submitted whole or not at all
+            from train.slurm.sweep import swept_flag
+            from train.slurm.sweeparray import array_spec, submit_sweep
+
+            array_id = submit_sweep(spec.name, swept_flag(spec), root, jobs,
+                                    spec.sweep_throttle, library)
+            print(f"submitted sweep {spec.name}: job array {array_id} "
+                  f"(--array={array_spec(len(jobs), spec.sweep_throttle)}; each task chunk 1 "
+                  f"of at most {job.chunks}, chaining on its own); run dirs under {root}")
+            return EXIT_OK
+        chain = submit_chain(job, library)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print(f"submitted {job.spec.name}: job {chain.ids[0]} (chunk 1 of at most "
+          f"{job.chunks}; each chunk submits the next); run dir {chain.run_dir}")
+    return EXIT_OK
+
+
+def _check_jobs(args: argparse.Namespace, jobs: list[tuple[Any, Any]],
+                submitting: bool) -> list[tuple[Any, Any]]:
+    """What the login node can check before the queue wait (exit 2 at submit; warnings
+    at render, which works anywhere). Returns the jobs, with the client's launcher bound
+    in where the image has no `train` (train.images.features; not with --no-check)."""
+    from train.slurm.submitcheck import check_jobs
+
+    for note in check_jobs([job for _, job in jobs], submitting=submitting,
+                           no_check=args.no_check):
+        print(f"train: warning: {note}", file=sys.stderr)
+    if args.no_check:
+        return jobs
+    from train.images.features import equip
+
+    return [(task, equip(job)) for task, job in jobs]
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt

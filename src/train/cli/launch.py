@@ -1,0 +1,30 @@
+"""`train launch`: start a workload on every node of a job step, inside the container.
+
+It runs on every node: its flags and its start live in train.nodeentry (the node side,
+standard library only), which this module only hands the parser and the arguments to."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from train.nodeentry import add_launch_arguments
+
+if TYPE_CHECKING:
+    from train.cli.common import Subparsers
+
+
+def add_launch(sub: Subparsers) -> None:
+    """`train launch [OPTIONS] -- COMMAND`."""
+    p = sub.add_parser("launch", help="start a workload on every node of a job step "
+                       "(inside the container)",
+                       description="Run inside the container on each node of a SLURM job "
+                       "step: derive the rendezvous from SLURM and start the command after "
+                       "`--` (torchrun: one task per node; tasks: one task per GPU).")
+    add_launch_arguments(p)
+
+
+def _cmd_launch(args: argparse.Namespace, command: list[str]) -> int:
+    from train.nodeentry import run_launch
+
+    return run_launch(args, command)

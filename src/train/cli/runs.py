@@ -1,0 +1,219 @@
+"""Following submitted runs: `train status`, `logs`, `cancel` and `summary`."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from train.errors import EXIT_OK, TrainError, UsageError
+
+if TYPE_CHECKING:
+    from train.cli.common import Subparsers
+
+log = logging.getLogger("train")
+
+
+def add_summary(sub: Subparsers) -> None:
+    """`train summary NAME`: a seed sweep's results."""
+    p = sub.add_parser("summary", help="a seed sweep's results: per seed and across seeds",
+                       description="Print a table of the sweep's seeds (episodes, final "
+                       "evaluation, state) with the mean +- std of their final evaluations, "
+                       "and write runs/NAME/summary.csv: the seeds' episode rewards (moving "
+                       "average), their mean and standard deviation per episode. Works on "
+                       "the login-node client; summary.png is drawn where matplotlib is "
+                       "installed.")
+    p.add_argument("ref", metavar="NAME", help="the sweep's name (runs/NAME)")
+    p.add_argument("--runs", type=Path, default=Path("runs"), metavar="DIR",
+                   help="where runs live (default: runs)")
+    p.add_argument("--smooth", type=int, default=25, help="moving-average window "
+                   "(default 25)")
+
+
+def add_status(sub: Subparsers) -> None:
+    """`train status [NAME|JOBID]`: one run, a sweep, or every run."""
+    p = _add_run_parser(sub, "status", "state of a run's chain of jobs", "?")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--all", action="store_true", dest="all_runs",
+                   help="every run under --runs in one table: state, progress, GPU "
+                   "utilisation and `train doctor`'s verdict")
+    p.add_argument("--tasks", action="store_true", help="a sweep: one line per "
+                   "task (its chain's state, newest chunk, progress)")
+
+
+def add_logs(sub: Subparsers) -> None:
+    """`train logs NAME|JOBID`: a chunk's stdout or stderr log."""
+    p = _add_run_parser(sub, "logs", "print a run's job log", None)
+    p.add_argument("--err", action="store_true", help="the stderr log (tracebacks, "
+                   "logging, Lightning's output); without it, where it is")
+    p.add_argument("--follow", "-f", action="store_true",
+                   help="keep printing until the job ends")
+    p.add_argument("--job", default=None, help="a particular chunk's job id")
+
+
+def add_cancel(sub: Subparsers) -> None:
+    """`train cancel NAME|JOBID`: a chain, or a sweep's job array."""
+    _add_run_parser(sub, "cancel", "cancel a run's whole chain", None)
+
+
+def _add_run_parser(sub: Subparsers, name: str, text: str, nargs: str | None
+                    ) -> argparse.ArgumentParser:
+    """A command about one run: the run's name or job id, and where runs live."""
+    p = sub.add_parser(name, help=text, description=text.capitalize() + ".")
+    p.add_argument("ref", nargs=nargs, metavar="NAME|JOBID",
+                   help="run name (runs/NAME) or any job id of its chain")
+    p.add_argument("--runs", type=Path, default=Path("runs"), metavar="DIR",
+                   help="where runs live (default: runs)")
+    return p
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from train.slurm.scheduler import (
+        chain_dirs,
+        chain_status,
+        find_run,
+        format_status,
+        load_chain,
+    )
+    from train.slurm.sweep import is_sweep
+    from train.slurm.sweeparray import format_sweep_status, sweep_status
+
+    if args.all_runs:
+        if args.ref is not None:
+            raise UsageError("status: --all shows every run; give no run name with it")
+        from train import doctor
+
+        rows = doctor.overview(args.runs)
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            print("\n".join(doctor.format_overview(rows)) if rows else
+                  f"no runs under {args.runs}")
+        return EXIT_OK
+    found = find_run(args.ref, args.runs) if args.ref is not None else None
+    if found is not None and is_sweep(found):
+        st = sweep_status(found)
+        if args.json:
+            print(json.dumps(st, indent=2))
+        else:
+            print("\n".join(format_sweep_status(st, args.tasks)))
+        return EXIT_OK
+    if found is not None:
+        statuses = [chain_status(load_chain(found))]
+    else:  # every run: one unreadable record does not hide the others
+        statuses = []
+        for run_dir in chain_dirs(args.runs):
+            try:
+                statuses.append(chain_status(load_chain(run_dir)))
+            except UsageError as exc:
+                statuses.append({"name": run_dir.name, "run_dir": str(run_dir),
+                                 "state": "unreadable", "cause": str(exc)})
+    if args.json:
+        print(json.dumps(statuses if args.ref is None else statuses[0], indent=2))
+        return EXIT_OK
+    for st in statuses:
+        print("\n".join(format_status(st)) if st["state"] != "unreadable"
+              else f"{st['name']}: unreadable  {st['run_dir']}\n  {st['cause']}")
+    return EXIT_OK
+
+
+def _cmd_logs(args: argparse.Namespace) -> int:
+    from train.slurm.scheduler import ACTIVE_STATES, find_run, job_states, load_chain, log_path
+    from train.slurm.sweep import chain_paths, is_sweep
+
+    run_dir = find_run(args.ref, args.runs)
+    if is_sweep(run_dir):
+        raise UsageError(f"logs: {args.ref} is a sweep; name one seed's chain: "
+                         + ", ".join(f"{args.ref}/{p.name}" for _, p in chain_paths(run_dir)))
+    chain = load_chain(run_dir)
+    path = log_path(chain, args.job, args.err)
+    if not args.err:  # the program's own stderr (tracebacks, logging, Lightning) is apart
+        err = log_path(chain, args.job, True)
+        with contextlib.suppress(OSError):
+            if err.stat().st_size > 0:
+                print(f"train: this is the job's stdout; its stderr is in {err} ("
+                      f"{err.stat().st_size} bytes: `train logs {args.ref} --err`)",
+                      file=sys.stderr)
+    position = 0
+    while True:
+        if path.exists():
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                fh.seek(position)
+                chunk = fh.read()
+                position = fh.tell()
+            sys.stdout.write(chunk)
+            sys.stdout.flush()
+        if not args.follow:
+            if not path.exists():
+                raise UsageError(f"logs: {path} does not exist yet (the job has not started)")
+            return EXIT_OK
+        job_id = path.name.rsplit("-", 1)[-1].split(".")[0]  # logs/NAME-JOBID.out
+        if job_states([job_id]).get(job_id, {}).get("state") not in ACTIVE_STATES:
+            return EXIT_OK
+        time.sleep(1.0)
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    from train.slurm.scheduler import cancel_chain, find_run, load_chain
+    from train.slurm.sweep import is_sweep
+
+    run_dir = find_run(args.ref, args.runs)
+    if is_sweep(run_dir):
+        from train.slurm.sweeparray import cancel_sweep
+
+        ids = cancel_sweep(run_dir)
+        print(f"cancelled sweep {run_dir.name}: {' '.join(ids) if ids else 'no active jobs'}")
+        return EXIT_OK
+    dirs = [run_dir]
+    failures: list[TrainError] = []
+    for path in dirs:  # every chain of a sweep is tried, whatever one of them does
+        try:
+            chain = load_chain(path)
+            cancelled = cancel_chain(chain)
+        except TrainError as exc:
+            failures.append(exc)
+            print(f"train: {path.name}: {exc}", file=sys.stderr)
+            continue
+        print(f"cancelled {chain.record['name']}: "
+              f"{' '.join(cancelled) if cancelled else 'no active jobs'}")
+    if failures:
+        raise failures[0]
+    return EXIT_OK
+
+
+def _cmd_summary(args: argparse.Namespace) -> int:
+    from train.slurm.scheduler import find_run
+    from train.slurm.sweep import is_sweep, summarize
+
+    root = find_run(args.ref, args.runs)
+    if not is_sweep(root):
+        raise UsageError(f"summary: {args.ref} is not a seed sweep (submit one with "
+                         "--sweep-seeds)")
+    if args.smooth < 1:
+        raise UsageError(f"summary: --smooth must be at least 1, got {args.smooth}")
+    summary = summarize(root, args.smooth, _chain_states(root))
+    print("\n".join(summary.table))
+    for note in summary.notes:
+        print(f"train: {note}", file=sys.stderr)
+    written = [str(p) for p in (summary.csv, summary.plot) if p is not None]
+    if written:
+        print(f"written: {' and '.join(written)}")
+    return EXIT_OK
+
+
+def _chain_states(root: Path) -> dict[str, str]:
+    """Each task's chain state as `train status` shows it, where Slurm answers; the
+    summary falls back to the run folders where it does not (or a chain has no record)."""
+    from train.slurm.sweeparray import sweep_status
+
+    try:
+        chains = sweep_status(root)["chains"]
+    except TrainError as exc:
+        log.debug("summary: no chain states: %s", exc)
+        return {}
+    return {str(c["label"]): str(c["state"]) for c in chains}
