@@ -32,32 +32,36 @@ def add_image(sub: Subparsers) -> None:
     p.add_argument("--defs", type=Path, default=None, metavar="DIR",
                    help="folder holding the .def files and requirements/ (default: "
                    "$TRAIN_DEFS, the clone's containers/, then the installed copy)")
-    p.add_argument("--no-cache", action="store_true",
-                   help="build: no effect since every Docker build starts from the base "
-                   "image (kept for scripts that pass it)")
-    p.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE",
-                   help="override a %%arguments default (may repeat)")
-    p.add_argument("--localimage", action="append", default=[], metavar="SIF=TAG",
-                   help="docker tag to use for a localimage bootstrap (may repeat)")
-    p.add_argument("--tag", default=None, help="docker tag (default: train/IMAGE:local)")
-    p.add_argument("--from", dest="from_image", choices=["base", "sc2", "navsim"],
-                   default="base", help="new: the image of ours to build on")
-    p.add_argument("--requirements", type=Path, default=None, metavar="FILE",
-                   help="new: your requirements (name and version specifier, one a line)")
-    p.add_argument("--editable", type=Path, default=None, metavar="DIR",
-                   help="new: a local project installed editable at /opt/src/NAME")
-    p.add_argument("--find-links", type=Path, default=None, metavar="DIR",
-                   help="new: resolve from this folder of wheels only, not the index")
-    p.add_argument("--engine", choices=["auto", "apptainer", "docker"], default="auto")
-    p.add_argument("--fakeroot", action="store_true", help="apptainer build --fakeroot")
-    p.add_argument("--network", choices=["none", "default", "host"], default=None,
-                   help="build, docker engine: the network the build's steps reach (default "
-                   "none: offline inputs only, as in CI; `default` for a real build that "
-                   "downloads the CUDA base's packages, the game and the wheels)")
-    p.add_argument("--out", type=Path, default=None,
-                   help="translate: context dir; build, test, digest: SIF path (docker "
-                   "build: the build record's path); export: tar path; digest: also write "
-                   "the listing there when a docker tag is used")
+    build = p.add_argument_group("building", "translate, build, test, digest, export")
+    build.add_argument("--no-cache", action="store_true",
+                       help="build: no effect since every Docker build starts from the base "
+                       "image (kept for scripts that pass it)")
+    build.add_argument("--build-arg", action="append", default=[], metavar="NAME=VALUE",
+                       help="override a %%arguments default (may repeat)")
+    build.add_argument("--localimage", action="append", default=[], metavar="SIF=TAG",
+                       help="docker tag to use for a localimage bootstrap (may repeat)")
+    build.add_argument("--tag", default=None, help="docker tag (default: train/IMAGE:local)")
+    new = p.add_argument_group("new", "a definition of your own, on one of ours")
+    new.add_argument("--from", dest="from_image", choices=["base", "sc2", "navsim"],
+                     default="base", help="new: the image of ours to build on")
+    new.add_argument("--requirements", type=Path, default=None, metavar="FILE",
+                     help="new: your requirements (name and version specifier, one a line)")
+    new.add_argument("--editable", type=Path, default=None, metavar="DIR",
+                     help="new: a local project installed editable at /opt/src/NAME")
+    new.add_argument("--find-links", type=Path, default=None, metavar="DIR",
+                     help="new: resolve from this folder of wheels only, not the index")
+    engine = p.add_argument_group("engine", "apptainer or docker, and how it builds")
+    engine.add_argument("--engine", choices=["auto", "apptainer", "docker"], default="auto")
+    engine.add_argument("--fakeroot", action="store_true", help="apptainer build --fakeroot")
+    engine.add_argument("--network", choices=["none", "default", "host"], default=None,
+                        help="build, docker engine: the network the build's steps reach (default "
+                        "none: offline inputs only, as in CI; `default` for a real build that "
+                        "downloads the CUDA base's packages, the game and the wheels)")
+    output = p.add_argument_group("output")
+    output.add_argument("--out", type=Path, default=None,
+                        help="translate: context dir; build, test, digest: SIF path (docker "
+                        "build: the build record's path); export: tar path; digest: also write "
+                        "the listing there when a docker tag is used")
 
 
 def _pairs(items: list[str], flag: str) -> dict[str, str]:

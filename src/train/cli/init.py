@@ -20,20 +20,25 @@ def add_init(sub: Subparsers) -> None:
                        description="Write the defaults every job starts from (flags and the "
                        "job file beat them). On a terminal with no flags: questions; "
                        "otherwise the flags given are set, the rest kept.")
-    p.add_argument("--cluster", "-M", default=None, help="cluster profile")
-    p.add_argument("--account", "-A", default=None, help="SLURM account")
-    p.add_argument("--partition", "-p", default=None, help="partition")
-    p.add_argument("--runtime", default=None, choices=["none", "apptainer", "docker"])
-    p.add_argument("--image", default=None, help="SIF path or docker tag")
-    p.add_argument("--python", default=None, help="Python on the nodes or in the image")
-    p.add_argument("--bind", action="append", default=None, metavar="SRC[:DST[:ro]]",
-                   help="a bind every job gets (may repeat)")
-    p.add_argument("--env", action="append", default=None, metavar="NAME[=VALUE]",
-                   help="an environment setting every job gets (may repeat)")
-    p.add_argument("--show", action="store_true", help="print the defaults and their file")
-    p.add_argument("--reset", action="store_true", help="start from nothing, not the file")
-    p.add_argument("--profile", type=Path, action="append", default=[], metavar="FILE",
-                   help="extra cluster profile YAML (may repeat)")
+    job = p.add_argument_group("where jobs run")
+    job.add_argument("--cluster", "-M", default=None, help="cluster profile")
+    job.add_argument("--account", "-A", default=None, help="SLURM account")
+    job.add_argument("--partition", "-p", default=None, help="partition")
+    box = p.add_argument_group("container", "the runtime, the image and what the program "
+                               "sees of the host")
+    box.add_argument("--runtime", default=None, choices=["none", "apptainer", "docker"])
+    box.add_argument("--image", default=None, help="SIF path or docker tag")
+    box.add_argument("--python", default=None, help="Python on the nodes or in the image")
+    box.add_argument("--bind", action="append", default=None, metavar="SRC[:DST[:ro]]",
+                     help="a bind every job gets (may repeat)")
+    box.add_argument("--env", action="append", default=None, metavar="NAME[=VALUE]",
+                     help="an environment setting every job gets (may repeat)")
+    file = p.add_argument_group("the defaults file")
+    file.add_argument("--show", action="store_true", help="print the defaults and their file")
+    file.add_argument("--reset", action="store_true", help="start from nothing, not the file")
+    extra = p.add_argument_group("cluster profiles")
+    extra.add_argument("--profile", type=Path, action="append", default=[], metavar="FILE",
+                       help="extra cluster profile YAML (may repeat)")
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
