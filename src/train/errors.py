@@ -1,4 +1,4 @@
-"""The project's exception types; `cli.py` alone maps them to messages and exit codes.
+"""The project's exception types; `train.cli` alone maps them to messages and exit codes.
 
 Exit codes (also documented in the README and `train run --help`):
   0  success, or a clean stop (time budget, SIGUSR1/SIGTERM/SIGINT) after a checkpoint

@@ -9,7 +9,7 @@ this module. Everything imported from here on (launch, signals, the scontrol sta
 the GPU watch) uses the standard library, with torch where the image has it
 (tests/unit/test_nodeentry.py holds that line, for MIN_PYTHON as well).
 
-The normal entry (`python -m train launch`, through cli.py) shares the parser below.
+The normal entry (`python -m train launch`, through train.cli) shares the parser below.
 """
 
 from __future__ import annotations
