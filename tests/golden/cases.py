@@ -7,6 +7,8 @@ then review the diff (`git diff tests/golden`) before committing.
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +101,23 @@ def resolved(case: str) -> ResolvedJob:
 
 def rendered(case: str) -> str:
     return render(resolved(case), library_path().read_text(encoding="utf-8"))
+
+
+def script_array(text: str, name: str) -> list[str]:
+    """A bash array of a rendered script as bash makes it: the script up to its last line
+    (which would start the chunk) run with `module` a no-op, then step_command (which sets
+    STEP)."""
+    body = text[:text.rindex('train_main "$@"')]
+    probe = ("module() { :; }\nml() { :; }\n" + body + "step_command\n"
+             + f'for a in "${{{name}[@]}}"; do printf \'%s\\0\' "$a"; done\n')
+    proc = subprocess.run(["bash", "-c", probe], capture_output=True, check=True,
+                          env={"PATH": os.environ["PATH"]}, timeout=60)
+    return proc.stdout.decode("utf-8").split("\0")[:-1]
+
+
+def script_step(text: str) -> list[str]:
+    """The step's argv as bash makes it from a rendered script."""
+    return script_array(text, "STEP")
 
 
 def golden_path(case: str) -> Path:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import spawn_group
-from tests.golden.cases import CASES, rendered
+from tests.golden.cases import CASES, rendered, script_step
 from train import container
 from train.slurm.contract import DOCKER_JOB_LABEL
 
@@ -246,19 +246,13 @@ def test_without_killwait_in_slurm_conf_the_stop_waits_slurms_default(
     assert proc.returncode == 5 and f"stop -t 30 {NAME}" in _calls(stub)
 
 
-def test_rendered_docker_step_reaches_docker_verbatim(stub: dict[str, str],
-                                                      tmp_path: Path) -> None:
+def test_rendered_docker_step_reaches_docker_verbatim(stub: dict[str, str]) -> None:
     case = "local-multinode"
     assert CASES[case]["runtime"] == "docker"
-    text = rendered(case)
-    start = text.index("STEP=(")
-    block = text[start:text.index("\n)\n", start) + 3]
-    script = tmp_path / "step.sh"
-    # the step as rendered, from the wrapper on (srun's part left out)
-    script.write_text(block + 'for i in "${!STEP[@]}"; do [ "${STEP[i]}" = bash ] && break;'
-                      ' done\nexec "${STEP[@]:i}"\n')
-    proc = subprocess.run(["bash", str(script)], env={**stub, "STUB_MODE": "exit",
-                                                      "STUB_RC": "0"},
+    # the step as bash makes it from the script, from the wrapper on (srun's part left out)
+    step = script_step(rendered(case))
+    proc = subprocess.run(step[step.index("bash"):], env={**stub, "STUB_MODE": "exit",
+                                                           "STUB_RC": "0"},
                           capture_output=True, text=True, timeout=30, check=False)
     assert proc.returncode == 0, proc.stderr
     argv = (Path(stub["STUB_DIR"]) / "run.argv").read_text().split("\0")[:-1]

@@ -7,12 +7,12 @@ needs torch with neither an image nor a Python, the field notes' host-OOM settin
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import run_cli
+from tests.golden.cases import script_step
 from train.clusters.profiles import Registry, parse_mem, parse_time
 
 REG = Registry(environ={})
@@ -58,8 +58,7 @@ def _sbatch(script: str) -> dict[str, str]:
 
 
 def _step(script: str) -> list[str]:
-    body = script.split("STEP=(\n", 1)[1].split("\n)\n", 1)[0]
-    return [shlex.split(line)[0] for line in body.splitlines() if line.strip()]
+    return script_step(script)
 
 
 def _binds(step: list[str]) -> list[str]:

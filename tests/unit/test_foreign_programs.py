@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.golden.cases import script_step
 from train.entry import entry_code, module_argv, tool_args
 from train.programs import imports_lightning, script_of, submit_notes
 
@@ -76,9 +77,9 @@ def test_no_rendered_step_imports_train_from_the_folder(tmp_path: Path,
     proc = run_cli(["render", "--name", "r", "--cluster", "local", "--runtime", "none",
                     "--python", sys.executable, *flags], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    step = proc.stdout.split("STEP=(")[1].split("\n)")[0]
-    assert "'-m'" not in step.split("'--'")[0] and "-m train" not in proc.stdout
-    assert "runpy.run_module" in step
+    step = script_step(proc.stdout)
+    assert "-m" not in step and "-m train" not in proc.stdout
+    assert any("runpy.run_module" in arg for arg in step)
 
 
 def test_chdir_is_absolute_in_the_step_and_a_missing_folder_is_refused(

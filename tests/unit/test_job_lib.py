@@ -185,7 +185,7 @@ def _script(tmp_path: Path, **values: str) -> Path:
     lines = ["#!/bin/bash", "set -euo pipefail",
              *[f"{k}={shlex.quote(v)}" for k, v in settings.items()
                if not k.startswith("ARRAY_")],
-             f"STEP=({shlex.quote(str(step))})",
+             f"step_command() {{ STEP=({shlex.quote(str(step))}); }}",
              *[f"{k[6:]}=({' '.join(shlex.quote(v) for v in vs.splitlines())})"
                for k, vs in values.items() if k.startswith("ARRAY_")],
              library_path().read_text(encoding="utf-8"), 'train_main "$@"']

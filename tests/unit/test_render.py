@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.golden.cases import CASES, RUN_ROOT, golden_path, rendered
+from tests.golden.cases import CASES, RUN_ROOT, golden_path, rendered, script_step
 from train.errors import ConfigError
 from train.slurm import contract
 from train.slurm.render import sbatch_value
@@ -50,11 +50,11 @@ def test_sbatch_lines_are_stable_and_ordered() -> None:
 
 def test_srun_passes_cpus_and_kill_on_bad_exit() -> None:
     text = rendered("gilbreth-chunked")
-    step = text[text.index("STEP=("):text.index(")\n", text.index("STEP=("))]
+    step = script_step(text)
     assert "--cpus-per-task=4" in step and "--kill-on-bad-exit=1" in step
     assert "set -euo pipefail" in text and "--open-mode=append" in text
     assert "--signal=B:USR1@300" in text
-    assert "--time-budget\n    6900" in text  # 2 h minus the 300 s margin
+    assert step[-2:] == ["--time-budget", "6900"]  # 2 h minus the 300 s margin
 
 
 def test_one_script_serves_every_chunk_of_the_chain() -> None:
@@ -71,15 +71,17 @@ def test_one_script_serves_every_chunk_of_the_chain() -> None:
 
 
 def test_the_results_csv_is_passed_as_an_absolute_path() -> None:
-    text = rendered("gilbreth-chunked")
-    assert f"--results-csv\n    {RUN_ROOT}/results.csv\n" in text
+    step = script_step(rendered("gilbreth-chunked"))
+    at = step.index("--results-csv")
+    assert step[at + 1] == f"{RUN_ROOT}/results.csv"
 
 
 def test_preemptible_jobs_may_be_requeued_by_the_site() -> None:
     text = rendered("torch-chunked")
     assert "#SBATCH --requeue\n" in text and "--no-requeue" not in text
-    assert "REQUEUE=0\nREQUEUE_ALLOWED=1\n" in text
-    assert "REQUEUE=0\nREQUEUE_ALLOWED=0\n" in rendered("gilbreth-chunked")
+    assert "\nREQUEUE=0\n" in text and "\nREQUEUE_ALLOWED=1\n" in text
+    gilbreth = rendered("gilbreth-chunked")
+    assert "\nREQUEUE=0\n" in gilbreth and "\nREQUEUE_ALLOWED=0\n" in gilbreth
 
 
 def test_site_specific_gpu_requests() -> None:

@@ -3,13 +3,13 @@ and refuses, what the rendered script carries, and where a resubmitted chain sta
 
 from __future__ import annotations
 
-import shlex
 import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import run_cli
+from tests.golden.cases import script_array
 from train.errors import ConfigError
 from train.slurm import contract
 from train.slurm.job import JobSpec
@@ -19,12 +19,7 @@ BASE = ["render", "--name", "r", "--cluster", "local", "--runtime", "none", "--p
         sys.executable, "--entry", "command"]
 
 
-def _array(script: str, name: str) -> list[str]:
-    body = script.split(f"\n{name}=(\n", 1)[1].split("\n)", 1)[0]
-    return [shlex.split(line)[0] for line in body.splitlines() if line.strip()]
-
-
-def test_resume_args_take_a_flag_as_their_value_and_render_as_an_array(
+def test_resume_args_take_a_flag_as_their_value_and_render_as_anscript_array(
         tmp_path: Path) -> None:
     (tmp_path / "x.py").write_text("")
     (tmp_path / "work").mkdir()
@@ -33,16 +28,16 @@ def test_resume_args_take_a_flag_as_their_value_and_render_as_an_array(
                     "--", "python3", "x.py"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     script = proc.stdout
-    assert _array(script, "RESUME_ARGS") == ["--init_from=resume"]
-    assert _array(script, "SAVE_PATHS") == [str(tmp_path / "out"), "/abs/ckpt.pt"]
+    assert script_array(script, "RESUME_ARGS") == ["--init_from=resume"]
+    assert script_array(script, "SAVE_PATHS") == [str(tmp_path / "out"), "/abs/ckpt.pt"]
     assert "\nSTOP_MODE=kill\n" in script and "\nSTOP_SIGNAL=TERM\n" in script
     assert "--signal=B:USR1@" in script  # the batch shell gets the margin's signal
     # relative save paths are from --chdir, where the program runs; quoting as a shell's
     proc = run_cli([*BASE, "--chdir", "work", "--resume-args", "--resume 'a b'",
                     "--save-path", "out", "--", "python3", "x.py"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert _array(proc.stdout, "RESUME_ARGS") == ["--resume", "a b"]
-    assert _array(proc.stdout, "SAVE_PATHS") == [str(tmp_path / "work" / "out")]
+    assert script_array(proc.stdout, "RESUME_ARGS") == ["--resume", "a b"]
+    assert script_array(proc.stdout, "SAVE_PATHS") == [str(tmp_path / "work" / "out")]
     assert "\nSTOP_MODE=signal\n" in proc.stdout
 
 

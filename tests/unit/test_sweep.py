@@ -44,7 +44,7 @@ def test_render_shows_every_seeds_chain_and_refuses_repeats(tmp_path: Path) -> N
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("#!/bin/bash") == 3  # the array's script and each chain's
     assert "#SBATCH --array=0-1\n" in proc.stdout
-    assert "--seeds\n    4" in proc.stdout.replace("'", "") and "seed-6" in proc.stdout
+    assert " --seeds 4 " in proc.stdout.replace("'", "") and "seed-6" in proc.stdout
     proc = run_cli(["render", "-M", "local", "--runtime", "none", "--sweep-seeds", "4 4", "--",
                     "demo"],
                    cwd=tmp_path)

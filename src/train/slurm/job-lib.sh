@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Host-side job library, inlined into the script `train render` writes. The renderer sets
-# before it: RUN_DIR MAX_CHUNKS REQUEUE REQUEUE_ALLOWED COMPLETE_ON_SUCCESS
-# WALLTIME_SECONDS STOP_SIGNAL STOP_MARGIN STOP_VIA STEP_GRACE STOP_MODE KILL_GRACE RUNTIME
-# IMAGE, the arrays STEP, RESUME_ARGS and SAVE_PATHS, and the contract's names
+# Host-side job library, inlined into the script `train render` writes, below its marker
+# line. The renderer sets before it: RUN_DIR MAX_CHUNKS REQUEUE REQUEUE_ALLOWED
+# COMPLETE_ON_SUCCESS WALLTIME_SECONDS STOP_SIGNAL STOP_MARGIN STOP_VIA STEP_GRACE STOP_MODE
+# KILL_GRACE RUNTIME IMAGE, the arrays RESUME_ARGS and SAVE_PATHS, the function
+# step_command (it sets the array STEP: the step's argv), and the contract's names
 # (files COMPLETE_FILE PROGRESS_FILE IDS_FILE EVENTS_FILE LOG_DIR, the label
 # DOCKER_JOB_LABEL, the step's READY_VAR, the event names EV_*), all defined once in
 # train/slurm/contract.py.
@@ -234,7 +235,9 @@ train_start_step() {
     TRAIN_WATCHER=$!
     # a program that resumes only when told: after a checkpointed stop of the run (this
     # chain's or an earlier one's), its arguments end with --resume-args
-    # shellcheck disable=SC2153  # STEP: set by the renderer
+    # the renderer's step_command sets STEP (the per-node wrapper is known by then)
+    step_command
+    # shellcheck disable=SC2153  # STEP: set by step_command
     local step_argv=("${STEP[@]}")
     if [ -n "${RESUME_ARGS[*]+x}" ] && [ -e "$RUN_DIR/$SAVED_FILE" ]; then
         step_argv+=("${RESUME_ARGS[@]}")

@@ -8,6 +8,7 @@ when they are plain, and double-quoted otherwise.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shlex
@@ -16,9 +17,10 @@ from pathlib import Path
 
 from train import container
 from train.clusters.profiles import format_mem, format_time, parse_mem
-from train.entry import module_argv
+from train.entry import entry_code, module_argv
 from train.errors import ConfigError
 from train.nodeentry import entry_argv
+from train.nodeentry import entry_code as nodeentry_code
 from train.slurm import contract
 from train.slurm.job import ResolvedJob, navsim_command
 from train.workloads import navsim
@@ -26,6 +28,16 @@ from train.workloads import navsim
 _PLAIN = re.compile(r"^[A-Za-z0-9_.,:=@%/+|-]+$")
 LIBRARY_NAME = "job-lib.sh"
 STEP_GRACE_SECONDS = 30
+STEP_WIDTH = 88  # the step command's lines, the ` \` included
+NODE_WRAPPER_VAR = "NODE_WRAPPER"
+PYTHON_M_TRAIN_VAR = "PYTHON_M_TRAIN"
+BOUND_LAUNCHER_VAR = "BOUND_LAUNCHER"
+_NAMED = {NODE_WRAPPER_VAR: "the per-node wrapper srun runs (the batch script is not on "
+                            "the other nodes)",
+          PYTHON_M_TRAIN_VAR: "`python -m train`, never importing a train.py from the "
+                              "folder it runs in",
+          BOUND_LAUNCHER_VAR: "the client's launcher, bound read-only into an image "
+                              "without train (train.nodeentry)"}
 
 # apptainer --cleanenv drops the host environment; the per-task SLURM and rank variables
 # `train launch` reads are handed in through APPTAINERENV_ copies made in each task.
@@ -183,7 +195,10 @@ def train_argv(job: ResolvedJob) -> list[str]:
     return [*job.spec.workload, *tail]
 
 
-def step_argv(job: ResolvedJob) -> list[str]:
+def step_segments(job: ResolvedJob) -> list[list[str]]:
+    """The step's argv in the parts the script shows on lines of their own: srun and its
+    options, the container runtime's (from its per-node wrapper on; none for runtime none),
+    the launcher up to its `--` (where there is one), the program."""
     spec = job.spec
     srun = ["srun", "--kill-on-bad-exit=1", f"--nodes={spec.nodes}",
             f"--ntasks-per-node={job.ntasks_per_node}",
@@ -203,7 +218,7 @@ def step_argv(job: ResolvedJob) -> list[str]:
         run = [*module_argv(spec.python), "run", *train_argv(job)]
     if job.launch == "single" and spec.entry == "train" and spec.min_free_mb is None \
             and job.gpu_watch is None and spec.chdir is None:
-        return [*srun, *prefix, *run]  # `train run` alone: nothing to do before it
+        return [srun, prefix, run]  # `train run` alone: nothing to do before it
     # an image without `train`: the client's own launcher, bound in (train.nodeentry)
     start = entry_argv(spec.python) if job.launcher_binds else module_argv(spec.python)
     launch = [*start, "launch", f"--mode={job.launch}"]
@@ -218,7 +233,11 @@ def step_argv(job: ResolvedJob) -> list[str]:
             launch.append(f"--fallback-batch={spec.fallback_batch}")
     if spec.chdir is not None:
         launch.append(f"--chdir={program_folder(spec.chdir)}")
-    return [*srun, *prefix, *launch, "--", *run]
+    return [srun, prefix, [*launch, "--"], run]
+
+
+def step_argv(job: ResolvedJob) -> list[str]:
+    return [arg for part in step_segments(job) for arg in part]
 
 
 def program_folder(chdir: str) -> str:
@@ -244,53 +263,137 @@ def _strip_header(library: str) -> str:
     return "\n".join(lines).strip("\n")
 
 
+def library_version(library: str) -> str:
+    """The chain library's version: the start of the sha256 of its text as inlined."""
+    return hashlib.sha256(_strip_header(library).encode("utf-8")).hexdigest()[:12]
+
+
+def marker_line(library: str) -> str:
+    """The line between what a researcher reads and the generated rest of the script."""
+    return (f"# ---- train chain library (version {library_version(library)}): "
+            "generated, do not edit below ----")
+
+
 def render(job: ResolvedJob, library: str) -> str:
     """The sbatch script every chunk of the job's chain runs (its chunk number is the
-    script's first argument: `sbatch SCRIPT 1`, and each chunk submits the next)."""
+    script's first argument: `sbatch SCRIPT 1`, and each chunk submits the next).
+
+    What a researcher reads comes first: the #SBATCH lines, the run's settings, the site
+    set-up and the step command; below one marker line, everything generated: the
+    contract's names, the per-node wrapper and the chain library. Bash runs it top to
+    bottom: the top only sets variables (and runs the site set-up), the library only
+    defines, and the last line starts the chunk."""
+    return "\n".join([*_readable_part(job), marker_line(library),
+                      *_library_part(job, library), 'train_main "$@"', ""])
+
+
+def _readable_part(job: ResolvedJob) -> list[str]:
     spec = job.spec
     out: list[str] = ["#!/bin/bash"]
     out += [f"#SBATCH {line}" for line in sbatch_options(job)]
     out += [
-        f"# Rendered by `train render` for cluster {job.profile.name}: every chunk of the "
-        f"chain (at most {job.chunks}) runs this script; its argument is the chunk "
-        "number.",
-        "# Edit the job spec and render again rather than editing this file.",
+        f"# Rendered by `train render` (cluster {job.profile.name}): each chunk of the chain "
+        f"(at most {job.chunks}) runs it with its chunk number; change the job spec and "
+        "render again instead of editing it.",
         "set -euo pipefail",
-        "",
         f"RUN_DIR={shlex.quote(job.run_dir)}",
+        f"RUNTIME={shlex.quote(spec.runtime)}",
+        f"IMAGE={shlex.quote(spec.image or '')}",
         f"MAX_CHUNKS={job.chunks}",
-        f"REQUEUE={1 if spec.requeue else 0}",
-        f"REQUEUE_ALLOWED={1 if requeue_allowed(job) else 0}",
-        # a program other than `train run` that exits 0 before its stop signal is done
-        f"COMPLETE_ON_SUCCESS={0 if spec.entry == 'train' else 1}",
         f"WALLTIME_SECONDS={job.minutes * 60}",
         f"STOP_SIGNAL={job.stop}",
         f"STOP_MARGIN={job.margin}",
-        f"STOP_VIA={stop_route(job)}",
-        f"STEP_GRACE={step_grace(job)}",
         f"STOP_MODE={spec.stop_mode}",
-        f"KILL_GRACE={kill_grace(job)}",
-        f"RUNTIME={shlex.quote(spec.runtime)}",
-        f"IMAGE={shlex.quote(spec.image or '')}",
-        "# the contract with train (train/slurm/contract.py)",
-        *[f"{k}={shlex.quote(v)}" for k, v in contract.shell_variables().items()],
+        f"REQUEUE={1 if spec.requeue else 0}",
+        "RESUME_ARGS=(" + " ".join(map(shlex.quote, spec.resume_argv))
+        + ")  # added to the program's arguments after a checkpointed stop",
+        "SAVE_PATHS=(" + " ".join(map(shlex.quote, save_paths(job)))
+        + ")  # where the program saves, besides the run folder",
     ]
     values = step_environment(job)
     names = [*job.env_names, *(values if spec.runtime == "apptainer" else ())]
     env = {**values, container.ENV_NAMES_VAR: " ".join(dict.fromkeys(names))}
     out.append("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
     if job.profile.modules and spec.runtime == "apptainer":
-        out += ["", "# site set-up (from the cluster profile)", *job.profile.modules]
-    out += ["", "# shellcheck disable=SC2016,SC2054  # literal arguments, quoted on purpose",
-            "STEP=(", *_wrap(step_argv(job)), ")",
-            "# added to the program's arguments after a checkpointed stop (--resume-args)",
-            "RESUME_ARGS=(", *_wrap(job.spec.resume_argv), ")",
-            "# where the program saves, besides the run folder (--save-path)",
-            "SAVE_PATHS=(", *_wrap(save_paths(job)), ")", "",
-            f"# --- {LIBRARY_NAME} (inlined) ---", _strip_header(library),
-            f"# --- end of {LIBRARY_NAME} ---", "", 'train_main "$@"', ""]
-    return "\n".join(out)
+        out += ["# site set-up (from the cluster profile)", *job.profile.modules]
+    out += [f"# the job step, run by srun on every node (${NODE_WRAPPER_VAR}, below, is the "
+            "per-node wrapper)",
+            "# shellcheck disable=SC2016,SC2054  # literal arguments, quoted on purpose",
+            "step_command() {", *step_command_lines(job), "}"]
+    return out
 
 
-def _wrap(argv: Sequence[str]) -> list[str]:
-    return ["    " + shlex.quote(arg) for arg in argv]
+def _library_part(job: ResolvedJob, library: str) -> list[str]:
+    spec = job.spec
+    out = [
+        f"REQUEUE_ALLOWED={1 if requeue_allowed(job) else 0}",
+        # a program other than `train run` that exits 0 before its stop signal is done
+        f"COMPLETE_ON_SUCCESS={0 if spec.entry == 'train' else 1}",
+        f"STOP_VIA={stop_route(job)}",
+        f"STEP_GRACE={step_grace(job)}",
+        f"KILL_GRACE={kill_grace(job)}",
+        "# the contract with train (train/slurm/contract.py)",
+        *[f"{k}={shlex.quote(v)}" for k, v in contract.shell_variables().items()],
+    ]
+    for text, name in _named_texts(job).items():
+        # (literal text: another shell expands it)
+        out += [f"# shellcheck disable=SC2016  # {_NAMED[name]}",
+                f"{name}={shlex.quote(text)}"]
+    return [*out, _strip_header(library)]
+
+
+def _named_texts(job: ResolvedJob) -> dict[str, str]:
+    """The long `-c` texts of the step the command line names by a variable (defined
+    below the marker): the per-node wrapper, and `python -m train` as a job runs it."""
+    named: dict[str, str] = {}
+    for part in step_segments(job):
+        if part[:2] == ["bash", "-c"] and len(part) > 3:
+            named[part[2]] = NODE_WRAPPER_VAR
+    if any(arg == entry_code() for part in step_segments(job) for arg in part):
+        named.setdefault(entry_code(), PYTHON_M_TRAIN_VAR)
+    bound = nodeentry_code()
+    if any(arg == bound for part in step_segments(job) for arg in part):
+        named.setdefault(bound, BOUND_LAUNCHER_VAR)
+    return named
+
+
+def step_command_lines(job: ResolvedJob) -> list[str]:
+    """The step as one shell command line, wrapped with ` \\` at about STEP_WIDTH
+    columns: each part (srun, the runtime, the launcher, the program) on lines of its
+    own, an option and its value kept together, every argument shell-quoted, the long
+    `-c` texts by their variables' names."""
+    named = _named_texts(job)
+    lines: list[str] = []
+    for part in step_segments(job):
+        if not part:
+            continue
+        words = [f'"${named[arg]}"' if i and part[i - 1] == "-c" and arg in named
+                 else shlex.quote(arg) for i, arg in enumerate(part)]
+        lines += _fill(_units(part, words), "        ")
+    lines[0] = "    STEP=(" + lines[0].lstrip()
+    return [line + " \\" for line in lines[:-1]] + [lines[-1] + ")"]
+
+
+def _units(argv: Sequence[str], words: Sequence[str]) -> list[str]:
+    """The words, an option without `=` joined to the value after it."""
+    units: list[str] = []
+    i = 0
+    while i < len(words):
+        if argv[i].startswith("-") and "=" not in argv[i] and argv[i] != "--" \
+                and i + 1 < len(words) and not argv[i + 1].startswith("-"):
+            units.append(f"{words[i]} {words[i + 1]}")
+            i += 2
+        else:
+            units.append(words[i])
+            i += 1
+    return units
+
+
+def _fill(words: Sequence[str], indent: str) -> list[str]:
+    lines = [indent + words[0]]
+    for word in words[1:]:
+        if len(lines[-1]) + 1 + len(word) + 2 > STEP_WIDTH:
+            lines.append(indent + word)
+        else:
+            lines[-1] += " " + word
+    return lines
