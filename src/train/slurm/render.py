@@ -34,8 +34,8 @@ PYTHON_M_TRAIN_VAR = "PYTHON_M_TRAIN"
 BOUND_LAUNCHER_VAR = "BOUND_LAUNCHER"
 _NAMED = {NODE_WRAPPER_VAR: "the per-node wrapper srun runs (the batch script is not on "
                             "the other nodes)",
-          PYTHON_M_TRAIN_VAR: "`python -m train`, never importing a train.py from the "
-                              "folder it runs in",
+          PYTHON_M_TRAIN_VAR: "the train package's command line, never a train.py of "
+                              "the folder it runs in",
           BOUND_LAUNCHER_VAR: "the client's launcher, bound read-only into an image "
                               "without train (train.nodeentry)"}
 
@@ -344,7 +344,7 @@ def _library_part(job: ResolvedJob, library: str) -> list[str]:
 
 def _named_texts(job: ResolvedJob) -> dict[str, str]:
     """The long `-c` texts of the step the command line names by a variable (defined
-    below the marker): the per-node wrapper, and `python -m train` as a job runs it."""
+    below the marker): the per-node wrapper, and the train package's entry point."""
     named: dict[str, str] = {}
     for part in step_segments(job):
         if part[:2] == ["bash", "-c"] and len(part) > 3:
