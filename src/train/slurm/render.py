@@ -316,8 +316,9 @@ def _readable_part(job: ResolvedJob) -> list[str]:
     out.append("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
     if job.profile.modules and spec.runtime == "apptainer":
         out += ["# site set-up (from the cluster profile)", *job.profile.modules]
-    out += [f"# the job step, run by srun on every node (${NODE_WRAPPER_VAR}, below, is the "
-            "per-node wrapper)",
+    wrapped = NODE_WRAPPER_VAR in _named_texts(job).values()
+    out += ["# the job step, run by srun on every node" + (
+                f" (${NODE_WRAPPER_VAR}, below, is the per-node wrapper)" if wrapped else ""),
             "# shellcheck disable=SC2016,SC2054  # literal arguments, quoted on purpose",
             "step_command() {", *step_command_lines(job), "}"]
     return out
