@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
+from tests.golden.cases import script_step
 from train.images import features
 from train.images.features import Features
 from train.nodeentry import LAUNCHER_ROOT
@@ -215,9 +216,9 @@ def test_an_image_without_train_gets_the_launcher_bound_read_only(
     package = os.path.dirname(os.path.abspath(train.__file__))
     bind = f"{package}:{LAUNCHER_ROOT}/train:ro"
     flag = "-v" if runtime == "docker" else "--bind"
-    step = proc.stdout.split("STEP=(")[1].split("\n)")[0]
-    lines = [line.strip().strip("'") for line in step.splitlines()]
-    assert any(line == flag and nxt == bind for line, nxt in itertools.pairwise(lines)), step
+    argv = script_step(proc.stdout)
+    assert any(arg == flag and nxt == bind for arg, nxt in itertools.pairwise(argv)), argv
+    step = " ".join(argv)
     assert "sys.path.append(" in step and "train.nodeentry" in step
     assert "PYTHONPATH" not in step  # the program's environment is the image's own
     # an image of ours (its labels say so) runs its own `train`: nothing bound
