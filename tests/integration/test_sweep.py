@@ -1,7 +1,8 @@
-"""A seed sweep on the REAL local SLURM cluster as one job array: a throttle of 2 runs two
-tasks at a time, each task chains on its own (its successors are its own jobs), one task
-killed with scancel ends alone, `train status` shows one line for the sweep, and the
-summary gives the mean and spread across seeds."""
+"""A seed sweep on the REAL local SLURM cluster as one job array: a throttle of 2 runs
+at most two chunks at a time, over every chunk of every task (a throttled sweep's tasks
+requeue themselves, so each chunk is the array's), one task killed with scancel ends
+alone, `train status` shows one line for the sweep, and the summary gives the mean and
+spread across seeds."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from tests.integration.chains import (
     status,
     wait,
 )
+from train.slurm.scheduler import parse_events
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SEEDS = (4, 6, 8, 10)
@@ -52,13 +54,56 @@ def _walltime_signal(ref: str, env: dict[str, str]) -> None:
         proc.stderr
 
 
-def _first_chunk_interval(run_dir: Path) -> tuple[int, int]:
-    """When chunk 1 started and ended, as its own batch shell recorded it."""
-    lines = [line.split() for line in (run_dir / "chain.events").read_text().splitlines()]
-    mine = [ln for ln in lines if ln[1] == "1"]
-    start = next(int(ln[0]) for ln in mine if ln[3] == "started")
-    end = next(int(ln[0]) for ln in mine if ln[3] in ("stopped", "complete", "terminated"))
-    return start, end
+def _runs(run_dir: Path) -> list[tuple[int, int]]:
+    """When each run of each chunk of the task started and ended, as its own batch shell
+    recorded it (a chunk's job or a requeued array task's every run)."""
+    events = parse_events((run_dir / "chain.events").read_text())
+    runs, start = [], None
+    for e in events:
+        if e["event"] == "started":
+            start = e["time"]
+        elif start is not None and e["event"] not in ("extended", "extend_failed"):
+            runs.append((start, e["time"]))
+            start = None
+    assert start is None, events  # every run recorded its end
+    return runs
+
+
+def _most_at_once(spans: list[tuple[int, int]]) -> int:
+    return max(sum(1 for s, e in spans if s <= start < e) for start, _ in spans)
+
+
+def test_a_throttled_sweep_runs_at_most_its_throttle_of_chunks_at_once(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    """Every task runs two chunks, each ended by Slurm's own walltime signal (sized as
+    test_slurm's requeue-mode test): no signal from outside, and the bound on chunks, not
+    the work, ends each task."""
+    proc = run_cli(["submit", "--name", "sw", "--cluster", "local", "--python",
+                    sys.executable, "--cpus-per-task", "1", "--mem", "1000M", "--time", "2",
+                    "--signal-margin", "60", "--max-chunks", "2", "--sweep-seeds",
+                    " ".join(map(str, SEEDS)), "--sweep-throttle", "2", "--", *ENDLESS],
+                   cwd=tmp_path, env=slurm_env)
+    assert proc.returncode == 0, proc.stderr
+    assert "--array=0-3%2" in proc.stdout
+    root = tmp_path / "runs" / "sw"
+    array_id = json.loads((root / "sweep.json").read_text())["array_job"]
+    st = wait(tmp_path, slurm_env, "sw", lambda s: all(settled(c) for c in s["chains"]),
+              timeout=900)
+    # the throttle bounds every chunk of every task: never more than 2 ran at once
+    spans = [run for s in SEEDS for run in _runs(root / f"seed-{s}")]
+    assert len(spans) == 8 and _most_at_once(spans) == 2, spans
+    assert st["counts"] == {"incomplete": 4}, st
+    for seed, task in zip(SEEDS, st["chains"], strict=True):
+        run_dir = root / f"seed-{seed}"
+        events = [e["event"] for e in parse_events((run_dir / "chain.events").read_text())]
+        assert events == ["started", "requeued", "started", "incomplete"], events
+        # every chunk ran as the task itself, requeued: one job id, its own, throughout
+        (job,) = [c["job_id"] for c in task["chunks"]]
+        assert "_" not in job and (run_dir / "chain.ids").read_text() == f"1 {job}\n"
+        assert task["chunks_used"] == 2 and "resumed at episode" in logs(run_dir)
+    text = run_cli(["status", "sw"], cwd=tmp_path, env=slurm_env).stdout.splitlines()
+    assert text[0].startswith("sweep sw: 4 tasks  incomplete 4  (array job "
+                              f"{array_id}, at most 2 at once; 8 chunks run"), text
 
 
 def test_a_seed_sweep_is_one_array_whose_tasks_chain_on_their_own(
@@ -66,11 +111,11 @@ def test_a_seed_sweep_is_one_array_whose_tasks_chain_on_their_own(
     proc = run_cli(["submit", "--name", "sw", "--cluster", "local", "--python",
                     sys.executable, "--cpus-per-task", "1", "--mem", "1000M", "--time", "10",
                     "--max-chunks", "3", "--sweep-seeds", " ".join(map(str, SEEDS)),
-                    "--sweep-throttle", "2", "--", "demo", "--episodes", "120",
+                    "--", "demo", "--episodes", "120",
                     *tiny_flags()], cwd=tmp_path, env=slurm_env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("submitted sweep sw: job array ")
-    assert "--array=0-3%2" in proc.stdout
+    assert "--array=0-3;" in proc.stdout and "chaining on its own" in proc.stdout
     root = tmp_path / "runs" / "sw"
     array_id = json.loads((root / "sweep.json").read_text())["array_job"]
     # Tasks 0-2 are stopped at the walltime signal once they have checkpointed (their
@@ -105,14 +150,9 @@ def test_a_seed_sweep_is_one_array_whose_tasks_chain_on_their_own(
     assert all(c["state"] == "CANCELLED" for c in st["chains"][3]["chunks"])
     # chunk 1 ran as the array's tasks: its own job id, recorded when it started
     assert all(c["chunks"][0]["job_id"] == acted[i] for i, c in enumerate(st["chains"]))
-    # the throttle: never more than 2 of the array's tasks ran at once, and 2 did
-    spans = [_first_chunk_interval(root / f"seed-{s}") for s in SEEDS]
-    overlap = max(sum(1 for s, e in spans if s <= start < e) for start, _ in spans)
-    assert overlap == 2, spans
-
     text = run_cli(["status", "sw"], cwd=tmp_path, env=slurm_env).stdout.splitlines()
     assert text[0].startswith("sweep sw: 4 tasks  complete 3, cancelled 1  (array job "
-                              f"{array_id}, at most 2 at once"), text
+                              f"{array_id}; "), text
     assert sum(1 for line in text if line.startswith("sweep ")) == 1
     text = run_cli(["status", "sw", "--tasks"], cwd=tmp_path, env=slurm_env).stdout
     assert text.count("\n  task ") == 4 and "task 3 (seed 10): cancelled" in text
@@ -125,7 +165,7 @@ def test_a_seed_sweep_is_one_array_whose_tasks_chain_on_their_own(
     assert (root / "summary.csv").exists()
 
 
-def test_train_cancel_ends_every_task_and_its_successors(
+def test_train_cancel_ends_every_task_running_or_waiting_for_the_throttle(
         tmp_path: Path, slurm_env: dict[str, str]) -> None:
     proc = run_cli(["submit", "--name", "sc", "--cluster", "local", "--python",
                     sys.executable, "--cpus-per-task", "1", "--mem", "1000M", "--time", "10",
@@ -133,14 +173,15 @@ def test_train_cancel_ends_every_task_and_its_successors(
                     "--sweep-throttle", "1", "--", "demo", "--episodes", "100000",
                     *tiny_flags()], cwd=tmp_path, env=slurm_env)
     assert proc.returncode == 0, proc.stderr
-    # task 0 runs and has queued its successor; tasks 1 and 2 wait for the throttle
-    wait(tmp_path, slurm_env, "sc", lambda s: len(s["chains"][0]["chunks"]) == 2)
+    assert "requeued after each checkpointed stop" in proc.stdout
+    # task 0 runs (requeue mode: no successor); tasks 1 and 2 wait for the throttle
+    wait(tmp_path, slurm_env, "sc", lambda s: _first_chunk(s["chains"][0]) is not None)
     proc = run_cli(["cancel", "sc"], cwd=tmp_path, env=slurm_env)
     assert proc.returncode == 0, proc.stderr
     st = wait(tmp_path, slurm_env, "sc", lambda s: all(
         c["state"] == "cancelled" and all(x["state"] not in ("PENDING", "RUNNING")
                                           for x in c["chunks"]) for c in s["chains"]))
-    assert [len(c["chunks"]) for c in st["chains"]] == [2, 1, 1]
+    assert [len(c["chunks"]) for c in st["chains"]] == [1, 1, 1]
     queued = slurm(["squeue", "-h", "--array", "-o", "%i %j"], slurm_env)
     assert " sc" not in queued, queued
 
@@ -175,9 +216,17 @@ def test_a_requeued_task_resumes_and_the_other_runs_on(
     assert "resumed at episode" not in logs(root / "seed-6")  # the other task ran on
     assert st["chains"][1]["chunks"][0] == {**st["chains"][1]["chunks"][0],
                                             "job_id": other, "state": "RUNNING"}
+    # scancel of one requeue-mode task ends that task alone
+    slurm(["scancel", f"{array_id}_0"], slurm_env)
+    st = wait(tmp_path, slurm_env, "rq", lambda s: settled(s["chains"][0]))
+    assert st["chains"][0]["state"] == "cancelled", st["chains"][0]
+    assert [c["state"] for c in st["chains"][0]["chunks"]] == ["CANCELLED"]
+    assert st["chains"][1]["state"] == "running" and [
+        (c["job_id"], c["state"]) for c in st["chains"][1]["chunks"]] == [(other, "RUNNING")]
     assert run_cli(["cancel", "rq"], cwd=tmp_path, env=slurm_env).returncode == 0
     st = wait(tmp_path, slurm_env, "rq", lambda s: all(settled(c) for c in s["chains"]))
     assert st["counts"] == {"cancelled": 2}
+    assert slurm(["squeue", "-h", "--array", "-o", "%i %j"], slurm_env).strip() == ""
 
 
 def test_a_node_failure_ends_its_task_alone(

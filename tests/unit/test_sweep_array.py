@@ -11,6 +11,7 @@ from tests.conftest import run_cli
 from train.clusters.profiles import Registry
 from train.errors import ConfigError
 from train.slurm.job import JobSpec, resolve
+from train.slurm.render import library_path, render
 from train.slurm.scheduler import parse_events, parse_ids
 from train.slurm.sweep import split, task_job
 from train.slurm.sweeparray import array_script, array_spec, format_sweep_status
@@ -128,3 +129,42 @@ def test_a_value_sweeps_summary_names_the_flag_and_its_values() -> None:
     assert lines[1].split() == ["lr", "episodes", "final", "eval", "state"]
     assert lines[2].split() == ["1e-3", "30", "4", "complete"]
     assert "final evaluation over 2 of 2 seed(s): 5 +- 1.414" in lines[4]
+
+
+def _task_spec(tmp_path: Path, **kw: object) -> JobSpec:
+    return JobSpec(cluster="local", name="sw", out=str(tmp_path / "sw"), runtime="none",
+                   python="python3", sweep_seeds=(4, 6), **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("kw", "requeue"), [
+    ({}, False), (dict(sweep_throttle=2), True), (dict(requeue=True), True),
+    (dict(requeue=True, sweep_throttle=1), True)])
+def test_a_throttled_sweeps_tasks_run_in_requeue_mode(
+        tmp_path: Path, kw: dict[str, object], requeue: bool) -> None:
+    root, specs = split(_task_spec(tmp_path, **kw))
+    assert [s.requeue for _, s in specs] == [requeue, requeue]
+    tasks = [(t, resolve(s, Registry().get("local"))) for t, s in specs]
+    text = render(tasks[0][1], library_path().read_text(encoding="utf-8"))
+    assert ("#SBATCH --requeue" in text.splitlines()) is requeue
+    assert f"REQUEUE={int(requeue)}" in text
+    array = array_script("sw", root, tasks, kw.get("sweep_throttle"))  # type: ignore[arg-type]
+    assert ("throttle bounds every chunk of every task" in array) is requeue
+
+
+@pytest.mark.parametrize(("ids", "restarts"), [("1 700_3\n", "0"), ("1 700\n", "1")])
+def test_an_array_task_requeues_itself_by_its_array_name_and_keeps_its_job_id(
+        tmp_path: Path, ids: str, restarts: str) -> None:
+    """The last task of an array has the array's own job id (700 here): `scontrol requeue
+    700` would requeue every task of the sweep. The task requeues 700_3, in its first run
+    (chain.ids names it 700_3 until it starts) as in a later one."""
+    from tests.unit.test_job_lib import _calls, _ids, _run
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "chain.ids").write_text(ids)
+    proc = _run(tmp_path, "progress", REQUEUE="1", REQUEUE_ALLOWED="1", extra_env={
+        "SLURM_JOB_ID": "700", "SLURM_ARRAY_JOB_ID": "700", "SLURM_ARRAY_TASK_ID": "3",
+        "SLURM_RESTART_COUNT": restarts})
+    assert proc.returncode == 0, proc.stderr
+    assert _calls(tmp_path, "scontrol") == ["requeue 700_3"]
+    assert _ids(tmp_path) == "1 700\n"
+    assert _calls(tmp_path, "sbatch") == []

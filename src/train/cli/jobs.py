@@ -179,9 +179,12 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
 
             array_id = submit_sweep(spec.name, swept_flag(spec), root, jobs,
                                     spec.sweep_throttle, library)
+            each = f"each task runs at most {job.chunks} times, requeued after each " \
+                "checkpointed stop" if job.spec.requeue else \
+                f"each task chunk 1 of at most {job.chunks}, chaining on its own"
             print(f"submitted sweep {spec.name}: job array {array_id} "
-                  f"(--array={array_spec(len(jobs), spec.sweep_throttle)}; each task chunk 1 "
-                  f"of at most {job.chunks}, chaining on its own); run dirs under {root}")
+                  f"(--array={array_spec(len(jobs), spec.sweep_throttle)}; {each}); run "
+                  f"dirs under {root}")
             return EXIT_OK
         chain = submit_chain(job, library)
     finally:

@@ -108,9 +108,14 @@ train_record_successor() {
 train_array_task() {
     # A sweep's chunk 1 runs as task SLURM_ARRAY_TASK_ID of its job array, recorded as
     # ARRAY_TASK until it starts; from then on its own job id names it (its events, its
-    # log, its successor's afterok, what `train status` asks Slurm about).
+    # log, its successor's afterok, what `train status` asks Slurm about). Slurm's own
+    # commands (requeue, signals) name it ARRAY_TASK: TRAIN_SELF. (The raw id of an
+    # array's last task is the array's: `scontrol requeue` of it requeues every task.)
     local ref="${SLURM_ARRAY_JOB_ID:-}_${SLURM_ARRAY_TASK_ID:-}" tmp
-    [ -n "${SLURM_ARRAY_JOB_ID:-}" ] && [ -e "$RUN_DIR/$IDS_FILE" ] || return 0
+    TRAIN_SELF=${SLURM_JOB_ID:-0}
+    [ -n "${SLURM_ARRAY_JOB_ID:-}" ] || return 0
+    TRAIN_SELF=$ref
+    [ -e "$RUN_DIR/$IDS_FILE" ] || return 0
     grep -q " ${ref}\$" "$RUN_DIR/$IDS_FILE" || return 0
     tmp="$RUN_DIR/.$IDS_FILE.${SLURM_JOB_ID:-0}"
     sed "s/ ${ref}\$/ ${SLURM_JOB_ID:-0}/" "$RUN_DIR/$IDS_FILE" > "$tmp" &&
@@ -320,7 +325,7 @@ train_on_usr1() {
     TRAIN_STOP_SENT=1
     if [ "$STOP_VIA" = scancel ]; then
         # TERM to the step's tasks only (srun, and this shell, must not get it)
-        scancel --signal=TERM "${SLURM_JOB_ID:-0}" 2>/dev/null || train_signal_step TERM
+        scancel --signal=TERM "$TRAIN_SELF" 2>/dev/null || train_signal_step TERM
     else
         train_signal_step USR1
     fi
@@ -336,7 +341,7 @@ train_kill() {
     TRAIN_STOP_SENT=1
     TRAIN_KILLED=1
     printf -v TRAIN_KILL_AT '%(%s)T' -1
-    scancel --signal=TERM "${SLURM_JOB_ID:-0}" 2>/dev/null || train_signal_step TERM
+    scancel --signal=TERM "$TRAIN_SELF" 2>/dev/null || train_signal_step TERM
     # (forked in a trap handler: a TERM that comes before it resets the traps can run this
     # shell's EXIT trap in it, which removes TRAIN_TMP; it is ended with KILL)
     (
@@ -403,7 +408,7 @@ train_on_stop_request() {
     train_log "the program asked to end this chunk after its checkpoint: stopping the step"
     TRAIN_STOP_REQUESTED=1
     TRAIN_STOP_SENT=1
-    scancel --signal=TERM "${SLURM_JOB_ID:-0}" 2>/dev/null || train_signal_step TERM
+    scancel --signal=TERM "$TRAIN_SELF" 2>/dev/null || train_signal_step TERM
 }
 
 # shellcheck disable=SC2329  # invoked by the TERM trap
@@ -603,7 +608,7 @@ train_main() {
             train_log "checkpoint written ($progress); requeueing job $SLURM_JOB_ID"
             train_event "$EV_REQUEUED" "$progress"
             TRAIN_REQUEUING=1
-            scontrol requeue "$SLURM_JOB_ID"
+            scontrol requeue "$TRAIN_SELF"
             exit 0
         fi
         train_log "bound of $MAX_CHUNKS runs reached before the work ($progress)"

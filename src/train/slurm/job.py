@@ -302,8 +302,9 @@ class JobSpec:
                             optional=True)
     sweep_throttle: int | None = opt(None, "At most this many tasks of the sweep's job array "
                                      "run at once (Slurm's array throttle; default: none, the "
-                                     "site's per-user limits apply). A task's later chunks "
-                                     "are its own jobs, outside the throttle.", kind=int,
+                                     "site's per-user limits apply). It bounds every chunk: "
+                                     "a throttled sweep's tasks run in requeue mode, each "
+                                     "requeued after a checkpointed stop.", kind=int,
                                      positive=True, optional=True)
     env: tuple[str, ...] = opt((), "Environment for the program (may repeat): NAME passes "
                                "the job's own value through at run time (never written "

@@ -88,6 +88,15 @@ def swept_flag(spec: JobSpec) -> str:
     return _values(spec)[0]
 
 
+def requeue_mode(spec: JobSpec) -> bool:
+    """Whether the sweep's tasks run in requeue mode: asked for (--requeue), or a throttled
+    sweep. Slurm counts a requeued array task against the array's throttle again, never a
+    task's successors (jobs of their own, outside the array): only when each task requeues
+    itself after a checkpointed stop does --sweep-throttle bound every chunk of every task.
+    Unthrottled sweeps chain each task with successor jobs, as single chains do."""
+    return spec.requeue or spec.sweep_throttle is not None
+
+
 def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
           ) -> tuple[Path, list[tuple[SweepTask, JobSpec]]]:
     """The sweep's root directory and one chain spec per task of its job array."""
@@ -112,7 +121,8 @@ def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
         where = seed_dir(seed) if seed is not None else f"task-{index}"
         suffix = f"-s{seed}" if seed is not None else f"-t{index}"  # the names must differ
         changes: dict[str, Any] = {"name": spec.name[:64 - len(suffix)] + suffix,
-                                   "out": str(root / where), "sweep_seeds": (), "sweep": None}
+                                   "out": str(root / where), "sweep_seeds": (), "sweep": None,
+                                   "requeue": requeue_mode(spec)}
         if spec.entry == "train":
             changes["workload"] = (*spec.workload, given, value)
             if seed is None:

@@ -7,6 +7,9 @@ I-th chain. From there each task is a chain like any other: its chunk 1 records 
 job id in its chain.ids when it starts (job-lib.sh's train_array_task), submits its
 successor with afterok on itself, and so on; its stop, requeue, failure and cancel touch
 its own chain alone. Until a task starts, its chain.ids names it ARRAY_TASK.
+A throttled sweep's tasks run in requeue mode instead (sweep.requeue_mode): each requeues
+itself (as ARRAY_TASK) after a checkpointed stop and keeps its job id, so every run of
+every task is the array's and Slurm's throttle bounds them all.
 """
 
 from __future__ import annotations
@@ -55,6 +58,10 @@ def array_script(name: str, root: Path, tasks: list[tuple[SweepTask, ResolvedJob
                f"--output={sbatch_value(logs + '/%x-%A_%a.out', 'out')}",
                f"--error={sbatch_value(logs + '/%x-%A_%a.err', 'out')}",
                f"--array={array_spec(len(tasks), throttle)}"]
+    later = ["# there); each task requeues itself after a checkpointed stop (requeue mode),",
+             "# so the array's throttle bounds every chunk of every task."] \
+        if first.spec.requeue else \
+        ["# there); each task's later chunks are its own jobs, submitted by that script."]
     dirs = [shlex.quote(job.run_dir) for _, job in tasks]
     names = [shlex.quote(job.spec.name) for _, job in tasks]
     return "\n".join([
@@ -62,7 +69,7 @@ def array_script(name: str, root: Path, tasks: list[tuple[SweepTask, ResolvedJob
         *[f"#SBATCH {line}" for line in options],
         f"# Rendered by `train submit` for the sweep {name}: task I of this job array",
         "# runs chunk 1 of the chain in TASK_DIRS[I] (its own script, jobs/chain.sbatch",
-        "# there); each task's later chunks are its own jobs, submitted by that script.",
+        *later,
         "set -euo pipefail",
         "TASK_DIRS=(", *[f"    {d}" for d in dirs], ")",
         "TASK_NAMES=(", *[f"    {n}" for n in names], ")",
