@@ -288,3 +288,34 @@ def test_a_cache_path_of_the_users_counts_as_a_save_path() -> None:
     shared = resolve(JobSpec(**{**NAVSIM, "workload": (
         "agent=ego_status_mlp_agent", "cache_path=/scratch/u/cache")}), REG.get("local"))
     assert save_paths(shared) == ["/scratch/u/cache"]
+
+
+# --- NAVSIM's knowledge lives beside the workload, not in the scheduler ------------------
+
+HYDRA_KEYS = ("trainer.params.", "+trainer.params.", "dataloader.params.", "train_test_split=")
+
+
+def _navsim_knowledge(path: Path) -> list[str]:
+    """NAVSIM names, its command builder and its Hydra keys that a module defines."""
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = [t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+             for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+             if isinstance(t, ast.Name) and t.id.startswith("NAVSIM")]
+    found += [node.name for node in ast.walk(tree)
+              if isinstance(node, ast.FunctionDef) and node.name == "navsim_command"]
+    found += [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+              and isinstance(node.value, str) and node.value.startswith(HYDRA_KEYS)]
+    return found
+
+
+def test_the_scheduler_layer_holds_no_navsim_presets() -> None:
+    """The presets (script, split, data root), the Hydra override names and the command
+    are the workload's (train.workloads.navsim_job); the job's code calls them."""
+    slurm = ROOT / "src" / "train" / "slurm"
+    held = {p.name: k for p in sorted(slurm.glob("*.py")) if (k := _navsim_knowledge(p))}
+    assert held == {}
+    own = _navsim_knowledge(ROOT / "src" / "train" / "workloads" / "navsim_job.py")
+    assert {"NAVSIM_SCRIPT", "NAVSIM_SPLIT", "NAVSIM_DATA_ROOT", "NAVSIM_WORKERS_OVERRIDE",
+            "NAVSIM_PREFETCH_OVERRIDE", "navsim_command"} <= set(own)

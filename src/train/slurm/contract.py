@@ -127,9 +127,3 @@ def read_progress(run_dir: Path) -> tuple[int, int] | None:
                                   for p in parts):
         return None
     return int(parts[0]), int(parts[1])
-
-# NAVSIM's Hydra keys that both the job (job.navsim_command) and the launcher (which caps the
-# workers by the task's CPUs and memory) set: default_training.yaml's DataLoader workers, and
-# its prefetch_factor (2), which torch's DataLoader refuses with no workers (set to null then)
-NAVSIM_WORKERS_OVERRIDE = "dataloader.params.num_workers"
-NAVSIM_PREFETCH_OVERRIDE = "dataloader.params.prefetch_factor"
