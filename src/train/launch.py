@@ -36,7 +36,7 @@ from train.runtime import cuda_check
 from train.runtime.hostmem import DEFAULT_WORKER_MEM_MB
 from train.secrets import masked_argv, recorded_environment
 from train.slurm.contract import DEADLINE_VAR, FALLBACK_BATCH_VAR, STOP_SIGNAL_VAR
-from train.workloads.navsim_job import NAVSIM_PREFETCH_OVERRIDE, NAVSIM_WORKERS_OVERRIDE
+from train.workloads.navsim import NAVSIM_PREFETCH_OVERRIDE, NAVSIM_WORKERS_OVERRIDE
 
 log = logging.getLogger(__name__)
 

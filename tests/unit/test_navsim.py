@@ -312,10 +312,12 @@ def _navsim_knowledge(path: Path) -> list[str]:
 
 def test_the_scheduler_layer_holds_no_navsim_presets() -> None:
     """The presets (script, split, data root), the Hydra override names and the command
-    are the workload's (train.workloads.navsim_job); the job's code calls them."""
+    are the workload's (train.workloads.navsim_job, the override names that the launcher
+    reads too in the node side's train.workloads.navsim); the job's code calls them."""
     slurm = ROOT / "src" / "train" / "slurm"
     held = {p.name: k for p in sorted(slurm.glob("*.py")) if (k := _navsim_knowledge(p))}
     assert held == {}
-    own = _navsim_knowledge(ROOT / "src" / "train" / "workloads" / "navsim_job.py")
+    own = [k for name in ("navsim_job.py", "navsim.py")
+           for k in _navsim_knowledge(ROOT / "src" / "train" / "workloads" / name)]
     assert {"NAVSIM_SCRIPT", "NAVSIM_SPLIT", "NAVSIM_DATA_ROOT", "NAVSIM_WORKERS_OVERRIDE",
             "NAVSIM_PREFETCH_OVERRIDE", "navsim_command"} <= set(own)

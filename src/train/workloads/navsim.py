@@ -49,6 +49,12 @@ FORCE = "force_cache_computation"
 WITHOUT_DATASET = "use_cache_without_dataset"
 CACHE_PATH = "cache_path"
 SPLIT = "train_test_split"
+# NAVSIM's Hydra keys that both the job (navsim_job.navsim_command) and the launcher (which
+# caps the workers by the task's CPUs and memory) set: default_training.yaml's DataLoader
+# workers, and its prefetch_factor (2), which torch's DataLoader refuses with no workers
+# (set to null then)
+NAVSIM_WORKERS_OVERRIDE = "dataloader.params.num_workers"
+NAVSIM_PREFETCH_OVERRIDE = "dataloader.params.prefetch_factor"
 MANAGED = (FORCE, WITHOUT_DATASET)  # set by the job, per chunk
 CACHE_DIR = "navsim-cache"  # in the run folder, unless the job gives cache_path=
 CACHING_SCRIPT = "run_dataset_caching.py"  # NAVSIM's, beside run_training.py

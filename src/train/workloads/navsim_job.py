@@ -4,7 +4,8 @@ the training command, beside the workload rather than in the scheduler.
 The job spec (train.slurm.jobspec) holds the NAVSIM options (`--navsim-split`, ...); what
 they mean to NAVSIM lives here, and the job's code calls it. The node's side of NAVSIM (the
 feature cache each chunk starts with) is train.workloads.navsim. Torch-free and light: the
-login node imports it, and `train launch` (in the container) reads the override names.
+login node imports it. The override names that `train launch` reads as well (in the
+container) are the node side's.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 from train.errors import ConfigError
 from train.gpus import all_bf16_capable
 from train.workloads import navsim
+from train.workloads.navsim import NAVSIM_PREFETCH_OVERRIDE, NAVSIM_WORKERS_OVERRIDE
 
 if TYPE_CHECKING:
     from train.slurm.resolve import ResolvedJob
@@ -29,11 +31,6 @@ NAVSIM_SPLIT = "navtrain"
 # as a run_training_dense.py that hard-code one would clash with an override)
 NAVSIM_STRATEGIES = ("ddp", "none")
 NAVSIM_DATA_ROOT = "/data/navsim"  # navsim.def: dataset/, dataset/maps and exp/ under it
-# NAVSIM's Hydra keys that both the job (navsim_command) and the launcher (which caps the
-# workers by the task's CPUs and memory) set: default_training.yaml's DataLoader workers, and
-# its prefetch_factor (2), which torch's DataLoader refuses with no workers (set to null then)
-NAVSIM_WORKERS_OVERRIDE = "dataloader.params.num_workers"
-NAVSIM_PREFETCH_OVERRIDE = "dataloader.params.prefetch_factor"
 STRATEGY_OVERRIDE = "trainer.params.strategy"
 # a Hydra config name: what train_test_split=NAME can select
 _HYDRA_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
