@@ -18,6 +18,7 @@ from train import launch, runner
 from train.config import RunConfig
 from train.errors import EXIT_RESOURCE, ResourceError
 from train.launch import LaunchOptions, prepare
+from train.launcher import gpumem
 from train.runtime import cuda_check
 from train.runtime.cuda_check import (
     PYNVML_MISSING,
@@ -402,7 +403,7 @@ def test_launch_gpu_step_stops_on_unusable_cuda(monkeypatch: pytest.MonkeyPatch)
         raise AssertionError("waited for GPU memory on a broken CUDA")
 
     monkeypatch.setattr(cuda_check, "gather_facts", gather)
-    monkeypatch.setattr(launch, "wait_for_gpu_memory", no_wait)
+    monkeypatch.setattr(gpumem, "wait_for_gpu_memory", no_wait)
     env = {**STEP_ENV, "CUDA_VISIBLE_DEVICES": "0,1"}
     opts = LaunchOptions(mode="torchrun", command=["python", "-m", "train", "run", "demo"],
                          min_free_mb=1000)

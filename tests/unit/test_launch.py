@@ -207,7 +207,7 @@ def test_the_gpu_memory_wait_never_sleeps_past_its_timeout(
     import types
     from typing import ClassVar
 
-    from train import launch as launch_mod
+    from train.launcher import gpumem as launch_mod  # (the wait reads its own `time`)
 
     class Clock:
         now = 0.0
