@@ -1,8 +1,9 @@
 """The split modules stay small (issue 23): the login-node preflight, the GPU watch, the
 cluster probe and profiles, the image tools, `train run`, the DQN trainer, the `train`
-command (one module per command), the scheduler (queue, chain, submission, status) and the
+command (one module per command), the scheduler (queue, chain, submission, status), the
 job (spec, its items, its resolution, placement and paths; NAVSIM's presets beside the
-workload), each no module over 500 lines and no function over 60 (nested ones too)."""
+workload), the submit checks (one module per check family) and `train launch` (its parts
+in train.launcher), each no module over 500 lines and no function over 60 (nested ones too)."""
 
 from __future__ import annotations
 
@@ -26,8 +27,11 @@ AREAS = [*sorted((SRC / "preflight").glob("*.py")),
          *[SRC / "slurm" / f"{name}.py" for name in ("scheduler", "queue", "chain",
                                                        "submission", "chainstatus",
                                                        "job", "jobspec", "jobitems",
-                                                       "resolve", "placement", "jobpaths")],
-         SRC / "workloads" / "navsim_job.py"]
+                                                       "resolve", "placement", "jobpaths",
+                                                       "submitcheck")],
+         SRC / "workloads" / "navsim_job.py",
+         *sorted((SRC / "slurm" / "checks").glob("*.py")),
+         SRC / "launch.py", *sorted((SRC / "launcher").glob("*.py"))]
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
 
