@@ -122,6 +122,7 @@ def test_our_labels_answer_without_a_probe() -> None:
     assert ours is not None and ours.train and ours.torch
     assert features.from_labels({"maintainer": "NVIDIA"}) is None
     assert features.from_labels({"org.train.image": ""}) is None  # a derived image cleared it
+    assert ours is not None and ours.ours
 
 
 # -- submit: the cache, the refusals, the bind ---------------------------------------------
@@ -186,6 +187,21 @@ def test_entry_train_needs_train_in_the_image(tmp_path: Path) -> None:
             *args[args.index("--entry") + 2:args.index("--")], "--", "demo"]
     err = _refused(tmp_path, env, args)
     assert "has no `train` package" in err and "--entry command" in err, err
+
+
+@pytest.mark.parametrize("launch", ["torchrun", "tasks"])
+@pytest.mark.parametrize("entry", ["train", "command", "navsim"])
+def test_an_image_our_labels_name_is_never_refused(entry: str, launch: str) -> None:
+    """The labels answer without a probe, so the Python version is unknown: that is no
+    reason to refuse an image built from our definitions (the CI base image was)."""
+    from types import SimpleNamespace
+
+    job = SimpleNamespace(spec=SimpleNamespace(image="train/base:ci", python="python3",
+                                               entry=entry),
+                          launch=launch, gpu_watch=object())
+    ours = features.from_labels({"org.train.image": "base"})
+    assert ours is not None
+    assert features.problems(job, ours) == ([], [])  # type: ignore[arg-type]
 
 
 def test_no_nvml_is_a_warning_not_a_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
