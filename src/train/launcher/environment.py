@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 
-from train.errors import ResourceError, UsageError
+from train.errors import ResourceError, UsageError, install_hint
 from train.launcher.step import SlurmStep
 from train.runtime import cuda_check
 from train.secrets import recorded_environment
@@ -59,11 +59,16 @@ def need_torch() -> None:
     said in one line (exit 3), not as a traceback on every node."""
     import importlib.util
 
+    import train
+    from train.nodeentry import LAUNCHER_ROOT
+
     if importlib.util.find_spec("torch") is None:
-        raise ResourceError(f"--launch torchrun runs torch's launcher, and this image's "
-                            f"Python ({sys.executable}) cannot import torch: use an image "
-                            "with torch, or --launch tasks (the program starts its ranks "
-                            "itself)")
+        bound = os.path.realpath(train.__file__).startswith(LAUNCHER_ROOT + os.sep)
+        fix = "use an image with torch" if bound else \
+            f"install the training runtime ({install_hint('run')}) or use an image with torch"
+        raise ResourceError(f"--launch torchrun runs torch's launcher, and this Python "
+                            f"({sys.executable}) cannot import torch: {fix}, or --launch "
+                            "tasks (the program starts its ranks itself)")
 
 
 def find_program(command: Sequence[str], env: Mapping[str, str]) -> None:
