@@ -14,7 +14,7 @@ from typing import Any
 
 from train.clusters.profiles import Registry
 from train.slurm.job import JobSpec, ResolvedJob, resolve
-from train.slurm.render import library_path, render
+from train.slurm.render import library_text, render
 
 HERE = Path(__file__).parent
 RUN_ROOT = "/scratch/user/runs"
@@ -100,7 +100,7 @@ def resolved(case: str) -> ResolvedJob:
 
 
 def rendered(case: str) -> str:
-    return render(resolved(case), library_path().read_text(encoding="utf-8"))
+    return render(resolved(case), library_text())
 
 
 def script_array(text: str, name: str) -> list[str]:

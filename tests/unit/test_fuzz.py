@@ -46,9 +46,9 @@ from train.errors import EXIT_USAGE, ConfigError, TrainError
 from train.images import defs, lint
 from train.slurm import contract, queue, scheduler, sweep
 from train.slurm.job import JobSpec, job_from_sources, resolve
-from train.slurm.render import library_path, render
+from train.slurm.render import library_text, render
 
-LIBRARY = library_path().read_text(encoding="utf-8")
+LIBRARY = library_text()
 
 _T = TypeVar("_T")
 SCALE = max(1, int(os.environ.get("TRAIN_FUZZ_SCALE", "1") or 1))

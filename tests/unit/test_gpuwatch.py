@@ -38,7 +38,7 @@ from train.runtime.gpuwatch import (
 )
 from train.slurm import contract
 from train.slurm.job import JobSpec, resolve
-from train.slurm.render import library_path, render, step_argv
+from train.slurm.render import library_text, render, step_argv
 
 MIB = 1024 * 1024
 REG = Registry(environ={})
@@ -1064,7 +1064,7 @@ def test_the_rendered_script_carries_the_settings_to_the_launcher() -> None:
     from train.entry import entry_code
 
     job = _resolve(**TORCH, gpus_per_node=1)
-    text = render(job, library_path().read_text(encoding="utf-8"))
+    text = render(job, library_text())
     export = next(line for line in text.splitlines() if line.startswith("export "))
     assert (f"{contract.GPU_WATCH_INTERVAL_VAR}=30 {contract.GPU_IDLE_THRESHOLD_VAR}=60 "
             f"{contract.GPU_IDLE_MINUTES_VAR}=15") in export
@@ -1073,7 +1073,7 @@ def test_the_rendered_script_carries_the_settings_to_the_launcher() -> None:
     assert argv[argv.index("launch") - 2:argv.index("--")] == [
         "-c", entry_code(), "launch", "--mode=single"]
     for off in (_resolve(**LOCAL), _resolve(**LOCAL, gpus_per_node=1, gpu_watch_interval=0)):
-        text = render(off, library_path().read_text(encoding="utf-8"))
+        text = render(off, library_text())
         assert "TRAIN_GPU_" not in text
         assert "launch" not in step_argv(off)  # `train run` alone, as before
 

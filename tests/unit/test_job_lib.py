@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import spawn_group
 from train.slurm import contract
-from train.slurm.render import library_path
+from train.slurm.render import library_text
 
 STUBS = {
     # records its arguments and environment; prints the next job id, or fails on demand:
@@ -188,7 +188,7 @@ def _script(tmp_path: Path, **values: str) -> Path:
              f"step_command() {{ STEP=({shlex.quote(str(step))}); }}",
              *[f"{k[6:]}=({' '.join(shlex.quote(v) for v in vs.splitlines())})"
                for k, vs in values.items() if k.startswith("ARRAY_")],
-             library_path().read_text(encoding="utf-8"), 'train_main "$@"']
+             library_text(), 'train_main "$@"']
     script = tmp_path / "chain.sbatch"
     script.write_text("\n".join(lines) + "\n")
     return script

@@ -15,7 +15,7 @@ from tests.golden.cases import script_step
 from train.clusters.profiles import Registry
 from train.errors import ConfigError
 from train.slurm.job import JobSpec, resolve
-from train.slurm.render import library_path, render, step_argv
+from train.slurm.render import library_text, render, step_argv
 
 REG = Registry(environ={})
 LOCAL = dict(cluster="local", cpus_per_task=1, mem="1000M", runtime="none")
@@ -34,7 +34,7 @@ def _error(field: str, **kw: Any) -> str:
 
 
 def _script(**kw: Any) -> str:
-    return render(_resolve(**kw), library_path().read_text(encoding="utf-8"))
+    return render(_resolve(**kw), library_text())
 
 
 # -- env -------------------------------------------------------------------------------

@@ -109,10 +109,10 @@ def test_a_percent_sign_in_the_run_directory_is_not_a_slurm_pattern() -> None:
     from tests.golden.cases import CASES
     from train.clusters.profiles import Registry
     from train.slurm.job import JobSpec, resolve
-    from train.slurm.render import library_path, render
+    from train.slurm.render import library_text, render
 
     spec = JobSpec(**{**CASES["local-chunked"], "out": "/scratch/u/100% %j/run"})
     text = render(resolve(spec, Registry(environ={}).get("local")),
-                  library_path().read_text(encoding="utf-8"))
+                  library_text())
     assert '#SBATCH --output="/scratch/u/100%% %%j/run/logs/%x-%j.out"' in text
     assert "RUN_DIR='/scratch/u/100% %j/run'" in text

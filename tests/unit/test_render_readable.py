@@ -19,7 +19,7 @@ from train.slurm.job import JobSpec, resolve
 from train.slurm.render import (
     STEP_WIDTH,
     _strip_header,
-    library_path,
+    library_text,
     marker_line,
     render,
     step_argv,
@@ -27,7 +27,7 @@ from train.slurm.render import (
 )
 
 READABLE_LINES = 60
-LIBRARY = library_path().read_text(encoding="utf-8")
+LIBRARY = library_text()
 
 
 def _parts(text: str) -> tuple[list[str], list[str]]:

@@ -11,7 +11,7 @@ from tests.conftest import run_cli
 from train.clusters.profiles import Registry
 from train.errors import ConfigError
 from train.slurm.job import JobSpec, resolve
-from train.slurm.render import library_path, render
+from train.slurm.render import library_text, render
 from train.slurm.scheduler import parse_events, parse_ids
 from train.slurm.sweep import split, task_job
 from train.slurm.sweeparray import array_script, array_spec, format_sweep_status
@@ -144,7 +144,7 @@ def test_a_throttled_sweeps_tasks_run_in_requeue_mode(
     root, specs = split(_task_spec(tmp_path, **kw))
     assert [s.requeue for _, s in specs] == [requeue, requeue]
     tasks = [(t, resolve(s, Registry().get("local"))) for t, s in specs]
-    text = render(tasks[0][1], library_path().read_text(encoding="utf-8"))
+    text = render(tasks[0][1], library_text())
     assert ("#SBATCH --requeue" in text.splitlines()) is requeue
     assert f"REQUEUE={int(requeue)}" in text
     array = array_script("sw", root, tasks, kw.get("sweep_throttle"))  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ import pytest
 from train.clusters.profiles import Registry
 from train.runtime.alloc_conf import ALLOC_CONF_VAR, TUNED_ALLOC_CONF
 from train.slurm.job import JobSpec, resolve
-from train.slurm.render import APPTAINER_TASK_ENV, library_path, render, step_argv
+from train.slurm.render import APPTAINER_TASK_ENV, library_text, render, step_argv
 
 USER_ALLOC = "backend:cudaMallocAsync"
 USER_ENV = (f"{ALLOC_CONF_VAR}={USER_ALLOC}", "PYTHONPATH=/opt/fork")
@@ -33,7 +33,7 @@ def _job(runtime: str) -> JobSpec:
 def _exported(runtime: str) -> dict[str, str]:
     """What the batch shell exports: its export line, run by bash."""
     job = resolve(_job(runtime), Registry(environ={}).get("local"))
-    (line,) = [ln for ln in render(job, library_path().read_text()).splitlines()
+    (line,) = [ln for ln in render(job, library_text()).splitlines()
                if ln.startswith("export ")]
     out = subprocess.run(["bash", "-c", f"{line}; env -0"], capture_output=True,
                          check=True, env={}).stdout.decode()

@@ -139,7 +139,7 @@ def _job_spec(args: argparse.Namespace, workload: list[str] | None) -> tuple[Any
 
 
 def _cmd_render(args: argparse.Namespace, workload: list[str] | None) -> int:
-    from train.slurm.render import library_path, render
+    from train.slurm.render import library_text, render
 
     spec, root, jobs = _resolved_jobs(args, workload)
     jobs = _check_jobs(args, jobs, submitting=False)
@@ -152,12 +152,12 @@ def _cmd_render(args: argparse.Namespace, workload: list[str] | None) -> int:
         if task is not None:
             print(f"# ---- task {task.index} ({task.label}): chain {job.run_dir}, "
                   "jobs/chain.sbatch ----")
-        print(render(job, library_path().read_text(encoding="utf-8")), end="")
+        print(render(job, library_text()), end="")
     return EXIT_OK
 
 
 def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
-    from train.slurm.render import library_path
+    from train.slurm.render import library_text
     from train.slurm.scheduler import submit_chain
 
     spec, root, jobs = _resolved_jobs(args, workload)  # every seed validated first
@@ -167,7 +167,7 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
     job = jobs[0][1]
     for note in submit_notes(spec.entry, spec.workload, job.launch, job.run_dir, spec.chdir):
         print(f"train: warning: {note}", file=sys.stderr)
-    library = library_path().read_text(encoding="utf-8")
+    library = library_text()
     # a closed terminal (HUP) or a kill (TERM) mid-way must not leave a held job behind:
     # both unwind like Ctrl-C, through submit_chain's clean-up
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM,

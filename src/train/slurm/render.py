@@ -26,7 +26,8 @@ from train.slurm.job import ResolvedJob, navsim_command
 from train.workloads import navsim
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_.,:=@%/+|-]+$")
-LIBRARY_NAME = "job-lib.sh"
+# the job library's files, in the order they are inlined below the marker line
+LIBRARY_NAMES = ("job-lib.sh", "job-lib-step.sh")
 STEP_GRACE_SECONDS = 30
 STEP_WIDTH = 88  # the step command's lines, the ` \` included
 NODE_WRAPPER_VAR = "NODE_WRAPPER"
@@ -49,9 +50,16 @@ APPTAINER_TASK_ENV = (
 )
 
 
-def library_path() -> Path:
-    """The job library shipped in the package (slurm/job-lib.sh links to it)."""
-    return Path(__file__).with_name(LIBRARY_NAME)
+def library_paths() -> list[Path]:
+    """The job library's files shipped in the package (slurm/ links to each), in order."""
+    return [Path(__file__).with_name(name) for name in LIBRARY_NAMES]
+
+
+def library_text() -> str:
+    """The job library as render inlines it: its files in order, each without its
+    shebang and file-wide shellcheck lines (the version covers all of them)."""
+    return "\n\n".join(_strip_header(path.read_text(encoding="utf-8"))
+                       for path in library_paths())
 
 
 def sbatch_value(value: str, field: str) -> str:

@@ -101,6 +101,6 @@ def refusal(job: ResolvedJob, script: str, environ: dict[str, str]) -> tuple[str
 
 def ask(job: ResolvedJob, environ: dict[str, str]) -> tuple[str, str] | None:
     """`refusal` for the script `train submit` would queue for this job."""
-    from train.slurm.render import library_path, render
+    from train.slurm.render import library_text, render
 
-    return refusal(job, render(job, library_path().read_text(encoding="utf-8")), environ)
+    return refusal(job, render(job, library_text()), environ)

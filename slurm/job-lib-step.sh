@@ -1,0 +1,1 @@
+../src/train/slurm/job-lib-step.sh

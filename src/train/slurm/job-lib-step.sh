@@ -1,0 +1,280 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2034,SC2329  # (alone: job-lib.sh sets and calls; render checks both as one)
+# The job library's step: starting the job step under its waiter, passing the walltime
+# signal (or the program's stop request) on to it, ending it (stop mode kill), waiting for
+# it, and removing what a killed step leaves behind. Inlined after job-lib.sh, below the
+# rendered script's marker line; the names it uses are set there (see job-lib.sh).
+
+train_runtime_cleanup() {
+    # a step killed outright (SIGKILL) cannot stop its containers: remove them, on every
+    # node of the job (each has its own engine), or on this one where no step can start
+    local sweep label="$DOCKER_JOB_LABEL=${SLURM_JOB_ID:-0}"
+    [ "$RUNTIME" = docker ] || return 0
+    # shellcheck disable=SC2016  # expanded by the sweeping shell
+    sweep='ids=$(docker ps -aq --filter "label=$1" 2>/dev/null) || exit 0
+[ -z "$ids" ] || { echo "removing containers left on $(hostname): $(echo $ids)" >&2
+    docker rm -f $ids >/dev/null 2>&1; }
+exit 0'
+    if [ "${SLURM_JOB_NUM_NODES:-1}" -gt 1 ] && timeout 120 srun --nodes="$SLURM_JOB_NUM_NODES" \
+            --ntasks-per-node=1 --kill-on-bad-exit=0 bash -c "$sweep" sweep "$label"; then
+        return 0
+    fi
+    command -v docker >/dev/null 2>&1 || return 0
+    bash -c "$sweep" sweep "$label" || true
+}
+
+train_start_step() {
+    # The step runs under a small waiter that records its exit status in a file: bash's
+    # own `wait` loses a child's status when a trapped signal interrupts it just as the
+    # child exits (seen as 138 or -1 for a step that exited 0). The waiter has no traps,
+    # so its wait is never interrupted; signals go to the step itself (step.pid).
+    TRAIN_TMP=$(mktemp -d "${TMPDIR:-/tmp}/train-job.XXXXXX")
+    # what a save is newer than (train_last_save); a file's time comes from a clock that
+    # ticks every few milliseconds: the step starts a tick later
+    touch "$TRAIN_TMP/start"
+    sleep 0.02 2>/dev/null || sleep 1
+    TRAIN_READY="$RUN_DIR/.signal-ready-${SLURM_JOB_ID:-0}-${SLURM_RESTART_COUNT:-0}"
+    rm -f "$TRAIN_READY"
+    export "$READY_VAR=$TRAIN_READY"
+    # the walltime contract: what every program of the step is told (README, "Your own
+    # program"): where to write, which chunk this is, when to have checkpointed by, how
+    # to say that the work is complete
+    local now
+    printf -v now '%(%s)T' -1
+    export TRAIN_RUN_DIR="$RUN_DIR" TRAIN_CHUNK="$CHUNK" TRAIN_MAX_CHUNKS="$LAST_CHUNK" \
+        TRAIN_STOP_SIGNAL="$STOP_SIGNAL" TRAIN_STOP_MARGIN="$STOP_MARGIN" \
+        TRAIN_DEADLINE=$((TRAIN_START + WALLTIME_SECONDS - STOP_MARGIN)) \
+        TRAIN_TIME_BUDGET=$((TRAIN_START + WALLTIME_SECONDS - STOP_MARGIN - now)) \
+        TRAIN_COMPLETE_FILE="$RUN_DIR/$COMPLETE_FILE" \
+        TRAIN_PROGRESS_FILE="$RUN_DIR/$PROGRESS_FILE" \
+        TRAIN_STOP_REQUEST="$RUN_DIR/.stop-request-${SLURM_JOB_ID:-0}-${SLURM_RESTART_COUNT:-0}"
+    rm -f "$TRAIN_STOP_REQUEST"
+    # a program that has checkpointed may ask for its chunk to end (`train launch`'s
+    # scontrol stand-in does, when Lightning asks to requeue): looked at every second
+    (
+        while [ ! -e "$TRAIN_STOP_REQUEST" ]; do sleep 1; done
+        kill -USR2 "$$" 2>/dev/null
+    ) >/dev/null 2>&1 &
+    TRAIN_WATCHER=$!
+    # a program that resumes only when told: after a checkpointed stop of the run (this
+    # chain's or an earlier one's), its arguments end with --resume-args
+    # the renderer's step_command sets STEP (the per-node wrapper is known by then)
+    step_command
+    # shellcheck disable=SC2153  # STEP: set by step_command
+    local step_argv=("${STEP[@]}")
+    if [ -n "${RESUME_ARGS[*]+x}" ] && [ -e "$RUN_DIR/$SAVED_FILE" ]; then
+        step_argv+=("${RESUME_ARGS[@]}")
+        train_log "resuming after a checkpointed stop: the program's arguments end with" \
+            "${RESUME_ARGS[*]}"
+    fi
+    {
+        "${step_argv[@]}" &
+        echo "$!" > "$TRAIN_TMP/step.pid"
+        # (after the step started: it must not inherit these as ignored)
+        trap '' USR1 TERM INT
+        waiter_rc=0
+        wait "$!" || waiter_rc=$?
+        echo "$waiter_rc" > "$TRAIN_TMP/step.rc"
+    } &
+    TRAIN_WAITER=$!
+    printf -v TRAIN_STEP_START '%(%s)T' -1
+}
+
+# shellcheck disable=SC2329  # invoked by the traps
+train_signal_step() {
+    # send signal $1 to the running step (its pid file appears right after it starts)
+    local pid='' i
+    [ -n "${TRAIN_WAITER:-}" ] || return 0
+    for ((i = 0; i < 100; i++)); do
+        [ -s "$TRAIN_TMP/step.pid" ] && break
+        sleep 0.02
+    done
+    read -r pid < "$TRAIN_TMP/step.pid" 2>/dev/null || return 0
+    kill "-$1" "$pid" 2>/dev/null || true
+}
+
+# shellcheck disable=SC2329  # invoked by the USR1 trap
+train_on_usr1() {
+    # Slurm may send the walltime signal up to a minute early, even as the chunk starts;
+    # a program that has not yet set its handler (Python starting, imports) would die of
+    # it. So until the program says it is ready (the file in $READY_VAR) and at most for
+    # the step's first STEP_GRACE seconds, the signal is held and looked at again every
+    # second (the trainer's own time budget runs meanwhile).
+    local now since
+    if [ "$STOP_SIGNAL" = none ]; then
+        train_log "USR1 received; the job has no stop signal: not passed on"
+        return 0
+    fi
+    printf -v now '%(%s)T' -1
+    since=$((now - ${TRAIN_STEP_START:-$now}))
+    if [ -z "${TRAIN_STEP_START:-}" ] || \
+            { [ ! -e "$TRAIN_READY" ] && [ "$since" -lt "$STEP_GRACE" ]; }; then
+        if [ "$TRAIN_USR1_HELD" = 0 ]; then
+            TRAIN_USR1_HELD=1
+            train_log "walltime signal ${since}s after the step started: passing it on" \
+                "when the program is ready (at most ${STEP_GRACE}s after its start)"
+            # one reminder a second until then, from one process started once (a
+            # reminder started per signal can be lost: `kill -0` still finds the last
+            # one as an unreaped zombie)
+            (
+                trap - EXIT  # (forked in a trap handler, as train_kill's is)
+                i=0
+                while [ "$i" -le "$((STEP_GRACE + 1))" ]; do
+                    sleep 1
+                    kill -USR1 "$$" 2>/dev/null || exit 0
+                    i=$((i + 1))
+                done
+            ) >/dev/null 2>&1 &
+            TRAIN_USR1_LATER=$!
+        fi
+        return 0
+    fi
+    TRAIN_USR1_HELD=0
+    if [ -n "$TRAIN_USR1_LATER" ]; then
+        kill "$TRAIN_USR1_LATER" 2>/dev/null || true
+        TRAIN_USR1_LATER=
+    fi
+    [ "$TRAIN_STOP_SENT" = 0 ] || return 0  # the step was asked already (a reminder)
+    if [ "$STOP_MODE" = kill ]; then
+        train_kill
+        return 0
+    fi
+    train_log "walltime signal: asking the step to checkpoint and stop ($STOP_SIGNAL)"
+    TRAIN_STOP_SENT=1
+    if [ "$STOP_VIA" = scancel ]; then
+        # TERM to the step's tasks only (srun, and this shell, must not get it)
+        scancel --signal=TERM "$TRAIN_SELF" 2>/dev/null || train_signal_step TERM
+    else
+        train_signal_step USR1
+    fi
+}
+
+# shellcheck disable=SC2329  # invoked by train_on_usr1
+train_kill() {
+    # stop mode kill: the program has no handler and saves on its own; the chunk ends it
+    # (TERM to the step's tasks, KILL to its steps after KILL_GRACE seconds) and the next
+    # chunk continues from its last save
+    train_log "walltime signal: ending the program (stop mode kill): TERM, then KILL" \
+        "after ${KILL_GRACE}s"
+    TRAIN_STOP_SENT=1
+    TRAIN_KILLED=1
+    printf -v TRAIN_KILL_AT '%(%s)T' -1
+    scancel --signal=TERM "$TRAIN_SELF" 2>/dev/null || train_signal_step TERM
+    # (forked in a trap handler: a TERM that comes before it resets the traps can run this
+    # shell's EXIT trap in it, which removes TRAIN_TMP; it is ended with KILL)
+    (
+        trap - EXIT USR1 USR2 TERM
+        sleep "$KILL_GRACE" 2>/dev/null
+        train_log "the program is still running ${KILL_GRACE}s after the TERM: KILL"
+        train_kill_steps
+    ) >/dev/null &
+    TRAIN_KILLER=$!
+}
+
+# shellcheck disable=SC2329  # invoked by train_kill's background process
+train_kill_steps() {
+    # KILL to the job's steps, never to the batch shell (`scancel --signal=KILL JOB` would
+    # cancel the whole job): each numbered step by its id; srun itself where Slurm cannot
+    # be asked
+    local steps step sent=0
+    steps=$(train_slurm_cmd squeue --noheader --steps --jobs="${SLURM_JOB_ID:-0}" \
+        --format=%i 2>/dev/null) || steps=
+    for step in $steps; do
+        case "$step" in *.[0-9]*)
+            scancel --signal=KILL "$step" 2>/dev/null && sent=1 ;;
+        esac
+    done
+    [ "$sent" = 1 ] || train_signal_step KILL
+}
+
+# shellcheck disable=SC2329  # invoked by the USR2 trap
+train_on_stop_request() {
+    # the program checkpointed and asked to end this chunk: TERM to the step's tasks
+    # (never to srun or this shell), recorded as a checkpointed stop
+    [ "$TRAIN_TERMINATING" = 0 ] && [ "$TRAIN_STOP_REQUESTED" = 0 ] || return 0
+    train_log "the program asked to end this chunk after its checkpoint: stopping the step"
+    TRAIN_STOP_REQUESTED=1
+    TRAIN_STOP_SENT=1
+    scancel --signal=TERM "$TRAIN_SELF" 2>/dev/null || train_signal_step TERM
+}
+
+# shellcheck disable=SC2329  # invoked by the TERM trap
+train_on_term() {
+    # Slurm sends TERM (KillWait seconds before KILL) to every process of the job at the
+    # walltime, on scancel, on preemption and on requeue: the step's tasks get it from
+    # Slurm and checkpoint (passing it on to srun would only make srun kill them). Record
+    # which it was, and cancel the waiting chunk unless this job may come back (requeue
+    # or preemption with requeue).
+    local elapsed kind now
+    [ "$TRAIN_REQUEUING" = 0 ] && [ "$TRAIN_TERMINATING" = 0 ] || return 0
+    TRAIN_TERMINATING=1
+    printf -v now '%(%s)T' -1
+    elapsed=$((now - TRAIN_START))
+    if [ "$elapsed" -ge $((WALLTIME_SECONDS - 15)) ]; then
+        kind=$EV_TIMEOUT
+        train_log "walltime reached after ${elapsed}s: the step did not stop in time"
+    else
+        kind=$EV_TERMINATED
+        train_log "terminated by Slurm after ${elapsed}s (scancel, preemption or requeue)"
+    fi
+    train_event "$kind" "$elapsed"
+    if [ "$REQUEUE_ALLOWED" = 0 ]; then
+        train_cancel_rest
+    fi
+}
+
+# shellcheck disable=SC2329  # invoked by the EXIT trap
+train_on_exit() {
+    rm -rf "${TRAIN_TMP:-/nonexistent}"
+    rm -f "$TRAIN_READY" "${TRAIN_STOP_REQUEST:-/nonexistent}"
+    if [ -n "${TRAIN_WATCHER:-}" ]; then
+        kill "$TRAIN_WATCHER" 2>/dev/null || true
+    fi
+    if [ -n "${TRAIN_USR1_LATER:-}" ]; then
+        kill "$TRAIN_USR1_LATER" 2>/dev/null || true
+    fi
+    if [ -n "${TRAIN_KILLER:-}" ]; then
+        kill -KILL "$TRAIN_KILLER" 2>/dev/null || true
+    fi
+}
+
+train_wait_step() {
+    # a trapped signal interrupts `wait`: wait again until the waiter is gone
+    while :; do
+        wait "$TRAIN_WAITER" 2>/dev/null || true
+        kill -0 "$TRAIN_WAITER" 2>/dev/null || break
+    done
+    TRAIN_WAITER=
+    STEP_RC=255  # no status: the waiter itself was killed
+    if [ -s "$TRAIN_TMP/step.rc" ]; then
+        read -r STEP_RC < "$TRAIN_TMP/step.rc"
+    fi
+}
+
+train_step_ended() {
+    # The step has ended. A walltime USR1 or a stop request's USR2 that comes now has
+    # nothing left to stop, and must not end this shell (their default action would: 138
+    # or 140, the chunk counted failed, its successor removed by Slurm): from here on both
+    # are ignored, then the reminder and the watcher that send them are stopped.
+    local pid
+    trap '' USR1 USR2
+    if [ -n "$TRAIN_KILLER" ]; then
+        kill -KILL "$TRAIN_KILLER" 2>/dev/null || true
+        wait "$TRAIN_KILLER" 2>/dev/null || true
+    fi
+    for pid in "$TRAIN_USR1_LATER" "$TRAIN_WATCHER"; do
+        [ -n "$pid" ] || continue
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    TRAIN_USR1_LATER=
+    TRAIN_WATCHER=
+    TRAIN_KILLER=
+    # a program that asked to end its chunk and exited before the watcher saw the request
+    # (it looks once a second) has asked all the same: a stop, never "complete"
+    if [ "$TRAIN_STOP_REQUESTED" = 0 ] && [ -e "${TRAIN_STOP_REQUEST:-/nonexistent}" ]; then
+        train_log "the program asked to end this chunk after its checkpoint, and has ended"
+        TRAIN_STOP_REQUESTED=1
+        TRAIN_STOP_SENT=1
+    fi
+}
