@@ -17,8 +17,10 @@ from train.clusters.profiles import Registry
 from train.entry import entry_code
 from train.slurm.job import JobSpec, resolve
 from train.slurm.render import (
+    LIBRARY_NAMES,
     STEP_WIDTH,
     _strip_header,
+    library_paths,
     library_text,
     marker_line,
     render,
@@ -28,6 +30,26 @@ from train.slurm.render import (
 
 READABLE_LINES = 60
 LIBRARY = library_text()
+
+
+def test_every_library_file_is_inlined_in_order_shipped_and_linked() -> None:
+    """The library's files go below the marker in their fixed order, each one whole (the
+    version covers all of them); the package ships each, and slurm/ links to each."""
+    from pathlib import Path
+
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    _, rest = _parts(rendered(sorted(CASES)[0]))
+    below = "\n".join(rest)
+    starts = [below.index(_strip_header(path.read_text(encoding="utf-8")))
+              for path in library_paths()]
+    assert len(starts) == len(LIBRARY_NAMES) >= 2 and starts == sorted(starts)
+    shipped = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))[
+        "tool"]["setuptools"]["package-data"]["train"]
+    for name, path in zip(LIBRARY_NAMES, library_paths(), strict=True):
+        assert f"slurm/{name}" in shipped
+        assert (root / "slurm" / name).resolve() == path.resolve()
 
 
 def _parts(text: str) -> tuple[list[str], list[str]]:
