@@ -37,7 +37,6 @@ def test_every_library_file_is_inlined_in_order_shipped_and_linked() -> None:
     version covers all of them); the package ships each, and slurm/ links to each."""
     from pathlib import Path
 
-
     root = Path(__file__).resolve().parents[2]
     _, rest = _parts(rendered(sorted(CASES)[0]))
     below = "\n".join(rest)
