@@ -11,7 +11,9 @@
 # Logic that Python can hold stays in Python; this only does what must happen in the batch
 # shell: the prologue, passing the walltime signal to the job step, extending the chain by
 # one chunk, requeueing, recording what happened, and ending the chain (cancelling the
-# waiting chunk) when it is done, failed or killed.
+# waiting chunk) when it is done, failed or killed. This file holds the chain (events,
+# ids, extending, cancelling, train_main and its steps); job-lib-step.sh, inlined after
+# it, the job step (starting, signalling, ending and waiting for it).
 #
 # Every chunk runs this same script; its chunk number is the script's first argument, the
 # chain's first chunk its second (1 where it is left out: a resubmitted chain of a run
