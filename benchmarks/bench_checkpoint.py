@@ -17,10 +17,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import machine, median, timed, write_section
-from train.config import RunConfig
-from train.runtime.distributed import DistContext
-from train.runtime.precision import select_precision
+from train.node.distributed import DistContext
+from train.workloads.config import RunConfig
 from train.workloads.dqn.trainer import SeedRun
+from train.workloads.runtime.precision import select_precision
 
 
 def filled_run(res: int, replay: int, out: Path) -> SeedRun:

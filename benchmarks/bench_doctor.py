@@ -22,10 +22,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import machine, median, timed, write_section
-from train import doctor
-from train.doctor import logread
-from train.slurm import contract, queue
-from train.slurm.scheduler import load_chain
+from train.batch import contract
+from train.client import doctor
+from train.client.doctor import logread
+from train.client.slurm import queue
+from train.client.slurm.scheduler import load_chain
 
 LINE = ("12:00:01 INFO train.workloads.dqn.trainer: seed 4: episode 1234/5000 reward 3.000 "
         "eps 0.050 loss 0.0123 (812 steps/s)\n")
@@ -81,8 +82,8 @@ def doctor_peak_rss(run_dir: Path) -> tuple[int, int]:
     """Peak resident memory (KiB) of a process that runs the diagnosis, and the bytes it
     and its greps read doing it."""
     code = ("import json, resource, sys\n"
-            "from train import doctor\n"
-            "from train.slurm.scheduler import load_chain\n"
+            "from train.client import doctor\n"
+            "from train.client.slurm.scheduler import load_chain\n"
             f"st = json.loads({json.dumps(json.dumps(_status('1001')))})\n"
             f"before = {_RCHAR}\n"
             f"r = doctor.diagnose(load_chain(__import__('pathlib').Path({str(run_dir)!r})),"
@@ -97,7 +98,7 @@ def doctor_peak_rss(run_dir: Path) -> tuple[int, int]:
 
 
 def baseline_rss() -> int:
-    code = f"from train import doctor\nprint({_HWM})\n"
+    code = f"from train.client import doctor\nprint({_HWM})\n"
     return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               check=True).stdout.strip())
 

@@ -14,11 +14,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import machine, write_section
 from bench_update import make_batch
-from train.config import RunConfig
-from train.runtime.memory import preallocate, training_state_bytes
-from train.runtime.precision import select_precision
+from train.workloads.config import RunConfig
 from train.workloads.dqn.agent import DQNAgent
 from train.workloads.envs.spec import ObsSpec
+from train.workloads.runtime.memory import preallocate, training_state_bytes
+from train.workloads.runtime.precision import select_precision
 
 SHAPES = ((32, 32), (32, 256), (64, 256))
 

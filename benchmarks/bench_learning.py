@@ -17,12 +17,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import machine, write_section
-from train import runner
-from train.config import RunConfig
-from train.runtime.results import plot_learning_curves
+from train.workloads import runner
+from train.workloads.config import RunConfig
 from train.workloads.dqn.agent import random_available_action
 from train.workloads.dqn.trainer import _EVAL_STREAM, run_episode
 from train.workloads.envs.beacon import BeaconEnv
+from train.workloads.runtime.results import plot_learning_curves
 
 BUDGET = 300.0
 CHUNK = 10

@@ -13,13 +13,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import machine, median, timed, write_section
-from train.config import RunConfig
-from train.runtime.precision import select_precision
+from train.workloads.config import RunConfig
 from train.workloads.dqn.agent import DQNAgent
 from train.workloads.dqn.network import QNetwork
 from train.workloads.dqn.replay import ReplayBuffer
 from train.workloads.envs.beacon import BeaconEnv
 from train.workloads.envs.spec import ObsSpec
+from train.workloads.runtime.precision import select_precision
 
 
 def make_batch(res: int, batch: int) -> dict[str, np.ndarray]:

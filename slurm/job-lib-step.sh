@@ -1,1 +1,1 @@
-../src/train/slurm/job-lib-step.sh
+../src/train/batch/job-lib-step.sh

@@ -1,1 +1,1 @@
-../src/train/slurm/job-lib.sh
+../src/train/batch/job-lib.sh

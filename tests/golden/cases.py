@@ -12,9 +12,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from train.clusters.profiles import Registry
-from train.slurm.job import JobSpec, ResolvedJob, resolve
-from train.slurm.render import library_text, render
+from train.client.clusters.profiles import Registry
+from train.client.slurm.job import JobSpec, ResolvedJob, resolve
+from train.client.slurm.render import library_text, render
 
 HERE = Path(__file__).parent
 RUN_ROOT = "/scratch/user/runs"

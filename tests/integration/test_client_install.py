@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from train.errors import EXIT_RESOURCE, RUNTIME_MODULES
+from train.common.errors import EXIT_RESOURCE, RUNTIME_MODULES
 
 pytestmark = pytest.mark.slow
 

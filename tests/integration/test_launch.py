@@ -23,7 +23,7 @@ from tests.integration.chains import TERMINAL, checkpointed, kill_wait
 from tests.integration.chains import logs as _logs
 from tests.integration.chains import status as _status
 from tests.integration.chains import wait as _wait
-from train.slurm.contract import DOCKER_JOB_LABEL
+from train.batch.contract import DOCKER_JOB_LABEL
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -36,7 +36,7 @@ from tests.integration.chains import (
     wait,
     walltime_signal,
 )
-from train.runtime.checkpoint import CheckpointManager
+from train.workloads.runtime.checkpoint import CheckpointManager
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

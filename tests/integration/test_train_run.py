@@ -19,13 +19,13 @@ import pytest
 import torch
 
 from tests.conftest import TINY, run_cli, tiny_flags, train_cmd
-from train import runner
-from train.config import RunConfig
-from train.errors import ConfigError, UsageError
-from train.runtime import results
-from train.runtime.checkpoint import CheckpointManager
-from train.slurm import contract
+from train.batch import contract
+from train.common.errors import ConfigError, UsageError
+from train.workloads import runner
+from train.workloads.config import RunConfig
 from train.workloads.dqn import trainer
+from train.workloads.runtime import results
+from train.workloads.runtime.checkpoint import CheckpointManager
 
 pytestmark = pytest.mark.slow
 
@@ -113,9 +113,9 @@ def test_cli_demo_writes_every_result(tmp_path: Path) -> None:
     assert re.search(r"seed 4 episode 2/3 \([0-9.]+ ep/s, ETA \d+s\)", proc.stderr), \
         proc.stderr
     # it ends saying what it did and where everything is
-    assert f"INFO train.runner: run complete: {out}\n" in proc.stderr
+    assert f"INFO train.workloads.runner: run complete: {out}\n" in proc.stderr
     for seed in (4, 6):
-        assert re.search(rf"INFO train.runner: seed {seed}: evaluation reward -?[0-9.]+ \+- "
+        assert re.search(rf"INFO train.workloads.runner: seed {seed}: evaluation reward -?[0-9.]+ \+- "
                          r"[0-9.e+-]+ over 2 episodes after 3 trained; the scripted policy "
                          r"scores [0-9.]+ \(\d+% of it\)\n", proc.stderr), proc.stderr
     assert f"learning curve: {out / 'learning_curve.png'}\n" in proc.stderr

@@ -22,7 +22,7 @@ from tests.conftest import run_cli
 from tests.golden.cases import script_step
 from train.images import features
 from train.images.features import Features
-from train.nodeentry import LAUNCHER_ROOT
+from train.node.nodeentry import LAUNCHER_ROOT
 
 NO_SBATCH = "#!/bin/sh\necho 'sbatch: error: no cluster in unit tests' >&2\nexit 1\n"
 # the engine's stand-in: `image inspect` says the id (IMAGE_ID) and no labels (or
@@ -235,7 +235,7 @@ def test_an_image_without_train_gets_the_launcher_bound_read_only(
     argv = script_step(proc.stdout)
     assert any(arg == flag and nxt == bind for arg, nxt in itertools.pairwise(argv)), argv
     step = " ".join(argv)
-    assert "sys.path.append(" in step and "train.nodeentry" in step
+    assert "sys.path.append(" in step and "train.node.nodeentry" in step
     assert "PYTHONPATH" not in step  # the program's environment is the image's own
     # an image of ours (its labels say so) runs its own `train`: nothing bound
     proc = run_cli(["render", *_job(tmp_path, "docker", NO_TORCH, "--launch", "tasks")],

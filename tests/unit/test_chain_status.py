@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from train.errors import UsageError
-from train.slurm import contract, queue, scheduler
+from train.batch import contract
+from train.client.slurm import queue, scheduler
+from train.common.errors import UsageError
 
 
 def _chain(tmp_path: Path, ids: str, events: str, states: dict[str, str],
@@ -182,8 +183,8 @@ def test_one_unreadable_chain_does_not_hide_the_others(tmp_path: Path) -> None:
 
 
 def _job(tmp_path: Path) -> Any:
-    from train.clusters.profiles import Registry
-    from train.slurm.job import JobSpec, resolve
+    from train.client.clusters.profiles import Registry
+    from train.client.slurm.job import JobSpec, resolve
 
     spec = JobSpec(cluster="local", name="e1", out=str(tmp_path / "runs" / "e1"),
                    runtime="none", workload=("demo",))
@@ -260,14 +261,14 @@ def test_a_resubmission_keeps_the_earlier_record_under_its_first_job(
 @pytest.mark.parametrize("text", ["[]", "{}", '{"jobs": {}}', '{"jobs": [1]}',
                                   '{"jobs": [{"state": "X"}]}', "not json", "null"])
 def test_unexpected_squeue_json_is_a_value_error_naming_squeue(text: str) -> None:
-    from train.slurm.scheduler import parse_squeue_json
+    from train.client.slurm.scheduler import parse_squeue_json
 
     with pytest.raises(ValueError):
         parse_squeue_json(text)
 
 
 def test_squeue_json_with_structured_job_ids() -> None:
-    from train.slurm.scheduler import parse_squeue_json
+    from train.client.slurm.scheduler import parse_squeue_json
 
     text = '{"jobs": [{"job_id": {"set": true, "number": 42}, "job_state": ["RUNNING"]}]}'
     assert parse_squeue_json(text)["42"]["state"] == "RUNNING"

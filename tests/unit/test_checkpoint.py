@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from train.errors import CheckpointError
-from train.runtime.checkpoint import (
+from train.common.errors import CheckpointError
+from train.workloads.runtime.checkpoint import (
     FORMAT,
     CheckpointManager,
     checksum_path,
@@ -214,7 +214,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_older_with_a_warning(
 
 def test_a_folder_named_like_a_checkpoint_is_exit_2_at_start_not_a_failed_save(
         tmp_path: Path) -> None:
-    from train.errors import UsageError
+    from train.common.errors import UsageError
 
     (tmp_path / "ckpt-00000003.pt").mkdir()
     mgr = CheckpointManager(tmp_path, background=False)
@@ -523,7 +523,7 @@ def test_a_checkpoint_that_cannot_be_read_now_is_skipped_but_not_set_aside(
     used and the newer stays in the rotation for the next start."""
     import errno
 
-    from train.runtime import checkpoint
+    from train.workloads.runtime import checkpoint
 
     mgr = CheckpointManager(tmp_path, background=False)
     mgr.prepare()
@@ -559,7 +559,7 @@ def test_an_intact_checkpoint_that_memory_cannot_hold_now_is_not_set_aside(
     nothing of the file, whose checksum matched: it stays in the rotation for the next
     start. A hostile trial found it renamed damaged-ckpt-N.pt and the run resumed from the
     older one."""
-    from train.runtime import checkpoint
+    from train.workloads.runtime import checkpoint
 
     mgr = CheckpointManager(tmp_path, background=False)
     mgr.prepare()

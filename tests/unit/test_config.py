@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from train.config import RunConfig, build_config, check_writable_dir, load_yaml
-from train.errors import ConfigError
+from train.common.errors import ConfigError
+from train.workloads.config import RunConfig, build_config, check_writable_dir, load_yaml
 
 
 def test_defaults_are_valid() -> None:

@@ -18,8 +18,8 @@ import pytest
 
 from tests.conftest import spawn_group
 from tests.golden.cases import CASES, rendered, script_step
-from train import container
-from train.slurm.contract import DOCKER_JOB_LABEL
+from train.batch.contract import DOCKER_JOB_LABEL
+from train.client import container
 
 HOSTILE = ["r $(id); `id` 'q' \"d\"\n.csv", "", "*", "--name", "a\\b", "$SLURM_JOB_ID"]
 

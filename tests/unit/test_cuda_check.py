@@ -14,13 +14,8 @@ import pytest
 import torch
 
 from tests.conftest import TINY, run_cli, tiny_flags
-from train import launch, runner
-from train.config import RunConfig
-from train.errors import EXIT_RESOURCE, ResourceError
-from train.launch import LaunchOptions, prepare
-from train.launcher import gpumem
-from train.runtime import cuda_check
-from train.runtime.cuda_check import (
+from train.common import cuda_check
+from train.common.cuda_check import (
     PYNVML_MISSING,
     CudaFacts,
     check,
@@ -29,7 +24,13 @@ from train.runtime.cuda_check import (
     gather_facts,
     parse_version,
 )
-from train.runtime.distributed import init_distributed, resolve_device
+from train.common.errors import EXIT_RESOURCE, ResourceError
+from train.node import launch
+from train.node.distributed import init_distributed, resolve_device
+from train.node.launch import LaunchOptions, prepare
+from train.node.launcher import gpumem
+from train.workloads import runner
+from train.workloads.config import RunConfig
 
 # A healthy node: the base image's torch (CUDA 13.0) on a driver that supports CUDA 13.0.
 OK = CudaFacts(torch_version="2.13.0", torch_cuda="13.0", torch_available=True,
@@ -376,7 +377,7 @@ def test_cli_device_auto_trains_on_the_cpu_of_a_gpu_less_machine(tmp_path: Path)
     cause = check(facts)
     assert cause is not None
     # no GPU here: a line that says so, not a WARNING about CUDA (the cause is recorded)
-    assert "INFO train.runtime.distributed: --device auto: no GPU here, training on the " \
+    assert "INFO train.node.distributed: --device auto: no GPU here, training on the " \
         "CPU" in proc.stderr
     assert "WARNING" not in proc.stderr and "CUDA is unusable" not in proc.stderr
     config = json.loads((out / "config.json").read_text())

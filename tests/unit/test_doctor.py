@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import run_cli
-from train import doctor
-from train.slurm import contract
-from train.slurm.scheduler import load_chain
+from train.batch import contract
+from train.client import doctor
+from train.client.slurm.scheduler import load_chain
 
 RESOURCES = {"nodes": 1, "processes_per_node": 4, "gpus_per_node": 4, "ntasks_per_node": 4,
              "launch": "tasks", "workers": 8, "worker_mem_mb": 8192, "mem_mb": 262144,
@@ -63,7 +63,7 @@ CASES = [
      "Traceback (most recent call last):\n  File \"x.py\", line 3, in <module>\n"
      "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
      "total capacity of 79.10 GiB of which 1.06 GiB is free.\n", ["--batch-size 128"]),
-    # ours: runtime/memory.py PreallocationError (the optimizer's first step, up front)
+    # ours: workloads/runtime/memory.py PreallocationError (the optimizer's first step, up front)
     ("gpu_oom", "FAILED", "3:0",
      "train: error: out of memory on cuda:0 (NVIDIA H100) while preallocating optimizer "
      "state and a batch of 256 at res 64: ...\n", ["optimizer's first step",
@@ -327,7 +327,7 @@ def test_unreadable_logs_are_no_traceback(tmp_path: Path) -> None:
 def test_status_all_is_one_row_per_run_with_the_verdict(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Slurm is asked once for every run's jobs; a broken record is its own row."""
-    from train.slurm import queue
+    from train.client.slurm import queue
 
     make_run(tmp_path, {"ok-201.out": ""}, name="ok")
     (tmp_path / "ok" / contract.PROGRESS_FILE).write_text("40 40\n")
@@ -364,7 +364,7 @@ def test_status_all_takes_no_run_name(tmp_path: Path) -> None:
 
 def _gpu_csv(run_dir: Path, node: str, utils: list[float], start: int = 1_795_000_000,
              every: int = 60) -> Path:
-    """The watch's file (runtime/gpuwatch.py's format): one line per GPU per sample."""
+    """The watch's file (common/gpuwatch_file.py's format): one line per GPU per sample."""
     path = run_dir / "gpu" / f"{node}.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = ["time,gpu,util_pct,mem_used_mib,mem_total_mib"]
@@ -393,7 +393,7 @@ def test_idle_gpus_are_a_cause_with_the_samples_as_evidence(tmp_path: Path) -> N
 
 def test_status_shows_each_nodes_mean_and_latest_utilisation(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from train.slurm import queue, scheduler
+    from train.client.slurm import queue, scheduler
 
     run_dir = make_run(tmp_path, {"r-101.out": ""})
     _gpu_csv(run_dir, "n1", [80.0, 60.0, 40.0])
@@ -408,7 +408,7 @@ def test_status_shows_each_nodes_mean_and_latest_utilisation(
 
 
 def test_preflight_from_the_cli(tmp_path: Path) -> None:
-    """`train doctor --preflight` runs the login-node checks (train/preflight.py, tested
+    """`train doctor --preflight` runs the login-node checks (train/client/preflight.py, tested
     check by check in test_preflight.py): exit 0 when none failed, 1 when one did, 2 for
     bad input. The defaults of `train init` fill what is not given."""
     env = {"XDG_CONFIG_HOME": str(tmp_path / "config"), "PATH": "/usr/bin:/bin"}
@@ -466,8 +466,8 @@ def test_a_large_log_is_searched_in_its_head_and_tail_with_true_positions(
 READ_COUNT = """
 import json, sys
 from pathlib import Path
-from train import doctor
-from train.doctor import logread
+from train.client import doctor
+from train.client.doctor import logread
 logread.WHOLE_LIMIT, logread.HEAD_BYTES, logread.TAIL_BYTES_SCANNED = (
     8 << 20, 1 << 20, 4 << 20)
 
@@ -636,7 +636,7 @@ def test_run_files_that_are_fifos_or_devices_never_hang(tmp_path: Path, kind: st
         os.mkfifo(other / contract.CHAIN_RECORD)
     else:
         (other / contract.CHAIN_RECORD).symlink_to("/dev/zero")
-    from train.slurm.scheduler import chain_dirs
+    from train.client.slurm.scheduler import chain_dirs
 
     assert other not in chain_dirs(tmp_path)
 
@@ -644,8 +644,8 @@ def test_run_files_that_are_fifos_or_devices_never_hang(tmp_path: Path, kind: st
 def test_without_slurm_the_events_still_diagnose(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """squeue and sacct unreachable: a note says so, and the chain's events decide."""
-    from train.errors import ResourceError
-    from train.slurm import queue
+    from train.client.slurm import queue
+    from train.common.errors import ResourceError
 
     def no_slurm(ids: list[str]) -> dict[str, Any]:
         raise ResourceError("cannot reach Slurm: squeue: connection refused")
@@ -874,8 +874,8 @@ def test_a_commands_own_dataloader_workers_are_named_for_a_host_oom(
 def test_the_chain_record_keeps_the_nodes_memory_for_the_doctor() -> None:
     import sys
 
-    from train.clusters.profiles import Registry
-    from train.slurm.job import JobSpec, resolve
+    from train.client.clusters.profiles import Registry
+    from train.client.slurm.job import JobSpec, resolve
 
     spec = JobSpec(cluster="torch", account="torch_pr_1_x", constraint="l40s", nodes=4,
                    gpus_per_node=4, launch="tasks", workers=2, mem="250G", workload=("demo",),

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from train.errors import EnvironmentUnavailable
+from train.common.errors import EnvironmentUnavailable
 from train.workloads.dqn.agent import random_available_action
 from train.workloads.dqn.replay import ReplayBuffer
 from train.workloads.dqn.trainer import run_episode

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.golden.cases import script_step
-from train.clusters.profiles import Registry, parse_mem, parse_time
+from train.client.clusters.profiles import Registry, parse_mem, parse_time
 
 REG = Registry(environ={})
 SITES = ("gilbreth", "rivanna", "torch")
@@ -157,7 +157,7 @@ def test_torch_first_job_is_the_field_notes_navsim_job(tmp_path: Path,
     assert parse_time(opts["time"]) < 48 * 60  # the 24-GPU allowance is for jobs < 48 h
     _check_cpus_and_memory(opts, step, node.cpus_per_node, node.mem_mb, gpus=4, ntasks=4)
     # the workers' memory is in the request: 2 x 4 ranks x the default per worker
-    from train.runtime.hostmem import DEFAULT_WORKER_MEM_MB
+    from train.common.hostmem import DEFAULT_WORKER_MEM_MB
 
     assert parse_mem(opts["mem"]) >= 2 * 4 * DEFAULT_WORKER_MEM_MB
     assert step[0] == "srun" and "--ntasks-per-node=4" in step  # srun: every rank

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.golden.cases import script_step
-from train.entry import entry_code, module_argv, tool_args
-from train.programs import imports_lightning, script_of, submit_notes
+from train.client.programs import imports_lightning, script_of, submit_notes
+from train.common.entry import entry_code, module_argv, tool_args
 
 WORKER = Path(__file__).parents[1] / "integration" / "worker_fails.py"
 LOUD = 'import sys\nprint("the folder\'s train.py was imported", file=sys.stderr)\nsys.exit(99)\n'
@@ -50,7 +50,7 @@ def test_python_m_train_runs_the_folders_train_py_but_the_jobs_entry_never_does(
                               capture_output=True, text=True, timeout=120, check=False,
                               env={**os.environ, **extra})
         assert proc.returncode == 0, proc.stderr
-    proc = subprocess.run([*module_argv(sys.executable, "train.runtime.gpuwatch"), "--help"],
+    proc = subprocess.run([*module_argv(sys.executable, "train.node.gpuwatch"), "--help"],
                           cwd=folder, capture_output=True, text=True, timeout=120,
                           check=False)
     assert proc.returncode == 0 and "--parent" in proc.stdout, proc.stderr

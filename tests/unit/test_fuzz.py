@@ -30,9 +30,16 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from train import _proc, yamlio
-from train.clusters import profiles
-from train.config import (
+from train.batch import contract
+from train.client.clusters import profiles
+from train.client.defaults import merged
+from train.client.slurm import queue, scheduler, sweep
+from train.client.slurm.job import JobSpec, job_from_sources, resolve
+from train.client.slurm.render import library_text, render
+from train.common import _proc, yamlio
+from train.common.errors import EXIT_USAGE, ConfigError, TrainError
+from train.images import defs, lint
+from train.workloads.config import (
     MAX_SEED,
     RunConfig,
     build_config,
@@ -41,12 +48,6 @@ from train.config import (
     load_yaml,
     run_config_from_argv,
 )
-from train.defaults import merged
-from train.errors import EXIT_USAGE, ConfigError, TrainError
-from train.images import defs, lint
-from train.slurm import contract, queue, scheduler, sweep
-from train.slurm.job import JobSpec, job_from_sources, resolve
-from train.slurm.render import library_text, render
 
 LIBRARY = library_text()
 
@@ -372,7 +373,7 @@ def test_job_spec_from_yaml_text(text: str, cluster: str) -> None:
 
 # -- cluster profiles -----------------------------------------------------------------------
 def _shipped_profiles() -> list[dict[str, Any]]:
-    folder = resources.files("train.clusters") / "data"
+    folder = resources.files("train.client.clusters") / "data"
     return [yamlio.load_text(entry.read_text(encoding="utf-8"), entry.name, "profile")
             for entry in sorted(folder.iterdir(), key=lambda e: e.name)
             if entry.name.endswith(".yaml")]

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from train.gpus import arch_runs, parse_arch
-from train.runtime.cuda_check import CudaFacts, check, unserved_gpus
+from train.common.cuda_check import CudaFacts, check, unserved_gpus
+from train.common.gpus import arch_runs, parse_arch
 
 # torch.cuda.get_arch_list() of PyPI's torch 2.13.0 (CUDA 13.0) and of 2.10.0 (CUDA 12.8),
 # as the two builds report them (issue 20's reading of the wheels)
@@ -157,10 +157,10 @@ def test_lock_headers_round_trip_and_every_shipped_gpu_is_served() -> None:
     variant fails here."""
     from pathlib import Path
 
-    from train.clusters.profiles import Registry
-    from train.gpus import capability
+    from train.client.clusters.profiles import Registry
+    from train.common.cuda_check import VARIANTS
+    from train.common.gpus import capability
     from train.images.arch import BuildArch, read_header
-    from train.runtime.cuda_check import VARIANTS
 
     build = BuildArch("12.8", (70, 80), (90,))
     assert read_header(build.header("x.whl")) == build

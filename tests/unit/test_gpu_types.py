@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import run_cli
-from train.clusters.profiles import Registry
-from train.errors import ConfigError
-from train.gpus import COMPUTE_CAPABILITY, all_bf16_capable, bf16_capable, capability
-from train.slurm.job import JobSpec, ResolvedJob, navsim_command, resolve
+from train.client.clusters.profiles import Registry
+from train.client.slurm.job import JobSpec, ResolvedJob, navsim_command, resolve
+from train.common.errors import ConfigError
+from train.common.gpus import COMPUTE_CAPABILITY, all_bf16_capable, bf16_capable, capability
 
 REG = Registry(environ={})
 TRAINING = dict(cluster="gilbreth", account="lab", partition="training", qos="training",
@@ -27,7 +27,7 @@ def _resolve(registry: Registry = REG, **kw: Any) -> ResolvedJob:
 
 
 def _sbatch(job: ResolvedJob) -> list[str]:
-    from train.slurm.render import gpu_option, sbatch_options
+    from train.client.slurm.render import gpu_option, sbatch_options
 
     lines = sbatch_options(job)
     assert (gpu_option(job) in lines) if job.spec.gpus_per_node else True
@@ -77,7 +77,7 @@ def test_gpu_table_stays_light_for_the_login_node() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, train.gpus, train.slurm.job, train.clusters.profiles\n"
+    code = ("import sys, train.common.gpus, train.client.slurm.job, train.client.clusters.profiles\n"
             "assert 'torch' not in sys.modules and 'numpy' not in sys.modules\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=False)

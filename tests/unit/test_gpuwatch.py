@@ -21,24 +21,24 @@ import pytest
 
 from tests.conftest import run_cli, spawn_group
 from tests.unit.test_cuda_check import OK as USABLE
-from train import launch as launch_mod
-from train.clusters.profiles import DEFAULT_GPU_WATCH, GpuWatch, Registry
-from train.errors import ConfigError
-from train.launch import LaunchOptions, launch
-from train.runtime import cuda_check, gpuwatch, gpuwatch_file
-from train.runtime.gpuwatch import (
+from train.batch import contract
+from train.client import gpuwatch_reader
+from train.client.clusters.profiles import DEFAULT_GPU_WATCH, GpuWatch, Registry
+from train.client.gpuwatch_reader import idle_findings, read_records, summary
+from train.client.slurm.job import JobSpec, resolve
+from train.client.slurm.render import library_text, render, step_argv
+from train.common import cuda_check, gpuwatch_file
+from train.common.errors import ConfigError
+from train.node import gpuwatch
+from train.node import launch as launch_mod
+from train.node.gpuwatch import (
     CSV_HEADER,
     WatchSettings,
     csv_path,
-    idle_findings,
-    read_records,
     select_gpus,
-    summary,
     watch,
 )
-from train.slurm import contract
-from train.slurm.job import JobSpec, resolve
-from train.slurm.render import library_text, render, step_argv
+from train.node.launch import LaunchOptions, launch
 
 MIB = 1024 * 1024
 REG = Registry(environ={})
@@ -515,7 +515,7 @@ def fake_nvml_env(tmp_path: Path) -> dict[str, str]:
 
 def _sampler(run_dir: Path, parent: int, env: dict[str, str],
              interval: str = "0.05") -> subprocess.Popen[str]:
-    return spawn_group([sys.executable, "-m", "train.runtime.gpuwatch", "--out",
+    return spawn_group([sys.executable, "-m", "train.node.gpuwatch", "--out",
                         str(run_dir), "--node", "n1", "--interval", interval,
                         "--idle-threshold", "10", "--idle-minutes", "5",
                         "--parent", str(parent)], env=env)
@@ -641,7 +641,7 @@ def test_term_ends_the_sampler_inside_a_blocking_nvml_call(
 def test_the_sampler_ends_with_its_parent_inside_a_blocking_nvml_call(
         tmp_path: Path, blocking_nvml_env: dict[str, str]) -> None:
     env = {**blocking_nvml_env, "FAKE_NVML_MODE": "util_block"}
-    argv = [sys.executable, "-m", "train.runtime.gpuwatch", "--out", str(tmp_path),
+    argv = [sys.executable, "-m", "train.node.gpuwatch", "--out", str(tmp_path),
             "--node", "n1", "--interval", "0.05", "--idle-threshold", "10",
             "--idle-minutes", "5"]
     # the parent starts the sampler (default --parent: its parent) and waits
@@ -723,7 +723,7 @@ def test_a_full_disk_stops_the_sampler_with_one_line(
         sys.argv = ["gpuwatch", "--out", {str(tmp_path)!r}, "--node", "n1", "--interval",
                     "0.05", "--idle-threshold", "10", "--idle-minutes", "5",
                     "--parent", "{os.getpid()}"]
-        runpy.run_module("train.runtime.gpuwatch", run_name="__main__")
+        runpy.run_module("train.node.gpuwatch", run_name="__main__")
         """)
     proc = spawn_group([sys.executable, "-c", code], env=fake_nvml_env)
     _, err = proc.communicate(timeout=60)
@@ -789,12 +789,12 @@ def test_idle_findings_name_the_gpu_and_the_lines(tmp_path: Path,
 def test_the_reader_loads_nothing_of_the_node_side() -> None:
     """`train status` and `train doctor` read the files through gpuwatch_reader: it loads
     neither the sampler, the sampler's process, NVML nor torch (a fresh interpreter)."""
-    code = "import sys, train.runtime.gpuwatch_reader; print(' '.join(sorted(sys.modules)))"
+    code = "import sys, train.client.gpuwatch_reader; print(' '.join(sorted(sys.modules)))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True, timeout=60)
     loaded = set(proc.stdout.split())
-    assert "train.runtime.gpuwatch_reader" in loaded
-    assert not loaded & {"train.runtime.gpuwatch", "train.runtime.gpuwatch_sampler",
+    assert "train.client.gpuwatch_reader" in loaded
+    assert not loaded & {"train.node.gpuwatch", "train.node.gpuwatch_sampler",
                          "pynvml", "torch", "numpy"}
 
 
@@ -840,12 +840,12 @@ def test_readers_skip_garbage_lines(tmp_path: Path) -> None:
     ("1700000000.0,0,-5,10,100", False),
 ])
 def test_parse_line_accepts_only_sane_values(line: str, ok: bool) -> None:
-    assert (gpuwatch.parse_line(line, 1) is not None) is ok
+    assert (gpuwatch_reader.parse_line(line, 1) is not None) is ok
 
 
 def test_describe_never_raises_on_odd_times() -> None:
     for start in (1e300, -1e300, float("nan"), float("inf"), 1e11, 0.0):
-        finding = gpuwatch.IdleFinding("n", 0, "f.csv", 2, 3, start, start, 2, 1.0, 10.0,
+        finding = gpuwatch_reader.IdleFinding("n", 0, "f.csv", 2, 3, start, start, 2, 1.0, 10.0,
                                        True)
         assert "node n GPU 0" in finding.describe()
 
@@ -854,7 +854,7 @@ def test_idle_findings_read_only_the_tail_with_true_line_numbers(tmp_path: Path)
     import inspect
 
     assert inspect.signature(idle_findings).parameters["max_bytes"].default == \
-        gpuwatch.SUMMARY_MAX_BYTES
+        gpuwatch_reader.SUMMARY_MAX_BYTES
     path = csv_path(tmp_path, "big")
     path.parent.mkdir(parents=True)
     with path.open("w") as f:
@@ -889,14 +889,14 @@ def test_the_readers_never_raise_on_any_content(tmp_path: Path) -> None:
 
     @settings(max_examples=150, derandomize=True, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
-    @given(data=content, max_bytes=st.sampled_from([None, 7, 64, gpuwatch.SUMMARY_MAX_BYTES]))
+    @given(data=content, max_bytes=st.sampled_from([None, 7, 64, gpuwatch_reader.SUMMARY_MAX_BYTES]))
     def check(data: bytes, max_bytes: int | None) -> None:
         path.write_bytes(data)
         for rec in read_records(path, max_bytes):
             assert 0 < rec.time < gpuwatch.MAX_TIME and 0 <= rec.gpu <= 1023
             assert 0 <= rec.util <= 100
         for node in summary(tmp_path, threshold=10, minutes=0,
-                            max_bytes=max_bytes or gpuwatch.SUMMARY_MAX_BYTES).values():
+                            max_bytes=max_bytes or gpuwatch_reader.SUMMARY_MAX_BYTES).values():
             str(node)
         for finding in idle_findings(tmp_path, threshold=50, minutes=0,
                                      max_bytes=max_bytes):
@@ -1061,7 +1061,7 @@ def test_profile_watch_settings_are_validated(tmp_path: Path) -> None:
 
 
 def test_the_rendered_script_carries_the_settings_to_the_launcher() -> None:
-    from train.entry import entry_code
+    from train.common.entry import entry_code
 
     job = _resolve(**TORCH, gpus_per_node=1)
     text = render(job, library_text())
@@ -1207,9 +1207,9 @@ def test_the_real_spawn_runs_the_module(monkeypatch: pytest.MonkeyPatch) -> None
     gpuwatch.spawn("/runs/x", "n1", WatchSettings(30, 60.5, 15), 123, env={"A": "1"},
                    popen=lambda argv, **kw: calls.append((argv, kw)))
     argv, kw = calls[0]
-    from train.entry import module_argv
+    from train.common.entry import module_argv
 
-    assert argv[:3] == module_argv(sys.executable, "train.runtime.gpuwatch")
+    assert argv[:3] == module_argv(sys.executable, "train.node.gpuwatch")
     assert argv[3:] == ["--out", "/runs/x", "--node", "n1", "--interval", "30",
                         "--idle-threshold", "60.5", "--idle-minutes", "15", "--parent", "123"]
     assert kw["stdout"] == subprocess.DEVNULL and kw["env"] == {"A": "1"}

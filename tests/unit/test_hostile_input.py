@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, run_cli
-from train import yamlio
-from train.errors import ConfigError
+from train.common import yamlio
+from train.common.errors import ConfigError
 
 BOMB = "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 9) if p else ', '.join(['x'] * 9)}]\n"
                for p, c in zip(["", "a", "b", "c", "d", "e", "f", "g"], "abcdefgh", strict=True))
@@ -74,7 +74,7 @@ FLOAT_FLAGS = ["--lr", "--gamma", "--eps-start", "--log-every", "--time-budget"]
 @pytest.mark.parametrize("flag", FLOAT_FLAGS)
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 def test_non_finite_numbers_are_refused_naming_the_field(flag: str, value: str) -> None:
-    from train.config import build_config
+    from train.workloads.config import build_config
 
     name = flag[2:].replace("-", "_")
     with pytest.raises(ConfigError, match=f"^{name}: must be"):
@@ -100,7 +100,7 @@ def test_a_huge_rejected_value_is_quoted_short(tmp_path: Path) -> None:
 
 
 def _profile(tmp_path: Path, edit: tuple[str, str]) -> Path:
-    text = (REPO / "src" / "train" / "clusters" / "data" / "local.yaml").read_text()
+    text = (REPO / "src" / "train" / "client" / "clusters" / "data" / "local.yaml").read_text()
     assert edit[0] in text
     path = tmp_path / "evil.yaml"
     path.write_text(text.replace("name: local", "name: evil").replace(*edit))
@@ -135,7 +135,7 @@ def test_a_second_run_on_the_same_out_is_exit_2_naming_the_holder(tmp_path: Path
     import os
     import socket
 
-    from train.runtime.results import RunLock
+    from train.workloads.runtime.results import RunLock
 
     out = tmp_path / "out"
     out.mkdir()
@@ -187,7 +187,7 @@ def test_yaml_from_a_fifo_or_a_device_is_refused_without_reading_it(tmp_path: Pa
 
 
 def test_the_run_lock_never_follows_a_link_or_opens_a_folder(tmp_path: Path) -> None:
-    from train.runtime.results import RUN_LOCK, RunLock
+    from train.workloads.runtime.results import RUN_LOCK, RunLock
 
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
@@ -205,8 +205,8 @@ def test_the_run_lock_never_follows_a_link_or_opens_a_folder(tmp_path: Path) -> 
 def test_a_checkpoint_that_is_a_device_or_a_fifo_is_skipped_not_read(tmp_path: Path) -> None:
     import os
 
-    from train.errors import CheckpointError
-    from train.runtime.checkpoint import checksum_path, load
+    from train.common.errors import CheckpointError
+    from train.workloads.runtime.checkpoint import checksum_path, load
 
     zero = tmp_path / "ckpt-00000002.pt"
     zero.symlink_to("/dev/zero")
@@ -232,8 +232,8 @@ def test_launch_masks_secrets_in_every_mode() -> None:
 @pytest.mark.parametrize("value", ["abc", "1e3", "", "0"])
 def test_a_garbled_local_world_size_counts_as_one_process(
         value: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from train.config import RunConfig
-    from train.runner import check_memory
+    from train.workloads.config import RunConfig
+    from train.workloads.runner import check_memory
 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", value)
     check_memory(RunConfig(res=6, replay_size=300))  # no ValueError, fits
@@ -243,7 +243,7 @@ def test_a_checksummed_checkpoint_of_foreign_shape_is_skipped_by_train_run(
         tmp_path: Path) -> None:
     """A file with a valid checksum that is not what the trainer wrote: resume from the one
     before, with a warning naming it, and set it aside (no KeyError traceback)."""
-    from train.runtime.checkpoint import FORMAT, save_atomic
+    from train.workloads.runtime.checkpoint import FORMAT, save_atomic
 
     out = tmp_path / "r"
     argv = ["run", "--out", str(out), "--res", "8", "--episode-steps", "4", "--batch-size",
@@ -264,9 +264,9 @@ def test_a_checksummed_checkpoint_of_foreign_shape_is_skipped_by_train_run(
 @pytest.mark.parametrize("make", ["folder", "nested", "link", "huge"])
 def test_a_run_record_that_is_not_a_small_json_file_is_exit_2(tmp_path: Path,
                                                                make: str) -> None:
-    from train.config import run_config_from_argv
-    from train.errors import UsageError
-    from train.runrecord import RECORD_LIMIT, check_same_run
+    from train.common.errors import UsageError
+    from train.workloads.config import run_config_from_argv
+    from train.workloads.runrecord import RECORD_LIMIT, check_same_run
 
     out = tmp_path / "r"
     out.mkdir()
@@ -289,9 +289,9 @@ def test_the_fuzz_tiers_leftovers_are_clear_errors(tmp_path: Path) -> None:
     """What the fuzz tier found outside the parsers it covers: a progress file of '²' or
     5000 digits or not UTF-8, a results CSV whose name is too long, a list item that is a
     list in both the defaults and the job file, an env name with a trailing newline."""
-    from train.defaults import merged
-    from train.slurm import contract
-    from train.slurm.job import check_env_item, job_from_sources
+    from train.batch import contract
+    from train.client.defaults import merged
+    from train.client.slurm.job import check_env_item, job_from_sources
 
     for text in ("\u00b2 3".encode(), b"9" * 5000 + b" 1", b"\xff\xfe 3"):
         (tmp_path / contract.PROGRESS_FILE).write_bytes(text)
@@ -310,8 +310,8 @@ def test_the_fuzz_tiers_leftovers_are_clear_errors(tmp_path: Path) -> None:
 def test_an_attempt_that_never_trained_pins_no_settings(tmp_path: Path) -> None:
     """config.json written by a start that failed before training (an OOM at the dummy
     step) must not refuse the fix its error suggests (a smaller --batch-size)."""
-    from train.config import run_config_from_argv
-    from train.runrecord import check_same_run
+    from train.workloads.config import run_config_from_argv
+    from train.workloads.runrecord import check_same_run
 
     out = tmp_path / "r"
     out.mkdir()
@@ -326,8 +326,8 @@ def test_an_attempt_that_never_trained_pins_no_settings(tmp_path: Path) -> None:
 def test_the_cpu_allocators_failure_at_the_dummy_step_is_exit_3() -> None:
     import torch
 
-    from train.errors import PreallocationError
-    from train.runtime.memory import preallocate
+    from train.common.errors import PreallocationError
+    from train.workloads.runtime.memory import preallocate
 
     def step() -> None:
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: "
@@ -378,7 +378,8 @@ def test_train_launch_never_marks_the_program_ready_itself(
     program (train run marks itself) may say it has its handlers."""
     import signal
 
-    from train import cli, launch
+    from train import cli
+    from train.node import launch
 
     ready = tmp_path / "ready"
     monkeypatch.setenv("TRAIN_SIGNAL_READY", str(ready))

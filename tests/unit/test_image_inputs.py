@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, run_cli
-from train.errors import EnvironmentUnavailable
+from train.common.errors import EnvironmentUnavailable
 from train.images.defs import parse
 from train.images.dockerfile import translate
 from train.workloads.envs import pysc2_env

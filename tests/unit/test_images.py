@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.golden.images_cases import CASES, golden_path, rendered
-from train.errors import UsageError
+from train.common.errors import UsageError
 from train.images.defs import DefError, parse
 from train.images.dockerfile import translate
 from train.images.lint import lint_all, lint_def, lock_problems

@@ -2,7 +2,7 @@
 `sbatch`, `scancel`, `scontrol` and `docker` on PATH (no Slurm, no root).
 
 The script is assembled the way the renderer does it: the contract's variables from
-train.slurm.contract, a STEP array, the library, `train_main "$@"`. The step is a small
+train.batch.contract, a STEP array, the library, `train_main "$@"`. The step is a small
 bash program whose behaviour each test chooses.
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import spawn_group
-from train.slurm import contract
-from train.slurm.render import library_text
+from train.batch import contract
+from train.client.slurm.render import library_text
 
 STUBS = {
     # records its arguments and environment; prints the next job id, or fails on demand:

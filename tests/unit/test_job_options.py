@@ -12,10 +12,10 @@ import yaml
 
 from tests.conftest import run_cli
 from tests.golden.cases import script_step
-from train.clusters.profiles import Registry
-from train.errors import ConfigError
-from train.slurm.job import JobSpec, resolve
-from train.slurm.render import library_text, render, step_argv
+from train.client.clusters.profiles import Registry
+from train.client.slurm.job import JobSpec, resolve
+from train.client.slurm.render import library_text, render, step_argv
+from train.common.errors import ConfigError
 
 REG = Registry(environ={})
 LOCAL = dict(cluster="local", cpus_per_task=1, mem="1000M", runtime="none")
@@ -326,7 +326,7 @@ def test_a_bad_defaults_file_is_named(tmp_path: Path, _own_defaults: Path) -> No
 
 
 def test_init_asks_on_a_terminal(tmp_path: Path, _own_defaults: Path) -> None:
-    from train.defaults import ask, write_defaults
+    from train.client.defaults import ask, write_defaults
 
     answers = iter(["local", "", "", "apptainer", "/x.sif", "", "/tmp, /var", "HF_HOME"])
     values = ask(["local"], {"account": "lab"}, read=lambda prompt: next(answers))

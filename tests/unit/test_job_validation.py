@@ -8,10 +8,15 @@ from typing import Any
 import pytest
 
 from tests.conftest import run_cli
-from train.clusters.profiles import Registry
-from train.errors import ConfigError, UsageError
-from train.slurm.job import JobSpec, resolve
-from train.slurm.scheduler import parse_events, parse_sacct, parse_sbatch_id, parse_squeue_json
+from train.client.clusters.profiles import Registry
+from train.client.slurm.job import JobSpec, resolve
+from train.client.slurm.scheduler import (
+    parse_events,
+    parse_sacct,
+    parse_sbatch_id,
+    parse_squeue_json,
+)
+from train.common.errors import ConfigError, UsageError
 
 REG = Registry(environ={})
 GIL = dict(cluster="gilbreth", account="lab", partition="a30", qos="standby", time="2:00:00",
@@ -264,7 +269,7 @@ def test_login_node_commands_do_not_import_torch(tmp_path: Path) -> None:
 
 
 def test_navsim_preset_matches_the_job() -> None:
-    from train.slurm.job import navsim_command
+    from train.client.slurm.job import navsim_command
 
     job = _resolve(cluster="torch", account="torch_pr_1", constraint="l40s", nodes=4,
                    gpus_per_node=4, gpu_type="l40s", cpus_per_task=8, mem="200G",
@@ -299,7 +304,7 @@ def test_command_entry_is_not_parsed_as_train_run() -> None:
 def test_a_tiny_memory_share_never_renders_as_the_whole_node(tmp_path: Path) -> None:
     """mem_per_node 64M over 128 CPUs: one CPU's share rounds down to 0 MB, and
     --mem=0 is Slurm's 'all of the node's memory'."""
-    from train.slurm.render import render
+    from train.client.slurm.render import render
 
     profile = tmp_path / "tiny.yaml"
     profile.write_text("name: tiny\nextends: local\npartition: {default: p}\n"

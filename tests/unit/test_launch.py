@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_cuda_check import OK as USABLE  # a healthy node's facts
-from train.errors import UsageError
-from train.launch import (
+from train.common import cuda_check
+from train.common.errors import UsageError
+from train.node.launch import (
     LaunchOptions,
     cap_workers,
     prepare,
@@ -14,7 +15,6 @@ from train.launch import (
     tasks_env,
     torchrun_argv,
 )
-from train.runtime import cuda_check
 
 
 @pytest.fixture(autouse=True)
@@ -105,7 +105,7 @@ def test_worker_override_in_the_command_gets_the_capped_value() -> None:
 
 
 def test_the_gpu_memory_wait_ends_before_the_chunks_deadline() -> None:
-    from train.launch import MIN_WORK_SECONDS, wait_budget
+    from train.node.launch import MIN_WORK_SECONDS, wait_budget
 
     env = {"TRAIN_DEADLINE": "10000"}
     assert wait_budget(3600.0, env, now=1000.0) == 3600.0
@@ -118,7 +118,7 @@ def test_scontrol_requeue_inside_the_step_asks_the_batch_shell_instead(
         tmp_path: Path) -> None:
     import subprocess
 
-    from train.launch import install_scontrol_shim
+    from train.node.launch import install_scontrol_shim
 
     real = tmp_path / "bin"
     real.mkdir()
@@ -142,7 +142,7 @@ def test_every_task_asking_at_once_gets_its_request_written(tmp_path: Path) -> N
     moment; a shared temporary name made some of them fail (exit 1, the chunk failed)."""
     import subprocess
 
-    from train.launch import install_scontrol_shim
+    from train.node.launch import install_scontrol_shim
 
     env = {"PATH": "/usr/bin:/bin", "TRAIN_RUN_DIR": str(tmp_path)}
     assert install_scontrol_shim(env) is not None
@@ -161,7 +161,7 @@ def test_the_stand_in_never_finds_itself_again(tmp_path: Path) -> None:
     import shutil
     import subprocess
 
-    from train.launch import install_scontrol_shim
+    from train.node.launch import install_scontrol_shim
 
     tools = tmp_path / "tools"  # what the stand-in uses, and no scontrol
     tools.mkdir()
@@ -207,7 +207,7 @@ def test_the_gpu_memory_wait_never_sleeps_past_its_timeout(
     import types
     from typing import ClassVar
 
-    from train.launcher import gpumem as launch_mod  # (the wait reads its own `time`)
+    from train.node.launcher import gpumem as launch_mod  # (the wait reads its own `time`)
 
     class Clock:
         now = 0.0

@@ -5,9 +5,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.config import RunConfig
-from train.errors import PreallocationError
-from train.runtime.memory import (
+from train.common.errors import PreallocationError
+from train.workloads.config import RunConfig
+from train.workloads.dqn.agent import DQNAgent
+from train.workloads.envs.spec import ObsSpec
+from train.workloads.runtime.memory import (
     ALLOC_CONF_VAR,
     TUNED_ALLOC_CONF,
     apply_allocator_settings,
@@ -15,9 +17,7 @@ from train.runtime.memory import (
     preallocate,
     training_state_bytes,
 )
-from train.runtime.precision import select_precision
-from train.workloads.dqn.agent import DQNAgent
-from train.workloads.envs.spec import ObsSpec
+from train.workloads.runtime.precision import select_precision
 
 
 def test_tuned_allocator_settings_applied_when_unset(caplog: pytest.LogCaptureFixture) -> None:
@@ -139,7 +139,7 @@ def _cgroup(root: Path, rel: str, files: dict[str, str]) -> None:
 
 def test_cgroup_v2_limit_of_the_job_above_the_step(tmp_path: Path) -> None:
     """Slurm's layout: the job's --mem on job_7, the task in job_7/step_0/user/task_0."""
-    from train.runtime.hostmem import cgroup_memory_left
+    from train.common.hostmem import cgroup_memory_left
 
     gib = 2**30
     _cgroup(tmp_path, "system.slice/slurmstepd.scope/job_7",
@@ -153,7 +153,7 @@ def test_cgroup_v2_limit_of_the_job_above_the_step(tmp_path: Path) -> None:
 
 
 def test_cgroup_v1_memory_controller_and_no_limit(tmp_path: Path) -> None:
-    from train.runtime.hostmem import cgroup_memory_left
+    from train.common.hostmem import cgroup_memory_left
 
     _cgroup(tmp_path / "memory", "slurm/uid_1/job_9",
             {"memory.limit_in_bytes": str(4 * 2**30), "memory.usage_in_bytes": str(2**30)})
@@ -168,10 +168,10 @@ def test_cgroup_v1_memory_controller_and_no_limit(tmp_path: Path) -> None:
 def test_the_memory_check_counts_the_jobs_cgroup_not_the_node(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A replay that fits the node's free memory but not the job's --mem is exit 2."""
-    from train import runner
-    from train.config import run_config_from_argv
-    from train.errors import ConfigError
-    from train.runtime import hostmem
+    from train.common import hostmem
+    from train.common.errors import ConfigError
+    from train.workloads import runner
+    from train.workloads.config import run_config_from_argv
 
     cfg = run_config_from_argv(["--out", str(tmp_path / "r"), "--replay-size", "20000",
                                 "--res", "32"])

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import run_cli
-from train.clusters.profiles import Registry
-from train.entry import module_argv
-from train.errors import ConfigError
-from train.slurm.job import NAVSIM_SCRIPT, JobSpec, navsim_command, resolve
-from train.slurm.render import step_argv
+from train.client.clusters.profiles import Registry
+from train.client.slurm.job import NAVSIM_SCRIPT, JobSpec, navsim_command, resolve
+from train.client.slurm.render import step_argv
+from train.common.entry import module_argv
+from train.common.errors import ConfigError
 from train.workloads import navsim
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -281,7 +281,7 @@ def test_a_cache_path_of_the_users_counts_as_a_save_path() -> None:
     """A chunk cut while it computes the cache has saved that much: with cache_path= outside
     the run folder the batch shell must look there too, or it ends the chain as 'stopped
     before any save'. The run folder's own cache needs no entry (the run folder counts)."""
-    from train.slurm.render import save_paths
+    from train.client.slurm.render import save_paths
 
     own = resolve(JobSpec(**NAVSIM), REG.get("local"))
     assert save_paths(own) == []
@@ -314,7 +314,7 @@ def test_the_scheduler_layer_holds_no_navsim_presets() -> None:
     """The presets (script, split, data root), the Hydra override names and the command
     are the workload's (train.workloads.navsim_job, the override names that the launcher
     reads too in the node side's train.workloads.navsim); the job's code calls them."""
-    slurm = ROOT / "src" / "train" / "slurm"
+    slurm = ROOT / "src" / "train" / "client" / "slurm"
     held = {p.name: k for p in sorted(slurm.glob("*.py")) if (k := _navsim_knowledge(p))}
     assert held == {}
     own = [k for name in ("navsim_job.py", "navsim.py")

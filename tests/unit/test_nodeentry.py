@@ -1,4 +1,4 @@
-"""The bound launcher (train.nodeentry): what runs in an image without `train`. It must
+"""The bound launcher (train.node.nodeentry): what runs in an image without `train`. It must
 import with the standard library alone (torch optional), run on nodeentry.MIN_PYTHON,
 refuse an older Python in one line with exit 3, and leave the program it starts the
 image's own environment (no `train`, PYTHONPATH untouched).
@@ -21,15 +21,15 @@ from pathlib import Path
 import pytest
 
 import train
-from train import nodeentry
-from train.runtime.nodelist import expand
+from train.node import nodeentry
+from train.node.nodelist import expand
 
 PYENV = Path("/root/.pyenv/versions")
 # the modules `launch` starts from (a GPU step's too: the CUDA check, the watch); what they
 # import in turn is found by importing them (_node_side)
-ENTRY_MODULES = ("train.nodeentry", "train.launch", "train.runtime.signals",
-                 "train.runtime.gpuwatch", "train.runtime.nodelist",
-                 "train.runtime.cuda_check")
+ENTRY_MODULES = ("train.node.nodeentry", "train.node.launch", "train.node.signals",
+                 "train.node.gpuwatch", "train.node.nodelist",
+                 "train.common.cuda_check")
 
 
 def _python(version: str) -> str | None:
@@ -115,7 +115,7 @@ def test_a_python_older_than_the_minimum_is_one_line_and_exit_3(
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and f"Python is {version} " in lines[0], lines
     assert "needs Python >= 3.9" in lines[0]
-    from train.doctor import scan_log  # the job's log: `train doctor` names this line
+    from train.client.doctor import scan_log  # the job's log: `train doctor` names this line
 
     log = tmp_path / "job.err"
     log.write_text(proc.stderr)
@@ -216,3 +216,15 @@ def test_the_stdlib_node_list_agrees_with_python_hostlist(nodes: str) -> None:
 def test_a_malformed_node_list_is_a_value_error(nodes: str) -> None:
     with pytest.raises(ValueError):
         expand(nodes)
+
+
+def test_bound_root_is_the_folder_that_holds_the_package(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU watch of a bound launcher starts through the same entry: bound_root must
+    name the folder the `train` package was loaded from, wherever nodeentry sits in it."""
+    import train
+
+    holder = os.path.dirname(os.path.dirname(os.path.abspath(train.__file__)))
+    assert nodeentry.bound_root() is None  # loaded from the checkout, not a bound copy
+    monkeypatch.setattr(nodeentry, "LAUNCHER_ROOT", holder)
+    assert nodeentry.bound_root() == holder

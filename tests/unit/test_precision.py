@@ -4,18 +4,18 @@ import numpy as np
 import pytest
 import torch
 
-from train.config import RunConfig
-from train.errors import ConfigError
-from train.runtime.precision import (
-    mask_fill_value,
-    masked_fill_unavailable,
-    select_precision,
-)
+from train.common.errors import ConfigError
+from train.workloads.config import RunConfig
 from train.workloads.dqn.agent import DQNAgent
 from train.workloads.dqn.network import QNetwork, action_mask
 from train.workloads.dqn.replay import ReplayBuffer
 from train.workloads.envs.beacon import BeaconEnv
 from train.workloads.envs.spec import ObsSpec
+from train.workloads.runtime.precision import (
+    mask_fill_value,
+    masked_fill_unavailable,
+    select_precision,
+)
 
 
 @pytest.mark.parametrize(("cap", "expected"), [((7, 0), "fp16"), ((8, 0), "bf16"),
@@ -122,12 +122,12 @@ def test_mixed_precision_updates_stay_finite(precision: str) -> None:
 
 def test_precision_and_job_submission_share_one_bf16_rule(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import train.gpus
-    from train.runtime import precision
+    import train.common.gpus
+    from train.workloads.runtime import precision
 
     # the same rule, per GPU type the profiles name
-    for cap in train.gpus.COMPUTE_CAPABILITY.values():
-        expected = "bf16" if train.gpus.bf16_capable(cap) else "fp16"
+    for cap in train.common.gpus.COMPUTE_CAPABILITY.values():
+        expected = "bf16" if train.common.gpus.bf16_capable(cap) else "fp16"
         assert select_precision("auto", "cuda", cap).name == expected
     # and the same definition: changing it changes the trainer's choice
     monkeypatch.setattr(precision, "bf16_capable", lambda cap: False)

@@ -1,4 +1,4 @@
-"""`train doctor --preflight` (train.preflight): each check passes, fails (with its fix) and
+"""`train doctor --preflight` (train.client.preflight): each check passes, fails (with its fix) and
 skips where it cannot know; bad input is a ConfigError naming the field, never a traceback.
 
 Outside commands are scripted (`Script`) or, where this machine has what a check needs, real:
@@ -21,12 +21,10 @@ from typing import Any
 
 import pytest
 
-from train import preflight
-from train._proc import ProcError
-from train.clusters import profiles
-from train.clusters.profiles import Profile
-from train.errors import ConfigError
-from train.preflight import (
+from train.client import preflight
+from train.client.clusters import profiles
+from train.client.clusters.profiles import Profile
+from train.client.preflight import (
     ACCOUNT,
     ARCH,
     CUDA,
@@ -40,6 +38,8 @@ from train.preflight import (
     image_cuda,
     run_preflight,
 )
+from train.common._proc import ProcError
+from train.common.errors import ConfigError
 
 SHIPPED = profiles.Registry(environ={})
 NODE = {"gpus_per_node": 4, "gpu_types": ["a100"], "cpus_per_node": 32,
@@ -631,7 +631,7 @@ def test_runs_root_not_writable_fails(tmp_path: Path, monkeypatch: pytest.Monkey
 
 # -- the runner ------------------------------------------------------------------------------
 def _gone(pid: int) -> bool:
-    from train.runtime.gpuwatch import process_alive
+    from train.node.gpuwatch import process_alive
 
     deadline = time.monotonic() + 60  # hang guard only
     while process_alive(pid):

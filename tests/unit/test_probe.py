@@ -1,6 +1,6 @@
-"""Parsing and comparing what a site's Slurm says (train.clusters.probe), the words of a
-refusal of `sbatch --test-only` (train.slurm.testonly) and of a pending reason
-(train.slurm.reasons): outputs as Slurm prints them, from sites' nodes such as Gilbreth's
+"""Parsing and comparing what a site's Slurm says (train.client.clusters.probe), the words of a
+refusal of `sbatch --test-only` (train.client.slurm.testonly) and of a pending reason
+(train.client.slurm.reasons): outputs as Slurm prints them, from sites' nodes such as Gilbreth's
 (typed GRES, several node types in one partition)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-from train.clusters import probe
-from train.clusters.profiles import Registry
-from train.errors import ConfigError
-from train.slurm import reasons, scheduler, testonly
+from train.client.clusters import probe
+from train.client.clusters.profiles import Registry
+from train.client.slurm import reasons, scheduler, testonly
+from train.common.errors import ConfigError
 
 # sinfo -h -N -o SINFO_FORMAT on a site with typed GPUs and a partition of two node types
 SITE = """\

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 
 from train.cli import main
-from train.clusters.profiles import Registry, format_time, parse_mem, parse_time
-from train.errors import ConfigError, UsageError
+from train.client.clusters.profiles import Registry, format_time, parse_mem, parse_time
+from train.common.errors import ConfigError, UsageError
 
-SHIPPED = Path(__file__).resolve().parents[2] / "src" / "train" / "clusters" / "data"
+SHIPPED = Path(__file__).resolve().parents[2] / "src" / "train" / "client" / "clusters" / "data"
 
 
 @pytest.mark.parametrize(("text", "minutes"), [("90", 90), ("30:00", 30), ("30:01", 31),

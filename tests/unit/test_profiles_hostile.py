@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from train import yamlio
 from train.cli import main
-from train.clusters.profiles import Registry, parse_mem, parse_time
-from train.errors import ConfigError
+from train.client.clusters.profiles import Registry, parse_mem, parse_time
+from train.common import yamlio
+from train.common.errors import ConfigError
 
-SHIPPED = Path(__file__).resolve().parents[2] / "src" / "train" / "clusters" / "data"
+SHIPPED = Path(__file__).resolve().parents[2] / "src" / "train" / "client" / "clusters" / "data"
 LOCAL: dict[str, Any] = yamlio.load_file(SHIPPED / "local.yaml", "profile")
 NODE = {"gpus_per_node": 2, "cpus_per_node": 4, "mem_per_node": "8000M", "max_time": "60:00"}
 INJECTED = "touch /tmp/pwned"

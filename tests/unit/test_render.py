@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.golden.cases import CASES, RUN_ROOT, golden_path, rendered, script_step
-from train.errors import ConfigError
-from train.slurm import contract
-from train.slurm.render import sbatch_value
+from train.batch import contract
+from train.client.slurm.render import sbatch_value
+from train.common.errors import ConfigError
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -107,9 +107,9 @@ def test_sbatch_value_quoting() -> None:
 
 def test_a_percent_sign_in_the_run_directory_is_not_a_slurm_pattern() -> None:
     from tests.golden.cases import CASES
-    from train.clusters.profiles import Registry
-    from train.slurm.job import JobSpec, resolve
-    from train.slurm.render import library_text, render
+    from train.client.clusters.profiles import Registry
+    from train.client.slurm.job import JobSpec, resolve
+    from train.client.slurm.render import library_text, render
 
     spec = JobSpec(**{**CASES["local-chunked"], "out": "/scratch/u/100% %j/run"})
     text = render(resolve(spec, Registry(environ={}).get("local")),

@@ -12,11 +12,10 @@ from typing import Any
 import pytest
 
 from tests.golden.cases import CASES, RUN_ROOT, rendered, resolved, script_step
-from train import container
-from train.clusters.profiles import Registry
-from train.entry import entry_code
-from train.slurm.job import JobSpec, resolve
-from train.slurm.render import (
+from train.client import container
+from train.client.clusters.profiles import Registry
+from train.client.slurm.job import JobSpec, resolve
+from train.client.slurm.render import (
     LIBRARY_NAMES,
     STEP_WIDTH,
     _strip_header,
@@ -27,6 +26,7 @@ from train.slurm.render import (
     step_argv,
     step_command_lines,
 )
+from train.common.entry import entry_code
 
 READABLE_LINES = 60
 LIBRARY = library_text()
@@ -46,7 +46,7 @@ def test_every_library_file_is_inlined_in_order_shipped_and_linked() -> None:
     (shipped,) = [line for line in (root / "pyproject.toml").read_text(
         encoding="utf-8").splitlines() if line.startswith("train = [")]  # package-data
     for name, path in zip(LIBRARY_NAMES, library_paths(), strict=True):
-        assert f'"slurm/{name}"' in shipped
+        assert f'"batch/{name}"' in shipped
         assert (root / "slurm" / name).resolve() == path.resolve()
 
 

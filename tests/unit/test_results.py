@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from train.runtime.results import (
+from train.common.secrets import REDACTED
+from train.workloads.runtime.results import (
     append_csv_row,
     environment_snapshot,
     moving_average,
@@ -22,7 +23,6 @@ from train.runtime.results import (
     to_builtin,
     write_json_atomic,
 )
-from train.secrets import REDACTED
 
 
 def test_environment_snapshot_filters_and_redacts() -> None:

@@ -10,10 +10,10 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.golden.cases import script_array
-from train.errors import ConfigError
-from train.slurm import contract
-from train.slurm.job import JobSpec
-from train.slurm.scheduler import Chain, first_chunk
+from train.batch import contract
+from train.client.slurm.job import JobSpec
+from train.client.slurm.scheduler import Chain, first_chunk
+from train.common.errors import ConfigError
 
 BASE = ["render", "--name", "r", "--cluster", "local", "--runtime", "none", "--python",
         sys.executable, "--entry", "command"]

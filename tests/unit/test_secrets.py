@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from train.errors import ConfigError
-from train.secrets import (
+from train.client.slurm.job import check_env_item
+from train.common.errors import ConfigError
+from train.common.secrets import (
     REDACTED,
     is_secret_name,
     masked_argv,
@@ -19,7 +20,6 @@ from train.secrets import (
     recorded_environment,
     redact_text,
 )
-from train.slurm.job import check_env_item
 
 # name -> a value no output may contain (each value unique, so a leak is traced to its name)
 SECRET_NAMES = {

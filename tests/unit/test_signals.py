@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from train.runtime.signals import StopController
+from train.node.signals import StopController
 
 
 class FakeClock:
@@ -65,7 +65,7 @@ def test_second_sigint_interrupts_at_once() -> None:
 
 
 def test_signal_before_the_trainer_is_ready_is_kept() -> None:
-    from train.runtime.signals import install_early_handlers
+    from train.node.signals import install_early_handlers
 
     before = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}
     try:
@@ -107,8 +107,8 @@ def test_early_handlers_tell_the_batch_shell_they_are_in_place(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import signal as signal_module
 
-    from train.runtime import signals
-    from train.slurm.contract import SIGNAL_READY_VAR
+    from train.batch.contract import SIGNAL_READY_VAR
+    from train.node import signals
 
     ready = tmp_path / ".signal-ready-7-0"
     monkeypatch.setenv(SIGNAL_READY_VAR, str(ready))
@@ -124,7 +124,7 @@ def test_early_handlers_tell_the_batch_shell_they_are_in_place(
 
 
 def test_the_time_budget_is_cut_to_the_chunks_deadline() -> None:
-    from train.runtime.signals import effective_budget
+    from train.node.signals import effective_budget
 
     env = {"TRAIN_DEADLINE": "1000"}
     assert effective_budget(600.0, env, now=300.0) == 600.0  # 700 s left: the budget holds
@@ -137,7 +137,7 @@ def test_the_time_budget_is_cut_to_the_chunks_deadline() -> None:
 
 
 def test_a_stop_cuts_the_episode_after_the_grace() -> None:
-    from train.runtime.signals import STOP_GRACE_SECONDS
+    from train.node.signals import STOP_GRACE_SECONDS
 
     clock = FakeClock()
     stopper = StopController(None, clock)
@@ -160,7 +160,7 @@ def test_a_used_up_budget_cuts_the_episode() -> None:
 
 
 def _restoring_stop_handlers() -> dict[int, object]:
-    from train.runtime.signals import STOP_SIGNALS
+    from train.node.signals import STOP_SIGNALS
 
     return {s: signal.getsignal(s) for s in STOP_SIGNALS}
 
@@ -171,7 +171,7 @@ def test_sigterm_and_sigint_keep_their_default_action_during_start_up(
     """A Python handler never runs while start-up waits in C++ (a rendezvous): the default
     action ends the process there. Once the trainer has run, the restored handler is the
     default too."""
-    from train.runtime.signals import install_early_handlers
+    from train.node.signals import install_early_handlers
 
     before = _restoring_stop_handlers()
     try:
@@ -206,7 +206,7 @@ def _run_with_start_up_signal(out: Path,
     written) receives `sig`; after SIGTERM it would then block for ten minutes."""
     code = (
         "import os, signal, sys, time\n"
-        "from train import runner\n"
+        "from train.workloads import runner\n"
         "from train.cli import main\n"
         "checks = runner.validate\n"
         "def slow_validate(cfg):\n"
@@ -277,7 +277,7 @@ def test_walltime_signal_during_start_up_stops_before_the_first_episode(
 def test_an_endless_episode_stops_at_the_time_budget(tmp_path: Path) -> None:
     """--episode-steps 1e9 with a budget: the episode is cut, its steps checkpointed, and
     a second chunk continues from them (the work is counted in steps, not seconds)."""
-    from train.runtime.checkpoint import CheckpointManager
+    from train.workloads.runtime.checkpoint import CheckpointManager
 
     out = tmp_path / "r"
     argv = ["run", "--out", str(out), "--episodes", "1", "--res", "8", "--episode-steps",

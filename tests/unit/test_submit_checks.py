@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli, tiny_flags
-from train.slurm import submitcheck
+from train.client.slurm import submitcheck
 
 NO_SBATCH = "#!/bin/sh\necho 'sbatch: error: no cluster in unit tests' >&2\nexit 1\n"
 # (a later --python, --runtime in a test wins)
@@ -224,8 +224,8 @@ def test_a_train_py_in_the_submit_folder_is_not_taken_for_this_package(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # the job's steps leave the working folder out of the path (a train.py there is not
     # the tool): so does the question to --python
-    from train.clusters.profiles import Registry
-    from train.slurm.job import job_from_sources, resolve
+    from train.client.clusters.profiles import Registry
+    from train.client.slurm.job import job_from_sources, resolve
 
     (tmp_path / "train.py").write_text("raise SystemExit('imported')\n")
     monkeypatch.chdir(tmp_path)

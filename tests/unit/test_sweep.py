@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from train.errors import ConfigError
-from train.slurm.job import JobSpec
-from train.slurm.sweep import SweepTask, aggregate, split, write_record
+from train.client.slurm.job import JobSpec
+from train.client.slurm.sweep import SweepTask, aggregate, split, write_record
+from train.common.errors import ConfigError
 
 
 def test_a_sweep_is_one_chain_per_seed_under_one_directory(tmp_path: Path) -> None:

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from train.clusters.profiles import Registry
-from train.errors import ConfigError
-from train.slurm.job import JobSpec, resolve
-from train.slurm.render import library_text, render
-from train.slurm.scheduler import parse_events, parse_ids
-from train.slurm.sweep import split, task_job
-from train.slurm.sweeparray import array_script, array_spec, format_sweep_status
+from train.client.clusters.profiles import Registry
+from train.client.slurm.job import JobSpec, resolve
+from train.client.slurm.render import library_text, render
+from train.client.slurm.scheduler import parse_events, parse_ids
+from train.client.slurm.sweep import split, task_job
+from train.client.slurm.sweeparray import array_script, array_spec, format_sweep_status
+from train.common.errors import ConfigError
 
 
 def test_a_value_sweep_sets_the_flag_per_task_and_a_command_gets_its_task(
@@ -121,7 +121,7 @@ def test_status_is_one_line_per_sweep_and_one_per_task_with_tasks() -> None:
 
 
 def test_a_value_sweeps_summary_names_the_flag_and_its_values() -> None:
-    from train.slurm.sweep import SeedResult, format_table
+    from train.client.slurm.sweep import SeedResult, format_table
 
     lines = format_table("lr", [SeedResult("1e-3", 30, 4.0, "complete"),
                                 SeedResult("5e-4", 30, 6.0, "complete")], "lr")

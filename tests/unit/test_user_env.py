@@ -11,10 +11,10 @@ import subprocess
 
 import pytest
 
-from train.clusters.profiles import Registry
-from train.runtime.alloc_conf import ALLOC_CONF_VAR, TUNED_ALLOC_CONF
-from train.slurm.job import JobSpec, resolve
-from train.slurm.render import APPTAINER_TASK_ENV, library_text, render, step_argv
+from train.client.clusters.profiles import Registry
+from train.client.slurm.job import JobSpec, resolve
+from train.client.slurm.render import APPTAINER_TASK_ENV, library_text, render, step_argv
+from train.common.alloc_conf import ALLOC_CONF_VAR, TUNED_ALLOC_CONF
 
 USER_ALLOC = "backend:cudaMallocAsync"
 USER_ENV = (f"{ALLOC_CONF_VAR}={USER_ALLOC}", "PYTHONPATH=/opt/fork")

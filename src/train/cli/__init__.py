@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 from train import __version__
 from train.cli import clusters, doctor, image, init, jobs, launch, run, runs
 from train.cli.common import HelpFormatter
-from train.config import FlagParser
-from train.errors import EXIT_FAILURE, EXIT_OK, TrainError, runtime_missing
+from train.common.errors import EXIT_FAILURE, EXIT_OK, TrainError, runtime_missing
+from train.workloads.config import FlagParser
 
 if TYPE_CHECKING:
     from train.cli.common import Subparsers

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from train.errors import EXIT_FAILURE, EXIT_OK, UsageError
+from train.common.errors import EXIT_FAILURE, EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from train.cli.common import Subparsers
@@ -27,7 +27,7 @@ def add_clusters(sub: Subparsers) -> None:
 
 
 def _cmd_clusters(args: argparse.Namespace) -> int:
-    from train.clusters.profiles import Registry, describe
+    from train.client.clusters.profiles import Registry, describe
 
     registry = Registry(args.profile)
     if args.write and args.action != "probe":
@@ -39,7 +39,7 @@ def _cmd_clusters(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(describe(registry.get(args.name)), sort_keys=False), end="")
         return EXIT_OK
     if args.action == "probe":
-        from train.clusters.probe import probe
+        from train.client.clusters.probe import probe
 
         if not args.name:
             raise UsageError("clusters probe: name a profile; known: "

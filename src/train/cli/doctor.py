@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from train.errors import EXIT_FAILURE, EXIT_OK, UsageError
+from train.common.errors import EXIT_FAILURE, EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from train.cli.common import Subparsers
@@ -47,7 +47,7 @@ def add_doctor(sub: Subparsers) -> None:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from train import doctor
+    from train.client import doctor
 
     if args.preflight:
         return _preflight(args)
@@ -60,9 +60,9 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _preflight(args: argparse.Namespace) -> int:
-    from train import preflight
-    from train.clusters.profiles import Registry
-    from train.defaults import defaults_path, load_defaults
+    from train.client import preflight
+    from train.client.clusters.profiles import Registry
+    from train.client.defaults import defaults_path, load_defaults
 
     if args.ref is not None:
         raise UsageError("doctor: --preflight checks the login node, not a run; give no run "

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from train.errors import EXIT_OK, UsageError
+from train.common.errors import EXIT_OK, UsageError
 
 if TYPE_CHECKING:
     from train.cli.common import Subparsers

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from train.errors import EXIT_OK
+from train.common.errors import EXIT_OK
 
 if TYPE_CHECKING:
     from train.cli.common import Subparsers
@@ -42,8 +42,8 @@ def add_init(sub: Subparsers) -> None:
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
-    from train.clusters.profiles import Registry
-    from train.defaults import (
+    from train.client.clusters.profiles import Registry
+    from train.client.defaults import (
         ASKED,
         ask,
         defaults_path,

@@ -12,8 +12,8 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from train.cli.common import HelpFormatter
-from train.config import add_fields, flags_from, load_yaml
-from train.errors import EXIT_OK, UsageError
+from train.common.errors import EXIT_OK, UsageError
+from train.workloads.config import add_fields, flags_from, load_yaml
 
 if TYPE_CHECKING:
     from train.cli.common import Subparsers
@@ -80,7 +80,7 @@ def add_submit(sub: Subparsers) -> None:
 
 def _add_job_parser(sub: Subparsers, name: str, text: str) -> None:
     """A job command's parser: the job file, and the job's fields as flags in groups."""
-    from train.slurm.job import JobSpec
+    from train.client.slurm.job import JobSpec
 
     p = sub.add_parser(name, help=text, description=text.capitalize() + ".",
                        epilog=JOB_EPILOG, formatter_class=HelpFormatter,
@@ -103,23 +103,23 @@ def _resolved_jobs(args: argparse.Namespace, workload: list[str] | None
                    ) -> tuple[Any, Path | None, list[tuple[Any, Any]]]:
     """The job, or a sweep's jobs (one per task of its job array), each validated: (spec,
     the sweep's directory or None, [(SweepTask or None, job)])."""
-    from train.slurm.job import resolve
+    from train.client.slurm.job import resolve
 
     spec, profile = _job_spec(args, workload)
     if not spec.sweep_seeds and not spec.sweep:
         if spec.sweep_throttle is not None:
             raise UsageError("sweep_throttle: is for a sweep (--sweep-seeds or --sweep)")
         return spec, None, [(None, resolve(spec, profile))]
-    from train.slurm.sweep import split, task_job
+    from train.client.slurm.sweep import split, task_job
 
     root, specs = split(spec, profile.max_array_size)
     return spec, root, [(task, task_job(task, resolve(s, profile))) for task, s in specs]
 
 
 def _job_spec(args: argparse.Namespace, workload: list[str] | None) -> tuple[Any, Any]:
-    from train.clusters.profiles import Registry
-    from train.defaults import LISTS, defaults_path, joined, load_defaults, merged
-    from train.slurm.job import JobSpec, job_from_sources
+    from train.client.clusters.profiles import Registry
+    from train.client.defaults import LISTS, defaults_path, joined, load_defaults, merged
+    from train.client.slurm.job import JobSpec, job_from_sources
 
     file_values = load_yaml(args.job_file) if args.job_file is not None else {}
     flags: dict[str, Any] = flags_from(args, JobSpec, skip=("workload",))
@@ -139,12 +139,12 @@ def _job_spec(args: argparse.Namespace, workload: list[str] | None) -> tuple[Any
 
 
 def _cmd_render(args: argparse.Namespace, workload: list[str] | None) -> int:
-    from train.slurm.render import library_text, render
+    from train.client.slurm.render import library_text, render
 
     spec, root, jobs = _resolved_jobs(args, workload)
     jobs = _check_jobs(args, jobs, submitting=False)
     if root is not None:
-        from train.slurm.sweeparray import array_script
+        from train.client.slurm.sweeparray import array_script
 
         print(f"# ---- the sweep's job array: {root}/jobs/array.sbatch ----")
         print(array_script(spec.name, root, jobs, spec.sweep_throttle), end="")
@@ -157,12 +157,12 @@ def _cmd_render(args: argparse.Namespace, workload: list[str] | None) -> int:
 
 
 def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
-    from train.slurm.render import library_text
-    from train.slurm.scheduler import submit_chain
+    from train.client.slurm.render import library_text
+    from train.client.slurm.scheduler import submit_chain
 
     spec, root, jobs = _resolved_jobs(args, workload)  # every seed validated first
     jobs = _check_jobs(args, jobs, submitting=True)
-    from train.programs import submit_notes
+    from train.client.programs import submit_notes
 
     job = jobs[0][1]
     for note in submit_notes(spec.entry, spec.workload, job.launch, job.run_dir, spec.chdir):
@@ -174,8 +174,8 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
                                                                 signal.SIGHUP)}
     try:
         if root is not None:  # one job array, submitted whole or not at all
-            from train.slurm.sweep import swept_flag
-            from train.slurm.sweeparray import array_spec, submit_sweep
+            from train.client.slurm.sweep import swept_flag
+            from train.client.slurm.sweeparray import array_spec, submit_sweep
 
             array_id = submit_sweep(spec.name, swept_flag(spec), root, jobs,
                                     spec.sweep_throttle, library)
@@ -200,7 +200,7 @@ def _check_jobs(args: argparse.Namespace, jobs: list[tuple[Any, Any]],
     """What the login node can check before the queue wait (exit 2 at submit; warnings
     at render, which works anywhere). Returns the jobs, with the client's launcher bound
     in where the image has no `train` (train.images.features; not with --no-check)."""
-    from train.slurm.submitcheck import check_jobs
+    from train.client.slurm.submitcheck import check_jobs
 
     for note in check_jobs([job for _, job in jobs], submitting=submitting,
                            no_check=args.no_check):

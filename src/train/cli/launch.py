@@ -1,6 +1,6 @@
 """`train launch`: start a workload on every node of a job step, inside the container.
 
-It runs on every node: its flags and its start live in train.nodeentry (the node side,
+It runs on every node: its flags and its start live in train.node.nodeentry (the node side,
 standard library only), which this module only hands the parser and the arguments to."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from train.nodeentry import add_launch_arguments
+from train.node.nodeentry import add_launch_arguments
 
 if TYPE_CHECKING:
     from train.cli.common import Subparsers
@@ -25,6 +25,6 @@ def add_launch(sub: Subparsers) -> None:
 
 
 def _cmd_launch(args: argparse.Namespace, command: list[str]) -> int:
-    from train.nodeentry import run_launch
+    from train.node.nodeentry import run_launch
 
     return run_launch(args, command)

@@ -8,8 +8,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from train.config import add_run_arguments, run_config_from_args
-from train.errors import EXIT_OK
+from train.common.errors import EXIT_OK
+from train.workloads.config import add_run_arguments, run_config_from_args
 
 if TYPE_CHECKING:
     from train.cli.common import Subparsers
@@ -31,7 +31,7 @@ flags override it.
 
 
 def add_run(sub: Subparsers) -> None:
-    """`train run`: the workload and its flags (train.config)."""
+    """`train run`: the workload and its flags (train.workloads.config)."""
     p = sub.add_parser("run", help="train a workload (the GPU training entrypoint)",
                        description="Train a workload: demo (built-in beacon game, no GPU or "
                        "cluster needed) or sc2 (StarCraft II through pysc2).",
@@ -40,11 +40,11 @@ def add_run(sub: Subparsers) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from train.runtime.signals import install_early_handlers
+    from train.node.signals import install_early_handlers
 
     install_early_handlers()  # before torch is imported: that takes seconds
-    from train import runner
-    from train.runtime.signals import ignore_late_walltime_signal
+    from train.node.signals import ignore_late_walltime_signal
+    from train.workloads import runner
 
     cfg = run_config_from_args(args)
     try:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from train.errors import EXIT_OK, TrainError, UsageError
+from train.common.errors import EXIT_OK, TrainError, UsageError
 
 if TYPE_CHECKING:
     from train.cli.common import Subparsers
@@ -73,20 +73,20 @@ def _add_run_parser(sub: Subparsers, name: str, text: str, nargs: str | None
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from train.slurm.scheduler import (
+    from train.client.slurm.scheduler import (
         chain_dirs,
         chain_status,
         find_run,
         format_status,
         load_chain,
     )
-    from train.slurm.sweep import is_sweep
-    from train.slurm.sweeparray import format_sweep_status, sweep_status
+    from train.client.slurm.sweep import is_sweep
+    from train.client.slurm.sweeparray import format_sweep_status, sweep_status
 
     if args.all_runs:
         if args.ref is not None:
             raise UsageError("status: --all shows every run; give no run name with it")
-        from train import doctor
+        from train.client import doctor
 
         rows = doctor.overview(args.runs)
         if args.json:
@@ -123,8 +123,14 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_logs(args: argparse.Namespace) -> int:
-    from train.slurm.scheduler import ACTIVE_STATES, find_run, job_states, load_chain, log_path
-    from train.slurm.sweep import chain_paths, is_sweep
+    from train.client.slurm.scheduler import (
+        ACTIVE_STATES,
+        find_run,
+        job_states,
+        load_chain,
+        log_path,
+    )
+    from train.client.slurm.sweep import chain_paths, is_sweep
 
     run_dir = find_run(args.ref, args.runs)
     if is_sweep(run_dir):
@@ -159,12 +165,12 @@ def _cmd_logs(args: argparse.Namespace) -> int:
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
-    from train.slurm.scheduler import cancel_chain, find_run, load_chain
-    from train.slurm.sweep import is_sweep
+    from train.client.slurm.scheduler import cancel_chain, find_run, load_chain
+    from train.client.slurm.sweep import is_sweep
 
     run_dir = find_run(args.ref, args.runs)
     if is_sweep(run_dir):
-        from train.slurm.sweeparray import cancel_sweep
+        from train.client.slurm.sweeparray import cancel_sweep
 
         ids = cancel_sweep(run_dir)
         print(f"cancelled sweep {run_dir.name}: {' '.join(ids) if ids else 'no active jobs'}")
@@ -187,8 +193,8 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
-    from train.slurm.scheduler import find_run
-    from train.slurm.sweep import is_sweep, summarize
+    from train.client.slurm.scheduler import find_run
+    from train.client.slurm.sweep import is_sweep, summarize
 
     root = find_run(args.ref, args.runs)
     if not is_sweep(root):
@@ -209,7 +215,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
 def _chain_states(root: Path) -> dict[str, str]:
     """Each task's chain state as `train status` shows it, where Slurm answers; the
     summary falls back to the run folders where it does not (or a chain has no record)."""
-    from train.slurm.sweeparray import sweep_status
+    from train.client.slurm.sweeparray import sweep_status
 
     try:
         chains = sweep_status(root)["chains"]

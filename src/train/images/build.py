@@ -11,8 +11,8 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from train import _proc
-from train.errors import ResourceError
+from train.common import _proc
+from train.common.errors import ResourceError
 from train.images.defs import DefFile
 from train.images.dockerengine import (
     NETWORKS,

@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from train.errors import UsageError, install_hint
+from train.common.errors import UsageError, install_hint
 
 MAX_BYTES = 256 * 1024  # refuse larger definitions (ours are a few KiB; spython, which
 # lint also runs, is quadratic: about 1.3 s at this size, 12 s at 1 MiB)

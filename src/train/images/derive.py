@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from train.errors import UsageError
+from train.common.errors import UsageError
 from train.images.defs import DefError, parse
 
 PYTHON_VERSION = "3.12"  # the images' Python (Ubuntu 24.04's)

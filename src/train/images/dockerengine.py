@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from train.errors import ResourceError, UsageError, install_hint
+from train.common.errors import ResourceError, UsageError, install_hint
 from train.images.defs import DefFile
 from train.images.dockerfile import (
     BUILD_DIR,

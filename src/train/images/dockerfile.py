@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from train.errors import UsageError
+from train.common.errors import UsageError
 from train.images.defs import DefError, DefFile
 
 SCRIPT_DIR = "/.train"

@@ -8,7 +8,7 @@ nvidia-smi is on its PATH. Nothing is imported by the probe (importlib.util.find
 so it takes well under a second. The answer is kept per image identity (a SIF's real path,
 size and modification time; a Docker image's id) in ~/.cache/train/image-features.json.
 
-An image without `train` gets the client's own launcher bound in (train.nodeentry); the
+An image without `train` gets the client's own launcher bound in (train.node.nodeentry); the
 job is refused (exit 2, nothing queued) where the image cannot run it: a Python older than
 nodeentry.MIN_PYTHON, no torch under --launch torchrun, or `--entry train`/`navsim`,
 which run this package's training inside the image.
@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from train import _proc
-from train.nodeentry import LAUNCHER_ROOT, MIN_PYTHON
-from train.slurm.job import ResolvedJob
+from train.client.slurm.job import ResolvedJob
+from train.common import _proc
+from train.common.entry import LAUNCHER_ROOT, MIN_PYTHON
 
 PROBE_TIMEOUT = 300.0  # a large SIF on a slow shared file system, opened cold
 CACHE_ENTRIES = 64
@@ -217,7 +217,7 @@ def image_features(job: ResolvedJob, environ: Mapping[str, str]
 
 
 def _apptainer_labels(job: ResolvedJob, binary: str | None) -> dict[str, str]:
-    from train import preflight
+    from train.client import preflight
 
     path = Path(os.path.abspath(job.spec.image or ""))
     if binary is None and not path.is_dir():
@@ -296,7 +296,7 @@ def client_pynvml() -> str | None:
 
 def launcher_binds() -> tuple[str, ...]:
     """The client's own `train` package (and its pynvml, where it has one) read-only at
-    LAUNCHER_ROOT: what train.nodeentry runs from in an image without `train`."""
+    LAUNCHER_ROOT: what train.node.nodeentry runs from in an image without `train`."""
     import train
 
     package = os.path.dirname(os.path.abspath(train.__file__))

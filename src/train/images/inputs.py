@@ -9,7 +9,7 @@ import posixpath
 from collections.abc import Mapping
 from pathlib import Path
 
-from train.errors import UsageError
+from train.common.errors import UsageError
 from train.images.defs import DefFile
 from train.images.dockerfile import check_text, files_source_problem
 

@@ -49,7 +49,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.errors import first_line
+from train.common.alloc_conf import ALLOC_CONF_VAR, TUNED_ALLOC_CONF
+from train.common.errors import first_line
 from train.images.defs import (
     APP_SECTIONS,
     HEADER_KEYS_1_5,
@@ -61,7 +62,6 @@ from train.images.defs import (
     split_files_line,
     spython_check,
 )
-from train.runtime.alloc_conf import ALLOC_CONF_VAR, TUNED_ALLOC_CONF
 
 REQUIRED_SECTIONS = ("test", "labels", "help")
 _TAG_PINNED = re.compile(r"\d+\.\d+")

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from train.errors import TrainError
+from train.common.errors import TrainError
 from train.images.defs import DefFile
 
 log = logging.getLogger(__name__)

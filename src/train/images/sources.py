@@ -13,7 +13,7 @@ import site
 import sys
 from pathlib import Path
 
-from train.errors import UsageError
+from train.common.errors import UsageError
 
 DEFS_VAR = "TRAIN_DEFS"
 

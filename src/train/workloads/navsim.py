@@ -41,9 +41,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from train.entry import module_argv
-from train.errors import ConfigError
-from train.slurm.contract import SIGNAL_READY_VAR
+from train.batch.contract import SIGNAL_READY_VAR
+from train.common.entry import module_argv
+from train.common.errors import ConfigError
 
 FORCE = "force_cache_computation"
 WITHOUT_DATASET = "use_cache_without_dataset"

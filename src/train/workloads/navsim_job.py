@@ -1,7 +1,7 @@
 """NAVSIM as a job runs it: the presets, the Hydra overrides the job sets, their checks and
 the training command, beside the workload rather than in the scheduler.
 
-The job spec (train.slurm.jobspec) holds the NAVSIM options (`--navsim-split`, ...); what
+The job spec (train.client.slurm.jobspec) holds the NAVSIM options (`--navsim-split`, ...); what
 they mean to NAVSIM lives here, and the job's code calls it. The node's side of NAVSIM (the
 feature cache each chunk starts with) is train.workloads.navsim. Torch-free and light: the
 login node imports it. The override names that `train launch` reads as well (in the
@@ -15,13 +15,13 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from train.errors import ConfigError
-from train.gpus import all_bf16_capable
+from train.common.errors import ConfigError
+from train.common.gpus import all_bf16_capable
 from train.workloads import navsim
 from train.workloads.navsim import NAVSIM_PREFETCH_OVERRIDE, NAVSIM_WORKERS_OVERRIDE
 
 if TYPE_CHECKING:
-    from train.slurm.resolve import ResolvedJob
+    from train.client.slurm.resolve import ResolvedJob
 
 NAVSIM_SCRIPT = "/opt/navsim/navsim/planning/script/run_training.py"  # navsim.def's checkout
 # NAVSIM's usual training split (its scripts/training/*.sh at the pinned commit); the

@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from train.config import RunConfig
-from train.runtime.precision import PrecisionPolicy, masked_fill_unavailable
+from train.workloads.config import RunConfig
 from train.workloads.dqn.network import QNetwork, action_mask
 from train.workloads.envs.spec import MOVE_SCREEN, Observation, ObsSpec
+from train.workloads.runtime.precision import PrecisionPolicy, masked_fill_unavailable
 
 REWARD_CLAMP = 5.0
 GRAD_CLIP = 1.0

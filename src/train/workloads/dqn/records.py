@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from train.config import RunConfig
-from train.runtime import results
+from train.workloads.config import RunConfig
+from train.workloads.runtime import results
 
 
 @dataclass

@@ -21,21 +21,21 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from train.config import RunConfig
-from train.errors import CheckpointError, UsageError, first_line
-from train.runtime import results
-from train.runtime.checkpoint import CheckpointManager
-from train.runtime.distributed import DistContext
-from train.runtime.memory import preallocate, training_state_bytes
-from train.runtime.precision import PrecisionPolicy
-from train.runtime.progress import Progress
-from train.runtime.signals import StopController
-from train.slurm import contract
+from train.batch import contract
+from train.common.errors import CheckpointError, UsageError, first_line
+from train.node.distributed import DistContext
+from train.node.signals import StopController
+from train.workloads.config import RunConfig
 from train.workloads.dqn.agent import DQNAgent
 from train.workloads.dqn.records import RunSummary, SeedOutcome, read_json
 from train.workloads.dqn.replay import ReplayBuffer
 from train.workloads.envs.beacon import BeaconEnv
 from train.workloads.envs.spec import Env, ObsSpec
+from train.workloads.runtime import results
+from train.workloads.runtime.checkpoint import CheckpointManager
+from train.workloads.runtime.memory import preallocate, training_state_bytes
+from train.workloads.runtime.precision import PrecisionPolicy
+from train.workloads.runtime.progress import Progress
 
 log = logging.getLogger(__name__)
 

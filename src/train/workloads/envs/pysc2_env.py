@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from train.errors import EnvironmentUnavailable, first_line
+from train.common.errors import EnvironmentUnavailable, first_line
 from train.workloads.envs.spec import (
     FUNCTION_IDS,
     MINIMAP_LAYERS,

@@ -1,0 +1,129 @@
+"""The contract between the batch shell (job-lib.sh) and Python, defined once.
+
+File names in the run directory, the chain's event names and the progress file's format
+live here. The renderer hands every value to the batch shell as a variable
+(`shell_variables`), so job-lib.sh never spells a name on its own; the scheduler, the
+runner and the CLI import them from here. No heavy imports: the login node reads this.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from train.common.jsonio import read_bounded  # (no heavy imports: json, os)
+
+# -- files in the run directory -------------------------------------------------------
+COMPLETE_MARKER = "COMPLETE"  # the work is done (written by `train run`, rank 0)
+PROGRESS_FILE = "progress"  # one line "DONE TOTAL": work units (episodes over all seeds)
+CHAIN_RECORD = "chain.json"  # written by `train submit`
+CHAIN_IDS = "chain.ids"  # one line "CHUNK JOBID" per chunk, appended by whoever submits it
+CHAIN_EVENTS = "chain.events"  # one line "UNIXTIME CHUNK JOBID EVENT [DETAIL]" per event
+LOG_DIR = "logs"
+JOBS_DIR = "jobs"
+JOB_SCRIPT = "chain.sbatch"  # in JOBS_DIR: the one script every chunk of the chain runs
+SWEEP_RECORD = "sweep.json"  # a seed sweep's directory: its chains, one per seed
+# Written by the batch shell when a chunk of the run ends by a checkpointed stop (something
+# was saved since it began): from then on every chunk gets the job's --resume-args.
+SAVED_MARKER = "checkpointed"
+
+# -- events ---------------------------------------------------------------------------
+EV_STARTED = "started"  # detail: "RESTARTS DONE TOTAL"
+EV_EXTENDED = "extended"  # detail: the next chunk's job id
+EV_EXTEND_FAILED = "extend_failed"  # detail: sbatch's message
+EV_STOPPED = "stopped"  # a clean, checkpointed stop; the next chunk continues. "DONE TOTAL"
+EV_COMPLETE = "complete"
+EV_FAILED = "failed"  # detail: the step's exit code
+EV_NO_PROGRESS = "no_progress"  # a chunk ended without adding work; the chain stops
+EV_INCOMPLETE = "incomplete"  # the bound on chunks (or restarts) was reached first
+EV_REQUEUED = "requeued"  # requeue mode: the batch shell requeued this job. "RESTARTS"
+EV_TIMEOUT = "timeout"  # TERM at the walltime: the step overran the signal margin
+EV_TERMINATED = "terminated"  # TERM before the walltime: scancel, preemption, requeue
+EV_CANCELLED = "cancelled"  # `train cancel`
+# a stop (the stop signal, or stop mode kill) before the program saved anything since the
+# chunk began: the chain ends; a resubmitted chain of the run continues the chunk count.
+# "DONE TOTAL"
+EV_UNSAVED = "unsaved"
+UNSAVED_TEXT = "stopped before any save"
+
+EVENTS = (EV_STARTED, EV_EXTENDED, EV_EXTEND_FAILED, EV_STOPPED, EV_COMPLETE, EV_FAILED,
+          EV_NO_PROGRESS, EV_INCOMPLETE, EV_REQUEUED, EV_TIMEOUT, EV_TERMINATED,
+          EV_CANCELLED, EV_UNSAVED)
+
+# The step's environment names a file here that a program touches once its signal
+# handlers are in place (`train run` and `train launch` do): the batch shell passes the
+# walltime USR1 on at once after that, and holds it back during start-up before it.
+SIGNAL_READY_VAR = "TRAIN_SIGNAL_READY"
+# The walltime contract's other names that Python reads (job-lib.sh exports them): the
+# job's stop signal, and the Unix time by which the step must have checkpointed.
+STOP_SIGNAL_VAR = "TRAIN_STOP_SIGNAL"
+# Set by `train launch` when its GPU memory wait fell back to a smaller --batch-size: the run
+# then continues with either batch size (from then on, batch_size is not compared on resume)
+FALLBACK_BATCH_VAR = "TRAIN_FALLBACK_BATCH"
+
+
+def batch_fallback(batch_size: int, env: Mapping[str, str] | None = None) -> bool:
+    """`train launch` fell back to this batch size (its GPU memory wait ran out)."""
+    return (os.environ if env is None else env).get(FALLBACK_BATCH_VAR) == str(batch_size)
+DEADLINE_VAR = "TRAIN_DEADLINE"
+
+# Docker containers of a job carry this label (value: the job id), so the batch shell can
+# remove what a killed step left running.
+DOCKER_JOB_LABEL = "train.job"
+
+# The GPU utilisation watch (train.node.gpuwatch): the job's settings, which the rendered
+# script exports to the step for `train launch` (set only for GPU jobs with the watch on),
+# and the folder of the run directory that holds one CSV file per node.
+GPU_WATCH_INTERVAL_VAR = "TRAIN_GPU_WATCH_INTERVAL"  # seconds between samples
+GPU_IDLE_THRESHOLD_VAR = "TRAIN_GPU_IDLE_THRESHOLD"  # percent: under it a sample is idle
+GPU_IDLE_MINUTES_VAR = "TRAIN_GPU_IDLE_MINUTES"  # idle this long: a warning in the log
+GPU_WATCH_DIR = "gpu"  # RUN_DIR/gpu/NODE.csv
+
+# What the batch shell's look for saves passes over at the top of the run directory: its
+# own files and `train launch`'s scontrol stand-in, which change in every chunk whatever the
+# program does (shell patterns).
+SAVE_SCAN_SKIP = (LOG_DIR, JOBS_DIR, GPU_WATCH_DIR, CHAIN_RECORD, CHAIN_IDS, CHAIN_EVENTS,
+                  SAVED_MARKER, "chain-*", ".scontrol-shim", ".signal-ready-*",
+                  ".stop-request-*")
+
+
+def shell_variables() -> dict[str, str]:
+    """Every name above as a batch-shell variable (rendered before job-lib.sh)."""
+    out = {
+        "COMPLETE_FILE": COMPLETE_MARKER,
+        "PROGRESS_FILE": PROGRESS_FILE,
+        "IDS_FILE": CHAIN_IDS,
+        "EVENTS_FILE": CHAIN_EVENTS,
+        "LOG_DIR": LOG_DIR,
+        "DOCKER_JOB_LABEL": DOCKER_JOB_LABEL,
+        "READY_VAR": SIGNAL_READY_VAR,
+        "SAVED_FILE": SAVED_MARKER,
+        "UNSAVED_TEXT": UNSAVED_TEXT,
+        "SAVE_SKIP": " ".join(SAVE_SCAN_SKIP),
+    }
+    for name in EVENTS:
+        if name != EV_CANCELLED:  # written by `train cancel` alone
+            out["EV_" + name.upper()] = name
+    return out
+
+
+def write_progress(run_dir: Path, done: int, total: int) -> None:
+    """Record the work done so far for the batch shell (atomic: temp file, rename)."""
+    path = run_dir / PROGRESS_FILE
+    tmp = path.with_name(f".{PROGRESS_FILE}.tmp")
+    tmp.write_text(f"{int(done)} {int(total)}\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def read_progress(run_dir: Path) -> tuple[int, int] | None:
+    data = read_bounded(run_dir / PROGRESS_FILE, 64)  # "DONE TOTAL\n"; no FIFO, no device
+    try:
+        parts = (data or b"").decode("ascii").split()
+    except UnicodeDecodeError:
+        return None
+    # ASCII digits only (str.isdigit takes '²', which int() refuses), short enough for int
+    if len(parts) != 2 or not all(p.isascii() and p.isdigit() and len(p) <= 18
+                                  for p in parts):
+        return None
+    return int(parts[0]), int(parts[1])

@@ -1,0 +1,59 @@
+"""`train clusters probe NAME`: what the site's Slurm says, against what the profile says.
+
+Run on the login node. Reads
+- `sinfo -N` (one line a node and partition): each partition's nodes, their CPUs,
+  memory, GRES (count and types) and features, the partition's time limit and job size,
+  and which partition is the default (the `*` of %P). The `-o` format, not `--json`: its
+  fields are the same from Slurm 22.05 to 25.x, where the JSON's layout is not;
+- `scontrol show config`: the Slurm version, PreemptMode, KillWait, EnforcePartLimits;
+- `sacctmgr show qos` (each QOS's MaxWall) and the user's associations (accounts,
+  partitions, QOS), where the site's accounting answers;
+- `apptainer --version`.
+
+Prints each difference as "profile says X, the site says Y", the site's facts the profile
+has no field for, and what could not be read. With `--write`, writes a user profile
+(`name: NAME`, `extends: NAME`, in ~/.config/train/clusters/, where the Registry finds it
+and where it replaces NAME for every job) holding the probed values, each with a comment
+saying the date and the command that gave it. Nothing is guessed: a value no command
+could read stays as the profile had it, and the comment says so.
+
+A partition whose nodes differ is described by its smallest node (CPUs, memory, GPUs): a
+job that fits it fits every node; the GPU types are all the nodes' types.
+
+The probe lives in four modules: site (reading and parsing what Slurm says), compare (the
+differences and the site's other facts), write (the user profile --write writes) and
+command (what is printed, and `probe`). Their names are re-exported here.
+"""
+
+from __future__ import annotations
+
+from train.client.clusters.probe.command import probe, report
+from train.client.clusters.probe.compare import differences, facts
+from train.client.clusters.probe.site import (
+    APPTAINER,
+    CONFIG_KEYS,
+    SACCTMGR_QOS,
+    SCONTROL,
+    SEP,
+    SINFO,
+    SINFO_FORMAT,
+    TIMEOUT,
+    Group,
+    Site,
+    SiteNode,
+    group,
+    parse_config,
+    parse_gres,
+    parse_qos,
+    parse_sinfo,
+    read_site,
+)
+from train.client.clusters.probe.write import Tree, emit, probed_tree, target, write_profile
+
+__all__ = [
+    "APPTAINER", "CONFIG_KEYS", "SACCTMGR_QOS", "SCONTROL", "SEP", "SINFO", "SINFO_FORMAT",
+    "TIMEOUT", "Group", "Site", "SiteNode", "Tree", "differences", "emit", "facts", "group",
+    "parse_config", "parse_gres", "parse_qos", "parse_sinfo", "probe", "probed_tree",
+    "read_site", "report", "target", "write_profile",
+]
+

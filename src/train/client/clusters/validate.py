@@ -1,0 +1,459 @@
+"""Validation of one profile mapping (after `extends:` merged it) into a Profile.
+
+Profile values reach every rendered job script (`#SBATCH` lines, shell lines) and command
+line: each string is held to a tight character set (no spaces, quotes, `$`, `;`, backticks
+or line breaks), each value to its YAML type (a string is not a one-item list, "false" is
+not a boolean), and every error is a ConfigError naming the key path.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from train.client.clusters.schema import (
+    DEFAULT_GPU_WATCH,
+    GPU_REQUEST_STYLES,
+    GPU_TYPE_REQUESTS,
+    GpuWatch,
+    NodeType,
+    Profile,
+)
+from train.client.clusters.units import parse_mem, parse_time
+from train.common.errors import ConfigError
+from train.common.yamlio import shown
+
+# Every pattern here is used with fullmatch: `$` would let a trailing newline through.
+# Profile strings reach rendered scripts (`#SBATCH` lines, shell lines) and command lines:
+# each kind has a tight set of characters, without spaces, quotes, `$`, `;`, backticks or
+# line breaks. Names: profiles, partitions, QOS, GPU types.
+_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+_NAME_CHARS = "letters, digits, '_', '.' and '-' (not starting with '.' or '-')"
+# one node feature (gpu_features values, constraint names): no operators such as & | [ ]
+_FEATURE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*")
+_FEATURE_CHARS = ("letters, digits, '_', '.', ':' and '-' (not starting with '.', ':' or '-'; "
+                  "no operators such as & | [ ])")
+# absolute paths (binds, scratch_root): no ',' or ':' either (the runtimes split on them)
+_PATH_RE = re.compile(r"/[A-Za-z0-9_.+@/-]*")
+_PATH_CHARS = "an absolute path of letters, digits, '_', '.', '+', '@', '-' and '/'"
+# `modules:` lines run as they are in the job script: `module ...` or `ml ...`, with words
+# such as load, cuda/12.1, gcc@11.2, py-torch+cuda
+_MODULE_COMMANDS = ("module", "ml")
+_MODULE_WORD_RE = re.compile(r"[A-Za-z0-9_./+@:-]+")
+_MODULE_CHARS = ("'module' (or 'ml') and words of letters, digits, '_', '.', '/', '+', '@', "
+                 "':' and '-' separated by single spaces (no quotes, $, ;, backticks or "
+                 "line breaks), such as 'module load apptainer'")
+# preempt_flags: one sbatch long option each, --name or --name=value
+_FLAG_NAME_RE = re.compile(r"--[A-Za-z][A-Za-z0-9-]*")
+_FLAG_VALUE_RE = re.compile(r"[A-Za-z0-9_.,:;=@%/+|&-]+")
+_FLAG_CHARS = ("one sbatch option, --name or --name=value: the name letters, digits and '-', "
+               "the value letters, digits and _ . , : ; = @ % / + | & - (no spaces, quotes, "
+               "$, backticks or line breaks)")
+_ENV_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\*?")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+_TOP_KEYS = {"name", "description", "extends", "account", "partition", "qos", "gpu_request",
+             "gpu_type_request", "gpu_features", "backfill_threshold", "default_time",
+             "modules", "binds", "env", "scratch_root", "nccl_env", "preempt_flags", "partitions",
+             "constraints", "gpu_watch", "single_host", "max_array_size"}
+_SECTION_KEYS = {"account": {"required", "hint", "list_command"},
+                 "partition": {"required", "allowed", "default"},
+                 "qos": {"required", "default", "limits"}}
+_GPU_WATCH_KEYS = {"interval", "idle_threshold", "idle_minutes"}
+_NODE_KEYS = {"gpus_per_node", "gpu_types", "cpus_per_node", "mem_per_node", "max_time",
+              "max_nodes", "max_gpus", "driver_version", "cpu_jobs"}
+# an NVIDIA driver version as nvidia-smi prints it: 550, 550.54 or 550.54.15
+_DRIVER_RE = re.compile(r"[0-9]{1,4}(?:\.[0-9]{1,4}){0,2}")
+# one word of a command run without a shell (account.list_command)
+_ARGV_WORD_RE = re.compile(r"[A-Za-z0-9_./+@:=,-]+")
+_ARGV_CHARS = ("words of letters, digits, '_', '.', '/', '+', '@', ':', '=', ',' and '-' "
+               "(run without a shell: no spaces, quotes, $, ;, backticks or line breaks)")
+_KEY_LABEL_RE = re.compile(r"[A-Za-z0-9_.:-]+")
+
+
+def _got(value: Any) -> str:
+    return "null" if value is None else shown(value)
+
+
+def _label(key: Any) -> str:
+    """A mapping key as it goes into a field name: plain keys as they are, others quoted."""
+    return key if isinstance(key, str) and _KEY_LABEL_RE.fullmatch(key) else shown(key)
+
+
+def _check_keys(where: str, data: Mapping[Any, Any], allowed: set[str]) -> None:
+    unknown = sorted((k for k in data if k not in allowed), key=_label)
+    if unknown:
+        raise ConfigError(f"{where}.{_label(unknown[0])}", "unknown profile key; valid keys "
+                          "are: " + ", ".join(sorted(allowed)))
+
+
+def _mapping(where: str, value: Any) -> Mapping[Any, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(where, f"must be a mapping of names to settings, got "
+                          f"{shown(value)}")
+    return value
+
+
+def _section(where: str, value: Any, allowed: set[str]) -> Mapping[Any, Any]:
+    """account, partition, qos: a mapping of the allowed keys (null: all defaults)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(where, f"must be a mapping (keys: {', '.join(sorted(allowed))}), "
+                          f"got {shown(value)}")
+    _check_keys(where, value, allowed)
+    return value
+
+
+def _list(where: str, value: Any, what: str) -> list[Any]:
+    """A YAML list (null: empty). A single string is refused, not split into characters."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        hint = " (write one item as a one-item list: [ITEM])" if isinstance(value, str) else ""
+        raise ConfigError(where, f"must be a list of {what}, got {shown(value)}{hint}")
+    return value
+
+
+def _bool(where: str, section: Mapping[Any, Any], key: str, default: bool) -> bool:
+    value = section.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}.{key}", f"must be true or false, got {_got(value)}")
+    return value
+
+
+def _int(where: str, value: Any, *, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(where, f"must be a non-negative integer, got {_got(value)}")
+    return value
+
+
+def _text(where: str, value: Any) -> str:
+    """Free text (description, hint): shown to people, never run; one plain string."""
+    if not isinstance(value, str):
+        raise ConfigError(where, f"must be a string, got {_got(value)}")
+    if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in value):
+        raise ConfigError(where, "must not hold control characters or line breaks")
+    return value
+
+
+def _word(where: str, value: Any, pattern: re.Pattern[str], what: str, chars: str) -> str:
+    """One name or feature (numbers such as 3090 taken as text), in `pattern`'s set."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise ConfigError(where, f"must be {what}: {chars}; got {_got(value)}")
+    return value
+
+
+def _name(where: str, value: Any, what: str = "a name") -> str:
+    return _word(where, value, _NAME_RE, what, _NAME_CHARS)
+
+
+def _names(where: str, value: Any, what: str) -> tuple[str, ...]:
+    return tuple(_name(f"{where}[{i}]", item, what)
+                 for i, item in enumerate(_list(where, value, f"{what}s")))
+
+
+def _keyed(where: str, value: Any, pattern: re.Pattern[str], what: str,
+           chars: str) -> dict[str, Any]:
+    """A mapping whose keys are names in `pattern`'s set; the key error names the mapping."""
+    out: dict[str, Any] = {}
+    for raw, item in _mapping(where, value).items():
+        number = isinstance(raw, (int, float)) and not isinstance(raw, bool)
+        key = str(raw) if number else raw
+        if not isinstance(key, str) or not pattern.fullmatch(key):
+            raise ConfigError(where, f"{_got(key)} is not a {what}: {chars}")
+        out[key] = item
+    return out
+
+
+def _time(where: str, value: Any, *, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ConfigError(where, f"must be a SLURM time such as \"2:00:00\" or \"1-00:00:00\","
+                          f" got {_got(value)}")
+    return parse_time(value, where)
+
+
+def _path(where: str, value: Any) -> str:
+    if not isinstance(value, str) or not _PATH_RE.fullmatch(value):
+        raise ConfigError(where, f"must be {_PATH_CHARS}; got {_got(value)}")
+    return value
+
+
+def _scratch_root(where: str, value: Any) -> str:
+    return "" if value == "" else _path(where, value)
+
+
+def _binds(where: str, value: Any) -> tuple[str, ...]:
+    out = []
+    for i, item in enumerate(_list(where, value, "absolute paths")):
+        path = _path(f"{where}[{i}]", item)
+        if path.strip("/") == "":
+            raise ConfigError(f"{where}[{i}]", "/ would cover the container's whole file "
+                              "system; bind the directories the jobs need")
+        out.append(path)
+    return tuple(out)
+
+
+def _modules(where: str, value: Any) -> tuple[str, ...]:
+    """Set-up lines the job script runs before the step, as they are: module commands."""
+    out = []
+    for i, item in enumerate(_list(where, value, "module command lines such as "
+                                   "'module load apptainer'")):
+        words = item.split(" ") if isinstance(item, str) else []
+        if len(words) < 2 or words[0] not in _MODULE_COMMANDS \
+                or not all(_MODULE_WORD_RE.fullmatch(w) for w in words[1:]):
+            raise ConfigError(f"{where}[{i}]", f"must be a module command line: "
+                              f"{_MODULE_CHARS}; got {_got(item)}")
+        out.append(item)
+    return tuple(out)
+
+
+def _preempt_flags(where: str, value: Any) -> tuple[str, ...]:
+    out = []
+    for i, item in enumerate(_list(where, value, "sbatch options")):
+        ok = isinstance(item, str)
+        if ok:
+            key, sep, flag_value = item.partition("=")
+            ok = bool(_FLAG_NAME_RE.fullmatch(key)) \
+                and (not sep or bool(_FLAG_VALUE_RE.fullmatch(flag_value)))
+        if not ok:
+            raise ConfigError(f"{where}[{i}]", f"must be {_FLAG_CHARS}; got {_got(item)}")
+        out.append(item)
+    return tuple(out)
+
+
+def _env_names(where: str, items: Any) -> tuple[str, ...]:
+    names = _list(where, items, "variable names (NAME or PREFIX_*)")
+    for i, item in enumerate(names):
+        if not isinstance(item, str) or not _ENV_PATTERN.fullmatch(item):
+            raise ConfigError(f"{where}[{i}]", f"{_got(item)} is not a variable name or "
+                              "PREFIX_* pattern (letters, digits and _, not starting with a "
+                              "digit)")
+    return tuple(names)
+
+
+def _gpu_watch(where: str, value: Any) -> GpuWatch:
+    """gpu_watch: {interval: seconds (0: off), idle_threshold: percent, idle_minutes}; a key
+    left out keeps the project's default."""
+    if value is None:
+        return DEFAULT_GPU_WATCH
+    if not isinstance(value, dict):
+        raise ConfigError(where, f"must be a mapping (keys: "
+                          f"{', '.join(sorted(_GPU_WATCH_KEYS))}), got {_got(value)}")
+    _check_keys(where, value, _GPU_WATCH_KEYS)
+    interval = _int(f"{where}.interval",
+                    value.get("interval", DEFAULT_GPU_WATCH.interval)) or 0
+    threshold = _int(f"{where}.idle_threshold",
+                     value.get("idle_threshold", DEFAULT_GPU_WATCH.idle_threshold)) or 0
+    minutes = _int(f"{where}.idle_minutes",
+                   value.get("idle_minutes", DEFAULT_GPU_WATCH.idle_minutes)) or 0
+    if threshold > 100:
+        raise ConfigError(f"{where}.idle_threshold", f"must be a percentage (0 to 100), got "
+                          f"{threshold}")
+    if minutes == 0:
+        raise ConfigError(f"{where}.idle_minutes", "must be at least 1")
+    return GpuWatch(interval=interval, idle_threshold=threshold, idle_minutes=minutes)
+
+
+def _node(where: str, name: str, data: Any) -> NodeType:
+    if not isinstance(data, dict):
+        raise ConfigError(where, f"must be a mapping, got {_got(data)}")
+    _check_keys(where, data, _NODE_KEYS)
+    missing = sorted({"gpus_per_node", "cpus_per_node", "mem_per_node", "max_time"}
+                     - set(data))
+    if missing:
+        raise ConfigError(f"{where}.{missing[0]}", "is required")
+    mem = data["mem_per_node"]
+    if isinstance(mem, bool) or not isinstance(mem, (str, int)):
+        raise ConfigError(f"{where}.mem_per_node", f"must be a memory size such as 50G or "
+                          f"8000M, got {_got(mem)}")
+    return NodeType(
+        name=name,
+        gpus_per_node=_int(f"{where}.gpus_per_node", data["gpus_per_node"]) or 0,
+        gpu_types=_names(f"{where}.gpu_types", data.get("gpu_types"), "a GPU type"),
+        cpus_per_node=_int(f"{where}.cpus_per_node", data["cpus_per_node"]) or 0,
+        mem_mb=parse_mem(mem, f"{where}.mem_per_node"),
+        max_minutes=_time(f"{where}.max_time", data["max_time"], optional=True),
+        max_nodes=_int(f"{where}.max_nodes", data.get("max_nodes"), optional=True),
+        max_gpus=_int(f"{where}.max_gpus", data.get("max_gpus"), optional=True),
+        driver_version=_driver(f"{where}.driver_version", data.get("driver_version")),
+        cpu_jobs=_bool(where, data, "cpu_jobs", False),
+    )
+
+
+def _driver(where: str, value: Any) -> str | None:
+    """An NVIDIA driver version (a YAML number such as 550.54 taken as its text)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not _DRIVER_RE.fullmatch(value):
+        raise ConfigError(where, "must be an NVIDIA driver version as nvidia-smi prints it, "
+                          f"such as \"550.54.15\" (quoted); got {_got(value)}")
+    return value
+
+
+def _argv(where: str, value: Any) -> tuple[str, ...]:
+    """A command as its words, e.g. [slist]; run as argv, never through a shell."""
+    words = _list(where, value, "command words such as [slist]")
+    for i, word in enumerate(words):
+        if not isinstance(word, str) or not _ARGV_WORD_RE.fullmatch(word):
+            raise ConfigError(f"{where}[{i}]", f"must be {_ARGV_CHARS}; got {_got(word)}")
+    return tuple(words)
+
+
+def profile_name(source: str, value: Any) -> str:
+    """A profile's `name:` (required), its errors under the file it came from."""
+    if value is None or value == "":
+        raise ConfigError(f"profile {source}.name", "is required")
+    return _name(f"profile {source}.name", value, "a profile name")
+
+
+def extends_name(name: str, value: Any) -> str:
+    """The profile named by `extends:` of profile `name`."""
+    return _name(f"profile {name}.extends", value, "the name of a profile")
+
+
+
+def _choice(where: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ConfigError(where, f"must be one of {', '.join(allowed)}; got {_got(value)}")
+    return str(value)
+
+
+def _gpu_request(where: str, data: Mapping[str, Any]) -> tuple[str, str]:
+    """gpu_request (how GPUs are counted) and gpu_type_request (how a type is selected)."""
+    style = data.get("gpu_request", "gres")
+    if style == "gres_typed":
+        raise ConfigError(f"{where}.gpu_request", "gres_typed is now two keys: "
+                          "gpu_request: gres and gpu_type_request: gres")
+    return (_choice(f"{where}.gpu_request", style, GPU_REQUEST_STYLES),
+            _choice(f"{where}.gpu_type_request", data.get("gpu_type_request", "none"),
+                    GPU_TYPE_REQUESTS))
+
+
+def _gpu_features(where: str, value: Any) -> dict[str, str]:
+    """GPU type -> the node feature that selects it (gpu_type_request: constraint)."""
+    return {gpu: _word(f"{where}.{gpu}", feature, _FEATURE_RE, "one node feature name",
+                       _FEATURE_CHARS)
+            for gpu, feature in _keyed(where, value, _NAME_RE, "GPU type", _NAME_CHARS).items()}
+
+
+def _node_types(where: str, data: Mapping[str, Any], partition: Mapping[Any, Any]
+                ) -> tuple[dict[str, NodeType], dict[str, NodeType], bool]:
+    """partitions, constraints, and partition.allowed (which needs partitions)."""
+    partitions = {k: _node(f"{where}.partitions.{k}", k, v)
+                  for k, v in _keyed(f"{where}.partitions", data.get("partitions"), _NAME_RE,
+                                     "partition name", _NAME_CHARS).items()}
+    constraints = {k: _node(f"{where}.constraints.{k}", k, v)
+                   for k, v in _keyed(f"{where}.constraints", data.get("constraints"),
+                                      _FEATURE_RE, "node feature", _FEATURE_CHARS).items()}
+    allowed = _bool(f"{where}.partition", partition, "allowed", True)
+    if not partitions and not constraints:
+        raise ConfigError(f"{where}.partitions", "a profile needs partitions or constraints")
+    if allowed and not partitions:
+        raise ConfigError(f"{where}.partitions", "needed when partition.allowed is true")
+    return partitions, constraints, allowed
+
+
+def _default_partition(where: str, value: Any, partitions: Mapping[str, NodeType]
+                       ) -> str | None:
+    if value is None:
+        return None
+    name = _name(where, value, "a partition name")
+    if name not in partitions:
+        raise ConfigError(where, f"{shown(name)} is not one of the partitions: "
+                          f"{', '.join(partitions)}")
+    return name
+
+
+def _qos_limits(where: str, value: Any) -> dict[str, int | None]:
+    """QOS name -> its longest walltime in minutes (null: no limit)."""
+    return {k: _time(f"{where}.{k}", v, optional=True)
+            for k, v in _keyed(where, value, _NAME_RE, "QOS name", _NAME_CHARS).items()}
+
+
+def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
+    """Validate a merged profile mapping; errors name the key path."""
+    name = profile_name(source, data.get("name"))
+    where = f"profile {name}"
+    _check_keys(where, data, _TOP_KEYS)
+    account, partition, qos = (_section(f"{where}.{s}", data.get(s), keys)
+                               for s, keys in _SECTION_KEYS.items())
+    style, type_request = _gpu_request(where, data)
+    features = _gpu_features(f"{where}.gpu_features", data.get("gpu_features"))
+    partitions, constraints, allowed = _node_types(where, data, partition)
+    default_partition = _default_partition(f"{where}.partition.default",
+                                           partition.get("default"), partitions)
+    default_qos = qos.get("default")
+    if default_qos is not None:
+        default_qos = _name(f"{where}.qos.default", default_qos, "a QOS name")
+    qos_limits = _qos_limits(f"{where}.qos.limits", qos.get("limits"))
+    return Profile(
+        name=name,
+        description=_text(f"{where}.description", data.get("description", "")),
+        source=source,
+        account_required=_bool(f"{where}.account", account, "required", False),
+        account_hint=_text(f"{where}.account.hint", account.get("hint", "")),
+        partition_required=_bool(f"{where}.partition", partition, "required", False),
+        partitions_allowed=allowed,
+        default_partition=default_partition,
+        qos_required=_bool(f"{where}.qos", qos, "required", False),
+        default_qos=default_qos,
+        qos_limits=qos_limits,
+        gpu_request=style,
+        backfill_minutes=_time(f"{where}.backfill_threshold", data.get("backfill_threshold"),
+                               optional=True),
+        default_minutes=_time(f"{where}.default_time", data.get("default_time", "1:00:00"))
+        or 0,
+        modules=_modules(f"{where}.modules", data.get("modules")),
+        binds=_binds(f"{where}.binds", data.get("binds")),
+        env=_env_names(f"{where}.env", data.get("env")),
+        scratch_root=_scratch_root(f"{where}.scratch_root", data.get("scratch_root", "")),
+        nccl_env=_nccl_env(f"{where}.nccl_env", data.get("nccl_env")),
+        preempt_flags=_preempt_flags(f"{where}.preempt_flags", data.get("preempt_flags")),
+        partitions=partitions,
+        constraints=constraints,
+        gpu_type_request=type_request,
+        gpu_features=features,
+        gpu_watch=_gpu_watch(f"{where}.gpu_watch", data.get("gpu_watch")),
+        account_list_command=_argv(f"{where}.account.list_command",
+                                   account.get("list_command")),
+        single_host=_bool(where, data, "single_host", False),
+        max_array_size=_array_size(f"{where}.max_array_size", data.get("max_array_size")),
+    )
+
+
+def _array_size(where: str, value: Any) -> int:
+    """max_array_size: a positive integer; Slurm's default where the profile has none."""
+    if value is None:
+        return Profile.max_array_size
+    size = _int(where, value, optional=False)
+    if size is None or size < 1:
+        raise ConfigError(where, f"must be a positive integer, got {_got(value)}")
+    return size
+
+def _nccl_env(where: str, value: Any) -> dict[str, str]:
+    """NAME: value pairs every job exports: names must be variable names (they go into
+    `export NAME=...` in the job script), values plain scalars without control characters."""
+    out = {}
+    for key, item in _mapping(where, value).items():
+        if not isinstance(key, str) or not _ENV_NAME_RE.fullmatch(key):
+            raise ConfigError(f"{where}", f"{shown(key)} is not an environment variable name "
+                              "(letters, digits and _, not starting with a digit)")
+        if isinstance(item, (dict, list)) or item is None:
+            raise ConfigError(f"{where}.{key}", f"must be a plain value, got {_got(item)}")
+        text = str(item).lower() if isinstance(item, bool) else str(item)
+        if any(ord(c) < 32 or ord(c) == 127 for c in text):
+            raise ConfigError(f"{where}.{key}", "must not hold control characters")
+        out[key] = text
+    return out

@@ -1,0 +1,132 @@
+"""Argv prefixes for the container runtimes: apptainer, docker, or none (host Python).
+
+The renderer puts this prefix before `python -m train ...` in the job step. Host
+PYTHONPATH, CONDA_* and friends never reach the training process inside a container:
+apptainer runs with --cleanenv and gets exactly the variables listed here; docker gets
+only what is passed with -e. Docker's prefix is a per-task wrapper (DOCKER_TASK) that ties
+the container's life to the Slurm task's and runs it as the task's user.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+
+from train.batch.contract import DOCKER_JOB_LABEL, SIGNAL_READY_VAR
+from train.common.alloc_conf import ALLOC_CONF_VAR, TUNED_ALLOC_CONF
+
+# Variables the training process reads; passed by name so their host values carry over.
+PASS_THROUGH = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                "MASTER_PORT", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID",
+                "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE",
+                "SLURM_JOB_NODELIST", "SLURM_CPUS_PER_TASK", "SLURM_GPUS_ON_NODE",
+                "CUDA_VISIBLE_DEVICES", "TRAIN_MASTER_ADDR", SIGNAL_READY_VAR)
+# The job's own pass-through names and patterns (NAME, PREFIX_*), space-separated: the
+# batch shell exports it and each task's wrapper passes what matches into the container.
+ENV_NAMES_VAR = "TRAIN_ENV_NAMES"
+
+# `docker run` hands the container to dockerd, outside the step's process tree and cgroup:
+# Slurm's TERM and KILL never reach it. Each task therefore runs this wrapper (bash -c,
+# arguments: docker run's options, the image and the command). It names the container
+# after the task, labels it with the job id (the batch shell removes what a SIGKILLed step
+# left, by label) and runs it as the task's user. USR1 and INT are forwarded by name. TERM
+# and INT start `docker stop -t KillWait` at once: TERM now, KILL when Slurm kills the
+# step, then --rm removes the container; dockerd carries the stop out even when a KILL
+# ends this wrapper first. KillWait is read from slurm.conf up front (30 s, Slurm's
+# default, where it is not set or not found): no controller RPC in the trap. Traps run
+# only between commands, so docker runs in the background, under a waiter without traps
+# that writes its exit status to a file: bash's own `wait` loses a child's status when a
+# trapped signal interrupts it as the child exits (the same race as in job-lib.sh). The
+# waiter and the docker CLI ignore Slurm's signals (the CLI would die of TERM before
+# docker 23); the container gets them by name from the traps.
+DOCKER_TASK = "\n".join((
+    "# shellcheck disable=SC2329  # the functions are called by traps",
+    "name=train-${SLURM_JOB_ID:?}-${SLURM_RESTART_COUNT:-0}-${SLURM_STEP_ID:?}"
+    "-${SLURM_PROCID:?}",
+    "user=$(id -un 2>/dev/null) || user=$(id -u)",
+    'ids=(--user "$(id -u):$(id -g)" -e "USER=$user")',
+    'for g in $(id -G); do ids+=(--group-add "$g"); done',
+    'kill_wait=$(sed -n "s/^[[:space:]]*killwait[[:space:]]*=[[:space:]]*\\([0-9][0-9]*\\).*/'
+    '\\1/Ip" "${SLURM_CONF:-/etc/slurm/slurm.conf}" 2>/dev/null | tail -n 1)',
+    # the job's pass-through names: those set here go in by name (values never written)
+    "set -f",
+    "for v in $(compgen -v); do for p in ${" + ENV_NAMES_VAR + ":-}; do",
+    '    # shellcheck disable=SC2053  # $p is a pattern on purpose',
+    '    if [[ $v == $p ]]; then ids+=(-e "$v"); break; fi',
+    "done; done",
+    "set +f",
+    "stopping=0",
+    "on_signal() {",
+    "    # USR1 is how the batch shell says stop: the container gets the job's stop signal",
+    '    if [ "$1" = USR1 ]; then',
+    '        docker kill --signal "${TRAIN_STOP_SIGNAL:-USR1}" "$name" >/dev/null 2>&1',
+    "        return 0",
+    "    fi",
+    '    if [ "$1" != TERM ]; then docker kill --signal "$1" "$name" >/dev/null 2>&1; fi',
+    '    if [ "$stopping" = 0 ]; then',
+    "        stopping=1",
+    '        docker stop -t "${kill_wait:-30}" "$name" >/dev/null 2>&1 &',
+    "    fi",
+    "}",
+    'remove() { docker rm -f "$name" >/dev/null 2>&1; }',
+    'trap "on_signal USR1" USR1',
+    'trap "on_signal TERM" TERM',
+    'trap "on_signal INT" INT',
+    'status=$(mktemp "${TMPDIR:-/tmp}/train-task.XXXXXX")',
+    'trap \'remove; rm -f "$status"\' EXIT',
+    "{",
+    "    trap '' USR1 TERM INT",
+    "    docker run --name \"$name\" --label "
+    + shlex.quote(DOCKER_JOB_LABEL + "=") + '"$SLURM_JOB_ID" "${ids[@]}" "$@"',
+    '    echo "$?" > "$status"',
+    "} &",
+    "pid=$!",
+    'while :; do wait "$pid" 2>/dev/null; kill -0 "$pid" 2>/dev/null || break; done',
+    'read -r rc < "$status" 2>/dev/null || rc=255',
+    'exit "${rc:-255}"',
+))
+
+
+def job_environment(nccl_env: Mapping[str, str]) -> dict[str, str]:
+    """Fixed values every training process gets."""
+    return {"PYTHONUNBUFFERED": "1", ALLOC_CONF_VAR: TUNED_ALLOC_CONF, **nccl_env}
+
+
+def runtime_prefix(runtime: str, *, image: str | None, gpus: bool, binds: Sequence[str],
+                   run_dir: str, env: Mapping[str, str]) -> list[str]:
+    if runtime == "none":
+        return []
+    if image is None:
+        raise ValueError(f"runtime {runtime} needs an image")
+    if runtime == "apptainer":
+        argv = ["apptainer", "exec"]
+        if gpus:
+            argv.append("--nv")
+        argv.append("--cleanenv")
+        # `env` reaches the container by name (the task wrapper exports APPTAINERENV_ copies
+        # of the batch shell's values): apptainer's own --env parser splits a value on ','
+        # and '=' (PYTORCH_CUDA_ALLOC_CONF has commas), and quotes break it
+        for spec in dict.fromkeys([*binds, run_dir]):
+            argv += ["--bind", spec]
+        return [*argv, image]
+    if runtime == "docker":
+        # --init: the command is not PID 1, which ignores a signal it has no handler for
+        # (TERM would not stop programs we did not write). Signals come from DOCKER_TASK,
+        # by name, not from the CLI's proxy: Slurm signals the CLI too, which would make
+        # two of each. The image has no passwd entry for the task's user (DOCKER_TASK
+        # sets it): HOME must be somewhere that user can write.
+        argv = ["--rm", "--init", "--sig-proxy=false", "--stop-signal", "TERM",
+                "--network", "host", "--ipc", "host", "-e", "HOME=/tmp"]
+        if gpus:
+            argv += ["--gpus", "all"]
+        for name, value in env.items():
+            argv += ["-e", f"{name}={value}"]
+        for name in PASS_THROUGH:
+            argv += ["-e", name]
+        for spec in dict.fromkeys([*binds, run_dir]):
+            argv += ["-v", spec if ":" in spec else f"{spec}:{spec}"]
+        # `env` as entrypoint: the command after the image runs as given (the image's
+        # runscript would otherwise prepend `python -m train`)
+        return ["bash", "-c", DOCKER_TASK, "train-task", *argv, "-w", run_dir,
+                "--entrypoint", "env", image]
+    raise ValueError(f"unknown runtime {runtime!r}")

@@ -1,0 +1,148 @@
+"""The user's defaults for jobs: cluster, account, runtime, image, binds, env, ...
+
+One YAML file, `~/.config/train/defaults.yaml` (or `$XDG_CONFIG_HOME/train/...`, or the
+file `$TRAIN_DEFAULTS` names), holding job keys as a job YAML does. A job is built from
+the field defaults < this file < the job file < the flags. `train init` writes it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from train.common.errors import ConfigError, UsageError
+from train.workloads.config import load_yaml
+
+PATH_VAR = "TRAIN_DEFAULTS"
+# The keys `train init` asks about, in order; any job key may be set in the file by hand.
+ASKED = ("cluster", "account", "partition", "runtime", "image", "python", "bind", "env")
+
+
+def defaults_path(env: Mapping[str, str] | None = None) -> Path:
+    environ = os.environ if env is None else env
+    if environ.get(PATH_VAR):
+        return Path(environ[PATH_VAR]).expanduser()
+    base = environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "train" / "defaults.yaml"
+
+
+def normalise(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {str(k).replace("-", "_"): v for k, v in values.items()}
+
+
+def load_defaults(path: Path | None = None) -> dict[str, Any]:
+    """The file's keys (none when it does not exist); a bad file is an error naming it."""
+    path = path or defaults_path()
+    if not path.exists():
+        return {}
+    values = normalise(load_yaml(path))
+    from train.client.slurm.job import JobSpec
+
+    known = set(JobSpec.__dataclass_fields__) - set(NOT_DEFAULTS)
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(unknown[0], f"unknown key in the defaults file {path}; valid keys "
+                          f"are: {', '.join(sorted(known))}")
+    return values
+
+
+# list keys add up (defaults, then the job file, then flags); other keys are replaced
+LISTS = ("env", "bind", "sbatch_extra", "srun_extra")
+# keys that name one run: a default would make every job share them
+NOT_DEFAULTS = ("name", "out", "workload")
+
+
+def joined(earlier: Any, later: Any) -> list[Any]:
+    """A list key's values: the earlier layer's, then the later one's, each once (items
+    that are not text or numbers are kept as they are, for the job's check to name)."""
+    out: list[Any] = []
+    for item in [*earlier, *later]:
+        if item not in out:
+            out.append(item)
+    return out
+
+
+def merged(defaults: Mapping[str, Any], job_file: Mapping[str, Any],
+           flags: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Defaults < the job file < flags, key by key; the list keys are concatenated."""
+    out: dict[str, Any] = {}
+    for layer in (normalise(defaults), normalise(job_file), dict(flags or {})):
+        for key, value in layer.items():
+            if key in LISTS and isinstance(value, (list, tuple)) and \
+                    isinstance(out.get(key), (list, tuple)):
+                out[key] = joined(out[key], value)
+            else:
+                out[key] = value
+    return out
+
+
+def _check(values: Mapping[str, Any], profiles: list[str]) -> None:
+    """Validate as a job would be: every key and value, and the cluster's name."""
+    from train.client.slurm.job import JobSpec
+    from train.workloads.config import build
+
+    build(JobSpec, {**values, "workload": ["demo"]}, None)
+    cluster = values.get("cluster")
+    if cluster is not None and cluster not in profiles:
+        raise ConfigError("cluster", f"unknown cluster {cluster!r}; known: "
+                          f"{', '.join(profiles)}")
+
+
+def ask(profiles: list[str], current: Mapping[str, Any],
+        read: Callable[[str], str] = input) -> dict[str, Any]:
+    """Questions on a terminal; an empty answer keeps the current value, '-' clears it."""
+    answers: dict[str, Any] = dict(current)
+    hints = {"cluster": f"one of {', '.join(profiles)}", "runtime": "none, apptainer or docker",
+             "bind": "SRC[:DST[:ro]], comma-separated", "env": "NAME or NAME=VALUE, "
+             "comma-separated", "image": "SIF path or docker tag",
+             "python": "Python on the nodes or in the image"}
+    for key in ASKED:
+        now = current.get(key)
+        shown = ", ".join(now) if isinstance(now, list) else ("" if now is None else now)
+        text = read(f"{key} ({hints.get(key, 'empty to skip')}) [{shown}]: ").strip()
+        if text == "-":
+            answers.pop(key, None)
+        elif text:
+            answers[key] = [t.strip() for t in text.split(",") if t.strip()] \
+                if key in ("bind", "env") else text
+    return answers
+
+
+def write_defaults(values: Mapping[str, Any], profiles: list[str],
+                   path: Path | None = None) -> Path:
+    """Validate, then write atomically (nothing is written when a value is bad)."""
+    path = path or defaults_path()
+    clean = {k: v for k, v in normalise(values).items() if v is not None and v != []}
+    if not clean:
+        raise UsageError("init: nothing to write: give flags (e.g. --cluster NAME), or run "
+                         "it on a terminal to be asked")
+    for key in NOT_DEFAULTS:
+        if key in clean:
+            raise ConfigError(key, "names one run: it cannot be a default for every job")
+    if "bind" in clean:  # a default bind means the same path from any directory
+        from train.client.slurm.job import parse_bind
+
+        binds = [parse_bind(str(b)) for b in clean["bind"]]
+        for bind in binds:
+            if not os.path.exists(bind.src):
+                raise ConfigError("bind", f"{bind.src} does not exist")
+        clean["bind"] = [b.spec for b in binds]
+    _check(clean, profiles)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("# train defaults (`train init`); any job key may be set here\n"
+                       + yaml.safe_dump(clean, sort_keys=False), encoding="utf-8")
+        tmp.replace(path)
+    except OSError as exc:
+        raise UsageError(f"init: cannot write {path}: {exc.strerror or exc}") from None
+    return path
+
+
+def interactive() -> bool:
+    return sys.stdin.isatty() and sys.stdout.isatty()

@@ -1,0 +1,94 @@
+"""`train doctor`: what happened to each chunk of a run, the cause with its evidence (log
+file and line), and the fix as the flags to change.
+
+It reads what the chain left: its record (chain.json), events (chain.events), the job
+logs, Slurm's state and exit code of each job (squeue, then sacct, or the job completion
+log where there is no accounting: `job_states`), the run's status.json and the GPU
+utilisation samples. Logs are streamed, never read whole: each is searched for the rules'
+literal needles (with grep -F where the system has it, else in blocks), and only the
+lines that hold one are matched against the rules' patterns, so a gigabyte of log costs
+about a second and flat memory.
+
+Each cause is one rule (rules.RULES, LogRule for log messages; the Slurm-state and event
+rules in chunks.py). A run with no finding is healthy (exit 0); any finding is exit 1.
+
+The modules, each on the ones before it:
+  evidence   Evidence, Hits (one rule's lines in one file), Finding
+  rules      the log rules (RULES)
+  logread    the log reader: grep -F or the block search, a large log's head and tail
+             (WHOLE_LIMIT, HEAD_BYTES, TAIL_BYTES_SCANNED: set them on logread itself),
+             the end of a log and its last exception
+  launcher   torchrun's ChildFailedError: the failed rank and its own exception
+  fixes      each cause's title and fix (flags from the chain's resources)
+  chunks     the rules over one chunk: Slurm's state, the ending signal, the logs
+  diagnosis  one chain: resolve, diagnose, Report
+  report     the text: format_report; every run at once: overview, format_overview
+"""
+
+from train.client.doctor.chunks import idle_gpus
+from train.client.doctor.diagnosis import Report, ask_slurm, diagnose, newest_run, resolve
+from train.client.doctor.evidence import _KEEP, Evidence, Finding, Hits
+from train.client.doctor.launcher import RootCause, launcher_root_cause
+from train.client.doctor.logread import (
+    MAX_LINE,
+    READ_LINE,
+    TAIL_BYTES,
+    Line,
+    Scan,
+    _candidate_lines_python,
+    _groups,
+    candidate_lines,
+    last_exception,
+    read_tail,
+    scan_lines,
+    scan_log,
+)
+from train.client.doctor.report import clean, format_overview, format_report, overview
+from train.client.doctor.rules import (
+    _ALL_NEEDLES,
+    RANK_ZERO_BANNER,
+    RENDEZVOUS_DONE,
+    RULES,
+    RULES_BY_CAUSE,
+    LogRule,
+)
+
+# The names the command, the tests and the benchmark use. WHOLE_LIMIT, HEAD_BYTES and
+# TAIL_BYTES_SCANNED are not among them on purpose: the reader reads them from logread at
+# each call, so a copy here would take a setting silently and change nothing.
+__all__ = [
+    "MAX_LINE",
+    "RANK_ZERO_BANNER",
+    "READ_LINE",
+    "RENDEZVOUS_DONE",
+    "RULES",
+    "RULES_BY_CAUSE",
+    "TAIL_BYTES",
+    "_ALL_NEEDLES",
+    "_KEEP",
+    "Evidence",
+    "Finding",
+    "Hits",
+    "Line",
+    "LogRule",
+    "Report",
+    "RootCause",
+    "Scan",
+    "_candidate_lines_python",
+    "_groups",
+    "ask_slurm",
+    "candidate_lines",
+    "clean",
+    "diagnose",
+    "format_overview",
+    "format_report",
+    "idle_gpus",
+    "last_exception",
+    "launcher_root_cause",
+    "newest_run",
+    "overview",
+    "read_tail",
+    "resolve",
+    "scan_lines",
+    "scan_log",
+]

@@ -1,0 +1,300 @@
+"""The GPU watch's reader, on the client (`train status`, `train doctor`): what the
+samplers wrote, as a summary per node and as idle stretches with their evidence.
+
+`summary` and `idle_findings` stream the files (never a whole file in memory; both read at
+most the last `max_bytes` of each, SUMMARY_MAX_BYTES by default), skip lines they cannot
+read and never raise on a file's content. Idle stretches are counted per sampler run and
+after its warm-up (gpuwatch_file.WarmUp). Standard library only, and nothing of the node's
+sampler: the client imports it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from train.batch.contract import GPU_WATCH_DIR
+from train.common.gpuwatch_file import (
+    DEFAULT_IDLE_MINUTES,
+    DEFAULT_IDLE_THRESHOLD,
+    MAX_GPU_INDEX,
+    MAX_MIB,
+    MAX_TIME,
+    MIB,
+    WarmUp,
+    _num,
+)
+
+# DEFAULT_IDLE_*: the client's readers take them from here with the rest
+__all__ = ["DEFAULT_IDLE_MINUTES", "DEFAULT_IDLE_THRESHOLD", "SUMMARY_MAX_BYTES", "IdleFinding",
+           "Record", "idle_findings", "node_files", "parse_line", "read_items", "read_records",
+           "summary"]
+
+# what `summary` reads of a file at most (its tail): about 20 days of 8 GPUs every 30 s
+SUMMARY_MAX_BYTES = 16 * MIB
+# a START_MARK line, the sampler run's start in unix seconds
+_START_RE = re.compile(r"# sampler started at (\d{1,11}(?:\.\d+)?)\s*$")
+
+
+@dataclass(frozen=True)
+class Record:
+    line: int  # 1-based line number in the file
+    time: float
+    gpu: int
+    util: float
+    mem_used: int
+    mem_total: int
+
+
+def parse_line(text: str, line: int) -> Record | None:
+    """One CSV line, or None for the header, garbage and impossible values: a time outside
+    0 < t < MAX_TIME, a GPU index outside 0..MAX_GPU_INDEX, a utilisation outside 0..100,
+    memory outside 0..MAX_MIB."""
+    parts = text.strip().split(",")
+    if len(parts) != 5 or any(len(p) > 40 for p in parts):
+        return None
+    try:
+        t, util = float(parts[0]), float(parts[2])
+        gpu, used, total = int(parts[1]), int(parts[3]), int(parts[4])
+    except ValueError:
+        return None
+    if not (0 < t < MAX_TIME and 0 <= util <= 100 and 0 <= gpu <= MAX_GPU_INDEX
+            and 0 <= used < MAX_MIB and 0 <= total < MAX_MIB):
+        return None  # NaN fails every comparison
+    return Record(line, t, gpu, util, used, total)
+
+
+def _stamp(t: float, fmt: str) -> str:
+    """A unix time in local time; never raises (a time out of range is shown as a number)."""
+    try:
+        return time.strftime(fmt, time.localtime(t))
+    except (OverflowError, OSError, ValueError):
+        return f"{t:.0f}" if math.isfinite(t) and abs(t) < 1e15 else "?"
+
+
+def _count_lines(f: IO[bytes], end: int) -> int:
+    """Newlines in the first `end` bytes (read in chunks, never whole)."""
+    f.seek(0)
+    count, left = 0, end
+    while left > 0:
+        chunk = f.read(min(left, MIB))
+        if not chunk:
+            break
+        count += chunk.count(b"\n")
+        left -= len(chunk)
+    return count
+
+
+def read_records(path: Path, max_bytes: int | None = None,
+                 count_skipped: bool = True) -> Iterator[Record]:
+    """The file's valid records, streamed; with max_bytes only its tail (from the first
+    whole line of the last max_bytes), line numbers still counted from the file's start
+    unless count_skipped is False (then they count from the tail's start)."""
+    for item in read_items(path, max_bytes, count_skipped):
+        if isinstance(item, Record):
+            yield item
+
+
+def read_items(path: Path, max_bytes: int | None = None,
+               count_skipped: bool = True) -> Iterator[Record | float]:
+    """read_records, with each sampler's START_MARK as its start time (a float) where it
+    stands in the file."""
+    with path.open("rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        start, line = 0, 0
+        if max_bytes is not None and size > max_bytes:
+            start = size - max_bytes
+            line = _count_lines(f, start) if count_skipped else 0
+            f.seek(start - 1)
+            if f.read(1) != b"\n":  # inside a line: skip to the next whole one
+                f.readline()
+                line += 1
+        else:
+            f.seek(0)
+        for raw in f:
+            line += 1
+            if not raw.endswith(b"\n"):
+                return  # the sample being written now
+            text = raw.decode("utf-8", errors="replace")
+            if text.startswith("#"):
+                mark = _START_RE.match(text)
+                began = float(mark.group(1)) if mark else 0.0
+                if 0 < began < MAX_TIME:
+                    yield began
+                continue
+            record = parse_line(text, line)
+            if record is not None:
+                yield record
+
+
+def node_files(run_dir: Path | str) -> list[Path]:
+    folder = Path(run_dir) / GPU_WATCH_DIR
+    try:
+        return sorted(p for p in folder.glob("*.csv") if p.is_file())
+    except OSError:
+        return []
+
+
+def summary(run_dir: Path | str, threshold: float = DEFAULT_IDLE_THRESHOLD,
+            minutes: float = DEFAULT_IDLE_MINUTES, max_bytes: int = SUMMARY_MAX_BYTES
+            ) -> dict[str, dict[str, Any]]:
+    """Per node: {"gpus": n, "mean_util": mean of every sample of every GPU, "latest_util":
+    mean over the GPUs of the latest sample, "latest_time": its unix time, "samples": sample
+    rounds read, "first_time": the first one read (files over max_bytes are read from their
+    tail: "partial" is then true), "latest": {gpu: util}, "idle": whether a GPU is idle now
+    (every sample under `threshold` for `minutes` up to the latest), "idle_description":
+    which and since when ("" when none)}. Nodes whose files hold no valid line are left
+    out; never raises on a file's content."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in node_files(run_dir):
+        try:
+            node = _summarise(path, threshold, minutes, max_bytes)
+        except (OSError, ValueError, ArithmeticError):
+            continue
+        if node is not None:
+            out[path.stem] = node
+    return out
+
+
+def _summarise(path: Path, threshold: float, minutes: float, max_bytes: int
+               ) -> dict[str, Any] | None:
+    total = 0.0
+    lines = samples = 0
+    first: float | None = None
+    last: float | None = None
+    latest: dict[int, float] = {}
+    idle_since: dict[int, float | None] = {}
+    seen: set[int] = set()
+    warm = WarmUp(threshold, None)
+    for rec in read_items(path, max_bytes, count_skipped=False):
+        if not isinstance(rec, Record):  # a new sampler run: idle time starts again
+            idle_since, warm = {}, WarmUp(threshold, rec)
+            continue
+        seen.add(rec.gpu)
+        if rec.time != last:  # a new sample round (the lines of one share its time)
+            samples += 1
+            latest = {}
+            last = rec.time
+        first = rec.time if first is None else min(first, rec.time)
+        total += rec.util
+        lines += 1
+        latest[rec.gpu] = rec.util
+        if not warm.counts(rec.gpu, rec.time, rec.util):
+            continue
+        if rec.util >= threshold:
+            idle_since[rec.gpu] = None
+        elif idle_since.get(rec.gpu) is None:
+            idle_since[rec.gpu] = rec.time
+    if not lines or last is None:
+        return None
+    idle = {g: s for g, s in idle_since.items()
+            if s is not None and g in latest and last - s >= minutes * 60}
+    description = ""
+    if idle:
+        since = min(idle.values())
+        gpus = ", ".join(str(g) for g in sorted(idle))
+        description = (f"GPU{'s' if len(idle) > 1 else ''} {gpus} under {_num(threshold)}% "
+                       f"for {(last - since) / 60:.0f} min (since "
+                       f"{_stamp(since, '%Y-%m-%d %H:%M:%S')})")
+    try:
+        partial = path.stat().st_size > max_bytes
+    except OSError:
+        partial = False
+    return {"gpus": len(seen), "mean_util": round(total / lines, 1),
+            "latest_util": round(sum(latest.values()) / len(latest), 1),
+            "latest_time": last, "first_time": first, "samples": samples,
+            "latest": dict(sorted(latest.items())), "partial": partial,
+            "idle": bool(idle), "idle_description": description, "file": str(path)}
+
+
+@dataclass(frozen=True)
+class IdleFinding:
+    """A GPU under the threshold in every sample for at least the idle time."""
+
+    node: str
+    gpu: int
+    file: str
+    first_line: int
+    last_line: int
+    start: float  # unix time of the first idle sample
+    end: float  # of the last one
+    samples: int
+    max_util: float  # the highest utilisation in the run (under the threshold)
+    threshold: float
+    ongoing: bool  # the run lasts up to the file's latest sample of that GPU
+
+    @property
+    def minutes(self) -> float:
+        return (self.end - self.start) / 60
+
+    def describe(self) -> str:
+        stamp = _stamp(self.start, "%Y-%m-%d %H:%M")
+        still = ", still at the latest sample" if self.ongoing else ""
+        return (f"node {self.node} GPU {self.gpu}: under {_num(self.threshold)}% utilisation "
+                f"(at most {self.max_util:g}%) for {self.minutes:.0f} min from {stamp}"
+                f"{still}: {self.samples} samples, {self.file} lines "
+                f"{self.first_line}-{self.last_line}")
+
+
+def idle_findings(run_dir: Path | str, threshold: float, minutes: float,
+                  max_bytes: int | None = SUMMARY_MAX_BYTES) -> list[IdleFinding]:
+    """Every run of samples of one GPU all under `threshold` spanning at least `minutes`
+    within one sampler run and after its warm-up (WarmUp), with the file and line numbers
+    as evidence; by node, GPU and start. Only the last
+    `max_bytes` of each file are read (None: all of it); line numbers still count from the
+    file's start. Never raises on a file's content."""
+    found: list[IdleFinding] = []
+    for path in node_files(run_dir):
+        try:
+            found += _findings(path, threshold, minutes, max_bytes)
+        except (OSError, ValueError, ArithmeticError):
+            continue
+    return sorted(found, key=lambda f: (f.node, f.gpu, f.start))
+
+
+@dataclass
+class _Run:
+    first: Record
+    last: Record
+    samples: int = 1
+    max_util: float = 0.0
+
+
+def _findings(path: Path, threshold: float, minutes: float, max_bytes: int | None
+              ) -> list[IdleFinding]:
+    runs: dict[int, _Run | None] = {}
+    found: list[IdleFinding] = []
+
+    def close(run: _Run | None, ongoing: bool) -> None:
+        if run is not None and run.last.time - run.first.time >= minutes * 60:
+            found.append(IdleFinding(path.stem, run.first.gpu, str(path), run.first.line,
+                                     run.last.line, run.first.time, run.last.time,
+                                     run.samples, run.max_util, threshold, ongoing))
+
+    warm = WarmUp(threshold, None)
+    for rec in read_items(path, max_bytes):
+        if not isinstance(rec, Record):  # a new sampler run (a new chunk): the stretches
+            for run in runs.values():  # of the one before end where its samples end
+                close(run, ongoing=False)
+            runs, warm = {}, WarmUp(threshold, rec)
+            continue
+        if not warm.counts(rec.gpu, rec.time, rec.util):
+            continue
+        run = runs.get(rec.gpu)
+        if rec.util >= threshold:
+            close(run, ongoing=False)
+            runs[rec.gpu] = None
+        elif run is None:
+            runs[rec.gpu] = _Run(rec, rec, 1, rec.util)
+        else:
+            run.last, run.samples = rec, run.samples + 1
+            run.max_util = max(run.max_util, rec.util)
+    for run in runs.values():
+        close(run, ongoing=True)
+    return found

@@ -1,0 +1,91 @@
+"""How preflight runs outside commands: with a timeout, in a process group of its own that
+is killed whole on a timeout (`run_command`), found on the caller's PATH (`_which`), their
+failures turned into exit codes and short text (`_run`, `_tail`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from train.common import _proc
+
+
+class Runner(Protocol):
+    """The shape of `train.common._proc.run` that preflight uses (tests pass scripted ones)."""
+
+    def __call__(self, argv: Sequence[str], *, timeout: float = ...,
+                 check: bool = ...) -> subprocess.CompletedProcess[str]: ...
+
+
+def run_command(argv: Sequence[str], *, timeout: float = 60.0,
+                check: bool = True) -> subprocess.CompletedProcess[str]:
+    """`train.common._proc.run` for commands that may hang (a site's apptainer, docker, account
+    tool): argv runs as the leader of a new session, and on a timeout the whole process
+    group is killed, not only argv's process (a script's `sleep` child holds its output
+    open and would live on). Output is decoded as UTF-8 with replacement. Raises ProcError
+    like `_proc.run`: 127 not found, 126 not startable, 124 timed out, the exit code where
+    `check` and it failed."""
+    try:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+    except FileNotFoundError:
+        raise _proc.ProcError(argv, 127, f"{argv[0]}: command not found") from None
+    except OSError as exc:  # E2BIG, EACCES, ...
+        raise _proc.ProcError(argv, 126, f"{argv[0]} could not be started: {exc}") from None
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        raise _proc.ProcError(argv, 124, f"timed out after {timeout:g} s") from None
+    finally:
+        if proc.returncode is None:  # an exception other than the timeout: no orphans
+            _kill_group(proc)
+    result = subprocess.CompletedProcess(list(argv), proc.returncode,
+                                         out.decode("utf-8", errors="replace"),
+                                         err.decode("utf-8", errors="replace"))
+    if check and result.returncode != 0:
+        raise _proc.ProcError(argv, result.returncode, result.stderr)
+    return result
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL to proc's process group (it leads it: start_new_session), then reap it. Its
+    pid is not reaped before the kill, so the group id cannot have been reused."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        proc.kill()
+    # a grandchild that left the group (setsid) may still hold the pipes: do not wait on it
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
+    proc.wait()
+
+
+def _which(name: str, environ: Mapping[str, str]) -> str | None:
+    return shutil.which(name, path=environ.get("PATH", os.defpath))
+
+
+def _run(run: Runner, argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
+    """(returncode, stdout, stderr); a command that cannot start or times out is 127 / 124
+    with the reason as its stderr."""
+    try:
+        proc = run(argv, timeout=timeout, check=False)
+    except _proc.ProcError as exc:
+        return exc.returncode, "", exc.stderr
+    except OSError as exc:  # e.g. a PATH entry that is not executable
+        return 126, "", str(exc)
+    return proc.returncode, proc.stdout or "", proc.stderr or ""
+
+
+def _tail(text: str, lines: int = 3, limit: int = 300) -> str:
+    """The last `lines` non-empty lines of a command's output, on one line."""
+    kept = [line.strip() for line in text.strip().splitlines() if line.strip()][-lines:]
+    out = " / ".join(kept)
+    return out if len(out) <= limit else out[:limit] + "..."

@@ -1,0 +1,180 @@
+"""Preflight, check 2: the image is there, readable, a SIF (or a sandbox, or a Docker
+image), and opens; what it says about itself (ImageFacts: labels and environment), which
+the GPU checks read. `train submit` uses `check_image_file` and `image_facts` too."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from train.client.clusters.profiles import Profile
+from train.client.preflight.commands import Runner, _run, _tail, run_command
+from train.client.preflight.result import IMAGE, RUNTIME, Check
+from train.client.preflight.storage import Mount, _storage
+
+_INSPECT_TIMEOUT = 120.0  # a SIF without its metadata descriptor is inspected by running it
+_SIF_MAGIC = b"SIF_MAGIC"  # sylabs/sif: after the 32-byte launch line
+_SQUASHFS_MAGIC = (b"hsqs", b"sqsh")  # Singularity 2.x images: a bare squashfs
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    """What an opened image says about itself: its labels and environment text."""
+
+    labels: Mapping[str, str] = field(default_factory=dict)
+    env_text: str = ""
+
+
+def _check_image(chosen: str, image: str | None, binary: str | None, profile: Profile,
+                 mounts: list[Mount], run: Runner) -> tuple[Check, ImageFacts | None]:
+    if chosen == "none":
+        return Check(IMAGE, None, "runtime none: no image"), None
+    if image is None:
+        return Check(IMAGE, None, f"no image given (runtime {chosen} needs one: pass "
+                     "--image, or set it once with train init --image)"), None
+    if chosen == "docker":
+        return _check_docker_image(image, binary, run)
+    return _check_sif(Path(os.path.abspath(os.path.expanduser(image))), binary, profile,
+                      mounts, run)
+
+
+def check_image_file(path: Path, profile: Profile, mounts: list[Mount]) -> Check:
+    """The image file as `train submit` sees it, without running apptainer: there,
+    readable, and a SIF (or a Singularity 2 squashfs, or a sandbox folder) whatever its
+    name."""
+    return _check_sif(path, None, profile, mounts, run_command, strict=True)[0]
+
+
+def image_facts(path: Path, binary: str, profile: Profile) -> ImageFacts | None:
+    """What an image says about itself (its labels), for `train submit`: a sandbox's
+    labels.json, else `apptainer inspect`; None where it cannot be read."""
+    if path.is_dir():
+        try:
+            labels = json.loads((path / ".singularity.d" / "labels.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(labels, dict):
+            return None
+        return ImageFacts({str(k): str(v) for k, v in labels.items()})
+    return _check_sif(path, binary, profile, [], run_command)[1]
+
+
+def _check_sif(path: Path, binary: str | None, profile: Profile, mounts: list[Mount],
+               run: Runner, strict: bool = False) -> tuple[Check, ImageFacts | None]:
+    build = ("build it (`train image build base`, see the README's Images section) or copy "
+             "it to a file system the compute nodes mount, and pass its path with --image")
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return Check(IMAGE, False, f"{path} does not exist", build), None
+    except OSError as exc:
+        return Check(IMAGE, False, f"{path} cannot be reached: {exc.strerror or exc}",
+                     build), None
+    sandbox = False
+    what = "an Apptainer sandbox"
+    if path.is_dir():
+        sandbox = (path / ".singularity.d").is_dir()
+        if not sandbox:
+            return Check(IMAGE, False, f"{path} is a directory, not an image (and not an "
+                         "Apptainer sandbox: no .singularity.d inside)",
+                         "pass the image file itself, e.g. --image /scratch/$USER/base.sif"), None
+    elif not path.is_file():
+        return Check(IMAGE, False, f"{path} is not a regular file (mode {st.st_mode:o})",
+                     "pass the .sif file itself"), None
+    if not os.access(path, os.R_OK):
+        return Check(IMAGE, False, f"{path} is not readable by this user",
+                     f"chmod a+r {path} (and a+x on its directories), or copy it to a "
+                     "directory of yours"), None
+    if not sandbox:
+        try:
+            with path.open("rb") as fh:
+                head = fh.read(64)
+        except OSError as exc:
+            return Check(IMAGE, False, f"{path} cannot be read: {exc.strerror or exc}",
+                         build), None
+        if head[32:41] != _SIF_MAGIC and head[:4] not in _SQUASHFS_MAGIC \
+                and (strict or path.suffix == ".sif"):
+            return Check(IMAGE, False, f"{path} is not a SIF image (no SIF header: "
+                         f"{len(head)} bytes read; an incomplete copy, or another file)",
+                         "copy or build it again (" + build + ")"), None
+        what = "a SIF" if head[32:41] == _SIF_MAGIC else "a file"
+    where, note = _storage(str(path), mounts, profile)
+    warn = where not in ("shared", "single_host")
+    seen = f"; {note}" if warn else ""
+    fix = ("copy it to a file system the compute nodes mount"
+           + (f" (e.g. under {profile.scratch_root})" if profile.scratch_root else "")
+           + " and pass that path") if warn else ""
+    if binary is None:
+        return Check(IMAGE, None, f"{path} is there and readable ({what}), but not opened: "
+                     f"apptainer is not on PATH (see {RUNTIME}){seen}", fix), None
+    code, out, err = _run(run, [binary, "inspect", "--json", "--labels", "--environment",
+                                str(path)], _INSPECT_TIMEOUT)
+    if code != 0:
+        return Check(IMAGE, False, f"`apptainer inspect {path}` failed (exit {code}): "
+                     f"{_tail(err or out)}",
+                     "the file is not an image this apptainer can open (an incomplete copy, "
+                     "a damaged file, or built by a newer apptainer): " + build), None
+    facts = _apptainer_facts(out)
+    return Check(IMAGE, True, f"{path} opens (apptainer inspect){_label_summary(facts)}{seen}",
+                 fix, warn=warn), facts
+
+
+def _apptainer_facts(out: str) -> ImageFacts:
+    """`apptainer inspect --json`: {"data": {"attributes": {"labels": {...}, "environment":
+    {file: text}}}}; older output is `key: value` lines."""
+    try:
+        data = json.loads(out)
+        attributes = data["data"]["attributes"]
+        labels = attributes.get("labels") or {}
+        environment = attributes.get("environment") or {}
+        if isinstance(labels, dict) and isinstance(environment, dict):
+            return ImageFacts({str(k): str(v) for k, v in labels.items()},
+                              "\n".join(str(v) for v in environment.values()))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        pass
+    labels = {}
+    for line in out.splitlines():
+        key, sep, value = line.partition(": ")
+        if sep and key and " " not in key.strip():
+            labels[key.strip()] = value.strip()
+    return ImageFacts(labels, out)
+
+
+def _label_summary(facts: ImageFacts) -> str:
+    shown_keys = [k for k in ("org.train.image", "org.train.lock", "org.train.base-image")
+                  if k in facts.labels]
+    if not shown_keys:
+        return ""
+    return " [" + ", ".join(f"{k}={facts.labels[k]}" for k in shown_keys) + "]"
+
+
+def _check_docker_image(image: str, binary: str | None,
+                        run: Runner) -> tuple[Check, ImageFacts | None]:
+    if binary is None:
+        return Check(IMAGE, None, f"{image}: not opened, docker is not on PATH (see "
+                     f"{RUNTIME})"), None
+    code, out, err = _run(run, [binary, "image", "inspect", image], _INSPECT_TIMEOUT)
+    if code != 0:
+        said = _tail(err or out)
+        if "daemon" in said.lower() or "docker.sock" in said:
+            fix = ("start the Docker engine (ci/docker-up.sh on the test machine) or point "
+                   "DOCKER_HOST at it")
+        else:
+            fix = ("build it (`train image build base --engine docker`, see the README) or "
+                   "`docker load` it, and pass its tag with --image")
+        return Check(IMAGE, False, f"`docker image inspect {image}` failed (exit {code}): "
+                     f"{said}", fix), None
+    facts = ImageFacts()
+    try:
+        config = json.loads(out)[0].get("Config") or {}
+        labels = config.get("Labels") or {}
+        env = config.get("Env") or []
+        facts = ImageFacts({str(k): str(v) for k, v in labels.items()},
+                           "\n".join(str(e) for e in env))
+    except (ValueError, IndexError, KeyError, TypeError, AttributeError):
+        pass
+    return Check(IMAGE, True, f"docker image {image} is there (docker image inspect)"
+                 f"{_label_summary(facts)}"), facts

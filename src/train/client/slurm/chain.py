@@ -1,0 +1,142 @@
+"""A chain's record on disk: chain.json, chain.ids and chain.events in its run folder,
+how a run is found by name or job id, and where its logs are."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from train.batch import contract
+from train.client.slurm.queue import _is_job_ref, _is_number
+from train.common.errors import UsageError
+from train.common.jsonio import read_bounded
+from train.common.yamlio import shown
+
+RECORD_LIMIT = 1 << 20  # chain.json and chain.ids: a few KiB when train submit writes them
+EVENTS_LIMIT = 1 << 20  # the end of chain.events that status reads
+
+# (a job id, or ARRAY_TASK where `train cancel` ended a sweep's task before it started)
+_EVENT_RE = re.compile(r"^([0-9]{1,18}) ([0-9]{1,18}) ([0-9]{1,18}(?:_[0-9]{1,18})?) "
+                       r"([a-z_]+)(?: (.*))?$")
+
+
+def parse_events(text: str) -> list[dict[str, Any]]:
+    events = []
+    for line in text.splitlines():
+        match = _EVENT_RE.match(line.strip())
+        if match:
+            ts, chunk, job, event, detail = match.groups()
+            events.append({"time": int(ts), "chunk": int(chunk), "job_id": job,
+                           "event": event, "detail": detail})
+    return events
+
+
+# Events after which a chunk's batch shell has nothing more to say.
+_DECISIVE = (contract.EV_STARTED, contract.EV_STOPPED, contract.EV_REQUEUED,
+             contract.EV_FAILED, contract.EV_TIMEOUT, contract.EV_TERMINATED,
+             contract.EV_NO_PROGRESS, contract.EV_INCOMPLETE, contract.EV_UNSAVED)
+
+
+def parse_ids(text: str) -> list[tuple[int, str]]:
+    """chain.ids -> [(chunk, job id)], in chunk order; malformed lines are skipped."""
+    out: dict[int, str] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and _is_number(parts[0]) and _is_job_ref(parts[1]) \
+                and int(parts[0]) > 0:
+            out.setdefault(int(parts[0]), parts[1])
+    return sorted(out.items())
+
+
+@dataclass
+class Chain:
+    run_dir: Path
+    record: dict[str, Any]
+    chunks: list[tuple[int, str]]  # (chunk, job id)
+
+    @property
+    def ids(self) -> list[str]:
+        return [job_id for _, job_id in self.chunks]
+
+
+def load_chain(run_dir: Path) -> Chain:
+    path = run_dir / contract.CHAIN_RECORD
+    data = read_bounded(path, RECORD_LIMIT + 1)  # never a FIFO, a device or a huge file
+    if data is None:
+        raise UsageError(f"run: no chain recorded in {run_dir} (no "
+                         f"{contract.CHAIN_RECORD}, or it is not a regular file)")
+    if len(data) > RECORD_LIMIT:
+        raise UsageError(f"run: {path} is over {RECORD_LIMIT >> 20} MiB: not a chain record")
+    try:
+        record = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested too deep
+        raise UsageError(f"run: {path} is not valid JSON ({str(exc)[:120]}); it was not "
+                         "written by `train submit`, or was cut short") from None
+    if not isinstance(record, dict) or not isinstance(record.get("name"), str):
+        raise UsageError(f"run: {path} does not hold a chain record")
+    return Chain(run_dir, record, parse_ids(_read_text(run_dir / contract.CHAIN_IDS)))
+
+
+def _read_text(path: Path, limit: int = RECORD_LIMIT, tail: bool = False) -> str:
+    """A run file's text, bounded ('' for what is missing or not a regular file)."""
+    data = read_bounded(path, limit, tail=tail)
+    return "" if data is None else data.decode("utf-8", "replace")
+
+
+def _is_file(path: Path) -> bool:
+    """path.is_file(), False also where the name cannot be looked up (too long: an
+    OSError that pathlib passes on)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
+def chain_dirs(runs_root: Path) -> list[Path]:
+    """Every chain under runs_root, a sweep's chains (one level deeper) included."""
+    try:
+        if not runs_root.is_dir():
+            return []
+        found = [p.parent for p in runs_root.glob(f"*/{contract.CHAIN_RECORD}")
+                 if _is_file(p)]
+        found += [p.parent for p in runs_root.glob(f"*/*/{contract.CHAIN_RECORD}")
+                  if _is_file(p) and _is_file(p.parent.parent / contract.SWEEP_RECORD)]
+    except OSError:  # a name too long, a folder that cannot be listed
+        return []
+    return sorted(found)
+
+
+def find_run(ref: str, runs_root: Path) -> Path:
+    """A run directory by name (runs_root/NAME), by path, or by any of its job ids."""
+    direct = Path(ref) if "/" in ref else runs_root / ref
+    if "/" in ref and not os.path.exists(direct):  # (False for a name too long)
+        direct = runs_root / ref  # NAME/seed-4: a sweep's chain
+    if _is_file(direct / contract.CHAIN_RECORD) or _is_file(direct / contract.SWEEP_RECORD):
+        return direct
+    if _is_number(ref):
+        for run_dir in chain_dirs(runs_root):
+            text = _read_text(run_dir / contract.CHAIN_IDS)
+            if ref in [job_id for _, job_id in parse_ids(text)]:
+                return run_dir
+    known = [p.name for p in chain_dirs(runs_root)]
+    raise UsageError(f"run: no run named or holding job {shown(ref)} under {runs_root}; "
+                     f"known runs: {', '.join(known) or 'none'} (a chain submitted with "
+                     "--out lives there: give that directory, or --runs its parent)")
+
+
+def log_path(chain: Chain, job_id: str | None, err: bool) -> Path:
+    """The log of the given job, or of the newest chunk that has one."""
+    suffix = "err" if err else "out"
+    ids = chain.ids if job_id is None else [i for i in chain.ids if i == job_id]
+    if not ids:
+        raise UsageError(f"job: {job_id} is not part of {chain.run_dir.name}; its jobs: "
+                         f"{', '.join(chain.ids) or 'none'}")
+    logs = chain.run_dir / contract.LOG_DIR
+    found = [p for i in ids for p in sorted(logs.glob(f"*-{i}.{suffix}"))]
+    if found:
+        return found[-1]
+    return logs / f"{chain.record['name']}-{ids[-1]}.{suffix}"

@@ -1,0 +1,307 @@
+"""A chain's status: its state and, in words, what happened (from the chunks' events and
+Slurm's states), its progress and rate, the GPU watch's summary, and `train status` lines."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from train.batch import contract
+from train.client.slurm import queue, reasons
+from train.client.slurm.chain import _DECISIVE, EVENTS_LIMIT, Chain, _read_text, parse_events
+from train.client.slurm.queue import ACTIVE_STATES, _is_number
+
+# Final Slurm states that end a chunk, whatever its batch shell could record.
+_ENDING_STATES = {
+    "NODE_FAIL": "node failure: its node stopped answering Slurm; submit the same job "
+                 "again to resume from the last checkpoint",
+    "OUT_OF_MEMORY": "out of host memory: the job went over its --mem (fewer --workers, or "
+                     "more --mem)",
+    "TIMEOUT": "walltime TIMEOUT: the step did not stop at the walltime signal; raise "
+               "--signal-margin",
+    "BOOT_FAIL": "its node failed to boot; submit the same job again",
+    "DEADLINE": "its deadline passed",
+    "PREEMPTED": "preempted and not requeued; submit the same job again",
+    "FAILED": "failed",
+    "CANCELLED": "cancelled by Slurm or with scancel",
+}
+# Events whose detail ends with "DONE TOTAL".
+_WITH_PROGRESS = (contract.EV_STOPPED, contract.EV_REQUEUED, contract.EV_COMPLETE,
+                  contract.EV_NO_PROGRESS, contract.EV_INCOMPLETE, contract.EV_UNSAVED)
+
+
+def _split_progress(detail: str | None) -> tuple[int, int] | None:
+    parts = (detail or "").split()
+    if len(parts) >= 2 and _is_number(parts[-1]) and _is_number(parts[-2]):
+        return int(parts[-2]), int(parts[-1])
+    return None
+
+
+def progress_rate(events: Sequence[dict[str, Any]]) -> float | None:
+    """Work units per second of chunk wall time (start-up included), from each run's
+    `started` and its closing event; None before a chunk has ended."""
+    opened: dict[str, tuple[int, int]] = {}
+    work = seconds = 0
+    for e in events:
+        if e["event"] == contract.EV_STARTED:
+            start = _split_progress(e["detail"])
+            if start is not None:
+                opened[e["job_id"]] = (e["time"], start[0])
+        elif e["event"] in _WITH_PROGRESS and e["job_id"] in opened:
+            end = _split_progress(e["detail"])
+            t0, done0 = opened.pop(e["job_id"])
+            if end is not None:
+                work += max(0, end[0] - done0)
+                seconds += max(0, e["time"] - t0)
+    if seconds <= 0:
+        return None
+    return work / seconds
+
+
+def _used(chain: Chain, chunks: list[dict[str, Any]], events: list[dict[str, Any]]) -> int:
+    """What counts against --max-chunks: chunks that started, or in requeue mode (one job
+    run again and again) its runs."""
+    if chain.record.get("requeue"):
+        return sum(1 for e in events if e["event"] == contract.EV_STARTED)
+    return sum(1 for c in chunks if contract.EV_STARTED in c["events"])
+
+
+Outcome = tuple[str, str]  # the chain's state, and in words what happened
+Chunks = list[dict[str, Any]]
+Events = list[dict[str, Any]]
+
+
+def _outcome(chain: Chain, chunks: Chunks, events: Events) -> Outcome:
+    """The chain's state and, in words, what happened: the first of these that applies,
+    from what ended the chain for good to what is still in the queue."""
+    kinds = {e["event"] for e in events}
+    active = [c for c in chunks if c["state"] in ACTIVE_STATES]
+    if contract.EV_COMPLETE in kinds or (
+            (chain.run_dir / contract.COMPLETE_MARKER).exists() and not active):
+        return "complete", "the work is done"
+    if contract.EV_CANCELLED in kinds:
+        return "cancelled", "cancelled with `train cancel`"
+    last = next((e for e in reversed(events) if e["event"] in _DECISIVE), None)
+    decided: set[str] = set()
+    if last is not None:
+        said = _said_by_last_event(chain, chunks, last)
+        if said is not None:
+            return said
+        if last["event"] != contract.EV_STARTED:
+            decided.add(last["job_id"])
+    return (_ended_in_slurm(chunks, decided) or _held(chain, chunks)
+            or _stopped_without_successor(chunks, last, active)
+            or _in_queue(chain, chunks, events, active))
+
+
+def _said_by_last_event(chain: Chain, chunks: Chunks, last: dict[str, Any]
+                        ) -> Outcome | None:
+    """What the chain's last decisive event says, where it ends the chain."""
+    by_job = {c["job_id"]: c for c in chunks}
+    chunk = by_job.get(last["job_id"], {"chunk": last["chunk"], "state": "UNKNOWN"})
+    where = f"chunk {chunk['chunk']} (job {last['job_id']})"
+    event, detail = last["event"], last["detail"] or ""
+    logs = f"`train logs {chain.record['name']} --err --job {last['job_id']}`"
+    if event == contract.EV_FAILED:
+        return "failed", f"{where} failed: its step exited with code {detail}; see {logs}"
+    if event == contract.EV_TIMEOUT:
+        return "failed", (f"{where} reached its walltime: the step did not stop at the "
+                          f"walltime signal {chain.record.get('signal_margin')} s before "
+                          "it (it ignores USR1, or checkpointing takes longer); raise "
+                          f"--signal-margin, or make the program stop on USR1; see {logs}")
+    if event == contract.EV_NO_PROGRESS:
+        return "stalled", (f"{where} ended without adding work (done/total now "
+                           f"{detail.replace(' ', '/')}), so the chain stopped; see {logs}")
+    if event == contract.EV_UNSAVED:
+        return "stalled", (f"{where} {contract.UNSAVED_TEXT} (the program's progress "
+                           "file, the run folder and its save paths show nothing saved "
+                           "since the chunk began), so the chain stopped; submit the "
+                           "same job again (a longer --time if the program saves too "
+                           "late for it): the new chain goes on at chunk "
+                           f"{chunk['chunk'] + 1}; see {logs}")
+    if event == contract.EV_INCOMPLETE:
+        unit = "run" if chain.record.get("requeue") else "chunk"
+        return "incomplete", (f"the bound of {chain.record.get('max_chunks')} {unit}(s) was "
+                              f"reached at {detail.replace(' ', '/')}; submit the same job "
+                              "again with a larger --max-chunks to continue from the "
+                              "checkpoint")
+    if event == contract.EV_TERMINATED and chunk["state"] not in ACTIVE_STATES:
+        if chunk["state"] == "CANCELLED":
+            return "cancelled", f"{where} was cancelled (scancel) after {detail} s"
+        text = _ENDING_STATES.get(chunk["state"], f"ended {chunk['state']}")
+        return "failed", f"{where} was terminated after {detail} s: {text}"
+    return None
+
+
+def _ended_in_slurm(chunks: Chunks, decided: set[str]) -> Outcome | None:
+    """A chunk Slurm ended (node failure, out of memory, ...) that its events do not
+    explain."""
+    for c in chunks:
+        if c["state"] in _ENDING_STATES and c["job_id"] not in decided and (
+                contract.EV_STARTED in c["events"] or c["state"] != "CANCELLED"):
+            where = f"chunk {c['chunk']} (job {c['job_id']})"
+            state = "cancelled" if c["state"] == "CANCELLED" else "failed"
+            return state, f"{where} ended {c['state']}: {_ENDING_STATES[c['state']]}"
+    return None
+
+
+def _held(chain: Chain, chunks: Chunks) -> Outcome | None:
+    """A chunk left held: `train submit` stopped before releasing it."""
+    held = [c for c in chunks if c["state"] == "PENDING"
+            and str(c.get("reason") or "").startswith("JobHeld")]
+    if not held:
+        return None
+    c = held[0]
+    return "held", (f"chunk {c['chunk']} (job {c['job_id']}) is held ({c['reason']}): "
+                    f"`train submit` stopped before releasing it; `train cancel "
+                    f"{chain.record['name']}` and submit again, or `scontrol release` it")
+
+
+def _stopped_without_successor(chunks: Chunks, last: dict[str, Any] | None,
+                               active: Chunks) -> Outcome | None:
+    """A chunk stopped to be continued, and no successor ran."""
+    if last is None or last["event"] not in (contract.EV_STOPPED, contract.EV_REQUEUED) \
+            or active:
+        return None
+    after = [c for c in chunks if c["chunk"] > last["chunk"]]
+    gone = f"chunk {after[0]['chunk']} (job {after[0]['job_id']}) ended " \
+           f"{after[0]['state']} before it ran" if after else "no next chunk was queued"
+    return "ended", (f"{gone}, so the chain stopped at "
+                     f"{(last['detail'] or '?').replace(' ', '/')}; submit the same job "
+                     "again to continue from the checkpoint")
+
+
+def _in_queue(chain: Chain, chunks: Chunks, events: Events, active: Chunks) -> Outcome:
+    """Running, pending, or (nothing queued or running) ended."""
+    running = [c["chunk"] for c in chunks if c["state"] == "RUNNING"]
+    if running:
+        if chain.record.get("requeue"):
+            return "running", f"run {_used(chain, chunks, events)} of at most " \
+                              f"{chain.record.get('max_chunks')} (requeue mode) is running"
+        return "running", f"chunk {running[-1]} of at most {chain.record.get('max_chunks')} " \
+                          "is running"
+    if active:
+        return "pending", "waiting in the queue"
+    return "ended", "no chunk is queued or running"
+
+
+def _record_int(chain: Chain, key: str) -> int | None:
+    """An integer of the chain's record; None where it is missing or not an integer (a
+    record edited by hand, or not written by `train submit`)."""
+    value = chain.record.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def idle_settings(chain: Chain) -> tuple[float, float]:
+    """The job's GPU idle threshold (percent) and minutes, as `train submit` recorded them
+    in the chain's resources; the watch's defaults where they are missing or odd."""
+    from train.client import gpuwatch_reader as gpuwatch
+
+    res = chain.record.get("resources")
+    watch = res.get("gpu_watch") if isinstance(res, dict) else None
+    given = watch if isinstance(watch, dict) else {}
+
+    def setting(name: str, default: float) -> float:
+        value = given.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        return default
+
+    return (setting("idle_threshold", gpuwatch.DEFAULT_IDLE_THRESHOLD),
+            setting("idle_minutes", gpuwatch.DEFAULT_IDLE_MINUTES))
+
+
+def _gpu_summary(chain: Chain) -> dict[str, Any]:
+    """Per node, the GPU watch's mean and latest utilisation (runtime/gpuwatch.py)."""
+    from train.client import gpuwatch_reader as gpuwatch
+
+    threshold, minutes = idle_settings(chain)
+    try:
+        return dict(gpuwatch.summary(chain.run_dir, threshold=threshold, minutes=minutes))
+    except (OSError, ValueError):
+        return {}
+
+
+def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
+                 ) -> dict[str, Any]:
+    """The chain as a whole, its progress, and each chunk's SLURM state and events.
+    `states`: the jobs' states when already asked for (one query for many chains)."""
+    if states is None:
+        states = queue.job_states(chain.ids)
+    # the end of the events: a few lines a chunk, so 1 MiB is thousands of chunks
+    text = _read_text(chain.run_dir / contract.CHAIN_EVENTS, EVENTS_LIMIT, tail=True)
+    chunk_ids = set(chain.ids)
+    events = [e for e in parse_events(text) if e["job_id"] in chunk_ids]
+    chunks = []
+    for number, job_id in chain.chunks:
+        s = states.get(job_id, {"state": "UNKNOWN"})
+        chunks.append({"chunk": number, "job_id": job_id, "state": s["state"],
+                       "reason": s.get("reason"), "exit": s.get("exit"),
+                       "expected_start": s.get("start"),
+                       "events": [e["event"] for e in events if e["job_id"] == job_id]})
+    state, cause = _outcome(chain, chunks, events)
+    progress = contract.read_progress(chain.run_dir)
+    rate = progress_rate(events)
+    used = _used(chain, chunks, events)
+    status: dict[str, Any] = {
+        "name": chain.record["name"], "cluster": chain.record.get("cluster"),
+        "run_dir": str(chain.run_dir), "state": state, "cause": cause,
+        "max_chunks": chain.record.get("max_chunks"), "chunks_used": used,
+        "unit": "run" if chain.record.get("requeue") else "chunk",
+        "done": progress[0] if progress else None,
+        "total": progress[1] if progress else None,
+        "rate_per_second": rate, "eta_seconds": None, "chunks_left_estimate": None,
+        "warning": None, "chunks": chunks, "gpu": _gpu_summary(chain),
+    }
+    if progress and rate and state not in ("complete", "cancelled", "failed"):
+        eta = max(0, progress[1] - progress[0]) / rate
+        status["eta_seconds"] = round(eta)
+        budget = _record_int(chain, "time_budget_seconds") or _record_int(
+            chain, "walltime_seconds")
+        if budget and budget > 0 and eta > 0:
+            left = max(1, -(-int(eta) // budget))
+            status["chunks_left_estimate"] = left
+            bound = _record_int(chain, "max_chunks") or 0
+            remaining = bound - used + (1 if state == "running" else 0)
+            if state in ("running", "pending") and left > remaining:
+                status["warning"] = (f"at this rate the work needs about {left} more "
+                                     f"{status['unit']}(s), more than the {remaining} left "
+                                     f"under --max-chunks {bound}: it will end incomplete")
+            elif state in ("incomplete", "ended", "stalled"):
+                status["warning"] = (f"to finish, submit the same job again with "
+                                     f"--max-chunks {left} or more")
+    return status
+
+
+def format_status(st: dict[str, Any]) -> list[str]:
+    """`train status` lines for one chain."""
+    lines = [f"{st['name']} ({st['cluster']}): {st['state']}  {st['run_dir']}",
+             f"  {st['cause']}"]
+    if st["total"]:
+        text = (f"  progress: {st['done']}/{st['total']} "
+                f"({100 * st['done'] // st['total']}%), {st['chunks_used']} of at most "
+                f"{st['max_chunks']} {st['unit']}(s) used")
+        if st["eta_seconds"] is not None:
+            text += (f"; about {st['eta_seconds'] / 3600:.1f} h left at "
+                     f"{st['rate_per_second']:.3g}/s")
+            if st["chunks_left_estimate"]:
+                text += f" (~{st['chunks_left_estimate']} more {st['unit']}(s))"
+        lines.append(text)
+    for node, g in sorted((st.get("gpu") or {}).items()):
+        idle = f"; {g['idle_description']}" if g.get("idle_description") else ""
+        lines.append(f"  gpu {node}: {g['gpus']} GPU(s), utilisation mean "
+                     f"{g['mean_util']:.0f}%, latest {g['latest_util']:.0f}% "
+                     f"({g['samples']} samples){idle}")
+    if st["warning"]:
+        lines.append(f"  note: {st['warning']}")
+    for c in st["chunks"]:
+        extra = f" ({c['reason']})" if c.get("reason") not in (None, "None") else ""
+        events = ", ".join(c["events"])
+        lines.append(f"  chunk {c['chunk']}: job {c['job_id']} {c['state']}{extra}"
+                     f"{'  events: ' + events if events else ''}")
+        if c["state"] == "PENDING":  # why it waits, and until when (train.client.slurm.reasons)
+            why = reasons.words(c.get("reason"))
+            start = reasons.expected_start(c.get("expected_start"))
+            lines += [f"    waiting: {why}"] if why else []
+            lines.append(f"    expected start: {start or 'Slurm gives no estimate yet'}")
+    return lines

@@ -1,0 +1,86 @@
+"""The run folder: an earlier run there that this job cannot continue (another entry, or
+other settings: the rule `train run` applies on the node), and the COMPLETE marker an
+earlier run left."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from train.batch import contract
+from train.client.slurm.checks.problem import Problem
+from train.client.slurm.job import ResolvedJob
+from train.common.errors import ConfigError, UsageError
+
+
+def identity_problems(job: ResolvedJob) -> list[Problem]:
+    """An earlier run in the job's folder that this job cannot continue: another entry, or
+    (entry train) other identity settings, as `train run` would find on the node."""
+    from train.client.slurm.render import train_argv
+    from train.client.slurm.scheduler import load_chain
+    from train.workloads.config import run_config_from_argv
+    from train.workloads.runrecord import describe, differences, read_run_record
+
+    spec = job.spec
+    run_dir = Path(job.run_dir)
+    field, flag = ("out", "--out") if spec.out else ("name", "--name")
+    which = f"{flag} {spec.out if spec.out else spec.name}"
+    where, holds, new = str(run_dir), "holds", "run"
+    seed: int | None = None
+    sweep = _sweep_chain(job)
+    if sweep is not None:  # said of the sweep's --name (or --out) and its seeds
+        field, flag, value, seed = sweep
+        which, where = f"{flag} {value}", f"{{seeds}} ({run_dir.parent}/seed-N)"
+        holds, new = "{holds}", "sweep"
+    problems = []
+    if (run_dir / contract.CHAIN_RECORD).is_file():
+        try:
+            entry = load_chain(run_dir).record.get("entry")
+        except UsageError:
+            entry = None  # an unreadable record: submit says so when it keeps it aside
+        if isinstance(entry, str) and entry != spec.entry:
+            problems.append(Problem(field, f"{which}: {where} {holds} an earlier chain of "
+                                    f"--entry {entry}, and this job is --entry {spec.entry}: "
+                                    f"choose another {flag} (or remove that folder)",
+                                    files=False, seed=seed))
+    if spec.entry == "train" and not problems:
+        cfg = run_config_from_argv(train_argv(job))
+        try:
+            differ = differences(cfg, read_run_record(cfg))
+        except ConfigError as exc:  # a config.json that is not train's (exit 2 either way)
+            return [Problem(field, f"{which}: {exc}", files=False)]
+        if differ:
+            problems.append(Problem(field, f"{which}: {where} {holds} an earlier run with "
+                                    f"other settings ({describe(differ)}); `train run` "
+                                    "would refuse to continue it on the node. Give its "
+                                    f"settings, or another {flag} for a new {new}",
+                                    files=False, seed=seed))
+    return problems
+
+
+def _sweep_chain(job: ResolvedJob) -> tuple[str, str, str, int] | None:
+    """(field, flag, value, seed) of the sweep a chain is one seed of (train.client.slurm.sweep
+    names it NAME-sS in ROOT/seed-S): the flag the user gave is --name, or --out where the
+    root is not runs/NAME; None for a chain of its own."""
+    from train.client.slurm.sweep import seed_dir
+
+    run_dir = Path(job.run_dir)
+    found = re.fullmatch(r"seed-([0-9]+)", run_dir.name)
+    if found is None:
+        return None
+    seed = int(found.group(1))
+    suffix = f"-s{seed}"
+    if seed_dir(seed) != run_dir.name or not job.spec.name.endswith(suffix):
+        return None
+    base = job.spec.name[:-len(suffix)]
+    if run_dir.parent == Path(os.path.abspath(os.path.join("runs", base))):
+        return "name", "--name", base, seed
+    return "out", "--out", str(run_dir.parent), seed
+
+
+def stale_complete(job: ResolvedJob) -> Path | None:
+    """The COMPLETE marker an earlier run left in the job's folder (it would end a new
+    chain of a program other than `train run` after its first chunk)."""
+    marker = Path(job.run_dir) / contract.COMPLETE_MARKER
+    return marker if os.path.lexists(marker) else None

@@ -1,0 +1,121 @@
+"""A job's paths: its run directory, `train run`'s results CSV, and what the container must
+bind to reach them, the job's own binds and NAVSIM's data.
+
+Relative paths are taken from the submit directory, where the job starts; the CSV goes to
+`train run` as an absolute path, so every runtime writes the same file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from train.client.clusters.profiles import Profile
+from train.client.slurm.jobitems import Bind, parse_bind
+from train.client.slurm.jobspec import JobSpec
+from train.common.errors import ConfigError
+from train.common.yamlio import shown
+from train.workloads.config import RunConfig
+from train.workloads.navsim_job import NAVSIM_DATA_ROOT
+
+
+def job_paths(spec: JobSpec, profile: Profile, run_config: RunConfig | None) -> dict[str, Any]:
+    """The run directory, the results CSV and the binds that reach both (ResolvedJob's
+    run_dir, results_csv and binds)."""
+    run_dir = _run_dir(spec)
+    extra = _extra_binds(spec, run_dir)
+    # same-path binds: where a host path is visible at the same path inside
+    binds = [*profile.binds, str(run_dir), *(b.src for b in extra if b.src == b.dst)]
+    csv: Path | None = None
+    if run_config is not None:
+        csv, csv_bind = _results_csv(spec, run_config, run_dir, binds)
+        if csv_bind is not None:
+            binds.append(csv_bind)
+    specs = [*profile.binds, str(run_dir), *(b.spec for b in extra)]
+    specs += [b for b in binds if b not in specs]
+    return {"run_dir": str(run_dir), "results_csv": None if csv is None else str(csv),
+            "binds": tuple(dict.fromkeys(specs))}
+
+
+def _under(path: Path, roots: Sequence[str]) -> bool:
+    return any(path == Path(r) or Path(r) in path.parents for r in roots)
+
+
+def _run_dir(spec: JobSpec) -> Path:
+    """--out, or runs/NAME, absolute; never the file system's root."""
+    run_dir = Path(os.path.abspath(spec.out or os.path.join("runs", spec.name)))
+    if run_dir == Path(run_dir.anchor):
+        raise ConfigError("out", f"{run_dir} is the file system root; give a directory "
+                          "for the run")
+    return run_dir
+
+
+def _navsim_data(data: str) -> Path:
+    """--data, absolute: a directory (NAVSIM's dataset/, its maps and exp/)."""
+    path = Path(os.path.abspath(data))
+    try:
+        is_dir = path.is_dir()
+    except OSError as exc:  # a name too long for the file system, a link loop
+        raise ConfigError("data", f"{shown(str(path))}: {exc.strerror or exc}") from None
+    if not is_dir:
+        raise ConfigError("data", f"{path} is not a directory (it should hold NAVSIM's "
+                          "dataset/ and maps, and exp/ for the experiments)")
+    return path
+
+
+def _extra_binds(spec: JobSpec, run_dir: Path) -> list[Bind]:
+    """The job's --bind items and NAVSIM's --data (at NAVSIM_DATA_ROOT in a container),
+    each with an existing source, none hiding the run directory, one source a target."""
+    extra = [parse_bind(b) for b in spec.bind]
+    if spec.data is not None:
+        data = _navsim_data(spec.data)
+        if spec.runtime != "none":  # (on the node itself: the roots are set, see resolve)
+            extra.append(Bind(str(data), NAVSIM_DATA_ROOT))
+    for bind in extra:
+        _check_bind(spec, bind, run_dir)
+    targets = [b.dst for b in extra]
+    twice = sorted({t for t in targets if targets.count(t) > 1})
+    if twice:
+        raise ConfigError("bind", f"two binds go to {twice[0]}; one destination takes one "
+                          f"source (--data goes to {NAVSIM_DATA_ROOT})")
+    return extra
+
+
+def _check_bind(spec: JobSpec, bind: Bind, run_dir: Path) -> None:
+    """One bind: its source exists, the runtime can make it, the run directory stays."""
+    if not os.path.exists(bind.src):
+        raise ConfigError("bind", f"{bind.src} does not exist (a bind's source is a "
+                          "path on the cluster's shared file system)")
+    if spec.runtime == "none" and (bind.src != bind.dst or bind.read_only):
+        raise ConfigError("bind", f"{bind.spec}: runtime none runs on the node itself "
+                          "and can neither show a path elsewhere nor make it read-only; "
+                          "use a container runtime or the path itself")
+    moved = bind.src != bind.dst or bind.read_only
+    if bind.dst == "/" or (moved and _under(run_dir, [bind.dst])):
+        raise ConfigError("bind", f"{bind.spec}: the destination would hide the run "
+                          f"directory {run_dir} or make it read-only (or cover the "
+                          "whole file system)")
+
+
+def _results_csv(spec: JobSpec, run_config: RunConfig, run_dir: Path,
+                 visible: Sequence[str]) -> tuple[Path, str | None]:
+    """`train run`'s results CSV, absolute, and the folder to bind for it where the
+    container sees it nowhere in `visible` (the default CSV's; a given one must be seen)."""
+    if run_config.results_csv is not None:
+        csv = Path(os.path.abspath(run_config.results_csv))
+        if spec.runtime != "none" and not _under(csv.parent, visible):
+            raise ConfigError("results_csv", f"{csv} is outside what the {spec.runtime} "
+                              f"container sees (the run directory and the profile's "
+                              f"binds: {', '.join(visible)}); put it under one of them")
+        return csv, None
+    # the default: beside the run directory, shared by the runs of that directory
+    csv = run_dir.parent / "results.csv"
+    if spec.runtime == "none" or _under(csv.parent, visible):
+        return csv, None
+    if csv.parent == Path(csv.parent.anchor):
+        raise ConfigError("out", f"{run_dir} lies directly under {csv.parent}: the "
+                          "results CSV beside it would need the whole root bound into "
+                          "the container; use a deeper --out or --results-csv")
+    return csv, str(csv.parent)

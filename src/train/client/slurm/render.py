@@ -1,0 +1,409 @@
+"""Rendering: a resolved job -> sbatch script text. A pure function, golden-tested.
+
+`#SBATCH` lines come in a fixed order. Every value in the shell part is `shlex.quote`d, so
+any argument (quotes, `$(...)`, backticks, `;`, newlines) reaches the training process
+byte for byte. `#SBATCH` lines are parsed by sbatch, not by a shell: values there are bare
+when they are plain, and double-quoted otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+
+from train.batch import contract
+from train.client import container
+from train.client.clusters.profiles import format_mem, format_time, parse_mem
+from train.client.slurm.job import ResolvedJob, navsim_command
+from train.common.entry import bound_entry_argv as entry_argv
+from train.common.entry import bound_entry_code as nodeentry_code
+from train.common.entry import entry_code, module_argv
+from train.common.errors import ConfigError
+from train.workloads import navsim
+
+_PLAIN = re.compile(r"^[A-Za-z0-9_.,:=@%/+|-]+$")
+# the job library's files, in the order they are inlined below the marker line
+LIBRARY_NAMES = ("job-lib.sh", "job-lib-step.sh")
+STEP_GRACE_SECONDS = 30
+STEP_WIDTH = 88  # the step command's lines, the ` \` included
+NODE_WRAPPER_VAR = "NODE_WRAPPER"
+PYTHON_M_TRAIN_VAR = "PYTHON_M_TRAIN"
+BOUND_LAUNCHER_VAR = "BOUND_LAUNCHER"
+_NAMED = {NODE_WRAPPER_VAR: "the per-node wrapper srun runs (the batch script is not on "
+                            "the other nodes)",
+          PYTHON_M_TRAIN_VAR: "the train package's command line, never a train.py of "
+                              "the folder it runs in",
+          BOUND_LAUNCHER_VAR: "the client's launcher, bound read-only into an image "
+                              "without train (train.node.nodeentry)"}
+
+# apptainer --cleanenv drops the host environment; the per-task SLURM and rank variables
+# `train launch` reads are handed in through APPTAINERENV_ copies made in each task.
+# The job's pass-through names (patterns such as WANDB_* too) come in TRAIN_ENV_NAMES.
+APPTAINER_TASK_ENV = (
+    "set -f; for v in $(compgen -v); do for p in " + " ".join(container.PASS_THROUGH)
+    + ' ${TRAIN_ENV_NAMES:-}; do if [[ $v == $p ]]; then '
+    'export "APPTAINERENV_$v=${!v}"; break; fi; done; done; set +f; exec "$@"'
+)
+
+
+def library_paths() -> list[Path]:
+    """The job library's files shipped in the package (slurm/ links to each), in order."""
+    batch = Path(__file__).resolve().parents[2] / "batch"  # src/train/batch
+    return [batch / name for name in LIBRARY_NAMES]
+
+
+def library_text() -> str:
+    """The job library as render inlines it: its files in order, each without its
+    shebang and file-wide shellcheck lines (the version covers all of them)."""
+    return "\n\n".join(_strip_header(path.read_text(encoding="utf-8"))
+                       for path in library_paths())
+
+
+def sbatch_value(value: str, field: str) -> str:
+    if "\n" in value or "\r" in value:
+        raise ConfigError(field, "must not contain a newline (it ends an #SBATCH line)")
+    if _PLAIN.match(value):
+        return value
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def gpu_option(job: ResolvedJob) -> str | None:
+    gpus = job.spec.gpus_per_node
+    if gpus == 0:
+        return None
+    # the type is typed here only where the site types GRES; elsewhere resolve put it in
+    # the constraint, or the partition or constraint implies it
+    kind = f"{job.gres_type}:" if job.gres_type else ""
+    if job.profile.gpu_request == "gpus_per_node":
+        return f"--gpus-per-node={kind}{gpus}"
+    return f"--gres=gpu:{kind}{gpus}"
+
+
+def requeue_allowed(job: ResolvedJob) -> bool:
+    """Whether Slurm may run this job again: requeue mode, or preemptible with requeue."""
+    return job.spec.requeue or job.spec.preempt
+
+
+def stop_route(job: ResolvedJob) -> str:
+    """How the batch shell hands the stop signal to the step. usr1: USR1 to srun, which
+    has Slurm signal every process of the step; the docker task wrapper turns it into
+    STOP_SIGNAL for the container (outside the step). scancel: `scancel --signal=TERM` to
+    the job's steps, for TERM straight to their processes (srun itself must not get TERM:
+    it would end the step)."""
+    if job.stop == "TERM" and job.spec.runtime != "docker":
+        return "scancel"
+    return "usr1"
+
+
+def step_grace(job: ResolvedJob) -> int:
+    """Seconds after the step starts before a walltime signal is passed on to it: enough
+    for a program to start and set its handler, and well inside the signal margin."""
+    return max(1, min(STEP_GRACE_SECONDS, job.margin // 2))
+
+
+def kill_grace(job: ResolvedJob) -> int:
+    """Stop mode kill: seconds between the TERM and the KILL, well inside the margin."""
+    return max(1, min(STEP_GRACE_SECONDS, job.margin // 3))
+
+
+def save_paths(job: ResolvedJob) -> list[str]:
+    """--save-path as absolute paths: relative ones are from --chdir (where the program
+    runs), or the submit folder."""
+    base = program_folder(job.spec.chdir) if job.spec.chdir is not None else os.getcwd()
+    paths = [os.path.normpath(os.path.join(base, p)) for p in job.spec.save_path]
+    if job.spec.entry == "navsim":
+        # a chunk cut while it computes NAVSIM's feature cache has saved that much: a
+        # cache_path= of the user's outside the run folder counts as a save path
+        cache = navsim.override_value(job.spec.workload, navsim.CACHE_PATH)
+        if cache and os.path.isabs(cache):
+            paths.append(os.path.normpath(cache))
+    return paths
+
+
+def sbatch_options(job: ResolvedJob) -> list[str]:
+    spec = job.spec
+    # sbatch expands %j, %x, ... in these paths: a literal % in the run directory is %%
+    logs = f"{job.run_dir}/{contract.LOG_DIR}".replace("%", "%%")
+    pairs: list[tuple[str, str | None]] = [
+        ("job-name", spec.name),
+        ("account", spec.account),
+        ("partition", job.partition),
+        ("qos", job.qos),
+        ("constraint", job.constraint),
+        ("nodes", str(spec.nodes)),
+        ("ntasks-per-node", str(job.ntasks_per_node)),
+        ("cpus-per-task", str(spec.cpus_per_task)),
+        ("mem", "0" if job.whole_node_mem else format_mem(job.mem_mb)),
+    ]
+    lines = [f"--{k}={sbatch_value(v, k.replace('-', '_'))}" for k, v in pairs if v]
+    gpu = gpu_option(job)
+    if gpu:
+        lines.append(gpu)
+    lines += [
+        f"--time={format_time(job.minutes)}",
+    ]
+    if job.stop != "none":
+        # to the batch shell, which passes the job's stop signal on to the step
+        lines.append(f"--signal=B:USR1@{job.margin}")
+    lines += [
+        "--open-mode=append",
+        f"--output={sbatch_value(logs + '/%x-%j.out', 'out')}",
+        f"--error={sbatch_value(logs + '/%x-%j.err', 'out')}",
+        "--requeue" if requeue_allowed(job) else "--no-requeue",
+        # a chunk whose predecessor did not succeed is removed by Slurm itself (the sites
+        # do not set kill_invalid_depend: without this it would stay pending forever)
+        "--kill-on-invalid-dep=yes",
+    ]
+    if spec.preempt:
+        for flag in job.profile.preempt_flags:
+            key, _, value = flag.partition("=")
+            lines.append(f"{key}={sbatch_value(value, 'preempt')}" if value else key)
+    # the escape hatch, always last: options the job spec has no field for
+    lines += [_extra_option(item, "sbatch_extra") for item in spec.sbatch_extra]
+    return lines
+
+
+def _extra_option(item: str, field: str) -> str:
+    key, sep, value = item.partition("=")
+    return f"{key}={sbatch_value(value, field)}" if sep else key
+
+
+def step_environment(job: ResolvedJob) -> dict[str, str]:
+    """Values every process of the step gets: the fixed ones, the GPU watch's settings for
+    `train launch` (GPU jobs with the watch on), then the job's own."""
+    return {**container.job_environment(job.profile.nccl_env), **gpu_watch_environment(job),
+            **dict(job.env_values)}
+
+
+def gpu_watch_environment(job: ResolvedJob) -> dict[str, str]:
+    watch = job.gpu_watch
+    if watch is None:
+        return {}
+    return {contract.GPU_WATCH_INTERVAL_VAR: str(watch.interval),
+            contract.GPU_IDLE_THRESHOLD_VAR: str(watch.idle_threshold),
+            contract.GPU_IDLE_MINUTES_VAR: str(watch.idle_minutes)}
+
+
+def train_argv(job: ResolvedJob) -> list[str]:
+    budget = job.time_budget_seconds
+    tail = ["--out", job.run_dir]
+    if job.spec.gpus_per_node > 0:
+        # a GPU job trains on the GPU or stops at once (never the CPU for its walltime)
+        tail += ["--device", "cuda"]
+    if job.results_csv is not None:
+        # absolute, after the user's own (the last one counts): every runtime, whatever
+        # its working directory, writes the file that was checked at submission
+        tail += ["--results-csv", job.results_csv]
+    if budget is not None:
+        tail += ["--time-budget", str(budget)]
+    return [*job.spec.workload, *tail]
+
+
+def step_segments(job: ResolvedJob) -> list[list[str]]:
+    """The step's argv in the parts the script shows on lines of their own: srun and its
+    options, the container runtime's (from its per-node wrapper on; none for runtime none),
+    the launcher up to its `--` (where there is one), the program."""
+    spec = job.spec
+    srun = ["srun", "--kill-on-bad-exit=1", f"--nodes={spec.nodes}",
+            f"--ntasks-per-node={job.ntasks_per_node}",
+            f"--cpus-per-task={spec.cpus_per_task}", *spec.srun_extra]
+    prefix = container.runtime_prefix(
+        spec.runtime, image=spec.image, gpus=spec.gpus_per_node > 0,
+        binds=(*job.binds, *job.launcher_binds), run_dir=job.run_dir,
+        env=step_environment(job))
+    if spec.runtime == "apptainer":
+        prefix = ["bash", "-c", APPTAINER_TASK_ENV, "train-task", *prefix]
+    if spec.entry == "command":
+        run = list(spec.workload)
+    elif spec.entry == "navsim":
+        run = navsim.step_argv(navsim_command(job))  # the feature cache once per chain
+    else:
+        # never `python -m train`: a train.py in the submit folder would be imported instead
+        run = [*module_argv(spec.python), "run", *train_argv(job)]
+    if job.launch == "single" and spec.entry == "train" and spec.min_free_mb is None \
+            and job.gpu_watch is None and spec.chdir is None:
+        return [srun, prefix, run]  # `train run` alone: nothing to do before it
+    # an image without `train`: the client's own launcher, bound in (train.node.nodeentry)
+    start = entry_argv(spec.python) if job.launcher_binds else module_argv(spec.python)
+    launch = [*start, "launch", f"--mode={job.launch}"]
+    if job.launch == "torchrun":
+        launch.append(f"--nproc-per-node={max(1, spec.gpus_per_node)}")
+    if spec.workers:
+        launch += [f"--workers={spec.workers}",
+                   f"--worker-mem-mb={parse_mem(spec.worker_mem, 'worker_mem')}"]
+    if spec.min_free_mb is not None:
+        launch += [f"--min-free-mb={spec.min_free_mb}", f"--wait-timeout={spec.wait_timeout}"]
+        if spec.fallback_batch is not None:
+            launch.append(f"--fallback-batch={spec.fallback_batch}")
+    if spec.chdir is not None:
+        launch.append(f"--chdir={program_folder(spec.chdir)}")
+    return [srun, prefix, [*launch, "--"], run]
+
+
+def step_argv(job: ResolvedJob) -> list[str]:
+    return [arg for part in step_segments(job) for arg in part]
+
+
+def program_folder(chdir: str) -> str:
+    """--chdir as an absolute path (relative ones are from the submit folder), checked on
+    the login node where it can be seen."""
+    folder = os.path.abspath(chdir)
+    try:
+        is_dir = os.path.isdir(folder)
+    except (OSError, ValueError) as exc:
+        raise ConfigError("chdir", f"{folder!r}: {exc}") from None
+    if not is_dir:
+        raise ConfigError("chdir", f"{folder} is not a directory (the folder the program "
+                          "runs in, on the cluster's shared file system)")
+    return folder
+
+
+
+
+def _strip_header(library: str) -> str:
+    lines = library.splitlines()
+    while lines and (lines[0].startswith("#!") or lines[0].startswith("# shellcheck")):
+        lines.pop(0)
+    return "\n".join(lines).strip("\n")
+
+
+def library_version(library: str) -> str:
+    """The chain library's version: the start of the sha256 of its text as inlined."""
+    return hashlib.sha256(_strip_header(library).encode("utf-8")).hexdigest()[:12]
+
+
+def marker_line(library: str) -> str:
+    """The line between what a researcher reads and the generated rest of the script."""
+    return (f"# ---- train chain library (version {library_version(library)}): "
+            "generated, do not edit below ----")
+
+
+def render(job: ResolvedJob, library: str) -> str:
+    """The sbatch script every chunk of the job's chain runs (its chunk number is the
+    script's first argument: `sbatch SCRIPT 1`, and each chunk submits the next).
+
+    What a researcher reads comes first: the #SBATCH lines, the run's settings, the site
+    set-up and the step command; below one marker line, everything generated: the
+    contract's names, the per-node wrapper and the chain library. Bash runs it top to
+    bottom: the top only sets variables (and runs the site set-up), the library only
+    defines, and the last line starts the chunk."""
+    return "\n".join([*_readable_part(job), marker_line(library),
+                      *_library_part(job, library), 'train_main "$@"', ""])
+
+
+def _readable_part(job: ResolvedJob) -> list[str]:
+    spec = job.spec
+    out: list[str] = ["#!/bin/bash"]
+    out += [f"#SBATCH {line}" for line in sbatch_options(job)]
+    out += [
+        f"# Rendered by `train render` (cluster {job.profile.name}): each chunk of the chain "
+        f"(at most {job.chunks}) runs it with its chunk number; change the job spec and "
+        "render again instead of editing it.",
+        "set -euo pipefail",
+        f"RUN_DIR={shlex.quote(job.run_dir)}",
+        f"RUNTIME={shlex.quote(spec.runtime)}",
+        f"IMAGE={shlex.quote(spec.image or '')}",
+        f"MAX_CHUNKS={job.chunks}",
+        f"WALLTIME_SECONDS={job.minutes * 60}",
+        f"STOP_SIGNAL={job.stop}",
+        f"STOP_MARGIN={job.margin}",
+        f"STOP_MODE={spec.stop_mode}",
+        f"REQUEUE={1 if spec.requeue else 0}",
+        "RESUME_ARGS=(" + " ".join(map(shlex.quote, spec.resume_argv))
+        + ")  # added to the program's arguments after a checkpointed stop",
+        "SAVE_PATHS=(" + " ".join(map(shlex.quote, save_paths(job)))
+        + ")  # where the program saves, besides the run folder",
+    ]
+    values = step_environment(job)
+    names = [*job.env_names, *(values if spec.runtime == "apptainer" else ())]
+    env = {**values, container.ENV_NAMES_VAR: " ".join(dict.fromkeys(names))}
+    out.append("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
+    if job.profile.modules and spec.runtime == "apptainer":
+        out += ["# site set-up (from the cluster profile)", *job.profile.modules]
+    wrapped = NODE_WRAPPER_VAR in _named_texts(job).values()
+    out += ["# the job step, run by srun on every node" + (
+                f" (${NODE_WRAPPER_VAR}, below, is the per-node wrapper)" if wrapped else ""),
+            "# shellcheck disable=SC2016,SC2054  # literal arguments, quoted on purpose",
+            "step_command() {", *step_command_lines(job), "}"]
+    return out
+
+
+def _library_part(job: ResolvedJob, library: str) -> list[str]:
+    spec = job.spec
+    out = [
+        f"REQUEUE_ALLOWED={1 if requeue_allowed(job) else 0}",
+        # a program other than `train run` that exits 0 before its stop signal is done
+        f"COMPLETE_ON_SUCCESS={0 if spec.entry == 'train' else 1}",
+        f"STOP_VIA={stop_route(job)}",
+        f"STEP_GRACE={step_grace(job)}",
+        f"KILL_GRACE={kill_grace(job)}",
+        "# the contract with train (train/batch/contract.py)",
+        *[f"{k}={shlex.quote(v)}" for k, v in contract.shell_variables().items()],
+    ]
+    for text, name in _named_texts(job).items():
+        # (literal text: another shell expands it)
+        out += [f"# shellcheck disable=SC2016  # {_NAMED[name]}",
+                f"{name}={shlex.quote(text)}"]
+    return [*out, _strip_header(library)]
+
+
+def _named_texts(job: ResolvedJob) -> dict[str, str]:
+    """The long `-c` texts of the step the command line names by a variable (defined
+    below the marker): the per-node wrapper, and the train package's entry point."""
+    named: dict[str, str] = {}
+    for part in step_segments(job):
+        if part[:2] == ["bash", "-c"] and len(part) > 3:
+            named[part[2]] = NODE_WRAPPER_VAR
+    if any(arg == entry_code() for part in step_segments(job) for arg in part):
+        named.setdefault(entry_code(), PYTHON_M_TRAIN_VAR)
+    bound = nodeentry_code()
+    if any(arg == bound for part in step_segments(job) for arg in part):
+        named.setdefault(bound, BOUND_LAUNCHER_VAR)
+    return named
+
+
+def step_command_lines(job: ResolvedJob) -> list[str]:
+    """The step as one shell command line, wrapped with ` \\` at about STEP_WIDTH
+    columns: each part (srun, the runtime, the launcher, the program) on lines of its
+    own, an option and its value kept together, every argument shell-quoted, the long
+    `-c` texts by their variables' names."""
+    named = _named_texts(job)
+    lines: list[str] = []
+    for part in step_segments(job):
+        if not part:
+            continue
+        words = [f'"${named[arg]}"' if i and part[i - 1] == "-c" and arg in named
+                 else shlex.quote(arg) for i, arg in enumerate(part)]
+        lines += _fill(_units(part, words), "        ")
+    lines[0] = "    STEP=(" + lines[0].lstrip()
+    return [line + " \\" for line in lines[:-1]] + [lines[-1] + ")"]
+
+
+def _units(argv: Sequence[str], words: Sequence[str]) -> list[str]:
+    """The words, an option without `=` joined to the value after it."""
+    units: list[str] = []
+    i = 0
+    while i < len(words):
+        if argv[i].startswith("-") and "=" not in argv[i] and argv[i] != "--" \
+                and i + 1 < len(words) and not argv[i + 1].startswith("-"):
+            units.append(f"{words[i]} {words[i + 1]}")
+            i += 2
+        else:
+            units.append(words[i])
+            i += 1
+    return units
+
+
+def _fill(words: Sequence[str], indent: str) -> list[str]:
+    lines = [indent + words[0]]
+    for word in words[1:]:
+        if len(lines[-1]) + 1 + len(word) + 2 > STEP_WIDTH:
+            lines.append(indent + word)
+        else:
+            lines[-1] += " " + word
+    return lines

@@ -1,0 +1,209 @@
+"""Submitting a chain: render its script, submit chunk 1 held, write the chain's record,
+then release it; any failure before the release undoes what this submission did."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from train.batch import contract
+from train.client.slurm import queue, submitcheck
+from train.client.slurm.chain import (
+    _DECISIVE,
+    EVENTS_LIMIT,
+    Chain,
+    _read_text,
+    load_chain,
+    parse_events,
+)
+from train.client.slurm.job import ResolvedJob
+from train.client.slurm.queue import ACTIVE_STATES, _is_number, parse_sbatch_id
+from train.client.slurm.render import render
+from train.common import _proc
+from train.common.errors import ResourceError, UsageError
+from train.common.jsonio import write_json_atomic
+
+log = logging.getLogger(__name__)
+
+
+def _check_not_active(run_dir: Path) -> Chain | None:
+    """The directory's earlier chain, if any; an error while any of it is queued or
+    running. Nothing is written."""
+    if (run_dir / contract.SWEEP_RECORD).is_file():
+        raise UsageError(f"name: {run_dir.name} is a seed sweep; choose another --name (or "
+                         "--out) for a single chain")
+    if not (run_dir / contract.CHAIN_RECORD).is_file():
+        return None
+    previous = load_chain(run_dir)
+    active = [i for i, s in queue.job_states(previous.ids).items()
+              if s["state"] in ACTIVE_STATES]
+    if active:
+        ref = run_dir.name
+        if (run_dir.parent / contract.SWEEP_RECORD).is_file():
+            ref = f"{run_dir.parent.name}/{run_dir.name}"  # a sweep's chain
+        raise UsageError(f"name: {ref} already has an active chain (jobs "
+                         f"{', '.join(sorted(active))}); cancel it first with `train cancel "
+                         f"{ref}`, or choose another --name")
+    return previous
+
+
+_CHAIN_FILES = (contract.CHAIN_RECORD, contract.CHAIN_IDS)
+
+
+def first_chunk(previous: Chain | None) -> int:
+    """The chunk a new chain of the run starts at: 1, or, where the earlier chain's last
+    chunk stopped before any save, the one after it (so TRAIN_CHUNK goes on counting)."""
+    if previous is None or not previous.ids:
+        return 1
+    text = _read_text(previous.run_dir / contract.CHAIN_EVENTS, EVENTS_LIMIT, tail=True)
+    ids = set(previous.ids)
+    last = next((e for e in reversed(parse_events(text))
+                 if e["job_id"] in ids and e["event"] in _DECISIVE), None)
+    if last is None or last["event"] != contract.EV_UNSAVED:
+        return 1
+    return int(last["chunk"]) + 1
+
+
+def _cancel_unreplied(command: str) -> None:
+    """An sbatch that failed after the controller took the job (its reply lost: "Socket
+    timed out", or sbatch ended at its timeout) left chunk 1 held in the queue, where no
+    chain knows it. This submission's script name is unique (it holds train's pid): the
+    user's pending job running exactly `command` is that job, and is cancelled. Nothing
+    is said where Slurm cannot be asked: the error that follows is sbatch's."""
+    try:
+        out = _proc.run(["squeue", "--noheader", "--user", str(os.getuid()), "--states",
+                         "PENDING", "--format", "%i %o"], timeout=60,
+                        env=submitcheck.sbatch_environment()).stdout
+    except _proc.ProcError:
+        return
+    for line in out.splitlines():
+        job_id, _, queued = line.strip().partition(" ")
+        if queued.strip() == command and _is_number(job_id):
+            log.warning("sbatch failed, but Slurm had queued the job (%s): cancelling it",
+                        job_id)
+            _proc.run(["scancel", job_id], check=False)
+
+
+def submit_chain(job: ResolvedJob, library: str) -> Chain:
+    """Render the chain's script, submit chunk 1 held, record the chain, then release.
+
+    Until the release, any failure (sbatch refusing, a signal) cancels what was submitted,
+    removes what this submission wrote and puts an earlier chain's record back as it was.
+    An earlier chain's record is kept as chain-FIRSTJOB.json/.ids, its script likewise.
+    """
+    run_dir = Path(job.run_dir)
+    text = render(job, library)
+    import shutil
+
+    if shutil.which("sbatch") is None:
+        raise ResourceError("sbatch is not on PATH: `train submit` runs on a cluster's login "
+                            "node (`train render` prints the script anywhere)")
+    previous = _check_not_active(run_dir)
+    first = first_chunk(previous)
+    tag = (previous.ids[0] if previous.ids else "old") if previous else None
+    jobs_dir = run_dir / contract.JOBS_DIR
+    script = jobs_dir / contract.JOB_SCRIPT
+    missing = [*reversed([p for p in run_dir.parents if not p.exists()]), run_dir,
+               run_dir / contract.LOG_DIR, jobs_dir]
+    created = [d for d in missing if not d.exists()]  # parents first
+    # Slurm opens the log files before the script runs: their directory must exist
+    (run_dir / contract.LOG_DIR).mkdir(parents=True, exist_ok=True)
+    jobs_dir.mkdir(exist_ok=True)
+    pending = jobs_dir / f".{contract.JOB_SCRIPT}.{os.getpid()}"
+    pending.write_text(text, encoding="utf-8")
+    written = [pending]  # by this submission, at their final paths
+    moved: list[tuple[Path, Path]] = []  # an earlier chain's files: (kept as, original)
+    job_id: str | None = None
+    cleared: Path | None = None  # an earlier run's COMPLETE marker, kept until released
+    try:
+        job_id = _submit_held(pending, first)
+        cleared = _set_aside(run_dir, tag, script, job_id, moved)
+        pending.replace(script)
+        written = [script, run_dir / contract.CHAIN_IDS, run_dir / contract.CHAIN_RECORD]
+        (run_dir / contract.CHAIN_IDS).write_text(f"{first} {job_id}\n", encoding="utf-8")
+        record = chain_record(job, job_id, first, script)
+        write_json_atomic(run_dir / contract.CHAIN_RECORD, record)
+        _proc.run(["scontrol", "release", job_id], timeout=60)
+    except BaseException:
+        _undo(job_id, written, moved, created)
+        raise
+    if cleared is not None:
+        with contextlib.suppress(OSError):  # (a folder of that name stays aside)
+            cleared.unlink(missing_ok=True)
+    return Chain(run_dir, record, [(first, job_id)])
+
+
+def _submit_held(pending: Path, first: int) -> str:
+    """Chunk 1, submitted held; its job id. sbatch reads the script now: where the file
+    goes afterwards does not matter."""
+    # without SBATCH_* variables: they would override chunk 1's #SBATCH lines only
+    # the chunk number, and the chain's first chunk where it is not 1
+    chunk_args = ["1"] if first == 1 else [str(first), str(first)]
+    try:
+        return parse_sbatch_id(_proc.run(["sbatch", "--parsable", "--hold",
+                                          str(pending), *chunk_args], timeout=120,
+                                         env=submitcheck.sbatch_environment()).stdout)
+    except _proc.ProcError:
+        _cancel_unreplied(" ".join([str(pending), *chunk_args]))
+        raise
+
+
+def _set_aside(run_dir: Path, tag: str | None, script: Path, job_id: str,
+               moved: list[tuple[Path, Path]]) -> Path | None:
+    """An earlier chain's record and script kept as chain-TAG.*, and an earlier run's
+    COMPLETE marker moved aside (returned); each move is added to `moved`."""
+    if tag is not None:
+        for path in [*(run_dir / n for n in _CHAIN_FILES), script]:
+            if path.exists():
+                kept = path.with_name(f"chain-{tag}{path.suffix}")
+                path.replace(kept)
+                moved.append((kept, path))
+    marker = run_dir / contract.COMPLETE_MARKER
+    if not os.path.lexists(marker):
+        return None
+    # an earlier run's: it would end this chain at chunk 1
+    cleared = marker.with_name(f".{contract.COMPLETE_MARKER}-{job_id}")
+    marker.replace(cleared)
+    moved.append((cleared, marker))
+    return cleared
+
+
+def _undo(job_id: str | None, written: list[Path], moved: list[tuple[Path, Path]],
+          created: list[Path]) -> None:
+    """A failed submission, undone: its job cancelled, its files removed, an earlier
+    chain's files put back, and the folders it made removed where empty."""
+    if job_id is not None:
+        _proc.run(["scancel", job_id], check=False)
+    for path in written:
+        path.unlink(missing_ok=True)
+    for kept, original in moved:
+        kept.replace(original)
+    for folder in reversed(created):
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only when empty: never anything of an earlier run
+
+
+def chain_record(job: ResolvedJob, job_id: str, first: int, script: Path
+                 ) -> dict[str, Any]:
+    """What chain.json holds: the chain's bounds and the job's resources."""
+    return {
+        "name": job.spec.name,
+        "cluster": job.profile.name,
+        "submitted": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "first_job": job_id,
+        "max_chunks": job.chunks,
+        "first_chunk": first,
+        "requeue": job.spec.requeue,
+        "entry": job.spec.entry,
+        "walltime_seconds": job.minutes * 60,
+        "time_budget_seconds": job.time_budget_seconds,
+        "signal_margin": job.margin,
+        "stop_signal": job.stop,
+        "run_dir": str(job.run_dir),
+        "script": str(script),
+        "resources": job.resources(),  # for `train doctor`'s fixes
+    }

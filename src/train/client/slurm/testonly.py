@@ -1,0 +1,106 @@
+"""Asking Slurm itself before anything is queued: `sbatch --test-only` with the job's own
+rendered script, so that a partition, account, QOS, GRES type or time limit the site
+refuses is said on the login node (exit 2, with Slurm's words and the flag or profile
+field that produced the value), not after a chunk was queued.
+
+`--test-only` validates the job and asks the scheduler when it would start; nothing is
+queued. Where the site does not enforce partition limits at submit (no
+`EnforcePartLimits`), Slurm accepts a time over the partition's limit and the job waits
+for ever (PartitionTimeLimit): that case is the profile's max_time, checked when the job
+is resolved, and `train clusters probe` corrects a profile that says otherwise.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from train.client.clusters.profiles import format_mem, format_time
+from train.client.slurm.job import ResolvedJob
+from train.common import _proc
+
+TEST_TIMEOUT = 60.0
+
+# words in Slurm's refusal -> what the job asked for (lower case; the first match wins)
+_CAUSES = (("account", "account"), ("qos", "qos"), ("partition", "partition"),
+           ("time limit", "time"), ("gres", "gpus"), ("generic resource", "gpus"),
+           ("node configuration", "gpus"), ("memory", "mem"), ("cpu", "cpus_per_task"),
+           ("feature", "constraint"), ("node count", "nodes"))
+
+
+def _where(job: ResolvedJob, field: str) -> str:
+    """The value the job asked for, and the flag or profile field it came from."""
+    spec, prof, node = job.spec, job.profile, job.node
+    base = f"profile {prof.name} ({prof.source})"
+    nodes = f"partitions.{node.name}" if node.name in prof.partitions else \
+        f"constraints.{node.name}"
+    if field == "constraint":
+        return f"--constraint {job.constraint}"
+    if field == "nodes":
+        return f"--nodes {spec.nodes} (the profile's {nodes}.max_nodes is {node.max_nodes})"
+    if field == "partition":
+        if spec.partition:
+            return f"--partition {spec.partition}"
+        return f"--partition {job.partition} (from {base}: partition.default)"
+    if field == "time":
+        limit = "none" if node.max_minutes is None else format_time(node.max_minutes)
+        source = "--time" if spec.time else f"{base}: default_time"
+        return (f"--time {format_time(job.minutes)} (from {source}; the profile's "
+                f"{nodes}.max_time is {limit})")
+    if field == "account":
+        return f"--account {spec.account}"
+    if field == "qos":
+        return f"--qos {job.qos}" + ("" if spec.qos else f" (from {base}: qos.default)")
+    if field == "mem":
+        return (f"--mem {format_mem(job.mem_mb)} (the profile's {nodes}.mem_per_node is "
+                f"{format_mem(node.mem_mb)})")
+    if field == "cpus_per_task":
+        return (f"--cpus-per-task {spec.cpus_per_task} (the profile's {nodes}.cpus_per_node "
+                f"is {node.cpus_per_node})")
+    typed = f" --gpu-type {spec.gpu_type}" if spec.gpu_type else ""
+    return (f"--gpus-per-node {spec.gpus_per_node}{typed} --nodes {spec.nodes} (the "
+            f"profile's {nodes} says {node.gpus_per_node} GPUs per node, types "
+            f"{', '.join(node.gpu_types) or 'none'}; {base})")
+
+
+def field_of(message: str) -> str:
+    """The job field a refusal of Slurm's is about (gpus where it says no node fits); ''
+    where the words name none (a controller that does not answer, an unknown error)."""
+    low = message.lower()
+    return next((f for words, f in _CAUSES if words in low), "")
+
+
+def refusal(job: ResolvedJob, script: str, environ: dict[str, str]) -> tuple[str, str] | None:
+    """(field, text) where Slurm refuses this job's script; ('', note) where sbatch failed
+    with words that name nothing of the job (submitting goes on: sbatch says it again or
+    works); None where it accepts it or cannot be asked (no sbatch here: submitting says
+    so)."""
+    if shutil.which("sbatch", path=environ.get("PATH")) is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="train-test-only.") as folder:
+        path = Path(folder) / "job.sbatch"
+        path.write_text(script, encoding="utf-8")
+        try:
+            proc = _proc.run(["sbatch", "--test-only", str(path), "1"], check=False,
+                             timeout=TEST_TIMEOUT, env=environ)
+        except _proc.ProcError as exc:
+            return "", f"`sbatch --test-only` could not be asked: {exc}"
+    if proc.returncode == 0:
+        return None
+    words = "; ".join(line.strip() for line in proc.stderr.splitlines() if line.strip())
+    words = words or f"exit status {proc.returncode}"
+    field = field_of(words)
+    if not field:
+        return "", f"`sbatch --test-only` failed, naming nothing of the job: {words}"
+    return field, (f"Slurm refuses this job (`sbatch --test-only`: {words}); it asked for "
+                   f"{_where(job, field)}; nothing was queued; `train clusters probe "
+                   f"{job.profile.name}` compares the profile with the site (--no-check "
+                   "submits without asking)")
+
+
+def ask(job: ResolvedJob, environ: dict[str, str]) -> tuple[str, str] | None:
+    """`refusal` for the script `train submit` would queue for this job."""
+    from train.client.slurm.render import library_text, render
+
+    return refusal(job, render(job, library_text()), environ)

@@ -1,0 +1,226 @@
+"""GPU utilisation watch: a sampler process per node, and the readers of what it wrote.
+
+Some sites cancel jobs whose GPUs sit idle (NYU Torch publishes thresholds per node family
+and enforces them), and an idle GPU is a symptom anyway: a starved data loader, a program
+on the CPU. `train launch` starts one sampler per node (`spawn`) as a separate process, so
+that sampling never slows or blocks training:
+
+    python -m train.node.gpuwatch --out RUN_DIR --node NAME --interval S \
+        --idle-threshold P --idle-minutes M --parent PID
+
+This module is that process; the watch is in three more modules:
+- gpuwatch_file: the file's format (RUN_DIR/gpu/NODE.csv), the job's settings and the
+  warm-up rule, which both sides share;
+- gpuwatch_sampler: NVML readings appended to the file, and the live idle warning (on the
+  node, inside the container);
+- gpuwatch_reader: the files read for `train status` (`summary`) and `train doctor`
+  (`idle_findings`) on the client; it imports nothing of the node's side.
+Their names are re-exported here for the node's callers (`train launch`: `spawn`,
+`settings_from_env`) and the tests; the client imports gpuwatch_reader itself.
+
+The process ends when the parent is gone (the kernel sends it SIGTERM: PR_SET_PDEATHSIG; the
+parent is also polled, by the sampling loop and by a thread that ends the process even while
+the loop waits in NVML), and on SIGTERM or SIGINT, which keep their default action so that
+they end it even inside an NVML call that blocks (every sample is on disk already). NVML is
+never shut down (nvmlShutdown can hang on a broken driver; the process is ending anyway).
+Where NVML or a GPU is missing it exits at once (exit 0, one info line). The walltime USR1
+(Slurm sends it to every process of the step) is ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from train.common.gpuwatch_file import (
+    CSV_HEADER,
+    DEFAULT_IDLE_MINUTES,
+    DEFAULT_IDLE_THRESHOLD,
+    MAX_GPU_INDEX,
+    MAX_MIB,
+    MAX_TIME,
+    MIB,
+    START_MARK,
+    WARMUP_MINUTES,
+    WarmUp,
+    WatchSettings,
+    _num,
+    csv_path,
+    settings_from_env,
+)
+from train.node.gpuwatch_sampler import (
+    MAX_FAILURES,
+    MAX_GPUS,
+    TICK_SECONDS,
+    IdleTracker,
+    Sampler,
+    _text,
+    idle_warning,
+    select_gpus,
+    valid_reading,
+    watch,
+)
+
+# the parts' names, for the node's callers and the tests (the reader is the client's:
+# train.client.gpuwatch_reader)
+__all__ = [
+    "CSV_HEADER", "DEFAULT_IDLE_MINUTES", "DEFAULT_IDLE_THRESHOLD", "MAX_FAILURES", "MAX_GPUS",
+    "MAX_GPU_INDEX", "MAX_MIB", "MAX_TIME", "MIB", "START_MARK", "TICK_SECONDS", "WARMUP_MINUTES",
+    "IdleTracker", "Sampler", "WarmUp", "WatchSettings", "csv_path", "die_with_parent",
+    "idle_warning", "main", "parent_watch", "process_alive", "select_gpus", "settings_from_env",
+    "spawn", "valid_reading", "watch",
+]
+
+log = logging.getLogger("train.gpuwatch")
+
+
+def process_alive(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie counts as gone)."""
+    if pid <= 0:
+        return False  # 0 and negative numbers name process groups, not a process
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:
+        pass
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return True  # no /proc: the signal test is all there is
+    state = stat.rsplit(")", 1)[-1].split()
+    return not state or state[0] not in ("Z", "X")
+
+
+def parent_watch(parent: int) -> Callable[[], bool]:
+    """keep_going for the sampler: the parent is still there. Where the parent is this
+    process's own, its end shows as a new parent id (reliable even if the pid is reused);
+    for any other pid, the process must still exist."""
+    if parent == os.getppid():
+        return lambda: os.getppid() == parent
+    return lambda: process_alive(parent)
+
+
+def spawn(run_dir: Path | str, node: str, settings: WatchSettings, parent: int, *,
+          env: Mapping[str, str] | None = None,
+          popen: Callable[..., Any] = subprocess.Popen) -> Any:
+    """Start the sampler process (stdout discarded, stderr shared: its lines go to the job's
+    log). Returns the Popen object; raises what starting it raises."""
+    from train.common.entry import module_argv
+    from train.node.nodeentry import bound_root, entry_argv
+
+    # (not `-m`: a train.py in the current folder would be imported as `train`; the bound
+    # launcher's copy is found through its own entry, never through PYTHONPATH)
+    module = "train.node.gpuwatch"
+    start = entry_argv(sys.executable, module) if bound_root() else \
+        module_argv(sys.executable, module)
+    argv = [*start, "--out", str(run_dir),
+            "--node", node, "--interval", _num(settings.interval),
+            "--idle-threshold", _num(settings.idle_threshold),
+            "--idle-minutes", _num(settings.idle_minutes), "--parent", str(parent)]
+    return popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                 env=None if env is None else dict(env), close_fds=True)
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m train.node.gpuwatch",
+                                description="Sample every GPU's utilisation into "
+                                "RUN_DIR/gpu/NODE.csv until the parent process is gone.")
+    p.add_argument("--out", required=True, help="the run directory")
+    p.add_argument("--node", required=True, help="this node's name (the file's name)")
+    p.add_argument("--interval", type=_positive, required=True, help="seconds per sample")
+    p.add_argument("--idle-threshold", type=_non_negative, required=True,
+                   help="utilisation percent under which a GPU counts as idle")
+    p.add_argument("--idle-minutes", type=_non_negative, required=True,
+                   help="minutes every sample must be idle before the warning")
+    p.add_argument("--parent", type=int, default=None,
+                   help="exit once this process is gone (default: the parent process)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    # the walltime USR1 reaches every process of the step: the sampler samples on
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    # TERM and INT end it where it stands, also inside a blocking NVML call or open (a
+    # Python handler would run only once that call returns): every sample is on disk
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    parent_alive = parent_watch(os.getppid() if args.parent is None else args.parent)
+    if not parent_alive():  # gone before the kernel was told to end this with it
+        return 0
+    try:
+        import pynvml
+    except ImportError:
+        log.info("GPU watch off: NVIDIA's management library (nvidia-ml-py) is not "
+                 "installed")
+        return 0
+    except Exception as exc:  # a broken install: a library that raises as it loads
+        log.info("GPU watch off: NVIDIA's management library (nvidia-ml-py) cannot be "
+                 "loaded (%s)", _text(exc))
+        return 0
+    settings = WatchSettings(args.interval, min(args.idle_threshold, 100.0),
+                             args.idle_minutes)
+    done = threading.Event()
+    threading.Thread(target=_exit_with_parent, args=(parent_alive, done), daemon=True,
+                     name="gpuwatch-parent").start()
+    try:
+        return watch(pynvml, args.out, args.node, settings, keep_going=parent_alive,
+                     visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
+    finally:
+        done.set()
+
+
+def _exit_with_parent(parent_alive: Callable[[], bool], done: threading.Event) -> None:
+    """The parent polled from a thread of its own: where the main thread is stuck in an
+    NVML call (pynvml's ctypes calls release the GIL) and the parent is not this process's
+    own (no PR_SET_PDEATHSIG then), the process still ends with it. Every sample is on disk
+    (unbuffered writes): exit 0 at once."""
+    while not done.wait(TICK_SECONDS):
+        if not parent_alive():
+            os._exit(0)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> bool:
+    """Linux: have the kernel send `sig` to this process when its parent ends (the thread
+    that started it; an exec of the parent keeps it alive). Whether that was set."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(ctypes.c_int(PR_SET_PDEATHSIG), ctypes.c_ulong(sig),
+                              ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))) == 0
+    except Exception:  # no libc, no prctl: the parent is still polled
+        return False
+
+
+if __name__ == "__main__":
+    die_with_parent()  # first: the parent may die while this starts (main checks it)
+    sys.exit(main())

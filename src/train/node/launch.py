@@ -1,0 +1,160 @@
+"""`train launch`: runs inside the container on every node of a SLURM job step.
+
+It reads the SLURM environment (the node list through the `hostlist` library), derives the
+rendezvous (first node as master, a port from the job id, the job id as rendezvous id) and
+starts the workload in one of two ways:
+  torchrun  one task per node: torch's elastic launcher, in this process, starts one worker
+            per GPU of the node (1 on a CPU node unless --nproc-per-node says otherwise);
+  tasks     one task per GPU (what Lightning and NAVSIM's training expect): this task is one
+            rank; RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT are set and the command
+            replaces this process.
+Before starting it checks that CUDA works where the step has GPUs (`runtime.cuda_check`: a
+cause such as a driver too old for the image's torch is exit 3), can wait for free GPU
+memory (the field notes' wait-and-run wrapper), caps DataLoader workers by the task's CPUs
+and the host memory, and logs whether InfiniBand is visible and which NCCL settings are in
+force. Where the job asks for it (GPU jobs: the TRAIN_GPU_* settings), node-local rank 0
+starts the GPU utilisation sampler (`runtime.gpuwatch`) as a process of its own.
+
+This module is the flow (`prepare`, then `launch`); its parts live in train.node.launcher, one
+module per concern, and their names are re-exported here for the callers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+
+from train.common.errors import UsageError
+from train.common.hostmem import DEFAULT_WORKER_MEM_MB
+from train.common.secrets import masked_argv
+from train.node.launcher.environment import (
+    LIGHTNING_ROOT_VAR,
+    NCCL_DEFAULTS,
+    apply_nccl_defaults,
+    check_cuda,
+    enter_folder,
+    find_program,
+    log_interconnect,
+    need_torch,
+    program_environment,
+)
+from train.node.launcher.gpumem import (
+    MIN_WORK_SECONDS,
+    wait_budget,
+    wait_for_gpu_memory,
+    wait_or_fall_back,
+)
+from train.node.launcher.shim import (
+    SCONTROL_SHIM,
+    SHIM_FOLDER,
+    install_scontrol_shim,
+    remove_shim,
+)
+from train.node.launcher.sizing import (
+    MIB,
+    PREFETCH_OVERRIDE,
+    WORKER_OVERRIDE,
+    WORKER_VAR,
+    cap_workers,
+    host_free_bytes,
+    size_workers,
+)
+from train.node.launcher.step import (
+    MASTER_ADDR_VAR,
+    SlurmStep,
+    gpus_visible,
+    read_step,
+    resolve_address,
+    tasks_env,
+    torchrun_argv,
+)
+from train.node.launcher.torchrun import run_torchrun, stop_signal_for_workers, worker_failure
+from train.node.launcher.watch import start_gpu_watch, stop_gpu_watch
+
+__all__ = ["LIGHTNING_ROOT_VAR", "MASTER_ADDR_VAR", "MIB", "MIN_WORK_SECONDS", "NCCL_DEFAULTS",
+           "PREFETCH_OVERRIDE", "SCONTROL_SHIM", "SHIM_FOLDER", "WORKER_OVERRIDE",
+           "WORKER_VAR", "LaunchOptions", "SlurmStep", "apply_nccl_defaults", "cap_workers",
+           "check_cuda", "enter_folder", "find_program", "gpus_visible", "host_free_bytes",
+           "install_scontrol_shim", "launch", "log_interconnect", "need_torch", "prepare",
+           "program_environment", "read_step", "resolve_address", "start_gpu_watch",
+           "stop_signal_for_workers", "tasks_env", "torchrun_argv", "wait_budget",
+           "wait_for_gpu_memory", "worker_failure"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    mode: str
+    command: list[str]
+    nproc_per_node: int | None = None
+    min_free_mb: int | None = None
+    wait_timeout: float = 3600.0
+    fallback_batch: int | None = None
+    workers: int | None = None
+    worker_mem_mb: int = DEFAULT_WORKER_MEM_MB
+    chdir: str | None = None
+
+
+def prepare(opts: LaunchOptions, env: MutableMapping[str, str]) -> tuple[SlurmStep, str,
+                                                                           list[str]]:
+    """Everything before starting: checks, waits, caps. Returns (step, master, command)."""
+    log.info("launch started at unix time %.3f", time.time())
+    if not opts.command:
+        raise UsageError("launch: give the command after --, e.g. -- python -m train run demo")
+    if opts.mode == "torchrun":
+        need_torch()
+    step = read_step(env)
+    check_cuda(step, env)  # before the memory wait: a broken CUDA never frees up
+    # (one process alone has no rendezvous: its node's name need not resolve)
+    master = env.get(MASTER_ADDR_VAR) or (step.master if opts.mode == "single"
+                                          else resolve_address(step.master))
+    command = list(opts.command)
+    apply_nccl_defaults(env)
+    log_interconnect(env)
+    if opts.min_free_mb is not None:
+        if step.gpus_on_node == 0:
+            log.info("GPU memory wait skipped: no GPU on this node")
+        else:
+            command = wait_or_fall_back(opts.min_free_mb, opts.wait_timeout,
+                                        opts.fallback_batch, env, command)
+    if opts.workers is not None:
+        command = size_workers(opts.workers, opts.worker_mem_mb, opts.mode,
+                               opts.nproc_per_node, step, env, command)
+    return step, master, command
+
+
+def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> int:
+    """torchrun mode returns when the node's workers are done; tasks mode execs."""
+    environ = os.environ if env is None else env
+    step, master, command = prepare(opts, environ)
+    enter_folder(opts.chdir)
+    # (torchrun runs `python -m MODULE` with its own interpreter: no program to find)
+    if opts.mode != "torchrun" or "--no-python" in torchrun_argv(step, master, 1, command):
+        find_program(command, environ)
+    program_environment(step, opts.mode, environ)
+    # the stand-in turns `scontrol requeue` into "end this chunk": only under the job's
+    # batch shell, which watches for that request
+    shim = install_scontrol_shim(environ) if environ.get("TRAIN_STOP_REQUEST") else None
+    watcher = start_gpu_watch(step, opts.mode, environ)
+    if opts.mode == "torchrun":
+        def cleanup() -> None:
+            stop_gpu_watch(watcher)
+            remove_shim(shim)
+
+        nproc = opts.nproc_per_node or max(1, step.gpus_on_node)
+        return run_torchrun(step, master, nproc, command, environ, cleanup)
+    if opts.mode == "single":
+        log.info("single process: %s", " ".join(masked_argv(command)))
+    else:
+        environ.update(tasks_env(step, master))
+        log.info("rank %d/%d (node %d, local %d), master %s:%d: %s", step.procid,
+                 step.ntasks, step.node_id, step.localid, master, step.port,
+                 " ".join(masked_argv(command)))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvpe(command[0], command, dict(environ))  # noqa: S606 (argv list, no shell)

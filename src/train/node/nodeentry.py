@@ -1,0 +1,115 @@
+"""`train launch` for an image that has no `train` of its own ("bring your own image").
+
+The client binds its own `train` package read-only at LAUNCHER_ROOT/train and the step
+runs `PYTHON -c ENTRY launch ...` with the image's Python: ENTRY checks the Python
+version (too old: one line, exit 3), puts LAUNCHER_ROOT at the END of this process's
+`sys.path` only (the image's own packages win; nothing goes into PYTHONPATH, so the
+program the launcher starts gets the image's environment exactly as it was) and runs
+this module. Everything imported from here on (launch, signals, the scontrol stand-in,
+the GPU watch) uses the standard library, with torch where the image has it
+(tests/unit/test_nodeentry.py holds that line, for MIN_PYTHON as well).
+
+The normal entry (`python -m train launch`, through train.cli) shares the parser below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+# the entry's text is the client's to render (train.common.entry); the names stay here too
+from train.common.entry import BOUND_MODULE as MODULE
+from train.common.entry import LAUNCHER_ROOT, MIN_PYTHON
+from train.common.entry import bound_entry_argv as entry_argv
+from train.common.entry import bound_entry_code as entry_code
+from train.common.errors import EXIT_FAILURE, TrainError
+from train.common.hostmem import DEFAULT_WORKER_MEM_MB
+
+__all__ = ["LAUNCHER_ROOT", "MIN_PYTHON", "MODULE", "add_launch_arguments", "bound_root",
+           "entry_argv", "entry_code", "main", "run_launch"]
+
+
+def bound_root() -> str | None:
+    """LAUNCHER_ROOT where this package was loaded from there (the bound copy), else
+    None: a process this one starts with our code (the GPU watch) needs it on its path."""
+    import train
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(train.__file__)))
+    return here if here == LAUNCHER_ROOT else None
+
+
+def add_launch_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mode", choices=["torchrun", "tasks", "single"], default="torchrun",
+                   help="torchrun (one task per node, a worker per GPU), tasks (this task "
+                   "is one rank) or single (one process: checks and waits, then runs it)")
+    p.add_argument("--nproc-per-node", type=int, default=None,
+                   help="torchrun workers per node (default: the node's GPUs, 1 on CPU)")
+    p.add_argument("--min-free-mb", type=int, default=None,
+                   help="wait until every GPU has this much free memory")
+    p.add_argument("--wait-timeout", type=float, default=3600.0,
+                   help="seconds to wait for --min-free-mb (default 3600)")
+    p.add_argument("--fallback-batch", type=int, default=None,
+                   help="after the wait times out, add --batch-size N instead of failing")
+    p.add_argument("--workers", type=int, default=None,
+                   help="DataLoader workers wanted per process (capped by CPUs and memory; "
+                   "exported as TRAIN_DATALOADER_WORKERS)")
+    p.add_argument("--worker-mem-mb", type=int, default=DEFAULT_WORKER_MEM_MB,
+                   help="host memory per DataLoader worker, in MB (default "
+                   f"{DEFAULT_WORKER_MEM_MB}, as for rendered jobs)")
+    p.add_argument("--chdir", default=None, metavar="DIR",
+                   help="run the command in this folder")
+
+
+def run_launch(args: argparse.Namespace, command: list[str]) -> int:
+    """`train launch` with parsed arguments (both entries)."""
+    from train.node.launch import LaunchOptions, launch
+    from train.node.signals import ignore_late_walltime_signal, install_early_handlers
+
+    # never marked ready here: the program it starts (`train run` marks itself) must have
+    # its handlers in place before the batch shell passes the walltime signal on
+    install_early_handlers(mark_ready=False)
+    try:
+        return launch(LaunchOptions(mode=args.mode, command=command,
+                                    nproc_per_node=args.nproc_per_node,
+                                    min_free_mb=args.min_free_mb,
+                                    wait_timeout=args.wait_timeout,
+                                    fallback_batch=args.fallback_batch, workers=args.workers,
+                                    worker_mem_mb=args.worker_mem_mb, chdir=args.chdir))
+    finally:
+        ignore_late_walltime_signal()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`launch [OPTIONS] -- COMMAND`: the bound launcher's whole command line."""
+    raw = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if "--" in raw:
+        cut = raw.index("--")
+        raw, command = raw[:cut], raw[cut + 1:]
+    parser = argparse.ArgumentParser(prog="train (bound launcher)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_launch_arguments(sub.add_parser("launch"))
+    args = parser.parse_args(raw)
+    rank = os.environ.get("RANK")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, datefmt="%H:%M:%S",
+                        format="%(asctime)s %(levelname)s "
+                        + (f"[rank {rank}] " if rank is not None else "")
+                        + "%(name)s: %(message)s")
+    try:
+        return run_launch(args, command)
+    except TrainError as exc:
+        print(f"train: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("train: interrupted", file=sys.stderr)
+        return 130
+    except Exception:
+        logging.getLogger(__name__).exception("unexpected failure")
+        return EXIT_FAILURE
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

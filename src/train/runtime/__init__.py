@@ -1,2 +1,0 @@
-"""Runtime pieces every workload shares: precision, memory, distribution, checkpoints,
-signals and time budget, results, progress output."""

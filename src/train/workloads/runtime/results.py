@@ -1,0 +1,273 @@
+"""What a run leaves behind: config.json, evaluation JSON, the central CSV, the plot.
+
+Only rank 0 calls these. JSON is written atomically; values are converted to builtin types
+(NumPy scalars and tensors are not JSON). The central CSV is shared by many jobs at once,
+so each row is appended under an exclusive file lock where the file system has one.
+"""
+
+from __future__ import annotations
+
+import csv
+import errno
+import fcntl
+import io
+import logging
+import os
+import platform
+import socket
+import stat
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from train import __version__
+from train.common import _proc
+from train.common.jsonio import to_builtin, write_json_atomic
+from train.common.secrets import recorded_environment
+
+log = logging.getLogger(__name__)
+
+__all__ = ["to_builtin", "write_json_atomic"]
+
+
+
+def environment_snapshot(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """SLURM_*, CUDA_*, NCCL_*, PYTORCH_*, TORCH_* variables, without secrets
+    (train.common.secrets: an allowlist verbatim, the rest redacted)."""
+    return recorded_environment(os.environ if environ is None else environ)
+
+
+def git_commit(cwd: Path | None = None) -> str | None:
+    try:
+        proc = _proc.run(["git", "rev-parse", "HEAD"], cwd=cwd, timeout=10)
+    except _proc.ProcError:
+        return None
+    return proc.stdout.strip() or None
+
+
+def versions(device: torch.device) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "train": __version__,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available()
+        else None,
+        "gpu": None,
+    }
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["gpu_capability"] = list(torch.cuda.get_device_capability(device))
+    return info
+
+
+def run_metadata(config: Mapping[str, Any], device: torch.device, extra: Mapping[str, Any]
+                 ) -> dict[str, Any]:
+    return {
+        "config": dict(config),
+        "versions": versions(device),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "git_commit": git_commit(),
+        "environment": environment_snapshot(),
+        **extra,
+    }
+
+
+# flock(2) errors that mean "this file system has no locks" (some Lustre mounts without
+# -o flock, NFS without a lock manager), not "this file cannot be written"
+NO_LOCK_ERRNOS = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOLCK})
+
+
+def _has_row(fd: int, key: Mapping[str, Any]) -> bool:
+    """Whether the CSV open at fd already holds a row whose `key` columns equal `key`."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return False
+    text = os.pread(fd, size, 0).decode("utf-8", errors="replace")
+    wanted = {k: str(to_builtin(v)) for k, v in key.items()}
+    return any(all(row.get(k) == v for k, v in wanted.items())
+               for row in csv.DictReader(io.StringIO(text)))
+
+
+def append_csv_row(path: Path, row: Mapping[str, Any],
+                   key: Sequence[str] = ()) -> bool:
+    """Append one row under an exclusive lock; the header is written once, by the first.
+    With `key` (column names), a row whose key columns match one already in the file is not
+    appended again (a run killed after its append and before recording it reruns it).
+
+    Returns True when the row was written under the lock. Where the file system refuses
+    flock (NO_LOCK_ERRNOS) the row is appended without it, header included, in a single
+    O_APPEND write() so concurrent writers cannot interleave inside a row; then it returns
+    False and the caller should say so. Any other failure raises OSError.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fields = list(row)
+    line_values = {k: to_builtin(v) for k, v in row.items()}
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            locked = True
+        except OSError as exc:
+            if exc.errno not in NO_LOCK_ERRNOS:
+                raise
+            locked = False
+        try:
+            buf = io.StringIO()
+            writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+            if key and _has_row(fd, {k: row[k] for k in key}):
+                return locked
+            if os.fstat(fd).st_size == 0:
+                writer.writeheader()
+            writer.writerow(line_values)
+            data = buf.getvalue().encode("utf-8")
+            written = os.write(fd, data)
+            while locked and 0 < written < len(data):  # a short write: finish it
+                data = data[written:]
+                written = os.write(fd, data)
+            if written != len(data):
+                raise OSError(errno.EIO, f"short write to {path}: {written} of {len(data)} "
+                              "bytes of a row")
+            os.fsync(fd)
+        finally:
+            if locked:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+    return locked
+
+
+def moving_average(values: Sequence[float], window: int) -> np.ndarray:
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size == 0:
+        return arr
+    window = max(1, min(window, arr.size))
+    cumsum = np.cumsum(np.insert(arr, 0, 0.0))
+    head = cumsum[1:window] / np.arange(1, window)
+    tail = (cumsum[window:] - cumsum[:-window]) / window
+    return np.concatenate([head, tail])
+
+
+def plot_learning_curves(path: Path, curves: Mapping[str, Sequence[float]], title: str,
+                         reference: Mapping[str, float] | None = None) -> None:
+    """One line per seed (raw and moving average), optional horizontal reference lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    for label, rewards in curves.items():
+        xs = np.arange(1, len(rewards) + 1)
+        line = ax.plot(xs, rewards, alpha=0.25)[0]
+        window = max(1, len(rewards) // 20)
+        ax.plot(xs, moving_average(rewards, window), color=line.get_color(),
+                label=f"{label} (moving avg {window})")
+    for label, value in (reference or {}).items():
+        ax.axhline(value, linestyle="--", linewidth=1, label=label, color="gray")
+    ax.set_xlabel("episode")
+    ax.set_ylabel("episode reward")
+    ax.set_title(title)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def outcome_lines(out_dir: Path, seeds: Sequence[int], results_csv: Path) -> list[str]:
+    """What a finished run did and where its results are: each seed's evaluation (against
+    the scripted policy where the workload has one), the curve, the CSV, the checkpoints."""
+    import json
+
+    def mapping(path: Path) -> dict[str, Any]:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    evaluation = mapping(out_dir / "eval" / "test_results.json")
+    lines = [f"run complete: {out_dir}"]
+    for seed in seeds:
+        ev = evaluation.get(str(seed))
+        mean = ev.get("mean_reward") if isinstance(ev, dict) else None
+        if not isinstance(ev, dict) or not isinstance(mean, (int, float)):
+            lines.append(f"seed {seed}: not evaluated (--eval-episodes 0, or done earlier)")
+            continue
+        text = (f"seed {seed}: evaluation reward {mean:.3g} +- {ev.get('std_reward') or 0:.2g}"
+                f" over {len(ev.get('episode_rewards') or [])} episodes after "
+                f"{ev.get('trained_episodes')} trained")
+        scripted = ev.get("scripted_mean_reward")
+        if isinstance(scripted, (int, float)):
+            text += f"; the scripted policy scores {scripted:.3g}"
+            if scripted > 0:
+                text += f" ({100 * mean / scripted:.0f}% of it)"
+        lines.append(text)
+    curve = out_dir / "learning_curve.png"
+    if curve.is_file():
+        lines.append(f"learning curve: {curve}")
+    if results_csv.is_file():
+        lines.append(f"results CSV: {results_csv}")
+    folders = [out_dir / f"seed_{s}" / "checkpoints" for s in seeds]
+    lines.append("checkpoints: " + ", ".join(str(f) for f in folders if f.is_dir()))
+    return lines
+
+
+RUN_LOCK = ".train.lock"  # in the run directory: held by the rank-0 process of a run
+
+
+class RunLock:
+    """An exclusive flock on the run directory for the life of a run, so two runs on one
+    --out (whose checkpoint clean-ups would delete each other's files) cannot overlap. The
+    kernel drops it when the process dies (kill -9, a node failure), so a chain's next chunk
+    never finds a stale lock. The file says who holds it, for the second run's message.
+    Where the file system has no locks (NO_LOCK_ERRNOS) the run goes on with a warning."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / RUN_LOCK
+        self._fd: int | None = None
+
+    def __enter__(self) -> RunLock:
+        from train.common.errors import ConfigError
+
+        try:  # never through a symbolic link, never anything but a regular file
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK,
+                         0o644)
+        except OSError as exc:
+            raise ConfigError("out", f"cannot lock {self.path}: {exc.strerror or exc} (it "
+                              "must be a regular file, not a link or a folder)") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ConfigError("out", f"cannot lock {self.path}: not a regular file")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another run"
+            os.close(fd)
+            raise ConfigError("out", f"{self.path.parent} is in use by {holder}; wait for "
+                              "it to end, or use another --out") from None
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in NO_LOCK_ERRNOS:
+                log.warning("out: the file system of %s refuses flock; two runs on this "
+                            "folder would not be stopped", self.path.parent)
+                return self
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"host {socket.gethostname()} pid {os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the lock; the file stays (unlinking would race)
+            self._fd = None
