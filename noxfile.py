@@ -90,7 +90,6 @@ def tests(session: nox.Session) -> None:
 # They run again on Debian trixie's Slurm 24.11 in a chroot (ci/trixie-slurm.sh: the root
 # is made once per machine, about 2 minutes, and kept in /var/cache/train-ci).
 SLURM_24_11 = " or ".join([
-    "test_the_time_budget_ends_each_chunk_until_the_bound",  # a chain: resume, the bound
     "test_walltime_timeout_of_a_step_that_ignores_the_signal",
     "test_scancel_of_the_running_chunk",
     "test_a_requeued_chunk_resumes_and_the_chain_goes_on",

@@ -42,25 +42,29 @@ def bound_root() -> str | None:
 
 
 def add_launch_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mode", choices=["torchrun", "tasks", "single"], default="torchrun",
-                   help="torchrun (one task per node, a worker per GPU), tasks (this task "
-                   "is one rank) or single (one process: checks and waits, then runs it)")
-    p.add_argument("--nproc-per-node", type=int, default=None,
-                   help="torchrun workers per node (default: the node's GPUs, 1 on CPU)")
-    p.add_argument("--min-free-mb", type=int, default=None,
-                   help="wait until every GPU has this much free memory")
-    p.add_argument("--wait-timeout", type=float, default=3600.0,
-                   help="seconds to wait for --min-free-mb (default 3600)")
-    p.add_argument("--fallback-batch", type=int, default=None,
-                   help="after the wait times out, add --batch-size N instead of failing")
-    p.add_argument("--workers", type=int, default=None,
-                   help="DataLoader workers wanted per process (capped by CPUs and memory; "
-                   "exported as TRAIN_DATALOADER_WORKERS)")
-    p.add_argument("--worker-mem-mb", type=int, default=DEFAULT_WORKER_MEM_MB,
-                   help="host memory per DataLoader worker, in MB (default "
-                   f"{DEFAULT_WORKER_MEM_MB}, as for rendered jobs)")
-    p.add_argument("--chdir", default=None, metavar="DIR",
-                   help="run the command in this folder")
+    ranks = p.add_argument_group("how the ranks start")
+    ranks.add_argument("--mode", choices=["torchrun", "tasks", "single"], default="torchrun",
+                       help="torchrun (one task per node, a worker per GPU), tasks (this "
+                       "task is one rank) or single (one process: checks and waits, then "
+                       "runs it)")
+    ranks.add_argument("--nproc-per-node", type=int, default=None,
+                       help="torchrun workers per node (default: the node's GPUs, 1 on CPU)")
+    ranks.add_argument("--chdir", default=None, metavar="DIR",
+                       help="run the command in this folder")
+    gpu = p.add_argument_group("GPU memory at start-up")
+    gpu.add_argument("--min-free-mb", type=int, default=None,
+                     help="wait until every GPU has this much free memory")
+    gpu.add_argument("--wait-timeout", type=float, default=3600.0,
+                     help="seconds to wait for --min-free-mb (default 3600)")
+    gpu.add_argument("--fallback-batch", type=int, default=None,
+                     help="after the wait times out, add --batch-size N instead of failing")
+    loader = p.add_argument_group("DataLoader workers")
+    loader.add_argument("--workers", type=int, default=None,
+                        help="DataLoader workers wanted per process (capped by CPUs and "
+                        "memory; exported as TRAIN_DATALOADER_WORKERS)")
+    loader.add_argument("--worker-mem-mb", type=int, default=DEFAULT_WORKER_MEM_MB,
+                        help="host memory per DataLoader worker, in MB (default "
+                        f"{DEFAULT_WORKER_MEM_MB}, as for rendered jobs)")
 
 
 def run_launch(args: argparse.Namespace, command: list[str]) -> int:

@@ -129,7 +129,7 @@ def submit_chain(job: ResolvedJob, library: str) -> Chain:
         write_json_atomic(run_dir / contract.CHAIN_RECORD, record)
         _proc.run(["scontrol", "release", job_id], timeout=60)
     except BaseException:
-        _undo(job_id, written, moved, created)
+        undo_submission(job_id, written, moved, created)
         raise
     if cleared is not None:
         with contextlib.suppress(OSError):  # (a folder of that name stays aside)
@@ -172,7 +172,7 @@ def _set_aside(run_dir: Path, tag: str | None, script: Path, job_id: str,
     return cleared
 
 
-def _undo(job_id: str | None, written: list[Path], moved: list[tuple[Path, Path]],
+def undo_submission(job_id: str | None, written: list[Path], moved: list[tuple[Path, Path]],
           created: list[Path]) -> None:
     """A failed submission, undone: its job cancelled, its files removed, an earlier
     chain's files put back, and the folders it made removed where empty."""

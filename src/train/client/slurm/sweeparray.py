@@ -34,6 +34,7 @@ from train.client.slurm.scheduler import (
     load_chain,
     parse_sbatch_id,
 )
+from train.client.slurm.submission import undo_submission
 from train.client.slurm.sweep import SweepTask, aggregate, load_record, sweep_tasks, write_record
 from train.common import _proc
 from train.common.errors import ResourceError, UsageError
@@ -157,12 +158,7 @@ def submit_sweep(name: str, flag: str, root: Path, tasks: list[tuple[SweepTask, 
             written.append(run_dir / contract.CHAIN_RECORD)
         _proc.run(["scontrol", "release", array_id], timeout=60)
     except BaseException:
-        if array_id is not None:
-            _proc.run(["scancel", array_id], check=False)
-        for path in written:
-            path.unlink(missing_ok=True)
-        for kept, original in moved:
-            kept.replace(original)
+        undo_submission(array_id, written, moved, [])
         if created:  # the sweep's folder is this submission's: all of it goes
             shutil.rmtree(root, ignore_errors=True)
         for folder in reversed(created[:-1]):
