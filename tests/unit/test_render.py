@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
@@ -116,3 +117,31 @@ def test_a_percent_sign_in_the_run_directory_is_not_a_slurm_pattern() -> None:
                   library_text())
     assert '#SBATCH --output="/scratch/u/100%% %%j/run/logs/%x-%j.out"' in text
     assert "RUN_DIR='/scratch/u/100% %j/run'" in text
+
+
+def test_literal_dollars_in_settings_pass_shellcheck(tmp_path: Path) -> None:
+    # an --env value, a run folder, --resume-args and --save-path that hold `$` or a
+    # backtick are quoted on purpose: the script still passes shellcheck and bash reads
+    # them back unchanged
+    from train.client.clusters.profiles import Registry
+    from train.client.slurm.job import JobSpec, resolve
+    from train.client.slurm.render import library_text, render
+    spec = JobSpec(cluster="gilbreth", name="lit", account="lab", partition="a30", gpus_per_node=1,
+                   out=f"{RUN_ROOT}/r$x", entry="command", stop_signal="USR1",
+                   env=("A=$(id)", "B=`id` $HOME"), resume_args="--a=$HOME",
+                   save_path=("/s/$USER",), workload=("echo", "$HOME"))
+    text = render(resolve(spec, Registry(environ={}).get("gilbreth")), library_text())
+    path = tmp_path / "lit.sbatch"
+    path.write_text(text)
+    shellcheck = shutil.which("shellcheck") or shutil.which(
+        "shellcheck", path=str(Path(sys.executable).parent))
+    assert shellcheck
+    proc = subprocess.run([shellcheck, "--severity=style", str(path)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout
+    body = text[:text.index("step_command() {")]
+    probe = body + 'printf "%s\\0" "$RUN_DIR" "$A" "$B" "${RESUME_ARGS[@]}" "${SAVE_PATHS[@]}"\n'
+    out = subprocess.run(["bash", "-c", probe], capture_output=True, check=True,
+                         env={"PATH": os.environ["PATH"]}).stdout.decode().split("\0")[:-1]
+    assert out[:4] == [f"{RUN_ROOT}/r$x", "$(id)", "`id` $HOME", "--a=$HOME"]
+    assert out[4].endswith("/s/$USER")

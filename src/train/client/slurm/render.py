@@ -323,6 +323,7 @@ def _readable_part(job: ResolvedJob) -> list[str]:
     names = [*job.env_names, *(values if spec.runtime == "apptainer" else ())]
     env = {**values, container.ENV_NAMES_VAR: " ".join(dict.fromkeys(names))}
     out.append("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
+    out = [line for setting in out for line in _literal_settings(setting)]
     if job.profile.modules and spec.runtime == "apptainer":
         out += ["# site set-up (from the cluster profile)", *job.profile.modules]
     wrapped = NODE_WRAPPER_VAR in _named_texts(job).values()
@@ -331,6 +332,14 @@ def _readable_part(job: ResolvedJob) -> list[str]:
             "# shellcheck disable=SC2016,SC2054  # literal arguments, quoted on purpose",
             "step_command() {", *step_command_lines(job), "}"]
     return out
+
+
+def _literal_settings(line: str) -> list[str]:
+    """A setting line, after shellcheck's note that its quoted `$` or backtick is literal
+    (a value the user gave: --env, --out, --resume-args, --save-path)."""
+    if line.startswith("#") or not any(c in line for c in "$`"):
+        return [line]
+    return ["# shellcheck disable=SC2016  # literal values, quoted on purpose", line]
 
 
 def _library_part(job: ResolvedJob, library: str) -> list[str]:
