@@ -43,6 +43,9 @@ def test_a_value_sweep_sets_the_flag_per_task_and_a_command_gets_its_task(
     (dict(sweep="seeds=1,2"), "sweep", "--sweep-seeds"),
     (dict(sweep="lr=1,2", sweep_seeds=(1, 2)), "sweep", "not both"),
     (dict(sweep="lr=1,2", workload=("demo", "--lr", "3")), "sweep", "give the lr once"),
+    # a throttle above the task count throttles nothing (and Slurm refuses a huge one)
+    (dict(sweep="lr=1,2", sweep_throttle=3), "sweep_throttle", "1 to 2"),
+    (dict(sweep_seeds=(1,), sweep_throttle=99999999999), "sweep_throttle", "1 to 1"),
 ])
 def test_bad_value_sweeps_are_refused(kw: dict[str, object], field: str,
                                       message: str) -> None:

@@ -109,6 +109,9 @@ def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
         raise ConfigError(field, f"{len(values)} tasks are more than the cluster's job "
                           f"array size limit of {max_array_size} (max_array_size in its "
                           "profile; Slurm's MaxArraySize): split the sweep")
+    if spec.sweep_throttle is not None and spec.sweep_throttle > len(values):
+        raise ConfigError("sweep_throttle", f"must be 1 to {len(values)} (the sweep's "
+                          f"tasks), got {spec.sweep_throttle}: a larger one throttles nothing")
     given = f"--{flag}"
     if spec.entry == "train" and any(a == given or a.startswith(given + "=")
                                      for a in spec.workload):
