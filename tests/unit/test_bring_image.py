@@ -242,3 +242,47 @@ def test_an_image_without_train_gets_the_launcher_bound_read_only(
                    cwd=tmp_path, env={**_engine(tmp_path, "docker"), "IMAGE_ID": "sha256:o",
                                       "IMAGE_LABELS": '{"org.train.image":"base"}'})
     assert proc.returncode == 0 and LAUNCHER_ROOT not in proc.stdout, proc.stderr
+
+
+# -- what the probe or the cache may say: anything odd is no answer, never a traceback -----
+_ODD = ['{"python": [3, 1e400]}', '{"python": "3.11"}', '{"python": [-1, 99]}',
+        '{"python": [true, 11]}', '{"python": [3, 11], "torch": "false"}',
+        '{"python": [3, 11], "train_version": 5}', '[]', '"x"',
+        "[" * 100_000 + "]" * 100_000]
+
+
+@pytest.mark.parametrize("answer", _ODD, ids=range(len(_ODD)))
+def test_an_odd_probe_answer_is_no_answer(answer: str) -> None:
+    with pytest.raises(ValueError):
+        features.parse_probe(f"TRAIN-PROBE {answer}\n")
+
+
+@pytest.mark.parametrize("entry", [
+    '{"python": "311", "torch": true, "train": false, "pynvml": false, "nvidia_smi": false}',
+    '{"python": [3, 11], "torch": "no", "train": false, "pynvml": false, '
+    '"nvidia_smi": false}',
+    '{"python": [3, 11], "torch": false, "train": false, "pynvml": false, '
+    '"nvidia_smi": false, "ours": true}'], ids=["str-version", "str-bool", "ours"])
+def test_an_odd_cache_entry_is_asked_again(tmp_path: Path, entry: str) -> None:
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    path = features.cache_path(env)
+    path.parent.mkdir(parents=True)
+    path.write_text('{"k": ' + entry + "}")
+    assert features.cached("k", env) is None
+    path.write_text("[" * 100_000)  # cut short, or nested past the parser's depth
+    assert features.cached("k", env) is None
+    features.remember("k", Features(python=(3, 11, 0), torch=False, train=False,
+                                    pynvml=False, nvidia_smi=False), env)
+    assert features.cached("k", env) == Features((3, 11, 0), False, False, False, False)
+
+
+def test_a_flood_from_the_image_is_cut_short_in_the_note(tmp_path: Path) -> None:
+    env = _engine(tmp_path, "docker")
+    docker = Path(env["PATH"].split(":")[0]) / "docker"
+    docker.write_text(FAKE_DOCKER.replace('echo run >> "$PROBE_COUNT"',
+                                          "printf 'x%.0s' $(seq 5000); exit 3"))
+    proc = run_cli(["render", *_job(tmp_path, "docker", NO_TORCH, "--launch", "tasks")],
+                   cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    note = next(ln for ln in proc.stderr.splitlines() if "could not be asked" in ln)
+    assert len(note) < 600, len(note)

@@ -84,16 +84,44 @@ def from_labels(labels: Mapping[str, str]) -> Features | None:
 
 
 def parse_probe(stdout: str) -> Features:
-    """The probe's line; ValueError where there is none (the Python did not run)."""
+    """The probe's line; ValueError where there is none (the Python did not run) or where
+    it is not what the probe prints."""
     for line in reversed(stdout.splitlines()):
         if line.startswith("TRAIN-PROBE "):
-            data = json.loads(line[len("TRAIN-PROBE "):])
-            return Features(python=tuple(int(v) for v in data["python"]),
-                            torch=bool(data.get("torch")), train=bool(data.get("train")),
-                            pynvml=bool(data.get("pynvml")),
-                            nvidia_smi=bool(data.get("nvidia_smi")),
-                            train_version=str(data.get("train_version", "")))
+            found = _strict(_loads(line[len("TRAIN-PROBE "):]))
+            if not found.python:
+                raise ValueError("the probe's answer has no Python version")
+            return found
     raise ValueError("the probe printed no answer")
+
+
+def _loads(text: str) -> object:
+    try:
+        return json.loads(text)
+    except RecursionError:  # nested past the parser's depth: not the probe's answer
+        raise ValueError("nested too deep") from None
+
+
+_FLAGS = ("torch", "train", "pynvml", "nvidia_smi")
+
+
+def _strict(data: object) -> Features:
+    """Features from the probe's answer or a cache entry of one, exactly as the probe
+    writes them (a list of at most 3 whole numbers, true/false, a version text);
+    ValueError for anything else, e.g. a hand-edited or corrupted cache."""
+    if not isinstance(data, dict):
+        raise ValueError("not an object")
+    version = data.get("python")
+    flags = [data.get(name, False) for name in _FLAGS]
+    if not isinstance(version, list) or len(version) > 3 or not all(
+            type(v) is int and 0 <= v < 1000 for v in version) or not all(
+            isinstance(f, bool) for f in flags) or not isinstance(
+            data.get("train_version", ""), str) or data.get("ours", False) is not False:
+        raise ValueError("not the probe's answer")
+    torch, train, pynvml, nvidia_smi = flags
+    return Features(tuple(version), torch, train, pynvml, nvidia_smi,
+                    train_version=data.get("train_version", ""),
+                    source=str(data.get("source", "probe")))
 
 
 def probe_argv(runtime: str, binary: str, image: str, python: str) -> list[str]:
@@ -123,10 +151,9 @@ def file_identity(path: str) -> str | None:
 
 def cached(key: str, environ: Mapping[str, str]) -> Features | None:
     try:
-        data = json.loads(cache_path(environ).read_text(encoding="utf-8"))
-        entry = data[key]
-        return Features(**{**entry, "python": tuple(entry["python"])})
-    except (OSError, ValueError, KeyError, TypeError):
+        data = _loads(cache_path(environ).read_text(encoding="utf-8"))
+        return _strict(data[key]) if isinstance(data, dict) and key in data else None
+    except (OSError, ValueError):
         return None
 
 
@@ -135,7 +162,7 @@ def remember(key: str, found: Features, environ: Mapping[str, str]) -> None:
     skipped: the next submit asks the image again."""
     path = cache_path(environ)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = _loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, dict):
             data = {}
     except (OSError, ValueError):
@@ -238,6 +265,7 @@ def _probe(runtime: str, binary: str, image: str, python: str,
     except (ValueError, KeyError, TypeError):
         said = (proc.stderr or proc.stdout).strip().splitlines()
         last = said[-1] if said else f"exit {proc.returncode}"
+        last = last if len(last) <= 200 else last[:200] + "..."  # (a flood, cut short)
         if python in last and ("not found" in last or "No such file" in last):
             return Features(python=(), torch=False, train=False, pynvml=False,
                             nvidia_smi=False, source=f"probe failed: {last}"), ""
