@@ -286,3 +286,17 @@ def test_a_flood_from_the_image_is_cut_short_in_the_note(tmp_path: Path) -> None
     assert proc.returncode == 0, proc.stderr
     note = next(ln for ln in proc.stderr.splitlines() if "could not be asked" in ln)
     assert len(note) < 600, len(note)
+
+
+@pytest.mark.parametrize("runtime", ["docker", "apptainer"])
+def test_an_image_that_reads_as_an_option_is_refused(tmp_path: Path, runtime: str) -> None:
+    # `docker run ... --entrypoint env -v/:/host python3 ...` would mount the host's root
+    # and take the Python for the image
+    env = _engine(tmp_path, runtime)
+    args = _job(tmp_path, runtime, NO_TORCH, "--launch", "tasks")
+    at = args.index("--image")
+    args[at:at + 2] = ["--image=-v/:/host"]
+    proc = run_cli(["render", *args], cwd=tmp_path, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "train: error: image: " in proc.stderr and "'-'" in proc.stderr, proc.stderr
+    assert _probes(tmp_path) == 0
