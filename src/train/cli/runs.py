@@ -172,8 +172,12 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
     if is_sweep(run_dir):
         from train.client.slurm.sweeparray import cancel_sweep
 
-        ids = cancel_sweep(run_dir)
+        ids, unread = cancel_sweep(run_dir)
         print(f"cancelled sweep {run_dir.name}: {' '.join(ids) if ids else 'no active jobs'}")
+        for exc in unread[1:]:
+            print(f"train: {exc}", file=sys.stderr)
+        if unread:
+            raise unread[0]
         return EXIT_OK
     dirs = [run_dir]
     failures: list[TrainError] = []

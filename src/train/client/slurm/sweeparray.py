@@ -255,11 +255,18 @@ def slurm_ref(chain: Chain, job_id: str) -> str:
     return job_id
 
 
-def cancel_sweep(root: Path) -> list[str]:
+def cancel_sweep(root: Path) -> tuple[list[str], list[UsageError]]:
     """End every task and its successors: the array job (its tasks still pending or
     running) and each chain's queued or running chunks, each chain's cancel recorded
-    first."""
-    pairs = _chains(root)
+    first. A task whose chain cannot be read (its folder removed, its chain.json cut
+    short) still has its array task cancelled; what could not be read comes back too."""
+    pairs: list[tuple[SweepTask, Chain]] = []
+    unread: list[tuple[SweepTask, UsageError]] = []
+    for task in sweep_tasks(root):
+        try:
+            pairs.append((task, load_chain(root / task.dir)))
+        except UsageError as exc:
+            unread.append((task, exc))
     states = states_of([c for _, c in pairs])
     cancelled: list[str] = []
     for _task, chain in pairs:
@@ -270,9 +277,14 @@ def cancel_sweep(root: Path) -> list[str]:
             fh.write(f"{int(time.time())} 0 {chain.ids[0]} {contract.EV_CANCELLED} "
                      "by-user\n")
         cancelled += [slurm_ref(chain, i) for i in active]
+    array = load_record(root).get("array_job")
+    if unread and isinstance(array, str):
+        refs = [task_ref(array, t.index) for t, _ in unread]
+        found = array_task_states(refs)
+        cancelled += [r for r in refs if found[r]["state"] in ACTIVE_STATES]
     if cancelled:
         _proc.run(["scancel", *cancelled], timeout=60)
-    return cancelled
+    return cancelled, [UsageError(f"task {t.index}: {exc}") for t, exc in unread]
 
 
 # -- what `train status` prints --------------------------------------------------------

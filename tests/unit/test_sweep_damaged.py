@@ -1,0 +1,42 @@
+"""`train cancel` of a sweep one of whose task folders cannot be read (removed, or its
+chain.json cut short): the tasks it can read and the unreadable task's array task are
+still cancelled. Stand-ins for Slurm's commands (a unit test: no cluster)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from tests.conftest import run_cli
+
+SLURM = {
+    "sbatch": "#!/bin/bash\necho 7001\n",
+    "scontrol": "#!/bin/bash\nexit 0\n",
+    # the array's two tasks are waiting for the throttle
+    "squeue": '#!/bin/bash\ncase "$*" in *--array*) printf "7001_0|PENDING|None\\n'
+              '7001_1|PENDING|None\\n";; esac\n',
+    "sacct": "#!/bin/bash\nexit 0\n",
+    "scancel": '#!/bin/bash\necho "$@" >> "$SCANCELLED"\n',
+}
+
+
+def test_a_damaged_sweep_is_still_cancelled(tmp_path: Path) -> None:
+    sbin = tmp_path / "sbin"
+    sbin.mkdir()
+    for name, text in SLURM.items():
+        (sbin / name).write_text(text)
+        (sbin / name).chmod(0o755)
+    env = {"PATH": f"{sbin}:{os.environ['PATH']}",
+           "SCANCELLED": str(tmp_path / "scancelled")}
+    proc = run_cli(["submit", "--cluster", "local", "--no-check", "--name", "sw",
+                    "--entry", "command", "--runtime", "none", "--python", sys.executable,
+                    "--sweep", "x=1,2", "--sweep-throttle", "1", "--", "true"],
+                   cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    (tmp_path / "runs" / "sw" / "task-1" / "chain.json").write_text("{")  # cut short
+    proc = run_cli(["cancel", "sw"], cwd=tmp_path, env=env)
+    cancelled = (tmp_path / "scancelled").read_text().split()
+    assert sorted(cancelled) == ["7001_0", "7001_1"], (proc.stdout, proc.stderr)
+    assert "task 1" in proc.stderr and "chain.json" in proc.stderr, proc.stderr
+    assert proc.returncode == 2  # cancelled, but the folder is damaged: said, not hidden
