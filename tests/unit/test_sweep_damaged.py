@@ -1,6 +1,8 @@
-"""`train cancel` of a sweep one of whose task folders cannot be read (removed, or its
-chain.json cut short): the tasks it can read and the unreadable task's array task are
-still cancelled. Stand-ins for Slurm's commands (a unit test: no cluster)."""
+"""A value sweep as its user meets it after submission: `train cancel` of a sweep one of
+whose task folders cannot be read (removed, or its chain.json cut short) still cancels the
+tasks it can read and the unreadable task's array task; `train doctor` and `train logs`
+of the sweep itself name its real task folders. Stand-ins for Slurm's commands (a unit
+test: no cluster)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ SLURM = {
 }
 
 
-def test_a_damaged_sweep_is_still_cancelled(tmp_path: Path) -> None:
+def _submitted(tmp_path: Path) -> dict[str, str]:
     sbin = tmp_path / "sbin"
     sbin.mkdir()
     for name, text in SLURM.items():
@@ -34,9 +36,23 @@ def test_a_damaged_sweep_is_still_cancelled(tmp_path: Path) -> None:
                     "--sweep", "x=1,2", "--sweep-throttle", "1", "--", "true"],
                    cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
+    return env
+
+
+def test_a_damaged_sweep_is_still_cancelled(tmp_path: Path) -> None:
+    env = _submitted(tmp_path)
     (tmp_path / "runs" / "sw" / "task-1" / "chain.json").write_text("{")  # cut short
     proc = run_cli(["cancel", "sw"], cwd=tmp_path, env=env)
     cancelled = (tmp_path / "scancelled").read_text().split()
     assert sorted(cancelled) == ["7001_0", "7001_1"], (proc.stdout, proc.stderr)
     assert "task 1" in proc.stderr and "chain.json" in proc.stderr, proc.stderr
     assert proc.returncode == 2  # cancelled, but the folder is damaged: said, not hidden
+
+
+def test_doctor_and_logs_of_a_value_sweep_name_its_task_folders(tmp_path: Path) -> None:
+    env = _submitted(tmp_path)
+    for command in ("doctor", "logs"):
+        proc = run_cli([command, "sw"], cwd=tmp_path, env=env)
+        assert proc.returncode == 2, proc.stderr
+        assert "sw/task-0, sw/task-1" in proc.stderr and "seed" not in proc.stderr, \
+            proc.stderr

@@ -130,12 +130,11 @@ def _cmd_logs(args: argparse.Namespace) -> int:
         load_chain,
         log_path,
     )
-    from train.client.slurm.sweep import chain_paths, is_sweep
+    from train.client.slurm.sweep import is_sweep, not_a_chain
 
     run_dir = find_run(args.ref, args.runs)
     if is_sweep(run_dir):
-        raise UsageError(f"logs: {args.ref} is a sweep; name one seed's chain: "
-                         + ", ".join(f"{args.ref}/{p.name}" for _, p in chain_paths(run_dir)))
+        raise not_a_chain("logs", args.ref, run_dir)
     chain = load_chain(run_dir)
     path = log_path(chain, args.job, args.err)
     if not args.err:  # the program's own stderr (tracebacks, logging, Lightning) is apart

@@ -187,6 +187,7 @@ def resolve(ref: str | None, runs_root: Path) -> Chain:
     run_dir = find_run(ref, runs_root) if ref is not None else newest_run(runs_root)
     if (run_dir / contract.SWEEP_RECORD).is_file() and not (
             run_dir / contract.CHAIN_RECORD).is_file():
-        raise UsageError(f"run: {run_dir.name} is a seed sweep; name one of its chains "
-                         f"({run_dir.name}/seed-N)")
+        from train.client.slurm.sweep import not_a_chain
+
+        raise not_a_chain("run", run_dir.name, run_dir)
     return load_chain(run_dir)

@@ -34,7 +34,7 @@ def _check_not_active(run_dir: Path) -> Chain | None:
     """The directory's earlier chain, if any; an error while any of it is queued or
     running. Nothing is written."""
     if (run_dir / contract.SWEEP_RECORD).is_file():
-        raise UsageError(f"name: {run_dir.name} is a seed sweep; choose another --name (or "
+        raise UsageError(f"name: {run_dir.name} is a sweep; choose another --name (or "
                          "--out) for a single chain")
     if not (run_dir / contract.CHAIN_RECORD).is_file():
         return None

@@ -198,6 +198,12 @@ def chain_paths(root: Path) -> list[tuple[str, Path]]:
     return [(t.label, root / t.dir) for t in sweep_tasks(root)]
 
 
+def not_a_chain(field: str, ref: str, root: Path) -> UsageError:
+    """The error for a command that reads one chain, given a whole sweep: its chains."""
+    return UsageError(f"{field}: {ref} is a sweep; name one of its chains: "
+                      + ", ".join(f"{ref}/{p.name}" for _, p in chain_paths(root)))
+
+
 def aggregate(name: str, root: Path, statuses: list[dict[str, Any]]) -> dict[str, Any]:
     """The sweep's own state from its chains' (the worst first)."""
     states = [s.get("state", "unknown") for s in statuses]
