@@ -300,3 +300,13 @@ def test_an_image_that_reads_as_an_option_is_refused(tmp_path: Path, runtime: st
     assert proc.returncode == 2, proc.stderr
     assert "train: error: image: " in proc.stderr and "'-'" in proc.stderr, proc.stderr
     assert _probes(tmp_path) == 0
+
+
+@pytest.mark.parametrize("runtime", ["none", "apptainer"])
+def test_a_python_that_reads_as_an_option_is_refused(tmp_path: Path, runtime: str) -> None:
+    # `srun ... -i -c CODE` (runtime none) would take it for srun's own option
+    image = ["--image", str(tmp_path / "x.sif")] if runtime == "apptainer" else []
+    proc = run_cli(["render", "--cluster", "local", "--no-check", "--entry", "command",
+                    "--runtime", runtime, *image, "--python=-i", "--", "true"], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "train: error: python: '-i' starts with '-'" in proc.stderr, proc.stderr

@@ -141,9 +141,10 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
     mem_mb, whole_node = _memory(spec, node, launch, ntasks)
     if spec.runtime != "none" and not spec.image:
         raise ConfigError("image", f"runtime {spec.runtime} needs --image")
-    if (spec.image or "").startswith("-"):
-        raise ConfigError("image", f"{spec.image!r} starts with '-': docker and apptainer "
-                          "would read it as one of their options (a file: give ./NAME)")
+    for field, value in (("image", spec.image or ""), ("python", spec.python)):
+        if value.startswith("-"):  # (srun, docker and apptainer take it for an option)
+            raise ConfigError(field, f"{value!r} starts with '-': the command before it "
+                              "would read it as one of its options (a file: give ./NAME)")
     if spec.preempt and not profile.preempt_flags:
         raise ConfigError("preempt", f"{profile.name} has no preemptible jobs")
     run_config = _run_config(spec) if spec.entry == "train" else None
