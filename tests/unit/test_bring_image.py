@@ -310,3 +310,16 @@ def test_a_python_that_reads_as_an_option_is_refused(tmp_path: Path, runtime: st
                     "--runtime", runtime, *image, "--python=-i", "--", "true"], cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "train: error: python: '-i' starts with '-'" in proc.stderr, proc.stderr
+
+
+def test_a_probe_that_hangs_is_one_short_note(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # the engine never answers: the note says so in a line, not the probe's whole program
+    env = _engine(tmp_path, "docker")
+    docker = Path(env["PATH"].split(":")[0]) / "docker"
+    docker.write_text(FAKE_DOCKER.replace('echo run >> "$PROBE_COUNT"', "exec sleep 30"))
+    monkeypatch.setattr(features, "PROBE_TIMEOUT", 0.5)
+    found, notes = features._probe("docker", str(docker), "my/ngc:24.01", NO_TORCH,
+                                   {**os.environ, **env})
+    assert found is None and len(notes.splitlines()) == 1, notes
+    assert "timed out after 0.5 s" in notes and "TRAIN-PROBE" not in notes, notes

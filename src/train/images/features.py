@@ -259,7 +259,9 @@ def _probe(runtime: str, binary: str, image: str, python: str,
     try:
         proc = _proc.run(argv, timeout=PROBE_TIMEOUT, check=False, env=dict(environ))
     except _proc.ProcError as exc:
-        return None, f"--image {image}: its Python could not be asked what it holds: {exc}"
+        # (the reason alone: the command line holds the probe's whole program)
+        return None, (f"--image {image}: its Python could not be asked what it holds: "
+                      f"{binary} {argv[1]}: {exc.stderr.strip()[:200]}")
     try:
         return parse_probe(proc.stdout), ""
     except (ValueError, KeyError, TypeError):
