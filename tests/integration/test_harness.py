@@ -45,6 +45,14 @@ def test_a_session_with_a_running_step(slurm_env):
 '''
 
 
+def _as_from_a_terminal() -> None:
+    """The inner session gets Ctrl-C as a terminal gives it: a suite started as a
+    non-interactive shell's background job (`nox ... &`) inherits SIGINT ignored, and a
+    Python started with SIGINT ignored keeps ignoring it (no KeyboardInterrupt at all)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("ending", ["finished", "SIGINT", "SIGTERM", "SIGKILL"])
 def test_no_process_of_the_cluster_outlives_its_test_session(tmp_path: Path,
                                                              ending: str) -> None:
@@ -58,7 +66,7 @@ def test_no_process_of_the_cluster_outlives_its_test_session(tmp_path: Path,
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", os.devnull,
          "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        start_new_session=True)
+        start_new_session=True, preexec_fn=_as_from_a_terminal)
     try:
         while not probe.exists() and session.poll() is None:
             time.sleep(0.2)
