@@ -68,7 +68,11 @@ def _append_rows(args: tuple[str, int]) -> None:
 
 def test_sixteen_processes_appending_lose_no_row(tmp_path: Path) -> None:
     path = tmp_path / "results.csv"
-    ctx = multiprocessing.get_context("fork")
+    # forkserver, not fork: forking the test process, which may hold other tests'
+    # threads, can copy a lock held at that instant into a worker, which then never
+    # starts (seen in a full-suite run); the server is a fresh process forked from
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
     with ctx.Pool(16) as pool:
         pool.map(_append_rows, [(str(path), w) for w in range(16)])
     with open(path, newline="") as fh:
