@@ -17,56 +17,14 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-cache=${TRAIN_CI_CACHE:-/var/cache/train-ci}
+# shellcheck source=ci/debian-root.sh
+. "$here/debian-root.sh"
 root="$cache/trixie-slurm"
 # what the root holds; a change here makes a new root
 packages=(slurm-wlm munge python3 git procps iproute2 ca-certificates)
-stamp="trixie ${packages[*]}"
-
-mirror() {
-    # the Debian archive this machine is configured with (deb822 or one-line sources)
-    local uri
-    uri=$(grep -hsE '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null |
-        awk '{print $2}' | grep -v -- '-security' | head -n 1)
-    if [ -z "$uri" ]; then
-        uri=$(grep -hsE '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list \
-            2>/dev/null | awk '{for (i = 2; i <= NF; i++) if ($i ~ /^https?:/) {print $i;
-            exit}}' | grep -v -- '-security' | head -n 1)
-    fi
-    echo "${uri:-http://deb.debian.org/debian}"
-}
 
 make_root() {
-    mkdir -p "$cache"
-    if [ -f "$root/.train-ci-ready" ] && [ "$(cat "$root/.train-ci-ready")" = "$stamp" ]; then
-        echo "$root"
-        return 0
-    fi
-    exec 9>"$cache/trixie-slurm.lock"
-    flock 9  # sessions side by side build it once
-    if [ -f "$root/.train-ci-ready" ] && [ "$(cat "$root/.train-ci-ready")" = "$stamp" ]; then
-        echo "$root"
-        return 0
-    fi
-    local tmp="$root.new"
-    rm -rf --one-file-system "$tmp"
-    echo "trixie-slurm: debootstrap trixie from $(mirror) into $root (once)" >&2
-    debootstrap --variant=minbase trixie "$tmp" "$(mirror)" >&2
-    # (no daemon may start inside: apt's postinst scripts ask policy-rc.d)
-    printf '#!/bin/sh\nexit 101\n' > "$tmp/usr/sbin/policy-rc.d"
-    chmod 755 "$tmp/usr/sbin/policy-rc.d"
-    cp /etc/resolv.conf "$tmp/etc/resolv.conf" 2>/dev/null || true
-    # /proc only in a mount namespace of this command's own: nothing stays mounted
-    # shellcheck disable=SC2016  # expanded by the inner shell
-    unshare --mount --propagation private -- sh -c 'mount --bind /proc "$1/proc" &&
-        chroot "$1" /bin/sh -c "apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -qq --no-install-recommends $2 && apt-get clean"' \
-        sh "$tmp" "${packages[*]}" >&2 ||
-        { echo "trixie-slurm: apt-get install failed in $tmp" >&2; exit 1; }
-    echo "$stamp" > "$tmp/.train-ci-ready"
-    rm -rf --one-file-system "$root"
-    mv "$tmp" "$root"
-    echo "$root"
+    debian_root trixie trixie-slurm "${packages[@]}"
 }
 
 up() {
@@ -75,23 +33,8 @@ up() {
     mkdir -p "$dir"
     dir=$(cd "$dir" && pwd)
     make_root >/dev/null
-    # trixie's client commands for the host: each runs in the root, in the cluster's mount
-    # namespace (held by the process in DIR/mntns.pid), in the caller's working directory;
-    # called from inside the root (a job's step), where the cache is not, the root's own
-    local cmd bin
-    mkdir -p "$dir/bin"
-    for cmd in sbatch squeue scontrol scancel sinfo sacct srun salloc sstat sprio slurmd; do
-        bin=/usr/bin/$cmd
-        [ "$cmd" = slurmd ] && bin=/usr/sbin/slurmd
-        cat > "$dir/bin/$cmd" <<WRAP
-#!/bin/sh
-# trixie's $cmd (Slurm 24.11), from ci/trixie-slurm.sh
-[ -d "$root/usr" ] || exec $bin "\$@"
-pid=\$(cat "$dir/mntns.pid") || exit 1
-exec nsenter --target "\$pid" --mount --root -- /usr/bin/env -C "\$PWD" $bin "\$@"
-WRAP
-        chmod 755 "$dir/bin/$cmd"
-    done
+    # trixie's client commands for the host
+    client_wrappers "$dir" "$root"
     # the mount namespace: /proc, /sys (cgroups with it), /dev, /tmp (the cluster's folder,
     # the tests' runs), the host's /etc/hosts (its own name: 24.11's slurmctld looks up the
     # submitting host), and each PATH at the same place; a process that sleeps holds it

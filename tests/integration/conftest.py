@@ -24,7 +24,7 @@ TRIXIE_NEEDED = ("debootstrap", "unshare", "nsenter", "chroot")
 def _skip_reason(version: str) -> str | None:
     if os.geteuid() != 0:
         return "the local SLURM cluster needs root (its daemons run as SlurmUser=root)"
-    needed = TRIXIE_NEEDED if version == localslurm.TRIXIE else NEEDED
+    needed = TRIXIE_NEEDED if version in localslurm.ROOT_SCRIPTS else NEEDED
     missing = [cmd for cmd in needed if shutil.which(cmd) is None]
     if missing:
         return (f"{', '.join(missing)} not installed: run `bash ci/bootstrap.sh` as root "
@@ -154,4 +154,78 @@ def apptainer_sif(tmp_path_factory: pytest.TempPathFactory) -> Path:
                            capture_output=True, text=True, timeout=7200, check=False)
     if build.returncode != 0:
         pytest.fail(f"apptainer build failed: {build.stderr[-3000:]}")
+    return sif
+
+
+class SiteUser:
+    """The ordinary user of the apptainer tier (ci/sid-apptainer.sh): commands run as that
+    user in the sid root, where Apptainer 1.4 and Slurm 26.05 are, as a site's users run
+    them. Its folders are made by `folder` (owned by the user, readable by the tests)."""
+
+    def __init__(self, as_user: Path, uid: int, env: dict[str, str]) -> None:
+        self.as_user = as_user
+        self.uid = uid
+        self.env = env
+
+    def run(self, argv: list[str], *, cwd: Path, env: dict[str, str] | None = None,
+            timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        full = {**os.environ, "OMP_NUM_THREADS": "1", **self.env, **(env or {})}
+        full.pop("TRAIN_DEFAULTS", None)  # the tests' own file: the user has a home of theirs
+        return subprocess.run([str(self.as_user), *argv], capture_output=True, text=True,
+                              cwd=cwd, env=full, timeout=timeout, check=False)
+
+    def cli(self, args: list[str], *, cwd: Path, env: dict[str, str] | None = None,
+            timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        """`train ARGS` as the user (this session's Python and its venv, bound in)."""
+        return self.run([sys.executable, "-m", "train", *args], cwd=cwd, env=env,
+                        timeout=timeout)
+
+    def folder(self, prefix: str = "user") -> Path:
+        path = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir="/tmp"))
+        os.chown(path, self.uid, self.uid)
+        path.chmod(0o755)
+        return path
+
+
+@pytest.fixture(scope="session")
+def site_user() -> Iterator[SiteUser]:
+    """The apptainer tier's user, on a cluster of its own beside the session's: Slurm
+    26.05 and Apptainer 1.4 in a sid root (ci/sid-apptainer.sh, made once per machine),
+    stopped by PID when the session ends."""
+    reason = _skip_reason(localslurm.SID)
+    if reason:
+        pytest.skip(reason)
+    made: list[Path] = []
+    try:
+        with localslurm.local_cluster(localslurm.SID, prefix="sa",
+                                      session_path=False) as env:
+            bin_dir = Path(env["PATH"].split(os.pathsep)[0])
+            user = SiteUser(bin_dir / "as-user", (bin_dir.parent / "home").stat().st_uid,
+                            env)
+            original = user.folder
+
+            def folder(prefix: str = "user") -> Path:
+                made.append(original(prefix))
+                return made[-1]
+
+            user.folder = folder  # type: ignore[method-assign]
+            yield user
+    except localslurm.ClusterError as exc:
+        pytest.fail(str(exc))
+    finally:
+        for path in made:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def plain_sif(site_user: SiteUser) -> Path:
+    """A SIF of plain Debian bookworm with python3 (no torch, no train), made once per
+    machine by ci/sid-apptainer.sh and copied where the user's jobs read it."""
+    proc = subprocess.run(["bash", str(REPO / "ci" / "sid-apptainer.sh"), "plain-image"],
+                          capture_output=True, text=True, timeout=1800, check=False)
+    if proc.returncode != 0:
+        pytest.fail(f"ci/sid-apptainer.sh plain-image failed: {proc.stderr[-3000:]}")
+    sif = site_user.folder("images") / "plain-python3.sif"
+    shutil.copyfile(proc.stdout.strip().splitlines()[-1], sif)
+    os.chown(sif, site_user.uid, site_user.uid)
     return sif

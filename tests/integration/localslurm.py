@@ -1,8 +1,11 @@
 """The local SLURM clusters of the `slurm` tier, and what makes sure none outlives its tests.
 
-Two clusters, the same slurm.conf (ci/slurm-up.sh): the machine's own Slurm (Debian
-bookworm's 22.05), or with TRAIN_TEST_SLURM=24.11 Debian trixie's Slurm 24.11 in a trixie
-root under chroot (ci/trixie-slurm.sh; its client commands come first on the tests' PATH).
+Three clusters, the same slurm.conf (ci/slurm-up.sh): the machine's own Slurm (Debian
+bookworm's 22.05); with TRAIN_TEST_SLURM=24.11 Debian trixie's Slurm 24.11 in a trixie
+root under chroot (ci/trixie-slurm.sh); with TRAIN_TEST_SLURM=26.05 Debian sid's Slurm
+26.05 in a sid root entered with pivot_root, beside a real Apptainer 1.4 and an ordinary
+user who runs it (ci/sid-apptainer.sh). A root's client commands come first on the tests'
+PATH.
 
 A cluster is stopped by ci/slurm-down.sh, by PID: its daemons, the slurmstepd of its jobs
 and its jobs' programs. A guard (ci/slurm-guard.sh), started before the cluster in a
@@ -30,7 +33,9 @@ from tests.conftest import REPO
 CI = REPO / "ci"
 VERSION_VAR = "TRAIN_TEST_SLURM"
 TRIXIE = "24.11"  # Debian trixie's slurm-wlm
-CHOICES = ("", "host", TRIXIE)
+SID = "26.05"  # Debian sid's slurm-wlm, with apptainer
+CHOICES = ("", "host", TRIXIE, SID)
+ROOT_SCRIPTS = {TRIXIE: "trixie-slurm.sh", SID: "sid-apptainer.sh"}
 
 
 class ClusterError(RuntimeError):
@@ -38,18 +43,19 @@ class ClusterError(RuntimeError):
 
 
 def selected() -> str:
-    """'' for the machine's own Slurm, TRIXIE for the trixie root's; a ValueError naming
+    """'' for the machine's own Slurm, TRIXIE or SID for a root's; a ValueError naming
     the variable for anything else."""
     value = os.environ.get(VERSION_VAR, "").strip()
     if value not in CHOICES:
         raise ValueError(f"{VERSION_VAR}={value!r}: allowed are {TRIXIE} (Debian trixie's "
-                         "Slurm in a chroot) or host (the machine's own slurm-wlm, also when "
+                         f"Slurm in a chroot), {SID} (Debian sid's Slurm and Apptainer in a "
+                         "root of their own) or host (the machine's own slurm-wlm, also when "
                          "unset)")
-    return TRIXIE if value == TRIXIE else ""
+    return value if value in ROOT_SCRIPTS else ""
 
 
 def python_binds() -> list[str]:
-    """What a job in the trixie root needs to run this Python at the same paths: the
+    """What a job in a root of its own needs to run this Python at the same paths: the
     repository (with its .nox venvs), the venv, and the Python installation it is made from
     (only its standard library and executable where that is the system's /usr)."""
     base = Path(sys.base_prefix).resolve()
@@ -106,18 +112,19 @@ class LocalCluster:
         self._guard_pipe: int | None = None
 
     def _up(self) -> list[str]:
-        if self.version == TRIXIE:
-            return ["bash", str(CI / "trixie-slurm.sh"), "up", str(self.folder),
+        if self.version in ROOT_SCRIPTS:
+            return ["bash", str(CI / ROOT_SCRIPTS[self.version]), "up", str(self.folder),
                     *python_binds()]
         return ["bash", str(CI / "slurm-up.sh"), str(self.folder)]
 
     def start(self) -> dict[str, str]:
         """Start it (the guard first); the environment its commands need."""
-        if self.version == TRIXIE:  # made once per machine (minutes), then cached
-            root = subprocess.run(["bash", str(CI / "trixie-slurm.sh"), "root"],
+        if self.version in ROOT_SCRIPTS:  # made once per machine (minutes), then cached
+            script = ROOT_SCRIPTS[self.version]
+            root = subprocess.run(["bash", str(CI / script), "root"],
                                   capture_output=True, text=True, timeout=1800, check=False)
             if root.returncode != 0:
-                raise ClusterError(f"ci/trixie-slurm.sh root failed: {root.stderr[-3000:]}")
+                raise ClusterError(f"ci/{script} root failed: {root.stderr[-3000:]}")
         read, self._guard_pipe = os.pipe()
         try:
             self._guard = subprocess.Popen(
@@ -136,7 +143,7 @@ class LocalCluster:
             self.stop()
             raise ClusterError(f"{' '.join(self._up()[:3])} failed: {proc.stderr}")
         env = {"SLURM_CONF": proc.stdout.strip().splitlines()[-1]}
-        if self.version == TRIXIE:
+        if self.version in ROOT_SCRIPTS:
             env["PATH"] = f"{self.folder / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
         return env
 
@@ -186,15 +193,19 @@ def interrupt_on_terminate() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def local_cluster(version: str = "", prefix: str = "ts") -> Iterator[dict[str, str]]:
-    """A cluster for the `with` block: its environment, and nothing of it left after."""
+def local_cluster(version: str = "", prefix: str = "ts", *, session_path: bool = True
+                  ) -> Iterator[dict[str, str]]:
+    """A cluster for the `with` block: its environment, and nothing of it left after. With
+    `session_path`, a root's client commands also come first on this session's PATH (for
+    tests that build PATH from the session's own); without, only in the returned env (a
+    second cluster beside the session's)."""
     folder = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))  # munge socket path < 108
     cluster = LocalCluster(folder, version)
     path = os.environ.get("PATH")
     try:
         with interrupt_on_terminate():
             env = cluster.start()
-            if "PATH" in env:  # also for tests that build PATH from the session's own
+            if "PATH" in env and session_path:
                 os.environ["PATH"] = env["PATH"]
             yield env
     finally:

@@ -38,8 +38,13 @@ def normalise(values: Mapping[str, Any]) -> dict[str, Any]:
 def load_defaults(path: Path | None = None) -> dict[str, Any]:
     """The file's keys (none when it does not exist); a bad file is an error naming it."""
     path = path or defaults_path()
-    if not path.exists():
-        return {}
+    try:
+        if not path.exists():
+            return {}
+    except OSError as exc:  # a folder on the way that this user cannot enter
+        raise ConfigError("defaults", f"cannot read the defaults file {path}: "
+                          f"{exc.strerror}; set {PATH_VAR} to a file of yours, or unset "
+                          "it") from None
     values = normalise(load_yaml(path))
     from train.client.slurm.job import JobSpec
 

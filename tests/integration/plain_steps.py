@@ -1,0 +1,77 @@
+"""A researcher's program in an image of plain python3 (no torch, no `train`): one rank
+per task, standard library only. It keeps the README's walltime contract: on its stop
+signal (TRAIN_STOP_SIGNAL) each rank saves its step into TRAIN_RUN_DIR and exits 0; it
+resumes from there; it exits 0 when the work is done. It prints which Python, which
+site-packages and which environment it ran with, so a test can see what the container
+brought in.
+
+Test knobs (environment): USER_STEPS total steps; USER_HOLD_AT makes the first chunk wait
+there (still answering its stop signal) after writing `user_held-RANK`, so a test stops
+it with work left, counted in steps, never in seconds.
+"""
+
+import importlib.util
+import json
+import os
+import signal
+import site
+import sys
+import time
+from pathlib import Path
+
+stop = {"signal": 0}
+
+
+def on_stop(signum, frame):
+    stop["signal"] = signum
+
+
+def main() -> int:
+    wanted = os.environ.get("TRAIN_STOP_SIGNAL", "USR1")
+    if wanted != "none":
+        signal.signal(getattr(signal, "SIG" + wanted), on_stop)
+    ready = os.environ.get("TRAIN_SIGNAL_READY")
+    if ready:  # the handler is in place: the walltime signal may come now
+        Path(ready).touch()
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    print(f"plain rank {rank}/{world} python {sys.executable} {sys.version.split()[0]}",
+          flush=True)
+    print(f"plain rank {rank} site-packages {site.getsitepackages()} user-site "
+          f"{site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages())}",
+          flush=True)
+    print(f"plain rank {rank} can import train: "
+          f"{importlib.util.find_spec('train') is not None} torch: "
+          f"{importlib.util.find_spec('torch') is not None}", flush=True)
+    print(f"plain rank {rank} env PYTHONPATH={os.environ.get('PYTHONPATH', '<unset>')} "
+          f"VIRTUAL_ENV={os.environ.get('VIRTUAL_ENV', '<unset>')} "
+          f"LD_LIBRARY_PATH={os.environ.get('LD_LIBRARY_PATH', '<unset>')} "
+          f"HOME={os.environ.get('HOME', '<unset>')}", flush=True)
+    run_dir = Path(os.environ.get("TRAIN_RUN_DIR", "."))
+    ckpt = run_dir / f"plain_ckpt-{rank}.json"
+    step = 0
+    if ckpt.exists():
+        step = json.loads(ckpt.read_text())["step"]
+        print(f"plain rank {rank} resumed at step {step}", flush=True)
+    total = int(os.environ.get("USER_STEPS", "20"))
+    hold = int(os.environ.get("USER_HOLD_AT", "0"))
+    first_chunk = os.environ.get("TRAIN_CHUNK", "1") == "1"
+    while step < total:
+        step += 1
+        while hold and first_chunk and step == hold and not stop["signal"]:
+            held = run_dir / f"user_held-{rank}"
+            if not held.exists():
+                held.write_text(str(step))
+            time.sleep(0.1)
+        if stop["signal"]:
+            tmp = ckpt.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"step": step}))
+            tmp.replace(ckpt)
+            print(f"plain rank {rank} stopped by signal at step {step}", flush=True)
+            return 0
+    print(f"plain rank {rank} done at step {step}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""The apptainer tier: a real Apptainer 1.4 and Slurm 26.05 (Debian sid, ci/sid-apptainer.sh),
+everything run as an ordinary user, as on the sites. Jobs run `apptainer exec` on both
+nodes of the local cluster; the images are real SIFs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+from tests.integration.chains import TERMINAL, walltime_signal
+from tests.integration.chains import logs as _logs
+from tests.integration.conftest import SiteUser
+
+pytestmark = [pytest.mark.slurm, pytest.mark.apptainer, pytest.mark.slow]
+
+PLAIN = REPO / "tests" / "integration" / "plain_steps.py"
+
+
+def _status(user: SiteUser, cwd: Path, name: str) -> dict[str, Any]:
+    proc = user.cli(["status", name, "--json"], cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    data: dict[str, Any] = json.loads(proc.stdout)
+    return data
+
+
+def _wait(user: SiteUser, cwd: Path, name: str, until: Callable[[dict[str, Any]], bool],
+          polls: int = 600) -> dict[str, Any]:
+    import time
+
+    st: dict[str, Any] = {}
+    for _ in range(polls):
+        st = _status(user, cwd, name)
+        if until(st):
+            return st
+        time.sleep(0.5)
+    raise AssertionError(f"{name} never reached the state: {json.dumps(st, indent=1)}")
+
+
+def test_a_two_node_chain_in_a_plain_python_image_stops_and_resumes(
+        site_user: SiteUser, plain_sif: Path) -> None:
+    """An ordinary user's 2-node chain in an image with neither torch nor train: the
+    walltime signal reaches the program inside the container, the chain resumes to
+    completion, and the log says which Python and site-packages ran."""
+    work = site_user.folder("plainchain")
+    shutil.copy(PLAIN, work / "plain_steps.py")
+    name = "plain"
+    proc = site_user.cli(
+        ["submit", "--name", name, "--cluster", "local", "--entry", "command",
+         "--nodes", "2", "--cpus-per-task", "1", "--mem", "1000M", "--time", "5",
+         "--runtime", "apptainer", "--image", str(plain_sif), "--launch", "tasks",
+         "--stop-signal", "USR1", "--max-chunks", "3", "--env", "USER_HOLD_AT",
+         "--", "python3", str(work / "plain_steps.py")],
+        cwd=work, env={"USER_HOLD_AT": "7"})
+    assert proc.returncode == 0, proc.stderr
+    run_dir = work / "runs" / name
+    # both ranks hold at step 7 with their handlers set (one rank's readiness is not the
+    # other's: a signal passed on while a node still unpacks the SIF meets Apptainer's
+    # starter, not the program)
+    held = [run_dir / "user_held-0", run_dir / "user_held-1"]
+    st = _wait(site_user, work, name, lambda s: all(p.exists() for p in held)
+               or s["state"] in TERMINAL)
+    assert all(p.exists() for p in held), (st, _logs(run_dir, "err")[-4000:])
+    walltime_signal(st["chunks"][0]["job_id"], site_user.env)
+    st = _wait(site_user, work, name, lambda s: s["state"] in TERMINAL)
+    out, err = _logs(run_dir, "out"), _logs(run_dir, "err")
+    assert st["state"] == "complete", (st, err[-4000:], out)
+    assert [c["events"][-1] for c in st["chunks"] if c["events"]] == ["stopped", "complete"]
+    assert "plain rank 0 stopped by signal at step 7" in out, out
+    assert "plain rank 1 resumed at step 7" in out and out.count("done at step 20") == 2
+    # the image's own Python and nothing of the login node's
+    assert out.count("python /usr/bin/python3 3.11") == 4, out
+    assert out.count("can import train: False torch: False") == 4, out
