@@ -91,12 +91,13 @@ def test_a_wrong_user_profile_is_shown_corrected_by_write_and_then_accepted(
                  "partition"):
         assert line in proc.stdout, proc.stdout
     written = Path(env["HOME"]) / ".config" / "train" / "clusters" / "local.yaml"
-    assert not (written.parent / "local.yaml.before-probe").exists()  # probe alone writes nothing
+    assert not (written.parent / "local.yaml.1").exists()  # probe alone writes nothing
 
     proc = run_cli(["clusters", "probe", "local", "--write"], cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "the profile local now says what the site says" in proc.stdout, proc.stdout
-    assert (written.parent / "local.yaml.before-probe").read_text() == WRONG
+    assert (written.parent / "local.yaml.1").read_text() == WRONG
+    assert f"(the earlier file is kept as {written}.1)" in proc.stdout, proc.stdout
     text = written.read_text()
     debug = yaml.safe_load(text)["partitions"]["debug"]
     assert (debug["gpus_per_node"], debug["gpu_types"], debug["max_time"]) == (
