@@ -21,7 +21,8 @@ def add_clusters(sub: Subparsers) -> None:
     p.add_argument("action", nargs="?", choices=["list", "show", "probe"], default="list")
     p.add_argument("name", nargs="?", help="profile to show or probe")
     p.add_argument("--write", action="store_true",
-                   help="probe: write the probed values as your profile NAME (extends NAME)")
+                   help="probe: write the probed values into the profile's own file (for "
+                   "a shipped one: yours, extending it), the earlier file kept as FILE.1, .2, ...")
     p.add_argument("--profile", type=Path, action="append", default=[], metavar="FILE",
                    help="extra profile YAML (may repeat)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
