@@ -225,6 +225,19 @@ def test_the_cli_bound_is_a_flag_and_a_bad_one_is_refused(tmp_path: Path) -> Non
     assert probe.TIMEOUT == PROBE_TIMEOUT  # the help's default is the probe's
 
 
+def test_a_program_that_hung_is_not_asked_again(tmp_path: Path) -> None:
+    """sacctmgr's QOS query hangs: its associations query (the same daemon) is not made,
+    so a dead accounting daemon costs one bound, not two."""
+    asked = tmp_path / "asked"
+    env = _site(tmp_path, sacctmgr=f"echo \"$*\" >> {asked}\nsleep 600\n")
+    site = probe.read_site(env, timeout=1, note=lambda _: None)
+    said = asked.read_text() if asked.exists() else ""  # (killed before its echo: none)
+    assert "associations" not in said and len(said.splitlines()) <= 1, said
+    assert "your associations (accounts): not asked (sacctmgr did not answer just before)" \
+        in site.unread, site.unread
+    assert site.nodes and site.apptainer == "apptainer version 1.3.4"  # the others answer
+
+
 def test_megabytes_of_stderr_become_a_short_tail_on_one_line(tmp_path: Path) -> None:
     env = _site(tmp_path, sacctmgr="i=0\nwhile [ $i -lt 40000 ]; do\n"
                 "  echo 'sacctmgr: error: a very long complaint about the database' >&2\n"

@@ -234,12 +234,16 @@ def _say(text: str) -> None:
 
 
 def _ask(argv: Sequence[str], site: Site, what: str, environ: Mapping[str, str] | None,
-         timeout: float, note: Note) -> str | None:
+         timeout: float, note: Note, hung: set[str]) -> str | None:
     """What argv printed (without terminal escapes), or None with the reason in
-    site.unread: the command, and a short tail of its own words."""
+    site.unread: the command, and a short tail of its own words. A program in `hung` (it
+    did not answer before) is not asked again; one that does not answer joins it."""
     path = (os.environ if environ is None else environ).get("PATH")
     if shutil.which(argv[0], path=path) is None:
         site.unread.append(f"{what}: {argv[0]} is not on PATH")
+        return None
+    if argv[0] in hung:
+        site.unread.append(f"{what}: not asked ({argv[0]} did not answer just before)")
         return None
     shown = f"`{shlex.join(argv)}`"
     slow = min(SLOW, timeout / 2)
@@ -248,6 +252,7 @@ def _ask(argv: Sequence[str], site: Site, what: str, environ: Mapping[str, str] 
             f"{shown} has not answered in {slow:g} s; waiting at most {timeout:g} s")))
     except _proc.ProcError as exc:
         if exc.returncode == 124:
+            hung.add(argv[0])
             note(f"{shown} did not answer in {timeout:g} s: killed it and its children")
             why = f"did not answer in {timeout:g} s (killed, with its children)"
         else:
@@ -277,9 +282,10 @@ def read_site(environ: Mapping[str, str] | None = None, *, timeout: float = TIME
               note: Note = _say) -> Site:
     """Ask the site; `note(text)` says on stderr that a command is slow or was killed."""
     site = Site()
+    hung: set[str] = set()
 
     def ask(argv: Sequence[str], what: str) -> str | None:
-        return _ask(argv, site, what, environ, timeout, note)
+        return _ask(argv, site, what, environ, timeout, note, hung)
 
     text = ask(SINFO, "partitions and nodes")
     if text is not None:
