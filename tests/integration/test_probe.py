@@ -76,7 +76,9 @@ def test_probe_reports_each_value_of_the_local_cluster_exactly(
     assert f"SLURM_VERSION = {version}  (scontrol show config)" in out, out
     # no accounting database here: said, and the profile's QOS limits stay
     unread = out.split("could not read (the profile's values stay as they are):")[1]
-    assert "QOS limits: `sacctmgr -n -P show qos format=Name,MaxWall` said:" in unread, out
+    assert "QOS limits: `sacctmgr -n -P show qos format=Name,MaxWall` failed (exit status " \
+           "1): " in unread, out
+    assert "max_array_size" not in out, out  # the default MaxArraySize, as the profile says
 
 
 def test_a_wrong_user_profile_is_shown_corrected_by_write_and_then_accepted(
@@ -91,23 +93,30 @@ def test_a_wrong_user_profile_is_shown_corrected_by_write_and_then_accepted(
                  "partition"):
         assert line in proc.stdout, proc.stdout
     written = Path(env["HOME"]) / ".config" / "train" / "clusters" / "local.yaml"
-    assert not (written.parent / "local.yaml.before-probe").exists()  # probe alone writes nothing
+    assert not (written.parent / "local.yaml.1").exists()  # probe alone writes nothing
 
     proc = run_cli(["clusters", "probe", "local", "--write"], cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "the profile local now says what the site says" in proc.stdout, proc.stdout
-    assert (written.parent / "local.yaml.before-probe").read_text() == WRONG
+    assert (written.parent / "local.yaml.1").read_text() == WRONG
+    assert f"(the earlier file is kept as {written}.1)" in proc.stdout, proc.stdout
     text = written.read_text()
     debug = yaml.safe_load(text)["partitions"]["debug"]
     assert (debug["gpus_per_node"], debug["gpu_types"], debug["max_time"]) == (
         2, [], "01:00:00"), text
     assert "big" not in yaml.safe_load(text)["partitions"], text
+    assert yaml.safe_load(text)["max_array_size"] == 1001, text  # scontrol's MaxArraySize
     assert "left out: partitions big (sinfo shows no such partition)" in proc.stdout
     gpus = next(line for line in text.splitlines() if "gpus_per_node" in line)
     assert "# 20" in gpus and "sinfo -h -N -o" in gpus, gpus  # the date and the command
 
     again = run_cli(["clusters", "probe", "local"], cwd=tmp_path, env=env)
     assert "differences: none" in again.stdout, again.stdout
+    # a second --write keeps the first's file as .2; the user's own stays in .1
+    again = run_cli(["clusters", "probe", "local", "--write"], cwd=tmp_path, env=env)
+    assert f"(the earlier file is kept as {written}.2)" in again.stdout, again.stdout
+    assert (written.parent / "local.yaml.1").read_text() == WRONG
+    assert (written.parent / "local.yaml.2").read_text() == text
     # the corrected profile's own limits: all of a node's GPUs, the partition's whole hour
     submit(tmp_path, env, "probed", ["--entry", "command", "--gpus-per-node", "2",
                                      "--time", "60:00", "--max-chunks", "1"], ["true"])

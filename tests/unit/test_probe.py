@@ -52,7 +52,12 @@ def test_sinfo_lines_become_partitions_described_by_their_smallest_node() -> Non
 
 
 @pytest.mark.parametrize("line", ["a|b|c", "p|n|four|8000|gpu:2|(null)|1:00:00|1|p",
-                                  "p|n|4|8000|gpu:2|(null)|soon|1|p"])
+                                  "p|n|4|8000|gpu:2|(null)|soon|1|p",
+                                  # what no profile can hold: blamed on sinfo, not the profile
+                                  "a b|n|4|8000|gpu:2|(null)|1:00:00|1|p",
+                                  "p|n|4|0|gpu:2|(null)|1:00:00|1|p",
+                                  "p|n|4|8000|gpu:-x:2|(null)|1:00:00|1|p",
+                                  "p|n|4|8000|gpu:2|(null)|1:00:00|1-many|p"])
 def test_a_sinfo_line_that_is_not_understood_is_an_error_naming_the_line(line: str) -> None:
     with pytest.raises(ValueError, match="sinfo line 1"):
         probe.parse_sinfo(line)

@@ -21,9 +21,28 @@ def add_clusters(sub: Subparsers) -> None:
     p.add_argument("action", nargs="?", choices=["list", "show", "probe"], default="list")
     p.add_argument("name", nargs="?", help="profile to show or probe")
     p.add_argument("--write", action="store_true",
-                   help="probe: write the probed values as your profile NAME (extends NAME)")
+                   help="probe: write the probed values into the profile's own file (for "
+                   "a shipped one: yours, extending it), the earlier file kept as FILE.1, .2, ...")
     p.add_argument("--profile", type=Path, action="append", default=[], metavar="FILE",
                    help="extra profile YAML (may repeat)")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help=f"probe: the longest each site command may take, then it is killed "
+                   f"with its children (default: {PROBE_TIMEOUT:g}, at most {MAX_TIMEOUT:g})")
+
+
+PROBE_TIMEOUT = 30.0  # train.client.clusters.probe.site.TIMEOUT (the parser imports no probe)
+MAX_TIMEOUT = 600.0
+
+
+def _timeout(args: argparse.Namespace) -> float:
+    value = args.timeout
+    if value is None:
+        return PROBE_TIMEOUT
+    if args.action != "probe":
+        raise UsageError("--timeout: only with `train clusters probe NAME`")
+    if not 0 < value <= MAX_TIMEOUT:  # NaN too
+        raise UsageError(f"--timeout: seconds above 0, at most {MAX_TIMEOUT:g}; got {value:g}")
+    return float(value)
 
 
 def _cmd_clusters(args: argparse.Namespace) -> int:
@@ -32,6 +51,7 @@ def _cmd_clusters(args: argparse.Namespace) -> int:
     registry = Registry(args.profile)
     if args.write and args.action != "probe":
         raise UsageError("--write: only with `train clusters probe NAME`")
+    timeout = _timeout(args)
     if args.action == "show":
         if not args.name:
             raise UsageError("clusters show: name a profile; known: "
@@ -40,13 +60,16 @@ def _cmd_clusters(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.action == "probe":
         from train.client.clusters.probe import probe
+        from train.common._proc import printable
 
         if not args.name:
             raise UsageError("clusters probe: name a profile; known: "
                              + ", ".join(registry.names()))
-        lines, read = probe(registry.get(args.name), write=args.write,
-                            extra_files=args.profile)
-        print("\n".join(lines))
+        lines, read, failed = probe(registry.get(args.name), write=args.write,
+                                    extra_files=args.profile, timeout=timeout)
+        print(printable("\n".join(lines)), flush=True)  # the report, whatever --write did
+        if failed is not None:
+            raise failed
         return EXIT_OK if read else EXIT_FAILURE
     for name in registry.names():
         prof = registry.get(name)

@@ -1,11 +1,19 @@
-"""The one subprocess boundary: argv lists only, never a shell; failures carry stderr."""
+"""The one subprocess boundary: argv lists only, never a shell; failures carry stderr.
+`run_bounded` for commands that may hang or flood (a site's tools): a process group of
+their own, killed whole; `tail` and `printable` for quoting what they printed."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import re
+import selectors
 import shlex
+import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from train.common.errors import TrainError
@@ -42,3 +50,118 @@ def run(argv: Sequence[str], *, cwd: Path | None = None, timeout: float = 60.0,
     if check and proc.returncode != 0:
         raise ProcError(argv, proc.returncode, proc.stderr)
     return proc
+
+
+# terminal escape sequences (CSI `ESC [ ... final`, OSC `ESC ] ... BEL|ESC \`, two-byte ESC
+# X) and the other control characters (C0 but line break and tab, DEL, C1, bidi controls)
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]?|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -~]?"
+                      r"|\x9b[0-?]*[ -/]*[@-~]?|[\x00-\x08\x0b-\x1f\x7f-\x9f]"
+                      r"|[\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+TAIL = 300  # characters of a command's stderr a message quotes
+STDERR_KEPT = 16 << 10  # bytes of a command's stderr kept (its end)
+MAX_OUTPUT = 64 << 20  # bytes of a command's stdout read before it is stopped
+
+
+def printable(text: str) -> str:
+    """`text` without terminal escape sequences or other control characters (line breaks
+    and tabs stay): what a site's command printed, safe to print or to write."""
+    return _ESCAPES.sub("", text)
+
+
+def tail(text: str, limit: int = TAIL) -> str:
+    """The end of a command's output on one line: printable, whitespace runs as one space,
+    at most `limit` characters ('...' before a cut)."""
+    line = " ".join(printable(text[-8 * limit:]).split())
+    return line if len(line) <= limit else "..." + line[-limit:]
+
+
+def run_bounded(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
+                max_output: int = MAX_OUTPUT,
+                slow: tuple[float, Callable[[], None]] | None = None
+                ) -> subprocess.CompletedProcess[str]:
+    """Run argv (a command that may hang or flood: a site's tool) in a process group of
+    its own, stdin closed; at most `timeout` seconds, then the whole group is killed (a
+    script's children too), as it is when argv ends leaving children behind. Keeps the
+    first `max_output` bytes of stdout (more: stopped) and the last STDERR_KEPT of stderr.
+    `slow`: (seconds, call) calls `call()` once if argv still runs after that long.
+    Raises ProcError: 127 not found, 126 not startable, 124 timed out, 125 too much
+    output; a non-zero exit is returned, not raised."""
+    log.debug("running %s (at most %g s)", shlex.join(argv), timeout)
+    try:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True,
+                                env=None if env is None else dict(env))
+    except FileNotFoundError:
+        raise ProcError(argv, 127, f"{argv[0]}: command not found") from None
+    except OSError as exc:
+        raise ProcError(argv, 126, f"{argv[0]} could not be started: {exc}") from None
+    try:
+        out, err, failed = _collect(proc, timeout, max_output, slow)
+    finally:
+        _end_group(proc)
+    if failed is not None:
+        raise ProcError(argv, failed[0], failed[1])
+    return subprocess.CompletedProcess(list(argv), proc.returncode,
+                                       out.decode("utf-8", errors="replace"),
+                                       err.decode("utf-8", errors="replace"))
+
+
+def _collect(proc: subprocess.Popen[bytes], timeout: float, max_output: int,
+             slow: tuple[float, Callable[[], None]] | None
+             ) -> tuple[bytes, bytes, tuple[int, str] | None]:
+    """(stdout, stderr's end, (code, why) where argv was stopped): read both pipes to
+    their end and wait for argv's exit (not reaping it), within the deadline."""
+    start = time.monotonic()
+    deadline = start + timeout
+    out, err = bytearray(), bytearray()
+    with selectors.DefaultSelector() as sel:
+        for stream in (proc.stdout, proc.stderr):
+            assert stream is not None  # both are pipes
+            sel.register(stream, selectors.EVENT_READ)
+        while sel.get_map() or not _exited(proc):
+            now = time.monotonic()
+            if slow is not None and now >= start + slow[0]:
+                slow[1]()
+                slow = None
+            if now >= deadline:
+                why = f"timed out after {timeout:g} s; it and its children were killed"
+                return bytes(out), bytes(err), (124, why)
+            wait = deadline - now if slow is None else min(deadline, start + slow[0]) - now
+            if not sel.get_map():  # both pipes closed, argv not yet gone: look again soon
+                time.sleep(min(wait, 0.01))
+                continue
+            for key, _ in sel.select(wait):
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                elif key.fileobj is proc.stdout:
+                    out += chunk
+                    if len(out) > max_output:
+                        return bytes(out), bytes(err), (125, f"printed more than {max_output} "
+                                                        "bytes; stopped")
+                else:
+                    err += chunk
+                    del err[:-STDERR_KEPT]
+    return bytes(out), bytes(err), None
+
+
+def _exited(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether argv has ended, without reaping it (its pid, the group's id, stays taken
+    until `_end_group` has killed the group)."""
+    if not hasattr(os, "waitid"):  # not Linux: reaped here, the group is killed anyway
+        return proc.poll() is not None
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # already reaped
+        return True
+
+
+def _end_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL to what is left of argv's process group, then reap argv."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
+    proc.wait()

@@ -5,17 +5,23 @@ Run on the login node. Reads
   memory, GRES (count and types) and features, the partition's time limit and job size,
   and which partition is the default (the `*` of %P). The `-o` format, not `--json`: its
   fields are the same from Slurm 22.05 to 25.x, where the JSON's layout is not;
-- `scontrol show config`: the Slurm version, PreemptMode, KillWait, EnforcePartLimits;
+- `scontrol show config`: the Slurm version, PreemptMode, KillWait, EnforcePartLimits, and
+  MaxArraySize (the profile's max_array_size);
 - `sacctmgr show qos` (each QOS's MaxWall) and the user's associations (accounts,
   partitions, QOS), where the site's accounting answers;
 - `apptainer --version`.
 
 Prints each difference as "profile says X, the site says Y", the site's facts the profile
-has no field for, and what could not be read. With `--write`, writes a user profile
-(`name: NAME`, `extends: NAME`, in ~/.config/train/clusters/, where the Registry finds it
-and where it replaces NAME for every job) holding the probed values, each with a comment
-saying the date and the command that gave it. Nothing is guessed: a value no command
-could read stays as the profile had it, and the comment says so.
+has no field for, and what could not be read. With `--write`, writes the profile where
+the one in force came from (its file: in ~/.config/train/clusters/, $TRAIN_CLUSTERS_PATH or
+--profile; for a shipped profile ~/.config/train/clusters/NAME.yaml, `extends: NAME`)
+holding the probed values, each with a comment saying the date and the command that gave
+it. Nothing is guessed: a value no command
+could read stays as the profile had it, and the comment says so. An earlier file there is
+kept first as NAME.yaml.1 (.2, ...: a kept copy is never replaced).
+
+Each command runs at most --timeout seconds (30) in a process group of its own, killed
+whole; its output is read without terminal escape sequences.
 
 A partition whose nodes differ is described by its smallest node (CPUs, memory, GPUs): a
 job that fits it fits every node; the GPU types are all the nodes' types.
@@ -31,6 +37,7 @@ from train.client.clusters.probe.command import probe, report
 from train.client.clusters.probe.compare import differences, facts
 from train.client.clusters.probe.site import (
     APPTAINER,
+    ARRAY_KEY,
     CONFIG_KEYS,
     SACCTMGR_QOS,
     SCONTROL,
@@ -42,6 +49,7 @@ from train.client.clusters.probe.site import (
     Site,
     SiteNode,
     group,
+    parse_array_size,
     parse_config,
     parse_gres,
     parse_qos,
@@ -51,9 +59,8 @@ from train.client.clusters.probe.site import (
 from train.client.clusters.probe.write import Tree, emit, probed_tree, target, write_profile
 
 __all__ = [
-    "APPTAINER", "CONFIG_KEYS", "SACCTMGR_QOS", "SCONTROL", "SEP", "SINFO", "SINFO_FORMAT",
-    "TIMEOUT", "Group", "Site", "SiteNode", "Tree", "differences", "emit", "facts", "group",
-    "parse_config", "parse_gres", "parse_qos", "parse_sinfo", "probe", "probed_tree",
-    "read_site", "report", "target", "write_profile",
+    "APPTAINER", "ARRAY_KEY", "CONFIG_KEYS", "SACCTMGR_QOS", "SCONTROL", "SEP", "SINFO",
+    "SINFO_FORMAT", "TIMEOUT", "Group", "Site", "SiteNode", "Tree", "differences", "emit",
+    "facts", "group", "parse_array_size", "parse_config", "parse_gres", "parse_qos",
+    "parse_sinfo", "probe", "probed_tree", "read_site", "report", "target", "write_profile",
 ]
-

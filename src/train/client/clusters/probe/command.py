@@ -6,9 +6,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from train.client.clusters.probe.compare import differences, facts
-from train.client.clusters.probe.site import Site, read_site
+from train.client.clusters.probe.site import TIMEOUT, Site, read_site
 from train.client.clusters.probe.write import target, write_profile
 from train.client.clusters.profiles import Profile, Registry
+from train.common.errors import ResourceError, TrainError
 
 
 def report(profile: Profile, site: Site) -> list[str]:
@@ -33,31 +34,47 @@ def report(profile: Profile, site: Site) -> list[str]:
 
 
 def probe(profile: Profile, *, write: bool, extra_files: Sequence[Path] = (),
-          environ: Mapping[str, str] | None = None) -> tuple[list[str], bool]:
-    """(lines to print, whether the site's partitions could be read)."""
-    from train.common.errors import ResourceError
-
-    site = read_site(environ)
+          environ: Mapping[str, str] | None = None, timeout: float = TIMEOUT
+          ) -> tuple[list[str], bool, TrainError | None]:
+    """(lines to print, whether the site's partitions could be read, why --write wrote
+    nothing): the report comes whatever --write then does."""
+    site = read_site(environ, timeout=timeout)
     lines = report(profile, site)
     if not write:
-        return lines, bool(site.nodes)
+        return lines, bool(site.nodes), None
     if not site.nodes:
-        raise ResourceError("clusters probe --write: sinfo could not be read, so there is "
-                            "nothing probed to write; run it on the cluster's login node")
-    path = target(profile.name)
-    kept = write_profile(profile, site, path)
+        why = next((u for u in site.unread if u.startswith("partitions and nodes:")), "")
+        return lines, False, ResourceError(
+            f"clusters probe --write: nothing was written: sinfo could not be read ({why}), "
+            "so there is nothing probed to write; run it on the cluster's login node")
+    path = target(profile)
+    try:
+        kept = write_profile(profile, site, path, extra_files=extra_files, environ=environ)
+    except TrainError as exc:
+        return lines, True, exc
     lines.append(f"wrote {path}" + (f" (the earlier file is kept as {kept})" if kept else ""))
     gone = [p for p in profile.partitions if p not in site.partitions()]
     if gone and profile.partitions_allowed:
-        lines.append(f"left out: partitions {', '.join(gone)} (sinfo shows no such partition)")
-    now = Registry(extra_files).get(profile.name)
+        lines.append(f"left out: partitions {', '.join(gone)} (sinfo shows no such partition)"
+                     + (f"; {kept} still lists them" if kept else ""))
+    return lines + _closing(profile.name, path, site, extra_files, environ), True, None
+
+
+def _closing(name: str, path: Path, site: Site, extra_files: Sequence[Path],
+             environ: Mapping[str, str] | None) -> list[str]:
+    """What the written profile now says against the site, and what to do about it."""
+    now = Registry(extra_files, environ).get(name)
     left = differences(now, site)
-    if left:
-        lines.append(f"the profile {profile.name} in force comes from {now.source}, which "
-                     f"still differs ({len(left)}); move it aside:")
-        lines += [f"  {d}" for d in left]
+    if not left:
+        return [f"the profile {name} now says what the site says; check a job with "
+                f"`train submit --cluster {name} ...` (Slurm is asked before anything is "
+                "queued)"]
+    if now.source.startswith("package:") or Path(now.source).resolve() != path.resolve():
+        head = (f"the profile {name} in force comes from {now.source}, not from {path}; it "
+                f"still differs ({len(left)}): move {now.source} aside, or probe it with "
+                f"--profile {now.source} --write:")
     else:
-        lines.append(f"the profile {profile.name} now says what the site says; check a job "
-                     f"with `train submit --cluster {profile.name} ...` (Slurm is asked "
-                     "before anything is queued)")
-    return lines, True
+        head = (f"{path} still differs from the site in {len(left)} value(s) that no command "
+                "gave a value to write for (they stay as the profile had them); edit them if "
+                "the site is right:")
+    return [head, *(f"  {d}" for d in left)]

@@ -61,6 +61,11 @@ def differences(profile: Profile, site: Site) -> list[str]:
                              "has that feature")
                 continue
             lines += _node_lines(f"constraints.{feature}", node, found, limits=False)
+    size = site.max_array_size
+    if size is not None and size != profile.max_array_size:
+        lines.append(f"max_array_size: profile says {profile.max_array_size}, the site says "
+                     f"{size} (MaxArraySize)" + (": the site allows no job arrays, which no "
+                                                 "profile value can say" if size == 0 else ""))
     if site.qos is not None:
         for name, minutes in profile.qos_limits.items():
             if name not in site.qos:

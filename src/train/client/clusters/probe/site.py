@@ -1,22 +1,29 @@
 """What the site's Slurm says, read on the login node (`read_site`): sinfo's partitions and
-nodes, scontrol's configuration, sacctmgr's QOS limits and the user's associations, the
-Apptainer version; the parsers of their output, and a partition's nodes as one Group (its
-smallest node). A command that is missing or fails is noted in `Site.unread`."""
+nodes, scontrol's configuration (and MaxArraySize), sacctmgr's QOS limits and the user's
+associations, the Apptainer version; the parsers of their output, and a partition's nodes as
+one Group (its smallest node). Each command runs at most `timeout` seconds in a process
+group of its own (killed whole), and what it prints is read without terminal escapes; one
+that is missing, fails, hangs or prints what its parser refuses is noted in `Site.unread`
+with the command and a short tail of its own words."""
 
 from __future__ import annotations
 
 import getpass
 import os
 import re
+import shlex
 import shutil
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from train.client.clusters.profiles import parse_time
 from train.common import _proc
 from train.common.errors import ConfigError
 
-TIMEOUT = 60.0
+TIMEOUT = 30.0  # seconds a site command may take (`train clusters probe --timeout`)
+SLOW = 5.0  # seconds after which the wait is said on stderr (at most half the timeout)
 SEP = "|"
 SINFO_FORMAT = SEP.join(("%R", "%N", "%c", "%m", "%G", "%f", "%l", "%s", "%P"))
 SINFO = ("sinfo", "-h", "-N", "-o", SINFO_FORMAT)
@@ -25,8 +32,12 @@ SACCTMGR_QOS = ("sacctmgr", "-n", "-P", "show", "qos", "format=Name,MaxWall")
 APPTAINER = ("apptainer", "--version")
 CONFIG_KEYS = ("SLURM_VERSION", "PreemptMode", "PreemptType", "KillWait",
                "EnforcePartLimits")
+ARRAY_KEY = "MaxArraySize"  # held by the profile's max_array_size
+MAX_ARRAY_SIZE = 4_000_001  # the most Slurm allows
 # one GRES: name[:type]:count, then an optional (S:0-1) socket list; or name:type:count
 _GRES_RE = re.compile(r"([A-Za-z0-9_]+)(?::([A-Za-z0-9_.-]+))?:([0-9]+)(?:\([^)]*\))?")
+# a name a profile can hold (train.client.clusters.validate's partition and GPU type names)
+_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 _UNLIMITED = ("infinite", "unlimited", "")
 
 
@@ -65,6 +76,7 @@ class Site:
     nodes: list[SiteNode] = field(default_factory=list)
     config: dict[str, str] = field(default_factory=dict)
     qos: dict[str, int | None] | None = None
+    max_array_size: int | None = None  # MaxArraySize; 0: the site allows no job arrays
     associations: list[str] | None = None
     apptainer: str | None = None
     unread: list[str] = field(default_factory=list)  # "what: why"
@@ -98,20 +110,45 @@ def parse_gres(text: str) -> tuple[int, tuple[str, ...]]:
     return count, tuple(types)
 
 
-def _limit_minutes(text: str) -> int | None:
+def _limit_minutes(text: str, what: str) -> int | None:
+    """A time limit as Slurm prints it ('infinite', '2-00:00:00'); `what` names the field
+    (sinfo %l, sacctmgr's MaxWall) in the ValueError for another text."""
     value = text.strip()
-    return None if value.lower() in _UNLIMITED else parse_time(value, "sinfo %l")
+    if value.lower() in _UNLIMITED:
+        return None
+    try:
+        return parse_time(value, what)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _max_nodes(text: str) -> int | None:
     """sinfo %s, the job size in nodes: '1-infinite', '1-4', '2'."""
     top = text.strip().rpartition("-")[2]
-    return None if top.lower() in _UNLIMITED else int(top)
+    if top.lower() in _UNLIMITED:
+        return None
+    if not top.isdigit() or len(top) > 9:
+        raise ValueError(f"sinfo %s: {top[:30]!r} is not a number of nodes")
+    return int(top)
+
+
+def _name(value: str, what: str) -> str:
+    if not _NAME_RE.fullmatch(value):
+        raise ValueError(f"{what} {value[:60]!r} is not a name a profile can hold (letters, "
+                         "digits, '_', '.' and '-', not starting with '.' or '-')")
+    return value
+
+
+def _count(value: str, what: str, *, least: int = 0) -> int:
+    if not value.isdigit() or len(value) > 12 or int(value) < least:
+        raise ValueError(f"{what} {value[:30]!r} is not a whole number of at least {least}")
+    return int(value)
 
 
 def parse_sinfo(text: str) -> list[SiteNode]:
     """`sinfo -h -N -o SINFO_FORMAT` -> one SiteNode a line (a node in two partitions
-    gives two)."""
+    gives two). A line that does not make a profile's values (a name a profile cannot
+    hold, no memory) is a ValueError naming the line."""
     nodes = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -125,11 +162,13 @@ def parse_sinfo(text: str) -> list[SiteNode]:
         features = tuple(f for f in feats.split(",") if f and f != "(null)")
         try:
             nodes.append(SiteNode(
-                name=name, partition=part, cpus=int(cpus), mem_mb=int(mem.rstrip("+")),
-                gpus=gpus, gpu_types=types, features=features,
-                max_minutes=_limit_minutes(limit), max_nodes=_max_nodes(size),
-                default=shown_part.endswith("*")))
-        except (ValueError, ConfigError) as exc:
+                name=name, partition=_name(part, "partition"),
+                cpus=_count(cpus, "sinfo %c (CPUs)"),
+                mem_mb=_count(mem.rstrip("+"), "sinfo %m (memory, MB)", least=1),
+                gpus=gpus, gpu_types=tuple(_name(t, "GPU type") for t in types),
+                features=features, max_minutes=_limit_minutes(limit, "sinfo %l"),
+                max_nodes=_max_nodes(size), default=shown_part.endswith("*")))
+        except ValueError as exc:
             raise ValueError(f"sinfo line {number}: {exc}: {line[:120]!r}") from None
     return nodes
 
@@ -151,64 +190,121 @@ def group(name: str, nodes: Sequence[SiteNode]) -> Group:
 
 
 def parse_config(text: str) -> dict[str, str]:
-    """`scontrol show config` -> {key: value} for CONFIG_KEYS."""
+    """`scontrol show config` -> {key: value} for CONFIG_KEYS and ARRAY_KEY."""
     out = {}
     for line in text.splitlines():
         key, sep, value = line.partition("=")
-        if sep and key.strip() in CONFIG_KEYS:
+        if sep and key.strip() in (*CONFIG_KEYS, ARRAY_KEY):
             out[key.strip()] = value.strip()
     return out
 
 
+def parse_array_size(text: str) -> int | None:
+    """MaxArraySize from `scontrol show config` (None: not there); a value that is not a
+    number Slurm allows is a ValueError."""
+    value = parse_config(text).get(ARRAY_KEY)
+    if value is None:
+        return None
+    if not value.isdigit() or len(value) > 7 or int(value) > MAX_ARRAY_SIZE:
+        raise ValueError(f"{ARRAY_KEY} = {value[:30]!r} is not a number from 0 to "
+                         f"{MAX_ARRAY_SIZE}")
+    return int(value)
+
+
 def parse_qos(text: str) -> dict[str, int | None]:
-    """`sacctmgr -n -P show qos format=Name,MaxWall` -> {QOS: minutes, None: no limit}."""
+    """`sacctmgr -n -P show qos format=Name,MaxWall` -> {QOS: minutes, None: no limit}; a
+    MaxWall that is not a time is a ValueError naming the line."""
     out: dict[str, int | None] = {}
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), 1):
         name, sep, wall = line.partition(SEP)
         if sep and name:
-            out[name] = _limit_minutes(wall)
+            try:
+                out[name] = _limit_minutes(wall, "MaxWall")
+            except ValueError as exc:
+                raise ValueError(f"line {number}: {exc}") from None
     return out
 
 
-def _ask(argv: Sequence[str], site: Site, what: str,
-         environ: Mapping[str, str] | None) -> str | None:
+Note = Callable[[str], None]
+T = TypeVar("T")
+
+
+def _say(text: str) -> None:
+    print(f"train: {text}", file=sys.stderr, flush=True)
+
+
+def _ask(argv: Sequence[str], site: Site, what: str, environ: Mapping[str, str] | None,
+         timeout: float, note: Note, hung: set[str]) -> str | None:
+    """What argv printed (without terminal escapes), or None with the reason in
+    site.unread: the command, and a short tail of its own words. A program in `hung` (it
+    did not answer before) is not asked again; one that does not answer joins it."""
     path = (os.environ if environ is None else environ).get("PATH")
     if shutil.which(argv[0], path=path) is None:
         site.unread.append(f"{what}: {argv[0]} is not on PATH")
         return None
+    if argv[0] in hung:
+        site.unread.append(f"{what}: not asked ({argv[0]} did not answer just before)")
+        return None
+    shown = f"`{shlex.join(argv)}`"
+    slow = min(SLOW, timeout / 2)
     try:
-        proc = _proc.run(argv, check=False, timeout=TIMEOUT, env=environ)
-    except _proc.ProcError as exc:  # it hung
-        site.unread.append(f"{what}: {exc}")
+        proc = _proc.run_bounded(argv, timeout=timeout, env=environ, slow=(slow, lambda: note(
+            f"{shown} has not answered in {slow:g} s; waiting at most {timeout:g} s")))
+    except _proc.ProcError as exc:
+        if exc.returncode == 124:
+            hung.add(argv[0])
+            note(f"{shown} did not answer in {timeout:g} s: killed it and its children")
+            why = f"did not answer in {timeout:g} s (killed, with its children)"
+        else:
+            why = _proc.tail(exc.stderr)
+        site.unread.append(f"{what}: {shown} {why}")
         return None
     if proc.returncode != 0:
-        why = " ".join(proc.stderr.split()) or f"exit status {proc.returncode}"
-        site.unread.append(f"{what}: `{' '.join(argv)}` said: {why}")
+        said = _proc.tail(proc.stderr) or _proc.tail(proc.stdout) or "nothing"
+        site.unread.append(f"{what}: {shown} failed (exit status {proc.returncode}): {said}")
         return None
-    return proc.stdout
+    return _proc.printable(proc.stdout)
 
 
-def read_site(environ: Mapping[str, str] | None = None) -> Site:
+def _parsed(site: Site, what: str, argv: Sequence[str], parse: Callable[[str], T],
+            text: str) -> T | None:
+    """parse(text); output its parser refuses (a ValueError, bounded: it quotes at most a
+    line's start) is noted naming argv, and gives None."""
+    try:
+        return parse(text)
+    except ValueError as exc:
+        site.unread.append(f"{what}: `{shlex.join(argv)}` printed what the probe cannot "
+                           f"read: {exc}")
+        return None
+
+
+def read_site(environ: Mapping[str, str] | None = None, *, timeout: float = TIMEOUT,
+              note: Note = _say) -> Site:
+    """Ask the site; `note(text)` says on stderr that a command is slow or was killed."""
     site = Site()
-    text = _ask(SINFO, site, "partitions and nodes", environ)
+    hung: set[str] = set()
+
+    def ask(argv: Sequence[str], what: str) -> str | None:
+        return _ask(argv, site, what, environ, timeout, note, hung)
+
+    text = ask(SINFO, "partitions and nodes")
     if text is not None:
-        try:
-            site.nodes = parse_sinfo(text)
-        except ValueError as exc:
-            site.unread.append(f"partitions and nodes: {exc}")
-    text = _ask(SCONTROL, site, "Slurm's configuration", environ)
+        site.nodes = _parsed(site, "partitions and nodes", SINFO, parse_sinfo, text) or []
+    text = ask(SCONTROL, "Slurm's configuration")
     if text is not None:
-        site.config = parse_config(text)
-    text = _ask(SACCTMGR_QOS, site, "QOS limits", environ)
+        site.config = {k: v for k, v in parse_config(text).items() if k != ARRAY_KEY}
+        site.max_array_size = _parsed(site, "job array size", SCONTROL, parse_array_size,
+                                      text)
+    text = ask(SACCTMGR_QOS, "QOS limits")
     if text is not None:
-        site.qos = parse_qos(text)
+        site.qos = _parsed(site, "QOS limits", SACCTMGR_QOS, parse_qos, text)
     user = (environ or os.environ).get("USER") or getpass.getuser()
     argv = ("sacctmgr", "-n", "-P", "show", "associations", f"user={user}",
             "format=Account,Partition,QOS")
-    text = _ask(argv, site, "your associations (accounts)", environ)
+    text = ask(argv, "your associations (accounts)")
     if text is not None:
         site.associations = [line for line in text.splitlines() if line.strip()]
-    text = _ask(APPTAINER, site, "Apptainer", environ)
+    text = ask(APPTAINER, "Apptainer")
     if text is not None:
         site.apptainer = text.strip()
     return site

@@ -1,6 +1,7 @@
-"""`train clusters probe NAME --write`: the probed values as a user profile (`extends:
-NAME`), each with a comment naming the date and the command that gave it; an earlier file's
-other keys kept, and the file itself kept as NAME.yaml.before-probe."""
+"""`train clusters probe NAME --write`: the probed values as a profile, each with a comment
+naming the date and the command that gave it, written where the profile in force came from
+(`target`); an earlier file's other keys kept, and the file itself kept first as a numbered
+copy (NAME.yaml.1, .2, ...: never replaced)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import datetime
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from train.client.clusters.probe.site import (
     SACCTMGR_QOS,
+    SCONTROL,
     SINFO,
     SINFO_FORMAT,
     Group,
@@ -21,6 +23,7 @@ from train.client.clusters.probe.site import (
     _job_nodes,
 )
 from train.client.clusters.profiles import (
+    PATH_VAR,
     USER_DIR,
     NodeType,
     Profile,
@@ -98,6 +101,9 @@ def probed_tree(profile: Profile, site: Site, earlier: Mapping[str, Any], when: 
     if base is not None:
         head["extends"] = _leaf(base, "the values below replace that profile's")
     tree = {**head, **tree}
+    if site.max_array_size:  # 0 (no job arrays) is no value a profile can hold
+        tree["max_array_size"] = _leaf(site.max_array_size,
+                                       f"{when}: {' '.join(SCONTROL)} (MaxArraySize)")
     if site.nodes:
         parts = site.partitions()
         if profile.partitions_allowed:
@@ -169,19 +175,56 @@ def emit(tree: Tree, indent: int = 0) -> list[str]:
     return lines
 
 
-def target(name: str) -> Path:
-    return USER_DIR.expanduser() / f"{name}.yaml"
+MAX_COPIES = 1000  # numbered copies of one file
 
 
-def write_profile(profile: Profile, site: Site, path: Path,
-                  when: str | None = None) -> Path | None:
+def target(profile: Profile) -> Path:
+    """Where --write writes: the file the profile in force came from (the user's folder,
+    $TRAIN_CLUSTERS_PATH, --profile), or for a shipped profile the user's NAME.yaml."""
+    if profile.source.startswith("package:"):
+        return USER_DIR.expanduser() / f"{profile.name}.yaml"
+    return Path(profile.source).resolve()  # a link: the file it names is written
+
+
+def keep_copy(path: Path) -> Path:
+    """Copy `path` to the first free PATH.N (N = 1, 2, ...; created exclusively, so a kept
+    copy is never replaced), with path's permissions. Returns the copy's path."""
+    data = path.read_bytes()
+    for number in range(1, MAX_COPIES + 1):
+        copy = path.with_name(f"{path.name}.{number}")
+        try:
+            fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, path.stat().st_mode & 0o777)
+        except FileExistsError:
+            continue
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        return copy
+    raise ConfigError("--write", f"{path} has {MAX_COPIES} kept copies ({path.name}.1 to "
+                      f".{MAX_COPIES}); move some aside and probe again")
+
+
+def _check(path: Path, extra_files: Iterable[Path],
+           environ: Mapping[str, str] | None) -> None:
+    """The profiles as they are now, with `path` among them, must load."""
+    env = os.environ if environ is None else environ
+    extra = list(extra_files)
+    folders = [USER_DIR.expanduser(), *(Path(p) for p in env.get(PATH_VAR, "").split(":") if p)]
+    seen = {Path(p).resolve() for p in extra} | {
+        (f / path.name).resolve() for f in folders if (f / path.name).exists()}
+    Registry(extra if path.resolve() in seen else [*extra, path], environ)
+
+
+def write_profile(profile: Profile, site: Site, path: Path, when: str | None = None, *,
+                  extra_files: Iterable[Path] = (),
+                  environ: Mapping[str, str] | None = None) -> Path | None:
     """Write the probed profile to `path` (an earlier file there: its other keys kept, the
-    file itself kept as NAME.yaml.before-probe). Returns the kept copy's path, if any.
-    Checked as a profile before it replaces anything."""
+    file itself kept first as a numbered copy). Returns the kept copy's path, if any.
+    Checked as a profile (among those of `extra_files` and `environ`'s search path) before
+    it replaces anything; a file that does not load leaves the earlier one in place."""
     stamp = when or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     earlier: dict[str, Any] = {}
-    if path.exists():
-        loaded = yamlio.load_file(path, "profile")
+    if path.exists() or path.is_symlink():
+        loaded = yamlio.load_file(path, "--write")
         if not isinstance(loaded, dict) or loaded.get("name") != profile.name:
             raise ConfigError("--write", f"{path} holds another profile than "
                               f"{profile.name!r}; move it aside and probe again")
@@ -190,23 +233,37 @@ def write_profile(profile: Profile, site: Site, path: Path,
     text = "\n".join([f"# written by `train clusters probe {profile.name} --write` on "
                       f"{stamp}: each value's comment names the command that gave it",
                       *emit(tree)]) + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
     pending = path.with_name(f".{path.name}.{os.getpid()}")
-    pending.write_text(text, encoding="utf-8")
-    kept = path.with_name(path.name + ".before-probe") if path.exists() else None
     try:
-        yamlio.load_file(pending, "profile")
-        if kept is not None:
-            kept.write_bytes(path.read_bytes())
-        pending.replace(path)
-        try:  # the profiles as they now are must load: else the earlier file goes back
-            Registry([] if path.parent == USER_DIR.expanduser() else [path])
-        except ConfigError:
-            if kept is not None:
-                kept.replace(path)
-            else:
-                path.unlink()
-            raise
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pending.write_text(text, encoding="utf-8")
+        return _replace(path, pending, bool(earlier), extra_files, environ)
+    except OSError as exc:
+        raise ConfigError("--write", f"cannot write {path}: {exc.strerror or exc}; nothing "
+                          "was changed") from None
     finally:
         pending.unlink(missing_ok=True)
+
+
+def _replace(path: Path, pending: Path, earlier: bool, extra_files: Iterable[Path],
+             environ: Mapping[str, str] | None) -> Path | None:
+    """pending -> path once it loads, the earlier file kept first; path as it was when the
+    profiles then do not load."""
+    try:
+        yamlio.load_file(pending, "profile")
+    except ConfigError as exc:
+        raise ConfigError("--write", f"the probed values do not make a profile, so {path} "
+                          f"was not written: {exc}") from None
+    kept = keep_copy(path) if earlier else None
+    pending.replace(path)
+    try:
+        _check(path, extra_files, environ)
+    except ConfigError as exc:
+        if kept is not None:
+            path.write_bytes(kept.read_bytes())
+            kept.unlink()  # the earlier file is back in its place
+        else:
+            path.unlink()
+        raise ConfigError("--write", f"with the probed values, the profiles do not load "
+                          f"({exc}), so {path} is as it was") from None
     return kept
