@@ -834,3 +834,38 @@ def test_a_bad_first_chunk_is_refused(tmp_path: Path, first: str) -> None:
     assert proc.returncode == 2
     assert "first chunk" in proc.stderr
     assert _events(tmp_path) == []
+
+
+@pytest.mark.parametrize("where", ["run folder", "submit folder"])
+def test_a_save_path_that_holds_the_run_folder_sees_no_save_in_the_tools_files(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, where: str) -> None:
+    # --save-path runs/NAME, or . (the submit folder, runs/ below it): the chunk's own
+    # log, events and step files are newer than its start, and are no save of the program
+    save = tmp_path / "run" if where == "run folder" else tmp_path
+    other = tmp_path / "runs" / "other"  # another run of the tool, its log written now
+    (other / "logs").mkdir(parents=True)
+    (other / contract.CHAIN_RECORD).write_text("{}")
+    calls = tmp_path_factory.mktemp("calls")  # (the stubs' records: outside the folder)
+    proc = _start_saving(tmp_path, {"STUB_DIR": str(calls)}, ARRAY_SAVE_PATHS=str(save),
+                         **KILL_MODE)
+    (other / "logs" / "other-7.err").write_text("a log of another run\n")
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "helper.cpython-311.pyc").write_text("cache")
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert _kinds(tmp_path) == ["started", "extended", "unsaved"], err
+    assert "stopped before any save" in err
+    assert not (tmp_path / "run" / contract.SAVED_MARKER).exists()
+
+
+def test_a_checkpoint_written_in_the_submit_folder_given_as_save_path_is_a_save(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    calls = tmp_path_factory.mktemp("calls")
+    proc = _start_saving(tmp_path, {"STUB_DIR": str(calls), "STEP_SAVE_DIR": str(tmp_path)},
+                         ARRAY_SAVE_PATHS=str(tmp_path), **KILL_MODE)
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert _kinds(tmp_path) == ["started", "extended", "stopped"], err
+    assert (tmp_path / "ckpt").read_text() == "saved\n"

@@ -86,6 +86,10 @@ GPU_WATCH_DIR = "gpu"  # RUN_DIR/gpu/NODE.csv
 SAVE_SCAN_SKIP = (LOG_DIR, JOBS_DIR, GPU_WATCH_DIR, CHAIN_RECORD, CHAIN_IDS, CHAIN_EVENTS,
                   SAVED_MARKER, "chain-*", ".scontrol-shim", ".signal-ready-*",
                   ".stop-request-*")
+# A save path that holds a run folder (`--save-path .` with runs/ below it) is looked
+# through without the run folders in it (this one, scanned above, and any folder holding
+# one of these records: another run or sweep of the tool) and without Python's caches.
+RUN_RECORDS = (CHAIN_RECORD, SWEEP_RECORD)
 
 
 def shell_variables() -> dict[str, str]:
@@ -101,6 +105,7 @@ def shell_variables() -> dict[str, str]:
         "SAVED_FILE": SAVED_MARKER,
         "UNSAVED_TEXT": UNSAVED_TEXT,
         "SAVE_SKIP": " ".join(SAVE_SCAN_SKIP),
+        "RUN_RECORDS": " ".join(RUN_RECORDS),
     }
     for name in EVENTS:
         if name != EV_CANCELLED:  # written by `train cancel` alone

@@ -193,8 +193,10 @@ train_cancel_rest() {
 train_last_save() {
     # The Unix time of the newest file saved since the chunk began: in the run folder
     # (but the chain's own files, SAVE_SKIP) or under a save path. Fails when there is none.
+    # A save path that holds run folders (`--save-path .`) is looked through without them
+    # (the tool's own files change in every chunk) and without Python's __pycache__.
     local entry name skip x newest='' line
-    local -a skips paths=()
+    local -a skips paths=() runs=() files=()
     read -r -a skips <<< "$SAVE_SKIP"
     for entry in "$RUN_DIR"/* "$RUN_DIR"/.[!.]* "$RUN_DIR"/..?*; do
         [ -e "$entry" ] || [ -L "$entry" ] || continue
@@ -208,15 +210,32 @@ train_last_save() {
     done
     if [ -n "${SAVE_PATHS[*]+x}" ]; then
         for entry in "${SAVE_PATHS[@]}"; do
+            # (one inside the run folder was looked at above, without the chain's files)
+            case "$entry/" in "$RUN_DIR"/*) continue ;; esac
             [ -e "$entry" ] && paths+=("$entry")
         done
     fi
     [ "${#paths[@]}" -gt 0 ] || return 1
-    while read -r line; do
+    local -a records=()
+    read -r -a x <<< "$RUN_RECORDS"
+    for name in "${x[@]}"; do records+=(-o -name "$name"); done
+    # "R FOLDER": a folder holding a run's record; "F TIME PATH": a file newer than the start
+    while IFS= read -r -d '' line; do
+        case "$line" in
+            'R '*) runs+=("${line#R }/") ;;
+            'F '*) files+=("${line#F }") ;;
+        esac
+    done < <(find "${paths[@]}" \( -path "$RUN_DIR" -o -name __pycache__ \) -prune -o \
+        -type f \( \( -false "${records[@]}" \) -printf 'R %h\0' -o \
+        -newer "$TRAIN_TMP/start" -printf 'F %T@ %p\0' \) 2>/dev/null || true)
+    for line in ${files[@]+"${files[@]}"}; do
+        for entry in ${runs[@]+"${runs[@]}"}; do
+            case "${line#* }" in "$entry"*) continue 2 ;; esac
+        done
+        line=${line%% *}
         line=${line%%.*}
         if [ -z "$newest" ] || [ "$line" -gt "$newest" ]; then newest=$line; fi
-    done < <(find "${paths[@]}" -type f -newer "$TRAIN_TMP/start" -printf '%T@\n' \
-        2>/dev/null || true)
+    done
     [ -n "$newest" ] || return 1
     printf '%s\n' "$newest"
 }
