@@ -258,6 +258,7 @@ train_setup() {
     TRAIN_REQUEUING=0
     TRAIN_WAITER=
     TRAIN_TMP=
+    STEP_NODE=
     TRAIN_STEP_START=
     TRAIN_READY=/nonexistent
     TRAIN_USR1_HELD=0
@@ -297,14 +298,18 @@ train_step_status() {
         STEP_RC=0
     fi
     if [ "$STEP_RC" -ne 0 ]; then
-        train_log "training step failed with exit code $STEP_RC"
+        local step_rc=$STEP_RC where=''
+        train_first_failure
+        [ -z "$STEP_NODE" ] || where=" on node $STEP_NODE"
+        [ "$STEP_RC" = "$step_rc" ] || where+=" (srun's: $step_rc)"
+        train_log "training step failed with exit code $STEP_RC$where"
         if [ "$TRAIN_STOP_SENT" = 1 ] && { [ "$STEP_RC" = 138 ] || [ "$STEP_RC" = 143 ]; }; then
             train_log "the program died of the stop signal $STOP_SIGNAL: it needs a" \
                 "handler (checkpoint, exit 0), or submit with --stop-signal none"
         fi
         train_gpu_report
         train_runtime_cleanup
-        train_event "$EV_FAILED" "$STEP_RC"
+        train_event "$EV_FAILED" "$STEP_RC${STEP_NODE:+ $STEP_NODE}"
         train_cancel_rest
         exit "$STEP_RC"
     fi
