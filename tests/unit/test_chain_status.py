@@ -65,6 +65,9 @@ def test_a_running_chain_shows_progress_and_an_estimate(
 @pytest.mark.parametrize(("events", "states", "state", "words"), [
     ("1 1 10 started 0 0 0\n2 1 10 failed 137\n", {"10": "FAILED", "11": "CANCELLED"},
      "failed", "exited with code 137"),
+    # the first failing task's own code and its node, as the batch shell recorded them
+    ("1 1 10 started 0 0 0\n2 1 10 failed 1 node-b\n", {"10": "FAILED", "11": "CANCELLED"},
+     "failed", "exited with code 1 on node node-b; see"),
     ("1 1 10 started 0 0 0\n2 1 10 timeout 61\n", {"10": "TIMEOUT", "11": "CANCELLED"},
      "failed", "raise --signal-margin"),
     ("1 1 10 started 0 0 0\n2 1 10 terminated 12\n", {"10": "CANCELLED", "11": "CANCELLED"},

@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import run_cli
 from train.batch import contract
 from train.client import doctor
-from train.client.slurm.scheduler import load_chain
+from train.client.slurm.scheduler import chain_status, load_chain
 
 RESOURCES = {"nodes": 1, "processes_per_node": 4, "gpus_per_node": 4, "ntasks_per_node": 4,
              "launch": "tasks", "workers": 8, "worker_mem_mb": 8192, "mem_mb": 262144,
@@ -918,3 +918,27 @@ def test_every_process_alone_at_world_size_1_is_flagged(tmp_path: Path) -> None:
                                                          chain_state="complete"),
                       out=BANNER * runs, resources=res)
         assert ok.healthy, ok.verdict
+
+
+@pytest.mark.parametrize("line", ["101|FAILED|0:9", "101|FAILED|137:0"])
+def test_sacct_tells_a_sigkill_either_way_its_versions_write_it(tmp_path: Path,
+                                                                line: str) -> None:
+    """Slurm before 25.11 writes a SIGKILLed job's ExitCode as 0:9, 25.11 and later as
+    137:0: both are the same kill, read from sacct's own line."""
+    from train.client.slurm.queue import parse_sacct
+
+    sacct = parse_sacct(f"{line}\n101.batch|FAILED|{line.rsplit('|', 1)[1]}\n")["101"]
+    report = diagnose(tmp_path, "", status(sacct["state"], sacct["exit"],
+                                           ["started", "failed"]))
+    assert report.findings[0].cause == "sigkill", report.verdict
+
+
+def test_the_first_failing_tasks_code_and_node_are_what_doctor_says(tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, {"r-101.err": "boom\n"})
+    (run_dir / contract.CHAIN_EVENTS).write_text(
+        "1 1 101 started 0 0 0\n2 1 101 failed 1 node-b\n")
+    chain = load_chain(run_dir)
+    st = chain_status(chain, {"101": {"state": "FAILED"}})  # (no sacct exit code)
+    report = doctor.diagnose(chain, st)
+    assert "exited with code 1 on node node-b" in "\n".join(doctor.format_report(report))
+    assert report.chunks[0]["exit"] == "1:0"

@@ -95,6 +95,15 @@ case "$STEP_MODE" in
     progress) advance; exit 0 ;;
     complete) echo "$total $total" > "$progress"; touch "$RUN_DIR/COMPLETE"; exit 0 ;;
     fail) exit 3 ;;
+    tasks)
+        # what the task wrappers of a failed step recorded (STEP_TASK_N: "CODE TIME NODE"),
+        # and srun's own code (STEP_RC); the environment it was given
+        env | grep '^TRAIN_' > "$RUN_DIR/step.env"
+        for n in 0 1 2; do
+            v=STEP_TASK_$n
+            [ -z "${!v:-}" ] || printf '%s\n' "${!v}" > "$TRAIN_TASK_EXITS/task-$n"
+        done
+        exit "${STEP_RC:-143}" ;;
     noprogress) exit 0 ;;
     asks)
         # like a program through train launch's scontrol stand-in ("end this chunk"), which
@@ -834,3 +843,138 @@ def test_a_bad_first_chunk_is_refused(tmp_path: Path, first: str) -> None:
     assert proc.returncode == 2
     assert "first chunk" in proc.stderr
     assert _events(tmp_path) == []
+
+
+@pytest.mark.parametrize("where", ["run folder", "submit folder"])
+def test_a_save_path_that_holds_the_run_folder_sees_no_save_in_the_tools_files(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, where: str) -> None:
+    # --save-path runs/NAME, or . (the submit folder, runs/ below it): the chunk's own
+    # log, events and step files are newer than its start, and are no save of the program
+    save = tmp_path / "run" if where == "run folder" else tmp_path
+    other = tmp_path / "runs" / "other"  # another run of the tool, its log written now
+    (other / "logs").mkdir(parents=True)
+    (other / contract.CHAIN_RECORD).write_text("{}")
+    calls = tmp_path_factory.mktemp("calls")  # (the stubs' records: outside the folder)
+    proc = _start_saving(tmp_path, {"STUB_DIR": str(calls)}, ARRAY_SAVE_PATHS=str(save),
+                         **KILL_MODE)
+    (other / "logs" / "other-7.err").write_text("a log of another run\n")
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "helper.cpython-311.pyc").write_text("cache")
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert _kinds(tmp_path) == ["started", "extended", "unsaved"], err
+    assert "stopped before any save" in err
+    assert not (tmp_path / "run" / contract.SAVED_MARKER).exists()
+
+
+def test_a_checkpoint_written_in_the_submit_folder_given_as_save_path_is_a_save(
+        tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    calls = tmp_path_factory.mktemp("calls")
+    proc = _start_saving(tmp_path, {"STUB_DIR": str(calls), "STEP_SAVE_DIR": str(tmp_path)},
+                         ARRAY_SAVE_PATHS=str(tmp_path), **KILL_MODE)
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert _kinds(tmp_path) == ["started", "extended", "stopped"], err
+    assert (tmp_path / "ckpt").read_text() == "saved\n"
+
+
+@pytest.mark.parametrize(("tasks", "code", "node"), [
+    # both ranks exit 1; the TERM Slurm sent the slower one after the first failed; a KILL
+    ({"STEP_TASK_0": "143 1700000000.200000 n2", "STEP_TASK_1": "1 1700000000.100000 n1"},
+     "1", "n1"),
+    ({"STEP_TASK_0": "1 1700000000.300000 n2", "STEP_TASK_1": "1 1700000000.29 n1",
+      "STEP_TASK_2": "137 1700000000.1 n3"}, "1", "n1"),
+    ({"STEP_TASK_0": "143 1700000000.2 n2", "STEP_TASK_1": "7 1700000001 n1"}, "7", "n1"),
+    # nothing but signals, odd lines, or nothing at all: srun's own code
+    ({"STEP_TASK_0": "143 1700000000.2 n2", "STEP_TASK_1": "x y z",
+      "STEP_TASK_2": "1 not-a-time n3"}, "143", None),
+    ({}, "143", None)])
+def test_a_failed_step_reports_the_first_failing_tasks_own_code_and_node(
+        tmp_path: Path, tasks: dict[str, str], code: str, node: str | None) -> None:
+    proc = _run(tmp_path, "tasks", extra_env=tasks)
+    assert proc.returncode == int(code), proc.stderr
+    assert _events(tmp_path)[-1][2:] == ["failed", f"{code} {node}" if node else code]
+    said = f"training step failed with exit code {code}" + (f" on node {node}" if node else "")
+    assert said in proc.stderr
+    if code != "143":
+        assert "(srun's: 143)" in proc.stderr
+
+
+def test_the_chunk_folder_is_in_the_run_folder_and_a_killed_chunks_is_removed(
+        tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / ".chunk-400-0").mkdir(parents=True)  # a chunk killed at its walltime left it
+    (run / ".chunk-400-0" / "step.pid").write_text("1\n")
+    (run / contract.CHAIN_IDS).write_text("1 400\n2 500\n3 600\n")
+    proc = _run(tmp_path, "tasks", chunk="2",
+                extra_env={"SLURM_RESTART_COUNT": "2", "STEP_RC": "0", "TMPDIR": "/x"})
+    assert proc.returncode == 0, proc.stderr
+    env = dict(line.split("=", 1) for line in (run / "step.env").read_text().splitlines())
+    assert env["TRAIN_TASK_EXITS"] == f"{run}/.chunk-500-2/exits"
+    # the node folders the tasks remove: the chain's other jobs', this job's earlier runs'
+    assert env["TRAIN_STALE_TMP"].split() == ["400-*", "600-*", "500-0", "500-1"]
+    assert [p.name for p in run.iterdir() if p.name.startswith(".chunk-")] == []
+    assert not list(tmp_path.glob("**/train-job.*"))
+
+
+# -- every task's wrapper (container.TASK_WRAPPER) --------------------------------------
+
+def _task_env(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "node").mkdir(exist_ok=True)
+    (tmp_path / "exits").mkdir(exist_ok=True)
+    return {"PATH": os.environ["PATH"], "TMPDIR": str(tmp_path / "node"),
+            "SLURM_JOB_ID": "500", "SLURM_RESTART_COUNT": "2", "SLURM_PROCID": "1",
+            "SLURMD_NODENAME": "n7", contract.TASK_EXITS_VAR: str(tmp_path / "exits"),
+            contract.STALE_TMP_VAR: "400-* 500-1"}
+
+
+def test_the_task_wrapper_gives_a_temporary_folder_removes_it_and_records_the_code(
+        tmp_path: Path) -> None:
+    from train.client.container import TASK_WRAPPER
+
+    env = _task_env(tmp_path)
+    node = tmp_path / "node"
+    for left in ("train-job.400-0.aaaaaa", "train-job.500-1.bbbbbb", "train-job.999-0.cc"):
+        (node / left).mkdir()
+        (node / left / "torchelastic_x").mkdir()
+    program = 'echo "$TMPDIR" > "$1"; mkdir "$TMPDIR/torchelastic_y"; exit 3'
+    proc = subprocess.run(["bash", "-c", TASK_WRAPPER, "train-task", "bash", "-c", program,
+                           "p", str(tmp_path / "tmpdir")], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == 3, proc.stderr
+    given = Path((tmp_path / "tmpdir").read_text().strip())
+    assert given.parent == node and given.name.startswith("train-job.500-2.")
+    # its own folder is gone, and those of the chain's killed jobs; another job's stays
+    assert sorted(p.name for p in node.iterdir()) == ["train-job.999-0.cc"]
+    code, at, where = (tmp_path / "exits" / "task-1").read_text().split()
+    assert (code, where) == ("3", "n7") and float(at) > 0
+
+
+def test_the_task_wrapper_passes_the_signal_its_program_died_of_on(tmp_path: Path) -> None:
+    from train.client.container import TASK_WRAPPER
+
+    proc = subprocess.run(["bash", "-c", TASK_WRAPPER, "train-task", "bash", "-c",
+                           "kill -TERM $$"], env=_task_env(tmp_path), timeout=60, check=False)
+    assert proc.returncode == -signal.SIGTERM
+    assert (tmp_path / "exits" / "task-1").read_text().split()[0] == "143"
+    assert list((tmp_path / "node").iterdir()) == []
+
+
+def test_the_task_wrapper_waits_for_a_program_that_handles_slurms_term(
+        tmp_path: Path) -> None:
+    # Slurm signals every process of the task: the wrapper outlives the TERM, and records
+    # the code the program chose
+    from train.client.container import TASK_WRAPPER
+
+    ready = tmp_path / "ready"
+    program = f"trap 'exit 1' TERM; touch {shlex.quote(str(ready))}; " \
+              "while :; do sleep 0.02; done"
+    proc = spawn_group(["bash", "-c", TASK_WRAPPER, "train-task", "bash", "-c", program],
+                       env=_task_env(tmp_path))
+    _wait_for(ready.exists, proc)
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 1
+    assert (tmp_path / "exits" / "task-1").read_text().split()[0] == "1"

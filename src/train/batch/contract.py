@@ -34,7 +34,7 @@ EV_EXTENDED = "extended"  # detail: the next chunk's job id
 EV_EXTEND_FAILED = "extend_failed"  # detail: sbatch's message
 EV_STOPPED = "stopped"  # a clean, checkpointed stop; the next chunk continues. "DONE TOTAL"
 EV_COMPLETE = "complete"
-EV_FAILED = "failed"  # detail: the step's exit code
+EV_FAILED = "failed"  # detail: "CODE [NODE]": the first failing task's code, its node
 EV_NO_PROGRESS = "no_progress"  # a chunk ended without adding work; the chain stops
 EV_INCOMPLETE = "incomplete"  # the bound on chunks (or restarts) was reached first
 EV_REQUEUED = "requeued"  # requeue mode: the batch shell requeued this job. "RESTARTS"
@@ -80,12 +80,32 @@ GPU_IDLE_THRESHOLD_VAR = "TRAIN_GPU_IDLE_THRESHOLD"  # percent: under it a sampl
 GPU_IDLE_MINUTES_VAR = "TRAIN_GPU_IDLE_MINUTES"  # idle this long: a warning in the log
 GPU_WATCH_DIR = "gpu"  # RUN_DIR/gpu/NODE.csv
 
+# Each task of the job step runs under the task wrapper (client/container.TASK_WRAPPER): its
+# own temporary folder on its node, TMPDIR/train-job.JOBID-RESTART.XXXXXX (TMPDIR for the
+# program and torch's launcher, removed when the task ends), and its program's exit code
+# recorded as one line "CODE UNIXTIME NODE" in the folder TASK_EXITS_VAR names (the batch
+# shell's chunk folder), file task-PROCID: the chunk reports the first failing task's own
+# code, never the TERM or KILL that Slurm sent the others after it. STALE_TMP_VAR: the
+# temporary folders of this chain's earlier jobs (shell patterns JOBID-RESTART), which a
+# killed step left: each task removes those on its node.
+TMP_PREFIX = "train-job."
+TASK_EXITS_VAR = "TRAIN_TASK_EXITS"
+STALE_TMP_VAR = "TRAIN_STALE_TMP"
+# The batch shell's own folder for a chunk (the step's pid and status, the time the
+# chunk began, the tasks' exit codes): RUN_DIR/.chunk-JOBID-RESTART, removed at its end;
+# one a killed chunk left is removed by the next.
+CHUNK_DIR_PREFIX = ".chunk-"
+
 # What the batch shell's look for saves passes over at the top of the run directory: its
 # own files and `train launch`'s scontrol stand-in, which change in every chunk whatever the
 # program does (shell patterns).
 SAVE_SCAN_SKIP = (LOG_DIR, JOBS_DIR, GPU_WATCH_DIR, CHAIN_RECORD, CHAIN_IDS, CHAIN_EVENTS,
                   SAVED_MARKER, "chain-*", ".scontrol-shim", ".signal-ready-*",
-                  ".stop-request-*")
+                  ".stop-request-*", CHUNK_DIR_PREFIX + "*")
+# A save path that holds a run folder (`--save-path .` with runs/ below it) is looked
+# through without the run folders in it (this one, scanned above, and any folder holding
+# one of these records: another run or sweep of the tool) and without Python's caches.
+RUN_RECORDS = (CHAIN_RECORD, SWEEP_RECORD)
 
 
 def shell_variables() -> dict[str, str]:
@@ -101,6 +121,10 @@ def shell_variables() -> dict[str, str]:
         "SAVED_FILE": SAVED_MARKER,
         "UNSAVED_TEXT": UNSAVED_TEXT,
         "SAVE_SKIP": " ".join(SAVE_SCAN_SKIP),
+        "RUN_RECORDS": " ".join(RUN_RECORDS),
+        "CHUNK_DIR_PREFIX": CHUNK_DIR_PREFIX,
+        "TASK_EXITS_VAR": TASK_EXITS_VAR,
+        "STALE_TMP_VAR": STALE_TMP_VAR,
     }
     for name in EVENTS:
         if name != EV_CANCELLED:  # written by `train cancel` alone

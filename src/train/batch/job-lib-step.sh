@@ -23,12 +23,70 @@ exit 0'
     bash -c "$sweep" sweep "$label" || true
 }
 
+train_stale_tmp() {
+    # The node temporary folders of this chain's earlier jobs, and of this job's earlier
+    # runs (requeued), as the task wrapper's patterns JOBID-RESTART
+    local chunk id r out=()
+    if [ -r "$RUN_DIR/$IDS_FILE" ]; then
+        while read -r chunk id _; do
+            case "$chunk$id" in '' | *[!0-9]*) continue ;; esac
+            [ "$id" = "${SLURM_JOB_ID:-0}" ] || out+=("$id-*")
+        done < "$RUN_DIR/$IDS_FILE"
+    fi
+    case "${SLURM_RESTART_COUNT:-0}" in *[!0-9]*) ;; *)
+        for ((r = 0; r < ${SLURM_RESTART_COUNT:-0}; r++)); do
+            out+=("${SLURM_JOB_ID:-0}-$r")
+        done ;;
+    esac
+    printf '%s' "${out[*]}"
+}
+
+train_first_failure() {
+    # The step failed (STEP_RC): the code and node (STEP_NODE) of the task that failed
+    # first, as the task wrappers recorded them (one line "CODE TIME NODE" a task), never
+    # the TERM (143) or KILL (137) that Slurm sent the other tasks after it. Unchanged
+    # where no task says (srun failed before any task ran).
+    local f rc at node sec frac key best=''
+    STEP_NODE=
+    for f in "$TRAIN_TMP/exits"/task-*; do
+        [ -f "$f" ] || continue
+        rc='' at='' node=''
+        read -r -n 256 rc at node _ < "$f" || true
+        case "$rc" in '' | *[!0-9]* | 0* | 137 | 143 | ????*) continue ;; esac
+        sec=${at%%.*}
+        frac=${at#"$sec"}
+        frac=${frac#.}000000
+        case "$sec${frac:0:6}" in '' | *[!0-9]*) continue ;; esac
+        [ "${#sec}" -le 12 ] || continue
+        key=$((10#$sec * 1000000 + 10#${frac:0:6}))
+        if [ -z "$best" ] || [ "$key" -lt "$best" ]; then
+            best=$key
+            STEP_RC=$((10#$rc))
+            case "$node" in *[!A-Za-z0-9._-]*) STEP_NODE= ;; *) STEP_NODE=$node ;; esac
+        fi
+    done
+}
+
+train_chunk_folder() {
+    # The chunk's own folder (TRAIN_TMP) in the run folder, never a node's /tmp: a chunk
+    # killed at its walltime cannot remove it, the next one does, on whichever node it
+    # runs. The tasks record their exit codes in it, and remove what this chain's earlier
+    # jobs left in their nodes' temporary folders.
+    local stale
+    for stale in "$RUN_DIR/$CHUNK_DIR_PREFIX"*; do
+        if [ -d "$stale" ] && [ ! -L "$stale" ]; then rm -rf "$stale"; fi
+    done
+    TRAIN_TMP="$RUN_DIR/$CHUNK_DIR_PREFIX${SLURM_JOB_ID:-0}-${SLURM_RESTART_COUNT:-0}"
+    mkdir -p "$TRAIN_TMP/exits"
+    export "$TASK_EXITS_VAR=$TRAIN_TMP/exits" "$STALE_TMP_VAR=$(train_stale_tmp)"
+}
+
 train_start_step() {
     # The step runs under a small waiter that records its exit status in a file: bash's
     # own `wait` loses a child's status when a trapped signal interrupts it just as the
     # child exits (seen as 138 or -1 for a step that exited 0). The waiter has no traps,
     # so its wait is never interrupted; signals go to the step itself (step.pid).
-    TRAIN_TMP=$(mktemp -d "${TMPDIR:-/tmp}/train-job.XXXXXX")
+    train_chunk_folder
     # what a save is newer than (train_last_save); a file's time comes from a clock that
     # ticks every few milliseconds: the step starts a tick later
     touch "$TRAIN_TMP/start"

@@ -193,8 +193,10 @@ train_cancel_rest() {
 train_last_save() {
     # The Unix time of the newest file saved since the chunk began: in the run folder
     # (but the chain's own files, SAVE_SKIP) or under a save path. Fails when there is none.
+    # A save path that holds run folders (`--save-path .`) is looked through without them
+    # (the tool's own files change in every chunk) and without Python's __pycache__.
     local entry name skip x newest='' line
-    local -a skips paths=()
+    local -a skips paths=() runs=() files=()
     read -r -a skips <<< "$SAVE_SKIP"
     for entry in "$RUN_DIR"/* "$RUN_DIR"/.[!.]* "$RUN_DIR"/..?*; do
         [ -e "$entry" ] || [ -L "$entry" ] || continue
@@ -208,15 +210,32 @@ train_last_save() {
     done
     if [ -n "${SAVE_PATHS[*]+x}" ]; then
         for entry in "${SAVE_PATHS[@]}"; do
+            # (one inside the run folder was looked at above, without the chain's files)
+            case "$entry/" in "$RUN_DIR"/*) continue ;; esac
             [ -e "$entry" ] && paths+=("$entry")
         done
     fi
     [ "${#paths[@]}" -gt 0 ] || return 1
-    while read -r line; do
+    local -a records=()
+    read -r -a x <<< "$RUN_RECORDS"
+    for name in "${x[@]}"; do records+=(-o -name "$name"); done
+    # "R FOLDER": a folder holding a run's record; "F TIME PATH": a file newer than the start
+    while IFS= read -r -d '' line; do
+        case "$line" in
+            'R '*) runs+=("${line#R }/") ;;
+            'F '*) files+=("${line#F }") ;;
+        esac
+    done < <(find "${paths[@]}" \( -path "$RUN_DIR" -o -name __pycache__ \) -prune -o \
+        -type f \( \( -false "${records[@]}" \) -printf 'R %h\0' -o \
+        -newer "$TRAIN_TMP/start" -printf 'F %T@ %p\0' \) 2>/dev/null || true)
+    for line in ${files[@]+"${files[@]}"}; do
+        for entry in ${runs[@]+"${runs[@]}"}; do
+            case "${line#* }" in "$entry"*) continue 2 ;; esac
+        done
+        line=${line%% *}
         line=${line%%.*}
         if [ -z "$newest" ] || [ "$line" -gt "$newest" ]; then newest=$line; fi
-    done < <(find "${paths[@]}" -type f -newer "$TRAIN_TMP/start" -printf '%T@\n' \
-        2>/dev/null || true)
+    done
     [ -n "$newest" ] || return 1
     printf '%s\n' "$newest"
 }
@@ -239,6 +258,7 @@ train_setup() {
     TRAIN_REQUEUING=0
     TRAIN_WAITER=
     TRAIN_TMP=
+    STEP_NODE=
     TRAIN_STEP_START=
     TRAIN_READY=/nonexistent
     TRAIN_USR1_HELD=0
@@ -278,14 +298,18 @@ train_step_status() {
         STEP_RC=0
     fi
     if [ "$STEP_RC" -ne 0 ]; then
-        train_log "training step failed with exit code $STEP_RC"
+        local step_rc=$STEP_RC where=''
+        train_first_failure
+        [ -z "$STEP_NODE" ] || where=" on node $STEP_NODE"
+        [ "$STEP_RC" = "$step_rc" ] || where+=" (srun's: $step_rc)"
+        train_log "training step failed with exit code $STEP_RC$where"
         if [ "$TRAIN_STOP_SENT" = 1 ] && { [ "$STEP_RC" = 138 ] || [ "$STEP_RC" = 143 ]; }; then
             train_log "the program died of the stop signal $STOP_SIGNAL: it needs a" \
                 "handler (checkpoint, exit 0), or submit with --stop-signal none"
         fi
         train_gpu_report
         train_runtime_cleanup
-        train_event "$EV_FAILED" "$STEP_RC"
+        train_event "$EV_FAILED" "$STEP_RC${STEP_NODE:+ $STEP_NODE}"
         train_cancel_rest
         exit "$STEP_RC"
     fi

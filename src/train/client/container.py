@@ -12,7 +12,13 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 
-from train.batch.contract import DOCKER_JOB_LABEL, SIGNAL_READY_VAR
+from train.batch.contract import (
+    DOCKER_JOB_LABEL,
+    SIGNAL_READY_VAR,
+    STALE_TMP_VAR,
+    TASK_EXITS_VAR,
+    TMP_PREFIX,
+)
 from train.common.alloc_conf import ALLOC_CONF_VAR, TUNED_ALLOC_CONF
 
 # Variables the training process reads; passed by name so their host values carry over.
@@ -84,6 +90,44 @@ DOCKER_TASK = "\n".join((
     'while :; do wait "$pid" 2>/dev/null; kill -0 "$pid" 2>/dev/null || break; done',
     'read -r rc < "$status" 2>/dev/null || rc=255',
     'exit "${rc:-255}"',
+))
+
+
+# Every task of the step runs under this wrapper (bash -c, arguments: the task's command,
+# the runtime's included), on its node: it removes the temporary folders this chain's
+# killed jobs left there, gives the task a temporary folder of its own (TMPDIR: the
+# program's and torch's launcher's files, removed when the task ends) and records the
+# program's exit code, the time and the node for the batch shell, which reports the first
+# failing task's own code rather than the TERM Slurm sent the others. The command runs in
+# the foreground: Slurm signals every process of the task, and a trap (here a no-op, reset
+# to the default in the command) waits for the command to end. A command killed by a
+# signal ends the wrapper by the same signal, as srun would have seen it.
+TASK_WRAPPER = "\n".join((
+    "set -f",
+    f"for p in ${{{STALE_TMP_VAR}:-}}; do",
+    "    set +f",
+    "    # shellcheck disable=SC2086  # a pattern on purpose",
+    f'    rm -rf "${{TMPDIR:-/tmp}}"/{TMP_PREFIX}$p.* 2>/dev/null',
+    "done",
+    "set +f",
+    f'if tmp=$(mktemp -d "${{TMPDIR:-/tmp}}/{TMP_PREFIX}${{SLURM_JOB_ID:-0}}-'
+    '${SLURM_RESTART_COUNT:-0}.XXXXXX" 2>/dev/null); then',
+    '    export TMPDIR="$tmp"',
+    "fi",
+    "trap : TERM INT USR1 USR2",
+    '"$@"',
+    "rc=$?",
+    'rm -rf "${tmp:-/nonexistent}"',
+    f'if [ -d "${{{TASK_EXITS_VAR}:-/nonexistent}}" ]; then',
+    "    printf '%s %s %s\\n' \"$rc\" \"${EPOCHREALTIME:-$(date +%s.%N)}\" "
+    '"${SLURMD_NODENAME:-$(hostname)}" \\',
+    f'        > "${TASK_EXITS_VAR}/task-${{SLURM_PROCID:-0}}" 2>/dev/null',
+    "fi",
+    'if [ "$rc" -gt 128 ] && [ "$rc" -lt 160 ]; then',
+    '    trap - "$((rc - 128))"',
+    '    kill "-$((rc - 128))" "$$"',
+    "fi",
+    'exit "$rc"',
 ))
 
 

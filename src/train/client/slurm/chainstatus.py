@@ -103,7 +103,10 @@ def _said_by_last_event(chain: Chain, chunks: Chunks, last: dict[str, Any]
     event, detail = last["event"], last["detail"] or ""
     logs = f"`train logs {chain.record['name']} --err --job {last['job_id']}`"
     if event == contract.EV_FAILED:
-        return "failed", f"{where} failed: its step exited with code {detail}; see {logs}"
+        # "CODE [NODE]": the first failing task's own code, and its node
+        code, _, node = detail.partition(" ")
+        on = f" on node {node.strip()}" if node.strip() else ""
+        return "failed", f"{where} failed: its step exited with code {code}{on}; see {logs}"
     if event == contract.EV_TIMEOUT:
         return "failed", (f"{where} reached its walltime: the step did not stop at the "
                           f"walltime signal {chain.record.get('signal_margin')} s before "

@@ -31,9 +31,12 @@ LIBRARY_NAMES = ("job-lib.sh", "job-lib-step.sh")
 STEP_GRACE_SECONDS = 30
 STEP_WIDTH = 88  # the step command's lines, the ` \` included
 NODE_WRAPPER_VAR = "NODE_WRAPPER"
+TASK_WRAPPER_VAR = "TASK_WRAPPER"
 PYTHON_M_TRAIN_VAR = "PYTHON_M_TRAIN"
 BOUND_LAUNCHER_VAR = "BOUND_LAUNCHER"
-_NAMED = {NODE_WRAPPER_VAR: "the per-node wrapper srun runs (the batch script is not on "
+_NAMED = {TASK_WRAPPER_VAR: "every task's wrapper: its temporary folder, its exit code "
+                            "recorded",
+          NODE_WRAPPER_VAR: "the per-node wrapper srun runs (the batch script is not on "
                             "the other nodes)",
           PYTHON_M_TRAIN_VAR: "the train package's command line, never a train.py of "
                               "the folder it runs in",
@@ -46,7 +49,9 @@ _NAMED = {NODE_WRAPPER_VAR: "the per-node wrapper srun runs (the batch script is
 APPTAINER_TASK_ENV = (
     "set -f; for v in $(compgen -v); do for p in " + " ".join(container.PASS_THROUGH)
     + ' ${TRAIN_ENV_NAMES:-}; do if [[ $v == $p ]]; then '
-    'export "APPTAINERENV_$v=${!v}"; break; fi; done; done; set +f; exec "$@"'
+    'export "APPTAINERENV_$v=${!v}"; break; fi; done; done; set +f; '
+    # the task's temporary folder (TASK_WRAPPER's), where apptainer binds it: under /tmp
+    'case ${TMPDIR:-} in /tmp/?*) export APPTAINERENV_TMPDIR="$TMPDIR" ;; esac; exec "$@"'
 )
 
 
@@ -206,8 +211,9 @@ def train_argv(job: ResolvedJob) -> list[str]:
 
 def step_segments(job: ResolvedJob) -> list[list[str]]:
     """The step's argv in the parts the script shows on lines of their own: srun and its
-    options, the container runtime's (from its per-node wrapper on; none for runtime none),
-    the launcher up to its `--` (where there is one), the program."""
+    options, every task's wrapper, the container runtime's (from its per-node wrapper on;
+    none for runtime none), the launcher up to its `--` (where there is one), the
+    program."""
     spec = job.spec
     srun = ["srun", "--kill-on-bad-exit=1", f"--nodes={spec.nodes}",
             f"--ntasks-per-node={job.ntasks_per_node}",
@@ -218,6 +224,7 @@ def step_segments(job: ResolvedJob) -> list[list[str]]:
         env=step_environment(job))
     if spec.runtime == "apptainer":
         prefix = ["bash", "-c", APPTAINER_TASK_ENV, "train-task", *prefix]
+    wrapper = ["bash", "-c", container.TASK_WRAPPER, "train-task"]
     if spec.entry == "command":
         run = list(spec.workload)
     elif spec.entry == "navsim":
@@ -227,7 +234,7 @@ def step_segments(job: ResolvedJob) -> list[list[str]]:
         run = [*module_argv(spec.python), "run", *train_argv(job)]
     if job.launch == "single" and spec.entry == "train" and spec.min_free_mb is None \
             and job.gpu_watch is None and spec.chdir is None:
-        return [srun, prefix, run]  # `train run` alone: nothing to do before it
+        return [srun, wrapper, prefix, run]  # `train run` alone: nothing to do before it
     # an image without `train`: the client's own launcher, bound in (train.node.nodeentry)
     start = entry_argv(spec.python) if job.launcher_binds else module_argv(spec.python)
     launch = [*start, "launch", f"--mode={job.launch}"]
@@ -242,7 +249,7 @@ def step_segments(job: ResolvedJob) -> list[list[str]]:
             launch.append(f"--fallback-batch={spec.fallback_batch}")
     if spec.chdir is not None:
         launch.append(f"--chdir={program_folder(spec.chdir)}")
-    return [srun, prefix, [*launch, "--"], run]
+    return [srun, wrapper, prefix, [*launch, "--"], run]
 
 
 def step_argv(job: ResolvedJob) -> list[str]:
@@ -327,8 +334,9 @@ def _readable_part(job: ResolvedJob) -> list[str]:
     if job.profile.modules and spec.runtime == "apptainer":
         out += ["# site set-up (from the cluster profile)", *job.profile.modules]
     wrapped = NODE_WRAPPER_VAR in _named_texts(job).values()
-    out += ["# the job step, run by srun on every node" + (
-                f" (${NODE_WRAPPER_VAR}, below, is the per-node wrapper)" if wrapped else ""),
+    out += [f"# the job step, run by srun on every node (${TASK_WRAPPER_VAR}, below, wraps "
+            "each task" + (f"; ${NODE_WRAPPER_VAR} is the per-node wrapper)" if wrapped
+                           else ")"),
             "# shellcheck disable=SC2016,SC2054  # literal arguments, quoted on purpose",
             "step_command() {", *step_command_lines(job), "}"]
     return out
@@ -367,7 +375,8 @@ def _named_texts(job: ResolvedJob) -> dict[str, str]:
     named: dict[str, str] = {}
     for part in step_segments(job):
         if part[:2] == ["bash", "-c"] and len(part) > 3:
-            named[part[2]] = NODE_WRAPPER_VAR
+            named[part[2]] = TASK_WRAPPER_VAR if part[2] == container.TASK_WRAPPER \
+                else NODE_WRAPPER_VAR
     if any(arg == entry_code() for part in step_segments(job) for arg in part):
         named.setdefault(entry_code(), PYTHON_M_TRAIN_VAR)
     bound = nodeentry_code()
