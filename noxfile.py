@@ -79,17 +79,44 @@ def tests(session: nox.Session) -> None:
                 env={"OMP_NUM_THREADS": "1", "TRAIN_TEST_WHEELS": str(CLIENT_WHEELS),
                      "TRAIN_TEST_ARCH_WHEELS": str(ARCH_WHEELS),
                      "TRAIN_TEST_STACK_WHEELS": str(STACK_WHEELS)})
-    if not session.posargs:  # the whole suite: then the main scenarios on Slurm 24.11 too
-        session.run("pytest", "-m", "slurm", "-k", SLURM_24_11, "--durations=10",
-                    "tests/integration",
-                    env={"OMP_NUM_THREADS": "1", "TRAIN_TEST_SLURM": "24.11"})
+    if not session.posargs:  # the whole suite: then the main scenarios on 24.11 and 26.05
+        _other_slurm_versions(session)
+
+
+def _other_slurm_versions(session: nox.Session) -> None:
+    """The slurm tier's main scenarios (SLURM_SELECTION) on Slurm 24.11 and on 26.05, side
+    by side: each waits mostly on its own cluster. Each run's output is shown whole after
+    both end; the session fails if either did."""
+    import subprocess
+
+    runs = []
+    for version in ("24.11", "26.05"):
+        log = ROOT / ".nox" / f"slurm-{version}.log"
+        argv = [str(Path(session.bin) / "python"), "-m", "pytest", "-m", "slurm", "-k",
+                SLURM_SELECTION, "--durations=10", "tests/integration"]
+        session.log(f"TRAIN_TEST_SLURM={version} {' '.join(argv[1:])} (output: {log})")
+        with log.open("w") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                                    env={**os.environ, "OMP_NUM_THREADS": "1",
+                                         "TRAIN_TEST_SLURM": version})
+        runs.append((version, log, proc))
+    failed = []
+    for version, _log, proc in runs:
+        if proc.wait() != 0:
+            failed.append(version)
+    for version, log, _ in runs:
+        print(f"==== the slurm tier's main scenarios on Slurm {version} ====", flush=True)
+        print(log.read_text(errors="replace"), flush=True)
+    if failed:
+        session.error(f"the main scenarios failed on Slurm {', '.join(failed)}")
 
 
 # The slurm tier's scenarios that meet what changed between Slurm 22.05 (Debian bookworm's,
-# the machine's own) and the sites' 23.x-25.x: chains, walltime, requeue, launch, doctor.
-# They run again on Debian trixie's Slurm 24.11 in a chroot (ci/trixie-slurm.sh: the root
-# is made once per machine, about 2 minutes, and kept in /var/cache/train-ci).
-SLURM_24_11 = " or ".join([
+# the machine's own) and the sites' 23.x-26.x: chains, walltime, requeue, launch, doctor.
+# They run again on Debian trixie's Slurm 24.11 in a chroot (ci/trixie-slurm.sh) and on
+# Debian sid's Slurm 26.05 in a pivoted root (ci/sid-apptainer.sh): each root is made once
+# per machine, about a minute, and kept in /var/cache/train-ci.
+SLURM_SELECTION = " or ".join([
     "test_walltime_timeout_of_a_step_that_ignores_the_signal",
     "test_scancel_of_the_running_chunk",
     "test_a_requeued_chunk_resumes_and_the_chain_goes_on",
