@@ -2,12 +2,16 @@
 dependencies, with a hash-pinned lock of only what it adds.
 
 The requirements are resolved by pip (`pip install --dry-run --report`) for the images'
-CPython 3.12 on manylinux x86_64, wheels only, with every pin of the base image's locks as a
-constraint: nothing of the base (torch, CUDA's wheels, NCCL, numpy) can change. What the
-resolution picks that the base already pins is dropped; the rest, with the sha256 of the wheel
-pip chose, is the lock. Everything is checked before anything is written: a requirement that
-conflicts with a base pin, one that cannot be hash-pinned (a URL, a VCS or a local path), one
-with no wheel for the image's Python, and a resolution pip refuses are usage errors (exit 2).
+CPython (3.12: Ubuntu 24.04's, from base.def's BASE_IMAGE) on manylinux x86_64, wheels
+only, with every pin of the base image's locks as a constraint: nothing of the base (torch,
+CUDA's wheels, NCCL, numpy) can change. What the resolution picks that the base already pins
+is dropped; the rest, with the sha256 of the wheel pip chose, is the lock. Everything is
+checked before anything is written: a requirement that conflicts with a base pin, one that
+cannot be hash-pinned (a URL, a VCS or a local path), one with no wheel for the image's
+Python, and a resolution pip refuses are usage errors (exit 2).
+The requirements' own markers are evaluated for the image (derive_reqs); those of their
+dependencies' metadata pip evaluates for the Python that runs it. A file it would change is
+kept first as a numbered copy (NAME.def.1, .2, ...); an unchanged one is not rewritten.
 
 Written (default folder `./containers-NAME/`, where %files sources resolve from its parent,
 as `containers/` resolves from the clone):
