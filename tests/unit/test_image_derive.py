@@ -143,6 +143,10 @@ def test_editable_project_is_copied_and_installed_and_its_dependencies_locked(
     ("only-cp311==1.0\n", "only-cp311"),
     ("only-sdist==1.0\n", "only-sdist"),
     ("not-on-the-index==1.0\n", "not-on-the-index"),
+    # a marker that compares what cannot be compared
+    ('helper-pkg; python_version ~= "abc"\n', "requirements.txt:1: 'helper-pkg"),
+    # a hash option that is not sha256 of 64 hex digits
+    ("helper-pkg==0.3 --hash=md5:00ff\n", "--hash=md5:00ff"),
 ])
 def test_bad_requirements_exit_2_naming_it_and_write_nothing(
         tmp_path: Path, index: Path, capsys: pytest.CaptureFixture[str],

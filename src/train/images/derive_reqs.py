@@ -171,7 +171,7 @@ def select(lines: Sequence[tuple[str, str]], target: Target) -> Requests:
     environment = target.marker_environment()
     for line, where in lines:
         request = parse_line(line, where)
-        if request.req.marker is not None and not request.req.marker.evaluate(environment):
+        if request.req.marker is not None and not _holds(request, environment):
             out.dropped.append(request)
             continue
         index = seen.get(request.key)
@@ -186,6 +186,14 @@ def select(lines: Sequence[tuple[str, str]], target: Target) -> Requests:
         out.kept[index] = Request(first.text, first.where, first.name, first.req, joined)
     check_pins(out.kept)
     return out
+
+
+def _holds(request: Request, environment: dict[str, str]) -> bool:
+    try:
+        return bool(request.req.marker.evaluate(environment))
+    except ValueError as exc:  # packaging's UndefinedComparison, InvalidVersion, ...
+        raise UsageError(f"--requirements {request.where}: {request.text[:80]!r}: its marker "
+                         f"cannot be evaluated: {str(exc)[:200]}") from None
 
 
 def _exact(request: Request) -> str | None:
