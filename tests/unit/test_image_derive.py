@@ -143,6 +143,10 @@ def test_editable_project_is_copied_and_installed_and_its_dependencies_locked(
     ("only-cp311==1.0\n", "only-cp311"),
     ("only-sdist==1.0\n", "only-sdist"),
     ("not-on-the-index==1.0\n", "not-on-the-index"),
+    # a marker that compares what cannot be compared
+    ('helper-pkg; python_version ~= "abc"\n', "requirements.txt:1: 'helper-pkg"),
+    # a hash option that is not sha256 of 64 hex digits
+    ("helper-pkg==0.3 --hash=md5:00ff\n", "--hash=md5:00ff"),
 ])
 def test_bad_requirements_exit_2_naming_it_and_write_nothing(
         tmp_path: Path, index: Path, capsys: pytest.CaptureFixture[str],
@@ -166,3 +170,177 @@ def test_bad_name_and_editable_outside_exit_2(tmp_path: Path, index: Path,
     assert "--editable" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
     assert not (tmp_path / "containers-myproj").exists()
+
+
+def test_running_new_again_keeps_each_earlier_definition_and_writes_nothing_when_same(
+        tmp_path: Path, index: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "containers-myproj"
+    definition, lock = folder / "myproj.def", folder / "requirements" / "myproj.txt"
+    assert new(tmp_path, index, "helper-pkg==0.3\n") == 0
+    written = definition.read_text(encoding="utf-8")
+    definition.write_text(written + "# my own edit\n", encoding="utf-8")
+    capsys.readouterr()
+    assert new(tmp_path, index, "helper-pkg==0.3\n") == 0
+    assert f"as {folder / 'myproj.def.1'}" in capsys.readouterr().err
+    assert (folder / "myproj.def.1").read_text(encoding="utf-8").endswith("# my own edit\n")
+    assert definition.read_text(encoding="utf-8") == written
+    # the same content again: nothing written, no copy
+    before = (definition.stat().st_ino, lock.stat().st_ino)
+    assert new(tmp_path, index, "helper-pkg==0.3\n") == 0
+    assert capsys.readouterr().out.startswith("unchanged:")
+    assert (definition.stat().st_ino, lock.stat().st_ino) == before
+    assert not (folder / "myproj.def.2").exists()
+    # a new lock and another edit: copies numbered on, the first never replaced
+    definition.write_text(written + "# second edit\n", encoding="utf-8")
+    assert new(tmp_path, index, "helper-pkg==0.1\n") == 0
+    assert (folder / "myproj.def.1").read_text(encoding="utf-8").endswith("# my own edit\n")
+    assert (folder / "myproj.def.2").read_text(encoding="utf-8").endswith("# second edit\n")
+    assert "helper-pkg==0.3" in (folder / "requirements" / "myproj.txt.1").read_text()
+    assert read_lock(lock)["helper-pkg"].version == "0.1"
+
+
+def test_markers_are_evaluated_for_the_images_python_and_a_dropped_line_is_named(
+        tmp_path: Path, index: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the base image is Ubuntu 24.04's CPython 3.12 on Linux x86_64, whatever runs train
+    assert new(tmp_path, index, 'helper-pkg==0.3; python_version >= "3.12"\n'
+               'extra-pkg; python_version < "3.12"\n'
+               'old-numpy-user; sys_platform == "win32"\n'
+               'only-cp311; platform_machine == "aarch64"\n') == 0
+    lock = read_lock(tmp_path / "containers-myproj" / "requirements" / "myproj.txt")
+    assert sorted(lock) == ["helper-pkg"]
+    err = capsys.readouterr().err
+    for line in ("requirements.txt:2 'extra-pkg; python_version < \"3.12\"'",
+                 "requirements.txt:3 'old-numpy-user", "requirements.txt:4 'only-cp311"):
+        assert line in err, err
+    assert "CPython 3.12" in err
+
+
+def _containers_with(tmp_path: Path, base_image: str) -> Path:
+    """A copy of the definitions folder whose base.def starts from another image."""
+    import shutil
+
+    copy = tmp_path / "defs"
+    shutil.copytree(CONTAINERS, copy, ignore=shutil.ignore_patterns("wheelhouse", "downloads"))
+    text = (copy / "base.def").read_text(encoding="utf-8")
+    (copy / "base.def").write_text(
+        text.replace("BASE_IMAGE=nvidia/cuda:13.0.0-runtime-ubuntu24.04",
+                     f"BASE_IMAGE={base_image}"), encoding="utf-8")
+    return copy
+
+
+def test_the_images_python_follows_base_defs_base_image_and_unknown_is_said(
+        tmp_path: Path, index: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    defs = _containers_with(tmp_path, "nvidia/cuda:12.8.1-runtime-ubuntu22.04")
+    assert new(tmp_path, index, 'helper-pkg; python_version == "3.10"\n',
+               "--defs", str(defs)) == 0
+    assert "CPython 3.10" in (tmp_path / "containers-myproj" / "requirements" /
+                              "myproj.txt").read_text(encoding="utf-8")
+    defs = _containers_with(tmp_path / "other", "debian:12")
+    assert new(tmp_path / "other", index, "helper-pkg\n", "--defs", str(defs)) == 2
+    err = capsys.readouterr().err
+    assert "BASE_IMAGE 'debian:12'" in err and "not known" in err, err
+
+
+@pytest.mark.parametrize(("pyproject", "named"), [
+    ('[project]\nname = "p"\ndependencies = "helper-pkg"\n', "[project] dependencies"),
+    ('[project]\nname = "p"\ndependencies = {a = "b"}\n', "[project] dependencies"),
+    ('project = [1, 2]\n', "[project] must be a table"),
+    ('[project]\nname = "p"\noptional-dependencies = "x"\n',
+     "[project] optional-dependencies"),
+    ('[project]\nname = "p"\n[project.optional-dependencies]\ndev = "pytest"\n',
+     "[project.optional-dependencies] dev"),
+    ('[project]\nname = "p"\ndynamic = "dependencies"\n', "[project] dynamic"),
+    ('build-system = 3\n', "[build-system] must be a table"),
+    ('[build-system]\nrequires = "setuptools"\n', "[build-system] requires"),
+    ('[project\nname = "p"\n', "is not TOML"),
+    (b'\xff\xfe[project]\n', "cannot read"),
+])
+def test_odd_pyproject_types_exit_2_naming_the_file_and_key(
+        tmp_path: Path, index: Path, capsys: pytest.CaptureFixture[str],
+        pyproject: str | bytes, named: str) -> None:
+    project = tmp_path / "myproject"
+    project.mkdir()
+    data = pyproject if isinstance(pyproject, bytes) else pyproject.encode()
+    (project / "pyproject.toml").write_bytes(data)
+    assert new(tmp_path, index, "", "--editable", str(project)) == 2
+    err = capsys.readouterr().err
+    assert str(project / "pyproject.toml") in err and named in err, err
+    assert "Traceback" not in err
+    assert not (tmp_path / "containers-myproj").exists()
+
+
+def test_an_out_that_is_a_file_exits_2_and_leaves_it_as_it_was(
+        tmp_path: Path, index: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    req = tmp_path / "requirements.txt"
+    req.write_text("helper-pkg\n", encoding="utf-8")
+    afile = tmp_path / "notes.txt"
+    afile.write_text("mine\n", encoding="utf-8")
+    for out in (afile, afile / "sub"):
+        assert main(["image", "new", "myproj", "--requirements", str(req), "--find-links",
+                     str(index), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "--out" in err and "a file, not a folder" in err, err
+    assert afile.read_text(encoding="utf-8") == "mine\n"
+
+
+def test_a_hashed_pip_compile_file_is_read_with_each_requirements_hashes(
+        tmp_path: Path, index: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    extra = sha256(index / "extra_pkg-1.2.0-py3-none-any.whl")
+    helper = sha256(index / "helper_pkg-0.3-py3-none-any.whl")
+    other = "ab" * 32
+    compiled = ("#\n# This file is autogenerated by pip-compile with Python 3.12\n#\n"
+                f"extra-pkg==1.2.0 \\\n    --hash=sha256:{other} \\\n"
+                f"    --hash=sha256:{extra}\n    # via -r requirements.in\n"
+                f"helper-pkg==0.3 ; python_version >= \"3.8\" \\\n"
+                f"    --hash=sha256:{helper.upper()}\n    # via extra-pkg\n"
+                f"numpy=={BASE_PINS['numpy'].version} \\\n    --hash=sha256:{other}\n")
+    assert new(tmp_path, index, compiled) == 0, capsys.readouterr().err
+    lock = read_lock(tmp_path / "containers-myproj" / "requirements" / "myproj.txt")
+    assert lock["extra-pkg"].hashes == (extra,) and lock["helper-pkg"].hashes == (helper,)
+    # a wheel whose sha256 the file does not list: named, nothing written
+    (tmp_path / "x").mkdir()
+    assert new(tmp_path / "x", index, compiled.replace(helper.upper(), other)) == 2
+    err = capsys.readouterr().err
+    assert "requirements.txt:8" in err and "helper-pkg==0.3" in err and "--hash" in err, err
+    assert not (tmp_path / "x" / "containers-myproj").exists()
+
+
+def test_duplicate_lines_count_once_and_conflicting_pins_exit_2_naming_both(
+        tmp_path: Path, index: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert new(tmp_path, index, "helper-pkg==0.3\n" * 10_000 + "helper_pkg == 0.3\n") == 0
+    assert "10000 requirement(s) repeated an earlier one" in capsys.readouterr().err
+    assert sorted(read_lock(tmp_path / "containers-myproj" / "requirements" /
+                            "myproj.txt")) == ["helper-pkg"]
+    other = tmp_path / "other"
+    other.mkdir()
+    assert new(other, index, "helper-pkg>=0.1\nhelper-pkg==0.3\nextra-pkg\n"
+               "helper-pkg==0.1\n") == 2
+    err = capsys.readouterr().err
+    assert "requirements.txt:2 'helper-pkg==0.3'" in err, err
+    assert "requirements.txt:4 'helper-pkg==0.1'" in err, err
+    assert not (other / "containers-myproj").exists()
+
+
+def test_a_pip_too_old_is_named_with_its_upgrade_and_nothing_is_written(
+        tmp_path: Path, index: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import pip
+
+    monkeypatch.setattr(pip, "__version__", "22.0.4")
+    assert new(tmp_path, index, "helper-pkg\n") == 2
+    err = capsys.readouterr().err
+    assert "pip 22.0.4" in err and "pip >= 23.0" in err and "install --upgrade pip" in err
+    assert not (tmp_path / "containers-myproj").exists()
+
+
+def test_only_a_resolver_conflict_blames_the_base_images_pins() -> None:
+    from train.images.derive_pip import Target, pip_refusal
+
+    target = Target("3.12", "3.12.3")
+    option = pip_refusal("ERROR: Can not use any platform or abi specific options unless "
+                         "installing via '--target'\n", target)
+    assert "base image's pins" not in option and "--target" in option
+    conflict = pip_refusal("ERROR: Cannot install a because these package versions have "
+                           "conflicting dependencies.\nThe user requested numpy<2\n"
+                           "The user requested (constraint) numpy==2.3.5\n", target)
+    assert "base image's pins" in conflict and "numpy<2" in conflict

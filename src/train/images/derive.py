@@ -2,12 +2,16 @@
 dependencies, with a hash-pinned lock of only what it adds.
 
 The requirements are resolved by pip (`pip install --dry-run --report`) for the images'
-CPython 3.12 on manylinux x86_64, wheels only, with every pin of the base image's locks as a
-constraint: nothing of the base (torch, CUDA's wheels, NCCL, numpy) can change. What the
-resolution picks that the base already pins is dropped; the rest, with the sha256 of the wheel
-pip chose, is the lock. Everything is checked before anything is written: a requirement that
-conflicts with a base pin, one that cannot be hash-pinned (a URL, a VCS or a local path), one
-with no wheel for the image's Python, and a resolution pip refuses are usage errors (exit 2).
+CPython (3.12: Ubuntu 24.04's, from base.def's BASE_IMAGE) on manylinux x86_64, wheels
+only, with every pin of the base image's locks as a constraint: nothing of the base (torch,
+CUDA's wheels, NCCL, numpy) can change. What the resolution picks that the base already pins
+is dropped; the rest, with the sha256 of the wheel pip chose, is the lock. Everything is
+checked before anything is written: a requirement that conflicts with a base pin, one that
+cannot be hash-pinned (a URL, a VCS or a local path), one with no wheel for the image's
+Python, and a resolution pip refuses are usage errors (exit 2).
+The requirements' own markers are evaluated for the image (derive_reqs); those of their
+dependencies' metadata pip evaluates for the Python that runs it. A file it would change is
+kept first as a numbered copy (NAME.def.1, .2, ...); an unchanged one is not rewritten.
 
 Written (default folder `./containers-NAME/`, where %files sources resolve from its parent,
 as `containers/` resolves from the clone):
@@ -18,46 +22,29 @@ as `containers/` resolves from the clone):
 
 from __future__ import annotations
 
-import importlib
-import json
 import os
 import re
-import subprocess
-import sys
-import tempfile
-import urllib.parse
-import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from train.common.errors import UsageError
 from train.images.defs import DefError, parse
+from train.images.derive_pip import Target, image_target, pip_resolve, sha256_of
+from train.images.derive_reqs import (
+    Request,
+    canonical,
+    editable_requirements,
+    packaging,
+    requirement_lines,
+    select,
+)
 
-PYTHON_VERSION = "3.12"  # the images' Python (Ubuntu 24.04's)
-PLATFORM = "manylinux_2_28_x86_64"
 BASES = ("base", "sc2", "navsim")
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 PIP_INDEX = "https://pypi.org/simple"
-_URL_RE = re.compile(r"^[a-z][a-z0-9+.-]*://|^(git|hg|svn|bzr)\+", re.IGNORECASE)
-_NAME_NORM = re.compile(r"[-_.]+")
-
-
-def canonical(name: str) -> str:
-    return _NAME_NORM.sub("-", name).lower()
-
-
-def _packaging() -> Any:
-    """packaging's requirements and versions: the package where installed, else pip's own
-    copy (pip is what resolves here, so it is always present)."""
-    for module in ("packaging", "pip._vendor.packaging"):
-        try:
-            return (importlib.import_module(f"{module}.requirements"),
-                    importlib.import_module(f"{module}.version"))
-        except ImportError:
-            continue
-    raise UsageError("image new: needs pip (python -m pip) in the Python that runs train")
+MAX_LOCK_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -73,6 +60,11 @@ class Derived:
     definition: Path
     lock: Path
     added: list[Pin]
+    target: Target
+    dropped: list[Request] = field(default_factory=list)  # markers false for the image
+    duplicates: int = 0  # requirement lines that repeated an earlier one
+    kept: list[Path] = field(default_factory=list)  # copies of files it replaced
+    unchanged: list[Path] = field(default_factory=list)  # files already as written
 
 
 def read_lock(path: Path) -> dict[str, Pin]:
@@ -101,77 +93,26 @@ def read_lock(path: Path) -> dict[str, Pin]:
     return pins
 
 
-def base_locks(containers: Path, base: str) -> list[Path]:
-    """The locks an image of ours installs: base.def's default BASE_LOCK, and for sc2 and
-    navsim their own lock on top."""
+def base_locks(containers: Path, base: str) -> tuple[list[Path], Target]:
+    """The locks an image of ours installs (base.def's default BASE_LOCK, and for sc2 and
+    navsim their own lock on top), and the image's Python (from base.def's BASE_IMAGE)."""
     if base not in BASES:
         raise UsageError(f"--from: {base!r} is not one of {', '.join(BASES)}")
     try:
-        base_lock = parse(containers / "base.def").arguments().get("BASE_LOCK", "")
+        arguments = parse(containers / "base.def").arguments()
     except DefError as exc:
         raise UsageError(f"--from: cannot read {containers / 'base.def'}: {exc}") from None
-    names = [base_lock] + ([] if base == "base" else [f"{base}.txt"])
+    names = [arguments.get("BASE_LOCK", "")] + ([] if base == "base" else [f"{base}.txt"])
     paths = [containers / "requirements" / n for n in names]
     for path in paths:
         if not path.is_file():
             raise UsageError(f"--from {base}: its lock {path} does not exist")
-    return paths
-
-
-@dataclass(frozen=True)
-class Request:
-    text: str  # the line as written
-    where: str  # FILE:LINE
-    name: str  # canonical
-    req: Any  # packaging's Requirement
-
-
-def read_requirements(path: Path) -> list[Request]:
-    """The requirements file's lines; a URL, VCS or local path (nothing pip can pin by
-    hash from an index) and pip options are refused."""
-    reqmod, _ = _packaging()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--requirements: cannot read {path}: "
-                         f"{getattr(exc, 'strerror', None) or exc}") from None
-    out = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.split(" #", 1)[0].strip()
-        if not line or line.startswith("#"):
-            continue
-        where = f"{path.name}:{number}"
-        if line.startswith("-"):
-            raise UsageError(f"--requirements {where}: {line[:80]!r}: pip options are not "
-                             "taken here; list one requirement a line (name and version "
-                             "specifier); a local project goes in with --editable DIR")
-        if _unpinnable(line):
-            raise UsageError(f"--requirements {where}: {line[:80]!r} is a URL, VCS or local "
-                             "path: it cannot be hash-pinned from the index. Name a released "
-                             "version (name==version), or give a local project with "
-                             "--editable DIR")
-        try:
-            req = reqmod.Requirement(line)
-        except reqmod.InvalidRequirement as exc:
-            raise UsageError(f"--requirements {where}: {line[:80]!r} is not a requirement: "
-                             f"{exc}") from None
-        if req.url:
-            raise UsageError(f"--requirements {where}: {line[:80]!r} is a direct URL: it "
-                             "cannot be hash-pinned from the index")
-        out.append(Request(line, where, canonical(req.name), req))
-    return out
-
-
-def _unpinnable(line: str) -> bool:
-    """A URL, a VCS reference, a direct reference (`name @ URL`) or a local path."""
-    spec = line.split(";", maxsplit=1)[0]
-    return bool(_URL_RE.search(spec)) or "@" in spec or "/" in spec or "\\" in spec \
-        or spec.startswith((".", "~")) or spec.endswith((".whl", ".tar.gz", ".zip"))
+    return paths, image_target(arguments.get("BASE_IMAGE", ""))
 
 
 def check_against_base(requests: Sequence[Request], base: dict[str, Pin]) -> None:
     """A requirement on a package the base pins must allow the base's version."""
-    _, vermod = _packaging()
+    _, vermod = packaging()
     for r in requests:
         pin = base.get(r.name)
         if pin is None:
@@ -183,105 +124,24 @@ def check_against_base(requests: Sequence[Request], base: dict[str, Pin]) -> Non
                              "they are: drop the pin or allow that version")
 
 
-def _toml() -> Any:
-    """tomllib (Python >= 3.11), else pip's own copy of tomli."""
-    for module in ("tomllib", "pip._vendor.tomli"):
-        try:
-            return importlib.import_module(module)
-        except ImportError:
-            continue
-    raise UsageError("--editable: reading pyproject.toml needs Python >= 3.11 or pip")
+def check_hashes(requests: Sequence[Request], added: Sequence[Pin], target: Target) -> None:
+    """The wheel pip chose for a requirement given with --hash must be one of them."""
+    chosen = {p.name: p for p in added}
+    for r in requests:
+        pin = chosen.get(r.name)
+        if r.hashes and pin is not None and not set(pin.hashes) & set(r.hashes):
+            raise UsageError(f"--requirements {r.where}: pip chose {pin.name}=={pin.version} "
+                             f"(sha256 {pin.hashes[0]}), which is none of the "
+                             f"{len(r.hashes)} --hash values given for {r.text!r}; "
+                             "regenerate the hashes (pip-compile --generate-hashes) for "
+                             f"the image ({target.describe()})")
 
 
-def _editable_requirements(project: Path) -> tuple[list[str], list[str]]:
-    """A local project's build requirements and (static) dependencies, from its
-    pyproject.toml; setuptools when it has none."""
-    pyproject = project / "pyproject.toml"
-    if not pyproject.is_file():
-        return ["setuptools>=40.8.0", "wheel"], []
-    toml = _toml()
-    try:
-        data = toml.loads(pyproject.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, toml.TOMLDecodeError) as exc:
-        raise UsageError(f"--editable: cannot read {pyproject}: {exc}") from None
-    build = data.get("build-system", {}).get("requires", ["setuptools>=40.8.0", "wheel"])
-    project_table = data.get("project", {})
-    deps = [] if "dependencies" in project_table.get("dynamic", []) \
-        else list(project_table.get("dependencies", []))
-    return [str(b) for b in build], [str(d) for d in deps]
-
-
-def pip_resolve(requirements: Sequence[str], constraints: dict[str, Pin],
-                index_args: Sequence[str]) -> list[dict[str, Any]]:
-    """pip's dry-run report ("install" items) for the image's Python and platform, wheels
-    only, every base pin a constraint. pip's refusal is a usage error quoting pip."""
-    with tempfile.TemporaryDirectory(prefix="train-derive-") as tmp:
-        req_file = Path(tmp) / "requirements.txt"
-        req_file.write_text("".join(f"{r}\n" for r in requirements), encoding="utf-8")
-        con_file = Path(tmp) / "constraints.txt"
-        con_file.write_text("".join(f"{p.name}=={p.version}\n" for p in constraints.values()),
-                            encoding="utf-8")
-        report = Path(tmp) / "report.json"
-        command = [sys.executable, "-m", "pip", "install", "--dry-run",
-                   "--disable-pip-version-check", "--ignore-installed",
-                   "--only-binary=:all:", "--python-version", PYTHON_VERSION,
-                   "--implementation", "cp", "--abi", "cp" + PYTHON_VERSION.replace(".", ""),
-                   "--platform", PLATFORM, "--report", str(report),
-                   "-c", str(con_file), "-r", str(req_file), *index_args]
-        env = {**os.environ, "PIP_REQUIRE_VIRTUALENV": "0", "PIP_CONSTRAINT": "",
-               "PIP_NO_INPUT": "1"}
-        if "--no-index" in index_args:  # the folder given and nothing else: no pip config
-            env = {k: v for k, v in env.items() if not k.startswith("PIP_")}
-            env["PIP_CONFIG_FILE"] = os.devnull
-        proc = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
-        if proc.returncode != 0:
-            text = re.sub(re.escape(f"-r {req_file}") + r" \(line (\d+)\)",
-                          lambda m: repr(requirements[int(m.group(1)) - 1]),
-                          proc.stderr + proc.stdout)
-            raise UsageError(_pip_refusal(text))
-        data = json.loads(report.read_text(encoding="utf-8"))
-    return list(data.get("install", []))
-
-
-def _pip_refusal(text: str) -> str:
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    missing = [m.group(1) for ln in lines
-               if (m := re.search(r"No matching distribution found for (\S+)", ln))]
-    if missing:
-        return (f"--requirements: {', '.join(missing)}: no wheel for the image's Python "
-                f"(CPython {PYTHON_VERSION}, {PLATFORM}) that fits the base's pins; pick a "
-                "version that publishes one (pip: "
-                + "; ".join(ln for ln in lines if ln.startswith("ERROR"))[:500] + ")")
-    conflict = [ln for ln in lines if ln.startswith(("The user requested", "ERROR"))
-                or " depends on " in ln]
-    if conflict:
-        return ("--requirements: pip cannot resolve them against the base image's pins "
-                "(the base's versions are constraints): " + "; ".join(conflict)[:600])
-    return "--requirements: pip refused them: " + "; ".join(lines[-5:])[:600]
-
-
-def _sha256_of(item: dict[str, Any]) -> str:
-    info = item.get("download_info", {})
-    archive = info.get("archive_info", {})
-    found = archive.get("hashes", {}).get("sha256")
-    if not found and str(archive.get("hash", "")).startswith("sha256="):
-        found = archive["hash"].split("=", 1)[1]
-    if found:
-        return str(found)
-    url = str(info.get("url", ""))
-    parsed = urllib.parse.urlparse(url)
-    if parsed.scheme == "file":
-        from train.images.build import sha256_file
-
-        return sha256_file(Path(urllib.request.url2pathname(parsed.path)))
-    raise UsageError(f"--requirements: the index gave no sha256 for {url[:120]}: it cannot "
-                     "be hash-pinned")
-
-
-def lock_text(name: str, base: str, locks: Sequence[Path], added: Sequence[Pin]) -> str:
+def lock_text(name: str, base: str, locks: Sequence[Path], added: Sequence[Pin],
+              target: Target) -> str:
     head = [f"# {name}: what it adds to the {base} image (resolved against "
             f"{', '.join(p.name for p in locks)}; written by `train image new`)",
-            f"# CPython {PYTHON_VERSION}, {PLATFORM}, wheels only"]
+            f"# {target.describe()}, wheels only"]
     body = []
     for pin in added:
         body.append(f"{pin.name}=={pin.version} \\")
@@ -383,10 +243,10 @@ def _check_name(name: str, containers: Path) -> None:
                          "another")
 
 
-def _editable_project(editable: Path, folder: Path, pins: dict[str, Pin]
-                      ) -> tuple[str, list[Request]]:
+def _editable_project(editable: Path, folder: Path) -> tuple[str, list[tuple[str, str]]]:
     """A local project for --editable: its path from the folder above `folder` (where
-    %files sources resolve), and its build requirements and dependencies, checked."""
+    %files sources resolve), and its build requirements and dependencies as
+    (requirement, where) pairs."""
     root = folder.parent
     project = editable.resolve()
     if not project.is_dir():
@@ -397,10 +257,10 @@ def _editable_project(editable: Path, folder: Path, pins: dict[str, Pin]
         raise UsageError(f"--editable: {project} must be inside {root} (the folder "
                          f"above {folder.name}/, where %files sources resolve); "
                          "or choose --out inside the project's parent") from None
-    build, deps = _editable_requirements(project)
-    extra = read_requirements_lines(build + deps, f"{project.name}/pyproject.toml")
-    check_against_base(extra, pins)
-    return editable_rel, extra
+    build, deps = editable_requirements(project)
+    where = f"{project.name}/pyproject.toml"
+    return editable_rel, ([(b, f"{where} [build-system] requires") for b in build]
+                          + [(d, f"{where} [project] dependencies") for d in deps])
 
 
 def _added_pins(resolved: Sequence[dict[str, Any]], pins: dict[str, Pin]) -> list[Pin]:
@@ -408,6 +268,7 @@ def _added_pins(resolved: Sequence[dict[str, Any]], pins: dict[str, Pin]) -> lis
     added = []
     for item in resolved:
         meta = item.get("metadata", {})
+        meta = meta if isinstance(meta, dict) else {}
         key, version = canonical(str(meta.get("name", ""))), str(meta.get("version", ""))
         have = pins.get(key)
         if have is not None:
@@ -415,69 +276,117 @@ def _added_pins(resolved: Sequence[dict[str, Any]], pins: dict[str, Pin]) -> lis
                 raise UsageError(f"--requirements: pip chose {key}=={version} over the "
                                  f"base's {have.version}")
             continue
-        added.append(Pin(key, version, (_sha256_of(item),), ""))
+        added.append(Pin(key, version, (sha256_of(item),), ""))
     added.sort(key=lambda p: p.name)
     return added
 
 
-def _write_folder(folder: Path, name: str, lock: str, definition: str) -> tuple[Path, Path]:
-    """The derived folder, each file whole (temp file, then rename): the definition's path
-    and the lock's."""
-    (folder / "requirements").mkdir(parents=True, exist_ok=True)
-    (folder / "wheels").mkdir(exist_ok=True)
-    readme = folder / "wheels" / "README"
-    if not readme.exists():
-        readme.write_text("Wheels put here (e.g. `pip download --no-deps -r "
-                          f"../requirements/{name}.txt -d .`) are installed offline by the "
-                          "build.\n", encoding="utf-8")
-    lock_path = folder / "requirements" / f"{name}.txt"
-    def_path = folder / f"{name}.def"
-    _write(lock_path, lock)
-    _write(def_path, definition)
-    return def_path, lock_path
+def check_out(folder: Path, name: str) -> None:
+    """`--out` (or the default folder) must be, or be creatable as, a folder whose
+    requirements/, wheels/ and NAME.def are of the right kinds: checked before resolving."""
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        what = "is" if existing == folder else f"is inside {existing}, which is"
+        raise UsageError(f"--out: {folder} {what} a file, not a folder; name a folder "
+                         f"(it is made when missing; default ./containers-{name}/)")
+    for sub, kind in (("requirements", "folder"), ("wheels", "folder"),
+                      (f"{name}.def", "file"), (f"requirements/{name}.txt", "file")):
+        path = folder / sub
+        if path.exists() and (path.is_dir() if kind == "file" else not path.is_dir()):
+            raise UsageError(f"--out: {path} is in the way: a {kind} of that name is "
+                             "written there")
+
+
+def kept_copy_path(path: Path) -> Path:
+    """The first free NAME.N after the highest N in use (an earlier copy is never reused)."""
+    numbers = [int(p.name.rsplit(".", 1)[1]) for p in path.parent.glob(f"{path.name}.*")
+               if p.name.rsplit(".", 1)[1].isdigit()]
+    return path.with_name(f"{path.name}.{max(numbers, default=0) + 1}")
+
+
+def write_keeping(path: Path, text: str) -> Path | None:
+    """Write `text` to `path` whole (temp file, then rename). A file there with other
+    content is kept first as PATH.N (returned); one with this content is left as it is
+    (returns `path`). None: there was no file."""
+    data = text.encode("utf-8")
+    kept = None
+    if path.exists():
+        old = path.read_bytes()
+        if old == data:
+            return path
+        kept = kept_copy_path(path)
+        with open(kept, "xb") as copy:  # never replaces a file of that name
+            copy.write(old)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return kept
+
+
+def _write_folder(folder: Path, name: str, lock: str, definition: str
+                  ) -> tuple[list[Path], list[Path]]:
+    """The derived folder (lock first, then the definition): the copies kept of files it
+    replaced, and the files that were as written already."""
+    try:
+        (folder / "requirements").mkdir(parents=True, exist_ok=True)
+        (folder / "wheels").mkdir(exist_ok=True)
+        readme = folder / "wheels" / "README"
+        if not readme.exists():
+            readme.write_text("Wheels put here (e.g. `pip download --no-deps -r "
+                              f"../requirements/{name}.txt -d .`) are installed offline by "
+                              "the build.\n", encoding="utf-8")
+        kept, unchanged = [], []
+        for path, text in ((folder / "requirements" / f"{name}.txt", lock),
+                           (folder / f"{name}.def", definition)):
+            result = write_keeping(path, text)
+            if result == path:
+                unchanged.append(path)
+            elif result is not None:
+                kept.append(result)
+    except OSError as exc:
+        raise UsageError(f"--out: cannot write {exc.filename or folder}: "
+                         f"{exc.strerror or exc}") from None
+    return kept, unchanged
 
 
 def derive(name: str, base: str, requirements: Path, containers: Path,
            out: Path | None = None, editable: Path | None = None,
            index_args: Sequence[str] = ("--index-url", PIP_INDEX)) -> Derived:
     """Resolve, check and write NAME.def and requirements/NAME.txt (nothing is written when
-    any check fails)."""
+    any check fails; a file it replaces is kept as a numbered copy)."""
     _check_name(name, containers)
-    locks = base_locks(containers, base)
+    locks, target = base_locks(containers, base)
     pins: dict[str, Pin] = {}
     for lock in locks:
         pins.update(read_lock(lock))
-    requests = read_requirements(requirements)
-    check_against_base(requests, pins)
+    lines = requirement_lines(requirements)
+    asked = select(lines, target)  # the file's own: what %test shows
     folder = (out or Path.cwd() / f"containers-{name}").resolve()
-    wanted = [r.text for r in requests]
+    check_out(folder, name)
     editable_rel = None
     if editable is not None:
-        editable_rel, extra = _editable_project(editable, folder, pins)
-        wanted += [r.text for r in extra]
-    if not wanted:
-        raise UsageError(f"--requirements: {requirements} lists nothing to add")
-    added = _added_pins(pip_resolve(wanted, pins, index_args), pins)
+        editable_rel, extra = _editable_project(editable, folder)
+        lines = lines + extra
+    wanted = select(lines, target) if editable is not None else asked
+    check_against_base(wanted.kept, pins)
+    if not wanted.kept:
+        left_out = "; ".join(f"{r.where} {r.text!r}" for r in wanted.dropped)[:400]
+        raise UsageError(f"--requirements: {requirements} lists nothing to add"
+                         + (f" for the image ({target.describe()}; left out by their "
+                            f"markers: {left_out})" if left_out else ""))
+    resolved = pip_resolve([r.for_pip for r in wanted.kept],
+                           [f"{p.name}=={p.version}" for p in pins.values()],
+                           target, index_args)
+    added = _added_pins(resolved, pins)
+    check_hashes(wanted.kept, added, target)
     if not added and editable is None:
         raise UsageError(f"--requirements: everything {requirements.name} lists is in the "
                          f"{base} image already; nothing to derive")
     environment = parse(containers / f"{base}.def").sections["environment"].text
     definition = definition_text(name, base, folder.name, environment, bool(added),
-                                 editable_rel, [r.req.name for r in requests])
+                                 editable_rel, [r.req.name for r in asked.kept])
     # write only now, every check passed
-    def_path, lock_path = _write_folder(folder, name, lock_text(name, base, locks, added),
-                                        definition)
-    return Derived(def_path, lock_path, added)
-
-
-def read_requirements_lines(lines: Sequence[str], where: str) -> list[Request]:
-    with tempfile.TemporaryDirectory(prefix="train-derive-") as tmp:
-        path = Path(tmp) / where.replace("/", "_")
-        path.write_text("".join(f"{ln}\n" for ln in lines), encoding="utf-8")
-        return read_requirements(path)
-
-
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    kept, unchanged = _write_folder(folder, name, lock_text(name, base, locks, added, target),
+                                    definition)
+    return Derived(folder / f"{name}.def", folder / "requirements" / f"{name}.txt", added,
+                   target, wanted.dropped, wanted.duplicates, kept, unchanged)
