@@ -178,3 +178,152 @@ def test_values_equal_as_the_flags_type_are_duplicates(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "'1e-3' and '0.001' are the same value of --lr" in \
         proc.stderr, proc.stderr
     assert not (tmp_path / "runs").exists() and _cancelled(tmp_path) == []
+
+
+# -- a damaged sweep.json ----------------------------------------------------------------
+@pytest.mark.parametrize(("entry", "said"), [
+    ({"index": "x", "dir": "task-0", "value": "1"}, "its index 'x' is not a whole number"),
+    ({"index": 1.5, "dir": "task-0", "value": "1"}, "its index 1.5 is not a whole number"),
+    ({"index": [0], "dir": "task-0", "value": "1"}, "its index [0] is not a whole number"),
+    ({"index": 0, "dir": 7, "value": "1"}, "its dir 7 is not a task folder"),
+    ({"index": 0, "dir": "task-0", "value": {"a": 1}}, "its value {'a': 1} is not text"),
+    ({}, "its dir None is not a task folder"),
+    (5, "is not an object (int)"),
+])
+def test_a_damaged_entry_of_sweep_json_is_named_and_the_rest_go_on(
+        tmp_path: Path, entry: object, said: str) -> None:
+    env = _slurm(tmp_path)
+    _submit(tmp_path, env)
+    path = tmp_path / "runs" / "sw" / "sweep.json"
+    record = json.loads(path.read_text())
+    record["chains"][0] = entry
+    record.update(name=5, flag=7, throttle="x")  # wrong types around them too
+    path.write_text(json.dumps(record))
+    where = f"runs/sw/sweep.json: chain 1: {said}"
+    proc = run_cli(["status", "sw", "--tasks"], cwd=tmp_path, env=env)
+    _no_traceback(proc)
+    assert proc.returncode == 0, proc.stderr
+    assert any(ln.startswith(f"  unreadable: {where}") for ln in proc.stdout.splitlines()), \
+        proc.stdout
+    assert "  task 1 (" in proc.stdout and "pending" in proc.stdout
+    proc = run_cli(["summary", "sw"], cwd=tmp_path, env=env)
+    _no_traceback(proc)
+    assert proc.returncode == 2 and where in proc.stderr, proc.stderr
+    assert "sweep of 1 seed(s)" in proc.stdout  # the rest is summarised
+    proc = run_cli(["cancel", "sw"], cwd=tmp_path, env=env)
+    _no_traceback(proc)
+    assert proc.returncode == 2 and where in proc.stderr, proc.stderr
+    assert _cancelled(tmp_path) == ["7001_1"]
+
+
+@pytest.mark.parametrize("text", ['[1]', '{"chains": 5}', '{', '"x"'])
+def test_a_sweep_json_that_is_no_record_is_said_without_a_traceback(
+        tmp_path: Path, text: str) -> None:
+    env = _slurm(tmp_path)
+    _submit(tmp_path, env)
+    (tmp_path / "runs" / "sw" / "sweep.json").write_text(text)
+    for command in ("status", "cancel", "summary"):
+        proc = run_cli([command, "runs/sw"], cwd=tmp_path, env=env)
+        _no_traceback(proc)
+        assert proc.returncode == 2 and "sweep.json" in proc.stderr, (command, proc.stderr)
+
+
+def test_a_summary_of_huge_values_says_so_instead_of_overflowing(tmp_path: Path) -> None:
+    import csv
+
+    from tests.unit.test_sweep import _sweep_on_disk
+
+    root = tmp_path / "runs" / "e1"
+    _sweep_on_disk(root, {4: [1e308, 1.7e308, 1.7e308], 6: [-1.7e308, 1.7e308, 1e308]},
+                   {4: 1.7e308, 6: -1.7e308})
+    proc = run_cli(["summary", "e1", "--smooth", "2"], cwd=tmp_path)
+    _no_traceback(proc)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.lower()
+    assert "inf" not in out and "nan" not in out, proc.stdout
+    assert "final evaluation over 2 of 2 seed(s): 0 +- too large (over 1.8e308)" in \
+        proc.stdout, proc.stdout
+    rows = list(csv.DictReader((root / "summary.csv").open()))
+    cells = [v for r in rows for v in r.values()]
+    assert not any(c.lower() in ("inf", "-inf", "nan") for c in cells), rows
+    # moving averages of 2: (1e308 + 1.7e308) / 2 and (-1.7e308 + 1.7e308) / 2
+    assert float(rows[0]["mean_reward"]) == pytest.approx(1.35e308 / 2)
+    assert float(rows[0]["std_reward"]) == pytest.approx(1.35e308 / 2)
+    assert "no plot: the curves' mean +- std reaches 1e+300 or more" in proc.stderr
+    from train.client.slurm.sweepsummary import _write_csv, mean_std
+
+    assert mean_std([1e308, 1e308]) == (1e308, 0.0)
+    notes: list[str] = []
+    _write_csv(root, [1], [float("inf")], [1.0], [2], notes)
+    assert (root / "summary.csv").read_text().splitlines()[1] == "1,,1,2"
+    assert "1 mean or std value(s) too large for a float" in notes[0]
+
+
+# -- an unreadable task folder, a missing task -----------------------------------------------
+def test_one_unreadable_task_folder_leaves_the_others_status(tmp_path: Path) -> None:
+    env = _slurm(tmp_path)
+    _submit(tmp_path, env, "x=1,2,3")
+    (tmp_path / "runs" / "sw" / "task-1" / "chain.json").write_text('{"name": ')
+    proc = run_cli(["status", "sw", "--tasks"], cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("sweep sw: 3 tasks  unreadable 1, pending 2") or \
+        lines[0].startswith("sweep sw: 3 tasks  pending 2, unreadable 1"), lines
+    assert lines[1].startswith("  task 0 (x=1): pending, chunk 1 job 7001_0 PENDING")
+    assert lines[2].startswith("  task 1 (x=2): unreadable: run: ") and \
+        "task-1/chain.json is not valid JSON" in lines[2], lines
+    assert lines[3].startswith("  task 2 (x=3): pending")
+    proc = run_cli(["status", "sw"], cwd=tmp_path, env=env)  # the short form says it too
+    assert proc.returncode == 0 and "task 1 (x=2): unreadable" in proc.stdout
+    assert run_cli(["status", "sw/task-1"], cwd=tmp_path, env=env).returncode == 2
+
+
+def test_logs_of_a_missing_task_name_only_that_sweeps_tasks(tmp_path: Path) -> None:
+    env = _slurm(tmp_path)
+    _submit(tmp_path, env, "x=" + ",".join(map(str, range(12))))
+    proc = run_cli(["submit", "--cluster", "local", "--no-check", "--name", "other",
+                    "--entry", "command", "--runtime", "none", "--python", sys.executable,
+                    "--sweep", "y=1,2", "--", "true"], cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    proc = run_cli(["logs", "sw/task-99"], cwd=tmp_path, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "the sweep 'sw' has no task 'task-99'; its tasks: sw/task-0, sw/task-1, " in \
+        proc.stderr and "sw/task-9 and 2 more" in proc.stderr, proc.stderr
+    assert "other" not in proc.stderr and len(proc.stderr) < 400, proc.stderr
+
+
+# -- a resubmission's chunk count; the array's lost sbatch reply -------------------------
+def test_a_resubmitted_task_goes_on_counting_its_chunks(tmp_path: Path) -> None:
+    env = _slurm(tmp_path, "ended")
+    _submit(tmp_path, env)
+    task = tmp_path / "runs" / "sw" / "task-0"
+    (task / "chain.ids").write_text("1 7001_0\n2 7005\n")
+    (task / "chain.events").write_text("100 1 7005 started 0 10 0\n"
+                                       "200 2 7005 unsaved 3 10\n")
+    _submit(tmp_path, env)
+    assert (task / "chain.ids").read_text() == "3 7002_0\n"
+    assert json.loads((task / "chain.json").read_text())["first_chunk"] == 3
+    assert (task.parent / "task-1" / "chain.ids").read_text() == "1 7002_1\n"
+    array = (task.parent / "jobs" / "array.sbatch").read_text().splitlines()
+    assert array[-3:] == ["TASK_FIRST=(3 1)", "first=${TASK_FIRST[$SLURM_ARRAY_TASK_ID]}",
+                          'exec bash "$dir/jobs/chain.sbatch" "$first" "$first"']
+
+
+LOST_REPLY = """#!/bin/bash
+while [ "${1#-}" != "$1" ]; do shift; done
+echo "7001_[0-1] $*" >> "$QUEUE"
+echo "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation" >&2
+exit 1
+"""
+
+
+def test_an_arrays_lost_sbatch_reply_leaves_no_held_array(tmp_path: Path) -> None:
+    env = _slurm(tmp_path)
+    (tmp_path / "sbin" / "sbatch").write_text(LOST_REPLY)
+    (tmp_path / "queue").write_text("4100 /elsewhere/other.sh\n")
+    proc = run_cli(["submit", "--cluster", "local", "--no-check", "--name", "sw",
+                    "--entry", "command", "--runtime", "none", "--python", sys.executable,
+                    "--sweep", "x=1,2", "--", "true"], cwd=tmp_path, env=env)
+    assert proc.returncode != 0 and "Socket timed out" in proc.stderr, proc.stderr
+    assert _cancelled(tmp_path) == ["7001"], proc.stderr
+    assert not (tmp_path / "runs").exists()

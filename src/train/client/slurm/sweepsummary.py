@@ -175,6 +175,8 @@ def _spread(curves: list[list[float]], window: int, longest: int
 
 # fewer points than this on the longest curve: no plot (a line needs two points)
 MIN_PLOT_POINTS = 2
+# a band reaching this far is not drawn: matplotlib's ticks overflow near float's limit
+PLOT_LIMIT = 1e300
 
 
 @dataclasses.dataclass
@@ -227,10 +229,11 @@ def summarize(root: Path, smooth: int = 25, states: dict[str, str] | None = None
                              f"of {window} over the seeds' episodes); it is drawn once they "
                              f"have {MIN_PLOT_POINTS}")
         return summary
-    if not all(math.isfinite(x) for m, s in zip(means, stds, strict=True)
+    if not all(abs(x) < PLOT_LIMIT for m, s in zip(means, stds, strict=True)
                for x in (m - s, m + s)):
-        summary.notes.append(f"no plot: the curves' mean +- std is too large for a float "
-                             f"(over 1.8e308) at some episodes; {SUMMARY_CSV} has the rest")
+        summary.notes.append(f"no plot: the curves' mean +- std reaches {PLOT_LIMIT:g} or "
+                             f"more (too large to draw) at some episodes; {SUMMARY_CSV} "
+                             "has the numbers")
         return summary
     try:
         import matplotlib
