@@ -978,3 +978,22 @@ def test_the_task_wrapper_waits_for_a_program_that_handles_slurms_term(
     proc.communicate(timeout=30)
     assert proc.returncode == 1
     assert (tmp_path / "exits" / "task-1").read_text().split()[0] == "1"
+
+
+def test_stop_mode_kill_of_an_array_task_kills_that_tasks_steps_only(
+        tmp_path: Path) -> None:
+    """The last task of a sweep's array has the array's own job id (700): squeue --steps
+    --jobs=700 lists every task's steps. The task asks for its own (700_3) and kills those."""
+    save_dir = tmp_path / "out"
+    save_dir.mkdir()
+    (tmp_path / "stubs").mkdir()
+    (tmp_path / "stubs" / "queue").write_text("700_3.extern\n700_3.batch\n700_3.0\n")
+    proc = _start_saving(tmp_path, {"STEP_SAVE_DIR": str(save_dir), "STEP_DEAF": "1",
+                                    "SLURM_JOB_ID": "700", "SLURM_ARRAY_JOB_ID": "700",
+                                    "SLURM_ARRAY_TASK_ID": "3"},
+                         ARRAY_SAVE_PATHS=str(save_dir), **KILL_MODE)
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "--noheader --steps --jobs=700_3 --format=%i" in _calls(tmp_path, "squeue")
+    assert _calls(tmp_path, "scancel") == ["--signal=TERM 700_3", "--signal=KILL 700_3.0"]

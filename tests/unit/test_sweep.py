@@ -83,7 +83,8 @@ def test_the_summary_has_the_mean_and_spread_across_seeds(tmp_path: Path) -> Non
     assert run_cli(["summary", "e1", "--smooth", "0"], cwd=tmp_path).returncode == 2
     (root / "sweep.json").write_text('{"chains": [{"run_dir": "x"}]}')
     proc = run_cli(["summary", "e1"], cwd=tmp_path)
-    assert proc.returncode == 2 and "has no folder" in proc.stderr
+    assert proc.returncode == 2 and "chain 1: its dir None is not a task folder" in \
+        proc.stderr, proc.stderr
 
 
 def _sweep_on_disk(root: Path, curves: dict[int, list[float]],

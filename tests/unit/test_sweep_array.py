@@ -124,7 +124,7 @@ def test_status_is_one_line_per_sweep_and_one_per_task_with_tasks() -> None:
 
 
 def test_a_value_sweeps_summary_names_the_flag_and_its_values() -> None:
-    from train.client.slurm.sweep import SeedResult, format_table
+    from train.client.slurm.sweepsummary import SeedResult, format_table
 
     lines = format_table("lr", [SeedResult("1e-3", 30, 4.0, "complete"),
                                 SeedResult("5e-4", 30, 6.0, "complete")], "lr")

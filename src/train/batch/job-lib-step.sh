@@ -233,9 +233,10 @@ train_kill() {
 train_kill_steps() {
     # KILL to the job's steps, never to the batch shell (`scancel --signal=KILL JOB` would
     # cancel the whole job): each numbered step by its id; srun itself where Slurm cannot
-    # be asked
-    local steps step sent=0
-    steps=$(train_slurm_cmd squeue --noheader --steps --jobs="${SLURM_JOB_ID:-0}" \
+    # be asked. The job is TRAIN_SELF: an array task as ARRAY_TASK (the raw id of an
+    # array's last task is the array's, whose steps are every task's)
+    local steps step sent=0 self=${TRAIN_SELF:-${SLURM_JOB_ID:-0}}
+    steps=$(train_slurm_cmd squeue --noheader --steps --jobs="$self" \
         --format=%i 2>/dev/null) || steps=
     for step in $steps; do
         case "$step" in *.[0-9]*)

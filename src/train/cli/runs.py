@@ -197,7 +197,8 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
 def _cmd_summary(args: argparse.Namespace) -> int:
     from train.client.slurm.scheduler import find_run
-    from train.client.slurm.sweep import is_sweep, summarize
+    from train.client.slurm.sweep import is_sweep
+    from train.client.slurm.sweepsummary import summarize
 
     root = find_run(args.ref, args.runs)
     if not is_sweep(root):
@@ -212,6 +213,10 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     written = [str(p) for p in (summary.csv, summary.plot) if p is not None]
     if written:
         print(f"written: {' and '.join(written)}")
+    if summary.left_out:  # the rest is summarised; what could not be read is said
+        for line in summary.left_out[1:]:
+            print(f"train: left out of the summary: {line}", file=sys.stderr)
+        raise UsageError(f"summary: left out: {summary.left_out[0]}")
     return EXIT_OK
 
 
@@ -225,4 +230,4 @@ def _chain_states(root: Path) -> dict[str, str]:
     except TrainError as exc:
         log.debug("summary: no chain states: %s", exc)
         return {}
-    return {str(c["label"]): str(c["state"]) for c in chains}
+    return {str(c["label"]): str(c["state"]) for c in chains if c["state"] != "unreadable"}

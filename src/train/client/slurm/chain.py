@@ -122,10 +122,29 @@ def find_run(ref: str, runs_root: Path) -> Path:
             text = _read_text(run_dir / contract.CHAIN_IDS)
             if ref in [job_id for _, job_id in parse_ids(text)]:
                 return run_dir
+    sweep, _, task = ref.partition("/")
+    if task and "/" not in task and _is_file(runs_root / sweep / contract.SWEEP_RECORD):
+        from train.client.slurm.sweep import sweep_tasks
+
+        try:
+            tasks = [f"{sweep}/{t.dir}" for t in sweep_tasks(runs_root / sweep)]
+        except UsageError as exc:
+            raise UsageError(f"run: the sweep {shown(sweep)} has no task {shown(task)}, and "
+                             f"its record cannot be read: {exc}") from None
+        raise UsageError(f"run: the sweep {shown(sweep)} has no task {shown(task)}; its "
+                         f"tasks: {_few(tasks)}")
     known = [p.name for p in chain_dirs(runs_root)]
     raise UsageError(f"run: no run named or holding job {shown(ref)} under {runs_root}; "
-                     f"known runs: {', '.join(known) or 'none'} (a chain submitted with "
-                     "--out lives there: give that directory, or --runs its parent)")
+                     f"known runs: {_few(known)} (a chain submitted with --out lives "
+                     "there: give that directory, or --runs its parent)")
+
+
+def _few(names: list[str], limit: int = 10) -> str:
+    """The first `limit` names and how many more there are."""
+    if not names:
+        return "none"
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(n[:80] for n in names[:limit]) + more
 
 
 def log_path(chain: Chain, job_id: str | None, err: bool) -> Path:

@@ -129,14 +129,72 @@ def job_states(ids: Sequence[str]) -> dict[str, dict[str, Any]]:
             if _ACCOUNTING_OFF in (proc.stdout + proc.stderr):
                 proc = _proc.run(["sacct", "-c", *argv[1:]], check=False)
         except _proc.ProcError as exc:  # not on PATH (not a login node), or hung
-            raise ResourceError(f"cannot ask Slurm about jobs {', '.join(missing)}: "
-                                f"{exc}") from None
+            raise ResourceError(f"cannot reach Slurm: sacct: {_tail(str(exc))}") from None
         if proc.returncode != 0 and squeue_error:
             # neither answered: the jobs' states are not known, and must not read as ended
-            raise ResourceError(f"cannot reach Slurm: squeue: {squeue_error or '?'}; sacct: "
-                                f"{proc.stderr.strip() or proc.returncode}")
+            raise ResourceError(f"cannot reach Slurm: squeue: {_tail(squeue_error)}; sacct: "
+                                f"{_tail(proc.stderr) or proc.returncode}")
         found = parse_sacct(proc.stdout)
         for job_id in missing:
             states[job_id] = found.get(job_id, {"state": "UNKNOWN"})
     return states
 
+
+
+def _tail(text: str, limit: int = 300) -> str:
+    """The end of a command's stderr, on one line, at most `limit` characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else "..." + flat[-limit:]
+
+
+def array_task_states(refs: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """States of array tasks named ARRAY_TASK (a sweep's tasks not started yet, or started
+    since the chain.ids was read): squeue --array, then sacct; UNKNOWN where neither knows
+    the task. Where neither answers at all, a ResourceError ("cannot reach Slurm"): a
+    state Slurm could not give must never read as ended."""
+    out: dict[str, dict[str, Any]] = {}
+    arrays = sorted({r.partition("_")[0] for r in refs})
+    if not arrays:
+        return out
+    try:
+        proc = _proc.run(["squeue", "--array", "--noheader", "--jobs", ",".join(arrays),
+                          "--format", "%i|%T|%r"], check=False)
+        squeue_error = "" if proc.returncode == 0 else (proc.stderr or f"exit {proc.returncode}")
+    except _proc.ProcError as exc:
+        proc, squeue_error = None, str(exc)
+    for line in proc.stdout.splitlines() if proc is not None and not squeue_error else []:
+        ref, _, rest = line.strip().partition("|")
+        state, _, reason = rest.partition("|")
+        if ref in refs:
+            out[ref] = {"state": state or "UNKNOWN", "reason": reason or None}
+    missing = [r for r in refs if r not in out]
+    if missing:
+        argv = ["sacct", "-P", "-n", "-o", "JobID,State,ExitCode", "-j", ",".join(missing)]
+        answer = ""
+        try:
+            proc = _proc.run(argv, check=False)
+            if _ACCOUNTING_OFF in proc.stdout + proc.stderr:
+                proc = _proc.run(["sacct", "-c", *argv[1:]], check=False)
+            sacct_error = "" if proc.returncode == 0 else (proc.stderr or
+                                                           f"exit {proc.returncode}")
+            answer = proc.stdout
+        except _proc.ProcError as exc:
+            sacct_error = str(exc)
+        if squeue_error and sacct_error:
+            raise ResourceError(f"cannot reach Slurm: squeue: {_tail(squeue_error)}; "
+                                f"sacct: {_tail(sacct_error)}")
+        for line in answer.splitlines() if not sacct_error else []:
+            parts = line.strip().split("|")
+            if len(parts) >= 3 and parts[0] in missing:
+                out[parts[0]] = {"state": (parts[1].split() or ["UNKNOWN"])[0],
+                                 "exit": parts[2]}
+    for ref in refs:
+        out.setdefault(ref, {"state": "UNKNOWN"})
+    return out
+
+
+def ref_states(ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """States of job ids and ARRAY_TASK refs together (a sweep's chains hold both)."""
+    states = job_states([i for i in ids if "_" not in i])
+    states.update(array_task_states([i for i in ids if "_" in i]))
+    return states

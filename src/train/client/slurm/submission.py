@@ -30,21 +30,30 @@ from train.common.jsonio import write_json_atomic
 log = logging.getLogger(__name__)
 
 
-def _check_not_active(run_dir: Path) -> Chain | None:
+def _check_not_active(run_dir: Path, sweep_task: bool = False) -> Chain | None:
     """The directory's earlier chain, if any; an error while any of it is queued or
-    running. Nothing is written."""
+    running (a sweep's task named ARRAY_TASK included), and for a folder of a sweep (a
+    task's folder: its array task would run this chain) unless this is that sweep's
+    `sweep_task`. Nothing is written."""
     if (run_dir / contract.SWEEP_RECORD).is_file():
         raise UsageError(f"name: {run_dir.name} is a sweep; choose another --name (or "
                          "--out) for a single chain")
+    if not sweep_task and (run_dir.parent / contract.SWEEP_RECORD).is_file():
+        raise UsageError(f"out: {run_dir} is a task folder of the sweep {run_dir.parent} "
+                         "(its array task runs the chain there): choose a folder outside "
+                         "the sweep for a single chain")
     if not (run_dir / contract.CHAIN_RECORD).is_file():
         return None
     previous = load_chain(run_dir)
-    active = [i for i, s in queue.job_states(previous.ids).items()
+    sweep = previous.record.get("sweep")
+    if sweep is not None and not sweep_task:  # (a task's folder, moved out of its sweep)
+        array = sweep.get("array_job") if isinstance(sweep, dict) else None
+        raise UsageError(f"out: {run_dir} holds a task of a sweep (job array "
+                         f"{str(array)[:20]}): choose another folder for a single chain")
+    active = [i for i, s in queue.ref_states(previous.ids).items()
               if s["state"] in ACTIVE_STATES]
     if active:
         ref = run_dir.name
-        if (run_dir.parent / contract.SWEEP_RECORD).is_file():
-            ref = f"{run_dir.parent.name}/{run_dir.name}"  # a sweep's chain
         raise UsageError(f"name: {ref} already has an active chain (jobs "
                          f"{', '.join(sorted(active))}); cancel it first with `train cancel "
                          f"{ref}`, or choose another --name")
@@ -72,8 +81,9 @@ def _cancel_unreplied(command: str) -> None:
     """An sbatch that failed after the controller took the job (its reply lost: "Socket
     timed out", or sbatch ended at its timeout) left chunk 1 held in the queue, where no
     chain knows it. This submission's script name is unique (it holds train's pid): the
-    user's pending job running exactly `command` is that job, and is cancelled. Nothing
-    is said where Slurm cannot be asked: the error that follows is sbatch's."""
+    user's pending job (or job array) running exactly `command` is that job, and is
+    cancelled. Nothing is said where Slurm cannot be asked: the error that follows is
+    sbatch's."""
     try:
         out = _proc.run(["squeue", "--noheader", "--user", str(os.getuid()), "--states",
                          "PENDING", "--format", "%i %o"], timeout=60,
@@ -82,6 +92,7 @@ def _cancel_unreplied(command: str) -> None:
         return
     for line in out.splitlines():
         job_id, _, queued = line.strip().partition(" ")
+        job_id = job_id.partition("_")[0]  # a job array pending whole: ID_[0-3%2]
         if queued.strip() == command and _is_number(job_id):
             log.warning("sbatch failed, but Slurm had queued the job (%s): cancelling it",
                         job_id)
@@ -140,15 +151,21 @@ def submit_chain(job: ResolvedJob, library: str) -> Chain:
 def _submit_held(pending: Path, first: int) -> str:
     """Chunk 1, submitted held; its job id. sbatch reads the script now: where the file
     goes afterwards does not matter."""
-    # without SBATCH_* variables: they would override chunk 1's #SBATCH lines only
     # the chunk number, and the chain's first chunk where it is not 1
-    chunk_args = ["1"] if first == 1 else [str(first), str(first)]
+    return submit_held(pending, ["1"] if first == 1 else [str(first), str(first)])
+
+
+def submit_held(script: Path, args: list[str]) -> str:
+    """sbatch --hold of a script whose path is this submission's own (it holds train's
+    pid), without SBATCH_* variables (they would override the script's #SBATCH lines);
+    the job id. Where sbatch fails after the controller took the job, that job is found
+    by its command and cancelled (_cancel_unreplied) before the error goes on."""
     try:
-        return parse_sbatch_id(_proc.run(["sbatch", "--parsable", "--hold",
-                                          str(pending), *chunk_args], timeout=120,
+        return parse_sbatch_id(_proc.run(["sbatch", "--parsable", "--hold", str(script),
+                                          *args], timeout=120,
                                          env=submitcheck.sbatch_environment()).stdout)
     except _proc.ProcError:
-        _cancel_unreplied(" ".join([str(pending), *chunk_args]))
+        _cancel_unreplied(" ".join([str(script), *args]))
         raise
 
 

@@ -96,8 +96,9 @@ def run_folder_problems(job: ResolvedJob, submitting: bool, notes: list[str]
     COMPLETE marker an earlier run left goes into `notes`."""
     if submitting:  # a chain still queued or running there is the first thing to say
         from train.client.slurm.submission import _check_not_active
+        from train.client.slurm.sweep import is_task_job
 
-        _check_not_active(Path(job.run_dir))
+        _check_not_active(Path(job.run_dir), sweep_task=is_task_job(job))
     found = [*identity_problems(job), *launcher_problems(job)]
     marker = stale_complete(job)
     if marker is not None:

@@ -12,25 +12,25 @@ Nothing here needs the training runtime: the plot is drawn where matplotlib is i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import math
 import os
 import re
 from pathlib import Path
 from typing import Any
 
-from train.batch.contract import COMPLETE_MARKER, SWEEP_RECORD
+from train.batch.contract import SWEEP_RECORD
 from train.client.slurm.job import JobSpec, ResolvedJob
 from train.common.errors import ConfigError, UsageError
-from train.common.jsonio import write_json_atomic
+from train.common.jsonio import read_bounded, write_json_atomic
 
-SUMMARY_CSV = "summary.csv"
 # Slurm's default MaxArraySize (its array indices run from 0 to MaxArraySize - 1)
 DEFAULT_MAX_ARRAY_SIZE = 1001
 # what each task of a command's sweep finds in its environment
 SWEEP_INDEX_VAR = "TRAIN_SWEEP_INDEX"
 SWEEP_VALUE_VAR = "TRAIN_SWEEP_VALUE"
-SUMMARY_PLOT = "summary.png"
 
 
 def seed_dir(seed: int) -> str:
@@ -76,11 +76,36 @@ def _values(spec: JobSpec) -> tuple[str, list[str]]:
         raise ConfigError("sweep", f"must be NAME=V1,V2,... (a `train run` flag without its "
                           f"dashes, e.g. lr=1e-3,5e-4; for a command any name), got "
                           f"{spec.sweep!r}")
-    if len(values) != len(set(values)):
-        raise ConfigError("sweep", f"the values must differ, got {text!r}")
     if name == "seeds":
         raise ConfigError("sweep", "sweep seeds with --sweep-seeds \"4 6 8\"")
+    seen: dict[object, str] = {}
+    for value in values:
+        key = value_key(spec.entry, name, value)
+        if key in seen:
+            same = "are the same value" if seen[key] != value else "is given twice"
+            raise ConfigError("sweep", f"the values must differ: {seen[key]!r} and {value!r} "
+                              f"{same} of --{name}")
+        seen[key] = value
     return name, values
+
+
+def value_key(entry: str, flag: str, value: str) -> object:
+    """What a swept value is as its flag reads it: a number for a `train run` flag that
+    takes one (1e-3 and 0.001 are one value), the text itself otherwise (a command sees
+    the text)."""
+    if entry != "train":
+        return value
+    from train.workloads.config import field_table
+
+    kind = next((f.metadata["kind"] for f in field_table()
+                 if f.name == flag.replace("-", "_")), str)
+    if kind in (int, float):
+        try:
+            number = float(value)
+        except ValueError:
+            return value
+        return number if math.isfinite(number) else value
+    return value
 
 
 def swept_flag(spec: JobSpec) -> str:
@@ -118,10 +143,11 @@ def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
         raise ConfigError(field, f"give the {flag} once: the sweep sets {given} for each "
                           f"task (remove {given} from the workload)")
     root = Path(os.path.abspath(spec.out or os.path.join("runs", spec.name)))
+    folders = bound_folders(root, spec.entry, flag, values) if flag != "seeds" else {}
     out = []
     for index, value in enumerate(values):
         seed = int(value) if flag == "seeds" else None
-        where = seed_dir(seed) if seed is not None else f"task-{index}"
+        where = seed_dir(seed) if seed is not None else folders[value]
         suffix = f"-s{seed}" if seed is not None else f"-t{index}"  # the names must differ
         changes: dict[str, Any] = {"name": spec.name[:64 - len(suffix)] + suffix,
                                    "out": str(root / where), "sweep_seeds": (), "sweep": None,
@@ -142,6 +168,11 @@ def task_job(task: SweepTask, job: ResolvedJob) -> ResolvedJob:
     return dataclasses.replace(job, env_values=values)
 
 
+def is_task_job(job: ResolvedJob) -> bool:
+    """Whether the job is a task of a sweep (task_job made it)."""
+    return any(name == SWEEP_INDEX_VAR for name, _ in job.env_values)
+
+
 def _train_seed(workload: tuple[str, ...]) -> int | None:
     """The first seed a `train run` workload trains (where its flags can be read)."""
     from train.workloads.config import run_config_from_argv
@@ -153,22 +184,84 @@ def _train_seed(workload: tuple[str, ...]) -> int | None:
     return seeds[0] if seeds else None
 
 
+def bound_folders(root: Path, entry: str, flag: str, values: list[str]) -> dict[str, str]:
+    """Each value's task folder. A value sweep's folder is bound to its value for good (the
+    record's `folders`): submitted again, in any order, each value goes on in its own
+    folder (with its checkpoint); a new value gets a task-K folder no value ever had."""
+    folders: dict[str, str] = {}
+    if (root / SWEEP_RECORD).is_file():
+        record = load_record(root)
+        if record.get("flag") not in (None, flag) and record.get("flag") != "seeds":
+            raise ConfigError("sweep", f"{root} is a sweep of --{record.get('flag')}; this "
+                              f"one is of --{flag}: choose another --name (or --out)")
+        folders = recorded_folders(record)
+    by_key = {value_key(entry, flag, v): d for d, v in folders.items()}
+    used = set(folders) | {p.name for p in _listed(root)}
+    out: dict[str, str] = {}
+    for value in values:
+        where = by_key.get(value_key(entry, flag, value))
+        if where is None:
+            where = next(f"task-{k}" for k in range(len(used) + len(values) + 1)
+                         if f"task-{k}" not in used)
+            used.add(where)
+        out[value] = where
+    return out
+
+
+def _listed(root: Path) -> list[Path]:
+    try:
+        return list(root.iterdir()) if root.is_dir() else []
+    except OSError:
+        return []
+
+
+def recorded_folders(record: dict[str, Any]) -> dict[str, str]:
+    """{task folder: the value it is bound to} of a sweep's record: its `folders`, and
+    its chains' (a record of before `folders`); entries that are not text are skipped."""
+    found: dict[str, str] = {}
+    kept = record.get("folders")
+    for where, value in (kept.items() if isinstance(kept, dict) else ()):
+        if isinstance(where, str) and isinstance(value, str) and _TASK_DIR.fullmatch(where):
+            found[where] = value
+    for chain in record.get("chains") or ():
+        if isinstance(chain, dict) and isinstance(chain.get("dir"), str) and \
+                isinstance(chain.get("value"), str) and chain["dir"].startswith("task-"):
+            found.setdefault(chain["dir"], chain["value"])
+    return found
+
+
 def write_record(root: Path, name: str, tasks: list[SweepTask], flag: str = "seeds",
                  **extra: Any) -> None:
+    """sweep.json: the sweep's tasks, and (a value sweep) every folder's value so far."""
     chains = [{"index": t.index, "value": t.value, "seed": t.seed, "dir": t.dir}
               for t in tasks]
+    folders: dict[str, str] = {}
+    if flag != "seeds":
+        if (root / SWEEP_RECORD).is_file():
+            with contextlib.suppress(UsageError):
+                folders = recorded_folders(load_record(root))
+        folders.update({t.dir: t.value for t in tasks})
+        extra["folders"] = folders
     write_json_atomic(root / SWEEP_RECORD, {"name": name, "flag": flag, **extra,
                                             "chains": chains})
 
 
+RECORD_LIMIT = 4 << 20  # sweep.json: about 100 bytes a task, at most a few thousand tasks
+
+
 def load_record(root: Path) -> dict[str, Any]:
     path = root / SWEEP_RECORD
+    data = read_bounded(path, RECORD_LIMIT + 1)
+    if data is None or len(data) > RECORD_LIMIT:
+        raise UsageError(f"sweep: cannot read {path}: missing, not a regular file, or over "
+                         f"{RECORD_LIMIT >> 20} MiB")
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"sweep: cannot read {path}: {exc}") from None
+        record = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise UsageError(f"sweep: cannot read {path}: {str(exc)[:120]}") from None
     if not isinstance(record, dict) or not isinstance(record.get("chains"), list):
-        raise UsageError(f"sweep: {path} does not hold a sweep record")
+        raise UsageError(f"sweep: {path} does not hold a sweep record (an object with a "
+                         "list of chains)")
     return record
 
 
@@ -176,21 +269,48 @@ def is_sweep(path: Path) -> bool:
     return (path / SWEEP_RECORD).is_file()
 
 
+_TASK_DIR = re.compile(r"(seed|task)-[0-9]{1,18}")
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 31
+
+
+def _task(i: int, chain: Any) -> SweepTask | str:
+    """Entry i of the record's chains as a task, or what is wrong with it."""
+    if not isinstance(chain, dict):
+        return f"is not an object ({type(chain).__name__})"
+    seed, where, index = chain.get("seed"), chain.get("dir"), chain.get("index", i)
+    if seed is not None and not _whole(seed):
+        return f"its seed {repr(seed)[:40]} is not a whole number"
+    if where is None and seed is not None:  # a record of before the job arrays
+        where = seed_dir(seed)
+    if not isinstance(where, str) or not _TASK_DIR.fullmatch(where):
+        return f"its dir {repr(where)[:40]} is not a task folder (seed-N or task-N)"
+    if not _whole(index):
+        return f"its index {repr(index)[:40]} is not a whole number"
+    value = chain.get("value", seed)
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        return f"its value {repr(value)[:40]} is not text"
+    return SweepTask(index, str(value), seed, where)
+
+
+def read_tasks(root: Path) -> tuple[list[SweepTask], list[str]]:
+    """The sweep's tasks from its record (a moved sweep finds its chains where it is),
+    and a line naming each entry that is not a task (the rest are still read)."""
+    tasks, bad = [], []
+    for i, chain in enumerate(load_record(root)["chains"]):
+        found = _task(i, chain)
+        if isinstance(found, str):
+            bad.append(f"{root / SWEEP_RECORD}: chain {i + 1}: {found}")
+        else:
+            tasks.append(found)
+    return tasks, bad
+
+
 def sweep_tasks(root: Path) -> list[SweepTask]:
-    """The sweep's tasks from its record; a moved sweep finds its chains where it is."""
-    out = []
-    for i, found in enumerate(load_record(root)["chains"]):
-        chain = found if isinstance(found, dict) else {}
-        seed, where = chain.get("seed"), chain.get("dir")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            seed = None
-        if where is None and seed is not None:  # a record of before the job arrays
-            where = seed_dir(seed)
-        if not isinstance(where, str) or not re.fullmatch(r"(seed|task)-[0-9]{1,18}", where):
-            raise UsageError(f"sweep: {root / SWEEP_RECORD}: chain {i + 1} has no folder")
-        value = chain.get("value", seed)
-        out.append(SweepTask(int(chain.get("index", i)), str(value), seed, where))
-    return out
+    """The sweep's readable tasks (read_tasks names the others)."""
+    return read_tasks(root)[0]
 
 
 def chain_paths(root: Path) -> list[tuple[str, Path]]:
@@ -216,221 +336,3 @@ def aggregate(name: str, root: Path, statuses: list[dict[str, Any]]) -> dict[str
             "done": done, "total": total,
             "counts": {s: states.count(s) for s in dict.fromkeys(states)},
             "chains": statuses}
-
-
-def _rewards(path: Path) -> list[float] | str:
-    """A seed's episode rewards, or why they cannot be used."""
-    import math
-
-    try:
-        rewards = json.loads(path.read_text(encoding="utf-8"))["rewards"]
-    except OSError:
-        return "no episodes yet"
-    except (ValueError, KeyError, TypeError):
-        return f"{path} is not an episode record"
-    if not isinstance(rewards, list) or not all(
-            isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r)
-            for r in rewards):
-        return f"{path}: rewards are not a list of finite numbers"
-    return [float(r) for r in rewards] if rewards else "no episodes yet"
-
-
-@dataclasses.dataclass(frozen=True)
-class SeedResult:
-    """One seed's line of the summary table."""
-
-    seed: str  # the task's label: its seed, or the value it runs with
-    episodes: int | None  # finished training episodes (None: no readable record)
-    evaluation: float | None  # mean reward of the final evaluation (None: not evaluated)
-    state: str
-
-
-def _evaluation(run_dir: Path, seed: int | None) -> float | None:
-    """The mean reward of the seed's final evaluation (`train run` writes it when the seed
-    has trained all its episodes), or None."""
-    import math
-
-    try:
-        found = json.loads((run_dir / "eval" / "test_results.json").read_text(
-            encoding="utf-8")).get(str(seed))
-    except (OSError, ValueError, AttributeError):
-        return None
-    value = found.get("mean_reward") if isinstance(found, dict) else None
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
-
-
-def file_state(run_dir: Path) -> str:
-    """A chain's state from its run folder alone (where Slurm cannot be asked)."""
-    if (run_dir / COMPLETE_MARKER).exists():
-        return "complete"
-    return "incomplete" if run_dir.is_dir() else "not started"
-
-
-def seed_results(root: Path, states: dict[str, str] | None = None) -> list[SeedResult]:
-    """Every seed of the sweep: episodes, final evaluation and state (`states`: the chains'
-    states where Slurm was asked; otherwise from the run folders)."""
-    out = []
-    for task in sweep_tasks(root):
-        run_dir = root / task.dir
-        found = _rewards(run_dir / f"seed_{task.seed}" / "episodes.json")
-        episodes = len(found) if isinstance(found, list) else (
-            0 if found == "no episodes yet" else None)
-        state = (states or {}).get(task.label) or file_state(run_dir)
-        out.append(SeedResult(task.label, episodes, _evaluation(run_dir, task.seed), state))
-    return out
-
-
-def mean_std(values: list[float]) -> tuple[float, float | None]:
-    """Mean and sample standard deviation (None for a single value)."""
-    import statistics
-
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
-
-
-def format_table(name: str, seeds: list[SeedResult], flag: str = "seeds") -> list[str]:
-    """The text summary: a line per task (its seed, or the value of the swept flag), then
-    mean +- std of the final evaluations."""
-    what = "seed(s)" if flag == "seeds" else f"values of --{flag}"
-    column = "seed" if flag == "seeds" else flag[:12]
-    lines = [f"{name}: sweep of {len(seeds)} {what}",
-             f"  {column:>7}  {'episodes':>8}  {'final eval':>10}  state"]
-    for s in seeds:
-        episodes = "?" if s.episodes is None else str(s.episodes)
-        evaluation = "-" if s.evaluation is None else f"{s.evaluation:.4g}"
-        lines.append(f"  {s.seed:>7}  {episodes:>8}  {evaluation:>10}  {s.state}")
-    evaluated = [s.evaluation for s in seeds if s.evaluation is not None]
-    if not evaluated:
-        lines.append("  final evaluation: none yet (a seed is evaluated when it has trained "
-                     "all its episodes)")
-        return lines
-    mean, std = mean_std(evaluated)
-    spread = f" +- {std:.4g} (mean +- std" if std is not None else " (one seed, no spread"
-    lines.append(f"  final evaluation over {len(evaluated)} of {len(seeds)} seed(s): "
-                 f"{mean:.4g}{spread})")
-    return lines
-
-
-def _moving_average(values: list[float], window: int) -> list[float]:
-    """Means of each `window` consecutive values (numpy's 'valid' convolution)."""
-    out, total = [], sum(values[:window])
-    out.append(total / window)
-    for i in range(window, len(values)):
-        total += values[i] - values[i - window]
-        out.append(total / window)
-    return out
-
-
-def _spread(curves: list[list[float]], window: int, longest: int
-            ) -> tuple[list[int], list[float], list[float], list[int]]:
-    """Per episode (window + i): the mean, the population std (one curve: 0) and the
-    number of the curves that reached it."""
-    episodes, means, stds, counts = [], [], [], []
-    for i in range(longest):
-        values = [v[i] for v in curves if i < len(v)]
-        mean = sum(values) / len(values)
-        episodes.append(window + i)
-        means.append(mean)
-        stds.append((sum((x - mean) ** 2 for x in values) / len(values)) ** 0.5)
-        counts.append(len(values))
-    return episodes, means, stds, counts
-
-
-# fewer points than this on the longest curve: no plot (a line needs two points)
-MIN_PLOT_POINTS = 2
-
-
-@dataclasses.dataclass
-class Summary:
-    table: list[str]
-    csv: Path | None = None
-    plot: Path | None = None
-    notes: list[str] = dataclasses.field(default_factory=list)
-
-
-def summarize(root: Path, smooth: int = 25, states: dict[str, str] | None = None
-              ) -> Summary:
-    """The sweep's text table (every seed's episodes, final evaluation and state; mean +-
-    std of the final evaluations), and the mean and spread of the seeds' learning curves
-    (episode rewards, a moving average of `smooth` episodes) per episode over the seeds
-    that reached it: summary.csv always, summary.png where matplotlib is installed and the
-    curves have points to draw. Needs neither numpy nor matplotlib for the table and CSV."""
-    if smooth < 1:
-        raise UsageError(f"summary: --smooth must be at least 1, got {smooth}")
-    seeds = seed_results(root, states)
-    summary = Summary(format_table(root.name, seeds,
-                                   str(load_record(root).get("flag") or "seeds")))
-    curves: dict[str, list[float]] = {}
-    for task in sweep_tasks(root):
-        seed = task.label
-        found = _rewards(root / task.dir / f"seed_{task.seed}" / "episodes.json")
-        if isinstance(found, str):
-            summary.notes.append(f"seed {seed} left out of the curves: {found}")
-        else:
-            curves[seed] = found
-    if not curves:
-        summary.notes.append(f"no seed of {root.name} has finished an episode yet: no "
-                             "curves to write")
-        return summary
-    window = max(1, min(smooth, *(len(c) for c in curves.values())))
-    smoothed = {seed: _moving_average(c, window) for seed, c in curves.items()}
-    longest = max(len(v) for v in smoothed.values())
-    episodes, means, stds, counts = _spread(list(smoothed.values()), window, longest)
-    lines = ["episode,mean_reward,std_reward,seeds"]
-    lines += [f"{e},{m:.6g},{s:.6g},{n}" for e, m, s, n in zip(episodes, means, stds, counts,
-                                                               strict=True)]
-    csv = root / SUMMARY_CSV
-    try:
-        tmp = csv.with_name(f".{SUMMARY_CSV}.tmp")
-        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        tmp.replace(csv)
-    except OSError as exc:
-        raise UsageError(f"summary: cannot write into {root}: {exc.strerror or exc}") from None
-    summary.csv = csv
-    if window < smooth:
-        summary.notes.append(f"moving average over {window} episodes (the shortest seed has "
-                             "that many)")
-    if longest < MIN_PLOT_POINTS:
-        summary.notes.append(f"no plot: the curves have {longest} point(s) (a moving average "
-                             f"of {window} over the seeds' episodes); it is drawn once they "
-                             f"have {MIN_PLOT_POINTS}")
-        return summary
-    try:
-        import matplotlib
-    except ImportError:
-        from train.common.errors import install_hint
-
-        summary.notes.append(f"no plot: matplotlib is not installed here (the login-node "
-                             f"client); the table and {SUMMARY_CSV} have the numbers; for "
-                             f"{SUMMARY_PLOT}, {install_hint('run')}")
-        return summary
-    matplotlib.use("Agg")
-    plot = _plot(root, list(curves), window, episodes, means, stds)
-    summary.plot = plot
-    return summary
-
-
-def _plot(root: Path, labels: list[str], window: int, episodes: list[int],
-          means: list[float], stds: list[float]) -> Path:
-    """summary.png: the mean curve across the sweep's tasks with a one-std band."""
-    import matplotlib.pyplot as plt
-
-    plot = root / SUMMARY_PLOT
-    lower = [m - s for m, s in zip(means, stds, strict=True)]
-    upper = [m + s for m, s in zip(means, stds, strict=True)]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    marker = "o" if len(episodes) < 20 else None  # a few points stay visible
-    ax.plot(episodes, means, marker=marker, label=f"mean of {len(labels)} seeds")
-    ax.fill_between(episodes, lower, upper, alpha=0.3, label="± 1 std")
-    ax.set_xlabel("episode")
-    ax.set_ylabel(f"reward (moving average of {window})")
-    ax.set_title(f"{root.name}: {', '.join(labels)}")
-    ax.legend()
-    try:
-        fig.savefig(plot, dpi=100, bbox_inches="tight")
-    except OSError as exc:
-        raise UsageError(f"summary: cannot write into {root}: {exc.strerror or exc}") from None
-    finally:
-        plt.close(fig)
-    return plot

@@ -22,22 +22,27 @@ from pathlib import Path
 from typing import Any
 
 from train.batch import contract
-from train.client.slurm import submitcheck
 from train.client.slurm.job import ResolvedJob
+from train.client.slurm.queue import _is_number, array_task_states, ref_states
 from train.client.slurm.render import render, sbatch_options, sbatch_value
 from train.client.slurm.scheduler import (
     ACTIVE_STATES,
     Chain,
     chain_record,
     chain_status,
-    job_states,
     load_chain,
-    parse_sbatch_id,
 )
-from train.client.slurm.submission import undo_submission
-from train.client.slurm.sweep import SweepTask, aggregate, load_record, sweep_tasks, write_record
+from train.client.slurm.submission import first_chunk, submit_held, undo_submission
+from train.client.slurm.sweep import (
+    SweepTask,
+    aggregate,
+    load_record,
+    read_tasks,
+    sweep_tasks,
+    write_record,
+)
 from train.common import _proc
-from train.common.errors import ResourceError, UsageError
+from train.common.errors import ResourceError, TrainError, UsageError
 from train.common.jsonio import write_json_atomic
 
 ARRAY_SCRIPT = "array.sbatch"  # in the sweep's JOBS_DIR
@@ -50,9 +55,10 @@ def array_spec(count: int, throttle: int | None) -> str:
 
 
 def array_script(name: str, root: Path, tasks: list[tuple[SweepTask, ResolvedJob]],
-                 throttle: int | None) -> str:
+                 throttle: int | None, firsts: list[int] | None = None) -> str:
     """The array job's script: the first task's resources, one task per chain; task I
-    runs chunk 1 of chain I (its own script, its log in its own folder)."""
+    runs chunk 1 of chain I (its own script, its log in its own folder), or the chunk
+    firsts[I] where the task's earlier chain stopped unsaved (its count goes on)."""
     first = tasks[0][1]
     logs = f"{root}/{contract.LOG_DIR}".replace("%", "%%")
     options = [o for o in sbatch_options(first) if not o.startswith(_OWN_OPTIONS)]
@@ -78,20 +84,30 @@ def array_script(name: str, root: Path, tasks: list[tuple[SweepTask, ResolvedJob
         'dir=${TASK_DIRS[$SLURM_ARRAY_TASK_ID]}',
         'log="$dir/logs/${TASK_NAMES[$SLURM_ARRAY_TASK_ID]}-$SLURM_JOB_ID"',
         'exec >> "$log.out" 2>> "$log.err"',
-        f'exec bash "$dir/{contract.JOBS_DIR}/{contract.JOB_SCRIPT}" 1', ""])
+        *_start_lines(firsts or [1] * len(tasks)), ""])
+
+
+def _start_lines(firsts: list[int]) -> list[str]:
+    """How a task starts its chain: at chunk 1, or each at its own first chunk."""
+    script = f'"$dir/{contract.JOBS_DIR}/{contract.JOB_SCRIPT}"'
+    if all(f == 1 for f in firsts):
+        return [f"exec bash {script} 1"]
+    return ["TASK_FIRST=(" + " ".join(map(str, firsts)) + ")",
+            "first=${TASK_FIRST[$SLURM_ARRAY_TASK_ID]}",
+            f'exec bash {script} "$first" "$first"']
 
 
 def task_ref(array_id: str, index: int) -> str:
     return f"{array_id}_{index}"
 
 
-def _set_aside(run_dir: Path, moved: list[tuple[Path, Path]]) -> None:
-    """An ended chain's record and an earlier run's COMPLETE marker, kept aside as
-    chain-FIRSTJOB.*: the task's new chain starts afresh from the run's checkpoint."""
-    if (run_dir / contract.CHAIN_RECORD).is_file():
-        old = load_chain(run_dir)
-        tag = old.ids[0] if old.ids else "old"
-        for name in (contract.CHAIN_RECORD, contract.CHAIN_IDS):
+def _set_aside(run_dir: Path, previous: Chain | None, moved: list[tuple[Path, Path]]) -> None:
+    """An ended chain's record and script and an earlier run's COMPLETE marker, kept
+    aside as chain-FIRSTJOB.*: the task's new chain goes on from the run's checkpoint."""
+    if previous is not None:
+        tag = previous.ids[0] if previous.ids else "old"
+        for name in (contract.CHAIN_RECORD, contract.CHAIN_IDS,
+                     f"{contract.JOBS_DIR}/{contract.JOB_SCRIPT}"):
             path = run_dir / name
             if path.exists():
                 kept = path.with_name(f"chain-{tag}{path.suffix}")
@@ -105,57 +121,70 @@ def _set_aside(run_dir: Path, moved: list[tuple[Path, Path]]) -> None:
 
 
 def _write_scripts(tasks: list[tuple[SweepTask, ResolvedJob]], texts: list[str],
-                   written: list[Path], moved: list[tuple[Path, Path]]) -> None:
+                   previous: list[Chain | None], written: list[Path],
+                   moved: list[tuple[Path, Path]]) -> None:
     """Each task's folder (logs/ before Slurm opens them) and its chain's script."""
-    for (_, job), text in zip(tasks, texts, strict=True):
+    for (_, job), text, old in zip(tasks, texts, previous, strict=True):
         run_dir = Path(job.run_dir)
         (run_dir / contract.LOG_DIR).mkdir(parents=True, exist_ok=True)
         (run_dir / contract.JOBS_DIR).mkdir(exist_ok=True)
-        _set_aside(run_dir, moved)
+        _set_aside(run_dir, old, moved)
         script = run_dir / contract.JOBS_DIR / contract.JOB_SCRIPT
         script.write_text(text, encoding="utf-8")
         written.append(script)
+
+
+def _keep(path: Path, kept: Path, moved: list[tuple[Path, Path]]) -> None:
+    """An earlier sweep's file, moved to `kept` (put back if the submission fails)."""
+    if path.is_file():
+        path.replace(kept)
+        moved.append((kept, path))
 
 
 def submit_sweep(name: str, flag: str, root: Path, tasks: list[tuple[SweepTask, ResolvedJob]],
                  throttle: int | None, library: str) -> str:
     """Write every task's chain script and the array script, submit the array held,
     record the sweep and each task's chain, then release. Whole or not at all: a failure
-    before the release cancels the array and removes what was written."""
+    before the release cancels the array and removes what was written, and puts an
+    earlier sweep's record and scripts back. A task's chain goes on counting chunks from
+    its earlier chain's (submission.first_chunk), as a single chain does."""
     import shutil
 
     if shutil.which("sbatch") is None:
         raise ResourceError("sbatch is not on PATH: `train submit` runs on a cluster's login "
                             "node (`train render` prints the scripts anywhere)")
-    check_sweep_root(root)
+    earlier = check_sweep_root(root)
+    previous = [load_chain(Path(job.run_dir)) if (Path(job.run_dir) / contract.CHAIN_RECORD)
+                .is_file() else None for _, job in tasks]
+    firsts = [first_chunk(p) for p in previous]
     texts = [render(job, library) for _, job in tasks]
     created = [d for d in (*reversed(root.parents), root) if not d.exists()]
     written: list[Path] = []
     moved: list[tuple[Path, Path]] = []
     array_id: str | None = None
     try:
-        _write_scripts(tasks, texts, written, moved)
+        _write_scripts(tasks, texts, previous, written, moved)
         (root / contract.LOG_DIR).mkdir(exist_ok=True)
         (root / contract.JOBS_DIR).mkdir(exist_ok=True)
         launcher = root / contract.JOBS_DIR / ARRAY_SCRIPT
-        launcher.write_text(array_script(name, root, tasks, throttle), encoding="utf-8")
-        written.append(launcher)
-        array_id = parse_sbatch_id(_proc.run(
-            ["sbatch", "--parsable", "--hold", str(launcher)], timeout=120,
-            env=submitcheck.sbatch_environment()).stdout)
+        pending = launcher.with_name(f".{ARRAY_SCRIPT}.{os.getpid()}")  # its own name
+        pending.write_text(array_script(name, root, tasks, throttle, firsts), encoding="utf-8")
+        written.append(pending)
+        array_id = submit_held(pending, [])
+        _keep(launcher, launcher.with_name(f"array-{earlier or 'old'}.sbatch"), moved)
+        pending.replace(launcher)
+        written[-1] = launcher
+        record = root / contract.SWEEP_RECORD
+        if record.is_file():  # (write_record reads the folders it bound)
+            kept = record.with_name(f".{contract.SWEEP_RECORD}.{os.getpid()}")
+            shutil.copyfile(record, kept)
+            moved.append((kept, record))
         write_record(root, name, [t for t, _ in tasks], flag, array_job=array_id,
                      throttle=throttle)
-        written.append(root / contract.SWEEP_RECORD)
-        for task, job in tasks:
-            run_dir = Path(job.run_dir)
-            ids = run_dir / contract.CHAIN_IDS
-            ids.write_text(f"1 {task_ref(array_id, task.index)}\n", encoding="utf-8")
-            written.append(ids)
-            script = run_dir / contract.JOBS_DIR / contract.JOB_SCRIPT
-            write_json_atomic(run_dir / contract.CHAIN_RECORD,
-                              {**chain_record(job, task_ref(array_id, task.index), 1, script),
-                               "sweep": {"array_job": array_id, "task": task.index}})
-            written.append(run_dir / contract.CHAIN_RECORD)
+        written.append(record)
+        for (task, job), first in zip(tasks, firsts, strict=True):
+            _record_task(Path(job.run_dir), job, task_ref(array_id, task.index), first,
+                         {"array_job": array_id, "task": task.index}, written)
         _proc.run(["scontrol", "release", array_id], timeout=60)
     except BaseException:
         undo_submission(array_id, written, moved, [])
@@ -165,83 +194,123 @@ def submit_sweep(name: str, flag: str, root: Path, tasks: list[tuple[SweepTask, 
             with contextlib.suppress(OSError):
                 folder.rmdir()
         raise
+    for kept, _ in moved:  # (the earlier sweep's record copy; the rest stays aside)
+        if kept.name.startswith(f".{contract.SWEEP_RECORD}."):
+            kept.unlink(missing_ok=True)
     return array_id
 
 
+def _record_task(run_dir: Path, job: ResolvedJob, ref: str, first: int,
+                 sweep: dict[str, Any], written: list[Path]) -> None:
+    """A task's chain.ids (its array task, at its first chunk) and chain.json."""
+    ids = run_dir / contract.CHAIN_IDS
+    ids.write_text(f"{first} {ref}\n", encoding="utf-8")
+    written.append(ids)
+    script = run_dir / contract.JOBS_DIR / contract.JOB_SCRIPT
+    write_json_atomic(run_dir / contract.CHAIN_RECORD,
+                      {**chain_record(job, ref, first, script), "sweep": sweep})
+    written.append(run_dir / contract.CHAIN_RECORD)
+
+
 # -- states ---------------------------------------------------------------------------
-def array_task_states(refs: list[str]) -> dict[str, dict[str, Any]]:
-    """States of array tasks named ARRAY_TASK (tasks not started yet, or started since
-    the chain.ids was read): squeue --array, then sacct; UNKNOWN where neither knows."""
-    out: dict[str, dict[str, Any]] = {}
-    arrays = sorted({r.partition("_")[0] for r in refs})
-    if arrays:
-        proc = _proc.run(["squeue", "--array", "--noheader", "--jobs", ",".join(arrays),
-                          "--format", "%i|%T|%r"], check=False)
-        for line in proc.stdout.splitlines() if proc.returncode == 0 else []:
-            ref, _, rest = line.strip().partition("|")
-            state, _, reason = rest.partition("|")
-            if ref in refs:
-                out[ref] = {"state": state or "UNKNOWN", "reason": reason or None}
-    missing = [r for r in refs if r not in out]
-    if missing:
-        argv = ["sacct", "-P", "-n", "-o", "JobID,State,ExitCode", "-j", ",".join(missing)]
-        proc = _proc.run(argv, check=False)
-        if "accounting storage is disabled" in proc.stdout + proc.stderr:
-            proc = _proc.run(["sacct", "-c", *argv[1:]], check=False)
-        for line in proc.stdout.splitlines():
-            parts = line.strip().split("|")
-            if len(parts) >= 3 and parts[0] in missing:
-                out[parts[0]] = {"state": (parts[1].split() or ["UNKNOWN"])[0],
-                                 "exit": parts[2]}
-    for ref in refs:
-        out.setdefault(ref, {"state": "UNKNOWN"})
-    return out
+def _task_chain(root: Path, task: SweepTask, array: object) -> Chain:
+    """A task's chain; one whose chain.ids names no job (emptied, removed) is its array
+    task ARRAY_TASK, which Slurm still knows (and `train cancel` must reach)."""
+    chain = load_chain(root / task.dir)
+    if chain.ids:
+        return chain
+    own = chain.record.get("sweep")
+    if isinstance(own, dict) and isinstance(own.get("array_job"), str) and \
+            isinstance(own.get("task"), int):
+        array, index = own["array_job"], own["task"]
+    else:
+        index = task.index
+    if isinstance(array, str) and _is_number(array):
+        chain.chunks = [(_record_first(chain), task_ref(array, index))]
+    return chain
+
+
+def _record_first(chain: Chain) -> int:
+    first = chain.record.get("first_chunk")
+    return first if isinstance(first, int) and not isinstance(first, bool) and first > 0 \
+        else 1
+
+
+def _load(root: Path) -> tuple[list[tuple[SweepTask, Chain]],
+                               list[tuple[SweepTask, TrainError]], list[str]]:
+    """The sweep's chains, the tasks whose chain cannot be read (why), and the record's
+    entries that are not tasks."""
+    array = load_record(root).get("array_job")
+    tasks, bad = read_tasks(root)
+    pairs: list[tuple[SweepTask, Chain]] = []
+    unread: list[tuple[SweepTask, TrainError]] = []
+    for task in tasks:
+        try:
+            pairs.append((task, _task_chain(root, task, array)))
+        except UsageError as exc:
+            unread.append((task, exc))
+    return pairs, unread, bad
 
 
 def states_of(chains: list[Chain]) -> dict[str, dict[str, Any]]:
-    """Every chunk's state of these chains, in one squeue (and sacct) call each kind."""
-    ids = [i for c in chains for i in c.ids]
-    states = job_states([i for i in ids if "_" not in i])
-    states.update(array_task_states([i for i in ids if "_" in i]))
-    return states
-
-
-def _chains(root: Path) -> list[tuple[SweepTask, Chain]]:
-    return [(t, load_chain(root / t.dir)) for t in sweep_tasks(root)]
+    """Every chunk's state of these chains, in one squeue (and sacct) call each kind; a
+    ResourceError where Slurm cannot be reached."""
+    return ref_states([i for c in chains for i in c.ids])
 
 
 def sweep_status(root: Path) -> dict[str, Any]:
     """The sweep as a whole (aggregate's fields, counts per chain state) and each task's
-    chain status."""
+    chain status; a task whose folder cannot be read, and an entry of the record that is
+    not a task, are `unreadable` with their cause. Slurm not answering is an error."""
     record = load_record(root)
-    pairs = _chains(root)
+    pairs, unread, bad = _load(root)
     states = states_of([c for _, c in pairs])
     statuses = []
     for task, chain in pairs:
         st = chain_status(chain, states)
         st.update(task=task.index, label=task.label, value=task.value)
         statuses.append(st)
-    out = aggregate(str(record.get("name") or root.name), root, statuses)
-    out.update(flag=record.get("flag", "seeds"), array_job=record.get("array_job"),
-               throttle=record.get("throttle"),
+    for task, exc in unread:
+        statuses.append({"task": task.index, "label": task.label, "value": task.value,
+                         "state": "unreadable", "cause": str(exc),
+                         "run_dir": str(root / task.dir), "chunks": []})
+    statuses.sort(key=lambda st: int(st["task"]))
+    statuses += [{"task": None, "label": "?", "value": None, "state": "unreadable",
+                  "cause": line, "run_dir": str(root), "chunks": []} for line in bad]
+    name = record.get("name")
+    out = aggregate(name if isinstance(name, str) and name else root.name, root, statuses)
+    out.update(flag=_text(record.get("flag"), "seeds"),
+               array_job=_text(record.get("array_job"), None),
+               throttle=record.get("throttle") if _whole(record.get("throttle")) else None,
                chunks_run=sum(int(s.get("chunks_used") or 0) for s in statuses))
     return out
 
 
-def check_sweep_root(root: Path) -> None:
-    """A sweep may replace an ended sweep, never a single chain or an active sweep."""
+def _text(value: object, default: str | None) -> str | None:
+    return value[:64] if isinstance(value, str) and value else default
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_sweep_root(root: Path) -> str | None:
+    """A sweep may replace an ended sweep, never a single chain or an active sweep (nor
+    one whose jobs' states Slurm cannot give). The earlier sweep's array job, if any."""
     if (root / contract.CHAIN_RECORD).is_file():
         raise UsageError(f"name: {root.name} holds a single chain; choose another --name (or "
                          "--out) for a sweep")
     if not (root / contract.SWEEP_RECORD).is_file():
-        return
-    chains = [load_chain(root / t.dir) for t in sweep_tasks(root)
+        return None
+    array = load_record(root).get("array_job")
+    chains = [_task_chain(root, t, array) for t in sweep_tasks(root)
               if (root / t.dir / contract.CHAIN_RECORD).is_file()]  # (one cut short: none)
     active = [i for i, s in states_of(chains).items() if s["state"] in ACTIVE_STATES]
     if active:
         raise UsageError(f"name: {root.name} is a sweep with active jobs ("
                          f"{', '.join(sorted(active))}); cancel it first with `train cancel "
                          f"{root.name}`, or choose another --name")
+    return array if isinstance(array, str) and _is_number(array) else None
 
 
 def slurm_ref(chain: Chain, job_id: str) -> str:
@@ -259,14 +328,9 @@ def cancel_sweep(root: Path) -> tuple[list[str], list[UsageError]]:
     """End every task and its successors: the array job (its tasks still pending or
     running) and each chain's queued or running chunks, each chain's cancel recorded
     first. A task whose chain cannot be read (its folder removed, its chain.json cut
-    short) still has its array task cancelled; what could not be read comes back too."""
-    pairs: list[tuple[SweepTask, Chain]] = []
-    unread: list[tuple[SweepTask, UsageError]] = []
-    for task in sweep_tasks(root):
-        try:
-            pairs.append((task, load_chain(root / task.dir)))
-        except UsageError as exc:
-            unread.append((task, exc))
+    short) or names no job still has its array task cancelled; what could not be read
+    comes back too. Slurm not answering is an error (nothing is said cancelled)."""
+    pairs, unread, bad = _load(root)
     states = states_of([c for _, c in pairs])
     cancelled: list[str] = []
     for _task, chain in pairs:
@@ -278,13 +342,14 @@ def cancel_sweep(root: Path) -> tuple[list[str], list[UsageError]]:
                      "by-user\n")
         cancelled += [slurm_ref(chain, i) for i in active]
     array = load_record(root).get("array_job")
-    if unread and isinstance(array, str):
+    if unread and isinstance(array, str) and _is_number(array):
         refs = [task_ref(array, t.index) for t, _ in unread]
         found = array_task_states(refs)
         cancelled += [r for r in refs if found[r]["state"] in ACTIVE_STATES]
     if cancelled:
         _proc.run(["scancel", *cancelled], timeout=60)
-    return cancelled, [UsageError(f"task {t.index}: {exc}") for t, exc in unread]
+    return cancelled, [*(UsageError(f"task {t.index}: {exc}") for t, exc in unread),
+                       *(UsageError(line) for line in bad)]
 
 
 # -- what `train status` prints --------------------------------------------------------
@@ -297,11 +362,15 @@ def format_sweep_status(st: dict[str, Any], tasks: bool = False) -> list[str]:
     done = f"; done {st['done']}/{st['total']}" if st.get("total") else ""
     lines = [f"sweep {st['name']}: {len(chains)} tasks  {counts}  ({array}{throttle}; "
              f"{st.get('chunks_run', 0)} chunks run{done})"]
-    if not tasks:
-        return [*lines, f"  `train status {st['name']} --tasks` for one line per task, "
-                        f"`train summary {st['name']}` for the results"]
     flag = st.get("flag", "seeds")
+    if not tasks:
+        return [*lines, *(_unreadable(c, flag) for c in chains if c["state"] == "unreadable"),
+                f"  `train status {st['name']} --tasks` for one line per task, "
+                f"`train summary {st['name']}` for the results"]
     for c in chains:
+        if c["state"] == "unreadable":
+            lines.append(_unreadable(c, flag))
+            continue
         what = f"seed {c['label']}" if flag == "seeds" else f"{flag}={c.get('value')}"
         chunks = c.get("chunks") or []
         running = [x for x in chunks if x["state"] == "RUNNING"]
@@ -312,3 +381,11 @@ def format_sweep_status(st: dict[str, Any], tasks: bool = False) -> list[str]:
         lines.append(f"  task {c.get('task')} ({what}): {c['state']}, {job}{progress}  "
                      f"{c['run_dir']}")
     return lines
+
+
+def _unreadable(c: dict[str, Any], flag: str) -> str:
+    """A task (or an entry of the record) that cannot be read, and why."""
+    if c.get("task") is None:
+        return f"  unreadable: {c['cause']}"
+    what = f"seed {c['label']}" if flag == "seeds" else f"{flag}={c.get('value')}"
+    return f"  task {c['task']} ({what}): unreadable: {c['cause']}"
