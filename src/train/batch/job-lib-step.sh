@@ -230,7 +230,8 @@ train_on_exit() {
     # (${!ARRAY_LOG_VAR}.out/.err; its output goes to its chain's own log) are removed
     # when nothing was written to them. (Its successors are no array tasks.)
     local f
-    if [ -n "${SLURM_ARRAY_JOB_ID:-}" ] && [ -n "${!ARRAY_LOG_VAR:-}" ]; then
+    if [ -n "${SLURM_ARRAY_JOB_ID:-}" ] && [ -n "${ARRAY_LOG_VAR:-}" ] \
+        && [ -n "${!ARRAY_LOG_VAR:-}" ]; then
         for f in "${!ARRAY_LOG_VAR}.out" "${!ARRAY_LOG_VAR}.err"; do
             if [ -f "$f" ] && [ ! -s "$f" ]; then
                 rm -f "$f"

@@ -363,9 +363,7 @@ class FlagParser(argparse.ArgumentParser):
     prefix matching: `--gpus 4` is not `--gpus-per-node 4`), and an unknown flag is
     refused with the nearest valid one suggested. Subcommand parsers inherit both."""
 
-    # a command's own reading of arguments it does not know (the parsed ones, the
-    # unknown ones): the error to give instead of 'unrecognized arguments', or None
-    unknown_hint: Callable[[argparse.Namespace, list[str]], str | None] | None = None
+    unknown_hint: Callable[[argparse.Namespace, list[str]], str | None] | None = None  # own error
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["allow_abbrev"] = False
@@ -375,10 +373,8 @@ class FlagParser(argparse.ArgumentParser):
                    namespace: argparse.Namespace | None = None) -> argparse.Namespace:
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
-            chosen = self._parser_for(parsed)
-            hint = getattr(chosen, "unknown_hint", None)
-            chosen.error((hint(parsed, extras) if hint else None)
-                         or unknown_message(extras, chosen))
+            hint = getattr(chosen := self._parser_for(parsed), "unknown_hint", None)
+            chosen.error((hint and hint(parsed, extras)) or unknown_message(extras, chosen))
         return parsed
 
     def _parser_for(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:
