@@ -64,9 +64,11 @@ def test_resume_args_are_not_for_train_run() -> None:
 
 def test_kill_mode_chains_a_command_that_has_no_stop_signal_of_its_own() -> None:
     # a command without a stop signal runs as one chunk; with the tool's kill it chains
+    # (as long as asked: a command is one chunk unless --max-chunks or --total-time)
     assert JobSpec(entry="command", workload=("python3", "x.py")).chunks == 1
-    spec = JobSpec(entry="command", workload=("python3", "x.py"), stop_mode="kill")
-    assert spec.stop == "TERM" and spec.chunks > 1
+    spec = JobSpec(entry="command", workload=("python3", "x.py"), stop_mode="kill",
+                   max_chunks=3)
+    assert spec.stop == "TERM" and spec.chunks == 3
     assert spec.resume_argv == ()
     with pytest.raises(ConfigError, match="max_chunks"):
         JobSpec(entry="command", workload=("python3", "x.py"), max_chunks=3)

@@ -27,6 +27,9 @@ SWEEP_RECORD = "sweep.json"  # a seed sweep's directory: its chains, one per see
 # Written by the batch shell when a chunk of the run ends by a checkpointed stop (something
 # was saved since it began): from then on every chunk gets the job's --resume-args.
 SAVED_MARKER = "checkpointed"
+# A program's final metrics, a JSON object of numbers (TRAIN_METRICS_FILE names it): what
+# `train summary` shows for a command's sweep (train.client.slurm.sweepmetrics).
+METRICS_FILE = "metrics.json"
 
 # -- events ---------------------------------------------------------------------------
 EV_STARTED = "started"  # detail: "RESTARTS DONE TOTAL"
@@ -67,6 +70,10 @@ def batch_fallback(batch_size: int, env: Mapping[str, str] | None = None) -> boo
     """`train launch` fell back to this batch size (its GPU memory wait ran out)."""
     return (os.environ if env is None else env).get(FALLBACK_BATCH_VAR) == str(batch_size)
 DEADLINE_VAR = "TRAIN_DEADLINE"
+# A sweep's array task: the path (without .out/.err) of the log files Slurm opened for it
+# beside the sweep's logs, exported by the array's script; its output goes to its chain's
+# own log, and the batch shell removes them at its end when they are empty.
+ARRAY_LOG_VAR = "TRAIN_ARRAY_LOG"
 
 # Docker containers of a job carry this label (value: the job id), so the batch shell can
 # remove what a killed step left running.
@@ -100,7 +107,7 @@ CHUNK_DIR_PREFIX = ".chunk-"
 # own files and `train launch`'s scontrol stand-in, which change in every chunk whatever the
 # program does (shell patterns).
 SAVE_SCAN_SKIP = (LOG_DIR, JOBS_DIR, GPU_WATCH_DIR, CHAIN_RECORD, CHAIN_IDS, CHAIN_EVENTS,
-                  SAVED_MARKER, "chain-*", ".scontrol-shim", ".signal-ready-*",
+                  SAVED_MARKER, METRICS_FILE, "chain-*", ".scontrol-shim", ".signal-ready-*",
                   ".stop-request-*", CHUNK_DIR_PREFIX + "*")
 # A save path that holds a run folder (`--save-path .` with runs/ below it) is looked
 # through without the run folders in it (this one, scanned above, and any folder holding
@@ -113,11 +120,13 @@ def shell_variables() -> dict[str, str]:
     out = {
         "COMPLETE_FILE": COMPLETE_MARKER,
         "PROGRESS_FILE": PROGRESS_FILE,
+        "METRICS_FILE": METRICS_FILE,
         "IDS_FILE": CHAIN_IDS,
         "EVENTS_FILE": CHAIN_EVENTS,
         "LOG_DIR": LOG_DIR,
         "DOCKER_JOB_LABEL": DOCKER_JOB_LABEL,
         "READY_VAR": SIGNAL_READY_VAR,
+        "ARRAY_LOG_VAR": ARRAY_LOG_VAR,
         "SAVED_FILE": SAVED_MARKER,
         "UNSAVED_TEXT": UNSAVED_TEXT,
         "SAVE_SKIP": " ".join(SAVE_SCAN_SKIP),

@@ -105,6 +105,7 @@ train_start_step() {
         TRAIN_TIME_BUDGET=$((TRAIN_START + WALLTIME_SECONDS - STOP_MARGIN - now)) \
         TRAIN_COMPLETE_FILE="$RUN_DIR/$COMPLETE_FILE" \
         TRAIN_PROGRESS_FILE="$RUN_DIR/$PROGRESS_FILE" \
+        TRAIN_METRICS_FILE="$RUN_DIR/$METRICS_FILE" \
         TRAIN_STOP_REQUEST="$RUN_DIR/.stop-request-${SLURM_JOB_ID:-0}-${SLURM_RESTART_COUNT:-0}"
     rm -f "$TRAIN_STOP_REQUEST"
     # a program that has checkpointed may ask for its chunk to end (`train launch`'s
@@ -284,6 +285,18 @@ train_on_term() {
 
 # shellcheck disable=SC2329  # invoked by the EXIT trap
 train_on_exit() {
+    # A sweep's array task: the log files Slurm opened for it beside the sweep's logs
+    # (${!ARRAY_LOG_VAR}.out/.err; its output goes to its chain's own log) are removed
+    # when nothing was written to them. (Its successors are no array tasks.)
+    local f
+    if [ -n "${SLURM_ARRAY_JOB_ID:-}" ] && [ -n "${ARRAY_LOG_VAR:-}" ] \
+        && [ -n "${!ARRAY_LOG_VAR:-}" ]; then
+        for f in "${!ARRAY_LOG_VAR}.out" "${!ARRAY_LOG_VAR}.err"; do
+            if [ -f "$f" ] && [ ! -s "$f" ]; then
+                rm -f "$f"
+            fi
+        done
+    fi
     rm -rf "${TRAIN_TMP:-/nonexistent}"
     rm -f "$TRAIN_READY" "${TRAIN_STOP_REQUEST:-/nonexistent}"
     if [ -n "${TRAIN_WATCHER:-}" ]; then

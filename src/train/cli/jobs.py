@@ -12,7 +12,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from train.cli.common import HelpFormatter
-from train.common.errors import EXIT_OK, UsageError
+from train.common.errors import EXIT_OK, ConfigError, UsageError
 from train.workloads.config import add_fields, flags_from, load_yaml
 
 if TYPE_CHECKING:
@@ -38,8 +38,8 @@ JOB_GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
                    "gpus_per_node", "gpu_type", "cpus_per_task", "mem", "ntasks_per_node",
                    "workers", "worker_mem", "preempt")),
     "chain": ("walltime-sized chunks that checkpoint and resume",
-              ("max_chunks", "requeue", "stop_signal", "signal_margin", "time_budget",
-               "stop_mode", "resume_args", "save_path")),
+              ("max_chunks", "total_time", "requeue", "stop_signal", "signal_margin",
+               "time_budget", "stop_mode", "resume_args", "save_path")),
     "container": ("the runtime, the image, and what the program sees of the host",
                   ("runtime", "image", "python", "bind", "env")),
     "program": ("how the program is started on the nodes",
@@ -97,15 +97,36 @@ def _add_job_parser(sub: Subparsers, name: str, text: str) -> None:
         "nodes that see files or programs this login node does not), and submit without "
         "asking Slurm first (sbatch --test-only)")
     add_fields(p, JobSpec, skip=("workload",), group=_group_of(groups))
+    p.unknown_hint = _program_typed
+
+
+def _program_typed(parsed: argparse.Namespace, extras: list[str]) -> str | None:
+    """`train submit python my_train.py` (no `--`): a program taken for the job file and
+    its arguments: the error says how to run it (None: not a program)."""
+    from train.client.programs import command_hint
+
+    if parsed.job_file is None:
+        return None
+    hint = command_hint([str(parsed.job_file), *extras])
+    return f"workload: {hint}" if hint else None
 
 
 def _resolved_jobs(args: argparse.Namespace, workload: list[str] | None
                    ) -> tuple[Any, Path | None, list[tuple[Any, Any]]]:
     """The job, or a sweep's jobs (one per task of its job array), each validated: (spec,
     the sweep's directory or None, [(SweepTask or None, job)])."""
+    origin: dict[str, Path] = {}  # field -> the defaults file, where its value is from
+    try:
+        return _resolved(args, workload, origin)
+    except ConfigError as exc:
+        raise _said_as_default(exc, origin) from None
+
+
+def _resolved(args: argparse.Namespace, workload: list[str] | None,
+              origin: dict[str, Path]) -> tuple[Any, Path | None, list[tuple[Any, Any]]]:
     from train.client.slurm.job import resolve
 
-    spec, profile = _job_spec(args, workload)
+    spec, profile = _job_spec(args, workload, origin)
     if not spec.sweep_seeds and not spec.sweep:
         if spec.sweep_throttle is not None:
             raise UsageError("sweep_throttle: is for a sweep (--sweep-seeds or --sweep)")
@@ -116,20 +137,29 @@ def _resolved_jobs(args: argparse.Namespace, workload: list[str] | None
     return spec, root, [(task, task_job(task, resolve(s, profile))) for task, s in specs]
 
 
-def _job_spec(args: argparse.Namespace, workload: list[str] | None) -> tuple[Any, Any]:
+def _job_spec(args: argparse.Namespace, workload: list[str] | None,
+              origin: dict[str, Path]) -> tuple[Any, Any]:
     from train.client.clusters.profiles import Registry
     from train.client.defaults import LISTS, defaults_path, joined, load_defaults, merged
     from train.client.slurm.job import JobSpec, job_from_sources
 
+    if args.job_file is not None and args.job_file.suffix in (".py", ".sh"):
+        _refuse_program("JOB.yaml", [str(args.job_file)])
     file_values = load_yaml(args.job_file) if args.job_file is not None else {}
     flags: dict[str, Any] = flags_from(args, JobSpec, skip=("workload",))
     if workload is not None:
         flags["workload"] = list(workload)
-    base = merged(load_defaults(), file_values)
+    defaults = load_defaults()
+    base = merged(defaults, file_values)
     for key in LISTS:  # list flags add to the file's and the defaults' lists
         if key in flags and isinstance(base.get(key), list):
             flags[key] = joined(map(str, base[key]), flags[key])  # flags are text
+    # (a scalar value from the defaults file alone: its errors name the file)
+    origin.update(dict.fromkeys(set(defaults) - set(merged({}, file_values)) - set(flags)
+                                - set(LISTS), defaults_path()))
     spec = job_from_sources(base, flags)
+    if spec.entry == "train":
+        _refuse_program("workload", spec.workload)
     registry = Registry(args.profile)
     if spec.cluster is None:
         raise UsageError(f"no cluster given: use --cluster NAME (one of "
@@ -138,11 +168,35 @@ def _job_spec(args: argparse.Namespace, workload: list[str] | None) -> tuple[Any
     return spec, registry.get(spec.cluster)
 
 
+def _refuse_program(field: str, typed: Any) -> None:
+    """A program where a `train run` workload goes (`train submit my_train.py`, `-- python
+    my_train.py` without --entry command): the error says what to type."""
+    from train.client.programs import command_hint
+
+    hint = command_hint(list(typed))
+    if hint is not None:
+        raise UsageError(f"{field}: {hint}")
+
+
+def _said_as_default(exc: ConfigError, origin: dict[str, Path]) -> ConfigError:
+    """A bad value that came from the defaults file (not the job file, not a flag), said
+    as the file's, with how to override or remove it."""
+    path = origin.get(exc.field)
+    if path is None:
+        return exc
+    flag = "--" + exc.field.replace("_", "-")
+    return ConfigError(exc.field, f"{str(exc).partition(': ')[2]} (this {exc.field} is "
+                       f"not from your command line: it is in the defaults file {path}; "
+                       f"give {flag} to override it, or remove it from that file, e.g. "
+                       f"`train init` and '-' for it)")
+
+
 def _cmd_render(args: argparse.Namespace, workload: list[str] | None) -> int:
     from train.client.slurm.render import library_text, render
 
     spec, root, jobs = _resolved_jobs(args, workload)
     jobs = _check_jobs(args, jobs, submitting=False)
+    _warn_traps(spec, jobs)
     if root is not None:
         from train.client.slurm.sweeparray import array_script
 
@@ -162,6 +216,7 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
 
     spec, root, jobs = _resolved_jobs(args, workload)  # every seed validated first
     jobs = _check_jobs(args, jobs, submitting=True)
+    _warn_traps(spec, jobs)
     from train.client.programs import submit_notes
 
     job = jobs[0][1]
@@ -210,6 +265,20 @@ def _check_jobs(args: argparse.Namespace, jobs: list[tuple[Any, Any]],
     from train.images.features import equip
 
     return [(task, equip(job)) for task, job in jobs]
+
+
+def _warn_traps(spec: Any, jobs: list[tuple[Any, Any]]) -> None:
+    """What a command job's program walks into after the queue wait (a stop signal it has
+    no handler for, saves the chain cannot see, a sweep whose tasks all run alike)."""
+    from train.client.slurm.checks.traps import trap_notes
+
+    notes = trap_notes(jobs[0][1])
+    if spec.entry == "command" and (spec.sweep or spec.sweep_seeds):
+        from train.client.slurm.sweepargs import sweep_notes
+
+        notes = [*sweep_notes(spec.workload, spec.resume_args, spec.chdir), *notes]
+    for note in notes:
+        print(f"train: warning: {note}", file=sys.stderr)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -206,6 +206,14 @@ def _cmd_summary(args: argparse.Namespace) -> int:
                          "--sweep-seeds)")
     if args.smooth < 1:
         raise UsageError(f"summary: --smooth must be at least 1, got {args.smooth}")
+    from train.client.slurm.sweepmetrics import is_command_sweep, summarize_metrics
+
+    if is_command_sweep(root):  # a command's sweep: each task's final metrics
+        lines, notes = summarize_metrics(root, _chain_states(root))
+        print("\n".join(lines))
+        for note in notes:
+            print(f"train: {note}", file=sys.stderr)
+        return EXIT_OK
     summary = summarize(root, args.smooth, _chain_states(root))
     print("\n".join(summary.table))
     for note in summary.notes:

@@ -87,3 +87,32 @@ def submit_notes(entry: str, command: Sequence[str], launch: str, run_dir: str,
                      "signal (its SLURM support is off). --launch tasks, the default for "
                      "Lightning scripts, is what it expects")
     return notes
+
+
+_PROGRAM_NAME = re.compile(r"python[0-9.]*|(ba|z|da)?sh|torchrun|accelerate|deepspeed")
+
+
+def looks_like_program(word: str) -> bool:
+    """Whether a word given as a `train run` workload names a program instead: python, a
+    shell, a launcher, a .py or .sh file, or a path to an executable file."""
+    name = os.path.basename(word)
+    if name.endswith((".py", ".sh")) or _PROGRAM_NAME.fullmatch(name):
+        return True
+    try:
+        return os.sep in word and os.path.isfile(word) and os.access(word, os.X_OK)
+    except (OSError, ValueError):
+        return False
+
+
+def command_hint(typed: Sequence[str]) -> str | None:
+    """The error for a program given where a `train run` workload goes (the entry left
+    out): what to type instead, or None where `typed` does not look like one."""
+    import shlex
+
+    from train.workloads.config import WORKLOADS
+
+    if not typed or typed[0] in WORKLOADS or not looks_like_program(typed[0]):
+        return None
+    run = ["python", *typed] if typed[0].endswith(".py") else list(typed)
+    return (f"{typed[0]!r} is a program, not a `train run` workload ({', '.join(WORKLOADS)}): "
+            f"to run it, give --entry command: -e command -- {shlex.join(run)}")

@@ -363,6 +363,8 @@ class FlagParser(argparse.ArgumentParser):
     prefix matching: `--gpus 4` is not `--gpus-per-node 4`), and an unknown flag is
     refused with the nearest valid one suggested. Subcommand parsers inherit both."""
 
+    unknown_hint: Callable[[argparse.Namespace, list[str]], str | None] | None = None  # own error
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
@@ -371,8 +373,8 @@ class FlagParser(argparse.ArgumentParser):
                    namespace: argparse.Namespace | None = None) -> argparse.Namespace:
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
-            self._parser_for(parsed).error(unknown_message(extras,
-                                                          self._parser_for(parsed)))
+            hint = getattr(chosen := self._parser_for(parsed), "unknown_hint", None)
+            chosen.error((hint and hint(parsed, extras)) or unknown_message(extras, chosen))
         return parsed
 
     def _parser_for(self, parsed: argparse.Namespace) -> argparse.ArgumentParser:

@@ -85,8 +85,12 @@ class JobSpec:
     max_chunks: int | None = opt(None, "Bound on the chain: walltime-sized jobs, each "
                                  "resuming the previous, submitted one at a time until the "
                                  "work is complete (in requeue mode: runs of the one job). "
-                                 "Default: 10, or 1 for a command without a stop signal.",
+                                 "Default: 10, or 1 for a command (no chain unless asked: "
+                                 "this or --total-time).",
                                  kind=int, positive=True, optional=True)
+    total_time: str | None = opt(None, "Total walltime of the chain (SLURM format, e.g. "
+                                 "3-00:00:00): --max-chunks = total / --time, rounded up.",
+                                 kind=str, optional=True)
     launch: str = opt("auto", "auto (one process; for several: tasks for navsim and for a "
                       "script that imports Lightning, torchrun otherwise), torchrun (one "
                       "task per node; torch's launcher starts one process per GPU) or tasks "
@@ -214,6 +218,8 @@ class JobSpec:
         if not _NAME_RE.match(self.name):
             raise ConfigError("name", f"must be letters, digits, '.', '_' or '-' (at most 64, "
                               f"starting with a letter or digit); got {self.name!r}")
+        if self.total_time is not None:
+            _check_total_time(self.total_time, self.max_chunks)
         if self.max_chunks is not None and self.max_chunks > MAX_CHUNKS_LIMIT:
             raise ConfigError("max_chunks", f"must be at most {MAX_CHUNKS_LIMIT}, got "
                               f"{self.max_chunks}")
@@ -313,7 +319,26 @@ class JobSpec:
         """The bound on the chain in force: the field, or the default for the entry."""
         if self.max_chunks is not None:
             return self.max_chunks
-        return 1 if self.entry == "command" and self.stop == "none" else DEFAULT_CHUNKS
+        return 1 if self.entry == "command" else DEFAULT_CHUNKS
+
+
+def _check_total_time(total: str, max_chunks: int | None) -> None:
+    """--total-time: a SLURM time, never with --max-chunks (it sets them)."""
+    from train.client.clusters.units import parse_time
+
+    if parse_time(total, "total_time") <= 0:
+        raise ConfigError("total_time", f"must be more than 0, got {total!r}")
+    if max_chunks is not None:
+        raise ConfigError("total_time", f"sets --max-chunks from --time (total / walltime, "
+                          f"rounded up): give --total-time {total} or --max-chunks "
+                          f"{max_chunks}, not both")
+
+
+def chunks_for(total: str, minutes: int) -> int:
+    """The chunks of `minutes` each that --total-time asks for (rounded up)."""
+    from train.client.clusters.units import parse_time
+
+    return -(-parse_time(total, "total_time") // minutes)
 
 
 def job_from_sources(file_values: dict[str, Any] | None, flags: dict[str, Any]) -> JobSpec:

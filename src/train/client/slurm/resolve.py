@@ -27,7 +27,13 @@ from train.client.clusters.profiles import (
 from train.client.programs import imports_lightning
 from train.client.slurm.jobitems import check_env_item
 from train.client.slurm.jobpaths import job_paths
-from train.client.slurm.jobspec import CPUS_PER_PROCESS, DEFAULT_PYTHON, JobSpec
+from train.client.slurm.jobspec import (
+    CPUS_PER_PROCESS,
+    DEFAULT_PYTHON,
+    MAX_CHUNKS_LIMIT,
+    JobSpec,
+    chunks_for,
+)
 from train.client.slurm.placement import choose_node, constraint_request
 from train.common.errors import ConfigError, UsageError
 from train.common.hostmem import DEFAULT_WORKER_MEM_MB
@@ -137,7 +143,8 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
     ntasks = _tasks_per_node(spec, launch)
     # the defaults in force, settled here: the resolved job's spec holds them
     spec = dataclasses.replace(spec, runtime=_runtime(spec, launch),
-                               cpus_per_task=_cpus_per_task(spec, node, launch, ntasks))
+                               cpus_per_task=_cpus_per_task(spec, node, launch, ntasks),
+                               **_total_chunks(spec, minutes))
     mem_mb, whole_node = _memory(spec, node, launch, ntasks)
     if spec.runtime != "none" and not spec.image:
         raise ConfigError("image", f"runtime {spec.runtime} needs --image")
@@ -154,6 +161,18 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
                        run_config=run_config, constraint=constraint, gres_type=gres_type,
                        whole_node_mem=whole_node, **job_paths(spec, profile, run_config),
                        **_environment(spec, profile), gpu_watch=_gpu_watch(spec, profile))
+
+
+def _total_chunks(spec: JobSpec, minutes: int) -> dict[str, Any]:
+    """--total-time as the chain's bound: max_chunks = total / walltime, rounded up."""
+    if spec.total_time is None:
+        return {}
+    chunks = chunks_for(spec.total_time, minutes)
+    if chunks > MAX_CHUNKS_LIMIT:
+        raise ConfigError("total_time", f"{spec.total_time} in chunks of "
+                          f"{format_time(minutes)} is {chunks} chunks, over the bound of "
+                          f"{MAX_CHUNKS_LIMIT}: give a longer --time")
+    return {"max_chunks": chunks, "total_time": None}
 
 
 def _qos(spec: JobSpec, profile: Profile) -> str | None:

@@ -23,6 +23,7 @@ from typing import Any
 
 from train.batch.contract import SWEEP_RECORD
 from train.client.slurm.job import JobSpec, ResolvedJob
+from train.client.slurm.sweepargs import check_command, task_changes
 from train.common.errors import ConfigError, UsageError
 from train.common.jsonio import read_bounded, write_json_atomic
 
@@ -142,6 +143,8 @@ def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
                                      for a in spec.workload):
         raise ConfigError(field, f"give the {flag} once: the sweep sets {given} for each "
                           f"task (remove {given} from the workload)")
+    if spec.entry == "command":
+        check_command(spec.workload, "workload")
     root = Path(os.path.abspath(spec.out or os.path.join("runs", spec.name)))
     folders = bound_folders(root, spec.entry, flag, values) if flag != "seeds" else {}
     out = []
@@ -156,6 +159,9 @@ def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
             changes["workload"] = (*spec.workload, given, value)
             if seed is None:
                 seed = _train_seed(spec.workload)
+        else:  # a command: its {value}, {index} and {task_dir} (train.client.slurm.sweepargs)
+            changes.update(task_changes(spec.workload, spec.resume_args, spec.save_path,
+                                        index, value, str(root / where)))
         out.append((SweepTask(index, value, seed, where), dataclasses.replace(spec, **changes)))
     return root, out
 

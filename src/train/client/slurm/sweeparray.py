@@ -84,6 +84,9 @@ def array_script(name: str, root: Path, tasks: list[tuple[SweepTask, ResolvedJob
         'dir=${TASK_DIRS[$SLURM_ARRAY_TASK_ID]}',
         'log="$dir/logs/${TASK_NAMES[$SLURM_ARRAY_TASK_ID]}-$SLURM_JOB_ID"',
         'exec >> "$log.out" 2>> "$log.err"',
+        "# (the files Slurm opened for this task: removed at its end when left empty)",
+        f"export {contract.ARRAY_LOG_VAR}={shlex.quote(f'{root}/{contract.LOG_DIR}/{name}')}"
+        '"-${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
         *_start_lines(firsts or [1] * len(tasks)), ""])
 
 

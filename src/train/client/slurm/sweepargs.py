@@ -1,0 +1,122 @@
+"""A command sweep's arguments, task by task.
+
+In a `--entry command` sweep the words `{value}`, `{index}` and `{task_dir}` in the
+command's arguments (and in --resume-args and --save-path) are replaced, for each task,
+by the task's value, its index in the job array and its own folder (runs/NAME/task-I, or
+seed-S): plain text put in place when the task's chain script is rendered, never read by
+a shell. The tasks run in the folder the command was submitted from (or --chdir), so the
+program finds its files where it would alone; `{task_dir}` is where each task writes its
+own outputs (e.g. `--output_dir {task_dir}`).
+
+What goes wrong without them is said at render and submit: a `$TRAIN_SWEEP_VALUE` among
+the arguments reaches the program as those letters (refused), a sweep whose tasks all run
+the same arguments, and an output folder that every task would share (warnings).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Sequence
+from typing import Any
+
+from train.client.programs import SCRIPT_LIMIT, script_of
+from train.common.errors import ConfigError
+
+VALUE, INDEX, TASK_DIR = "{value}", "{index}", "{task_dir}"
+MARKERS = (VALUE, INDEX, TASK_DIR)
+_SHELLS = re.compile(r"(ba|z|da|k)?sh")
+# what a shell would have expanded: the task's variables written into an argument
+_SHELL_VARIABLE = re.compile(r"\$\{?TRAIN_(SWEEP_VALUE|SWEEP_INDEX|RUN_DIR)\b")
+# an option naming where a program writes (--output_dir, --save-dir, --default_root_dir)
+_OUTPUT_OPTION = re.compile(r"--?([a-z_]*_)?(output|out|save|log|logging|ckpt|checkpoint|"
+                            r"checkpoints|default_root|results?)[_-]?(dir|path|folder)")
+
+
+def _replaced(text: str, value: str, index: int, task_dir: str) -> str:
+    return text.replace(VALUE, value).replace(INDEX, str(index)).replace(TASK_DIR, task_dir)
+
+
+def task_changes(workload: Sequence[str], resume_args: str | None,
+                 save_path: Sequence[str], index: int, value: str, task_dir: str
+                 ) -> dict[str, Any]:
+    """The job spec's changes for one task of a command sweep: each marker replaced (in
+    --resume-args by the value quoted, since those are split as a shell would)."""
+    changes: dict[str, Any] = {
+        "workload": tuple(_replaced(a, value, index, task_dir) for a in workload),
+        "save_path": tuple(_replaced(p, value, index, task_dir) for p in save_path)}
+    if resume_args is not None:
+        changes["resume_args"] = _replaced(resume_args, shlex.quote(value), index,
+                                           shlex.quote(task_dir))
+    return changes
+
+
+def _run_by_shell(command: Sequence[str]) -> bool:
+    """`bash -c '...'` (or sh, zsh, ...): a shell that expands what it is given."""
+    return bool(command) and _SHELLS.fullmatch(os.path.basename(command[0])) is not None \
+        and "-c" in command[1:]
+
+
+def check_command(command: Sequence[str], field: str) -> None:
+    """Refuse `$TRAIN_SWEEP_VALUE` (or the index, or TRAIN_RUN_DIR) written into an
+    argument of a program no shell starts: no shell expands it, the program gets the
+    letters."""
+    if _run_by_shell(command):
+        return
+    for arg in command:
+        found = _SHELL_VARIABLE.search(arg)
+        if found is None:
+            continue
+        marker = {"SWEEP_VALUE": VALUE, "SWEEP_INDEX": INDEX}.get(found.group(1), TASK_DIR)
+        raise ConfigError(field, f"{arg!r} reaches the program as written (no shell expands "
+                          f"the command's arguments): write {marker} where the task's "
+                          f"{found.group(1).lower().replace('_', ' ')} goes, e.g. "
+                          f"{arg.replace(found.group(0), marker)!r}; each task gets its "
+                          "own, as plain text")
+
+
+def _mentions(command: Sequence[str], folder: str | None, word: bytes) -> bool:
+    """Whether the command's script (where the login node can read it) holds `word`."""
+    path = script_of(command, folder)
+    if path is None:
+        return False
+    try:
+        with open(path, "rb") as fh:
+            return word in fh.read(SCRIPT_LIMIT)
+    except OSError:
+        return False
+
+
+def _shared_outputs(command: Sequence[str]) -> list[str]:
+    """The output options of the command whose value names no task's own folder."""
+    out = []
+    for i, arg in enumerate(command):
+        name, eq, given = arg.partition("=")
+        if not _OUTPUT_OPTION.fullmatch(name.lower()):
+            continue
+        value = given if eq else (command[i + 1] if i + 1 < len(command) else "")
+        if value and not value.startswith("-") and TASK_DIR not in value \
+                and "TRAIN_RUN_DIR" not in value:
+            out.append(f"{name} {value}")
+    return out
+
+
+def sweep_notes(command: Sequence[str], resume_args: str | None,
+                folder: str | None) -> list[str]:
+    """Warnings for a command sweep: tasks that all run the same arguments, and output
+    folders every task shares."""
+    notes = []
+    words = [*command, resume_args or ""]
+    if not any(m in w for w in words for m in (VALUE, INDEX)) and not \
+            any("TRAIN_SWEEP_" in w for w in words) and \
+            not _mentions(command, folder, b"TRAIN_SWEEP_"):
+        notes.append("every task of this sweep runs the same command (no {value} or "
+                     "{index} among its arguments, and no TRAIN_SWEEP_VALUE in its script): "
+                     "write {value} where the task's value goes, e.g. -- python train.py "
+                     "--lr {value}, or read TRAIN_SWEEP_VALUE in the program")
+    for option in _shared_outputs(command):
+        notes.append(f"every task of this sweep writes to {option} (the tasks run in the "
+                     f"same folder): give each its own with {{task_dir}}, e.g. "
+                     f"{option.split()[0]} {{task_dir}}/out")
+    return notes

@@ -1,0 +1,206 @@
+"""`train summary` of a command's sweep: each task's final metrics, read from its folder.
+
+Where a task's metrics are found, first found first (each file bounded, a regular file,
+read as text; a bad one is named and the next looked at):
+- TRAIN_METRICS_FILE (`metrics.json` in the task's folder): a JSON object the program
+  writes at its end, {"eval_loss": 0.41, "accuracy": 0.88}; numbers only are kept;
+- Hugging Face's Trainer: `all_results.json` in the task's folder or a folder below it
+  (`--output_dir {task_dir}`, `{task_dir}/out`);
+- Lightning's CSVLogger: the newest `metrics.csv` up to three folders down
+  (lightning_logs/version_N/), each column's last value (its rows are sparse: training
+  and validation steps log different columns).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from train.batch.contract import METRICS_FILE
+from train.common.jsonio import read_bounded
+
+JSON_LIMIT = 1 << 20  # a metrics object is small
+CSV_LIMIT = 16 << 20  # Lightning's CSV of a long run: its end is what counts
+SHOWN = 8  # metrics in the table at most (the rest are left out, said in a note)
+_DEPTH = 3  # folders below the task's that are searched
+_FOLDERS = 200  # folders looked into at most, per task
+
+
+@dataclass
+class TaskMetrics:
+    """One task's final metrics and where they are from (or why there are none)."""
+
+    label: str
+    state: str
+    values: dict[str, float] = field(default_factory=dict)
+    source: str = ""
+    problems: list[str] = field(default_factory=list)
+
+
+def _numbers(found: object) -> dict[str, float]:
+    if not isinstance(found, dict):
+        return {}
+    return {str(k)[:40]: float(v) for k, v in found.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def _json_metrics(path: Path, problems: list[str]) -> dict[str, float] | None:
+    data = read_bounded(path, JSON_LIMIT + 1)
+    if data is None:
+        return None
+    try:
+        if len(data) > JSON_LIMIT:
+            raise ValueError(f"over {JSON_LIMIT} bytes")
+        found = json.loads(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        problems.append(f"{path}: not a JSON object of metrics ({str(exc)[:80]})")
+        return None
+    values = _numbers(found)
+    if not values:
+        problems.append(f"{path}: holds no numbers (a JSON object, e.g. {{\"loss\": 0.4}})")
+        return None
+    return values
+
+
+def _csv_metrics(path: Path, problems: list[str]) -> dict[str, float] | None:
+    """Each column's last number; the file's header and its last CSV_LIMIT bytes."""
+    head = read_bounded(path, 64 << 10)
+    data = read_bounded(path, CSV_LIMIT, tail=True)
+    if head is None or data is None:
+        return None
+    try:
+        header = next(csv.reader(io.StringIO(head.decode("utf-8", "replace"))))
+        # (the first line: the header, or a row cut by the tail's start)
+        rows = data.decode("utf-8", "replace").splitlines()[1:]
+        values: dict[str, float] = {}
+        for row in csv.reader(rows):
+            for name, text in zip(header, row, strict=False):
+                try:
+                    number = float(text)
+                except ValueError:
+                    continue
+                if math.isfinite(number) and name not in ("step", "epoch"):
+                    values[name[:40]] = number
+    except (csv.Error, StopIteration) as exc:
+        problems.append(f"{path}: not a CSV of metrics ({str(exc)[:80]})")
+        return None
+    return values or None
+
+
+def _folders(root: Path) -> Iterator[Path]:
+    """The task's folder and those below it, breadth first, bounded (no links followed)."""
+    level, seen = [root], 0
+    for _ in range(_DEPTH + 1):
+        below: list[Path] = []
+        for folder in level:
+            seen += 1
+            if seen > _FOLDERS:
+                return
+            yield folder
+            try:
+                below += sorted(p for p in folder.iterdir()
+                                if p.is_dir() and not p.is_symlink())
+            except OSError:
+                continue
+        level = below
+
+
+def task_metrics(run_dir: Path, label: str, state: str) -> TaskMetrics:
+    """The task's final metrics, from the first source that has them."""
+    out = TaskMetrics(label, state)
+    values = _json_metrics(run_dir / METRICS_FILE, out.problems)
+    if values:
+        out.values, out.source = values, METRICS_FILE
+        return out
+    folders = list(_folders(run_dir))
+    for folder in folders:
+        values = _json_metrics(folder / "all_results.json", out.problems)
+        if values:
+            out.values, out.source = values, str(folder / "all_results.json")
+            return out
+    newest: tuple[int, Path] | None = None
+    for folder in folders:
+        path = folder / "metrics.csv"
+        try:
+            stamp = path.stat().st_mtime_ns if path.is_file() else None
+        except OSError:
+            continue
+        if stamp is not None and (newest is None or stamp > newest[0]):
+            newest = (stamp, path)
+    if newest is not None:
+        values = _csv_metrics(newest[1], out.problems)
+        if values:
+            out.values, out.source = values, str(newest[1])
+    return out
+
+
+def format_metrics(name: str, flag: str, tasks: list[TaskMetrics]) -> tuple[list[str],
+                                                                              list[str]]:
+    """The table (a line per task: its value or seed, each metric, its state; for a seed
+    sweep, mean +- std across the seeds) and notes."""
+    from train.client.slurm.sweep import mean_std
+
+    names = list(dict.fromkeys(k for t in tasks for k in t.values))
+    notes = [p for t in tasks for p in t.problems]
+    if len(names) > SHOWN:
+        notes.append(f"{len(names) - SHOWN} more metric(s) left out of the table: "
+                     + ", ".join(names[SHOWN:SHOWN + 5]))
+        names = names[:SHOWN]
+    column = "seed" if flag == "seeds" else flag[:12]
+    widths = [max(10, len(n)) for n in names]
+    lines = [f"{name}: sweep of {len(tasks)} " + ("seed(s)" if flag == "seeds"
+                                                   else f"values of --{flag}"),
+             f"  {column:>12}  " + "  ".join(f"{n:>{w}}" for n, w in zip(names, widths,
+                                                                          strict=True))
+             + "  state"]
+    for t in tasks:
+        cells = [f"{t.values[n]:.4g}" if n in t.values else "-" for n in names]
+        lines.append(f"  {t.label:>12}  " + "  ".join(f"{c:>{w}}" for c, w in
+                                                     zip(cells, widths, strict=True))
+                     + f"  {t.state}")
+    if not names:
+        lines.append(f"  no metrics yet: a task's program writes them as a JSON object to "
+                     f"$TRAIN_METRICS_FILE ({METRICS_FILE} in its folder); all_results.json "
+                     "(Hugging Face's Trainer) or Lightning's metrics.csv under the task's "
+                     "folder are read too")
+    elif flag == "seeds":
+        for n in names:
+            found = [t.values[n] for t in tasks if n in t.values]
+            mean, std = mean_std(found)
+            spread = f" +- {std:.4g}" if std is not None else " (one seed, no spread)"
+            lines.append(f"  {n} over {len(found)} of {len(tasks)} seed(s): {mean:.4g}"
+                         f"{spread}")
+    return lines, notes
+
+
+def is_command_sweep(root: Path) -> bool:
+    """Whether the sweep's tasks run a command (their chain records say entry command)."""
+    from train.batch.contract import CHAIN_RECORD
+    from train.client.slurm.sweep import sweep_tasks
+
+    for task in sweep_tasks(root):
+        data = read_bounded(root / task.dir / CHAIN_RECORD, JSON_LIMIT)
+        try:
+            record = json.loads(data.decode("utf-8")) if data is not None else None
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            continue
+        if isinstance(record, dict) and isinstance(record.get("entry"), str):
+            return bool(record["entry"] == "command")
+    return False
+
+
+def summarize_metrics(root: Path, states: dict[str, str] | None = None
+                      ) -> tuple[list[str], list[str]]:
+    """A command sweep's table of final metrics (every task), and notes."""
+    from train.client.slurm.sweep import file_state, load_record, sweep_tasks
+
+    flag = str(load_record(root).get("flag") or "seeds")
+    tasks = [task_metrics(root / t.dir, t.label,
+                          (states or {}).get(t.label) or file_state(root / t.dir))
+             for t in sweep_tasks(root)]
+    return format_metrics(root.name, flag, tasks)

@@ -1,0 +1,173 @@
+"""Sweeps of any program (`--entry command`): the task's value, index and folder put into
+the command where the user marks them ({value}, {index}, {task_dir}), what is refused or
+warned when they are missing, and `train summary` of a command sweep."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.golden.cases import script_step
+from train.client.clusters.profiles import Registry
+from train.client.slurm.job import JobSpec, resolve
+from train.client.slurm.render import library_text, render
+from train.client.slurm.sweep import split
+from train.client.slurm.sweepargs import sweep_notes
+from train.common.errors import ConfigError
+
+COMMAND = dict(cluster="local", name="c", entry="command", runtime="none", python="python3",
+               cpus_per_task=1, mem="1000M")
+
+
+def test_the_markers_are_each_tasks_value_index_and_folder(tmp_path: Path) -> None:
+    spec = JobSpec(**COMMAND, out=str(tmp_path / "c"), sweep="lr=1e-3,a b;$(x)",
+                   stop_mode="kill", max_chunks=3, save_path=("{task_dir}/ckpt",),
+                   resume_args="--resume {task_dir}/ckpt --tag {value}",
+                   workload=("python3", "fit.py", "--lr={value}", "--task", "{index}",
+                             "--output_dir", "{task_dir}"))
+    root, specs = split(spec)
+    second = specs[1][1]
+    folder = str(root / "task-1")
+    assert second.workload == ("python3", "fit.py", "--lr=a b;$(x)", "--task", "1",
+                               "--output_dir", folder)
+    assert second.save_path == (f"{folder}/ckpt",)
+    assert second.resume_argv == ("--resume", f"{folder}/ckpt", "--tag", "a b;$(x)")
+    # plain text in the task's script: the step's argv holds the value as it is, never
+    # read by a shell
+    text = render(resolve(second, Registry().get("local")), library_text())
+    assert script_step(text)[-7:] == list(second.workload)
+    first = specs[0][1]
+    assert first.workload[2] == "--lr=1e-3" and first.workload[-1] == str(root / "task-0")
+
+
+def test_a_seed_sweep_of_a_command_gets_the_seed_as_its_value(tmp_path: Path) -> None:
+    spec = JobSpec(**COMMAND, out=str(tmp_path / "s"), sweep_seeds=(4, 6),
+                   workload=("python3", "fit.py", "--seed", "{value}"))
+    _root, specs = split(spec)
+    assert [s.workload[-1] for _, s in specs] == ["4", "6"]
+
+
+@pytest.mark.parametrize("arg", ["$TRAIN_SWEEP_VALUE", "--lr=${TRAIN_SWEEP_VALUE}",
+                                 "$TRAIN_RUN_DIR/out"])
+def test_a_shell_variable_among_the_arguments_is_refused_naming_the_marker(
+        arg: str) -> None:
+    spec = JobSpec(**COMMAND, sweep="lr=1,2", workload=("python3", "fit.py", arg))
+    with pytest.raises(ConfigError) as err:
+        split(spec)
+    assert err.value.field == "workload"
+    assert "{value}" in str(err.value) or "{task_dir}" in str(err.value)
+    # a shell that expands it is the user's choice
+    spec = JobSpec(**COMMAND, sweep="lr=1,2",
+                   workload=("bash", "-c", f"python3 fit.py {arg}"))
+    assert len(split(spec)[1]) == 2
+
+
+def test_a_sweep_whose_tasks_all_run_alike_or_share_an_output_folder_is_warned(
+        tmp_path: Path) -> None:
+    (tmp_path / "fit.py").write_text("print('hi')\n")
+    notes = sweep_notes(("python3", "fit.py", "--output_dir", "out"), None, str(tmp_path))
+    assert len(notes) == 2
+    assert "same command" in notes[0] and "{value}" in notes[0]
+    assert "--output_dir out" in notes[1] and "{task_dir}" in notes[1]
+    assert sweep_notes(("python3", "fit.py", "--lr", "{value}",
+                        "--output-dir={task_dir}/o"), None, str(tmp_path)) == []
+    (tmp_path / "fit.py").write_text("import os\nlr = os.environ['TRAIN_SWEEP_VALUE']\n")
+    assert sweep_notes(("python3", "fit.py"), None, str(tmp_path)) == []
+
+
+# -- train summary of a command's sweep ---------------------------------------------------
+
+def _command_sweep(root: Path, flag: str, values: list[str]) -> list[Path]:
+    from train.client.slurm.sweep import SweepTask, write_record
+
+    seeds = flag == "seeds"
+    tasks = [SweepTask(i, v, int(v) if seeds else None, f"seed-{v}" if seeds else f"task-{i}")
+             for i, v in enumerate(values)]
+    write_record(root, "c", tasks, flag)
+    dirs = []
+    for t in tasks:
+        (root / t.dir).mkdir(parents=True)
+        (root / t.dir / "chain.json").write_text('{"entry": "command"}')
+        dirs.append(root / t.dir)
+    return dirs
+
+
+def test_summary_of_a_command_sweep_reads_each_tasks_final_metrics(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from train.cli import main
+    from train.client.slurm.sweepmetrics import is_command_sweep, summarize_metrics
+
+    root = tmp_path / "runs" / "c"
+    a, b, c, d = _command_sweep(root, "seeds", ["1", "2", "3", "4"])
+    (a / "metrics.json").write_text('{"eval_loss": 0.5, "accuracy": 0.8, "name": "x"}')
+    (b / "out").mkdir()  # Hugging Face's Trainer, --output_dir {task_dir}/out
+    (b / "out" / "all_results.json").write_text('{"eval_loss": 0.7, "accuracy": 0.9}')
+    logs = c / "lightning_logs" / "version_0"  # Lightning's CSVLogger: sparse rows
+    logs.mkdir(parents=True)
+    (logs / "metrics.csv").write_text("epoch,step,train_loss,eval_loss,accuracy\n"
+                                      "0,9,1.0,,\n0,9,,0.9,0.7\n1,19,0.8,,\n")
+    (d / "metrics.json").write_text("[not json")  # named, not fatal for the rest
+    assert is_command_sweep(root)
+    lines, notes = summarize_metrics(root, {"1": "complete"})
+    text = "\n".join(lines)
+    assert "eval_loss" in lines[1] and "accuracy" in lines[1] and "train_loss" in lines[1]
+    assert [ln.split()[:3] for ln in lines[2:6]] == [
+        ["1", "0.5", "0.8"], ["2", "0.7", "0.9"], ["3", "0.9", "0.7"], ["4", "-", "-"]]
+    assert lines[2].endswith("complete") and lines[5].endswith("incomplete")
+    assert "eval_loss over 3 of 4 seed(s): 0.7 +- 0.2" in text, text
+    assert "accuracy over 3 of 4 seed(s): 0.8 +- 0.1" in text, text
+    assert "name" not in lines[1]  # numbers only
+    assert any(str(d / "metrics.json") in n for n in notes)
+    # the command prints the same table (where Slurm cannot be asked: the folders' states)
+    monkeypatch.chdir(tmp_path)
+    assert main(["summary", "c"]) == 0
+    out = capsys.readouterr().out
+    assert "episodes" not in out and "eval_loss over 3 of 4 seed(s)" in out
+
+
+def test_summary_of_a_value_sweep_without_metrics_says_where_to_write_them(
+        tmp_path: Path) -> None:
+    from train.client.slurm.sweepmetrics import summarize_metrics
+
+    root = tmp_path / "c"
+    _command_sweep(root, "lr", ["0.1", "0.2"])
+    lines, _ = summarize_metrics(root)
+    assert lines[0] == "c: sweep of 2 values of --lr"
+    assert "TRAIN_METRICS_FILE" in lines[-1]
+
+
+# -- no empty NAME-ARRAY_I.out/.err beside the sweep's logs -----------------------------
+
+def test_an_array_task_removes_the_empty_log_files_slurm_opened_for_it(
+        tmp_path: Path) -> None:
+    import shlex
+    import subprocess
+
+    from train.batch import contract
+    from train.client.slurm.sweeparray import array_script
+
+    spec = JobSpec(**COMMAND, out=str(tmp_path / "sw"), sweep="lr=1,2",
+                   workload=("python3", "fit.py", "{value}"))
+    root, specs = split(spec)
+    tasks = [(t, resolve(s, Registry().get("local"))) for t, s in specs]
+    text = array_script("sw", root, tasks, None)
+    export = next(ln for ln in text.splitlines() if contract.ARRAY_LOG_VAR in ln)
+    logs = root / "logs"
+    logs.mkdir(parents=True)
+    (logs / "sw-7_1.out").write_text("")  # what Slurm opened, left empty
+    (logs / "sw-7_1.err").write_text("slurmstepd: error: *** JOB 8 CANCELLED ***\n")
+    (logs / "sw-7_0.out").write_text("")  # another task's: not this one's to remove
+    names = contract.shell_variables()
+    script = "\n".join([
+        *(f"{k}={shlex.quote(v)}" for k, v in names.items()),
+        "SLURM_ARRAY_JOB_ID=7 SLURM_ARRAY_TASK_ID=1", export, library_text(),
+        "train_on_exit"])
+    subprocess.run(["bash", "-c", script], check=True, timeout=60)
+    assert sorted(p.name for p in logs.iterdir()) == ["sw-7_0.out", "sw-7_1.err"]
+    # a successor chunk (no array task: Slurm's variables are its own) touches nothing
+    (logs / "sw-7_1.out").write_text("")
+    script = script.replace("SLURM_ARRAY_JOB_ID=7 ", "")
+    subprocess.run(["bash", "-c", script], check=True, timeout=60)
+    assert (logs / "sw-7_1.out").exists()
