@@ -143,7 +143,7 @@ def format_metrics(name: str, flag: str, tasks: list[TaskMetrics]) -> tuple[list
                                                                               list[str]]:
     """The table (a line per task: its value or seed, each metric, its state; for a seed
     sweep, mean +- std across the seeds) and notes."""
-    from train.client.slurm.sweep import mean_std
+    from train.client.slurm.sweepsummary import mean_std
 
     names = list(dict.fromkeys(k for t in tasks for k in t.values))
     notes = [p for t in tasks for p in t.problems]
@@ -197,7 +197,8 @@ def is_command_sweep(root: Path) -> bool:
 def summarize_metrics(root: Path, states: dict[str, str] | None = None
                       ) -> tuple[list[str], list[str]]:
     """A command sweep's table of final metrics (every task), and notes."""
-    from train.client.slurm.sweep import file_state, load_record, sweep_tasks
+    from train.client.slurm.sweep import load_record, sweep_tasks
+    from train.client.slurm.sweepsummary import file_state
 
     flag = str(load_record(root).get("flag") or "seeds")
     tasks = [task_metrics(root / t.dir, t.label,
