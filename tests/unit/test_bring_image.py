@@ -323,3 +323,63 @@ def test_a_probe_that_hangs_is_one_short_note(tmp_path: Path,
                                    {**os.environ, **env})
     assert found is None and len(notes.splitlines()) == 1, notes
     assert "timed out after 0.5 s" in notes and "TRAIN-PROBE" not in notes, notes
+
+
+# -- what the container sees: binds and --chdir ----------------------------------------------
+@pytest.mark.parametrize("runtime", ["docker", "apptainer"])
+def test_a_read_only_bind_at_its_own_path_is_one_bind(tmp_path: Path, runtime: str) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    env = _engine(tmp_path, runtime)
+    args = _job(tmp_path, runtime, NO_TORCH, "--launch", "tasks", "--bind",
+                f"{data}:{data}:ro")
+    proc = run_cli(["render", *args], cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    argv = script_step(proc.stdout)
+    flag = "-v" if runtime == "docker" else "--bind"
+    shown = [nxt for arg, nxt in itertools.pairwise(argv)
+             if arg == flag and nxt.split(":")[0] == str(data)]
+    assert shown == [f"{data}:{data}:ro"], argv  # not also a writable `data` bind
+
+
+def test_a_results_csv_under_a_read_only_bind_is_refused(tmp_path: Path) -> None:
+    from train.client.clusters.profiles import Registry
+    from train.client.slurm.job import JobSpec, resolve
+    from train.common.errors import ConfigError
+
+    data = tmp_path / "data"
+    data.mkdir()
+    spec = JobSpec(cluster="local", runtime="docker", image="img:1",
+                   out=str(tmp_path / "runs" / "d"), bind=(f"{data}:{data}:ro",),
+                   workload=("demo", "--results-csv", str(data / "all.csv")))
+    with pytest.raises(ConfigError) as err:
+        resolve(spec, Registry(environ={}).get("local"))
+    assert err.value.field == "results_csv", str(err.value)
+
+
+def test_docker_refuses_a_chdir_it_does_not_bind(tmp_path: Path) -> None:
+    code, data = tmp_path / "code", tmp_path / "data"
+    code.mkdir()
+    (data / "sub").mkdir(parents=True)
+    env = _engine(tmp_path, "docker")
+    args = _job(tmp_path, "docker", NO_TORCH, "--launch", "tasks", "--chdir", str(code))
+    proc = run_cli(["render", *args], cwd=tmp_path, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "train: error: chdir: " in proc.stderr and f"--bind {code}" in proc.stderr, \
+        proc.stderr
+    assert str(tmp_path / "runs" / "byo") in proc.stderr  # the binds it would see
+    assert "Traceback" not in proc.stderr
+    # bound elsewhere: still not at its own path inside
+    moved = [*args[:args.index("--")], "--bind", f"{code}:/code", *args[args.index("--"):]]
+    proc = run_cli(["render", *moved], cwd=tmp_path, env=env)
+    assert proc.returncode == 2 and f"{code}:/code" in proc.stderr, proc.stderr
+    # under a bind (read-only too), or under the run folder: started there
+    for extra in (["--bind", f"{data}:{data}:ro", "--chdir", str(data / "sub")],
+                  ["--chdir", str(code), "--bind", str(code)]):
+        ok = _job(tmp_path, "docker", NO_TORCH, "--launch", "tasks", *extra)
+        proc = run_cli(["render", *ok], cwd=tmp_path, env=env)
+        assert proc.returncode == 0, proc.stderr
+    # apptainer binds the working folder and home itself: not refused there
+    app = _job(tmp_path, "apptainer", NO_TORCH, "--launch", "tasks", "--chdir", str(code))
+    proc = run_cli(["render", *app], cwd=tmp_path, env=_engine(tmp_path, "apptainer"))
+    assert proc.returncode == 0, proc.stderr
