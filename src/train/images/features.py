@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from train.client.slurm.job import ResolvedJob
+from train.client.slurm.job import JobSpec, ResolvedJob
 from train.common import _proc
 from train.common.entry import LAUNCHER_ROOT, MIN_PYTHON
 from train.images.feature_cache import (
@@ -294,16 +294,16 @@ def image_features(job: ResolvedJob, environ: Mapping[str, str]) -> Asked:
         return Asked(ours)
     key = f"{spec.runtime}|{spec.python}|{ident}"
     if key not in _MEMO:
-        _MEMO[key] = _ask(key, spec.runtime, binary, image, spec.python, environ)
+        _MEMO[key] = _ask(key, ident.startswith("sandbox:"), binary, spec, environ)
     return _MEMO[key]
 
 
-def _ask(key: str, runtime: str, binary: str | None, image: str, python: str,
+def _ask(key: str, sandbox: bool, binary: str | None, spec: JobSpec,
          environ: Mapping[str, str]) -> Asked:
     """The kept answer where it still holds (a sandbox's: its stamps unchanged), else the
     probe's, kept where the Python ran."""
     notes: list[str] = []
-    sandbox = key.split("|", 2)[2].startswith("sandbox:")
+    image = spec.image or ""
     found = cached(key, environ, notes)
     if found is not None and sandbox and (not found.watch or sandbox_stamps(
             image, [p for p, _ in found.watch]) != found.watch):
@@ -316,7 +316,7 @@ def _ask(key: str, runtime: str, binary: str | None, image: str, python: str,
         timeout = probe_timeout(environ)
     except ValueError as exc:
         return Asked(None, tuple(notes), str(exc))
-    asked = _probe(runtime, binary, image, python, environ, timeout)
+    asked = _probe(spec.runtime, binary, image, spec.python, environ, timeout)
     found = asked.found
     if found is None:
         return Asked(None, (*notes, *asked.notes), asked.refusal)
