@@ -21,6 +21,7 @@ import pytest
 from tests.conftest import run_cli
 from tests.golden.cases import script_step
 from train.images import features
+from train.images.feature_cache import CACHE_MAX_BYTES
 from train.images.features import Features
 from train.node.nodeentry import LAUNCHER_ROOT
 
@@ -273,7 +274,8 @@ def test_an_odd_cache_entry_is_asked_again(tmp_path: Path, entry: str) -> None:
     assert features.cached("k", env) is None
     features.remember("k", Features(python=(3, 11, 0), torch=False, train=False,
                                     pynvml=False, nvidia_smi=False), env)
-    assert features.cached("k", env) == Features((3, 11, 0), False, False, False, False)
+    assert features.cached("k", env) == Features((3, 11, 0), False, False, False, False,
+                                                 cache_file=str(path))
 
 
 def test_a_flood_from_the_image_is_cut_short_in_the_note(tmp_path: Path) -> None:
@@ -312,14 +314,252 @@ def test_a_python_that_reads_as_an_option_is_refused(tmp_path: Path, runtime: st
     assert "train: error: python: '-i' starts with '-'" in proc.stderr, proc.stderr
 
 
-def test_a_probe_that_hangs_is_one_short_note(tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    # the engine never answers: the note says so in a line, not the probe's whole program
+def test_a_probe_that_hangs_is_one_short_refusal(tmp_path: Path) -> None:
+    # the engine never answers: the refusal says so in a line, not the probe's program
     env = _engine(tmp_path, "docker")
     docker = Path(env["PATH"].split(":")[0]) / "docker"
     docker.write_text(FAKE_DOCKER.replace('echo run >> "$PROBE_COUNT"', "exec sleep 30"))
-    monkeypatch.setattr(features, "PROBE_TIMEOUT", 0.5)
-    found, notes = features._probe("docker", str(docker), "my/ngc:24.01", NO_TORCH,
-                                   {**os.environ, **env})
-    assert found is None and len(notes.splitlines()) == 1, notes
-    assert "timed out after 0.5 s" in notes and "TRAIN-PROBE" not in notes, notes
+    asked = features._probe("docker", str(docker), "my/ngc:24.01", NO_TORCH,
+                            {**os.environ, **env}, 0.5)
+    assert asked.found is None and len(asked.refusal.splitlines()) == 1, asked
+    assert "did not answer in 0.5 s" in asked.refusal, asked
+    assert "TRAIN-PROBE" not in asked.refusal and "import" not in asked.refusal, asked
+
+
+# -- what the container sees: binds and --chdir ----------------------------------------------
+@pytest.mark.parametrize("runtime", ["docker", "apptainer"])
+def test_a_read_only_bind_at_its_own_path_is_one_bind(tmp_path: Path, runtime: str) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    env = _engine(tmp_path, runtime)
+    args = _job(tmp_path, runtime, NO_TORCH, "--launch", "tasks", "--bind",
+                f"{data}:{data}:ro")
+    proc = run_cli(["render", *args], cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    argv = script_step(proc.stdout)
+    flag = "-v" if runtime == "docker" else "--bind"
+    shown = [nxt for arg, nxt in itertools.pairwise(argv)
+             if arg == flag and nxt.split(":")[0] == str(data)]
+    assert shown == [f"{data}:{data}:ro"], argv  # not also a writable `data` bind
+
+
+def test_a_results_csv_under_a_read_only_bind_is_refused(tmp_path: Path) -> None:
+    from train.client.clusters.profiles import Registry
+    from train.client.slurm.job import JobSpec, resolve
+    from train.common.errors import ConfigError
+
+    data = tmp_path / "data"
+    data.mkdir()
+    spec = JobSpec(cluster="local", runtime="docker", image="img:1",
+                   out=str(tmp_path / "runs" / "d"), bind=(f"{data}:{data}:ro",),
+                   workload=("demo", "--results-csv", str(data / "all.csv")))
+    with pytest.raises(ConfigError) as err:
+        resolve(spec, Registry(environ={}).get("local"))
+    assert err.value.field == "results_csv", str(err.value)
+
+
+def test_docker_refuses_a_chdir_it_does_not_bind(tmp_path: Path) -> None:
+    code, data = tmp_path / "code", tmp_path / "data"
+    code.mkdir()
+    (data / "sub").mkdir(parents=True)
+    env = _engine(tmp_path, "docker")
+    args = _job(tmp_path, "docker", NO_TORCH, "--launch", "tasks", "--chdir", str(code))
+    proc = run_cli(["render", *args], cwd=tmp_path, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "train: error: chdir: " in proc.stderr and f"--bind {code}" in proc.stderr, \
+        proc.stderr
+    assert str(tmp_path / "runs" / "byo") in proc.stderr  # the binds it would see
+    assert "Traceback" not in proc.stderr
+    # bound elsewhere: still not at its own path inside
+    moved = [*args[:args.index("--")], "--bind", f"{code}:/code", *args[args.index("--"):]]
+    proc = run_cli(["render", *moved], cwd=tmp_path, env=env)
+    assert proc.returncode == 2 and f"{code}:/code" in proc.stderr, proc.stderr
+    # under a bind (read-only too), or under the run folder: started there
+    for extra in (["--bind", f"{data}:{data}:ro", "--chdir", str(data / "sub")],
+                  ["--chdir", str(code), "--bind", str(code)]):
+        ok = _job(tmp_path, "docker", NO_TORCH, "--launch", "tasks", *extra)
+        proc = run_cli(["render", *ok], cwd=tmp_path, env=env)
+        assert proc.returncode == 0, proc.stderr
+    # apptainer binds the working folder and home itself: not refused there
+    app = _job(tmp_path, "apptainer", NO_TORCH, "--launch", "tasks", "--chdir", str(code))
+    proc = run_cli(["render", *app], cwd=tmp_path, env=_engine(tmp_path, "apptainer"))
+    assert proc.returncode == 0, proc.stderr
+
+
+# -- a sandbox's kept answer follows what is installed into it -------------------------------
+# the stand-in answers as the sandbox's Python would: torch where its dist-packages has it;
+# the folders it names are what the real probe names (sys.path, site-packages, PATH)
+SANDBOX_APPTAINER = """#!/bin/bash
+if [ "$1" = exec ]; then
+    echo run >> "$PROBE_COUNT"
+    torch=false
+    for d in usr/lib/python3/dist-packages usr/local/lib/python3.11/dist-packages; do
+        if [ -d "$3/$d/torch" ]; then torch=true; fi
+    done
+    printf 'TRAIN-PROBE {"python": [3, 11, 2], "torch": %s, "train": false, ' "$torch"
+    printf '"pynvml": false, "nvidia_smi": false, "paths": ["/usr/lib/python3.11", '
+    printf '"/usr/lib/python3/dist-packages", "/usr/local/lib/python3.11/dist-packages", '
+    printf '"/usr/bin", "/usr/bin/python3", "/usr/bin/python3.11"]}\\n'
+    exit 0
+fi
+echo "apptainer stand-in: $*" >&2; exit 1
+"""
+
+
+def test_a_sandboxs_answer_is_asked_again_after_torch_is_installed_or_removed(
+        tmp_path: Path) -> None:
+    box = tmp_path / "box"
+    (box / ".singularity.d").mkdir(parents=True)
+    (box / ".singularity.d" / "labels.json").write_text("{}")
+    (box / "usr" / "lib" / "python3" / "dist-packages").mkdir(parents=True)
+    (box / "usr" / "lib" / "python3.11").mkdir(parents=True)
+    (box / "usr" / "bin").mkdir(parents=True)
+    (box / "usr" / "bin" / "python3.11").write_text("")
+    (box / "usr" / "bin" / "python3").symlink_to("/usr/bin/python3.11")  # (absolute)
+    env = _engine(tmp_path, "apptainer")
+    (Path(env["PATH"].split(":")[0]) / "apptainer").write_text(SANDBOX_APPTAINER)
+    args = _job(tmp_path, "apptainer", "python3", "--launch", "torchrun")
+    args[args.index("--image") + 1] = str(box)
+
+    def refused() -> str:
+        proc = run_cli(["render", *args], cwd=tmp_path, env=env)
+        assert proc.returncode == 0, proc.stderr
+        return "\n".join(ln for ln in proc.stderr.splitlines() if "cannot import torch" in ln)
+
+    cache = tmp_path / "cache" / "train" / "image-features.json"
+    assert refused() and _probes(tmp_path) == 1
+    said = refused()  # the kept answer: it says where it is kept
+    assert _probes(tmp_path) == 1 and str(cache) in said and "remove" in said, said
+    site = box / "usr" / "lib" / "python3" / "dist-packages"
+    (site / "torch").mkdir()
+    assert not refused() and _probes(tmp_path) == 2  # installed: asked again
+    assert not refused() and _probes(tmp_path) == 2
+    (site / "torch").rmdir()
+    assert refused() and _probes(tmp_path) == 3  # removed: asked again
+    # a site-packages folder that was not there yet
+    (box / "usr" / "local" / "lib" / "python3.11" / "dist-packages" / "torch").mkdir(
+        parents=True)
+    assert not refused() and _probes(tmp_path) == 4
+    # another interpreter put in place of the old one
+    (box / "usr" / "bin" / "python3.11").unlink()
+    (box / "usr" / "bin" / "python3.11").write_text("#")
+    assert not refused() and _probes(tmp_path) == 5
+
+
+def test_the_probe_names_the_folders_that_decide_its_answer() -> None:
+    import importlib.util
+    import subprocess
+
+    ours = subprocess.run([sys.executable, "-c", features.PROBE], capture_output=True,
+                          text=True, timeout=120, check=True)
+    paths = [p for p, _ in features.parse_probe(ours.stdout).watch]
+    torch = importlib.util.find_spec("torch")
+    assert torch is not None and torch.submodule_search_locations
+    site = os.path.dirname(next(iter(torch.submodule_search_locations)))
+    assert site in paths and os.path.realpath(sys.executable) in paths, paths
+    # a path inside a sandbox is looked up there, its links followed inside it
+    stamps = dict(features.sandbox_stamps("/", [site, "/no/such/folder"]))
+    assert stamps[site] and not stamps[site].startswith("-")
+    assert stamps["/no/such/folder"].startswith("-")  # the folder above, where it would go
+
+
+# -- a cache file that is not a regular file -------------------------------------------------
+def test_a_cache_that_is_a_fifo_or_a_device_is_no_cache(tmp_path: Path) -> None:
+    env = _engine(tmp_path, "docker")
+    cache = tmp_path / "cache" / "train" / "image-features.json"
+    cache.parent.mkdir(parents=True)
+    args = _job(tmp_path, "docker", NO_TORCH, "--launch", "tasks")
+    os.mkfifo(cache)
+    for probes in (1, 2):  # (a FIFO that nothing writes: the old reader waited forever)
+        proc = run_cli(["render", *args], cwd=tmp_path, env=env, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        said = [ln for ln in proc.stderr.splitlines() if str(cache) in ln]
+        assert len(said) == 1 and "not a regular file" in said[0], proc.stderr
+        assert _probes(tmp_path) == probes  # asked each time, never kept
+        assert cache.is_fifo()  # not written over
+    cache.unlink()
+    cache.symlink_to("/dev/zero")  # (the old reader read it until MemoryError)
+    proc = run_cli(["render", *args], cwd=tmp_path, env=env, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "not a regular file (a device)" in proc.stderr, proc.stderr
+    assert cache.is_symlink() and os.readlink(cache) == "/dev/zero"
+    cache.unlink()
+    cache.write_bytes(b" " * (CACHE_MAX_BYTES + 1))
+    proc = run_cli(["render", *args], cwd=tmp_path, env=env, timeout=120)
+    assert proc.returncode == 0 and "larger than 1 MiB" in proc.stderr, proc.stderr
+    assert cache.stat().st_size == CACHE_MAX_BYTES + 1
+
+
+# -- an image whose Python hangs -------------------------------------------------------------
+# the engine's stand-in whose Python never answers: it starts a child that sleeps (as a
+# container runtime's CLI has children) and waits; every pid goes to $PIDS
+HANGING = """#!/bin/bash
+if [ "$1" = image ] && [ "$2" = inspect ]; then echo "sha256:hang {}"; exit 0; fi
+if [ "$1" = inspect ]; then
+    echo '{"data": {"attributes": {"labels": {}, "environment": {}}}}'; exit 0
+fi
+if [ "$1" = rm ]; then echo "$*" >> "$REMOVED"; exit 0; fi
+if [ "$1" = run ] || [ "$1" = exec ]; then
+    echo run >> "$PROBE_COUNT"
+    printf '%s\n' "$@" > "$PROBE_COUNT.argv"
+    echo $$ >> "$PIDS"
+    sleep 3600 > /dev/null 2>&1 &
+    echo $! >> "$PIDS"
+    wait
+fi
+exit 1
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # (a zombie no one reaped yet is gone all the same)
+
+
+@pytest.mark.parametrize("runtime", ["docker", "apptainer"])
+def test_an_image_whose_python_hangs_is_asked_once_and_refused(tmp_path: Path,
+                                                                runtime: str) -> None:
+    env = _engine(tmp_path, runtime, TRAIN_PROBE_TIMEOUT="2", PIDS=str(tmp_path / "pids"),
+                  REMOVED=str(tmp_path / "removed"))
+    (Path(env["PATH"].split(":")[0]) / runtime).write_text(HANGING)
+    err = _refused(tmp_path, env, _job(tmp_path, runtime, NO_TORCH, "--launch", "tasks"))
+    assert "its Python (/usr/bin/python3) did not answer in 2 s" in err, err
+    assert "TRAIN_PROBE_TIMEOUT=SECONDS" in err and "--no-check" in err, err
+    assert _probes(tmp_path) == 1
+    pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
+    assert len(pids) == 2 and not any(map(_alive, pids)), pids  # the whole group killed
+    if runtime == "docker":  # the engine's container, outside that group: removed
+        run = (tmp_path / "probes.argv").read_text().splitlines()
+        name = run[run.index("--name") + 1]
+        assert (tmp_path / "removed").read_text().split() == ["rm", "-f", name]
+    # render: warned once, asked once (not again to bind the launcher)
+    proc = run_cli(["render", *_job(tmp_path, runtime, NO_TORCH, "--launch", "tasks")],
+                   cwd=tmp_path, env=env)
+    assert proc.returncode == 0 and "did not answer in 2 s" in proc.stderr, proc.stderr
+    assert _probes(tmp_path) == 2
+    assert not any(map(_alive, [int(p) for p in (tmp_path / "pids").read_text().split()]))
+
+
+def test_a_probe_timeout_that_is_not_seconds_is_refused(tmp_path: Path) -> None:
+    env = _engine(tmp_path, "docker", TRAIN_PROBE_TIMEOUT="soon")
+    proc = run_cli(["submit", *_job(tmp_path, "docker", NO_TORCH, "--launch", "tasks")],
+                   cwd=tmp_path, env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "train: error: image: TRAIN_PROBE_TIMEOUT='soon'" in proc.stderr, proc.stderr
+    assert "a number > 0" in proc.stderr and not (tmp_path / "runs").exists()
+    assert _probes(tmp_path) == 0
+
+
+def test_a_command_that_times_out_leaves_no_process(tmp_path: Path) -> None:
+    from train.common import _proc
+
+    pids = tmp_path / "pids"
+    with pytest.raises(_proc.ProcError) as err:
+        _proc.run(["bash", "-c", f"echo $$ >> {pids}; sleep 3600 >/dev/null 2>&1 & "
+                   f"echo $! >> {pids}; wait"], timeout=2)
+    assert err.value.timed_out and err.value.returncode == 124
+    found = [int(p) for p in pids.read_text().split()]
+    assert len(found) == 2 and not any(map(_alive, found)), found

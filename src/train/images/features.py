@@ -5,8 +5,12 @@ NVML's Python binding). Any other image is asked by running its Python once on t
 node (`apptainer exec --cleanenv IMAGE PYTHON -c PROBE`, `docker run --rm IMAGE ...`):
 its version, whether torch, `train` (and which version) and pynvml import, whether
 nvidia-smi is on its PATH. Nothing is imported by the probe (importlib.util.find_spec),
-so it takes well under a second. The answer is kept per image identity (a SIF's real path,
-size and modification time; a Docker image's id) in ~/.cache/train/image-features.json.
+so it takes well under a second; it is asked once per submit, for at most PROBE_TIMEOUT
+seconds (TRAIN_PROBE_TIMEOUT), and a Python that does not answer by then is a refusal (its
+process group killed, a Docker probe's container removed). The answer is kept per image
+identity (train.images.feature_cache: a SIF's real path, size and modification time; a
+sandbox's real path and the stamps of its Python's folders; a Docker image's id) in
+~/.cache/train/image-features.json; a refusal from a kept answer names that file.
 
 An image without `train` gets the client's own launcher bound in (train.node.nodeentry); the
 job is refused (exit 2, nothing queued) where the image cannot run it: a Python older than
@@ -16,19 +20,34 @@ which run this package's training inside the image.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
+import secrets
 import shutil
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from train.client.slurm.job import ResolvedJob
+from train.client.slurm.job import JobSpec, ResolvedJob
 from train.common import _proc
 from train.common.entry import LAUNCHER_ROOT, MIN_PYTHON
+from train.images.feature_cache import (
+    WATCH_MAX,
+    cache_path,
+    file_identity,
+    how_to_clear,
+    read_entries,
+    sandbox_stamps,
+    write_entries,
+)
 
-PROBE_TIMEOUT = 300.0  # a large SIF on a slow shared file system, opened cold
-CACHE_ENTRIES = 64
+__all__ = ["Asked", "Features", "cache_path", "cached", "equip", "file_identity",
+           "image_features", "problems", "remember"]
+
+PROBE_TIMEOUT = 60.0  # a large SIF on a slow shared file system, opened cold
+PROBE_TIMEOUT_VAR = "TRAIN_PROBE_TIMEOUT"
 OURS_LABEL = "org.train.image"
 # valid Python 2.7 and 3.x: an old Python must still say its version
 PROBE = (
@@ -51,8 +70,23 @@ PROBE = (
     "        out['train_version'] = str(getattr(train, '__version__', ''))\n"
     "    except Exception:\n"
     "        out['train'] = False\n"
+    "bins = [d for d in os.environ.get('PATH', '').split(os.pathsep) if d]\n"
     "out['nvidia_smi'] = any(os.access(os.path.join(d, 'nvidia-smi'), os.X_OK)\n"
-    "                        for d in os.environ.get('PATH', '').split(os.pathsep) if d)\n"
+    "                        for d in bins)\n"
+    # what decides the answer, for a sandbox's cache entry: the folders the imports and
+    # the PATH search look in, the candidate site-packages folders, the interpreter
+    "paths = [p for p in sys.path if p and os.path.isabs(p)] + bins\n"
+    "try:\n"
+    "    import site\n"
+    "    paths += list(site.getsitepackages())\n"
+    "except Exception:\n"
+    "    pass\n"
+    "paths += [sys.executable or '', os.path.realpath(sys.executable or '')]\n"
+    "seen = []\n"
+    "for p in paths:\n"
+    "    if p and os.path.isabs(p) and p not in seen:\n"
+    "        seen.append(p)\n"
+    f"out['paths'] = seen[:{WATCH_MAX}]\n"
     "sys.stdout.write('TRAIN-PROBE ' + json.dumps(out) + '\\n')\n")
 
 
@@ -68,6 +102,9 @@ class Features:
     train_version: str = ""
     source: str = "probe"
     ours: bool = False  # its labels say it is built from our definitions: nothing to ask
+    # a sandbox's: (path in the image, stamp) of what decides the answer (feature_cache)
+    watch: tuple[tuple[str, str], ...] = ()
+    cache_file: str = ""  # the cache it was read from (never written into it)
 
     @property
     def python_text(self) -> str:
@@ -121,62 +158,79 @@ def _strict(data: object) -> Features:
     torch, train, pynvml, nvidia_smi = flags
     return Features(tuple(version), torch, train, pynvml, nvidia_smi,
                     train_version=data.get("train_version", ""),
-                    source=str(data.get("source", "probe")))
+                    source=str(data.get("source", "probe")), watch=_watch(data))
 
 
-def probe_argv(runtime: str, binary: str, image: str, python: str) -> list[str]:
-    """The image's Python running PROBE, with nothing of the host's environment."""
+def _watch(data: Mapping[str, object]) -> tuple[tuple[str, str], ...]:
+    """The probe's `paths` (stamps to come), or a cache entry's `watch` pairs."""
+    paths, pairs = data.get("paths", []), data.get("watch", [])
+    if not isinstance(paths, list) or not isinstance(pairs, list) or \
+            len(paths) > WATCH_MAX or len(pairs) > WATCH_MAX:
+        raise ValueError("not the probe's answer")
+    if not all(isinstance(p, str) and len(p) < 4096 for p in paths) or not all(
+            isinstance(w, list) and len(w) == 2 and all(isinstance(x, str) and len(x) < 4096
+                                                        for x in w) for w in pairs):
+        raise ValueError("not the probe's answer")
+    return tuple((p, "") for p in paths) or tuple((w[0], w[1]) for w in pairs)
+
+
+def probe_argv(runtime: str, binary: str, image: str, python: str, name: str = ""
+               ) -> list[str]:
+    """The image's Python running PROBE, with nothing of the host's environment; a Docker
+    probe's container is named (`name`), to be removed where it does not answer."""
     if runtime == "docker":
-        return [binary, "run", "--rm", "--network", "none", "--entrypoint", "env", image,
-                python, "-c", PROBE]
+        return [binary, "run", "--rm", *(["--name", name] if name else []), "--network",
+                "none", "--entrypoint", "env", image, python, "-c", PROBE]
     return [binary, "exec", "--cleanenv", image, python, "-c", PROBE]
 
 
-# -- the cache ---------------------------------------------------------------------------
-def cache_path(environ: Mapping[str, str]) -> Path:
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME") or
-                                                         os.path.expanduser("~"), ".cache")
-    return Path(base) / "train" / "image-features.json"
-
-
-def file_identity(path: str) -> str | None:
-    """A SIF's (or sandbox's) identity: real path, size and modification time."""
+def probe_timeout(environ: Mapping[str, str]) -> float:
+    """Seconds to wait for the image's Python: PROBE_TIMEOUT, or TRAIN_PROBE_TIMEOUT;
+    ValueError for a value that is not a number of seconds > 0."""
+    text = environ.get(PROBE_TIMEOUT_VAR, "").strip()
+    if not text:
+        return PROBE_TIMEOUT
     try:
-        real = os.path.realpath(path)
-        st = os.stat(real)
-    except OSError:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 86400:  # (NaN too)
+        raise ValueError(f"{PROBE_TIMEOUT_VAR}={text[:40]!r}: give the seconds to wait for "
+                         "an image's Python to answer, a number > 0 (at most 86400)")
+    return value
+
+
+# -- the cache (train.images.feature_cache) ----------------------------------------------
+def cached(key: str, environ: Mapping[str, str], notes: list[str] | None = None
+           ) -> Features | None:
+    """The kept answer for `key` (its cache_file set), None where there is none or it is
+    not exactly what the probe writes; a cache file that cannot be used goes to notes."""
+    path = cache_path(environ)
+    data, warning = read_entries(path)
+    if warning and notes is not None:
+        notes.append(warning)
+    if not data or key not in data:
         return None
-    return f"{real}:{st.st_size}:{st.st_mtime_ns}"
-
-
-def cached(key: str, environ: Mapping[str, str]) -> Features | None:
     try:
-        data = _loads(cache_path(environ).read_text(encoding="utf-8"))
-        return _strict(data[key]) if isinstance(data, dict) and key in data else None
-    except (OSError, ValueError):
+        return dataclasses.replace(_strict(data[key]), cache_file=str(path))
+    except ValueError:
         return None
 
 
 def remember(key: str, found: Features, environ: Mapping[str, str]) -> None:
-    """Keep the answer (the newest CACHE_ENTRIES); a cache that cannot be written is
-    skipped: the next submit asks the image again."""
+    """Keep the answer (the newest CACHE_ENTRIES); a cache that cannot be read or written
+    is skipped: the next submit asks the image again."""
     path = cache_path(environ)
-    try:
-        data = _loads(path.read_text(encoding="utf-8"))
-        if not isinstance(data, dict):
-            data = {}
-    except (OSError, ValueError):
-        data = {}
+    data, _ = read_entries(path)
+    if data is None:  # (not a regular file: never written over)
+        return
+    entry: dict[str, object] = asdict(found)
+    entry.pop("cache_file", None)
+    if not found.watch:
+        entry.pop("watch", None)
     data.pop(key, None)
-    data[key] = asdict(found)
-    data = dict(list(data.items())[-CACHE_ENTRIES:])
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError:
-        pass
+    data[key] = entry
+    write_entries(path, data)
 
 
 # -- asking the image --------------------------------------------------------------------
@@ -199,19 +253,28 @@ def _docker_facts(binary: str, image: str, environ: Mapping[str, str]
     return ident, {str(k): str(v) for k, v in parsed.items()}
 
 
-_MEMO: dict[str, Features] = {}
+@dataclass(frozen=True)
+class Asked:
+    """What image_features found: the features (None where they could not be found out:
+    the job is then rendered as for an image of ours), notes on why, and a refusal where
+    the image's Python did not answer in time."""
+
+    found: Features | None = None
+    notes: tuple[str, ...] = ()
+    refusal: str = ""
 
 
-def image_features(job: ResolvedJob, environ: Mapping[str, str]
-                   ) -> tuple[Features | None, list[str]]:
-    """What the job's image offers (labels, cache, else the probe), and notes on what
-    could not be found out (the job is then rendered as for an image of ours)."""
+_MEMO: dict[str, Asked] = {}  # once per image and Python in a process: checks, then equip
+
+
+def image_features(job: ResolvedJob, environ: Mapping[str, str]) -> Asked:
+    """What the job's image offers: its labels, the kept answer, else the probe (once)."""
     spec = job.spec
     image = spec.image or ""
     if spec.runtime not in ("docker", "apptainer") or not image:
-        return None, []
+        return Asked()
     if spec.runtime == "apptainer" and "://" in image:
-        return None, []  # fetched on the nodes: image_problems says so
+        return Asked()  # fetched on the nodes: image_problems says so
     search = environ.get("PATH", os.defpath)
     names = ("docker",) if spec.runtime == "docker" else ("apptainer", "singularity")
     binary = next((b for b in map(lambda n: shutil.which(n, path=search), names) if b),
@@ -219,28 +282,49 @@ def image_features(job: ResolvedJob, environ: Mapping[str, str]
     if spec.runtime == "docker":
         facts = _docker_facts(binary, image, environ) if binary else None
         if facts is None:
-            return None, []  # image_problems says why the engine did not answer
+            return Asked()  # image_problems says why the engine did not answer
         ident, labels = facts
     else:
         identity = file_identity(image)
         if identity is None:
-            return None, []  # image_problems refuses it
+            return Asked()  # image_problems refuses it
         ident, labels = identity, _apptainer_labels(job, binary)
     ours = from_labels(labels)
     if ours is not None:
-        return ours, []
+        return Asked(ours)
     key = f"{spec.runtime}|{spec.python}|{ident}"
-    found = _MEMO.get(key) or cached(key, environ)
+    if key not in _MEMO:
+        _MEMO[key] = _ask(key, ident.startswith("sandbox:"), binary, spec, environ)
+    return _MEMO[key]
+
+
+def _ask(key: str, sandbox: bool, binary: str | None, spec: JobSpec,
+         environ: Mapping[str, str]) -> Asked:
+    """The kept answer where it still holds (a sandbox's: its stamps unchanged), else the
+    probe's, kept where the Python ran."""
+    notes: list[str] = []
+    image = spec.image or ""
+    found = cached(key, environ, notes)
+    if found is not None and sandbox and (not found.watch or sandbox_stamps(
+            image, [p for p, _ in found.watch]) != found.watch):
+        found = None  # (installed into or removed from since: asked again)
+    if found is not None:
+        return Asked(found, tuple(notes))
+    if binary is None:  # (image_problems says what could not be checked)
+        return Asked(None, tuple(notes))
+    try:
+        timeout = probe_timeout(environ)
+    except ValueError as exc:
+        return Asked(None, tuple(notes), str(exc))
+    asked = _probe(spec.runtime, binary, image, spec.python, environ, timeout)
+    found = asked.found
     if found is None:
-        if binary is None:  # (image_problems says what could not be checked)
-            return None, []
-        found, note = _probe(spec.runtime, binary, image, spec.python, environ)
-        if found is None:
-            return None, [note]
-        if found.python:  # (a Python that did not run is asked again next time)
-            remember(key, found, environ)
-    _MEMO[key] = found
-    return found, []
+        return Asked(None, (*notes, *asked.notes), asked.refusal)
+    paths = [p for p, _ in found.watch]
+    found = dataclasses.replace(found, watch=sandbox_stamps(image, paths) if sandbox else ())
+    if found.python:  # (a Python that did not run is asked again next time)
+        remember(key, found, environ)
+    return Asked(found, tuple(notes))
 
 
 def _apptainer_labels(job: ResolvedJob, binary: str | None) -> dict[str, str]:
@@ -254,30 +338,67 @@ def _apptainer_labels(job: ResolvedJob, binary: str | None) -> dict[str, str]:
 
 
 def _probe(runtime: str, binary: str, image: str, python: str,
-           environ: Mapping[str, str]) -> tuple[Features | None, str]:
-    argv = probe_argv(runtime, binary, image, python)
+           environ: Mapping[str, str], timeout: float) -> Asked:
+    name = f"train-probe-{os.getpid()}-{secrets.token_hex(4)}" if runtime == "docker" else ""
+    argv = probe_argv(runtime, binary, image, python, name)
     try:
-        proc = _proc.run(argv, timeout=PROBE_TIMEOUT, check=False, env=dict(environ))
+        proc = _proc.run(argv, timeout=timeout, check=False, env=dict(environ))
     except _proc.ProcError as exc:
+        if exc.timed_out:
+            return Asked(refusal=_no_answer(binary, argv[1], image, python, timeout, name,
+                                            environ))
         # (the reason alone: the command line holds the probe's whole program)
-        return None, (f"--image {image}: its Python could not be asked what it holds: "
-                      f"{binary} {argv[1]}: {exc.stderr.strip()[:200]}")
+        return Asked(notes=(f"--image {image}: its Python could not be asked what it "
+                            f"holds: {binary} {argv[1]}: {exc.stderr.strip()[:200]}",))
     try:
-        return parse_probe(proc.stdout), ""
+        return Asked(parse_probe(proc.stdout))
     except (ValueError, KeyError, TypeError):
         said = (proc.stderr or proc.stdout).strip().splitlines()
         last = said[-1] if said else f"exit {proc.returncode}"
         last = last if len(last) <= 200 else last[:200] + "..."  # (a flood, cut short)
         if python in last and ("not found" in last or "No such file" in last):
-            return Features(python=(), torch=False, train=False, pynvml=False,
-                            nvidia_smi=False, source=f"probe failed: {last}"), ""
+            return Asked(Features(python=(), torch=False, train=False, pynvml=False,
+                                  nvidia_smi=False, source=f"probe failed: {last}"))
         # (the runtime could not start the image: image_problems has its own word on it)
-        return None, f"--image {image}: its Python could not be asked what it holds ({last})"
+        return Asked(notes=(f"--image {image}: its Python could not be asked what it "
+                            f"holds ({last})",))
+
+
+def _no_answer(binary: str, verb: str, image: str, python: str, timeout: float, name: str,
+               environ: Mapping[str, str]) -> str:
+    """The refusal of an image whose Python did not answer: the probe's process group is
+    killed (_proc), and a Docker probe's container removed (the engine runs it, outside
+    that group)."""
+    stopped = "stopped"
+    if name:
+        try:
+            gone = _proc.run([binary, "rm", "-f", name], timeout=60, check=False,
+                             env=dict(environ)).returncode == 0
+        except _proc.ProcError:
+            gone = False
+        stopped += (f", its container {name} removed" if gone else
+                    f"; its container {name} may be left: `docker rm -f {name}`")
+    return (f"--image {image}: its Python ({python}) did not answer in {timeout:g} s when "
+            f"asked what it holds (`{os.path.basename(binary)} {verb} ... {python} -c ...`; "
+            f"{stopped}): a Python that hangs here would hang the job's step too. Where the "
+            f"image is only slow to open (a large image on a cold file system), wait longer "
+            f"with {PROBE_TIMEOUT_VAR}=SECONDS, or skip the login node's checks with "
+            "--no-check (the image must then have `train`)")
 
 
 # -- what the job needs of it ------------------------------------------------------------
 def problems(job: ResolvedJob, found: Features) -> tuple[list[str], list[str]]:
-    """(refusals, warnings) for this job in an image with these features."""
+    """(refusals, warnings) for this job in an image with these features; a refusal from
+    a kept answer says where it is kept and how to have the image asked again."""
+    refusals, warnings = _problems(job, found)
+    if found.cache_file:
+        kept = (f" (this is the answer kept from an earlier look into the image: "
+                f"{how_to_clear(Path(found.cache_file))})")
+        refusals = [text + kept for text in refusals]
+    return refusals, warnings
+
+
+def _problems(job: ResolvedJob, found: Features) -> tuple[list[str], list[str]]:
     spec = job.spec
     image = f"--image {spec.image}"
     if found.ours:  # our definitions pin a Python, torch, pynvml and this package
@@ -343,7 +464,7 @@ def equip(job: ResolvedJob, environ: Mapping[str, str] | None = None) -> Resolve
     costs a label read)."""
     import dataclasses
 
-    found, _ = image_features(job, os.environ if environ is None else environ)
+    found = image_features(job, os.environ if environ is None else environ).found
     if found is None or found.train or job.spec.entry != "command":
         return job
     return dataclasses.replace(job, launcher_binds=launcher_binds())

@@ -4,10 +4,8 @@ failures turned into exit codes and short text (`_run`, `_tail`)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Protocol
@@ -30,42 +28,7 @@ def run_command(argv: Sequence[str], *, timeout: float = 60.0,
     open and would live on). Output is decoded as UTF-8 with replacement. Raises ProcError
     like `_proc.run`: 127 not found, 126 not startable, 124 timed out, the exit code where
     `check` and it failed."""
-    try:
-        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
-    except FileNotFoundError:
-        raise _proc.ProcError(argv, 127, f"{argv[0]}: command not found") from None
-    except OSError as exc:  # E2BIG, EACCES, ...
-        raise _proc.ProcError(argv, 126, f"{argv[0]} could not be started: {exc}") from None
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        raise _proc.ProcError(argv, 124, f"timed out after {timeout:g} s") from None
-    finally:
-        if proc.returncode is None:  # an exception other than the timeout: no orphans
-            _kill_group(proc)
-    result = subprocess.CompletedProcess(list(argv), proc.returncode,
-                                         out.decode("utf-8", errors="replace"),
-                                         err.decode("utf-8", errors="replace"))
-    if check and result.returncode != 0:
-        raise _proc.ProcError(argv, result.returncode, result.stderr)
-    return result
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL to proc's process group (it leads it: start_new_session), then reap it. Its
-    pid is not reaped before the kill, so the group id cannot have been reused."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(OSError):
-        proc.kill()
-    # a grandchild that left the group (setsid) may still hold the pipes: do not wait on it
-    for stream in (proc.stdout, proc.stderr):
-        if stream is not None:
-            with contextlib.suppress(OSError):
-                stream.close()
-    proc.wait()
+    return _proc.run(argv, timeout=timeout, check=check)
 
 
 def _which(name: str, environ: Mapping[str, str]) -> str | None:

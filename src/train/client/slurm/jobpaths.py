@@ -26,17 +26,36 @@ def job_paths(spec: JobSpec, profile: Profile, run_config: RunConfig | None) -> 
     run_dir, results_csv and binds)."""
     run_dir = _run_dir(spec)
     extra = _extra_binds(spec, run_dir)
-    # same-path binds: where a host path is visible at the same path inside
-    binds = [*profile.binds, str(run_dir), *(b.src for b in extra if b.src == b.dst)]
+    # where a host path is written at the same path inside (a read-only bind is not)
+    writable = [*profile.binds, str(run_dir),
+                *(b.src for b in extra if b.src == b.dst and not b.read_only)]
+    specs = [*profile.binds, str(run_dir), *(b.spec for b in extra)]
     csv: Path | None = None
     if run_config is not None:
-        csv, csv_bind = _results_csv(spec, run_config, run_dir, binds)
+        csv, csv_bind = _results_csv(spec, run_config, run_dir, writable)
         if csv_bind is not None:
-            binds.append(csv_bind)
-    specs = [*profile.binds, str(run_dir), *(b.spec for b in extra)]
-    specs += [b for b in binds if b not in specs]
+            specs.append(csv_bind)
+    binds = tuple(dict.fromkeys(specs))  # (each bind once: SRC:SRC:ro is not also SRC)
+    if spec.chdir is not None and spec.runtime == "docker":
+        _check_chdir_visible(spec.chdir, binds)
     return {"run_dir": str(run_dir), "results_csv": None if csv is None else str(csv),
-            "binds": tuple(dict.fromkeys(specs))}
+            "binds": binds}
+
+
+def _check_chdir_visible(chdir: str, binds: Sequence[str]) -> None:
+    """Docker's container has no host folder but those bound (apptainer binds the working
+    folder and home itself): --chdir must be seen inside at its own path."""
+    folder = Path(os.path.abspath(chdir))
+    parsed = [parse_bind(b) for b in binds]
+    if any(b.src == b.dst and _under(folder, [b.src]) for b in parsed):
+        return
+    elsewhere = [b.spec for b in parsed if _under(folder, [b.src])]
+    seen = (f" ({', '.join(elsewhere)} shows it at another path)" if elsewhere else "")
+    raise ConfigError("chdir", f"{folder} is not inside the docker container: docker sees "
+                      "only the folders the job binds (" + ", ".join(b.spec for b in parsed)
+                      + f"){seen}, so the program would start in a folder it does not "
+                      f"have; bind it (--bind {folder}), or give a --chdir under one of "
+                      "those")
 
 
 def _under(path: Path, roots: Sequence[str]) -> bool:

@@ -42,13 +42,17 @@ def image_problems(job: ResolvedJob, environ: Mapping[str, str]
 def feature_problems(job: ResolvedJob, environ: Mapping[str, str]
                      ) -> tuple[list[Problem], list[str]]:
     """What the image must offer the step (train.images.features): Python, torch for
-    --launch torchrun, `train` for its own entries; no NVML for the GPU watch is a note."""
+    --launch torchrun, `train` for its own entries, a Python that answers at all; no NVML
+    for the GPU watch is a note."""
     from train.images import features
 
-    found, notes = features.image_features(job, environ)
-    if found is None:
+    asked = features.image_features(job, environ)
+    notes = list(asked.notes)
+    if asked.refusal:  # (its Python did not answer in time)
+        return [Problem("image", asked.refusal, files=False)], notes  # (it says --no-check)
+    if asked.found is None:
         return [], notes
-    refusals, warnings = features.problems(job, found)
+    refusals, warnings = features.problems(job, asked.found)
     return [Problem("image", text) for text in refusals], notes + warnings
 
 
