@@ -13,6 +13,7 @@ import shlex
 from dataclasses import dataclass, fields
 from typing import Any
 
+from train.client.slurm import resumeargs
 from train.client.slurm.jobitems import (
     SBATCH_OWNED,
     SRUN_OWNED,
@@ -20,7 +21,6 @@ from train.client.slurm.jobitems import (
     check_extra_option,
     parse_bind,
 )
-from train.client.slurm import resumeargs
 from train.common.errors import ConfigError
 from train.common.hostmem import DEFAULT_WORKER_MEM_MB
 from train.workloads import navsim_job
