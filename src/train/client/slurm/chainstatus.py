@@ -148,9 +148,9 @@ def _said_by_last_event(chain: Chain, chunks: Chunks, last: dict[str, Any]
                            f"{chunk['chunk'] + 1}; see {logs}")
     if event == contract.EV_INCOMPLETE:
         unit = "run" if chain.record.get("requeue") else "chunk"
-        at = progress_words(detail)
-        at = f"at {at}" if at else ("before the work was done (its progress is not known "
-                                    "to the tool)")
+        said = progress_words(detail)
+        at = f"at {said}" if said else ("before the work was done (its progress is not "
+                                        "known to the tool)")
         return "incomplete", (f"the bound of {chain.record.get('max_chunks')} {unit}(s) was "
                               f"reached {at}; submit the same job again with a larger "
                               "--max-chunks to continue from the last save")
