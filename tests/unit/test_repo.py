@@ -58,6 +58,7 @@ def test_the_readmes_resume_recipes_render_as_written(tmp_path: Path) -> None:
         assert argv[0] == "submit"
         cut = argv.index("--")
         (tmp_path / argv[cut + 2]).write_text("")  # the program's script
+        argv[argv.index("-t") + 1] = "30"  # (the local cluster's partition: an hour)
         proc = run_cli(["render", "--name", "r", "--cluster", "local", "--runtime", "none",
                         "--python", sys.executable, *argv[1:]], cwd=tmp_path)
         assert proc.returncode == 0, (argv, proc.stderr)
