@@ -13,7 +13,8 @@
 # one chunk, requeueing, recording what happened, and ending the chain (cancelling the
 # waiting chunk) when it is done, failed or killed. This file holds the chain (events,
 # ids, extending, cancelling, train_main and its steps); job-lib-step.sh, inlined after
-# it, the job step (starting, signalling, ending and waiting for it).
+# it, the job step (starting, signalling, ending and waiting for it); job-lib-resume.sh,
+# last, the resume arguments, progress read from a framework's saves, and overruns.
 #
 # Every chunk runs this same script; its chunk number is the script's first argument, the
 # chain's first chunk its second (1 where it is left out: a resubmitted chain of a run
