@@ -275,3 +275,50 @@ def test_squeue_json_with_structured_job_ids() -> None:
 
     text = '{"jobs": [{"job_id": {"set": true, "number": 42}, "job_state": ["RUNNING"]}]}'
     assert parse_squeue_json(text)["42"]["state"] == "RUNNING"
+
+
+# -- a program's own progress (--entry command): started over, unknown, overran -------
+
+def test_a_command_that_made_no_progress_is_named_with_the_fix(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    events = "1 1 10 started 0 0 0\n2 1 10 stopped 10 30\n3 2 11 started 0 10 30\n" \
+             "4 2 11 no_progress 10 30\n"
+    st = _chain(tmp_path, "1 10\n2 11\n", events, {"10": "COMPLETED", "11": "COMPLETED"},
+                monkeypatch, entry="command")
+    assert st["state"] == "stalled"
+    assert "chunk 2 (job 11) made no progress" in st["cause"]
+    assert "started over from zero" in st["cause"]
+    assert "--resume_from_checkpoint {newest:out/checkpoint-*}" in st["cause"]
+    # no progress file: the events' progress (what the saves showed) is the chain's
+    assert (st["done"], st["total"]) == (10, 30)
+    st = _chain(tmp_path, "1 10\n2 11\n", events, {"10": "COMPLETED", "11": "COMPLETED"},
+                monkeypatch, entry="command", resume_args="--resume x")
+    assert "it was given --resume-args '--resume x'" in st["cause"]
+
+
+@pytest.mark.parametrize(("detail", "words"), [
+    ("0 0", "reached before the work was done (its progress is not known"),
+    ("40 0", "reached at step 40"), ("40 100", "reached at 40/100")])
+def test_an_unknown_progress_is_never_given_as_0_of_0(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, detail: str, words: str) -> None:
+    st = _chain(tmp_path, "1 10\n", f"1 1 10 started 0 0 0\n2 1 10 incomplete {detail}\n",
+                {"10": "COMPLETED"}, monkeypatch, entry="command")
+    assert st["state"] == "incomplete"
+    assert words in st["cause"] and "0/0" not in st["cause"]
+    cut = _chain(tmp_path, "1 10\n2 11\n", f"1 1 10 started 0 0 0\n2 1 10 stopped {detail}\n",
+                 {"10": "COMPLETED", "11": "CANCELLED"}, monkeypatch, entry="command")
+    assert cut["state"] == "ended" and "0/0" not in cut["cause"]
+    assert "stopped; submit" in cut["cause"] if detail == "0 0" else "stopped at" in cut["cause"]
+
+
+def test_a_chunk_that_overran_is_said_in_status(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    events = ("1 1 10 started 0 0 0\n2 1 10 extended 11\n3 1 10 overran 1 20 0\n"
+              "4 1 10 stopped 20 0\n5 2 11 started 0 20 0\n")
+    st = _chain(tmp_path, "1 10\n2 11\n", events, {"10": "COMPLETED", "11": "RUNNING"},
+                monkeypatch, entry="command")
+    assert st["state"] == "running"
+    lines = "\n".join(scheduler.format_status(st))
+    assert ("note: chunk 1 ran into its walltime after the stop signal; the tool ended it "
+            "and the chain went on from the save before (1 of at most 2 times") in lines
+    assert "progress: step 20" in lines

@@ -105,3 +105,23 @@ def test_a_new_chain_goes_on_counting_after_a_stop_before_any_save(tmp_path: Pat
     complete = _chain(tmp_path, [(1, "11"), (2, "12")],
                       ended + "1700000100 2 12 complete 10 10\n")
     assert first_chunk(complete) == 1
+
+
+def test_a_newest_placeholder_renders_as_given_and_a_malformed_one_is_refused(
+        tmp_path: Path) -> None:
+    (tmp_path / "x.py").write_text("")
+    (tmp_path / "work").mkdir()
+    proc = run_cli([*BASE, "--chdir", "work", "--resume-args",
+                    "--resume_from_checkpoint {newest:out/checkpoint-*} ckpt_path={newest:$x/*}",
+                    "--", "python3", "x.py"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert script_array(proc.stdout, "RESUME_ARGS") == [
+        "--resume_from_checkpoint", "{newest:out/checkpoint-*}", "ckpt_path={newest:$x/*}"]
+    assert f"\nPROGRAM_DIR={tmp_path / 'work'}  #" in proc.stdout  # where GLOB is from
+    for bad, words in [("--r {newest:out/c-*", "not closed"), ("--r {newest:}", "no path"),
+                       ("--r {newest}", "{newest:GLOB}"), ("--r {newest:a{b}", "brace")]:
+        proc = run_cli([*BASE, "--resume-args", bad, "--", "python3", "x.py"], cwd=tmp_path)
+        assert proc.returncode == 2, (bad, proc.stderr)
+        assert "resume_args" in proc.stderr and words in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()

@@ -49,10 +49,15 @@ EV_CANCELLED = "cancelled"  # `train cancel`
 # "DONE TOTAL"
 EV_UNSAVED = "unsaved"
 UNSAVED_TEXT = "stopped before any save"
+# a step that ran into the walltime after the stop signal (still evaluating, saving too
+# slowly) is ended by the tool; with a save to go on from, the chain goes on, at most
+# OVERRUN_BOUND times a chain. "COUNT DONE TOTAL"
+EV_OVERRAN = "overran"
+OVERRUN_BOUND = 2
 
 EVENTS = (EV_STARTED, EV_EXTENDED, EV_EXTEND_FAILED, EV_STOPPED, EV_COMPLETE, EV_FAILED,
           EV_NO_PROGRESS, EV_INCOMPLETE, EV_REQUEUED, EV_TIMEOUT, EV_TERMINATED,
-          EV_CANCELLED, EV_UNSAVED)
+          EV_CANCELLED, EV_UNSAVED, EV_OVERRAN)
 
 # The step's environment names a file here that a program touches once its signal
 # handlers are in place (`train run` and `train launch` do): the batch shell passes the
@@ -134,6 +139,7 @@ def shell_variables() -> dict[str, str]:
         "CHUNK_DIR_PREFIX": CHUNK_DIR_PREFIX,
         "TASK_EXITS_VAR": TASK_EXITS_VAR,
         "STALE_TMP_VAR": STALE_TMP_VAR,
+        "OVERRUN_BOUND": str(OVERRUN_BOUND),
     }
     for name in EVENTS:
         if name != EV_CANCELLED:  # written by `train cancel` alone

@@ -116,15 +116,13 @@ train_start_step() {
     ) >/dev/null 2>&1 &
     TRAIN_WATCHER=$!
     # a program that resumes only when told: after a checkpointed stop of the run (this
-    # chain's or an earlier one's), its arguments end with --resume-args
+    # chain's or an earlier one's), its arguments end with --resume-args (expanded)
     # the renderer's step_command sets STEP (the per-node wrapper is known by then)
     step_command
     # shellcheck disable=SC2153  # STEP: set by step_command
     local step_argv=("${STEP[@]}")
-    if [ -n "${RESUME_ARGS[*]+x}" ] && [ -e "$RUN_DIR/$SAVED_FILE" ]; then
-        step_argv+=("${RESUME_ARGS[@]}")
-        train_log "resuming after a checkpointed stop: the program's arguments end with" \
-            "${RESUME_ARGS[*]}"
+    if train_resume_argv; then
+        step_argv+=(${TRAIN_RESUME_ARGV[@]+"${TRAIN_RESUME_ARGV[@]}"})
     fi
     {
         "${step_argv[@]}" &
@@ -206,6 +204,7 @@ train_on_usr1() {
     else
         train_signal_step USR1
     fi
+    train_overrun_guard
 }
 
 # shellcheck disable=SC2329  # invoked by train_on_usr1

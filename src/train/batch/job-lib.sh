@@ -13,7 +13,8 @@
 # one chunk, requeueing, recording what happened, and ending the chain (cancelling the
 # waiting chunk) when it is done, failed or killed. This file holds the chain (events,
 # ids, extending, cancelling, train_main and its steps); job-lib-step.sh, inlined after
-# it, the job step (starting, signalling, ending and waiting for it).
+# it, the job step (starting, signalling, ending and waiting for it); job-lib-resume.sh,
+# last, the resume arguments, progress read from a framework's saves, and overruns.
 #
 # Every chunk runs this same script; its chunk number is the script's first argument, the
 # chain's first chunk its second (1 where it is left out: a resubmitted chain of a run
@@ -34,25 +35,33 @@ train_event() {
 }
 
 train_progress() {
-    # the work done so far, "DONE TOTAL", as the trainer last recorded it ("0 0": none yet)
+    # The work done so far, "DONE TOTAL": as the program last recorded it in the progress
+    # file, else as its saves show it (job-lib-resume.sh). Where neither says: "0 0", and
+    # the function fails.
     local done_units=0 total=0
     if [ -r "$RUN_DIR/$PROGRESS_FILE" ]; then
         read -r done_units total _ < "$RUN_DIR/$PROGRESS_FILE" || true
+        case "$done_units" in '' | *[!0-9]*) done_units=0 ;; esac
+        case "$total" in '' | *[!0-9]*) total=0 ;; esac
+        printf '%s %s\n' "$done_units" "$total"
+        return 0
     fi
-    case "$done_units" in '' | *[!0-9]*) done_units=0 ;; esac
-    case "$total" in '' | *[!0-9]*) total=0 ;; esac
-    printf '%s %s\n' "$done_units" "$total"
+    train_framework_progress && return 0
+    printf '0 0\n'
+    return 1
 }
 
 train_prologue() {
     mkdir -p "$RUN_DIR/$LOG_DIR"
     printf -v TRAIN_START '%(%s)T' -1
-    START_PROGRESS=$(train_progress)
+    START_KNOWN=1
+    START_PROGRESS=$(train_progress) || START_KNOWN=0
     train_log "job ${SLURM_JOB_ID:-?} (restart ${SLURM_RESTART_COUNT:-0}) on" \
         "${SLURM_JOB_NODELIST:-?}, ${SLURM_JOB_NUM_NODES:-?} node(s);" \
         "chunk $CHUNK of at most $LAST_CHUNK"
     train_log "submit dir ${SLURM_SUBMIT_DIR:-?}, run dir $RUN_DIR"
-    train_log "runtime $RUNTIME, image ${IMAGE:-none}; work done so far: $START_PROGRESS"
+    train_log "runtime $RUNTIME, image ${IMAGE:-none}; work done so far:" \
+        "$(train_progress_words "$START_PROGRESS" "$START_KNOWN")"
     train_event "$EV_STARTED" "${SLURM_RESTART_COUNT:-0} $START_PROGRESS"
 }
 
@@ -270,6 +279,10 @@ train_setup() {
     TRAIN_KILLED=0
     TRAIN_KILL_AT=
     TRAIN_KILLER=
+    TRAIN_KNOWN=0
+    TRAIN_OVERRAN=0
+    OVERRUN_RESERVE=${OVERRUN_RESERVE:-10}
+    PROGRAM_DIR=${PROGRAM_DIR:-$PWD}
     trap train_on_exit EXIT
     trap train_on_stop_request USR2
     trap train_on_usr1 USR1
@@ -296,6 +309,9 @@ train_step_status() {
             "kill)"
         train_runtime_cleanup
         STEP_RC=0
+    fi
+    if [ -e "$TRAIN_TMP/overran" ]; then
+        train_overran  # (goes on, STEP_RC 0, or ends the chain)
     fi
     if [ "$STEP_RC" -ne 0 ]; then
         local step_rc=$STEP_RC where=''
@@ -324,11 +340,13 @@ train_end_if_done() {
         train_cancel_rest
         exit 0
     fi
-    # (a program that never writes progress is not judged by it)
-    if { [ "$COMPLETE_ON_SUCCESS" = 0 ] || [ -e "$RUN_DIR/$PROGRESS_FILE" ]; } && \
-            [ "${progress%% *}" -le "${START_PROGRESS%% *}" ]; then
-        train_log "no work was added in this chunk ($START_PROGRESS -> $progress): the" \
-            "chain stops here; see the step's log"
+    # (a program whose progress the tool cannot read is not judged by it; nor a chunk
+    # that ran into its walltime: it goes on from the save before, a bounded number of times)
+    if { [ "$COMPLETE_ON_SUCCESS" = 0 ] || [ "$TRAIN_KNOWN" = 1 ]; } && \
+            [ "$TRAIN_OVERRAN" = 0 ] && [ "${progress%% *}" -le "${START_PROGRESS%% *}" ]; then
+        train_log "the program made no progress in this chunk (work done $START_PROGRESS" \
+            "at its start, $progress now): it started over from zero or did no work; the" \
+            "chain stops here. $(train_resume_hint); see the step's log"
         train_event "$EV_NO_PROGRESS" "$progress"
         train_cancel_rest
         exit 0
@@ -338,8 +356,17 @@ train_end_if_done() {
 train_saved_at() {
     # When the chunk last saved (TRAIN_LAST_SAVE). A stop counts as checkpointed only when
     # something was saved since the chunk began: the chain ends here where nothing was.
-    local progress=$1 saved
-    if [ "$progress" != "$START_PROGRESS" ]; then
+    local progress=$1 saved why
+    if ! why=$(train_placeholders_match); then
+        train_log "$UNSAVED_TEXT the next chunk can go on from: $why; the chain stops here"
+        train_event "$EV_UNSAVED" "$progress"
+        train_cancel_rest
+        exit 0
+    fi
+    if [ "$TRAIN_OVERRAN" = 1 ] && ! train_last_save >/dev/null; then
+        read -r _ _ TRAIN_LAST_SAVE _ < "$RUN_DIR/$SAVED_FILE" || true  # the one before
+        case "$TRAIN_LAST_SAVE" in '' | *[!0-9]*) printf -v TRAIN_LAST_SAVE '%(%s)T' -1 ;; esac
+    elif [ "$progress" != "$START_PROGRESS" ]; then
         printf -v TRAIN_LAST_SAVE '%(%s)T' -1  # (where no file of it is newer: the progress)
         if saved=$(train_last_save); then TRAIN_LAST_SAVE=$saved; fi
     elif ! TRAIN_LAST_SAVE=$(train_last_save); then
@@ -355,21 +382,22 @@ train_saved_at() {
 
 train_continue() {
     # a checkpointed stop: requeue this job, or let the next chunk go on, within the bound
-    local progress=$1
+    local progress=$1 words
+    words=$(train_progress_words "$progress" "$TRAIN_KNOWN")
     if [ "$REQUEUE" = 1 ]; then
         if [ $((${SLURM_RESTART_COUNT:-0} + 1)) -lt "$MAX_CHUNKS" ]; then
-            train_log "checkpoint written ($progress); requeueing job $SLURM_JOB_ID"
+            train_log "checkpoint written ($words); requeueing job $SLURM_JOB_ID"
             train_event "$EV_REQUEUED" "$progress"
             TRAIN_REQUEUING=1
             scontrol requeue "$TRAIN_SELF"
             exit 0
         fi
-        train_log "bound of $MAX_CHUNKS runs reached before the work ($progress)"
+        train_log "bound of $MAX_CHUNKS runs reached before the work was done ($words)"
         train_event "$EV_INCOMPLETE" "$progress"
         exit 0
     fi
     if [ "$CHUNK" -ge "$LAST_CHUNK" ]; then
-        train_log "bound of $MAX_CHUNKS chunks reached before the work ($progress):" \
+        train_log "bound of $MAX_CHUNKS chunks reached before the work was done ($words):" \
             "submit again with a larger --max-chunks to continue"
         train_event "$EV_INCOMPLETE" "$progress"
         exit 0
@@ -378,7 +406,12 @@ train_continue() {
         train_event "$EV_INCOMPLETE" "$progress"
         exit 0
     fi
-    train_log "checkpointed stop ($progress); the next chunk continues"
+    if [ "$TRAIN_KNOWN" = 1 ]; then
+        train_log "checkpointed stop ($words); the next chunk goes on from it"
+    else
+        train_log "stopped after a save ($words); the next chunk starts:" \
+            "$(train_resume_hint next)"
+    fi
     train_event "$EV_STOPPED" "$progress"
     exit 0
 }
@@ -392,7 +425,8 @@ train_after_step() {
         # a program that ends with 0 before it is asked to stop has done its work
         touch "$RUN_DIR/$COMPLETE_FILE"
     fi
-    progress=$(train_progress)
+    TRAIN_KNOWN=1
+    progress=$(train_progress) || TRAIN_KNOWN=0
     train_end_if_done "$progress"
     train_saved_at "$progress"
     if [ "$TRAIN_KILLED" = 1 ] && [ -n "$TRAIN_LAST_SAVE" ]; then

@@ -27,7 +27,10 @@ _ENDING_STATES = {
 }
 # Events whose detail ends with "DONE TOTAL".
 _WITH_PROGRESS = (contract.EV_STOPPED, contract.EV_REQUEUED, contract.EV_COMPLETE,
-                  contract.EV_NO_PROGRESS, contract.EV_INCOMPLETE, contract.EV_UNSAVED)
+                  contract.EV_NO_PROGRESS, contract.EV_INCOMPLETE, contract.EV_UNSAVED,
+                  contract.EV_OVERRAN)
+RESUME_EXAMPLE = ("--resume-args '--resume_from_checkpoint {newest:out/checkpoint-*}' (Hugging "
+                  "Face Trainer) or '--ckpt_path {newest:checkpoints/*.ckpt}' (Lightning)")
 
 
 def _split_progress(detail: str | None) -> tuple[int, int] | None:
@@ -35,6 +38,23 @@ def _split_progress(detail: str | None) -> tuple[int, int] | None:
     if len(parts) >= 2 and _is_number(parts[-1]) and _is_number(parts[-2]):
         return int(parts[-2]), int(parts[-1])
     return None
+
+
+def progress_words(detail: str | None) -> str | None:
+    """An event's "DONE TOTAL" as `train status` says it: DONE/TOTAL, `step DONE` where the
+    total is unknown (a Lightning checkpoint's name), None where the tool could read none
+    (0 0: neither a progress file nor a save naming its step)."""
+    got = _split_progress(detail)
+    if got is None or got == (0, 0):
+        return None
+    return f"{got[0]}/{got[1]}" if got[1] else f"step {got[0]}"
+
+
+def _resume_fix(chain: Chain) -> str:
+    given = chain.record.get("resume_args")
+    if isinstance(given, str) and given:
+        return f"it was given --resume-args {given!r}: check that it goes on from them"
+    return f"a program that resumes only when told needs {RESUME_EXAMPLE}"
 
 
 def progress_rate(events: Sequence[dict[str, Any]]) -> float | None:
@@ -112,9 +132,16 @@ def _said_by_last_event(chain: Chain, chunks: Chunks, last: dict[str, Any]
                           f"walltime signal {chain.record.get('signal_margin')} s before "
                           "it (it ignores USR1, or checkpointing takes longer); raise "
                           f"--signal-margin, or make the program stop on USR1; see {logs}")
-    if event == contract.EV_NO_PROGRESS:
+    if event == contract.EV_NO_PROGRESS and chain.record.get("entry") not in (
+            "command", "navsim"):  # (`train run` resumes by itself)
         return "stalled", (f"{where} ended without adding work (done/total now "
                            f"{detail.replace(' ', '/')}), so the chain stopped; see {logs}")
+    if event == contract.EV_NO_PROGRESS:
+        at = progress_words(detail) or "0"
+        return "stalled", (f"{where} made no progress: its work done at the end ({at}) is "
+                           "not above where it began, so the program started over from "
+                           "zero (it does not resume) or did no work; the chain stopped. "
+                           f"{_resume_fix(chain)}; see {logs}")
     if event == contract.EV_UNSAVED:
         return "stalled", (f"{where} {contract.UNSAVED_TEXT} (the program's progress "
                            "file, the run folder and its save paths show nothing saved "
@@ -124,10 +151,12 @@ def _said_by_last_event(chain: Chain, chunks: Chunks, last: dict[str, Any]
                            f"{chunk['chunk'] + 1}; see {logs}")
     if event == contract.EV_INCOMPLETE:
         unit = "run" if chain.record.get("requeue") else "chunk"
+        said = progress_words(detail)
+        at = f"at {said}" if said else ("before the work was done (its progress is not "
+                                        "known to the tool)")
         return "incomplete", (f"the bound of {chain.record.get('max_chunks')} {unit}(s) was "
-                              f"reached at {detail.replace(' ', '/')}; submit the same job "
-                              "again with a larger --max-chunks to continue from the "
-                              "checkpoint")
+                              f"reached {at}; submit the same job again with a larger "
+                              "--max-chunks to continue from the last save")
     if event == contract.EV_TERMINATED and chunk["state"] not in ACTIVE_STATES:
         if chunk["state"] == "CANCELLED":
             return "cancelled", f"{where} was cancelled (scancel) after {detail} s"
@@ -169,9 +198,9 @@ def _stopped_without_successor(chunks: Chunks, last: dict[str, Any] | None,
     after = [c for c in chunks if c["chunk"] > last["chunk"]]
     gone = f"chunk {after[0]['chunk']} (job {after[0]['job_id']}) ended " \
            f"{after[0]['state']} before it ran" if after else "no next chunk was queued"
-    return "ended", (f"{gone}, so the chain stopped at "
-                     f"{(last['detail'] or '?').replace(' ', '/')}; submit the same job "
-                     "again to continue from the checkpoint")
+    at = progress_words(last["detail"])
+    return "ended", (f"{gone}, so the chain stopped{f' at {at}' if at else ''}; submit the "
+                     "same job again to continue from the last save")
 
 
 def _in_queue(chain: Chain, chunks: Chunks, events: Events, active: Chunks) -> Outcome:
@@ -243,7 +272,7 @@ def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
                        "expected_start": s.get("start"),
                        "events": [e["event"] for e in events if e["job_id"] == job_id]})
     state, cause = _outcome(chain, chunks, events)
-    progress = contract.read_progress(chain.run_dir)
+    progress = contract.read_progress(chain.run_dir) or _saved_progress(events)
     rate = progress_rate(events)
     used = _used(chain, chunks, events)
     status: dict[str, Any] = {
@@ -255,6 +284,11 @@ def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
         "total": progress[1] if progress else None,
         "rate_per_second": rate, "eta_seconds": None, "chunks_left_estimate": None,
         "warning": None, "chunks": chunks, "gpu": _gpu_summary(chain),
+        "overran": [f"chunk {e['chunk']} ran into its walltime after the stop signal; the "
+                    f"tool ended it and the chain went on from the save before "
+                    f"({(e['detail'] or '?').split()[0]} of at most "
+                    f"{contract.OVERRUN_BOUND} times in a chain)"
+                    for e in events if e["event"] == contract.EV_OVERRAN],
     }
     if progress and rate and state not in ("complete", "cancelled", "failed"):
         eta = max(0, progress[1] - progress[0]) / rate
@@ -276,6 +310,17 @@ def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
     return status
 
 
+def _saved_progress(events: Events) -> tuple[int, int] | None:
+    """Where there is no progress file: the last progress the chunks' events name (what
+    the program's saves showed the batch shell), if any."""
+    for e in reversed(events):
+        if e["event"] in _WITH_PROGRESS:
+            got = _split_progress(e["detail"])
+            if got is not None and got != (0, 0):
+                return got
+    return None
+
+
 def format_status(st: dict[str, Any]) -> list[str]:
     """`train status` lines for one chain."""
     lines = [f"{st['name']} ({st['cluster']}): {st['state']}  {st['run_dir']}",
@@ -290,6 +335,9 @@ def format_status(st: dict[str, Any]) -> list[str]:
             if st["chunks_left_estimate"]:
                 text += f" (~{st['chunks_left_estimate']} more {st['unit']}(s))"
         lines.append(text)
+    elif st["done"]:
+        lines.append(f"  progress: step {st['done']} (as the program's last save names it)")
+    lines += [f"  note: {text}" for text in st.get("overran") or ()]
     for node, g in sorted((st.get("gpu") or {}).items()):
         idle = f"; {g['idle_description']}" if g.get("idle_description") else ""
         lines.append(f"  gpu {node}: {g['gpus']} GPU(s), utilisation mean "

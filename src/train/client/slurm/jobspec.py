@@ -13,6 +13,7 @@ import shlex
 from dataclasses import dataclass, fields
 from typing import Any
 
+from train.client.slurm import resumeargs
 from train.client.slurm.jobitems import (
     SBATCH_OWNED,
     SRUN_OWNED,
@@ -126,7 +127,10 @@ class JobSpec:
                                   "that follows a checkpointed stop (never in the first "
                                   "chunk of a run), for a program that resumes only when "
                                   "told, e.g. --resume-args=--init_from=resume (entry "
-                                  "command or navsim).", kind=str, optional=True)
+                                  "command or navsim). {newest:GLOB} in them is the newest "
+                                  "path matching GLOB at the chunk's start (by the number in "
+                                  "its name, else its time); they are left out while none "
+                                  "matches.", kind=str, optional=True)
     save_path: tuple[str, ...] = opt((), "Where the program saves (a file or folder, may "
                                      "repeat; relative paths are from --chdir or the submit "
                                      "folder). A stop counts as checkpointed only when the "
@@ -283,6 +287,7 @@ class JobSpec:
             if not words:
                 raise ConfigError("resume_args", "is empty: give the arguments the program "
                                   "resumes with, e.g. --resume-args=--init_from=resume")
+            resumeargs.patterns(words)  # {newest:GLOB}: well formed
         for item in self.save_path:
             if not item or any(c in item for c in "\n\r\0"):
                 raise ConfigError("save_path", f"{item!r} is not a path (empty, or it holds "

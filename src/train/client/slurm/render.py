@@ -27,7 +27,7 @@ from train.workloads import navsim
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_.,:=@%/+|-]+$")
 # the job library's files, in the order they are inlined below the marker line
-LIBRARY_NAMES = ("job-lib.sh", "job-lib-step.sh")
+LIBRARY_NAMES = ("job-lib.sh", "job-lib-step.sh", "job-lib-resume.sh")
 STEP_GRACE_SECONDS = 30
 STEP_WIDTH = 88  # the step command's lines, the ` \` included
 NODE_WRAPPER_VAR = "NODE_WRAPPER"
@@ -119,7 +119,7 @@ def kill_grace(job: ResolvedJob) -> int:
 def save_paths(job: ResolvedJob) -> list[str]:
     """--save-path as absolute paths: relative ones are from --chdir (where the program
     runs), or the submit folder."""
-    base = program_folder(job.spec.chdir) if job.spec.chdir is not None else os.getcwd()
+    base = program_dir(job)
     paths = [os.path.normpath(os.path.join(base, p)) for p in job.spec.save_path]
     if job.spec.entry == "navsim":
         # a chunk cut while it computes NAVSIM's feature cache has saved that much: a
@@ -128,6 +128,11 @@ def save_paths(job: ResolvedJob) -> list[str]:
         if cache and os.path.isabs(cache):
             paths.append(os.path.normpath(cache))
     return paths
+
+
+def program_dir(job: ResolvedJob) -> str:
+    """Where the program runs: --chdir, or the submit folder."""
+    return program_folder(job.spec.chdir) if job.spec.chdir is not None else os.getcwd()
 
 
 def sbatch_options(job: ResolvedJob) -> list[str]:
@@ -325,6 +330,7 @@ def _readable_part(job: ResolvedJob) -> list[str]:
         + ")  # added to the program's arguments after a checkpointed stop",
         "SAVE_PATHS=(" + " ".join(map(shlex.quote, save_paths(job)))
         + ")  # where the program saves, besides the run folder",
+        f"PROGRAM_DIR={shlex.quote(program_dir(job))}  # {{newest:GLOB}} is from here",
     ]
     values = step_environment(job)
     names = [*job.env_names, *(values if spec.runtime == "apptainer" else ())]

@@ -220,6 +220,7 @@ def chain_record(job: ResolvedJob, job_id: str, first: int, script: Path
         "time_budget_seconds": job.time_budget_seconds,
         "signal_margin": job.margin,
         "stop_signal": job.stop,
+        "resume_args": job.spec.resume_args,  # (what a chain that made no progress lacked)
         "run_dir": str(job.run_dir),
         "script": str(script),
         "resources": job.resources(),  # for `train doctor`'s fixes

@@ -1,0 +1,1 @@
+../src/train/batch/job-lib-resume.sh
