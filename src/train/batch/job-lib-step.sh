@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# shellcheck disable=SC2034,SC2329  # (alone: job-lib.sh sets and calls; render checks both as one)
+# shellcheck disable=SC2034,SC2153,SC2329  # (alone: job-lib.sh sets and calls; render checks both as one)
 # The job library's step: starting the job step under its waiter, passing the walltime
 # signal (or the program's stop request) on to it, ending it (stop mode kill), waiting for
 # it, and removing what a killed step leaves behind. Inlined after job-lib.sh, below the
