@@ -76,3 +76,37 @@ def test_a_two_node_chain_in_a_plain_python_image_stops_and_resumes(
     # the image's own Python and nothing of the login node's
     assert out.count("python /usr/bin/python3 3.11") == 4, out
     assert out.count("can import train: False torch: False") == 4, out
+
+
+def test_the_walltime_signal_waits_for_a_rank_that_starts_late(
+        site_user: SiteUser, plain_sif: Path) -> None:
+    """Rank 0 is ready and holds; rank 1 has not set its handler yet (as when its node is
+    still unpacking the SIF): the signal is held for rank 1's own readiness, never passed
+    on on rank 0's alone, and then stops both ranks."""
+    work = site_user.folder("latechain")
+    shutil.copy(PLAIN, work / "plain_steps.py")
+    name = "late"
+    proc = site_user.cli(
+        ["submit", "--name", name, "--cluster", "local", "--entry", "command",
+         "--nodes", "2", "--cpus-per-task", "1", "--mem", "1000M", "--time", "5",
+         "--runtime", "apptainer", "--image", str(plain_sif), "--launch", "tasks",
+         "--stop-signal", "USR1", "--max-chunks", "3", "--env", "USER_HOLD_AT",
+         "--env", "USER_LATE_RANK", "--", "python3", str(work / "plain_steps.py")],
+        cwd=work, env={"USER_HOLD_AT": "7", "USER_LATE_RANK": "1"})
+    assert proc.returncode == 0, proc.stderr
+    run_dir = work / "runs" / name
+    st = _wait(site_user, work, name, lambda s: ((run_dir / "user_held-0").exists()
+               and (run_dir / "user_late-1").exists()) or s["state"] in TERMINAL)
+    assert (run_dir / "user_late-1").exists(), (st, _logs(run_dir, "err")[-4000:])
+    walltime_signal(st["chunks"][0]["job_id"], site_user.env)
+    _wait(site_user, work, name, lambda s: "when the program is ready" in
+          _logs(run_dir, "err") or s["state"] in TERMINAL)
+    assert "1 of 2 rank(s) ready now" in _logs(run_dir, "err")
+    (run_dir / "user_go").write_text("go")  # rank 1 starts: its handler, its readiness
+    st = _wait(site_user, work, name, lambda s: s["state"] in TERMINAL)
+    out, err = _logs(run_dir, "out"), _logs(run_dir, "err")
+    assert st["state"] == "complete", (st, err[-4000:], out)
+    assert [c["events"][-1] for c in st["chunks"] if c["events"]] == ["stopped", "complete"]
+    assert "plain rank 0 stopped by signal at step 7" in out, out
+    assert "plain rank 1 stopped by signal" in out, out
+    assert out.count("done at step 20") == 2, out
