@@ -54,6 +54,8 @@ def main() -> int:
           f"VIRTUAL_ENV={os.environ.get('VIRTUAL_ENV', '<unset>')} "
           f"LD_LIBRARY_PATH={os.environ.get('LD_LIBRARY_PATH', '<unset>')} "
           f"HOME={os.environ.get('HOME', '<unset>')}", flush=True)
+    print(f"plain rank {rank} gpus {os.environ.get('SLURM_GPUS_ON_NODE', '<unset>')}",
+          flush=True)
     ckpt = run_dir / f"plain_ckpt-{rank}.json"
     step = 0
     if ckpt.exists():
