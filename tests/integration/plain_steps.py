@@ -7,7 +7,9 @@ brought in.
 
 Test knobs (environment): USER_STEPS total steps; USER_HOLD_AT makes the first chunk wait
 there (still answering its stop signal) after writing `user_held-RANK`, so a test stops
-it with work left, counted in steps, never in seconds.
+it with work left, counted in steps, never in seconds. USER_LATE_RANK: that rank starts
+late (a node still unpacking the image): before its handler is set, it writes
+`user_late-RANK` and waits for the test's `user_go`.
 """
 
 import importlib.util
@@ -27,13 +29,18 @@ def on_stop(signum, frame):
 
 
 def main() -> int:
+    run_dir = Path(os.environ.get("TRAIN_RUN_DIR", "."))
+    rank = int(os.environ.get("RANK", "0"))
+    if os.environ.get("USER_LATE_RANK") == str(rank) and os.environ.get("TRAIN_CHUNK") == "1":
+        (run_dir / f"user_late-{rank}").write_text("waiting")
+        while not (run_dir / "user_go").exists():
+            time.sleep(0.1)
     wanted = os.environ.get("TRAIN_STOP_SIGNAL", "USR1")
     if wanted != "none":
         signal.signal(getattr(signal, "SIG" + wanted), on_stop)
     ready = os.environ.get("TRAIN_SIGNAL_READY")
     if ready:  # the handler is in place: the walltime signal may come now
         Path(ready).touch()
-    rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     print(f"plain rank {rank}/{world} python {sys.executable} {sys.version.split()[0]}",
           flush=True)
@@ -47,7 +54,8 @@ def main() -> int:
           f"VIRTUAL_ENV={os.environ.get('VIRTUAL_ENV', '<unset>')} "
           f"LD_LIBRARY_PATH={os.environ.get('LD_LIBRARY_PATH', '<unset>')} "
           f"HOME={os.environ.get('HOME', '<unset>')}", flush=True)
-    run_dir = Path(os.environ.get("TRAIN_RUN_DIR", "."))
+    print(f"plain rank {rank} gpus {os.environ.get('SLURM_GPUS_ON_NODE', '<unset>')}",
+          flush=True)
     ckpt = run_dir / f"plain_ckpt-{rank}.json"
     step = 0
     if ckpt.exists():

@@ -118,6 +118,8 @@ case "$STEP_MODE" in
         # STEP_COMPLETES), exit 0; no handler at all with STEP_NO_HANDLER
         stop() {
             echo "$1" >> "$RUN_DIR/step.signals"
+            # a rank that goes on after the signal (the test ends it with step.quit)
+            [ -z "${STEP_KEEPS_ON:-}" ] || return 0
             [ -n "${STEP_NO_PROGRESS:-}" ] || advance
             [ -z "${STEP_COMPLETES:-}" ] || touch "$TRAIN_COMPLETE_FILE"
             exit 0
@@ -131,6 +133,8 @@ case "$STEP_MODE" in
         env | grep '^TRAIN_' > "$RUN_DIR/step.env"
         # like `train run` once its handlers are set, where the test asks for it
         if [ -n "${STEP_SAYS_READY:-}" ]; then touch "$TRAIN_SIGNAL_READY"; fi
+        # (as one rank of several: its wrapper appended the rank's suffix)
+        if [ -n "${STEP_READY_AS:-}" ]; then touch "$TRAIN_SIGNAL_READY$STEP_READY_AS"; fi
         # like Lightning through train launch's scontrol stand-in: "end this chunk"
         if [ -n "${STEP_REQUESTS_STOP:-}" ]; then
             ( while [ -n "${STEP_WAIT_GO:-}" ] && [ ! -e "$RUN_DIR/step.go" ]; do
@@ -431,6 +435,44 @@ def test_a_program_that_says_it_is_ready_gets_the_signal_at_once(tmp_path: Path)
     assert "passing it on when" not in err
     assert (tmp_path / "run" / "step.signals").read_text() == "USR1\n"
     assert not list((tmp_path / "run").glob(".signal-ready-*"))  # removed at the end
+
+
+def test_the_walltime_signal_waits_for_every_rank_of_the_step(tmp_path: Path) -> None:
+    # two ranks: rank 0 says it is ready, rank 1 (a node still unpacking the image) not
+    # yet; one rank's readiness is not the other's
+    proc = _start(tmp_path, STEP_GRACE="600", STEP_RANKS="2",
+                  step_env={"STEP_READY_AS": ".rank-0"})
+    before = len(_children(proc.pid))
+    proc.send_signal(signal.SIGUSR1)
+    _wait_for(lambda: len(_children(proc.pid)) > before, proc)  # held: the reminder runs
+    assert not (tmp_path / "run" / "step.signals").exists()
+    [ready] = (tmp_path / "run").glob(".signal-ready-*")
+    (ready.parent / ready.name.replace(".rank-0", ".rank-1")).touch()  # rank 1 is ready
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "1 of 2 rank(s) ready now" in err
+    assert (tmp_path / "run" / "step.signals").read_text() == "USR1\n"
+    assert _kinds(tmp_path) == ["started", "extended", "stopped"]
+    assert not list((tmp_path / "run").glob(".signal-ready-*"))  # removed at the end
+
+
+def test_a_rank_ready_only_after_the_grace_gets_the_signal_again(tmp_path: Path) -> None:
+    # the grace runs out with rank 1 not started: the signal goes on without it, and again
+    # once rank 1 says it is ready (its launcher may have dropped the first one)
+    proc = _start(tmp_path, STEP_GRACE="1", STEP_RANKS="2",
+                  step_env={"STEP_READY_AS": ".rank-0", "STEP_KEEPS_ON": "1"})
+    signals = tmp_path / "run" / "step.signals"
+    proc.send_signal(signal.SIGUSR1)
+    _wait_for(lambda: signals.exists(), proc)
+    [ready] = (tmp_path / "run").glob(".signal-ready-*")
+    (ready.parent / ready.name.replace(".rank-0", ".rank-1")).touch()
+    _wait_for(lambda: signals.read_text().count("USR1") == 2, proc)
+    (tmp_path / "run" / "step.quit").touch()
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "only 1 of 2 ranks are ready" in err
+    assert "2 of 2 ranks ready now (1 when the stop was passed on)" in err
+    assert signals.read_text() == "USR1\nUSR1\n"
 
 
 @pytest.mark.parametrize(("requeue_allowed", "cancels"), [("0", True), ("1", False)])

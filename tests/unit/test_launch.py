@@ -230,3 +230,43 @@ def test_the_gpu_memory_wait_never_sleeps_past_its_timeout(
     monkeypatch.setattr(launch_mod, "time", Clock)
     assert launch_mod.wait_for_gpu_memory(1000, 1.0) is False
     assert Clock.slept == [1.0] and Clock.now == 1.0
+
+
+# -- each rank's own signal-readiness file (the batch shell waits for every rank's)
+
+def test_a_ranks_ready_file_is_the_steps_with_its_rank() -> None:
+    from train.batch.contract import rank_ready_path
+
+    base = "/runs/a.rank-9/x/.signal-ready-7-0"  # (a folder's name is never cut)
+    assert rank_ready_path(base, 3) == base + ".rank-3"
+    # a suffix an outer wrapper gave (the task's) is replaced by the worker's
+    assert rank_ready_path(base + ".rank-1", 5) == base + ".rank-5"
+
+
+def test_launch_gives_each_task_and_each_torchrun_worker_its_own_ready_file(
+        tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from train.node.launcher.torchrun import ready_per_rank
+
+    base = str(tmp_path / ".signal-ready-7-0")
+    env = {"TRAIN_SIGNAL_READY": base + ".rank-2"}  # the per-task wrapper's value
+    assert ready_per_rank("tasks", 2, ["prog"], env) == ["prog"]
+    assert env["TRAIN_SIGNAL_READY"] == base + ".rank-2"
+    env = {"TRAIN_SIGNAL_READY": base}  # runtime none: no wrapper before the launcher
+    ready_per_rank("single", 4, ["prog"], env)
+    assert env["TRAIN_SIGNAL_READY"] == base + ".rank-4"
+    assert ready_per_rank("tasks", 0, ["prog"], {}) == ["prog"]  # not in a job step
+    # torchrun: the agent's task is node 1's; each worker gets its RANK's file
+    env = {"TRAIN_SIGNAL_READY": base + ".rank-1"}
+    argv = ready_per_rank("torchrun", 1, ["sh", "-c", 'touch "$TRAIN_SIGNAL_READY"'], env)
+    assert env["TRAIN_SIGNAL_READY"] == base + ".rank-1"  # the agent's own is kept
+    for rank in ("2", "3"):
+        subprocess.run(argv, env={"PATH": "/usr/bin:/bin", "RANK": rank, **env},
+                       check=True, timeout=60)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".signal-ready-7-0.rank-2", ".signal-ready-7-0.rank-3"]
+    # `python -m` keeps the agent's interpreter, as torchrun's own `-m` would
+    assert ready_per_rank("torchrun", 0, ["python3", "-m", "train", "run"], env)[3:] == [
+        sys.executable, "-m", "train", "run"]

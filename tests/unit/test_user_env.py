@@ -72,3 +72,13 @@ def test_without_the_users_value_the_tuned_default_is_exported() -> None:
     job = resolve(dataclasses.replace(_job("docker"), env=()),
                   Registry(environ={}).get("local"))
     assert f"-e {ALLOC_CONF_VAR}={TUNED_ALLOC_CONF}" in " ".join(step_argv(job))
+
+
+def test_each_apptainer_task_hands_its_own_ready_file_to_the_container() -> None:
+    # every rank says for itself that its handler is set (the batch shell waits for all)
+    env = {"PATH": "/usr/bin:/bin", "SLURM_PROCID": "1",
+           "TRAIN_SIGNAL_READY": "/runs/a/.signal-ready-7-0"}
+    out = subprocess.run(["bash", "-c", APPTAINER_TASK_ENV, "train-task", "env"],
+                         capture_output=True, text=True, check=True, env=env,
+                         timeout=60).stdout
+    assert "APPTAINERENV_TRAIN_SIGNAL_READY=/runs/a/.signal-ready-7-0.rank-1\n" in out

@@ -63,12 +63,25 @@ EVENTS = (EV_STARTED, EV_EXTENDED, EV_EXTEND_FAILED, EV_STOPPED, EV_COMPLETE, EV
 # handlers are in place (`train run` and `train launch` do): the batch shell passes the
 # walltime USR1 on at once after that, and holds it back during start-up before it.
 SIGNAL_READY_VAR = "TRAIN_SIGNAL_READY"
+# Each rank has a file of its own: the step's value with this and the rank appended (by the
+# per-task wrapper, `train launch` and torchrun's per-worker wrapper); the batch shell
+# passes the signal on once every rank of the step has said it is ready.
+READY_RANK_SUFFIX = ".rank-"
 # The walltime contract's other names that Python reads (job-lib.sh exports them): the
 # job's stop signal, and the Unix time by which the step must have checkpointed.
 STOP_SIGNAL_VAR = "TRAIN_STOP_SIGNAL"
 # Set by `train launch` when its GPU memory wait fell back to a smaller --batch-size: the run
 # then continues with either batch size (from then on, batch_size is not compared on resume)
 FALLBACK_BATCH_VAR = "TRAIN_FALLBACK_BATCH"
+
+
+def rank_ready_path(value: str, rank: int) -> str:
+    """The readiness file of one rank: the step's path with the rank's suffix, in place of
+    a suffix an outer wrapper already gave it (the rank it names is the outer task's)."""
+    base, sep, tail = value.rpartition(READY_RANK_SUFFIX)
+    if not (sep and tail.isascii() and tail.isdigit() and "/" not in tail):
+        base = value
+    return f"{base}{READY_RANK_SUFFIX}{int(rank)}"
 
 
 def batch_fallback(batch_size: int, env: Mapping[str, str] | None = None) -> bool:
@@ -132,6 +145,7 @@ def shell_variables() -> dict[str, str]:
         "DOCKER_JOB_LABEL": DOCKER_JOB_LABEL,
         "READY_VAR": SIGNAL_READY_VAR,
         "ARRAY_LOG_VAR": ARRAY_LOG_VAR,
+        "READY_RANK": READY_RANK_SUFFIX,
         "SAVED_FILE": SAVED_MARKER,
         "UNSAVED_TEXT": UNSAVED_TEXT,
         "SAVE_SKIP": " ".join(SAVE_SCAN_SKIP),

@@ -92,7 +92,7 @@ train_start_step() {
     touch "$TRAIN_TMP/start"
     sleep 0.02 2>/dev/null || sleep 1
     TRAIN_READY="$RUN_DIR/.signal-ready-${SLURM_JOB_ID:-0}-${SLURM_RESTART_COUNT:-0}"
-    rm -f "$TRAIN_READY"
+    rm -f "$TRAIN_READY" "$TRAIN_READY$READY_RANK"*
     export "$READY_VAR=$TRAIN_READY"
     # the walltime contract: what every program of the step is told (README, "Your own
     # program"): where to write, which chunk this is, when to have checkpointed by, how
@@ -150,54 +150,47 @@ train_signal_step() {
     kill "-$1" "$pid" 2>/dev/null || true
 }
 
-# shellcheck disable=SC2329  # invoked by the USR1 trap
-train_on_usr1() {
-    # Slurm may send the walltime signal up to a minute early, even as the chunk starts;
-    # a program that has not yet set its handler (Python starting, imports) would die of
-    # it. So until the program says it is ready (the file in $READY_VAR) and at most for
-    # the step's first STEP_GRACE seconds, the signal is held and looked at again every
-    # second (the trainer's own time budget runs meanwhile).
-    local now since
-    if [ "$STOP_SIGNAL" = none ]; then
-        train_log "USR1 received; the job has no stop signal: not passed on"
-        return 0
+# shellcheck disable=SC2329  # invoked by train_on_usr1
+train_count_ready() {
+    # TRAIN_RANKS_READY: how many of the step's ranks said their handler is set, each in a
+    # file of its own ($READY_VAR with $READY_RANK and its rank appended by the per-task
+    # wrapper or `train launch`); the step's own file, touched by a program that no
+    # wrapper started, counts as one rank
+    local f
+    TRAIN_RANKS_READY=0
+    for f in "$TRAIN_READY$READY_RANK"*; do
+        [ ! -e "$f" ] || TRAIN_RANKS_READY=$((TRAIN_RANKS_READY + 1))
+    done
+    if [ "$TRAIN_RANKS_READY" = 0 ] && [ -e "$TRAIN_READY" ]; then
+        TRAIN_RANKS_READY=1
     fi
-    printf -v now '%(%s)T' -1
-    since=$((now - ${TRAIN_STEP_START:-$now}))
-    if [ -z "${TRAIN_STEP_START:-}" ] || \
-            { [ ! -e "$TRAIN_READY" ] && [ "$since" -lt "$STEP_GRACE" ]; }; then
-        if [ "$TRAIN_USR1_HELD" = 0 ]; then
-            TRAIN_USR1_HELD=1
-            train_log "walltime signal ${since}s after the step started: passing it on" \
-                "when the program is ready (at most ${STEP_GRACE}s after its start)"
-            # one reminder a second until then, from one process started once (a
-            # reminder started per signal can be lost: `kill -0` still finds the last
-            # one as an unreaped zombie)
-            (
-                trap - EXIT  # (forked in a trap handler, as train_kill's is)
-                i=0
-                while [ "$i" -le "$((STEP_GRACE + 1))" ]; do
-                    sleep 1
-                    kill -USR1 "$$" 2>/dev/null || exit 0
-                    i=$((i + 1))
-                done
-            ) >/dev/null 2>&1 &
-            TRAIN_USR1_LATER=$!
-        fi
-        return 0
-    fi
-    TRAIN_USR1_HELD=0
+}
+
+# shellcheck disable=SC2329  # invoked by train_on_usr1
+train_remind_usr1() {
+    # one reminder (USR1 to this shell) a second until stopped, from one process started
+    # once (a reminder started per signal can be lost: `kill -0` still finds the last one
+    # as an unreaped zombie); train_step_ended and the EXIT trap end it
+    [ -z "$TRAIN_USR1_LATER" ] || return 0
+    (
+        trap - EXIT  # (forked in a trap handler, as train_kill's is)
+        while sleep 1; do
+            kill -USR1 "$$" 2>/dev/null || exit 0
+        done
+    ) >/dev/null 2>&1 &
+    TRAIN_USR1_LATER=$!
+}
+
+# shellcheck disable=SC2329  # invoked by train_on_usr1
+train_end_reminder() {
     if [ -n "$TRAIN_USR1_LATER" ]; then
         kill "$TRAIN_USR1_LATER" 2>/dev/null || true
         TRAIN_USR1_LATER=
     fi
-    [ "$TRAIN_STOP_SENT" = 0 ] || return 0  # the step was asked already (a reminder)
-    if [ "$STOP_MODE" = kill ]; then
-        train_kill
-        return 0
-    fi
-    train_log "walltime signal: asking the step to checkpoint and stop ($STOP_SIGNAL)"
-    TRAIN_STOP_SENT=1
+}
+
+# shellcheck disable=SC2329  # invoked by train_on_usr1
+train_pass_stop() {
     if [ "$STOP_VIA" = scancel ]; then
         # TERM to the step's tasks only (srun, and this shell, must not get it)
         scancel --signal=TERM "$TRAIN_SELF" 2>/dev/null || train_signal_step TERM
@@ -205,6 +198,68 @@ train_on_usr1() {
         train_signal_step USR1
     fi
     train_overrun_guard
+}
+
+# shellcheck disable=SC2329  # invoked by the USR1 trap
+train_on_usr1() {
+    # Slurm may send the walltime signal up to a minute early, even as the chunk starts;
+    # a program that has not yet set its handler (Python starting, imports; a node still
+    # unpacking the image, where Apptainer's starter drops the signal) would die of it or
+    # never see it. So until every rank of the step says it is ready (STEP_RANKS files,
+    # see train_count_ready) and at most for the step's first STEP_GRACE seconds, the
+    # signal is held and looked at again every second (the trainer's own time budget runs
+    # meanwhile). Passed on at the grace with ranks missing, it is passed on again each
+    # time one more rank says it is ready (that rank may have missed it; the others get
+    # it twice), until all have.
+    local now since ranks=${STEP_RANKS:-1}
+    if [ "$STOP_SIGNAL" = none ]; then
+        train_log "USR1 received; the job has no stop signal: not passed on"
+        return 0
+    fi
+    printf -v now '%(%s)T' -1
+    since=$((now - ${TRAIN_STEP_START:-$now}))
+    train_count_ready
+    if [ "$TRAIN_STOP_SENT" = 1 ]; then
+        # a reminder after the stop was passed on
+        # (a stop the program asked for has no count: nothing to pass on again)
+        if [ "$STOP_MODE" != kill ] && [ -n "$TRAIN_READY_AT_STOP" ] && \
+                [ "$TRAIN_RANKS_READY" -gt "$TRAIN_READY_AT_STOP" ]; then
+            train_log "$TRAIN_RANKS_READY of $ranks ranks ready now ($TRAIN_READY_AT_STOP" \
+                "when the stop was passed on): passing it on again for the late ones"
+            TRAIN_READY_AT_STOP=$TRAIN_RANKS_READY
+            train_pass_stop
+        fi
+        [ "$TRAIN_RANKS_READY" -lt "$ranks" ] || train_end_reminder
+        return 0
+    fi
+    if [ -z "${TRAIN_STEP_START:-}" ] || \
+            { [ "$TRAIN_RANKS_READY" -lt "$ranks" ] && [ "$since" -lt "$STEP_GRACE" ]; }; then
+        if [ "$TRAIN_USR1_HELD" = 0 ]; then
+            TRAIN_USR1_HELD=1
+            train_log "walltime signal ${since}s after the step started: passing it on" \
+                "when the program is ready (at most ${STEP_GRACE}s after its start;" \
+                "$TRAIN_RANKS_READY of $ranks rank(s) ready now)"
+            train_remind_usr1
+        fi
+        return 0
+    fi
+    TRAIN_USR1_HELD=0
+    TRAIN_STOP_SENT=1
+    TRAIN_READY_AT_STOP=$TRAIN_RANKS_READY
+    if [ "$STOP_MODE" = kill ]; then
+        train_end_reminder
+        train_kill
+        return 0
+    fi
+    train_log "walltime signal: asking the step to checkpoint and stop ($STOP_SIGNAL)"
+    if [ "$TRAIN_RANKS_READY" -lt "$ranks" ]; then
+        train_log "only $TRAIN_RANKS_READY of $ranks ranks are ready after ${since}s: passed" \
+            "on again when a late one is"
+        train_remind_usr1
+    else
+        train_end_reminder
+    fi
+    train_pass_stop
 }
 
 # shellcheck disable=SC2329  # invoked by train_on_usr1
@@ -298,6 +353,7 @@ train_on_exit() {
     fi
     rm -rf "${TRAIN_TMP:-/nonexistent}"
     rm -f "$TRAIN_READY" "${TRAIN_STOP_REQUEST:-/nonexistent}"
+    [ -z "${TRAIN_READY:-}" ] || rm -f "$TRAIN_READY$READY_RANK"*
     if [ -n "${TRAIN_WATCHER:-}" ]; then
         kill "$TRAIN_WATCHER" 2>/dev/null || true
     fi

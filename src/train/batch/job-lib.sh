@@ -273,6 +273,8 @@ train_setup() {
     TRAIN_USR1_HELD=0
     TRAIN_USR1_LATER=
     TRAIN_STOP_SENT=0
+    TRAIN_READY_AT_STOP=  # ranks ready when the walltime stop was passed on
+    TRAIN_RANKS_READY=0
     TRAIN_STOP_REQUESTED=0
     TRAIN_WATCHER=
     TRAIN_EXTEND_TRIED=0

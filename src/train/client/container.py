@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from train.batch.contract import (
     DOCKER_JOB_LABEL,
+    READY_RANK_SUFFIX,
     SIGNAL_READY_VAR,
     STALE_TMP_VAR,
     TASK_EXITS_VAR,
@@ -27,6 +28,10 @@ PASS_THROUGH = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_
                 "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE",
                 "SLURM_JOB_NODELIST", "SLURM_CPUS_PER_TASK", "SLURM_GPUS_ON_NODE",
                 "CUDA_VISIBLE_DEVICES", "TRAIN_MASTER_ADDR", SIGNAL_READY_VAR)
+# Each task's wrapper gives the task a signal-readiness file of its own (the batch shell
+# counts them; `train launch` and torchrun's workers make it per rank the same way).
+READY_PER_TASK = (f'[ -z "${{{SIGNAL_READY_VAR}:-}}" ] || export {SIGNAL_READY_VAR}='
+                  f'"${SIGNAL_READY_VAR}{READY_RANK_SUFFIX}${{SLURM_PROCID:-0}}"')
 # The job's own pass-through names and patterns (NAME, PREFIX_*), space-separated: the
 # batch shell exports it and each task's wrapper passes what matches into the container.
 ENV_NAMES_VAR = "TRAIN_ENV_NAMES"
@@ -55,6 +60,7 @@ DOCKER_TASK = "\n".join((
     'kill_wait=$(sed -n "s/^[[:space:]]*killwait[[:space:]]*=[[:space:]]*\\([0-9][0-9]*\\).*/'
     '\\1/Ip" "${SLURM_CONF:-/etc/slurm/slurm.conf}" 2>/dev/null | tail -n 1)',
     # the job's pass-through names: those set here go in by name (values never written)
+    READY_PER_TASK,
     "set -f",
     "for v in $(compgen -v); do for p in ${" + ENV_NAMES_VAR + ":-}; do",
     '    # shellcheck disable=SC2053  # $p is a pattern on purpose',

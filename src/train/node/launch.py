@@ -72,7 +72,12 @@ from train.node.launcher.step import (
     tasks_env,
     torchrun_argv,
 )
-from train.node.launcher.torchrun import run_torchrun, stop_signal_for_workers, worker_failure
+from train.node.launcher.torchrun import (
+    ready_per_rank,
+    run_torchrun,
+    stop_signal_for_workers,
+    worker_failure,
+)
 from train.node.launcher.watch import start_gpu_watch, stop_gpu_watch
 
 __all__ = ["LIGHTNING_ROOT_VAR", "MASTER_ADDR_VAR", "MIB", "MIN_WORK_SECONDS", "NCCL_DEFAULTS",
@@ -137,6 +142,7 @@ def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> 
     if opts.mode != "torchrun" or "--no-python" in torchrun_argv(step, master, 1, command):
         find_program(command, environ)
     program_environment(step, opts.mode, environ)
+    command = ready_per_rank(opts.mode, step.procid, command, environ)
     # the stand-in turns `scontrol requeue` into "end this chunk": only under the job's
     # batch shell, which watches for that request
     shim = install_scontrol_shim(environ) if environ.get("TRAIN_STOP_REQUEST") else None

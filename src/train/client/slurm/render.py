@@ -44,10 +44,12 @@ _NAMED = {TASK_WRAPPER_VAR: "every task's wrapper: its temporary folder, its exi
                               "without train (train.node.nodeentry)"}
 
 # apptainer --cleanenv drops the host environment; the per-task SLURM and rank variables
-# `train launch` reads are handed in through APPTAINERENV_ copies made in each task.
+# `train launch` reads are handed in through APPTAINERENV_ copies made in each task (the
+# signal-readiness file first made the task's own).
 # The job's pass-through names (patterns such as WANDB_* too) come in TRAIN_ENV_NAMES.
 APPTAINER_TASK_ENV = (
-    "set -f; for v in $(compgen -v); do for p in " + " ".join(container.PASS_THROUGH)
+    container.READY_PER_TASK + "; set -f; for v in $(compgen -v); do for p in "
+    + " ".join(container.PASS_THROUGH)
     + ' ${TRAIN_ENV_NAMES:-}; do if [[ $v == $p ]]; then '
     'export "APPTAINERENV_$v=${!v}"; break; fi; done; done; set +f; '
     # the task's temporary folder (TASK_WRAPPER's), where apptainer binds it: under /tmp
@@ -364,6 +366,8 @@ def _library_part(job: ResolvedJob, library: str) -> list[str]:
         f"COMPLETE_ON_SUCCESS={0 if spec.entry == 'train' else 1}",
         f"STOP_VIA={stop_route(job)}",
         f"STEP_GRACE={step_grace(job)}",
+        # the ranks that say when they are ready for the stop signal (one file each)
+        f"STEP_RANKS={job.spec.nodes * job.processes_per_node}",
         f"KILL_GRACE={kill_grace(job)}",
         "# the contract with train (train/batch/contract.py)",
         *[f"{k}={shlex.quote(v)}" for k, v in contract.shell_variables().items()],

@@ -6,16 +6,52 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
+import sys
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from train.batch.contract import STOP_SIGNAL_VAR
+from train.batch.contract import (
+    READY_RANK_SUFFIX,
+    SIGNAL_READY_VAR,
+    STOP_SIGNAL_VAR,
+    rank_ready_path,
+)
 from train.common.secrets import masked_argv
 from train.node.launcher.step import SlurmStep, torchrun_argv
 
 log = logging.getLogger("train.node.launch")
+
+
+# torch's launcher gives every worker the agent's environment and its own RANK: this
+# exec wrapper (the agent's Python, standard library only) turns the signal-readiness file
+# into the worker's own before the program starts
+_WORKER_READY = (
+    "import os, re, sys\n"
+    f"v = os.environ.get({SIGNAL_READY_VAR!r})\n"
+    "if v:\n"
+    f"    os.environ[{SIGNAL_READY_VAR!r}] = re.sub({re.escape(READY_RANK_SUFFIX) + '[0-9]+$'!r}"
+    f", '', v) + {READY_RANK_SUFFIX!r} + os.environ.get('RANK', '0')\n"
+    "os.execvp(sys.argv[1], sys.argv[1:])\n")
+
+
+def ready_per_rank(mode: str, procid: int, command: Sequence[str],
+                   env: MutableMapping[str, str]) -> list[str]:
+    """Each rank's own signal-readiness file (the batch shell waits for all of them before
+    it passes the walltime signal on): this task's where it is the rank (tasks, single),
+    each worker's through an exec wrapper under torchrun. Returns the command to run."""
+    value = env.get(SIGNAL_READY_VAR)
+    if not value:
+        return list(command)
+    if mode != "torchrun":
+        env[SIGNAL_READY_VAR] = rank_ready_path(value, procid)
+        return list(command)
+    run = list(command)
+    if len(run) > 2 and run[0] in ("python", "python3") and run[1] == "-m":
+        run[0] = sys.executable  # what torchrun itself would have run `-m` with
+    return [sys.executable, "-c", _WORKER_READY, *run]
 
 
 def _children(pid: int) -> list[int]:
