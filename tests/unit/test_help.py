@@ -72,3 +72,59 @@ def test_options_on_the_wrong_side_of_the_double_dash_say_where_they_go() -> Non
                      "--episodes", "10", "-g", "1", "-t", "30"])
     assert after.returncode == 2
     assert "those of train render/submit go before `--`" in after.stderr
+
+
+ESSENTIAL_FLAGS = ("--cluster", "--nodes", "--gpus-per-node", "--time", "--image",
+                   "--runtime", "--entry", "--name", "--max-chunks", "--total-time",
+                   "--resume-args", "--help-all")
+
+
+@pytest.mark.parametrize("command", ["render", "submit"])
+def test_the_job_help_fits_a_screen_and_says_where_the_rest_is(command: str) -> None:
+    proc = run_cli([command, "--help"], env={"COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) <= 60, len(lines)
+    for flag in ESSENTIAL_FLAGS:
+        assert flag in proc.stdout, flag
+    for topic in ("job", "resources", "chain", "container", "program", "gpu-wait",
+                  "monitoring", "slurm"):
+        assert f"train {command} --help {topic} " in proc.stdout, topic
+    assert "--sbatch-extra" not in proc.stdout  # a topic's, not the first screen's
+
+
+def _option_strings(command: str) -> list[str]:
+    return [s for a in _commands()[command]._actions for s in a.option_strings]
+
+
+@pytest.mark.parametrize("command", ["render", "submit"])
+def test_help_all_names_every_option(command: str) -> None:
+    proc = run_cli([command, "--help-all"], env={"COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    named = set(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", proc.stdout))
+    missing = [s for s in _option_strings(command) if s not in named]
+    assert not missing, missing
+    assert len(_option_strings(command)) > 55  # the whole parser, not a part of it
+
+
+@pytest.mark.parametrize("command", ["render", "submit"])
+def test_every_job_option_still_parses(command: str) -> None:
+    parser = build_parser()
+    for action in _commands()[command]._actions:
+        if isinstance(action, argparse._HelpAction) or not action.option_strings:
+            continue
+        for flag in action.option_strings:
+            argv = [command, flag] if action.nargs == 0 else [command, flag, "1"]
+            args = parser.parse_args(argv)
+            assert getattr(args, action.dest) not in (None, []), (flag, args)
+
+
+def test_help_topic_shows_one_group_in_full_and_an_unknown_topic_is_named() -> None:
+    proc = run_cli(["submit", "--help", "slurm"], env={"COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    assert "--sbatch-extra" in proc.stdout and "--srun-extra" in proc.stdout
+    assert "--gpus-per-node" not in proc.stdout
+    bad = run_cli(["submit", "--help", "gpus"])
+    assert bad.returncode == 2 and not bad.stdout
+    assert "--help: no topic 'gpus'" in bad.stderr and "resources" in bad.stderr
+    assert "Traceback" not in bad.stderr

@@ -80,11 +80,13 @@ def add_submit(sub: Subparsers) -> None:
 
 def _add_job_parser(sub: Subparsers, name: str, text: str) -> None:
     """A job command's parser: the job file, and the job's fields as flags in groups."""
+    from train.cli.jobhelp import add_help, full_epilog
     from train.client.slurm.job import JobSpec
 
     p = sub.add_parser(name, help=text, description=text.capitalize() + ".",
-                       epilog=JOB_EPILOG, formatter_class=HelpFormatter,
+                       epilog=JOB_EPILOG, formatter_class=HelpFormatter, add_help=False,
                        usage="%(prog)s [JOB.yaml] [OPTIONS] [-- WORKLOAD [ARG ...]]")
+    add_help(p)
     p.add_argument("job_file", nargs="?", type=Path, metavar="JOB.yaml",
                    help="job spec file")
     groups = _job_groups(p)
@@ -97,6 +99,7 @@ def _add_job_parser(sub: Subparsers, name: str, text: str) -> None:
         "nodes that see files or programs this login node does not), and submit without "
         "asking Slurm first (sbatch --test-only)")
     add_fields(p, JobSpec, skip=("workload",), group=_group_of(groups))
+    p.epilog = JOB_EPILOG + full_epilog(p)
     p.unknown_hint = _program_typed
 
 

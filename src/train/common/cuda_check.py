@@ -201,7 +201,7 @@ def _driver_too_old(facts: CudaFacts, built: tuple[int, int]) -> str:
 
 
 # The shipped base image variants: lock file -> (CUDA it is built for, base image). Their
-# architecture lists are recorded in each lock's header (README, "GPUs, drivers and image
+# architecture lists are recorded in each lock's header (docs/images.md, "GPUs, drivers and image
 # variants").
 VARIANTS = {
     "base-cu130.txt": ((13, 0), "nvidia/cuda:13.0.0-runtime-ubuntu24.04"),
@@ -231,7 +231,7 @@ def _no_kernel_image(facts: CudaFacts, unserved: list[tuple[str, tuple[int, int]
             f"no code for {gpus}: its architectures are {arch}, and machine code runs only on "
             "its own major at an equal or higher minor, so every kernel would fail with \"no "
             "kernel image is available\". Fix: use the image variant built for this GPU "
-            f"(README, \"GPUs, drivers and image variants\": compute capability "
+            f"(docs/images.md, \"GPUs, drivers and image variants\": compute capability "
             f"{oldest[0]}.{oldest[1]}{_variant_hint(oldest)}), or run on a partition whose GPUs "
             f"this image serves. {_CPU_FIX}")
 

@@ -1,6 +1,6 @@
 """The project's exception types; `train.cli` alone maps them to messages and exit codes.
 
-Exit codes (also documented in the README and `train run --help`):
+Exit codes (also documented in docs/demo.md and `train run --help`):
   0  success, or a clean stop (time budget, SIGUSR1/SIGTERM/SIGINT) after a checkpoint
   1  an unexpected failure
   2  bad input: unknown workload, bad config key or value, unwritable output directory

@@ -206,8 +206,8 @@ _TITLES_FIXES: dict[str, tuple[str, str]] = {
         "the program died of the walltime stop signal (it has no handler for it)",
         "give the program a handler (on the signal: checkpoint, then exit 0; Lightning "
         "has one under SLURM in --launch tasks), or submit with --stop-signal none and let "
-        "the program save by itself before the walltime (README, \"Running a program you "
-        "did not write\")"),
+        "the program save by itself before the walltime (docs/your-program.md, \"Running a "
+        "program you did not write\")"),
     "program_missing": (
         "the program to run was not found",
         "the first word after `--` must exist on the nodes (runtime none) or inside the "

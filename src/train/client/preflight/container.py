@@ -13,7 +13,7 @@ from train.client.preflight.commands import Runner, _run, _tail, _which
 from train.client.preflight.result import RUNTIME, Check
 
 RUNTIMES = ("auto", "apptainer", "docker", "none")
-# every image needs it (containers/*.def: %arguments and --build-arg; README "Images")
+# every image needs it (containers/*.def: %arguments and --build-arg; docs/images.md)
 MIN_APPTAINER = (1, 2, 0)
 
 _VERSION_TIMEOUT = 30.0

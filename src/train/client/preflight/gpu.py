@@ -108,7 +108,7 @@ def check_arch(nodes: list[NodeType], named: bool, chosen: str,
         return Check(ARCH, True if served else None,
                      f"{source} carries {arch}" + (f"; serves {', '.join(served)}" if served
                                                    else "; no known GPU type to compare"))
-    fix = ("use the image variant built for these GPUs (README, \"GPUs, drivers and image "
+    fix = ("use the image variant built for these GPUs (docs/images.md, \"GPUs, drivers and image "
            f"variants\"; shipped locks: {variants})" +
            (", or another partition" if served else ""))
     detail = f"{source} carries {arch}: no code for {', '.join(unserved)}"

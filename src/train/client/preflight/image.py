@@ -64,7 +64,7 @@ def image_facts(path: Path, binary: str, profile: Profile) -> ImageFacts | None:
 
 def _check_sif(path: Path, binary: str | None, profile: Profile, mounts: list[Mount],
                run: Runner, strict: bool = False) -> tuple[Check, ImageFacts | None]:
-    build = ("build it (`train image build base`, see the README's Images section) or copy "
+    build = ("build it (`train image build base`, see docs/images.md) or copy "
              "it to a file system the compute nodes mount, and pass its path with --image")
     try:
         st = path.stat()
@@ -163,7 +163,7 @@ def _check_docker_image(image: str, binary: str | None,
             fix = ("start the Docker engine (ci/docker-up.sh on the test machine) or point "
                    "DOCKER_HOST at it")
         else:
-            fix = ("build it (`train image build base --engine docker`, see the README) or "
+            fix = ("build it (`train image build base --engine docker`, see docs/images.md) or "
                    "`docker load` it, and pass its tag with --image")
         return Check(IMAGE, False, f"`docker image inspect {image}` failed (exit {code}): "
                      f"{said}", fix), None
