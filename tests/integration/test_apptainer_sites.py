@@ -126,7 +126,9 @@ def _chain(user: SiteUser, site: str, sif: Path, launch: str,
     name = f"{site}-{launch}"
     proc = user.cli(
         ["submit", "--name", name, "--cluster", cluster, "--entry", "command",
-         "--nodes", "2", "--gpus-per-node", "1", "--cpus-per-task", "1", "--mem", "1000M",
+         "--nodes", "2", "--gpus-per-node", "1", "--cpus-per-task", "1",
+         # (torch's launcher, its worker and torch: a step killed at 1000M, exit 137)
+         "--mem", "1000M" if launch == "tasks" else "3000M",
          "--time", "5", "--runtime", "apptainer", "--image", str(sif), "--launch", launch,
          "--stop-signal", "USR1", "--max-chunks", "3", "--env", "USER_HOLD_AT",
          "--", "python3", str(work / "plain_steps.py")],
