@@ -28,6 +28,23 @@ def on_stop(signum, frame):
     stop["signal"] = signum
 
 
+def leaks() -> list[str]:
+    """What of the login node's side reached this process: the tests' planted modules
+    (POISON_MODULE on a PYTHONPATH, a usercustomize in the user site-packages), and
+    variables that change imports or libraries (LD_LIBRARY_PATH: Apptainer's own only)."""
+    found = [name for name in ("poisonmod", "usercustomize")
+             if name in sys.modules or importlib.util.find_spec(name) is not None]
+    found += [name for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP",
+                                "POISON_MARK") if name in os.environ]
+    found += [name for name in os.environ if name.startswith(("APPTAINERENV_",
+                                                              "SINGULARITYENV_"))]
+    if os.path.isdir("/opt/poison"):  # an APPTAINER_BIND of the submitting shell
+        found.append("/opt/poison")
+    if os.environ.get("LD_LIBRARY_PATH", "/.singularity.d/libs") != "/.singularity.d/libs":
+        found.append("LD_LIBRARY_PATH=" + os.environ["LD_LIBRARY_PATH"])
+    return found
+
+
 def main() -> int:
     run_dir = Path(os.environ.get("TRAIN_RUN_DIR", "."))
     rank = int(os.environ.get("RANK", "0"))
@@ -56,6 +73,7 @@ def main() -> int:
           f"HOME={os.environ.get('HOME', '<unset>')}", flush=True)
     print(f"plain rank {rank} gpus {os.environ.get('SLURM_GPUS_ON_NODE', '<unset>')}",
           flush=True)
+    print(f"plain rank {rank} leaks: {leaks()}", flush=True)
     ckpt = run_dir / f"plain_ckpt-{rank}.json"
     step = 0
     if ckpt.exists():

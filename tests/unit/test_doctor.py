@@ -109,6 +109,17 @@ CASES = [
      "FATAL:   could not open image /scratch/u/train.sif: failed to retrieve path for "
      "/scratch/u/train.sif: lstat /scratch/u/train.sif: no such file or directory\n",
      ["--image"]),
+    # Apptainer 1.4 (a profile bind the node does not mount)
+    ("bind_missing", "FAILED", "255:0",
+     "INFO:    Converting SIF file to temporary sandbox...\nWARNING: skipping mount of "
+     "/depot: stat /depot: no such file or directory\nFATAL:   container creation failed: "
+     "mount hook function failure: mount /depot->/depot error: while mounting /depot: "
+     "mount source /depot doesn't exist\n", ["binds:", "--exclude"]),
+    # ours: the apptainer task wrapper (Apptainer itself says nothing)
+    ("nv_no_driver", "FAILED", "1:0",
+     "train: apptainer --nv on n1: no NVIDIA driver on this node (/dev/nvidiactl is "
+     "missing): the program sees no GPU\ntrain: error: --device cuda: CUDA is not "
+     "available\n", ["--gpus-per-node"]),
     # CPython
     ("import_error", "FAILED", "1:0",
      "Traceback (most recent call last):\nModuleNotFoundError: No module named 'timm'\n",

@@ -122,6 +122,15 @@ def test_each_difference_is_one_line_profile_says_site_says(tmp_path: Path) -> N
     assert "QOS time limits (sacctmgr show qos): normal 2-00:00:00" in probe.facts(site)
 
 
+def test_probe_says_whether_a_job_needs_the_profiles_module_line() -> None:
+    found = probe.facts(probe.Site(apptainer="apptainer version 1.4.5"))
+    assert "apptainer version 1.4.5  (apptainer --version): on PATH without modules, so a " \
+           "job skips the profile's `modules:` lines" in found, found
+    missing = probe.facts(probe.Site())
+    assert "apptainer is not on PATH here: a job runs the profile's `modules:` lines " \
+           "(module load apptainer) to find it" in missing, missing
+
+
 def test_what_could_not_be_read_leaves_the_profile_alone(tmp_path: Path) -> None:
     prof = _profile(tmp_path, MINE).get("mine")
     site = probe.Site(unread=["QOS limits: no accounting"])

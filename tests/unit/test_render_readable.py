@@ -19,6 +19,7 @@ from train.client.slurm.render import (
     LIBRARY_NAMES,
     STEP_WIDTH,
     _strip_header,
+    apptainer_setup,
     library_paths,
     library_text,
     marker_line,
@@ -74,9 +75,10 @@ def test_the_readable_part_is_short_and_the_marker_names_the_library_version(
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_readable_part_only_sets_variables(case: str) -> None:
     """Bash runs the script top to bottom: above the marker, nothing runs but the site's
-    own set-up lines."""
+    own set-up lines (apptainer's: the submitting shell's settings unset, the modules where
+    apptainer is not on PATH)."""
     top, _ = _parts(rendered(case))
-    modules = set(resolved(case).profile.modules)
+    modules = set(apptainer_setup(resolved(case).profile.modules))
     body = top.index("step_command() {")
     assert top[body + 1].startswith("    STEP=(") and top[-1] == "}"
     assignment = re.compile(r"^(export )?[A-Z_]+=")

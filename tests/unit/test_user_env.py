@@ -12,8 +12,9 @@ import subprocess
 import pytest
 
 from train.client.clusters.profiles import Registry
+from train.client.container import APPTAINER_TASK
 from train.client.slurm.job import JobSpec, resolve
-from train.client.slurm.render import APPTAINER_TASK_ENV, library_text, render, step_argv
+from train.client.slurm.render import library_text, render, step_argv
 from train.common.alloc_conf import ALLOC_CONF_VAR, TUNED_ALLOC_CONF
 
 USER_ALLOC = "backend:cudaMallocAsync"
@@ -62,7 +63,7 @@ def test_the_apptainer_task_hands_the_users_values_to_the_container() -> None:
     # apptainer --cleanenv lets only APPTAINERENV_ copies in; they override the image's
     # %environment (where base.def exports the tuned default)
     env = _exported("apptainer")
-    out = subprocess.run(["bash", "-c", APPTAINER_TASK_ENV, "train-task", "env"],
+    out = subprocess.run(["bash", "-c", APPTAINER_TASK, "train-task", "env"],
                          capture_output=True, text=True, check=True, env=env).stdout
     assert f"APPTAINERENV_{ALLOC_CONF_VAR}={USER_ALLOC}\n" in out
     assert "APPTAINERENV_PYTHONPATH=/opt/fork\n" in out
@@ -78,7 +79,7 @@ def test_each_apptainer_task_hands_its_own_ready_file_to_the_container() -> None
     # every rank says for itself that its handler is set (the batch shell waits for all)
     env = {"PATH": "/usr/bin:/bin", "SLURM_PROCID": "1",
            "TRAIN_SIGNAL_READY": "/runs/a/.signal-ready-7-0"}
-    out = subprocess.run(["bash", "-c", APPTAINER_TASK_ENV, "train-task", "env"],
+    out = subprocess.run(["bash", "-c", APPTAINER_TASK, "train-task", "env"],
                          capture_output=True, text=True, check=True, env=env,
                          timeout=60).stdout
     assert "APPTAINERENV_TRAIN_SIGNAL_READY=/runs/a/.signal-ready-7-0.rank-1\n" in out

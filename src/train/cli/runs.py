@@ -197,7 +197,7 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
 def _cmd_summary(args: argparse.Namespace) -> int:
     from train.client.slurm.scheduler import find_run
-    from train.client.slurm.sweep import is_sweep
+    from train.client.slurm.sweep import is_sweep, read_tasks
     from train.client.slurm.sweepsummary import summarize
 
     root = find_run(args.ref, args.runs)
@@ -213,6 +213,7 @@ def _cmd_summary(args: argparse.Namespace) -> int:
         print("\n".join(lines))
         for note in notes:
             print(f"train: {note}", file=sys.stderr)
+        _left_out(read_tasks(root)[1])
         return EXIT_OK
     summary = summarize(root, args.smooth, _chain_states(root))
     print("\n".join(summary.table))
@@ -221,11 +222,16 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     written = [str(p) for p in (summary.csv, summary.plot) if p is not None]
     if written:
         print(f"written: {' and '.join(written)}")
-    if summary.left_out:  # the rest is summarised; what could not be read is said
-        for line in summary.left_out[1:]:
-            print(f"train: left out of the summary: {line}", file=sys.stderr)
-        raise UsageError(f"summary: left out: {summary.left_out[0]}")
+    _left_out(summary.left_out)
     return EXIT_OK
+
+
+def _left_out(lines: list[str]) -> None:
+    """The rest is summarised; what could not be read is said, and the exit is 2."""
+    if lines:
+        for line in lines[1:]:
+            print(f"train: left out of the summary: {line}", file=sys.stderr)
+        raise UsageError(f"summary: left out: {lines[0]}")
 
 
 def _chain_states(root: Path) -> dict[str, str]:

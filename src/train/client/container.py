@@ -2,8 +2,11 @@
 
 The renderer puts this prefix before `python -m train ...` in the job step. Host
 PYTHONPATH, CONDA_* and friends never reach the training process inside a container:
-apptainer runs with --cleanenv and gets exactly the variables listed here; docker gets
-only what is passed with -e. Docker's prefix is a per-task wrapper (DOCKER_TASK) that ties
+apptainer runs with --cleanenv and gets exactly the variables listed here (what the
+submitting shell's APPTAINER_* and SINGULARITY_* settings would add is dropped by the
+batch script), with PYTHONNOUSERSITE=1: the bound home's ~/.local site-packages is not
+imported unless the job sets PYTHONNOUSERSITE= (empty); docker gets only what is passed
+with -e. Docker's prefix is a per-task wrapper (DOCKER_TASK) that ties
 the container's life to the Slurm task's and runs it as the task's user.
 """
 
@@ -137,9 +140,49 @@ TASK_WRAPPER = "\n".join((
 ))
 
 
-def job_environment(nccl_env: Mapping[str, str]) -> dict[str, str]:
-    """Fixed values every training process gets."""
-    return {"PYTHONUNBUFFERED": "1", ALLOC_CONF_VAR: TUNED_ALLOC_CONF, **nccl_env}
+# Apptainer binds the user's home: a `pip install --user` there (UVA's how-to advises it
+# inside a container) would shadow the image's packages. Off unless the job sets the
+# variable itself (`--env PYTHONNOUSERSITE=`: empty turns the user site back on).
+APPTAINER_ENV = {"PYTHONNOUSERSITE": "1"}
+
+# Each apptainer task's wrapper (bash -c, arguments: the apptainer command line). Its
+# pass-through variables go in as APPTAINERENV_ copies (--cleanenv drops the rest). No
+# squashfuse on a node: Apptainer unpacks the SIF into APPTAINER_TMPDIR at every start;
+# that is a folder of the task's own under the node's TMPDIR (Slurm's node-local one on
+# the sites), removed when apptainer ends (a task killed outright leaves it to the
+# site's TMPDIR clean-up). The wrapper stays the task's parent for that: Slurm signals
+# every process of the step, apptainer included; the wrapper's traps only wait for it.
+# --nv on a node without the NVIDIA driver: Apptainer starts the container without a
+# word; the wrapper says it (train doctor's nv_no_driver).
+NV_NO_DRIVER = "no NVIDIA driver on this node"
+APPTAINER_TASK = "\n".join((
+    READY_PER_TASK,
+    "set -f",
+    "for v in $(compgen -v); do for p in " + " ".join(PASS_THROUGH)
+    + " ${" + ENV_NAMES_VAR + ":-}; do",
+    '    if [[ $v == $p ]]; then export "APPTAINERENV_$v=${!v}"; break; fi',
+    "done; done",
+    "set +f",
+    # the task's temporary folder (TASK_WRAPPER's), where apptainer binds it: under /tmp
+    'case ${TMPDIR:-} in /tmp/?*) export APPTAINERENV_TMPDIR="$TMPDIR" ;; esac',
+    'if [ "$2 $3" = "exec --nv" ] && [ ! -e /dev/nvidiactl ]; then',
+    '    echo "train: apptainer --nv on $(hostname): ' + NV_NO_DRIVER
+    + ' (/dev/nvidiactl is missing): the program sees no GPU" >&2',
+    "fi",
+    'unpack=$(mktemp -d "${TMPDIR:-/tmp}/train-apptainer-${SLURM_JOB_ID:-0}.XXXXXX") || {',
+    '    echo "train: apptainer on $(hostname): cannot make a folder under ${TMPDIR:-/tmp}'
+    ' for the unpacked image" >&2; exit 3; }',
+    'declare -x APPTAINER_TMPDIR="$unpack"',
+    "trap 'rm -rf \"$unpack\"' EXIT",
+    "trap : USR1 USR2 TERM INT",
+    '"$@"',
+))
+
+
+def job_environment(nccl_env: Mapping[str, str], runtime: str = "none") -> dict[str, str]:
+    """Fixed values every training process gets (and apptainer's own: APPTAINER_ENV)."""
+    extra = APPTAINER_ENV if runtime == "apptainer" else {}
+    return {"PYTHONUNBUFFERED": "1", ALLOC_CONF_VAR: TUNED_ALLOC_CONF, **nccl_env, **extra}
 
 
 def runtime_prefix(runtime: str, *, image: str | None, gpus: bool, binds: Sequence[str],

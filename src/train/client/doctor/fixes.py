@@ -156,6 +156,15 @@ _TITLES_FIXES: dict[str, tuple[str, str]] = {
         "a module the job loads does not exist on the node",
         "fix the profile's `modules:` lines (`module avail apptainer` on a compute node "
         "lists what exists), or drop them where the runtime is on the default PATH"),
+    "bind_missing": (
+        "a folder bound into the container does not exist on the node",
+        "the profile's `binds:` (or --bind) name a file system this node does not mount: "
+        "drop it from your profile (extends: SITE, binds: [...]) or --exclude the node; "
+        "train submit refuses a profile bind the login node lacks"),
+    "nv_no_driver": (
+        "a GPU job's node has no NVIDIA driver: apptainer --nv gave the container no GPU",
+        "ask for GPUs (--gpus-per-node, the GPU partition or constraint) so that the job "
+        "lands on a GPU node; a CPU job takes --gpus-per-node 0 (no --nv)"),
     "image_unopenable": (
         "the container image could not be opened",
         "build or copy the image to a file system the compute nodes mount (not /tmp), "

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from train.client.container import NV_NO_DRIVER
+
 
 @dataclass(frozen=True)
 class LogRule:
@@ -109,6 +111,17 @@ RULES: tuple[LogRule, ...] = (
             None, "Lmod: 'Lmod has detected the following error: The following module(s) "
             "are unknown: \"x\"'; Environment Modules: 'ERROR: Unable to locate a "
             "modulefile for 'x''"),
+    # before image_unopenable: Apptainer says "container creation failed" for both
+    LogRule("bind_missing", ("mount source", "bind source path does not exist"),
+            re.compile(r"mount source \S+ doesn't exist|bind source path does not exist"),
+            "Apptainer 1.1-1.4: 'FATAL:   container creation failed: mount hook function "
+            "failure: mount /depot->/depot error: while mounting /depot: mount source "
+            "/depot doesn't exist'; Docker: 'invalid mount config for type \"bind\": bind "
+            "source path does not exist: /depot'"),
+    LogRule("nv_no_driver", (NV_NO_DRIVER,), None,
+            "ours (client/container.py's apptainer task wrapper; Apptainer 1.4 starts --nv "
+            "without a word): 'train: apptainer --nv on NODE: " + NV_NO_DRIVER
+            + " (/dev/nvidiactl is missing): the program sees no GPU'"),
     LogRule("image_unopenable", ("could not open image", "FATAL:   container creation failed",
                                  "FATAL:   Unable to handle", "FATAL:   image format",
                                  "is not a valid SIF", "No such image:"),

@@ -335,7 +335,7 @@ def format_status(st: dict[str, Any]) -> list[str]:
             if st["chunks_left_estimate"]:
                 text += f" (~{st['chunks_left_estimate']} more {st['unit']}(s))"
         lines.append(text)
-    elif st["done"]:
+    elif st.get("done"):
         lines.append(f"  progress: step {st['done']} (as the program's last save names it)")
     lines += [f"  note: {text}" for text in st.get("overran") or ()]
     for node, g in sorted((st.get("gpu") or {}).items()):

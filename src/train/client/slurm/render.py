@@ -43,20 +43,6 @@ _NAMED = {TASK_WRAPPER_VAR: "every task's wrapper: its temporary folder, its exi
           BOUND_LAUNCHER_VAR: "the client's launcher, bound read-only into an image "
                               "without train (train.node.nodeentry)"}
 
-# apptainer --cleanenv drops the host environment; the per-task SLURM and rank variables
-# `train launch` reads are handed in through APPTAINERENV_ copies made in each task (the
-# signal-readiness file first made the task's own).
-# The job's pass-through names (patterns such as WANDB_* too) come in TRAIN_ENV_NAMES.
-APPTAINER_TASK_ENV = (
-    container.READY_PER_TASK + "; set -f; for v in $(compgen -v); do for p in "
-    + " ".join(container.PASS_THROUGH)
-    + ' ${TRAIN_ENV_NAMES:-}; do if [[ $v == $p ]]; then '
-    'export "APPTAINERENV_$v=${!v}"; break; fi; done; done; set +f; '
-    # the task's temporary folder (TASK_WRAPPER's), where apptainer binds it: under /tmp
-    'case ${TMPDIR:-} in /tmp/?*) export APPTAINERENV_TMPDIR="$TMPDIR" ;; esac; exec "$@"'
-)
-
-
 def library_paths() -> list[Path]:
     """The job library's files shipped in the package (slurm/ links to each), in order."""
     batch = Path(__file__).resolve().parents[2] / "batch"  # src/train/batch
@@ -188,7 +174,8 @@ def _extra_option(item: str, field: str) -> str:
 def step_environment(job: ResolvedJob) -> dict[str, str]:
     """Values every process of the step gets: the fixed ones, the GPU watch's settings for
     `train launch` (GPU jobs with the watch on), then the job's own."""
-    return {**container.job_environment(job.profile.nccl_env), **gpu_watch_environment(job),
+    return {**container.job_environment(job.profile.nccl_env, job.spec.runtime),
+            **gpu_watch_environment(job),
             **dict(job.env_values)}
 
 
@@ -230,7 +217,7 @@ def step_segments(job: ResolvedJob) -> list[list[str]]:
         binds=(*job.binds, *job.launcher_binds), run_dir=job.run_dir,
         env=step_environment(job))
     if spec.runtime == "apptainer":
-        prefix = ["bash", "-c", APPTAINER_TASK_ENV, "train-task", *prefix]
+        prefix = ["bash", "-c", container.APPTAINER_TASK, "train-task", *prefix]
     wrapper = ["bash", "-c", container.TASK_WRAPPER, "train-task"]
     if spec.entry == "command":
         run = list(spec.workload)
@@ -339,14 +326,28 @@ def _readable_part(job: ResolvedJob) -> list[str]:
     env = {**values, container.ENV_NAMES_VAR: " ".join(dict.fromkeys(names))}
     out.append("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
     out = [line for setting in out for line in _literal_settings(setting)]
-    if job.profile.modules and spec.runtime == "apptainer":
-        out += ["# site set-up (from the cluster profile)", *job.profile.modules]
+    if spec.runtime == "apptainer":
+        out += apptainer_setup(job.profile.modules)
     wrapped = NODE_WRAPPER_VAR in _named_texts(job).values()
     out += [f"# the job step, run by srun on every node (${TASK_WRAPPER_VAR}, below, wraps "
             "each task" + (f"; ${NODE_WRAPPER_VAR} is the per-node wrapper)" if wrapped
                            else ")"),
             "# shellcheck disable=SC2016,SC2054  # literal arguments, quoted on purpose",
             "step_command() {", *step_command_lines(job), "}"]
+    return out
+
+
+def apptainer_setup(modules: Sequence[str]) -> list[str]:
+    """The batch script's lines before an apptainer step: the submitting shell's Apptainer
+    settings dropped (sbatch hands its whole environment on: an APPTAINER_BIND or an
+    APPTAINERENV_PYTHONPATH there would reach the container past --cleanenv), then the
+    site's set-up, run only where apptainer is not on PATH already."""
+    out = ["# the submitting shell's Apptainer settings (binds, APPTAINERENV_ values) are "
+           "not the job's", 'unset "${!APPTAINER@}" "${!SINGULARITY@}"']
+    if modules:
+        out += ["# site set-up (from the cluster profile), where apptainer is not on PATH",
+                "if ! command -v apptainer >/dev/null 2>&1; then",
+                *(f"    {line}" for line in modules), "fi"]
     return out
 
 

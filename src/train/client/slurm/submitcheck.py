@@ -13,6 +13,7 @@ found is left for the compute node after the queue wait.
   importlib.util.find_spec: nothing is imported;
 - run folder holds an earlier run of the same name with other settings (the rule
   `train run` applies on the node: train.workloads.runrecord), or of another --entry;
+- profile's binds (in a container: the site's shared file systems) are not folders here;
 - NAVSIM's data (in a container) is not bound where the image reads it, or the --data
   folder has no dataset/ or dataset/maps;
 - command starts a launcher of its own inside the job's step: srun, or torchrun (or
@@ -40,6 +41,7 @@ from pathlib import Path
 from train.client.slurm.checks.files import (
     host_path,
     navsim_data_problems,
+    profile_bind_problems,
     program_problems,
     python_script,
 )
@@ -117,7 +119,7 @@ def environment_problems(job: ResolvedJob, environ: Mapping[str, str] | None = N
     notes: list[str] = []
     for found, seen in (image_problems(job, env), program_problems(job, env),
                         python_problems(job, env), navsim_data_problems(job),
-                        feature_problems(job, env)):
+                        feature_problems(job, env), profile_bind_problems(job)):
         problems += found
         notes += seen
     return problems, notes

@@ -200,7 +200,8 @@ def summarize_metrics(root: Path, states: dict[str, str] | None = None
     from train.client.slurm.sweep import load_record, sweep_tasks
     from train.client.slurm.sweepsummary import file_state
 
-    flag = str(load_record(root).get("flag") or "seeds")
+    raw = load_record(root).get("flag")
+    flag = raw if isinstance(raw, str) and raw else "seeds"
     tasks = [task_metrics(root / t.dir, t.label,
                           (states or {}).get(t.label) or file_state(root / t.dir))
              for t in sweep_tasks(root)]

@@ -80,7 +80,11 @@ def facts(site: Site) -> list[str]:
     """What the site says that no profile key holds."""
     lines = [f"{k} = {v}  (scontrol show config)" for k, v in site.config.items()]
     if site.apptainer:
-        lines.append(f"{site.apptainer}  (apptainer --version)")
+        lines.append(f"{site.apptainer}  (apptainer --version): on PATH without modules, so "
+                     "a job skips the profile's `modules:` lines")
+    else:
+        lines.append("apptainer is not on PATH here: a job runs the profile's `modules:` "
+                     "lines (module load apptainer) to find it")
     for name, part in (site.partitions() if site.nodes else {}).items():
         default = " (the default)" if name == site.default_partition() else ""
         lines.append(f"partition {name}{default}: {part.nodes} nodes, {part.cpus} CPUs, "

@@ -141,3 +141,26 @@ def navsim_data_problems(job: ResolvedJob) -> tuple[list[Problem], list[str]]:
                     f"reads NAVSIM's logs and sensor blobs from {NAVSIM_DATA_ROOT}/dataset "
                     f"and the maps from {NAVSIM_DATA_ROOT}/dataset/maps, and --data is "
                     "bound at /data/navsim): give the folder that holds dataset/")], []
+
+
+def profile_bind_problems(job: ResolvedJob) -> tuple[list[Problem], list[str]]:
+    """The profile's binds are the site's shared file systems (home, scratch, project
+    space): each is bound into every container on every node, and a missing source fails
+    the container's start there ("mount source ... doesn't exist"). One this login node
+    does not have either is refused here, before the queue wait."""
+    if job.spec.runtime == "none":
+        return [], []
+    problems = []
+    for path in job.profile.binds:
+        try:
+            there = os.path.isdir(path)
+        except (OSError, ValueError):
+            there = False
+        if not there:
+            problems.append(Problem(
+                "binds", f"the profile {job.profile.name}'s bind {path} is no folder on "
+                "this login node (the profile says it is a shared file system, bound into "
+                f"every {job.spec.runtime} container): the container would not start on "
+                f"the nodes; remove it from your profile (extends: {job.profile.name}, "
+                "binds: [...])"))
+    return problems, []
