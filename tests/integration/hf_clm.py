@@ -28,9 +28,9 @@ from types import FrameType
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import torch  # noqa: E402
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers  # noqa: E402
-from transformers import (  # noqa: E402
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
     HfArgumentParser,
@@ -107,13 +107,17 @@ class Blocks(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return {"input_ids": row, "labels": row.clone()}
 
 
+UNKNOWN, END = "[UNK]", "[EOS]"
+
+
 def tokenizer_for(text: str) -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    """A word-level tokenizer trained on the text itself (a few hundred words)."""
+    tok = Tokenizer(models.WordLevel(unk_token=UNKNOWN))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.train_from_iterator([text], trainers.WordLevelTrainer(
-        vocab_size=400, special_tokens=["[UNK]", "[EOS]"]))
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]",
-                                   eos_token="[EOS]", pad_token="[EOS]")
+        vocab_size=400, special_tokens=[UNKNOWN, END]))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token=UNKNOWN, eos_token=END,
+                                   pad_token=END)
 
 
 def main() -> None:

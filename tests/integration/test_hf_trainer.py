@@ -18,12 +18,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("transformers")
-
-from tests.conftest import run_cli  # noqa: E402
-from tests.integration.chains import TERMINAL, logs, settled, submit, wait  # noqa: E402
-from tests.integration.test_resume_args import _runs, _stop_when_blocked  # noqa: E402
-from tests.integration.test_resume_newest import _readme_flags, _steps  # noqa: E402
+from tests.conftest import run_cli
+from tests.integration.chains import TERMINAL, logs, settled, submit, wait
+from tests.integration.test_resume_args import _runs, _stop_when_blocked
+from tests.integration.test_resume_newest import _readme_flags, _steps
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
