@@ -11,6 +11,11 @@
 #                                        working directory; called from inside the root
 #                                        (a job's step), where the cache is not, the root's
 #                                        own command
+#   bind_paths ROOT PATH...              each PATH (its real path) bound at the same place
+#                                        in ROOT, in the caller's mount namespace; a path
+#                                        below /tmp or below one bound already is skipped.
+#                                        For a namespace's set-up shell: pass it there as
+#                                        "$(declare -f bind_paths)"
 # The cache is $TRAIN_CI_CACHE (default /var/cache/train-ci). Needs root, debootstrap,
 # unshare and nsenter (util-linux).
 
@@ -86,5 +91,25 @@ pid=\$(cat "$dir/mntns.pid") || exit 1
 exec nsenter --target "\$pid" --mount --root -- /usr/bin/env -C "\$PWD" $bin "\$@"
 WRAP
         chmod 755 "$dir/bin/$cmd"
+    done
+}
+
+bind_paths() {
+    local root=$1 path b
+    local -a bound=(/tmp)
+    shift
+    for path in "$@"; do
+        path=$(realpath "$path")
+        for b in "${bound[@]}"; do
+            case "$path/" in "$b"/*) continue 2 ;; esac
+        done
+        if [ -d "$path" ]; then
+            mkdir -p "$root$path"
+        else
+            mkdir -p "$root$(dirname "$path")"
+            touch "$root$path"
+        fi
+        mount --rbind "$path" "$root$path"
+        bound+=("$path")
     done
 }

@@ -66,22 +66,12 @@ mount --rbind /dev "$root/dev"
 mount --rbind /tmp "$root/tmp"
 mount --bind /etc/hosts "$root/etc/hosts"
 [ -z "$home" ] || mount --bind "$home" "$root/home/'"$user"'"
-bound=(/tmp)
+paths=()
 while [ "$1" != -- ]; do
-    path=$(realpath "$1")
+    paths+=("$1")
     shift
-    for b in "${bound[@]}"; do
-        case "$path/" in "$b"/*) continue 2 ;; esac
-    done
-    if [ -d "$path" ]; then
-        mkdir -p "$root$path"
-    else
-        mkdir -p "$root$(dirname "$path")"
-        touch "$root$path"
-    fi
-    mount --rbind "$path" "$root$path"
-    bound+=("$path")
 done
+bind_paths "$root" ${paths[@]+"${paths[@]}"}
 shift
 cd "$root"
 mkdir -p .oldroot
@@ -113,7 +103,7 @@ WRAP
     # a process that sleeps holds the namespace (slurm-down.sh ends it with the daemons:
     # it works in DIR)
     # shellcheck disable=SC2016  # expanded by the inner shell
-    unshare --mount --propagation private --fork -- bash -c "$enter_script" bash \
+    unshare --mount --propagation private --fork -- bash -c "$(declare -f bind_paths)$enter_script" bash \
         "$root" "$dir/home" "$here/.." "$@" -- bash -c '
             dir=$1
             (cd "$dir" && exec setsid sleep infinity) </dev/null >/dev/null 2>&1 &
@@ -147,7 +137,7 @@ plain_image() {
     rm -rf "${tree:?}/rootfs/dev/"*  # (device nodes cannot be packed unprivileged)
     chown -R "$uid:$uid" "$tree"
     # shellcheck disable=SC2016  # expanded by the inner shell
-    unshare --mount --propagation private --fork -- bash -c "$enter_script" bash \
+    unshare --mount --propagation private --fork -- bash -c "$(declare -f bind_paths)$enter_script" bash \
         "$root" "" -- setpriv --reuid="$uid" --regid="$uid" --init-groups \
         /usr/bin/env HOME="$tree" sh -c 'cd "$1" && apptainer -s build --fakeroot plain.sif \
         rootfs' sh "$tree" >&2

@@ -41,7 +41,7 @@ up() {
     # (slurm-down.sh ends it with the daemons: its PID file is in DIR, its SLURM_CONF names
     # the cluster)
     # shellcheck disable=SC2016  # expanded by the inner shell
-    unshare --mount --propagation private -- bash -c '
+    unshare --mount --propagation private -- bash -c "$(declare -f bind_paths)"'
         set -euo pipefail
         root=$1 dir=$2 here=$3
         shift 3
@@ -50,21 +50,7 @@ up() {
         mount --rbind /sys "$root/sys"
         mount --rbind /tmp "$root/tmp"
         mount --bind /etc/hosts "$root/etc/hosts"
-        bound=(/tmp)
-        for path in "$@"; do
-            path=$(realpath "$path")
-            for b in "${bound[@]}"; do
-                case "$path/" in "$b"/*) continue 2 ;; esac
-            done
-            if [ -d "$path" ]; then
-                mkdir -p "$root$path"
-            else
-                mkdir -p "$root$(dirname "$path")"
-                touch "$root$path"
-            fi
-            mount --rbind "$path" "$root$path"
-            bound+=("$path")
-        done
+        bind_paths "$root" "$@"
         SLURM_CONF="$dir/slurm.conf" setsid chroot "$root" sleep infinity \
             </dev/null >/dev/null 2>&1 &
         echo "$!" > "$dir/mntns.pid"
