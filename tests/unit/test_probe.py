@@ -226,7 +226,7 @@ def test_status_of_a_pending_chunk_says_why_and_when() -> None:
     states = scheduler.parse_squeue_json(text)
     assert states["7"]["start"] == 1_800_007_200 and states["8"]["start"] is None
     st: dict[str, Any] = {"name": "w", "cluster": "local", "state": "pending", "run_dir": "/r",
-          "cause": "queued", "total": None, "warning": None, "gpu": {},
+          "cause": "queued", "total": None, "done": None, "warning": None, "gpu": {},
           "chunks": [{"chunk": 1, "job_id": "7", "state": "PENDING", "reason": "Resources",
                       "expected_start": 1_800_007_200, "events": []}]}
     lines = scheduler.format_status(st)
