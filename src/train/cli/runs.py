@@ -208,23 +208,25 @@ def _cmd_summary(args: argparse.Namespace) -> int:
         raise UsageError(f"summary: --smooth must be at least 1, got {args.smooth}")
     from train.client.slurm.sweepmetrics import is_command_sweep, summarize_metrics
 
+    left_out: list[str] = []
     if is_command_sweep(root):  # a command's sweep: each task's final metrics
-        lines, notes = summarize_metrics(root, _chain_states(root))
+        lines, notes = summarize_metrics(root, _chain_states(root), left_out)
         print("\n".join(lines))
         for note in notes:
             print(f"train: {note}", file=sys.stderr)
-        return EXIT_OK
-    summary = summarize(root, args.smooth, _chain_states(root))
-    print("\n".join(summary.table))
-    for note in summary.notes:
-        print(f"train: {note}", file=sys.stderr)
-    written = [str(p) for p in (summary.csv, summary.plot) if p is not None]
-    if written:
-        print(f"written: {' and '.join(written)}")
-    if summary.left_out:  # the rest is summarised; what could not be read is said
-        for line in summary.left_out[1:]:
+    else:
+        summary = summarize(root, args.smooth, _chain_states(root))
+        print("\n".join(summary.table))
+        for note in summary.notes:
+            print(f"train: {note}", file=sys.stderr)
+        written = [str(p) for p in (summary.csv, summary.plot) if p is not None]
+        if written:
+            print(f"written: {' and '.join(written)}")
+        left_out = summary.left_out
+    if left_out:  # the rest is summarised; what could not be read is said
+        for line in left_out[1:]:
             print(f"train: left out of the summary: {line}", file=sys.stderr)
-        raise UsageError(f"summary: left out: {summary.left_out[0]}")
+        raise UsageError(f"summary: left out: {left_out[0]}")
     return EXIT_OK
 
 
