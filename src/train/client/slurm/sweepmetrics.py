@@ -201,7 +201,8 @@ def summarize_metrics(root: Path, states: dict[str, str] | None = None,
     from train.client.slurm.sweep import load_record, read_tasks
     from train.client.slurm.sweepsummary import file_state
 
-    flag = str(load_record(root).get("flag") or "seeds")
+    flag = load_record(root).get("flag")
+    flag = flag if isinstance(flag, str) and flag else "seeds"  # a damaged record: not "7"
     found, bad = read_tasks(root)
     if left_out is not None:
         left_out += bad
