@@ -344,3 +344,12 @@ def test_only_a_resolver_conflict_blames_the_base_images_pins() -> None:
                            "conflicting dependencies.\nThe user requested numpy<2\n"
                            "The user requested (constraint) numpy==2.3.5\n", target)
     assert "base image's pins" in conflict and "numpy<2" in conflict
+
+
+def test_a_requirement_with_a_terminal_escape_is_named_without_the_escape(
+        tmp_path: Path, index: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert new(tmp_path, index, "\x1b[31mhelper-pkg==0.3\n") == 2
+    err = capsys.readouterr().err
+    assert "requirements.txt:1: '\\x1b[31mhelper-pkg==0.3' is not a requirement" in err, err
+    assert "\x1b" not in err, repr(err)
+    assert not (tmp_path / "containers-myproj").exists()

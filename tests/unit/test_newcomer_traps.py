@@ -178,3 +178,12 @@ def test_a_bad_default_is_said_as_the_defaults_files(tmp_path: Path,
     code, _, err = _cli(["render", "-M", "gilbreth", "-A", "lab", "-p", "gpu", "--no-check",
                          "--", "demo"], capsys)
     assert code == 2 and "unknown partition 'gpu'" in err and "defaults file" not in err
+
+
+@pytest.mark.parametrize("path", ["/", "//", "/./", "/.."])
+def test_a_save_path_of_the_whole_file_system_is_refused(path: str) -> None:
+    """Each chunk's end looks through its save paths with find: / would be all of it."""
+    with pytest.raises(ConfigError) as err:
+        _resolve(entry="command", stop_mode="kill", save_path=(path,),
+                 workload=("python", "x.py"))
+    assert err.value.field == "save_path" and "whole file system" in str(err.value)

@@ -235,7 +235,7 @@ def test_status_of_a_pending_chunk_says_why_and_when() -> None:
     states = scheduler.parse_squeue_json(text)
     assert states["7"]["start"] == 1_800_007_200 and states["8"]["start"] is None
     st: dict[str, Any] = {"name": "w", "cluster": "local", "state": "pending", "run_dir": "/r",
-          "cause": "queued", "total": None, "warning": None, "gpu": {},
+          "cause": "queued", "total": None, "done": None, "warning": None, "gpu": {},
           "chunks": [{"chunk": 1, "job_id": "7", "state": "PENDING", "reason": "Resources",
                       "expected_start": 1_800_007_200, "events": []}]}
     lines = scheduler.format_status(st)
@@ -265,3 +265,25 @@ def test_without_slurm_probe_says_what_it_could_not_read_and_write_writes_nothin
     assert proc.returncode == 2 and "--write: only with" in proc.stderr, proc.stderr
     proc = run_cli(["clusters", "probe"], env=env, cwd=tmp_path)
     assert proc.returncode == 2 and "name a profile" in proc.stderr, proc.stderr
+
+
+def test_a_flooding_sbatch_test_only_is_quoted_as_a_short_tail_without_escapes(
+        tmp_path: Path) -> None:
+    import os
+    import sys
+
+    from tests.conftest import run_cli
+
+    sbin = tmp_path / "sbin"
+    sbin.mkdir()
+    (sbin / "sbatch").write_text('#!/bin/bash\nhead -c 3000000 /dev/zero | tr "\\000" E >&2\n'
+                                 'printf "\\033]0;title\\007\\033[31mdown\\n" >&2\nexit 1\n')
+    (sbin / "sbatch").chmod(0o755)
+    (tmp_path / "x.py").write_text("")
+    proc = run_cli(["submit", "-M", "local", "-e", "command", "--runtime", "none",
+                    "--python", sys.executable, "--", sys.executable, str(tmp_path / "x.py")],
+                   cwd=tmp_path, env={"PATH": f"{sbin}:{os.environ['PATH']}"})
+    assert proc.returncode != 0
+    warning = next((ln for ln in proc.stderr.splitlines() if "--test-only" in ln), proc.stderr)
+    assert warning.endswith("EEEdown") and len(warning) < 700, warning[-100:]
+    assert "\x1b" not in proc.stderr and len(proc.stderr) < 2000, len(proc.stderr)

@@ -15,6 +15,7 @@ import yaml
 from tests.conftest import run_cli
 from train.client.clusters import probe
 from train.client.clusters.profiles import Registry
+from train.common.errors import ConfigError
 
 # the shipped profile `local` as the site says it, but for MaxArraySize
 SINFO_LOCAL = "debug|n1|4|8000|gpu:2|(null)|1:00:00|1-infinite|debug*\n" \
@@ -327,3 +328,57 @@ def test_after_write_the_advice_fits_what_happened(tmp_path: Path) -> None:
     assert "  constraints.nvme: profile lists it, no node of the site has that feature" \
         in proc.stdout.split("still differs")[1], proc.stdout
     assert os.path.exists(f"{mine}.1")
+
+
+def test_write_to_a_profile_whose_path_holds_a_line_break(tmp_path: Path) -> None:
+    """The comments name the profile's file: a line break in its path stays on one line."""
+    env = _site(tmp_path)
+    folder = tmp_path / "my\nprofiles $(x)"
+    folder.mkdir()
+    mine = folder / "mine.yaml"
+    mine.write_text("name: mine\nextends: local\n")
+    proc = run_cli(["clusters", "probe", "mine", "--profile", str(mine), "--write"], env=env,
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert yaml.safe_load(mine.read_text())["partitions"]["debug"]["gpus_per_node"] == 2
+    assert Path(f"{mine}.1").read_text() == "name: mine\nextends: local\n"
+
+
+def test_write_into_a_read_only_folder_is_a_named_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a read-only file system even removing a file that is not there fails (EROFS)."""
+    import errno
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    path = tmp_path / "local.yaml"
+    path.write_text(MINE)
+
+    def refuse(self: Path, *args: object, **kwargs: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+
+    prof = Registry([path], environ={}).get("local")
+    site = probe.Site(nodes=probe.parse_sinfo(SINFO_LOCAL))
+    monkeypatch.setattr(Path, "write_text", refuse)
+    monkeypatch.setattr(Path, "unlink", refuse)
+    with pytest.raises(ConfigError, match=r"cannot write .*Read-only file system; nothing was"):
+        probe.write_profile(prof, site, path)
+    monkeypatch.undo()
+    assert path.read_text() == MINE and sorted(p.name for p in tmp_path.iterdir()) == [
+        "local.yaml"]
+
+
+def test_a_gpu_count_no_node_holds_is_refused_naming_sinfos_line() -> None:
+    line = "debug|n1|4|8000|gpu:a100:99999999999999999999999|(null)|1:00:00|1-infinite|debug*"
+    with pytest.raises(ValueError, match=r"sinfo line 1: GPU count '9+' is not a number of "
+                                         r"GPUs: 'debug\|n1"):
+        probe.parse_sinfo(line + "\n")
+
+
+def test_sinfo_that_lists_no_node_is_said(tmp_path: Path) -> None:
+    env = _site(tmp_path, sinfo="exit 0\n")
+    proc = run_cli(["clusters", "probe", "local"], env=env, cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "partitions and nodes: `sinfo -h -N -o '%R|%N|%c|%m|%G|%f|%l|%s|%P'` listed no " \
+           "node" in proc.stdout, proc.stdout
+    proc = run_cli(["clusters", "probe", "local", "--write"], env=env, cwd=tmp_path)
+    assert proc.returncode == 3 and "listed no node" in proc.stderr, proc.stderr

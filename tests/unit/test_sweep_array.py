@@ -40,6 +40,8 @@ def test_a_value_sweep_sets_the_flag_per_task_and_a_command_gets_its_task(
     (dict(sweep="lr"), "sweep", "must be NAME=V1,V2"),
     (dict(sweep="lr=1,,2"), "sweep", "must be NAME=V1,V2"),
     (dict(sweep="lr=1,1"), "sweep", "values must differ"),
+    (dict(sweep="x=a\x1b[2Jb,c"), "sweep", "'a\\x1b[2Jb' holds a control character"),
+    (dict(sweep="x=a\tb,c"), "sweep", "'a\\tb' holds a control character"),
     (dict(sweep="seeds=1,2"), "sweep", "--sweep-seeds"),
     (dict(sweep="lr=1,2", sweep_seeds=(1, 2)), "sweep", "not both"),
     (dict(sweep="lr=1,2", workload=("demo", "--lr", "3")), "sweep", "give the lr once"),

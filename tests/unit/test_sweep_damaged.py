@@ -56,3 +56,18 @@ def test_doctor_and_logs_of_a_value_sweep_name_its_task_folders(tmp_path: Path) 
         assert proc.returncode == 2, proc.stderr
         assert "sw/task-0, sw/task-1" in proc.stderr and "seed" not in proc.stderr, \
             proc.stderr
+
+
+def test_summary_of_a_commands_sweep_names_a_damaged_entry_and_sums_up_the_rest(
+        tmp_path: Path) -> None:
+    import json
+
+    env = _submitted(tmp_path)
+    record = tmp_path / "runs" / "sw" / "sweep.json"
+    data = json.loads(record.read_text())
+    data["chains"][0]["index"] = "zero"
+    record.write_text(json.dumps(data))
+    proc = run_cli(["summary", "sw"], cwd=tmp_path, env=env)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "chain 1: its index 'zero' is not a whole number" in proc.stderr, proc.stderr
+    assert "sweep of 1 values of --x" in proc.stdout, proc.stdout

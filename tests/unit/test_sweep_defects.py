@@ -327,3 +327,22 @@ def test_an_arrays_lost_sbatch_reply_leaves_no_held_array(tmp_path: Path) -> Non
     assert proc.returncode != 0 and "Socket timed out" in proc.stderr, proc.stderr
     assert _cancelled(tmp_path) == ["7001"], proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_slurm_that_cannot_be_reached_is_quoted_without_its_terminal_escapes(
+        tmp_path: Path) -> None:
+    from train.common._proc import ProcError
+
+    err = ProcError(["sbatch"], 1, "x" * 100_000 + "\x1b]0;title\x07\x1b[31mred\x1b[0m\n")
+    assert "\x1b" not in str(err) and str(err).endswith("red"), str(err)[-80:]
+    env = _slurm(tmp_path)
+    _submit(tmp_path, env)
+    for name in ("squeue", "sacct"):
+        stub = tmp_path / "sbin" / name
+        stub.write_text("#!/bin/bash\nprintf '\\x1b]0;title\\x07\\x1b[2J\\x1b[31mdown\\n' >&2\n"
+                        "exit 1\n")
+    for command in (["status", "sw"], ["cancel", "sw"]):
+        proc = run_cli(command, cwd=tmp_path, env=env)
+        assert proc.returncode != 0 and "cannot reach Slurm: squeue: down" in proc.stderr, \
+            proc.stderr
+        assert "\x1b" not in proc.stderr, repr(proc.stderr)

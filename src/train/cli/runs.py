@@ -197,7 +197,7 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
 def _cmd_summary(args: argparse.Namespace) -> int:
     from train.client.slurm.scheduler import find_run
-    from train.client.slurm.sweep import is_sweep, read_tasks
+    from train.client.slurm.sweep import is_sweep
     from train.client.slurm.sweepsummary import summarize
 
     root = find_run(args.ref, args.runs)
@@ -208,30 +208,26 @@ def _cmd_summary(args: argparse.Namespace) -> int:
         raise UsageError(f"summary: --smooth must be at least 1, got {args.smooth}")
     from train.client.slurm.sweepmetrics import is_command_sweep, summarize_metrics
 
+    left_out: list[str] = []
     if is_command_sweep(root):  # a command's sweep: each task's final metrics
-        lines, notes = summarize_metrics(root, _chain_states(root))
+        lines, notes = summarize_metrics(root, _chain_states(root), left_out)
         print("\n".join(lines))
         for note in notes:
             print(f"train: {note}", file=sys.stderr)
-        _left_out(read_tasks(root)[1])
-        return EXIT_OK
-    summary = summarize(root, args.smooth, _chain_states(root))
-    print("\n".join(summary.table))
-    for note in summary.notes:
-        print(f"train: {note}", file=sys.stderr)
-    written = [str(p) for p in (summary.csv, summary.plot) if p is not None]
-    if written:
-        print(f"written: {' and '.join(written)}")
-    _left_out(summary.left_out)
-    return EXIT_OK
-
-
-def _left_out(lines: list[str]) -> None:
-    """The rest is summarised; what could not be read is said, and the exit is 2."""
-    if lines:
-        for line in lines[1:]:
+    else:
+        summary = summarize(root, args.smooth, _chain_states(root))
+        print("\n".join(summary.table))
+        for note in summary.notes:
+            print(f"train: {note}", file=sys.stderr)
+        written = [str(p) for p in (summary.csv, summary.plot) if p is not None]
+        if written:
+            print(f"written: {' and '.join(written)}")
+        left_out = summary.left_out
+    if left_out:  # the rest is summarised; what could not be read is said
+        for line in left_out[1:]:
             print(f"train: left out of the summary: {line}", file=sys.stderr)
-        raise UsageError(f"summary: left out: {lines[0]}")
+        raise UsageError(f"summary: left out: {left_out[0]}")
+    return EXIT_OK
 
 
 def _chain_states(root: Path) -> dict[str, str]:

@@ -31,7 +31,7 @@ _REAP_TIMEOUT = 10.0  # after the group is killed: a process outside it may hold
 class ProcError(TrainError):
     def __init__(self, argv: Sequence[str], returncode: int, stderr: str,
                  timed_out: bool = False) -> None:
-        tail = "\n".join(stderr.strip().splitlines()[-10:])
+        tail = "\n".join(printable(stderr[-STDERR_KEPT:]).strip().splitlines()[-10:])
         if len(tail) > TAIL_CHARS:
             tail = "..." + tail[-TAIL_CHARS:]
         super().__init__(f"{shlex.join(argv)} exited with {returncode}: {tail}")

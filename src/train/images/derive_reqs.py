@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from train.common._proc import printable
 from train.common.errors import UsageError
 from train.images.derive_pip import Target
 
@@ -156,7 +157,7 @@ def parse_line(line: str, where: str) -> Request:
         req = reqmod.Requirement(spec)
     except reqmod.InvalidRequirement as exc:
         raise UsageError(f"--requirements {where}: {spec[:80]!r} is not a requirement: "
-                         f"{str(exc)[:200]}") from None
+                         f"{printable(str(exc))[:200]}") from None  # it quotes the line
     if req.url:
         raise UsageError(f"--requirements {where}: {spec[:80]!r} is a direct URL: it "
                          "cannot be hash-pinned from the index")

@@ -142,9 +142,9 @@ def job_states(ids: Sequence[str]) -> dict[str, dict[str, Any]]:
 
 
 def _tail(text: str, limit: int = 300) -> str:
-    """The end of a command's stderr, on one line, at most `limit` characters."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else "..." + flat[-limit:]
+    """The end of a command's stderr, on one line, at most `limit` characters, without
+    terminal escapes."""
+    return _proc.tail(text, limit)
 
 
 def array_task_states(refs: Sequence[str]) -> dict[str, dict[str, Any]]:

@@ -77,6 +77,10 @@ def _values(spec: JobSpec) -> tuple[str, list[str]]:
         raise ConfigError("sweep", f"must be NAME=V1,V2,... (a `train run` flag without its "
                           f"dashes, e.g. lr=1e-3,5e-4; for a command any name), got "
                           f"{spec.sweep!r}")
+    odd = next((v for v in values if re.search(r"[\x00-\x1f\x7f-\x9f]", v)), None)
+    if odd is not None:  # a terminal escape or tab: into the script, the logs, status
+        raise ConfigError("sweep", f"value {odd!r} holds a control character; values are "
+                          "printable text")
     if name == "seeds":
         raise ConfigError("sweep", "sweep seeds with --sweep-seeds \"4 6 8\"")
     seen: dict[object, str] = {}

@@ -194,15 +194,19 @@ def is_command_sweep(root: Path) -> bool:
     return False
 
 
-def summarize_metrics(root: Path, states: dict[str, str] | None = None
-                      ) -> tuple[list[str], list[str]]:
-    """A command sweep's table of final metrics (every task), and notes."""
-    from train.client.slurm.sweep import load_record, sweep_tasks
+def summarize_metrics(root: Path, states: dict[str, str] | None = None,
+                      left_out: list[str] | None = None) -> tuple[list[str], list[str]]:
+    """A command sweep's table of final metrics (every task), and notes; `left_out`
+    gets a line naming each entry of the sweep's record that is not a task."""
+    from train.client.slurm.sweep import load_record, read_tasks
     from train.client.slurm.sweepsummary import file_state
 
-    raw = load_record(root).get("flag")
-    flag = raw if isinstance(raw, str) and raw else "seeds"
+    flag = load_record(root).get("flag")
+    flag = flag if isinstance(flag, str) and flag else "seeds"  # a damaged record: not "7"
+    found, bad = read_tasks(root)
+    if left_out is not None:
+        left_out += bad
     tasks = [task_metrics(root / t.dir, t.label,
                           (states or {}).get(t.label) or file_state(root / t.dir))
-             for t in sweep_tasks(root)]
+             for t in found]
     return format_metrics(root.name, flag, tasks)

@@ -88,7 +88,8 @@ def refusal(job: ResolvedJob, script: str, environ: dict[str, str]) -> tuple[str
             return "", f"`sbatch --test-only` could not be asked: {exc}"
     if proc.returncode == 0:
         return None
-    words = "; ".join(line.strip() for line in proc.stderr.splitlines() if line.strip())
+    words = _proc.tail("; ".join(line.strip() for line in proc.stderr[-_proc.STDERR_KEPT:]
+                                 .splitlines() if line.strip()), 500)  # no flood, no escapes
     words = words or f"exit status {proc.returncode}"
     field = field_of(words)
     if not field:

@@ -104,6 +104,8 @@ def parse_gres(text: str) -> tuple[int, tuple[str, ...]]:
         name, kind, number = match.groups()
         if name != "gpu":
             continue
+        if len(number) > 6:  # no node holds a million GPUs: not a count a profile takes
+            raise ValueError(f"GPU count {number[:30]!r} is not a number of GPUs")
         count += int(number)
         if kind and kind not in types:
             types.append(kind)
@@ -158,9 +160,9 @@ def parse_sinfo(text: str) -> list[SiteNode]:
             raise ValueError(f"sinfo line {number}: {len(parts)} fields, expected 9: "
                              f"{line[:120]!r}")
         part, name, cpus, mem, gres, feats, limit, size, shown_part = parts
-        gpus, types = parse_gres(gres)
         features = tuple(f for f in feats.split(",") if f and f != "(null)")
         try:
+            gpus, types = parse_gres(gres)
             nodes.append(SiteNode(
                 name=name, partition=_name(part, "partition"),
                 cpus=_count(cpus, "sinfo %c (CPUs)"),
@@ -290,6 +292,8 @@ def read_site(environ: Mapping[str, str] | None = None, *, timeout: float = TIME
     text = ask(SINFO, "partitions and nodes")
     if text is not None:
         site.nodes = _parsed(site, "partitions and nodes", SINFO, parse_sinfo, text) or []
+        if not text.strip():
+            site.unread.append(f"partitions and nodes: `{shlex.join(SINFO)}` listed no node")
     text = ask(SCONTROL, "Slurm's configuration")
     if text is not None:
         site.config = {k: v for k, v in parse_config(text).items() if k != ARRAY_KEY}

@@ -5,6 +5,7 @@ copy (NAME.yaml.1, .2, ...: never replaced)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -170,7 +171,8 @@ def emit(tree: Tree, indent: int = 0) -> list[str]:
             lines.append(f"{pad}{label}:")
             lines += emit(item, indent + 1)
         else:
-            value, comment = item
+            value, comment = item  # one line: a path may hold a line break
+            comment = " ".join(str(comment).split())
             lines.append(f"{pad}{label}: {_scalar(value)}  # {comment}")
     return lines
 
@@ -242,7 +244,8 @@ def write_profile(profile: Profile, site: Site, path: Path, when: str | None = N
         raise ConfigError("--write", f"cannot write {path}: {exc.strerror or exc}; nothing "
                           "was changed") from None
     finally:
-        pending.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only folder: EROFS, even with none there
+            pending.unlink(missing_ok=True)
 
 
 def _replace(path: Path, pending: Path, earlier: bool, extra_files: Iterable[Path],
