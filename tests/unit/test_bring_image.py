@@ -563,3 +563,56 @@ def test_a_command_that_times_out_leaves_no_process(tmp_path: Path) -> None:
     assert err.value.timed_out and err.value.returncode == 124
     found = [int(p) for p in pids.read_text().split()]
     assert len(found) == 2 and not any(map(_alive, found)), found
+
+
+ENGINE_HUNG = """#!/bin/bash
+echo "$*" >> "$PROBE_COUNT"
+echo $$ >> "$PIDS"
+sleep 3600 > /dev/null 2>&1 &
+echo $! >> "$PIDS"
+wait
+"""
+
+
+def test_a_hung_engine_is_waited_on_once_per_command(tmp_path: Path) -> None:
+    """A Docker engine that never answers: render waits on it once (TRAIN_PROBE_TIMEOUT),
+    not once per question, and nothing of it is left running."""
+    env = _engine(tmp_path, "docker", TRAIN_PROBE_TIMEOUT="2", PIDS=str(tmp_path / "pids"))
+    (Path(env["PATH"].split(":")[0]) / "docker").write_text(ENGINE_HUNG)
+    proc = run_cli(["render", *_job(tmp_path, "docker", NO_TORCH, "--launch", "tasks")],
+                   cwd=tmp_path, env=env, timeout=300)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    asked = (tmp_path / "probes").read_text().splitlines()
+    assert len(asked) == 1, asked  # every later question of the same command: not asked
+    pids = [int(p) for p in (tmp_path / "pids").read_text().split()]
+    assert pids and not any(map(_alive, pids)), pids
+
+
+def test_term_to_train_ends_the_program_it_waits_on(tmp_path: Path) -> None:
+    """`train render` ended by TERM while a hung engine is asked: the engine's whole
+    process group ends with it (as for Ctrl-C)."""
+    import signal
+    import subprocess
+    import time
+
+    env = _engine(tmp_path, "docker", TRAIN_PROBE_TIMEOUT="600",
+                  PIDS=str(tmp_path / "pids"))
+    (Path(env["PATH"].split(":")[0]) / "docker").write_text(ENGINE_HUNG)
+    proc = subprocess.Popen([sys.executable, "-m", "train", "render",
+                             *_job(tmp_path, "docker", NO_TORCH, "--launch", "tasks")],
+                            cwd=tmp_path, env={**os.environ, **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids_file = tmp_path / "pids"
+    for _ in range(600):  # until the engine's stand-in and its child run
+        if pids_file.exists() and len(pids_file.read_text().split()) == 2:
+            break
+        time.sleep(0.1)
+    pids = [int(p) for p in pids_file.read_text().split()]
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    for _ in range(100):
+        if not any(map(_alive, pids)):
+            break
+        time.sleep(0.1)
+    assert not any(map(_alive, pids)), pids

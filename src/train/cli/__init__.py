@@ -9,6 +9,7 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -78,6 +79,10 @@ def _value_flag_joined(raw: list[str], flag: str) -> list[str]:
     return out
 
 
+def _terminated(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     workload: list[str] | None = None  # None: no `--` given
@@ -89,6 +94,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(raw)
     _setup_logging(args.verbose)
+    if args.command not in ("launch", "run"):  # (they set their own)
+        # TERM (a `timeout`, a closed session) ends a command as Ctrl-C does: the program
+        # it waits on, in a process group of its own, is killed with it
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         if args.command == "launch":
             return launch._cmd_launch(args, workload or [])

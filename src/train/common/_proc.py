@@ -41,13 +41,23 @@ class ProcError(TrainError):
         self.timed_out = timed_out
 
 
+# programs that did not answer within their bound in this process: a caller passing
+# `skip_hung` does not wait on one of them again (a hung Docker engine asked three times
+# by one submit held it three bounds long)
+_HUNG: set[str] = set()
+
+
 def run(argv: Sequence[str], *, cwd: Path | None = None, timeout: float = 60.0,
-        check: bool = True, env: Mapping[str, str] | None = None
+        check: bool = True, env: Mapping[str, str] | None = None, skip_hung: bool = False
         ) -> subprocess.CompletedProcess[str]:
     """Run argv, capture text output; raise ProcError on a non-zero exit when `check`, and
     on a timeout (its process group killed; `timed_out` set). `env`: the whole environment
-    argv gets (default: this process's)."""
+    argv gets (default: this process's). `skip_hung`: where argv's program timed out
+    earlier in this process, the same ProcError at once instead of another wait."""
     log.debug("running %s", shlex.join(argv))
+    if skip_hung and argv and argv[0] in _HUNG:
+        raise ProcError(argv, 124, f"not asked again: {argv[0]} did not answer earlier in "
+                        "this command", timed_out=True)
     try:
         # bytes that are not UTF-8 (a site tool's output, a mangled name) are replaced
         child = subprocess.Popen(list(argv), cwd=cwd, stdin=subprocess.DEVNULL,
@@ -63,6 +73,7 @@ def run(argv: Sequence[str], *, cwd: Path | None = None, timeout: float = 60.0,
         stdout, stderr = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_group(child)
+        _HUNG.add(argv[0])
         raise ProcError(argv, 124, f"timed out after {timeout:g} s", timed_out=True) from None
     except BaseException:  # Ctrl-C, a signal turned into an exception: nothing left behind
         kill_group(child)

@@ -239,8 +239,9 @@ def _docker_facts(binary: str, image: str, environ: Mapping[str, str]
     """(image id, labels) from the engine; None where it does not say."""
     try:
         proc = _proc.run([binary, "image", "inspect", "--format",
-                          "{{.Id}} {{json .Config.Labels}}", image], timeout=60,
-                         check=False, env=dict(environ))
+                          "{{.Id}} {{json .Config.Labels}}", image],
+                         timeout=probe_timeout(environ), check=False, env=dict(environ),
+                         skip_hung=True)
     except _proc.ProcError:
         return None
     if proc.returncode != 0:

@@ -86,7 +86,7 @@ def _docker_image(tag: str, environ: Mapping[str, str]) -> tuple[list[Problem], 
         return [], [f"--image {tag} could not be checked: docker is not on PATH here"]
     try:
         proc = _proc.run([binary, "image", "inspect", "--format", "{{.Id}}", tag],
-                         timeout=DOCKER_TIMEOUT, check=False, env=environ)
+                         timeout=DOCKER_TIMEOUT, check=False, env=environ, skip_hung=True)
     except _proc.ProcError as exc:
         return [], [f"--image {tag} could not be checked: {exc}"]
     if proc.returncode == 0:
