@@ -100,7 +100,15 @@ def resolved(case: str) -> ResolvedJob:
 
 
 def rendered(case: str) -> str:
-    return render(resolved(case), library_text())
+    # the submit folder (PROGRAM_DIR where a case has no --chdir) is the folder render
+    # runs in: "/" here, so that a golden never holds the checkout's own path
+    job = resolved(case)
+    previous = os.getcwd()
+    os.chdir("/")
+    try:
+        return render(job, library_text())
+    finally:
+        os.chdir(previous)
 
 
 def script_array(text: str, name: str) -> list[str]:
