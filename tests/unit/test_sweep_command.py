@@ -171,3 +171,24 @@ def test_an_array_task_removes_the_empty_log_files_slurm_opened_for_it(
     script = script.replace("SLURM_ARRAY_JOB_ID=7 ", "")
     subprocess.run(["bash", "-c", script], check=True, timeout=60)
     assert (logs / "sw-7_1.out").exists()
+
+
+def test_summary_names_a_metrics_file_that_is_no_file_and_survives_odd_numbers_and_names(
+        tmp_path: Path) -> None:
+    import os
+
+    from train.client.slurm.sweepmetrics import summarize_metrics
+
+    root = tmp_path / "c"
+    a, b, c = _command_sweep(root, "seeds", ["1", "2", "3"])
+    # an integer too large for a float (JSON allows it) is no metric, not a traceback
+    (a / "metrics.json").write_text('{"big": 1' + "0" * 400 + ', "loss": 0.5}')
+    os.mkfifo(b / "metrics.json")  # never read (it would block), but named
+    # a name with a terminal escape and a line break stays on its line, escape-free
+    (c / "metrics.json").write_text('{"lo\\u001b[2Jss\\nx": 0.25}')
+    lines, notes = summarize_metrics(root)
+    assert [ln.split()[:2] for ln in lines[2:5]] == [["1", "0.5"], ["2", "-"], ["3", "-"]]
+    assert "big" not in lines[1]
+    assert any(str(b / "metrics.json") in n and "not a regular file" in n for n in notes)
+    assert "loss" in lines[1] and "loss x" in lines[1]
+    assert all("\x1b" not in ln and "\n" not in ln for ln in lines)
