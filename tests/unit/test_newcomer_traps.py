@@ -178,3 +178,25 @@ def test_a_bad_default_is_said_as_the_defaults_files(tmp_path: Path,
     code, _, err = _cli(["render", "-M", "gilbreth", "-A", "lab", "-p", "gpu", "--no-check",
                          "--", "demo"], capsys)
     assert code == 2 and "unknown partition 'gpu'" in err and "defaults file" not in err
+
+
+def test_a_bad_list_item_from_the_defaults_file_is_said_as_the_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    defaults = tmp_path / "defaults.yaml"
+    defaults.write_text("bind: [':']\n")
+    monkeypatch.setenv("TRAIN_DEFAULTS", str(defaults))
+    code, _, err = _cli([*RENDER, "-e", "command", "--", "python", "x.py"], capsys)
+    assert code == 2 and "bind: ':' is not SRC" in err, err
+    # a list flag adds to the file's list: the item is removed from the file
+    assert f"defaults file {defaults}" in err and "remove the item" in err, err
+
+
+def test_an_apptainer_setting_passed_through_by_name_is_refused(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # the batch script unsets the submitting shell's APPTAINER_*/SINGULARITY_*: a name
+    # passed through would be silently lost
+    for name in ("SINGULARITY_BIND", "APPTAINER_CACHEDIR"):
+        code, _, err = _cli([*RENDER, "-e", "command", "--env", name, "--", "python",
+                             "x.py"], capsys)
+        assert code == 2 and f"env: {name}" in err and "--bind" in err, err
