@@ -192,3 +192,11 @@ def test_summary_names_a_metrics_file_that_is_no_file_and_survives_odd_numbers_a
     assert any(str(b / "metrics.json") in n and "not a regular file" in n for n in notes)
     assert "loss" in lines[1] and "loss x" in lines[1]
     assert all("\x1b" not in ln and "\n" not in ln for ln in lines)
+
+
+def test_a_value_holding_a_markers_letters_is_put_in_as_written(tmp_path: Path) -> None:
+    spec = JobSpec(**COMMAND, out=str(tmp_path / "v"), sweep="tag={index},{task_dir}",
+                   workload=("python3", "fit.py", "--tag={value}", "{index}"))
+    _root, specs = split(spec)
+    assert [s.workload[2:] for _, s in specs] == [("--tag={index}", "0"),
+                                                  ("--tag={task_dir}", "1")]

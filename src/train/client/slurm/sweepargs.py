@@ -34,8 +34,14 @@ _OUTPUT_OPTION = re.compile(r"--?([a-z_]*_)?(output|out|save|log|logging|ckpt|ch
                             r"checkpoints|default_root|results?)[_-]?(dir|path|folder)")
 
 
+_MARKER = re.compile("|".join(re.escape(m) for m in MARKERS))
+
+
 def _replaced(text: str, value: str, index: int, task_dir: str) -> str:
-    return text.replace(VALUE, value).replace(INDEX, str(index)).replace(TASK_DIR, task_dir)
+    """Every marker of `text` replaced in one pass: a value that holds a marker's letters
+    ({index}, {task_dir}) is put in as written, never replaced again."""
+    by_marker = {VALUE: value, INDEX: str(index), TASK_DIR: task_dir}
+    return _MARKER.sub(lambda found: by_marker[found.group(0)], text)
 
 
 def task_changes(workload: Sequence[str], resume_args: str | None,
