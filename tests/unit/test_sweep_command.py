@@ -200,3 +200,15 @@ def test_a_value_holding_a_markers_letters_is_put_in_as_written(tmp_path: Path) 
     _root, specs = split(spec)
     assert [s.workload[2:] for _, s in specs] == [("--tag={index}", "0"),
                                                   ("--tag={task_dir}", "1")]
+
+
+@pytest.mark.parametrize(("field", "given"), [("env", ("LR={value}",)),
+                                              ("bind", ("{task_dir}",)),
+                                              ("chdir", "{task_dir}/work")])
+def test_a_marker_where_none_is_replaced_is_refused_naming_the_field(
+        field: str, given: object) -> None:
+    spec = JobSpec(**COMMAND, sweep="lr=1,2", **{field: given},
+                   workload=("python3", "fit.py", "--lr", "{value}"))
+    with pytest.raises(ConfigError) as err:
+        split(spec)
+    assert err.value.field == field and "TRAIN_SWEEP_VALUE" in str(err.value)

@@ -23,7 +23,7 @@ from typing import Any
 
 from train.batch.contract import SWEEP_RECORD
 from train.client.slurm.job import JobSpec, ResolvedJob
-from train.client.slurm.sweepargs import check_command, task_changes
+from train.client.slurm.sweepargs import check_command, check_unmarked, task_changes
 from train.common.errors import ConfigError, UsageError
 from train.common.jsonio import read_bounded, write_json_atomic
 
@@ -145,6 +145,7 @@ def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
                           f"task (remove {given} from the workload)")
     if spec.entry == "command":
         check_command(spec.workload, "workload")
+        check_unmarked(spec.env, spec.bind, spec.chdir)
     root = Path(os.path.abspath(spec.out or os.path.join("runs", spec.name)))
     folders = bound_folders(root, spec.entry, flag, values) if flag != "seeds" else {}
     out = []

@@ -82,6 +82,19 @@ def check_command(command: Sequence[str], field: str) -> None:
                           "own, as plain text")
 
 
+def check_unmarked(env: Sequence[str], bind: Sequence[str], chdir: str | None) -> None:
+    """Refuse a marker where none is replaced (--env, --bind, --chdir): the program would
+    get its letters, the same in every task."""
+    for field, items in (("env", env), ("bind", bind), ("chdir", (chdir or "",))):
+        for item in items:
+            marker = _MARKER.search(item)
+            if marker is not None:
+                raise ConfigError(field, f"{item!r}: {marker.group(0)} is replaced only in "
+                                  "the command's arguments, --resume-args and --save-path; "
+                                  "the program finds its task's value, index and folder in "
+                                  "TRAIN_SWEEP_VALUE, TRAIN_SWEEP_INDEX and TRAIN_RUN_DIR")
+
+
 def _mentions(command: Sequence[str], folder: str | None, word: bytes) -> bool:
     """Whether the command's script (where the login node can read it) holds `word`."""
     path = script_of(command, folder)
