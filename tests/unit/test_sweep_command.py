@@ -212,3 +212,27 @@ def test_a_marker_where_none_is_replaced_is_refused_naming_the_field(
     with pytest.raises(ConfigError) as err:
         split(spec)
     assert err.value.field == field and "TRAIN_SWEEP_VALUE" in str(err.value)
+
+
+def test_a_value_with_a_control_character_is_refused_and_a_damaged_record_named(
+        tmp_path: Path) -> None:
+    import json
+
+    from train.client.slurm.sweep import read_tasks
+    from train.client.slurm.sweepmetrics import summarize_metrics
+
+    for value in ("a\tb", "c\x1b[2J"):
+        spec = JobSpec(**COMMAND, sweep=f"lr=1,{value}", workload=("p", "{value}"))
+        with pytest.raises(ConfigError) as err:
+            split(spec)
+        assert err.value.field == "sweep" and "control character" in str(err.value)
+    # a record edited by hand: that entry is named, the others go on
+    root = tmp_path / "c"
+    _command_sweep(root, "lr", ["1", "2"])
+    record = json.loads((root / "sweep.json").read_text())
+    record["chains"][1]["value"] = "2\x1b[2J\nEVIL"
+    (root / "sweep.json").write_text(json.dumps(record))
+    tasks, bad = read_tasks(root)
+    assert [t.label for t in tasks] == ["1"]
+    assert len(bad) == 1 and "chain 2" in bad[0] and "control characters" in bad[0]
+    assert all("\x1b" not in ln for ln in summarize_metrics(root)[0])

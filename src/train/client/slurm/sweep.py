@@ -79,6 +79,10 @@ def _values(spec: JobSpec) -> tuple[str, list[str]]:
                           f"{spec.sweep!r}")
     if name == "seeds":
         raise ConfigError("sweep", "sweep seeds with --sweep-seeds \"4 6 8\"")
+    for value in values:
+        if not value.isprintable():  # a tab, a terminal escape: in every table and log
+            raise ConfigError("sweep", f"the value {value!r} holds a control character; "
+                              "a value is printable text")
     seen: dict[object, str] = {}
     for value in values:
         key = value_key(spec.entry, name, value)
@@ -299,6 +303,8 @@ def _task(i: int, chain: Any) -> SweepTask | str:
     value = chain.get("value", seed)
     if not isinstance(value, (str, int)) or isinstance(value, bool):
         return f"its value {repr(value)[:40]} is not text"
+    if isinstance(value, str) and not value.isprintable():
+        return f"its value {repr(value)[:40]} holds control characters (never a sweep's)"
     return SweepTask(index, str(value), seed, where)
 
 
