@@ -146,10 +146,15 @@ def test_total_time_sets_the_chunks_from_the_walltime_rounded_up() -> None:
     (dict(total_time="two days"), "is not a SLURM time"),
     (dict(total_time="0"), "more than 0"),
     (dict(time="1:00", total_time="1000-00:00:00"), "over the bound"),
+    (dict(total_time="-1"), "is not a SLURM time"),
+    (dict(total_time="1:2:3:4"), "is not a SLURM time"),
+    (dict(time="1:00:00", total_time="99999-00:00:00"), "over the bound"),
+    # a command's chain with no stop signal: said of the flag given, not of --max-chunks
+    (dict(entry="command", time="1:00:00", total_time="5:00:00"), "no stop signal"),
 ])
 def test_bad_total_times_are_refused(kw: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError) as err:
-        _resolve(workload=("demo",), **kw)
+        _resolve(**{"workload": ("python", "x.py") if kw.get("entry") else ("demo",), **kw})
     assert err.value.field == "total_time" and message in str(err.value), str(err.value)
 
 
