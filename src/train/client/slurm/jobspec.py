@@ -8,6 +8,7 @@ train.workloads.navsim_job, which the spec calls for its NAVSIM options.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from dataclasses import dataclass, fields
@@ -292,6 +293,11 @@ class JobSpec:
             if not item or any(c in item for c in "\n\r\0"):
                 raise ConfigError("save_path", f"{item!r} is not a path (empty, or it holds "
                                   "a line break or NUL)")
+            where = os.path.join(os.getcwd(), self.chdir or "", item)
+            if os.path.normpath(where) in ("/", "//"):
+                raise ConfigError("save_path", f"{item!r} is the whole file system: each "
+                                  "chunk's end looks through a save path for files newer "
+                                  "than its start; give the folder the program saves to")
 
     @property
     def resume_argv(self) -> tuple[str, ...]:
