@@ -135,3 +135,14 @@ def test_a_profile_bind_missing_on_the_login_node_is_refused(tmp_path: Path) -> 
     binds = [p for p in problems if p.field == "binds"]
     assert len(binds) == 1 and f"{tmp_path}/depot is no folder" in binds[0].text, problems
     assert str(there) not in binds[0].text
+
+
+def test_an_image_that_became_a_fifo_is_named_not_waited_on(tmp_path: Path) -> None:
+    fifo = tmp_path / "base.sif"
+    os.mkfifo(fifo)
+    proc = _task(tmp_path, "apptainer", "exec", "--cleanenv", "--bind", "/a:/b", str(fifo),
+                 "true")
+    assert proc.returncode == 2 and f"the image {fifo} is not a file or a folder" \
+        in proc.stderr, proc.stderr
+    assert not (tmp_path / "record").exists()  # apptainer never started
+    assert list((tmp_path / "node-tmp").iterdir()) == []

@@ -89,7 +89,7 @@ if [ "$1" = ps ]; then printf 'c0ffee1\\nc0ffee2\\n'; fi
 STEP = """#!/bin/bash
 printf '%s\\n' "$@" > "$STUB_DIR/step.args"  # (one argument a line)
 progress="$RUN_DIR/progress"
-read -r done_units total < "$progress" 2>/dev/null || { done_units=0; total=100; }
+{ [ -f "$progress" ] && read -r done_units total < "$progress"; } 2>/dev/null || { done_units=0; total=100; }
 advance() { echo "$((done_units + 10)) $total" > "$progress"; }
 case "$STEP_MODE" in
     progress) advance; exit 0 ;;
@@ -1039,3 +1039,25 @@ def test_stop_mode_kill_of_an_array_task_kills_that_tasks_steps_only(
     assert proc.returncode == 0, err
     assert "--noheader --steps --jobs=700_3 --format=%i" in _calls(tmp_path, "squeue")
     assert _calls(tmp_path, "scancel") == ["--signal=TERM 700_3", "--signal=KILL 700_3.0"]
+
+
+def test_a_progress_file_that_is_a_fifo_or_one_endless_line_never_holds_the_chain(
+        tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / contract.PROGRESS_FILE)  # no writer: reading it would wait for ever
+    proc = _run(tmp_path, "noprogress")
+    assert proc.returncode == 0, proc.stderr
+    assert _kinds(tmp_path)[:2] == ["started", "extended"], proc.stderr
+    assert _events(tmp_path)[0][3].endswith("0 0")  # progress not known
+    (run / contract.PROGRESS_FILE).unlink()
+    (run / contract.PROGRESS_FILE).write_text("7" * 100_000 + " 9")  # read up to 256
+    (run / contract.CHAIN_EVENTS).unlink()
+    proc = _run(tmp_path, "noprogress")
+    assert proc.returncode == 0, proc.stderr
+    assert _events(tmp_path)[0][3].endswith("0 0"), _events(tmp_path)
+    (run / contract.PROGRESS_FILE).write_text("09 010\n")  # decimal, as written
+    (run / contract.CHAIN_EVENTS).unlink()
+    proc = _run(tmp_path, "noprogress")
+    assert proc.returncode == 0, proc.stderr
+    assert _events(tmp_path)[0][3].endswith("9 10"), _events(tmp_path)

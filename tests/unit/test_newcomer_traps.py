@@ -146,10 +146,15 @@ def test_total_time_sets_the_chunks_from_the_walltime_rounded_up() -> None:
     (dict(total_time="two days"), "is not a SLURM time"),
     (dict(total_time="0"), "more than 0"),
     (dict(time="1:00", total_time="1000-00:00:00"), "over the bound"),
+    (dict(total_time="-1"), "is not a SLURM time"),
+    (dict(total_time="1:2:3:4"), "is not a SLURM time"),
+    (dict(time="1:00:00", total_time="99999-00:00:00"), "over the bound"),
+    # a command's chain with no stop signal: said of the flag given, not of --max-chunks
+    (dict(entry="command", time="1:00:00", total_time="5:00:00"), "no stop signal"),
 ])
 def test_bad_total_times_are_refused(kw: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError) as err:
-        _resolve(workload=("demo",), **kw)
+        _resolve(**{"workload": ("python", "x.py") if kw.get("entry") else ("demo",), **kw})
     assert err.value.field == "total_time" and message in str(err.value), str(err.value)
 
 
@@ -187,3 +192,25 @@ def test_a_save_path_of_the_whole_file_system_is_refused(path: str) -> None:
         _resolve(entry="command", stop_mode="kill", save_path=(path,),
                  workload=("python", "x.py"))
     assert err.value.field == "save_path" and "whole file system" in str(err.value)
+
+
+def test_a_bad_list_item_from_the_defaults_file_is_said_as_the_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    defaults = tmp_path / "defaults.yaml"
+    defaults.write_text("bind: [':']\n")
+    monkeypatch.setenv("TRAIN_DEFAULTS", str(defaults))
+    code, _, err = _cli([*RENDER, "-e", "command", "--", "python", "x.py"], capsys)
+    assert code == 2 and "bind: ':' is not SRC" in err, err
+    # a list flag adds to the file's list: the item is removed from the file
+    assert f"defaults file {defaults}" in err and "remove the item" in err, err
+
+
+def test_an_apptainer_setting_passed_through_by_name_is_refused(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # the batch script unsets the submitting shell's APPTAINER_*/SINGULARITY_*: a name
+    # passed through would be silently lost
+    for name in ("SINGULARITY_BIND", "APPTAINER_CACHEDIR"):
+        code, _, err = _cli([*RENDER, "-e", "command", "--env", name, "--", "python",
+                             "x.py"], capsys)
+        assert code == 2 and f"env: {name}" in err and "--bind" in err, err

@@ -119,9 +119,22 @@ def test_a_newest_placeholder_renders_as_given_and_a_malformed_one_is_refused(
         "--resume_from_checkpoint", "{newest:out/checkpoint-*}", "ckpt_path={newest:$x/*}"]
     assert f"\nPROGRAM_DIR={tmp_path / 'work'}  #" in proc.stdout  # where GLOB is from
     for bad, words in [("--r {newest:out/c-*", "not closed"), ("--r {newest:}", "no path"),
-                       ("--r {newest}", "{newest:GLOB}"), ("--r {newest:a{b}", "brace")]:
+                       ("--r {newest}", "{newest:GLOB}"), ("--r {newest:a{b}", "brace"),
+                       ("--r {NEWEST:out/*}", "{newest:GLOB}"),
+                       ("--r={Newest:out/*}", "{newest:GLOB}")]:
         proc = run_cli([*BASE, "--resume-args", bad, "--", "python3", "x.py"], cwd=tmp_path)
         assert proc.returncode == 2, (bad, proc.stderr)
         assert "resume_args" in proc.stderr and words in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_save_path_of_the_whole_file_system_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "x.py").write_text("")
+    depth = len(tmp_path.parts) - 1  # '..' as many times as reaches /
+    for given in ("/", "//", "/".join([".."] * depth)):
+        proc = run_cli([*BASE, "--stop-mode", "kill", "--max-chunks", "2", "--save-path",
+                        given, "--", "python3", "x.py"], cwd=tmp_path)
+        assert proc.returncode == 2 and "save_path" in proc.stderr \
+            and "whole file system" in proc.stderr, (given, proc.stderr)
     assert not (tmp_path / "runs").exists()

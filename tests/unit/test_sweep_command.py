@@ -171,3 +171,68 @@ def test_an_array_task_removes_the_empty_log_files_slurm_opened_for_it(
     script = script.replace("SLURM_ARRAY_JOB_ID=7 ", "")
     subprocess.run(["bash", "-c", script], check=True, timeout=60)
     assert (logs / "sw-7_1.out").exists()
+
+
+def test_summary_names_a_metrics_file_that_is_no_file_and_survives_odd_numbers_and_names(
+        tmp_path: Path) -> None:
+    import os
+
+    from train.client.slurm.sweepmetrics import summarize_metrics
+
+    root = tmp_path / "c"
+    a, b, c = _command_sweep(root, "seeds", ["1", "2", "3"])
+    # an integer too large for a float (JSON allows it) is no metric, not a traceback
+    (a / "metrics.json").write_text('{"big": 1' + "0" * 400 + ', "loss": 0.5}')
+    os.mkfifo(b / "metrics.json")  # never read (it would block), but named
+    # a name with a terminal escape and a line break stays on its line, escape-free
+    (c / "metrics.json").write_text('{"lo\\u001b[2Jss\\nx": 0.25}')
+    lines, notes = summarize_metrics(root)
+    assert [ln.split()[:2] for ln in lines[2:5]] == [["1", "0.5"], ["2", "-"], ["3", "-"]]
+    assert "big" not in lines[1]
+    assert any(str(b / "metrics.json") in n and "not a regular file" in n for n in notes)
+    assert "loss" in lines[1] and "loss x" in lines[1]
+    assert all("\x1b" not in ln and "\n" not in ln for ln in lines)
+
+
+def test_a_value_holding_a_markers_letters_is_put_in_as_written(tmp_path: Path) -> None:
+    spec = JobSpec(**COMMAND, out=str(tmp_path / "v"), sweep="tag={index},{task_dir}",
+                   workload=("python3", "fit.py", "--tag={value}", "{index}"))
+    _root, specs = split(spec)
+    assert [s.workload[2:] for _, s in specs] == [("--tag={index}", "0"),
+                                                  ("--tag={task_dir}", "1")]
+
+
+@pytest.mark.parametrize(("field", "given"), [("env", ("LR={value}",)),
+                                              ("bind", ("{task_dir}",)),
+                                              ("chdir", "{task_dir}/work")])
+def test_a_marker_where_none_is_replaced_is_refused_naming_the_field(
+        field: str, given: object) -> None:
+    spec = JobSpec(**COMMAND, sweep="lr=1,2", **{field: given},
+                   workload=("python3", "fit.py", "--lr", "{value}"))
+    with pytest.raises(ConfigError) as err:
+        split(spec)
+    assert err.value.field == field and "TRAIN_SWEEP_VALUE" in str(err.value)
+
+
+def test_a_value_with_a_control_character_is_refused_and_a_damaged_record_named(
+        tmp_path: Path) -> None:
+    import json
+
+    from train.client.slurm.sweep import read_tasks
+    from train.client.slurm.sweepmetrics import summarize_metrics
+
+    for value in ("a\tb", "c\x1b[2J"):
+        spec = JobSpec(**COMMAND, sweep=f"lr=1,{value}", workload=("p", "{value}"))
+        with pytest.raises(ConfigError) as err:
+            split(spec)
+        assert err.value.field == "sweep" and "control character" in str(err.value)
+    # a record edited by hand: that entry is named, the others go on
+    root = tmp_path / "c"
+    _command_sweep(root, "lr", ["1", "2"])
+    record = json.loads((root / "sweep.json").read_text())
+    record["chains"][1]["value"] = "2\x1b[2J\nEVIL"
+    (root / "sweep.json").write_text(json.dumps(record))
+    tasks, bad = read_tasks(root)
+    assert [t.label for t in tasks] == ["1"]
+    assert len(bad) == 1 and "chain 2" in bad[0] and "control characters" in bad[0]
+    assert all("\x1b" not in ln for ln in summarize_metrics(root)[0])

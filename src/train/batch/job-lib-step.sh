@@ -27,7 +27,7 @@ train_stale_tmp() {
     # The node temporary folders of this chain's earlier jobs, and of this job's earlier
     # runs (requeued), as the task wrapper's patterns JOBID-RESTART
     local chunk id r out=()
-    if [ -r "$RUN_DIR/$IDS_FILE" ]; then
+    if [ -f "$RUN_DIR/$IDS_FILE" ] && [ -r "$RUN_DIR/$IDS_FILE" ]; then
         while read -r chunk id _; do
             case "$chunk$id" in '' | *[!0-9]*) continue ;; esac
             [ "$id" = "${SLURM_JOB_ID:-0}" ] || out+=("$id-*")

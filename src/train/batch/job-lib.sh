@@ -39,11 +39,13 @@ train_progress() {
     # file, else as its saves show it (job-lib-resume.sh). Where neither says: "0 0", and
     # the function fails.
     local done_units=0 total=0
-    if [ -r "$RUN_DIR/$PROGRESS_FILE" ]; then
-        read -r done_units total _ < "$RUN_DIR/$PROGRESS_FILE" || true
-        case "$done_units" in '' | *[!0-9]*) done_units=0 ;; esac
-        case "$total" in '' | *[!0-9]*) total=0 ;; esac
-        printf '%s %s\n' "$done_units" "$total"
+    # (a regular file: a FIFO would hold the chain here; one line of 256 at most is read)
+    if [ -f "$RUN_DIR/$PROGRESS_FILE" ] && [ -r "$RUN_DIR/$PROGRESS_FILE" ]; then
+        read -r -n 256 done_units total _ < "$RUN_DIR/$PROGRESS_FILE" || true
+        # (integers bash can compare: 18 digits at most)
+        case "$done_units" in '' | *[!0-9]* | ???????????????????*) done_units=0 ;; esac
+        case "$total" in '' | *[!0-9]* | ???????????????????*) total=0 ;; esac
+        printf '%s %s\n' "$((10#$done_units))" "$((10#$total))"  # (09: nine, not octal)
         return 0
     fi
     train_framework_progress && return 0
@@ -366,7 +368,10 @@ train_saved_at() {
         exit 0
     fi
     if [ "$TRAIN_OVERRAN" = 1 ] && ! train_last_save >/dev/null; then
-        read -r _ _ TRAIN_LAST_SAVE _ < "$RUN_DIR/$SAVED_FILE" || true  # the one before
+        TRAIN_LAST_SAVE=''
+        if [ -f "$RUN_DIR/$SAVED_FILE" ]; then  # the one before
+            read -r -n 256 _ _ TRAIN_LAST_SAVE _ < "$RUN_DIR/$SAVED_FILE" || true
+        fi
         case "$TRAIN_LAST_SAVE" in '' | *[!0-9]*) printf -v TRAIN_LAST_SAVE '%(%s)T' -1 ;; esac
     elif [ "$progress" != "$START_PROGRESS" ]; then
         printf -v TRAIN_LAST_SAVE '%(%s)T' -1  # (where no file of it is newer: the progress)

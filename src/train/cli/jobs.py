@@ -158,8 +158,9 @@ def _job_spec(args: argparse.Namespace, workload: list[str] | None,
         if key in flags and isinstance(base.get(key), list):
             flags[key] = joined(map(str, base[key]), flags[key])  # flags are text
     # (a scalar value from the defaults file alone: its errors name the file)
-    origin.update(dict.fromkeys(set(defaults) - set(merged({}, file_values)) - set(flags)
-                                - set(LISTS), defaults_path()))
+    # (a list from the defaults file alone too: a flag adds to it, then either may be bad)
+    origin.update(dict.fromkeys(set(defaults) - set(merged({}, file_values)) - set(flags),
+                                defaults_path()))
     spec = job_from_sources(base, flags)
     if spec.entry == "train":
         _refuse_program("workload", spec.workload)
@@ -187,11 +188,14 @@ def _said_as_default(exc: ConfigError, origin: dict[str, Path]) -> ConfigError:
     path = origin.get(exc.field)
     if path is None:
         return exc
+    from train.client.defaults import LISTS
+
     flag = "--" + exc.field.replace("_", "-")
+    how = (f"{flag} adds to that list: remove the item from that file" if exc.field in LISTS
+           else f"give {flag} to override it, or remove it from that file")
     return ConfigError(exc.field, f"{str(exc).partition(': ')[2]} (this {exc.field} is "
                        f"not from your command line: it is in the defaults file {path}; "
-                       f"give {flag} to override it, or remove it from that file, e.g. "
-                       f"`train init` and '-' for it)")
+                       f"{how}, e.g. `train init` and '-' for it)")
 
 
 def _cmd_render(args: argparse.Namespace, workload: list[str] | None) -> int:

@@ -169,6 +169,17 @@ APPTAINER_TASK = "\n".join((
     '    echo "train: apptainer --nv on $(hostname): ' + NV_NO_DRIVER
     + ' (/dev/nvidiactl is missing): the program sees no GPU" >&2',
     "fi",
+    # the image (the first word after exec's options): a FIFO or a device there keeps
+    # apptainer waiting on it until the walltime; a missing one apptainer names itself
+    "img=; skip=0",
+    'for a in "${@:3}"; do',
+    '    if [ "$skip" = 1 ]; then skip=0; continue; fi',
+    "    case $a in --bind) skip=1 ;; -*) ;; *) img=$a; break ;; esac",
+    "done",
+    'if [ -e "$img" ] && [ ! -f "$img" ] && [ ! -d "$img" ]; then',
+    '    echo "train: apptainer on $(hostname): the image $img is not a file or a folder'
+    ' there (a FIFO or a device: apptainer would wait on it)" >&2; exit 2',
+    "fi",
     'unpack=$(mktemp -d "${TMPDIR:-/tmp}/train-apptainer-${SLURM_JOB_ID:-0}.XXXXXX") || {',
     '    echo "train: apptainer on $(hostname): cannot make a folder under ${TMPDIR:-/tmp}'
     ' for the unpacked image" >&2; exit 3; }',

@@ -63,6 +63,10 @@ def check_env_item(item: str) -> tuple[str, str | None]:
                           f"'_', not starting with a digit), in {item!r}")
     if "\0" in value:
         raise ConfigError("env", f"the value of {name} holds a NUL byte")
+    if not sep and name.startswith(("APPTAINER", "SINGULARITY")):
+        raise ConfigError("env", f"{name}: the submitting shell's Apptainer settings are "
+                          "dropped by an apptainer job, never passed on: give binds with "
+                          "--bind, and the program's variables as --env NAME or NAME=VALUE")
     if sep and (name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)):
         raise ConfigError("env", f"{name} is set by Slurm, the job or the launcher (the batch "
                           "shell depends on it); it cannot be given a value here")

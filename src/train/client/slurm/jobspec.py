@@ -293,10 +293,11 @@ class JobSpec:
             if not item or any(c in item for c in "\n\r\0"):
                 raise ConfigError("save_path", f"{item!r} is not a path (empty, or it holds "
                                   "a line break or NUL)")
-            if item.startswith("/") and os.path.normpath(item) in ("/", "//"):
-                raise ConfigError("save_path", f"{item!r} is the whole file system, which "
-                                  "each chunk's end would look through for a save: give the "
-                                  "file or folder the program saves to")
+            where = os.path.join(os.getcwd(), self.chdir or "", item)
+            if os.path.normpath(where) in ("/", "//"):
+                raise ConfigError("save_path", f"{item!r} is the whole file system: each "
+                                  "chunk's end looks through a save path for files newer "
+                                  "than its start; give the folder the program saves to")
 
     @property
     def resume_argv(self) -> tuple[str, ...]:

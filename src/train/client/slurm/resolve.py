@@ -172,6 +172,12 @@ def _total_chunks(spec: JobSpec, minutes: int) -> dict[str, Any]:
         raise ConfigError("total_time", f"{spec.total_time} in chunks of "
                           f"{format_time(minutes)} is {chunks} chunks, over the bound of "
                           f"{MAX_CHUNKS_LIMIT}: give a longer --time")
+    if spec.entry == "command" and spec.stop == "none" and chunks > 1 and not spec.requeue:
+        raise ConfigError("total_time", f"{spec.total_time} in chunks of "
+                          f"{format_time(minutes)} is {chunks} chunks of a command with no "
+                          "stop signal: nothing would tell the program to checkpoint before "
+                          "each walltime. Give --stop-signal USR1 (or TERM) and handle it "
+                          "(checkpoint, exit 0), or one chunk (no --total-time)")
     return {"max_chunks": chunks, "total_time": None}
 
 

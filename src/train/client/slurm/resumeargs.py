@@ -31,7 +31,8 @@ def patterns(words: tuple[str, ...] | list[str]) -> list[str]:
                 raise ConfigError("resume_args", f"{word!r}: a {OPEN}GLOB}} placeholder "
                                   "cannot hold a brace (nor another placeholder)")
             found.append(pattern)
-        if "{newest}" in word or "{newest " in word:
+        # {newest}, {newest x}, {NEWEST:x}, {newest=x}: never a placeholder, passed as written
+        if word.lower().count("{newest") != word.count(OPEN):
             raise ConfigError("resume_args", f"{word!r}: write the placeholder as "
                               f"{OPEN}GLOB}}, e.g. {EXAMPLE}")
     return found

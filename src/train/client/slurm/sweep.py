@@ -23,7 +23,7 @@ from typing import Any
 
 from train.batch.contract import SWEEP_RECORD
 from train.client.slurm.job import JobSpec, ResolvedJob
-from train.client.slurm.sweepargs import check_command, task_changes
+from train.client.slurm.sweepargs import check_command, check_unmarked, task_changes
 from train.common.errors import ConfigError, UsageError
 from train.common.jsonio import read_bounded, write_json_atomic
 
@@ -83,6 +83,10 @@ def _values(spec: JobSpec) -> tuple[str, list[str]]:
                           "printable text")
     if name == "seeds":
         raise ConfigError("sweep", "sweep seeds with --sweep-seeds \"4 6 8\"")
+    for value in values:
+        if not value.isprintable():  # a tab, a terminal escape: in every table and log
+            raise ConfigError("sweep", f"the value {value!r} holds a control character; "
+                              "a value is printable text")
     seen: dict[object, str] = {}
     for value in values:
         key = value_key(spec.entry, name, value)
@@ -149,6 +153,7 @@ def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
                           f"task (remove {given} from the workload)")
     if spec.entry == "command":
         check_command(spec.workload, "workload")
+        check_unmarked(spec.env, spec.bind, spec.chdir)
     root = Path(os.path.abspath(spec.out or os.path.join("runs", spec.name)))
     folders = bound_folders(root, spec.entry, flag, values) if flag != "seeds" else {}
     out = []
@@ -302,6 +307,8 @@ def _task(i: int, chain: Any) -> SweepTask | str:
     value = chain.get("value", seed)
     if not isinstance(value, (str, int)) or isinstance(value, bool):
         return f"its value {repr(value)[:40]} is not text"
+    if isinstance(value, str) and not value.isprintable():
+        return f"its value {repr(value)[:40]} holds control characters (never a sweep's)"
     return SweepTask(index, str(value), seed, where)
 
 

@@ -34,8 +34,14 @@ _OUTPUT_OPTION = re.compile(r"--?([a-z_]*_)?(output|out|save|log|logging|ckpt|ch
                             r"checkpoints|default_root|results?)[_-]?(dir|path|folder)")
 
 
+_MARKER = re.compile("|".join(re.escape(m) for m in MARKERS))
+
+
 def _replaced(text: str, value: str, index: int, task_dir: str) -> str:
-    return text.replace(VALUE, value).replace(INDEX, str(index)).replace(TASK_DIR, task_dir)
+    """Every marker of `text` replaced in one pass: a value that holds a marker's letters
+    ({index}, {task_dir}) is put in as written, never replaced again."""
+    by_marker = {VALUE: value, INDEX: str(index), TASK_DIR: task_dir}
+    return _MARKER.sub(lambda found: by_marker[found.group(0)], text)
 
 
 def task_changes(workload: Sequence[str], resume_args: str | None,
@@ -74,6 +80,19 @@ def check_command(command: Sequence[str], field: str) -> None:
                           f"{found.group(1).lower().replace('_', ' ')} goes, e.g. "
                           f"{arg.replace(found.group(0), marker)!r}; each task gets its "
                           "own, as plain text")
+
+
+def check_unmarked(env: Sequence[str], bind: Sequence[str], chdir: str | None) -> None:
+    """Refuse a marker where none is replaced (--env, --bind, --chdir): the program would
+    get its letters, the same in every task."""
+    for field, items in (("env", env), ("bind", bind), ("chdir", (chdir or "",))):
+        for item in items:
+            marker = _MARKER.search(item)
+            if marker is not None:
+                raise ConfigError(field, f"{item!r}: {marker.group(0)} is replaced only in "
+                                  "the command's arguments, --resume-args and --save-path; "
+                                  "the program finds its task's value, index and folder in "
+                                  "TRAIN_SWEEP_VALUE, TRAIN_SWEEP_INDEX and TRAIN_RUN_DIR")
 
 
 def _mentions(command: Sequence[str], folder: str | None, word: bytes) -> bool:

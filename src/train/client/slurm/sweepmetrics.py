@@ -17,11 +17,13 @@ import csv
 import io
 import json
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from train.batch.contract import METRICS_FILE
+from train.common._proc import printable
 from train.common.jsonio import read_bounded
 
 JSON_LIMIT = 1 << 20  # a metrics object is small
@@ -42,16 +44,38 @@ class TaskMetrics:
     problems: list[str] = field(default_factory=list)
 
 
+def _name(key: object) -> str:
+    """A metric's name as shown: one line, no control characters or escapes, 40 at most."""
+    return " ".join(printable(str(key)).split())[:40]
+
+
+def _finite(value: object) -> float | None:
+    """A JSON number as a finite float (an integer too large for one, NaN: None)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _numbers(found: object) -> dict[str, float]:
     if not isinstance(found, dict):
         return {}
-    return {str(k)[:40]: float(v) for k, v in found.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    values: dict[str, float] = {}
+    for key, value in found.items():
+        number = _finite(value)
+        if number is not None:
+            values.setdefault(_name(key), number)
+    return values
 
 
 def _json_metrics(path: Path, problems: list[str]) -> dict[str, float] | None:
     data = read_bounded(path, JSON_LIMIT + 1)
     if data is None:
+        if os.path.lexists(path):  # a FIFO, a folder, a link to a device: named
+            problems.append(f"{path}: not a regular file (a JSON object of metrics is)")
         return None
     try:
         if len(data) > JSON_LIMIT:
@@ -85,7 +109,7 @@ def _csv_metrics(path: Path, problems: list[str]) -> dict[str, float] | None:
                 except ValueError:
                     continue
                 if math.isfinite(number) and name not in ("step", "epoch"):
-                    values[name[:40]] = number
+                    values[_name(name)] = number
     except (csv.Error, StopIteration) as exc:
         problems.append(f"{path}: not a CSV of metrics ({str(exc)[:80]})")
         return None
