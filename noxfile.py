@@ -59,8 +59,9 @@ STACK_WHEEL_PIN = "tabulate==0.9.0"
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The whole test suite, then the slurm tier's main scenarios on Slurm 24.11 too;
-    integration tiers skip with a reason where their tool is missing."""
+    """The whole test suite; beside it, the apptainer tier and the slurm tier's main
+    scenarios on Slurm 24.11 and 26.05 (SIDE_RUNS); integration tiers skip with a reason
+    where their tool is missing."""
     _install(session, "dev")
     # tests reach nothing but loopback: the client install test (tests/integration/
     # test_client_install.py) installs the package's base dependencies from these wheels
@@ -74,41 +75,67 @@ def tests(session: nox.Session) -> None:
     session.run("python", "-m", "pip", "download", "--quiet", "--no-deps",
                 "--only-binary=:all:", "-d", str(STACK_WHEELS), STACK_WHEEL_PIN,
                 env={"PIP_CONSTRAINT": "", "PIP_FIND_LINKS": ""})
+    env = {"OMP_NUM_THREADS": "1", "TRAIN_TEST_WHEELS": str(CLIENT_WHEELS),
+           "TRAIN_TEST_ARCH_WHEELS": str(ARCH_WHEELS),
+           "TRAIN_TEST_STACK_WHEELS": str(STACK_WHEELS)}
+    side = [] if session.posargs else _start_side_runs(session, env)
     # the slowest tests are listed at the end: CI's time budget is watched from there
-    session.run("pytest", "--durations=25", *session.posargs,
-                env={"OMP_NUM_THREADS": "1", "TRAIN_TEST_WHEELS": str(CLIENT_WHEELS),
-                     "TRAIN_TEST_ARCH_WHEELS": str(ARCH_WHEELS),
-                     "TRAIN_TEST_STACK_WHEELS": str(STACK_WHEELS)})
-    if not session.posargs:  # the whole suite: then the main scenarios on 24.11 and 26.05
-        _other_slurm_versions(session)
+    try:
+        session.run("pytest", "--durations=25", *(["-m", "not apptainer"] if side else []),
+                    *session.posargs, env=env)
+    finally:
+        _finish_side_runs(session, side)
 
 
-def _other_slurm_versions(session: nox.Session) -> None:
-    """The slurm tier's main scenarios (SLURM_SELECTION) on Slurm 24.11 and on 26.05, side
-    by side: each waits mostly on its own cluster. Each run's output is shown whole after
-    both end; the session fails if either did."""
+# The runs beside the main one (the whole suite less the apptainer tier) in `nox -s tests`:
+# each waits mostly on a cluster of its own (and the apptainer tier on its image builds),
+# so on two cores they take little more time side by side than the longest alone.
+SIDE_RUNS = (
+    ("the apptainer tier (Apptainer 1.4, Slurm 26.05)", ["-m", "apptainer"], {}),
+    ("the main scenarios on Slurm 24.11", ["-m", "slurm", "-k", "{selection}"],
+     {"TRAIN_TEST_SLURM": "24.11"}),
+    ("the main scenarios on Slurm 26.05", ["-m", "slurm", "-k", "{selection}"],
+     {"TRAIN_TEST_SLURM": "26.05"}),
+)
+
+
+def _start_side_runs(session: nox.Session, env: dict[str, str]
+                     ) -> list[tuple[str, Path, object]]:
+    """Start SIDE_RUNS (output to .nox/side-N.log); the docker tier's wheelhouse first, so
+    that two runs never download it into the same folder at once."""
     import subprocess
 
-    runs = []
-    for version in ("24.11", "26.05"):
-        log = ROOT / ".nox" / f"slurm-{version}.log"
-        argv = [str(Path(session.bin) / "python"), "-m", "pytest", "-m", "slurm", "-k",
-                SLURM_SELECTION, "--durations=10", "tests/integration"]
-        session.log(f"TRAIN_TEST_SLURM={version} {' '.join(argv[1:])} (output: {log})")
+    session.run("python", "-m", "pip", "download", "--quiet", "--no-deps",
+                "--require-hashes", "-d", str(ROOT / ".nox" / "wheelhouse"), "-r",
+                str(ROOT / "containers" / "requirements" / "base-cpu.txt"))
+    runs: list[tuple[str, Path, object]] = []
+    for i, (what, marks, extra) in enumerate(SIDE_RUNS):
+        log = ROOT / ".nox" / f"side-{i}.log"
+        argv = [str(Path(session.bin) / "python"), "-m", "pytest",
+                *[m.format(selection=SLURM_SELECTION) for m in marks], "--durations=10",
+                "tests/integration"]
+        session.log(f"beside the main run: {what} (output: {log})")
         with log.open("w") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                    env={**os.environ, "OMP_NUM_THREADS": "1",
-                                         "TRAIN_TEST_SLURM": version})
-        runs.append((version, log, proc))
+                                    env={**os.environ, **env, **extra})
+        runs.append((what, log, proc))
+    return runs
+
+
+def _finish_side_runs(session: nox.Session, runs: list[tuple[str, Path, object]]) -> None:
+    """Wait for the side runs, show each one's output whole, fail if any failed."""
+    import subprocess
+
     failed = []
-    for version, _log, proc in runs:
+    for what, _log, proc in runs:
+        assert isinstance(proc, subprocess.Popen)
         if proc.wait() != 0:
-            failed.append(version)
-    for version, log, _ in runs:
-        print(f"==== the slurm tier's main scenarios on Slurm {version} ====", flush=True)
+            failed.append(what)
+    for what, log, _ in runs:
+        print(f"==== {what} ====", flush=True)
         print(log.read_text(errors="replace"), flush=True)
     if failed:
-        session.error(f"the main scenarios failed on Slurm {', '.join(failed)}")
+        session.error(f"failed: {'; '.join(failed)}")
 
 
 # The slurm tier's scenarios that meet what changed between Slurm 22.05 (Debian bookworm's,
