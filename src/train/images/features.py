@@ -238,10 +238,13 @@ def _docker_facts(binary: str, image: str, environ: Mapping[str, str]
                   ) -> tuple[str, dict[str, str]] | None:
     """(image id, labels) from the engine; None where it does not say."""
     try:
+        timeout = probe_timeout(environ)
+    except ValueError:  # (refused where the probe reads it, naming the variable)
+        timeout = 60.0
+    try:
         proc = _proc.run([binary, "image", "inspect", "--format",
                           "{{.Id}} {{json .Config.Labels}}", image],
-                         timeout=probe_timeout(environ), check=False, env=dict(environ),
-                         skip_hung=True)
+                         timeout=timeout, check=False, env=dict(environ), skip_hung=True)
     except _proc.ProcError:
         return None
     if proc.returncode != 0:
