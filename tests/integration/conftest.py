@@ -229,3 +229,42 @@ def plain_sif(site_user: SiteUser) -> Path:
     shutil.copyfile(proc.stdout.strip().splitlines()[-1], sif)
     os.chown(sif, site_user.uid, site_user.uid)
     return sif
+
+
+# measured build and conversion times of this session's SIFs, printed at its end
+SIF_TIMES: dict[str, float] = {}
+
+
+@pytest.fixture(scope="session")
+def ci_sif(ci_image: str, docker_engine: dict[str, str], site_user: SiteUser) -> Path:
+    """CI's base image (the `ci_image` fixture, built by Docker from base.def) converted to
+    a SIF by the real Apptainer, as the user (once per session, about 1 GB): `train image
+    export` to a docker-archive in a user folder, then `apptainer build SIF
+    docker-archive:TAR`. The SIF is the user's, in a user folder; tests may read it, never
+    change it (copy it first)."""
+    import time
+
+    folder = site_user.folder("cisif")
+    tar = folder / "base-ci.tar"
+    export = subprocess.run([sys.executable, "-m", "train", "image", "export", "base",
+                             "--engine", "docker", "--tag", ci_image, "--out", str(tar)],
+                            capture_output=True, text=True, timeout=900, check=False,
+                            env={**os.environ, **docker_engine})
+    if export.returncode != 0:
+        pytest.fail(f"train image export of {ci_image} failed: {export.stderr[-3000:]}")
+    os.chown(tar, site_user.uid, site_user.uid)
+    sif = folder / "base-ci.sif"
+    start = time.monotonic()
+    build = site_user.run(["apptainer", "build", str(sif), f"docker-archive:{tar}"],
+                          cwd=folder, timeout=1800)
+    SIF_TIMES["ci_sif (docker-archive -> SIF)"] = time.monotonic() - start
+    tar.unlink()
+    if build.returncode != 0:
+        pytest.fail(f"apptainer build of {sif} from {ci_image} failed: "
+                    f"{(build.stdout + build.stderr)[-3000:]}")
+    return sif
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for what, seconds in SIF_TIMES.items():
+        terminalreporter.write_line(f"SIF build time: {what}: {seconds:.0f} s")
