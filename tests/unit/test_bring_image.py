@@ -323,3 +323,17 @@ def test_a_probe_that_hangs_is_one_short_note(tmp_path: Path,
                                    {**os.environ, **env})
     assert found is None and len(notes.splitlines()) == 1, notes
     assert "timed out after 0.5 s" in notes and "TRAIN-PROBE" not in notes, notes
+
+
+def test_a_sif_apptainer_cannot_open_is_refused_before_any_probe(tmp_path: Path) -> None:
+    """A SIF header on a file cut short: the login node's apptainer cannot open it, and the
+    nodes' cannot either, so submit refuses it (the probe never runs)."""
+    env = _engine(tmp_path, "apptainer")
+    (tmp_path / "sbin" / "apptainer").write_text(
+        "#!/bin/bash\nif [ \"$1\" = inspect ]; then echo 'FATAL:   could not open image "
+        "x.sif: failed to retrieve path for x.sif: image format not recognized' >&2; "
+        "exit 255; fi\necho run >> \"$PROBE_COUNT\"; exit 1\n")
+    err = _refused(tmp_path, env, _job(tmp_path, "apptainer", NO_TORCH, "--launch", "tasks"))
+    assert "`apptainer inspect" in err and "failed (exit 255)" in err, err
+    assert "image format not recognized" in err and "not an image this apptainer" in err
+    assert _probes(tmp_path) == 0
