@@ -227,6 +227,9 @@ def pip_resolve(requirements: Sequence[str], constraints: dict[str, Pin],
                    "--only-binary=:all:", "--python-version", PYTHON_VERSION,
                    "--implementation", "cp", "--abi", "cp" + PYTHON_VERSION.replace(".", ""),
                    "--platform", PLATFORM, "--report", str(report),
+                   # (pip before 24 takes --platform only with --target; nothing is
+                   # written there in a dry run)
+                   "--target", str(Path(tmp) / "target"),
                    "-c", str(con_file), "-r", str(req_file), *index_args]
         env = {**os.environ, "PIP_REQUIRE_VIRTUALENV": "0", "PIP_CONSTRAINT": "",
                "PIP_NO_INPUT": "1"}
