@@ -59,6 +59,14 @@ def unused_arguments(d: DefFile, build_args: Mapping[str, str]) -> list[str]:
     return [key for key in build_args if key not in used]
 
 
+def _check_unused(d: DefFile, build_args: Mapping[str, str]) -> None:
+    unused = unused_arguments(d, build_args)
+    if unused:
+        raise UsageError(f"build-arg {unused[0]}: {d.path.name} declares it but uses it "
+                         "nowhere ({{ " + unused[0] + " }}), and Apptainer refuses a build "
+                         "argument the definition does not use: leave it out")
+
+
 def check_inputs(d: DefFile, build_args: Mapping[str, str], root: Path) -> list[Path]:
     """Everything a build needs from this machine, checked before any engine starts (exit 2):
     a source tree to build from, build argument values, lint's blocking rules, every %files
@@ -81,11 +89,7 @@ def check_inputs(d: DefFile, build_args: Mapping[str, str], root: Path) -> list[
         raise UsageError("\n".join(str(v) for v in blocking[:10]) + "\nimage build: "
                          f"{d.path.name} breaks the rules above (train image lint)")
     args = d.resolve_arguments(build_args)
-    unused = unused_arguments(d, build_args)
-    if unused:
-        raise UsageError(f"build-arg {unused[0]}: {d.path.name} declares it but uses it "
-                         "nowhere ({{ " + unused[0] + " }}), and Apptainer refuses a build "
-                         "argument the definition does not use: leave it out")
+    _check_unused(d, build_args)
     staged: list[tuple[str, Path]] = []
     real_root = root.resolve()
     for number, raw_src, raw_dst in d.files():
