@@ -337,3 +337,19 @@ def test_a_sif_apptainer_cannot_open_is_refused_before_any_probe(tmp_path: Path)
     assert "`apptainer inspect" in err and "failed (exit 255)" in err, err
     assert "image format not recognized" in err and "not an image this apptainer" in err
     assert _probes(tmp_path) == 0
+
+
+def test_a_python_missing_is_found_under_apptainers_closing_info_lines(tmp_path: Path) -> None:
+    """Apptainer without squashfuse says what failed, then cleans up and says so: the line
+    that names the missing Python is not the last one, and it is still a refusal."""
+    env = _engine(tmp_path, "apptainer")
+    fake = (tmp_path / "sbin" / "apptainer").read_text().replace(
+        'if [ "$1" = exec ]; then',
+        'if [ "$1" = exec ]; then\n    echo "INFO:    Converting SIF file to temporary '
+        'sandbox..." >&2\n    echo "FATAL:   \\"python3\\": executable file not found in '
+        '\\$PATH" >&2\n    echo "INFO:    Cleaning up image..." >&2; exit 255\n    fi\n'
+        '    if false; then')
+    (tmp_path / "sbin" / "apptainer").write_text(fake)
+    err = _refused(tmp_path, env, _job(tmp_path, "apptainer", "python3", "--launch", "tasks"))
+    assert "its Python (python3) does not run in it" in err, err
+    assert "executable file not found" in err and "Cleaning up" not in err
