@@ -142,21 +142,6 @@ def sc2_image(ci_image: str, docker_engine: dict[str, str]) -> str:
     return _built_once(CI_SC2_TAG, ["sc2", *sc2_build_args()], docker_engine)
 
 
-@pytest.fixture(scope="session")
-def apptainer_sif(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """base.def built with the real apptainer (once per session); skips where it is absent."""
-    if shutil.which("apptainer") is None:
-        pytest.skip("apptainer is not installed here (it cannot be installed on our "
-                    "machines); run on a cluster login node: nox -s tests -- -m apptainer")
-    sif = tmp_path_factory.mktemp("sif") / "base.sif"
-    build = subprocess.run([sys.executable, "-m", "train", "image", "build", "base",
-                            "--engine", "apptainer", "--fakeroot", "--out", str(sif)],
-                           capture_output=True, text=True, timeout=7200, check=False)
-    if build.returncode != 0:
-        pytest.fail(f"apptainer build failed: {build.stderr[-3000:]}")
-    return sif
-
-
 class SiteUser:
     """The ordinary user of the apptainer tier (ci/sid-apptainer.sh): commands run as that
     user in the sid root, where Apptainer 1.4 and Slurm 26.05 are, as a site's users run
@@ -228,4 +213,66 @@ def plain_sif(site_user: SiteUser) -> Path:
     sif = site_user.folder("images") / "plain-python3.sif"
     shutil.copyfile(proc.stdout.strip().splitlines()[-1], sif)
     os.chown(sif, site_user.uid, site_user.uid)
+    return sif
+
+
+# measured build and conversion times of this session's SIFs, printed at its end
+SIF_TIMES: dict[str, float] = {}
+
+
+@pytest.fixture(scope="session")
+def ci_sif(ci_image: str, docker_engine: dict[str, str], site_user: SiteUser) -> Path:
+    """CI's base image (the `ci_image` fixture, built by Docker from base.def) converted to
+    a SIF by the real Apptainer, as the user (once per session, about 1 GB): `train image
+    export` to a docker-archive in a user folder, then `apptainer build SIF
+    docker-archive:TAR`. The SIF is the user's, in a user folder; tests may read it, never
+    change it (copy it first)."""
+    import time
+
+    folder = site_user.folder("cisif")
+    tar = folder / "base-ci.tar"
+    export = subprocess.run([sys.executable, "-m", "train", "image", "export", "base",
+                             "--engine", "docker", "--tag", ci_image, "--out", str(tar)],
+                            capture_output=True, text=True, timeout=900, check=False,
+                            env={**os.environ, **docker_engine})
+    if export.returncode != 0:
+        pytest.fail(f"train image export of {ci_image} failed: {export.stderr[-3000:]}")
+    os.chown(tar, site_user.uid, site_user.uid)
+    sif = folder / "base-ci.sif"
+    start = time.monotonic()
+    build = site_user.run(["apptainer", "build", str(sif), f"docker-archive:{tar}"],
+                          cwd=folder, timeout=1800)
+    SIF_TIMES["ci_sif (docker-archive -> SIF)"] = time.monotonic() - start
+    tar.unlink()
+    if build.returncode != 0:
+        pytest.fail(f"apptainer build of {sif} from {ci_image} failed: "
+                    f"{(build.stdout + build.stderr)[-3000:]}")
+    return sif
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for what, seconds in SIF_TIMES.items():
+        terminalreporter.write_line(f"SIF build time: {what}: {seconds:.0f} s")
+
+
+@pytest.fixture(scope="session")
+def apptainer_sif(ci_sif: Path, site_user: SiteUser) -> Path:
+    """base.def built by the real Apptainer as the user (`train image build base --engine
+    apptainer --fakeroot`), on the CI base's SIF (`--base-sif`: Bootstrap localimage), so
+    that %files, %post, %environment, %labels, %runscript and %test run under Apptainer's
+    rules; offline, from CI's wheelhouse. Once per session."""
+    import time
+
+    folder = site_user.folder("appsif")
+    sif = folder / "base.sif"
+    start = time.monotonic()
+    build = site_user.cli(["image", "build", "base", "--engine", "apptainer", "--fakeroot",
+                           "--base-sif", str(ci_sif), "--build-arg", "BASE_LOCK=base-cpu.txt",
+                           "--build-arg", f"WHEELHOUSE={CI_WHEELHOUSE}", "--out", str(sif)],
+                          cwd=folder, timeout=3600)
+    SIF_TIMES["apptainer_sif (base.def on ci_sif, apptainer build --fakeroot)"] = \
+        time.monotonic() - start
+    if build.returncode != 0:
+        pytest.fail(f"train image build base --engine apptainer failed: "
+                    f"{(build.stdout + build.stderr)[-3000:]}")
     return sif

@@ -59,23 +59,6 @@ def site_fs(site_user: SiteUser) -> Iterator[Path]:
                   *SITE_DIRS)
 
 
-@pytest.fixture(scope="session")
-def ci_sif(site_user: SiteUser, ci_image: str, docker_engine: dict[str, str]) -> Path:
-    """CI's base image (CPU torch, no train) as a SIF: docker save, then the user's
-    apptainer build from the archive. (Defined here until the shared fixture lands.)"""
-    folder = site_user.folder("cisif")
-    tar = folder / "ci.tar"
-    subprocess.run(["docker", "save", "-o", str(tar), ci_image], check=True, timeout=1800,
-                   capture_output=True, env={**os.environ, **docker_engine})
-    os.chown(tar, site_user.uid, site_user.uid)
-    sif = folder / "ci.sif"
-    proc = site_user.run(["apptainer", "build", str(sif), f"docker-archive:{tar}"],
-                         cwd=folder, timeout=3600)
-    tar.unlink()
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return sif
-
-
 def site_profile(folder: Path, site: str) -> str:
     """`SITE-here`: the local cluster's partition with the site's apptainer keys."""
     shipped = Registry(environ={}).get(site)

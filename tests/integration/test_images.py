@@ -1,5 +1,6 @@
 """Real image builds: the base image from base.def through the translator and a real Docker
-engine (what CI does), and the Apptainer path where the binary exists (cluster nodes)."""
+engine (what CI does). The Apptainer builds of the same definitions, by the real Apptainer
+as an ordinary user, are in test_apptainer_images.py."""
 
 from __future__ import annotations
 
@@ -169,6 +170,29 @@ def test_a_directory_copied_onto_an_existing_one_nests_as_in_apptainer(
 
 
 @pytest.mark.docker
+def test_a_failing_test_section_fails_the_build_as_in_apptainer(
+        ci_image: str, docker_engine: dict[str, str], tmp_path: Path) -> None:
+    """`apptainer build` runs %test last and fails when it fails; so does the Docker build,
+    which then keeps no image under the tag."""
+    import docker
+
+    repo = tmp_path / "repo"
+    (repo / "containers").mkdir(parents=True)
+    (repo / "pyproject.toml").write_text("")
+    (repo / "containers" / "failing.def").write_text(
+        "Bootstrap: localimage\nFrom: base.sif\n\n%post\n    touch /opt/built\n\n"
+        "%test\n    set -e\n    test -f /opt/built\n    test -f /opt/never-made\n"
+        "    true\n")
+    build = run_cli(["image", "build", str(repo / "containers" / "failing.def"), "--engine",
+                     "docker", "--tag", "train/failing:ci", "--localimage",
+                     f"base.sif={ci_image}"], env=docker_engine, timeout=600)
+    assert build.returncode != 0, build.stdout
+    assert "its %test failed" in build.stderr and "Traceback" not in build.stderr
+    with pytest.raises(docker.errors.ImageNotFound):
+        docker.from_env().images.get("train/failing:ci")
+
+
+@pytest.mark.docker
 def test_sc2_builds_reproducibly_from_any_directory_and_prints_its_content_digest(
         sc2_image: str, docker_engine: dict[str, str], tmp_path: Path) -> None:
     """A second build without the engine's cache, started from another directory, holds the
@@ -279,30 +303,3 @@ def test_build_refuses_a_missing_stand_in_before_the_engine_starts(tmp_path: Pat
         proc.stderr
     # CI's stand-ins live where a cluster build from the same clone never looks
     assert str(REPO / ".nox" / "sc2-standins" / "not-there.zip") in proc.stderr
-
-
-@pytest.mark.apptainer
-def test_apptainer_test_fails_when_any_check_of_its_test_fails(apptainer_sif: Path,
-                                                              tmp_path: Path) -> None:
-    """The same on Apptainer itself: numpy removed from a sandbox of the base image breaks the
-    first of base.def's %test checks, and `apptainer test` fails."""
-    import subprocess
-
-    sandbox = tmp_path / "sandbox"
-    subprocess.run(["apptainer", "build", "--sandbox", str(sandbox), str(apptainer_sif)],
-                   check=True, capture_output=True, timeout=1200)
-    for numpy in sandbox.glob("opt/venv/lib/python3*/site-packages/numpy"):
-        subprocess.run(["rm", "-rf", str(numpy)], check=True)
-    proc = subprocess.run(["apptainer", "test", str(sandbox)], capture_output=True,
-                          text=True, timeout=600, check=False)
-    assert proc.returncode != 0, proc.stdout
-
-
-@pytest.mark.apptainer
-def test_apptainer_builds_tests_and_runs_the_base_image(apptainer_sif: Path) -> None:
-    test = run_cli(["image", "test", "base", "--engine", "apptainer", "--out",
-                    str(apptainer_sif)],
-                   timeout=1200)
-    assert test.returncode == 0, test.stderr
-    assert "torch 2.13.0" in test.stdout
-    assert "run complete" in test.stdout

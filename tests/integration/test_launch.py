@@ -196,23 +196,6 @@ def test_runtime_none_uses_the_host_python_as_it_is(tmp_path: Path,
     assert config["process_env"]["PYTHONPATH"] == "/nonexistent"  # no container: as given
 
 
-@pytest.mark.apptainer
-def test_apptainer_runtime_job_keeps_the_host_environment_out(
-        apptainer_sif: Path, tmp_path: Path, slurm_env: dict[str, str]) -> None:
-    env = {**slurm_env, **HOST_LEAKS}
-    proc = run_cli(["submit", "--name", "app", "--cluster", "local", "--runtime",
-                    "apptainer", "--image", str(apptainer_sif), "--nodes", "2",
-                    "--cpus-per-task", "2",
-                    "--mem", "2000M", "--time", "10", "--", "demo", "--episodes", "3",
-                    *tiny_flags()], cwd=tmp_path, env=env)
-    assert proc.returncode == 0, proc.stderr
-    st = _wait(tmp_path, env, "app", lambda s: s["state"] in TERMINAL, timeout=600)
-    assert st["state"] == "complete"
-    config = json.loads((tmp_path / "runs" / "app" / "config.json").read_text())
-    assert config["process_env"]["PYTHONPATH"] is None
-    assert config["world_size"] == 2
-
-
 @pytest.mark.parametrize("runtime", ["none", pytest.param("docker", marks=pytest.mark.docker)])
 def test_two_node_tasks_mode_lightning_ranks_join(tmp_path: Path, slurm_env: dict[str, str],
                                                  runtime: str,

@@ -616,3 +616,33 @@ def test_term_to_train_ends_the_program_it_waits_on(tmp_path: Path) -> None:
             break
         time.sleep(0.1)
     assert not any(map(_alive, pids)), pids
+
+
+def test_a_sif_apptainer_cannot_open_is_refused_before_any_probe(tmp_path: Path) -> None:
+    """A SIF header on a file cut short: the login node's apptainer cannot open it, and the
+    nodes' cannot either, so submit refuses it (the probe never runs)."""
+    env = _engine(tmp_path, "apptainer")
+    (tmp_path / "sbin" / "apptainer").write_text(
+        "#!/bin/bash\nif [ \"$1\" = inspect ]; then echo 'FATAL:   could not open image "
+        "x.sif: failed to retrieve path for x.sif: image format not recognized' >&2; "
+        "exit 255; fi\necho run >> \"$PROBE_COUNT\"; exit 1\n")
+    err = _refused(tmp_path, env, _job(tmp_path, "apptainer", NO_TORCH, "--launch", "tasks"))
+    assert "`apptainer inspect" in err and "failed (exit 255)" in err, err
+    assert "image format not recognized" in err and "not an image this apptainer" in err
+    assert _probes(tmp_path) == 0
+
+
+def test_a_python_missing_is_found_under_apptainers_closing_info_lines(tmp_path: Path) -> None:
+    """Apptainer without squashfuse says what failed, then cleans up and says so: the line
+    that names the missing Python is not the last one, and it is still a refusal."""
+    env = _engine(tmp_path, "apptainer")
+    fake = (tmp_path / "sbin" / "apptainer").read_text().replace(
+        'if [ "$1" = exec ]; then',
+        'if [ "$1" = exec ]; then\n    echo "INFO:    Converting SIF file to temporary '
+        'sandbox..." >&2\n    echo "FATAL:   \\"python3\\": executable file not found in '
+        '\\$PATH" >&2\n    echo "INFO:    Cleaning up image..." >&2; exit 255\n    fi\n'
+        '    if false; then')
+    (tmp_path / "sbin" / "apptainer").write_text(fake)
+    err = _refused(tmp_path, env, _job(tmp_path, "apptainer", "python3", "--launch", "tasks"))
+    assert "its Python (python3) does not run in it" in err, err
+    assert "executable file not found" in err and "Cleaning up" not in err

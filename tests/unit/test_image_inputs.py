@@ -24,7 +24,7 @@ def _repo(tmp_path: Path, files: str, args: str = "") -> Path:
     (tmp_path / "data" / "a.txt").write_text("a\n")
     path = tmp_path / "containers" / "img.def"
     path.write_text("Bootstrap: docker\nFrom: debian:12.6\n\n%arguments\n    URL=none\n"
-                    f"{args}\n%files\n{files}\n%post\n    true\n")
+                    f"{args}\n%files\n{files}\n%post\n    true\n    echo {{{{ URL }}}}\n")
     return path
 
 
@@ -48,6 +48,22 @@ def test_build_refuses_bad_inputs_before_the_engine(tmp_path: Path, files: str, 
                     build_arg], env=NO_ENGINE)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
+
+
+@pytest.mark.parametrize("engine", ["docker", "apptainer"])
+def test_a_build_argument_the_definition_never_uses_is_exit_2_on_both_engines(
+        tmp_path: Path, engine: str) -> None:
+    """`apptainer build` stops at a build argument no placeholder uses ("unused build
+    args"), even one %arguments declares: both engines refuse it before starting."""
+    path = _repo(tmp_path, "    data /opt/data", args="    SPARE=1\n")
+    proc = run_cli(["image", "build", str(path), "--engine", engine, "--build-arg",
+                    "SPARE=2", "--out", str(tmp_path / "img.sif")],
+                   env={**NO_ENGINE, "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2, proc.stderr
+    assert "build-arg SPARE: img.def declares it but uses it nowhere" in proc.stderr
+    used = run_cli(["image", "build", str(path), "--engine", "docker", "--build-arg",
+                    "URL=none"], env=NO_ENGINE)
+    assert used.returncode == 3 and "no Docker engine reachable" in used.stderr, used.stderr
 
 
 def test_build_refuses_a_symlink_out_of_the_repository(tmp_path: Path) -> None:

@@ -113,7 +113,7 @@ def mounts(tmp_path: Path, *entries: tuple[str, str]) -> Path:
 
 def sif(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(SIF_HEAD + b"\0" * 64)
+    path.write_bytes(SIF_HEAD + b"\0" * 128)
     return path
 
 
@@ -258,6 +258,61 @@ def test_image_opens_with_apptainer_inspect(tmp_path: Path) -> None:
                        path=[bin_dir], answers=script)[IMAGE]
     assert got.status == "pass", got
     assert "org.train.lock=base-cu130.txt" in got.detail
+
+
+PROBE_311 = ('TRAIN-PROBE {"python": [3, 11, 2], "torch": false, "train": false, '
+             '"pynvml": false, "nvidia_smi": false}\n')
+
+
+def _foreign(tmp_path: Path, probe: Any, python: str = "python3") -> tuple[Check, Script]:
+    """The image check of a SIF whose labels are not ours, its Python answering `probe`."""
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "apptainer")
+    image = sif(tmp_path / "images" / "plain.sif")
+    script = Script({"apptainer --version": "apptainer version 1.4.5",
+                     "apptainer inspect": '{"data": {"attributes": {"labels": {}}}}',
+                     "apptainer exec": probe})
+    checks = run_preflight(site(), image=image, account=None, runs_root=tmp_path / "runs",
+                           partition_or_constraint="new", runtime="apptainer",
+                           environ={"PATH": str(bin_dir)}, run=script, python=python,
+                           mounts=mounts(tmp_path, ("/", "ext4"), (str(tmp_path), "nfs4")))
+    return by_name(checks)[IMAGE], script
+
+
+def test_image_not_ours_says_what_its_python_holds(tmp_path: Path) -> None:
+    got, script = _foreign(tmp_path, PROBE_311, python="/usr/bin/python3")
+    assert got.status == "pass", got
+    assert "not one of our images: its Python (/usr/bin/python3) is 3.11.2: train no, " \
+        "torch no, pynvml no (jobs bind this client's launcher in)" in got.detail
+    probe = [c for c in script.calls if c[1] == "exec"]
+    assert probe and probe[0][2:5] == ["--cleanenv", str(tmp_path / "images" / "plain.sif"),
+                                       "/usr/bin/python3"]
+
+
+def test_image_without_its_python_fails_naming_it(tmp_path: Path) -> None:
+    said = 'FATAL:   "python3": executable file not found in $PATH'
+    got, _ = _foreign(tmp_path, (255, "", said))
+    assert got.ok is False, got
+    assert "its Python (python3) does not run in it (exit 255: " in got.detail
+    assert "executable file not found" in got.detail and "--python" in got.fix
+
+
+def test_image_with_a_python_too_old_for_the_launcher_fails(tmp_path: Path) -> None:
+    got, _ = _foreign(tmp_path, 'TRAIN-PROBE {"python": [2, 7, 18]}\n')
+    assert got.ok is False and "is 2.7.18" in got.detail and ">= 3.9" in got.detail
+
+
+def test_image_of_ours_is_not_probed(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    tool(bin_dir, "apptainer")
+    script = Script({"apptainer --version": "apptainer version 1.4.5",
+                     "apptainer inspect": INSPECT})
+    checks = run_preflight(site(), image=sif(tmp_path / "base.sif"), account=None,
+                           runs_root=tmp_path / "runs", partition_or_constraint="new",
+                           runtime="apptainer", environ={"PATH": str(bin_dir)}, run=script,
+                           mounts=mounts(tmp_path, ("/", "ext4"), (str(tmp_path), "nfs4")))
+    assert by_name(checks)[IMAGE].status == "pass"
+    assert not [c for c in script.calls if c[1] == "exec"]
 
 
 def test_image_on_a_local_file_system_warns(tmp_path: Path) -> None:
@@ -710,7 +765,8 @@ def _opened(tmp_path: Path, profile: Profile, partition: str | None,
     return preflight_of(profile, tmp_path, image=image, account="lab", partition=partition,
                         path=[bin_dir], answers={
                             "apptainer --version": "apptainer version 1.3.4",
-                            "apptainer inspect": inspect, "myaccounts": "lab"})[check]
+                            "apptainer inspect": inspect, "apptainer exec": PROBE_311,
+                            "myaccounts": "lab"})[check]
 
 
 def test_cuda_13_image_on_an_old_driver_fails_with_the_fix(tmp_path: Path) -> None:
@@ -890,3 +946,32 @@ def test_format_and_json(tmp_path: Path) -> None:
     assert {c["status"] for c in data["checks"]} <= {"pass", "warn", "fail", "skip"}
     passing = [replace(c, ok=True) for c in checks]
     assert checks_json(passing)["ok"] is True
+
+
+def test_preflight_python_starting_with_a_dash_is_exit_2(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    proc = run_cli(["doctor", "--preflight", "--cluster", "local", "--python=-c"],
+                   env={"TRAIN_DEFAULTS": str(tmp_path / "none.yaml")})
+    assert proc.returncode == 2, proc.stderr
+    assert "--python: '-c' is not an interpreter" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_image_whose_sif_header_promises_more_than_the_file_holds_fails(
+        tmp_path: Path) -> None:
+    """A SIF copy cut short keeps its header, which says where its data ends: the file is
+    refused without running apptainer (train submit's check too)."""
+    import struct
+
+    image = tmp_path / "cut.sif"
+    header = SIF_HEAD.ljust(96, b"\0") + struct.pack("<4q", 128, 0, 4096, 1_000_000)
+    image.write_bytes(header + b"\0" * 4000)
+    got = preflight.check_image_file(image, site(), [])
+    assert got.ok is False and "cut.sif is cut short: its SIF header says it holds " \
+        "1004096 bytes, the file has 4128" in got.detail, got
+    assert "copy or build it again" in got.fix
+    whole = tmp_path / "whole.sif"
+    whole.write_bytes(header.replace(struct.pack("<q", 1_000_000), struct.pack("<q", 0))
+                      + b"\0" * 4000)
+    assert preflight.check_image_file(whole, site(), []).ok is not False

@@ -44,6 +44,8 @@ def add_doctor(sub: Subparsers) -> None:
     pre.add_argument("-C", "--constraint", default=None, help="the node type (constraint)")
     pre.add_argument("--image", default=None, help="the image: a SIF path or a docker tag")
     pre.add_argument("--runtime", default=None, help="auto, apptainer, docker or none")
+    pre.add_argument("--python", default=None, help="the Python jobs run in an image not of "
+                     "ours (default python3), asked what it holds")
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -73,6 +75,10 @@ def _preflight(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         return value if value is not None else defaults.get(name)
 
+    python = str(given("python") or "python3")
+    if python.startswith("-") or not python.strip() or "\x00" in python:
+        raise UsageError(f"--python: {python[:80]!r} is not an interpreter (a command name or "
+                         "path, not starting with '-')")
     registry = Registry(args.profile)
     cluster = given("cluster")
     if cluster is None:
@@ -82,7 +88,8 @@ def _preflight(args: argparse.Namespace) -> int:
     checks = preflight.run_preflight(
         registry.get(str(cluster)), image=given("image"), account=given("account"),
         runs_root=args.runs, partition_or_constraint=given("partition") or given(
-            "constraint"), runtime=given("runtime") or "auto")
+            "constraint"), runtime=given("runtime") or "auto",
+        python=python)
     if args.json:
         print(json.dumps(preflight.checks_json(checks), indent=2))
     else:

@@ -54,6 +54,10 @@ def add_image(sub: Subparsers) -> None:
     engine = p.add_argument_group("engine", "apptainer or docker, and how it builds")
     engine.add_argument("--engine", choices=["auto", "apptainer", "docker"], default="auto")
     engine.add_argument("--fakeroot", action="store_true", help="apptainer build --fakeroot")
+    engine.add_argument("--base-sif", type=Path, default=None, metavar="SIF",
+                        help="build, apptainer: build on this local SIF (Bootstrap: "
+                        "localimage) instead of the base the definition's header names; "
+                        "the header's From: arguments default to its path")
     engine.add_argument("--network", choices=["none", "default", "host"], default=None,
                         help="build, docker engine: the network the build's steps reach (default "
                         "none: offline inputs only, as in CI; `default` for a real build that "
@@ -91,6 +95,8 @@ def _cmd_image(args: argparse.Namespace) -> int:
         return 1 if violations else EXIT_OK
     if len(args.images) != 1:
         raise UsageError(f"image {args.action}: name exactly one image")
+    if args.base_sif is not None and args.action != "build":
+        raise UsageError(f"--base-sif: for `train image build`, not image {args.action}")
     image = _image(args, find_def(args.images[0], args.defs))
     actions = {"translate": _image_translate, "build": _image_build, "test": _image_test,
                "digest": _image_digest, "export": _image_export}
@@ -144,9 +150,12 @@ def _image_build(args: argparse.Namespace, im: _Image) -> int:
             raise UsageError("--network: apptainer builds use the host's network; "
                              "--network none|host is for --engine docker")
         result = builder.apptainer_build(im.definition, im.root, im.sif, im.build_args,
-                                         args.fakeroot)
+                                         args.fakeroot, base_sif=args.base_sif)
         print(f"built {im.sif}")
     else:
+        if args.base_sif is not None:
+            raise UsageError("--base-sif: for --engine apptainer; a Docker build names the "
+                             "tag of its localimage base with --localimage SIF=TAG")
         result = builder.docker_build(im.definition, im.root, im.tag, im.build_args,
                                       im.localimages, network=args.network or "none",
                                       nocache=args.no_cache, record=im.out)

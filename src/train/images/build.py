@@ -70,19 +70,38 @@ def smoke_args(d: DefFile) -> tuple[str, ...]:
 
 def apptainer_build(d: DefFile, root: Path, sif: Path, build_args: Mapping[str, str],
                     fakeroot: bool, show: Callable[[str], None] | None = None,
-                    timeout: float = 7200) -> BuildResult:
+                    timeout: float = 7200, base_sif: Path | None = None) -> BuildResult:
     """`apptainer build` run from the repository root, where %files sources resolve; its
-    output is read as it comes (progress lines shown, downloads kept for the record)."""
+    output is read as it comes (progress lines shown, downloads kept for the record).
+    `base_sif`: build on that local SIF instead of the header's base (images.localbase);
+    the header's From: arguments then default to its path."""
+    import tempfile
+
+    from train.images import localbase
+
+    base = localbase.check_base_sif(base_sif) if base_sif is not None else None
+    if base is not None:
+        given = dict(build_args)
+        build_args = {**{k: str(base) for k in localbase.header_arguments(d)
+                         if k in d.arguments()}, **given}
     check_inputs(d, build_args, root)
     _need_apptainer()
-    argv = ["apptainer", "build", "--force"]
-    if fakeroot:
-        argv.append("--fakeroot")
-    for key, value in build_args.items():
-        argv += ["--build-arg", f"{key}={value}"]
-    argv += [str(sif.resolve()), str(d.path.resolve())]
-    build_log = BuildLog() if show is None else BuildLog(show=show)
-    code = _stream(argv, root, build_log.feed, timeout)
+    with tempfile.TemporaryDirectory(prefix="train-def-") as tmp:
+        definition = d.path.resolve()
+        passed = dict(build_args)
+        if base is not None:
+            text = localbase.on_local_sif(d, base)
+            definition = Path(tmp) / d.path.name
+            definition.write_text(text, encoding="utf-8")
+            passed = localbase.used_arguments(text, build_args)
+        argv = ["apptainer", "build", "--force"]
+        if fakeroot:
+            argv.append("--fakeroot")
+        for key, value in passed.items():
+            argv += ["--build-arg", f"{key}={value}"]
+        argv += [str(sif.resolve()), str(definition)]
+        build_log = BuildLog() if show is None else BuildLog(show=show)
+        code = _stream(argv, root, build_log.feed, timeout)
     if code != 0:
         raise ImageError(f"apptainer build of {d.name} exited with {code}:\n"
                          + "\n".join(build_log.tail))
@@ -91,7 +110,8 @@ def apptainer_build(d: DefFile, root: Path, sif: Path, build_args: Mapping[str, 
     result = BuildResult(str(sif), digest, build_log.downloads, args,
                          sif.with_suffix(".build.json"))
     header = d.header["from"]
-    write_record(d, root, result, "apptainer", d.substitute(header[1], args, header[0]))
+    write_record(d, root, result, "apptainer", str(base) if base is not None
+                 else d.substitute(header[1], args, header[0]))
     return result
 
 

@@ -99,7 +99,8 @@ def docker_build(d: DefFile, root: Path, tag: str, build_args: Mapping[str, str]
     """Build with the Docker engine as Apptainer builds: one container from the base image
     gets the %files sources and the generated scripts (staged under /.train), runs the
     %files copies and %post in one go, removes what was staged, and is committed as the
-    image's one new layer with %environment, %labels and the runscript as its config. So
+    image's one new layer with %environment, %labels and the runscript as its config; then
+    %test runs in it, and a failing test fails the build (as `apptainer build`). So
     nothing staged or downloaded and then removed stays in any layer (Docker's builder
     would keep each COPY as a layer of its own). `network`: what %post reaches ("none", the
     default and CI's: offline inputs only; "default" or "host": the downloads a real build
@@ -121,10 +122,26 @@ def docker_build(d: DefFile, root: Path, tag: str, build_args: Mapping[str, str]
         base_id, container = _create_container(client, base, network, d.name)
         image = _run_and_commit(client, container, archive, build_log, d.name, network,
                                 tag, translation, base)
+    if "test" in translation.scripts:
+        _build_test(client, tag, d.name)
     result = BuildResult(str(image.id), str(image.id), build_log.downloads, args,
                          record or default_record(tag))
     write_record(d, root, result, "docker", f"{base} ({base_id})")
     return result
+
+
+def _build_test(client: Any, tag: str, what: str) -> None:
+    """%test as `apptainer build` runs it, last: a failing test fails the build, and the
+    image is not kept under its tag."""
+    import docker
+
+    try:
+        docker_run(tag, [f"{SCRIPT_DIR}/test"], entrypoint=["/bin/sh"])
+    except ImageError as exc:
+        with contextlib.suppress(docker.errors.DockerException):
+            client.images.remove(tag, force=True)
+        raise ImageError(f"docker build of {what} failed: its %test failed (apptainer build "
+                         f"runs %test last, and so does this build): {exc}") from None
 
 
 def _create_container(client: Any, base: str, network: str, what: str) -> tuple[str, Any]:

@@ -268,6 +268,9 @@ class Asked:
     refusal: str = ""
 
 
+_RUNTIME_CHATTER = ("INFO:", "WARNING:", "DEBUG:", "VERBOSE:")
+
+
 _MEMO: dict[str, Asked] = {}  # once per image and Python in a process: checks, then equip
 
 
@@ -357,7 +360,9 @@ def _probe(runtime: str, binary: str, image: str, python: str,
     try:
         return Asked(parse_probe(proc.stdout))
     except (ValueError, KeyError, TypeError):
-        said = (proc.stderr or proc.stdout).strip().splitlines()
+        # (Apptainer's INFO/WARNING lines come after its FATAL one: "Cleaning up image...")
+        said = [line for line in (proc.stderr or proc.stdout).strip().splitlines()
+                if not line.startswith(_RUNTIME_CHATTER)]
         last = said[-1] if said else f"exit {proc.returncode}"
         last = last if len(last) <= 200 else last[:200] + "..."  # (a flood, cut short)
         if python in last and ("not found" in last or "No such file" in last):

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from train.common.errors import UsageError
-from train.images.defs import DefFile
+from train.images.defs import PLACEHOLDER_RE, DefFile
 from train.images.dockerfile import check_text, files_source_problem
 
 # lint rules that stop a build before any engine starts (the others are our images' own
@@ -49,6 +49,24 @@ def _check_links(number: int, d: DefFile, source: Path, real_root: Path) -> None
                                  "(it points at a folder that contains it)")
 
 
+def unused_arguments(d: DefFile, build_args: Mapping[str, str]) -> list[str]:
+    """The build arguments given that no `{{ NAME }}` outside %arguments uses (`apptainer
+    build` stops there: "unused build args")."""
+    section = d.sections.get("arguments")
+    skip = {n for n, _ in section.lines} if section is not None else set()
+    used = {name for number, line in enumerate(d.lines, 1) if number not in skip
+            for name in PLACEHOLDER_RE.findall(line)}
+    return [key for key in build_args if key not in used]
+
+
+def _check_unused(d: DefFile, build_args: Mapping[str, str]) -> None:
+    unused = unused_arguments(d, build_args)
+    if unused:
+        raise UsageError(f"build-arg {unused[0]}: {d.path.name} declares it but uses it "
+                         "nowhere ({{ " + unused[0] + " }}), and Apptainer refuses a build "
+                         "argument the definition does not use: leave it out")
+
+
 def check_inputs(d: DefFile, build_args: Mapping[str, str], root: Path) -> list[Path]:
     """Everything a build needs from this machine, checked before any engine starts (exit 2):
     a source tree to build from, build argument values, lint's blocking rules, every %files
@@ -71,6 +89,7 @@ def check_inputs(d: DefFile, build_args: Mapping[str, str], root: Path) -> list[
         raise UsageError("\n".join(str(v) for v in blocking[:10]) + "\nimage build: "
                          f"{d.path.name} breaks the rules above (train image lint)")
     args = d.resolve_arguments(build_args)
+    _check_unused(d, build_args)
     staged: list[tuple[str, Path]] = []
     real_root = root.resolve()
     for number, raw_src, raw_dst in d.files():

@@ -23,7 +23,13 @@ from train.client.preflight.account import listed_accounts
 from train.client.preflight.commands import Runner, run_command
 from train.client.preflight.container import MIN_APPTAINER, RUNTIMES
 from train.client.preflight.gpu import check_arch, image_arch, image_cuda
-from train.client.preflight.image import ImageFacts, _apptainer_facts, check_image_file, image_facts
+from train.client.preflight.image import (
+    ImageFacts,
+    _apptainer_facts,
+    check_image_file,
+    image_facts,
+    open_image,
+)
 from train.client.preflight.result import (
     ACCOUNT,
     ARCH,
@@ -57,5 +63,6 @@ __all__ = [
     "RUNTIME", "RUNTIMES", "SHARED_FS", "SHARED_FUSE", "TEMP_DIRS", "VOLATILE_FS", "Check",
     "ImageFacts", "Mount", "Runner", "_apptainer_facts", "_under", "_unescape", "check_arch",
     "check_image_file", "checks_json", "failed", "format_checks", "image_arch", "image_cuda",
-    "image_facts", "listed_accounts", "mount_of", "read_mounts", "run_command", "run_preflight",
+    "image_facts", "listed_accounts", "mount_of", "open_image", "read_mounts", "run_command",
+    "run_preflight",
 ]

@@ -18,6 +18,22 @@ from train.client.preflight.storage import Mount, _storage
 _INSPECT_TIMEOUT = 120.0  # a SIF without its metadata descriptor is inspected by running it
 _SIF_MAGIC = b"SIF_MAGIC"  # sylabs/sif: after the 32-byte launch line
 _SQUASHFS_MAGIC = (b"hsqs", b"sqsh")  # Singularity 2.x images: a bare squashfs
+_SIF_HEADER = 128  # sylabs/sif's global header; its last 32 bytes: where the descriptors
+# and the data objects lie (offset and length each, little-endian int64)
+
+
+def _cut_short(head: bytes, size: int) -> str | None:
+    """Why a file with a SIF header cannot hold what the header says, or None: its
+    descriptors or data objects end past the end of the file."""
+    import struct
+
+    if len(head) < _SIF_HEADER:
+        return f"{size} bytes, less than a SIF's {_SIF_HEADER}-byte header"
+    descoff, desclen, dataoff, datalen = struct.unpack("<4q", head[96:128])
+    end = max(descoff + desclen, dataoff + datalen)
+    if min(descoff, desclen, dataoff, datalen) < 0 or end > size:
+        return f"its SIF header says it holds {end} bytes, the file has {size}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -29,7 +45,8 @@ class ImageFacts:
 
 
 def _check_image(chosen: str, image: str | None, binary: str | None, profile: Profile,
-                 mounts: list[Mount], run: Runner) -> tuple[Check, ImageFacts | None]:
+                 mounts: list[Mount], run: Runner, python: str = "python3"
+                 ) -> tuple[Check, ImageFacts | None]:
     if chosen == "none":
         return Check(IMAGE, None, "runtime none: no image"), None
     if image is None:
@@ -37,8 +54,11 @@ def _check_image(chosen: str, image: str | None, binary: str | None, profile: Pr
                      "--image, or set it once with train init --image)"), None
     if chosen == "docker":
         return _check_docker_image(image, binary, run)
-    return _check_sif(Path(os.path.abspath(os.path.expanduser(image))), binary, profile,
-                      mounts, run)
+    check, facts = _check_sif(Path(os.path.abspath(os.path.expanduser(image))), binary,
+                              profile, mounts, run)
+    if check.ok and binary is not None and facts is not None:
+        check = _check_python(check, image, binary, python, facts, run)
+    return check, facts
 
 
 def check_image_file(path: Path, profile: Profile, mounts: list[Mount]) -> Check:
@@ -46,6 +66,12 @@ def check_image_file(path: Path, profile: Profile, mounts: list[Mount]) -> Check
     readable, and a SIF (or a Singularity 2 squashfs, or a sandbox folder) whatever its
     name."""
     return _check_sif(path, None, profile, mounts, run_command, strict=True)[0]
+
+
+def open_image(path: Path, binary: str, profile: Profile) -> tuple[Check, ImageFacts | None]:
+    """The image file opened with `apptainer inspect`, for `train submit`: the check (failed
+    where apptainer cannot open it) and what it says about itself."""
+    return _check_sif(path, binary, profile, [], run_command, strict=True)
 
 
 def image_facts(path: Path, binary: str, profile: Profile) -> ImageFacts | None:
@@ -89,18 +115,9 @@ def _check_sif(path: Path, binary: str | None, profile: Profile, mounts: list[Mo
                      f"chmod a+r {path} (and a+x on its directories), or copy it to a "
                      "directory of yours"), None
     if not sandbox:
-        try:
-            with path.open("rb") as fh:
-                head = fh.read(64)
-        except OSError as exc:
-            return Check(IMAGE, False, f"{path} cannot be read: {exc.strerror or exc}",
-                         build), None
-        if head[32:41] != _SIF_MAGIC and head[:4] not in _SQUASHFS_MAGIC \
-                and (strict or path.suffix == ".sif"):
-            return Check(IMAGE, False, f"{path} is not a SIF image (no SIF header: "
-                         f"{len(head)} bytes read; an incomplete copy, or another file)",
-                         "copy or build it again (" + build + ")"), None
-        what = "a SIF" if head[32:41] == _SIF_MAGIC else "a file"
+        problem, what = _file_header(path, st.st_size, strict, build)
+        if problem is not None:
+            return problem, None
     where, note = _storage(str(path), mounts, profile)
     warn = where not in ("shared", "single_host")
     seen = f"; {note}" if warn else ""
@@ -120,6 +137,64 @@ def _check_sif(path: Path, binary: str | None, profile: Profile, mounts: list[Mo
     facts = _apptainer_facts(out)
     return Check(IMAGE, True, f"{path} opens (apptainer inspect){_label_summary(facts)}{seen}",
                  fix, warn=warn), facts
+
+
+def _check_python(opened: Check, image: str, binary: str, python: str, facts: ImageFacts,
+                  run: Runner) -> Check:
+    """An image that is not one of ours (no org.train.image label) is asked what its Python
+    holds, as `train submit` asks it (train.images.features): a Python that does not run,
+    or one too old for the job's launcher, fails the check."""
+    from train.common.entry import MIN_PYTHON
+    from train.images import features
+
+    if features.from_labels(facts.labels) is not None:
+        return opened
+    code, out, err = _run(run, features.probe_argv("apptainer", binary, image, python),
+                          features.PROBE_TIMEOUT)
+    try:
+        found = features.parse_probe(out)
+    except (ValueError, KeyError, TypeError):
+        return Check(IMAGE, False, f"{opened.detail}; but its Python ({python}) does not "
+                     f"run in it (exit {code}: {_tail(err or out)})",
+                     "jobs run --python in the image: name the image's interpreter "
+                     "(train doctor --preflight --python PATH, then train submit --python "
+                     "PATH), or use an image with Python (one of ours: train image build)")
+    minimum = ".".join(map(str, MIN_PYTHON))
+    if found.python[:2] < MIN_PYTHON:
+        return Check(IMAGE, False, f"{opened.detail}; but its Python ({python}) is "
+                     f"{found.python_text}, and the job's launcher needs >= {minimum}",
+                     "name a newer interpreter of the image with --python, or use an image "
+                     "with a newer Python")
+    holds = ", ".join(f"{name} {'yes' if getattr(found, name) else 'no'}"
+                      for name in ("train", "torch", "pynvml"))
+    bound = "" if found.train else " (jobs bind this client's launcher in)"
+    return Check(IMAGE, opened.ok, f"{opened.detail}; not one of our images: its Python "
+                 f"({python}) is {found.python_text}: {holds}{bound}", opened.fix,
+                 warn=opened.warn)
+
+
+def _file_header(path: Path, size: int, strict: bool, build: str) -> tuple[Check | None, str]:
+    """The file's first bytes: a failed check where they are no image's (or a SIF's header
+    promises more than the file holds), else what the file is."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(_SIF_HEADER)
+    except OSError as exc:
+        return Check(IMAGE, False, f"{path} cannot be read: {exc.strerror or exc}",
+                     build), ""
+    again = "copy or build it again (" + build + ")"
+    if head[32:41] != _SIF_MAGIC and head[:4] not in _SQUASHFS_MAGIC \
+            and (strict or path.suffix == ".sif"):
+        return Check(IMAGE, False, f"{path} is not a SIF image (no SIF header: "
+                     f"{len(head)} bytes read; an incomplete copy, or another file)",
+                     again), ""
+    if head[32:41] != _SIF_MAGIC:
+        return None, "a file"
+    short = _cut_short(head, size)
+    if short is not None:
+        return Check(IMAGE, False, f"{path} is cut short: {short} (an incomplete copy or "
+                     "download)", again), ""
+    return None, "a SIF"
 
 
 def _apptainer_facts(out: str) -> ImageFacts:

@@ -22,12 +22,14 @@ from train.common.yamlio import shown
 def run_preflight(profile: Profile, *, image: str | Path | None, account: str | None,
                   runs_root: Path, partition_or_constraint: str | None,
                   runtime: str = "auto", environ: Mapping[str, str] | None = None,
-                  run: Runner = run_command, mounts: Path = MOUNTS) -> list[Check]:
+                  run: Runner = run_command, mounts: Path = MOUNTS,
+                  python: str = "python3") -> list[Check]:
     """The five checks for jobs of `profile`, in order: container runtime, image, account,
     runs root, CUDA vs driver.
 
     `runtime` is apptainer, docker, none, or auto (apptainer for a file image, docker for
-    an image name, else whichever is installed). `partition_or_constraint` is the job's
+    an image name, else whichever is installed); `python` is the interpreter jobs run in
+    an image not of ours, asked what it holds. `partition_or_constraint` is the job's
     partition (its constraint on sites without partitions, alternatives joined by '|');
     None: the profile's default partition, else every node type. Raises ConfigError for bad
     input, naming the field.
@@ -47,7 +49,8 @@ def run_preflight(profile: Profile, *, image: str | Path | None, account: str | 
     table = read_mounts(mounts)
     chosen = _pick_runtime(runtime, image_text, profile, env)
     runtime_check, binary = _check_runtime(chosen, runtime, profile, env, run)
-    image_check, facts = _check_image(chosen, image_text, binary, profile, table, run)
+    image_check, facts = _check_image(chosen, image_text, binary, profile, table, run,
+                                      python)
     return [runtime_check, image_check, _check_account(profile, account, env, run),
             _check_runs_root(Path(runs_text), profile, table),
             _check_cuda(profile, nodes, named, chosen, facts),

@@ -115,11 +115,14 @@ def environment_problems(job: ResolvedJob, environ: Mapping[str, str] | None = N
     """The image, the program and the Python of a job: (problems, notes on what could not
     be checked)."""
     env = os.environ if environ is None else environ
-    problems: list[Problem] = []
-    notes: list[str] = []
-    for found, seen in (image_problems(job, env), program_problems(job, env),
-                        python_problems(job, env), navsim_data_problems(job),
-                        feature_problems(job, env), profile_bind_problems(job)):
+    problems, notes = image_problems(job, env)
+    image_refused = bool(problems)
+    for found, seen in (program_problems(job, env), python_problems(job, env),
+                        navsim_data_problems(job), profile_bind_problems(job)):
+        problems += found
+        notes += seen
+    if not image_refused:  # (an image refused above is not asked what it holds)
+        found, seen = feature_problems(job, env)
         problems += found
         notes += seen
     return problems, notes

@@ -7,10 +7,14 @@ import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from train.client.slurm.checks.problem import Problem
 from train.client.slurm.job import ResolvedJob
 from train.common import _proc
+
+if TYPE_CHECKING:
+    from train.client.preflight import ImageFacts
 
 DOCKER_TIMEOUT = 60.0
 
@@ -35,8 +39,21 @@ def image_problems(job: ResolvedJob, environ: Mapping[str, str]
         return [Problem("image", f"--image {image}: {check.detail}{tilde}; {check.fix}")], []
     notes = [f"--image {image}: {check.fix}"] if check.fix else []  # (storage the nodes
     # may not mount)
-    found, seen = _arch_problems(job, path, environ)
+    binary = _apptainer(environ)
+    facts = None
+    if binary is not None and not path.is_dir():
+        # opened as the nodes will open it: a SIF apptainer cannot read (cut short, damaged,
+        # from a newer apptainer) is refused here, not after the queue wait
+        opened, facts = preflight.open_image(path, binary, job.profile)
+        if opened.ok is False:
+            return [Problem("image", f"--image {image}: {opened.detail}; {opened.fix}")], []
+    found, seen = _arch_problems(job, path, binary, facts)
     return found, notes + seen
+
+
+def _apptainer(environ: Mapping[str, str]) -> str | None:
+    search = environ.get("PATH", os.defpath)
+    return shutil.which("apptainer", path=search) or shutil.which("singularity", path=search)
 
 
 def feature_problems(job: ResolvedJob, environ: Mapping[str, str]
@@ -56,8 +73,8 @@ def feature_problems(job: ResolvedJob, environ: Mapping[str, str]
     return [Problem("image", text) for text in refusals], notes + warnings
 
 
-def _arch_problems(job: ResolvedJob, path: Path, environ: Mapping[str, str]
-                   ) -> tuple[list[Problem], list[str]]:
+def _arch_problems(job: ResolvedJob, path: Path, binary: str | None,
+                   facts: ImageFacts | None) -> tuple[list[Problem], list[str]]:
     """The partition's GPUs against the architectures the image's torch carries (its lock,
     read through its labels): a V100 job with the CUDA 13 image fails at its first kernel,
     after the queue wait."""
@@ -65,13 +82,11 @@ def _arch_problems(job: ResolvedJob, path: Path, environ: Mapping[str, str]
 
     if not job.node.gpu_types or job.spec.gpus_per_node == 0:
         return [], []
-    search = environ.get("PATH", os.defpath)
-    binary = shutil.which("apptainer", path=search) or shutil.which("singularity",
-                                                                    path=search)
     if binary is None and not path.is_dir():
         return [], [f"--image {job.spec.image}: its GPU architectures were not compared with "
                     f"the {job.node.name} GPUs: apptainer is not on PATH here"]
-    facts = preflight.image_facts(path, binary or "", job.profile)
+    if facts is None:
+        facts = preflight.image_facts(path, binary or "", job.profile)
     if facts is None:
         return [], []
     check = preflight.check_arch([job.node], True, "apptainer", facts)
