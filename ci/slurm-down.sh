@@ -105,9 +105,13 @@ for _ in $(seq 1 50); do
     sleep 0.1
 done
 
-# rewrite in place: /etc/hosts is often a bind mount that cannot be replaced
-if grep -qF "train-local-slurm $dir" /etc/hosts 2>/dev/null; then
-    kept=$(grep -vF "train-local-slurm $dir" /etc/hosts)
-    printf '%s\n' "$kept" > /etc/hosts
-fi
+# rewrite in place: /etc/hosts is often a bind mount that cannot be replaced; one edit at
+# a time (ci/slurm-up.sh: clusters side by side)
+(
+    flock 9
+    if grep -qF "train-local-slurm $dir" /etc/hosts 2>/dev/null; then
+        kept=$(grep -vF "train-local-slurm $dir" /etc/hosts)
+        printf '%s\n' "$kept" > /etc/hosts
+    fi
+) 9>> /tmp/.train-local-slurm-hosts.lock
 exit 0

@@ -86,9 +86,15 @@ echo "NodeName=n[1-2] Name=gpu File=$dir/dev/nvidia[0-1]" > "$dir/gres.conf"
 # node names must resolve, also inside containers on the host network (as on real clusters)
 # (one line per cluster, tagged with its directory: clusters started side by side each
 # remove only their own line)
-if ! grep -qF "train-local-slurm $dir" /etc/hosts 2>/dev/null; then
-    printf '127.0.0.1 n1 n2  # train-local-slurm %s\n' "$dir" >> /etc/hosts
-fi
+# (clusters that start and stop side by side, also in the roots of ci/trixie-slurm.sh and
+# ci/sid-apptainer.sh, which share /tmp and /etc/hosts, edit the file one at a time: a
+# stop's rewrite read before another's append would lose that line)
+(
+    flock 9
+    if ! grep -qF "train-local-slurm $dir" /etc/hosts 2>/dev/null; then
+        printf '127.0.0.1 n1 n2  # train-local-slurm %s\n' "$dir" >> /etc/hosts
+    fi
+) 9>> /tmp/.train-local-slurm-hosts.lock
 
 # (each daemon's command line names the folder: ci/slurm-down.sh finds what is left of
 # the cluster by it, and by SLURM_CONF in the environment of the jobs and their steps)
