@@ -337,17 +337,27 @@ def _readable_part(job: ResolvedJob) -> list[str]:
     return out
 
 
+# a site set-up line that brings apptainer itself (module load/add, ml): needed only where
+# apptainer is not on PATH already
+_LOADS_APPTAINER = re.compile(r"^\s*(module\s+(load|add)|ml)\s.*\b(apptainer|singularity)\b")
+
+
 def apptainer_setup(modules: Sequence[str]) -> list[str]:
     """The batch script's lines before an apptainer step: the submitting shell's Apptainer
     settings dropped (sbatch hands its whole environment on: an APPTAINER_BIND or an
     APPTAINERENV_PYTHONPATH there would reach the container past --cleanenv), then the
-    site's set-up, run only where apptainer is not on PATH already."""
+    site's set-up as the profile gives it; a line that loads apptainer runs only where
+    apptainer is not on PATH already."""
     out = ["# the submitting shell's Apptainer settings (binds, APPTAINERENV_ values) are "
            "not the job's", 'unset "${!APPTAINER@}" "${!SINGULARITY@}"']
     if modules:
-        out += ["# site set-up (from the cluster profile), where apptainer is not on PATH",
-                "if ! command -v apptainer >/dev/null 2>&1; then",
-                *(f"    {line}" for line in modules), "fi"]
+        out.append("# site set-up (from the cluster profile); apptainer's module only where "
+                   "apptainer is not on PATH")
+    for line in modules:
+        if _LOADS_APPTAINER.match(line):
+            out += ["if ! command -v apptainer >/dev/null 2>&1; then", f"    {line}", "fi"]
+        else:
+            out.append(line)
     return out
 
 
