@@ -4,13 +4,16 @@ TRAIN_TEST_SLURM=24.11), stopped by PID afterwards, also when the session is kil
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -164,6 +167,25 @@ class SiteUser:
         """`train ARGS` as the user (this session's Python and its venv, bound in)."""
         return self.run([sys.executable, "-m", "train", *args], cwd=cwd, env=env,
                         timeout=timeout)
+
+    def status(self, cwd: Path, name: str) -> dict[str, Any]:
+        """`train status NAME --json` as the user."""
+        proc = self.cli(["status", name, "--json"], cwd=cwd)
+        assert proc.returncode == 0, proc.stderr
+        data: dict[str, Any] = json.loads(proc.stdout)
+        return data
+
+    def wait(self, cwd: Path, name: str, until: Callable[[dict[str, Any]], bool],
+             polls: int = 600) -> dict[str, Any]:
+        """The chain's status once `until` holds (polled every 0.5 s, at most `polls`
+        times: a bound on a hang, not a measure)."""
+        st: dict[str, Any] = {}
+        for _ in range(polls):
+            st = self.status(cwd, name)
+            if until(st):
+                return st
+            time.sleep(0.5)
+        raise AssertionError(f"{name} never reached the state: {json.dumps(st, indent=1)}")
 
     def folder(self, prefix: str = "user") -> Path:
         path = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir="/tmp"))

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,26 +19,6 @@ from train.client.slurm.queue import parse_sacct, parse_squeue_json
 pytestmark = [pytest.mark.slurm, pytest.mark.apptainer, pytest.mark.slow]
 
 PLAIN = REPO / "tests" / "integration" / "plain_steps.py"
-
-
-def _status(user: SiteUser, cwd: Path, name: str) -> dict[str, Any]:
-    proc = user.cli(["status", name, "--json"], cwd=cwd)
-    assert proc.returncode == 0, proc.stderr
-    data: dict[str, Any] = json.loads(proc.stdout)
-    return data
-
-
-def _wait(user: SiteUser, cwd: Path, name: str, until: Callable[[dict[str, Any]], bool],
-          polls: int = 600) -> dict[str, Any]:
-    import time
-
-    st: dict[str, Any] = {}
-    for _ in range(polls):
-        st = _status(user, cwd, name)
-        if until(st):
-            return st
-        time.sleep(0.5)
-    raise AssertionError(f"{name} never reached the state: {json.dumps(st, indent=1)}")
 
 
 def test_a_two_node_chain_in_a_plain_python_image_stops_and_resumes(
@@ -64,11 +42,11 @@ def test_a_two_node_chain_in_a_plain_python_image_stops_and_resumes(
     # other's: a signal passed on while a node still unpacks the SIF meets Apptainer's
     # starter, not the program)
     held = [run_dir / "user_held-0", run_dir / "user_held-1"]
-    st = _wait(site_user, work, name, lambda s: all(p.exists() for p in held)
+    st = site_user.wait(work, name, lambda s: all(p.exists() for p in held)
                or s["state"] in TERMINAL)
     assert all(p.exists() for p in held), (st, _logs(run_dir, "err")[-4000:])
     walltime_signal(st["chunks"][0]["job_id"], site_user.env)
-    st = _wait(site_user, work, name, lambda s: s["state"] in TERMINAL)
+    st = site_user.wait(work, name, lambda s: s["state"] in TERMINAL)
     out, err = _logs(run_dir, "out"), _logs(run_dir, "err")
     assert st["state"] == "complete", (st, err[-4000:], out)
     assert [c["events"][-1] for c in st["chunks"] if c["events"]] == ["stopped", "complete"]
@@ -96,15 +74,15 @@ def test_the_walltime_signal_waits_for_a_rank_that_starts_late(
         cwd=work, env={"USER_HOLD_AT": "7", "USER_LATE_RANK": "1"})
     assert proc.returncode == 0, proc.stderr
     run_dir = work / "runs" / name
-    st = _wait(site_user, work, name, lambda s: ((run_dir / "user_held-0").exists()
+    st = site_user.wait(work, name, lambda s: ((run_dir / "user_held-0").exists()
                and (run_dir / "user_late-1").exists()) or s["state"] in TERMINAL)
     assert (run_dir / "user_late-1").exists(), (st, _logs(run_dir, "err")[-4000:])
     walltime_signal(st["chunks"][0]["job_id"], site_user.env)
-    _wait(site_user, work, name, lambda s: "when the program is ready" in
+    site_user.wait(work, name, lambda s: "when the program is ready" in
           _logs(run_dir, "err") or s["state"] in TERMINAL)
     assert "1 of 2 rank(s) ready now" in _logs(run_dir, "err")
     (run_dir / "user_go").write_text("go")  # rank 1 starts: its handler, its readiness
-    st = _wait(site_user, work, name, lambda s: s["state"] in TERMINAL)
+    st = site_user.wait(work, name, lambda s: s["state"] in TERMINAL)
     out, err = _logs(run_dir, "out"), _logs(run_dir, "err")
     assert st["state"] == "complete", (st, err[-4000:], out)
     assert [c["events"][-1] for c in st["chunks"] if c["events"]] == ["stopped", "complete"]
@@ -134,7 +112,7 @@ def test_a_gpu_chain_submitted_from_inside_a_gpu_job_chains_on_slurm_26_05(
     assert proc.returncode == 0, proc.stderr
     run_dir = work / "runs" / name
     assert "--gres=gpu:1" in (run_dir / "jobs" / "chain.sbatch").read_text()
-    st = _wait(site_user, work, name, lambda s: (run_dir / "user_held-0").exists()
+    st = site_user.wait(work, name, lambda s: (run_dir / "user_held-0").exists()
                or s["state"] in TERMINAL)
     assert (run_dir / "user_held-0").exists(), (st, _logs(run_dir, "err")[-4000:])
     first = st["chunks"][0]["job_id"]
@@ -143,7 +121,7 @@ def test_a_gpu_chain_submitted_from_inside_a_gpu_job_chains_on_slurm_26_05(
                                       site_user.env))
     assert running[first]["state"] == "RUNNING", running
     walltime_signal(first, site_user.env)
-    st = _wait(site_user, work, name, lambda s: s["state"] in TERMINAL)
+    st = site_user.wait(work, name, lambda s: s["state"] in TERMINAL)
     out, err = _logs(run_dir, "out"), _logs(run_dir, "err")
     assert st["state"] == "complete", (st, err[-4000:], out)
     assert [c["events"][-1] for c in st["chunks"] if c["events"]] == ["stopped", "complete"]

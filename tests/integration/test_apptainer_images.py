@@ -10,7 +10,6 @@ import hashlib
 import json
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -122,24 +121,6 @@ def test_apptainer_test_fails_when_any_check_of_its_test_fails(
     assert "No module named 'numpy'" in test.stdout + test.stderr
 
 
-def _status(user: SiteUser, cwd: Path, name: str) -> dict[str, Any]:
-    proc = user.cli(["status", name, "--json"], cwd=cwd)
-    assert proc.returncode == 0, proc.stderr
-    data: dict[str, Any] = json.loads(proc.stdout)
-    return data
-
-
-def _wait(user: SiteUser, cwd: Path, name: str, until: Callable[[dict[str, Any]], bool],
-          polls: int = 600) -> dict[str, Any]:
-    st: dict[str, Any] = {}
-    for _ in range(polls):
-        st = _status(user, cwd, name)
-        if until(st):
-            return st
-        time.sleep(0.5)
-    raise AssertionError(f"{name} never reached the state: {json.dumps(st, indent=1)}")
-
-
 DERIVED_JOB = """import derived_extra, torch, train
 print("derived", derived_extra.VERSION, "torch", torch.__version__, "train", train.__version__)
 """
@@ -183,7 +164,7 @@ def test_a_derived_image_built_by_apptainer_runs_a_job(site_user: SiteUser,
          "apptainer", "--image", str(sif), "--launch", "tasks", "--max-chunks", "1",
          "--", "python", str(work / "derived_job.py")], cwd=work)
     assert proc.returncode == 0, proc.stderr
-    st = _wait(site_user, work, name, lambda s: s["state"] in TERMINAL)
+    st = site_user.wait(work, name, lambda s: s["state"] in TERMINAL)
     out = _logs(work / "runs" / name, "out")
     assert st["state"] == "complete", (st, _logs(work / "runs" / name, "err")[-4000:])
     assert "derived 0.1 torch 2.13.0+cpu train " in out, out
@@ -201,7 +182,7 @@ def test_a_two_node_demo_in_the_apptainer_built_base_keeps_the_host_environment_
                           "demo", "--episodes", "3", *tiny_flags()], cwd=work,
                          env=HOST_LEAKS)
     assert proc.returncode == 0, proc.stderr
-    st = _wait(site_user, work, "app", lambda s: s["state"] in TERMINAL)
+    st = site_user.wait(work, "app", lambda s: s["state"] in TERMINAL)
     run_dir = work / "runs" / "app"
     assert st["state"] == "complete", (st, _logs(run_dir, "err")[-4000:])
     config = json.loads((run_dir / "config.json").read_text())

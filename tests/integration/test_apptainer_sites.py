@@ -25,7 +25,6 @@ from tests.conftest import REPO
 from tests.integration.chains import TERMINAL, walltime_signal
 from tests.integration.chains import logs as _logs
 from tests.integration.conftest import SiteUser
-from tests.integration.test_apptainer import _wait
 from train.client.clusters.profiles import Registry
 from train.client.container import NV_NO_DRIVER
 
@@ -123,7 +122,7 @@ def _chain(user: SiteUser, site: str, sif: Path, launch: str,
     assert proc.returncode == 0, proc.stderr
     run_dir = work / "runs" / name
     held = [run_dir / "user_held-0", run_dir / "user_held-1"]
-    st = _wait(user, work, name, lambda s: all(p.exists() for p in held)
+    st = user.wait(work, name, lambda s: all(p.exists() for p in held)
                or s["state"] in TERMINAL)
     assert all(p.exists() for p in held), (st, _logs(run_dir, "err")[-4000:])
     job_id = st["chunks"][0]["job_id"]
@@ -133,7 +132,7 @@ def _chain(user: SiteUser, site: str, sif: Path, launch: str,
     assert len(unpacked) == 2, sorted(str(p.relative_to(node_tmp))
                                       for p in node_tmp.rglob("*"))[:20]
     walltime_signal(job_id, user.env)
-    st = _wait(user, work, name, lambda s: s["state"] in TERMINAL)
+    st = user.wait(work, name, lambda s: s["state"] in TERMINAL)
     return st, run_dir, node_tmp
 
 
@@ -214,7 +213,7 @@ def test_a_bind_the_node_lacks_is_refused_at_submit_and_named_by_doctor(
     assert not (work / "runs" / "nb" / "chain.ids").exists()
     proc = site_user.cli([*argv[:1], "--no-check", *argv[1:]], cwd=work, env=env)
     assert proc.returncode == 0, proc.stderr
-    st = _wait(site_user, work, "nb", lambda s: s["state"] in TERMINAL)
+    st = site_user.wait(work, "nb", lambda s: s["state"] in TERMINAL)
     assert st["state"] != "complete", st
     err = _logs(work / "runs" / "nb", "err")
     assert "mount source /lab/gone doesn't exist" in err, err[-3000:]
