@@ -81,20 +81,40 @@ def tests(session: nox.Session) -> None:
     side = [] if session.posargs else _start_side_runs(session, env)
     # the slowest tests are listed at the end: CI's time budget is watched from there
     try:
+        beside = [f"--ignore={f}" for f in SLURM_CHAINS_I + SLURM_CHAINS_II] if side else []
         session.run("pytest", "--durations=25", *(["-m", "not apptainer"] if side else []),
-                    *session.posargs, env=env)
+                    *beside, *session.posargs, env=env)
     finally:
         _finish_side_runs(session, side)
 
 
-# The runs beside the main one (the whole suite less the apptainer tier) in `nox -s tests`:
-# each waits mostly on a cluster of its own (and the apptainer tier on its image builds),
-# so on two cores they take little more time side by side than the longest alone.
+# The slurm tier's files whose time is mostly spent waiting on jobs (walltime signals,
+# throttled arrays, chains of several chunks): two runs beside the main one, each with a
+# cluster of its own, so that their waits overlap instead of adding up. The docker-built
+# tests stay in the main run, one build at a time.
+SLURM_CHAINS_I = tuple(f"tests/integration/{name}" for name in (
+    "test_slurm.py", "test_task_ends.py", "test_chain_races.py", "test_navsim_chain.py",
+))
+SLURM_CHAINS_II = tuple(f"tests/integration/{name}" for name in (
+    "test_sweep.py", "test_sweep_command.py", "test_lightning_test_phase.py",
+    "test_hf_trainer.py", "test_resume_newest.py", "test_resume_args.py",
+    "test_foreign_programs.py",
+))
+
+# The runs beside the main one (the whole suite less the apptainer tier and the chain files
+# above) in `nox -s tests`: each waits mostly on a cluster of its own (and the apptainer
+# tier on its image builds), so on two cores they take little more time side by side than
+# the longest alone.
 SIDE_RUNS = (
-    ("the apptainer tier (Apptainer 1.4, Slurm 26.05)", ["-m", "apptainer"], {}),
-    ("the main scenarios on Slurm 24.11", ["-m", "slurm", "-k", "{selection}"],
+    ("the apptainer tier (Apptainer 1.4, Slurm 26.05)", ["-m", "apptainer",
+                                                         "tests/integration"], {}),
+    ("the slurm tier's chains, part I", ["-m", "not apptainer", *SLURM_CHAINS_I], {}),
+    ("the slurm tier's chains, part II", ["-m", "not apptainer", *SLURM_CHAINS_II], {}),
+    ("the main scenarios on Slurm 24.11", ["-m", "slurm", "-k", "{selection}",
+                                           "tests/integration"],
      {"TRAIN_TEST_SLURM": "24.11"}),
-    ("the main scenarios on Slurm 26.05", ["-m", "slurm", "-k", "{selection}"],
+    ("the main scenarios on Slurm 26.05", ["-m", "slurm", "-k", "{selection}",
+                                           "tests/integration"],
      {"TRAIN_TEST_SLURM": "26.05"}),
 )
 
@@ -112,8 +132,7 @@ def _start_side_runs(session: nox.Session, env: dict[str, str]
     for i, (what, marks, extra) in enumerate(SIDE_RUNS):
         log = ROOT / ".nox" / f"side-{i}.log"
         argv = [str(Path(session.bin) / "python"), "-m", "pytest",
-                *[m.format(selection=SLURM_SELECTION) for m in marks], "--durations=10",
-                "tests/integration"]
+                *[m.format(selection=SLURM_SELECTION) for m in marks], "--durations=10"]
         session.log(f"beside the main run: {what} (output: {log})")
         with log.open("w") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
