@@ -5,7 +5,6 @@ record written beside the image, and the demo run that tests an image."""
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import os
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 
 from train.common.errors import TrainError
 from train.common.filehash import file_sha256
+from train.common.jsonio import write_json_atomic
 from train.images.defs import DefFile
 
 log = logging.getLogger(__name__)
@@ -126,10 +126,7 @@ def write_record(d: DefFile, root: Path, result: BuildResult, engine_name: str,
                       for i in result.downloads],
         "locks": lock_digests(d, result.args, root),
     }
-    result.record.parent.mkdir(parents=True, exist_ok=True)
-    tmp = result.record.with_name(result.record.name + ".part")
-    tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(result.record)
+    write_json_atomic(result.record, record, sort_keys=False, fsync=False)
 
 
 def default_record(tag: str) -> Path:
