@@ -20,10 +20,10 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.golden.cases import script_step
+from train.common.entry import LAUNCHER_ROOT
 from train.images import features
 from train.images.feature_cache import CACHE_MAX_BYTES
 from train.images.features import Features
-from train.node.nodeentry import LAUNCHER_ROOT
 
 NO_SBATCH = "#!/bin/sh\necho 'sbatch: error: no cluster in unit tests' >&2\nexit 1\n"
 # the engine's stand-in: `image inspect` says the id (IMAGE_ID) and no labels (or

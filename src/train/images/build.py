@@ -13,6 +13,7 @@ from pathlib import Path
 
 from train.common import _proc
 from train.common.errors import ResourceError
+from train.common.filehash import file_sha256
 from train.images.defs import DefFile
 from train.images.dockerengine import (
     NETWORKS,
@@ -35,7 +36,6 @@ from train.images.record import (
     ImageError,
     default_record,
     lock_digests,
-    sha256_file,
     write_record,
 )
 
@@ -43,7 +43,7 @@ __all__ = ["BUILD_BLOCKING", "DEMO_ARGS", "DOWNLOAD_MARK", "NETWORKS", "PROGRESS
            "RECORD_SUM", "SMOKE_LABEL", "BuildLog", "BuildResult", "Download", "ImageError",
            "apptainer_build", "apptainer_content", "apptainer_test", "check_inputs",
            "default_record", "docker_build", "docker_content", "docker_export", "docker_run",
-           "docker_test", "engine", "lock_digests", "sha256_file", "smoke_args",
+           "docker_test", "engine", "lock_digests", "smoke_args",
            "write_context", "write_record"]
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ def apptainer_build(d: DefFile, root: Path, sif: Path, build_args: Mapping[str, 
         raise ImageError(f"apptainer build of {d.name} exited with {code}:\n"
                          + "\n".join(build_log.tail))
     args = d.resolve_arguments(build_args)
-    digest = "sha256:" + sha256_file(sif)
+    digest = "sha256:" + file_sha256(sif)
     result = BuildResult(str(sif), digest, build_log.downloads, args,
                          sif.with_suffix(".build.json"))
     header = d.header["from"]

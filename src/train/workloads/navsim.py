@@ -44,6 +44,7 @@ from typing import Any
 from train.batch.contract import SIGNAL_READY_VAR
 from train.common.entry import module_argv
 from train.common.errors import ConfigError
+from train.common.jsonio import write_json_atomic
 
 FORCE = "force_cache_computation"
 WITHOUT_DATASET = "use_cache_without_dataset"
@@ -158,12 +159,6 @@ def drop_cut_scenes(cache: Path, window: float = CUT_WINDOW_S) -> int:
     return len(cut)
 
 
-def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
 def read_complete(cache: Path) -> dict[str, Any] | None:
     path = marker_paths(cache)[0]
     try:
@@ -229,8 +224,8 @@ def _compute(command: Sequence[str], cache: Path, key: dict[str, Any], cpus: int
         raise CacheError(2, f"NAVSIM's caching script {argv[1]} is not there (beside the "
                          "training script): the job computes the feature cache with it")
     cache.parent.mkdir(parents=True, exist_ok=True)
-    _write_json(started, {"key": key, "job": os.environ.get("SLURM_JOB_ID", ""),
-                          "time": time.time()})
+    write_json_atomic(started, {"key": key, "job": os.environ.get("SLURM_JOB_ID", ""),
+                                "time": time.time()}, indent=None, fsync=False)
     _log(f"computing the feature cache in {cache} (once for the chain): "
          + " ".join(argv))
     stop.child = subprocess.Popen(argv)
@@ -246,8 +241,8 @@ def _compute(command: Sequence[str], cache: Path, key: dict[str, Any], cpus: int
         raise CacheError(rc if 0 < rc < 256 else 1,
                          f"NAVSIM's caching script failed (exit code {rc}): the cache in "
                          f"{cache} is not marked complete")
-    _write_json(complete, {"key": key, "job": os.environ.get("SLURM_JOB_ID", ""),
-                           "time": time.time()})
+    write_json_atomic(complete, {"key": key, "job": os.environ.get("SLURM_JOB_ID", ""),
+                                 "time": time.time()}, indent=None, fsync=False)
     started.unlink(missing_ok=True)
     _log(f"feature cache complete: {complete}")
     return True
