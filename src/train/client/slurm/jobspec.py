@@ -23,9 +23,9 @@ from train.client.slurm.jobitems import (
     parse_bind,
 )
 from train.common.errors import ConfigError
+from train.common.fields import check_value, opt
 from train.common.hostmem import DEFAULT_WORKER_MEM_MB
 from train.workloads import navsim_job
-from train.workloads.config import check_value, opt
 from train.workloads.navsim_job import NAVSIM_SCRIPT, NAVSIM_SPLIT, NAVSIM_STRATEGIES
 
 LAUNCH_MODES = ("auto", "torchrun", "tasks")
@@ -353,6 +353,6 @@ def chunks_for(total: str, minutes: int) -> int:
 
 
 def job_from_sources(file_values: dict[str, Any] | None, flags: dict[str, Any]) -> JobSpec:
-    from train.workloads.config import build
+    from train.common.fields import build
 
     return build(JobSpec, file_values, flags)
