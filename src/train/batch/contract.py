@@ -3,7 +3,8 @@
 File names in the run directory, the chain's event names and the progress file's format
 live here. The renderer hands every value to the batch shell as a variable
 (`shell_variables`), so job-lib.sh never spells a name on its own; the scheduler, the
-runner and the CLI import them from here. No heavy imports: the login node reads this.
+runner and the CLI import them from here. It imports nothing of train (names and pure
+helpers only) and nothing heavy: the login node and every node read it.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-
-from train.common.jsonio import read_bounded  # (no heavy imports: json, os)
 
 # -- files in the run directory -------------------------------------------------------
 COMPLETE_MARKER = "COMPLETE"  # the work is done (written by `train run`, rank 0)
@@ -168,15 +167,3 @@ def write_progress(run_dir: Path, done: int, total: int) -> None:
     tmp.write_text(f"{int(done)} {int(total)}\n", encoding="utf-8")
     tmp.replace(path)
 
-
-def read_progress(run_dir: Path) -> tuple[int, int] | None:
-    data = read_bounded(run_dir / PROGRESS_FILE, 64)  # "DONE TOTAL\n"; no FIFO, no device
-    try:
-        parts = (data or b"").decode("ascii").split()
-    except UnicodeDecodeError:
-        return None
-    # ASCII digits only (str.isdigit takes '²', which int() refuses), short enough for int
-    if len(parts) != 2 or not all(p.isascii() and p.isdigit() and len(p) <= 18
-                                  for p in parts):
-        return None
-    return int(parts[0]), int(parts[1])
