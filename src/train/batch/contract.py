@@ -10,7 +10,7 @@ helpers only) and nothing heavy: the login node and every node read it.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 # -- files in the run directory -------------------------------------------------------
@@ -131,6 +131,36 @@ SAVE_SCAN_SKIP = (LOG_DIR, JOBS_DIR, GPU_WATCH_DIR, CHAIN_RECORD, CHAIN_IDS, CHA
 # one of these records: another run or sweep of the tool) and without Python's caches.
 RUN_RECORDS = (CHAIN_RECORD, SWEEP_RECORD)
 
+
+# -- NAVSIM's Hydra overrides, which both sides set or read -----------------------------
+# The login node writes NAVSIM's training command (train.client.slurm.navsimstep); on the
+# node the launcher caps the DataLoader's workers by the task's CPUs and memory
+# (train.node.launcher.sizing), and the feature cache's phase (train.workloads.navsim)
+# reads the split and the cache folder and sets the cache switches per chunk.
+NAVSIM_WORKERS_OVERRIDE = "dataloader.params.num_workers"
+# default_training.yaml's prefetch_factor (2), which torch's DataLoader refuses with no
+# workers: set to null then
+NAVSIM_PREFETCH_OVERRIDE = "dataloader.params.prefetch_factor"
+NAVSIM_SPLIT_OVERRIDE = "train_test_split"
+NAVSIM_CACHE_PATH_OVERRIDE = "cache_path"
+# the cache switches: set per chunk on the node, never by the job's own overrides
+NAVSIM_FORCE_CACHE_OVERRIDE = "force_cache_computation"
+NAVSIM_CACHE_ONLY_OVERRIDE = "use_cache_without_dataset"
+NAVSIM_CACHE_SWITCHES = (NAVSIM_FORCE_CACHE_OVERRIDE, NAVSIM_CACHE_ONLY_OVERRIDE)
+
+
+def override_key(arg: str) -> str:
+    """The config key a Hydra override sets (`+key=v`, `++key=v`, `~key`: key)."""
+    return arg.split("=", 1)[0].lstrip("+~")
+
+
+def override_value(args: Sequence[str], key: str) -> str | None:
+    """The value the last Hydra override of `key` gives, or None."""
+    found = None
+    for arg in args:
+        if "=" in arg and override_key(arg) == key:
+            found = arg.split("=", 1)[1]
+    return found
 
 def shell_variables() -> dict[str, str]:
     """Every name above as a batch-shell variable (rendered before job-lib.sh)."""
