@@ -18,11 +18,12 @@ from typing import Any
 
 from train.batch import contract
 from train.common.errors import ConfigError
+from train.common.fields import check_writable_dir
 from train.common.jsonio import read_json_object, write_json_atomic
 from train.common.secrets import masked_argv, masked_environment
 from train.node.distributed import DistContext, init_distributed
 from train.node.signals import StopController, effective_budget
-from train.workloads.config import RunConfig, check_writable_dir
+from train.workloads.config import RunConfig
 from train.workloads.dqn import records, trainer
 from train.workloads.runrecord import check_same_run
 from train.workloads.runtime import results
