@@ -10,7 +10,8 @@ from tests.conftest import REPO
 
 # every page whose commands are held by these tests (README first)
 DOC_FILES = ("README.md", "docs/sites.md", "docs/your-program.md", "docs/images.md",
-             "docs/sweeps.md", "docs/doctor.md", "docs/demo.md", "docs/developing.md")
+             "docs/sweeps.md", "docs/doctor.md", "docs/demo.md", "docs/developing.md",
+             "docs/newcomer-jobs.md")
 
 
 def doc_texts() -> dict[str, str]:
@@ -85,12 +86,16 @@ def test_the_readme_is_a_front_door_and_links_every_page() -> None:
 
 def documented_commands() -> list[tuple[str, list[str]]]:
     """Every `train ...` command line of the bash blocks of the README and docs/ (continued
-    lines joined; comments, `[optional]` brackets and `...` placeholders taken out), as
-    (page, argv after `train`)."""
+    lines joined; comments, `[optional]` brackets and `...` placeholders taken out), and
+    every table cell that is one whole job command (`train submit|render ...`), as (page,
+    argv after `train`)."""
     import shlex
 
     found = []
     for name, text in doc_texts().items():
+        for row in (line for line in text.splitlines() if line.startswith("|")):
+            for cell in re.findall(r"\|\s*`(train (?:submit|render) [^`]+)`\s*(?=\|)", row):
+                found.append((name, shlex.split(cell)[1:]))
         for block in re.findall(r"```bash\n(.*?)```", text, re.S):
             for line in block.replace("\\\n", " ").splitlines():
                 line = re.sub(r"\s+#.*$", "", line).strip()
@@ -108,7 +113,7 @@ def test_every_documented_train_command_parses() -> None:
     commands = documented_commands()
     pages = {name for name, _ in commands}
     assert {"README.md", "docs/sites.md", "docs/your-program.md", "docs/images.md",
-            "docs/doctor.md", "docs/demo.md"} <= pages, pages
+            "docs/doctor.md", "docs/demo.md", "docs/newcomer-jobs.md"} <= pages, pages
     for name, argv in commands:
         words = argv[:argv.index("--")] if "--" in argv else argv
         if "--resume-args" in words:  # as `train` joins it (a value that is a flag)
