@@ -1,0 +1,157 @@
+"""docs/newcomer-jobs.md cannot rot: every command line of its tables renders (`train render`,
+the dry run: no cluster, no sbatch) with its site's `train init` line from the page, or with
+no defaults, exits 0 with nothing `train submit` would refuse, and has the number of flags
+the page says. Run as the installed `train` is: `python -m train` would run the submit
+folder's own train.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+PAGE = REPO / "docs" / "newcomer-jobs.md"
+ROW = re.compile(r"^\| (with `train init`|without) \| `(train submit [^`]*)` \| (\d+) \| (\d+) \|$",
+                 re.M)
+# what this machine cannot be: a login node that mounts the site's shared file systems
+# (the profile's binds, /scratch where the images are)
+ELSEWHERE = ("binds: the profile", "copy it to a file system the compute nodes mount")
+# `apptainer inspect` of the base image, CUDA 12.8 variant (docs/images.md: Rivanna's gpu
+# partition has V100s), so the GPU architecture check runs whether or not this machine has
+# an apptainer of its own
+APPTAINER = """#!/bin/sh
+if [ "$1" = inspect ]; then
+    echo '{"data": {"attributes": {"labels": {"org.train.image": "base", \
+"org.train.lock": "base-cu128.txt", "org.train.torch": "2.10.0", \
+"org.train.base-image": "nvidia/cuda:12.8.1-runtime-ubuntu24.04"}, "environment": {}}}}'
+    exit 0
+fi
+echo "apptainer stand-in: $*" >&2; exit 1
+"""
+# a script that keeps the walltime contract: saves under the run folder on USR1, exits 0
+SCRIPT = """import os
+import signal
+import sys
+
+
+def stop(signum, frame):
+    open(os.path.join(os.environ["TRAIN_RUN_DIR"], "ckpt"), "w").close()
+    sys.exit(0)
+
+
+signal.signal(signal.SIGUSR1, stop)
+"""
+
+
+def rows() -> list[tuple[str, str, int, int]]:
+    """(with init or not, the command, its flags now, at a80e5a7), in page order."""
+    return [(kind, cmd, int(now), int(before))
+            for kind, cmd, now, before in ROW.findall(PAGE.read_text())]
+
+
+def init_lines() -> dict[str, str]:
+    block = re.search(r"```bash\n(.*?)```", PAGE.read_text(), re.S)
+    assert block is not None
+    lines = [line for line in block.group(1).splitlines() if line.startswith("train init")]
+    return {shlex.split(line)[shlex.split(line).index("--cluster") + 1]: line
+            for line in lines}
+
+
+def words(command: str) -> list[str]:
+    """The words before the program's `--`, after `train submit`."""
+    argv = shlex.split(command)[2:]
+    return argv[:argv.index("--")] if "--" in argv else argv
+
+
+def flag_count(command: str) -> int:
+    """Option words, short or long; a value is not one (--resume-args's value, itself
+    written as a flag, neither)."""
+    argv = words(command)
+    return sum(1 for i, word in enumerate(argv)
+               if word.startswith("-") and (i == 0 or argv[i - 1] != "--resume-args"))
+
+
+def jobs() -> list[tuple[str, str, str]]:
+    """(id, site, command) of every row; a with-init row's site is its pair's -M."""
+    found = rows()
+    out = []
+    for n in range(0, len(found), 2):
+        (_, ours, *_), (_, bare, *_) = found[n], found[n + 1]
+        site = words(bare)[words(bare).index("-M") + 1]
+        out += [(f"{n // 2 + 1}-init", site, ours), (f"{n // 2 + 1}-bare", site, bare)]
+    return out
+
+
+def test_the_page_holds_eight_jobs_with_and_without_defaults() -> None:
+    found = rows()
+    assert [kind for kind, *_ in found] == ["with `train init`", "without"] * 8
+    assert set(init_lines()) == {"gilbreth", "rivanna", "torch"}
+    for n in range(0, len(found), 2):
+        ours, bare = found[n][1], found[n + 1][1]
+        assert "-M" not in words(ours) and "-M" in words(bare), (ours, bare)
+        assert found[n][2] < found[n + 1][2]
+
+
+@pytest.mark.parametrize(("kind", "command", "now"), [row[:3] for row in rows()],
+                         ids=[job[0] for job in jobs()])
+def test_the_flags_the_page_counts_are_the_commands(kind: str, command: str,
+                                                    now: int) -> None:
+    assert flag_count(command) == now, (kind, command)
+
+
+def _stand_ins(tmp_path: Path, text: str) -> str:
+    """The command with its /scratch paths in tmp_path, and what they name made: a file
+    with a SIF's header for each image, NAVSIM's data folders for --data."""
+    scratch = tmp_path / "scratch"
+    text = text.replace("/scratch/gilbreth/$USER", str(scratch))
+    text = text.replace("/scratch/$USER", str(scratch))
+    argv = shlex.split(text)
+    for at, word in enumerate(argv):
+        if word.endswith(".sif"):
+            sif = Path(word)
+            sif.parent.mkdir(parents=True, exist_ok=True)
+            head = b"#!/usr/bin/env run-singularity\n".ljust(32, b"\0")
+            sif.write_bytes(head + b"SIF_MAGIC\0" + b"01\0" + b"\0" * 1024)
+        if at and argv[at - 1] == "--data":
+            for folder in ("dataset/maps", "exp"):
+                (Path(word) / folder).mkdir(parents=True, exist_ok=True)
+    return text
+
+
+def _train(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-P", "-m", "train", *args], cwd=cwd,
+                          env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=180, check=False)
+
+
+@pytest.mark.parametrize(("job", "site", "command"), jobs(), ids=[job[0] for job in jobs()])
+def test_every_command_of_the_page_renders(tmp_path: Path, job: str, site: str,
+                                           command: str) -> None:
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "train.py").write_text(SCRIPT)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "apptainer").write_text(APPTAINER)
+    (tmp_path / "bin" / "apptainer").chmod(0o755)
+    (tmp_path / "home").mkdir()
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "HOME": str(tmp_path / "home"),
+           "XDG_CONFIG_HOME": "", "XDG_CACHE_HOME": str(tmp_path / "cache"),
+           "TRAIN_CLUSTERS_PATH": "", "TRAIN_DEFAULTS": str(tmp_path / "defaults.yaml")}
+    if job.endswith("-init"):
+        init = _train(shlex.split(_stand_ins(tmp_path, init_lines()[site]))[1:], env, folder)
+        assert init.returncode == 0, init.stderr
+    argv = shlex.split(_stand_ins(tmp_path, command))
+    assert argv[:2] == ["train", "submit"]
+    proc = _train(["render", *argv[2:]], env, folder)
+    assert proc.returncode == 0, (command, proc.stderr)
+    assert "#SBATCH" in proc.stdout
+    said = [line for line in proc.stderr.splitlines()
+            if line.strip() and not any(text in line for text in ELSEWHERE)]
+    assert not said, (command, said)
