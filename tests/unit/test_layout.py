@@ -85,7 +85,7 @@ FORBIDDEN = {
     "node": ("train.client", "train.cli"),
     "common": ("train.client", "train.node", "train.workloads", "train.cli", "train.images"),
     "batch": ("train.client", "train.node", "train.workloads", "train.cli"),
-    "images": ("train.node", "train.workloads.runtime", "train.workloads.dqn"),
+    "images": ("train.client", "train.cli", "train.node", "train.workloads"),
 }
 
 
