@@ -168,7 +168,7 @@ def sha256_of(item: dict[str, Any]) -> str:
     url = str(info.get("url", "")) if isinstance(info, dict) else ""
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme == "file":
-        from train.images.build import sha256_file
+        from train.images.record import sha256_file
 
         return sha256_file(Path(urllib.request.url2pathname(parsed.path)))
     raise UsageError(f"--requirements: the index gave no sha256 for {url[:120]}: it cannot "
