@@ -346,7 +346,8 @@ def test_a_read_only_bind_at_its_own_path_is_one_bind(tmp_path: Path, runtime: s
 
 def test_a_results_csv_under_a_read_only_bind_is_refused(tmp_path: Path) -> None:
     from train.client.clusters.profiles import Registry
-    from train.client.slurm.job import JobSpec, resolve
+    from train.client.slurm.jobspec import JobSpec
+    from train.client.slurm.resolve import resolve
     from train.common.errors import ConfigError
 
     data = tmp_path / "data"

@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
-from train.client.clusters import profiles
-from train.client.clusters.profiles import Profile
+from train.client.clusters.profiles import Registry
+from train.client.clusters.schema import Profile
+from train.client.clusters.validate import profile_from_dict
 from train.client.preflight.account import listed_accounts
 from train.client.preflight.commands import run_command
 from train.client.preflight.gpu import image_cuda
@@ -51,7 +52,7 @@ from train.client.preflight.suite import run_preflight
 from train.common._proc import ProcError
 from train.common.errors import ConfigError
 
-SHIPPED = profiles.Registry(environ={})
+SHIPPED = Registry(environ={})
 NODE = {"gpus_per_node": 4, "gpu_types": ["a100"], "cpus_per_node": 32,
         "mem_per_node": "100G", "max_time": "1-00:00:00"}
 SIF_HEAD = b"#!/usr/bin/env run-singularity\n".ljust(32, b"\0") + b"SIF_MAGIC\0" + b"01 "
@@ -77,7 +78,7 @@ def site(**extra: Any) -> Profile:
                        "plain": dict(NODE)},
     }
     data.update(extra)
-    return profiles.profile_from_dict(data, "test")
+    return profile_from_dict(data, "test")
 
 
 class Script:
@@ -815,7 +816,7 @@ def test_cuda_without_partition_warns_about_the_old_ones(tmp_path: Path) -> None
 
 def test_cuda_constraint_alternatives_must_all_suit(tmp_path: Path) -> None:
     node = {**NODE, "gpu_types": ["h200"]}
-    profile = profiles.profile_from_dict({
+    profile = profile_from_dict({
         "name": "constrained", "partition": {"allowed": False},
         "constraints": {"h200": {**node, "driver_version": 580},
                         "l40s": {**node, "driver_version": "535.104.05"}}}, "test")
