@@ -43,8 +43,11 @@ def train_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "train", *args]
 
 
-def run_cli(args: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 180,
+def run_cli(args: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 900,
             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`train ARGS`, its output captured. The timeout only guards against a hang: a demo
+    training run of a few hundred episodes beside CI's other runs on two busy cores once
+    took over 180 s, so it is far above any run's work."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run(train_cmd(*args), capture_output=True, text=True, timeout=timeout,
                           env=full_env, cwd=cwd, check=False)

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.integration.chains import ChainError, logs, settled, submit, wait, walltime_signal
-from train.workloads.navsim import CACHE_DIR, marker_paths
+from train.client.slurm.navsimstep import CACHE_DIR
+from train.workloads.navsim import marker_paths
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

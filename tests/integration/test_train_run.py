@@ -20,6 +20,7 @@ import torch
 
 from tests.conftest import TINY, run_cli, tiny_flags, train_cmd
 from train.batch import contract
+from train.client.slurm.chainstatus import read_progress
 from train.common.errors import ConfigError, UsageError
 from train.workloads import runner
 from train.workloads.config import RunConfig
@@ -169,7 +170,7 @@ def test_time_budget_checkpoints_exits_zero_and_resumes(tmp_path: Path) -> None:
     ckpts = CheckpointManager(out / "seed_4" / "checkpoints").complete()
     assert ckpts and ckpts[-1].name == f"ckpt-{done:08d}.pt"
     assert not csv_path.exists()  # the seed is not finished: no result row yet
-    assert contract.read_progress(out) == (done, 100000)
+    assert read_progress(out) == (done, 100000)
     assert not (out / contract.COMPLETE_MARKER).exists()
     proc = run_cli([*args, "--episodes", str(done + 3)])
     assert proc.returncode == 0, proc.stderr
@@ -178,7 +179,7 @@ def test_time_budget_checkpoints_exits_zero_and_resumes(tmp_path: Path) -> None:
     assert status["complete"] is True and status["seeds"]["4"]["episodes"] == done + 3
     assert status["warnings"] == []
     assert len(_rows(csv_path)) == 1
-    assert contract.read_progress(out) == (done + 3, done + 3)
+    assert read_progress(out) == (done + 3, done + 3)
     assert (out / contract.COMPLETE_MARKER).exists()
 
 
@@ -193,11 +194,11 @@ def test_progress_counts_every_seed_up_to_the_target(tmp_path: Path) -> None:
     assert not (out / contract.COMPLETE_MARKER).exists()
     trained = result.status["seeds"]["4"]["episodes"]
     assert 3 < trained < 100000 and "6" not in result.status["seeds"]
-    assert contract.read_progress(out) == (trained + 3, 200000)
+    assert read_progress(out) == (trained + 3, 200000)
     # a smaller target than a seed has trained counts that seed as the target
     result = runner.run(_cfg(out, 2, seeds=(4, 6)))
     assert result.complete
-    assert contract.read_progress(out) == (4, 4)
+    assert read_progress(out) == (4, 4)
 
 
 def _status(out: Path) -> dict[str, Any]:
@@ -214,7 +215,7 @@ def test_completion_record_is_written_before_the_csv_row_and_the_plot(
     def record_exists(what: str) -> None:
         assert _status(out)["complete"] is True, what
         assert (out / contract.COMPLETE_MARKER).exists(), what
-        assert contract.read_progress(out) == (6, 6), what
+        assert read_progress(out) == (6, 6), what
         seen.append(what)
 
     def checked_append(path: Path, row: Any, **kwargs: Any) -> bool:
@@ -273,7 +274,7 @@ def test_failing_csv_is_a_warning_and_the_rerun_appends_the_row_once(
     assert len(status["warnings"]) == 2
     assert all(w.startswith("results_csv: could not append the row for seed")
                and str(csv_path) in w for w in status["warnings"])
-    assert contract.read_progress(out) == (6, 6)
+    assert read_progress(out) == (6, 6)
     assert (out / "learning_curve.png").exists()
     # the path fixed, the same command appends each missing row once, and only once
     csv_dir.unlink()

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from train.common.errors import ConfigError
-from train.workloads.config import RunConfig, build_config, check_writable_dir, load_yaml
+from train.common.fields import check_writable_dir, load_yaml
+from train.workloads.config import RunConfig, build_config
 
 
 def test_defaults_are_valid() -> None:

@@ -38,16 +38,9 @@ from train.client.slurm.job import JobSpec, job_from_sources, resolve
 from train.client.slurm.render import library_text, render
 from train.common import _proc, yamlio
 from train.common.errors import EXIT_USAGE, ConfigError, TrainError
+from train.common.fields import check_writable_dir, field_table, load_yaml
 from train.images import defs, lint
-from train.workloads.config import (
-    MAX_SEED,
-    RunConfig,
-    build_config,
-    check_writable_dir,
-    field_table,
-    load_yaml,
-    run_config_from_argv,
-)
+from train.workloads.config import MAX_SEED, RunConfig, build_config, run_config_from_argv
 
 LIBRARY = library_text()
 

@@ -11,7 +11,8 @@ import pytest
 
 from tests.conftest import run_cli
 from train.client.clusters.profiles import Registry
-from train.client.slurm.job import JobSpec, ResolvedJob, navsim_command, resolve
+from train.client.slurm.job import JobSpec, ResolvedJob, resolve
+from train.client.slurm.navsimstep import navsim_command
 from train.common.errors import ConfigError
 from train.common.gpus import COMPUTE_CAPABILITY, all_bf16_capable, bf16_capable, capability
 

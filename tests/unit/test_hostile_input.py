@@ -291,13 +291,14 @@ def test_the_fuzz_tiers_leftovers_are_clear_errors(tmp_path: Path) -> None:
     list in both the defaults and the job file, an env name with a trailing newline."""
     from train.batch import contract
     from train.client.defaults import merged
+    from train.client.slurm.chainstatus import read_progress
     from train.client.slurm.job import check_env_item, job_from_sources
 
     for text in ("\u00b2 3".encode(), b"9" * 5000 + b" 1", b"\xff\xfe 3"):
         (tmp_path / contract.PROGRESS_FILE).write_bytes(text)
-        assert contract.read_progress(tmp_path) is None
+        assert read_progress(tmp_path) is None
     (tmp_path / contract.PROGRESS_FILE).write_text("3 10\n")
-    assert contract.read_progress(tmp_path) == (3, 10)
+    assert read_progress(tmp_path) == (3, 10)
     proc = run_cli(["run", "--out", str(tmp_path / "r"), "--results-csv",
                     str(tmp_path / ("x" * 300) / "r.csv")])
     assert proc.returncode == 2 and "results_csv: " in proc.stderr, proc.stderr

@@ -269,7 +269,7 @@ def test_login_node_commands_do_not_import_torch(tmp_path: Path) -> None:
 
 
 def test_navsim_preset_matches_the_job() -> None:
-    from train.client.slurm.job import navsim_command
+    from train.client.slurm.navsimstep import navsim_command
 
     job = _resolve(cluster="torch", account="torch_pr_1", constraint="l40s", nodes=4,
                    gpus_per_node=4, gpu_type="l40s", cpus_per_task=8, mem="200G",

@@ -14,7 +14,9 @@ import pytest
 
 from tests.conftest import run_cli
 from train.client.clusters.profiles import Registry
-from train.client.slurm.job import NAVSIM_SCRIPT, JobSpec, navsim_command, resolve
+from train.client.slurm.job import JobSpec, resolve
+from train.client.slurm.navsim import NAVSIM_SCRIPT
+from train.client.slurm.navsimstep import navsim_command
 from train.client.slurm.render import step_argv
 from train.common.entry import module_argv
 from train.common.errors import ConfigError
@@ -290,7 +292,7 @@ def test_a_cache_path_of_the_users_counts_as_a_save_path() -> None:
     assert save_paths(shared) == ["/scratch/u/cache"]
 
 
-# --- NAVSIM's knowledge lives beside the workload, not in the scheduler ------------------
+# --- NAVSIM's knowledge lives in NAVSIM's modules, not spread through the job's ----------
 
 HYDRA_KEYS = ("trainer.params.", "+trainer.params.", "dataloader.params.", "train_test_split=")
 
@@ -311,13 +313,20 @@ def _navsim_knowledge(path: Path) -> list[str]:
 
 
 def test_the_scheduler_layer_holds_no_navsim_presets() -> None:
-    """The presets (script, split, data root), the Hydra override names and the command
-    are the workload's (train.workloads.navsim_job, the override names that the launcher
-    reads too in the node side's train.workloads.navsim); the job's code calls them."""
-    slurm = ROOT / "src" / "train" / "client" / "slurm"
-    held = {p.name: k for p in sorted(slurm.glob("*.py")) if (k := _navsim_knowledge(p))}
+    """The presets (script, split, data root) and the checks are the client's NAVSIM module
+    (train.client.slurm.navsim), the command its step module (navsimstep), and the override
+    names that the node reads too (the launcher, the cache phase) are batch.contract's; no
+    other module of the job's (render, resolve, jobspec, ...) nor of the node's defines any."""
+    src = ROOT / "src" / "train"
+    slurm = src / "client" / "slurm"
+    ours = ("navsim.py", "navsimstep.py")
+    held = {p.name: k for p in sorted(slurm.rglob("*.py"))
+            if p.name not in ours and (k := _navsim_knowledge(p))}
     assert held == {}
-    own = [k for name in ("navsim_job.py", "navsim.py")
-           for k in _navsim_knowledge(ROOT / "src" / "train" / "workloads" / name)]
-    assert {"NAVSIM_SCRIPT", "NAVSIM_SPLIT", "NAVSIM_DATA_ROOT", "NAVSIM_WORKERS_OVERRIDE",
-            "NAVSIM_PREFETCH_OVERRIDE", "navsim_command"} <= set(own)
+    own = [k for name in ours for k in _navsim_knowledge(slurm / name)]
+    assert {"NAVSIM_SCRIPT", "NAVSIM_SPLIT", "NAVSIM_DATA_ROOT", "navsim_command"} <= set(own)
+    shared = _navsim_knowledge(src / "batch" / "contract.py")
+    assert {"NAVSIM_WORKERS_OVERRIDE", "NAVSIM_PREFETCH_OVERRIDE", "NAVSIM_SPLIT_OVERRIDE",
+            "NAVSIM_CACHE_PATH_OVERRIDE"} <= set(shared)
+    node_side = (src / "workloads" / "navsim.py", src / "node" / "launcher" / "sizing.py")
+    assert [_navsim_knowledge(p) for p in node_side] == [[], []]

@@ -1,5 +1,5 @@
 """The bound launcher (train.node.nodeentry): what runs in an image without `train`. It must
-import with the standard library alone (torch optional), run on nodeentry.MIN_PYTHON,
+import with the standard library alone (torch optional), run on MIN_PYTHON,
 refuse an older Python in one line with exit 3, and leave the program it starts the
 image's own environment (no `train`, PYTHONPATH untouched).
 
@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 import train
-from train.node import nodeentry
+from train.common import entry
+from train.common.entry import MIN_PYTHON, bound_entry_code, bound_root
 from train.node.nodelist import expand
 
 PYENV = Path("/root/.pyenv/versions")
@@ -68,7 +69,7 @@ PROGRAM = ("import importlib.util, os, shutil; print(os.environ.get('PYTHONPATH'
 
 def _launch(python: list[str], root: Path, tmp_path: Path, *args: str
             ) -> subprocess.CompletedProcess[str]:
-    code = nodeentry.entry_code(root=str(root))
+    code = bound_entry_code(root=str(root))
     folder = tmp_path / "submit"
     folder.mkdir(exist_ok=True)
     return subprocess.run([*python, "-c", code, "launch", *args], cwd=folder,
@@ -181,7 +182,7 @@ def _newer_than_39(tree: ast.Module, future: bool) -> list[str]:
 
 
 def test_the_node_side_uses_nothing_newer_than_python_39(tmp_path: Path) -> None:
-    assert nodeentry.MIN_PYTHON == (3, 9)  # (the checks below are for 3.9)
+    assert MIN_PYTHON == (3, 9)  # (the checks below are for 3.9)
     problems = []
     for path in _node_side(tmp_path)[1]:
         module = str(path)
@@ -221,10 +222,10 @@ def test_a_malformed_node_list_is_a_value_error(nodes: str) -> None:
 def test_bound_root_is_the_folder_that_holds_the_package(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU watch of a bound launcher starts through the same entry: bound_root must
-    name the folder the `train` package was loaded from, wherever nodeentry sits in it."""
+    name the folder the `train` package was loaded from, wherever common.entry sits in it."""
     import train
 
     holder = os.path.dirname(os.path.dirname(os.path.abspath(train.__file__)))
-    assert nodeentry.bound_root() is None  # loaded from the checkout, not a bound copy
-    monkeypatch.setattr(nodeentry, "LAUNCHER_ROOT", holder)
-    assert nodeentry.bound_root() == holder
+    assert bound_root() is None  # loaded from the checkout, not a bound copy
+    monkeypatch.setattr(entry, "LAUNCHER_ROOT", holder)
+    assert bound_root() == holder

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from train.common.jsonio import to_builtin, write_json_atomic
 from train.common.secrets import REDACTED
 from train.workloads.runtime.results import (
     append_csv_row,
@@ -20,8 +21,6 @@ from train.workloads.runtime.results import (
     outcome_lines,
     plot_learning_curves,
     run_metadata,
-    to_builtin,
-    write_json_atomic,
 )
 
 

@@ -3,16 +3,15 @@
 File names in the run directory, the chain's event names and the progress file's format
 live here. The renderer hands every value to the batch shell as a variable
 (`shell_variables`), so job-lib.sh never spells a name on its own; the scheduler, the
-runner and the CLI import them from here. No heavy imports: the login node reads this.
+runner and the CLI import them from here. It imports nothing of train (names and pure
+helpers only) and nothing heavy: the login node and every node read it.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-
-from train.common.jsonio import read_bounded  # (no heavy imports: json, os)
 
 # -- files in the run directory -------------------------------------------------------
 COMPLETE_MARKER = "COMPLETE"  # the work is done (written by `train run`, rank 0)
@@ -133,6 +132,36 @@ SAVE_SCAN_SKIP = (LOG_DIR, JOBS_DIR, GPU_WATCH_DIR, CHAIN_RECORD, CHAIN_IDS, CHA
 RUN_RECORDS = (CHAIN_RECORD, SWEEP_RECORD)
 
 
+# -- NAVSIM's Hydra overrides, which both sides set or read -----------------------------
+# The login node writes NAVSIM's training command (train.client.slurm.navsimstep); on the
+# node the launcher caps the DataLoader's workers by the task's CPUs and memory
+# (train.node.launcher.sizing), and the feature cache's phase (train.workloads.navsim)
+# reads the split and the cache folder and sets the cache switches per chunk.
+NAVSIM_WORKERS_OVERRIDE = "dataloader.params.num_workers"
+# default_training.yaml's prefetch_factor (2), which torch's DataLoader refuses with no
+# workers: set to null then
+NAVSIM_PREFETCH_OVERRIDE = "dataloader.params.prefetch_factor"
+NAVSIM_SPLIT_OVERRIDE = "train_test_split"
+NAVSIM_CACHE_PATH_OVERRIDE = "cache_path"
+# the cache switches: set per chunk on the node, never by the job's own overrides
+NAVSIM_FORCE_CACHE_OVERRIDE = "force_cache_computation"
+NAVSIM_CACHE_ONLY_OVERRIDE = "use_cache_without_dataset"
+NAVSIM_CACHE_SWITCHES = (NAVSIM_FORCE_CACHE_OVERRIDE, NAVSIM_CACHE_ONLY_OVERRIDE)
+
+
+def override_key(arg: str) -> str:
+    """The config key a Hydra override sets (`+key=v`, `++key=v`, `~key`: key)."""
+    return arg.split("=", 1)[0].lstrip("+~")
+
+
+def override_value(args: Sequence[str], key: str) -> str | None:
+    """The value the last Hydra override of `key` gives, or None."""
+    found = None
+    for arg in args:
+        if "=" in arg and override_key(arg) == key:
+            found = arg.split("=", 1)[1]
+    return found
+
 def shell_variables() -> dict[str, str]:
     """Every name above as a batch-shell variable (rendered before job-lib.sh)."""
     out = {
@@ -168,15 +197,3 @@ def write_progress(run_dir: Path, done: int, total: int) -> None:
     tmp.write_text(f"{int(done)} {int(total)}\n", encoding="utf-8")
     tmp.replace(path)
 
-
-def read_progress(run_dir: Path) -> tuple[int, int] | None:
-    data = read_bounded(run_dir / PROGRESS_FILE, 64)  # "DONE TOTAL\n"; no FIFO, no device
-    try:
-        parts = (data or b"").decode("ascii").split()
-    except UnicodeDecodeError:
-        return None
-    # ASCII digits only (str.isdigit takes '²', which int() refuses), short enough for int
-    if len(parts) != 2 or not all(p.isascii() and p.isdigit() and len(p) <= 18
-                                  for p in parts):
-        return None
-    return int(parts[0]), int(parts[1])

@@ -18,7 +18,7 @@ from train import __version__
 from train.cli import clusters, doctor, image, init, jobs, launch, run, runs
 from train.cli.common import HelpFormatter
 from train.common.errors import EXIT_FAILURE, EXIT_OK, TrainError, runtime_missing
-from train.workloads.config import FlagParser
+from train.common.fields import FlagParser
 
 if TYPE_CHECKING:
     from train.cli.common import Subparsers

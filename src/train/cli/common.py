@@ -6,7 +6,7 @@ import argparse
 from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:
-    from train.workloads.config import FlagParser
+    from train.common.fields import FlagParser
 
     # what `add_subparsers` returns: each sub-command's parser is a FlagParser
     Subparsers: TypeAlias = argparse._SubParsersAction[FlagParser]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from train.cli.common import HelpFormatter
 from train.common.errors import EXIT_OK, ConfigError, UsageError
-from train.workloads.config import add_fields, flags_from, load_yaml
+from train.common.fields import add_fields, flags_from, load_yaml
 
 if TYPE_CHECKING:
     from train.cli.common import Subparsers

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from train.common.errors import ConfigError, UsageError
-from train.workloads.config import load_yaml
+from train.common.fields import load_yaml
 
 PATH_VAR = "TRAIN_DEFAULTS"
 # The keys `train init` asks about, in order; any job key may be set in the file by hand.
@@ -89,7 +89,7 @@ def merged(defaults: Mapping[str, Any], job_file: Mapping[str, Any],
 def _check(values: Mapping[str, Any], profiles: list[str]) -> None:
     """Validate as a job would be: every key and value, and the cluster's name."""
     from train.client.slurm.job import JobSpec
-    from train.workloads.config import build
+    from train.common.fields import build
 
     build(JobSpec, {**values, "workload": ["demo"]}, None)
     cluster = values.get("cluster")

@@ -12,6 +12,7 @@ is not touched: its `sys.path` is its own.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 from train.common.errors import EXIT_RESOURCE
@@ -73,3 +74,10 @@ def bound_entry_code(module: str = BOUND_MODULE, root: str = LAUNCHER_ROOT) -> s
 def bound_entry_argv(python: str, module: str = BOUND_MODULE) -> list[str]:
     """The image's Python running `module` from the bound package."""
     return [python, "-c", bound_entry_code(module)]
+
+
+def bound_root() -> str | None:
+    """LAUNCHER_ROOT where this package was loaded from there (the bound copy), else
+    None: a process this one starts with our code (the GPU watch) needs it on its path."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return here if here == LAUNCHER_ROOT else None

@@ -1,11 +1,14 @@
-"""Atomic JSON files with values converted to builtin types; no heavy imports, so the
-login-node commands (render, submit, status) start fast."""
+"""Atomic JSON files with values converted to builtin types, JSON objects read back
+without trusting the file, and bounded reads of a run's files; no heavy imports, so the
+login-node commands (render, submit, status) start fast. The standard library only."""
 
 from __future__ import annotations
 
 import json
 import os
 import stat
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +30,21 @@ def to_builtin(value: Any) -> Any:
     return value
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: Any, *, indent: int | None = 2,
+                      sort_keys: bool = True, fsync: bool = True) -> None:
+    """`data` (to_builtin, strict JSON: NaN is a ValueError) and a newline in place of
+    `path` at once: written beside it, with `fsync` flushed to disk, then renamed over it.
+    The folder is made where missing; on any failure the old file stays as it was."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(to_builtin(data), fh, indent=2, sort_keys=True, allow_nan=False)
+            json.dump(to_builtin(data), fh, indent=indent, sort_keys=sort_keys,
+                      allow_nan=False)
             fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)  # a full disk or a bad value leaves the old file only
@@ -68,3 +77,25 @@ def read_bounded(path: Path, limit: int, *, tail: bool = False) -> bytes | None:
         return None
     finally:
         os.close(fd)
+
+
+def parse_json_object(raw: bytes, *, parse_constant: Callable[[str], Any] | None = None
+                      ) -> dict[str, Any]:
+    """The JSON object in `raw` (UTF-8); {} for anything else: not UTF-8, not JSON, nested
+    past the parser's depth, or JSON of another kind. `parse_constant` as json.loads'."""
+    try:
+        data = json.loads(raw.decode("utf-8"), parse_constant=parse_constant)
+    except (ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def read_json_object(path: Path, limit: int | None, *,
+                     parse_constant: Callable[[str], Any] | None = None) -> dict[str, Any]:
+    """The JSON object in a regular file of at most `limit` bytes (None: of any size); {}
+    where it is missing, not a regular file (never blocks on a FIFO), unreadable, over the
+    limit or not a JSON object (parse_json_object)."""
+    raw = read_bounded(path, sys.maxsize if limit is None else limit + 1)
+    if raw is None or (limit is not None and len(raw) > limit):
+        return {}
+    return parse_json_object(raw, parse_constant=parse_constant)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from train.common import _proc
 from train.common.errors import ResourceError
+from train.common.filehash import file_sha256
 from train.images.defs import DefFile
 from train.images.inputs import check_inputs
 from train.images.record import (
@@ -20,7 +21,6 @@ from train.images.record import (
     BuildLog,
     BuildResult,
     ImageError,
-    sha256_file,
     write_record,
 )
 
@@ -87,7 +87,7 @@ def apptainer_build(d: DefFile, root: Path, sif: Path, build_args: Mapping[str, 
         raise ImageError(f"apptainer build of {d.name} exited with {code}:\n"
                          + "\n".join(build_log.tail))
     args = d.resolve_arguments(build_args)
-    digest = "sha256:" + sha256_file(sif)
+    digest = "sha256:" + file_sha256(sif)
     result = BuildResult(str(sif), digest, build_log.downloads, args,
                          sif.with_suffix(".build.json"))
     header = d.header["from"]

@@ -17,6 +17,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from train.common.filehash import file_sha256
+
 # written or mounted by Docker or Apptainer when a container starts, never by a build
 RUNTIME_PATHS = frozenset({"/proc", "/sys", "/dev", "/tmp", "/run", "/var/tmp", "/mnt",  # noqa: S108
                            "/etc/hostname", "/etc/hosts", "/etc/resolv.conf", "/etc/mtab",
@@ -26,14 +28,10 @@ RUNTIME_PATHS = frozenset({"/proc", "/sys", "/dev", "/tmp", "/run", "/var/tmp", 
 
 
 def _sha256(path: str) -> str:
-    h = hashlib.sha256()
     try:
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
+        return file_sha256(path)
     except OSError:
         return "unreadable"  # root-only files, as seen by the user the listing runs as
-    return h.hexdigest()
 
 
 def _name(path: str) -> str:

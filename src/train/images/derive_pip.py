@@ -24,6 +24,7 @@ from typing import Any
 
 from train.common import _proc
 from train.common.errors import UsageError
+from train.common.filehash import file_sha256
 
 PLATFORM = "manylinux_2_28_x86_64"
 MIN_PIP = (23, 0)
@@ -168,8 +169,6 @@ def sha256_of(item: dict[str, Any]) -> str:
     url = str(info.get("url", "")) if isinstance(info, dict) else ""
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme == "file":
-        from train.images.record import sha256_file
-
-        return sha256_file(Path(urllib.request.url2pathname(parsed.path)))
+        return file_sha256(Path(urllib.request.url2pathname(parsed.path)))
     raise UsageError(f"--requirements: the index gave no sha256 for {url[:120]}: it cannot "
                      "be hash-pinned")

@@ -15,11 +15,13 @@ no cache, said in one warning line, and is never written over.
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+
+from train.common.jsonio import parse_json_object, write_json_atomic
 
 CACHE_ENTRIES = 64
 CACHE_MAX_BYTES = 1 << 20
@@ -85,11 +87,7 @@ def _read_open(fd: int) -> tuple[dict[str, object] | None, str]:
         return None, f"cannot be read ({exc.strerror or exc})"
     if size > CACHE_MAX_BYTES:
         return None, f"is larger than {CACHE_MAX_BYTES // (1 << 20)} MiB"
-    try:
-        data = json.loads(b"".join(chunks).decode("utf-8"))
-    except (ValueError, RecursionError):  # cut short, or nested past the parser's depth
-        return {}, ""
-    return (data if isinstance(data, dict) else {}), ""
+    return parse_json_object(b"".join(chunks)), ""  # {}: cut short, or not ours
 
 
 def write_entries(path: Path, data: Mapping[str, object]) -> None:
@@ -97,13 +95,8 @@ def write_entries(path: Path, data: Mapping[str, object]) -> None:
     link kept); a cache that cannot be written is skipped."""
     kept = dict(list(data.items())[-CACHE_ENTRIES:])
     target = Path(os.path.realpath(path))
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(kept, indent=1), encoding="utf-8")
-        os.replace(tmp, target)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError, ValueError):  # (ValueError: a NaN written by hand)
+        write_json_atomic(target, kept, indent=1, sort_keys=False, fsync=False)
 
 
 # -- what an image is known by -------------------------------------------------------------

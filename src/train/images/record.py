@@ -5,8 +5,6 @@ record written beside the image, and the demo run that tests an image."""
 from __future__ import annotations
 
 import collections
-import hashlib
-import json
 import logging
 import os
 import sys
@@ -15,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from train.common.errors import TrainError
+from train.common.filehash import file_sha256
+from train.common.jsonio import write_json_atomic
 from train.images.defs import DefFile
 
 log = logging.getLogger(__name__)
@@ -95,14 +95,6 @@ class BuildResult:
         return lines
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def lock_digests(d: DefFile, args: Mapping[str, str], root: Path) -> dict[str, str]:
     """sha256 of every lock file (requirements *.txt) the definition copies in."""
     out = {}
@@ -111,7 +103,7 @@ def lock_digests(d: DefFile, args: Mapping[str, str], root: Path) -> dict[str, s
         files = sorted(source.rglob("*.txt")) if source.is_dir() else [source]
         for path in files:
             if path.suffix == ".txt" and "requirements" in path.parts and path.is_file():
-                out[str(path.relative_to(root))] = sha256_file(path)
+                out[str(path.relative_to(root))] = file_sha256(path)
     return out
 
 
@@ -134,10 +126,7 @@ def write_record(d: DefFile, root: Path, result: BuildResult, engine_name: str,
                       for i in result.downloads],
         "locks": lock_digests(d, result.args, root),
     }
-    result.record.parent.mkdir(parents=True, exist_ok=True)
-    tmp = result.record.with_name(result.record.name + ".part")
-    tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(result.record)
+    write_json_atomic(result.record, record, sort_keys=False, fsync=False)
 
 
 def default_record(tag: str) -> Path:

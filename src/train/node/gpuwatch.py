@@ -115,13 +115,12 @@ def spawn(run_dir: Path | str, node: str, settings: WatchSettings, parent: int, 
           popen: Callable[..., Any] = subprocess.Popen) -> Any:
     """Start the sampler process (stdout discarded, stderr shared: its lines go to the job's
     log). Returns the Popen object; raises what starting it raises."""
-    from train.common.entry import module_argv
-    from train.node.nodeentry import bound_root, entry_argv
+    from train.common.entry import bound_entry_argv, bound_root, module_argv
 
     # (not `-m`: a train.py in the current folder would be imported as `train`; the bound
     # launcher's copy is found through its own entry, never through PYTHONPATH)
     module = "train.node.gpuwatch"
-    start = entry_argv(sys.executable, module) if bound_root() else \
+    start = bound_entry_argv(sys.executable, module) if bound_root() else \
         module_argv(sys.executable, module)
     argv = [*start, "--out", str(run_dir),
             "--node", node, "--interval", _num(settings.interval),

@@ -56,8 +56,6 @@ from train.node.launcher.shim import (
 )
 from train.node.launcher.sizing import (
     MIB,
-    PREFETCH_OVERRIDE,
-    WORKER_OVERRIDE,
     WORKER_VAR,
     cap_workers,
     host_free_bytes,
@@ -81,7 +79,7 @@ from train.node.launcher.torchrun import (
 from train.node.launcher.watch import start_gpu_watch, stop_gpu_watch
 
 __all__ = ["LIGHTNING_ROOT_VAR", "MASTER_ADDR_VAR", "MIB", "MIN_WORK_SECONDS", "NCCL_DEFAULTS",
-           "PREFETCH_OVERRIDE", "SCONTROL_SHIM", "SHIM_FOLDER", "WORKER_OVERRIDE",
+           "SCONTROL_SHIM", "SHIM_FOLDER",
            "WORKER_VAR", "LaunchOptions", "SlurmStep", "apply_nccl_defaults", "cap_workers",
            "check_cuda", "enter_folder", "find_program", "gpus_visible", "host_free_bytes",
            "install_scontrol_shim", "launch", "log_interconnect", "need_torch", "prepare",

@@ -9,7 +9,10 @@ this module. Everything imported from here on (launch, signals, the scontrol sta
 the GPU watch) uses the standard library, with torch where the image has it
 (tests/unit/test_nodeentry.py holds that line, for MIN_PYTHON as well).
 
-The normal entry (`python -m train launch`, through train.cli) shares the parser below.
+The entry's text, LAUNCHER_ROOT, MIN_PYTHON and bound_root live in train.common.entry, so
+the node side (the GPU watch, the torch check) reads them without importing this module:
+it sits on top. The normal entry (`python -m train launch`, through train.cli) shares the
+parser below.
 """
 
 from __future__ import annotations
@@ -20,25 +23,10 @@ import os
 import sys
 from collections.abc import Sequence
 
-# the entry's text is the client's to render (train.common.entry); the names stay here too
-from train.common.entry import BOUND_MODULE as MODULE
-from train.common.entry import LAUNCHER_ROOT, MIN_PYTHON
-from train.common.entry import bound_entry_argv as entry_argv
-from train.common.entry import bound_entry_code as entry_code
 from train.common.errors import EXIT_FAILURE, TrainError
 from train.common.hostmem import DEFAULT_WORKER_MEM_MB
 
-__all__ = ["LAUNCHER_ROOT", "MIN_PYTHON", "MODULE", "add_launch_arguments", "bound_root",
-           "entry_argv", "entry_code", "main", "run_launch"]
-
-
-def bound_root() -> str | None:
-    """LAUNCHER_ROOT where this package was loaded from there (the bound copy), else
-    None: a process this one starts with our code (the GPU watch) needs it on its path."""
-    import train
-
-    here = os.path.dirname(os.path.dirname(os.path.abspath(train.__file__)))
-    return here if here == LAUNCHER_ROOT else None
+__all__ = ["add_launch_arguments", "main", "run_launch"]
 
 
 def add_launch_arguments(p: argparse.ArgumentParser) -> None:

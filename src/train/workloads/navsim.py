@@ -4,8 +4,8 @@ At the pinned NAVSIM commit `run_training.py` defaults to `force_cache_computati
 and `use_cache_without_dataset: false`: every start computes every scene's features again
 (hours on the navtrain split) before its first training step, and a chain of walltime-sized
 chunks would do so in every chunk. So the job step runs NAVSIM's command through this
-module (`python -c ENTRY PYTHON SCRIPT OVERRIDES...`, see `step_argv`), which on the node,
-at each chunk's start:
+module (`python -c ENTRY PYTHON SCRIPT OVERRIDES...`, see the login node's
+train.client.slurm.navsimstep.step_argv), which on the node, at each chunk's start:
 
 - finds the cache complete (the marker beside the cache folder, written only after NAVSIM's
   caching script exited 0 for the same split and agent): the training runs with
@@ -21,9 +21,9 @@ at each chunk's start:
   in its last CUT_WINDOW_S seconds (where a file cut in the middle of its write can be)
   are removed and computed again.
 
-The cache folder is `cache_path=` of the command: the run folder's `navsim-cache` unless
-the job's own overrides give one (a cache shared by runs of the same split and agent).
-Torch-free: the job (login node) imports it for the overrides.
+The cache folder is `cache_path=` of the command: the run folder's unless the job's own
+overrides give one (a cache shared by runs of the same split and agent). The override
+names the job sets and this module reads are batch.contract's.
 """
 
 from __future__ import annotations
@@ -41,22 +41,18 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from train.batch.contract import SIGNAL_READY_VAR
-from train.common.entry import module_argv
-from train.common.errors import ConfigError
+from train.batch.contract import (
+    NAVSIM_CACHE_ONLY_OVERRIDE,
+    NAVSIM_CACHE_PATH_OVERRIDE,
+    NAVSIM_CACHE_SWITCHES,
+    NAVSIM_FORCE_CACHE_OVERRIDE,
+    NAVSIM_SPLIT_OVERRIDE,
+    SIGNAL_READY_VAR,
+    override_key,
+    override_value,
+)
+from train.common.jsonio import write_json_atomic
 
-FORCE = "force_cache_computation"
-WITHOUT_DATASET = "use_cache_without_dataset"
-CACHE_PATH = "cache_path"
-SPLIT = "train_test_split"
-# NAVSIM's Hydra keys that both the job (navsim_job.navsim_command) and the launcher (which
-# caps the workers by the task's CPUs and memory) set: default_training.yaml's DataLoader
-# workers, and its prefetch_factor (2), which torch's DataLoader refuses with no workers
-# (set to null then)
-NAVSIM_WORKERS_OVERRIDE = "dataloader.params.num_workers"
-NAVSIM_PREFETCH_OVERRIDE = "dataloader.params.prefetch_factor"
-MANAGED = (FORCE, WITHOUT_DATASET)  # set by the job, per chunk
-CACHE_DIR = "navsim-cache"  # in the run folder, unless the job gives cache_path=
 CACHING_SCRIPT = "run_dataset_caching.py"  # NAVSIM's, beside run_training.py
 # beside the cache folder, never in it (NAVSIM takes every entry there as a log folder)
 COMPLETE_SUFFIX = ".train-complete.json"
@@ -67,48 +63,10 @@ CUT_WINDOW_S = 120.0
 POLL_S = 2.0
 
 
-def override_key(arg: str) -> str:
-    """The config key a Hydra override sets (`+key=v`, `++key=v`, `~key`: key)."""
-    return arg.split("=", 1)[0].lstrip("+~")
-
-
-def override_value(args: Sequence[str], key: str) -> str | None:
-    """The value the last override of `key` gives, or None."""
-    found = None
-    for arg in args:
-        if "=" in arg and override_key(arg) == key:
-            found = arg.split("=", 1)[1]
-    return found
-
-
-def check_workload(args: Sequence[str]) -> None:
-    """The job's own overrides may not set what the job sets per chunk."""
-    for arg in args:
-        if override_key(arg) in MANAGED:
-            raise ConfigError("workload", f"{arg!r}: the job computes NAVSIM's feature cache "
-                              "once and then trains from it, setting force_cache_computation "
-                              "and use_cache_without_dataset per chunk; give cache_path=DIR "
-                              "for a cache folder of your own (to compute it again, remove "
-                              "the folder and its .train-*.json files beside it)")
-
-
-def cache_overrides(run_dir: str, workload: Sequence[str]) -> list[str]:
-    """`cache_path=` for NAVSIM's command: the run folder's, unless the job gives one."""
-    if override_value(workload, CACHE_PATH) is not None:
-        return []
-    return [f"{CACHE_PATH}={run_dir}/{CACHE_DIR}"]
-
-
-def step_argv(navsim_command: Sequence[str]) -> list[str]:
-    """The step's program: NAVSIM's command (`PYTHON SCRIPT OVERRIDES...`) run by this
-    module, with the same Python."""
-    return [*module_argv(navsim_command[0], "train.workloads.navsim"), *navsim_command]
-
-
 def cache_key(overrides: Sequence[str]) -> dict[str, Any]:
     """What the cached features depend on, as far as the job's overrides tell: the split
     (its scenes) and the agent's settings (its feature and target builders)."""
-    return {"split": override_value(overrides, SPLIT),
+    return {"split": override_value(overrides, NAVSIM_SPLIT_OVERRIDE),
             "agent": [a for a in overrides if override_key(a) == "agent"
                       or override_key(a).startswith("agent.")]}
 
@@ -120,12 +78,13 @@ def marker_paths(cache: Path) -> tuple[Path, Path]:
 
 
 def _without_managed(args: Sequence[str]) -> list[str]:
-    return [a for a in args if override_key(a) not in MANAGED]
+    return [a for a in args if override_key(a) not in NAVSIM_CACHE_SWITCHES]
 
 
 def training_command(command: Sequence[str]) -> list[str]:
     """NAVSIM's training from the complete cache: no feature computed, no dataset scan."""
-    return [*_without_managed(command), f"{FORCE}=false", f"{WITHOUT_DATASET}=true"]
+    return [*_without_managed(command), f"{NAVSIM_FORCE_CACHE_OVERRIDE}=false",
+            f"{NAVSIM_CACHE_ONLY_OVERRIDE}=true"]
 
 
 def caching_command(command: Sequence[str], cpus: int) -> list[str]:
@@ -138,7 +97,7 @@ def caching_command(command: Sequence[str], cpus: int) -> list[str]:
         ["worker=single_machine_thread_pool", "worker.use_process_pool=true",
          f"worker.max_workers={max(1, cpus)}"]
     return [python, str(Path(script).with_name(CACHING_SCRIPT)),
-            *_without_managed(overrides), f"{FORCE}=false", *pool]
+            *_without_managed(overrides), f"{NAVSIM_FORCE_CACHE_OVERRIDE}=false", *pool]
 
 
 def drop_cut_scenes(cache: Path, window: float = CUT_WINDOW_S) -> int:
@@ -156,12 +115,6 @@ def drop_cut_scenes(cache: Path, window: float = CUT_WINDOW_S) -> int:
     for scene in cut:
         shutil.rmtree(scene, ignore_errors=True)
     return len(cut)
-
-
-def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, sort_keys=True) + "\n")
-    os.replace(tmp, path)
 
 
 def read_complete(cache: Path) -> dict[str, Any] | None:
@@ -229,8 +182,8 @@ def _compute(command: Sequence[str], cache: Path, key: dict[str, Any], cpus: int
         raise CacheError(2, f"NAVSIM's caching script {argv[1]} is not there (beside the "
                          "training script): the job computes the feature cache with it")
     cache.parent.mkdir(parents=True, exist_ok=True)
-    _write_json(started, {"key": key, "job": os.environ.get("SLURM_JOB_ID", ""),
-                          "time": time.time()})
+    write_json_atomic(started, {"key": key, "job": os.environ.get("SLURM_JOB_ID", ""),
+                                "time": time.time()}, indent=None, fsync=False)
     _log(f"computing the feature cache in {cache} (once for the chain): "
          + " ".join(argv))
     stop.child = subprocess.Popen(argv)
@@ -246,8 +199,8 @@ def _compute(command: Sequence[str], cache: Path, key: dict[str, Any], cpus: int
         raise CacheError(rc if 0 < rc < 256 else 1,
                          f"NAVSIM's caching script failed (exit code {rc}): the cache in "
                          f"{cache} is not marked complete")
-    _write_json(complete, {"key": key, "job": os.environ.get("SLURM_JOB_ID", ""),
-                           "time": time.time()})
+    write_json_atomic(complete, {"key": key, "job": os.environ.get("SLURM_JOB_ID", ""),
+                                 "time": time.time()}, indent=None, fsync=False)
     started.unlink(missing_ok=True)
     _log(f"feature cache complete: {complete}")
     return True
@@ -271,7 +224,7 @@ def cache_phase(command: Sequence[str], env: MutableMapping[str, str],
         raise CacheError(2, "usage: python -m train.workloads.navsim PYTHON SCRIPT "
                          "[OVERRIDES...]")
     overrides = command[2:]
-    path = override_value(overrides, CACHE_PATH)
+    path = override_value(overrides, NAVSIM_CACHE_PATH_OVERRIDE)
     if not path:
         raise CacheError(2, "NAVSIM's command has no cache_path=: the job always sets one")
     cache = Path(path)

@@ -18,10 +18,12 @@ from typing import Any
 
 from train.batch import contract
 from train.common.errors import ConfigError
+from train.common.fields import check_writable_dir
+from train.common.jsonio import read_json_object, write_json_atomic
 from train.common.secrets import masked_argv, masked_environment
 from train.node.distributed import DistContext, init_distributed
 from train.node.signals import StopController, effective_budget
-from train.workloads.config import RunConfig, check_writable_dir
+from train.workloads.config import RunConfig
 from train.workloads.dqn import records, trainer
 from train.workloads.runrecord import check_same_run
 from train.workloads.runtime import results
@@ -140,7 +142,7 @@ def _start_run(cfg: RunConfig, ctx: DistContext, lock: contextlib.ExitStack,
     lock.enter_context(results.RunLock(cfg.out_dir))
     # again under the lock: a run may have finished meanwhile
     previous = check_same_run(cfg)
-    results.write_json_atomic(cfg.out_dir / "config.json", results.run_metadata(
+    write_json_atomic(cfg.out_dir / "config.json", results.run_metadata(
         cfg.to_dict(), ctx.device, {
             **settings,
             "world_size": ctx.world_size,
@@ -183,7 +185,7 @@ def _record_outcome(cfg: RunConfig, summary: records.RunSummary, status: dict[st
     is a warning recorded in status.json.
     """
     status_path = cfg.out_dir / "status.json"
-    results.write_json_atomic(status_path, status)
+    write_json_atomic(status_path, status)
     # the marker the batch shell checks to end a chain
     marker = cfg.out_dir / contract.COMPLETE_MARKER
     if summary.complete:
@@ -201,7 +203,7 @@ def _record_outcome(cfg: RunConfig, summary: records.RunSummary, status: dict[st
         log.warning("%s", message)
     status["warnings"] = warnings
     try:
-        results.write_json_atomic(status_path, status)
+        write_json_atomic(status_path, status)
     except OSError as exc:
         log.warning("could not record these warnings in %s: %s", status_path, exc)
 
@@ -212,7 +214,7 @@ def _plot_learning_curves(cfg: RunConfig) -> list[str]:
     try:
         curves = {}
         for seed in cfg.seeds:
-            history = records.read_json(cfg.out_dir / f"seed_{seed}" / "episodes.json")
+            history = read_json_object(cfg.out_dir / f"seed_{seed}" / "episodes.json", None)
             if history.get("rewards"):
                 curves[f"seed {seed}"] = history["rewards"]
         if curves:

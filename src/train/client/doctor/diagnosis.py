@@ -3,7 +3,6 @@ what happened and the rules' findings (chunks.py), gathered in a Report."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ from train.client.slurm.scheduler import (
     parse_events,
 )
 from train.common.errors import TrainError, UsageError, first_line
-from train.common.jsonio import read_bounded
+from train.common.jsonio import read_bounded, read_json_object
 
 
 @dataclass
@@ -74,18 +73,6 @@ def _logs_of(chain: Chain, job_id: str) -> list[Path]:
                       if p.suffix in (".out", ".err") and p.is_file())
     except OSError:
         return []
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    """A small JSON file of the run (status.json) as a mapping; {} for anything else (not
-    a regular file, over 1 MiB, not JSON). NaN and Infinity read as null: --json output
-    stays strict JSON."""
-    raw = read_bounded(path, 1 << 20)
-    try:
-        data = json.loads(raw or b"", parse_constant=lambda _name: None)
-    except (ValueError, RecursionError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def ask_slurm(ids: Sequence[str]) -> tuple[dict[str, dict[str, Any]], str]:
@@ -148,7 +135,10 @@ def diagnose(chain: Chain, status: Mapping[str, Any] | None = None, *, scan: boo
         findings.append(Finding("unknown", f"the chain is {st.get('state')}",
                                 "see `train status` and `train logs`",
                                 detail=str(st.get("cause"))))
-    training = _read_json(chain.run_dir / "status.json")
+    # {} for anything but a JSON object of at most 1 MiB; NaN and Infinity read as null:
+    # --json output stays strict JSON
+    training = read_json_object(chain.run_dir / "status.json", 1 << 20,
+                                parse_constant=lambda _name: None)
     return Report(str(st.get("name", chain.record.get("name"))), str(chain.run_dir),
                   str(st.get("state")), str(st.get("cause")), chunks_out, findings, training,
                   notes)

@@ -4,12 +4,14 @@ Slurm's states), its progress and rate, the GPU watch's summary, and `train stat
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from train.batch import contract
 from train.client.slurm import queue, reasons
 from train.client.slurm.chain import _DECISIVE, EVENTS_LIMIT, Chain, _read_text, parse_events
 from train.client.slurm.queue import ACTIVE_STATES, _is_number
+from train.common.jsonio import read_bounded
 
 # Final Slurm states that end a chunk, whatever its batch shell could record.
 _ENDING_STATES = {
@@ -31,6 +33,21 @@ _WITH_PROGRESS = (contract.EV_STOPPED, contract.EV_REQUEUED, contract.EV_COMPLET
                   contract.EV_OVERRAN)
 RESUME_EXAMPLE = ("--resume-args '--resume_from_checkpoint {newest:out/checkpoint-*}' (Hugging "
                   "Face Trainer) or '--ckpt_path {newest:checkpoints/*.ckpt}' (Lightning)")
+
+
+def read_progress(run_dir: Path) -> tuple[int, int] | None:
+    """The run's progress file (contract.PROGRESS_FILE, written by contract.write_progress):
+    (DONE, TOTAL), or None where there is none or it does not read as two numbers."""
+    data = read_bounded(run_dir / contract.PROGRESS_FILE, 64)  # "DONE TOTAL\n"; no FIFO
+    try:
+        parts = (data or b"").decode("ascii").split()
+    except UnicodeDecodeError:
+        return None
+    # ASCII digits only (str.isdigit takes '²', which int() refuses), short enough for int
+    if len(parts) != 2 or not all(p.isascii() and p.isdigit() and len(p) <= 18
+                                  for p in parts):
+        return None
+    return int(parts[0]), int(parts[1])
 
 
 def _split_progress(detail: str | None) -> tuple[int, int] | None:
@@ -272,7 +289,7 @@ def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
                        "expected_start": s.get("start"),
                        "events": [e["event"] for e in events if e["job_id"] == job_id]})
     state, cause = _outcome(chain, chunks, events)
-    progress = contract.read_progress(chain.run_dir) or _saved_progress(events)
+    progress = read_progress(chain.run_dir) or _saved_progress(events)
     rate = progress_rate(events)
     used = _used(chain, chunks, events)
     status: dict[str, Any] = {

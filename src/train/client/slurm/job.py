@@ -1,6 +1,6 @@
 """A SLURM job, by the names its callers import: the spec (train.client.slurm.jobspec, its list
-items in train.client.slurm.jobitems), its resolution against a cluster profile
-(train.client.slurm.resolve) and NAVSIM's command (train.workloads.navsim_job).
+items in train.client.slurm.jobitems) and its resolution against a cluster profile
+(train.client.slurm.resolve).
 
 Only names live here: to replace one in a test, patch the module that reads it.
 """
@@ -25,9 +25,7 @@ from train.client.slurm.jobspec import (
     job_from_sources,
 )
 from train.client.slurm.resolve import ResolvedJob, resolve
-from train.workloads.navsim_job import NAVSIM_DATA_ROOT, NAVSIM_SCRIPT, navsim_command
 
-__all__ = ["CPUS_PER_PROCESS", "DEFAULT_PYTHON", "ENTRIES", "LAUNCH_MODES", "NAVSIM_DATA_ROOT",
-           "NAVSIM_SCRIPT", "RUNTIMES", "SBATCH_OWNED", "SRUN_OWNED", "Bind", "JobSpec",
-           "ResolvedJob", "check_env_item", "check_extra_option", "job_from_sources",
-           "navsim_command", "parse_bind", "resolve"]
+__all__ = ["CPUS_PER_PROCESS", "DEFAULT_PYTHON", "ENTRIES", "LAUNCH_MODES", "RUNTIMES",
+           "SBATCH_OWNED", "SRUN_OWNED", "Bind", "JobSpec", "ResolvedJob", "check_env_item",
+           "check_extra_option", "job_from_sources", "parse_bind", "resolve"]

@@ -15,10 +15,10 @@ from typing import Any
 from train.client.clusters.profiles import Profile
 from train.client.slurm.jobitems import Bind, parse_bind
 from train.client.slurm.jobspec import JobSpec
+from train.client.slurm.navsim import NAVSIM_DATA_ROOT
 from train.common.errors import ConfigError
 from train.common.yamlio import shown
 from train.workloads.config import RunConfig
-from train.workloads.navsim_job import NAVSIM_DATA_ROOT
 
 
 def job_paths(spec: JobSpec, profile: Profile, run_config: RunConfig | None) -> dict[str, Any]:

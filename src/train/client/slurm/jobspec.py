@@ -3,7 +3,7 @@ spec makes of itself (each value alone, and the values together).
 
 Its resolution against a cluster profile (node type, walltime, tasks, memory, paths,
 environment) is train.client.slurm.resolve; NAVSIM's presets and override checks are
-train.workloads.navsim_job, which the spec calls for its NAVSIM options.
+train.client.slurm.navsim, which the spec calls for its NAVSIM options.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass, fields
 from typing import Any
 
-from train.client.slurm import resumeargs
+from train.client.slurm import navsim, resumeargs
 from train.client.slurm.jobitems import (
     SBATCH_OWNED,
     SRUN_OWNED,
@@ -22,11 +22,10 @@ from train.client.slurm.jobitems import (
     check_extra_option,
     parse_bind,
 )
+from train.client.slurm.navsim import NAVSIM_SCRIPT, NAVSIM_SPLIT, NAVSIM_STRATEGIES
 from train.common.errors import ConfigError
+from train.common.fields import check_value, opt
 from train.common.hostmem import DEFAULT_WORKER_MEM_MB
-from train.workloads import navsim_job
-from train.workloads.config import check_value, opt
-from train.workloads.navsim_job import NAVSIM_SCRIPT, NAVSIM_SPLIT, NAVSIM_STRATEGIES
 
 LAUNCH_MODES = ("auto", "torchrun", "tasks")
 STOP_SIGNALS = ("USR1", "TERM", "none")
@@ -310,10 +309,10 @@ class JobSpec:
                  and getattr(self, f.name) != f.default]
         if given and self.entry != "navsim":
             raise ConfigError(given[0], "is for --entry navsim")
-        navsim_job.check_split(self.navsim_split)
-        navsim_job.check_script(self.navsim_script)
+        navsim.check_split(self.navsim_split)
+        navsim.check_script(self.navsim_script)
         if self.entry == "navsim":
-            navsim_job.check_overrides(self.workload, self.navsim_strategy)
+            navsim.check_overrides(self.workload, self.navsim_strategy)
 
     @property
     def stop(self) -> str:
@@ -353,6 +352,6 @@ def chunks_for(total: str, minutes: int) -> int:
 
 
 def job_from_sources(file_values: dict[str, Any] | None, flags: dict[str, Any]) -> JobSpec:
-    from train.workloads.config import build
+    from train.common.fields import build
 
     return build(JobSpec, file_values, flags)

@@ -16,14 +16,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from train.batch import contract
+from train.batch.contract import NAVSIM_CACHE_PATH_OVERRIDE, override_value
 from train.client import container
 from train.client.clusters.profiles import format_mem, format_time, parse_mem
-from train.client.slurm.job import ResolvedJob, navsim_command
+from train.client.slurm import navsimstep
+from train.client.slurm.resolve import ResolvedJob
 from train.common.entry import bound_entry_argv as entry_argv
 from train.common.entry import bound_entry_code as nodeentry_code
 from train.common.entry import entry_code, module_argv
 from train.common.errors import ConfigError
-from train.workloads import navsim
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_.,:=@%/+|-]+$")
 # the job library's files, in the order they are inlined below the marker line
@@ -112,7 +113,7 @@ def save_paths(job: ResolvedJob) -> list[str]:
     if job.spec.entry == "navsim":
         # a chunk cut while it computes NAVSIM's feature cache has saved that much: a
         # cache_path= of the user's outside the run folder counts as a save path
-        cache = navsim.override_value(job.spec.workload, navsim.CACHE_PATH)
+        cache = override_value(job.spec.workload, NAVSIM_CACHE_PATH_OVERRIDE)
         if cache and os.path.isabs(cache):
             paths.append(os.path.normpath(cache))
     return paths
@@ -222,7 +223,8 @@ def step_segments(job: ResolvedJob) -> list[list[str]]:
     if spec.entry == "command":
         run = list(spec.workload)
     elif spec.entry == "navsim":
-        run = navsim.step_argv(navsim_command(job))  # the feature cache once per chain
+        # through the feature cache's phase: computed once per chain
+        run = navsimstep.step_argv(navsimstep.navsim_command(job))
     else:
         # never `python -m train`: a train.py in the submit folder would be imported instead
         run = [*module_argv(spec.python), "run", *train_argv(job)]

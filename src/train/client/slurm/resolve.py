@@ -25,6 +25,7 @@ from train.client.clusters.profiles import (
     parse_time,
 )
 from train.client.programs import imports_lightning
+from train.client.slurm import navsim
 from train.client.slurm.jobitems import check_env_item
 from train.client.slurm.jobpaths import job_paths
 from train.client.slurm.jobspec import (
@@ -37,7 +38,6 @@ from train.client.slurm.jobspec import (
 from train.client.slurm.placement import choose_node, constraint_request
 from train.common.errors import ConfigError, UsageError
 from train.common.hostmem import DEFAULT_WORKER_MEM_MB
-from train.workloads import navsim_job
 from train.workloads.config import RunConfig, run_config_from_argv
 
 # Passed into every container by name (the job's own values at run time), beside the
@@ -415,7 +415,7 @@ def _environment(spec: JobSpec, profile: Profile) -> dict[str, Any]:
         else:
             values[name] = value
     if spec.entry == "navsim" and spec.runtime == "none" and spec.data is not None:
-        values.update(navsim_job.node_data_env(spec.data))
+        values.update(navsim.node_data_env(spec.data))
     return {"env_values": tuple(values.items()),
             "env_names": tuple(n for n in dict.fromkeys(names) if n not in values)}
 

@@ -11,53 +11,23 @@ from pathlib import Path
 from typing import Any
 
 from train.batch import contract
-from train.client.slurm import queue, submitcheck
+from train.client.slurm import submitcheck
 from train.client.slurm.chain import (
     _DECISIVE,
     EVENTS_LIMIT,
     Chain,
     _read_text,
-    load_chain,
     parse_events,
 )
+from train.client.slurm.checks.rundir import check_not_active
 from train.client.slurm.job import ResolvedJob
-from train.client.slurm.queue import ACTIVE_STATES, _is_number, parse_sbatch_id
+from train.client.slurm.queue import _is_number, parse_sbatch_id
 from train.client.slurm.render import render
 from train.common import _proc
-from train.common.errors import ResourceError, UsageError
+from train.common.errors import ResourceError
 from train.common.jsonio import write_json_atomic
 
 log = logging.getLogger(__name__)
-
-
-def _check_not_active(run_dir: Path, sweep_task: bool = False) -> Chain | None:
-    """The directory's earlier chain, if any; an error while any of it is queued or
-    running (a sweep's task named ARRAY_TASK included), and for a folder of a sweep (a
-    task's folder: its array task would run this chain) unless this is that sweep's
-    `sweep_task`. Nothing is written."""
-    if (run_dir / contract.SWEEP_RECORD).is_file():
-        raise UsageError(f"name: {run_dir.name} is a sweep; choose another --name (or "
-                         "--out) for a single chain")
-    if not sweep_task and (run_dir.parent / contract.SWEEP_RECORD).is_file():
-        raise UsageError(f"out: {run_dir} is a task folder of the sweep {run_dir.parent} "
-                         "(its array task runs the chain there): choose a folder outside "
-                         "the sweep for a single chain")
-    if not (run_dir / contract.CHAIN_RECORD).is_file():
-        return None
-    previous = load_chain(run_dir)
-    sweep = previous.record.get("sweep")
-    if sweep is not None and not sweep_task:  # (a task's folder, moved out of its sweep)
-        array = sweep.get("array_job") if isinstance(sweep, dict) else None
-        raise UsageError(f"out: {run_dir} holds a task of a sweep (job array "
-                         f"{str(array)[:20]}): choose another folder for a single chain")
-    active = [i for i, s in queue.ref_states(previous.ids).items()
-              if s["state"] in ACTIVE_STATES]
-    if active:
-        ref = run_dir.name
-        raise UsageError(f"name: {ref} already has an active chain (jobs "
-                         f"{', '.join(sorted(active))}); cancel it first with `train cancel "
-                         f"{ref}`, or choose another --name")
-    return previous
 
 
 _CHAIN_FILES = (contract.CHAIN_RECORD, contract.CHAIN_IDS)
@@ -113,7 +83,7 @@ def submit_chain(job: ResolvedJob, library: str) -> Chain:
     if shutil.which("sbatch") is None:
         raise ResourceError("sbatch is not on PATH: `train submit` runs on a cluster's login "
                             "node (`train render` prints the script anywhere)")
-    previous = _check_not_active(run_dir)
+    previous = check_not_active(run_dir)
     first = first_chunk(previous)
     tag = (previous.ids[0] if previous.ids else "old") if previous else None
     jobs_dir = run_dir / contract.JOBS_DIR

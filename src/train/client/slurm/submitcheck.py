@@ -49,7 +49,7 @@ from train.client.slurm.checks.image import feature_problems, image_problems
 from train.client.slurm.checks.problem import NO_CHECK, Problem, merge_seeds
 from train.client.slurm.checks.python import python_problems
 from train.client.slurm.checks.resources import resource_problems
-from train.client.slurm.checks.rundir import identity_problems, stale_complete
+from train.client.slurm.checks.rundir import check_not_active, identity_problems, stale_complete
 from train.client.slurm.checks.sbatchenv import sbatch_environment, sbatch_variable_notes
 from train.client.slurm.checks.workload import launcher_problems
 from train.client.slurm.job import ResolvedJob
@@ -97,10 +97,9 @@ def run_folder_problems(job: ResolvedJob, submitting: bool, notes: list[str]
     exit 2 at once), an earlier run it cannot continue, a launcher in its command; the
     COMPLETE marker an earlier run left goes into `notes`."""
     if submitting:  # a chain still queued or running there is the first thing to say
-        from train.client.slurm.submission import _check_not_active
         from train.client.slurm.sweep import is_task_job
 
-        _check_not_active(Path(job.run_dir), sweep_task=is_task_job(job))
+        check_not_active(Path(job.run_dir), sweep_task=is_task_job(job))
     found = [*identity_problems(job), *launcher_problems(job)]
     marker = stale_complete(job)
     if marker is not None:

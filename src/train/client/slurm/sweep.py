@@ -104,9 +104,10 @@ def value_key(entry: str, flag: str, value: str) -> object:
     the text)."""
     if entry != "train":
         return value
-    from train.workloads.config import field_table
+    from train.common.fields import field_table
+    from train.workloads.config import RunConfig
 
-    kind = next((f.metadata["kind"] for f in field_table()
+    kind = next((f.metadata["kind"] for f in field_table(RunConfig)
                  if f.name == flag.replace("-", "_")), str)
     if kind in (int, float):
         try:

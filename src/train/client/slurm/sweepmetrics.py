@@ -24,7 +24,7 @@ from pathlib import Path
 
 from train.batch.contract import METRICS_FILE
 from train.common._proc import printable
-from train.common.jsonio import read_bounded
+from train.common.jsonio import read_bounded, read_json_object
 
 JSON_LIMIT = 1 << 20  # a metrics object is small
 CSV_LIMIT = 16 << 20  # Lightning's CSV of a long run: its end is what counts
@@ -208,12 +208,8 @@ def is_command_sweep(root: Path) -> bool:
     from train.client.slurm.sweep import sweep_tasks
 
     for task in sweep_tasks(root):
-        data = read_bounded(root / task.dir / CHAIN_RECORD, JSON_LIMIT)
-        try:
-            record = json.loads(data.decode("utf-8")) if data is not None else None
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            continue
-        if isinstance(record, dict) and isinstance(record.get("entry"), str):
+        record = read_json_object(root / task.dir / CHAIN_RECORD, JSON_LIMIT)
+        if isinstance(record.get("entry"), str):
             return bool(record["entry"] == "command")
     return False
 

@@ -59,12 +59,10 @@ def need_torch() -> None:
     said in one line (exit 3), not as a traceback on every node."""
     import importlib.util
 
-    import train
-    from train.node.nodeentry import LAUNCHER_ROOT
+    from train.common.entry import bound_root
 
     if importlib.util.find_spec("torch") is None:
-        bound = os.path.realpath(train.__file__).startswith(LAUNCHER_ROOT + os.sep)
-        fix = "use an image with torch" if bound else \
+        fix = "use an image with torch" if bound_root() else \
             f"install the training runtime ({install_hint('run')}) or use an image with torch"
         raise ResourceError(f"--launch torchrun runs torch's launcher, and this Python "
                             f"({sys.executable}) cannot import torch: {fix}, or --launch "

@@ -6,14 +6,12 @@ from __future__ import annotations
 import logging
 from collections.abc import MutableMapping
 
+from train.batch.contract import NAVSIM_PREFETCH_OVERRIDE, NAVSIM_WORKERS_OVERRIDE
 from train.node.launcher.step import SlurmStep
-from train.workloads.navsim import NAVSIM_PREFETCH_OVERRIDE, NAVSIM_WORKERS_OVERRIDE
 
 log = logging.getLogger("train.node.launch")
 
 WORKER_VAR = "TRAIN_DATALOADER_WORKERS"
-WORKER_OVERRIDE = NAVSIM_WORKERS_OVERRIDE
-PREFETCH_OVERRIDE = NAVSIM_PREFETCH_OVERRIDE
 MIB = 1024 * 1024
 
 
@@ -49,9 +47,10 @@ def size_workers(workers: int, worker_mem_mb: int, mode: str, nproc_per_node: in
     env[WORKER_VAR] = str(allowed)
     # a Hydra override for the workers (NAVSIM's preset) gets the capped value too, and
     # with none left, DataLoader's prefetch_factor must be null (torch refuses it)
-    if any(a.startswith(WORKER_OVERRIDE + "=") for a in command):
-        command = [f"{WORKER_OVERRIDE}={allowed}" if a.startswith(WORKER_OVERRIDE + "=")
-                   else a for a in command]
-        if allowed == 0 and not any(a.startswith(PREFETCH_OVERRIDE + "=") for a in command):
-            command.append(f"{PREFETCH_OVERRIDE}=null")
+    workers_key, prefetch_key = NAVSIM_WORKERS_OVERRIDE + "=", NAVSIM_PREFETCH_OVERRIDE + "="
+    if any(a.startswith(workers_key) for a in command):
+        command = [f"{workers_key}{allowed}" if a.startswith(workers_key) else a
+                   for a in command]
+        if allowed == 0 and not any(a.startswith(prefetch_key) for a in command):
+            command.append(f"{prefetch_key}null")
     return command

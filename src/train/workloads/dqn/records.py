@@ -4,14 +4,13 @@ the completion record, so nothing here fails a chunk)."""
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from train.common.jsonio import read_json_object, write_json_atomic
 from train.workloads.config import RunConfig
 from train.workloads.runtime import results
 
@@ -33,14 +32,6 @@ class RunSummary:
     seeds: list[SeedOutcome]
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def work_done(cfg: RunConfig, summary: RunSummary) -> int:
     """Episodes trained over all seeds, each seed counted up to the target (progress DONE)."""
     trained = {s.seed: s.episodes for s in summary.seeds}
@@ -48,7 +39,8 @@ def work_done(cfg: RunConfig, summary: RunSummary) -> int:
     for seed in cfg.seeds:
         episodes = trained.get(seed)
         if episodes is None:  # not reached in this chunk: what an earlier chunk recorded
-            recorded = read_json(cfg.out_dir / f"seed_{seed}" / "summary.json").get("episodes")
+            recorded = read_json_object(cfg.out_dir / f"seed_{seed}" / "summary.json",
+                                        None).get("episodes")
             episodes = recorded if isinstance(recorded, int) else 0
         done += min(max(episodes, 0), cfg.episodes)
     return done
@@ -56,8 +48,9 @@ def work_done(cfg: RunConfig, summary: RunSummary) -> int:
 
 def _result_row(cfg: RunConfig, seed: int, summary: dict[str, Any]) -> dict[str, Any]:
     episodes = int(summary["episodes"])
-    rewards = read_json(cfg.out_dir / f"seed_{seed}" / "episodes.json").get("rewards") or []
-    ev = read_json(cfg.out_dir / "eval" / "test_results.json").get(str(seed))
+    history = read_json_object(cfg.out_dir / f"seed_{seed}" / "episodes.json", None)
+    rewards = history.get("rewards") or []
+    ev = read_json_object(cfg.out_dir / "eval" / "test_results.json", None).get(str(seed))
     if not isinstance(ev, dict) or ev.get("trained_episodes") != episodes:
         ev = {}  # the chunk that finished the seed did not evaluate these weights
     last = rewards[-20:] or [float("nan")]
@@ -88,7 +81,7 @@ def append_result_rows(cfg: RunConfig) -> list[str]:
     path = cfg.results_csv_path
     for seed in cfg.seeds:
         summary_path = cfg.out_dir / f"seed_{seed}" / "summary.json"
-        summary = read_json(summary_path)
+        summary = read_json_object(summary_path, None)
         if not summary.get("complete") or summary.get("csv_episodes") == summary.get(
                 "episodes"):
             continue
@@ -107,7 +100,7 @@ def append_result_rows(cfg: RunConfig) -> list[str]:
         summary["csv_rows"] = int(summary.get("csv_rows", 0)) + 1
         summary["csv_episodes"] = summary["episodes"]
         try:
-            results.write_json_atomic(summary_path, summary)
+            write_json_atomic(summary_path, summary)
         except OSError as exc:
             warnings.append(f"results_csv: {what} was appended to {path} but not recorded "
                             f"in {summary_path} ({exc}); a rerun appends it again")

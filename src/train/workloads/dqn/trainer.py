@@ -23,15 +23,15 @@ from torch.nn.parallel import DistributedDataParallel
 
 from train.batch import contract
 from train.common.errors import CheckpointError, UsageError, first_line
+from train.common.jsonio import read_json_object, write_json_atomic
 from train.node.distributed import DistContext
 from train.node.signals import StopController
 from train.workloads.config import RunConfig
 from train.workloads.dqn.agent import DQNAgent
-from train.workloads.dqn.records import RunSummary, SeedOutcome, read_json
+from train.workloads.dqn.records import RunSummary, SeedOutcome
 from train.workloads.dqn.replay import ReplayBuffer
 from train.workloads.envs.beacon import BeaconEnv
 from train.workloads.envs.spec import Env, ObsSpec
-from train.workloads.runtime import results
 from train.workloads.runtime.checkpoint import CheckpointManager
 from train.workloads.runtime.memory import preallocate, training_state_bytes
 from train.workloads.runtime.precision import PrecisionPolicy
@@ -361,7 +361,7 @@ def train(cfg: RunConfig, ctx: DistContext, precision: PrecisionPolicy,
     outcomes: list[SeedOutcome] = []
     for seed in cfg.seeds:
         summary_path = cfg.out_dir / f"seed_{seed}" / "summary.json"
-        done = read_json(summary_path)
+        done = read_json_object(summary_path, None)
         if done.get("complete") and int(done.get("episodes", 0)) >= cfg.episodes:
             log.info("seed %d already complete (%d episodes); skipping", seed,
                      done["episodes"])
@@ -410,15 +410,15 @@ def _write_seed_results(cfg: RunConfig, run: SeedRun, outcome: SeedOutcome,
                         ranks: int) -> None:
     """The seed's own files; its central CSV row comes later (`append_result_rows`)."""
     seed_dir = run.dir
-    results.write_json_atomic(seed_dir / "episodes.json",
-                              {"seed": run.seed, "rewards": run.rewards, "losses": [
-                                  None if np.isnan(x) else x for x in run.losses]})
+    write_json_atomic(seed_dir / "episodes.json",
+                      {"seed": run.seed, "rewards": run.rewards, "losses": [
+                          None if np.isnan(x) else x for x in run.losses]})
     eval_path = cfg.out_dir / "eval" / "test_results.json"
-    evaluation = read_json(eval_path)
+    evaluation = read_json_object(eval_path, None)
     if outcome.evaluation is not None:
         evaluation[str(run.seed)] = outcome.evaluation
-        results.write_json_atomic(eval_path, evaluation)
-    previous = read_json(seed_dir / "summary.json")
+        write_json_atomic(eval_path, evaluation)
+    previous = read_json_object(seed_dir / "summary.json", None)
     summary: dict[str, Any] = {
         "seed": run.seed,
         "episodes": run.episode,
@@ -432,4 +432,4 @@ def _write_seed_results(cfg: RunConfig, run: SeedRun, outcome: SeedOutcome,
     }
     if "csv_episodes" in previous:
         summary["csv_episodes"] = previous["csv_episodes"]
-    results.write_json_atomic(seed_dir / "summary.json", summary)
+    write_json_atomic(seed_dir / "summary.json", summary)

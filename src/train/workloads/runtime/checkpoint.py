@@ -25,7 +25,6 @@ cut cannot keep a later rename and lose an earlier one.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -40,6 +39,7 @@ import numpy as np
 import torch
 
 from train.common.errors import CheckpointError, UsageError, first_line
+from train.common.filehash import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -113,14 +113,6 @@ def encode(obj: Any) -> Any:
 def decode(obj: Any) -> Any:
     """The inverse of encode."""
     return _map_tree(obj, _decode_leaf)
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def checksum_path(path: Path) -> Path:

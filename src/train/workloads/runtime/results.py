@@ -26,13 +26,10 @@ import torch
 
 from train import __version__
 from train.common import _proc
-from train.common.jsonio import to_builtin, write_json_atomic
+from train.common.jsonio import read_json_object, to_builtin
 from train.common.secrets import recorded_environment
 
 log = logging.getLogger(__name__)
-
-__all__ = ["to_builtin", "write_json_atomic"]
-
 
 
 def environment_snapshot(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -186,16 +183,7 @@ def plot_learning_curves(path: Path, curves: Mapping[str, Sequence[float]], titl
 def outcome_lines(out_dir: Path, seeds: Sequence[int], results_csv: Path) -> list[str]:
     """What a finished run did and where its results are: each seed's evaluation (against
     the scripted policy where the workload has one), the curve, the CSV, the checkpoints."""
-    import json
-
-    def mapping(path: Path) -> dict[str, Any]:
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
-
-    evaluation = mapping(out_dir / "eval" / "test_results.json")
+    evaluation = read_json_object(out_dir / "eval" / "test_results.json", None)
     lines = [f"run complete: {out_dir}"]
     for seed in seeds:
         ev = evaluation.get(str(seed))

@@ -116,7 +116,7 @@ def navsim_data_problems(job: ResolvedJob) -> tuple[list[Problem], list[str]]:
     --data binds there must hold them, and without --data (or a bind there, or the data
     roots moved with --env) the image's own empty folders are all the job finds, after the
     queue wait. The nodes' own NAVSIM (runtime none) reads the environment: not checked."""
-    from train.client.slurm.job import NAVSIM_DATA_ROOT
+    from train.client.slurm.navsim import NAVSIM_DATA_ROOT
 
     spec = job.spec
     if spec.entry != "navsim" or spec.runtime == "none":

@@ -9,8 +9,11 @@ import re
 from pathlib import Path
 
 from train.batch import contract
+from train.client.slurm import queue
+from train.client.slurm.chain import Chain, load_chain
 from train.client.slurm.checks.problem import Problem
 from train.client.slurm.job import ResolvedJob
+from train.client.slurm.queue import ACTIVE_STATES
 from train.common.errors import ConfigError, UsageError
 
 
@@ -18,7 +21,6 @@ def identity_problems(job: ResolvedJob) -> list[Problem]:
     """An earlier run in the job's folder that this job cannot continue: another entry, or
     (entry train) other identity settings, as `train run` would find on the node."""
     from train.client.slurm.render import train_argv
-    from train.client.slurm.scheduler import load_chain
     from train.workloads.config import run_config_from_argv
     from train.workloads.runrecord import describe, differences, read_run_record
 
@@ -84,3 +86,33 @@ def stale_complete(job: ResolvedJob) -> Path | None:
     chain of a program other than `train run` after its first chunk)."""
     marker = Path(job.run_dir) / contract.COMPLETE_MARKER
     return marker if os.path.lexists(marker) else None
+
+
+def check_not_active(run_dir: Path, sweep_task: bool = False) -> Chain | None:
+    """The directory's earlier chain, if any; an error while any of it is queued or
+    running (a sweep's task named ARRAY_TASK included), and for a folder of a sweep (a
+    task's folder: its array task would run this chain) unless this is that sweep's
+    `sweep_task`. Nothing is written."""
+    if (run_dir / contract.SWEEP_RECORD).is_file():
+        raise UsageError(f"name: {run_dir.name} is a sweep; choose another --name (or "
+                         "--out) for a single chain")
+    if not sweep_task and (run_dir.parent / contract.SWEEP_RECORD).is_file():
+        raise UsageError(f"out: {run_dir} is a task folder of the sweep {run_dir.parent} "
+                         "(its array task runs the chain there): choose a folder outside "
+                         "the sweep for a single chain")
+    if not (run_dir / contract.CHAIN_RECORD).is_file():
+        return None
+    previous = load_chain(run_dir)
+    sweep = previous.record.get("sweep")
+    if sweep is not None and not sweep_task:  # (a task's folder, moved out of its sweep)
+        array = sweep.get("array_job") if isinstance(sweep, dict) else None
+        raise UsageError(f"out: {run_dir} holds a task of a sweep (job array "
+                         f"{str(array)[:20]}): choose another folder for a single chain")
+    active = [i for i, s in queue.ref_states(previous.ids).items()
+              if s["state"] in ACTIVE_STATES]
+    if active:
+        ref = run_dir.name
+        raise UsageError(f"name: {ref} already has an active chain (jobs "
+                         f"{', '.join(sorted(active))}); cancel it first with `train cancel "
+                         f"{ref}`, or choose another --name")
+    return previous

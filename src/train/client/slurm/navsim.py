@@ -1,11 +1,11 @@
-"""NAVSIM as a job runs it: the presets, the Hydra overrides the job sets, their checks and
-the training command, beside the workload rather than in the scheduler.
+"""NAVSIM as a job runs it, on the login node: the presets, the checks of the job's NAVSIM
+options and of its own Hydra overrides, and the data roots NAVSIM reads on the node itself.
 
-The job spec (train.client.slurm.jobspec) holds the NAVSIM options (`--navsim-split`, ...); what
-they mean to NAVSIM lives here, and the job's code calls it. The node's side of NAVSIM (the
-feature cache each chunk starts with) is train.workloads.navsim. Torch-free and light: the
-login node imports it. The override names that `train launch` reads as well (in the
-container) are the node side's.
+The job spec (train.client.slurm.jobspec) holds the NAVSIM options (`--navsim-split`, ...);
+what they mean to NAVSIM lives here, and the spec calls it. NAVSIM's training command, built
+from the resolved job, is train.client.slurm.navsimstep; the node's side of NAVSIM (the
+feature cache each chunk starts with) is train.workloads.navsim; the override names both
+sides use are train.batch.contract's.
 """
 
 from __future__ import annotations
@@ -13,15 +13,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+from train.batch.contract import NAVSIM_CACHE_SWITCHES, NAVSIM_SPLIT_OVERRIDE, override_key
 from train.common.errors import ConfigError
-from train.common.gpus import all_bf16_capable
-from train.workloads import navsim
-from train.workloads.navsim import NAVSIM_PREFETCH_OVERRIDE, NAVSIM_WORKERS_OVERRIDE
-
-if TYPE_CHECKING:
-    from train.client.slurm.resolve import ResolvedJob
 
 NAVSIM_SCRIPT = "/opt/navsim/navsim/planning/script/run_training.py"  # navsim.def's checkout
 # NAVSIM's usual training split (its scripts/training/*.sh at the pinned commit); the
@@ -55,16 +49,27 @@ def check_script(script: str) -> None:
 def check_overrides(workload: Sequence[str], strategy: str) -> None:
     """The job's own Hydra overrides may not set what the job sets itself: the cache
     switches, the split and (unless --navsim-strategy none) the strategy."""
-    navsim.check_workload(workload)
+    _check_cache_switches(workload)
     for arg in workload:
-        key = navsim.override_key(arg)
-        if key == navsim.SPLIT:
+        key = override_key(arg)
+        if key == NAVSIM_SPLIT_OVERRIDE:
             raise ConfigError("workload", f"{arg!r}: the job passes the split itself; "
                               "give it with --navsim-split")
         if key == STRATEGY_OVERRIDE and strategy != "none":
             raise ConfigError("workload", f"{arg!r}: the job sets the strategy; give "
                               "--navsim-strategy none to leave it to your overrides or "
                               "the script")
+
+
+def _check_cache_switches(args: Sequence[str]) -> None:
+    """The job's own overrides may not set what the node sets per chunk."""
+    for arg in args:
+        if override_key(arg) in NAVSIM_CACHE_SWITCHES:
+            raise ConfigError("workload", f"{arg!r}: the job computes NAVSIM's feature cache "
+                              "once and then trains from it, setting force_cache_computation "
+                              "and use_cache_without_dataset per chunk; give cache_path=DIR "
+                              "for a cache folder of your own (to compute it again, remove "
+                              "the folder and its .train-*.json files beside it)")
 
 
 def node_data_env(data: str) -> dict[str, str]:
@@ -74,32 +79,3 @@ def node_data_env(data: str) -> dict[str, str]:
     return {"OPENSCENE_DATA_ROOT": f"{root}/dataset",
             "NUPLAN_MAPS_ROOT": f"{root}/dataset/maps",
             "NAVSIM_EXP_ROOT": f"{root}/exp"}
-
-
-def navsim_command(job: ResolvedJob) -> list[str]:
-    """NAVSIM's training command with Lightning's trainer matching the job (Hydra overrides
-    of navsim's default_training.yaml at the pinned commit; it has no `devices` key)."""
-    spec = job.spec
-    gpus = spec.gpus_per_node
-    # bf16 only if every GPU type the job can land on has it (the trainer's own rule)
-    types = (spec.gpu_type,) if spec.gpu_type else job.node.gpu_types
-    precision = "bf16-mixed" if all_bf16_capable(types) else "16-mixed"
-    strategy = [] if spec.navsim_strategy == "none" \
-        else [f"{STRATEGY_OVERRIDE}={spec.navsim_strategy}"]
-    prefetch = [f"{NAVSIM_PREFETCH_OVERRIDE}=null"] if spec.workers == 0 else []
-    return [spec.python, spec.navsim_script,
-            f"{navsim.SPLIT}={spec.navsim_split}",
-            # one Lightning root for every chunk: Lightning's SLURM support saves its
-            # checkpoint there on the walltime signal and resumes from it (ckpt_path None).
-            # default_training.yaml has the key (${output_dir}, a new directory per run):
-            # overridden, not added with '+' (Hydra refuses to add an existing key)
-            f"trainer.params.default_root_dir={job.run_dir}/lightning",
-            f"trainer.params.num_nodes={spec.nodes}",
-            f"+trainer.params.devices={max(1, gpus)}",
-            *strategy,
-            f"trainer.params.accelerator={'gpu' if gpus else 'cpu'}",
-            f"trainer.params.precision={precision if gpus else 32}",
-            f"{NAVSIM_WORKERS_OVERRIDE}={spec.workers}",
-            *prefetch,
-            *navsim.cache_overrides(job.run_dir, spec.workload),
-            *spec.workload]
