@@ -20,7 +20,7 @@ from tests.integration.chains import TERMINAL
 from tests.integration.chains import logs as _logs
 from tests.integration.conftest import SiteUser
 from tests.unit.test_image_derive import make_wheel
-from train.client.preflight import IMAGE
+from train.client.preflight.result import IMAGE
 
 pytestmark = [pytest.mark.slurm, pytest.mark.apptainer, pytest.mark.slow]
 # what a login shell may hold that must not reach the training (as in test_launch.py)

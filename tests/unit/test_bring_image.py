@@ -20,8 +20,9 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.golden.cases import script_step
+from train.client.slurm.checks import imagefit
 from train.common.entry import LAUNCHER_ROOT
-from train.images import features
+from train.images import feature_cache, features
 from train.images.feature_cache import CACHE_MAX_BYTES
 from train.images.features import Features
 
@@ -144,10 +145,10 @@ def test_the_answer_is_cached_per_image_identity(tmp_path: Path) -> None:
 def test_a_sif_is_known_by_path_size_and_time(tmp_path: Path) -> None:
     sif = tmp_path / "a.sif"
     sif.write_bytes(b"x" * 10)
-    first = features.file_identity(str(sif))
+    first = feature_cache.file_identity(str(sif))
     os.utime(sif, ns=(1, 1))
-    assert first is not None and features.file_identity(str(sif)) != first
-    assert features.file_identity(str(tmp_path / "none.sif")) is None
+    assert first is not None and feature_cache.file_identity(str(sif)) != first
+    assert feature_cache.file_identity(str(tmp_path / "none.sif")) is None
 
 
 def _refused(tmp_path: Path, env: dict[str, str], args: list[str]) -> str:
@@ -202,7 +203,7 @@ def test_an_image_our_labels_name_is_never_refused(entry: str, launch: str) -> N
                           launch=launch, gpu_watch=object())
     ours = features.from_labels({"org.train.image": "base"})
     assert ours is not None
-    assert features.problems(job, ours) == ([], [])  # type: ignore[arg-type]
+    assert imagefit.problems(job, ours) == ([], [])  # type: ignore[arg-type]
 
 
 def test_no_nvml_is_a_warning_not_a_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -213,12 +214,12 @@ def test_no_nvml_is_a_warning_not_a_refusal(monkeypatch: pytest.MonkeyPatch) -> 
                           launch="tasks", gpu_watch=object())
     bare = Features(python=(3, 10, 1), torch=True, train=False, pynvml=False,
                     nvidia_smi=True)
-    monkeypatch.setattr(features, "client_pynvml", lambda: None)
-    refusals, warnings = features.problems(job, bare)  # type: ignore[arg-type]
+    monkeypatch.setattr(imagefit, "client_pynvml", lambda: None)
+    refusals, warnings = imagefit.problems(job, bare)  # type: ignore[arg-type]
     assert refusals == [] and "GPU watch is off" in warnings[0]
     assert "nvidia-smi is there" in warnings[0]
-    monkeypatch.setattr(features, "client_pynvml", lambda: "/x/pynvml.py")
-    assert features.problems(job, bare) == ([], [])  # type: ignore[arg-type]
+    monkeypatch.setattr(imagefit, "client_pynvml", lambda: "/x/pynvml.py")
+    assert imagefit.problems(job, bare) == ([], [])  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("runtime", ["docker", "apptainer"])
@@ -266,7 +267,7 @@ def test_an_odd_probe_answer_is_no_answer(answer: str) -> None:
     '"nvidia_smi": false, "ours": true}'], ids=["str-version", "str-bool", "ours"])
 def test_an_odd_cache_entry_is_asked_again(tmp_path: Path, entry: str) -> None:
     env = {"XDG_CACHE_HOME": str(tmp_path)}
-    path = features.cache_path(env)
+    path = feature_cache.cache_path(env)
     path.parent.mkdir(parents=True)
     path.write_text('{"k": ' + entry + "}")
     assert features.cached("k", env) is None
@@ -319,8 +320,8 @@ def test_a_probe_that_hangs_is_one_short_refusal(tmp_path: Path) -> None:
     env = _engine(tmp_path, "docker")
     docker = Path(env["PATH"].split(":")[0]) / "docker"
     docker.write_text(FAKE_DOCKER.replace('echo run >> "$PROBE_COUNT"', "exec sleep 30"))
-    asked = features._probe("docker", str(docker), "my/ngc:24.01", NO_TORCH,
-                            {**os.environ, **env}, 0.5)
+    asked = features.run_probe("docker", str(docker), "my/ngc:24.01", NO_TORCH,
+                               {**os.environ, **env}, 0.5)
     assert asked.found is None and len(asked.refusal.splitlines()) == 1, asked
     assert "did not answer in 0.5 s" in asked.refusal, asked
     assert "TRAIN-PROBE" not in asked.refusal and "import" not in asked.refusal, asked
@@ -345,7 +346,8 @@ def test_a_read_only_bind_at_its_own_path_is_one_bind(tmp_path: Path, runtime: s
 
 def test_a_results_csv_under_a_read_only_bind_is_refused(tmp_path: Path) -> None:
     from train.client.clusters.profiles import Registry
-    from train.client.slurm.job import JobSpec, resolve
+    from train.client.slurm.jobspec import JobSpec
+    from train.client.slurm.resolve import resolve
     from train.common.errors import ConfigError
 
     data = tmp_path / "data"
@@ -458,7 +460,7 @@ def test_the_probe_names_the_folders_that_decide_its_answer() -> None:
     site = os.path.dirname(next(iter(torch.submodule_search_locations)))
     assert site in paths and os.path.realpath(sys.executable) in paths, paths
     # a path inside a sandbox is looked up there, its links followed inside it
-    stamps = dict(features.sandbox_stamps("/", [site, "/no/such/folder"]))
+    stamps = dict(feature_cache.sandbox_stamps("/", [site, "/no/such/folder"]))
     assert stamps[site] and not stamps[site].startswith("-")
     assert stamps["/no/such/folder"].startswith("-")  # the folder above, where it would go
 

@@ -88,7 +88,7 @@ FORBIDDEN = {
     "workloads": ("train.client", "train.cli", "train.images"),
     "common": ("train.client", "train.node", "train.workloads", "train.cli", "train.images"),
     "batch": ("train",),  # the names both sides share: nothing of train below them
-    "images": ("train.node", "train.workloads.runtime", "train.workloads.dqn"),
+    "images": ("train.client", "train.cli", "train.node", "train.workloads"),
 }
 
 

@@ -21,10 +21,14 @@ from typing import Any
 
 import pytest
 
-from train.client import preflight
-from train.client.clusters import profiles
-from train.client.clusters.profiles import Profile
-from train.client.preflight import (
+from train.client.clusters.profiles import Registry
+from train.client.clusters.schema import Profile
+from train.client.clusters.validate import profile_from_dict
+from train.client.preflight.account import listed_accounts
+from train.client.preflight.commands import run_command
+from train.client.preflight.gpu import image_cuda
+from train.client.preflight.image import ImageFacts, _apptainer_facts, check_image_file
+from train.client.preflight.result import (
     ACCOUNT,
     ARCH,
     CUDA,
@@ -32,16 +36,23 @@ from train.client.preflight import (
     RUNS_ROOT,
     RUNTIME,
     Check,
-    ImageFacts,
     checks_json,
+    failed,
     format_checks,
-    image_cuda,
-    run_preflight,
 )
+from train.client.preflight.storage import (
+    TEMP_DIRS,
+    Mount,
+    _under,
+    _unescape,
+    mount_of,
+    read_mounts,
+)
+from train.client.preflight.suite import run_preflight
 from train.common._proc import ProcError
 from train.common.errors import ConfigError
 
-SHIPPED = profiles.Registry(environ={})
+SHIPPED = Registry(environ={})
 NODE = {"gpus_per_node": 4, "gpu_types": ["a100"], "cpus_per_node": 32,
         "mem_per_node": "100G", "max_time": "1-00:00:00"}
 SIF_HEAD = b"#!/usr/bin/env run-singularity\n".ljust(32, b"\0") + b"SIF_MAGIC\0" + b"01 "
@@ -67,7 +78,7 @@ def site(**extra: Any) -> Profile:
                        "plain": dict(NODE)},
     }
     data.update(extra)
-    return profiles.profile_from_dict(data, "test")
+    return profile_from_dict(data, "test")
 
 
 class Script:
@@ -515,7 +526,7 @@ BOXED = "| Account | Balance |\n|---------|---------|\n| lab_boxed | 10 |\n"
 ])
 def test_account_must_lead_a_line_of_the_sites_output(output: str, account: str,
                                                       listed: bool) -> None:
-    assert (account.lower() in preflight.listed_accounts(output)) is listed
+    assert (account.lower() in listed_accounts(output)) is listed
 
 
 def test_account_named_mid_line_by_the_site_is_not_listed(tmp_path: Path) -> None:
@@ -615,7 +626,7 @@ def test_runs_root_on_a_local_disk_elsewhere_warns(tmp_path: Path) -> None:
     table = mounts(tmp_path, ("/", "nfs"), (str(tmp_path), "xfs"))
     got = preflight_of(site(), tmp_path, runtime="none", account="lab", partition="new",
                        table=table)[RUNS_ROOT]
-    if any(preflight._under(os.path.realpath(tmp_path), t) for t in preflight.TEMP_DIRS):
+    if any(_under(os.path.realpath(tmp_path), t) for t in TEMP_DIRS):
         assert got.ok is False  # tmp_path itself lies under /tmp: node-local scratch
     else:
         assert got.ok is True and got.warn and "local disk" in got.detail
@@ -678,7 +689,8 @@ def test_runs_root_through_a_good_symlink_still_passes(tmp_path: Path) -> None:
 
 
 def test_runs_root_not_writable_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(preflight.runs_root, "_try_write", lambda directory: "Permission denied")
+    monkeypatch.setattr("train.client.preflight.runs_root._try_write",
+                        lambda directory: "Permission denied")
     got = preflight_of(site(), tmp_path, runtime="none", account="lab", partition="new")
     assert got[RUNS_ROOT].ok is False and "Permission denied" in got[RUNS_ROOT].detail
     assert "chmod" in got[RUNS_ROOT].fix
@@ -702,7 +714,8 @@ def test_a_hung_command_and_its_children_are_killed_on_timeout(
     child = tmp_path / "child.pid"
     # a wrapper script whose child hangs (the script waits for it)
     tool(bin_dir, "apptainer", f'sleep 3600 &\necho $! > {child}\nwait')
-    monkeypatch.setattr(preflight.container, "_VERSION_TIMEOUT", 2.0)  # the real 30 s, shortened
+    # the real 30 s, shortened
+    monkeypatch.setattr("train.client.preflight.container._VERSION_TIMEOUT", 2.0)
     got = preflight_of(SHIPPED.get("torch"), tmp_path, path=[bin_dir],
                        runtime="apptainer")[RUNTIME]
     assert got.ok is False and "exit 124" in got.detail and "timed out" in got.detail
@@ -715,17 +728,17 @@ def test_a_hung_command_and_its_children_are_killed_on_timeout(
 
 
 def test_the_runner_reports_like_proc_run(tmp_path: Path) -> None:
-    got = preflight.run_command(["sh", "-c", "printf 'a\\377\\376b'; printf 'e\\377' >&2"],
+    got = run_command(["sh", "-c", "printf 'a\\377\\376b'; printf 'e\\377' >&2"],
                                 check=False)
     assert got.returncode == 0 and got.stdout == "a\ufffd\ufffdb" and got.stderr == "e\ufffd"
     with pytest.raises(ProcError) as err:
-        preflight.run_command(["sh", "-c", "echo bad >&2; exit 3"])
+        run_command(["sh", "-c", "echo bad >&2; exit 3"])
     assert err.value.returncode == 3 and "bad" in err.value.stderr
     with pytest.raises(ProcError) as err:
-        preflight.run_command([str(tmp_path / "no-such-program")])
+        run_command([str(tmp_path / "no-such-program")])
     assert err.value.returncode == 127
     with pytest.raises(ProcError) as err:
-        preflight.run_command(["sleep", "3600"], timeout=0.5)
+        run_command(["sleep", "3600"], timeout=0.5)
     assert err.value.returncode == 124
 
 
@@ -738,20 +751,20 @@ def test_non_utf8_output_of_the_real_commands_is_read(tmp_path: Path) -> None:
 
 
 def test_mount_table_parsing() -> None:
-    table = [preflight.Mount("/", "ext4"), preflight.Mount("/scratch", "lustre"),
-             preflight.Mount("/scratch/x y", "nfs4"), preflight.Mount("/scratchy", "xfs")]
-    assert preflight.mount_of("/scratch/u/runs", table) == table[1]
-    assert preflight.mount_of("/scratch/x y/runs", table) == table[2]
-    assert preflight.mount_of("/scratchy/runs", table) == table[3]
-    assert preflight.mount_of("/home/u", table) == table[0]
-    assert preflight._unescape("/scratch/x\\040y") == "/scratch/x y"
+    table = [Mount("/", "ext4"), Mount("/scratch", "lustre"),
+             Mount("/scratch/x y", "nfs4"), Mount("/scratchy", "xfs")]
+    assert mount_of("/scratch/u/runs", table) == table[1]
+    assert mount_of("/scratch/x y/runs", table) == table[2]
+    assert mount_of("/scratchy/runs", table) == table[3]
+    assert mount_of("/home/u", table) == table[0]
+    assert _unescape("/scratch/x\\040y") == "/scratch/x y"
 
 
 def test_real_mount_table_reads() -> None:
-    table = preflight.read_mounts()
+    table = read_mounts()
     if not table:
         pytest.skip("no /proc/self/mounts here")
-    assert preflight.mount_of("/", table) is not None
+    assert mount_of("/", table) is not None
 
 
 # -- 5. CUDA build vs driver -----------------------------------------------------------------
@@ -803,7 +816,7 @@ def test_cuda_without_partition_warns_about_the_old_ones(tmp_path: Path) -> None
 
 def test_cuda_constraint_alternatives_must_all_suit(tmp_path: Path) -> None:
     node = {**NODE, "gpu_types": ["h200"]}
-    profile = profiles.profile_from_dict({
+    profile = profile_from_dict({
         "name": "constrained", "partition": {"allowed": False},
         "constraints": {"h200": {**node, "driver_version": 580},
                         "l40s": {**node, "driver_version": "535.104.05"}}}, "test")
@@ -864,7 +877,7 @@ def test_image_cuda_sources() -> None:
 
 
 def test_old_style_inspect_output_is_read() -> None:
-    facts = preflight._apptainer_facts("org.train.image: base\norg.train.lock: base-cu130.txt\n")
+    facts = _apptainer_facts("org.train.image: base\norg.train.lock: base-cu130.txt\n")
     assert facts.labels["org.train.lock"] == "base-cu130.txt"
 
 
@@ -941,7 +954,7 @@ def test_format_and_json(tmp_path: Path) -> None:
     fails = [line for line in lines if line.startswith("FAIL")]
     assert fails and all(" Fix: " in line for line in fails)
     data = checks_json(checks)
-    assert data["ok"] is False and preflight.failed(checks)
+    assert data["ok"] is False and failed(checks)
     assert json.loads(json.dumps(data))["checks"][0]["name"] == RUNTIME
     assert {c["status"] for c in data["checks"]} <= {"pass", "warn", "fail", "skip"}
     passing = [replace(c, ok=True) for c in checks]
@@ -967,11 +980,11 @@ def test_image_whose_sif_header_promises_more_than_the_file_holds_fails(
     image = tmp_path / "cut.sif"
     header = SIF_HEAD.ljust(96, b"\0") + struct.pack("<4q", 128, 0, 4096, 1_000_000)
     image.write_bytes(header + b"\0" * 4000)
-    got = preflight.check_image_file(image, site(), [])
+    got = check_image_file(image, site(), [])
     assert got.ok is False and "cut.sif is cut short: its SIF header says it holds " \
         "1004096 bytes, the file has 4128" in got.detail, got
     assert "copy or build it again" in got.fix
     whole = tmp_path / "whole.sif"
     whole.write_bytes(header.replace(struct.pack("<q", 1_000_000), struct.pack("<q", 0))
                       + b"\0" * 4000)
-    assert preflight.check_image_file(whole, site(), []).ok is not False
+    assert check_image_file(whole, site(), []).ok is not False

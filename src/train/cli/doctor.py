@@ -62,9 +62,10 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _preflight(args: argparse.Namespace) -> int:
-    from train.client import preflight
     from train.client.clusters.profiles import Registry
     from train.client.defaults import defaults_path, load_defaults
+    from train.client.preflight.result import checks_json, failed, format_checks
+    from train.client.preflight.suite import run_preflight
 
     if args.ref is not None:
         raise UsageError("doctor: --preflight checks the login node, not a run; give no run "
@@ -85,13 +86,13 @@ def _preflight(args: argparse.Namespace) -> int:
         raise UsageError(f"cluster: --preflight needs the cluster: --cluster NAME (one of "
                          f"{', '.join(registry.names())}), or `train init --cluster NAME` "
                          f"(it goes to {defaults_path()})")
-    checks = preflight.run_preflight(
+    checks = run_preflight(
         registry.get(str(cluster)), image=given("image"), account=given("account"),
         runs_root=args.runs, partition_or_constraint=given("partition") or given(
             "constraint"), runtime=given("runtime") or "auto",
         python=python)
     if args.json:
-        print(json.dumps(preflight.checks_json(checks), indent=2))
+        print(json.dumps(checks_json(checks), indent=2))
     else:
-        print("\n".join(preflight.format_checks(checks)))
-    return EXIT_FAILURE if preflight.failed(checks) else EXIT_OK
+        print("\n".join(format_checks(checks)))
+    return EXIT_FAILURE if failed(checks) else EXIT_OK

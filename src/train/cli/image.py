@@ -118,7 +118,7 @@ class _Image:
 
 
 def _image(args: argparse.Namespace, path: Path) -> _Image:
-    from train.images import build as builder
+    from train.images.build import engine
     from train.images.defs import parse
 
     d = parse(path)
@@ -126,62 +126,65 @@ def _image(args: argparse.Namespace, path: Path) -> _Image:
     return _Image(definition=d, root=path.parent.parent,
                   build_args=_pairs(args.build_arg, "--build-arg"),
                   localimages=_pairs(args.localimage, "--localimage"),
-                  tag=args.tag or f"train/{d.name}:local", engine=builder.engine(args.engine),
+                  tag=args.tag or f"train/{d.name}:local", engine=engine(args.engine),
                   out=out, sif=out or Path(f"{d.name}.sif").resolve())
 
 
 def _image_translate(args: argparse.Namespace, im: _Image) -> int:
-    from train.images import build as builder
+    from train.images.dockerengine import write_context
     from train.images.dockerfile import translate
 
     if im.out is None:
         print(translate(im.definition, im.build_args, im.localimages).dockerfile, end="")
     else:
-        builder.write_context(im.definition, im.out, im.build_args, im.localimages, im.root)
+        write_context(im.definition, im.out, im.build_args, im.localimages, im.root)
         print(f"build context written to {im.out}")
     return EXIT_OK
 
 
 def _image_build(args: argparse.Namespace, im: _Image) -> int:
-    from train.images import build as builder
+    from train.images.build import apptainer_build
+    from train.images.dockerengine import docker_build
 
     if im.engine == "apptainer":
         if args.network not in (None, "default"):
             raise UsageError("--network: apptainer builds use the host's network; "
                              "--network none|host is for --engine docker")
-        result = builder.apptainer_build(im.definition, im.root, im.sif, im.build_args,
-                                         args.fakeroot, base_sif=args.base_sif)
+        result = apptainer_build(im.definition, im.root, im.sif, im.build_args,
+                                 args.fakeroot, base_sif=args.base_sif)
         print(f"built {im.sif}")
     else:
         if args.base_sif is not None:
             raise UsageError("--base-sif: for --engine apptainer; a Docker build names the "
                              "tag of its localimage base with --localimage SIF=TAG")
-        result = builder.docker_build(im.definition, im.root, im.tag, im.build_args,
-                                      im.localimages, network=args.network or "none",
-                                      nocache=args.no_cache, record=im.out)
+        result = docker_build(im.definition, im.root, im.tag, im.build_args,
+                              im.localimages, network=args.network or "none",
+                              nocache=args.no_cache, record=im.out)
         print(f"built {im.tag} ({result.image})")
     print("\n".join(result.summary()))
     return EXIT_OK
 
 
 def _image_test(args: argparse.Namespace, im: _Image) -> int:
-    from train.images import build as builder
+    from train.images.build import apptainer_test, smoke_args
+    from train.images.dockerengine import docker_test
 
-    smoke = builder.smoke_args(im.definition)
-    report = builder.apptainer_test(im.sif, smoke) if im.engine == "apptainer" \
-        else builder.docker_test(im.tag, smoke)
+    smoke = smoke_args(im.definition)
+    report = apptainer_test(im.sif, smoke) if im.engine == "apptainer" \
+        else docker_test(im.tag, smoke)
     print(report, end="")
     return EXIT_OK
 
 
 def _image_digest(args: argparse.Namespace, im: _Image) -> int:
-    from train.images import build as builder
+    from train.images.build import apptainer_content
     from train.images.content import digest
+    from train.images.dockerengine import docker_content
 
     if im.engine == "apptainer":
-        lines = builder.apptainer_content(im.sif)
+        lines = apptainer_content(im.sif)
     else:
-        lines = builder.docker_content(im.tag)
+        lines = docker_content(im.tag)
         if im.out is not None:
             im.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"{digest(lines)} {len(lines)} entries "
@@ -190,11 +193,11 @@ def _image_digest(args: argparse.Namespace, im: _Image) -> int:
 
 
 def _image_export(args: argparse.Namespace, im: _Image) -> int:
-    from train.images import build as builder
+    from train.images.dockerengine import docker_export
 
     if im.engine == "apptainer":
         raise UsageError("image export: an apptainer build is already a SIF file")
-    print(builder.docker_export(im.tag, im.out or Path(f"{im.definition.name}.tar").resolve()))
+    print(docker_export(im.tag, im.out or Path(f"{im.definition.name}.tar").resolve()))
     return EXIT_OK
 
 

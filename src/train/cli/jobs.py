@@ -261,7 +261,8 @@ def _check_jobs(args: argparse.Namespace, jobs: list[tuple[Any, Any]],
                 submitting: bool) -> list[tuple[Any, Any]]:
     """What the login node can check before the queue wait (exit 2 at submit; warnings
     at render, which works anywhere). Returns the jobs, with the client's launcher bound
-    in where the image has no `train` (train.images.features; not with --no-check)."""
+    in where the image has no `train` (train.client.slurm.checks.imagefit; not with
+    --no-check)."""
     from train.client.slurm.submitcheck import check_jobs
 
     for note in check_jobs([job for _, job in jobs], submitting=submitting,
@@ -269,7 +270,7 @@ def _check_jobs(args: argparse.Namespace, jobs: list[tuple[Any, Any]],
         print(f"train: warning: {note}", file=sys.stderr)
     if args.no_check:
         return jobs
-    from train.images.features import equip
+    from train.client.slurm.checks.imagefit import equip
 
     return [(task, equip(job)) for task, job in jobs]
 

@@ -1,7 +1,7 @@
 """Build drivers: Apptainer where the binary exists (clusters), else the Docker engine through
-its Python SDK with the translated Dockerfile (workstations, CI). Both run %test and a short
-demo in the built image; Docker images export to a docker-archive that Apptainer turns into
-a SIF on a cluster."""
+its Python SDK with the translated Dockerfile (workstations, CI; train.images.dockerengine).
+Both run %test and a short demo in the built image; Docker images export to a docker-archive
+that Apptainer turns into a SIF on a cluster."""
 
 from __future__ import annotations
 
@@ -15,36 +15,17 @@ from train.common import _proc
 from train.common.errors import ResourceError
 from train.common.filehash import file_sha256
 from train.images.defs import DefFile
-from train.images.dockerengine import (
-    NETWORKS,
-    docker_build,
-    docker_content,
-    docker_export,
-    docker_run,
-    docker_test,
-    write_context,
-)
-from train.images.inputs import BUILD_BLOCKING, check_inputs
+from train.images.inputs import check_inputs
 from train.images.record import (
     DEMO_ARGS,
-    DOWNLOAD_MARK,
-    PROGRESS_MARK,
-    RECORD_SUM,
     BuildLog,
     BuildResult,
-    Download,
     ImageError,
-    default_record,
-    lock_digests,
     write_record,
 )
 
-__all__ = ["BUILD_BLOCKING", "DEMO_ARGS", "DOWNLOAD_MARK", "NETWORKS", "PROGRESS_MARK",
-           "RECORD_SUM", "SMOKE_LABEL", "BuildLog", "BuildResult", "Download", "ImageError",
-           "apptainer_build", "apptainer_content", "apptainer_test", "check_inputs",
-           "default_record", "docker_build", "docker_content", "docker_export", "docker_run",
-           "docker_test", "engine", "lock_digests", "smoke_args",
-           "write_context", "write_record"]
+__all__ = ["SMOKE_LABEL", "apptainer_build", "apptainer_content", "apptainer_test", "engine",
+           "smoke_args"]
 
 log = logging.getLogger(__name__)
 

@@ -13,56 +13,5 @@ raises ConfigError naming the field; everything else is a check's result.
 
 The checks live by family: container (1), image (2), account (3), storage and runs_root (4),
 gpu (5 and 6); result holds Check and how checks are shown, commands how outside commands
-run, suite the order. The names importers use (`train doctor --preflight`, `train submit`)
-are re-exported here.
+run, suite the order (run_preflight). Import each name from the module that defines it.
 """
-
-from __future__ import annotations
-
-from train.client.preflight.account import listed_accounts
-from train.client.preflight.commands import Runner, run_command
-from train.client.preflight.container import MIN_APPTAINER, RUNTIMES
-from train.client.preflight.gpu import check_arch, image_arch, image_cuda
-from train.client.preflight.image import (
-    ImageFacts,
-    _apptainer_facts,
-    check_image_file,
-    image_facts,
-    open_image,
-)
-from train.client.preflight.result import (
-    ACCOUNT,
-    ARCH,
-    CUDA,
-    IMAGE,
-    RUNS_ROOT,
-    RUNTIME,
-    Check,
-    checks_json,
-    failed,
-    format_checks,
-)
-from train.client.preflight.storage import (
-    LOCAL_FS,
-    MOUNTS,
-    SHARED_FS,
-    SHARED_FUSE,
-    TEMP_DIRS,
-    VOLATILE_FS,
-    Mount,
-    _under,
-    _unescape,
-    mount_of,
-    read_mounts,
-)
-from train.client.preflight.suite import run_preflight
-
-# (_apptainer_facts, _under, _unescape: helpers the tests reach through the package)
-__all__ = [
-    "ACCOUNT", "ARCH", "CUDA", "IMAGE", "LOCAL_FS", "MIN_APPTAINER", "MOUNTS", "RUNS_ROOT",
-    "RUNTIME", "RUNTIMES", "SHARED_FS", "SHARED_FUSE", "TEMP_DIRS", "VOLATILE_FS", "Check",
-    "ImageFacts", "Mount", "Runner", "_apptainer_facts", "_under", "_unescape", "check_arch",
-    "check_image_file", "checks_json", "failed", "format_checks", "image_arch", "image_cuda",
-    "image_facts", "listed_accounts", "mount_of", "open_image", "read_mounts", "run_command",
-    "run_preflight",
-]

@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from train.client.clusters.profiles import Profile
+from train.client.clusters.schema import Profile
 from train.client.preflight.commands import Runner, _run, _tail, _which
 from train.client.preflight.result import RUNTIME, Check
 

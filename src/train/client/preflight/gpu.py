@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from train.client.clusters.profiles import NodeType, Profile
+from train.client.clusters.schema import NodeType, Profile
 from train.client.preflight.image import ImageFacts
 from train.client.preflight.result import ARCH, CUDA, IMAGE, Check
 from train.common.cuda_check import MIN_DRIVER, VARIANTS, parse_version, variant_for_driver

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from train.client.clusters.profiles import Profile
+from train.client.clusters.schema import Profile
 from train.client.preflight.commands import Runner, _run, _tail, run_command
 from train.client.preflight.result import IMAGE, RUNTIME, Check
 from train.client.preflight.storage import Mount, _storage

@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from train.client.clusters.profiles import Profile
+from train.client.clusters.schema import Profile
 from train.client.preflight.result import RUNS_ROOT, Check
 from train.client.preflight.storage import Mount, _storage, _under
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.client.clusters.profiles import Profile
+from train.client.clusters.schema import Profile
 
 MOUNTS = Path("/proc/self/mounts")
 

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from train.client.clusters.profiles import NodeType, Profile
+from train.client.clusters.schema import NodeType, Profile
 from train.client.preflight.account import _ACCOUNT_RE, _check_account
 from train.client.preflight.commands import Runner, run_command
 from train.client.preflight.container import RUNTIMES, _check_runtime, _pick_runtime

@@ -1,5 +1,6 @@
 """The job's image: there, a SIF (apptainer) or in the Docker engine that answers here,
-built for the partition's GPUs, offering what the step needs (train.images.features)."""
+built for the partition's GPUs, offering what the step needs
+(train.client.slurm.checks.imagefit)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,14 @@ import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from train.client.preflight.gpu import check_arch
+from train.client.preflight.image import ImageFacts, check_image_file, image_facts, open_image
+from train.client.preflight.storage import read_mounts
+from train.client.slurm.checks.imagefit import image_features, problems
 from train.client.slurm.checks.problem import Problem
-from train.client.slurm.job import ResolvedJob
+from train.client.slurm.resolve import ResolvedJob
 from train.common import _proc
-
-if TYPE_CHECKING:
-    from train.client.preflight import ImageFacts
 
 DOCKER_TIMEOUT = 60.0
 
@@ -29,10 +30,8 @@ def image_problems(job: ResolvedJob, environ: Mapping[str, str]
         return _docker_image(image, environ)
     if "://" in image:  # docker://, oras://, library://: apptainer fetches it on the node
         return [], [f"--image {image} is fetched by apptainer on the nodes; not checked here"]
-    from train.client import preflight
-
     path = Path(os.path.abspath(image))
-    check = preflight.check_image_file(path, job.profile, preflight.read_mounts())
+    check = check_image_file(path, job.profile, read_mounts())
     if check.ok is False:
         tilde = " (a '~' is not expanded in the job: give the full path)" \
             if image.startswith("~") else ""
@@ -44,7 +43,7 @@ def image_problems(job: ResolvedJob, environ: Mapping[str, str]
     if binary is not None and not path.is_dir():
         # opened as the nodes will open it: a SIF apptainer cannot read (cut short, damaged,
         # from a newer apptainer) is refused here, not after the queue wait
-        opened, facts = preflight.open_image(path, binary, job.profile)
+        opened, facts = open_image(path, binary, job.profile)
         if opened.ok is False:
             return [Problem("image", f"--image {image}: {opened.detail}; {opened.fix}")], []
     found, seen = _arch_problems(job, path, binary, facts)
@@ -58,18 +57,16 @@ def _apptainer(environ: Mapping[str, str]) -> str | None:
 
 def feature_problems(job: ResolvedJob, environ: Mapping[str, str]
                      ) -> tuple[list[Problem], list[str]]:
-    """What the image must offer the step (train.images.features): Python, torch for
-    --launch torchrun, `train` for its own entries, a Python that answers at all; no NVML
-    for the GPU watch is a note."""
-    from train.images import features
-
-    asked = features.image_features(job, environ)
+    """What the image must offer the step (imagefit): Python, torch for --launch
+    torchrun, `train` for its own entries, a Python that answers at all; no NVML for the
+    GPU watch is a note."""
+    asked = image_features(job, environ)
     notes = list(asked.notes)
     if asked.refusal:  # (its Python did not answer in time)
         return [Problem("image", asked.refusal, files=False)], notes  # (it says --no-check)
     if asked.found is None:
         return [], notes
-    refusals, warnings = features.problems(job, asked.found)
+    refusals, warnings = problems(job, asked.found)
     return [Problem("image", text) for text in refusals], notes + warnings
 
 
@@ -78,18 +75,16 @@ def _arch_problems(job: ResolvedJob, path: Path, binary: str | None,
     """The partition's GPUs against the architectures the image's torch carries (its lock,
     read through its labels): a V100 job with the CUDA 13 image fails at its first kernel,
     after the queue wait."""
-    from train.client import preflight
-
     if not job.node.gpu_types or job.spec.gpus_per_node == 0:
         return [], []
     if binary is None and not path.is_dir():
         return [], [f"--image {job.spec.image}: its GPU architectures were not compared with "
                     f"the {job.node.name} GPUs: apptainer is not on PATH here"]
     if facts is None:
-        facts = preflight.image_facts(path, binary or "", job.profile)
+        facts = image_facts(path, binary or "", job.profile)
     if facts is None:
         return [], []
-    check = preflight.check_arch([job.node], True, "apptainer", facts)
+    check = check_arch([job.node], True, "apptainer", facts)
     if check.ok is False:
         return [Problem("image", f"--image {job.spec.image}: {check.detail}; {check.fix}")], []
     return [], [f"--image {job.spec.image}: {check.detail}; {check.fix}"] if check.warn else []

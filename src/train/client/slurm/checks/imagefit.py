@@ -1,0 +1,185 @@
+"""A job against its image ("bring your own image"): what the image offers the job step
+(train.images.features: its labels, the kept answer, else the probe), asked once per image
+and Python in a submit, and whether that suits the job.
+
+An image without `train` gets the client's own launcher bound in (train.node.nodeentry); the
+job is refused (exit 2, nothing queued) where the image cannot run it: a Python older than
+nodeentry.MIN_PYTHON, no torch under --launch torchrun, or `--entry train`/`navsim`,
+which run this package's training inside the image.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+from train.client.preflight.image import image_facts
+from train.client.slurm.jobspec import JobSpec
+from train.client.slurm.resolve import ResolvedJob
+from train.common.entry import LAUNCHER_ROOT, MIN_PYTHON
+from train.images.feature_cache import file_identity, how_to_clear, sandbox_stamps
+from train.images.features import (
+    Asked,
+    Features,
+    cached,
+    docker_facts,
+    from_labels,
+    probe_timeout,
+    remember,
+    run_probe,
+)
+
+_MEMO: dict[str, Asked] = {}  # once per image and Python in a process: checks, then equip
+
+
+def image_features(job: ResolvedJob, environ: Mapping[str, str]) -> Asked:
+    """What the job's image offers: its labels, the kept answer, else the probe (once)."""
+    spec = job.spec
+    image = spec.image or ""
+    if spec.runtime not in ("docker", "apptainer") or not image:
+        return Asked()
+    if spec.runtime == "apptainer" and "://" in image:
+        return Asked()  # fetched on the nodes: image_problems says so
+    search = environ.get("PATH", os.defpath)
+    names = ("docker",) if spec.runtime == "docker" else ("apptainer", "singularity")
+    binary = next((b for b in map(lambda n: shutil.which(n, path=search), names) if b),
+                  None)
+    if spec.runtime == "docker":
+        facts = docker_facts(binary, image, environ) if binary else None
+        if facts is None:
+            return Asked()  # image_problems says why the engine did not answer
+        ident, labels = facts
+    else:
+        identity = file_identity(image)
+        if identity is None:
+            return Asked()  # image_problems refuses it
+        ident, labels = identity, _apptainer_labels(job, binary)
+    ours = from_labels(labels)
+    if ours is not None:
+        return Asked(ours)
+    key = f"{spec.runtime}|{spec.python}|{ident}"
+    if key not in _MEMO:
+        _MEMO[key] = _ask(key, ident.startswith("sandbox:"), binary, spec, environ)
+    return _MEMO[key]
+
+
+def _ask(key: str, sandbox: bool, binary: str | None, spec: JobSpec,
+         environ: Mapping[str, str]) -> Asked:
+    """The kept answer where it still holds (a sandbox's: its stamps unchanged), else the
+    probe's, kept where the Python ran."""
+    notes: list[str] = []
+    image = spec.image or ""
+    found = cached(key, environ, notes)
+    if found is not None and sandbox and (not found.watch or sandbox_stamps(
+            image, [p for p, _ in found.watch]) != found.watch):
+        found = None  # (installed into or removed from since: asked again)
+    if found is not None:
+        return Asked(found, tuple(notes))
+    if binary is None:  # (image_problems says what could not be checked)
+        return Asked(None, tuple(notes))
+    try:
+        timeout = probe_timeout(environ)
+    except ValueError as exc:
+        return Asked(None, tuple(notes), str(exc))
+    asked = run_probe(spec.runtime, binary, image, spec.python, environ, timeout)
+    found = asked.found
+    if found is None:
+        return Asked(None, (*notes, *asked.notes), asked.refusal)
+    paths = [p for p, _ in found.watch]
+    found = dataclasses.replace(found, watch=sandbox_stamps(image, paths) if sandbox else ())
+    if found.python:  # (a Python that did not run is asked again next time)
+        remember(key, found, environ)
+    return Asked(found, tuple(notes))
+
+
+def _apptainer_labels(job: ResolvedJob, binary: str | None) -> dict[str, str]:
+    path = Path(os.path.abspath(job.spec.image or ""))
+    if binary is None and not path.is_dir():
+        return {}
+    facts = image_facts(path, binary or "", job.profile)
+    return dict(facts.labels) if facts is not None else {}
+
+
+# -- what the job needs of it ------------------------------------------------------------
+def problems(job: ResolvedJob, found: Features) -> tuple[list[str], list[str]]:
+    """(refusals, warnings) for this job in an image with these features; a refusal from
+    a kept answer says where it is kept and how to have the image asked again."""
+    refusals, warnings = _problems(job, found)
+    if found.cache_file:
+        kept = (f" (this is the answer kept from an earlier look into the image: "
+                f"{how_to_clear(Path(found.cache_file))})")
+        refusals = [text + kept for text in refusals]
+    return refusals, warnings
+
+
+def _problems(job: ResolvedJob, found: Features) -> tuple[list[str], list[str]]:
+    spec = job.spec
+    image = f"--image {spec.image}"
+    if found.ours:  # our definitions pin a Python, torch, pynvml and this package
+        return [], []
+    if not found.python:
+        return [f"{image}: its Python ({spec.python}) does not run in it "
+                f"({found.source.removeprefix('probe failed: ')}): the job step runs "
+                f"`{spec.python}` in the image; name the image's interpreter with --python"
+                ], []
+    minimum = ".".join(map(str, MIN_PYTHON))
+    if found.python[:2] < MIN_PYTHON:
+        return [f"{image}: its Python is {found.python_text} ({spec.python}), and the job's "
+                f"launcher needs Python >= {minimum}: use an image with a newer Python, or "
+                "name a newer interpreter of the image with --python"], []
+    refusals: list[str] = []
+    warnings: list[str] = []
+    if not found.train and spec.entry != "command":
+        refusals.append(f"{image} has no `train` package, and --entry {spec.entry} runs "
+                        "this package's training inside the image: use one of our images "
+                        "(or derive one: `train image new`), or run your own program with "
+                        "--entry command")
+    if job.launch == "torchrun" and not found.torch:
+        refusals.append(f"{image}: its Python ({spec.python}, {found.python_text}) cannot "
+                        "import torch, and --launch torchrun runs torch's launcher in the "
+                        "image: use an image with torch, or --launch tasks")
+    if job.gpu_watch is not None and not found.pynvml and not client_pynvml():
+        warnings.append(f"{image} has no NVIDIA management library for Python (pynvml) "
+                        "and this client has none to bind in: the GPU watch is off for "
+                        "this job" + (" (nvidia-smi is there, but the watch reads NVML)"
+                                      if found.nvidia_smi else ""))
+    return refusals, warnings
+
+
+# -- the bound launcher ------------------------------------------------------------------
+def client_pynvml() -> str | None:
+    """This client's pynvml (nvidia-ml-py is one pure-Python file), to bind in."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("pynvml")
+    except (ImportError, ValueError):
+        return None
+    origin = spec.origin if spec is not None else None
+    return origin if origin and origin.endswith("pynvml.py") else None
+
+
+def launcher_binds() -> tuple[str, ...]:
+    """The client's own `train` package (and its pynvml, where it has one) read-only at
+    LAUNCHER_ROOT: what train.node.nodeentry runs from in an image without `train`."""
+    import train
+
+    package = os.path.dirname(os.path.abspath(train.__file__))
+    binds = [f"{package}:{LAUNCHER_ROOT}/train:ro"]
+    nvml = client_pynvml()
+    if nvml is not None:
+        binds.append(f"{nvml}:{LAUNCHER_ROOT}/pynvml.py:ro")
+    return tuple(binds)
+
+
+def equip(job: ResolvedJob, environ: Mapping[str, str] | None = None) -> ResolvedJob:
+    """The job with the launcher bound in where its image has no `train` (asked of the
+    image as image_features asks; the answer is kept, so after the submit checks this
+    costs a label read)."""
+    found = image_features(job, os.environ if environ is None else environ).found
+    if found is None or found.train or job.spec.entry != "command":
+        return job
+    return dataclasses.replace(job, launcher_binds=launcher_binds())
