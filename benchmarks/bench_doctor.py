@@ -23,10 +23,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import machine, median, timed, write_section
 from train.batch import contract
-from train.client import doctor
-from train.client.doctor import logread
+from train.client.doctor import diagnosis, evidence, logread, report
 from train.client.slurm import queue
-from train.client.slurm.scheduler import load_chain
+from train.client.slurm.chain import load_chain
 
 LINE = ("12:00:01 INFO train.workloads.dqn.trainer: seed 4: episode 1234/5000 reward 3.000 "
         "eps 0.050 loss 0.0123 (812 steps/s)\n")
@@ -82,11 +81,11 @@ def doctor_peak_rss(run_dir: Path) -> tuple[int, int]:
     """Peak resident memory (KiB) of a process that runs the diagnosis, and the bytes it
     and its greps read doing it."""
     code = ("import json, resource, sys\n"
-            "from train.client import doctor\n"
-            "from train.client.slurm.scheduler import load_chain\n"
+            "from train.client.doctor.diagnosis import diagnose\n"
+            "from train.client.slurm.chain import load_chain\n"
             f"st = json.loads({json.dumps(json.dumps(_status('1001')))})\n"
             f"before = {_RCHAR}\n"
-            f"r = doctor.diagnose(load_chain(__import__('pathlib').Path({str(run_dir)!r})),"
+            f"r = diagnose(load_chain(__import__('pathlib').Path({str(run_dir)!r})),"
             " st)\n"
             f"read = {_RCHAR} - before\n"
             "assert r.findings[0].cause == 'host_oom', r.verdict\n"
@@ -98,7 +97,7 @@ def doctor_peak_rss(run_dir: Path) -> tuple[int, int]:
 
 
 def baseline_rss() -> int:
-    code = f"from train.client import doctor\nprint({_HWM})\n"
+    code = f"from train.client.doctor import diagnosis, report\nprint({_HWM})\n"
     return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               check=True).stdout.strip())
 
@@ -123,11 +122,11 @@ def main() -> None:
         runs = []
 
         def run_doctor() -> None:
-            runs.append(doctor.diagnose(chain, _status("1001")))
+            runs.append(diagnosis.diagnose(chain, _status("1001")))
 
         took = median([timed(run_doctor) for _ in range(3)])
         assert runs[-1].findings[0].cause == "host_oom", runs[-1].verdict
-        full = median([timed(lambda: runs.append(doctor.diagnose(chain, _status("1001"),
+        full = median([timed(lambda: runs.append(diagnosis.diagnose(chain, _status("1001"),
                                                                  full=True)))
                        for _ in range(3)])
         (rss, bytes_read), rss0 = doctor_peak_rss(big), baseline_rss()
@@ -140,7 +139,7 @@ def main() -> None:
         queue.job_states = lambda ids: {i: states[i] for i in ids}  # type: ignore
         try:
             rows: list[Any] = []
-            table = median([timed(lambda: rows.append(doctor.overview(many)))
+            table = median([timed(lambda: rows.append(report.overview(many)))
                             for _ in range(3)])
         finally:
             queue.job_states = original  # type: ignore[assignment]
@@ -175,7 +174,7 @@ grep's search for many fixed strings runs at about {size / 2**20 / full:.0f} MiB
 (two greps, one per core), so a whole gigabyte
 takes {full:.1f} s. Peak memory of a process that runs the diagnosis: {rss / 1024:.0f} MiB,
 against {rss0 / 1024:.0f} MiB for one that only imports the doctor: the logs are streamed
-(grep's matching lines, read 64 KiB at a time, at most {doctor._KEEP * 2} kept per rule),
+(grep's matching lines, read 64 KiB at a time, at most {evidence._KEEP * 2} kept per rule),
 never read whole. Goals met: doctor {'yes' if took < 2 else 'NO'}, table
 {'yes' if table < 1 else 'NO'}.
 """

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from train.client.clusters.profiles import Registry
-from train.client.slurm.job import JobSpec, ResolvedJob, resolve
+from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.render import library_text, render
+from train.client.slurm.resolve import ResolvedJob, resolve
 
 HERE = Path(__file__).parent
 RUN_ROOT = "/scratch/user/runs"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from train.client.slurm.scheduler import ACTIVE_STATES, job_states
+from train.client.slurm.queue import ACTIVE_STATES, job_states
 
 pytestmark = [pytest.mark.slurm]
 

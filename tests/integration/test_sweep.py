@@ -30,7 +30,7 @@ from tests.integration.chains import (
     status,
     wait,
 )
-from train.client.slurm.scheduler import parse_events
+from train.client.slurm.chain import parse_events
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SEEDS = (4, 6, 8, 10)

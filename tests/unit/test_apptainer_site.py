@@ -14,8 +14,9 @@ from pathlib import Path
 
 from train.client.clusters.profiles import Registry
 from train.client.container import APPTAINER_TASK, NV_NO_DRIVER
-from train.client.slurm.job import JobSpec, resolve
+from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.render import apptainer_setup, library_text, render
+from train.client.slurm.resolve import resolve
 from train.client.slurm.submitcheck import environment_problems
 
 FAKE_APPTAINER = """#!/bin/bash

@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
+from train import common
 from train.batch import contract
-from train.client.slurm import queue, scheduler
+from train.client.slurm import cancel, chainstatus, queue, submission
+from train.client.slurm import chain as slurm_chain
 from train.common.errors import UsageError
 
 
@@ -29,21 +31,21 @@ def _chain(tmp_path: Path, ids: str, events: str, states: dict[str, str],
         (run / contract.PROGRESS_FILE).write_text(progress)
     monkeypatch.setattr(queue, "job_states", lambda ids: {
         i: {"state": states.get(i, "UNKNOWN")} for i in ids})
-    return scheduler.chain_status(scheduler.load_chain(run))
+    return chainstatus.chain_status(slurm_chain.load_chain(run))
 
 
 def test_ids_keep_the_first_id_per_chunk_and_skip_junk() -> None:
-    assert scheduler.parse_ids("1 10\njunk\n2 11\n2 99\n3 x\n\n") == [(1, "10"), (2, "11")]
+    assert slurm_chain.parse_ids("1 10\njunk\n2 11\n2 99\n3 x\n\n") == [(1, "10"), (2, "11")]
 
 
 def test_rate_counts_work_per_second_of_each_finished_run() -> None:
-    events = scheduler.parse_events("100 1 10 started 0 0 0\n"
+    events = slurm_chain.parse_events("100 1 10 started 0 0 0\n"
                                     "150 1 10 stopped 50 200\n"
                                     "160 2 11 started 0 50 200\n"
                                     "210 2 11 stopped 150 200\n"
                                     "220 3 12 started 0 150 200\n")
-    assert scheduler.progress_rate(events) == pytest.approx(150 / 100)
-    assert scheduler.progress_rate(events[:1]) is None
+    assert chainstatus.progress_rate(events) == pytest.approx(150 / 100)
+    assert chainstatus.progress_rate(events[:1]) is None
 
 
 def test_a_running_chain_shows_progress_and_an_estimate(
@@ -57,7 +59,7 @@ def test_a_running_chain_shows_progress_and_an_estimate(
     assert st["state"] == "running" and st["chunks_used"] == 3
     assert (st["done"], st["total"]) == (150, 200)
     assert st["eta_seconds"] == 33 and st["chunks_left_estimate"] == 1
-    text = "\n".join(scheduler.format_status(st))
+    text = "\n".join(chainstatus.format_status(st))
     assert "progress: 150/200 (75%), 3 of at most 5 chunk(s) used" in text
     assert "(~1 more chunk(s))" in text
 
@@ -102,7 +104,7 @@ def test_the_outcome_names_what_happened(tmp_path: Path, monkeypatch: pytest.Mon
 def test_a_broken_record_is_a_clear_error(tmp_path: Path, text: str) -> None:
     (tmp_path / contract.CHAIN_RECORD).write_text(text)
     with pytest.raises(UsageError, match="chain"):
-        scheduler.load_chain(tmp_path)
+        slurm_chain.load_chain(tmp_path)
 
 
 def test_junk_in_the_events_and_ids_is_skipped(tmp_path: Path,
@@ -129,7 +131,7 @@ def test_a_cut_or_held_chain_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyP
                 monkeypatch)
     monkeypatch.setattr(queue, "job_states", lambda ids: {
         i: {"state": states.get(i, "UNKNOWN"), "reason": reasons.get(i)} for i in ids})
-    st = scheduler.chain_status(scheduler.load_chain(tmp_path / "run"))
+    st = chainstatus.chain_status(slurm_chain.load_chain(tmp_path / "run"))
     assert st["state"] == state, st
     assert words in st["cause"], st["cause"]
 
@@ -144,7 +146,7 @@ def test_requeue_mode_counts_runs_against_the_bound(
     # 970 units left at 1.5/s = 647 s, in 100 s runs: 7 more, only 2 left under the bound
     assert st["chunks_left_estimate"] == 7
     assert "it will end incomplete" in st["warning"]
-    assert "note: at this rate" in "\n".join(scheduler.format_status(st))
+    assert "note: at this rate" in "\n".join(chainstatus.format_status(st))
 
 
 def test_an_incomplete_chain_says_what_bound_would_finish_it(
@@ -161,11 +163,11 @@ def test_cancelling_an_ended_chain_keeps_how_it_ended(
     _chain(tmp_path, "1 10\n", "1 1 10 started 0 0 0\n2 1 10 failed 137\n",
            {"10": "FAILED"}, monkeypatch)
     calls: list[list[str]] = []
-    monkeypatch.setattr(scheduler._proc, "run", lambda argv, **kw: calls.append(argv))
-    chain = scheduler.load_chain(tmp_path / "run")
-    assert scheduler.cancel_chain(chain) == []
+    monkeypatch.setattr(common._proc, "run", lambda argv, **kw: calls.append(argv))
+    chain = slurm_chain.load_chain(tmp_path / "run")
+    assert cancel.cancel_chain(chain) == []
     assert calls == []
-    st = scheduler.chain_status(chain)
+    st = chainstatus.chain_status(chain)
     assert st["state"] == "failed" and "137" in st["cause"]
 
 
@@ -187,7 +189,8 @@ def test_one_unreadable_chain_does_not_hide_the_others(tmp_path: Path) -> None:
 
 def _job(tmp_path: Path) -> Any:
     from train.client.clusters.profiles import Registry
-    from train.client.slurm.job import JobSpec, resolve
+    from train.client.slurm.jobspec import JobSpec
+    from train.client.slurm.resolve import resolve
 
     spec = JobSpec(cluster="local", name="e1", out=str(tmp_path / "runs" / "e1"),
                    runtime="none", workload=("demo",))
@@ -202,11 +205,11 @@ def _fake_slurm(monkeypatch: pytest.MonkeyPatch, fail: str | None) -> list[list[
     def run(argv: list[str], **kw: Any) -> Any:
         calls.append(list(argv))
         if argv[0] == fail:
-            raise scheduler._proc.ProcError(argv, 1, f"{argv[0]}: error: refused")
+            raise common._proc.ProcError(argv, 1, f"{argv[0]}: error: refused")
         out = "4242\n" if argv[0] == "sbatch" else ""
         return subprocess.CompletedProcess(argv, 0, out, "")
 
-    monkeypatch.setattr(scheduler._proc, "run", run)
+    monkeypatch.setattr(common._proc, "run", run)
     monkeypatch.setattr(queue, "job_states", lambda ids: {
         i: {"state": "COMPLETED"} for i in ids})
     return calls
@@ -227,8 +230,8 @@ def test_a_failed_resubmission_leaves_the_earlier_chain_as_it_was(
     (run / "jobs" / contract.JOB_SCRIPT).write_text("#!/bin/bash\n# the earlier one\n")
     before = _snapshot(run)
     calls = _fake_slurm(monkeypatch, fail)
-    with pytest.raises(scheduler._proc.ProcError):
-        scheduler.submit_chain(_job(tmp_path), "# library\n")
+    with pytest.raises(common._proc.ProcError):
+        submission.submit_chain(_job(tmp_path), "# library\n")
     assert _snapshot(run) == before
     assert (["scancel", "4242"] in calls) == (fail == "scontrol")
 
@@ -236,8 +239,8 @@ def test_a_failed_resubmission_leaves_the_earlier_chain_as_it_was(
 def test_a_failed_first_submission_leaves_no_run_directory(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_slurm(monkeypatch, "sbatch")
-    with pytest.raises(scheduler._proc.ProcError):
-        scheduler.submit_chain(_job(tmp_path), "# library\n")
+    with pytest.raises(common._proc.ProcError):
+        submission.submit_chain(_job(tmp_path), "# library\n")
     assert not (tmp_path / "runs" / "e1").exists()
 
 
@@ -249,7 +252,7 @@ def test_a_resubmission_keeps_the_earlier_record_under_its_first_job(
     (run / contract.CHAIN_IDS).write_text("1 100\n")
     (run / "jobs" / contract.JOB_SCRIPT).write_text("old script\n")
     calls = _fake_slurm(monkeypatch, None)
-    chain = scheduler.submit_chain(_job(tmp_path), "# library\n")
+    chain = submission.submit_chain(_job(tmp_path), "# library\n")
     assert chain.ids == ["4242"]
     assert (run / "chain-100.json").read_text() == '{"name": "e1", "cluster": "local"}'
     assert (run / "chain-100.ids").read_text() == "1 100\n"
@@ -264,14 +267,14 @@ def test_a_resubmission_keeps_the_earlier_record_under_its_first_job(
 @pytest.mark.parametrize("text", ["[]", "{}", '{"jobs": {}}', '{"jobs": [1]}',
                                   '{"jobs": [{"state": "X"}]}', "not json", "null"])
 def test_unexpected_squeue_json_is_a_value_error_naming_squeue(text: str) -> None:
-    from train.client.slurm.scheduler import parse_squeue_json
+    from train.client.slurm.queue import parse_squeue_json
 
     with pytest.raises(ValueError):
         parse_squeue_json(text)
 
 
 def test_squeue_json_with_structured_job_ids() -> None:
-    from train.client.slurm.scheduler import parse_squeue_json
+    from train.client.slurm.queue import parse_squeue_json
 
     text = '{"jobs": [{"job_id": {"set": true, "number": 42}, "job_state": ["RUNNING"]}]}'
     assert parse_squeue_json(text)["42"]["state"] == "RUNNING"
@@ -318,7 +321,7 @@ def test_a_chunk_that_overran_is_said_in_status(
     st = _chain(tmp_path, "1 10\n2 11\n", events, {"10": "COMPLETED", "11": "RUNNING"},
                 monkeypatch, entry="command")
     assert st["state"] == "running"
-    lines = "\n".join(scheduler.format_status(st))
+    lines = "\n".join(chainstatus.format_status(st))
     assert ("note: chunk 1 ran into its walltime after the stop signal; the tool ended it "
             "and the chain went on from the save before (1 of at most 2 times") in lines
     assert "progress: step 20" in lines

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from train.common import filehash
 from train.common.errors import CheckpointError
 from train.workloads.runtime.checkpoint import (
     FORMAT,
@@ -529,7 +530,7 @@ def test_a_checkpoint_that_cannot_be_read_now_is_skipped_but_not_set_aside(
     mgr.prepare()
     mgr.save(_state(1), 1)
     mgr.save(_state(2), 2)
-    real = checkpoint.file_sha256
+    real = filehash.file_sha256
 
     def flaky(path: Path) -> str:
         if path.name == "ckpt-00000002.pt":

@@ -25,10 +25,10 @@ from train.common.cuda_check import (
     parse_version,
 )
 from train.common.errors import EXIT_RESOURCE, ResourceError
-from train.node import launch
 from train.node.distributed import init_distributed, resolve_device
 from train.node.launch import LaunchOptions, prepare
-from train.node.launcher import gpumem
+from train.node.launcher import environment, gpumem
+from train.node.launcher import step as launcher_step
 from train.workloads import runner
 from train.workloads.config import RunConfig
 
@@ -457,7 +457,7 @@ def test_real_gpu_passes_the_check_and_trains(tmp_path: Path) -> None:
     # the architecture facts are read from torch, and this GPU is among them
     assert facts.arch_list and facts.gpus and len(facts.gpus) == facts.torch_devices
     assert not cuda_check.unserved_gpus(facts)
-    launch.check_cuda(launch.read_step({**STEP_ENV, "SLURM_GPUS_ON_NODE": "1"}), {})
+    environment.check_cuda(launcher_step.read_step({**STEP_ENV, "SLURM_GPUS_ON_NODE": "1"}), {})
     out = tmp_path / "r"
     proc = run_cli(["run", "demo", *tiny_flags(device="cuda"), "--episodes", "2",
                     "--time-budget", "300", "--out", str(out)])

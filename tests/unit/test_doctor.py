@@ -12,8 +12,11 @@ import pytest
 
 from tests.conftest import run_cli
 from train.batch import contract
-from train.client import doctor
-from train.client.slurm.scheduler import chain_status, load_chain
+from train.client.doctor import diagnosis, logread, rules
+from train.client.doctor import report as doctor_report
+from train.client.slurm import chainstatus
+from train.client.slurm.chain import load_chain
+from train.client.slurm.chainstatus import chain_status
 
 RESOURCES = {"nodes": 1, "processes_per_node": 4, "gpus_per_node": 4, "ntasks_per_node": 4,
              "launch": "tasks", "workers": 8, "worker_mem_mb": 8192, "mem_mb": 262144,
@@ -45,9 +48,9 @@ def status(state: str, exit_code: str | None = None, events: list[str] | None = 
 
 
 def diagnose(tmp_path: Path, err: str, st: dict[str, Any], out: str = "",
-             resources: dict[str, Any] | None = None) -> doctor.Report:
+             resources: dict[str, Any] | None = None) -> diagnosis.Report:
     run_dir = make_run(tmp_path, {"r-101.err": err, "r-101.out": out}, resources=resources)
-    return doctor.diagnose(load_chain(run_dir), st)
+    return diagnosis.diagnose(load_chain(run_dir), st)
 
 
 # (cause, Slurm state, exit code, error log text, words the fix must hold); the comment
@@ -158,10 +161,10 @@ def test_the_same_rules_without_grep(tmp_path: Path, monkeypatch: pytest.MonkeyP
     text = "".join(f"line {i}\n" for i in range(50_000)) + CASES[0][3] + "tail\n" * 3
     path = tmp_path / "x.err"
     path.write_text(text)
-    with_grep = list(doctor.candidate_lines(path))
-    monkeypatch.setattr(doctor.logread.shutil, "which", lambda _name: None)
-    without = list(doctor.candidate_lines(path))
-    small_blocks = list(doctor._candidate_lines_python(path, doctor._ALL_NEEDLES, 4096))
+    with_grep = list(logread.candidate_lines(path))
+    monkeypatch.setattr(logread.shutil, "which", lambda _name: None)
+    without = list(logread.candidate_lines(path))
+    small_blocks = list(logread._candidate_lines_python(path, rules._ALL_NEEDLES, 4096))
     assert with_grep == without == small_blocks
     assert [(n, at) for n, _, at in with_grep] == [(50_001, None)]
 
@@ -200,7 +203,7 @@ def test_scancel_by_someone_else_is_a_finding_train_cancel_is_not(tmp_path: Path
     assert [f.cause for f in report.findings] == ["cancelled"]
     run_dir = tmp_path / "r"
     (run_dir / contract.CHAIN_EVENTS).write_text("1795000000 1 101 cancelled\n")
-    assert doctor.diagnose(load_chain(run_dir), st).healthy
+    assert diagnosis.diagnose(load_chain(run_dir), st).healthy
 
 
 def test_a_lightning_rendezvous_that_never_completes(tmp_path: Path) -> None:
@@ -236,7 +239,7 @@ def test_an_unknown_failure_shows_the_exit_code_and_the_tail(tmp_path: Path) -> 
     assert f.cause == "unknown" and "2:0" in f.detail
     assert f.evidence[-1].text == "it went wrong somewhere" and f.evidence[-1].line == 31
     assert len(f.evidence) == 6  # the end of the log, all of it shown
-    assert all(line in doctor.format_report(report) for line in (
+    assert all(line in doctor_report.format_report(report) for line in (
         f"  evidence: {f.evidence[-1].file}:31: it went wrong somewhere",))
 
 
@@ -253,7 +256,7 @@ def test_a_signal_names_the_death(tmp_path: Path, exit_code: str, cause: str) ->
 
 def test_no_error_log_says_where_to_look(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, {"r-101.out": ""})
-    report = doctor.diagnose(load_chain(run_dir), status("FAILED", "1:0"))
+    report = diagnosis.diagnose(load_chain(run_dir), status("FAILED", "1:0"))
     f = report.findings[0]
     assert f.cause == "unknown" and "no error log was written" in f.fix
     assert "sacct -j 101" in f.fix
@@ -295,7 +298,7 @@ def test_a_healthy_run_is_exit_0_and_its_chunks_are_told(tmp_path: Path) -> None
                                            chain_state="complete"))
     assert report.healthy and report.verdict == "healthy: complete"
     assert report.chunks[0]["what"] == "finished the work"
-    lines = doctor.format_report(report)
+    lines = doctor_report.format_report(report)
     assert "no problem found" in lines[-1]
 
 
@@ -330,7 +333,7 @@ def test_doctor_cli_bad_input_is_exit_2(tmp_path: Path) -> None:
 def test_unreadable_logs_are_no_traceback(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, {"r-101.out": ""})
     (run_dir / contract.LOG_DIR / "r-101.err").mkdir()  # not a file
-    report = doctor.diagnose(load_chain(run_dir), status("FAILED", "2:0",
+    report = diagnosis.diagnose(load_chain(run_dir), status("FAILED", "2:0",
                                                          ["started", "failed"]))
     assert report.findings[0].cause == "unknown"
 
@@ -357,13 +360,13 @@ def test_status_all_is_one_row_per_run_with_the_verdict(
         "1795000000 1 201 started 0 0 40\n1795000100 1 201 complete 40 40\n")
     (tmp_path / "bad" / contract.CHAIN_EVENTS).write_text(
         "1795000000 1 301 started 0 0 40\n1795000100 1 301 failed 1\n")
-    rows = {r["name"]: r for r in doctor.overview(tmp_path)}
+    rows = {r["name"]: r for r in doctor_report.overview(tmp_path)}
     assert asked == [["201", "301"]]
     assert rows["ok"]["verdict"] == "healthy: complete" and rows["ok"]["done"] == 40
     assert rows["bad"]["verdict"].startswith("disk_full (chunk 1)")
     assert rows["broken"]["state"] == "unreadable" and "not valid JSON" in rows["broken"][
         "verdict"]
-    table = doctor.format_overview(list(rows.values()))
+    table = doctor_report.format_overview(list(rows.values()))
     assert table[0].split()[:3] == ["NAME", "STATE", "PROGRESS"]
     assert any(line.startswith("ok ") and "40/40 (100%)" in line for line in table)
 
@@ -391,7 +394,7 @@ def test_idle_gpus_are_a_cause_with_the_samples_as_evidence(tmp_path: Path) -> N
     # 10 busy minutes, then 20 minutes under Torch's 60% (its published cancel line)
     csv = _gpu_csv(run_dir, "n1", [95.0] * 10 + [40.0] * 21)
     st = status("RUNNING", None, ["started"], chain_state="running")
-    report = doctor.diagnose(load_chain(run_dir), st)
+    report = diagnosis.diagnose(load_chain(run_dir), st)
     [f] = report.findings
     assert f.cause == "idle_gpu" and "n1 GPU 0" in f.detail and "--workers" in f.fix
     assert f.evidence[0].file == str(csv.absolute()) and f.evidence[0].line == 12
@@ -399,21 +402,21 @@ def test_idle_gpus_are_a_cause_with_the_samples_as_evidence(tmp_path: Path) -> N
     res["gpu_watch"] = None
     run_dir = make_run(tmp_path / "b", {"r-101.out": ""}, resources=res)
     _gpu_csv(run_dir, "n1", [95.0] * 10 + [40.0] * 21)
-    assert doctor.diagnose(load_chain(run_dir), st).healthy
+    assert diagnosis.diagnose(load_chain(run_dir), st).healthy
 
 
 def test_status_shows_each_nodes_mean_and_latest_utilisation(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from train.client.slurm import queue, scheduler
+    from train.client.slurm import queue
 
     run_dir = make_run(tmp_path, {"r-101.out": ""})
     _gpu_csv(run_dir, "n1", [80.0, 60.0, 40.0])
     _gpu_csv(run_dir, "n2", [10.0, 30.0])
     monkeypatch.setattr(queue, "job_states",
                         lambda ids: {"101": {"state": "RUNNING", "reason": "None"}})
-    st = scheduler.chain_status(load_chain(run_dir))
+    st = chainstatus.chain_status(load_chain(run_dir))
     assert st["gpu"]["n1"]["mean_util"] == 60 and st["gpu"]["n1"]["latest_util"] == 40
-    lines = scheduler.format_status(st)
+    lines = chainstatus.format_status(st)
     assert "  gpu n1: 1 GPU(s), utilisation mean 60%, latest 40% (3 samples)" in lines
     assert any(line.startswith("  gpu n2: ") and "mean 20%" in line for line in lines)
 
@@ -449,16 +452,16 @@ def test_a_large_log_is_searched_in_its_head_and_tail_with_true_positions(
     128 MiB): an import error at the start is found at its line, the OOM kill at the end
     at its byte offset (its line number would need the skipped middle read); a message in
     the middle only with full."""
-    monkeypatch.setattr(doctor.logread, "WHOLE_LIMIT", 64 * 1024)
-    monkeypatch.setattr(doctor.logread, "HEAD_BYTES", 8 * 1024)
-    monkeypatch.setattr(doctor.logread, "TAIL_BYTES_SCANNED", 16 * 1024)
+    monkeypatch.setattr(logread, "WHOLE_LIMIT", 64 * 1024)
+    monkeypatch.setattr(logread, "HEAD_BYTES", 8 * 1024)
+    monkeypatch.setattr(logread, "TAIL_BYTES_SCANNED", 16 * 1024)
     lines = [f"progress line {i:06d} reward 1.0" for i in range(20_000)]
     lines[10] = "ModuleNotFoundError: No module named 'timm'"
     lines[10_000] = "[Errno 28] No space left on device"
     lines[-2] = CASES[0][3].strip()
     path = tmp_path / "x.err"
     path.write_text("\n".join(lines) + "\n")
-    scan = doctor.scan_log(path)
+    scan = logread.scan_log(path)
     assert not scan.whole and scan.skipped_bytes > 0
     assert [e.line for e in scan.hits["import_error"].evidence()] == [11]
     [oom] = scan.hits["host_oom"].evidence()
@@ -466,10 +469,10 @@ def test_a_large_log_is_searched_in_its_head_and_tail_with_true_positions(
     assert oom.line == 0 and oom.offset == text.index(CASES[0][3].strip().encode())
     assert oom.where == f"{path} (byte {oom.offset})"
     assert "disk_full" not in scan.hits
-    full = doctor.scan_log(path, full=True)
+    full = logread.scan_log(path, full=True)
     assert full.whole and [e.line for e in full.hits["disk_full"].evidence()] == [10_001]
     run_dir = make_run(tmp_path / "run", {"r-101.err": path.read_text()})
-    report = doctor.diagnose(load_chain(run_dir), status("FAILED", "1:0"))
+    report = diagnosis.diagnose(load_chain(run_dir), status("FAILED", "1:0"))
     assert any("--full searches every byte" in n for n in report.notes)
     assert report.findings[0].cause == "host_oom"
 
@@ -477,7 +480,6 @@ def test_a_large_log_is_searched_in_its_head_and_tail_with_true_positions(
 READ_COUNT = """
 import json, sys
 from pathlib import Path
-from train.client import doctor
 from train.client.doctor import logread
 logread.WHOLE_LIMIT, logread.HEAD_BYTES, logread.TAIL_BYTES_SCANNED = (
     8 << 20, 1 << 20, 4 << 20)
@@ -487,7 +489,7 @@ def rchar():
         return int(next(line for line in fh if line.startswith("rchar:")).split()[1])
 
 before = rchar()
-scan = doctor.scan_log(Path(sys.argv[1]))
+scan = logread.scan_log(Path(sys.argv[1]))
 read = rchar() - before
 print(json.dumps({"read": read, "skipped": scan.skipped_bytes, "hits": {
     cause: [e.as_dict() for e in hits.evidence()] for cause, hits in scan.hits.items()}}))
@@ -520,7 +522,7 @@ def test_what_head_and_tail_mode_skips_is_never_read(tmp_path: Path) -> None:
     got = json.loads(proc.stdout)
     searched = size - got["skipped"]
     assert 60 << 20 > got["skipped"] > 58 << 20, got["skipped"]
-    greps = len(doctor._groups(doctor.RULES, min(2, len(os.sched_getaffinity(0)))))
+    greps = len(logread._groups(rules.RULES, min(2, len(os.sched_getaffinity(0)))))
     assert got["read"] < (1 + greps) * searched + (1 << 20), (got["read"], searched, greps)
     [imp] = got["hits"]["import_error"]
     assert imp["line"] == 11
@@ -537,9 +539,9 @@ def test_a_matched_line_of_any_length_costs_bounded_memory(tmp_path: Path) -> No
         # digits and a colon, after the long line: its own line number, not a misread one
         fh.write("12:34 slurmstepd: error: *** JOB 7 ON n1 CANCELLED AT 2026-11-22T10:00:00 "
                  "DUE TO TIME LIMIT ***\n")
-    hits = doctor.scan_log(path).hits
+    hits = logread.scan_log(path).hits
     [imp] = hits["import_error"].evidence()
-    assert imp.line == 1 and len(imp.text) <= doctor.MAX_LINE + 6  # and the "..."s
+    assert imp.line == 1 and len(imp.text) <= logread.MAX_LINE + 6  # and the "..."s
     assert [e.line for e in hits["walltime"].evidence()] == [2]
 
 
@@ -601,7 +603,7 @@ def test_a_keyword_deep_in_a_long_json_line_is_found(tmp_path: Path) -> None:
     report = diagnose(tmp_path, line + "\n", status("FAILED", "1:0"))
     f = report.findings[0]
     assert f.cause == "disk_full" and "No space left" in f.evidence[0].text
-    assert len(f.evidence[0].text) <= doctor.MAX_LINE + 6
+    assert len(f.evidence[0].text) <= logread.MAX_LINE + 6
 
 
 def test_control_characters_in_logs_and_names_are_escaped(tmp_path: Path) -> None:
@@ -610,11 +612,11 @@ def test_control_characters_in_logs_and_names_are_escaped(tmp_path: Path) -> Non
     record = json.loads((run_dir / contract.CHAIN_RECORD).read_text())
     record["name"] = "r\x1b[2J\nok  complete"
     (run_dir / contract.CHAIN_RECORD).write_text(json.dumps(record))
-    report = doctor.diagnose(load_chain(run_dir), status("FAILED", "1:0"))
-    text = "\n".join(doctor.format_report(report))
+    report = diagnosis.diagnose(load_chain(run_dir), status("FAILED", "1:0"))
+    text = "\n".join(doctor_report.format_report(report))
     assert "\x1b" not in text and "\x07" not in text and "\r" not in text
     assert "\\x1b" in text
-    table = "\n".join(doctor.format_overview([{"name": record["name"], "state": "failed",
+    table = "\n".join(doctor_report.format_overview([{"name": record["name"], "state": "failed",
                                                "done": 1, "total": 2, "gpu": {},
                                                "verdict": "x\x1by"}]))
     assert "\x1b" not in table and len(table.splitlines()) == 2
@@ -633,7 +635,7 @@ def test_run_files_that_are_fifos_or_devices_never_hang(tmp_path: Path, kind: st
         else:
             (run_dir / name).symlink_to("/dev/zero")
     st = status("FAILED", "1:0", ["started", "failed"])
-    report = doctor.diagnose(load_chain(run_dir), st)
+    report = diagnosis.diagnose(load_chain(run_dir), st)
     assert report.findings[0].cause == "disk_full" and report.training == {}
     (run_dir / contract.CHAIN_IDS).unlink()
     if kind == "fifo":
@@ -647,7 +649,7 @@ def test_run_files_that_are_fifos_or_devices_never_hang(tmp_path: Path, kind: st
         os.mkfifo(other / contract.CHAIN_RECORD)
     else:
         (other / contract.CHAIN_RECORD).symlink_to("/dev/zero")
-    from train.client.slurm.scheduler import chain_dirs
+    from train.client.slurm.chain import chain_dirs
 
     assert other not in chain_dirs(tmp_path)
 
@@ -665,10 +667,10 @@ def test_without_slurm_the_events_still_diagnose(tmp_path: Path,
     run_dir = make_run(tmp_path, {"r-101.err": TRACEBACK})
     (run_dir / contract.CHAIN_EVENTS).write_text(
         "1795000000 1 101 started 0 0 40\n1795000100 1 101 failed 1\n")
-    report = doctor.diagnose(load_chain(run_dir))
+    report = diagnosis.diagnose(load_chain(run_dir))
     assert report.findings[0].cause == "python_error", report.as_dict()
     assert any("Slurm could not be asked" in n for n in report.notes)
-    rows = doctor.overview(tmp_path)
+    rows = doctor_report.overview(tmp_path)
     assert rows[0]["verdict"].startswith("python_error") and rows[0]["slurm"]
 
 
@@ -676,7 +678,7 @@ def test_a_chain_with_no_jobs_is_a_finding(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, {})
     (run_dir / contract.CHAIN_IDS).unlink()
     (run_dir / contract.CHAIN_IDS).mkdir()
-    report = doctor.diagnose(load_chain(run_dir), {"name": "r", "state": "ended",
+    report = diagnosis.diagnose(load_chain(run_dir), {"name": "r", "state": "ended",
                                                    "cause": "-", "chunks": []})
     assert [f.cause for f in report.findings] == ["no_jobs"]
 
@@ -691,7 +693,7 @@ def test_status_all_on_a_runs_root_that_is_not_a_folder_is_exit_2(tmp_path: Path
 def test_json_output_stays_strict_json(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, {"r-101.out": ""})
     (run_dir / "status.json").write_text('{"complete": false, "loss": NaN}')
-    report = doctor.diagnose(load_chain(run_dir), status("RUNNING", None,
+    report = diagnosis.diagnose(load_chain(run_dir), status("RUNNING", None,
                                                          chain_state="running"))
     text = json.dumps(report.as_dict(), allow_nan=False)  # raises on NaN
     assert json.loads(text)["training"] == {"complete": False, "loss": None}
@@ -707,7 +709,7 @@ def test_a_healthy_chain_queued_for_hours_has_no_idle_gpu(tmp_path: Path) -> Non
     run_dir = make_run(tmp_path, {"r-101.out": ""}, resources=res)
     _chain_of_samplers(run_dir, [HEALTHY_CHUNK] * 3)
     st = status("COMPLETED", "0:0", ["started", "complete"], chain_state="complete")
-    report = doctor.diagnose(load_chain(run_dir), st)
+    report = diagnosis.diagnose(load_chain(run_dir), st)
     assert report.healthy, report.as_dict()
 
 
@@ -875,7 +877,7 @@ def test_a_commands_own_dataloader_workers_are_named_for_a_host_oom(
     run_dir = make_run(tmp_path, {"r-101.err": SEED_003_ERR, "r-101.out": ""}, resources=res)
     record = json.loads((run_dir / contract.CHAIN_RECORD).read_text())
     (run_dir / contract.CHAIN_RECORD).write_text(json.dumps({**record, "entry": "command"}))
-    report = doctor.diagnose(load_chain(run_dir), status("OUT_OF_MEMORY", "0:125"))
+    report = diagnosis.diagnose(load_chain(run_dir), status("OUT_OF_MEMORY", "0:125"))
     fix = report.findings[0].fix
     assert report.findings[0].cause == "host_oom", report.verdict
     assert fix.startswith("fewer DataLoader workers in the program"), fix
@@ -886,7 +888,8 @@ def test_the_chain_record_keeps_the_nodes_memory_for_the_doctor() -> None:
     import sys
 
     from train.client.clusters.profiles import Registry
-    from train.client.slurm.job import JobSpec, resolve
+    from train.client.slurm.jobspec import JobSpec
+    from train.client.slurm.resolve import resolve
 
     spec = JobSpec(cluster="torch", account="torch_pr_1_x", constraint="l40s", nodes=4,
                    gpus_per_node=4, launch="tasks", workers=2, mem="250G", workload=("demo",),
@@ -950,6 +953,6 @@ def test_the_first_failing_tasks_code_and_node_are_what_doctor_says(tmp_path: Pa
         "1 1 101 started 0 0 0\n2 1 101 failed 1 node-b\n")
     chain = load_chain(run_dir)
     st = chain_status(chain, {"101": {"state": "FAILED"}})  # (no sacct exit code)
-    report = doctor.diagnose(chain, st)
-    assert "exited with code 1 on node node-b" in "\n".join(doctor.format_report(report))
+    report = diagnosis.diagnose(chain, st)
+    assert "exited with code 1 on node node-b" in "\n".join(doctor_report.format_report(report))
     assert report.chunks[0]["exit"] == "1:0"

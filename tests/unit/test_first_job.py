@@ -13,7 +13,8 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.golden.cases import script_step
-from train.client.clusters.profiles import Registry, parse_mem, parse_time
+from train.client.clusters.profiles import Registry
+from train.client.clusters.units import parse_mem, parse_time
 
 REG = Registry(environ={})
 SITES = ("gilbreth", "rivanna", "torch")

@@ -31,11 +31,13 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from train.batch import contract
-from train.client.clusters import profiles
+from train.client.clusters import profiles, validate
 from train.client.defaults import merged
-from train.client.slurm import queue, scheduler, sweep
-from train.client.slurm.job import JobSpec, job_from_sources, resolve
+from train.client.slurm import chain as slurm_chain
+from train.client.slurm import chainstatus, queue, sweep
+from train.client.slurm.jobspec import JobSpec, job_from_sources
 from train.client.slurm.render import library_text, render
+from train.client.slurm.resolve import resolve
 from train.common import _proc, yamlio
 from train.common.errors import EXIT_USAGE, ConfigError, TrainError
 from train.common.fields import check_writable_dir, field_table, load_yaml
@@ -390,7 +392,7 @@ PROFILE_KEYS = sorted({str(p[-1]) for data in SHIPPED_DATA for p in _key_paths(d
 @given(st.dictionaries(st.one_of(st.sampled_from(PROFILE_KEYS), texts), values, max_size=8)
        .map(lambda d: {"name": "fuzz", **d}))
 def test_profile_from_mappings(data: dict[Any, Any]) -> None:
-    clean(lambda: profiles.profile_from_dict(data, "fuzz"), config_only=True)
+    clean(lambda: validate.profile_from_dict(data, "fuzz"), config_only=True)
 
 
 @st.composite
@@ -419,7 +421,7 @@ def mutated_profiles(draw: st.DrawFn) -> dict[str, Any]:
 @fuzz(300)
 @given(mutated_profiles())
 def test_profile_mutations(data: dict[str, Any]) -> None:
-    clean(lambda: profiles.profile_from_dict(data, "fuzz"), config_only=True)
+    clean(lambda: validate.profile_from_dict(data, "fuzz"), config_only=True)
 
 
 @fuzz(100)
@@ -574,7 +576,7 @@ def event_lines(draw: st.DrawFn) -> str:
        st.one_of(st.none(), st.sampled_from(["5 10", "10 10", "0 0", "x", "1 2 3", "",
                                              "\u00b2 3", "9" * 5000 + " 1"]), texts),
        st.dictionaries(st.sampled_from(["10", "11", "12"]),
-                       st.sampled_from([*scheduler.ACTIVE_STATES, "COMPLETED", "FAILED",
+                       st.sampled_from([*queue.ACTIVE_STATES, "COMPLETED", "FAILED",
                                         "CANCELLED", "TIMEOUT", "UNKNOWN", "JobHeldUser"]),
                        max_size=3))
 @example(record='{"name": "n", "max_chunks": "x", "time_budget_seconds": [1]}',  # int([1])
@@ -592,14 +594,14 @@ def test_chain_record_and_status(record: str, ids: str, events: str, progress: s
         if progress is not None:  # and bytes that are not UTF-8 (surrogate escapes)
             (run / contract.PROGRESS_FILE).write_bytes(
                 progress.encode("utf-8", "surrogateescape") + b"\xff")
-        chain = clean(lambda: scheduler.load_chain(run))
+        chain = clean(lambda: slurm_chain.load_chain(run))
         if chain is None:
             return
         answer = {i: {"state": states.get(i, "UNKNOWN"), "reason": states.get(i)}
                   for i in chain.ids}
         with mock.patch.object(queue, "job_states", lambda ids: answer):
-            status = scheduler.chain_status(chain)
-        assert scheduler.format_status(status)
+            status = chainstatus.chain_status(chain)
+        assert chainstatus.format_status(status)
 
 
 @fuzz(60)
@@ -609,7 +611,7 @@ def test_chain_record_and_status(record: str, ids: str, events: str, progress: s
 def test_chain_record_bytes(raw: bytes) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / contract.CHAIN_RECORD).write_bytes(raw)
-        clean(lambda: scheduler.load_chain(Path(tmp)))
+        clean(lambda: slurm_chain.load_chain(Path(tmp)))
 
 
 @fuzz(60)
@@ -625,7 +627,7 @@ def test_find_run(ref: str, long_root: bool) -> None:
             (runs / "run").mkdir(parents=True)
             (runs / "run" / contract.CHAIN_RECORD).write_text('{"name": "run"}')
             (runs / "run" / contract.CHAIN_IDS).write_text("1 10\n")
-        found = clean(scheduler.find_run, ref, runs)
+        found = clean(slurm_chain.find_run, ref, runs)
         assert found is None or found == runs / "run" or "/" in ref
 
 
@@ -641,10 +643,10 @@ slurm_text = st.one_of(
 @example("123| |0")  # a blank state: IndexError
 @example("\u00b2 5\n\u00b2")  # '²'.isdigit(), but int('²') is a ValueError
 def test_text_parsers(text: str) -> None:
-    assert all(k.isascii() and k.isdigit() for k in scheduler.parse_sacct(text))
-    assert all(n > 0 and i.isascii() and i.isdigit() for n, i in scheduler.parse_ids(text))
-    assert all(isinstance(e["time"], int) for e in scheduler.parse_events(text))
-    job_id = clean(scheduler.parse_sbatch_id, text)
+    assert all(k.isascii() and k.isdigit() for k in queue.parse_sacct(text))
+    assert all(n > 0 and i.isascii() and i.isdigit() for n, i in slurm_chain.parse_ids(text))
+    assert all(isinstance(e["time"], int) for e in slurm_chain.parse_events(text))
+    job_id = clean(queue.parse_sbatch_id, text)
     assert job_id is None or (job_id.isascii() and job_id.isdigit())
 
 
@@ -665,7 +667,7 @@ def test_squeue_json(text: str) -> None:
     """squeue --json: a mapping of jobs, or a ValueError (the status query then asks
     sacct); through the query itself, never anything but the project's errors."""
     with contextlib.suppress(ValueError):
-        jobs = scheduler.parse_squeue_json(text)
+        jobs = queue.parse_squeue_json(text)
         assert all(isinstance(k, str) and isinstance(v["state"], str) for k, v in jobs.items())
 
     class Proc:
@@ -674,7 +676,7 @@ def test_squeue_json(text: str) -> None:
         stderr = ""
 
     with mock.patch.object(_proc, "run", lambda argv, **kw: Proc()):
-        clean(scheduler.job_states, ["10", "11"])
+        clean(queue.job_states, ["10", "11"])
 
 
 # -- end to end: the CLI ---------------------------------------------------------------------

@@ -11,8 +11,9 @@ import pytest
 
 from tests.conftest import run_cli
 from train.client.clusters.profiles import Registry
-from train.client.slurm.job import JobSpec, ResolvedJob, resolve
+from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.navsimstep import navsim_command
+from train.client.slurm.resolve import ResolvedJob, resolve
 from train.common.errors import ConfigError
 from train.common.gpus import COMPUTE_CAPABILITY, all_bf16_capable, bf16_capable, capability
 
@@ -78,7 +79,7 @@ def test_gpu_table_stays_light_for_the_login_node() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, train.common.gpus, train.client.slurm.job, train.client.clusters.profiles\n"
+    code = ("import sys, train.common.gpus, train.client.slurm.resolve, train.client.clusters.profiles\n"
             "assert 'torch' not in sys.modules and 'numpy' not in sys.modules\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=False)

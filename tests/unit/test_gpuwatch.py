@@ -23,21 +23,18 @@ from tests.conftest import run_cli, spawn_group
 from tests.unit.test_cuda_check import OK as USABLE
 from train.batch import contract
 from train.client import gpuwatch_reader
-from train.client.clusters.profiles import DEFAULT_GPU_WATCH, GpuWatch, Registry
+from train.client.clusters.profiles import Registry
+from train.client.clusters.schema import DEFAULT_GPU_WATCH, GpuWatch
 from train.client.gpuwatch_reader import idle_findings, read_records, summary
-from train.client.slurm.job import JobSpec, resolve
+from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.render import library_text, render, step_argv
+from train.client.slurm.resolve import resolve
 from train.common import cuda_check, gpuwatch_file
 from train.common.errors import ConfigError
-from train.node import gpuwatch
+from train.common.gpuwatch_file import CSV_HEADER, WatchSettings, csv_path
+from train.node import gpuwatch, gpuwatch_sampler
 from train.node import launch as launch_mod
-from train.node.gpuwatch import (
-    CSV_HEADER,
-    WatchSettings,
-    csv_path,
-    select_gpus,
-    watch,
-)
+from train.node.gpuwatch_sampler import select_gpus, watch
 from train.node.launch import LaunchOptions, launch
 
 MIB = 1024 * 1024
@@ -119,7 +116,7 @@ def _watch(nvml: FakeNvml, run_dir: Path, samples: int, *, interval: float = 30,
 
 def _rows(path: Path) -> list[list[str]]:
     return [line.split(",") for line in path.read_text().splitlines()[1:]
-            if not line.startswith(gpuwatch.START_MARK)]
+            if not line.startswith(gpuwatch_file.START_MARK)]
 
 
 @pytest.fixture
@@ -155,7 +152,7 @@ def test_one_line_per_gpu_per_sample_with_a_header_once(tmp_path: Path) -> None:
     assert _watch(FakeNvml({0: [5], 1: [5]}), tmp_path, 2) == 0
     text = path.read_text()
     assert text.count("time,") == 1 and len(text.splitlines()) == 1 + 1 + 6 + 1 + 4
-    assert text.splitlines()[1] == f"{gpuwatch.START_MARK}{Clock().time():.1f}"
+    assert text.splitlines()[1] == f"{gpuwatch_file.START_MARK}{Clock().time():.1f}"
 
 
 def test_every_sample_is_on_disk_before_the_sampler_waits(tmp_path: Path) -> None:
@@ -238,13 +235,13 @@ def _messages(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
 def test_a_gpu_that_never_reads_is_given_up_after_max_failures(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="train.gpuwatch")
-    samples = gpuwatch.MAX_FAILURES + 5
+    samples = gpuwatch_sampler.MAX_FAILURES + 5
     assert _watch(FakeNvml({0: [40], 1: [40]}, broken=(1,)), tmp_path, samples) == 0
     rows = _rows(csv_path(tmp_path, "gpu-a01"))
     assert [r[1] for r in rows] == ["0"] * samples  # GPU 0 sampled throughout
     assert len(_messages(caplog, "GPU 1 cannot be read")) == 1
     gave_up = _messages(caplog, "no longer sampled")
-    assert len(gave_up) == 1 and f"GPU 1 gave no reading in {gpuwatch.MAX_FAILURES}" \
+    assert len(gave_up) == 1 and f"GPU 1 gave no reading in {gpuwatch_sampler.MAX_FAILURES}" \
         in gave_up[0]
     # none readable: tried MAX_FAILURES times, then nothing to watch, exit 0
     caplog.clear()
@@ -253,7 +250,7 @@ def test_a_gpu_that_never_reads_is_given_up_after_max_failures(
     real = mig.nvmlDeviceGetUtilizationRates
     mig.nvmlDeviceGetUtilizationRates = lambda h: calls.append(h) or real(h)  # type: ignore
     assert _watch(mig, tmp_path, 100, node="mig") == 0
-    assert len(calls) == gpuwatch.MAX_FAILURES
+    assert len(calls) == gpuwatch_sampler.MAX_FAILURES
     assert len(_messages(caplog, "GPU watch stopped: no GPU can be read")) == 1
     assert _rows(csv_path(tmp_path, "mig")) == []
 
@@ -364,7 +361,7 @@ def test_impossible_readings_are_left_out_and_logged_once(
     (42, float("inf"), float("inf"), None), (42, "1", "2", None),
 ])
 def test_valid_reading(util: Any, used: Any, total: Any, expected: Any) -> None:
-    assert gpuwatch.valid_reading(util, used, total) == expected
+    assert gpuwatch_sampler.valid_reading(util, used, total) == expected
 
 
 class CountNvml(FakeNvml):
@@ -378,7 +375,7 @@ class CountNvml(FakeNvml):
         return self.count
 
     def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
-        assert i < gpuwatch.MAX_GPUS, "a GPU past the cap was asked for"
+        assert i < gpuwatch_sampler.MAX_GPUS, "a GPU past the cap was asked for"
         return i
 
     def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
@@ -393,9 +390,9 @@ def test_an_absurd_gpu_count_is_capped(tmp_path: Path,
     caplog.set_level(logging.INFO, logger="train.gpuwatch")
     assert _watch(CountNvml(10**7), tmp_path, 2) == 0
     rows = _rows(csv_path(tmp_path, "gpu-a01"))
-    assert len(rows) == 2 * gpuwatch.MAX_GPUS
-    assert {int(r[1]) for r in rows} == set(range(gpuwatch.MAX_GPUS))
-    assert len(_messages(caplog, f"more than {gpuwatch.MAX_GPUS} GPUs")) == 1
+    assert len(rows) == 2 * gpuwatch_sampler.MAX_GPUS
+    assert {int(r[1]) for r in rows} == set(range(gpuwatch_sampler.MAX_GPUS))
+    assert len(_messages(caplog, f"more than {gpuwatch_sampler.MAX_GPUS} GPUs")) == 1
 
 
 @pytest.mark.parametrize("count", [NVMLError("Unknown"), None, "2", -3, 0, 2.5])
@@ -418,7 +415,7 @@ def test_the_header_is_on_disk_before_the_first_sample(tmp_path: Path) -> None:
             return super().nvmlDeviceGetUtilizationRates(handle)
 
     _watch(Looking({0: [50]}), tmp_path, 1, node="n1")
-    assert seen == [f"{CSV_HEADER}\n{gpuwatch.START_MARK}{Clock().time():.1f}\n"]
+    assert seen == [f"{CSV_HEADER}\n{gpuwatch_file.START_MARK}{Clock().time():.1f}\n"]
 
 
 def test_messages_from_the_driver_are_printable(
@@ -440,11 +437,11 @@ def test_only_the_jobs_gpus_are_sampled() -> None:
 def test_the_settings_come_from_the_job_environment() -> None:
     env = {contract.GPU_WATCH_INTERVAL_VAR: "30", contract.GPU_IDLE_THRESHOLD_VAR: "60",
            contract.GPU_IDLE_MINUTES_VAR: "15"}
-    assert gpuwatch.settings_from_env(env) == WatchSettings(30, 60, 15)
-    assert gpuwatch.settings_from_env({}) is None
-    assert gpuwatch.settings_from_env({**env, contract.GPU_WATCH_INTERVAL_VAR: "0"}) is None
+    assert gpuwatch_file.settings_from_env(env) == WatchSettings(30, 60, 15)
+    assert gpuwatch_file.settings_from_env({}) is None
+    assert gpuwatch_file.settings_from_env({**env, contract.GPU_WATCH_INTERVAL_VAR: "0"}) is None
     with pytest.raises(ValueError, match=contract.GPU_IDLE_MINUTES_VAR):
-        gpuwatch.settings_from_env({**env, contract.GPU_IDLE_MINUTES_VAR: "soon"})
+        gpuwatch_file.settings_from_env({**env, contract.GPU_IDLE_MINUTES_VAR: "soon"})
     assert WatchSettings(30, 60, 15).as_env() == env
 
 
@@ -893,7 +890,7 @@ def test_the_readers_never_raise_on_any_content(tmp_path: Path) -> None:
     def check(data: bytes, max_bytes: int | None) -> None:
         path.write_bytes(data)
         for rec in read_records(path, max_bytes):
-            assert 0 < rec.time < gpuwatch.MAX_TIME and 0 <= rec.gpu <= 1023
+            assert 0 < rec.time < gpuwatch_file.MAX_TIME and 0 <= rec.gpu <= 1023
             assert 0 <= rec.util <= 100
         for node in summary(tmp_path, threshold=10, minutes=0,
                             max_bytes=max_bytes or gpuwatch_reader.SUMMARY_MAX_BYTES).values():
@@ -945,7 +942,7 @@ HEALTHY_CHUNK = [0] * 6 + [90] * 100 + [0] * 4  # 3 min start-up, 50 busy, 2 min
 def test_the_queue_wait_between_chunks_is_no_idle_time(tmp_path: Path) -> None:
     _chain_of_samplers(tmp_path, [HEALTHY_CHUNK] * 3)
     text = csv_path(tmp_path, "n1").read_text()
-    assert text.count(gpuwatch.START_MARK) == 3
+    assert text.count(gpuwatch_file.START_MARK) == 3
     assert idle_findings(tmp_path, threshold=60, minutes=15) == []
     # the status table's idle flag: chunk 3 is busy now, chunk 2's end is not its start
     node = summary(tmp_path, threshold=60, minutes=15)["n1"]
@@ -966,10 +963,10 @@ def test_a_program_that_never_uses_the_gpu_is_idle_after_the_warm_up(tmp_path: P
     [f] = idle_findings(tmp_path, threshold=60, minutes=15)
     assert f.ongoing and f.minutes == pytest.approx(30.0)
     lines = Path(f.file).read_text().splitlines()
-    mark = max(i for i, line in enumerate(lines) if line.startswith(gpuwatch.START_MARK))
-    started = float(lines[mark][len(gpuwatch.START_MARK):])
+    mark = max(i for i, line in enumerate(lines) if line.startswith(gpuwatch_file.START_MARK))
+    started = float(lines[mark][len(gpuwatch_file.START_MARK):])
     assert f.first_line == mark + 1 + 21  # the 21st sample of chunk 2 is 10 min in
-    assert f.start - started == gpuwatch.WARMUP_MINUTES * 60
+    assert f.start - started == gpuwatch_file.WARMUP_MINUTES * 60
     assert summary(tmp_path, threshold=60, minutes=15)["n1"]["idle"] is True
 
 

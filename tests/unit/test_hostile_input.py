@@ -292,7 +292,8 @@ def test_the_fuzz_tiers_leftovers_are_clear_errors(tmp_path: Path) -> None:
     from train.batch import contract
     from train.client.defaults import merged
     from train.client.slurm.chainstatus import read_progress
-    from train.client.slurm.job import check_env_item, job_from_sources
+    from train.client.slurm.jobitems import check_env_item
+    from train.client.slurm.jobspec import job_from_sources
 
     for text in ("\u00b2 3".encode(), b"9" * 5000 + b" 1", b"\xff\xfe 3"):
         (tmp_path / contract.PROGRESS_FILE).write_bytes(text)

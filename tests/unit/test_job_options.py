@@ -13,8 +13,9 @@ import yaml
 from tests.conftest import run_cli
 from tests.golden.cases import script_step
 from train.client.clusters.profiles import Registry
-from train.client.slurm.job import JobSpec, resolve
+from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.render import library_text, render, step_argv
+from train.client.slurm.resolve import resolve
 from train.common.errors import ConfigError
 
 REG = Registry(environ={})

@@ -9,13 +9,10 @@ import pytest
 
 from tests.conftest import run_cli
 from train.client.clusters.profiles import Registry
-from train.client.slurm.job import JobSpec, resolve
-from train.client.slurm.scheduler import (
-    parse_events,
-    parse_sacct,
-    parse_sbatch_id,
-    parse_squeue_json,
-)
+from train.client.slurm.chain import parse_events
+from train.client.slurm.jobspec import JobSpec
+from train.client.slurm.queue import parse_sacct, parse_sbatch_id, parse_squeue_json
+from train.client.slurm.resolve import resolve
 from train.common.errors import ConfigError, UsageError
 
 REG = Registry(environ={})

@@ -5,13 +5,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from train.common.alloc_conf import ALLOC_CONF_VAR, TUNED_ALLOC_CONF
 from train.common.errors import PreallocationError
 from train.workloads.config import RunConfig
 from train.workloads.dqn.agent import DQNAgent
 from train.workloads.envs.spec import ObsSpec
 from train.workloads.runtime.memory import (
-    ALLOC_CONF_VAR,
-    TUNED_ALLOC_CONF,
     apply_allocator_settings,
     device_memory,
     preallocate,

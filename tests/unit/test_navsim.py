@@ -14,10 +14,11 @@ import pytest
 
 from tests.conftest import run_cli
 from train.client.clusters.profiles import Registry
-from train.client.slurm.job import JobSpec, resolve
+from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.navsim import NAVSIM_SCRIPT
 from train.client.slurm.navsimstep import navsim_command
 from train.client.slurm.render import step_argv
+from train.client.slurm.resolve import resolve
 from train.common.entry import module_argv
 from train.common.errors import ConfigError
 from train.workloads import navsim

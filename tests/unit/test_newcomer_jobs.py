@@ -155,3 +155,29 @@ def test_every_command_of_the_page_renders(tmp_path: Path, job: str, site: str,
     said = [line for line in proc.stderr.splitlines()
             if line.strip() and not any(text in line for text in ELSEWHERE)]
     assert not said, (command, said)
+
+
+@pytest.mark.parametrize(("gpu_type", "refused"), [(None, True), ("v100", True),
+                                                   ("a100", False)])
+def test_the_architecture_check_compares_the_gpu_type_the_job_asks_for(
+        tmp_path: Path, gpu_type: str | None, refused: bool) -> None:
+    """Rivanna's gpu partition holds V100s beside A100s: the default CUDA 13 image has no
+    code for the V100 (sm_70). A job that asks for A100s is not refused for the V100s it
+    cannot land on; one that names no type, or the V100, is."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "train.py").write_text(SCRIPT)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "apptainer").write_text(APPTAINER.replace("base-cu128", "base-cu130"))
+    (tmp_path / "bin" / "apptainer").chmod(0o755)
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "HOME": str(tmp_path),
+           "XDG_CONFIG_HOME": "", "XDG_CACHE_HOME": str(tmp_path / "cache"),
+           "TRAIN_CLUSTERS_PATH": "", "TRAIN_DEFAULTS": str(tmp_path / "defaults.yaml")}
+    command = _stand_ins(tmp_path, "train submit -M rivanna -A mygroup --image "
+                         "/scratch/$USER/train-base.sif -g 4 -t 4:00:00 -e command"
+                         + (f" --gpu-type {gpu_type}" if gpu_type else "")
+                         + " -- python train.py")
+    proc = _train(["render", *shlex.split(command)[2:]], env, folder)
+    assert proc.returncode == 0, proc.stderr
+    said = "sm_70" in proc.stderr and "would refuse" in proc.stderr
+    assert said == refused, proc.stderr

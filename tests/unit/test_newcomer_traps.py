@@ -14,7 +14,8 @@ import pytest
 from train.cli import main
 from train.client.clusters.profiles import Registry
 from train.client.slurm.checks.traps import trap_notes
-from train.client.slurm.job import JobSpec, resolve
+from train.client.slurm.jobspec import JobSpec
+from train.client.slurm.resolve import resolve
 from train.common.errors import ConfigError
 
 REG = Registry(environ={})

@@ -116,7 +116,7 @@ def test_a_python_older_than_the_minimum_is_one_line_and_exit_3(
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and f"Python is {version} " in lines[0], lines
     assert "needs Python >= 3.9" in lines[0]
-    from train.client.doctor import scan_log  # the job's log: `train doctor` names this line
+    from train.client.doctor.logread import scan_log
 
     log = tmp_path / "job.err"
     log.write_text(proc.stderr)

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-from train.client.clusters import probe
+from train.client.clusters.probe import command, compare, write
+from train.client.clusters.probe import site as probe_site
 from train.client.clusters.profiles import Registry
-from train.client.slurm import reasons, scheduler, testonly
+from train.client.slurm import chainstatus, queue, reasons, testonly
 from train.common.errors import ConfigError
 
 # sinfo -h -N -o SINFO_FORMAT on a site with typed GPUs and a partition of two node types
@@ -28,15 +29,15 @@ cpu|c002|128|256000|(null)|(null)|4:00:00|1-infinite|cpu
 
 
 def test_gres_as_sinfo_prints_it() -> None:
-    assert probe.parse_gres("gpu:2") == (2, ())
-    assert probe.parse_gres("gpu:a100:4(S:0-1)") == (4, ("a100",))
-    assert probe.parse_gres("gpu:v100:2,gpu:a30:2") == (4, ("v100", "a30"))
-    assert probe.parse_gres("gpu:h100:8(S:0-1),shard:h100:32") == (8, ("h100",))
-    assert probe.parse_gres("(null)") == (0, ())
+    assert probe_site.parse_gres("gpu:2") == (2, ())
+    assert probe_site.parse_gres("gpu:a100:4(S:0-1)") == (4, ("a100",))
+    assert probe_site.parse_gres("gpu:v100:2,gpu:a30:2") == (4, ("v100", "a30"))
+    assert probe_site.parse_gres("gpu:h100:8(S:0-1),shard:h100:32") == (8, ("h100",))
+    assert probe_site.parse_gres("(null)") == (0, ())
 
 
 def test_sinfo_lines_become_partitions_described_by_their_smallest_node() -> None:
-    site = probe.Site(nodes=probe.parse_sinfo(SITE))
+    site = probe_site.Site(nodes=probe_site.parse_sinfo(SITE))
     parts = site.partitions()
     assert list(parts) == ["a100", "mixed", "cpu"]
     a100 = parts["a100"]
@@ -60,15 +61,15 @@ def test_sinfo_lines_become_partitions_described_by_their_smallest_node() -> Non
                                   "p|n|4|8000|gpu:2|(null)|1:00:00|1-many|p"])
 def test_a_sinfo_line_that_is_not_understood_is_an_error_naming_the_line(line: str) -> None:
     with pytest.raises(ValueError, match="sinfo line 1"):
-        probe.parse_sinfo(line)
+        probe_site.parse_sinfo(line)
 
 
 def test_config_and_qos_as_scontrol_and_sacctmgr_print_them() -> None:
-    config = probe.parse_config("KillWait                = 30 sec\nPreemptMode             = "
+    config = probe_site.parse_config("KillWait                = 30 sec\nPreemptMode             = "
                                 "REQUEUE\nSLURM_VERSION           = 24.11.1\nOther = x\n")
     assert config == {"KillWait": "30 sec", "PreemptMode": "REQUEUE",
                       "SLURM_VERSION": "24.11.1"}
-    assert probe.parse_qos("normal|2-00:00:00\nstandby|04:00:00\nlong|\n") == {
+    assert probe_site.parse_qos("normal|2-00:00:00\nstandby|04:00:00\nlong|\n") == {
         "normal": 2880, "standby": 240, "long": None}
 
 
@@ -105,8 +106,8 @@ qos:
 
 def test_each_difference_is_one_line_profile_says_site_says(tmp_path: Path) -> None:
     prof = _profile(tmp_path, MINE).get("mine")
-    site = probe.Site(nodes=probe.parse_sinfo(SITE), qos={"normal": 2880})
-    lines = probe.differences(prof, site)
+    site = probe_site.Site(nodes=probe_site.parse_sinfo(SITE), qos={"normal": 2880})
+    lines = compare.differences(prof, site)
     for expected in ("partitions.a100.gpus_per_node: profile says 8, the site says 4",
                      "partitions.a100.mem_per_node: profile says 400G, the site says 500G",
                      "partitions.a100.max_time: profile says 4-00:00:00, the site says "
@@ -119,23 +120,23 @@ def test_each_difference_is_one_line_profile_says_site_says(tmp_path: Path) -> N
     assert any(line.startswith("partitions.mixed: profile does not list it, the site has it")
                for line in lines), lines
     assert not any("cpus_per_node" in line for line in lines if "a100" in line), lines
-    assert "QOS time limits (sacctmgr show qos): normal 2-00:00:00" in probe.facts(site)
+    assert "QOS time limits (sacctmgr show qos): normal 2-00:00:00" in compare.facts(site)
 
 
 def test_probe_says_whether_a_job_needs_the_profiles_module_line() -> None:
-    found = probe.facts(probe.Site(apptainer="apptainer version 1.4.5"))
+    found = compare.facts(probe_site.Site(apptainer="apptainer version 1.4.5"))
     assert "apptainer version 1.4.5  (apptainer --version): on PATH without modules, so a " \
            "job skips the profile's `modules:` lines" in found, found
-    missing = probe.facts(probe.Site())
+    missing = compare.facts(probe_site.Site())
     assert "apptainer is not on PATH here: a job runs the profile's `modules:` lines " \
            "(module load apptainer) to find it" in missing, missing
 
 
 def test_what_could_not_be_read_leaves_the_profile_alone(tmp_path: Path) -> None:
     prof = _profile(tmp_path, MINE).get("mine")
-    site = probe.Site(unread=["QOS limits: no accounting"])
-    assert probe.differences(prof, site) == []
-    text = "\n".join(probe.report(prof, site))
+    site = probe_site.Site(unread=["QOS limits: no accounting"])
+    assert compare.differences(prof, site) == []
+    text = "\n".join(command.report(prof, site))
     assert "could not read (the profile's values stay as they are):\n  QOS limits: no " \
            "accounting" in text
 
@@ -146,14 +147,14 @@ def test_write_holds_the_probed_values_each_with_date_and_command(
     monkeypatch.delenv("TRAIN_CLUSTERS_PATH", raising=False)
     registry = _profile(tmp_path, MINE)
     prof = registry.get("mine")
-    site = probe.Site(nodes=probe.parse_sinfo(SITE), qos={"normal": 2880})
+    site = probe_site.Site(nodes=probe_site.parse_sinfo(SITE), qos={"normal": 2880})
     out = tmp_path / "home" / ".config" / "train" / "clusters" / "mine.yaml"
     # the profile it extends must be found where the written one is read
     out.parent.mkdir(parents=True)
     (out.parent / "base.yaml").write_text(MINE.replace("name: mine", "name: base"))
     prof = Registry(environ={}).get("base")
     out = out.with_name("base.yaml")
-    kept = probe.write_profile(prof, site, out, when="2026-01-02")
+    kept = write.write_profile(prof, site, out, when="2026-01-02")
     assert kept is not None and kept.read_text().startswith("name: base")
     text = out.read_text()
     data = yaml.safe_load(text)
@@ -172,7 +173,7 @@ def test_write_holds_the_probed_values_each_with_date_and_command(
             assert "not probed: kept from" in line, line
     assert "# 2026-01-02: sacctmgr -n -P show qos" in text
     merged = Registry(environ={}).get("base")  # loads, and says what the site says
-    assert probe.differences(merged, site) == []
+    assert compare.differences(merged, site) == []
 
 
 def test_write_refuses_a_file_of_another_profile_and_writes_nothing(
@@ -180,9 +181,9 @@ def test_write_refuses_a_file_of_another_profile_and_writes_nothing(
     registry = _profile(tmp_path, MINE)
     path = tmp_path / "mine-out.yaml"
     path.write_text("name: other\nextends: local\n")
-    site = probe.Site(nodes=probe.parse_sinfo(SITE))
+    site = probe_site.Site(nodes=probe_site.parse_sinfo(SITE))
     with pytest.raises(ConfigError, match="holds another profile"):
-        probe.write_profile(registry.get("mine"), site, path)
+        write.write_profile(registry.get("mine"), site, path)
     assert path.read_text() == "name: other\nextends: local\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine-out.yaml", "mine.yaml"]
 
@@ -232,18 +233,18 @@ def test_status_of_a_pending_chunk_says_why_and_when() -> None:
          "start_time": {"set": True, "infinite": False, "number": 1_800_007_200}},
         {"job_id": 8, "job_state": "RUNNING", "state_reason": "None",
          "start_time": 1_700_000_000}]})
-    states = scheduler.parse_squeue_json(text)
+    states = queue.parse_squeue_json(text)
     assert states["7"]["start"] == 1_800_007_200 and states["8"]["start"] is None
     st: dict[str, Any] = {"name": "w", "cluster": "local", "state": "pending", "run_dir": "/r",
           "cause": "queued", "total": None, "done": None, "warning": None, "gpu": {},
           "chunks": [{"chunk": 1, "job_id": "7", "state": "PENDING", "reason": "Resources",
                       "expected_start": 1_800_007_200, "events": []}]}
-    lines = scheduler.format_status(st)
+    lines = chainstatus.format_status(st)
     assert "    waiting: it is next, waiting for enough nodes, GPUs or memory to become " \
            "free" in lines, lines
     assert any(line.startswith("    expected start: 2027-01-15 10:00 UTC") for line in lines)
     st["chunks"][0].update(reason="Priority", expected_start=None)
-    assert "    expected start: Slurm gives no estimate yet" in scheduler.format_status(st)
+    assert "    expected start: Slurm gives no estimate yet" in chainstatus.format_status(st)
 
 
 def test_without_slurm_probe_says_what_it_could_not_read_and_write_writes_nothing(

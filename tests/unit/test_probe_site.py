@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from tests.conftest import run_cli
-from train.client.clusters import probe
+from train.client.clusters.probe import site as probe_site
+from train.client.clusters.probe import write
 from train.client.clusters.profiles import Registry
 from train.common.errors import ConfigError
 
@@ -96,8 +97,8 @@ def test_a_kept_copy_already_there_is_never_replaced(tmp_path: Path,
     path.write_text(MINE)
     Path(f"{path}.1").write_text("an older copy\n")
     prof = Registry([path], environ={}).get("local")
-    site = probe.Site(nodes=probe.parse_sinfo(SINFO_LOCAL))
-    kept = probe.write_profile(prof, site, path)
+    site = probe_site.Site(nodes=probe_site.parse_sinfo(SINFO_LOCAL))
+    kept = write.write_profile(prof, site, path)
     assert kept == Path(f"{path}.2") and kept.read_text() == MINE
     assert Path(f"{path}.1").read_text() == "an older copy\n"
 
@@ -127,10 +128,10 @@ def test_write_writes_where_the_profile_came_from(tmp_path: Path, where: str) ->
 
 
 def test_max_array_size_is_read_compared_and_written(tmp_path: Path) -> None:
-    assert probe.parse_array_size(CONFIG) == 5000
-    assert probe.parse_array_size("KillWait = 30 sec\n") is None
+    assert probe_site.parse_array_size(CONFIG) == 5000
+    assert probe_site.parse_array_size("KillWait = 30 sec\n") is None
     with pytest.raises(ValueError, match="MaxArraySize"):
-        probe.parse_array_size("MaxArraySize = lots\n")
+        probe_site.parse_array_size("MaxArraySize = lots\n")
     env = _site(tmp_path)
     proc = run_cli(["clusters", "probe", "local"], env=env, cwd=tmp_path)
     assert "max_array_size: profile says 1001, the site says 5000 (MaxArraySize)" \
@@ -166,7 +167,7 @@ def test_a_hung_command_is_killed_with_its_children_and_said(tmp_path: Path) -> 
         if len(notes) == 1:  # said while it runs: wait for all four to have started
             _written(pids, 4)
 
-    site = probe.read_site(env, timeout=1, note=note)
+    site = probe_site.read_site(env, timeout=1, note=note)
     assert site.nodes == []
     shown = "`sinfo -h -N -o '%R|%N|%c|%m|%G|%f|%l|%s|%P'`"
     assert f"partitions and nodes: {shown} did not answer in 1 s (killed, with its " \
@@ -223,7 +224,7 @@ def test_the_cli_bound_is_a_flag_and_a_bad_one_is_refused(tmp_path: Path) -> Non
     assert proc.returncode == 2 and "--timeout: only with" in proc.stderr, proc.stderr
     from train.cli.clusters import PROBE_TIMEOUT
 
-    assert probe.TIMEOUT == PROBE_TIMEOUT  # the help's default is the probe's
+    assert probe_site.TIMEOUT == PROBE_TIMEOUT  # the help's default is the probe's
 
 
 def test_a_program_that_hung_is_not_asked_again(tmp_path: Path) -> None:
@@ -231,7 +232,7 @@ def test_a_program_that_hung_is_not_asked_again(tmp_path: Path) -> None:
     so a dead accounting daemon costs one bound, not two."""
     asked = tmp_path / "asked"
     env = _site(tmp_path, sacctmgr=f"echo \"$*\" >> {asked}\nsleep 600\n")
-    site = probe.read_site(env, timeout=1, note=lambda _: None)
+    site = probe_site.read_site(env, timeout=1, note=lambda _: None)
     said = asked.read_text() if asked.exists() else ""  # (killed before its echo: none)
     assert "associations" not in said and len(said.splitlines()) <= 1, said
     assert "your associations (accounts): not asked (sacctmgr did not answer just before)" \
@@ -357,11 +358,11 @@ def test_write_into_a_read_only_folder_is_a_named_error(
         raise OSError(errno.EROFS, "Read-only file system", str(self))
 
     prof = Registry([path], environ={}).get("local")
-    site = probe.Site(nodes=probe.parse_sinfo(SINFO_LOCAL))
+    site = probe_site.Site(nodes=probe_site.parse_sinfo(SINFO_LOCAL))
     monkeypatch.setattr(Path, "write_text", refuse)
     monkeypatch.setattr(Path, "unlink", refuse)
     with pytest.raises(ConfigError, match=r"cannot write .*Read-only file system; nothing was"):
-        probe.write_profile(prof, site, path)
+        write.write_profile(prof, site, path)
     monkeypatch.undo()
     assert path.read_text() == MINE and sorted(p.name for p in tmp_path.iterdir()) == [
         "local.yaml"]
@@ -371,7 +372,7 @@ def test_a_gpu_count_no_node_holds_is_refused_naming_sinfos_line() -> None:
     line = "debug|n1|4|8000|gpu:a100:99999999999999999999999|(null)|1:00:00|1-infinite|debug*"
     with pytest.raises(ValueError, match=r"sinfo line 1: GPU count '9+' is not a number of "
                                          r"GPUs: 'debug\|n1"):
-        probe.parse_sinfo(line + "\n")
+        probe_site.parse_sinfo(line + "\n")
 
 
 def test_sinfo_that_lists_no_node_is_said(tmp_path: Path) -> None:

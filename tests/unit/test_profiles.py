@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from train.cli import main
-from train.client.clusters.profiles import Registry, format_time, parse_mem, parse_time
+from train.client.clusters.profiles import Registry
+from train.client.clusters.units import format_time, parse_mem, parse_time
 from train.common.errors import ConfigError, UsageError
 
 SHIPPED = Path(__file__).resolve().parents[2] / "src" / "train" / "client" / "clusters" / "data"

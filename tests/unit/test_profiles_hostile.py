@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from train.cli import main
-from train.client.clusters.profiles import Registry, parse_mem, parse_time
+from train.client.clusters.profiles import Registry
+from train.client.clusters.units import parse_mem, parse_time
 from train.common import yamlio
 from train.common.errors import ConfigError
 

@@ -109,8 +109,9 @@ def test_sbatch_value_quoting() -> None:
 def test_a_percent_sign_in_the_run_directory_is_not_a_slurm_pattern() -> None:
     from tests.golden.cases import CASES
     from train.client.clusters.profiles import Registry
-    from train.client.slurm.job import JobSpec, resolve
+    from train.client.slurm.jobspec import JobSpec
     from train.client.slurm.render import library_text, render
+    from train.client.slurm.resolve import resolve
 
     spec = JobSpec(**{**CASES["local-chunked"], "out": "/scratch/u/100% %j/run"})
     text = render(resolve(spec, Registry(environ={}).get("local")),
@@ -124,8 +125,9 @@ def test_literal_dollars_in_settings_pass_shellcheck(tmp_path: Path) -> None:
     # backtick are quoted on purpose: the script still passes shellcheck and bash reads
     # them back unchanged
     from train.client.clusters.profiles import Registry
-    from train.client.slurm.job import JobSpec, resolve
+    from train.client.slurm.jobspec import JobSpec
     from train.client.slurm.render import library_text, render
+    from train.client.slurm.resolve import resolve
     spec = JobSpec(cluster="gilbreth", name="lit", account="lab", partition="a30", gpus_per_node=1,
                    out=f"{RUN_ROOT}/r$x", entry="command", stop_signal="USR1",
                    env=("A=$(id)", "B=`id` $HOME"), resume_args="--a=$HOME",

@@ -14,7 +14,7 @@ import pytest
 from tests.golden.cases import CASES, RUN_ROOT, rendered, resolved, script_step
 from train.client import container
 from train.client.clusters.profiles import Registry
-from train.client.slurm.job import JobSpec, resolve
+from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.render import (
     LIBRARY_NAMES,
     STEP_WIDTH,
@@ -27,6 +27,7 @@ from train.client.slurm.render import (
     step_argv,
     step_command_lines,
 )
+from train.client.slurm.resolve import resolve
 from train.common.entry import entry_code
 
 READABLE_LINES = 60

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from train.common.jsonio import to_builtin, write_json_atomic
-from train.common.secrets import REDACTED
+from train.common.secrets.names import REDACTED
 from train.workloads.runtime.results import (
     append_csv_row,
     environment_snapshot,

@@ -11,8 +11,9 @@ import pytest
 from tests.conftest import run_cli
 from tests.golden.cases import script_array
 from train.batch import contract
-from train.client.slurm.job import JobSpec
-from train.client.slurm.scheduler import Chain, first_chunk
+from train.client.slurm.chain import Chain
+from train.client.slurm.jobspec import JobSpec
+from train.client.slurm.submission import first_chunk
 from train.common.errors import ConfigError
 
 BASE = ["render", "--name", "r", "--cluster", "local", "--runtime", "none", "--python",

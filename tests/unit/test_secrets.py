@@ -10,16 +10,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from train.client.slurm.job import check_env_item
+from train.client.slurm.jobitems import check_env_item
 from train.common.errors import ConfigError
-from train.common.secrets import (
-    REDACTED,
-    is_secret_name,
-    masked_argv,
-    masked_environment,
-    recorded_environment,
-    redact_text,
-)
+from train.common.secrets.commands import masked_argv, redact_text
+from train.common.secrets.environment import masked_environment, recorded_environment
+from train.common.secrets.names import REDACTED, is_secret_name
 
 # name -> a value no output may contain (each value unique, so a leak is traced to its name)
 SECRET_NAMES = {

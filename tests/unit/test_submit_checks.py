@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli, tiny_flags
-from train.client.slurm import submitcheck
+from train.client.slurm.checks import files, python, sbatchenv
 
 NO_SBATCH = "#!/bin/sh\necho 'sbatch: error: no cluster in unit tests' >&2\nexit 1\n"
 # (a later --python, --runtime in a test wins)
@@ -172,7 +172,7 @@ def test_in_a_container_only_what_is_bound_from_the_host_is_looked_at(
 
 
 def test_python_script_is_found_behind_the_interpreters_options() -> None:
-    script = submitcheck.python_script
+    script = files.python_script
     assert script(["python", "fit.py", "--lr", "1"]) == "fit.py"
     assert script(["/env/bin/python3.11", "-u", "-X", "dev", "-W", "error", "a.py"]) == "a.py"
     assert script(["python", "-m", "pkg.train"]) is None
@@ -225,7 +225,8 @@ def test_a_train_py_in_the_submit_folder_is_not_taken_for_this_package(
     # the job's steps leave the working folder out of the path (a train.py there is not
     # the tool): so does the question to --python
     from train.client.clusters.profiles import Registry
-    from train.client.slurm.job import job_from_sources, resolve
+    from train.client.slurm.jobspec import job_from_sources
+    from train.client.slurm.resolve import resolve
 
     (tmp_path / "train.py").write_text("raise SystemExit('imported')\n")
     monkeypatch.chdir(tmp_path)
@@ -233,7 +234,7 @@ def test_a_train_py_in_the_submit_folder_is_not_taken_for_this_package(
     spec = job_from_sources({"cluster": "local", "runtime": "none", "python": str(torch_only),
                              "workload": ["demo"], "cpus_per_task": 1, "mem": "1000M"}, {})
     job = resolve(spec, Registry(environ={}).get("local"))
-    problems, _notes = submitcheck.python_problems(job, os.environ)
+    problems, _notes = python.python_problems(job, os.environ)
     assert [p.field for p in problems] == ["python"], problems
     assert "cannot import this package" in problems[0].text
 
@@ -287,7 +288,7 @@ def test_sbatch_variables_are_named_with_the_flag_to_give_and_not_passed_on() ->
            "SBATCH_QOS": "normal", "SBATCH_RESERVATION": "r1", "SBATCH_EXCLUSIVE": "",
            "SBATCH_EXPORT": "NONE", "SLURM_CLUSTERS": "c2", "SBATCH_ARRAY_INX": "1-3", "SALLOC_PARTITION": "x",
            "SLURM_JOB_ID": "77", "SLURM_CONF": "/etc/slurm/slurm.conf", "HOME": "/h"}
-    notes = "\n".join(submitcheck.sbatch_variable_notes(env))
+    notes = "\n".join(sbatchenv.sbatch_variable_notes(env))
     for name, said in (("SBATCH_TIMELIMIT=3", "give --time instead"),
                        ("SBATCH_PARTITION=gpu", "give --partition instead"),
                        ("SBATCH_ACCOUNT=lab", "give --account instead"),
@@ -300,7 +301,7 @@ def test_sbatch_variables_are_named_with_the_flag_to_give_and_not_passed_on() ->
         line = next((x for x in notes.splitlines() if x.startswith(name)), "")
         assert said in line and "not passed to sbatch" in line, (name, notes)
     assert "SALLOC_" not in notes and "SLURM_JOB_ID" not in notes
-    assert submitcheck.sbatch_environment(env) == {"SLURM_CONF": "/etc/slurm/slurm.conf",
+    assert sbatchenv.sbatch_environment(env) == {"SLURM_CONF": "/etc/slurm/slurm.conf",
                                                    "HOME": "/h"}
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from train.client.slurm.job import JobSpec
+from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.sweep import SweepTask, aggregate, split, write_record
 from train.common.errors import ConfigError
 

@@ -9,9 +9,10 @@ import pytest
 
 from tests.conftest import run_cli
 from train.client.clusters.profiles import Registry
-from train.client.slurm.job import JobSpec, resolve
+from train.client.slurm.chain import parse_events, parse_ids
+from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.render import library_text, render
-from train.client.slurm.scheduler import parse_events, parse_ids
+from train.client.slurm.resolve import resolve
 from train.client.slurm.sweep import split, task_job
 from train.client.slurm.sweeparray import array_script, array_spec, format_sweep_status
 from train.common.errors import ConfigError

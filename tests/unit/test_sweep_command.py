@@ -10,8 +10,9 @@ import pytest
 
 from tests.golden.cases import script_step
 from train.client.clusters.profiles import Registry
-from train.client.slurm.job import JobSpec, resolve
+from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.render import library_text, render
+from train.client.slurm.resolve import resolve
 from train.client.slurm.sweep import split
 from train.client.slurm.sweepargs import sweep_notes
 from train.common.errors import ConfigError

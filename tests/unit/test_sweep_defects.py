@@ -157,7 +157,7 @@ def test_cancel_reaches_the_array_task_of_a_task_whose_chain_names_no_job(
 
 # -- values equal as the flag reads them ----------------------------------------------------
 def test_values_equal_as_the_flags_type_are_duplicates(tmp_path: Path) -> None:
-    from train.client.slurm.job import JobSpec
+    from train.client.slurm.jobspec import JobSpec
     from train.client.slurm.sweep import split
     from train.common.errors import ConfigError
 

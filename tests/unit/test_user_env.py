@@ -13,8 +13,9 @@ import pytest
 
 from train.client.clusters.profiles import Registry
 from train.client.container import APPTAINER_TASK
-from train.client.slurm.job import JobSpec, resolve
+from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.render import library_text, render, step_argv
+from train.client.slurm.resolve import resolve
 from train.common.alloc_conf import ALLOC_CONF_VAR, TUNED_ALLOC_CONF
 
 USER_ALLOC = "backend:cudaMallocAsync"

@@ -59,7 +59,7 @@ def _cmd_clusters(args: argparse.Namespace) -> int:
         print(yaml.safe_dump(describe(registry.get(args.name)), sort_keys=False), end="")
         return EXIT_OK
     if args.action == "probe":
-        from train.client.clusters.probe import probe
+        from train.client.clusters.probe.command import probe
         from train.common._proc import printable
 
         if not args.name:

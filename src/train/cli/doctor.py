@@ -49,15 +49,16 @@ def add_doctor(sub: Subparsers) -> None:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from train.client import doctor
+    from train.client.doctor import diagnosis
+    from train.client.doctor import report as doctor_report
 
     if args.preflight:
         return _preflight(args)
-    report = doctor.diagnose(doctor.resolve(args.ref, args.runs), full=args.full)
+    report = diagnosis.diagnose(diagnosis.resolve(args.ref, args.runs), full=args.full)
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:
-        print("\n".join(doctor.format_report(report)))
+        print("\n".join(doctor_report.format_report(report)))
     return EXIT_OK if report.healthy else EXIT_FAILURE
 
 

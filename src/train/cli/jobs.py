@@ -81,7 +81,7 @@ def add_submit(sub: Subparsers) -> None:
 def _add_job_parser(sub: Subparsers, name: str, text: str) -> None:
     """A job command's parser: the job file, and the job's fields as flags in groups."""
     from train.cli.jobhelp import add_help, full_epilog
-    from train.client.slurm.job import JobSpec
+    from train.client.slurm.jobspec import JobSpec
 
     p = sub.add_parser(name, help=text, description=text.capitalize() + ".",
                        epilog=JOB_EPILOG, formatter_class=HelpFormatter, add_help=False,
@@ -127,7 +127,7 @@ def _resolved_jobs(args: argparse.Namespace, workload: list[str] | None
 
 def _resolved(args: argparse.Namespace, workload: list[str] | None,
               origin: dict[str, Path]) -> tuple[Any, Path | None, list[tuple[Any, Any]]]:
-    from train.client.slurm.job import resolve
+    from train.client.slurm.resolve import resolve
 
     spec, profile = _job_spec(args, workload, origin)
     if not spec.sweep_seeds and not spec.sweep:
@@ -144,7 +144,7 @@ def _job_spec(args: argparse.Namespace, workload: list[str] | None,
               origin: dict[str, Path]) -> tuple[Any, Any]:
     from train.client.clusters.profiles import Registry
     from train.client.defaults import LISTS, defaults_path, joined, load_defaults, merged
-    from train.client.slurm.job import JobSpec, job_from_sources
+    from train.client.slurm.jobspec import JobSpec, job_from_sources
 
     if args.job_file is not None and args.job_file.suffix in (".py", ".sh"):
         _refuse_program("JOB.yaml", [str(args.job_file)])
@@ -219,7 +219,7 @@ def _cmd_render(args: argparse.Namespace, workload: list[str] | None) -> int:
 
 def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
     from train.client.slurm.render import library_text
-    from train.client.slurm.scheduler import submit_chain
+    from train.client.slurm.submission import submit_chain
 
     spec, root, jobs = _resolved_jobs(args, workload)  # every seed validated first
     jobs = _check_jobs(args, jobs, submitting=True)

@@ -73,26 +73,21 @@ def _add_run_parser(sub: Subparsers, name: str, text: str, nargs: str | None
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from train.client.slurm.scheduler import (
-        chain_dirs,
-        chain_status,
-        find_run,
-        format_status,
-        load_chain,
-    )
+    from train.client.slurm.chain import chain_dirs, find_run, load_chain
+    from train.client.slurm.chainstatus import chain_status, format_status
     from train.client.slurm.sweep import is_sweep
     from train.client.slurm.sweeparray import format_sweep_status, sweep_status
 
     if args.all_runs:
         if args.ref is not None:
             raise UsageError("status: --all shows every run; give no run name with it")
-        from train.client import doctor
+        from train.client.doctor import report
 
-        rows = doctor.overview(args.runs)
+        rows = report.overview(args.runs)
         if args.json:
             print(json.dumps(rows, indent=2))
         else:
-            print("\n".join(doctor.format_overview(rows)) if rows else
+            print("\n".join(report.format_overview(rows)) if rows else
                   f"no runs under {args.runs}")
         return EXIT_OK
     found = find_run(args.ref, args.runs) if args.ref is not None else None
@@ -123,13 +118,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_logs(args: argparse.Namespace) -> int:
-    from train.client.slurm.scheduler import (
-        ACTIVE_STATES,
-        find_run,
-        job_states,
-        load_chain,
-        log_path,
-    )
+    from train.client.slurm.chain import find_run, load_chain, log_path
+    from train.client.slurm.queue import ACTIVE_STATES, job_states
     from train.client.slurm.sweep import is_sweep, not_a_chain
 
     run_dir = find_run(args.ref, args.runs)
@@ -164,7 +154,8 @@ def _cmd_logs(args: argparse.Namespace) -> int:
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
-    from train.client.slurm.scheduler import cancel_chain, find_run, load_chain
+    from train.client.slurm.cancel import cancel_chain
+    from train.client.slurm.chain import find_run, load_chain
     from train.client.slurm.sweep import is_sweep
 
     run_dir = find_run(args.ref, args.runs)
@@ -196,7 +187,7 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
-    from train.client.slurm.scheduler import find_run
+    from train.client.slurm.chain import find_run
     from train.client.slurm.sweep import is_sweep
     from train.client.slurm.sweepsummary import summarize
 

@@ -46,7 +46,7 @@ def load_defaults(path: Path | None = None) -> dict[str, Any]:
                           f"{exc.strerror}; set {PATH_VAR} to a file of yours, or unset "
                           "it") from None
     values = normalise(load_yaml(path))
-    from train.client.slurm.job import JobSpec
+    from train.client.slurm.jobspec import JobSpec
 
     known = set(JobSpec.__dataclass_fields__) - set(NOT_DEFAULTS)
     unknown = sorted(set(values) - known)
@@ -88,7 +88,7 @@ def merged(defaults: Mapping[str, Any], job_file: Mapping[str, Any],
 
 def _check(values: Mapping[str, Any], profiles: list[str]) -> None:
     """Validate as a job would be: every key and value, and the cluster's name."""
-    from train.client.slurm.job import JobSpec
+    from train.client.slurm.jobspec import JobSpec
     from train.common.fields import build
 
     build(JobSpec, {**values, "workload": ["demo"]}, None)
@@ -130,7 +130,7 @@ def write_defaults(values: Mapping[str, Any], profiles: list[str],
         if key in clean:
             raise ConfigError(key, "names one run: it cannot be a default for every job")
     if "bind" in clean:  # a default bind means the same path from any directory
-        from train.client.slurm.job import parse_bind
+        from train.client.slurm.jobitems import parse_bind
 
         binds = [parse_bind(str(b)) for b in clean["bind"]]
         for bind in binds:

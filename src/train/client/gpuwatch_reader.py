@@ -32,9 +32,17 @@ from train.common.gpuwatch_file import (
 )
 
 # DEFAULT_IDLE_*: the client's readers take them from here with the rest
-__all__ = ["DEFAULT_IDLE_MINUTES", "DEFAULT_IDLE_THRESHOLD", "SUMMARY_MAX_BYTES", "IdleFinding",
-           "Record", "idle_findings", "node_files", "parse_line", "read_items", "read_records",
-           "summary"]
+__all__ = [
+    "SUMMARY_MAX_BYTES",
+    "IdleFinding",
+    "Record",
+    "idle_findings",
+    "node_files",
+    "parse_line",
+    "read_items",
+    "read_records",
+    "summary",
+]
 
 # what `summary` reads of a file at most (its tail): about 20 days of 8 GPUs every 30 s
 SUMMARY_MAX_BYTES = 16 * MIB

@@ -42,43 +42,18 @@ from pathlib import Path
 from typing import Any
 
 from train.common.gpuwatch_file import (
-    CSV_HEADER,
-    DEFAULT_IDLE_MINUTES,
-    DEFAULT_IDLE_THRESHOLD,
-    MAX_GPU_INDEX,
-    MAX_MIB,
-    MAX_TIME,
-    MIB,
-    START_MARK,
-    WARMUP_MINUTES,
-    WarmUp,
     WatchSettings,
     _num,
-    csv_path,
-    settings_from_env,
 )
 from train.node.gpuwatch_sampler import (
-    MAX_FAILURES,
-    MAX_GPUS,
     TICK_SECONDS,
-    IdleTracker,
-    Sampler,
     _text,
-    idle_warning,
-    select_gpus,
-    valid_reading,
     watch,
 )
 
 # the parts' names, for the node's callers and the tests (the reader is the client's:
 # train.client.gpuwatch_reader)
-__all__ = [
-    "CSV_HEADER", "DEFAULT_IDLE_MINUTES", "DEFAULT_IDLE_THRESHOLD", "MAX_FAILURES", "MAX_GPUS",
-    "MAX_GPU_INDEX", "MAX_MIB", "MAX_TIME", "MIB", "START_MARK", "TICK_SECONDS", "WARMUP_MINUTES",
-    "IdleTracker", "Sampler", "WarmUp", "WatchSettings", "csv_path", "die_with_parent",
-    "idle_warning", "main", "parent_watch", "process_alive", "select_gpus", "settings_from_env",
-    "spawn", "valid_reading", "watch",
-]
+__all__ = ["die_with_parent", "main", "parent_watch", "process_alive", "spawn"]
 
 log = logging.getLogger("train.gpuwatch")
 

@@ -30,10 +30,8 @@ from dataclasses import dataclass
 
 from train.common.errors import UsageError
 from train.common.hostmem import DEFAULT_WORKER_MEM_MB
-from train.common.secrets import masked_argv
+from train.common.secrets.commands import masked_argv
 from train.node.launcher.environment import (
-    LIGHTNING_ROOT_VAR,
-    NCCL_DEFAULTS,
     apply_nccl_defaults,
     check_cuda,
     enter_folder,
@@ -43,28 +41,18 @@ from train.node.launcher.environment import (
     program_environment,
 )
 from train.node.launcher.gpumem import (
-    MIN_WORK_SECONDS,
-    wait_budget,
-    wait_for_gpu_memory,
     wait_or_fall_back,
 )
 from train.node.launcher.shim import (
-    SCONTROL_SHIM,
-    SHIM_FOLDER,
     install_scontrol_shim,
     remove_shim,
 )
 from train.node.launcher.sizing import (
-    MIB,
-    WORKER_VAR,
-    cap_workers,
-    host_free_bytes,
     size_workers,
 )
 from train.node.launcher.step import (
     MASTER_ADDR_VAR,
     SlurmStep,
-    gpus_visible,
     read_step,
     resolve_address,
     tasks_env,
@@ -73,19 +61,10 @@ from train.node.launcher.step import (
 from train.node.launcher.torchrun import (
     ready_per_rank,
     run_torchrun,
-    stop_signal_for_workers,
-    worker_failure,
 )
 from train.node.launcher.watch import start_gpu_watch, stop_gpu_watch
 
-__all__ = ["LIGHTNING_ROOT_VAR", "MASTER_ADDR_VAR", "MIB", "MIN_WORK_SECONDS", "NCCL_DEFAULTS",
-           "SCONTROL_SHIM", "SHIM_FOLDER",
-           "WORKER_VAR", "LaunchOptions", "SlurmStep", "apply_nccl_defaults", "cap_workers",
-           "check_cuda", "enter_folder", "find_program", "gpus_visible", "host_free_bytes",
-           "install_scontrol_shim", "launch", "log_interconnect", "need_torch", "prepare",
-           "program_environment", "read_step", "resolve_address", "start_gpu_watch",
-           "stop_signal_for_workers", "tasks_env", "torchrun_argv", "wait_budget",
-           "wait_for_gpu_memory", "worker_failure"]
+__all__ = ["LaunchOptions", "launch", "prepare"]
 
 log = logging.getLogger(__name__)
 

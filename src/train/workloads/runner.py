@@ -20,7 +20,8 @@ from train.batch import contract
 from train.common.errors import ConfigError
 from train.common.fields import check_writable_dir
 from train.common.jsonio import read_json_object, write_json_atomic
-from train.common.secrets import masked_argv, masked_environment
+from train.common.secrets.commands import masked_argv
+from train.common.secrets.environment import masked_environment
 from train.node.distributed import DistContext, init_distributed
 from train.node.signals import StopController, effective_budget
 from train.workloads.config import RunConfig

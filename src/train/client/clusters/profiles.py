@@ -20,22 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from train.client.clusters.schema import (
-    DEFAULT_GPU_WATCH,
-    GPU_REQUEST_STYLES,
-    GPU_TYPE_REQUESTS,
-    GpuWatch,
     NodeType,
     Profile,
 )
-from train.client.clusters.units import format_mem, format_time, parse_mem, parse_time
+from train.client.clusters.units import format_mem, format_time
 from train.client.clusters.validate import extends_name, profile_from_dict, profile_name
 from train.common import yamlio
 from train.common.errors import ConfigError, UsageError
 from train.common.yamlio import shown
 
-__all__ = ["DEFAULT_GPU_WATCH", "GPU_REQUEST_STYLES", "GPU_TYPE_REQUESTS", "PATH_VAR",
-           "USER_DIR", "GpuWatch", "NodeType", "Profile", "Registry", "describe", "format_mem",
-           "format_time", "parse_mem", "parse_time", "profile_from_dict"]
+__all__ = ["PATH_VAR", "USER_DIR", "Registry", "describe"]
 
 USER_DIR = Path("~/.config/train/clusters")
 PATH_VAR = "TRAIN_CLUSTERS_PATH"

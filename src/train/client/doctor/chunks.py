@@ -23,7 +23,8 @@ from train.client.doctor.rules import (
     RENDEZVOUS_DONE,
     RULES,
 )
-from train.client.slurm.scheduler import Chain, idle_settings
+from train.client.slurm.chain import Chain
+from train.client.slurm.chainstatus import idle_settings
 
 _STATE_CAUSES = {"OUT_OF_MEMORY": "host_oom", "TIMEOUT": "walltime",
                  "PREEMPTED": "preempted", "NODE_FAIL": "node_failure",

@@ -12,15 +12,9 @@ from train.batch import contract
 from train.client.doctor.chunks import _chunk_findings, _exit_code, idle_gpus
 from train.client.doctor.evidence import Finding
 from train.client.doctor.fixes import _finding
-from train.client.slurm.scheduler import (
-    ACTIVE_STATES,
-    Chain,
-    chain_dirs,
-    chain_status,
-    find_run,
-    load_chain,
-    parse_events,
-)
+from train.client.slurm.chain import Chain, chain_dirs, find_run, load_chain, parse_events
+from train.client.slurm.chainstatus import chain_status
+from train.client.slurm.queue import ACTIVE_STATES
 from train.common.errors import TrainError, UsageError, first_line
 from train.common.jsonio import read_bounded, read_json_object
 

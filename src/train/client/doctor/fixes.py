@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from train.client.doctor.evidence import Finding, Hits
-from train.client.slurm.scheduler import Chain
+from train.client.slurm.chain import Chain
 from train.common.hostmem import DEFAULT_WORKER_MEM_MB
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from train.client.doctor.diagnosis import Report, ask_slurm, diagnose
-from train.client.slurm.scheduler import Chain, chain_dirs, chain_status, load_chain
+from train.client.slurm.chain import Chain, chain_dirs, load_chain
+from train.client.slurm.chainstatus import chain_status
 from train.common.errors import UsageError
 
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")

@@ -11,6 +11,7 @@ from train.batch import contract
 from train.client.slurm import queue, reasons
 from train.client.slurm.chain import _DECISIVE, EVENTS_LIMIT, Chain, _read_text, parse_events
 from train.client.slurm.queue import ACTIVE_STATES, _is_number
+from train.common import gpuwatch_file
 from train.common.jsonio import read_bounded
 
 # Final Slurm states that end a chunk, whatever its batch shell could record.
@@ -244,7 +245,6 @@ def _record_int(chain: Chain, key: str) -> int | None:
 def idle_settings(chain: Chain) -> tuple[float, float]:
     """The job's GPU idle threshold (percent) and minutes, as `train submit` recorded them
     in the chain's resources; the watch's defaults where they are missing or odd."""
-    from train.client import gpuwatch_reader as gpuwatch
 
     res = chain.record.get("resources")
     watch = res.get("gpu_watch") if isinstance(res, dict) else None
@@ -256,8 +256,8 @@ def idle_settings(chain: Chain) -> tuple[float, float]:
             return float(value)
         return default
 
-    return (setting("idle_threshold", gpuwatch.DEFAULT_IDLE_THRESHOLD),
-            setting("idle_minutes", gpuwatch.DEFAULT_IDLE_MINUTES))
+    return (setting("idle_threshold", gpuwatch_file.DEFAULT_IDLE_THRESHOLD),
+            setting("idle_minutes", gpuwatch_file.DEFAULT_IDLE_MINUTES))
 
 
 def _gpu_summary(chain: Chain) -> dict[str, Any]:

@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass
 
 from train.common.errors import ConfigError
-from train.common.secrets import is_secret_name, redact_text
+from train.common.secrets.commands import redact_text
+from train.common.secrets.names import is_secret_name
 
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # fullmatch: no trailing newline
 # names a job may pass through but not set: the batch shell, Slurm or the launcher own them.

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from train.client.clusters.profiles import Profile
+from train.client.clusters.schema import Profile
 from train.client.slurm.jobitems import Bind, parse_bind
 from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.navsim import NAVSIM_DATA_ROOT

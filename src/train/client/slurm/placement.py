@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from train.client.clusters.profiles import NodeType, Profile
+from train.client.clusters.schema import NodeType, Profile
 from train.client.slurm.jobspec import JobSpec
 from train.common.errors import ConfigError
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from train.batch import contract
 from train.batch.contract import NAVSIM_CACHE_PATH_OVERRIDE, override_value
 from train.client import container
-from train.client.clusters.profiles import format_mem, format_time, parse_mem
+from train.client.clusters.units import format_mem, format_time, parse_mem
 from train.client.slurm import navsimstep
 from train.client.slurm.resolve import ResolvedJob
 from train.common.entry import bound_entry_argv as entry_argv

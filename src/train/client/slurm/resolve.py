@@ -15,15 +15,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from train.client.clusters.profiles import (
-    GpuWatch,
-    NodeType,
-    Profile,
-    format_mem,
-    format_time,
-    parse_mem,
-    parse_time,
-)
+from train.client.clusters.schema import GpuWatch, NodeType, Profile
+from train.client.clusters.units import format_mem, format_time, parse_mem, parse_time
 from train.client.programs import imports_lightning
 from train.client.slurm import navsim
 from train.client.slurm.jobitems import check_env_item

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from train.batch import contract
-from train.client.slurm import submitcheck
 from train.client.slurm.chain import (
     _DECISIVE,
     EVENTS_LIMIT,
@@ -19,10 +18,11 @@ from train.client.slurm.chain import (
     _read_text,
     parse_events,
 )
+from train.client.slurm.checks import sbatchenv
 from train.client.slurm.checks.rundir import check_not_active
-from train.client.slurm.job import ResolvedJob
 from train.client.slurm.queue import _is_number, parse_sbatch_id
 from train.client.slurm.render import render
+from train.client.slurm.resolve import ResolvedJob
 from train.common import _proc
 from train.common.errors import ResourceError
 from train.common.jsonio import write_json_atomic
@@ -57,7 +57,7 @@ def _cancel_unreplied(command: str) -> None:
     try:
         out = _proc.run(["squeue", "--noheader", "--user", str(os.getuid()), "--states",
                          "PENDING", "--format", "%i %o"], timeout=60,
-                        env=submitcheck.sbatch_environment()).stdout
+                        env=sbatchenv.sbatch_environment()).stdout
     except _proc.ProcError:
         return
     for line in out.splitlines():
@@ -133,7 +133,7 @@ def submit_held(script: Path, args: list[str]) -> str:
     try:
         return parse_sbatch_id(_proc.run(["sbatch", "--parsable", "--hold", str(script),
                                           *args], timeout=120,
-                                         env=submitcheck.sbatch_environment()).stdout)
+                                         env=sbatchenv.sbatch_environment()).stdout)
     except _proc.ProcError:
         _cancel_unreplied(" ".join([str(script), *args]))
         raise

@@ -39,26 +39,21 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from train.client.slurm.checks.files import (
-    host_path,
     navsim_data_problems,
     profile_bind_problems,
     program_problems,
-    python_script,
 )
 from train.client.slurm.checks.image import feature_problems, image_problems
 from train.client.slurm.checks.problem import NO_CHECK, Problem, merge_seeds
 from train.client.slurm.checks.python import python_problems
 from train.client.slurm.checks.resources import resource_problems
 from train.client.slurm.checks.rundir import check_not_active, identity_problems, stale_complete
-from train.client.slurm.checks.sbatchenv import sbatch_environment, sbatch_variable_notes
+from train.client.slurm.checks.sbatchenv import sbatch_variable_notes
 from train.client.slurm.checks.workload import launcher_problems
-from train.client.slurm.job import ResolvedJob
+from train.client.slurm.resolve import ResolvedJob
 from train.common.errors import ConfigError
 
-__all__ = ["NO_CHECK", "Problem", "check_jobs", "environment_problems", "feature_problems",
-           "host_path", "identity_problems", "image_problems", "launcher_problems",
-           "navsim_data_problems", "program_problems", "python_problems", "python_script",
-           "sbatch_environment", "sbatch_variable_notes", "stale_complete"]
+__all__ = ["check_jobs", "environment_problems"]
 
 
 def check_jobs(jobs: Sequence[ResolvedJob], *, submitting: bool, no_check: bool = False,

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from train.batch.contract import SWEEP_RECORD
-from train.client.slurm.job import JobSpec, ResolvedJob
+from train.client.slurm.jobspec import JobSpec
+from train.client.slurm.resolve import ResolvedJob
 from train.client.slurm.sweepargs import check_command, check_unmarked, task_changes
 from train.common.errors import ConfigError, UsageError
 from train.common.jsonio import read_bounded, write_json_atomic

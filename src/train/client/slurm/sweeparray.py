@@ -22,17 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from train.batch import contract
-from train.client.slurm.job import ResolvedJob
-from train.client.slurm.queue import _is_number, array_task_states, ref_states
+from train.client.slurm.chain import Chain, load_chain
+from train.client.slurm.chainstatus import chain_status
+from train.client.slurm.queue import ACTIVE_STATES, _is_number, array_task_states, ref_states
 from train.client.slurm.render import render, sbatch_options, sbatch_value
-from train.client.slurm.scheduler import (
-    ACTIVE_STATES,
-    Chain,
-    chain_record,
-    chain_status,
-    load_chain,
-)
-from train.client.slurm.submission import first_chunk, submit_held, undo_submission
+from train.client.slurm.resolve import ResolvedJob
+from train.client.slurm.submission import chain_record, first_chunk, submit_held, undo_submission
 from train.client.slurm.sweep import (
     SweepTask,
     aggregate,

@@ -16,8 +16,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from train.client.clusters.profiles import format_mem, format_time
-from train.client.slurm.job import ResolvedJob
+from train.client.clusters.units import format_mem, format_time
+from train.client.slurm.resolve import ResolvedJob
 from train.common import _proc
 
 TEST_TIMEOUT = 60.0

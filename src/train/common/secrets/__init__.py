@@ -27,23 +27,3 @@ The modules: names (is_secret_name, REDACTED), values (credential-looking values
 text), commands (masked_argv, redact_text), environment (recorded_environment,
 masked_environment).
 """
-
-from train.common.secrets.commands import masked_argv, redact_text
-from train.common.secrets.environment import (
-    ALLOWED,
-    FAMILIES,
-    masked_environment,
-    recorded_environment,
-)
-from train.common.secrets.names import REDACTED, is_secret_name
-
-__all__ = [
-    "ALLOWED",
-    "FAMILIES",
-    "REDACTED",
-    "is_secret_name",
-    "masked_argv",
-    "masked_environment",
-    "recorded_environment",
-    "redact_text",
-]

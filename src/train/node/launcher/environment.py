@@ -12,7 +12,7 @@ from pathlib import Path
 
 from train.common import cuda_check
 from train.common.errors import ResourceError, UsageError, install_hint
-from train.common.secrets import recorded_environment
+from train.common.secrets.environment import recorded_environment
 from train.node.launcher.step import SlurmStep
 
 log = logging.getLogger("train.node.launch")

@@ -19,7 +19,7 @@ from train.batch.contract import (
     STOP_SIGNAL_VAR,
     rank_ready_path,
 )
-from train.common.secrets import masked_argv
+from train.common.secrets.commands import masked_argv
 from train.node.launcher.step import SlurmStep, torchrun_argv
 
 log = logging.getLogger("train.node.launch")

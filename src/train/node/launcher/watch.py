@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from train.common import gpuwatch_file
 from train.node.launcher.step import SlurmStep
 
 log = logging.getLogger("train.node.launch")
@@ -25,7 +26,7 @@ def start_gpu_watch(step: SlurmStep, mode: str, env: Mapping[str, str],
     if step.gpus_on_node == 0 or (mode != "torchrun" and step.localid != 0):
         return None
     try:
-        settings = gpuwatch.settings_from_env(env)
+        settings = gpuwatch_file.settings_from_env(env)
     except ValueError as exc:
         log.warning("GPU watch not started: %s", exc)
         return None

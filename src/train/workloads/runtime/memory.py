@@ -23,7 +23,7 @@ from train.common.errors import PreallocationError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ALLOC_CONF_VAR", "TUNED_ALLOC_CONF", "apply_allocator_settings", "preallocate"]
+__all__ = ["apply_allocator_settings", "preallocate"]
 
 MIB = 1024 * 1024
 

@@ -27,7 +27,7 @@ import torch
 from train import __version__
 from train.common import _proc
 from train.common.jsonio import read_json_object, to_builtin
-from train.common.secrets import recorded_environment
+from train.common.secrets.environment import recorded_environment
 
 log = logging.getLogger(__name__)
 

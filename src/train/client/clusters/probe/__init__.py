@@ -30,37 +30,3 @@ The probe lives in four modules: site (reading and parsing what Slurm says), com
 differences and the site's other facts), write (the user profile --write writes) and
 command (what is printed, and `probe`). Their names are re-exported here.
 """
-
-from __future__ import annotations
-
-from train.client.clusters.probe.command import probe, report
-from train.client.clusters.probe.compare import differences, facts
-from train.client.clusters.probe.site import (
-    APPTAINER,
-    ARRAY_KEY,
-    CONFIG_KEYS,
-    SACCTMGR_QOS,
-    SCONTROL,
-    SEP,
-    SINFO,
-    SINFO_FORMAT,
-    TIMEOUT,
-    Group,
-    Site,
-    SiteNode,
-    group,
-    parse_array_size,
-    parse_config,
-    parse_gres,
-    parse_qos,
-    parse_sinfo,
-    read_site,
-)
-from train.client.clusters.probe.write import Tree, emit, probed_tree, target, write_profile
-
-__all__ = [
-    "APPTAINER", "ARRAY_KEY", "CONFIG_KEYS", "SACCTMGR_QOS", "SCONTROL", "SEP", "SINFO",
-    "SINFO_FORMAT", "TIMEOUT", "Group", "Site", "SiteNode", "Tree", "differences", "emit",
-    "facts", "group", "parse_array_size", "parse_config", "parse_gres", "parse_qos",
-    "parse_sinfo", "probe", "probed_tree", "read_site", "report", "target", "write_profile",
-]

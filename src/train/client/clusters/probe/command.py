@@ -8,7 +8,8 @@ from pathlib import Path
 from train.client.clusters.probe.compare import differences, facts
 from train.client.clusters.probe.site import TIMEOUT, Site, read_site
 from train.client.clusters.probe.write import target, write_profile
-from train.client.clusters.profiles import Profile, Registry
+from train.client.clusters.profiles import Registry
+from train.client.clusters.schema import Profile
 from train.common.errors import ResourceError, TrainError
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from train.client.clusters.probe.site import Group, Site, _job_nodes
-from train.client.clusters.profiles import NodeType, Profile, format_mem, format_time
+from train.client.clusters.schema import NodeType, Profile
+from train.client.clusters.units import format_mem, format_time
 
 
 def _time(minutes: int | None) -> str:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from train.client.clusters.profiles import parse_time
+from train.client.clusters.units import parse_time
 from train.common import _proc
 from train.common.errors import ConfigError
 

@@ -23,15 +23,9 @@ from train.client.clusters.probe.site import (
     Site,
     _job_nodes,
 )
-from train.client.clusters.profiles import (
-    PATH_VAR,
-    USER_DIR,
-    NodeType,
-    Profile,
-    Registry,
-    format_mem,
-    format_time,
-)
+from train.client.clusters.profiles import PATH_VAR, USER_DIR, Registry
+from train.client.clusters.schema import NodeType, Profile
+from train.client.clusters.units import format_mem, format_time
 from train.common import yamlio
 from train.common.errors import ConfigError
 

@@ -10,7 +10,8 @@ import shutil
 from collections.abc import Mapping, Sequence
 
 from train.client.slurm.checks.problem import Problem
-from train.client.slurm.job import ResolvedJob, parse_bind
+from train.client.slurm.jobitems import parse_bind
+from train.client.slurm.resolve import ResolvedJob
 
 PYTHON_NAME = re.compile(r"python[0-9.]*")
 # python's options that take the next argument as their value

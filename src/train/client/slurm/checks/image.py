@@ -4,6 +4,7 @@ built for the partition's GPUs, offering what the step needs
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from collections.abc import Mapping
@@ -84,7 +85,10 @@ def _arch_problems(job: ResolvedJob, path: Path, binary: str | None,
         facts = image_facts(path, binary or "", job.profile)
     if facts is None:
         return [], []
-    check = check_arch([job.node], True, "apptainer", facts)
+    # the GPUs the job can land on: the type it asks for, else every type of the partition
+    node = job.node if job.spec.gpu_type is None else \
+        dataclasses.replace(job.node, gpu_types=(job.spec.gpu_type,))
+    check = check_arch([node], True, "apptainer", facts)
     if check.ok is False:
         return [Problem("image", f"--image {job.spec.image}: {check.detail}; {check.fix}")], []
     return [], [f"--image {job.spec.image}: {check.detail}; {check.fix}"] if check.warn else []

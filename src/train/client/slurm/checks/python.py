@@ -8,7 +8,7 @@ import shutil
 from collections.abc import Mapping
 
 from train.client.slurm.checks.problem import Problem
-from train.client.slurm.job import ResolvedJob
+from train.client.slurm.resolve import ResolvedJob
 from train.common import _proc
 
 PYTHON_TIMEOUT = 60.0  # a Python on a slow shared file system starting cold

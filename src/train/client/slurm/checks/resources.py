@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from train.client.slurm.checks.problem import Problem
 from train.client.slurm.checks.sbatchenv import sbatch_environment
-from train.client.slurm.job import ResolvedJob
+from train.client.slurm.resolve import ResolvedJob
 
 
 def resource_problems(job: ResolvedJob, environ: Mapping[str, str]

@@ -12,8 +12,8 @@ from train.batch import contract
 from train.client.slurm import queue
 from train.client.slurm.chain import Chain, load_chain
 from train.client.slurm.checks.problem import Problem
-from train.client.slurm.job import ResolvedJob
 from train.client.slurm.queue import ACTIVE_STATES
+from train.client.slurm.resolve import ResolvedJob
 from train.common.errors import ConfigError, UsageError
 
 

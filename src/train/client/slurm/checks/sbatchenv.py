@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from train.client.slurm.job import SBATCH_OWNED
+from train.client.slurm.jobitems import SBATCH_OWNED
 
 # sbatch reads these too, as the options SBATCH_CLUSTERS and SBATCH_HINT
 _SLURM_OPTION_VARS = ("SLURM_CLUSTERS", "SLURM_HINT")

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from train.client.programs import SCRIPT_LIMIT, script_of
-from train.client.slurm.job import ResolvedJob
+from train.client.slurm.resolve import ResolvedJob
 
 FOLDER_LIMIT = 50  # .py files beside the script that are read for a handler
 _LIGHTNING = re.compile(rb"^[ \t]*(?:import|from)[ \t]+(?:lightning|pytorch_lightning)\b",

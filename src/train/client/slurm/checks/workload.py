@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from train.client.slurm.checks.files import PYTHON_NAME
 from train.client.slurm.checks.problem import Problem
-from train.client.slurm.job import ResolvedJob
+from train.client.slurm.resolve import ResolvedJob
 
 # torchrun's options that take no value (every other option takes one, as --opt V or
 # --opt=V): after them comes the script or module
