@@ -78,6 +78,7 @@ def tests(session: nox.Session) -> None:
     env = {"OMP_NUM_THREADS": "1", "TRAIN_TEST_WHEELS": str(CLIENT_WHEELS),
            "TRAIN_TEST_ARCH_WHEELS": str(ARCH_WHEELS),
            "TRAIN_TEST_STACK_WHEELS": str(STACK_WHEELS)}
+    engine = None if session.posargs else _start_engine(session, env)
     side = [] if session.posargs else _start_side_runs(session, env)
     # the slowest tests are listed at the end: CI's time budget is watched from there
     try:
@@ -85,7 +86,10 @@ def tests(session: nox.Session) -> None:
         session.run("pytest", "--durations=25", *(["-m", "not apptainer"] if side else []),
                     *beside, *session.posargs, env=env)
     finally:
-        _finish_side_runs(session, side)
+        try:
+            _finish_side_runs(session, side)
+        finally:
+            _stop_engine(engine)
 
 
 # The slurm tier's files whose time is mostly spent waiting on jobs (walltime signals,
@@ -117,6 +121,39 @@ SIDE_RUNS = (
                                            "tests/integration"],
      {"TRAIN_TEST_SLURM": "26.05"}),
 )
+
+
+def _start_engine(session: nox.Session, env: dict[str, str]) -> Path | None:
+    """One Docker engine for the main run and the runs beside it (ci/docker-up.sh), named
+    to the tests in TRAIN_TEST_DOCKER_HOST: CI's base image is then built once, not once
+    per run. None where no engine can start here (the docker tier starts or skips its
+    own)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    if os.geteuid() != 0 or shutil.which("dockerd") is None:
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="dk", dir="/tmp"))  # (a socket path < 108)
+    up = subprocess.run(["bash", str(ROOT / "ci" / "docker-up.sh"), str(folder)],
+                        capture_output=True, text=True, timeout=120, check=False)
+    if up.returncode != 0:
+        session.log(f"no shared Docker engine (each run starts its own): {up.stderr[-500:]}")
+        _stop_engine(folder)
+        return None
+    env["TRAIN_TEST_DOCKER_HOST"] = up.stdout.strip().splitlines()[-1]
+    return folder
+
+
+def _stop_engine(folder: Path | None) -> None:
+    """Stops the shared engine by its PID (ci/docker-down.sh) and removes its folder."""
+    import shutil
+    import subprocess
+
+    if folder is not None:
+        subprocess.run(["bash", str(ROOT / "ci" / "docker-down.sh"), str(folder)],
+                       check=False, timeout=120)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _start_side_runs(session: nox.Session, env: dict[str, str]

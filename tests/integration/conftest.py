@@ -4,6 +4,7 @@ TRAIN_TEST_SLURM=24.11), stopped by PID afterwards, also when the session is kil
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -74,25 +75,26 @@ def sc2_build_args() -> list[str]:
     return proc.stdout.splitlines()
 
 
-@pytest.fixture(scope="session")
-def docker_engine() -> Iterator[dict[str, str]]:
-    """A real dockerd (ci/docker-up.sh), the debootstrapped stand-in for the CUDA base
-    image, and the offline wheelhouse the image build installs from."""
-    if os.geteuid() != 0:
-        pytest.skip("the Docker engine for image tests needs root")
-    missing = [c for c in ("dockerd", "docker", "debootstrap") if shutil.which(c) is None]
-    if missing:
-        pytest.skip(f"{', '.join(missing)} not installed: run `bash ci/bootstrap.sh` as root "
-                    "(apt-get install docker.io debootstrap)")
-    folder = Path(tempfile.mkdtemp(prefix="dk", dir="/tmp"))
-    up = subprocess.run(["bash", str(REPO / "ci" / "docker-up.sh"), str(folder)],
-                        capture_output=True, text=True, timeout=120, check=False)
-    try:
-        if up.returncode != 0:
-            pytest.fail(f"docker-up.sh failed: {up.stderr}")
-        env = {"DOCKER_HOST": up.stdout.strip().splitlines()[-1]}
-        previous = os.environ.get("DOCKER_HOST")
-        os.environ["DOCKER_HOST"] = env["DOCKER_HOST"]
+# One Docker engine for every pytest of a `nox -s tests` (the noxfile starts it and names
+# its socket here): the main run and the runs beside it then debootstrap the base and
+# build CI's images once, not once each; a lock beside the socket takes them in turn.
+SHARED_ENGINE = "TRAIN_TEST_DOCKER_HOST"
+
+
+@contextlib.contextmanager
+def _engine_turn(env: dict[str, str]) -> Iterator[None]:
+    """Holds the engine's build lock: one pytest at a time makes what all of them use."""
+    import fcntl
+
+    socket = env["DOCKER_HOST"].removeprefix("unix://")
+    with open(Path(socket).parent / "build.lock", "a", encoding="utf-8") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def _prepare_engine(env: dict[str, str]) -> None:
+    """The debootstrapped stand-in for the CUDA base image and the offline wheelhouse."""
+    with _engine_turn(env):
         base = subprocess.run(["bash", str(REPO / "ci" / "base-rootfs.sh"), CI_BASE_TAG],
                               capture_output=True, text=True, timeout=900, check=False)
         if base.returncode != 0:
@@ -104,31 +106,60 @@ def docker_engine() -> Iterator[dict[str, str]]:
             capture_output=True, text=True, timeout=900, check=False)
         if wheels.returncode != 0:
             pytest.fail(f"wheelhouse download failed: {wheels.stderr[-2000:]}")
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> Iterator[dict[str, str]]:
+    """A real dockerd (ci/docker-up.sh; the shared one where SHARED_ENGINE names it), the
+    debootstrapped stand-in for the CUDA base image, and the offline wheelhouse the image
+    build installs from."""
+    if os.geteuid() != 0:
+        pytest.skip("the Docker engine for image tests needs root")
+    missing = [c for c in ("dockerd", "docker", "debootstrap") if shutil.which(c) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed: run `bash ci/bootstrap.sh` as root "
+                    "(apt-get install docker.io debootstrap)")
+    previous = os.environ.get("DOCKER_HOST")
+    shared = os.environ.get(SHARED_ENGINE)
+    folder = None if shared else Path(tempfile.mkdtemp(prefix="dk", dir="/tmp"))
+    try:
+        if folder is not None:
+            up = subprocess.run(["bash", str(REPO / "ci" / "docker-up.sh"), str(folder)],
+                                capture_output=True, text=True, timeout=120, check=False)
+            if up.returncode != 0:
+                pytest.fail(f"docker-up.sh failed: {up.stderr}")
+            shared = up.stdout.strip().splitlines()[-1]
+        assert shared
+        env = {"DOCKER_HOST": shared}
+        os.environ["DOCKER_HOST"] = shared
+        _prepare_engine(env)
         yield env
     finally:
-        subprocess.run(["bash", str(REPO / "ci" / "docker-down.sh"), str(folder)],
-                       check=False, timeout=120)
-        shutil.rmtree(folder, ignore_errors=True)
-        if "previous" in locals():
-            if previous is None:
-                os.environ.pop("DOCKER_HOST", None)
-            else:
-                os.environ["DOCKER_HOST"] = previous
+        if folder is not None:
+            subprocess.run(["bash", str(REPO / "ci" / "docker-down.sh"), str(folder)],
+                           check=False, timeout=120)
+            shutil.rmtree(folder, ignore_errors=True)
+        if previous is None:
+            os.environ.pop("DOCKER_HOST", None)
+        else:
+            os.environ["DOCKER_HOST"] = previous
 
 
 def _built_once(tag: str, argv: list[str], docker_engine: dict[str, str]) -> str:
-    """`train image build ARGV --tag TAG`, unless the engine holds TAG already."""
+    """`train image build ARGV --tag TAG`, unless the engine holds TAG already (another
+    pytest on the shared engine may be building it: its turn is waited for)."""
     import docker
 
-    try:
-        docker.from_env().images.get(tag)
-    except docker.errors.ImageNotFound:
-        proc = subprocess.run([sys.executable, "-m", "train", "image", "build", *argv,
-                               "--engine", "docker", "--tag", tag],
-                              capture_output=True, text=True, timeout=1800, check=False,
-                              env={**os.environ, **docker_engine})
-        if proc.returncode != 0:
-            pytest.fail(f"building {tag} failed: {proc.stderr[-3000:]}")
+    with _engine_turn(docker_engine):
+        try:
+            docker.from_env().images.get(tag)
+        except docker.errors.ImageNotFound:
+            proc = subprocess.run([sys.executable, "-m", "train", "image", "build", *argv,
+                                   "--engine", "docker", "--tag", tag],
+                                  capture_output=True, text=True, timeout=1800, check=False,
+                                  env={**os.environ, **docker_engine})
+            if proc.returncode != 0:
+                pytest.fail(f"building {tag} failed: {proc.stderr[-3000:]}")
     return tag
 
 
