@@ -38,8 +38,8 @@ JOBS = [
     ("Rivanna 2-node A100 DDP of your own script",
      {"cluster": "rivanna", "account": "grp", "runtime": "apptainer",
       "image": "/scratch/grp/base.sif"},
-     ["-N", "2", "-g", "4", "--gpu-type", "a100", "-e", "command", "-t", "12:00:00"],
-     ["python", "train.py"], "rv run -g 4 -t a100 -- torchrun --nproc_per_node=4 train.py "
+     ["-N", "2", "-g", "8", "--gpu-type", "a100", "-e", "command", "-t", "12:00:00"],
+     ["python", "train.py"], "rv run -g 8 -t a100 -- torchrun --nproc_per_node=8 train.py "
      "(one node only)"),
     ("MIG smoke test on Rivanna, 10 minutes",
      {"cluster": "rivanna", "account": "grp"},

@@ -37,9 +37,10 @@ CASES: dict[str, dict[str, Any]] = {
                             python="/scratch/grp/venv/bin/python",
                             workload=("demo", "--res", "32")),
     # a DDP script under torch's launcher with every default: the runtime from the image,
-    # the node's one task given 4 CPUs per GPU and those CPUs' memory
+    # the node's one task given 4 CPUs per GPU and those CPUs' memory (two whole nodes:
+    # Rivanna's multi-node jobs take all 8 GPUs of each)
     "rivanna-torchrun-defaults": dict(cluster="rivanna", name="rt", account="grp", nodes=2,
-                                      gpus_per_node=4, gpu_type="a100", entry="command",
+                                      gpus_per_node=8, gpu_type="a100", entry="command",
                                       image="/scratch/grp/base.sif", stop_signal="USR1",
                                       workload=("python", "train.py")),
     "rivanna-multinode": dict(cluster="rivanna", name="rm", account="grp", nodes=2,
@@ -77,7 +78,7 @@ CASES: dict[str, dict[str, Any]] = {
                                                  "/tmp/x $(id); `id` 'q' \"d\"\nnl.csv")),
     # a researcher's own DDP script under torch's launcher, with the escape hatches
     "rivanna-ddp-script": dict(cluster="rivanna", name="ddp", account="grp", nodes=2,
-                               gpus_per_node=4, gpu_type="a100", cpus_per_task=16,
+                               gpus_per_node=8, gpu_type="a100", cpus_per_task=32,
                                entry="command", runtime="apptainer",
                                image="/scratch/grp/base.sif", stop_signal="USR1",
                                max_chunks=5, time="6:00:00",

@@ -112,12 +112,13 @@ def test_gilbreth_first_job_is_the_field_notes_e1_job(tmp_path: Path,
 
 def test_rivanna_first_job_is_a_two_node_a100_ddp_script(tmp_path: Path,
                                                          home: dict[str, str]) -> None:
-    """Seeds 002/004: a DDP script under torch's launcher on 2 nodes x 4 A100, partition
-    gpu with a typed GRES. torchrun runs one task per node: that task gets the CPUs and
-    memory of all its GPUs' processes."""
+    """Seeds 002/004: a DDP script under torch's launcher on 2 nodes x 8 A100 (UVA RC:
+    multi-node jobs take all 8 GPUs of a node), partition gpu with a typed GRES. torchrun
+    runs one task per node: that task gets the CPUs and memory of all its GPUs'
+    processes."""
     sif = _fake_sif(tmp_path / "scratch" / "base.sif")
     _init(home, tmp_path, "--cluster", "rivanna", "--account", "grp", "--image", str(sif))
-    code, script, err = _cli(["render", "-N", "2", "-g", "4", "--gpu-type", "a100", "-e",
+    code, script, err = _cli(["render", "-N", "2", "-g", "8", "--gpu-type", "a100", "-e",
                               "command", "--stop-signal", "USR1", "--", "python",
                               "train.py"], home, tmp_path)
     assert code == 0, err
@@ -125,14 +126,14 @@ def test_rivanna_first_job_is_a_two_node_a100_ddp_script(tmp_path: Path,
     node = prof.partitions["gpu"]
     opts, step = _sbatch(script), _step(script)
     assert opts["account"] == "grp" and opts["partition"] == "gpu"
-    assert opts["gres"] == "gpu:a100:4"  # UVA RC: --gres=gpu:<type>:N
+    assert opts["gres"] == "gpu:a100:8"  # UVA RC: --gres=gpu:<type>:N, all 8 of a node
     assert opts["nodes"] == "2" and (node.max_nodes or 0) >= 2
-    assert (node.max_gpus or 0) >= 2 * 4
+    assert (node.max_gpus or 0) >= 2 * 8 and node.multi_node_whole
     assert parse_time(opts["time"]) < (prof.backfill_minutes or 0)  # 2:59:00, backfill
     assert "qos" not in opts
-    _check_cpus_and_memory(opts, step, node.cpus_per_node, node.mem_mb, gpus=4, ntasks=1)
-    assert opts["cpus-per-task"] == "16" and opts["mem"] == "125G"  # as tasks mode gets
-    assert "--mode=torchrun" in step and "--nproc-per-node=4" in step
+    _check_cpus_and_memory(opts, step, node.cpus_per_node, node.mem_mb, gpus=8, ntasks=1)
+    assert opts["cpus-per-task"] == "32" and opts["mem"] == "250G"  # as tasks mode gets
+    assert "--mode=torchrun" in step and "--nproc-per-node=8" in step
     assert "RUNTIME=apptainer" in script and "module load apptainer" in script
     for path in ("/home", "/scratch", "/project", "/standard"):
         assert path in _binds(step)

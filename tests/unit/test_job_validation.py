@@ -77,6 +77,46 @@ def test_resources_over_the_node() -> None:
            constraint="h200", nodes=4, gpus_per_node=8)
 
 
+def test_a_multi_node_job_on_rivannas_gpu_partition_takes_whole_nodes() -> None:
+    """UVA RC: multi-node jobs take all 8 GPUs of a node (the profile's gpu partition has
+    multi_node_whole: true); one node may take fewer."""
+    riv = dict(cluster="rivanna", account="g", gpu_type="a100")
+    msg = _fails("gpus_per_node", "rivanna's gpu partition: a job of more than one node "
+                 "takes all 8 GPUs of each node: -g 8 (or one node)", **riv, nodes=2,
+                 gpus_per_node=4)
+    assert "2 nodes of 4" in msg
+    assert _resolve(**riv, nodes=2, gpus_per_node=8).spec.nodes == 2
+    assert _resolve(**riv, nodes=1, gpus_per_node=4).spec.gpus_per_node == 4
+    # the site's other partitions have no such rule
+    assert _resolve(cluster="rivanna", account="g", partition="interactive", nodes=2,
+                    gpus_per_node=1).spec.nodes == 2
+
+
+def test_whole_nodes_are_a_profiles_rule_refused_at_load_when_not_a_boolean(
+        tmp_path: Path) -> None:
+    # Gilbreth's profile has no such rule: 2 nodes of 1 A30 are a job
+    assert _resolve(**{**GIL, "nodes": 2}).spec.nodes == 2
+    profile = tmp_path / "whole.yaml"
+    node = "{gpus_per_node: 3, cpus_per_node: 32, mem_per_node: 250G, max_time: '4:00:00'"
+    profile.write_text(f"name: whole\nextends: gilbreth\npartitions:\n  a30: {node}, "
+                       "multi_node_whole: true}\n")
+    reg = Registry([profile], environ={})
+    assert reg.get("whole").partitions["a30"].multi_node_whole
+    job = {**GIL, "cluster": "whole", "nodes": 2}
+    with pytest.raises(ConfigError) as err:
+        resolve(JobSpec(**job), reg.get("whole"))
+    assert err.value.field == "gpus_per_node"
+    assert "whole's a30 partition: a job of more than one node takes all 3 GPUs" \
+        in str(err.value)
+    assert resolve(JobSpec(**{**job, "gpus_per_node": 3}), reg.get("whole")).spec.nodes == 2
+    profile.write_text(f"name: whole\nextends: gilbreth\npartitions:\n  a30: {node}, "
+                       "multi_node_whole: 'yes'}\n")
+    with pytest.raises(ConfigError) as err:
+        Registry([profile], environ={})
+    assert err.value.field == "profile whole.partitions.a30.multi_node_whole"
+    assert "must be true or false, got 'yes'" in str(err.value)
+
+
 def test_gpu_type_the_partition_lacks() -> None:
     msg = _fails("gpu_type", "has no 'h100' GPUs", **{**GIL, "gpu_type": "h100"})
     assert "a30" in msg
@@ -98,13 +138,13 @@ def test_dataloader_workers_over_memory_suggests_a_safe_count() -> None:
 def test_cpus_and_memory_scale_with_the_gpus_in_every_launch_mode() -> None:
     """Issue 19: under torchrun a 4-GPU node got 4 CPUs and 32 GB for 4 ranks, while one
     task per GPU got 16 CPUs and 125G for the same job."""
-    base = dict(cluster="rivanna", account="grp", nodes=2, gpus_per_node=4, gpu_type="a100",
+    base = dict(cluster="rivanna", account="grp", nodes=2, gpus_per_node=8, gpu_type="a100",
                 entry="command", stop_signal="USR1", workload=("python", "t.py"))
     torchrun = _resolve(**base, launch="torchrun")
     tasks = _resolve(**base, launch="tasks")
-    assert torchrun.ntasks_per_node == 1 and tasks.ntasks_per_node == 4
-    assert torchrun.spec.cpus_per_task == 16 and tasks.spec.cpus_per_task == 4
-    assert torchrun.mem_mb == tasks.mem_mb == 125 * 1024
+    assert torchrun.ntasks_per_node == 1 and tasks.ntasks_per_node == 8
+    assert torchrun.spec.cpus_per_task == 32 and tasks.spec.cpus_per_task == 4
+    assert torchrun.mem_mb == tasks.mem_mb == 250 * 1024
     single = _resolve(**{**base, "nodes": 1, "gpus_per_node": 1})
     assert single.launch == "single" and single.spec.cpus_per_task == 4
     # within the node: 3 A30 a 32-CPU Gilbreth node (4 x 3 = 12 fits); a given count stays
@@ -227,6 +267,13 @@ def test_cli_bad_job_exits_2_and_submits_nothing(tmp_path: Path) -> None:
                    cwd=tmp_path, env={"PATH": "/nonexistent:/usr/bin:/bin"})
     assert proc.returncode == 2, proc.stderr
     assert "time: 05:00:00 is over the QOS standby limit" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+    proc = run_cli(["submit", "-M", "rivanna", "-A", "grp", "--runtime", "none", "-N", "2",
+                    "-g", "4", "--", "demo"], cwd=tmp_path,
+                   env={"PATH": "/nonexistent:/usr/bin:/bin"})
+    assert proc.returncode == 2, proc.stderr
+    assert "gpus_per_node: rivanna's gpu partition: a job of more than one node takes all " \
+           "8 GPUs of each node: -g 8 (or one node)" in proc.stderr
     assert list(tmp_path.iterdir()) == []
     proc = run_cli(["render", "--cluster", "anvil", "--", "demo"], cwd=tmp_path)
     assert proc.returncode == 2 and "known clusters:" in proc.stderr

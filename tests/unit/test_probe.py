@@ -92,6 +92,7 @@ partitions:
     max_nodes: 4
     max_gpus: 16
     cpu_jobs: false
+    multi_node_whole: true
   gone:
     gpus_per_node: 0
     cpus_per_node: 4
@@ -163,13 +164,13 @@ def test_write_holds_the_probed_values_each_with_date_and_command(
     assert data["partitions"]["a100"] == {
         "gpus_per_node": 4, "gpu_types": ["a100"], "cpus_per_node": 64,
         "mem_per_node": "500G", "max_time": "2-00:00:00", "max_nodes": 2,
-        "max_gpus": 16, "cpu_jobs": False}
+        "max_gpus": 16, "cpu_jobs": False, "multi_node_whole": True}
     assert "gone" not in data["partitions"] and data["partition"]["default"] == "a100"
     assert data["qos"]["limits"] == {"normal": "2-00:00:00"}
     for line in text.splitlines():
         if "gpus_per_node" in line or "max_time" in line:
             assert "# 2026-01-02: sinfo -h -N -o" in line, line
-        if "max_gpus" in line:
+        if "max_gpus" in line or "multi_node_whole" in line:
             assert "not probed: kept from" in line, line
     assert "# 2026-01-02: sacctmgr -n -P show qos" in text
     merged = Registry(environ={}).get("base")  # loads, and says what the site says

@@ -44,6 +44,10 @@ def test_shipped_profiles() -> None:
     assert riv.gpu_request == "gres" and riv.gpu_type_request == "gres"
     assert riv.backfill_minutes == 180
     assert riv.partitions["gpu"].max_gpus == 32
+    # UVA RC: multi-node jobs take all 8 GPUs of a node; no other shipped node type says so
+    assert [n for n, p in riv.partitions.items() if p.multi_node_whole] == ["gpu"]
+    assert not any(p.multi_node_whole for p in (*gil.partitions.values(),
+                                                 *torch_site.constraints.values()))
     assert gil.gpu_type_request == "constraint" and gil.gpu_feature("h100") == "h100"
     assert reg.get("local").gpu_type_request == "none"
 

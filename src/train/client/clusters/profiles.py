@@ -118,7 +118,8 @@ def describe(profile: Profile) -> dict[str, Any]:
                 "cpus_per_node": n.cpus_per_node, "mem_per_node": format_mem(n.mem_mb),
                 "max_time": None if n.max_minutes is None else format_time(n.max_minutes),
                 "max_nodes": n.max_nodes, "max_gpus": n.max_gpus,
-                "driver_version": n.driver_version, "cpu_jobs": n.cpu_jobs}
+                "driver_version": n.driver_version, "cpu_jobs": n.cpu_jobs,
+                "multi_node_whole": n.multi_node_whole}
 
     return {
         "name": profile.name, "description": profile.description, "source": profile.source,

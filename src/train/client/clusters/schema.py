@@ -31,6 +31,9 @@ class NodeType:
     # a job without GPUs may run here (nodes with GPUs: false unless the profile says so,
     # since a GPU job that forgot -g would run on the CPU for its walltime)
     cpu_jobs: bool = False
+    # a job of more than one node takes every GPU of each node (a site's rule, e.g. UVA
+    # RC's for Rivanna's gpu partition); one node may take fewer
+    multi_node_whole: bool = False
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ _SECTION_KEYS = {"account": {"required", "hint", "list_command"},
                  "qos": {"required", "default", "limits"}}
 _GPU_WATCH_KEYS = {"interval", "idle_threshold", "idle_minutes"}
 _NODE_KEYS = {"gpus_per_node", "gpu_types", "cpus_per_node", "mem_per_node", "max_time",
-              "max_nodes", "max_gpus", "driver_version", "cpu_jobs"}
+              "max_nodes", "max_gpus", "driver_version", "cpu_jobs", "multi_node_whole"}
 # an NVIDIA driver version as nvidia-smi prints it: 550, 550.54 or 550.54.15
 _DRIVER_RE = re.compile(r"[0-9]{1,4}(?:\.[0-9]{1,4}){0,2}")
 # one word of a command run without a shell (account.list_command)
@@ -287,6 +287,7 @@ def _node(where: str, name: str, data: Any) -> NodeType:
         max_gpus=_int(f"{where}.max_gpus", data.get("max_gpus"), optional=True),
         driver_version=_driver(f"{where}.driver_version", data.get("driver_version")),
         cpu_jobs=_bool(where, data, "cpu_jobs", False),
+        multi_node_whole=_bool(where, data, "multi_node_whole", False),
     )
 
 

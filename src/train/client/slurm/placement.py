@@ -50,6 +50,7 @@ def choose_node(spec: JobSpec, profile: Profile) -> tuple[NodeType, str | None]:
                           default=None),
             max_gpus=min((n.max_gpus for n in nodes if n.max_gpus is not None), default=None),
             cpu_jobs=all(n.cpu_jobs for n in nodes),
+            multi_node_whole=any(n.multi_node_whole for n in nodes),
         )
         return merged, None
     partition = spec.partition or profile.default_partition

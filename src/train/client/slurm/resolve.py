@@ -132,6 +132,7 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
     _check_gpus(spec, profile, node, partition)
     constraint, gres_type = constraint_request(spec, profile, node, partition)
     _check_job_size(spec, node)
+    _check_whole_nodes(spec, profile, node, partition)
     launch = _launch_mode(spec)
     ntasks = _tasks_per_node(spec, launch)
     # the defaults in force, settled here: the resolved job's spec holds them
@@ -244,6 +245,20 @@ def _check_job_size(spec: JobSpec, node: NodeType) -> None:
     if node.max_gpus is not None and spec.nodes * spec.gpus_per_node > node.max_gpus:
         raise ConfigError("gpus_per_node", f"{spec.nodes} x {spec.gpus_per_node} GPUs is "
                           f"over the {node.max_gpus}-GPU limit per job on {node.name}")
+
+
+def _check_whole_nodes(spec: JobSpec, profile: Profile, node: NodeType,
+                       partition: str | None) -> None:
+    """Where the site has a job of more than one node take every GPU of each node (the
+    node type's multi_node_whole), such a job asks for all of them, or runs on one node."""
+    if not node.multi_node_whole or spec.nodes <= 1 \
+            or spec.gpus_per_node == node.gpus_per_node:
+        return
+    what = f"{partition} partition" if partition else f"constraint {node.name}"
+    raise ConfigError("gpus_per_node", f"{profile.name}'s {what}: a job of more than one "
+                      f"node takes all {node.gpus_per_node} GPUs of each node: "
+                      f"-g {node.gpus_per_node} (or one node); the job asks for "
+                      f"{spec.nodes} nodes of {spec.gpus_per_node}")
 
 
 def _launch_mode(spec: JobSpec) -> str:

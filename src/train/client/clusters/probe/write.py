@@ -79,6 +79,8 @@ def _node_tree(node: NodeType | None, site: Group | None, *, limits: bool, said:
         if node.driver_version is not None:
             out["driver_version"] = _leaf(node.driver_version, unprobed)
         out["cpu_jobs"] = _leaf(node.cpu_jobs, unprobed)
+        if node.multi_node_whole:
+            out["multi_node_whole"] = _leaf(True, unprobed)
     return out
 
 
