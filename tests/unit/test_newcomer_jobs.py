@@ -23,14 +23,14 @@ ROW = re.compile(r"^\| (with `train init`|without) \| `(train submit [^`]*)` \| 
 # what this machine cannot be: a login node that mounts the site's shared file systems
 # (the profile's binds, /scratch where the images are)
 ELSEWHERE = ("binds: the profile", "copy it to a file system the compute nodes mount")
-# `apptainer inspect` of the base image, CUDA 12.8 variant (docs/images.md: Rivanna's gpu
-# partition has V100s), so the GPU architecture check runs whether or not this machine has
-# an apptainer of its own
+# `apptainer inspect` of the base image as containers/base.def builds it by default (CUDA
+# 13: no V100, so the page's Rivanna jobs ask for A100s), so the GPU architecture check runs
+# whether or not this machine has an apptainer of its own
 APPTAINER = """#!/bin/sh
 if [ "$1" = inspect ]; then
     echo '{"data": {"attributes": {"labels": {"org.train.image": "base", \
-"org.train.lock": "base-cu128.txt", "org.train.torch": "2.10.0", \
-"org.train.base-image": "nvidia/cuda:12.8.1-runtime-ubuntu24.04"}, "environment": {}}}}'
+"org.train.lock": "base-cu130.txt", "org.train.torch": "2.13.0", \
+"org.train.base-image": "nvidia/cuda:13.0.0-runtime-ubuntu24.04"}, "environment": {}}}}'
     exit 0
 fi
 echo "apptainer stand-in: $*" >&2; exit 1
@@ -168,7 +168,7 @@ def test_the_architecture_check_compares_the_gpu_type_the_job_asks_for(
     folder.mkdir()
     (folder / "train.py").write_text(SCRIPT)
     (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "apptainer").write_text(APPTAINER.replace("base-cu128", "base-cu130"))
+    (tmp_path / "bin" / "apptainer").write_text(APPTAINER)
     (tmp_path / "bin" / "apptainer").chmod(0o755)
     env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "HOME": str(tmp_path),
            "XDG_CONFIG_HOME": "", "XDG_CACHE_HOME": str(tmp_path / "cache"),
