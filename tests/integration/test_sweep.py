@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -182,8 +183,16 @@ def test_train_cancel_ends_every_task_running_or_waiting_for_the_throttle(
         c["state"] == "cancelled" and all(x["state"] not in ("PENDING", "RUNNING")
                                           for x in c["chunks"]) for c in s["chains"]))
     assert [len(c["chunks"]) for c in st["chains"]] == [1, 1, 1]
-    queued = slurm(["squeue", "-h", "--array", "-o", "%i %j"], slurm_env)
-    assert " sc" not in queued, queued
+    # nothing of the sweep stays queued: a cancelled task still ending its step (squeue's
+    # CG, on a busy machine for a while) is let go; one pending or running again is not
+    for _ in range(300):
+        queued = slurm(["squeue", "-h", "--array", "-o", "%i %j %T"], slurm_env)
+        if " sc " not in queued:
+            break
+        assert all(line.split()[-1] == "COMPLETING" for line in queued.splitlines()
+                   if " sc " in line), queued
+        time.sleep(1)
+    assert " sc " not in queued, queued
 
 
 def _sweep(cwd: Path, env: dict[str, str], name: str, *flags: str) -> tuple[Path, str]:
