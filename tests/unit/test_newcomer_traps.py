@@ -49,9 +49,7 @@ def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[Any, str,
 
 @pytest.mark.parametrize("typed", [
     ["python", "my_train.py"],  # no `--`: argparse took python for the job file
-    ["--", "python", "my_train.py", "--lr", "3"],
-    ["--", "my_train.py"],
-    ["--", "./run.sh"],
+    ["--", "my_train.py"],  # (a bare .py: `python my_train.py` is the fix, not ours to do)
 ])
 def test_a_program_without_entry_command_names_the_fix(
         typed: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -215,3 +213,17 @@ def test_an_apptainer_setting_passed_through_by_name_is_refused(
         code, _, err = _cli([*RENDER, "-e", "command", "--env", name, "--", "python",
                              "x.py"], capsys)
         assert code == 2 and f"env: {name}" in err and "--bind" in err, err
+
+
+@pytest.mark.parametrize("typed", [["python", "x.py", "--lr", "3"], ["./run.sh"],
+                                   ["torchrun", "--nproc-per-node", "2", "x.py"]])
+def test_a_program_after_the_dashes_runs_as_a_command_without_entry(
+        typed: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """`-e command` is what a program after `--` means: it is taken so when no --entry
+    is given (a flag, the job file or the defaults); an explicit -e train still refuses."""
+    code, out, err = _cli([*RENDER, "--", *typed], capsys)
+    assert code == 0, err
+    assert " ".join(typed) in out and "train_main" in out
+    assert "ENTRY=command" in out or "COMPLETE_ON_SUCCESS=1" in out, out[:2000]
+    code, _, err = _cli([*RENDER, "-e", "train", "--", *typed], capsys)
+    assert code == 2 and "-e command --" in err, err

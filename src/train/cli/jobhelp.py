@@ -123,7 +123,7 @@ def short_help(p: argparse.ArgumentParser) -> str:
                        f"them):\n{topics}")
     formatter.add_text("The workload and its arguments follow `--`, as `train run` takes "
                        f"them:\n  {prog} -M gilbreth -A ACCT -g 1 -t 2:00:00 -- demo "
-                       f"--episodes 9000\n  {prog} -N 2 -g 4 -e command -t 12:00:00 -- "
+                       f"--episodes 9000\n  {prog} -N 2 -g 4 -t 12:00:00 -- "
                        "python train.py\nBad input exits 2 and nothing is submitted.")
     return formatter.format_help()
 

@@ -161,6 +161,7 @@ def _job_spec(args: argparse.Namespace, workload: list[str] | None,
     # (a list from the defaults file alone too: a flag adds to it, then either may be bad)
     origin.update(dict.fromkeys(set(defaults) - set(merged({}, file_values)) - set(flags),
                                 defaults_path()))
+    _infer_entry(flags, base)
     spec = job_from_sources(base, flags)
     if spec.entry == "train":
         _refuse_program("workload", spec.workload)
@@ -170,6 +171,22 @@ def _job_spec(args: argparse.Namespace, workload: list[str] | None,
                          f"{', '.join(registry.names())}), or set a default with "
                          f"`train init --cluster NAME` (it goes to {defaults_path()})")
     return spec, registry.get(spec.cluster)
+
+
+def _infer_entry(flags: dict[str, Any], base: dict[str, Any]) -> None:
+    """No --entry given (by flag, job file or defaults) and a program after `--` (python,
+    a launcher, a shell, a .sh file, an executable path): it runs as a command, as `-e
+    command` would; a `train run` workload (demo, sc2) keeps the train entry, and a bare
+    .py file is refused with the fix (`-e command -- python FILE`: its argv is not ours to
+    rewrite)."""
+    from train.client.programs import looks_like_program
+
+    if "entry" in flags or "entry" in base:
+        return
+    typed = flags.get("workload", base.get("workload"))
+    if isinstance(typed, list) and typed and looks_like_program(str(typed[0])) \
+            and not str(typed[0]).endswith(".py"):
+        flags["entry"] = "command"
 
 
 def _refuse_program(field: str, typed: Any) -> None:
