@@ -10,7 +10,9 @@ where installed) are too old.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import os
 import shutil
 import sys
@@ -277,6 +279,26 @@ def test_an_odd_cache_entry_is_asked_again(tmp_path: Path, entry: str) -> None:
                                     pynvml=False, nvidia_smi=False), env)
     assert features.cached("k", env) == Features((3, 11, 0), False, False, False, False,
                                                  cache_file=str(path))
+
+
+def test_a_nan_in_a_hand_edited_entry_does_not_freeze_the_cache(tmp_path: Path) -> None:
+    """Python's JSON reads NaN (and 1e400 as inf); the strict write refuses both: NaN read
+    as null and an entry holding inf left out, the cache is written with the new answer
+    (at 05f6875 they were written back as NaN and Infinity), instead of never again, with
+    every later submit asking the image."""
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    path = feature_cache.cache_path(env)
+    path.parent.mkdir(parents=True)
+    path.write_text('{"old": {"python": [3, 9, 1], "torch": false, "train": false, '
+                    '"pynvml": false, "nvidia_smi": false, "note": NaN}, '
+                    '"big": {"python": [3, 9, 1], "note": 1e400}}')
+    found = Features(python=(3, 11, 0), torch=False, train=False, pynvml=False,
+                     nvidia_smi=False)
+    features.remember("k", found, env)
+    assert features.cached("k", env) == dataclasses.replace(found, cache_file=str(path))
+    assert features.cached("old", env) == Features((3, 9, 1), False, False, False, False,
+                                                   cache_file=str(path))
+    assert "big" not in json.loads(path.read_text())  # inf has no strict JSON: dropped
 
 
 def test_a_flood_from_the_image_is_cut_short_in_the_note(tmp_path: Path) -> None:

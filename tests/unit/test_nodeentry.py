@@ -26,11 +26,12 @@ from train.common.entry import MIN_PYTHON, bound_entry_code, bound_root
 from train.node.nodelist import expand
 
 PYENV = Path("/root/.pyenv/versions")
-# the modules `launch` starts from (a GPU step's too: the CUDA check, the watch); what they
-# import in turn is found by importing them (_node_side)
+# the modules `launch` starts from (a GPU step's too: the CUDA check, the watch; the entry's
+# names, which the torch check and the watch's start import at run time); what they import
+# in turn is found by importing them (_node_side)
 ENTRY_MODULES = ("train.node.nodeentry", "train.node.launch", "train.node.signals",
                  "train.node.gpuwatch", "train.node.nodelist",
-                 "train.common.cuda_check")
+                 "train.common.cuda_check", "train.common.entry")
 
 
 def _python(version: str) -> str | None:
@@ -148,6 +149,36 @@ def test_the_node_side_imports_nothing_but_the_standard_library(tmp_path: Path) 
     others, files = _node_side(tmp_path)
     assert others == []
     assert len(files) >= len(ENTRY_MODULES)
+
+
+def _imported_in_functions(path: Path) -> set[str]:
+    """The modules of ours a module imports inside its functions (at run time)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.ImportFrom) and inner.level == 0 and \
+                        (inner.module or "").startswith("train."):
+                    found.add(inner.module or "")
+                elif isinstance(inner, ast.Import):
+                    found |= {a.name for a in inner.names if a.name.startswith("train.")}
+    return found
+
+
+def test_the_checks_reach_what_the_node_side_imports_at_run_time(tmp_path: Path) -> None:
+    """A module of ours the node side imports only inside a function (the torch check and
+    the GPU watch's start take train.common.entry so) is held to the same lines (the
+    standard library, Python 3.9) as the rest: ENTRY_MODULES reach it."""
+    files = set(_node_side(tmp_path)[1])
+    here = Path(train.__file__).parent
+    lazy = set().union(*(_imported_in_functions(f) for f in files))
+    assert "train.node.launch" in lazy  # (nodeentry's run_launch)
+
+    def checked(module: str) -> bool:
+        path = here.joinpath(*module.split(".")[1:])
+        return path.with_suffix(".py") in files or path / "__init__.py" in files
+
+    assert sorted(m for m in lazy if not checked(m)) == []
 
 
 # Python 3.10+ features an AST shows: names that 3.9 lacks, keywords it does not take

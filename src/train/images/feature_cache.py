@@ -16,6 +16,7 @@ no cache, said in one warning line, and is never written over.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import stat
 from collections.abc import Iterable, Mapping
@@ -87,16 +88,27 @@ def _read_open(fd: int) -> tuple[dict[str, object] | None, str]:
         return None, f"cannot be read ({exc.strerror or exc})"
     if size > CACHE_MAX_BYTES:
         return None, f"is larger than {CACHE_MAX_BYTES // (1 << 20)} MiB"
-    return parse_json_object(b"".join(chunks)), ""  # {}: cut short, or not ours
+    # {}: cut short, or not ours; NaN and Infinity (a hand edit) read as null, so the
+    # entries can be written back as strict JSON (write_entries)
+    return parse_json_object(b"".join(chunks), parse_constant=lambda _name: None), ""
 
 
 def write_entries(path: Path, data: Mapping[str, object]) -> None:
     """The newest CACHE_ENTRIES entries, written whole (a link's target is replaced, the
     link kept); a cache that cannot be written is skipped."""
-    kept = dict(list(data.items())[-CACHE_ENTRIES:])
+    kept = {key: entry for key, entry in list(data.items())[-CACHE_ENTRIES:]
+            if _strict_json(entry)}  # (a hand edit's 1e400: inf, which strict JSON refuses)
     target = Path(os.path.realpath(path))
-    with contextlib.suppress(OSError, ValueError):  # (ValueError: a NaN written by hand)
+    with contextlib.suppress(OSError, ValueError):
         write_json_atomic(target, kept, indent=1, sort_keys=False, fsync=False)
+
+
+def _strict_json(value: object) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (ValueError, TypeError, RecursionError):
+        return False
+    return True
 
 
 # -- what an image is known by -------------------------------------------------------------
