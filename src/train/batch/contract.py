@@ -2,7 +2,7 @@
 
 File names in the run directory, the chain's event names and the progress file's format
 live here. The renderer hands every value to the batch shell as a variable
-(`shell_variables`), so job-lib.sh never spells a name on its own; the scheduler, the
+(`shell_variables`), so job-lib.sh never spells a name on its own; the client, the
 runner and the CLI import them from here. It imports nothing of train (names and pure
 helpers only) and nothing heavy: the login node and every node read it.
 """

@@ -4,7 +4,7 @@ and Python in a submit, and whether that suits the job.
 
 An image without `train` gets the client's own launcher bound in (train.node.nodeentry); the
 job is refused (exit 2, nothing queued) where the image cannot run it: a Python older than
-nodeentry.MIN_PYTHON, no torch under --launch torchrun, or `--entry train`/`navsim`,
+common.entry.MIN_PYTHON, no torch under --launch torchrun, or `--entry train`/`navsim`,
 which run this package's training inside the image.
 """
 
