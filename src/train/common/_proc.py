@@ -16,9 +16,11 @@ import selectors
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from train.common.errors import TrainError
 
@@ -60,16 +62,16 @@ def run(argv: Sequence[str], *, cwd: Path | None = None, timeout: float = 60.0,
                         "this command", timed_out=True)
     try:
         # bytes that are not UTF-8 (a site tool's output, a mangled name) are replaced
-        child = subprocess.Popen(list(argv), cwd=cwd, stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, encoding="utf-8",
-                                 errors="replace", env=None if env is None else dict(env),
-                                 start_new_session=True)
+        child, held = _start(lambda: subprocess.Popen(
+            list(argv), cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, encoding="utf-8", errors="replace",
+            env=None if env is None else dict(env), start_new_session=True))
     except FileNotFoundError:
         raise ProcError(argv, 127, f"{argv[0]}: command not found") from None
     except OSError as exc:  # E2BIG (an argument list too long), EACCES, ...
         raise ProcError(argv, 126, f"{argv[0]} could not be started: {exc}") from None
     try:
+        _deliver(held)
         stdout, stderr = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_group(child)
@@ -82,6 +84,43 @@ def run(argv: Sequence[str], *, cwd: Path | None = None, timeout: float = 60.0,
     if check and proc.returncode != 0:
         raise ProcError(argv, proc.returncode, proc.stderr)
     return proc
+
+
+_HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_P = TypeVar("_P")
+
+
+def _start(start: Callable[[], _P]) -> tuple[_P, list[int]]:
+    """`start()` (a Popen) with SIGINT, SIGTERM and SIGHUP held while the child starts,
+    and the signals that came meanwhile. Such a signal, raised as an exception before
+    Popen returned, would unwind without the child in hand, and its group would run on
+    (seen on a busy machine: TERM to `train render` while a hung engine started). The
+    caller delivers them (`_deliver`) once the child is known, inside the block that kills
+    the group on any exception. Only Python handlers are held: a signal left to its default
+    or ignored is not this process's to delay."""
+    if threading.current_thread() is not threading.main_thread():
+        return start(), []
+    held: list[int] = []
+    previous = {}
+    for sig in _HELD:
+        handler = signal.getsignal(sig)
+        if callable(handler):
+            previous[sig] = signal.signal(sig, lambda signum, _frame: held.append(signum))
+    try:
+        try:
+            return start(), held
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    except BaseException:
+        _deliver(held)  # (an interrupt while it failed to start: the interrupt wins)
+        raise
+
+
+def _deliver(held: list[int]) -> None:
+    """The signals `_start` held, raised again now (each handler runs as it would have)."""
+    for sig in dict.fromkeys(held):
+        signal.raise_signal(sig)
 
 
 def kill_group(child: subprocess.Popen[str]) -> None:
@@ -136,14 +175,16 @@ def run_bounded(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] |
     output; a non-zero exit is returned, not raised."""
     log.debug("running %s (at most %g s)", shlex.join(argv), timeout)
     try:
-        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True,
-                                env=None if env is None else dict(env))
+        proc, held = _start(lambda: subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True,
+            env=None if env is None else dict(env)))
     except FileNotFoundError:
         raise ProcError(argv, 127, f"{argv[0]}: command not found") from None
     except OSError as exc:
         raise ProcError(argv, 126, f"{argv[0]} could not be started: {exc}") from None
     try:
+        _deliver(held)
         out, err, failed = _collect(proc, timeout, max_output, slow)
     finally:
         _end_group(proc)
