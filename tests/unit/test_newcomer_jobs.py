@@ -131,9 +131,9 @@ def _train(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Comple
                           timeout=180, check=False)
 
 
-@pytest.mark.parametrize(("job", "site", "command"), jobs(), ids=[job[0] for job in jobs()])
-def test_every_command_of_the_page_renders(tmp_path: Path, job: str, site: str,
-                                           command: str) -> None:
+def _login_node(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A job folder holding SCRIPT, and the environment of a login node whose apptainer
+    answers the base image's labels: a home and defaults file of the test's own."""
     folder = tmp_path / "job"
     folder.mkdir()
     (folder / "train.py").write_text(SCRIPT)
@@ -141,9 +141,16 @@ def test_every_command_of_the_page_renders(tmp_path: Path, job: str, site: str,
     (tmp_path / "bin" / "apptainer").write_text(APPTAINER)
     (tmp_path / "bin" / "apptainer").chmod(0o755)
     (tmp_path / "home").mkdir()
-    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "HOME": str(tmp_path / "home"),
-           "XDG_CONFIG_HOME": "", "XDG_CACHE_HOME": str(tmp_path / "cache"),
-           "TRAIN_CLUSTERS_PATH": "", "TRAIN_DEFAULTS": str(tmp_path / "defaults.yaml")}
+    return folder, {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+                    "HOME": str(tmp_path / "home"), "XDG_CONFIG_HOME": "",
+                    "XDG_CACHE_HOME": str(tmp_path / "cache"), "TRAIN_CLUSTERS_PATH": "",
+                    "TRAIN_DEFAULTS": str(tmp_path / "defaults.yaml")}
+
+
+@pytest.mark.parametrize(("job", "site", "command"), jobs(), ids=[job[0] for job in jobs()])
+def test_every_command_of_the_page_renders(tmp_path: Path, job: str, site: str,
+                                           command: str) -> None:
+    folder, env = _login_node(tmp_path)
     if job.endswith("-init"):
         init = _train(shlex.split(_stand_ins(tmp_path, init_lines()[site]))[1:], env, folder)
         assert init.returncode == 0, init.stderr
@@ -164,15 +171,7 @@ def test_the_architecture_check_compares_the_gpu_type_the_job_asks_for(
     """Rivanna's gpu partition holds V100s beside A100s: the default CUDA 13 image has no
     code for the V100 (sm_70). A job that asks for A100s is not refused for the V100s it
     cannot land on; one that names no type, or the V100, is."""
-    folder = tmp_path / "job"
-    folder.mkdir()
-    (folder / "train.py").write_text(SCRIPT)
-    (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "apptainer").write_text(APPTAINER)
-    (tmp_path / "bin" / "apptainer").chmod(0o755)
-    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "HOME": str(tmp_path),
-           "XDG_CONFIG_HOME": "", "XDG_CACHE_HOME": str(tmp_path / "cache"),
-           "TRAIN_CLUSTERS_PATH": "", "TRAIN_DEFAULTS": str(tmp_path / "defaults.yaml")}
+    folder, env = _login_node(tmp_path)
     command = _stand_ins(tmp_path, "train submit -M rivanna -A mygroup --image "
                          "/scratch/$USER/train-base.sif -g 4 -t 4:00:00 -e command"
                          + (f" --gpu-type {gpu_type}" if gpu_type else "")
