@@ -16,7 +16,7 @@ ROOT = Path(__file__).parent
 CONSTRAINTS = ("-c", str(ROOT / "ci" / "constraints.txt"))
 SHELL_SCRIPTS = sorted(
     str(p)
-    for p in [*ROOT.glob("ci/*.sh"), *ROOT.glob("slurm/*.sh"), ROOT / ".ci" / "run"]
+    for p in [*ROOT.glob("ci/*.sh"), ROOT / ".ci" / "run"]
     if p.is_file()
 )
 

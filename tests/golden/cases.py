@@ -8,13 +8,14 @@ then review the diff (`git diff tests/golden`) before committing.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from train.client.clusters.profiles import Registry
 from train.client.slurm.jobspec import JobSpec
-from train.client.slurm.render import library_text, render
+from train.client.slurm.render import render
 from train.client.slurm.resolve import ResolvedJob, resolve
 
 HERE = Path(__file__).parent
@@ -108,21 +109,27 @@ def rendered(case: str) -> str:
     previous = os.getcwd()
     os.chdir("/")
     try:
-        return render(job, library_text())
+        return render(job)
     finally:
         os.chdir(previous)
 
 
 def script_array(text: str, name: str) -> list[str]:
-    """A bash array of a rendered script as bash makes it: the script up to its last line
-    (which would start the chunk) run with `module` a no-op, then step_command (which sets
-    STEP)."""
-    body = text[:text.rindex('train_main "$@"')]
-    probe = ("module() { :; }\nml() { :; }\n" + body + "step_command\n"
-             + f'for a in "${{{name}[@]}}"; do printf \'%s\\0\' "$a"; done\n')
-    proc = subprocess.run(["bash", "-c", probe], capture_output=True, check=True,
-                          env={"PATH": os.environ["PATH"]}, timeout=60)
-    return proc.stdout.decode("utf-8").split("\0")[:-1]
+    """A list a rendered script holds, as bash (or the engine) reads it: STEP, the step's
+    argv (the script run with `module` a no-op and its last command printed instead of
+    run, the part after the engine's `--`); RESUME_ARGS and SAVE_PATHS from the chain's
+    settings lines."""
+    if name != "STEP":
+        label = {"RESUME_ARGS": "#   resume args: ", "SAVE_PATHS": "#   save paths: "}[name]
+        found = [ln[len(label):] for ln in text.splitlines() if ln.startswith(label)]
+        return shlex.split(found[0]) if found else []
+    cut = text.rindex("\nexec ") + 1
+    probe = ("module() { :; }\nml() { :; }\n" + text[:cut] + "printf '%s\\0' "
+             + text[cut + len("exec "):])
+    proc = subprocess.run(["bash", "-c", probe, "chain.sbatch", "1"], capture_output=True,
+                          check=True, env={"PATH": os.environ["PATH"]}, timeout=60)
+    argv = proc.stdout.decode("utf-8").split("\0")[:-1]
+    return argv[argv.index("--") + 1:]
 
 
 def script_step(text: str) -> list[str]:

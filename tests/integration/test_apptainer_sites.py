@@ -25,8 +25,8 @@ from tests.conftest import REPO
 from tests.integration.chains import TERMINAL, walltime_signal
 from tests.integration.chains import logs as _logs
 from tests.integration.conftest import SiteUser
+from train.batch.task import NV_NO_DRIVER
 from train.client.clusters.profiles import Registry
-from train.client.container import NV_NO_DRIVER
 
 pytestmark = [pytest.mark.slurm, pytest.mark.apptainer, pytest.mark.slow]
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import sys
 from pathlib import Path
 
+from train.batch.engine import install
+from train.batch.task import NV_NO_DRIVER
 from train.client.clusters.profiles import Registry
-from train.client.container import APPTAINER_TASK, NV_NO_DRIVER
 from train.client.slurm.jobspec import JobSpec
-from train.client.slurm.render import apptainer_setup, library_text, render
+from train.client.slurm.render import apptainer_setup, render
 from train.client.slurm.resolve import resolve
 from train.client.slurm.submitcheck import environment_problems
 
@@ -41,7 +43,8 @@ def _task(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     node_tmp.mkdir(exist_ok=True)
     env = {"PATH": f"{_fake_apptainer(tmp_path)}:/usr/bin:/bin", "TMPDIR": str(node_tmp),
            "SLURM_JOB_ID": "42", "RECORD": str(tmp_path / "record")}
-    return subprocess.run(["bash", "-c", APPTAINER_TASK, "train-task", *argv],
+    wrapper = [sys.executable, "-E", "-s", install(str(tmp_path)), "task", "--"]
+    return subprocess.run([*wrapper, *argv],
                           capture_output=True, text=True, env=env, timeout=60, check=False)
 
 
@@ -50,7 +53,9 @@ def test_the_task_unpacks_the_image_in_a_folder_of_its_own_and_removes_it(
     proc = _task(tmp_path, "apptainer", "exec", "--cleanenv", "/x.sif", "true")
     assert proc.returncode == 7, proc.stderr  # apptainer's own status
     used = Path((tmp_path / "record").read_text().strip())
-    assert used.parent == tmp_path / "node-tmp" and used.name.startswith("train-apptainer-42.")
+    # (in the task's own temporary folder, on the node's)
+    assert used.parent.parent == tmp_path / "node-tmp"
+    assert used.name.startswith("train-apptainer-42.")
     assert list((tmp_path / "node-tmp").iterdir()) == []  # nothing left on the node
 
 
@@ -100,7 +105,7 @@ def test_the_site_module_line_runs_only_where_apptainer_is_not_on_path(
 
 def _exported(spec: JobSpec) -> dict[str, str]:
     job = resolve(spec, Registry(environ={}).get("local"))
-    (line,) = [ln for ln in render(job, library_text()).splitlines()
+    (line,) = [ln for ln in render(job).splitlines()
                if ln.startswith("export ")]
     out = subprocess.run(["bash", "-c", f"{line}; env -0"], capture_output=True,
                          check=True, env={}).stdout.decode()

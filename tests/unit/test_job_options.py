@@ -14,7 +14,7 @@ from tests.conftest import run_cli
 from tests.golden.cases import script_step
 from train.client.clusters.profiles import Registry
 from train.client.slurm.jobspec import JobSpec
-from train.client.slurm.render import library_text, render, step_argv
+from train.client.slurm.render import render, step_argv
 from train.client.slurm.resolve import resolve
 from train.common.errors import ConfigError
 
@@ -35,7 +35,7 @@ def _error(field: str, **kw: Any) -> str:
 
 
 def _script(**kw: Any) -> str:
-    return render(_resolve(**kw), library_text())
+    return render(_resolve(**kw))
 
 
 # -- env -------------------------------------------------------------------------------

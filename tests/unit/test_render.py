@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -62,13 +61,12 @@ def test_one_script_serves_every_chunk_of_the_chain() -> None:
     text = rendered("gilbreth-chunked")
     assert text.count("#!/bin/bash") == 1
     assert "#SBATCH --job-name=e1\n" in text
-    assert "MAX_CHUNKS=3\n" in text and 'train_main "$@"' in text
+    assert "at most 3 chunks" in text and 'chunk "$0" "$@" --' in text
     # the successor a chunk submits is removed by Slurm if this chunk does not succeed
     assert "#SBATCH --kill-on-invalid-dep=yes" in text
     assert f"#SBATCH --output={RUN_ROOT}/e1/logs/%x-%j.out" in text
-    # the batch shell spells no contract name itself: each comes as a variable
-    for name, value in contract.shell_variables().items():
-        assert f"\n{name}={shlex.quote(value)}\n" in text
+    # the script spells no contract name: the engine reads them from its own copy
+    assert contract.CHAIN_EVENTS not in text and contract.PROGRESS_FILE not in text
 
 
 def test_the_results_csv_is_passed_as_an_absolute_path() -> None:
@@ -110,14 +108,13 @@ def test_a_percent_sign_in_the_run_directory_is_not_a_slurm_pattern() -> None:
     from tests.golden.cases import CASES
     from train.client.clusters.profiles import Registry
     from train.client.slurm.jobspec import JobSpec
-    from train.client.slurm.render import library_text, render
+    from train.client.slurm.render import render
     from train.client.slurm.resolve import resolve
 
     spec = JobSpec(**{**CASES["local-chunked"], "out": "/scratch/u/100% %j/run"})
-    text = render(resolve(spec, Registry(environ={}).get("local")),
-                  library_text())
+    text = render(resolve(spec, Registry(environ={}).get("local")))
     assert '#SBATCH --output="/scratch/u/100%% %%j/run/logs/%x-%j.out"' in text
-    assert "RUN_DIR='/scratch/u/100% %j/run'" in text
+    assert "ENGINE='/scratch/u/100% %j/run/.train'" in text
 
 
 def test_literal_dollars_in_settings_pass_shellcheck(tmp_path: Path) -> None:
@@ -126,13 +123,13 @@ def test_literal_dollars_in_settings_pass_shellcheck(tmp_path: Path) -> None:
     # them back unchanged
     from train.client.clusters.profiles import Registry
     from train.client.slurm.jobspec import JobSpec
-    from train.client.slurm.render import library_text, render
+    from train.client.slurm.render import render
     from train.client.slurm.resolve import resolve
     spec = JobSpec(cluster="gilbreth", name="lit", account="lab", partition="a30", gpus_per_node=1,
                    out=f"{RUN_ROOT}/r$x", entry="command", stop_signal="USR1",
                    env=("A=$(id)", "B=`id` $HOME"), resume_args="--a=$HOME",
                    save_path=("/s/$USER",), workload=("echo", "$HOME"))
-    text = render(resolve(spec, Registry(environ={}).get("gilbreth")), library_text())
+    text = render(resolve(spec, Registry(environ={}).get("gilbreth")))
     path = tmp_path / "lit.sbatch"
     path.write_text(text)
     shellcheck = shutil.which("shellcheck") or shutil.which(

@@ -1,28 +1,22 @@
-"""The rendered script's layout: what a researcher reads first (at most 60 lines), one
-marker line naming the chain library's version, and everything generated below it; the
-step command shown there gives bash exactly the step's argv."""
+"""The rendered script is for a researcher to read whole: at most 80 lines (every golden
+job, sweeps included), no chain logic (the engine holds it: train.batch), and its last
+command hands the chunk to the engine with the step's exact argv."""
 
 from __future__ import annotations
 
-import hashlib
 import re
 import shlex
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.golden.cases import CASES, RUN_ROOT, rendered, resolved, script_step
-from train.client import container
+from tests.golden.cases import CASES, RUN_ROOT, golden_path, rendered, resolved, script_step
 from train.client.clusters.profiles import Registry
 from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.render import (
-    LIBRARY_NAMES,
     STEP_WIDTH,
-    _strip_header,
     apptainer_setup,
-    library_paths,
-    library_text,
-    marker_line,
     render,
     step_argv,
     step_command_lines,
@@ -30,62 +24,37 @@ from train.client.slurm.render import (
 from train.client.slurm.resolve import resolve
 from train.common.entry import entry_code
 
-READABLE_LINES = 60
-LIBRARY = library_text()
-
-
-def test_every_library_file_is_inlined_in_order_shipped_and_linked() -> None:
-    """The library's files go below the marker in their fixed order, each one whole (the
-    version covers all of them); the package ships each, and slurm/ links to each."""
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    _, rest = _parts(rendered(sorted(CASES)[0]))
-    below = "\n".join(rest)
-    starts = [below.index(_strip_header(path.read_text(encoding="utf-8")))
-              for path in library_paths()]
-    assert len(starts) == len(LIBRARY_NAMES) >= 2 and starts == sorted(starts)
-    (shipped,) = [line for line in (root / "pyproject.toml").read_text(
-        encoding="utf-8").splitlines() if line.startswith("train = [")]  # package-data
-    for name, path in zip(LIBRARY_NAMES, library_paths(), strict=True):
-        assert f'"batch/{name}"' in shipped
-        assert (root / "slurm" / name).resolve() == path.resolve()
-
-
-def _parts(text: str) -> tuple[list[str], list[str]]:
-    lines = text.splitlines()
-    markers = [i for i, line in enumerate(lines) if line.startswith("# ---- train chain")]
-    assert len(markers) == 1, "one marker line"
-    return lines[:markers[0]], lines[markers[0]:]
+SCRIPT_LINES = 80  # a screen
+GOLDEN_LINES = 3000  # tests/golden's scripts, all of them
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_the_readable_part_is_short_and_the_marker_names_the_library_version(
-        case: str) -> None:
-    top, rest = _parts(rendered(case))
-    assert len(top) <= READABLE_LINES, "\n".join(top)
-    version = hashlib.sha256(_strip_header(LIBRARY).encode("utf-8")).hexdigest()[:12]
-    assert rest[0] == marker_line(LIBRARY)
-    assert f"(version {version})" in rest[0] and "do not edit below" in rest[0]
-    # the library itself, the contract's names and the per-node wrapper are all below
-    assert "train_main() {" in rest and "train_main() {" not in top
-    assert not any(line.startswith(("COMPLETE_FILE=", "EV_", "NODE_WRAPPER=")) for line in top)
-    assert rest[-1] == 'train_main "$@"'
-
-
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_the_readable_part_only_sets_variables(case: str) -> None:
-    """Bash runs the script top to bottom: above the marker, nothing runs but the site's
-    own set-up lines (apptainer's: the submitting shell's settings unset, the modules where
-    apptainer is not on PATH)."""
-    top, _ = _parts(rendered(case))
+def test_the_script_fits_on_a_screen_and_only_sets_values_before_the_engine(case: str) -> None:
+    """Bash runs the script top to bottom: nothing runs but the site's own set-up lines
+    (apptainer's: the submitting shell's settings unset, the modules where apptainer is
+    not on PATH) before the one command that hands the chunk to the engine."""
+    lines = rendered(case).splitlines()
+    assert len(lines) <= SCRIPT_LINES, "\n".join(lines)
     modules = set(apptainer_setup(resolved(case).profile.modules))
-    body = top.index("step_command() {")
-    assert top[body + 1].startswith("    STEP=(") and top[-1] == "}"
+    start = next(i for i, line in enumerate(lines) if line.startswith("exec "))
     assignment = re.compile(r"^(export )?[A-Z_]+=")
-    for line in top[1:body]:
+    for line in lines[1:start]:
         assert (line.startswith("#") or line == "set -euo pipefail" or line in modules
                 or assignment.match(line)), line
+    assert lines[start] == 'exec python3 -E -s "$ENGINE" chunk "$0" "$@" -- \\'
+    assert not any(re.match(r"^\s*[a-z_]+\(\) \{", line) for line in lines)  # no functions
+
+
+def test_the_golden_scripts_are_short_in_all() -> None:
+    total = sum(len(golden_path(case).read_text().splitlines()) for case in CASES)
+    assert total <= GOLDEN_LINES
+
+
+def test_the_package_holds_no_chain_logic_in_shell() -> None:
+    """Shell only where a shell must be: no shell files in the package."""
+    shell = [p for p in (ROOT / "src" / "train").rglob("*") if p.suffix in (".sh", ".bash")]
+    assert shell == []
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -95,11 +64,11 @@ def test_the_step_command_line_gives_the_step_argv(case: str) -> None:
     # one command, wrapped with ` \`: only an argument (or an option and its value) longer
     # than the width sticks out
     lines = step_command_lines(resolved(case))
-    assert all(line.endswith(" \\") for line in lines[:-1]) and lines[-1].endswith(")")
+    assert all(line.endswith(" \\") for line in lines[:-1])
     assert "\n".join(lines) in text
     for line in lines:
         if len(line) > STEP_WIDTH:
-            assert len(shlex.split(line.removeprefix("    STEP=(").rstrip(" \\)"))) <= 2, line
+            assert len(shlex.split(line.rstrip(" \\"))) <= 2, line
 
 
 HOSTILE = ("--lr", "3e-4", "a b", "it's", '"dq"', "$HOME", "${X:-y}", "$(id)", "`id`",
@@ -116,13 +85,7 @@ def test_hostile_arguments_reach_the_step_unchanged(runtime: str) -> None:
         workload=("python3", "fit.py", *HOSTILE))
     spec = JobSpec(**{"out": f"{RUN_ROOT}/h", **values})
     job = resolve(spec, Registry(environ={}).get(spec.cluster))
-    text = render(job, LIBRARY)
+    text = render(job)
     argv = step_argv(job)
     assert argv[-len(HOSTILE):] == list(HOSTILE)
     assert script_step(text) == argv
-    top, rest = _parts(text)
-    if runtime == "docker":
-        # the wrapper's text is below the marker, the command names it
-        assert container.DOCKER_TASK not in "\n".join(top)
-        assert shlex.quote(container.DOCKER_TASK) in "\n".join(rest)
-        assert 'bash -c "$NODE_WRAPPER" train-task' in "\n".join(top)

@@ -11,7 +11,7 @@ from tests.conftest import run_cli
 from train.client.clusters.profiles import Registry
 from train.client.slurm.chain import parse_events, parse_ids
 from train.client.slurm.jobspec import JobSpec
-from train.client.slurm.render import library_text, render
+from train.client.slurm.render import job_record, render
 from train.client.slurm.resolve import resolve
 from train.client.slurm.sweep import split, task_job
 from train.client.slurm.sweeparray import array_script, array_spec, format_sweep_status
@@ -150,9 +150,9 @@ def test_a_throttled_sweeps_tasks_run_in_requeue_mode(
     root, specs = split(_task_spec(tmp_path, **kw))
     assert [s.requeue for _, s in specs] == [requeue, requeue]
     tasks = [(t, resolve(s, Registry().get("local"))) for t, s in specs]
-    text = render(tasks[0][1], library_text())
+    text = render(tasks[0][1])
     assert ("#SBATCH --requeue" in text.splitlines()) is requeue
-    assert f"REQUEUE={int(requeue)}" in text
+    assert job_record(tasks[0][1])["requeue"] is requeue
     array = array_script("sw", root, tasks, kw.get("sweep_throttle"))  # type: ignore[arg-type]
     assert ("throttle bounds every chunk of every task" in array) is requeue
 
@@ -163,7 +163,7 @@ def test_an_array_task_requeues_itself_by_its_array_name_and_keeps_its_job_id(
     """The last task of an array has the array's own job id (700 here): `scontrol requeue
     700` would requeue every task of the sweep. The task requeues 700_3, in its first run
     (chain.ids names it 700_3 until it starts) as in a later one."""
-    from tests.unit.test_job_lib import _calls, _ids, _run
+    from tests.unit.test_chain_engine import _calls, _ids, _run
 
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "chain.ids").write_text(ids)

@@ -11,7 +11,7 @@ import pytest
 from tests.golden.cases import script_step
 from train.client.clusters.profiles import Registry
 from train.client.slurm.jobspec import JobSpec
-from train.client.slurm.render import library_text, render
+from train.client.slurm.render import render
 from train.client.slurm.resolve import resolve
 from train.client.slurm.sweep import split
 from train.client.slurm.sweepargs import sweep_notes
@@ -36,7 +36,7 @@ def test_the_markers_are_each_tasks_value_index_and_folder(tmp_path: Path) -> No
     assert second.resume_argv == ("--resume", f"{folder}/ckpt", "--tag", "a b;$(x)")
     # plain text in the task's script: the step's argv holds the value as it is, never
     # read by a shell
-    text = render(resolve(second, Registry().get("local")), library_text())
+    text = render(resolve(second, Registry().get("local")))
     assert script_step(text)[-7:] == list(second.workload)
     first = specs[0][1]
     assert first.workload[2] == "--lr=1e-3" and first.workload[-1] == str(root / "task-0")
@@ -143,8 +143,9 @@ def test_summary_of_a_value_sweep_without_metrics_says_where_to_write_them(
 
 def test_an_array_task_removes_the_empty_log_files_slurm_opened_for_it(
         tmp_path: Path) -> None:
-    import shlex
+    import os
     import subprocess
+    import sys
 
     from train.batch import contract
     from train.client.slurm.sweeparray import array_script
@@ -160,17 +161,20 @@ def test_an_array_task_removes_the_empty_log_files_slurm_opened_for_it(
     (logs / "sw-7_1.out").write_text("")  # what Slurm opened, left empty
     (logs / "sw-7_1.err").write_text("slurmstepd: error: *** JOB 8 CANCELLED ***\n")
     (logs / "sw-7_0.out").write_text("")  # another task's: not this one's to remove
-    names = contract.shell_variables()
-    script = "\n".join([
-        *(f"{k}={shlex.quote(v)}" for k, v in names.items()),
-        "SLURM_ARRAY_JOB_ID=7 SLURM_ARRAY_TASK_ID=1", export, library_text(),
-        "train_on_exit"])
-    subprocess.run(["bash", "-c", script], check=True, timeout=60)
+    # the chunk's end as the engine does it, in the environment the array's script gives
+    # (its export line, run by bash)
+    base = subprocess.run(["bash", "-c", f"SLURM_ARRAY_JOB_ID=7; SLURM_ARRAY_TASK_ID=1; "
+                           f"{export}; printf %s \"${contract.ARRAY_LOG_VAR}\""],
+                          capture_output=True, text=True, check=True, timeout=60).stdout
+    ending = ("import sys; from train.batch.chunk import Chunk; "
+              "Chunk({'run_dir': sys.argv[1], 'max_chunks': 1}, 's', 1, None, []).cleanup()")
+    env = {**os.environ, contract.ARRAY_LOG_VAR: base, "SLURM_ARRAY_JOB_ID": "7"}
+    subprocess.run([sys.executable, "-c", ending, str(root)], check=True, timeout=60, env=env)
     assert sorted(p.name for p in logs.iterdir()) == ["sw-7_0.out", "sw-7_1.err"]
     # a successor chunk (no array task: Slurm's variables are its own) touches nothing
     (logs / "sw-7_1.out").write_text("")
-    script = script.replace("SLURM_ARRAY_JOB_ID=7 ", "")
-    subprocess.run(["bash", "-c", script], check=True, timeout=60)
+    del env["SLURM_ARRAY_JOB_ID"]
+    subprocess.run([sys.executable, "-c", ending, str(root)], check=True, timeout=60, env=env)
     assert (logs / "sw-7_1.out").exists()
 
 

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from train.batch.engine import install
 from train.client.clusters.profiles import Registry
-from train.client.container import APPTAINER_TASK
 from train.client.slurm.jobspec import JobSpec
-from train.client.slurm.render import library_text, render, step_argv
+from train.client.slurm.render import render, step_argv
 from train.client.slurm.resolve import resolve
 from train.common.alloc_conf import ALLOC_CONF_VAR, TUNED_ALLOC_CONF
 
@@ -35,7 +37,7 @@ def _job(runtime: str) -> JobSpec:
 def _exported(runtime: str) -> dict[str, str]:
     """What the batch shell exports: its export line, run by bash."""
     job = resolve(_job(runtime), Registry(environ={}).get("local"))
-    (line,) = [ln for ln in render(job, library_text()).splitlines()
+    (line,) = [ln for ln in render(job).splitlines()
                if ln.startswith("export ")]
     out = subprocess.run(["bash", "-c", f"{line}; env -0"], capture_output=True,
                          check=True, env={}).stdout.decode()
@@ -60,12 +62,24 @@ def test_the_docker_task_passes_the_users_values_once() -> None:
     assert "/usr/share:/opt/fork:ro" in argv  # docker -v, as given
 
 
-def test_the_apptainer_task_hands_the_users_values_to_the_container() -> None:
+def _apptainer_env(tmp_path: Path, env: dict[str, str]) -> str:
+    """What an apptainer command gets from its task's wrapper (train.batch.task): a stand-in
+    `apptainer` on PATH that prints its environment."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "apptainer").write_text("#!/bin/sh\nexec env\n")
+    (bin_dir / "apptainer").chmod(0o755)
+    env = {**env, "PATH": f"{bin_dir}:/usr/bin:/bin", "TMPDIR": str(tmp_path)}
+    wrapper = [sys.executable, "-E", "-s", install(str(tmp_path)), "task", "--"]
+    return subprocess.run([*wrapper, "apptainer", "exec", "/x.sif", "true"],
+                          capture_output=True, text=True, check=True, env=env,
+                          timeout=60).stdout
+
+
+def test_the_apptainer_task_hands_the_users_values_to_the_container(tmp_path: Path) -> None:
     # apptainer --cleanenv lets only APPTAINERENV_ copies in; they override the image's
     # %environment (where base.def exports the tuned default)
-    env = _exported("apptainer")
-    out = subprocess.run(["bash", "-c", APPTAINER_TASK, "train-task", "env"],
-                         capture_output=True, text=True, check=True, env=env).stdout
+    out = _apptainer_env(tmp_path, _exported("apptainer"))
     assert f"APPTAINERENV_{ALLOC_CONF_VAR}={USER_ALLOC}\n" in out
     assert "APPTAINERENV_PYTHONPATH=/opt/fork\n" in out
 
@@ -76,11 +90,9 @@ def test_without_the_users_value_the_tuned_default_is_exported() -> None:
     assert f"-e {ALLOC_CONF_VAR}={TUNED_ALLOC_CONF}" in " ".join(step_argv(job))
 
 
-def test_each_apptainer_task_hands_its_own_ready_file_to_the_container() -> None:
-    # every rank says for itself that its handler is set (the batch shell waits for all)
-    env = {"PATH": "/usr/bin:/bin", "SLURM_PROCID": "1",
-           "TRAIN_SIGNAL_READY": "/runs/a/.signal-ready-7-0"}
-    out = subprocess.run(["bash", "-c", APPTAINER_TASK, "train-task", "env"],
-                         capture_output=True, text=True, check=True, env=env,
-                         timeout=60).stdout
+def test_each_apptainer_task_hands_its_own_ready_file_to_the_container(
+        tmp_path: Path) -> None:
+    # every rank says for itself that its handler is set (the engine waits for all)
+    out = _apptainer_env(tmp_path, {"SLURM_PROCID": "1",
+                                    "TRAIN_SIGNAL_READY": "/runs/a/.signal-ready-7-0"})
     assert "APPTAINERENV_TRAIN_SIGNAL_READY=/runs/a/.signal-ready-7-0.rank-1\n" in out

@@ -1,17 +1,16 @@
-"""The contract between the batch shell (job-lib.sh) and Python, defined once.
+"""The contract between the chain engine (train.batch.chunk, on the batch host) and the
+rest of train, defined once.
 
 File names in the run directory, the chain's event names and the progress file's format
-live here. The renderer hands every value to the batch shell as a variable
-(`shell_variables`), so job-lib.sh never spells a name on its own; the client, the
-runner and the CLI import them from here. It imports nothing of train (names and pure
-helpers only) and nothing heavy: the login node and every node read it.
+live here; the engine, the client, the runner and the CLI import them from here. It
+imports nothing of train (names and pure helpers only) and nothing heavy: the login
+node, the batch host and every node read it. Valid Python 3.6: it is copied into every
+run folder with the engine (train.batch.engine).
 """
 
-from __future__ import annotations
-
 import os
-from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Mapping, Optional, Sequence
 
 # -- files in the run directory -------------------------------------------------------
 COMPLETE_MARKER = "COMPLETE"  # the work is done (written by `train run`, rank 0)
@@ -23,7 +22,7 @@ LOG_DIR = "logs"
 JOBS_DIR = "jobs"
 JOB_SCRIPT = "chain.sbatch"  # in JOBS_DIR: the one script every chunk of the chain runs
 SWEEP_RECORD = "sweep.json"  # a seed sweep's directory: its chains, one per seed
-# Written by the batch shell when a chunk of the run ends by a checkpointed stop (something
+# Written by the chain engine when a chunk of the run ends by a checkpointed stop (something
 # was saved since it began): from then on every chunk gets the job's --resume-args.
 SAVED_MARKER = "checkpointed"
 # A program's final metrics, a JSON object of numbers (TRAIN_METRICS_FILE names it): what
@@ -39,7 +38,7 @@ EV_COMPLETE = "complete"
 EV_FAILED = "failed"  # detail: "CODE [NODE]": the first failing task's code, its node
 EV_NO_PROGRESS = "no_progress"  # a chunk ended without adding work; the chain stops
 EV_INCOMPLETE = "incomplete"  # the bound on chunks (or restarts) was reached first
-EV_REQUEUED = "requeued"  # requeue mode: the batch shell requeued this job. "RESTARTS"
+EV_REQUEUED = "requeued"  # requeue mode: the chain engine requeued this job. "RESTARTS"
 EV_TIMEOUT = "timeout"  # TERM at the walltime: the step overran the signal margin
 EV_TERMINATED = "terminated"  # TERM before the walltime: scancel, preemption, requeue
 EV_CANCELLED = "cancelled"  # `train cancel`
@@ -53,20 +52,23 @@ UNSAVED_TEXT = "stopped before any save"
 # OVERRUN_BOUND times a chain. "COUNT DONE TOTAL"
 EV_OVERRAN = "overran"
 OVERRUN_BOUND = 2
+# the timeout event's last word where the overrun that ended the chain was one past the
+# bound ("ELAPSED bound")
+OVERRUN_BOUND_WORD = "bound"
 
 EVENTS = (EV_STARTED, EV_EXTENDED, EV_EXTEND_FAILED, EV_STOPPED, EV_COMPLETE, EV_FAILED,
           EV_NO_PROGRESS, EV_INCOMPLETE, EV_REQUEUED, EV_TIMEOUT, EV_TERMINATED,
           EV_CANCELLED, EV_UNSAVED, EV_OVERRAN)
 
 # The step's environment names a file here that a program touches once its signal
-# handlers are in place (`train run` and `train launch` do): the batch shell passes the
+# handlers are in place (`train run` and `train launch` do): the chain engine passes the
 # walltime USR1 on at once after that, and holds it back during start-up before it.
 SIGNAL_READY_VAR = "TRAIN_SIGNAL_READY"
 # Each rank has a file of its own: the step's value with this and the rank appended (by the
-# per-task wrapper, `train launch` and torchrun's per-worker wrapper); the batch shell
+# per-task wrapper, `train launch` and torchrun's per-worker wrapper); the chain engine
 # passes the signal on once every rank of the step has said it is ready.
 READY_RANK_SUFFIX = ".rank-"
-# The walltime contract's other names that Python reads (job-lib.sh exports them): the
+# The walltime contract's other names that Python reads (the engine exports them): the
 # job's stop signal, and the Unix time by which the step must have checkpointed.
 STOP_SIGNAL_VAR = "TRAIN_STOP_SIGNAL"
 # Set by `train launch` when its GPU memory wait fell back to a smaller --batch-size: the run
@@ -78,21 +80,21 @@ def rank_ready_path(value: str, rank: int) -> str:
     """The readiness file of one rank: the step's path with the rank's suffix, in place of
     a suffix an outer wrapper already gave it (the rank it names is the outer task's)."""
     base, sep, tail = value.rpartition(READY_RANK_SUFFIX)
-    if not (sep and tail.isascii() and tail.isdigit() and "/" not in tail):
+    if not (sep and tail and all("0" <= c <= "9" for c in tail)):
         base = value
-    return f"{base}{READY_RANK_SUFFIX}{int(rank)}"
+    return "{}{}{}".format(base, READY_RANK_SUFFIX, int(rank))
 
 
-def batch_fallback(batch_size: int, env: Mapping[str, str] | None = None) -> bool:
+def batch_fallback(batch_size: int, env: Optional[Mapping[str, str]] = None) -> bool:
     """`train launch` fell back to this batch size (its GPU memory wait ran out)."""
     return (os.environ if env is None else env).get(FALLBACK_BATCH_VAR) == str(batch_size)
 DEADLINE_VAR = "TRAIN_DEADLINE"
 # A sweep's array task: the path (without .out/.err) of the log files Slurm opened for it
 # beside the sweep's logs, exported by the array's script; its output goes to its chain's
-# own log, and the batch shell removes them at its end when they are empty.
+# own log, and the chain engine removes them at its end when they are empty.
 ARRAY_LOG_VAR = "TRAIN_ARRAY_LOG"
 
-# Docker containers of a job carry this label (value: the job id), so the batch shell can
+# Docker containers of a job carry this label (value: the job id), so the chain engine can
 # remove what a killed step left running.
 DOCKER_JOB_LABEL = "train.job"
 
@@ -104,28 +106,38 @@ GPU_IDLE_THRESHOLD_VAR = "TRAIN_GPU_IDLE_THRESHOLD"  # percent: under it a sampl
 GPU_IDLE_MINUTES_VAR = "TRAIN_GPU_IDLE_MINUTES"  # idle this long: a warning in the log
 GPU_WATCH_DIR = "gpu"  # RUN_DIR/gpu/NODE.csv
 
-# Each task of the job step runs under the task wrapper (client/container.TASK_WRAPPER): its
+# Each task of the job step runs under the engine's task wrapper (train.batch.task): its
 # own temporary folder on its node, TMPDIR/train-job.JOBID-RESTART.XXXXXX (TMPDIR for the
-# program and torch's launcher, removed when the task ends), and its program's exit code
-# recorded as one line "CODE UNIXTIME NODE" in the folder TASK_EXITS_VAR names (the batch
-# shell's chunk folder), file task-PROCID: the chunk reports the first failing task's own
-# code, never the TERM or KILL that Slurm sent the others after it. STALE_TMP_VAR: the
-# temporary folders of this chain's earlier jobs (shell patterns JOBID-RESTART), which a
-# killed step left: each task removes those on its node.
+# program and torch's launcher, removed when the task ends), and its program's end
+# recorded as one line "CODE UNIXTIME NODE [SIGNAL]" in the folder TASK_EXITS_VAR names
+# (the chunk's folder; taken out of the environment before the program starts), file
+# task-PROCID: the chunk reports the first failing task's own code, signal and node.
+# STALE_TMP_VAR: the temporary folders of this chain's earlier jobs (patterns
+# JOBID-RESTART), which a killed step left: each task removes those on its node.
 TMP_PREFIX = "train-job."
 TASK_EXITS_VAR = "TRAIN_TASK_EXITS"
 STALE_TMP_VAR = "TRAIN_STALE_TMP"
-# The batch shell's own folder for a chunk (the step's pid and status, the time the
-# chunk began, the tasks' exit codes): RUN_DIR/.chunk-JOBID-RESTART, removed at its end;
-# one a killed chunk left is removed by the next.
+# The engine's own folder for a chunk (the time the chunk began, the tasks' exit records):
+# RUN_DIR/.chunk-JOBID-RESTART, removed at its end; one a killed chunk left is removed by
+# the next.
 CHUNK_DIR_PREFIX = ".chunk-"
+# Variables the training process reads, passed into a container by name so their host
+# values carry over (Apptainer through APPTAINERENV_ copies, Docker with -e NAME).
+PASS_THROUGH = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                "MASTER_PORT", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID",
+                "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE",
+                "SLURM_JOB_NODELIST", "SLURM_CPUS_PER_TASK", "SLURM_GPUS_ON_NODE",
+                "CUDA_VISIBLE_DEVICES", "TRAIN_MASTER_ADDR", SIGNAL_READY_VAR)
+# The job's own pass-through names and patterns (NAME, PREFIX_*), space-separated: the job
+# script exports it and each task's wrapper passes what matches into the container.
+ENV_NAMES_VAR = "TRAIN_ENV_NAMES"
 
-# What the batch shell's look for saves passes over at the top of the run directory: its
+# What the engine's look for saves passes over at the top of the run directory: its
 # own files and `train launch`'s scontrol stand-in, which change in every chunk whatever the
 # program does (shell patterns).
 SAVE_SCAN_SKIP = (LOG_DIR, JOBS_DIR, GPU_WATCH_DIR, CHAIN_RECORD, CHAIN_IDS, CHAIN_EVENTS,
                   SAVED_MARKER, METRICS_FILE, "chain-*", ".scontrol-shim", ".signal-ready-*",
-                  ".stop-request-*", CHUNK_DIR_PREFIX + "*")
+                  ".stop-request-*", CHUNK_DIR_PREFIX + "*", ".train", ".train.*")
 # A save path that holds a run folder (`--save-path .` with runs/ below it) is looked
 # through without the run folders in it (this one, scanned above, and any folder holding
 # one of these records: another run or sweep of the tool) and without Python's caches.
@@ -154,7 +166,7 @@ def override_key(arg: str) -> str:
     return arg.split("=", 1)[0].lstrip("+~")
 
 
-def override_value(args: Sequence[str], key: str) -> str | None:
+def override_value(args: Sequence[str], key: str) -> Optional[str]:
     """The value the last Hydra override of `key` gives, or None."""
     found = None
     for arg in args:
@@ -162,38 +174,10 @@ def override_value(args: Sequence[str], key: str) -> str | None:
             found = arg.split("=", 1)[1]
     return found
 
-def shell_variables() -> dict[str, str]:
-    """Every name above as a batch-shell variable (rendered before job-lib.sh)."""
-    out = {
-        "COMPLETE_FILE": COMPLETE_MARKER,
-        "PROGRESS_FILE": PROGRESS_FILE,
-        "METRICS_FILE": METRICS_FILE,
-        "IDS_FILE": CHAIN_IDS,
-        "EVENTS_FILE": CHAIN_EVENTS,
-        "LOG_DIR": LOG_DIR,
-        "DOCKER_JOB_LABEL": DOCKER_JOB_LABEL,
-        "READY_VAR": SIGNAL_READY_VAR,
-        "ARRAY_LOG_VAR": ARRAY_LOG_VAR,
-        "READY_RANK": READY_RANK_SUFFIX,
-        "SAVED_FILE": SAVED_MARKER,
-        "UNSAVED_TEXT": UNSAVED_TEXT,
-        "SAVE_SKIP": " ".join(SAVE_SCAN_SKIP),
-        "RUN_RECORDS": " ".join(RUN_RECORDS),
-        "CHUNK_DIR_PREFIX": CHUNK_DIR_PREFIX,
-        "TASK_EXITS_VAR": TASK_EXITS_VAR,
-        "STALE_TMP_VAR": STALE_TMP_VAR,
-        "OVERRUN_BOUND": str(OVERRUN_BOUND),
-    }
-    for name in EVENTS:
-        if name != EV_CANCELLED:  # written by `train cancel` alone
-            out["EV_" + name.upper()] = name
-    return out
-
-
 def write_progress(run_dir: Path, done: int, total: int) -> None:
-    """Record the work done so far for the batch shell (atomic: temp file, rename)."""
+    """Record the work done so far for the chain engine (atomic: temp file, rename)."""
     path = run_dir / PROGRESS_FILE
-    tmp = path.with_name(f".{PROGRESS_FILE}.tmp")
-    tmp.write_text(f"{int(done)} {int(total)}\n", encoding="utf-8")
+    tmp = path.with_name(".{}.tmp".format(PROGRESS_FILE))
+    tmp.write_text("{} {}\n".format(int(done), int(total)), encoding="utf-8")
     tmp.replace(path)
 

@@ -216,7 +216,7 @@ def _said_as_default(exc: ConfigError, origin: dict[str, Path]) -> ConfigError:
 
 
 def _cmd_render(args: argparse.Namespace, workload: list[str] | None) -> int:
-    from train.client.slurm.render import library_text, render
+    from train.client.slurm.render import render
 
     spec, root, jobs = _resolved_jobs(args, workload)
     jobs = _check_jobs(args, jobs, submitting=False)
@@ -230,12 +230,11 @@ def _cmd_render(args: argparse.Namespace, workload: list[str] | None) -> int:
         if task is not None:
             print(f"# ---- task {task.index} ({task.label}): chain {job.run_dir}, "
                   "jobs/chain.sbatch ----")
-        print(render(job, library_text()), end="")
+        print(render(job), end="")
     return EXIT_OK
 
 
 def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
-    from train.client.slurm.render import library_text
     from train.client.slurm.submission import submit_chain
 
     spec, root, jobs = _resolved_jobs(args, workload)  # every seed validated first
@@ -246,7 +245,6 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
     job = jobs[0][1]
     for note in submit_notes(spec.entry, spec.workload, job.launch, job.run_dir, spec.chdir):
         print(f"train: warning: {note}", file=sys.stderr)
-    library = library_text()
     # a closed terminal (HUP) or a kill (TERM) mid-way must not leave a held job behind:
     # both unwind like Ctrl-C, through submit_chain's clean-up
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM,
@@ -257,7 +255,7 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
             from train.client.slurm.sweeparray import array_spec, submit_sweep
 
             array_id = submit_sweep(spec.name, swept_flag(spec), root, jobs,
-                                    spec.sweep_throttle, library)
+                                    spec.sweep_throttle)
             each = f"each task runs at most {job.chunks} times, requeued after each " \
                 "checkpointed stop" if job.spec.requeue else \
                 f"each task chunk 1 of at most {job.chunks}, chaining on its own"
@@ -265,7 +263,7 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
                   f"(--array={array_spec(len(jobs), spec.sweep_throttle)}; {each}); run "
                   f"dirs under {root}")
             return EXIT_OK
-        chain = submit_chain(job, library)
+        chain = submit_chain(job)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

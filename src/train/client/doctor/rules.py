@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from train.client.container import NV_NO_DRIVER
+from train.batch.task import NV_NO_DRIVER
 
 
 @dataclass(frozen=True)

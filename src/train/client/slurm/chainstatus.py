@@ -145,6 +145,14 @@ def _said_by_last_event(chain: Chain, chunks: Chunks, last: dict[str, Any]
         code, _, node = detail.partition(" ")
         on = f" on node {node.strip()}" if node.strip() else ""
         return "failed", f"{where} failed: its step exited with code {code}{on}; see {logs}"
+    if event == contract.EV_TIMEOUT and detail.split()[-1:] == [contract.OVERRUN_BOUND_WORD]:
+        return "failed", (f"{where} ran past its stop signal into the walltime once more: "
+                          f"the chain had gone on from its last save after "
+                          f"{contract.OVERRUN_BOUND} such overruns already (the bound), so "
+                          "it stopped. The program takes longer to stop than --signal-margin "
+                          f"({chain.record.get('signal_margin')} s) gives it (an evaluation "
+                          "or a save after the signal): raise --signal-margin, or make it "
+                          f"stop sooner; see {logs}")
     if event == contract.EV_TIMEOUT:
         return "failed", (f"{where} reached its walltime: the step did not stop at the "
                           f"walltime signal {chain.record.get('signal_margin')} s before "

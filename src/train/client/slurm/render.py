@@ -8,15 +8,16 @@ when they are plain, and double-quoted otherwise.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shlex
+import textwrap
 from collections.abc import Sequence
-from pathlib import Path
+from typing import Any
 
 from train.batch import contract
 from train.batch.contract import NAVSIM_CACHE_PATH_OVERRIDE, override_value
+from train.batch.engine import ENGINE_DIR
 from train.client import container
 from train.client.clusters.units import format_mem, format_time, parse_mem
 from train.client.slurm import navsimstep
@@ -25,36 +26,21 @@ from train.common.entry import bound_entry_argv as entry_argv
 from train.common.entry import bound_entry_code as nodeentry_code
 from train.common.entry import entry_code, module_argv
 from train.common.errors import ConfigError
+from train.common.secrets.commands import masked_argv
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_.,:=@%/+|-]+$")
-# the job library's files, in the order they are inlined below the marker line
-LIBRARY_NAMES = ("job-lib.sh", "job-lib-step.sh", "job-lib-resume.sh")
 STEP_GRACE_SECONDS = 30
 STEP_WIDTH = 88  # the step command's lines, the ` \` included
-NODE_WRAPPER_VAR = "NODE_WRAPPER"
-TASK_WRAPPER_VAR = "TASK_WRAPPER"
+# the interpreter the chain engine runs with on the batch host and the nodes (outside the
+# container): the node's own python3 (3.6 on EL8, 3.9 on RHEL 9), after the site set-up
+ENGINE_PYTHON = "python3"
+ENGINE_VAR = "ENGINE"
 PYTHON_M_TRAIN_VAR = "PYTHON_M_TRAIN"
 BOUND_LAUNCHER_VAR = "BOUND_LAUNCHER"
-_NAMED = {TASK_WRAPPER_VAR: "every task's wrapper: its temporary folder, its exit code "
-                            "recorded",
-          NODE_WRAPPER_VAR: "the per-node wrapper srun runs (the batch script is not on "
-                            "the other nodes)",
-          PYTHON_M_TRAIN_VAR: "the train package's command line, never a train.py of "
+_NAMED = {PYTHON_M_TRAIN_VAR: "the train package's command line, never a train.py of "
                               "the folder it runs in",
           BOUND_LAUNCHER_VAR: "the client's launcher, bound read-only into an image "
                               "without train (train.node.nodeentry)"}
-
-def library_paths() -> list[Path]:
-    """The job library's files shipped in the package (slurm/ links to each), in order."""
-    batch = Path(__file__).resolve().parents[2] / "batch"  # src/train/batch
-    return [batch / name for name in LIBRARY_NAMES]
-
-
-def library_text() -> str:
-    """The job library as render inlines it: its files in order, each without its
-    shebang and file-wide shellcheck lines (the version covers all of them)."""
-    return "\n\n".join(_strip_header(path.read_text(encoding="utf-8"))
-                       for path in library_paths())
 
 
 def sbatch_value(value: str, field: str) -> str:
@@ -217,9 +203,7 @@ def step_segments(job: ResolvedJob) -> list[list[str]]:
         spec.runtime, image=spec.image, gpus=spec.gpus_per_node > 0,
         binds=(*job.binds, *job.launcher_binds), run_dir=job.run_dir,
         env=step_environment(job))
-    if spec.runtime == "apptainer":
-        prefix = ["bash", "-c", container.APPTAINER_TASK, "train-task", *prefix]
-    wrapper = ["bash", "-c", container.TASK_WRAPPER, "train-task"]
+    wrapper = engine_argv(job, "task", "--")
     if spec.entry == "command":
         run = list(spec.workload)
     elif spec.entry == "navsim":
@@ -268,75 +252,93 @@ def program_folder(chdir: str) -> str:
 
 
 
-def _strip_header(library: str) -> str:
-    lines = library.splitlines()
-    while lines and (lines[0].startswith("#!") or lines[0].startswith("# shellcheck")):
-        lines.pop(0)
-    return "\n".join(lines).strip("\n")
+def engine_dir(job: ResolvedJob) -> str:
+    """The engine's copy in the run folder (train.batch.engine.install, at submit)."""
+    return f"{job.run_dir}/{ENGINE_DIR}"
 
 
-def library_version(library: str) -> str:
-    """The chain library's version: the start of the sha256 of its text as inlined."""
-    return hashlib.sha256(_strip_header(library).encode("utf-8")).hexdigest()[:12]
+def engine_argv(job: ResolvedJob, *args: str) -> list[str]:
+    return [ENGINE_PYTHON, "-E", "-s", engine_dir(job), *args]
 
 
-def marker_line(library: str) -> str:
-    """The line between what a researcher reads and the generated rest of the script."""
-    return (f"# ---- train chain library (version {library_version(library)}): "
-            "generated, do not edit below ----")
+def job_record(job: ResolvedJob) -> dict[str, Any]:
+    """What the chain engine needs of the job, complete (nothing left to work out on the
+    batch host): written once at submit into chain.json ("job")."""
+    spec = job.spec
+    return {
+        "run_dir": job.run_dir,
+        "max_chunks": job.chunks,
+        "walltime_seconds": job.minutes * 60,
+        "stop_signal": job.stop,
+        "stop_margin": job.margin,
+        "stop_mode": spec.stop_mode,
+        "stop_via": stop_route(job),
+        "step_grace": step_grace(job),
+        "kill_grace": kill_grace(job),
+        # the ranks that say when they are ready for the stop signal (one file each), and
+        # the step's tasks (each records its end)
+        "step_ranks": spec.nodes * job.processes_per_node,
+        "step_tasks": spec.nodes * job.ntasks_per_node,
+        "requeue": spec.requeue,
+        "requeue_allowed": requeue_allowed(job),
+        # a program other than `train run` that exits 0 before its stop signal is done
+        "complete_on_success": spec.entry != "train",
+        "runtime": spec.runtime,
+        "image": spec.image,
+        "resume_args": list(spec.resume_argv),
+        "resume_shown": masked_argv(spec.resume_argv),  # as the log says them
+        "save_paths": save_paths(job),
+        "program_dir": program_dir(job),  # {newest:GLOB} is from here
+    }
 
 
-def render(job: ResolvedJob, library: str) -> str:
+def chain_lines(job: ResolvedJob) -> list[str]:
+    """The chain's settings, as comments the researcher reads (the engine reads the job
+    record, which holds the same): its bound and stop, the resume arguments (secrets
+    masked) and where the program saves, besides the run folder."""
+    record = job_record(job)
+    stop = "no stop signal" if job.stop == "none" else (
+        f"stop signal {job.stop} {job.margin} s before the end (stop mode "
+        f"{job.spec.stop_mode})")
+    lines = textwrap.wrap(f"the chain (the engine reads it from the job record, chain.json): "
+                          f"at most {job.chunks} chunks of {format_time(job.minutes)}; {stop}",
+                          STEP_WIDTH, initial_indent="# ", subsequent_indent="# ")
+    if record["resume_args"]:
+        lines.append("#   resume args: " + shlex.join(record["resume_shown"]))
+    if record["save_paths"]:
+        lines.append("#   save paths: " + shlex.join(record["save_paths"]))
+    return lines
+
+
+def render(job: ResolvedJob) -> str:
     """The sbatch script every chunk of the job's chain runs (its chunk number is the
-    script's first argument: `sbatch SCRIPT 1`, and each chunk submits the next).
-
-    What a researcher reads comes first: the #SBATCH lines, the run's settings, the site
-    set-up and the step command; below one marker line, everything generated: the
-    contract's names, the per-node wrapper and the chain library. Bash runs it top to
-    bottom: the top only sets variables (and runs the site set-up), the library only
-    defines, and the last line starts the chunk."""
-    return "\n".join([*_readable_part(job), marker_line(library),
-                      *_library_part(job, library), 'train_main "$@"', ""])
-
-
-def _readable_part(job: ResolvedJob) -> list[str]:
+    script's first argument: `sbatch SCRIPT 1`, and each chunk submits the next): the
+    #SBATCH lines, the job's environment, the site set-up, and the step command handed to
+    the chain engine, which starts it, passes it the stop signal and extends the chain."""
     spec = job.spec
     out: list[str] = ["#!/bin/bash"]
     out += [f"#SBATCH {line}" for line in sbatch_options(job)]
-    out += [
-        f"# Rendered by `train render` (cluster {job.profile.name}): each chunk of the chain "
-        f"(at most {job.chunks}) runs it with its chunk number; change the job spec and "
-        "render again instead of editing it.",
-        "set -euo pipefail",
-        f"RUN_DIR={shlex.quote(job.run_dir)}",
-        f"RUNTIME={shlex.quote(spec.runtime)}",
-        f"IMAGE={shlex.quote(spec.image or '')}",
-        f"MAX_CHUNKS={job.chunks}",
-        f"WALLTIME_SECONDS={job.minutes * 60}",
-        f"STOP_SIGNAL={job.stop}",
-        f"STOP_MARGIN={job.margin}",
-        f"STOP_MODE={spec.stop_mode}",
-        f"REQUEUE={1 if spec.requeue else 0}",
-        "RESUME_ARGS=(" + " ".join(map(shlex.quote, spec.resume_argv))
-        + ")  # added to the program's arguments after a checkpointed stop",
-        "SAVE_PATHS=(" + " ".join(map(shlex.quote, save_paths(job)))
-        + ")  # where the program saves, besides the run folder",
-        f"PROGRAM_DIR={shlex.quote(program_dir(job))}  # {{newest:GLOB}} is from here",
-    ]
+    out += textwrap.wrap(
+        f"Rendered by `train render` (cluster {job.profile.name}): every chunk of the chain "
+        "runs this script. The chain engine, which `train submit` copies into the run "
+        "folder, starts the step below on every node (each task under its wrapper), passes "
+        "it the stop signal and submits the next chunk. Change the job spec and render "
+        "again instead of editing it.", STEP_WIDTH, initial_indent="# ",
+        subsequent_indent="# ")
+    out.append("set -euo pipefail")
     values = step_environment(job)
     names = [*job.env_names, *(values if spec.runtime == "apptainer" else ())]
-    env = {**values, container.ENV_NAMES_VAR: " ".join(dict.fromkeys(names))}
+    env = {**values, contract.ENV_NAMES_VAR: " ".join(dict.fromkeys(names))}
     out.append("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()))
+    out += chain_lines(job)
     out = [line for setting in out for line in _literal_settings(setting)]
     if spec.runtime == "apptainer":
         out += apptainer_setup(job.profile.modules)
-    wrapped = NODE_WRAPPER_VAR in _named_texts(job).values()
-    out += [f"# the job step, run by srun on every node (${TASK_WRAPPER_VAR}, below, wraps "
-            "each task" + (f"; ${NODE_WRAPPER_VAR} is the per-node wrapper)" if wrapped
-                           else ")"),
-            "# shellcheck disable=SC2016,SC2054  # literal arguments, quoted on purpose",
-            "step_command() {", *step_command_lines(job), "}"]
-    return out
+    out.append(f"{ENGINE_VAR}={shlex.quote(engine_dir(job))}")
+    for text, name in _named_texts(job).items():
+        out += [f"# {_NAMED[name]}", "# shellcheck disable=SC2016  # literal text",
+                f"{name}={shlex.quote(text)}"]
+    return "\n".join([*out, *step_command_lines(job), ""])
 
 
 # a site set-up line that brings apptainer itself (module load/add, ml): needed only where
@@ -371,58 +373,33 @@ def _literal_settings(line: str) -> list[str]:
     return ["# shellcheck disable=SC2016  # literal values, quoted on purpose", line]
 
 
-def _library_part(job: ResolvedJob, library: str) -> list[str]:
-    spec = job.spec
-    out = [
-        f"REQUEUE_ALLOWED={1 if requeue_allowed(job) else 0}",
-        # a program other than `train run` that exits 0 before its stop signal is done
-        f"COMPLETE_ON_SUCCESS={0 if spec.entry == 'train' else 1}",
-        f"STOP_VIA={stop_route(job)}",
-        f"STEP_GRACE={step_grace(job)}",
-        # the ranks that say when they are ready for the stop signal (one file each)
-        f"STEP_RANKS={job.spec.nodes * job.processes_per_node}",
-        f"KILL_GRACE={kill_grace(job)}",
-        "# the contract with train (train/batch/contract.py)",
-        *[f"{k}={shlex.quote(v)}" for k, v in contract.shell_variables().items()],
-    ]
-    for text, name in _named_texts(job).items():
-        # (literal text: another shell expands it)
-        out += [f"# shellcheck disable=SC2016  # {_NAMED[name]}",
-                f"{name}={shlex.quote(text)}"]
-    return [*out, _strip_header(library)]
-
-
 def _named_texts(job: ResolvedJob) -> dict[str, str]:
-    """The long `-c` texts of the step the command line names by a variable (defined
-    below the marker): the per-node wrapper, and the train package's entry point."""
+    """The long `-c` texts of the step that the command line names by a variable: the
+    train package's entry point, and the bound launcher's."""
     named: dict[str, str] = {}
-    for part in step_segments(job):
-        if part[:2] == ["bash", "-c"] and len(part) > 3:
-            named[part[2]] = TASK_WRAPPER_VAR if part[2] == container.TASK_WRAPPER \
-                else NODE_WRAPPER_VAR
-    if any(arg == entry_code() for part in step_segments(job) for arg in part):
-        named.setdefault(entry_code(), PYTHON_M_TRAIN_VAR)
-    bound = nodeentry_code()
-    if any(arg == bound for part in step_segments(job) for arg in part):
-        named.setdefault(bound, BOUND_LAUNCHER_VAR)
+    argv = step_argv(job)
+    if entry_code() in argv:
+        named[entry_code()] = PYTHON_M_TRAIN_VAR
+    if nodeentry_code() in argv:
+        named[nodeentry_code()] = BOUND_LAUNCHER_VAR
     return named
 
 
 def step_command_lines(job: ResolvedJob) -> list[str]:
-    """The step as one shell command line, wrapped with ` \\` at about STEP_WIDTH
-    columns: each part (srun, the runtime, the launcher, the program) on lines of its
-    own, an option and its value kept together, every argument shell-quoted, the long
-    `-c` texts by their variables' names."""
-    named = _named_texts(job)
-    lines: list[str] = []
+    """The chunk handed to the engine, then the step as one shell command line, wrapped
+    with ` \\` at about STEP_WIDTH columns: each part (srun, the task wrapper, the runtime,
+    the launcher, the program) on lines of its own, an option and its value kept together,
+    every argument shell-quoted, the long `-c` texts and the engine by their variables'
+    names."""
+    named = {**_named_texts(job), engine_dir(job): ENGINE_VAR}
+    lines = [f'exec {ENGINE_PYTHON} -E -s "${ENGINE_VAR}" chunk "$0" "$@" --']
     for part in step_segments(job):
         if not part:
             continue
-        words = [f'"${named[arg]}"' if i and part[i - 1] == "-c" and arg in named
-                 else shlex.quote(arg) for i, arg in enumerate(part)]
-        lines += _fill(_units(part, words), "        ")
-    lines[0] = "    STEP=(" + lines[0].lstrip()
-    return [line + " \\" for line in lines[:-1]] + [lines[-1] + ")"]
+        words = [f'"${named[arg]}"' if arg in named and (arg == engine_dir(job) or (
+            i and part[i - 1] == "-c")) else shlex.quote(arg) for i, arg in enumerate(part)]
+        lines += _fill(_units(part, words), "    ")
+    return [line + " \\" for line in lines[:-1]] + [lines[-1]]
 
 
 def _units(argv: Sequence[str], words: Sequence[str]) -> list[str]:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from train.batch import contract
+from train.batch.engine import ENGINE_DIR, install
 from train.client.slurm.chain import (
     _DECISIVE,
     EVENTS_LIMIT,
@@ -21,7 +23,7 @@ from train.client.slurm.chain import (
 from train.client.slurm.checks import sbatchenv
 from train.client.slurm.checks.rundir import check_not_active
 from train.client.slurm.queue import _is_number, parse_sbatch_id
-from train.client.slurm.render import render
+from train.client.slurm.render import job_record, render
 from train.client.slurm.resolve import ResolvedJob
 from train.common import _proc
 from train.common.errors import ResourceError
@@ -69,7 +71,7 @@ def _cancel_unreplied(command: str) -> None:
             _proc.run(["scancel", job_id], check=False)
 
 
-def submit_chain(job: ResolvedJob, library: str) -> Chain:
+def submit_chain(job: ResolvedJob) -> Chain:
     """Render the chain's script, submit chunk 1 held, record the chain, then release.
 
     Until the release, any failure (sbatch refusing, a signal) cancels what was submitted,
@@ -77,9 +79,7 @@ def submit_chain(job: ResolvedJob, library: str) -> Chain:
     An earlier chain's record is kept as chain-FIRSTJOB.json/.ids, its script likewise.
     """
     run_dir = Path(job.run_dir)
-    text = render(job, library)
-    import shutil
-
+    text = render(job)
     if shutil.which("sbatch") is None:
         raise ResourceError("sbatch is not on PATH: `train submit` runs on a cluster's login "
                             "node (`train render` prints the script anywhere)")
@@ -100,9 +100,12 @@ def submit_chain(job: ResolvedJob, library: str) -> Chain:
     moved: list[tuple[Path, Path]] = []  # an earlier chain's files: (kept as, original)
     job_id: str | None = None
     cleared: Path | None = None  # an earlier run's COMPLETE marker, kept until released
+    old_engine: Path | None = None
+    engine_fresh = not os.path.lexists(run_dir / ENGINE_DIR)
     try:
         job_id = _submit_held(pending, first)
         cleared = _set_aside(run_dir, tag, script, job_id, moved)
+        old_engine = install_engine(run_dir, moved)
         pending.replace(script)
         written = [script, run_dir / contract.CHAIN_IDS, run_dir / contract.CHAIN_RECORD]
         (run_dir / contract.CHAIN_IDS).write_text(f"{first} {job_id}\n", encoding="utf-8")
@@ -110,12 +113,31 @@ def submit_chain(job: ResolvedJob, library: str) -> Chain:
         write_json_atomic(run_dir / contract.CHAIN_RECORD, record)
         _proc.run(["scontrol", "release", job_id], timeout=60)
     except BaseException:
+        if engine_fresh:
+            shutil.rmtree(run_dir / ENGINE_DIR, ignore_errors=True)
         undo_submission(job_id, written, moved, created)
         raise
     if cleared is not None:
         with contextlib.suppress(OSError):  # (a folder of that name stays aside)
             cleared.unlink(missing_ok=True)
+    if old_engine is not None:
+        shutil.rmtree(old_engine, ignore_errors=True)
     return Chain(run_dir, record, [(first, job_id)])
+
+
+def install_engine(run_dir: Path, moved: list[tuple[Path, Path]]) -> Path | None:
+    """The chain engine copied into the run folder: the chain runs this copy whatever
+    happens to the client. An earlier chain's copy (ended: check_not_active) is moved
+    aside (returned, and added to `moved`) until the submission is released; the caller
+    removes a copy where there was none before, should the submission fail."""
+    target = run_dir / ENGINE_DIR
+    old = None
+    if os.path.lexists(target):
+        old = target.with_name(f"{ENGINE_DIR}.old-{os.getpid()}")
+        target.replace(old)
+        moved.append((old, target))
+    install(str(run_dir))
+    return old
 
 
 def _submit_held(pending: Path, first: int) -> str:
@@ -168,6 +190,8 @@ def undo_submission(job_id: str | None, written: list[Path], moved: list[tuple[P
     for path in written:
         path.unlink(missing_ok=True)
     for kept, original in moved:
+        if original.is_dir() and not original.is_symlink():  # (the engine's new copy)
+            shutil.rmtree(original)
         kept.replace(original)
     for folder in reversed(created):
         with contextlib.suppress(OSError):
@@ -194,4 +218,5 @@ def chain_record(job: ResolvedJob, job_id: str, first: int, script: Path
         "run_dir": str(job.run_dir),
         "script": str(script),
         "resources": job.resources(),  # for `train doctor`'s fixes
+        "job": job_record(job),  # what the chain engine runs (train.batch.chunk)
     }

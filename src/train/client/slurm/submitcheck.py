@@ -17,7 +17,8 @@ found is left for the compute node after the queue wait.
 - NAVSIM's data (in a container) is not bound where the image reads it, or the --data
   folder has no dataset/ or dataset/maps;
 - command starts a launcher of its own inside the job's step: srun, or torchrun (or
-  python -m torch.distributed.run) where the job already starts a process per GPU.
+  python -m torch.distributed.run) where the job already starts a process per GPU;
+- chain engine has no python3 (3.6 or newer) on the job's PATH (checks.engine).
 
 The image, program, Python and NAVSIM data checks look at files and programs:
 `--no-check` skips them, for a login node that does not see what the nodes see. `train
@@ -38,6 +39,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from train.client.slurm.checks.engine import engine_problems
 from train.client.slurm.checks.files import (
     navsim_data_problems,
     profile_bind_problems,
@@ -70,6 +72,10 @@ def check_jobs(jobs: Sequence[ResolvedJob], *, submitting: bool, no_check: bool 
         notes += seen
     for job in jobs:
         found += run_folder_problems(job, submitting, notes)
+    if submitting and jobs and not no_check:  # the chain engine's python3 on this PATH
+        problems, seen = engine_problems(jobs[0], env)
+        found += problems
+        notes += seen
     if submitting and jobs and not no_check:  # resources: Slurm is asked (slurm.testonly)
         problems, seen = resource_problems(jobs[0], env)
         found += problems

@@ -22,12 +22,19 @@ from pathlib import Path
 from typing import Any
 
 from train.batch import contract
+from train.batch.engine import ENGINE_DIR
 from train.client.slurm.chain import Chain, load_chain
 from train.client.slurm.chainstatus import chain_status
 from train.client.slurm.queue import ACTIVE_STATES, _is_number, array_task_states, ref_states
 from train.client.slurm.render import render, sbatch_options, sbatch_value
 from train.client.slurm.resolve import ResolvedJob
-from train.client.slurm.submission import chain_record, first_chunk, submit_held, undo_submission
+from train.client.slurm.submission import (
+    chain_record,
+    first_chunk,
+    install_engine,
+    submit_held,
+    undo_submission,
+)
 from train.client.slurm.sweep import (
     SweepTask,
     aggregate,
@@ -130,6 +137,7 @@ def _write_scripts(tasks: list[tuple[SweepTask, ResolvedJob]], texts: list[str],
         script = run_dir / contract.JOBS_DIR / contract.JOB_SCRIPT
         script.write_text(text, encoding="utf-8")
         written.append(script)
+        install_engine(run_dir, moved)
 
 
 def _keep(path: Path, kept: Path, moved: list[tuple[Path, Path]]) -> None:
@@ -140,7 +148,7 @@ def _keep(path: Path, kept: Path, moved: list[tuple[Path, Path]]) -> None:
 
 
 def submit_sweep(name: str, flag: str, root: Path, tasks: list[tuple[SweepTask, ResolvedJob]],
-                 throttle: int | None, library: str) -> str:
+                 throttle: int | None) -> str:
     """Write every task's chain script and the array script, submit the array held,
     record the sweep and each task's chain, then release. Whole or not at all: a failure
     before the release cancels the array and removes what was written, and puts an
@@ -155,7 +163,7 @@ def submit_sweep(name: str, flag: str, root: Path, tasks: list[tuple[SweepTask, 
     previous = [load_chain(Path(job.run_dir)) if (Path(job.run_dir) / contract.CHAIN_RECORD)
                 .is_file() else None for _, job in tasks]
     firsts = [first_chunk(p) for p in previous]
-    texts = [render(job, library) for _, job in tasks]
+    texts = [render(job) for _, job in tasks]
     created = [d for d in (*reversed(root.parents), root) if not d.exists()]
     written: list[Path] = []
     moved: list[tuple[Path, Path]] = []
@@ -195,6 +203,8 @@ def submit_sweep(name: str, flag: str, root: Path, tasks: list[tuple[SweepTask, 
     for kept, _ in moved:  # (the earlier sweep's record copy; the rest stays aside)
         if kept.name.startswith(f".{contract.SWEEP_RECORD}."):
             kept.unlink(missing_ok=True)
+        elif kept.name.startswith(f"{ENGINE_DIR}.old-"):  # an ended chain's engine
+            shutil.rmtree(kept, ignore_errors=True)
     return array_id
 
 

@@ -102,6 +102,6 @@ def refusal(job: ResolvedJob, script: str, environ: dict[str, str]) -> tuple[str
 
 def ask(job: ResolvedJob, environ: dict[str, str]) -> tuple[str, str] | None:
     """`refusal` for the script `train submit` would queue for this job."""
-    from train.client.slurm.render import library_text, render
+    from train.client.slurm.render import render
 
-    return refusal(job, render(job, library_text()), environ)
+    return refusal(job, render(job), environ)

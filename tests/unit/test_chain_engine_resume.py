@@ -1,4 +1,4 @@
-"""job-lib-resume.sh in the batch shell (stub Slurm commands, as in test_job_lib.py):
+"""The chain engine's resume side (stub Slurm commands, as in test_chain_engine.py):
 --resume-args with {newest:GLOB} expanded at each chunk's start, the progress that the
 Hugging Face Trainer's trainer_state.json and Lightning's checkpoint names show, a chunk
 that started over from zero, and a step that runs into the walltime after the stop signal.
@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 from tests.conftest import spawn_group
-from tests.unit.test_job_lib import (
+from tests.unit.test_chain_engine import (
     SKIP_STEP_FILES,
     _calls,
     _env,
@@ -232,8 +232,9 @@ def test_a_step_past_the_stop_signal_fails_beyond_the_bound_or_without_a_save(
     _earlier_save(tmp_path, overruns=2)
     rc, err = _overrun(tmp_path)
     assert rc == 143, err
-    assert "it did 2 times already in this chain" in err
+    assert "it did 2 times already in this chain, the bound of overruns" in err
     assert _kinds(tmp_path)[-1] == "timeout"
+    assert _events(tmp_path)[-1][3].endswith(f" {contract.OVERRUN_BOUND_WORD}")
     assert _calls(tmp_path, "scancel")[-1] == "901"
     fresh = tmp_path / "fresh"
     fresh.mkdir()
@@ -241,3 +242,4 @@ def test_a_step_past_the_stop_signal_fails_beyond_the_bound_or_without_a_save(
     assert rc == 143, err
     assert "with no save to go on from" in err
     assert _kinds(fresh) == ["started", "extended", "timeout"]
+    assert _events(fresh)[-1][3].isdigit()  # (a walltime failure, not the bound)

@@ -1,13 +1,16 @@
-"""job-lib.sh, the chunk's batch-shell main loop, driven branch by branch in bash with stub
-`sbatch`, `scancel`, `scontrol` and `docker` on PATH (no Slurm, no root).
+"""The chain engine (train.batch.chunk, task), driven branch by branch on the batch host's
+side with stub `sbatch`, `scancel`, `scontrol` and `docker` on PATH (no Slurm, no root).
 
-The script is assembled the way the renderer does it: the contract's variables from
-train.batch.contract, a STEP array, the library, `train_main "$@"`. The step is a small
-bash program whose behaviour each test chooses.
+The run folder is set up the way `train submit` does it: the engine copied into it
+(train.batch.engine.install) and the job record in chain.json; the job script hands its
+chunk to the engine in one line. The step is a small bash program whose behaviour each
+test chooses.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shlex
 import signal
@@ -18,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import spawn_group
+from tests.unit.engine_python import ENGINE_PYTHON
 from train.batch import contract
-from train.client.slurm.render import library_text
+from train.batch.engine import install
 
 STUBS = {
     # records its arguments and environment; prints the next job id, or fails on demand:
@@ -182,28 +186,48 @@ def _env(tmp_path: Path) -> dict[str, str]:
             "SBATCH_ACCOUNT": "inherited", "HOME": str(tmp_path)}
 
 
+# the shell settings the tests name (as the rendered scripts had them) -> the job record
+_KEYS = {"MAX_CHUNKS": ("max_chunks", int), "REQUEUE": ("requeue", bool),
+         "REQUEUE_ALLOWED": ("requeue_allowed", bool),
+         "COMPLETE_ON_SUCCESS": ("complete_on_success", bool),
+         "WALLTIME_SECONDS": ("walltime_seconds", int), "STOP_SIGNAL": ("stop_signal", str),
+         "STOP_MARGIN": ("stop_margin", int), "STOP_VIA": ("stop_via", str),
+         "STEP_GRACE": ("step_grace", int), "RUNTIME": ("runtime", str),
+         "IMAGE": ("image", str), "STEP_RANKS": ("step_ranks", int),
+         "STOP_MODE": ("stop_mode", str), "KILL_GRACE": ("kill_grace", int),
+         "SAVE_SKIP": ("save_skip", str.split), "ARRAY_RESUME_ARGS": ("resume_args", str.splitlines),
+         "ARRAY_SAVE_PATHS": ("save_paths", str.splitlines),
+         "PROGRAM_DIR": ("program_dir", str), "OVERRUN_RESERVE": ("overrun_reserve", int)}
+
+
 def _script(tmp_path: Path, **values: str) -> Path:
-    """(a value named ARRAY_NAME is the array NAME, one item a line)"""
+    """The run folder as submit leaves it, and the job script (a value named ARRAY_NAME
+    is a list, one item a line)."""
     run_dir = tmp_path / "run"
     run_dir.mkdir(exist_ok=True)
     step = tmp_path / "step.sh"
     step.write_text(STEP)
     step.chmod(0o755)
-    settings = {"RUN_DIR": str(run_dir), "MAX_CHUNKS": "3", "REQUEUE": "0",
-                "REQUEUE_ALLOWED": "0", "COMPLETE_ON_SUCCESS": "0",
-                "WALLTIME_SECONDS": "3600", "STOP_SIGNAL": "USR1", "STOP_MARGIN": "300",
-                "STOP_VIA": "usr1", "STEP_GRACE": "0", "RUNTIME": "none",
-                "IMAGE": "",
-                **contract.shell_variables(), **values}
-    lines = ["#!/bin/bash", "set -euo pipefail",
-             *[f"{k}={shlex.quote(v)}" for k, v in settings.items()
-               if not k.startswith("ARRAY_")],
-             f"step_command() {{ STEP=({shlex.quote(str(step))}); }}",
-             *[f"{k[6:]}=({' '.join(shlex.quote(v) for v in vs.splitlines())})"
-               for k, vs in values.items() if k.startswith("ARRAY_")],
-             library_text(), 'train_main "$@"']
+    settings = {"MAX_CHUNKS": "3", "REQUEUE": "0", "REQUEUE_ALLOWED": "0",
+                "COMPLETE_ON_SUCCESS": "0", "WALLTIME_SECONDS": "3600", "STOP_SIGNAL": "USR1",
+                "STOP_MARGIN": "300", "STOP_VIA": "usr1", "STEP_GRACE": "0", "RUNTIME": "none",
+                "IMAGE": "", "STEP_RANKS": "1", "STOP_MODE": "signal", "KILL_GRACE": "10",
+                **values}
+    job = {"run_dir": str(run_dir), "resume_args": [], "save_paths": [],
+           "program_dir": str(tmp_path),
+           # the stub step is srun and its tasks at once: no task wrapper records its end
+           "step_tasks": 0}
+    for name, value in settings.items():
+        key, kind = _KEYS[name]
+        job[key] = kind(value == "1") if kind is bool else kind(value)
+    record = run_dir / contract.CHAIN_RECORD
+    old = json.loads(record.read_text()) if record.exists() else {}
+    record.write_text(json.dumps({**old, "job": job}))
+    engine = install(str(run_dir))
     script = tmp_path / "chain.sbatch"
-    script.write_text("\n".join(lines) + "\n")
+    script.write_text("#!/bin/bash\nset -euo pipefail\n"
+                      f"exec {ENGINE_PYTHON} -E -s {shlex.quote(engine)} chunk \"$0\" \"$@\" -- "
+                      f"{shlex.quote(str(step))}\n")
     return script
 
 
@@ -377,8 +401,8 @@ def test_on_several_nodes_every_node_is_swept(tmp_path: Path) -> None:
                 extra_env={"SLURM_JOB_NUM_NODES": "3"})
     assert proc.returncode == 3
     call = (tmp_path / "stubs" / "srun.calls").read_text()
-    assert call.startswith("--nodes=3 --ntasks-per-node=1 --kill-on-bad-exit=0 bash -c ")
-    assert call.endswith(f" sweep {contract.DOCKER_JOB_LABEL}=500\n")
+    assert call.startswith("--nodes=3 --ntasks-per-node=1 --kill-on-bad-exit=0 ")
+    assert call.endswith(f"/run/.train clean docker {contract.DOCKER_JOB_LABEL}=500 500-0\n")
     assert _calls(tmp_path, "docker") == []  # the step did it (here: the stub srun)
 
 
@@ -442,13 +466,13 @@ def test_the_walltime_signal_waits_for_every_rank_of_the_step(tmp_path: Path) ->
     # yet; one rank's readiness is not the other's
     proc = _start(tmp_path, STEP_GRACE="600", STEP_RANKS="2",
                   step_env={"STEP_READY_AS": ".rank-0"})
-    before = len(_children(proc.pid))
     proc.send_signal(signal.SIGUSR1)
-    _wait_for(lambda: len(_children(proc.pid)) > before, proc)  # held: the reminder runs
+    said = _wait_said(proc, "passing it on when the program is ready")  # held
     assert not (tmp_path / "run" / "step.signals").exists()
     [ready] = (tmp_path / "run").glob(".signal-ready-*")
     (ready.parent / ready.name.replace(".rank-0", ".rank-1")).touch()  # rank 1 is ready
     _, err = proc.communicate(timeout=30)
+    err = said + err
     assert proc.returncode == 0, err
     assert "1 of 2 rank(s) ready now" in err
     assert (tmp_path / "run" / "step.signals").read_text() == "USR1\n"
@@ -673,15 +697,22 @@ def test_a_late_signal_during_the_end_time_retry_does_not_kill_the_batch_shell(
     assert _ids(tmp_path) == "2 902\n"
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(stat.parent.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    return found
+def _wait_said(proc: subprocess.Popen[str], text: str) -> str:
+    """What the engine has said, once it has said `text` (read as it comes, without
+    waiting for the process to end)."""
+    assert proc.stderr is not None
+    fd = proc.stderr.fileno()
+    os.set_blocking(fd, False)
+    said = b""
+    for _ in range(1000):
+        with contextlib.suppress(BlockingIOError):
+            said += os.read(fd, 65536)
+        if text.encode() in said:
+            os.set_blocking(fd, True)
+            return said.decode()
+        time.sleep(0.01)
+    proc.kill()
+    pytest.fail(f"never said {text!r}: {said.decode()}")
 
 
 def test_a_held_walltime_signal_never_fires_after_a_quick_step(tmp_path: Path) -> None:
@@ -692,11 +723,11 @@ def test_a_held_walltime_signal_never_fires_after_a_quick_step(tmp_path: Path) -
     (tmp_path / "stubs").mkdir()
     (tmp_path / "stubs" / "scancel.wait").touch()
     proc = _start(tmp_path, STEP_GRACE="600", COMPLETE_ON_SUCCESS="1")
-    before = len(_children(proc.pid))  # the watcher and the step's waiter
     proc.send_signal(signal.SIGUSR1)
-    _wait_for(lambda: len(_children(proc.pid)) > before, proc)  # the reminder runs
+    said = _wait_said(proc, "passing it on when the program is ready")  # held
     (tmp_path / "run" / "step.quit").touch()
     _, err = proc.communicate(timeout=60)
+    err = said + err
     assert proc.returncode == 0, err
     assert "passing it on when the program is ready" in err
     assert not (tmp_path / "run" / "step.signals").exists()  # never passed on
@@ -758,7 +789,7 @@ def test_a_restarted_chunk_looks_for_the_successor_its_first_run_submitted(
 # -- programs as they are: --stop-mode kill, --resume-args, saves ---------------------
 
 # the unit tests' step writes these into the run folder itself: not a save of the program
-SKIP_STEP_FILES = contract.shell_variables()["SAVE_SKIP"] + " step.*"
+SKIP_STEP_FILES = " ".join(contract.SAVE_SCAN_SKIP) + " step.*"
 
 
 def _start_saving(tmp_path: Path, step_env: dict[str, str], **values: str
@@ -923,15 +954,17 @@ def test_a_checkpoint_written_in_the_submit_folder_given_as_save_path_is_a_save(
 
 
 @pytest.mark.parametrize(("tasks", "code", "node"), [
-    # both ranks exit 1; the TERM Slurm sent the slower one after the first failed; a KILL
+    # both ranks exit 1; the TERM Slurm sent the slower one after the first failed
     ({"STEP_TASK_0": "143 1700000000.200000 n2", "STEP_TASK_1": "1 1700000000.100000 n1"},
      "1", "n1"),
+    # a rank the OOM killer ended (KILL) first: it is the failure, whatever its code
     ({"STEP_TASK_0": "1 1700000000.300000 n2", "STEP_TASK_1": "1 1700000000.29 n1",
-      "STEP_TASK_2": "137 1700000000.1 n3"}, "1", "n1"),
+      "STEP_TASK_2": "137 1700000000.1 n3 9"}, "137", "n3"),
+    # a TERM recorded a little before the failure (another node's clock): the failure
     ({"STEP_TASK_0": "143 1700000000.2 n2", "STEP_TASK_1": "7 1700000001 n1"}, "7", "n1"),
-    # nothing but signals, odd lines, or nothing at all: srun's own code
+    # a TERM alone is the first failure, with its node; odd lines are passed over
     ({"STEP_TASK_0": "143 1700000000.2 n2", "STEP_TASK_1": "x y z",
-      "STEP_TASK_2": "1 not-a-time n3"}, "143", None),
+      "STEP_TASK_2": "1 not-a-time n3"}, "143", "n2"),
     ({}, "143", None)])
 def test_a_failed_step_reports_the_first_failing_tasks_own_code_and_node(
         tmp_path: Path, tasks: dict[str, str], code: str, node: str | None) -> None:
@@ -942,6 +975,8 @@ def test_a_failed_step_reports_the_first_failing_tasks_own_code_and_node(
     assert said in proc.stderr
     if code != "143":
         assert "(srun's: 143)" in proc.stderr
+    if code == "137":
+        assert "(killed by SIGKILL)" in proc.stderr
 
 
 def test_the_chunk_folder_is_in_the_run_folder_and_a_killed_chunks_is_removed(
@@ -961,7 +996,11 @@ def test_the_chunk_folder_is_in_the_run_folder_and_a_killed_chunks_is_removed(
     assert not list(tmp_path.glob("**/train-job.*"))
 
 
-# -- every task's wrapper (container.TASK_WRAPPER) --------------------------------------
+# -- every task's wrapper (train.batch.task) ------------------------------------------
+
+def _task_wrapper(tmp_path: Path) -> list[str]:
+    return [ENGINE_PYTHON, "-E", "-s", install(str(tmp_path)), "task", "--"]
+
 
 def _task_env(tmp_path: Path) -> dict[str, str]:
     (tmp_path / "node").mkdir(exist_ok=True)
@@ -974,15 +1013,13 @@ def _task_env(tmp_path: Path) -> dict[str, str]:
 
 def test_the_task_wrapper_gives_a_temporary_folder_removes_it_and_records_the_code(
         tmp_path: Path) -> None:
-    from train.client.container import TASK_WRAPPER
-
     env = _task_env(tmp_path)
     node = tmp_path / "node"
     for left in ("train-job.400-0.aaaaaa", "train-job.500-1.bbbbbb", "train-job.999-0.cc"):
         (node / left).mkdir()
         (node / left / "torchelastic_x").mkdir()
     program = 'echo "$TMPDIR" > "$1"; mkdir "$TMPDIR/torchelastic_y"; exit 3'
-    proc = subprocess.run(["bash", "-c", TASK_WRAPPER, "train-task", "bash", "-c", program,
+    proc = subprocess.run([*_task_wrapper(tmp_path), "bash", "-c", program,
                            "p", str(tmp_path / "tmpdir")], env=env, capture_output=True,
                           text=True, timeout=60, check=False)
     assert proc.returncode == 3, proc.stderr
@@ -995,9 +1032,7 @@ def test_the_task_wrapper_gives_a_temporary_folder_removes_it_and_records_the_co
 
 
 def test_the_task_wrapper_passes_the_signal_its_program_died_of_on(tmp_path: Path) -> None:
-    from train.client.container import TASK_WRAPPER
-
-    proc = subprocess.run(["bash", "-c", TASK_WRAPPER, "train-task", "bash", "-c",
+    proc = subprocess.run([*_task_wrapper(tmp_path), "bash", "-c",
                            "kill -TERM $$"], env=_task_env(tmp_path), timeout=60, check=False)
     assert proc.returncode == -signal.SIGTERM
     assert (tmp_path / "exits" / "task-1").read_text().split()[0] == "143"
@@ -1008,12 +1043,10 @@ def test_the_task_wrapper_waits_for_a_program_that_handles_slurms_term(
         tmp_path: Path) -> None:
     # Slurm signals every process of the task: the wrapper outlives the TERM, and records
     # the code the program chose
-    from train.client.container import TASK_WRAPPER
-
     ready = tmp_path / "ready"
     program = f"trap 'exit 1' TERM; touch {shlex.quote(str(ready))}; " \
               "while :; do sleep 0.02; done"
-    proc = spawn_group(["bash", "-c", TASK_WRAPPER, "train-task", "bash", "-c", program],
+    proc = spawn_group([*_task_wrapper(tmp_path), "bash", "-c", program],
                        env=_task_env(tmp_path))
     _wait_for(ready.exists, proc)
     os.killpg(proc.pid, signal.SIGTERM)
@@ -1061,3 +1094,35 @@ def test_a_progress_file_that_is_a_fifo_or_one_endless_line_never_holds_the_chai
     proc = _run(tmp_path, "noprogress")
     assert proc.returncode == 0, proc.stderr
     assert _events(tmp_path)[0][3].endswith("9 10"), _events(tmp_path)
+
+
+@pytest.mark.parametrize("cancelled", [True, False])
+def test_after_train_cancel_a_task_that_outlives_the_term_has_its_folder_removed(
+        tmp_path: Path, cancelled: bool) -> None:
+    # Slurm KILLs the task (its wrapper too) KillWait seconds after the TERM of a cancel:
+    # the wrapper removes the task's folder on the node before that. A TERM that is no
+    # cancel (the stop signal, a preemption) leaves the program its folder.
+    env = _task_env(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    events = "1 1 500 started 0 0 0\n" + ("2 0 500 cancelled by-user\n" if cancelled
+                                          else "") + "3 1 500 terminated 1\n"
+    (run / contract.CHAIN_EVENTS).write_text(events)
+    (tmp_path / "slurm.conf").write_text("KillWait=4\n")
+    env.update(TRAIN_RUN_DIR=str(run), SLURM_CONF=str(tmp_path / "slurm.conf"))
+    ready = tmp_path / "ready"
+    program = (f"trap '' TERM; echo \"$TMPDIR\" > {shlex.quote(str(tmp_path / 'tmpdir'))}; "
+               f"touch {shlex.quote(str(ready))}; while :; do sleep 0.02; done")
+    proc = spawn_group([*_task_wrapper(tmp_path), "bash", "-c", program], env=env)
+    _wait_for(ready.exists, proc)
+    given = Path((tmp_path / "tmpdir").read_text().strip())
+    assert given.is_dir()
+    os.killpg(proc.pid, signal.SIGTERM)
+    if cancelled:
+        _wait_for(lambda: not given.exists(), proc)
+    else:
+        time.sleep(3)  # (beyond the 1 s a cancel would allow: the folder is still there)
+        assert given.is_dir()
+    assert proc.poll() is None  # the program runs on until Slurm's KILL
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)

@@ -1,1 +1,0 @@
-../src/train/batch/job-lib.sh
