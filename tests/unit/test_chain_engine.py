@@ -107,6 +107,8 @@ case "$STEP_MODE" in
             v=STEP_TASK_$n
             [ -z "${!v:-}" ] || printf '%s\n' "${!v}" > "$TRAIN_TASK_EXITS/task-$n"
         done
+        # a FIFO where a task's record goes (no writer: a read would wait for ever)
+        [ -z "${STEP_FIFO:-}" ] || mkfifo "$TRAIN_TASK_EXITS/task-9"
         exit "${STEP_RC:-143}" ;;
     noprogress) exit 0 ;;
     asks)
@@ -1126,3 +1128,66 @@ def test_after_train_cancel_a_task_that_outlives_the_term_has_its_folder_removed
     assert proc.poll() is None  # the program runs on until Slurm's KILL
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=30)
+
+
+def test_a_fifo_among_the_tasks_records_never_holds_the_chunk(tmp_path: Path) -> None:
+    proc = _run(tmp_path, "tasks", extra_env={"STEP_FIFO": "1", "STEP_RC": "3",
+                                              "STEP_TASK_0": "3 1700000000.5 n4"})
+    assert proc.returncode == 3, proc.stderr
+    assert _events(tmp_path)[-1][2:] == ["failed", "3 n4"]
+
+
+def test_the_task_wrapper_keeps_its_records_folder_from_the_program_and_never_waits_on_it(
+        tmp_path: Path) -> None:
+    env = _task_env(tmp_path)
+    os.mkfifo(tmp_path / "exits" / "task-1")  # planted where this task's record goes
+    program = f"env > {shlex.quote(str(tmp_path / 'env'))}; exit 4"
+    proc = subprocess.run([*_task_wrapper(tmp_path), "bash", "-c", program], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 4, proc.stderr
+    seen = (tmp_path / "env").read_text()
+    assert contract.TASK_EXITS_VAR not in seen and contract.STALE_TMP_VAR not in seen
+    assert (tmp_path / "exits" / "task-1").read_text().split()[0] == "4"
+
+
+def test_a_step_that_started_no_task_is_a_failure_never_complete(tmp_path: Path) -> None:
+    # before Slurm 26.05.2, a step aborted before it launched makes srun exit 0: no task
+    # wrapper recorded an end
+    script = _script(tmp_path, COMPLETE_ON_SUCCESS="1")
+    record = tmp_path / "run" / contract.CHAIN_RECORD
+    data = json.loads(record.read_text())
+    data["job"]["step_tasks"] = 2
+    record.write_text(json.dumps(data))
+    proc = subprocess.run(["bash", str(script), "1"], env={**_env(tmp_path),
+                                                          "STEP_MODE": "noprogress"},
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert "the step started no task" in proc.stderr
+    assert _kinds(tmp_path) == ["started", "extended", "failed"]
+    assert not (tmp_path / "run" / contract.COMPLETE_MARKER).exists()
+    assert _calls(tmp_path, "scancel") == ["901"]
+
+
+@pytest.mark.parametrize("layout", ["linked folder", "linked file"])
+def test_a_save_through_a_link_counts(tmp_path: Path, layout: str) -> None:
+    # --save-path out where out links to scratch space (a small home quota); Lightning's
+    # last.ckpt, a link to its newest checkpoint
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    out = tmp_path / "out"
+    if layout == "linked folder":
+        out.symlink_to(scratch)
+        save_dir = out
+    else:
+        out.mkdir()
+        (out / "last.ckpt").symlink_to(scratch / "ckpt")  # (written by the step, below)
+        save_dir = scratch
+        (scratch / "ckpt").write_text("old")
+        os.utime(scratch / "ckpt", (1, 1))
+        os.utime(out / "last.ckpt", (1, 1), follow_symlinks=False)
+    proc = _start_saving(tmp_path, {"STEP_SAVE_DIR": str(save_dir)},
+                         ARRAY_SAVE_PATHS=str(out), **KILL_MODE)
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert _kinds(tmp_path) == ["started", "extended", "stopped"], err
