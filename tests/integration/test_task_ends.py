@@ -134,3 +134,45 @@ def test_a_stopped_chunk_and_one_ended_at_its_walltime_leave_nothing_in_the_node
     for name in ("stop", "late"):
         folder = tmp_path / "runs" / name
         assert not [p for p in folder.iterdir() if p.name.startswith(".chunk-")], name
+
+
+# a program with no handler for anything: it ignores TERM (and the stop signal), and
+# saves as it goes
+DEAF = """import signal, sys, time
+from pathlib import Path
+for sig in (signal.SIGTERM, signal.SIGUSR1):
+    signal.signal(sig, signal.SIG_IGN)
+Path(sys.argv[1]).touch()
+while True:
+    Path("out").mkdir(exist_ok=True)
+    Path("out/ckpt").write_text(str(time.time()))
+    time.sleep(0.5)
+"""
+
+
+@pytest.mark.parametrize("end", ["kill", "cancel"])
+def test_a_chunk_ended_by_kill_leaves_nothing_in_the_nodes_tmp(
+        tmp_path: Path, slurm_env: dict[str, str], end: str) -> None:
+    # the engine's KILL (stop mode kill, after its grace) and `train cancel` of a program
+    # that outlives the TERM (Slurm's KILL after KillWait): neither task can remove its
+    # folder on the node, and no later chunk runs there
+    job_tmp = tmp_path / "job-tmp"
+    job_tmp.mkdir()
+    env = {**slurm_env, "TMPDIR": str(job_tmp)}
+    (tmp_path / "deaf.py").write_text(DEAF)
+    started = tmp_path / "started"
+    run_dir = submit(tmp_path, env, end, ["--entry", "command", "--nodes", "2", "--launch",
+                                          "tasks", "--time", "5", "--max-chunks", "1",
+                                          "--stop-mode", "kill", "--save-path", "out"],
+                     [sys.executable, "deaf.py", str(started)])
+    st = wait(tmp_path, env, end, lambda s: started.exists(), timeout=300)
+    assert list(job_tmp.iterdir()), "the tasks' folders while they run"
+    if end == "kill":
+        walltime_signal(st["chunks"][0]["job_id"], env)
+    else:
+        assert run_cli(["cancel", end], cwd=tmp_path, env=env).returncode == 0
+    st = _ended(tmp_path, env, end)
+    assert st["state"] == ("incomplete" if end == "kill" else "cancelled"), (
+        st, logs(run_dir)[-3000:])
+    left = sorted(p.name for p in job_tmp.iterdir())
+    assert left == [], (left, logs(run_dir)[-3000:])

@@ -101,7 +101,7 @@ def test_gilbreth_first_job_is_the_field_notes_e1_job(tmp_path: Path,
     _check_cpus_and_memory(opts, step, node.cpus_per_node, node.mem_mb, gpus=1, ntasks=1)
     # the runtime follows the image in the defaults: apptainer, with the GPU and the
     # site's own binds (Gilbreth binds them into every container), and `module load`
-    assert "RUNTIME=apptainer" in script and "module load apptainer" in script
+    assert "runtime=apptainer" in script and "module load apptainer" in script
     assert step[step.index("apptainer") + 1] == "exec" and "--nv" in step
     assert str(sif) in step
     for path in ("/home", "/apps", "/scratch", "/depot"):
@@ -134,7 +134,7 @@ def test_rivanna_first_job_is_a_two_node_a100_ddp_script(tmp_path: Path,
     _check_cpus_and_memory(opts, step, node.cpus_per_node, node.mem_mb, gpus=8, ntasks=1)
     assert opts["cpus-per-task"] == "32" and opts["mem"] == "250G"  # as tasks mode gets
     assert "--mode=torchrun" in step and "--nproc-per-node=8" in step
-    assert "RUNTIME=apptainer" in script and "module load apptainer" in script
+    assert "runtime=apptainer" in script and "module load apptainer" in script
     for path in ("/home", "/scratch", "/project", "/standard"):
         assert path in _binds(step)
 
@@ -164,7 +164,7 @@ def test_torch_first_job_is_the_field_notes_navsim_job(tmp_path: Path,
     assert parse_mem(opts["mem"]) >= 2 * 4 * DEFAULT_WORKER_MEM_MB
     assert step[0] == "srun" and "--ntasks-per-node=4" in step  # srun: every rank
     assert "trainer.params.num_nodes=4" in step and "+trainer.params.devices=4" in step
-    assert "RUNTIME=apptainer" in script and "--nv" in step
+    assert "runtime=apptainer" in script and "--nv" in step
     for path in ("/scratch", "/vast"):
         assert path in _binds(step)
 
@@ -182,7 +182,7 @@ def test_every_first_job_of_a_site_renders_and_fits(site: str, tmp_path: Path,
     assert code == 0, err
     opts, step = _sbatch(script), _step(script)
     assert opts["gres"].endswith("gpu:1") and "--nv" in step
-    assert opts["cpus-per-task"] == "4" and "RUNTIME=apptainer" in script
+    assert opts["cpus-per-task"] == "4" and "runtime=apptainer" in script
 
 
 # -- refused on the login node, with the fix --------------------------------------------
@@ -221,7 +221,7 @@ def test_no_image_and_no_runtime_is_refused_for_a_job_that_needs_torch(
         assert code == 0, (fix, err)
     # a program of the user's own, one process: what it needs is its business
     code, out, err = _cli([*base, "-e", "command", "--", "./run.sh"], home, tmp_path)
-    assert code == 0 and "RUNTIME=none" in out, err
+    assert code == 0 and "runtime=none" in out, err
 
 
 def test_the_field_notes_host_oom_job_is_refused_with_two_workers_as_the_fix(

@@ -1067,7 +1067,7 @@ def test_the_rendered_script_carries_the_settings_to_the_launcher() -> None:
             f"{contract.GPU_IDLE_MINUTES_VAR}=15") in export
     # one GPU, `train run`: through `train launch`, which starts the sampler
     argv = step_argv(job)
-    assert argv[argv.index("launch") - 2:argv.index("--")] == [
+    assert argv[argv.index("launch") - 2:len(argv) - argv[::-1].index("--") - 1] == [
         "-c", entry_code(), "launch", "--mode=single"]
     for off in (_resolve(**LOCAL), _resolve(**LOCAL, gpus_per_node=1, gpu_watch_interval=0)):
         text = render(off)

@@ -135,7 +135,7 @@ def test_a_command_defaults_to_one_chunk_without_a_stop_signal() -> None:
     assert job.stop == "none" and job.chunks == 1
     text = _script(entry="command", workload=("python", "fit.py"))
     assert "--signal" not in text.split("set -euo")[0]
-    assert "STOP_SIGNAL=none" in text and "MAX_CHUNKS=1" in text
+    assert "stop_signal=none" in text and "max_chunks=1 " in text
 
 
 def test_chunked_commands_need_a_stop_signal() -> None:
@@ -161,7 +161,7 @@ def test_a_term_stop_signal_takes_the_route_that_keeps_srun_alive(
     text = _script(entry="command", stop_signal="TERM", max_chunks=2, nodes=2, launch=launch,
                    runtime=runtime, image="img" if runtime != "none" else None,
                    workload=("python", "fit.py"))
-    assert f"STOP_VIA={via}" in text and "#SBATCH --signal=B:USR1@" in text
+    assert f"stop_via={via}" in text and "#SBATCH --signal=B:USR1@" in text
 
 
 def test_term_is_refused_under_torchrun_with_the_reason() -> None:
@@ -175,7 +175,8 @@ def test_torchrun_runs_any_program_verbatim() -> None:
                    workload=("python", "my train.py", "--lr", "0.1"))
     assert job.launch == "torchrun"
     argv = step_argv(job)
-    assert argv[argv.index("--") + 1:] == ["python", "my train.py", "--lr", "0.1"]
+    assert argv[len(argv) - argv[::-1].index("--"):] == ["python", "my train.py", "--lr",
+                                                          "0.1"]
     assert "--mode=torchrun" in argv and "--nproc-per-node=2" in argv
 
 
@@ -358,7 +359,7 @@ def test_stop_signal_none_from_a_flag_is_honoured(tmp_path: Path) -> None:
     proc = run_cli(["render", "-M", "local", "--runtime", "none", "--stop-signal", "none",
                     "--", "demo"],
                    cwd=tmp_path)
-    assert proc.returncode == 0 and "STOP_SIGNAL=none" in proc.stdout
+    assert proc.returncode == 0 and "stop_signal=none" in proc.stdout
     assert "#SBATCH --signal" not in proc.stdout
 
 

@@ -358,4 +358,4 @@ def test_a_tiny_memory_share_never_renders_as_the_whole_node(tmp_path: Path) -> 
     job = resolve(JobSpec(cluster="tiny", cpus_per_task=1, time="10", runtime="none"),
                   reg.get("tiny"))
     assert job.mem_mb == 1
-    assert "#SBATCH --mem=0" not in render(job, "")
+    assert "#SBATCH --mem=0" not in render(job)

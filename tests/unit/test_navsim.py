@@ -159,7 +159,7 @@ def test_the_job_owns_the_cache_switches(arg: str) -> None:
 def test_the_rendered_step_runs_navsim_through_the_cache_phase() -> None:
     spec = JobSpec(**NAVSIM)  # type: ignore[arg-type]
     argv = step_argv(resolve(spec, REG.get("local")))
-    program = argv[argv.index("--") + 1:]
+    program = argv[len(argv) - argv[::-1].index("--"):]
     assert program[:3] == module_argv(spec.python, "train.workloads.navsim")
     assert program[3:5] == [spec.python, NAVSIM_SCRIPT]
 

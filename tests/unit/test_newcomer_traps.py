@@ -71,7 +71,7 @@ def test_a_script_given_as_the_job_file_names_the_fix(
 def test_a_workload_and_entry_command_are_not_refused(capsys: pytest.CaptureFixture[str]
                                                       ) -> None:
     code, out, _ = _cli([*RENDER, "--", "demo", "--episodes", "3"], capsys)
-    assert code == 0 and "train_main" in out
+    assert code == 0 and 'chunk "$0" "$@" --' in out
     code, out, _ = _cli([*RENDER, "-e", "command", "--", "python", "x.py"], capsys)
     assert code == 0 and "x.py" in out
 
@@ -223,7 +223,7 @@ def test_a_program_after_the_dashes_runs_as_a_command_without_entry(
     is given (a flag, the job file or the defaults); an explicit -e train still refuses."""
     code, out, err = _cli([*RENDER, "--", *typed], capsys)
     assert code == 0, err
-    assert " ".join(typed) in out and "train_main" in out
-    assert "ENTRY=command" in out or "COMPLETE_ON_SUCCESS=1" in out, out[:2000]
+    assert " ".join(typed) in out and 'chunk "$0" "$@" --' in out
+    assert "entry=command" in out, out[:2000]
     code, _, err = _cli([*RENDER, "-e", "train", "--", *typed], capsys)
     assert code == 2 and "-e command --" in err, err

@@ -216,6 +216,8 @@ def test_the_node_side_uses_nothing_newer_than_python_39(tmp_path: Path) -> None
     assert MIN_PYTHON == (3, 9)  # (the checks below are for 3.9)
     problems = []
     for path in _node_side(tmp_path)[1]:
+        if path.parent.name == "batch":  # held to 3.6 and run by it: test_engine_compat
+            continue
         module = str(path)
         source = path.read_text(encoding="utf-8")
         tree = ast.parse(source, feature_version=(3, 9)) if sys.version_info >= (3, 9) \

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.golden.cases import CASES, RUN_ROOT, golden_path, rendered, script_step
+from tests.golden.cases import CASES, RUN_ROOT, golden_path, rendered, script_array, script_step
 from train.batch import contract
 from train.client.slurm.render import sbatch_value
 from train.common.errors import ConfigError
@@ -61,7 +61,7 @@ def test_one_script_serves_every_chunk_of_the_chain() -> None:
     text = rendered("gilbreth-chunked")
     assert text.count("#!/bin/bash") == 1
     assert "#SBATCH --job-name=e1\n" in text
-    assert "at most 3 chunks" in text and 'chunk "$0" "$@" --' in text
+    assert "max_chunks=3 " in text and 'chunk "$0" "$@" --' in text
     # the successor a chunk submits is removed by Slurm if this chunk does not succeed
     assert "#SBATCH --kill-on-invalid-dep=yes" in text
     assert f"#SBATCH --output={RUN_ROOT}/e1/logs/%x-%j.out" in text
@@ -78,9 +78,9 @@ def test_the_results_csv_is_passed_as_an_absolute_path() -> None:
 def test_preemptible_jobs_may_be_requeued_by_the_site() -> None:
     text = rendered("torch-chunked")
     assert "#SBATCH --requeue\n" in text and "--no-requeue" not in text
-    assert "\nREQUEUE=0\n" in text and "\nREQUEUE_ALLOWED=1\n" in text
+    assert "requeue=no requeue_allowed=yes" in text
     gilbreth = rendered("gilbreth-chunked")
-    assert "\nREQUEUE=0\n" in gilbreth and "\nREQUEUE_ALLOWED=0\n" in gilbreth
+    assert "requeue=no requeue_allowed=no" in gilbreth
 
 
 def test_site_specific_gpu_requests() -> None:
@@ -138,9 +138,10 @@ def test_literal_dollars_in_settings_pass_shellcheck(tmp_path: Path) -> None:
     proc = subprocess.run([shellcheck, "--severity=style", str(path)],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout
-    body = text[:text.index("step_command() {")]
-    probe = body + 'printf "%s\\0" "$RUN_DIR" "$A" "$B" "${RESUME_ARGS[@]}" "${SAVE_PATHS[@]}"\n'
+    body = text[:text.index("\nexec ")]
+    probe = body + '\nprintf "%s\\0" "$ENGINE" "$A" "$B"\n'
     out = subprocess.run(["bash", "-c", probe], capture_output=True, check=True,
                          env={"PATH": os.environ["PATH"]}).stdout.decode().split("\0")[:-1]
-    assert out[:4] == [f"{RUN_ROOT}/r$x", "$(id)", "`id` $HOME", "--a=$HOME"]
-    assert out[4].endswith("/s/$USER")
+    assert out == [f"{RUN_ROOT}/r$x/.train", "$(id)", "`id` $HOME"]
+    assert script_array(text, "RESUME_ARGS") == ["--a=$HOME"]
+    assert script_array(text, "SAVE_PATHS")[0].endswith("/s/$USER")

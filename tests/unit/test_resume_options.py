@@ -31,7 +31,7 @@ def test_resume_args_take_a_flag_as_their_value_and_render_as_anscript_array(
     script = proc.stdout
     assert script_array(script, "RESUME_ARGS") == ["--init_from=resume"]
     assert script_array(script, "SAVE_PATHS") == [str(tmp_path / "out"), "/abs/ckpt.pt"]
-    assert "\nSTOP_MODE=kill\n" in script and "\nSTOP_SIGNAL=TERM\n" in script
+    assert "stop_mode=kill" in script and "stop_signal=TERM" in script
     assert "--signal=B:USR1@" in script  # the batch shell gets the margin's signal
     # relative save paths are from --chdir, where the program runs; quoting as a shell's
     proc = run_cli([*BASE, "--chdir", "work", "--resume-args", "--resume 'a b'",
@@ -39,7 +39,7 @@ def test_resume_args_take_a_flag_as_their_value_and_render_as_anscript_array(
     assert proc.returncode == 0, proc.stderr
     assert script_array(proc.stdout, "RESUME_ARGS") == ["--resume", "a b"]
     assert script_array(proc.stdout, "SAVE_PATHS") == [str(tmp_path / "work" / "out")]
-    assert "\nSTOP_MODE=signal\n" in proc.stdout
+    assert "stop_mode=signal" in proc.stdout
 
 
 @pytest.mark.parametrize(("flags", "field", "words"), [
@@ -118,7 +118,7 @@ def test_a_newest_placeholder_renders_as_given_and_a_malformed_one_is_refused(
     assert proc.returncode == 0, proc.stderr
     assert script_array(proc.stdout, "RESUME_ARGS") == [
         "--resume_from_checkpoint", "{newest:out/checkpoint-*}", "ckpt_path={newest:$x/*}"]
-    assert f"\nPROGRAM_DIR={tmp_path / 'work'}  #" in proc.stdout  # where GLOB is from
+    assert f"\n#   program dir: {tmp_path / 'work'} (" in proc.stdout  # where GLOB is from
     for bad, words in [("--r {newest:out/c-*", "not closed"), ("--r {newest:}", "no path"),
                        ("--r {newest}", "{newest:GLOB}"), ("--r {newest:a{b}", "brace"),
                        ("--r {NEWEST:out/*}", "{newest:GLOB}"),

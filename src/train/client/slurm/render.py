@@ -293,18 +293,26 @@ def job_record(job: ResolvedJob) -> dict[str, Any]:
 
 
 def chain_lines(job: ResolvedJob) -> list[str]:
-    """The chain's settings, as comments the researcher reads (the engine reads the job
-    record, which holds the same): its bound and stop, the resume arguments (secrets
-    masked) and where the program saves, besides the run folder."""
+    """The chain's settings as comments the researcher reads (the engine reads the same
+    from the job record): its bound, entry, runtime and stop, the resume arguments
+    (secrets masked) and where the program saves, besides the run folder."""
     record = job_record(job)
-    stop = "no stop signal" if job.stop == "none" else (
-        f"stop signal {job.stop} {job.margin} s before the end (stop mode "
-        f"{job.spec.stop_mode})")
-    lines = textwrap.wrap(f"the chain (the engine reads it from the job record, chain.json): "
-                          f"at most {job.chunks} chunks of {format_time(job.minutes)}; {stop}",
-                          STEP_WIDTH, initial_indent="# ", subsequent_indent="# ")
+
+    def word(value: object) -> str:
+        return ("yes" if value else "no") if isinstance(value, bool) else str(value)
+
+    shown = {"max_chunks": job.chunks, "walltime": format_time(job.minutes),
+             "entry": job.spec.entry, "runtime": job.spec.runtime,
+             **{k: record[k] for k in ("stop_signal", "stop_margin", "stop_mode",
+                                       "stop_via", "requeue", "requeue_allowed")}}
+    lines = ["# the chain, as the job record (chain.json) gives it to the engine:",
+             *textwrap.wrap(" ".join(f"{k}={word(v)}" for k, v in shown.items()),
+                            STEP_WIDTH, initial_indent="#   ", subsequent_indent="#   ")]
     if record["resume_args"]:
         lines.append("#   resume args: " + shlex.join(record["resume_shown"]))
+        if any("{newest:" in word for word in record["resume_args"]):
+            lines.append(f"#   program dir: {record['program_dir']} ({{newest:GLOB}} is "
+                         "from here)")
     if record["save_paths"]:
         lines.append("#   save paths: " + shlex.join(record["save_paths"]))
     return lines
@@ -334,7 +342,7 @@ def render(job: ResolvedJob) -> str:
     out = [line for setting in out for line in _literal_settings(setting)]
     if spec.runtime == "apptainer":
         out += apptainer_setup(job.profile.modules)
-    out.append(f"{ENGINE_VAR}={shlex.quote(engine_dir(job))}")
+    out += _literal_settings(f"{ENGINE_VAR}={shlex.quote(engine_dir(job))}")
     for text, name in _named_texts(job).items():
         out += [f"# {_NAMED[name]}", "# shellcheck disable=SC2016  # literal text",
                 f"{name}={shlex.quote(text)}"]
@@ -392,6 +400,7 @@ def step_command_lines(job: ResolvedJob) -> list[str]:
     every argument shell-quoted, the long `-c` texts and the engine by their variables'
     names."""
     named = {**_named_texts(job), engine_dir(job): ENGINE_VAR}
+    literal = any(c in arg for arg in step_argv(job) if arg not in named for c in "$`")
     lines = [f'exec {ENGINE_PYTHON} -E -s "${ENGINE_VAR}" chunk "$0" "$@" --']
     for part in step_segments(job):
         if not part:
@@ -399,7 +408,8 @@ def step_command_lines(job: ResolvedJob) -> list[str]:
         words = [f'"${named[arg]}"' if arg in named and (arg == engine_dir(job) or (
             i and part[i - 1] == "-c")) else shlex.quote(arg) for i, arg in enumerate(part)]
         lines += _fill(_units(part, words), "    ")
-    return [line + " \\" for line in lines[:-1]] + [lines[-1]]
+    note = ["# shellcheck disable=SC2016  # literal arguments, quoted on purpose"]
+    return [*(note if literal else []), *(line + " \\" for line in lines[:-1]), lines[-1]]
 
 
 def _units(argv: Sequence[str], words: Sequence[str]) -> list[str]:
