@@ -185,19 +185,23 @@ def redone(record: Mapping[str, Any], events: Sequence[Event]) -> Redone | None:
     reached its bound after checkpointed stops is named too: the tool cannot tell whether
     its chunks went on from one another, and a larger --max-chunks could loop for ever."""
     done_runs = runs(events)
-    for prev, cur in itertools.pairwise(done_runs):
+    # (requeue mode: one job run again and again)
+    name = [f"run {i + 1}" if record.get("requeue") else f"chunk {r.chunk}"
+            for i, r in enumerate(done_runs)]
+    for i, (prev, cur) in enumerate(itertools.pairwise(done_runs)):
         if prev.end is None or prev.end["event"] not in _CARRIED:
             continue
         before, now = _done(prev), _done(cur)
         at = progress_words(cur.start)
         if before is not None and now is not None and now <= before:
             return Redone(cur.chunk, cur.job_id, True, (
-                f"chunk {cur.chunk} began at {at}, no further than chunk {prev.chunk} "
-                f"began: the save it went on from holds none of chunk {prev.chunk}'s work, "
-                "so every chunk starts over from the same save and redoes it (the program "
-                "saves less often than once a chunk; with --stop-mode kill the work since "
-                f"its last save is lost at each stop): {SAVE_FIX}"))
-        if cur.end is not None and cur.end["event"] == contract.EV_NO_PROGRESS and now:
+                f"{name[i + 1]} began at {at}, no further than {name[i]} began: the save "
+                f"it went on from holds none of {name[i]}'s work, so every chunk starts "
+                "over from the same save and redoes it (the program saves less often than "
+                "once a chunk; with --stop-mode kill the work since its last save is lost "
+                f"at each stop): {SAVE_FIX}"))
+        if cur.end is not None and cur.end["event"] == contract.EV_NO_PROGRESS and now \
+                and record.get("entry") in ("command", "navsim"):  # (`train run` resumes)
             causes = [("the program saves less often than once a chunk, so every chunk "
                        "starts over from the same save and loses its work at the stop "
                        f"({SAVE_FIX})"),
@@ -205,8 +209,8 @@ def redone(record: Mapping[str, Any], events: Sequence[Event]) -> Redone | None:
             if not record.get("resume_args"):  # (told nothing, it likely did not resume)
                 causes.reverse()
             return Redone(cur.chunk, cur.job_id, True, (
-                f"chunk {cur.chunk} went on from where chunk {prev.chunk} stopped (at {at}) "
-                f"and ended no further: either {causes[0]}, or {causes[1]}"))
+                f"{name[i + 1]} went on from where {name[i]} stopped (at {at}) and ended "
+                f"no further: either {causes[0]}, or {causes[1]}"))
     stops = [r for r in done_runs if r.end is not None and r.end["event"] in (
         *_CARRIED, contract.EV_INCOMPLETE)]
     last = done_runs[-1] if done_runs else None
