@@ -87,7 +87,8 @@ Chunks = list[dict[str, Any]]
 Events = list[dict[str, Any]]
 
 
-def _outcome(chain: Chain, chunks: Chunks, events: Events) -> Outcome:
+def _outcome(chain: Chain, chunks: Chunks, events: Events, again: Redone | None
+             ) -> Outcome:
     """The chain's state and, in words, what happened: the first of these that applies,
     from what ended the chain for good to what is still in the queue."""
     kinds = {e["event"] for e in events}
@@ -100,7 +101,7 @@ def _outcome(chain: Chain, chunks: Chunks, events: Events) -> Outcome:
     last = next((e for e in reversed(events) if e["event"] in _DECISIVE), None)
     decided: set[str] = set()
     if last is not None:
-        said = _said_by_last_event(chain, chunks, last, redone(chain.record, events))
+        said = _said_by_last_event(chain, chunks, last, again)
         if said is not None:
             return said
         if last["event"] != contract.EV_STARTED:
@@ -290,8 +291,8 @@ def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
         kept.record, kept.chunks, states,
         [e for e in every if e["job_id"] in {i for _, i in kept.chunks}])}
         for kept in chain.earlier]
-    state, cause = _outcome(chain, chunks, events)
     again = redone(chain.record, events)
+    state, cause = _outcome(chain, chunks, events, again)
     progress = read_progress(chain.run_dir) or _saved_progress(events)
     rate = progress_rate(events)
     used = _used(chain, chunks, events)
