@@ -181,6 +181,8 @@ def test_one_unreadable_chain_does_not_hide_the_others(tmp_path: Path) -> None:
     proc = run_cli(["status"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "a (local): ended" in proc.stdout
+    assert "  progress: not known (no progress file, and no save names its step), 0 " \
+           "chunk(s) used\n" in proc.stdout  # (a record without its bound)
     assert "b: unreadable" in proc.stdout and "not valid JSON" in proc.stdout
     proc = run_cli(["status", "12345"], cwd=tmp_path)
     assert proc.returncode == 2 and "give that directory" in proc.stderr

@@ -362,7 +362,8 @@ def format_status(st: dict[str, Any]) -> list[str]:
     """`train status` lines for one chain."""
     lines = [f"{st['name']} ({st['cluster']}): {st['state']}  {st['run_dir']}",
              f"  {st['cause']}"]
-    used = f"{st['chunks_used']} of at most {st['max_chunks']} {st['unit']}(s) used"
+    bound = f" of at most {st['max_chunks']}" if isinstance(st["max_chunks"], int) else ""
+    used = f"{st['chunks_used']}{bound} {st['unit']}(s) used"
     if st["total"]:
         text = (f"  progress: {st['done']}/{st['total']} "
                 f"({100 * st['done'] // st['total']}%), {used}")
