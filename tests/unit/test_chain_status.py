@@ -184,6 +184,8 @@ def test_one_unreadable_chain_does_not_hide_the_others(tmp_path: Path) -> None:
     proc = run_cli(["status"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "a (local): ended" in proc.stdout
+    assert "  progress: not known (no progress file, and no save names its step), 0 " \
+           "chunk(s) used\n" in proc.stdout  # (a record without its bound)
     assert "b: unreadable" in proc.stdout and "not valid JSON" in proc.stdout
     proc = run_cli(["status", "12345"], cwd=tmp_path)
     assert proc.returncode == 2 and "give that directory" in proc.stderr
@@ -328,3 +330,145 @@ def test_a_chunk_that_overran_is_said_in_status(
     assert ("note: chunk 1 ran into its walltime after the stop signal; the tool ended it "
             "and the chain went on from the save before (1 of at most 2 times") in lines
     assert "progress: step 20" in lines
+
+
+# -- what status says of each chunk, of an unknown progress, of earlier chains ---------
+
+def test_an_unknown_progress_is_said_not_left_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    st = _chain(tmp_path, "1 10\n", "1 1 10 started 0 0 0\n", {"10": "RUNNING"},
+                monkeypatch, entry="command")
+    assert st["done"] is None and st["total"] is None
+    lines = chainstatus.format_status(st)
+    assert ("  progress: not known (no progress file, and no save names its step), 1 of at "
+            "most 5 chunk(s) used") in lines
+
+
+def test_each_chunks_end_is_said_in_words_and_json_keeps_the_event_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    events = ("1 1 10 started 0 0 0\n2 1 10 extended 11\n3 1 10 stopped 40 100\n"
+              "4 2 11 started 0 40 100\n5 2 11 extended 12\n6 2 11 stopped 80 100\n"
+              "7 3 12 started 0 80 100\n8 3 12 failed 1 node-b\n")
+    st = _chain(tmp_path, "1 10\n2 11\n3 12\n", events,
+                {"10": "COMPLETED", "11": "COMPLETED", "12": "FAILED"}, monkeypatch,
+                entry="command")
+    assert [c["events"] for c in st["chunks"]] == [
+        ["started", "extended", "stopped"], ["started", "extended", "stopped"],
+        ["started", "failed"]]
+    json.dumps(st)  # what --json prints
+    lines = chainstatus.format_status(st)
+    assert ("  chunk 1: job 10 COMPLETED: stopped after a save (at 40/100); chunk 2 goes on "
+            "from it") in lines
+    assert "  chunk 3: job 12 FAILED: failed: exit code 1 on node node-b" in lines
+    assert not any("extended" in line or "events:" in line for line in lines)
+
+
+_EXITED = "exited 0 before any stop signal, and nothing reported progress"
+
+
+@pytest.mark.parametrize(("detail", "entry", "said", "ended"), [
+    # a command that exits 0 at once: the tool takes it as done, nothing more is known
+    ("0 0", "command", _EXITED, _EXITED),
+    ("30 30", "command", "the work is done (at 30/30)", "finished the work (at 30/30)"),
+    ("0 0", "train", "the work is done", "finished the work")])
+def test_an_exit_0_with_no_progress_is_not_called_the_work_done(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, detail: str, entry: str, said: str,
+        ended: str) -> None:
+    st = _chain(tmp_path, "1 10\n", f"1 1 10 started 0 0 0\n2 1 10 complete {detail}\n",
+                {"10": "COMPLETED"}, monkeypatch, entry=entry)
+    assert st["state"] == "complete"
+    assert said in st["cause"] and st["chunks"][0]["ended"].startswith(ended)
+    assert ("the work is done" in st["cause"]) == (said != _EXITED)
+
+
+def test_a_resubmitted_chain_shows_the_earlier_chains_chunks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run = tmp_path / "runs" / "e1"
+    (run / "jobs").mkdir(parents=True)
+    (run / contract.CHAIN_RECORD).write_text('{"name": "e1", "cluster": "local"}')
+    (run / contract.CHAIN_IDS).write_text("1 100\n2 101\n")
+    (run / contract.CHAIN_EVENTS).write_text(
+        "1 1 100 started 0 0 0\n2 1 100 extended 101\n3 1 100 stopped 40 100\n"
+        "4 2 101 started 0 40 100\n5 2 101 incomplete 70 100\n")
+    _fake_slurm(monkeypatch, None)  # the resubmission: `train submit` of the same run
+    submission.submit_chain(_job(tmp_path), "# library\n")
+    with open(run / contract.CHAIN_EVENTS, "a") as fh:
+        fh.write("6 1 4242 started 0 70 100\n")
+    asked: list[list[str]] = []
+    monkeypatch.setattr(queue, "job_states", lambda ids: asked.append(list(ids)) or {
+        "4242": {"state": "RUNNING"}, "100": {"state": "COMPLETED"},
+        "101": {"state": "COMPLETED"}})
+    st = chainstatus.chain_status(slurm_chain.load_chain(run))
+    assert asked == [["4242", "100", "101"]]
+    assert st["state"] == "running" and [c["job_id"] for c in st["chunks"]] == ["4242"]
+    (earlier,) = st["earlier_chains"]
+    assert earlier["first_job"] == "100"
+    assert [c["events"] for c in earlier["chunks"]] == [
+        ["started", "extended", "stopped"], ["started", "incomplete"]]
+    lines = chainstatus.format_status(st)
+    at = lines.index("  earlier chain of this run folder (first job 100):")
+    assert lines[at + 1].startswith("    chunk 1: job 100 COMPLETED: stopped after a save")
+    assert lines[at + 2].startswith("    chunk 2: job 101 COMPLETED: stopped after a save "
+                                    "(at 70/100), the last chunk")
+
+
+# -- chunks that start over from the same save --------------------------------------------
+
+def test_kill_mode_chunks_of_unknown_progress_are_not_told_a_larger_bound(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The field's case: a program whose saves are further apart than a chunk, stopped by
+    the tool (--stop-mode kill): every chunk went on from the same save, its progress not
+    known; "submit again with a larger --max-chunks" would repeat it for ever."""
+    events = ("1 1 10 started 0 0 0\n2 1 10 extended 11\n3 1 10 stopped 0 0\n"
+              "4 2 11 started 0 0 0\n5 2 11 extended 12\n6 2 11 stopped 0 0\n"
+              "7 3 12 started 0 0 0\n8 3 12 incomplete 0 0\n")
+    states = {"10": "COMPLETED", "11": "COMPLETED", "12": "COMPLETED"}
+    st = _chain(tmp_path, "1 10\n2 11\n3 12\n", events, states, monkeypatch,
+                entry="command", stop_mode="kill", max_chunks=3)
+    assert st["state"] == "incomplete"
+    assert "save more often than once a chunk, or give a longer --time" in st["cause"]
+    assert "continue from the last save" not in st["cause"]
+    assert st["redone"]["known"] is False and st["redone"]["chunk"] == 3
+    # in signal mode the program saves at the stop: the bound is what ended it
+    st = _chain(tmp_path, "1 10\n2 11\n3 12\n", events, states, monkeypatch,
+                entry="command", stop_mode="signal", max_chunks=3)
+    assert "larger --max-chunks to continue from the last save" in st["cause"]
+    assert st["redone"] is None
+
+
+def test_a_chunk_that_went_on_from_a_save_and_added_nothing_names_the_save_interval(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    events = ("1 1 10 started 0 0 0\n2 1 10 stopped 500 0\n"
+              "3 2 11 started 0 500 0\n4 2 11 no_progress 500 0\n")
+    st = _chain(tmp_path, "1 10\n2 11\n", events, {"10": "COMPLETED", "11": "COMPLETED"},
+                monkeypatch, entry="command", stop_mode="kill")
+    assert st["state"] == "stalled"
+    assert "chunk 2 went on from where chunk 1 stopped (at step 500)" in st["cause"]
+    assert "save more often than once a chunk, or give a longer --time" in st["cause"]
+    assert st["redone"]["known"] is True
+
+
+def test_a_chunk_that_began_no_further_than_the_one_before_is_noted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    events = ("1 1 10 started 0 100 1000\n2 1 10 stopped 180 1000\n"
+              "3 2 11 started 0 100 1000\n4 2 11 stopped 180 1000\n"
+              "5 3 12 started 0 100 1000\n")
+    st = _chain(tmp_path, "1 10\n2 11\n3 12\n", events,
+                {"10": "COMPLETED", "11": "COMPLETED", "12": "RUNNING"}, monkeypatch,
+                entry="command", stop_mode="kill", progress="100 1000\n")
+    assert st["state"] == "running"
+    lines = "\n".join(chainstatus.format_status(st))
+    assert ("note: chunk 2 began at 100/1000, no further than chunk 1 began: the save it "
+            "went on from holds none of chunk 1's work") in lines
+
+
+def test_the_chain_record_keeps_the_stop_mode(tmp_path: Path) -> None:
+    from train.client.clusters.profiles import Registry
+    from train.client.slurm.jobspec import JobSpec
+    from train.client.slurm.resolve import resolve
+
+    spec = JobSpec(cluster="local", name="e1", out=str(tmp_path / "runs" / "e1"),
+                   runtime="none", entry="command", stop_mode="kill", max_chunks=3,
+                   workload=("python3", "fit.py"))
+    job = resolve(spec, Registry(environ={}).get("local"))
+    assert submission.chain_record(job, "10", 1, tmp_path / "s")["stop_mode"] == "kill"

@@ -48,8 +48,9 @@ def status(state: str, exit_code: str | None = None, events: list[str] | None = 
 
 
 def diagnose(tmp_path: Path, err: str, st: dict[str, Any], out: str = "",
-             resources: dict[str, Any] | None = None) -> diagnosis.Report:
+             resources: dict[str, Any] | None = None, events: str = "") -> diagnosis.Report:
     run_dir = make_run(tmp_path, {"r-101.err": err, "r-101.out": out}, resources=resources)
+    (run_dir / contract.CHAIN_EVENTS).write_text(events)
     return diagnosis.diagnose(load_chain(run_dir), st)
 
 
@@ -295,9 +296,10 @@ def test_a_dependency_that_can_never_be_met(tmp_path: Path) -> None:
 
 def test_a_healthy_run_is_exit_0_and_its_chunks_are_told(tmp_path: Path) -> None:
     report = diagnose(tmp_path, "", status("COMPLETED", "0:0", ["started", "complete"],
-                                           chain_state="complete"))
+                                           chain_state="complete"),
+                      events="1 1 101 started 0 0 0\n2 1 101 complete 40 40\n")
     assert report.healthy and report.verdict == "healthy: complete"
-    assert report.chunks[0]["what"] == "finished the work"
+    assert report.chunks[0]["what"] == "finished the work (at 40/40)"
     lines = doctor_report.format_report(report)
     assert "no problem found" in lines[-1]
 
@@ -903,7 +905,7 @@ def test_a_chunk_stopped_before_any_save_is_named_with_the_fix(tmp_path: Path) -
     the doctor says so and what to change, instead of calling the chain healthy or
     unknown."""
     st = status("COMPLETED", "0:0", ["started", "unsaved"], chain_state="stalled")
-    report = diagnose(tmp_path, "", st)
+    report = diagnose(tmp_path, "", st, events="1 1 101 started 0 0 0\n2 1 101 unsaved 0 0\n")
     f = report.findings[0]
     assert f.cause == "unsaved" and "--save-path" in f.fix and "--time" in f.fix
     assert "stopped before any save" in report.chunks[0]["what"]
@@ -956,3 +958,37 @@ def test_the_first_failing_tasks_code_and_node_are_what_doctor_says(tmp_path: Pa
     report = diagnosis.diagnose(chain, st)
     assert "exited with code 1 on node node-b" in "\n".join(doctor_report.format_report(report))
     assert report.chunks[0]["exit"] == "1:0"
+
+
+def _kill_chain(tmp_path: Path, events: str, ids: str, **record: Any) -> diagnosis.Report:
+    """A --stop-mode kill chain of a command, its events and Slurm's states as given."""
+
+    run_dir = make_run(tmp_path, {})
+    (run_dir / contract.CHAIN_RECORD).write_text(json.dumps(
+        {"name": "r", "cluster": "local", "max_chunks": 3, "entry": "command",
+         "stop_mode": "kill", **record}))
+    (run_dir / contract.CHAIN_IDS).write_text(ids)
+    (run_dir / contract.CHAIN_EVENTS).write_text(events)
+    chain = load_chain(run_dir)
+    states = {i: {"state": "COMPLETED"} for i in chain.ids}
+    return diagnosis.diagnose(chain, chain_status(chain, states))
+
+
+def test_chunks_that_start_over_from_the_same_save_are_a_finding(tmp_path: Path) -> None:
+    """Saves further apart than a chunk, stopped by the tool: each chunk goes on from the
+    save the one before went on from. Progress unknown: the doctor cannot call it healthy
+    and send the user to a larger --max-chunks; progress known: it names it."""
+    report = _kill_chain(tmp_path, "1 1 10 started 0 0 0\n2 1 10 stopped 0 0\n"
+                         "3 2 11 started 0 0 0\n4 2 11 stopped 0 0\n"
+                         "5 3 12 started 0 0 0\n6 3 12 incomplete 0 0\n",
+                         "1 10\n2 11\n3 12\n")
+    assert not report.healthy
+    f = report.findings[0]
+    assert (f.cause, f.chunk) == ("resume_unverified", 3)
+    assert "save more often than once a chunk" in f.fix and "--max-chunks" in f.fix
+    assert report.chunks[0]["what"] == "stopped after a save; chunk 2 goes on from it"
+    report = _kill_chain(tmp_path / "known", "1 1 10 started 0 0 0\n2 1 10 stopped 500 0\n"
+                         "3 2 11 started 0 500 0\n4 2 11 no_progress 500 0\n", "1 10\n2 11\n")
+    assert [(f.cause, f.chunk) for f in report.findings] == [("repeated_work", 2)]
+    assert "save more often than once a chunk" in report.findings[0].fix
+    assert "went on from where chunk 1 stopped (at step 500)" in report.findings[0].detail

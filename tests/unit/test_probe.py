@@ -238,6 +238,7 @@ def test_status_of_a_pending_chunk_says_why_and_when() -> None:
     assert states["7"]["start"] == 1_800_007_200 and states["8"]["start"] is None
     st: dict[str, Any] = {"name": "w", "cluster": "local", "state": "pending", "run_dir": "/r",
           "cause": "queued", "total": None, "done": None, "warning": None, "gpu": {},
+          "chunks_used": 0, "max_chunks": 1, "unit": "chunk",
           "chunks": [{"chunk": 1, "job_id": "7", "state": "PENDING", "reason": "Resources",
                       "expected_start": 1_800_007_200, "events": []}]}
     lines = chainstatus.format_status(st)

@@ -73,6 +73,11 @@ def test_a_sweep_whose_tasks_all_run_alike_or_share_an_output_folder_is_warned(
     assert "--output_dir out" in notes[1] and "{task_dir}" in notes[1]
     assert sweep_notes(("python3", "fit.py", "--lr", "{value}",
                         "--output-dir={task_dir}/o"), None, str(tmp_path)) == []
+    # {task_dir} makes the commands differ, not what they train: said so, not "the same"
+    notes = sweep_notes(("python3", "fit.py", "--output-dir={task_dir}/o"), None,
+                        str(tmp_path))
+    assert len(notes) == 1 and "differ only in {task_dir}" in notes[0]
+    assert "same command" not in notes[0] and "--lr {value}" in notes[0]
     (tmp_path / "fit.py").write_text("import os\nlr = os.environ['TRAIN_SWEEP_VALUE']\n")
     assert sweep_notes(("python3", "fit.py"), None, str(tmp_path)) == []
 

@@ -14,6 +14,7 @@ from train.client.doctor.evidence import Finding
 from train.client.doctor.fixes import _finding
 from train.client.slurm.chain import Chain, chain_dirs, find_run, load_chain, parse_events
 from train.client.slurm.chainstatus import chain_status
+from train.client.slurm.chunkends import Redone, chunk_words, redone
 from train.client.slurm.queue import ACTIVE_STATES
 from train.common.errors import TrainError, UsageError, first_line
 from train.common.jsonio import read_bounded, read_json_object
@@ -95,6 +96,8 @@ def diagnose(chain: Chain, status: Mapping[str, Any] | None = None, *, scan: boo
     findings: list[Finding] = []
     chunks_out = []
     events = _events(chain)
+    ids = set(chain.ids)
+    again = redone(chain.record, [e for e in events if e["job_id"] in ids])
     # `train cancel` records its event first: such a chain ended as its owner asked
     cancelled_by_us = any(e["event"] == contract.EV_CANCELLED for e in events)
     # the step's exit code as the batch shell saw it (sacct may not be there to say)
@@ -105,20 +108,15 @@ def diagnose(chain: Chain, status: Mapping[str, Any] | None = None, *, scan: boo
         if not _exit_code(c) and c["job_id"] in step_exit:
             c["exit"] = f"{step_exit[c['job_id']].split()[0]}:0"
         logs = _logs_of(chain, c["job_id"])
-        found = _chunk_findings(chain, c, logs, scan, full, notes)
-        if contract.EV_UNSAVED in (c.get("events") or []) and not found:
-            found.append(_finding(chain, "unsaved", c["chunk"], c["job_id"],
-                                  detail=contract.UNSAVED_TEXT))
-        if str(c.get("state")) == "CANCELLED" and not found and st.get("state") != "complete" \
-                and not cancelled_by_us and contract.EV_STARTED in (c.get("events") or []):
-            found.append(_finding(chain, "cancelled", c["chunk"], c["job_id"],
-                                  detail="Slurm state CANCELLED"))
+        found = _chain_findings(chain, c, _chunk_findings(chain, c, logs, scan, full, notes),
+                                again, cancelled_by_us or st.get("state") == "complete")
         findings += found
         chunks_out.append({
             "chunk": c["chunk"], "job_id": c["job_id"], "state": c.get("state"),
             "exit": _exit_code(c), "events": list(c.get("events") or []),
             "logs": [str(p) for p in logs],
-            "what": _what_happened(str(c.get("state")), c.get("events") or [], c),
+            "what": c.get("ended") or chunk_words(chain.record, c["job_id"], events)
+            or _state_words(str(c.get("state")), c),
             "causes": [f.cause for f in found]})
     if scan:  # (the table asks the watch's summary instead: it reads only files' ends)
         findings += idle_gpus(chain)  # a finished run's idle hours were still spent
@@ -138,31 +136,37 @@ def diagnose(chain: Chain, status: Mapping[str, Any] | None = None, *, scan: boo
                   notes)
 
 
+def _chain_findings(chain: Chain, c: Mapping[str, Any], found: list[Finding],
+                    again: Redone | None, ended_as_asked: bool) -> list[Finding]:
+    """A chunk's findings with what the chain's events say of it: the chunks redo the same
+    work (in place of an unknown failure of a chunk that made no progress), it stopped
+    before any save, or scancel (not `train cancel`, not after the work was done)."""
+    events = c.get("events") or []
+    if again is not None and again.job_id == c["job_id"]:
+        found = [_finding(chain, "repeated_work" if again.known else "resume_unverified",
+                          c["chunk"], c["job_id"], detail=again.text),
+                 *(f for f in found if f.cause != "unknown")]
+    if contract.EV_UNSAVED in events and not found:
+        found.append(_finding(chain, "unsaved", c["chunk"], c["job_id"],
+                              detail=contract.UNSAVED_TEXT))
+    if str(c.get("state")) == "CANCELLED" and not found and not ended_as_asked \
+            and contract.EV_STARTED in events:
+        found.append(_finding(chain, "cancelled", c["chunk"], c["job_id"],
+                              detail="Slurm state CANCELLED"))
+    return found
+
+
 def _events(chain: Chain) -> list[dict[str, Any]]:
     """The chain's events (the end of the file: a line per event, so 256 KiB is years)."""
     tail = read_bounded(chain.run_dir / contract.CHAIN_EVENTS, 262144, tail=True)
     return parse_events((tail or b"").decode("utf-8", "replace"))
 
 
-def _what_happened(state: str, events: Sequence[str], chunk: Mapping[str, Any]) -> str:
-    ev = set(events)
-    if contract.EV_COMPLETE in ev:
-        return "finished the work"
-    if contract.EV_STOPPED in ev or contract.EV_REQUEUED in ev:
-        return "stopped cleanly at its time budget and checkpointed"
-    if contract.EV_FAILED in ev:
-        return f"failed (exit {chunk.get('exit') or '?'})"
-    if contract.EV_TIMEOUT in ev:
-        return "reached its walltime before it stopped"
-    if contract.EV_NO_PROGRESS in ev:
-        return "ended without adding work"
-    if contract.EV_UNSAVED in ev:
-        return f"was stopped at its walltime margin, {contract.UNSAVED_TEXT}"
+def _state_words(state: str, chunk: Mapping[str, Any]) -> str:
+    """A chunk whose events say nothing of its end, as Slurm's state says it."""
     if state in ACTIVE_STATES:
         reason = chunk.get("reason")
         return f"{state.lower()}" + (f" ({reason})" if reason not in (None, "None") else "")
-    if contract.EV_TERMINATED in ev or state == "CANCELLED":
-        return f"ended {state}"
     return f"ended {state}" if state != "UNKNOWN" else "state unknown to Slurm"
 
 

@@ -205,6 +205,19 @@ _TITLES_FIXES: dict[str, tuple[str, str]] = {
         "interval between its saves), and --save-path for where it saves when that is "
         "outside the run folder; submitting the same run again continues at the next "
         "chunk"),
+    "repeated_work": (
+        "each chunk starts over from the same save: the program saves less often than once "
+        "a chunk",
+        "save more often than once a chunk (its save interval well under --time less the "
+        "start-up), or give a longer --time; with --stop-mode kill the work since the last "
+        "save is lost at every stop, so a larger --max-chunks only repeats it"),
+    "resume_unverified": (
+        "the chain cannot tell whether each chunk goes on from the one before: the "
+        "program's progress is not known",
+        "check in the job logs that each chunk resumed beyond where the one before did; "
+        "where it did not, save more often than once a chunk or give a longer --time (a "
+        "larger --max-chunks would repeat the same work); TRAIN_PROGRESS_FILE (DONE TOTAL) "
+        "or saves named by step (checkpoint-N, *step=S*.ckpt) let the chain see it"),
     "ranks_alone": (
         "the processes never joined one group: each trained alone (world size 1)",
         "give the Trainer the job's shape: Trainer(num_nodes=N, devices=GPUS_PER_NODE, "

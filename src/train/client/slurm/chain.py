@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,15 +52,61 @@ def parse_ids(text: str) -> list[tuple[int, str]]:
     return sorted(out.items())
 
 
+@dataclass(frozen=True)
+class Earlier:
+    """An earlier chain of the run folder: its first job, record ({} where unreadable) and
+    chunks."""
+
+    first_job: str
+    record: dict[str, Any]
+    chunks: list[tuple[int, str]]
+
+
 @dataclass
 class Chain:
     run_dir: Path
     record: dict[str, Any]
     chunks: list[tuple[int, str]]  # (chunk, job id)
+    # the run folder's earlier chains, oldest first, as a resubmission keeps them
+    # (chain-FIRSTJOB.json and .ids: train.client.slurm.submission)
+    earlier: list[Earlier] = field(default_factory=list)
 
     @property
     def ids(self) -> list[str]:
         return [job_id for _, job_id in self.chunks]
+
+
+EARLIER_LIMIT = 50  # the newest earlier chains read: years of resubmissions
+
+
+def earlier_chains(run_dir: Path) -> list[Earlier]:
+    """The earlier chains of the run folder, oldest first (their first job's id orders
+    them); one whose kept ids list no chunk is left out."""
+    kept = []
+    try:
+        for path in run_dir.glob(f"chain-*{Path(contract.CHAIN_IDS).suffix}"):
+            tag = path.stem[len("chain-"):]
+            if _is_job_ref(tag) and _is_file(path):
+                kept.append((tag, path))
+    except OSError:
+        return []
+    kept.sort(key=lambda item: [int(n) for n in item[0].split("_")])
+    out = []
+    for tag, path in kept[-EARLIER_LIMIT:]:
+        chunks = parse_ids(_read_text(path))
+        if chunks:
+            out.append(Earlier(tag, _json_object(path.with_suffix(
+                Path(contract.CHAIN_RECORD).suffix)), chunks))
+    return out
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    """A kept record: a JSON object, or {} (missing, too large, not JSON)."""
+    try:
+        value = json.loads(_read_text(path))
+    except (ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def load_chain(run_dir: Path) -> Chain:
@@ -78,7 +124,8 @@ def load_chain(run_dir: Path) -> Chain:
                          "written by `train submit`, or was cut short") from None
     if not isinstance(record, dict) or not isinstance(record.get("name"), str):
         raise UsageError(f"run: {path} does not hold a chain record")
-    return Chain(run_dir, record, parse_ids(_read_text(run_dir / contract.CHAIN_IDS)))
+    return Chain(run_dir, record, parse_ids(_read_text(run_dir / contract.CHAIN_IDS)),
+                 earlier_chains(run_dir))
 
 
 def _read_text(path: Path, limit: int = RECORD_LIMIT, tail: bool = False) -> str:

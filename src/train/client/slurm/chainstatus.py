@@ -10,7 +10,17 @@ from typing import Any
 from train.batch import contract
 from train.client.slurm import queue, reasons
 from train.client.slurm.chain import _DECISIVE, EVENTS_LIMIT, Chain, _read_text, parse_events
-from train.client.slurm.queue import ACTIVE_STATES, _is_number
+from train.client.slurm.chunkends import (
+    _WITH_PROGRESS,
+    UNKNOWN_PROGRESS,
+    Redone,
+    chunk_words,
+    progress_words,
+    redone,
+    resume_fix,
+    split_progress,
+)
+from train.client.slurm.queue import ACTIVE_STATES
 from train.common import gpuwatch_file
 from train.common.jsonio import read_bounded
 
@@ -28,14 +38,6 @@ _ENDING_STATES = {
     "FAILED": "failed",
     "CANCELLED": "cancelled by Slurm or with scancel",
 }
-# Events whose detail ends with "DONE TOTAL".
-_WITH_PROGRESS = (contract.EV_STOPPED, contract.EV_REQUEUED, contract.EV_COMPLETE,
-                  contract.EV_NO_PROGRESS, contract.EV_INCOMPLETE, contract.EV_UNSAVED,
-                  contract.EV_OVERRAN)
-RESUME_EXAMPLE = ("--resume-args '--resume_from_checkpoint {newest:out/checkpoint-*}' (Hugging "
-                  "Face Trainer) or '--ckpt_path {newest:checkpoints/*.ckpt}' (Lightning)")
-
-
 def read_progress(run_dir: Path) -> tuple[int, int] | None:
     """The run's progress file (contract.PROGRESS_FILE, written by contract.write_progress):
     (DONE, TOTAL), or None where there is none or it does not read as two numbers."""
@@ -51,30 +53,6 @@ def read_progress(run_dir: Path) -> tuple[int, int] | None:
     return int(parts[0]), int(parts[1])
 
 
-def _split_progress(detail: str | None) -> tuple[int, int] | None:
-    parts = (detail or "").split()
-    if len(parts) >= 2 and _is_number(parts[-1]) and _is_number(parts[-2]):
-        return int(parts[-2]), int(parts[-1])
-    return None
-
-
-def progress_words(detail: str | None) -> str | None:
-    """An event's "DONE TOTAL" as `train status` says it: DONE/TOTAL, `step DONE` where the
-    total is unknown (a Lightning checkpoint's name), None where the tool could read none
-    (0 0: neither a progress file nor a save naming its step)."""
-    got = _split_progress(detail)
-    if got is None or got == (0, 0):
-        return None
-    return f"{got[0]}/{got[1]}" if got[1] else f"step {got[0]}"
-
-
-def _resume_fix(chain: Chain) -> str:
-    given = chain.record.get("resume_args")
-    if isinstance(given, str) and given:
-        return f"it was given --resume-args {given!r}: check that it goes on from them"
-    return f"a program that resumes only when told needs {RESUME_EXAMPLE}"
-
-
 def progress_rate(events: Sequence[dict[str, Any]]) -> float | None:
     """Work units per second of chunk wall time (start-up included), from each run's
     `started` and its closing event; None before a chunk has ended."""
@@ -82,11 +60,11 @@ def progress_rate(events: Sequence[dict[str, Any]]) -> float | None:
     work = seconds = 0
     for e in events:
         if e["event"] == contract.EV_STARTED:
-            start = _split_progress(e["detail"])
+            start = split_progress(e["detail"])
             if start is not None:
                 opened[e["job_id"]] = (e["time"], start[0])
         elif e["event"] in _WITH_PROGRESS and e["job_id"] in opened:
-            end = _split_progress(e["detail"])
+            end = split_progress(e["detail"])
             t0, done0 = opened.pop(e["job_id"])
             if end is not None:
                 work += max(0, end[0] - done0)
@@ -109,20 +87,21 @@ Chunks = list[dict[str, Any]]
 Events = list[dict[str, Any]]
 
 
-def _outcome(chain: Chain, chunks: Chunks, events: Events) -> Outcome:
+def _outcome(chain: Chain, chunks: Chunks, events: Events, again: Redone | None
+             ) -> Outcome:
     """The chain's state and, in words, what happened: the first of these that applies,
     from what ended the chain for good to what is still in the queue."""
     kinds = {e["event"] for e in events}
     active = [c for c in chunks if c["state"] in ACTIVE_STATES]
     if contract.EV_COMPLETE in kinds or (
             (chain.run_dir / contract.COMPLETE_MARKER).exists() and not active):
-        return "complete", "the work is done"
+        return "complete", _complete_words(chain, events)
     if contract.EV_CANCELLED in kinds:
         return "cancelled", "cancelled with `train cancel`"
     last = next((e for e in reversed(events) if e["event"] in _DECISIVE), None)
     decided: set[str] = set()
     if last is not None:
-        said = _said_by_last_event(chain, chunks, last)
+        said = _said_by_last_event(chain, chunks, last, again)
         if said is not None:
             return said
         if last["event"] != contract.EV_STARTED:
@@ -132,9 +111,26 @@ def _outcome(chain: Chain, chunks: Chunks, events: Events) -> Outcome:
             or _in_queue(chain, chunks, events, active))
 
 
-def _said_by_last_event(chain: Chain, chunks: Chunks, last: dict[str, Any]
-                        ) -> Outcome | None:
-    """What the chain's last decisive event says, where it ends the chain."""
+def _complete_words(chain: Chain, events: Events) -> str:
+    """The work is done, or (a command that exited 0 before any stop signal where nothing
+    reported progress) what is known: the tool takes such an exit as the end of the work."""
+    done = next((e for e in reversed(events) if e["event"] == contract.EV_COMPLETE), None)
+    if done is None:
+        return "the work is done"
+    where = f"chunk {done['chunk']} (job {done['job_id']})"
+    at = progress_words(done["detail"])
+    if at is None and chain.record.get("entry") in ("command", "navsim"):
+        return (f"{where} exited 0 before any stop signal, and nothing reported progress "
+                f"({UNKNOWN_PROGRESS}): the chain takes that as the end of the work; "
+                f"`train logs {chain.record['name']} --job {done['job_id']}` shows what "
+                "the program did")
+    return f"the work is done{f' (at {at})' if at else ''}"
+
+
+def _said_by_last_event(chain: Chain, chunks: Chunks, last: dict[str, Any],
+                        again: Redone | None) -> Outcome | None:
+    """What the chain's last decisive event says, where it ends the chain (`again`: the
+    chunks redo the same work, as the events show)."""
     by_job = {c["job_id"]: c for c in chunks}
     chunk = by_job.get(last["job_id"], {"chunk": last["chunk"], "state": "UNKNOWN"})
     where = f"chunk {chunk['chunk']} (job {last['job_id']})"
@@ -162,12 +158,15 @@ def _said_by_last_event(chain: Chain, chunks: Chunks, last: dict[str, Any]
             "command", "navsim"):  # (`train run` resumes by itself)
         return "stalled", (f"{where} ended without adding work (done/total now "
                            f"{detail.replace(' ', '/')}), so the chain stopped; see {logs}")
+    if event == contract.EV_NO_PROGRESS and again is not None \
+            and again.job_id == last["job_id"]:
+        return "stalled", f"{where} made no progress: {again.text}; see {logs}"
     if event == contract.EV_NO_PROGRESS:
         at = progress_words(detail) or "0"
         return "stalled", (f"{where} made no progress: its work done at the end ({at}) is "
                            "not above where it began, so the program started over from "
                            "zero (it does not resume) or did no work; the chain stopped. "
-                           f"{_resume_fix(chain)}; see {logs}")
+                           f"{resume_fix(chain.record)}; see {logs}")
     if event == contract.EV_UNSAVED:
         return "stalled", (f"{where} {contract.UNSAVED_TEXT} (the program's progress "
                            "file, the run folder and its save paths show nothing saved "
@@ -180,8 +179,11 @@ def _said_by_last_event(chain: Chain, chunks: Chunks, last: dict[str, Any]
         said = progress_words(detail)
         at = f"at {said}" if said else ("before the work was done (its progress is not "
                                         "known to the tool)")
-        return "incomplete", (f"the bound of {chain.record.get('max_chunks')} {unit}(s) was "
-                              f"reached {at}; submit the same job again with a larger "
+        bound = f"the bound of {chain.record.get('max_chunks')} {unit}(s) was reached {at}"
+        if again is not None:  # more chunks would redo the same work
+            bound = bound if again.known else bound.partition(" before the work")[0]
+            return "incomplete", f"{bound}; {again.text}"
+        return "incomplete", (f"{bound}; submit the same job again with a larger "
                               "--max-chunks to continue from the last save")
     if event == contract.EV_TERMINATED and chunk["state"] not in ACTIVE_STATES:
         if chunk["state"] == "CANCELLED":
@@ -283,20 +285,22 @@ def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
                  ) -> dict[str, Any]:
     """The chain as a whole, its progress, and each chunk's SLURM state and events.
     `states`: the jobs' states when already asked for (one query for many chains)."""
+    earlier_ids = [i for kept in chain.earlier for _, i in kept.chunks]
     if states is None:
-        states = queue.job_states(chain.ids)
+        states = queue.job_states([*chain.ids, *earlier_ids])
     # the end of the events: a few lines a chunk, so 1 MiB is thousands of chunks
     text = _read_text(chain.run_dir / contract.CHAIN_EVENTS, EVENTS_LIMIT, tail=True)
+    every = parse_events(text)
     chunk_ids = set(chain.ids)
-    events = [e for e in parse_events(text) if e["job_id"] in chunk_ids]
-    chunks = []
-    for number, job_id in chain.chunks:
-        s = states.get(job_id, {"state": "UNKNOWN"})
-        chunks.append({"chunk": number, "job_id": job_id, "state": s["state"],
-                       "reason": s.get("reason"), "exit": s.get("exit"),
-                       "expected_start": s.get("start"),
-                       "events": [e["event"] for e in events if e["job_id"] == job_id]})
-    state, cause = _outcome(chain, chunks, events)
+    events = [e for e in every if e["job_id"] in chunk_ids]
+    chunks = _chunk_rows(chain.record, chain.chunks, states, events)
+    # a resubmission starts a new chain in the same run folder (chain.events goes on)
+    earlier = [{"first_job": kept.first_job, "chunks": _chunk_rows(
+        kept.record, kept.chunks, states,
+        [e for e in every if e["job_id"] in {i for _, i in kept.chunks}])}
+        for kept in chain.earlier]
+    again = redone(chain.record, events)
+    state, cause = _outcome(chain, chunks, events, again)
     progress = read_progress(chain.run_dir) or _saved_progress(events)
     rate = progress_rate(events)
     used = _used(chain, chunks, events)
@@ -308,7 +312,9 @@ def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
         "done": progress[0] if progress else None,
         "total": progress[1] if progress else None,
         "rate_per_second": rate, "eta_seconds": None, "chunks_left_estimate": None,
-        "warning": None, "chunks": chunks, "gpu": _gpu_summary(chain),
+        "warning": None, "chunks": chunks, "earlier_chains": earlier,
+        "gpu": _gpu_summary(chain),
+        "redone": again.as_dict() if again is not None else None,
         "overran": [f"chunk {e['chunk']} ran into its walltime after the stop signal; the "
                     f"tool ended it and the chain went on from the save before "
                     f"({(e['detail'] or '?').split()[0]} of at most "
@@ -329,10 +335,24 @@ def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
                 status["warning"] = (f"at this rate the work needs about {left} more "
                                      f"{status['unit']}(s), more than the {remaining} left "
                                      f"under --max-chunks {bound}: it will end incomplete")
-            elif state in ("incomplete", "ended", "stalled"):
+            elif state in ("incomplete", "ended", "stalled") and again is None:
                 status["warning"] = (f"to finish, submit the same job again with "
                                      f"--max-chunks {left} or more")
     return status
+
+
+def _chunk_rows(record: dict[str, Any], pairs: list[tuple[int, str]],
+                states: dict[str, dict[str, Any]], events: Events) -> Chunks:
+    """Each chunk's Slurm state, its events' names and, in words, how it ended."""
+    rows = []
+    for number, job_id in pairs:
+        s = states.get(job_id, {"state": "UNKNOWN"})
+        rows.append({"chunk": number, "job_id": job_id, "state": s["state"],
+                     "reason": s.get("reason"), "exit": s.get("exit"),
+                     "expected_start": s.get("start"),
+                     "events": [e["event"] for e in events if e["job_id"] == job_id],
+                     "ended": chunk_words(record, job_id, events)})
+    return rows
 
 
 def _saved_progress(events: Events) -> tuple[int, int] | None:
@@ -340,7 +360,7 @@ def _saved_progress(events: Events) -> tuple[int, int] | None:
     the program's saves showed the batch shell), if any."""
     for e in reversed(events):
         if e["event"] in _WITH_PROGRESS:
-            got = _split_progress(e["detail"])
+            got = split_progress(e["detail"])
             if got is not None and got != (0, 0):
                 return got
     return None
@@ -350,10 +370,11 @@ def format_status(st: dict[str, Any]) -> list[str]:
     """`train status` lines for one chain."""
     lines = [f"{st['name']} ({st['cluster']}): {st['state']}  {st['run_dir']}",
              f"  {st['cause']}"]
+    bound = f" of at most {st['max_chunks']}" if isinstance(st["max_chunks"], int) else ""
+    used = f"{st['chunks_used']}{bound} {st['unit']}(s) used"
     if st["total"]:
         text = (f"  progress: {st['done']}/{st['total']} "
-                f"({100 * st['done'] // st['total']}%), {st['chunks_used']} of at most "
-                f"{st['max_chunks']} {st['unit']}(s) used")
+                f"({100 * st['done'] // st['total']}%), {used}")
         if st["eta_seconds"] is not None:
             text += (f"; about {st['eta_seconds'] / 3600:.1f} h left at "
                      f"{st['rate_per_second']:.3g}/s")
@@ -361,8 +382,14 @@ def format_status(st: dict[str, Any]) -> list[str]:
                 text += f" (~{st['chunks_left_estimate']} more {st['unit']}(s))"
         lines.append(text)
     elif st.get("done"):
-        lines.append(f"  progress: step {st['done']} (as the program's last save names it)")
+        lines.append(f"  progress: step {st['done']} (as the program's last save names "
+                     f"it), {used}")
+    else:
+        lines.append(f"  progress: not known ({UNKNOWN_PROGRESS}), {used}")
     lines += [f"  note: {text}" for text in st.get("overran") or ()]
+    again = st.get("redone")
+    if again and again["text"] not in st["cause"]:
+        lines.append(f"  note: {again['text']}")
     for node, g in sorted((st.get("gpu") or {}).items()):
         idle = f"; {g['idle_description']}" if g.get("idle_description") else ""
         lines.append(f"  gpu {node}: {g['gpus']} GPU(s), utilisation mean "
@@ -370,14 +397,26 @@ def format_status(st: dict[str, Any]) -> list[str]:
                      f"({g['samples']} samples){idle}")
     if st["warning"]:
         lines.append(f"  note: {st['warning']}")
-    for c in st["chunks"]:
+    lines += _chunk_lines(st["chunks"], "  ")
+    for chain in st.get("earlier_chains") or ():
+        lines.append(f"  earlier chain of this run folder (first job {chain['first_job']}):")
+        lines += _chunk_lines(chain["chunks"], "    ")
+    return lines
+
+
+def _chunk_lines(chunks: Chunks, indent: str) -> list[str]:
+    """A line per chunk: its job, Slurm's state and how it ended, in words (--json keeps
+    the events' names); for a waiting chunk why it waits, and until when."""
+    lines = []
+    for c in chunks:
         extra = f" ({c['reason']})" if c.get("reason") not in (None, "None") else ""
-        events = ", ".join(c["events"])
-        lines.append(f"  chunk {c['chunk']}: job {c['job_id']} {c['state']}{extra}"
-                     f"{'  events: ' + events if events else ''}")
-        if c["state"] == "PENDING":  # why it waits, and until when (train.client.slurm.reasons)
+        ended = f": {c['ended']}" if c.get("ended") else ""
+        lines.append(f"{indent}chunk {c['chunk']}: job {c['job_id']} {c['state']}{extra}"
+                     f"{ended}")
+        if c["state"] == "PENDING":  # (train.client.slurm.reasons)
             why = reasons.words(c.get("reason"))
             start = reasons.expected_start(c.get("expected_start"))
-            lines += [f"    waiting: {why}"] if why else []
-            lines.append(f"    expected start: {start or 'Slurm gives no estimate yet'}")
+            lines += [f"{indent}  waiting: {why}"] if why else []
+            lines.append(f"{indent}  expected start: "
+                         f"{start or 'Slurm gives no estimate yet'}")
     return lines

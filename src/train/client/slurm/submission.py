@@ -214,6 +214,7 @@ def chain_record(job: ResolvedJob, job_id: str, first: int, script: Path
         "time_budget_seconds": job.time_budget_seconds,
         "signal_margin": job.margin,
         "stop_signal": job.stop,
+        "stop_mode": job.spec.stop_mode,  # (kill: a chunk's work since the last save is lost)
         "resume_args": job.spec.resume_args,  # (what a chain that made no progress lacked)
         "run_dir": str(job.run_dir),
         "script": str(script),

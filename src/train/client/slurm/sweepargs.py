@@ -130,10 +130,14 @@ def sweep_notes(command: Sequence[str], resume_args: str | None,
     if not any(m in w for w in words for m in (VALUE, INDEX)) and not \
             any("TRAIN_SWEEP_" in w for w in words) and \
             not _mentions(command, folder, b"TRAIN_SWEEP_"):
-        notes.append("every task of this sweep runs the same command (no {value} or "
-                     "{index} among its arguments, and no TRAIN_SWEEP_VALUE in its script): "
-                     "write {value} where the task's value goes, e.g. -- python train.py "
-                     "--lr {value}, or read TRAIN_SWEEP_VALUE in the program")
+        # {task_dir} alone makes the commands differ, not what they train
+        alike = ("the tasks' commands differ only in {task_dir}, so each trains the same "
+                 "thing" if any(TASK_DIR in w for w in words)
+                 else "every task runs the same command")
+        notes.append("no task of this sweep gets its own value (no {value} or {index} "
+                     "among its arguments, and no TRAIN_SWEEP_VALUE in its script): "
+                     f"{alike}; write {{value}} where the task's value goes, e.g. -- python "
+                     "train.py --lr {value}, or read TRAIN_SWEEP_VALUE in the program")
     for option in _shared_outputs(command):
         notes.append(f"every task of this sweep writes to {option} (the tasks run in the "
                      f"same folder): give each its own with {{task_dir}}, e.g. "
