@@ -24,7 +24,13 @@ from typing import Any
 from train.batch.contract import SWEEP_RECORD
 from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.resolve import ResolvedJob
-from train.client.slurm.sweepargs import check_command, check_unmarked, task_changes
+from train.client.slurm.sweepargs import (
+    check_command,
+    check_resume,
+    check_unmarked,
+    placed,
+    task_changes,
+)
 from train.common.errors import ConfigError, UsageError
 from train.common.jsonio import read_bounded, write_json_atomic
 
@@ -155,7 +161,8 @@ def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
                           f"task (remove {given} from the workload)")
     if spec.entry == "command":
         check_command(spec.workload, "workload")
-        check_unmarked(spec.env, spec.bind, spec.chdir)
+        check_resume(spec.workload, spec.resume_args)
+    check_unmarked(spec.env, spec.bind, spec.chdir)
     root = Path(os.path.abspath(spec.out or os.path.join("runs", spec.name)))
     folders = bound_folders(root, spec.entry, flag, values) if flag != "seeds" else {}
     out = []
@@ -166,8 +173,9 @@ def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
         changes: dict[str, Any] = {"name": spec.name[:64 - len(suffix)] + suffix,
                                    "out": str(root / where), "sweep_seeds": (), "sweep": None,
                                    "requeue": requeue_mode(spec)}
-        if spec.entry == "train":
-            changes["workload"] = (*spec.workload, given, value)
+        if spec.entry == "train":  # (no marker is replaced: the sweep sets the flag)
+            changes.update(placed(spec.workload, spec.resume_args, spec.save_path))
+            changes["workload"] = (*changes["workload"], given, value)
             if seed is None:
                 seed = _train_seed(spec.workload)
         else:  # a command: its {value}, {index} and {task_dir} (train.client.slurm.sweepargs)
