@@ -114,3 +114,46 @@ def test_a_placeholder_with_doubled_braces_is_its_letters(tmp_path: Path) -> Non
     proc = run_cli([*BASE, "--stop-mode", "kill", "--max-chunks", "2", "--resume-args",
                     "--g {{newest:out/*}}", "--", "python3", "x.py"], cwd=tmp_path)
     assert proc.returncode == 2 and "resume_args" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("name", ["optimizer.lr", "X", "weight_decay", "_p"])
+def test_a_command_sweeps_name_is_any_label_the_message_promises(
+        tmp_path: Path, name: str) -> None:
+    from train.client.slurm.sweep import swept_flag
+
+    spec = JobSpec(**COMMAND, out=str(tmp_path / "c"), sweep=f" {name} =1,2",
+                   workload=("python3", "fit.py", "{value}"))
+    assert swept_flag(spec) == name  # as written, the spaces around it dropped
+
+
+@pytest.mark.parametrize(("entry", "sweep"), [("command", "9lr=1,2"), ("command", "a b=1,2"),
+                                              ("command", ".x=1,2"), ("train", "X=1,2"),
+                                              ("train", "optimizer.lr=1,2")])
+def test_a_sweep_name_outside_the_rule_is_refused_saying_the_rule(
+        entry: str, sweep: str) -> None:
+    workload = ("python3", "fit.py", "{value}") if entry == "command" else ("demo",)
+    spec = JobSpec(**{**COMMAND, "entry": entry}, sweep=sweep, workload=workload)
+    with pytest.raises(ConfigError) as err:
+        split(spec)
+    assert err.value.field == "sweep" and "spaces around NAME" in str(err.value)
+    assert "any name" not in str(err.value)
+
+
+@pytest.mark.parametrize("sweep", ["lr=[1,2]", "lr=[1e-3, 5e-4]", "lr= [0.1]"])
+def test_a_bracketed_list_of_values_is_refused_with_the_fix(sweep: str) -> None:
+    spec = JobSpec(**COMMAND, sweep=sweep, workload=("python3", "fit.py", "{value}"))
+    with pytest.raises(ConfigError) as err:
+        split(spec)
+    fix = sweep.replace("[", "").replace("]", "").replace("= ", "=")
+    assert err.value.field == "sweep" and f"write {fix}" in str(err.value), str(err.value)
+
+
+def test_a_command_sweep_recorded_with_its_old_spelling_goes_on_in_its_folders(
+        tmp_path: Path) -> None:
+    from train.client.slurm.sweep import SweepTask, write_record
+
+    root = tmp_path / "c"
+    write_record(root, "c", [SweepTask(0, "1", None, "task-0")], "my-lr")  # ('_' was '-')
+    spec = JobSpec(**COMMAND, out=str(root), sweep="my_lr=2,1",
+                   workload=("python3", "fit.py", "{value}"))
+    assert [t.dir for t, _ in split(spec)[1]] == ["task-1", "task-0"]
