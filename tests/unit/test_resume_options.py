@@ -158,6 +158,10 @@ def test_a_save_path_in_the_container_is_looked_at_on_the_host_at_its_binds_sour
     # the program still gets the container's paths
     assert script_array(proc.stdout, "RESUME_ARGS") == ["--from", "/ckpts/last.pt"]
     assert "/ckpts" in proc.stdout.split("step_command()")[1]
+    # a container's path under no bind, absent on the host: saved there, seen by no chain
+    assert "--save-path /ckpts" not in proc.stderr
+    assert "--save-path /elsewhere: the apptainer container shares no folder" in proc.stderr \
+        and "--bind SRC:/elsewhere" in proc.stderr, proc.stderr
     # {newest:GLOB} there: the chain would glob the host's /ckpts, the program needs the
     # container's; refused with the fix
     proc = run_cli([*container, "--resume-args", "--from {newest:/ckpts/*.pt}", "--",
