@@ -73,38 +73,26 @@ def test_each_task_resumes_from_its_own_newest_save(tmp_path: Path) -> None:
         split(odd)
 
 
-def test_the_chain_finds_each_tasks_own_newest_save(tmp_path: Path) -> None:
-    import shlex
-    import subprocess
-
-    from train.batch import contract
+def test_the_chain_finds_each_tasks_own_newest_save(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from train.batch.saves import expand
     from train.client.clusters.profiles import Registry
-    from train.client.slurm.render import library_text, render
+    from train.client.slurm.render import job_record
     from train.client.slurm.resolve import resolve
 
+    monkeypatch.chdir(tmp_path)  # where the tasks run
     spec = JobSpec(**COMMAND, out=str(tmp_path / "c"), sweep="lr=1,2",
                    resume_args="--resume_from_checkpoint {newest:{task_dir}/out/ckpt-*}",
                    workload=("python3", "fit.py", "--output_dir", "{task_dir}/out"))
     root, specs = split(spec)
-    (tmp_path / "out" / "ckpt-9").mkdir(parents=True)  # where the tasks run: no task's
+    (tmp_path / "out" / "ckpt-9").mkdir(parents=True)  # no task's
     for i, step in ((0, 5), (1, 7)):
         (root / f"task-{i}" / "out" / f"ckpt-{step}").mkdir(parents=True)
-    found = []
-    for _task, task_spec in specs:
-        text = render(resolve(task_spec, Registry().get("local")), library_text())
-        words = script_array(text, "RESUME_ARGS")
-        script = "\n".join([
-            *(f"{k}={shlex.quote(v)}" for k, v in contract.shell_variables().items()),
-            f"PROGRAM_DIR={shlex.quote(str(tmp_path))}",
-            "RESUME_ARGS=(" + " ".join(map(shlex.quote, words)) + ")", library_text(),
-            "train_resume_words"])
-        out = subprocess.run(["bash", "-c", script], capture_output=True, check=True,
-                             timeout=60).stdout.decode().split("\0")
-        found.append(out[:3])
-    assert found == [["ok", "--resume_from_checkpoint", str(root / "task-0" / "out" /
-                                                           "ckpt-5")],
-                     ["ok", "--resume_from_checkpoint", str(root / "task-1" / "out" /
-                                                           "ckpt-7")]]
+    # what the chain engine reads of each task's job, expanded as it expands it
+    records = [job_record(resolve(s, Registry().get("local"))) for _, s in specs]
+    assert [expand(r["resume_args"], r["program_dir"]) for r in records] == [
+        (["--resume_from_checkpoint", str(root / f"task-{i}" / "out" / f"ckpt-{step}")], "")
+        for i, step in ((0, 5), (1, 7))]
 
 
 @pytest.mark.parametrize(("flags", "field", "words"), [

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from tests.golden.cases import script_array
+from tests.golden.cases import script_array, script_step
 from train.batch import contract
 from train.client.slurm.chain import Chain
 from train.client.slurm.jobspec import JobSpec
@@ -157,7 +157,7 @@ def test_a_save_path_in_the_container_is_looked_at_on_the_host_at_its_binds_sour
         str(tmp_path / "ck"), str(tmp_path / "ck" / "a" / "b.pt"), "/elsewhere"]
     # the program still gets the container's paths
     assert script_array(proc.stdout, "RESUME_ARGS") == ["--from", "/ckpts/last.pt"]
-    assert "/ckpts" in proc.stdout.split("step_command()")[1]
+    assert script_step(proc.stdout)[-2:] == ["--save_dir", "/ckpts"]
     # a container's path under no bind, absent on the host: saved there, seen by no chain
     assert "--save-path /ckpts" not in proc.stderr
     assert "--save-path /elsewhere: the apptainer container shares no folder" in proc.stderr \
