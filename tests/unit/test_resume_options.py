@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from tests.golden.cases import script_array
+from tests.golden.cases import script_array, script_step
 from train.batch import contract
 from train.client.slurm.chain import Chain
 from train.client.slurm.jobspec import JobSpec
@@ -138,4 +138,35 @@ def test_a_save_path_of_the_whole_file_system_is_refused(tmp_path: Path) -> None
                         given, "--", "python3", "x.py"], cwd=tmp_path)
         assert proc.returncode == 2 and "save_path" in proc.stderr \
             and "whole file system" in proc.stderr, (given, proc.stderr)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_save_path_in_the_container_is_looked_at_on_the_host_at_its_binds_source(
+        tmp_path: Path) -> None:
+    (tmp_path / "x.py").write_text("")
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "img.sif").write_text("")
+    container = [*BASE[:5], "--runtime", "apptainer", "--image", str(tmp_path / "img.sif"),
+                 "--entry", "command", "--no-check", "--stop-mode", "kill", "--max-chunks",
+                 "2", "--bind", f"{tmp_path / 'ck'}:/ckpts"]
+    proc = run_cli([*container, "--save-path", "/ckpts", "--save-path", "/ckpts/a/b.pt",
+                    "--save-path", "/elsewhere", "--resume-args", "--from /ckpts/last.pt",
+                    "--", "python3", "x.py", "--save_dir", "/ckpts"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert script_array(proc.stdout, "SAVE_PATHS") == [
+        str(tmp_path / "ck"), str(tmp_path / "ck" / "a" / "b.pt"), "/elsewhere"]
+    # the program still gets the container's paths
+    assert script_array(proc.stdout, "RESUME_ARGS") == ["--from", "/ckpts/last.pt"]
+    assert script_step(proc.stdout)[-2:] == ["--save_dir", "/ckpts"]
+    # a container's path under no bind, absent on the host: saved there, seen by no chain
+    assert "--save-path /ckpts" not in proc.stderr
+    assert "--save-path /elsewhere: the apptainer container shares no folder" in proc.stderr \
+        and "--bind SRC:/elsewhere" in proc.stderr, proc.stderr
+    # {newest:GLOB} there: the chain would glob the host's /ckpts, the program needs the
+    # container's; refused with the fix
+    proc = run_cli([*container, "--resume-args", "--from {newest:/ckpts/*.pt}", "--",
+                    "python3", "x.py"], cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "resume_args" in proc.stderr and "--bind SRC" in proc.stderr and \
+        f"{{newest:{tmp_path / 'ck'}/*.pt}}" in proc.stderr, proc.stderr
     assert not (tmp_path / "runs").exists()

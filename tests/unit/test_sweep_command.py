@@ -246,3 +246,27 @@ def test_a_value_with_a_control_character_is_refused_and_a_damaged_record_named(
     assert [t.label for t in tasks] == ["1"]
     assert len(bad) == 1 and "chain 2" in bad[0] and "control characters" in bad[0]
     assert all("\x1b" not in ln for ln in summarize_metrics(root)[0])
+
+
+def test_summary_shows_a_diverged_seeds_nan_or_infinity_and_says_the_mean_leaves_it_out(
+        tmp_path: Path) -> None:
+    import json
+
+    from train.client.slurm.sweepmetrics import summarize_metrics
+
+    root = tmp_path / "c"
+    a, b, c, _ = _command_sweep(root, "seeds", ["1", "2", "3", "4"])
+    # what json.dump writes for a diverged loss: NaN, Infinity
+    (a / "metrics.json").write_text(json.dumps({"loss": 0.5, "acc": float("nan")}))
+    (b / "metrics.json").write_text(json.dumps({"loss": float("nan"),
+                                                "acc": float("nan")}))
+    (c / "metrics.json").write_text(json.dumps({"loss": float("-inf"),
+                                                "acc": float("inf")}))
+    lines, _ = summarize_metrics(root)
+    text = "\n".join(lines)
+    assert lines[1].split()[:3] == ["seed", "loss", "acc"]  # a column of NaN stays
+    assert [ln.split()[:3] for ln in lines[2:6]] == [
+        ["1", "0.5", "nan"], ["2", "nan", "nan"], ["3", "-inf", "inf"], ["4", "-", "-"]]
+    assert "loss over 1 of 4 seed(s): 0.5 (one seed, no spread); left out: nan, -inf" \
+        in text, text
+    assert "acc: no finite value in 4 seed(s); left out: nan, nan, inf" in text, text

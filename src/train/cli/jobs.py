@@ -133,7 +133,9 @@ def _resolved(args: argparse.Namespace, workload: list[str] | None,
     if not spec.sweep_seeds and not spec.sweep:
         if spec.sweep_throttle is not None:
             raise UsageError("sweep_throttle: is for a sweep (--sweep-seeds or --sweep)")
-        return spec, None, [(None, resolve(spec, profile))]
+        from train.client.slurm.sweepargs import single_job
+
+        return spec, None, [(None, resolve(single_job(spec), profile))]
     from train.client.slurm.sweep import split, task_job
 
     root, specs = split(spec, profile.max_array_size)

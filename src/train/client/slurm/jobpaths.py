@@ -16,6 +16,7 @@ from train.client.clusters.schema import Profile
 from train.client.slurm.jobitems import Bind, parse_bind
 from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.navsim import NAVSIM_DATA_ROOT
+from train.client.slurm.resumeargs import patterns
 from train.common.errors import ConfigError
 from train.common.yamlio import shown
 from train.workloads.config import RunConfig
@@ -38,8 +39,37 @@ def job_paths(spec: JobSpec, profile: Profile, run_config: RunConfig | None) -> 
     binds = tuple(dict.fromkeys(specs))  # (each bind once: SRC:SRC:ro is not also SRC)
     if spec.chdir is not None and spec.runtime == "docker":
         _check_chdir_visible(spec.chdir, binds)
+    if spec.runtime != "none":
+        _check_newest_on_host(spec, binds)
     return {"run_dir": str(run_dir), "results_csv": None if csv is None else str(csv),
             "binds": binds}
+
+
+def host_path(path: str, binds: Sequence[str]) -> str:
+    """Where the batch host finds a path the program names in its container: under a
+    bind's destination (the deepest), the same place under the bind's source; any other
+    path as it is. What the host-side chain looks at (save paths, {newest:GLOB}) is
+    mapped so; the program itself keeps the container's path."""
+    path = os.path.normpath(path)
+    found = [b for b in map(parse_bind, binds) if _under(Path(path), [b.dst])]
+    if not os.path.isabs(path) or not found:
+        return path
+    bind = max(found, key=lambda b: len(b.dst))
+    return os.path.normpath(os.path.join(bind.src, os.path.relpath(path, bind.dst)))
+
+
+def _check_newest_on_host(spec: JobSpec, binds: Sequence[str]) -> None:
+    """Refuse a {newest:GLOB} under a bind's destination that is not its source: the
+    chain looks for it on the batch host, while the program must get the container's
+    path, and one argument cannot be both."""
+    for glob in patterns(spec.resume_argv):
+        host = host_path(glob, binds)
+        if host != os.path.normpath(glob):
+            raise ConfigError("resume_args", f"{{newest:{glob}}} is looked for on the batch "
+                              f"host, where {glob} is not the container's (a --bind shows "
+                              f"{host} there): nothing would ever match; bind the folder at "
+                              "its own path (--bind SRC, no :DST) and name it so in "
+                              f"{{newest:{host}}}, or give a GLOB relative to --chdir")
 
 
 def _check_chdir_visible(chdir: str, binds: Sequence[str]) -> None:

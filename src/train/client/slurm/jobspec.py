@@ -132,7 +132,10 @@ class JobSpec:
                                   "command or navsim). {newest:GLOB} in them is the newest "
                                   "path matching GLOB at the chunk's start (by the number in "
                                   "its name, else its time); they are left out while none "
-                                  "matches.", kind=str, optional=True)
+                                  "matches. A placeholder with doubled braces is its "
+                                  "letters: {{value}} here and in the command, "
+                                  "{{newest:GLOB}} in the command only.", kind=str,
+                                  optional=True)
     save_path: tuple[str, ...] = opt((), "Where the program saves (a file or folder, may "
                                      "repeat; relative paths are from --chdir or the submit "
                                      "folder). A stop counts as checkpointed only when the "
@@ -162,9 +165,13 @@ class JobSpec:
     sweep: str | None = opt(None, "A sweep over one flag's values, NAME=V1,V2,...: one Slurm "
                             "job array, one task (and chain) per value, under "
                             "runs/NAME/task-I. Entry train: a `train run` flag (lr=1e-3,5e-4 "
-                            "adds --lr V); entry command: any NAME, each task gets "
-                            "TRAIN_SWEEP_INDEX and TRAIN_SWEEP_VALUE.", kind=str,
-                            optional=True)
+                            "adds --lr V); entry command: a NAME of letters, digits, '_', "
+                            "'.' and '-' (optimizer.lr=...), each task gets "
+                            "TRAIN_SWEEP_INDEX and TRAIN_SWEEP_VALUE, and {value}, {index} "
+                            "and {task_dir} in the command, --resume-args and --save-path "
+                            "become its value, index and folder ({{value}}: the letters). "
+                            "Spaces around NAME and each value are dropped; no brackets.",
+                            kind=str, optional=True)
     sweep_throttle: int | None = opt(None, "At most this many tasks of the sweep's job array "
                                      "run at once (Slurm's array throttle; default: none, the "
                                      "site's per-user limits apply). It bounds every chunk: "

@@ -92,8 +92,9 @@ def kill_grace(job: ResolvedJob) -> int:
 
 
 def save_paths(job: ResolvedJob) -> list[str]:
-    """--save-path as absolute paths: relative ones are from --chdir (where the program
-    runs), or the submit folder."""
+    """--save-path as absolute paths where the batch host sees them: relative ones are
+    from --chdir (where the program runs), or the submit folder; a container's path under
+    a bind's destination is the bind's source's."""
     base = program_dir(job)
     paths = [os.path.normpath(os.path.join(base, p)) for p in job.spec.save_path]
     if job.spec.entry == "navsim":
@@ -102,7 +103,11 @@ def save_paths(job: ResolvedJob) -> list[str]:
         cache = override_value(job.spec.workload, NAVSIM_CACHE_PATH_OVERRIDE)
         if cache and os.path.isabs(cache):
             paths.append(os.path.normpath(cache))
-    return paths
+    if job.spec.runtime == "none":
+        return paths
+    from train.client.slurm.jobpaths import host_path
+
+    return [host_path(p, job.binds) for p in paths]
 
 
 def program_dir(job: ResolvedJob) -> str:

@@ -1,38 +1,87 @@
-"""--resume-args placeholders: `{newest:GLOB}` in a word stands for the newest path that
-matches GLOB when the chunk starts (relative to where the program runs), e.g.
+"""The placeholders of a job's words, and --resume-args' `{newest:GLOB}` checked at submit.
+
+`{newest:GLOB}` in a word of --resume-args stands for the newest path that matches GLOB
+when the chunk starts (relative to where the program runs), e.g.
 `--resume_from_checkpoint {newest:out/checkpoint-*}` or `ckpt_path={newest:ckpt/*.ckpt}`.
 The batch shell (job-lib-resume.sh) expands it; this module checks the syntax at submit so
-that a malformed one is refused before anything is queued. Pure: no file is read."""
+that a malformed one is refused before anything is queued. A sweep's `{value}`, `{index}`
+and `{task_dir}` (train.client.slurm.sweepargs puts them in) may stand inside GLOB.
+A placeholder written with doubled braces (`{{value}}`, `{{newest:GLOB}}`) is its letters
+with single braces, as plain text; every other brace is passed as written (a JSON
+argument's `}}` too). Pure: no file is read."""
 
 from __future__ import annotations
+
+import re
 
 from train.common.errors import ConfigError
 
 OPEN = "{newest:"
 EXAMPLE = "'--resume_from_checkpoint {newest:out/checkpoint-*}'"
+MARKER_NAMES = ("value", "index", "task_dir")
+_NAMES = "|".join(MARKER_NAMES)
+# text, an escaped placeholder ({{value}}), a marker ({value}), or {newest:GLOB} whose
+# GLOB holds no brace but markers'
+_PIECE = re.compile(r"\{\{((?:" + _NAMES + r")|newest:[^{}]*)\}\}"
+                    r"|\{(" + _NAMES + r")\}"
+                    r"|\{newest:((?:[^{}]|\{(?:" + _NAMES + r")\})*)\}")
+
+TEXT, MARKER, NEWEST = "text", "marker", "newest"
+
+
+def _split(word: str) -> list[tuple[str, str]]:
+    """The word's pieces, an escaped placeholder as ("escaped", its letters)."""
+    out: list[tuple[str, str]] = []
+    at = 0
+    for found in _PIECE.finditer(word):
+        escaped, marker, glob = found.groups()
+        if found.start() > at:
+            out.append((TEXT, word[at:found.start()]))
+        if escaped is not None:
+            out.append(("escaped", "{" + escaped + "}"))
+        else:
+            out.append((MARKER, marker) if marker is not None else (NEWEST, glob))
+        at = found.end()
+    if at < len(word):
+        out.append((TEXT, word[at:]))
+    return out
+
+
+def pieces(word: str) -> list[tuple[str, str]]:
+    """The word as (kind, text) pieces, in order: TEXT (an escaped placeholder already
+    its letters), MARKER (its name: value, index, task_dir) or NEWEST (its GLOB, markers
+    and all)."""
+    out: list[tuple[str, str]] = []
+    for kind, text in _split(word):
+        if kind in ("escaped", TEXT):
+            before = out.pop()[1] if out and out[-1][0] == TEXT else ""
+            out.append((TEXT, before + text))
+        else:
+            out.append((kind, text))
+    return out
 
 
 def patterns(words: tuple[str, ...] | list[str]) -> list[str]:
     """Every {newest:GLOB} pattern of the words, in order; ConfigError (resume_args) on a
-    malformed one: unclosed, empty, holding a brace, a line break or NUL."""
+    malformed one: unclosed, empty, holding a brace (other than a sweep's markers), a
+    line break or NUL."""
     found: list[str] = []
     for word in words:
-        rest = word
-        while OPEN in rest:
-            rest = rest[rest.index(OPEN) + len(OPEN):]
-            if "}" not in rest:
-                raise ConfigError("resume_args", f"{word!r}: a {OPEN}GLOB}} placeholder is "
-                                  f"not closed with '}}', e.g. {EXAMPLE}")
-            pattern, rest = rest.split("}", 1)
-            if not pattern.strip():
-                raise ConfigError("resume_args", f"{word!r}: the {OPEN}GLOB}} placeholder "
-                                  f"names no path pattern, e.g. {EXAMPLE}")
-            if "{" in pattern:
+        for kind, text in _split(word):
+            if kind == NEWEST:
+                if not text.strip():
+                    raise ConfigError("resume_args", f"{word!r}: the {OPEN}GLOB}} "
+                                      f"placeholder names no path pattern, e.g. {EXAMPLE}")
+                found.append(text)
+            elif kind == TEXT and OPEN in text:
+                if "}" not in text[text.index(OPEN):]:
+                    raise ConfigError("resume_args", f"{word!r}: a {OPEN}GLOB}} placeholder "
+                                      f"is not closed with '}}', e.g. {EXAMPLE}")
                 raise ConfigError("resume_args", f"{word!r}: a {OPEN}GLOB}} placeholder "
-                                  "cannot hold a brace (nor another placeholder)")
-            found.append(pattern)
-        # {newest}, {newest x}, {NEWEST:x}, {newest=x}: never a placeholder, passed as written
-        if word.lower().count("{newest") != word.count(OPEN):
-            raise ConfigError("resume_args", f"{word!r}: write the placeholder as "
-                              f"{OPEN}GLOB}}, e.g. {EXAMPLE}")
+                                  "cannot hold a brace (nor a placeholder other than a "
+                                  "sweep's {value}, {index} or {task_dir})")
+            elif kind == TEXT and "{newest" in text.lower():
+                # {newest}, {newest x}, {NEWEST:x}, {newest=x}: never a placeholder
+                raise ConfigError("resume_args", f"{word!r}: write the placeholder as "
+                                  f"{OPEN}GLOB}}, e.g. {EXAMPLE}")
     return found

@@ -24,7 +24,13 @@ from typing import Any
 from train.batch.contract import SWEEP_RECORD
 from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.resolve import ResolvedJob
-from train.client.slurm.sweepargs import check_command, check_unmarked, task_changes
+from train.client.slurm.sweepargs import (
+    check_command,
+    check_resume,
+    check_unmarked,
+    placed,
+    task_changes,
+)
 from train.common.errors import ConfigError, UsageError
 from train.common.jsonio import read_bounded, write_json_atomic
 
@@ -71,13 +77,24 @@ def _values(spec: JobSpec) -> tuple[str, list[str]]:
                               f"got {list(spec.sweep_seeds)}")
         return "seeds", [str(s) for s in spec.sweep_seeds]
     name, sep, text = (spec.sweep or "").partition("=")
-    name = name.strip().lstrip("-").replace("_", "-")
+    name = name.strip().lstrip("-")
     values = [v.strip() for v in text.split(",")]
-    if not sep or not re.fullmatch(r"[a-z][a-z0-9-]{0,40}", name) or not all(values) or \
+    # a `train run` flag is spelled as argparse takes it; a command's NAME only labels
+    # the sweep (its record, `train status`, `train summary`): kept as written
+    if spec.entry == "train":
+        name, rule = name.replace("_", "-"), r"[a-z][a-z0-9-]{0,40}"
+    else:
+        rule = r"[A-Za-z_][A-Za-z0-9_.-]{0,40}"
+    if not sep or not re.fullmatch(rule, name) or not all(values) or \
             any(c in text for c in "\n\r\0"):
-        raise ConfigError("sweep", f"must be NAME=V1,V2,... (a `train run` flag without its "
-                          f"dashes, e.g. lr=1e-3,5e-4; for a command any name), got "
-                          f"{spec.sweep!r}")
+        raise ConfigError("sweep", "must be NAME=V1,V2,... (spaces around NAME and each "
+                          "value are dropped): for `train run` one of its flags without "
+                          "the dashes, e.g. lr=1e-3,5e-4; for a command a name of letters, "
+                          "digits, '_', '.' and '-' (at most 41, not starting with a digit, "
+                          f"'.' or '-'), e.g. optimizer.lr=1e-3,5e-4; got {spec.sweep!r}")
+    if values[0].startswith("[") and values[-1].endswith("]"):
+        raise ConfigError("sweep", f"{spec.sweep!r}: the values are split at ',' and taken "
+                          f"as written, brackets too: write {name}={text.strip()[1:-1]}")
     odd = next((v for v in values if re.search(r"[\x00-\x1f\x7f-\x9f]", v)), None)
     if odd is not None:  # a terminal escape or tab: into the script, the logs, status
         raise ConfigError("sweep", f"value {odd!r} holds a control character; values are "
@@ -155,7 +172,8 @@ def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
                           f"task (remove {given} from the workload)")
     if spec.entry == "command":
         check_command(spec.workload, "workload")
-        check_unmarked(spec.env, spec.bind, spec.chdir)
+        check_resume(spec.workload, spec.resume_args)
+    check_unmarked(spec.env, spec.bind, spec.chdir)
     root = Path(os.path.abspath(spec.out or os.path.join("runs", spec.name)))
     folders = bound_folders(root, spec.entry, flag, values) if flag != "seeds" else {}
     out = []
@@ -166,8 +184,9 @@ def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
         changes: dict[str, Any] = {"name": spec.name[:64 - len(suffix)] + suffix,
                                    "out": str(root / where), "sweep_seeds": (), "sweep": None,
                                    "requeue": requeue_mode(spec)}
-        if spec.entry == "train":
-            changes["workload"] = (*spec.workload, given, value)
+        if spec.entry == "train":  # (no marker is replaced: the sweep sets the flag)
+            changes.update(placed(spec.workload, spec.resume_args, spec.save_path))
+            changes["workload"] = (*changes["workload"], given, value)
             if seed is None:
                 seed = _train_seed(spec.workload)
         else:  # a command: its {value}, {index} and {task_dir} (train.client.slurm.sweepargs)
@@ -208,7 +227,9 @@ def bound_folders(root: Path, entry: str, flag: str, values: list[str]) -> dict[
     folders: dict[str, str] = {}
     if (root / SWEEP_RECORD).is_file():
         record = load_record(root)
-        if record.get("flag") not in (None, flag) and record.get("flag") != "seeds":
+        kept = record.get("flag")  # (a command's NAME was once kept with '-' for '_')
+        if isinstance(kept, str) and kept != "seeds" and \
+                kept.replace("_", "-") != flag.replace("_", "-"):
             raise ConfigError("sweep", f"{root} is a sweep of --{record.get('flag')}; this "
                               f"one is of --{flag}: choose another --name (or --out)")
         folders = recorded_folders(record)

@@ -15,6 +15,7 @@ the same arguments, and an output folder that every task would share (warnings).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -22,6 +23,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from train.client.programs import SCRIPT_LIMIT, script_of
+from train.client.slurm.jobspec import JobSpec
+from train.client.slurm.resumeargs import EXAMPLE, MARKER, NEWEST, OPEN, TEXT, patterns, pieces
 from train.common.errors import ConfigError
 
 VALUE, INDEX, TASK_DIR = "{value}", "{index}", "{task_dir}"
@@ -35,27 +38,100 @@ _OUTPUT_OPTION = re.compile(r"--?([a-z_]*_)?(output|out|save|log|logging|ckpt|ch
 
 
 _MARKER = re.compile("|".join(re.escape(m) for m in MARKERS))
+# what a value put into a {newest:GLOB} may not hold: it would be a live pattern there
+_GLOB_SPECIAL = re.compile(r"[*?\[\]{}\\]")
+_WHERE = {"workload": "the command's arguments", "resume_args": "--resume-args",
+          "save_path": "--save-path"}
 
 
-def _replaced(text: str, value: str, index: int, task_dir: str) -> str:
-    """Every marker of `text` replaced in one pass: a value that holds a marker's letters
-    ({index}, {task_dir}) is put in as written, never replaced again."""
-    by_marker = {VALUE: value, INDEX: str(index), TASK_DIR: task_dir}
-    return _MARKER.sub(lambda found: by_marker[found.group(0)], text)
+def _placed(word: str, field: str, task: dict[str, str] | None) -> str:
+    """One word with its placeholders put in for the task (None: a job that is no
+    command's sweep, where none is replaced: refused), escaped ones as their letters."""
+    out = []
+    for kind, piece in pieces(word):
+        text = piece
+        if kind == NEWEST:
+            if field != "resume_args":
+                raise ConfigError(field, f"{word!r}: {OPEN}GLOB}} is replaced only in "
+                                  f"--resume-args (e.g. {EXAMPLE}); in {_WHERE[field]} the "
+                                  f"program would get its letters (write {{{OPEN}...}}}} "
+                                  "for those)")
+            glob = "".join(_into_glob(word, part, task) if k == MARKER else part
+                           for k, part in pieces(text))
+            out.append(OPEN + glob + "}")
+            continue
+        if kind == MARKER:
+            if task is None:
+                raise ConfigError(field, f"{word!r}: {{{text}}} is replaced only in the "
+                                  "tasks of a command's sweep (--sweep NAME=V1,V2,... or "
+                                  "--sweep-seeds), in the command's arguments, --resume-args "
+                                  "and --save-path; here the program would get its letters "
+                                  f"(write {{{{{text}}}}} for those)")
+            text = task[piece]
+        if field == "resume_args" and "{newest" in text.lower():
+            how = "no escape there" if kind == TEXT else \
+                f"leave {{{piece}}} out there; a task finds it in TRAIN_SWEEP_VALUE"
+            raise ConfigError("resume_args" if kind == TEXT else "sweep",
+                              f"{word!r} would put {text!r} into --resume-args, where the "
+                              f"chain reads every {OPEN}...}} as a placeholder, never as "
+                              f"plain text ({how})")
+        out.append(text)
+    return "".join(out)
+
+
+def _into_glob(word: str, marker: str, task: dict[str, str] | None) -> str:
+    """A marker's text put into a {newest:GLOB}: plain text there, or refused."""
+    if task is None:
+        raise ConfigError("resume_args", f"{word!r}: {{{marker}}} is replaced only in the "
+                          "tasks of a command's sweep (--sweep or --sweep-seeds)")
+    text = task[marker]
+    if _GLOB_SPECIAL.search(text):
+        field = "sweep" if marker == "value" else "out"
+        raise ConfigError(field, f"{word!r}: the task's {marker.replace('_', ' ')} {text!r} "
+                          "holds a character a {newest:GLOB} reads as a pattern or its end "
+                          "(* ? [ ] { } \\): it cannot go into one as plain text")
+    return text
+
+
+def placed(workload: Sequence[str], resume_args: str | None, save_path: Sequence[str],
+           task: dict[str, str] | None = None) -> dict[str, Any]:
+    """The job spec's changes with every placeholder put in: for a task of a command's
+    sweep ({"value": ..., "index": ..., "task_dir": ...}) its markers replaced as plain
+    text, one argument staying one argument (--resume-args is split first, as a shell
+    would, then each word replaced); without a task any marker, and anywhere a
+    {newest:GLOB} outside --resume-args, refused; escaped placeholders become their
+    letters."""
+    changes: dict[str, Any] = {
+        "workload": tuple(_placed(a, "workload", task) for a in workload),
+        "save_path": tuple(_placed(p, "save_path", task) for p in save_path)}
+    if resume_args is not None:
+        words = shlex.split(resume_args)
+        done = [_placed(w, "resume_args", task) for w in words]
+        changes["resume_args"] = resume_args if done == words else shlex.join(done)
+    return changes
 
 
 def task_changes(workload: Sequence[str], resume_args: str | None,
                  save_path: Sequence[str], index: int, value: str, task_dir: str
                  ) -> dict[str, Any]:
-    """The job spec's changes for one task of a command sweep: each marker replaced (in
-    --resume-args by the value quoted, since those are split as a shell would)."""
-    changes: dict[str, Any] = {
-        "workload": tuple(_replaced(a, value, index, task_dir) for a in workload),
-        "save_path": tuple(_replaced(p, value, index, task_dir) for p in save_path)}
-    if resume_args is not None:
-        changes["resume_args"] = _replaced(resume_args, shlex.quote(value), index,
-                                           shlex.quote(task_dir))
-    return changes
+    """The job spec's changes for one task of a command sweep: each marker replaced."""
+    return placed(workload, resume_args, save_path,
+                  {"value": value, "index": str(index), "task_dir": task_dir})
+
+
+def check_resume(command: Sequence[str], resume_args: str | None) -> None:
+    """Refuse, in a command's sweep whose tasks write to their own folders, a
+    {newest:GLOB} that names no task's folder: every task would look in the same place,
+    where none of them saves."""
+    globs = patterns(shlex.split(resume_args)) if resume_args else []
+    own = next((a for a in command if TASK_DIR in a), None)
+    for glob in globs:
+        if own is not None and not _MARKER.search(glob):
+            fix = glob if os.path.isabs(glob) else f"{TASK_DIR}/{glob}"
+            raise ConfigError("resume_args", f"{OPEN}{glob}}} is looked for in the same "
+                              f"place for every task, while each task writes to its own "
+                              f"folder ({own!r}): it can match no task's saves; write "
+                              f"{OPEN}{fix}}} (with {TASK_DIR} where the task saves)")
 
 
 def _run_by_shell(command: Sequence[str]) -> bool:
@@ -143,3 +219,11 @@ def sweep_notes(command: Sequence[str], resume_args: str | None,
                      f"same folder): give each its own with {{task_dir}}, e.g. "
                      f"{option.split()[0]} {{task_dir}}/out")
     return notes
+
+
+def single_job(spec: JobSpec) -> JobSpec:
+    """A job that is no sweep, its placeholders checked: a sweep's marker or a
+    {newest:GLOB} where nothing replaces it refused, escaped ones their letters."""
+    check_unmarked(spec.env, spec.bind, spec.chdir)
+    return dataclasses.replace(spec, **placed(spec.workload, spec.resume_args,
+                                              spec.save_path))

@@ -3,7 +3,8 @@
 Where a task's metrics are found, first found first (each file bounded, a regular file,
 read as text; a bad one is named and the next looked at):
 - TRAIN_METRICS_FILE (`metrics.json` in the task's folder): a JSON object the program
-  writes at its end, {"eval_loss": 0.41, "accuracy": 0.88}; numbers only are kept;
+  writes at its end, {"eval_loss": 0.41, "accuracy": 0.88}; numbers only are kept
+  (NaN and Infinity too: a diverged seed shows nan or inf, and its mean leaves it out);
 - Hugging Face's Trainer: `all_results.json` in the task's folder or a folder below it
   (`--output_dir {task_dir}`, `{task_dir}/out`);
 - Lightning's CSVLogger: the newest `metrics.csv` up to three folders down
@@ -49,15 +50,15 @@ def _name(key: object) -> str:
     return " ".join(printable(str(key)).split())[:40]
 
 
-def _finite(value: object) -> float | None:
-    """A JSON number as a finite float (an integer too large for one, NaN: None)."""
+def _number(value: object) -> float | None:
+    """A JSON number as a float: NaN and Infinity kept (a diverged loss, as json.dump
+    writes it), an integer too large for a float None."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return None
     try:
-        number = float(value)
+        return float(value)
     except OverflowError:
         return None
-    return number if math.isfinite(number) else None
 
 
 def _numbers(found: object) -> dict[str, float]:
@@ -65,7 +66,7 @@ def _numbers(found: object) -> dict[str, float]:
         return {}
     values: dict[str, float] = {}
     for key, value in found.items():
-        number = _finite(value)
+        number = _number(value)
         if number is not None:
             values.setdefault(_name(key), number)
     return values
@@ -108,7 +109,7 @@ def _csv_metrics(path: Path, problems: list[str]) -> dict[str, float] | None:
                     number = float(text)
                 except ValueError:
                     continue
-                if math.isfinite(number) and name not in ("step", "epoch"):
+                if name not in ("step", "epoch"):
                     values[_name(name)] = number
     except (csv.Error, StopIteration) as exc:
         problems.append(f"{path}: not a CSV of metrics ({str(exc)[:80]})")
@@ -167,8 +168,6 @@ def format_metrics(name: str, flag: str, tasks: list[TaskMetrics]) -> tuple[list
                                                                               list[str]]:
     """The table (a line per task: its value or seed, each metric, its state; for a seed
     sweep, mean +- std across the seeds) and notes."""
-    from train.client.slurm.sweepsummary import mean_std
-
     names = list(dict.fromkeys(k for t in tasks for k in t.values))
     notes = [p for t in tasks for p in t.problems]
     if len(names) > SHOWN:
@@ -194,12 +193,25 @@ def format_metrics(name: str, flag: str, tasks: list[TaskMetrics]) -> tuple[list
                      "folder are read too")
     elif flag == "seeds":
         for n in names:
-            found = [t.values[n] for t in tasks if n in t.values]
-            mean, std = mean_std(found)
-            spread = f" +- {std:.4g}" if std is not None else " (one seed, no spread)"
-            lines.append(f"  {n} over {len(found)} of {len(tasks)} seed(s): {mean:.4g}"
-                         f"{spread}")
+            lines.append(_mean_line(n, [t.values[n] for t in tasks if n in t.values],
+                                    len(tasks)))
     return lines, notes
+
+
+def _mean_line(name: str, found: list[float], seeds: int) -> str:
+    """A metric's mean +- std over the seeds that have a finite value; the NaN and
+    Infinity ones (diverged) said as left out."""
+    finite = [v for v in found if math.isfinite(v)]
+    odd = [f"{v:.4g}" for v in found if not math.isfinite(v)]
+    left = f"; left out: {', '.join(odd)}" if odd else ""
+    if not finite:
+        return f"  {name}: no finite value in {seeds} seed(s){left}"
+    from train.client.slurm.sweepsummary import format_number, mean_std
+
+    mean, std = mean_std(finite)
+    spread = f" +- {format_number(std)}" if std is not None else " (one seed, no spread)"
+    return (f"  {name} over {len(finite)} of {seeds} seed(s): {format_number(mean)}"
+            f"{spread}{left}")
 
 
 def is_command_sweep(root: Path) -> bool:

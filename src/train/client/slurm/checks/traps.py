@@ -5,15 +5,19 @@
 - a chain whose program saves nowhere the chain looks (no --save-path, nothing written to
   TRAIN_RUN_DIR): it ends after chunk 1, "stopped before any save";
 - --resume-args or --stop-mode kill on a job of one chunk (a command is one chunk unless
-  --max-chunks or --total-time asks for a chain): nothing would ever resume.
+  --max-chunks or --total-time asks for a chain): nothing would ever resume;
+- a --save-path in the container under no bind and absent on the host: what the program
+  saves there stays in its container, unseen by the chain.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 from train.client.programs import SCRIPT_LIMIT, script_of
+from train.client.slurm.jobitems import parse_bind
 from train.client.slurm.resolve import ResolvedJob
 
 FOLDER_LIMIT = 50  # .py files beside the script that are read for a handler
@@ -84,4 +88,24 @@ def trap_notes(job: ResolvedJob) -> list[str]:
         notes.append(f"{given} is for a chain, and this job is one chunk (a command is, "
                      "unless asked): give --total-time D-HH:MM:SS (chunks of --time until "
                      "then) or --max-chunks N")
+    notes += [f"--save-path {given}: the {spec.runtime} container shares no folder with the "
+              f"batch host there (none of its binds holds it, and the host has no {given}): "
+              "what the program saves there stays in its container, and the chain never "
+              f"sees it; bind a folder there (--bind SRC:{given})"
+              for given in _unshared_saves(job)]
     return notes
+
+
+def _unshared_saves(job: ResolvedJob) -> list[str]:
+    """The container job's absolute --save-path items under no bind's destination that
+    the batch host does not have either."""
+    if job.spec.runtime == "none":
+        return []
+    dests = [Path(parse_bind(b).dst) for b in job.binds]
+    out = []
+    for given in job.spec.save_path:
+        path = Path(os.path.normpath(given))
+        if path.is_absolute() and not any(d == path or d in path.parents for d in dests) \
+                and not os.path.lexists(path):
+            out.append(given)
+    return out
