@@ -26,12 +26,16 @@ PROGRAM = Path(__file__).with_name("trainer_like.py")
 
 
 def _readme_flags() -> list[str]:
-    """The README's Trainer recipe: its flags between `submit` and `--`, the walltime
-    aside (the test's chunks get 10 minutes, the margin 30 s)."""
+    """The docs' Trainer recipe: its flags between `submit` and `--`, the walltime, the
+    chain's bound and the GPUs aside (the test's chunks get 10 minutes, the margin 30 s; the
+    test bounds the chain with --max-chunks; the local cluster's GPUs are fake, and a step
+    with GPUs stops where CUDA does not work)."""
     argv = next(a for a in readme_recipes() if "run_clm.py" in a)
     flags = argv[1:argv.index("--")]
-    at = flags.index("-t")
-    return [*flags[:at], *flags[at + 2:], "--time", "10", "--signal-margin", "30"]
+    for flag in ("-t", "--total-time", "-g"):
+        at = flags.index(flag)
+        flags = [*flags[:at], *flags[at + 2:]]
+    return [*flags, "--time", "10", "--signal-margin", "30"]
 
 
 def _steps(log_dir: Path) -> dict[int, list[int]]:

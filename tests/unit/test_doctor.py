@@ -750,6 +750,41 @@ def test_a_rank_killed_under_torchrun_is_a_sigkill_of_that_rank(tmp_path: Path) 
     assert "python_error" not in [x.cause for x in report.findings]
 
 
+
+def documented_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """What `train doctor fit1` prints for a 4-GPU torchrun job whose rank 1 ran out of GPU
+    memory while rank 0 failed after it (torchrun_two_ranks.err; torch names rank 0 the
+    root cause), as sacct and the chain's events tell it; the project's folder shown as
+    ~/proj."""
+    monkeypatch.chdir(tmp_path)
+    res = {**RESOURCES, "launch": "torchrun", "ntasks_per_node": 1, "workers": 0,
+           "batch_size": None}
+    run_dir = make_run(Path("runs"), {"fit1-101.err": (LOGS / "torchrun_two_ranks.err")
+                                      .read_text(), "fit1-101.out": ""},
+                       name="fit1", resources=res)
+    record = json.loads((run_dir / contract.CHAIN_RECORD).read_text())
+    (run_dir / contract.CHAIN_RECORD).write_text(json.dumps({**record, "entry": "command"}))
+    (run_dir / contract.CHAIN_EVENTS).write_text(
+        "1795000000 1 101 started 0 0 0\n1795000600 1 101 failed 1 gpu-a017\n")
+    chain = load_chain(run_dir)
+    report = diagnosis.diagnose(chain, chain_status(chain, {"101": {"state": "FAILED",
+                                                                     "exit": "1:0"}}))
+    text = "\n".join(doctor_report.format_report(report))
+    return text.replace(str(tmp_path.resolve()), "~/proj")
+
+
+def test_the_report_docs_doctor_shows_is_what_the_doctor_prints(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
+    from tests.conftest import REPO
+
+    page = (REPO / "docs" / "doctor.md").read_text()
+    shown = re.search(r"```text\n\$ train doctor fit1\n(.*?)```", page, re.S)
+    assert shown is not None, "docs/doctor.md shows no report of `train doctor fit1`"
+    assert shown.group(1).rstrip("\n") == documented_report(tmp_path, monkeypatch)
+
+
 OOM_RANK = """
 import os
 import torch
