@@ -263,7 +263,10 @@ def test_a_resubmission_keeps_the_earlier_record_under_its_first_job(
     assert (run / "chain-100.ids").read_text() == "1 100\n"
     assert (run / "jobs" / "chain-100.sbatch").read_text() == "old script\n"
     assert (run / contract.CHAIN_IDS).read_text() == "1 4242\n"
-    assert "# library" in (run / "jobs" / contract.JOB_SCRIPT).read_text()
+    assert 'chunk "$0" "$@" --' in (run / "jobs" / contract.JOB_SCRIPT).read_text()
+    # the engine's copy, and the job record it reads
+    assert (run / ".train" / "train" / "batch" / "chunk.py").is_file()
+    assert json.loads((run / contract.CHAIN_RECORD).read_text())["job"]["run_dir"] == str(run)
     assert not list((run / "jobs").glob(".*"))
     assert calls[0][:3] == ["sbatch", "--parsable", "--hold"]
     assert calls[-1] == ["scontrol", "release", "4242"]
@@ -391,7 +394,7 @@ def test_a_resubmitted_chain_shows_the_earlier_chains_chunks(
         "1 1 100 started 0 0 0\n2 1 100 extended 101\n3 1 100 stopped 40 100\n"
         "4 2 101 started 0 40 100\n5 2 101 incomplete 70 100\n")
     _fake_slurm(monkeypatch, None)  # the resubmission: `train submit` of the same run
-    submission.submit_chain(_job(tmp_path), "# library\n")
+    submission.submit_chain(_job(tmp_path))
     with open(run / contract.CHAIN_EVENTS, "a") as fh:
         fh.write("6 1 4242 started 0 70 100\n")
     asked: list[list[str]] = []
