@@ -174,3 +174,15 @@ def test_an_array_task_requeues_itself_by_its_array_name_and_keeps_its_job_id(
     assert _calls(tmp_path, "scontrol") == ["requeue 700_3"]
     assert _ids(tmp_path) == "1 700\n"
     assert _calls(tmp_path, "sbatch") == []
+
+
+def test_a_tasks_job_record_holds_its_identity(tmp_path: Path) -> None:
+    root, specs = split(_task_spec(tmp_path))
+    from train.client.slurm.sweep import task_job
+
+    records = [job_record(task_job(t, resolve(s, Registry().get("local")))) for t, s in specs]
+    assert [r["sweep_task"] for r in records] == [{"index": 0, "value": "4"},
+                                                  {"index": 1, "value": "6"}]
+    single = resolve(JobSpec(cluster="local", name="one", out=str(tmp_path / "one"),
+                             runtime="none", python="python3"), Registry().get("local"))
+    assert job_record(single)["sweep_task"] is None

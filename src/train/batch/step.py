@@ -138,8 +138,6 @@ class Step:
         return saves.progress(self.run_dir, self.job["resume_args"], self.job["save_paths"],
                               self.job["program_dir"])
 
-    # -- the chain ------------------------------------------------------------------
-
     # -- the step ---------------------------------------------------------------------
     def stale_tmp(self) -> str:
         """The node temporary folders of this chain's earlier jobs and of this job's

@@ -294,7 +294,19 @@ def job_record(job: ResolvedJob) -> dict[str, Any]:
         "resume_shown": masked_argv(spec.resume_argv),  # as the log says them
         "save_paths": save_paths(job),
         "program_dir": program_dir(job),  # {newest:GLOB} is from here
+        "sweep_task": sweep_task(job),
     }
+
+
+def sweep_task(job: ResolvedJob) -> dict[str, Any] | None:
+    """A sweep task's identity (its index in the array, its value), None for a chain of
+    its own."""
+    from train.client.slurm.sweep import SWEEP_INDEX_VAR, SWEEP_VALUE_VAR
+
+    env = dict(job.env_values)
+    if SWEEP_INDEX_VAR not in env:
+        return None
+    return {"index": int(env[SWEEP_INDEX_VAR]), "value": env.get(SWEEP_VALUE_VAR)}
 
 
 def chain_lines(job: ResolvedJob) -> list[str]:
