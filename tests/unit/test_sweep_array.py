@@ -177,7 +177,7 @@ def test_an_array_task_requeues_itself_by_its_array_name_and_keeps_its_job_id(
 
 
 def test_a_tasks_job_record_holds_its_identity(tmp_path: Path) -> None:
-    root, specs = split(_task_spec(tmp_path))
+    _, specs = split(_task_spec(tmp_path))
     from train.client.slurm.sweep import task_job
 
     records = [job_record(task_job(t, resolve(s, Registry().get("local")))) for t, s in specs]
