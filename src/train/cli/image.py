@@ -227,7 +227,7 @@ def _report_new(made: Derived, base: str) -> None:
     """What `image new` wrote, kept and left out."""
     for request in made.dropped:
         print(f"note: {request.where} {request.text!r} left out: its marker is false for "
-              f"the image ({made.target.describe()}, Linux)", file=sys.stderr)
+              f"the image ({made.target.describe()})", file=sys.stderr)
     if made.duplicates:
         print(f"note: {made.duplicates} requirement(s) repeated an earlier one; each "
               "counted once", file=sys.stderr)
