@@ -388,3 +388,18 @@ def test_a_version_not_published_is_refused_with_every_version_there_is(
     assert new(tmp_path, index, "many-pkg==1.0.0\n") == 2
     err = capsys.readouterr().err
     assert "many-pkg==1.0.0" in err and ", ".join(versions) in err, err
+
+
+def test_new_names_the_extra_that_the_lint_it_suggests_needs(
+        tmp_path: Path, index: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "spython" else real(name, *a))
+    assert new(tmp_path, index, "helper-pkg\n") == 0
+    out, err = capsys.readouterr()
+    assert "next: train image lint" in out
+    assert "`train image lint` needs the image tools" in err
+    assert "pip install './[images]'" in err and "train-slurm-apptainer" in err, err
