@@ -1,4 +1,11 @@
-"""Shared helpers: timing and rewriting one benchmark's section of RESULTS.md."""
+"""Shared helpers: timing and rewriting one benchmark's section of RESULTS.md.
+
+The short mode (TRAIN_BENCH_SHORT=1, CI's: tests/integration/test_benchmarks.py) runs each
+benchmark's code whole on a few rounds of its smallest case, and writes its section to
+the file TRAIN_BENCH_RESULTS names instead (its figures are no measurement), where the
+slurm tier's cluster (SLURM_CONF) and the docker tier's engine (DOCKER_HOST) are taken
+as they are.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +24,24 @@ import torch
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 HEADER = "# Benchmark results\n\nEach section is rewritten by its script (`nox -s bench`).\n"
+SHORT_VAR = "TRAIN_BENCH_SHORT"
+RESULTS_VAR = "TRAIN_BENCH_RESULTS"
+
+
+def short() -> bool:
+    """CI's short mode: the benchmark's code whole, its work cut to a few rounds."""
+    return os.environ.get(SHORT_VAR) == "1"
+
+
+def results_file() -> Path:
+    """RESULTS.md, or in the short mode the file RESULTS_VAR names (never RESULTS.md)."""
+    if not short():
+        return RESULTS
+    named = os.environ.get(RESULTS_VAR)
+    if not named:
+        raise SystemExit(f"{SHORT_VAR}=1 needs {RESULTS_VAR}=FILE: a short run's figures "
+                         "are no measurement and never go to RESULTS.md")
+    return Path(named)
 
 
 def machine() -> str:
@@ -37,13 +62,14 @@ def median(values: list[float]) -> float:
 
 
 def write_section(name: str, body: str) -> None:
-    text = RESULTS.read_text() if RESULTS.exists() else HEADER
+    results = results_file()
+    text = results.read_text() if results.exists() else HEADER
     begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
     block = f"{begin}\n{body.strip()}\n{end}"
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else \
         text.rstrip() + "\n\n" + block + "\n"
-    RESULTS.write_text(text)
+    results.write_text(text)
     print(body)
 
 
@@ -51,7 +77,11 @@ def write_section(name: str, body: str) -> None:
 def local_slurm(prefix: str = "tb") -> Iterator[tuple[dict[str, str], Path]]:
     """A local SLURM cluster (ci/slurm-up.sh; root, slurm-wlm, munge) for one benchmark:
     yields the environment to run jobs with and the cluster's directory, then stops it by
-    PID (ci/slurm-down.sh)."""
+    PID (ci/slurm-down.sh). In the short mode, the cluster SLURM_CONF names, as it is."""
+    if short() and os.environ.get("SLURM_CONF"):
+        yield ({**os.environ, "OMP_NUM_THREADS": "1"},
+               Path(os.environ["SLURM_CONF"]).parent)
+        return
     repo = Path(__file__).resolve().parents[1]
     folder = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))  # munge socket < 108 bytes
     up = subprocess.run(["bash", str(repo / "ci" / "slurm-up.sh"), str(folder)],

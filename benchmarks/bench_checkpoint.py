@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import machine, median, timed, write_section
+from _results import machine, median, short, timed, write_section
 from train.node.distributed import DistContext
 from train.workloads.config import RunConfig
 from train.workloads.dqn.trainer import SeedRun
@@ -39,7 +39,7 @@ def filled_run(res: int, replay: int, out: Path) -> SeedRun:
     return run
 
 
-def measure(res: int, replay: int, rounds: int = 5) -> dict[str, float]:
+def measure(res: int, replay: int, rounds: int = 5, loads: int = 3) -> dict[str, float]:
     with tempfile.TemporaryDirectory(dir=Path.cwd()) as tmp:
         run = filled_run(res, replay, Path(tmp) / "run")
         state_for_plain = {"agent": run.agent.state_dict(), "ranks": [run._local_state()]}
@@ -53,7 +53,7 @@ def measure(res: int, replay: int, rounds: int = 5) -> dict[str, float]:
         size = run.checkpoints.complete()[-1].stat().st_size
         fresh = SeedRun(run.cfg, 4, DistContext(device=torch.device("cpu")),
                         select_precision("fp32", "cpu"))
-        resume = median([timed(fresh.restore) for _ in range(3)])
+        resume = median([timed(fresh.restore) for _ in range(loads)])
         assert fresh.episode == rounds
 
         def plain_resume() -> None:  # the unsafe, unverified load it replaces, same restore
@@ -61,7 +61,7 @@ def measure(res: int, replay: int, rounds: int = 5) -> dict[str, float]:
             fresh.agent.load_state_dict(state["agent"])
             fresh._restore_local(state["ranks"][0])
 
-        baseline = median([timed(plain_resume) for _ in range(3)])
+        baseline = median([timed(plain_resume) for _ in range(loads)])
     return {"blocked": median(blocked), "plain": median(plain), "write": median(total),
             "resume": resume, "plain_resume": baseline, "mb": size / 2**20}
 
@@ -70,8 +70,8 @@ def main() -> None:
     torch.set_num_threads(2)
     load = os.getloadavg()[0]  # other work on the machine, shown beside the figures
     rows = []
-    for res, replay in ((16, 20000), (32, 20000)):
-        m = measure(res, replay)
+    for res, replay in ((16, 500),) if short() else ((16, 20000), (32, 20000)):
+        m = measure(res, replay, *((2, 1) if short() else ()))
         rows.append(f"| {res} | {replay} | {m['mb']:.0f} | {m['blocked'] * 1000:.0f} | "
                     f"{m['plain'] * 1000:.0f} | {m['blocked'] / m['plain']:.3f} | "
                     f"{m['write'] * 1000:.0f} | {m['resume'] * 1000:.0f} | "

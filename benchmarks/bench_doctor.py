@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import machine, median, timed, write_section
+from _results import machine, median, short, timed, write_section
 from train.batch import contract
 from train.client.doctor import diagnosis, evidence, logread, report
 from train.client.slurm import queue
@@ -113,7 +113,7 @@ def overview_loop(root: Path) -> None:
 def main() -> None:
     with tempfile.TemporaryDirectory(dir=Path.cwd()) as tmp:
         root = Path(tmp)
-        big = make_run(root / "one", "big", "1001", 2**30)
+        big = make_run(root / "one", "big", "1001", 2**23 if short() else 2**30)
         logs = sorted((big / contract.LOG_DIR).iterdir())
         size = sum(p.stat().st_size for p in logs)
         chain = load_chain(big)
@@ -132,9 +132,10 @@ def main() -> None:
         (rss, bytes_read), rss0 = doctor_peak_rss(big), baseline_rss()
 
         many = root / "many"
-        for i in range(200):
+        count = 10 if short() else 200
+        for i in range(count):
             make_run(many, f"r{i:03d}", str(2000 + i), 64 * 1024)
-        states = {str(2000 + i): {"state": "FAILED", "exit": "137:0"} for i in range(200)}
+        states = {str(2000 + i): {"state": "FAILED", "exit": "137:0"} for i in range(count)}
         original = queue.job_states
         queue.job_states = lambda ids: {i: states[i] for i in ids}  # type: ignore
         try:
@@ -143,7 +144,7 @@ def main() -> None:
                             for _ in range(3)])
         finally:
             queue.job_states = original  # type: ignore[assignment]
-        assert len(rows[-1]) == 200 and rows[-1][0]["verdict"].startswith("host_oom")
+        assert len(rows[-1]) == count and rows[-1][0]["verdict"].startswith("host_oom")
         loop = median([timed(lambda: overview_loop(many)) for _ in range(3)])
     grep = "grep -F" if shutil.which("grep") else "the block search (no grep)"
     read = "reading them once in 8 MiB blocks"
@@ -153,7 +154,7 @@ def main() -> None:
         f"{base:.2f} s {read} | {took / base:.2f}x |",
         f"| `train doctor --full` (every byte searched) | {full:.2f} s | {base:.2f} s {read} "
         f"| {full / base:.2f}x |",
-        f"| `train status --all`, 200 runs | {table:.3f} s | {loop:.3f} s {opened} | "
+        f"| `train status --all`, {count} runs | {table:.3f} s | {loop:.3f} s {opened} | "
         f"{table / loop:.1f}x |"])
     title = ("`train doctor` on 1 GB of logs, `train status --all` over 200 runs (goals: "
              "< 2 s, flat memory; < 1 s)")

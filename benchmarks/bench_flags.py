@@ -1,10 +1,10 @@
 """What the field notes' jobs take to write: the flags of `train submit` (with the defaults
-`train init` writes: cluster, account, runtime, image), next to the `#SBATCH` lines and
-the srun line a hand-written script needs for the same job (counted in the script
-`train render` prints, which is what one would otherwise write by hand), and the `rv`
-one-liners of the Rivanna guides where they have one. Every command is rendered for real
-(exit 0 required). Then `train render` start-up, cold (no bytecode cache) and warm,
-against the interpreter importing PyYAML alone (the hand-written baseline of a client).
+`train init` writes: cluster, account, image), next to the `#SBATCH` lines and the srun
+line a hand-written script needs for the same job (counted in the script `train render`
+prints, which is what one would otherwise write by hand), and the `rv` one-liners of the
+Rivanna guides where they have one. Every command is rendered for real (exit 0 required).
+Then `train render` start-up, cold (no bytecode cache) and warm, against the interpreter
+importing PyYAML alone (the hand-written baseline of a client).
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import machine, write_section
+from _results import machine, short, write_section
 
 REPO = Path(__file__).resolve().parents[1]
 
 # (job, defaults, flags, workload, rv one-liner or None)
 JOBS = [
     ("Gilbreth E1, 2 h standby chunks to 9000 episodes",
-     {"cluster": "gilbreth", "account": "lab"},
+     {"cluster": "gilbreth", "account": "lab", "image": "/scratch/gilbreth/me/base.sif"},
      ["-p", "a30", "-q", "standby", "-t", "2:00:00", "-g", "1", "-J", "e1"],
      ["demo", "--res", "32", "--episodes", "9000"], None),
     ("NAVSIM 4 nodes x 4 L40S on Torch, 1 day",
@@ -42,7 +42,7 @@ JOBS = [
      ["python", "train.py"], "rv run -g 8 -t a100 -- torchrun --nproc_per_node=8 train.py "
      "(one node only)"),
     ("MIG smoke test on Rivanna, 10 minutes",
-     {"cluster": "rivanna", "account": "grp"},
+     {"cluster": "rivanna", "account": "grp", "image": "/scratch/grp/base.sif"},
      ["-p", "gpu-mig", "-g", "1", "-e", "command", "-t", "10"],
      ["python", "train.py"], "rv run --mig --time 10m -- python train.py"),
 ]
@@ -95,10 +95,13 @@ def main() -> None:
         src = work / "src"
         shutil.copytree(REPO / "src", src, ignore=shutil.ignore_patterns("__pycache__"))
         env = {**os.environ, "PYTHONPATH": str(src), "TRAIN_DEFAULTS": str(work / "none")}
-        argv = [sys.executable, "-m", "train", "render", "--cluster", "local", "--", "demo"]
+        argv = [sys.executable, "-m", "train", "render", "--cluster", "local", "--python",
+                sys.executable, "--", "demo"]
+        runs = 1 if short() else 7
         cold = _startup(argv, env, work, 1)[0]
-        warm = statistics.median(_startup(argv, env, work, 7))
-        base = statistics.median(_startup([sys.executable, "-c", "import yaml"], env, work, 7))
+        warm = statistics.median(_startup(argv, env, work, runs))
+        base = statistics.median(_startup([sys.executable, "-c", "import yaml"], env, work,
+                                          runs))
     body = "\n".join([
         "## Flags per job, and `train render` start-up (`bench_flags.py`)", "",
         f"Machine: {machine()}", "",
@@ -107,7 +110,7 @@ def main() -> None:
         "for the same job (what a hand-written script must get right), not counting the "
         "rendezvous, container and walltime-signal code around the step.", "",
         f"`train render` start-up: cold (no bytecode) {cold * 1000:.0f} ms, warm "
-        f"{warm * 1000:.0f} ms (median of 7); the interpreter importing PyYAML alone "
+        f"{warm * 1000:.0f} ms (median of {runs}); the interpreter importing PyYAML alone "
         f"{base * 1000:.0f} ms: ratio warm/baseline {warm / base:.2f}. The login-node "
         "client venv measures 31 MB (tests/integration/test_client_install.py; the goal is "
         "< 50 MB)."])

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import machine, write_section
+from _results import machine, results_file, short, write_section
 from bench_update import make_batch
 from train.workloads.config import RunConfig
 from train.workloads.dqn.agent import DQNAgent
@@ -20,10 +20,11 @@ from train.workloads.envs.spec import ObsSpec
 from train.workloads.runtime.memory import preallocate, training_state_bytes
 from train.workloads.runtime.precision import select_precision
 
-SHAPES = ((32, 32), (32, 256), (64, 256))
+SHAPES = ((32, 32),) if short() else ((32, 32), (32, 256), (64, 256))
+STEPS = 10 if short() else 200
 
 
-def measure(res: int, batch: int, precision: str, steps: int = 200) -> dict[str, float]:
+def measure(res: int, batch: int, precision: str, steps: int = STEPS) -> dict[str, float]:
     device = torch.device("cuda", 0)
     cap = torch.cuda.get_device_capability(device)
     torch.manual_seed(0)
@@ -37,7 +38,7 @@ def measure(res: int, batch: int, precision: str, steps: int = 200) -> dict[str,
     torch.cuda.synchronize()
     prealloc_s = time.perf_counter() - start
     b = agent.to_batch(make_batch(res, batch))
-    for _ in range(20):
+    for _ in range(2 if short() else 20):
         agent.update(b)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats(device)
@@ -77,7 +78,7 @@ def main() -> None:
     write_section("gpu", body)
     out = os.environ.get("OUT")
     if out:
-        shutil.copy(Path(__file__).with_name("RESULTS.md"), Path(out) / "RESULTS.md")
+        shutil.copy(results_file(), Path(out) / "RESULTS.md")
 
 
 if __name__ == "__main__":

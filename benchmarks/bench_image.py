@@ -16,11 +16,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import machine, median, write_section
+from _results import machine, median, short, write_section
 
 REPO = Path(__file__).resolve().parents[1]
 BASE, TAG, SC2_TAG = "train-ci-base:bookworm", "train/base:bench", "train/sc2:bench"
-EPISODES = 30  # per run; both workloads at res 16 with 10 agent steps per episode
+EPISODES = 3 if short() else 30  # per run; both at res 16, 10 agent steps per episode
+RUNS = 1 if short() else 7  # start-ups timed
+# the short mode builds nothing: it takes the images the docker tier built, in the engine
+# DOCKER_HOST names (tests/integration/test_benchmarks.py)
+SHORT_TAGS = ("TRAIN_BENCH_BASE_TAG", "TRAIN_BENCH_SC2_TAG")
 RUN_ARGS = ["--device", "cpu", "--res", "16", "--batch-size", "8", "--learning-starts", "8",
             "--replay-size", "500", "--episodes", str(EPISODES), "--eval-episodes", "0",
             "--log-every", "1"]
@@ -50,47 +54,65 @@ def episodes_per_second(tag: str, args: list[str], env: dict[str, str]) -> float
     return float(rates[-1])
 
 
+def builds(env: dict[str, str]) -> tuple[str, str, list[float], list[float]]:
+    """Builds base and sc2, each cold then warm 3 times: (base tag, sc2 tag, [base cold,
+    warm], [sc2 cold, warm]); the short mode's images as they are, nothing built."""
+    if short():
+        base_tag, sc2_tag = (os.environ[name] for name in SHORT_TAGS)
+        return base_tag, sc2_tag, [], []
+    subprocess.run(["bash", str(REPO / "ci" / "base-rootfs.sh"), BASE], env=env,
+                   check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                    "--require-hashes", "-d", str(REPO / ".nox" / "wheelhouse"), "-r",
+                    str(REPO / "containers" / "requirements" / "base-cpu.txt")],
+                   check=True, capture_output=True)
+    build = [sys.executable, "-m", "train", "image", "build", "base", "--engine", "docker",
+             "--tag", TAG, *ARGS]
+    base_times = [timed_run(build, env), median([timed_run(build, env) for _ in range(3)])]
+    sc2_args = subprocess.run([sys.executable, str(REPO / "ci" / "sc2_standins.py"), TAG],
+                              check=True, capture_output=True, text=True).stdout.split("\n")
+    sc2_build = [sys.executable, "-m", "train", "image", "build", "sc2", "--engine",
+                 "docker", "--tag", SC2_TAG, *[a for a in sc2_args if a]]
+    sc2_times = [timed_run(sc2_build, env),
+                 median([timed_run(sc2_build, env) for _ in range(3)])]
+    return TAG, SC2_TAG, base_times, sc2_times
+
+
+def _build_rows(times: list[float], cold: str, warm: str) -> list[str]:
+    if not times:
+        return [f"| {cold} | not built in the short mode |"]
+    return [f"| {cold} | {times[0]:.1f} s |", f"| {warm} | {times[1]:.1f} s |"]
+
+
 def main() -> None:
-    folder = Path(tempfile.mkdtemp(prefix="dkb", dir="/tmp"))
-    up = subprocess.run(["bash", str(REPO / "ci" / "docker-up.sh"), str(folder)],
-                        capture_output=True, text=True, check=True)
-    env = {**os.environ, "DOCKER_HOST": up.stdout.strip().splitlines()[-1]}
+    folder = None if short() else Path(tempfile.mkdtemp(prefix="dkb", dir="/tmp"))
+    env = dict(os.environ)
     try:
-        subprocess.run(["bash", str(REPO / "ci" / "base-rootfs.sh"), BASE], env=env,
-                       check=True, capture_output=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                        "--require-hashes", "-d",
-                        str(REPO / ".nox" / "wheelhouse"), "-r",
-                        str(REPO / "containers" / "requirements" / "base-cpu.txt")],
-                       check=True, capture_output=True)
-        build = [sys.executable, "-m", "train", "image", "build", "base", "--engine",
-                 "docker", "--tag", TAG, *ARGS]
-        cold = timed_run(build, env)
-        warm = median([timed_run(build, env) for _ in range(3)])
-        size = image_size(TAG, env)
-        inside = [timed_run(["docker", "run", "--rm", "--network", "none", TAG, "--version"],
-                            env) for _ in range(7)]
+        if folder is not None:
+            up = subprocess.run(["bash", str(REPO / "ci" / "docker-up.sh"), str(folder)],
+                                capture_output=True, text=True, check=True)
+            env["DOCKER_HOST"] = up.stdout.strip().splitlines()[-1]
+        tag, sc2_tag, base_times, sc2_times = builds(env)
+        size = image_size(tag, env)
+        inside = [timed_run(["docker", "run", "--rm", "--network", "none", tag, "--version"],
+                            env) for _ in range(RUNS)]
         host = [timed_run([sys.executable, "-m", "train", "--version"], env)
-                for _ in range(7)]
-        sc2_args = subprocess.run([sys.executable, str(REPO / "ci" / "sc2_standins.py"), TAG],
-                                  check=True, capture_output=True, text=True).stdout.split("\n")
-        sc2_build = [sys.executable, "-m", "train", "image", "build", "sc2", "--engine",
-                     "docker", "--tag", SC2_TAG, *[a for a in sc2_args if a]]
-        sc2_cold = timed_run(sc2_build, env)
-        sc2_warm = median([timed_run(sc2_build, env) for _ in range(3)])
-        sc2_size = image_size(SC2_TAG, env)
-        sc2_inside = [timed_run(["docker", "run", "--rm", "--network", "none", SC2_TAG,
-                                 "--version"], env) for _ in range(7)]
-        demo_eps = [episodes_per_second(SC2_TAG, ["run", "demo", "--episode-steps", "10",
+                for _ in range(RUNS)]
+        sc2_size = image_size(sc2_tag, env)
+        sc2_inside = [timed_run(["docker", "run", "--rm", "--network", "none", sc2_tag,
+                                 "--version"], env) for _ in range(RUNS)]
+        rates = 1 if short() else 3
+        demo_eps = [episodes_per_second(sc2_tag, ["run", "demo", "--episode-steps", "10",
                                                   "--out", "/tmp/d", *RUN_ARGS], env)
-                    for _ in range(3)]
-        mock_eps = [episodes_per_second(SC2_TAG, ["run", "sc2", "--sc2-env", "mock",
+                    for _ in range(rates)]
+        mock_eps = [episodes_per_second(sc2_tag, ["run", "sc2", "--sc2-env", "mock",
                                                   "--out", "/tmp/m", *RUN_ARGS], env)
-                    for _ in range(3)]
+                    for _ in range(rates)]
     finally:
-        subprocess.run(["bash", str(REPO / "ci" / "docker-down.sh"), str(folder)],
-                       check=False)
-        subprocess.run(["rm", "-rf", str(folder)], check=False)
+        if folder is not None:
+            subprocess.run(["bash", str(REPO / "ci" / "docker-down.sh"), str(folder)],
+                           check=False)
+            subprocess.run(["rm", "-rf", str(folder)], check=False)
     body = "\n".join([
         "## CI image build, size and container start-up (goals: warm rebuild < 20 s, "
         "< 0.3 s added)",
@@ -102,8 +124,8 @@ def main() -> None:
         "",
         "| figure | value |",
         "|---|---|",
-        f"| cold build (empty engine, base present) | {cold:.1f} s |",
-        f"| warm rebuild (nothing changed, median of 3) | {warm:.1f} s |",
+        *_build_rows(base_times, "cold build (empty engine, base present)",
+                     "warm rebuild (nothing changed, median of 3)"),
         f"| image size | {size / 1e9:.2f} GB |",
         f"| `train --version` in the container | {median(inside):.2f} s |",
         f"| `train --version` on the host | {median(host):.2f} s |",
@@ -114,8 +136,7 @@ def main() -> None:
         "",
         "| figure | value |",
         "|---|---|",
-        f"| cold build (base present) | {sc2_cold:.1f} s |",
-        f"| warm rebuild (median of 3) | {sc2_warm:.1f} s |",
+        *_build_rows(sc2_times, "cold build (base present)", "warm rebuild (median of 3)"),
         f"| image size (base included) | {sc2_size / 1e9:.2f} GB |",
         f"| `train --version` in the container | {median(sc2_inside):.2f} s |",
         f"| demo, res 16, 10 steps per episode (median of 3 runs of {EPISODES}) | "

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import local_slurm, machine, median, write_section
+from _results import local_slurm, machine, median, short, write_section
 from bench_submit import WORKLOAD, first_step
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,9 +70,9 @@ def main() -> None:
     rows = []
     with local_slurm("tl") as (env, _), tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        for mode in ("tasks", "torchrun"):
+        for mode in ("tasks",) if short() else ("tasks", "torchrun"):  # (short: one mode)
             t_ours, t_hand, t_rdzv = [], [], []
-            for i in range(4):
+            for i in range(1 if short() else 4):
                 if i % 2:
                     o, r = ours(work, env, mode, i)
                     t_hand.append(hand(work, env, mode, i))

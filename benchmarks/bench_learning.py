@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import machine, write_section
+from _results import machine, results_file, short, write_section
 from train.workloads import runner
 from train.workloads.config import RunConfig
 from train.workloads.dqn.agent import random_available_action
@@ -25,8 +25,8 @@ from train.workloads.envs.beacon import BeaconEnv
 from train.workloads.runtime.results import plot_learning_curves
 
 BUDGET = 300.0
-CHUNK = 10
-EVAL_EPISODES = 10
+CHUNK = 2 if short() else 10  # (the short mode trains one chunk)
+EVAL_EPISODES = 2 if short() else 10
 
 
 def reference_rewards(cfg: RunConfig, seed: int) -> tuple[float, float]:
@@ -62,7 +62,7 @@ def learn(res: int, seed: int, work: Path) -> dict[str, object]:
         points.append((done, elapsed, evaluation["mean_reward"]))
         if reached_at is None and evaluation["mean_reward"] >= 0.9 * scripted:
             reached_at = (done, elapsed)
-        if done < episodes:
+        if done < episodes or short():  # the short mode: one chunk
             break
     rewards = json.loads((out / f"seed_{seed}" / "episodes.json").read_text())["rewards"]
     return {"res": res, "scripted": scripted, "random": rand, "points": points,
@@ -89,7 +89,7 @@ def main() -> None:
             points = "\n".join(f"| {p[0]} | {p[1]:.0f} | {p[2]:.2f} |"
                                for p in r["points"])  # type: ignore[union-attr]
         plot_learning_curves(Path(tmp) / "curve.png", curves, "demo learning curve", refs)
-        shutil.copy(Path(tmp) / "curve.png", Path(__file__).with_name("learning_curve.png"))
+        shutil.copy(Path(tmp) / "curve.png", results_file().with_name("learning_curve.png"))
     body = "\n".join([
         "## Learning (goal: >= 90% of the scripted policy's reward within 5 minutes)",
         "",

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import machine, median, timed, write_section
+from _results import machine, median, short, timed, write_section
 from train.workloads.config import RunConfig
 from train.workloads.dqn.agent import DQNAgent
 from train.workloads.dqn.network import QNetwork
@@ -25,10 +25,11 @@ from train.workloads.runtime.precision import select_precision
 def make_batch(res: int, batch: int) -> dict[str, np.ndarray]:
     spec = ObsSpec(res)
     env = BeaconEnv(res, 64, 0)
-    replay = ReplayBuffer(2048, spec)
+    fill = 4 * batch if short() else 2048
+    replay = ReplayBuffer(fill, spec)
     rng = np.random.default_rng(0)
     obs = env.reset()
-    for _ in range(2048):
+    for _ in range(fill):
         action = env.scripted_action() if rng.random() < 0.5 else 0
         nxt, r, t, over = env.step(action)
         replay.add(obs, action, r, t, nxt)
@@ -90,8 +91,9 @@ def measure(res: int, batch: int, rounds: int = 15, steps: int = 30) -> tuple[fl
 def main() -> None:
     torch.set_num_threads(2)
     rows = []
-    for res, batch in ((16, 32), (32, 32), (32, 128)):
-        ours, base = measure(res, batch)
+    shapes = ((16, 32),) if short() else ((16, 32), (32, 32), (32, 128))
+    for res, batch in shapes:
+        ours, base = measure(res, batch, *((2, 2) if short() else ()))
         rows.append(f"| {res} | {batch} | {ours:.1f} | {base:.1f} | {ours / base:.3f} |")
     body = "\n".join([
         "## Trainer update throughput (goal: >= 0.97x the hand-written loop)",

@@ -92,6 +92,7 @@ CASES: dict[str, dict[str, Any]] = {
     # one rank per task, all of each node's memory, no stop signal (one chunk)
     "local-tasks-command": dict(cluster="local", name="lt", nodes=2, gpus_per_node=2,
                                 cpus_per_task=2, mem="0", entry="command", launch="tasks",
+                                runtime="none",
                                 workload=("bash", "-c", "echo $RANK of $WORLD_SIZE")),
 }
 

@@ -146,6 +146,20 @@ def test_cluster_commands_work_without_the_runtime(client: Path, tmp_path: Path)
                  tmp_path)
     assert build.returncode == 2, build.stderr
     assert "is not a source tree" in build.stderr and "clone" in build.stderr
+    # inside a clone (installed from it with `pip install ./`), its containers/ is found
+    # without --defs: the build gets past the source tree to the next check (a value
+    # with a control character), before any engine is asked
+    clone = tmp_path / "clone"
+    shutil.copytree(REPO / "containers", clone / "containers",
+                    ignore=shutil.ignore_patterns("wheelhouse", "downloads", "*.sif"))
+    shutil.copy2(REPO / "pyproject.toml", clone / "pyproject.toml")
+    (clone / "src").mkdir()
+    from_clone = _run([str(client / "train"), "image", "build", "sc2", "--engine", "docker",
+                       "--build-arg", "SC2_VERSION=a\x01"], clone / "src")
+    assert from_clone.returncode == 2, from_clone.stderr
+    assert "not a source tree" not in from_clone.stderr, from_clone.stderr
+    assert "build-arg SC2_VERSION: the value holds a control" in from_clone.stderr, \
+        from_clone.stderr
 
 
 def test_train_run_names_the_runtime_extra(client: Path, tmp_path: Path) -> None:

@@ -207,8 +207,10 @@ def test_no_image_and_no_runtime_is_refused_for_a_job_that_needs_torch(
     torch), found only after the queue wait (exit 3)."""
     _init(home, tmp_path, "--cluster", "gilbreth", "--account", "lab")
     base = ["render", "-p", "a30", "-g", "1"]
+    # issue 39: a program of one's own on one GPU died after the queue, "No module named
+    # torch" (the nodes' python3 has none, nor CUDA's libraries)
     for job in (["--", "demo"], ["-e", "command", "-g", "3", "--", "python", "t.py"],
-                ["-e", "navsim"]):
+                ["-e", "navsim"], ["-e", "command", "--", "python", "train.py"]):
         code, out, err = _cli([*base, *job], home, tmp_path)
         assert code == 2, (job, out)
         assert "runtime" in err and "--runtime apptainer --image" in err, err
@@ -219,8 +221,9 @@ def test_no_image_and_no_runtime_is_refused_for_a_job_that_needs_torch(
                 ["--runtime", "none", "--python", str(env_python)]):
         code, out, err = _cli([*base, *fix, "--", "demo"], home, tmp_path)
         assert code == 0, (fix, err)
-    # a program of the user's own, one process: what it needs is its business
-    code, out, err = _cli([*base, "-e", "command", "--", "./run.sh"], home, tmp_path)
+    # a program of the user's own on CPUs, one process: what it needs is its business
+    code, out, err = _cli(["render", "-M", "local", "-e", "command", "--", "./run.sh"], home,
+                          tmp_path)
     assert code == 0 and "runtime=none" in out, err
 
 

@@ -91,6 +91,10 @@ def test_the_job_help_fits_a_screen_and_says_where_the_rest_is(command: str) -> 
                   "monitoring", "slurm"):
         assert f"train {command} --help {topic} " in proc.stdout, topic
     assert "--sbatch-extra" not in proc.stdout  # a topic's, not the first screen's
+    # issue 39: a 1-GPU job without an image died after the queue; the first screen says
+    # what a job needs
+    flat = " ".join(proc.stdout.split())
+    assert "a job on GPUs or of `train run` needs one, or --runtime none --python" in flat
 
 
 def _option_strings(command: str) -> list[str]:

@@ -336,7 +336,7 @@ def test_a_pip_too_old_is_named_with_its_upgrade_and_nothing_is_written(
 def test_only_a_resolver_conflict_blames_the_base_images_pins() -> None:
     from train.images.derive_pip import Target, pip_refusal
 
-    target = Target("3.12", "3.12.3")
+    target = Target("3.12", "3.12.3", 39)
     option = pip_refusal("ERROR: Can not use any platform or abi specific options unless "
                          "installing via '--target'\n", target)
     assert "base image's pins" not in option and "--target" in option
@@ -353,3 +353,53 @@ def test_a_requirement_with_a_terminal_escape_is_named_without_the_escape(
     assert "requirements.txt:1: '\\x1b[31mhelper-pkg==0.3' is not a requirement" in err, err
     assert "\x1b" not in err, repr(err)
     assert not (tmp_path / "containers-myproj").exists()
+
+
+def test_wheels_tagged_for_any_glibc_the_image_has_are_taken_and_a_newer_one_is_not(
+        tmp_path: Path, index: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # wandb 0.22.0's shape: only manylinux_2_17/manylinux2014 wheels (pip in Ubuntu 24.04,
+    # glibc 2.39, installs them); unpinned, the newest release is taken, not an older one
+    # that has a pure-Python wheel
+    make_wheel(index, "glibc-pkg", "2.0",
+               tag="py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64")
+    make_wheel(index, "glibc-pkg", "1.0")
+    make_wheel(index, "legacy-pkg", "1.0", tag="cp312-cp312-manylinux2014_x86_64")
+    make_wheel(index, "plain-linux-pkg", "1.0", tag="py3-none-linux_x86_64")
+    make_wheel(index, "glibc39-pkg", "1.0", tag="py3-none-manylinux_2_39_x86_64")
+    assert new(tmp_path, index, "glibc-pkg\nlegacy-pkg==1.0\nplain-linux-pkg\n"
+               "glibc39-pkg\n") == 0
+    lock = read_lock(tmp_path / "containers-myproj" / "requirements" / "myproj.txt")
+    assert {name: pin.version for name, pin in lock.items()} == {
+        "glibc-pkg": "2.0", "legacy-pkg": "1.0", "plain-linux-pkg": "1.0",
+        "glibc39-pkg": "1.0"}
+    # a wheel for a glibc newer than the image's 2.39 would not load there
+    make_wheel(index, "glibc40-pkg", "1.0", tag="py3-none-manylinux_2_40_x86_64")
+    (tmp_path / "newer").mkdir()
+    assert new(tmp_path / "newer", index, "glibc40-pkg\n") == 2
+    err = capsys.readouterr().err
+    assert "glibc40-pkg" in err and "glibc 2.39" in err, err
+
+
+def test_a_version_not_published_is_refused_with_every_version_there_is(
+        tmp_path: Path, index: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    versions = [f"0.{minor}.0" for minor in range(80)]
+    for version in versions:
+        make_wheel(index, "many-pkg", version)
+    assert new(tmp_path, index, "many-pkg==1.0.0\n") == 2
+    err = capsys.readouterr().err
+    assert "many-pkg==1.0.0" in err and ", ".join(versions) in err, err
+
+
+def test_new_names_the_extra_that_the_lint_it_suggests_needs(
+        tmp_path: Path, index: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "spython" else real(name, *a))
+    assert new(tmp_path, index, "helper-pkg\n") == 0
+    out, err = capsys.readouterr()
+    assert "next: train image lint" in out
+    assert "`train image lint` needs the image tools" in err
+    assert "pip install './[images]'" in err and "train-slurm-apptainer" in err, err

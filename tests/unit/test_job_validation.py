@@ -191,9 +191,12 @@ def test_runtime_follows_the_image_and_a_torch_job_needs_one_or_a_python() -> No
     env = _resolve(**{**GIL, "runtime": "auto"}, python="/depot/lab/env/bin/python")
     assert env.spec.runtime == "none"
     assert _resolve(**{**GIL, "runtime": "none"}).spec.runtime == "none"  # chosen: kept
-    # navsim needs torch; a program of one's own in one process is its own business
+    # navsim needs torch, and so does a program on GPUs (issue 39: one on one GPU died after
+    # the queue); a program of one's own on CPUs in one process is its own business
     _fails("runtime", "NAVSIM", **{**GIL, "runtime": "auto"}, entry="navsim")
-    own = _resolve(**{**GIL, "runtime": "auto"}, entry="command", workload=("./a.sh",))
+    _fails("runtime", "a program on GPUs (-g) needs torch", **{**GIL, "runtime": "auto"},
+           entry="command", workload=("python", "train.py"))
+    own = _resolve(cluster="local", runtime="auto", entry="command", workload=("./a.sh",))
     assert own.spec.runtime == "none"
     _fails("runtime", "torchrun", **{**GIL, "runtime": "auto", "gpus_per_node": 2},
            entry="command", workload=("python", "t.py"))

@@ -126,7 +126,7 @@ def test_literal_dollars_in_settings_pass_shellcheck(tmp_path: Path) -> None:
     from train.client.slurm.render import render
     from train.client.slurm.resolve import resolve
     spec = JobSpec(cluster="gilbreth", name="lit", account="lab", partition="a30", gpus_per_node=1,
-                   out=f"{RUN_ROOT}/r$x", entry="command", stop_signal="USR1",
+                   runtime="none", out=f"{RUN_ROOT}/r$x", entry="command", stop_signal="USR1",
                    env=("A=$(id)", "B=`id` $HOME"), resume_args="--a=$HOME",
                    save_path=("/s/$USER",), workload=("echo", "$HOME"))
     text = render(resolve(spec, Registry(environ={}).get("gilbreth")))

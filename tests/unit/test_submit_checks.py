@@ -200,10 +200,14 @@ def test_runtime_none_with_a_python_that_has_no_torch_is_refused_with_both_ways_
         tmp_path: Path) -> None:
     bare = str(_python_without(tmp_path, "bare", keep_torch=False))
     none = ["--runtime", "none"]
-    for job in (["--", "demo"],  # train run
-                ["-N", "2", "-e", "command", "--stop-signal", "USR1", "--", "/bin/true"]):
+    for job, needs in ((["--", "demo"], "`train run`"),
+                       (["-N", "2", "-e", "command", "--stop-signal", "USR1", "--",
+                         "/bin/true"], "torch's launcher"),
+                       # issue 39: a program on one GPU without an image
+                       (["-g", "1", "-e", "command", "--", "/bin/true"],
+                        "a program on GPUs (-g)")):
         err = _refused(tmp_path, "python", *none, "--python", bare, *job)
-        assert "cannot import torch" in err, err
+        assert "cannot import torch" in err and needs in err, err
         assert "--runtime apptainer --image" in err and "--python /path/to/env" in err, err
     # torch is there, this package is not: `python -m train` would fail on the node
     torch_only = str(_python_without(tmp_path, "torch-only", keep_torch=True))

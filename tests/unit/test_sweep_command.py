@@ -119,8 +119,10 @@ def test_summary_of_a_command_sweep_reads_each_tasks_final_metrics(
     lines, notes = summarize_metrics(root, {"1": "complete"})
     text = "\n".join(lines)
     assert "eval_loss" in lines[1] and "accuracy" in lines[1] and "train_loss" in lines[1]
-    assert [ln.split()[:3] for ln in lines[2:6]] == [
-        ["1", "0.5", "0.8"], ["2", "0.7", "0.9"], ["3", "0.9", "0.7"], ["4", "-", "-"]]
+    assert lines[1].split()[1:4] == ["eval_loss", "train_loss", "accuracy"], lines[1]
+    assert [ln.split()[:4] for ln in lines[2:6]] == [
+        ["1", "0.5", "-", "0.8"], ["2", "0.7", "-", "0.9"], ["3", "0.9", "0.8", "0.7"],
+        ["4", "-", "-", "-"]]
     assert lines[2].endswith("complete") and lines[5].endswith("incomplete")
     assert "eval_loss over 3 of 4 seed(s): 0.7 +- 0.2" in text, text
     assert "accuracy over 3 of 4 seed(s): 0.8 +- 0.1" in text, text
@@ -131,6 +133,54 @@ def test_summary_of_a_command_sweep_reads_each_tasks_final_metrics(
     assert main(["summary", "c"]) == 0
     out = capsys.readouterr().out
     assert "episodes" not in out and "eval_loss over 3 of 4 seed(s)" in out
+
+
+# Hugging Face's run_clm.py with --do_train --do_eval: its all_results.json, keys sorted
+RUN_CLM = {"epoch": 3.0, "eval_accuracy": 0.41, "eval_loss": 3.1, "eval_runtime": 12.5,
+           "eval_samples": 240, "eval_samples_per_second": 19.2,
+           "eval_steps_per_second": 2.4, "perplexity": 22.2, "total_flos": 1.2e15,
+           "train_loss": 3.4, "train_runtime": 900.1, "train_samples": 2318,
+           "train_samples_per_second": 7.7, "train_steps_per_second": 0.96}
+
+
+def test_a_sweeps_table_shows_the_losses_and_the_tasks_metric_first(
+        tmp_path: Path) -> None:
+    import json
+
+    from train.client.slurm.sweepmetrics import summarize_metrics
+
+    root = tmp_path / "c"
+    for i, task in enumerate(_command_sweep(root, "seeds", ["1", "2"])):
+        (task / "out").mkdir()
+        (task / "out" / "all_results.json").write_text(
+            json.dumps({**RUN_CLM, "train_loss": 3.4 + i}))
+    lines, notes = summarize_metrics(root)
+    header = lines[1].split()
+    assert header[1:5] == ["eval_loss", "train_loss", "eval_accuracy", "perplexity"], header
+    assert [ln.split()[2] for ln in lines[2:4]] == ["3.4", "4.4"]  # train_loss, per seed
+    assert "train_loss over 2 of 2 seed(s): 3.9 +- 0.7071" in "\n".join(lines)
+    (left,) = [n for n in notes if "left out of the table" in n]
+    assert "6 more metric(s)" in left and "eval_loss" not in left
+    assert all(m not in left for m in ("train_loss", "perplexity", "eval_accuracy")), left
+    # Lightning's names: its losses first, then its accuracy; what measures the run last
+    from train.client.slurm.sweepmetrics import metric_order
+
+    assert metric_order(["lr-Adam", "val_acc", "epoch", "train_loss", "val_loss",
+                         "it_per_second", "loss"]) == [
+        "train_loss", "loss", "val_loss", "val_acc", "lr-Adam", "epoch", "it_per_second"]
+
+
+def test_summary_help_describes_a_command_sweep_and_the_demos(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from train.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["summary", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for words in ("-e command with --sweep-seeds or --sweep NAME=V1,V2,...",
+                  "$TRAIN_METRICS_FILE", "all_results.json", "metrics.csv",
+                  "the losses and the task's own metric first", "A `train run` sweep"):
+        assert words in text, (words, text)
 
 
 def test_summary_of_a_value_sweep_without_metrics_says_where_to_write_them(

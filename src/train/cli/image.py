@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from train.common.errors import EXIT_OK, UsageError
+from train.common.errors import EXIT_OK, UsageError, install_hint
 
 if TYPE_CHECKING:
     from train.cli.common import Subparsers
@@ -215,6 +216,9 @@ def _image_new(args: argparse.Namespace, containers: Path) -> int:
     _report_new(made, args.from_image)
     print(f"next: train image lint {made.definition}; train image build {made.definition} "
           f"(Docker: --localimage {args.from_image}.sif=train/{args.from_image}:local)")
+    if importlib.util.find_spec("spython") is None:  # what `image lint` reads .def files with
+        print(f"note: `train image lint` needs the image tools, not installed here: "
+              f"{install_hint('images')}", file=sys.stderr)
     root = made.definition.parent.parent
     if not ((root / "pyproject.toml").is_file() or (root / ".git").exists()):
         print(f"note: `train image build` builds from a source tree, and {root} has no "
@@ -227,7 +231,7 @@ def _report_new(made: Derived, base: str) -> None:
     """What `image new` wrote, kept and left out."""
     for request in made.dropped:
         print(f"note: {request.where} {request.text!r} left out: its marker is false for "
-              f"the image ({made.target.describe()}, Linux)", file=sys.stderr)
+              f"the image ({made.target.describe()})", file=sys.stderr)
     if made.duplicates:
         print(f"note: {made.duplicates} requirement(s) repeated an earlier one; each "
               "counted once", file=sys.stderr)

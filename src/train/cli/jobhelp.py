@@ -21,7 +21,8 @@ ESSENTIALS: tuple[tuple[str, str], ...] = (
     ("time", "walltime of one chunk, SLURM format (default: the profile's)"),
     ("runtime", "apptainer, docker or none (default: apptainer where --image is given, "
                 "none where --python is)"),
-    ("image", "container image: a SIF path or a docker tag"),
+    ("image", "container image (a SIF path or a docker tag) holding torch: a job on "
+              "GPUs or of `train run` needs one, or --runtime none --python ENV/bin/python"),
     ("python", "the Python on the nodes (runtime none) or in the image"),
     ("entry", "train (`train run`, the default), command (your program) or navsim"),
     ("name", "job and run name: the run folder is runs/NAME (default: train)"),

@@ -20,19 +20,26 @@ log = logging.getLogger("train")
 
 
 def add_summary(sub: Subparsers) -> None:
-    """`train summary NAME`: a seed sweep's results."""
-    p = sub.add_parser("summary", help="a seed sweep's results: per seed and across seeds",
-                       description="Print a table of the sweep's seeds (episodes, final "
-                       "evaluation, state) with the mean +- std of their final evaluations, "
-                       "and write runs/NAME/summary.csv: the seeds' episode rewards (moving "
-                       "average), their mean and standard deviation per episode. Works on "
-                       "the login-node client; summary.png is drawn where matplotlib is "
-                       "installed.")
+    """`train summary NAME`: a sweep's results."""
+    p = sub.add_parser("summary", help="a sweep's results: per task and across seeds",
+                       description="A sweep of your command (-e command with --sweep-seeds "
+                       "or --sweep NAME=V1,V2,...): a table of each task's final metrics "
+                       "(the losses and the task's own metric first, e.g. eval_loss, "
+                       "train_loss, accuracy) and its state, and for seeds each metric's "
+                       "mean +- std. A task's metrics are read from $TRAIN_METRICS_FILE "
+                       "(metrics.json in its folder: a JSON object the program writes), "
+                       "else Hugging Face's all_results.json or Lightning's metrics.csv "
+                       "under its folder. A `train run` sweep (the demo): a table of the "
+                       "seeds (episodes, final evaluation, state) with the mean +- std of "
+                       "their final evaluations, and runs/NAME/summary.csv: the seeds' "
+                       "episode rewards (moving average), their mean and standard "
+                       "deviation per episode; summary.png is drawn where matplotlib is "
+                       "installed. Works on the login-node client.")
     p.add_argument("ref", metavar="NAME", help="the sweep's name (runs/NAME)")
     p.add_argument("--runs", type=Path, default=Path("runs"), metavar="DIR",
                    help="where runs live (default: runs)")
-    p.add_argument("--smooth", type=int, default=25, help="moving-average window "
-                   "(default 25)")
+    p.add_argument("--smooth", type=int, default=25, help="a `train run` sweep: the "
+                   "moving-average window of summary.csv (default 25)")
 
 
 def add_status(sub: Subparsers) -> None:
@@ -193,8 +200,8 @@ def _cmd_summary(args: argparse.Namespace) -> int:
 
     root = find_run(args.ref, args.runs)
     if not is_sweep(root):
-        raise UsageError(f"summary: {args.ref} is not a seed sweep (submit one with "
-                         "--sweep-seeds)")
+        raise UsageError(f"summary: {args.ref} is not a sweep (submit one with "
+                         "--sweep-seeds or --sweep NAME=V1,V2,...)")
     if args.smooth < 1:
         raise UsageError(f"summary: --smooth must be at least 1, got {args.smooth}")
     from train.client.slurm.sweepmetrics import is_command_sweep, summarize_metrics

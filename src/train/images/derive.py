@@ -2,9 +2,10 @@
 dependencies, with a hash-pinned lock of only what it adds.
 
 The requirements are resolved by pip (`pip install --dry-run --report`) for the images'
-CPython (3.12: Ubuntu 24.04's, from base.def's BASE_IMAGE) on manylinux x86_64, wheels
-only, with every pin of the base image's locks as a constraint: nothing of the base (torch,
-CUDA's wheels, NCCL, numpy) can change. What the resolution picks that the base already pins
+CPython (3.12: Ubuntu 24.04's, from base.def's BASE_IMAGE) on Linux x86_64, wheels only
+of every platform tag its glibc takes (derive_pip.Target.platforms), with every pin of the
+base image's locks as a constraint: nothing of the base (torch, CUDA's wheels, NCCL, numpy)
+can change. What the resolution picks that the base already pins
 is dropped; the rest, with the sha256 of the wheel pip chose, is the lock. Everything is
 checked before anything is written: a requirement that conflicts with a base pin, one that
 cannot be hash-pinned (a URL, a VCS or a local path), one with no wheel for the image's

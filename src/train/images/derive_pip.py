@@ -26,12 +26,14 @@ from train.common import _proc
 from train.common.errors import UsageError
 from train.common.filehash import file_sha256
 
-PLATFORM = "manylinux_2_28_x86_64"
+# the oldest manylinux a wheel is tagged for and pip still installs (manylinux2014's glibc)
+OLDEST_GLIBC_MINOR = 17
 MIN_PIP = (23, 0)
 PIP_TIMEOUT_S = 900.0  # a resolution against the index of many requirements
 MAX_REPORT_BYTES = 64 << 20
-# the Ubuntu release of base.def's BASE_IMAGE -> its python3 (major.minor, full)
-UBUNTU_PYTHON = {"22.04": ("3.10", "3.10.12"), "24.04": ("3.12", "3.12.3")}
+# the Ubuntu release of base.def's BASE_IMAGE -> its python3 (major.minor, full) and
+# glibc's minor version (2.X)
+UBUNTU_PYTHON = {"22.04": ("3.10", "3.10.12", 35), "24.04": ("3.12", "3.12.3", 39)}
 
 
 @dataclass(frozen=True)
@@ -40,13 +42,24 @@ class Target:
 
     python: str  # major.minor
     full: str  # python_full_version
+    glibc_minor: int  # the image's glibc is 2.glibc_minor
 
     @property
     def abi(self) -> str:
         return "cp" + self.python.replace(".", "")
 
+    def platforms(self) -> list[str]:
+        """Every platform tag pip in the image installs, in pip's order of preference: pip
+        given one --platform takes that tag alone, so a wheel tagged only for an older
+        glibc (manylinux_2_17/manylinux2014, most compiled packages) would be refused."""
+        return [*(f"manylinux_2_{minor}_x86_64"
+                  for minor in range(self.glibc_minor, OLDEST_GLIBC_MINOR - 1, -1)),
+                "manylinux2014_x86_64", "linux_x86_64"]
+
     def describe(self) -> str:
-        return f"CPython {self.python}, {PLATFORM}"
+        return (f"CPython {self.python} on Linux x86_64, glibc 2.{self.glibc_minor}: "
+                f"manylinux_2_{OLDEST_GLIBC_MINOR}..2_{self.glibc_minor}, manylinux2014 or "
+                "linux wheels")
 
     def marker_environment(self) -> dict[str, str]:
         """PEP 508 marker variables of the image (Linux x86_64, CPython)."""
@@ -63,7 +76,7 @@ def image_target(base_image: str) -> Target:
     match = re.search(r"ubuntu[-_]?(\d\d\.\d\d)", base_image)
     known = UBUNTU_PYTHON.get(match.group(1)) if match else None
     if known is None:
-        releases = ", ".join(f"ubuntu{u} ({p})" for u, (p, _) in UBUNTU_PYTHON.items())
+        releases = ", ".join(f"ubuntu{u} ({p})" for u, (p, *_) in UBUNTU_PYTHON.items())
         raise UsageError(f"image new: base.def's BASE_IMAGE {base_image[:120]!r}: the "
                          "Python it brings is not known, so requirements cannot be resolved "
                          f"for it (known: {releases})")
@@ -91,7 +104,8 @@ def _command(target: Target, tmp: Path, index_args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "pip", "install", "--dry-run",
             "--disable-pip-version-check", "--ignore-installed", "--no-input",
             "--only-binary=:all:", "--python-version", target.python,
-            "--implementation", "cp", "--abi", target.abi, "--platform", PLATFORM,
+            "--implementation", "cp", "--abi", target.abi,
+            *(arg for tag in target.platforms() for arg in ("--platform", tag)),
             "--target", str(tmp / "target"),  # never written: a dry run (pip < 23.3)
             "--report", str(tmp / "report.json"), "-c", str(tmp / "constraints.txt"),
             "-r", str(tmp / "requirements.txt"), *index_args]
@@ -143,10 +157,10 @@ def pip_refusal(text: str, target: Target) -> str:
     errors = "; ".join(ln for ln in lines if ln.startswith("ERROR"))
     missing = [m.group(1) for ln in lines
                if (m := re.search(r"No matching distribution found for (\S+)", ln))]
-    if missing:
+    if missing:  # pip's list of the versions there are, whole: the one to pick is in it
         return (f"--requirements: {', '.join(missing)}: no wheel for the image's Python "
                 f"({target.describe()}) that fits the base's pins; pick a version that "
-                f"publishes one (pip: {errors[:500]})")
+                f"publishes one (pip: {errors})")
     conflict = [ln for ln in lines if ln.startswith("The user requested")
                 or " depends on " in ln or "ResolutionImpossible" in ln
                 or "conflicting dependencies" in ln]

@@ -75,7 +75,8 @@ def check_inputs(d: DefFile, build_args: Mapping[str, str], root: Path) -> list[
     if not ((root / "pyproject.toml").is_file() or (root / ".git").exists()):
         raise UsageError(f"image build: {root} is not a source tree (no pyproject.toml or "
                          ".git there): %files sources resolve from the repository root, so "
-                         "build from a clone (or --defs the containers/ folder of one)")
+                         "build from inside a clone (or --defs the containers/ folder of "
+                         "one)")
     for key, value in build_args.items():
         check_text(f"build-arg {key}", value)
     from train.images.lint import lint_def

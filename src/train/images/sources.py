@@ -1,7 +1,9 @@
 """Where the image definitions and their locks come from.
 
 In order: `--defs DIR` (or TRAIN_DEFS), the `containers/` folder of a source tree this
-package runs from (a clone), and the copy installed with the package
+package runs from (an editable install), that of the clone the working directory is in
+(`pip install ./` runs the package from site-packages, and `train image build` needs the
+clone's %files sources), and the copy installed with the package
 (`<prefix>/share/train/containers`, from pyproject.toml's data-files). Finding none is a
 usage error (exit 2), never "0 definitions".
 """
@@ -9,11 +11,12 @@ usage error (exit 2), never "0 definitions".
 from __future__ import annotations
 
 import os
+import re
 import site
 import sys
 from pathlib import Path
 
-from train.common.errors import UsageError
+from train.common.errors import DISTRIBUTION, UsageError
 
 DEFS_VAR = "TRAIN_DEFS"
 
@@ -21,6 +24,22 @@ DEFS_VAR = "TRAIN_DEFS"
 def _installed_copies() -> list[Path]:
     prefixes = [Path(sys.prefix), Path(site.getuserbase())]
     return [p / "share" / "train" / "containers" for p in prefixes]
+
+
+def _working_clone() -> list[Path]:
+    """containers/ of the clone of this project that holds the working directory, if any."""
+    try:
+        here = Path.cwd()
+        for folder in (here, *here.parents):
+            project = folder / "pyproject.toml"
+            if (folder / "containers").is_dir() and project.is_file() \
+                    and project.stat().st_size < 1 << 20 \
+                    and re.search(rf'(?m)^name\s*=\s*"{DISTRIBUTION}"',
+                                  project.read_text(encoding="utf-8", errors="replace")):
+                return [folder / "containers"]
+    except OSError:  # a working directory removed or unreadable: no clone there
+        pass
+    return []
 
 
 def containers_dir(defs: str | Path | None = None) -> Path:
@@ -38,11 +57,12 @@ def containers_dir(defs: str | Path | None = None) -> Path:
             raise UsageError(f"{source}: {path} holds no .def files")
         return path
     tree = Path(__file__).resolve().parents[3] / "containers"
-    for candidate in [tree, *_installed_copies()]:
+    candidates = [tree, *_working_clone(), *_installed_copies()]
+    for candidate in candidates:
         if any(candidate.glob("*.def")):
             return candidate
     raise UsageError("image: no image definitions found (looked in "
-                     f"{', '.join(str(p) for p in [tree, *_installed_copies()])}); "
+                     f"{', '.join(str(p) for p in candidates)}); "
                      "name a folder of .def files with --defs DIR")
 
 

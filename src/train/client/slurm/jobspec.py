@@ -103,8 +103,10 @@ class JobSpec:
                        "own --python). auto: apptainer where an image is given, none where "
                        "--python is; a job that needs torch with neither is refused.",
                        kind=str, choices=("auto", *RUNTIMES))
-    image: str | None = opt(None, "Container image (SIF path or docker tag).", kind=str,
-                            optional=True)
+    image: str | None = opt(None, "Container image (SIF path or docker tag) with torch, CUDA "
+                            "and NCCL: a job on GPUs, of `train run` or under torch's launcher "
+                            "needs one, or --runtime none with a --python that imports torch.",
+                            kind=str, optional=True)
     requeue: bool = opt(False, "Requeue mode: after each checkpointed stop, requeue this "
                         "same job (from the host batch shell) instead of chaining new ones.",
                         kind=bool)

@@ -329,6 +329,16 @@ def _memory(spec: JobSpec, node: NodeType, launch: str, ntasks: int) -> tuple[in
     return mem_mb, whole_node
 
 
+def torch_need(spec: JobSpec, launch: str) -> str | None:
+    """What in the job needs torch, or None: `train run`, NAVSIM's training, torch's
+    launcher, and a program on GPUs (its CUDA, NCCL and torch come with the image: a GPU
+    job without one runs the nodes' bare python3)."""
+    what = {"train": "`train run`", "navsim": "NAVSIM's training"}
+    return what.get(spec.entry) or ("torch's launcher (torchrun)" if launch == "torchrun"
+                                    else "a program on GPUs (-g)" if spec.gpus_per_node
+                                    else None)
+
+
 def _runtime(spec: JobSpec, launch: str) -> str:
     """The runtime in force. auto: apptainer with an image (the three sites' runtime), the
     nodes' own Python where --python names one; a job that needs torch with neither is
@@ -338,12 +348,11 @@ def _runtime(spec: JobSpec, launch: str) -> str:
         return spec.runtime
     if spec.image:
         return "apptainer"
-    what = {"train": "`train run` needs torch", "navsim": "NAVSIM's training needs torch"}
-    needs = what.get(spec.entry) or ("torch's launcher (torchrun) needs torch"
-                                     if launch == "torchrun" else None)
+    needs = torch_need(spec, launch)
     if needs is None or spec.python != DEFAULT_PYTHON:
         return "none"
-    raise ConfigError("runtime", f"no --runtime and no --image: {needs}, and without them "
+    raise ConfigError("runtime", f"no --runtime and no --image: {needs} needs torch, and "
+                      "without them "
                       f"the job runs the nodes' own {DEFAULT_PYTHON}, which has none (it "
                       "would fail after the queue wait). Give a container: --runtime "
                       "apptainer --image X.sif (`train image build base` makes one), or a "

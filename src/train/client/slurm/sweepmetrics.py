@@ -19,6 +19,7 @@ import io
 import json
 import math
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,15 @@ from train.common.jsonio import read_bounded, read_json_object
 JSON_LIMIT = 1 << 20  # a metrics object is small
 CSV_LIMIT = 16 << 20  # Lightning's CSV of a long run: its end is what counts
 SHOWN = 8  # metrics in the table at most (the rest are left out, said in a note)
+# the table's order: the losses, then the task's own metric (accuracy, perplexity, ...),
+# the rest, and last what measures the run rather than the model (Hugging Face's Trainer
+# writes eval_runtime, *_samples_per_second and epoch beside its losses, names sorted)
+FIRST = ("eval_loss", "train_loss", "loss")
+_TASK_METRIC = re.compile(
+    r"(?:^|[_\-/. ])(?:accuracy|acc|perplexity|ppl|f1|bleu|rouge\w*|exact_match|em|auc|"
+    r"auroc|precision|recall|wer|cer|mse|mae|rmse|iou|miou|map|top\d+|reward|return|score)"
+    r"(?:$|[_\-/. ])", re.IGNORECASE)
+_RUN_MEASURE = re.compile(r"(?:runtime|per_second|^epoch)$", re.IGNORECASE)
 _DEPTH = 3  # folders below the task's that are searched
 _FOLDERS = 200  # folders looked into at most, per task
 
@@ -164,11 +174,29 @@ def task_metrics(run_dir: Path, label: str, state: str) -> TaskMetrics:
     return out
 
 
+def _rank(name: str) -> int:
+    lower = name.lower()
+    if lower in FIRST:
+        return FIRST.index(lower)
+    if _RUN_MEASURE.search(lower):
+        return len(FIRST) + 3
+    if "loss" in lower:
+        return len(FIRST)
+    return len(FIRST) + (1 if _TASK_METRIC.search(lower) else 2)
+
+
+def metric_order(names: list[str]) -> list[str]:
+    """The metrics as the table shows them (FIRST, other losses, the task's own metric, the
+    rest, the run's measures: runtime, samples/steps per second, epoch); found order
+    within each."""
+    return sorted(names, key=_rank)
+
+
 def format_metrics(name: str, flag: str, tasks: list[TaskMetrics]) -> tuple[list[str],
                                                                               list[str]]:
     """The table (a line per task: its value or seed, each metric, its state; for a seed
     sweep, mean +- std across the seeds) and notes."""
-    names = list(dict.fromkeys(k for t in tasks for k in t.values))
+    names = metric_order(list(dict.fromkeys(k for t in tasks for k in t.values)))
     notes = [p for t in tasks for p in t.problems]
     if len(names) > SHOWN:
         notes.append(f"{len(names) - SHOWN} more metric(s) left out of the table: "

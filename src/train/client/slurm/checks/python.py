@@ -8,7 +8,7 @@ import shutil
 from collections.abc import Mapping
 
 from train.client.slurm.checks.problem import Problem
-from train.client.slurm.resolve import ResolvedJob
+from train.client.slurm.resolve import ResolvedJob, torch_need
 from train.common import _proc
 
 PYTHON_TIMEOUT = 60.0  # a Python on a slow shared file system starting cold
@@ -28,8 +28,7 @@ def python_problems(job: ResolvedJob, environ: Mapping[str, str]
     spec = job.spec
     if spec.runtime != "none":
         return [], []
-    needs = {"train": "`train run`", "navsim": "NAVSIM's training"}.get(spec.entry) or (
-        "torch's launcher (--launch torchrun)" if job.launch == "torchrun" else None)
+    needs = torch_need(spec, job.launch)
     # every step runs this package with --python: `train run`, or `train launch` before
     # the program (render.step_argv)
     modules = [*(["torch"] if needs else []), "train"]
