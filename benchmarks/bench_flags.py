@@ -84,9 +84,10 @@ def main() -> None:
         for job, defaults, flags, workload, rv in JOBS:
             script = _render(defaults, flags, workload, work)
             sbatch = sum(1 for line in script.splitlines() if line.startswith("#SBATCH"))
-            step = script.split("STEP=(", 1)[1].split(")", 1)[0].split()
-            srun_opts = sum(1 for a in step[:step.index("srun") + 8]
-                            if a.startswith("--"))
+            # the srun options: from srun to the engine's task wrapper
+            command = script[script.rindex("\nexec "):].replace("\\\n", " ").split()
+            srun = command[command.index("srun"):command.index("task")]
+            srun_opts = sum(1 for a in srun if a.startswith("--"))
             shown = " ".join(flags).replace("DATA", "DIR")
             rows.append(f"| {job} | {_flags(flags)}: `{shown}` | {sbatch} + {srun_opts} "
                         f"(and the container, rendezvous and signal code) | "
