@@ -359,13 +359,53 @@ def test_write_into_a_read_only_folder_is_a_named_error(
 
     prof = Registry([path], environ={}).get("local")
     site = probe_site.Site(nodes=probe_site.parse_sinfo(SINFO_LOCAL))
-    monkeypatch.setattr(Path, "write_text", refuse)
+    real_open = os.open
+
+    def no_new_file(name: str, flags: int, *args: int) -> int:
+        if flags & os.O_CREAT:
+            raise OSError(errno.EROFS, "Read-only file system", name)
+        return real_open(name, flags, *args)
+
+    monkeypatch.setattr(os, "open", no_new_file)
     monkeypatch.setattr(Path, "unlink", refuse)
     with pytest.raises(ConfigError, match=r"cannot write .*Read-only file system; nothing was"):
         write.write_profile(prof, site, path)
     monkeypatch.undo()
     assert path.read_text() == MINE and sorted(p.name for p in tmp_path.iterdir()) == [
         "local.yaml"]
+
+
+def test_a_profile_that_cannot_be_replaced_leaves_no_copy_and_the_same_one_no_copy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rename over the profile fails (EBUSY: a file bound over, say) after its copy
+    was kept: "nothing was changed" holds for the folder too. Written again with the same
+    values, the file is left as it is and no copy of an identical file is made."""
+    import errno
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    path = tmp_path / "local.yaml"
+    path.write_text(MINE)
+    prof = Registry([path], environ={}).get("local")
+    site = probe_site.Site(nodes=probe_site.parse_sinfo(SINFO_LOCAL))
+
+    def busy(src: object, dst: object) -> None:
+        raise OSError(errno.EBUSY, "Device or resource busy", str(dst))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "replace", busy)
+        with pytest.raises(ConfigError, match=r"cannot write .*busy; nothing was changed"):
+            write.write_profile(prof, site, path, when="2026-01-02")
+    assert path.read_text() == MINE and sorted(p.name for p in tmp_path.iterdir()) == [
+        "local.yaml"]
+    assert write.write_profile(prof, site, path, when="2026-01-02") == tmp_path / "local.yaml.1"
+    for _ in range(2):  # (the second write may order the keys of the first anew)
+        prof = Registry([path], environ={}).get("local")
+        write.write_profile(prof, site, path, when="2026-01-02")
+    copies = sorted(tmp_path.iterdir())
+    written = path.read_text()
+    prof = Registry([path], environ={}).get("local")
+    assert write.write_profile(prof, site, path, when="2026-01-02") == path  # unchanged
+    assert path.read_text() == written and sorted(tmp_path.iterdir()) == copies
 
 
 def test_a_gpu_count_no_node_holds_is_refused_naming_sinfos_line() -> None:
