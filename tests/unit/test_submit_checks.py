@@ -262,6 +262,38 @@ def test_a_run_folder_of_the_same_name_with_other_settings_is_refused_at_submit(
     assert code == 2 and "train: error: out: --out runs/e1: " in err, err
 
 
+@pytest.mark.parametrize("entry", [["--", "demo"], ["-e", "command", "--", "true"]])
+def test_an_out_that_holds_the_users_files_and_no_run_is_refused(
+        tmp_path: Path, entry: list[str]) -> None:
+    """`--out .` in a project folder (here --out project): its jobs/chain.sbatch was
+    replaced and its COMPLETE deleted ("left by an earlier run": it was not). Nothing
+    there is touched; a new or empty folder, and a folder of an earlier chain, go on as
+    before."""
+    mine = tmp_path / "project"  # (the test's cwd holds the sbatch stand-in)
+    (mine / "jobs").mkdir(parents=True)
+    (mine / "jobs" / "chain.sbatch").write_text("#!/bin/bash\n# my own\n")
+    (mine / "COMPLETE").write_text("my marker\n")
+    code, err = _submit(tmp_path, "--out", "project", *entry)
+    assert code == 2, err
+    assert "train: error: out: --out project: " in err and "COMPLETE, jobs" in err, err
+    assert "give a new or empty folder (e.g. --out project/" in err, err
+    assert "left by" not in err and "--no-check" not in err, err
+    _code, warned = _render(tmp_path, "--out", "project", *entry)
+    assert "would refuse this: out: --out project" in warned, warned
+    assert "left by" not in warned, warned
+    assert (mine / "jobs" / "chain.sbatch").read_text() == "#!/bin/bash\n# my own\n"
+    assert (mine / "COMPLETE").read_text() == "my marker\n"
+    assert sorted(p.relative_to(mine).as_posix() for p in mine.rglob("*")) == [
+        "COMPLETE", "jobs", "jobs/chain.sbatch"]
+    (tmp_path / "empty").mkdir()
+    _passes(tmp_path, "--out", "empty", *entry)
+    (tmp_path / "earlier").mkdir()
+    (tmp_path / "earlier" / "chain.json").write_text(json.dumps(
+        {"name": "x", "entry": "train" if entry[0] == "--" else "command"}))
+    (tmp_path / "earlier" / "COMPLETE").touch()
+    _passes(tmp_path, "--out", "earlier", *entry)
+
+
 def test_a_folder_of_another_entry_is_refused_naming_both(tmp_path: Path) -> None:
     run_dir = tmp_path / "runs" / "train"
     run_dir.mkdir(parents=True)
