@@ -286,7 +286,7 @@ def test_an_out_that_is_a_file_exits_2_and_leaves_it_as_it_was(
 def test_links_planted_at_temp_and_target_names_are_never_written_through(
         tmp_path: Path, index: Path) -> None:
     # another user's links in a shared --out: at the names the old temp files had, at the
-    # lock (to a file of theirs) and a dangling one at wheels/README
+    # lock (to a file of theirs), dangling ones at wheels/README and the definition
     folder = tmp_path / "containers-myproj"
     (folder / "requirements").mkdir(parents=True)
     (folder / "wheels").mkdir()
@@ -299,9 +299,10 @@ def test_links_planted_at_temp_and_target_names_are_never_written_through(
     (folder / "requirements" / ".myproj.txt.tmp").symlink_to(victims["txt"])
     (folder / "requirements" / "myproj.txt").symlink_to(victims["lock"])
     (folder / "wheels" / "README").symlink_to(outside / "created")
+    (folder / "myproj.def").symlink_to(outside / "made-too")
     assert new(tmp_path, index, "helper-pkg==0.3\n") == 0
     assert all(v.read_text(encoding="utf-8") == "theirs\n" for v in victims.values())
-    assert not (outside / "created").exists()
+    assert not (outside / "created").exists() and not (outside / "made-too").exists()
     assert sorted(p.name for p in outside.iterdir()) == ["def", "lock", "txt"]
     lock = folder / "requirements" / "myproj.txt"
     assert not lock.is_symlink() and read_lock(lock)["helper-pkg"].version == "0.3"
