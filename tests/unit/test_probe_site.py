@@ -79,13 +79,21 @@ def test_a_second_write_keeps_the_users_own_file_and_names_each_copy(tmp_path: P
     assert first.returncode == 0, first.stderr
     assert f"wrote {mine} (the earlier file is kept as {mine}.1)" in first.stdout, first.stdout
     written = mine.read_text()
+    # the same site again: the file holds these values already, and no copy of an
+    # identical profile is made (one was, at every --write)
     second = run_cli(["clusters", "probe", "local", "--write"], env=env, cwd=tmp_path)
     assert second.returncode == 0, second.stderr
-    assert f"(the earlier file is kept as {mine}.2)" in second.stdout, second.stdout
+    assert f"{mine} holds these values already: left as it was" in second.stdout, \
+        second.stdout
+    assert mine.read_text() == written and not Path(f"{mine}.2").exists()
     # the hand-written file, its comment and its partition, is still there, as it was
     assert Path(f"{mine}.1").read_text() == MINE
-    assert Path(f"{mine}.2").read_text() == written
     assert "old" not in yaml.safe_load(mine.read_text())["partitions"]
+    # another value: written, and the earlier file kept as the next copy
+    assert "gpus_per_node: 2  #" in written
+    mine.write_text(written.replace("gpus_per_node: 2  #", "gpus_per_node: 8  #", 1))
+    third = run_cli(["clusters", "probe", "local", "--write"], env=env, cwd=tmp_path)
+    assert f"(the earlier file is kept as {mine}.2)" in third.stdout, third.stdout
 
 
 def test_a_kept_copy_already_there_is_never_replaced(tmp_path: Path,
@@ -398,14 +406,12 @@ def test_a_profile_that_cannot_be_replaced_leaves_no_copy_and_the_same_one_no_co
     assert path.read_text() == MINE and sorted(p.name for p in tmp_path.iterdir()) == [
         "local.yaml"]
     assert write.write_profile(prof, site, path, when="2026-01-02") == tmp_path / "local.yaml.1"
-    for _ in range(2):  # (the second write may order the keys of the first anew)
-        prof = Registry([path], environ={}).get("local")
-        write.write_profile(prof, site, path, when="2026-01-02")
-    copies = sorted(tmp_path.iterdir())
     written = path.read_text()
     prof = Registry([path], environ={}).get("local")
     assert write.write_profile(prof, site, path, when="2026-01-02") == path  # unchanged
-    assert path.read_text() == written and sorted(tmp_path.iterdir()) == copies
+    assert write.write_profile(prof, site, path, when="2026-02-03") == path  # a day later
+    assert path.read_text() == written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["local.yaml", "local.yaml.1"]
 
 
 def test_a_gpu_count_no_node_holds_is_refused_naming_sinfos_line() -> None:

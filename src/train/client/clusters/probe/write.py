@@ -197,7 +197,8 @@ def write_profile(profile: Profile, site: Site, path: Path, when: str | None = N
                   environ: Mapping[str, str] | None = None) -> Path | None:
     """Write the probed profile to `path` (an earlier file there: its other keys kept, the
     file itself kept first as a numbered copy). Returns the kept copy's path, if any;
-    `path` itself where the file says this already (left as it is, no copy).
+    `path` itself where the file holds these values already (left as it is, its dates
+    too: no copy of an identical profile).
     Checked as a profile (among those of `extra_files` and `environ`'s search path) before
     it replaces anything; a file that does not load leaves the earlier one in place."""
     stamp = when or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
@@ -212,8 +213,8 @@ def write_profile(profile: Profile, site: Site, path: Path, when: str | None = N
     text = "\n".join([f"# written by `train clusters probe {profile.name} --write` on "
                       f"{stamp}: each value's comment names the command that gave it",
                       *emit(tree)]) + "\n"
-    if earlier and path.read_bytes() == text.encode("utf-8"):
-        return path  # (the same day's probe of the same site: no copy of an identical file)
+    if earlier and yamlio.load_text(text, str(path), "--write") == earlier:
+        return path  # the same values (the dates in its comments aside): no copy, no write
     kept: list[Path] = []
 
     def loads_then_keep(pending: Path) -> None:
