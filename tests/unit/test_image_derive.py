@@ -283,6 +283,35 @@ def test_an_out_that_is_a_file_exits_2_and_leaves_it_as_it_was(
     assert afile.read_text(encoding="utf-8") == "mine\n"
 
 
+def test_links_planted_at_temp_and_target_names_are_never_written_through(
+        tmp_path: Path, index: Path) -> None:
+    # another user's links in a shared --out: at the names the old temp files had, at the
+    # lock (to a file of theirs), dangling ones at wheels/README and the definition
+    folder = tmp_path / "containers-myproj"
+    (folder / "requirements").mkdir(parents=True)
+    (folder / "wheels").mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victims = {n: outside / n for n in ("def", "txt", "lock")}
+    for victim in victims.values():
+        victim.write_text("theirs\n", encoding="utf-8")
+    (folder / ".myproj.def.tmp").symlink_to(victims["def"])
+    (folder / "requirements" / ".myproj.txt.tmp").symlink_to(victims["txt"])
+    (folder / "requirements" / "myproj.txt").symlink_to(victims["lock"])
+    (folder / "wheels" / "README").symlink_to(outside / "created")
+    (folder / "myproj.def").symlink_to(outside / "made-too")
+    assert new(tmp_path, index, "helper-pkg==0.3\n") == 0
+    assert all(v.read_text(encoding="utf-8") == "theirs\n" for v in victims.values())
+    assert not (outside / "created").exists() and not (outside / "made-too").exists()
+    assert sorted(p.name for p in outside.iterdir()) == ["def", "lock", "txt"]
+    lock = folder / "requirements" / "myproj.txt"
+    assert not lock.is_symlink() and read_lock(lock)["helper-pkg"].version == "0.3"
+    assert (folder / "requirements" / "myproj.txt.1").read_text(encoding="utf-8") == \
+        "theirs\n"  # what the link showed, kept
+    assert not (folder / "myproj.def").is_symlink()
+    assert list(folder.glob(".myproj.def.*.tmp")) == []
+
+
 def test_a_hashed_pip_compile_file_is_read_with_each_requirements_hashes(
         tmp_path: Path, index: Path, capsys: pytest.CaptureFixture[str]) -> None:
     extra = sha256(index / "extra_pkg-1.2.0-py3-none-any.whl")

@@ -338,6 +338,42 @@ def test_init_asks_on_a_terminal(tmp_path: Path, _own_defaults: Path) -> None:
         "bind": ["/tmp", "/var"], "env": ["HF_HOME"]}
 
 
+def test_init_changes_only_its_lines_keeps_a_copy_and_writes_through_a_link(
+        tmp_path: Path, _own_defaults: Path) -> None:
+    # a dotfiles user: the defaults file is a link into their dotfiles, commented
+    dotfiles = tmp_path / "dotfiles"
+    dotfiles.mkdir()
+    mine = dotfiles / "train-defaults.yaml"
+    text = ("# my lab's settings\ncluster: local   # the test cluster\n"
+            "#partition: gpu  (for the big runs)\npartition: debug\n\n"
+            "env:\n- WANDB_API_KEY  # never in a job file\n# image: /old.sif\n")
+    mine.write_text(text)
+    _own_defaults.symlink_to(mine)
+    proc = run_cli(["init", "--partition", "debug", "--account", "lab"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert _own_defaults.is_symlink() and _own_defaults.resolve() == mine
+    assert mine.read_text() == text + "account: lab\n"  # only the new line
+    assert f"the earlier file is kept as {mine}.1" in proc.stdout, proc.stdout
+    assert Path(f"{mine}.1").read_text() == text
+    proc = run_cli(["init", "--cluster", "gilbreth", "--partition", "a30", "--account",
+                    "lab"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert mine.read_text() == text.replace("cluster: local   # the test cluster",
+                                            "cluster: gilbreth").replace(
+        "partition: debug", "partition: a30") + "account: lab\n"
+    assert Path(f"{mine}.2").read_text() == text + "account: lab\n"
+    assert yaml.safe_load(mine.read_text()) == {"cluster": "gilbreth", "partition": "a30",
+                                                "env": ["WANDB_API_KEY"], "account": "lab"}
+
+
+def test_init_through_a_dangling_link_creates_nothing(tmp_path: Path,
+                                                      _own_defaults: Path) -> None:
+    _own_defaults.symlink_to(tmp_path / "gone" / "defaults.yaml")
+    proc = run_cli(["init", "--cluster", "local"], cwd=tmp_path)
+    assert proc.returncode == 2 and "is a link to" in proc.stderr, proc.stderr
+    assert not (tmp_path / "gone").exists() and _own_defaults.is_symlink()
+
+
 # -- what a hostile user tried ------------------------------------------------------------
 
 def test_list_flags_repeat_on_the_command_line(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """The shared file helpers of common/: "a JSON object or {}" (read_json_object and its
-parser), the atomic JSON write's options, and a file's sha256."""
+parser), the atomic writes (JSON's options, links, a failure), and a file's sha256."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 from train.common.filehash import file_sha256
 from train.common.jsonio import parse_json_object, read_json_object, write_json_atomic
+from train.common.safewrite import write_atomic
 
 
 @pytest.mark.parametrize("text", ["[1, 2]", "3", "null", "{", "\"x\"", "[" * 100000,
@@ -63,3 +64,23 @@ def test_file_sha256_is_the_digest_of_the_bytes(tmp_path: Path) -> None:
     assert file_sha256(str(path)) == file_sha256(path)
     with pytest.raises(OSError):
         file_sha256(tmp_path / "none")
+
+
+def test_an_atomic_write_replaces_a_link_and_a_failed_one_leaves_all_as_it_was(
+        tmp_path: Path) -> None:
+    outside = tmp_path / "theirs.json"
+    outside.write_text("{}\n")
+    target = tmp_path / "run" / "status.json"
+    target.parent.mkdir()
+    target.symlink_to(outside)
+    write_json_atomic(target, {"a": 1})
+    assert outside.read_text() == "{}\n" and not target.is_symlink()
+    assert json.loads(target.read_text()) == {"a": 1}
+
+    def refuse(tmp: Path) -> None:
+        raise OSError("no")
+
+    with pytest.raises(OSError):
+        write_atomic(target, "other", before=refuse)
+    assert json.loads(target.read_text()) == {"a": 1}
+    assert sorted(p.name for p in target.parent.iterdir()) == ["status.json"]

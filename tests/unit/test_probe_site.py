@@ -79,13 +79,21 @@ def test_a_second_write_keeps_the_users_own_file_and_names_each_copy(tmp_path: P
     assert first.returncode == 0, first.stderr
     assert f"wrote {mine} (the earlier file is kept as {mine}.1)" in first.stdout, first.stdout
     written = mine.read_text()
+    # the same site again: the file holds these values already, and no copy of an
+    # identical profile is made (one was, at every --write)
     second = run_cli(["clusters", "probe", "local", "--write"], env=env, cwd=tmp_path)
     assert second.returncode == 0, second.stderr
-    assert f"(the earlier file is kept as {mine}.2)" in second.stdout, second.stdout
+    assert f"{mine} holds these values already: left as it was" in second.stdout, \
+        second.stdout
+    assert mine.read_text() == written and not Path(f"{mine}.2").exists()
     # the hand-written file, its comment and its partition, is still there, as it was
     assert Path(f"{mine}.1").read_text() == MINE
-    assert Path(f"{mine}.2").read_text() == written
     assert "old" not in yaml.safe_load(mine.read_text())["partitions"]
+    # another value: written, and the earlier file kept as the next copy
+    assert "gpus_per_node: 2  #" in written
+    mine.write_text(written.replace("gpus_per_node: 2  #", "gpus_per_node: 8  #", 1))
+    third = run_cli(["clusters", "probe", "local", "--write"], env=env, cwd=tmp_path)
+    assert f"(the earlier file is kept as {mine}.2)" in third.stdout, third.stdout
 
 
 def test_a_kept_copy_already_there_is_never_replaced(tmp_path: Path,
@@ -359,13 +367,51 @@ def test_write_into_a_read_only_folder_is_a_named_error(
 
     prof = Registry([path], environ={}).get("local")
     site = probe_site.Site(nodes=probe_site.parse_sinfo(SINFO_LOCAL))
-    monkeypatch.setattr(Path, "write_text", refuse)
+    real_open = os.open
+
+    def no_new_file(name: str, flags: int, *args: int) -> int:
+        if flags & os.O_CREAT:
+            raise OSError(errno.EROFS, "Read-only file system", name)
+        return real_open(name, flags, *args)
+
+    monkeypatch.setattr(os, "open", no_new_file)
     monkeypatch.setattr(Path, "unlink", refuse)
     with pytest.raises(ConfigError, match=r"cannot write .*Read-only file system; nothing was"):
         write.write_profile(prof, site, path)
     monkeypatch.undo()
     assert path.read_text() == MINE and sorted(p.name for p in tmp_path.iterdir()) == [
         "local.yaml"]
+
+
+def test_a_profile_that_cannot_be_replaced_leaves_no_copy_and_the_same_one_no_copy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rename over the profile fails (EBUSY: a file bound over, say) after its copy
+    was kept: "nothing was changed" holds for the folder too. Written again with the same
+    values, the file is left as it is and no copy of an identical file is made."""
+    import errno
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    path = tmp_path / "local.yaml"
+    path.write_text(MINE)
+    prof = Registry([path], environ={}).get("local")
+    site = probe_site.Site(nodes=probe_site.parse_sinfo(SINFO_LOCAL))
+
+    def busy(src: object, dst: object) -> None:
+        raise OSError(errno.EBUSY, "Device or resource busy", str(dst))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "replace", busy)
+        with pytest.raises(ConfigError, match=r"cannot write .*busy; nothing was changed"):
+            write.write_profile(prof, site, path, when="2026-01-02")
+    assert path.read_text() == MINE and sorted(p.name for p in tmp_path.iterdir()) == [
+        "local.yaml"]
+    assert write.write_profile(prof, site, path, when="2026-01-02") == tmp_path / "local.yaml.1"
+    written = path.read_text()
+    prof = Registry([path], environ={}).get("local")
+    assert write.write_profile(prof, site, path, when="2026-01-02") == path  # unchanged
+    assert write.write_profile(prof, site, path, when="2026-02-03") == path  # a day later
+    assert path.read_text() == written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["local.yaml", "local.yaml.1"]
 
 
 def test_a_gpu_count_no_node_holds_is_refused_naming_sinfos_line() -> None:

@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
@@ -266,6 +267,38 @@ def test_a_run_folder_of_the_same_name_with_other_settings_is_refused_at_submit(
     assert code == 2 and "train: error: out: --out runs/e1: " in err, err
 
 
+@pytest.mark.parametrize("entry", [["--", "demo"], ["-e", "command", "--", "true"]])
+def test_an_out_that_holds_the_users_files_and_no_run_is_refused(
+        tmp_path: Path, entry: list[str]) -> None:
+    """`--out .` in a project folder (here --out project): its jobs/chain.sbatch was
+    replaced and its COMPLETE deleted ("left by an earlier run": it was not). Nothing
+    there is touched; a new or empty folder, and a folder of an earlier chain, go on as
+    before."""
+    mine = tmp_path / "project"  # (the test's cwd holds the sbatch stand-in)
+    (mine / "jobs").mkdir(parents=True)
+    (mine / "jobs" / "chain.sbatch").write_text("#!/bin/bash\n# my own\n")
+    (mine / "COMPLETE").write_text("my marker\n")
+    code, err = _submit(tmp_path, "--out", "project", *entry)
+    assert code == 2, err
+    assert "train: error: out: --out project: " in err and "COMPLETE, jobs" in err, err
+    assert "give a new or empty folder (e.g. --out project/" in err, err
+    assert "left by" not in err and "--no-check" not in err, err
+    _code, warned = _render(tmp_path, "--out", "project", *entry)
+    assert "would refuse this: out: --out project" in warned, warned
+    assert "left by" not in warned, warned
+    assert (mine / "jobs" / "chain.sbatch").read_text() == "#!/bin/bash\n# my own\n"
+    assert (mine / "COMPLETE").read_text() == "my marker\n"
+    assert sorted(p.relative_to(mine).as_posix() for p in mine.rglob("*")) == [
+        "COMPLETE", "jobs", "jobs/chain.sbatch"]
+    (tmp_path / "empty").mkdir()
+    _passes(tmp_path, "--out", "empty", *entry)
+    (tmp_path / "earlier").mkdir()
+    (tmp_path / "earlier" / "chain.json").write_text(json.dumps(
+        {"name": "x", "entry": "train" if entry[0] == "--" else "command"}))
+    (tmp_path / "earlier" / "COMPLETE").touch()
+    _passes(tmp_path, "--out", "earlier", *entry)
+
+
 def test_a_folder_of_another_entry_is_refused_naming_both(tmp_path: Path) -> None:
     run_dir = tmp_path / "runs" / "train"
     run_dir.mkdir(parents=True)
@@ -355,6 +388,58 @@ def test_a_lost_sbatch_reply_of_chunk_1_leaves_no_held_job(tmp_path: Path) -> No
     assert proc.returncode != 0 and "Socket timed out" in proc.stderr, proc.stderr
     assert cancelled.exists() and cancelled.read_text().split() == ["4242"], proc.stderr
     assert not (tmp_path / "runs" / "lost" / "chain.json").exists()
+
+
+# chunk 1's sbatch interrupted (TERM, a dropped ssh's HUP, Ctrl-C) while a busy controller
+# had queued the job and not yet answered: this sbatch queues the job, then waits on an
+# answer that does not come.
+SLOW_REPLY_SBATCH = """#!/bin/sh
+case " $* " in *" --test-only "*) echo "sbatch: Job 1 to start at now" >&2; exit 0 ;; esac
+while [ "${1#-}" != "$1" ]; do shift; done
+echo "4242 $*" >> "$QUEUE"
+exec sleep 600
+"""
+
+
+@pytest.mark.parametrize(("sig", "squeue"), [
+    pytest.param("SIGTERM", QUEUE_SQUEUE, id="term"),
+    pytest.param("SIGHUP", QUEUE_SQUEUE, id="hup"),
+    pytest.param("SIGINT", "#!/bin/sh\nexit 1\n", id="ctrl-c-and-no-squeue")])
+def test_an_interrupted_submit_leaves_no_held_job_or_names_it(
+        tmp_path: Path, sig: str, squeue: str) -> None:
+    import signal
+    import subprocess
+
+    stand_ins = tmp_path / "sbin"
+    _exe(stand_ins / "sbatch", SLOW_REPLY_SBATCH)
+    _exe(stand_ins / "squeue", squeue)
+    _exe(stand_ins / "scancel", RECORD_SCANCEL)
+    queue, cancelled = tmp_path / "queue", tmp_path / "cancelled"
+    env = {**os.environ, "PATH": f"{stand_ins}:{os.environ['PATH']}", "QUEUE": str(queue),
+           "CANCELLED": str(cancelled)}
+    proc = subprocess.Popen([sys.executable, "-m", "train", "submit", *LOCAL, "--name", "cut",
+                             "--no-check", "--", "demo"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1200):  # until the controller holds the job
+            if queue.exists() or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert queue.exists(), proc.communicate()
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    script = queue.read_text().split()[1]
+    if squeue is QUEUE_SQUEUE:  # Slurm answers: the job is found by its script, cancelled
+        assert cancelled.read_text().split() == ["4242"], err
+        assert "Slurm had queued the job (4242): cancelling it" in err, err
+    else:  # Slurm cannot be asked: the user is told exactly what to find and cancel
+        assert not cancelled.exists()
+        assert f"held in the queue (it never starts) running {script} 1" in err, err
+        assert "scancel ID" in err, err
+    assert not (tmp_path / "runs" / "cut" / "chain.json").exists()
 
 
 def test_a_partitions_gpus_the_image_has_no_code_for_are_refused_at_submit(

@@ -121,6 +121,20 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+def test_the_summary_never_writes_through_a_link_at_its_temp_name(tmp_path: Path) -> None:
+    """A sweep folder others can write into: a link planted at the name the summary's temp
+    file had (.summary.csv.tmp) overwrote the file it named."""
+    root = tmp_path / "runs" / "e1"
+    _sweep_on_disk(root, {4: [0.0, 1.0], 6: [2.0, 3.0]}, {})
+    theirs = tmp_path / "theirs.txt"
+    theirs.write_text("theirs\n")
+    (root / ".summary.csv.tmp").symlink_to(theirs)
+    proc = run_cli(["summary", "e1", "--smooth", "1"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert theirs.read_text() == "theirs\n"
+    assert (root / "summary.csv").read_text().startswith("episode,mean_reward")
+
+
 def test_the_summary_runs_on_the_client_without_matplotlib(tmp_path: Path) -> None:
     import subprocess
     import sys

@@ -63,7 +63,8 @@ def _cmd_init(args: argparse.Namespace) -> int:
     profiles = Registry(args.profile).names()
     asking = not given and interactive()
     values = ask(profiles, current) if asking else merged(current, given)
-    written = write_defaults(values, profiles, path)
-    print(f"defaults written to {written}")
+    written, kept = write_defaults(values, profiles, path)
+    print(f"defaults written to {written}"
+          + (f" (the earlier file is kept as {kept})" if kept else ""))
     print(yaml.safe_dump(load_defaults(written), sort_keys=False), end="")
     return EXIT_OK

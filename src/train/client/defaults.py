@@ -8,6 +8,7 @@ the field defaults < this file < the job file < the flags. `train init` writes i
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -17,6 +18,7 @@ import yaml
 
 from train.common.errors import ConfigError, UsageError
 from train.common.fields import load_yaml
+from train.common.safewrite import keep_copy, write_atomic
 
 PATH_VAR = "TRAIN_DEFAULTS"
 # The keys `train init` asks about, in order; any job key may be set in the file by hand.
@@ -119,8 +121,10 @@ def ask(profiles: list[str], current: Mapping[str, Any],
 
 
 def write_defaults(values: Mapping[str, Any], profiles: list[str],
-                   path: Path | None = None) -> Path:
-    """Validate, then write atomically (nothing is written when a value is bad)."""
+                   path: Path | None = None) -> tuple[Path, Path | None]:
+    """Validate, then write atomically (nothing is written when a value is bad), changing
+    only the lines of the keys it sets (`edited`); the earlier file is kept first as a
+    numbered copy. Returns the file written (a link's target) and the copy, if any."""
     path = path or defaults_path()
     clean = {k: v for k, v in normalise(values).items() if v is not None and v != []}
     if not clean:
@@ -138,15 +142,77 @@ def write_defaults(values: Mapping[str, Any], profiles: list[str],
                 raise ConfigError("bind", f"{bind.src} does not exist")
         clean["bind"] = [b.spec for b in binds]
     _check(clean, profiles)
+    # a dotfiles link stays a link: the file it names is the one rewritten
+    target = Path(os.path.realpath(path)) if path.is_symlink() else path
+    if path.is_symlink() and not target.exists():
+        raise UsageError(f"init: the defaults file {path} is a link to {target}, which does "
+                         "not exist: create that file (it may be empty) or remove the link, "
+                         "then run init again")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("# train defaults (`train init`); any job key may be set here\n"
-                       + yaml.safe_dump(clean, sort_keys=False), encoding="utf-8")
-        tmp.replace(path)
-    except OSError as exc:
-        raise UsageError(f"init: cannot write {path}: {exc.strerror or exc}") from None
-    return path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        old = target.read_text(encoding="utf-8") if target.exists() else ""
+        text = edited(old, clean)
+        if text == old:
+            return target, None
+        kept = keep_copy(target) if old else None
+        write_atomic(target, text)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"init: cannot write {target}: "
+                         f"{getattr(exc, 'strerror', None) or exc}") from None
+    return target, kept
+
+
+_HEADER = "# train defaults (`train init`); any job key may be set here\n"
+# a key at the line's start (a top-level key of the file's mapping)
+_KEY_LINE = re.compile(r"([A-Za-z_][A-Za-z0-9_-]*)[ \t]*:(?=[ \t\r\n]|$)")
+
+
+def edited(old: str, values: Mapping[str, Any]) -> str:
+    """The defaults file's text `old` with exactly `values` set: a key's lines are
+    replaced where they stand (left as they are where they hold that value already), a
+    key no longer set is removed, a new key is added at the end; comments, commented-out
+    lines and blank lines stay. A file this cannot edit line by line (one that does not
+    load, or a layout that would then load otherwise) is written anew (the caller keeps a
+    copy of the old one)."""
+    lines = old.splitlines(keepends=True)
+    out: list[str] = []
+    done: set[str] = set()
+    i = 0
+    while i < len(lines):
+        found = _KEY_LINE.match(lines[i])
+        end = i + 1
+        if found is None:
+            out.append(lines[i])
+            i = end
+            continue
+        # its value's lines: indented, or a block list's items at the line's start
+        while end < len(lines) and lines[end][:1] in (" ", "\t", "-") \
+                and not lines[end].startswith("---"):
+            end += 1
+        key = found.group(1).replace("-", "_")
+        block = "".join(lines[i:end])
+        if key in values and key not in done:
+            try:
+                same = normalise(yaml.safe_load(block) or {}).get(key) == values[key]
+            except yaml.YAMLError:
+                same = False
+            out.append(block if same else yaml.safe_dump({found.group(1): values[key]},
+                                                          sort_keys=False))
+        done.add(key)
+        i = end
+    added = {k: v for k, v in values.items() if k not in done}
+    if added:
+        if out and not out[-1].endswith("\n"):
+            out[-1] += "\n"
+        out.append(yaml.safe_dump(added, sort_keys=False))
+    text = "".join(out)
+    try:
+        loaded = normalise(yaml.safe_load(text) or {})
+    except (yaml.YAMLError, AttributeError):
+        loaded = None
+    if loaded != dict(values) or not old.strip():
+        return _HEADER + yaml.safe_dump(dict(values), sort_keys=False)
+    return text
 
 
 def interactive() -> bool:

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from train.common.safewrite import write_atomic
+
 
 def to_builtin(value: Any) -> Any:
     """Recursively convert NumPy/torch values to int, float, bool, str, list, dict."""
@@ -33,22 +35,12 @@ def to_builtin(value: Any) -> Any:
 def write_json_atomic(path: Path, data: Any, *, indent: int | None = 2,
                       sort_keys: bool = True, fsync: bool = True) -> None:
     """`data` (to_builtin, strict JSON: NaN is a ValueError) and a newline in place of
-    `path` at once: written beside it, with `fsync` flushed to disk, then renamed over it.
-    The folder is made where missing; on any failure the old file stays as it was."""
+    `path` at once (safewrite.write_atomic). The folder is made where missing; on any
+    failure the old file stays as it was."""
+    text = json.dumps(to_builtin(data), indent=indent, sort_keys=sort_keys,
+                      allow_nan=False) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(to_builtin(data), fh, indent=indent, sort_keys=sort_keys,
-                      allow_nan=False)
-            fh.write("\n")
-            if fsync:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk or a bad value leaves the old file only
-        raise
+    write_atomic(path, text, fsync=fsync)
 
 
 def read_bounded(path: Path, limit: int, *, tail: bool = False) -> bytes | None:

@@ -23,7 +23,7 @@ as `containers/` resolves from the clone):
 
 from __future__ import annotations
 
-import os
+import contextlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from train.common.errors import UsageError
+from train.common.safewrite import keep_copy, write_atomic
 from train.images.defs import DefError, parse
 from train.images.derive_pip import Target, image_target, pip_resolve, sha256_of
 from train.images.derive_reqs import (
@@ -298,29 +299,18 @@ def check_out(folder: Path, name: str) -> None:
                              "written there")
 
 
-def kept_copy_path(path: Path) -> Path:
-    """The first free NAME.N after the highest N in use (an earlier copy is never reused)."""
-    numbers = [int(p.name.rsplit(".", 1)[1]) for p in path.parent.glob(f"{path.name}.*")
-               if p.name.rsplit(".", 1)[1].isdigit()]
-    return path.with_name(f"{path.name}.{max(numbers, default=0) + 1}")
-
-
 def write_keeping(path: Path, text: str) -> Path | None:
-    """Write `text` to `path` whole (temp file, then rename). A file there with other
-    content is kept first as PATH.N (returned); one with this content is left as it is
-    (returns `path`). None: there was no file."""
+    """Write `text` to `path` whole (safewrite.write_atomic: a link at the path or at a
+    temp name is never written through). A file there with other content is kept first as
+    PATH.N (returned); one with this content is left as it is (returns `path`). None:
+    there was no file."""
     data = text.encode("utf-8")
     kept = None
     if path.exists():
-        old = path.read_bytes()
-        if old == data:
+        if path.read_bytes() == data:
             return path
-        kept = kept_copy_path(path)
-        with open(kept, "xb") as copy:  # never replaces a file of that name
-            copy.write(old)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+        kept = keep_copy(path)
+    write_atomic(path, data)
     return kept
 
 
@@ -332,10 +322,12 @@ def _write_folder(folder: Path, name: str, lock: str, definition: str
         (folder / "requirements").mkdir(parents=True, exist_ok=True)
         (folder / "wheels").mkdir(exist_ok=True)
         readme = folder / "wheels" / "README"
-        if not readme.exists():
-            readme.write_text("Wheels put here (e.g. `pip download --no-deps -r "
-                              f"../requirements/{name}.txt -d .`) are installed offline by "
-                              "the build.\n", encoding="utf-8")
+        # made only where nothing is at its name: "x" (O_EXCL) never follows a link, even
+        # a dangling one, which would create its target elsewhere
+        with contextlib.suppress(FileExistsError), open(readme, "x", encoding="utf-8") as fh:
+            fh.write("Wheels put here (e.g. `pip download --no-deps -r "
+                     f"../requirements/{name}.txt -d .`) are installed offline by the "
+                     "build.\n")
         kept, unchanged = [], []
         for path, text in ((folder / "requirements" / f"{name}.txt", lock),
                            (folder / f"{name}.def", definition)):

@@ -49,26 +49,30 @@ def first_chunk(previous: Chain | None) -> int:
     return int(last["chunk"]) + 1
 
 
-def _cancel_unreplied(command: str) -> None:
-    """An sbatch that failed after the controller took the job (its reply lost: "Socket
-    timed out", or sbatch ended at its timeout) left chunk 1 held in the queue, where no
-    chain knows it. This submission's script name is unique (it holds train's pid): the
-    user's pending job (or job array) running exactly `command` is that job, and is
-    cancelled. Nothing is said where Slurm cannot be asked: the error that follows is
-    sbatch's."""
+def _cancel_unreplied(command: str) -> bool:
+    """An sbatch that failed or was interrupted after the controller took the job (its
+    reply lost: "Socket timed out", sbatch ended at its timeout, or TERM, HUP or Ctrl-C
+    to `train submit` while a busy controller had not answered) left chunk 1 held in the
+    queue, where no chain knows it. This submission's script name is unique (it holds
+    train's pid): the user's pending job (or job array) running exactly `command` is that
+    job, and is cancelled. False where Slurm could not be asked or no such job was seen
+    (the caller says what to look for)."""
     try:
         out = _proc.run(["squeue", "--noheader", "--user", str(os.getuid()), "--states",
                          "PENDING", "--format", "%i %o"], timeout=60,
                         env=sbatchenv.sbatch_environment()).stdout
     except _proc.ProcError:
-        return
+        return False
+    found = False
     for line in out.splitlines():
         job_id, _, queued = line.strip().partition(" ")
         job_id = job_id.partition("_")[0]  # a job array pending whole: ID_[0-3%2]
         if queued.strip() == command and _is_number(job_id):
-            log.warning("sbatch failed, but Slurm had queued the job (%s): cancelling it",
-                        job_id)
+            log.warning("sbatch did not answer, but Slurm had queued the job (%s): "
+                        "cancelling it", job_id)
             _proc.run(["scancel", job_id], check=False)
+            found = True
+    return found
 
 
 def submit_chain(job: ResolvedJob) -> Chain:
@@ -150,14 +154,27 @@ def _submit_held(pending: Path, first: int) -> str:
 def submit_held(script: Path, args: list[str]) -> str:
     """sbatch --hold of a script whose path is this submission's own (it holds train's
     pid), without SBATCH_* variables (they would override the script's #SBATCH lines);
-    the job id. Where sbatch fails after the controller took the job, that job is found
-    by its command and cancelled (_cancel_unreplied) before the error goes on."""
+    the job id. Where sbatch fails, or is interrupted, after the controller took the job,
+    that job is found by its command and cancelled (_cancel_unreplied) before the error or
+    the interrupt goes on."""
+    command = " ".join([str(script), *args])
     try:
         return parse_sbatch_id(_proc.run(["sbatch", "--parsable", "--hold", str(script),
                                           *args], timeout=120,
                                          env=sbatchenv.sbatch_environment()).stdout)
     except _proc.ProcError:
-        _cancel_unreplied(" ".join([str(script), *args]))
+        _cancel_unreplied(command)
+        raise
+    except BaseException:  # interrupted before sbatch answered: it may have queued the job
+        found = False
+        try:
+            found = _cancel_unreplied(command)
+        finally:  # (a second interrupt ends the search: the user is told what to look for)
+            if not found:
+                log.warning("sbatch was interrupted before it answered; if Slurm took the "
+                            "job anyway, it is held in the queue (it never starts) running "
+                            "%s: find its id with `squeue --me --states PENDING --format "
+                            "'%%i %%o'` and cancel it with `scancel ID`", command)
         raise
 
 

@@ -49,7 +49,12 @@ from train.client.slurm.checks.image import feature_problems, image_problems
 from train.client.slurm.checks.problem import NO_CHECK, Problem, merge_seeds
 from train.client.slurm.checks.python import python_problems
 from train.client.slurm.checks.resources import resource_problems
-from train.client.slurm.checks.rundir import check_not_active, identity_problems, stale_complete
+from train.client.slurm.checks.rundir import (
+    check_not_active,
+    foreign_folder_problems,
+    identity_problems,
+    stale_complete,
+)
 from train.client.slurm.checks.sbatchenv import sbatch_variable_notes
 from train.client.slurm.checks.workload import launcher_problems
 from train.client.slurm.resolve import ResolvedJob
@@ -101,9 +106,10 @@ def run_folder_problems(job: ResolvedJob, submitting: bool, notes: list[str]
         from train.client.slurm.sweep import is_task_job
 
         check_not_active(Path(job.run_dir), sweep_task=is_task_job(job))
-    found = [*identity_problems(job), *launcher_problems(job)]
+    foreign = foreign_folder_problems(job)
+    found = [*foreign, *identity_problems(job), *launcher_problems(job)]
     marker = stale_complete(job)
-    if marker is not None:
+    if marker is not None and not foreign:
         notes.append(f"{marker} was left by an earlier run: "
                      + ("cleared, so that it does not end this chain after its first "
                         "chunk" if submitting else "train submit clears it"))

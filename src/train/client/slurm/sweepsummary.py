@@ -15,6 +15,7 @@ from train.batch.contract import COMPLETE_MARKER
 from train.client.slurm.sweep import load_record, read_tasks
 from train.common.errors import UsageError
 from train.common.jsonio import read_bounded
+from train.common.safewrite import write_atomic
 
 SUMMARY_CSV = "summary.csv"
 SUMMARY_PLOT = "summary.png"
@@ -264,9 +265,7 @@ def _write_csv(root: Path, episodes: list[int], means: list[float], stds: list[f
                      "(over 1.8e308) are left empty")
     csv = root / SUMMARY_CSV
     try:
-        tmp = csv.with_name(f".{SUMMARY_CSV}.tmp")
-        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        tmp.replace(csv)
+        write_atomic(csv, "\n".join(lines) + "\n")
     except OSError as exc:
         raise UsageError(f"summary: cannot write into {root}: {exc.strerror or exc}") from None
     return csv

@@ -53,7 +53,12 @@ def probe(profile: Profile, *, write: bool, extra_files: Sequence[Path] = (),
         kept = write_profile(profile, site, path, extra_files=extra_files, environ=environ)
     except TrainError as exc:
         return lines, True, exc
-    lines.append(f"wrote {path}" + (f" (the earlier file is kept as {kept})" if kept else ""))
+    if kept == path:  # (the file says this already: no copy of an identical file)
+        lines.append(f"{path} holds these values already: left as it was")
+        kept = None
+    else:
+        lines.append(f"wrote {path}" + (f" (the earlier file is kept as {kept})" if kept
+                                        else ""))
     gone = [p for p in profile.partitions if p not in site.partitions()]
     if gone and profile.partitions_allowed:
         lines.append(f"left out: partitions {', '.join(gone)} (sinfo shows no such partition)"

@@ -5,7 +5,6 @@ copy (NAME.yaml.1, .2, ...: never replaced)."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import os
@@ -28,6 +27,7 @@ from train.client.clusters.schema import NodeType, Profile
 from train.client.clusters.units import format_mem, format_time
 from train.common import yamlio
 from train.common.errors import ConfigError
+from train.common.safewrite import keep_copy, write_atomic
 
 Tree = dict[str, Any]  # leaves: (value, comment)
 
@@ -173,32 +173,12 @@ def emit(tree: Tree, indent: int = 0) -> list[str]:
     return lines
 
 
-MAX_COPIES = 1000  # numbered copies of one file
-
-
 def target(profile: Profile) -> Path:
     """Where --write writes: the file the profile in force came from (the user's folder,
     $TRAIN_CLUSTERS_PATH, --profile), or for a shipped profile the user's NAME.yaml."""
     if profile.source.startswith("package:"):
         return USER_DIR.expanduser() / f"{profile.name}.yaml"
     return Path(profile.source).resolve()  # a link: the file it names is written
-
-
-def keep_copy(path: Path) -> Path:
-    """Copy `path` to the first free PATH.N (N = 1, 2, ...; created exclusively, so a kept
-    copy is never replaced), with path's permissions. Returns the copy's path."""
-    data = path.read_bytes()
-    for number in range(1, MAX_COPIES + 1):
-        copy = path.with_name(f"{path.name}.{number}")
-        try:
-            fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, path.stat().st_mode & 0o777)
-        except FileExistsError:
-            continue
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        return copy
-    raise ConfigError("--write", f"{path} has {MAX_COPIES} kept copies ({path.name}.1 to "
-                      f".{MAX_COPIES}); move some aside and probe again")
 
 
 def _check(path: Path, extra_files: Iterable[Path],
@@ -216,7 +196,9 @@ def write_profile(profile: Profile, site: Site, path: Path, when: str | None = N
                   extra_files: Iterable[Path] = (),
                   environ: Mapping[str, str] | None = None) -> Path | None:
     """Write the probed profile to `path` (an earlier file there: its other keys kept, the
-    file itself kept first as a numbered copy). Returns the kept copy's path, if any.
+    file itself kept first as a numbered copy). Returns the kept copy's path, if any;
+    `path` itself where the file holds these values already (left as it is, its dates
+    too: no copy of an identical profile).
     Checked as a profile (among those of `extra_files` and `environ`'s search path) before
     it replaces anything; a file that does not load leaves the earlier one in place."""
     stamp = when or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
@@ -231,38 +213,35 @@ def write_profile(profile: Profile, site: Site, path: Path, when: str | None = N
     text = "\n".join([f"# written by `train clusters probe {profile.name} --write` on "
                       f"{stamp}: each value's comment names the command that gave it",
                       *emit(tree)]) + "\n"
-    pending = path.with_name(f".{path.name}.{os.getpid()}")
+    if earlier and yamlio.load_text(text, str(path), "--write") == earlier:
+        return path  # the same values (the dates in its comments aside): no copy, no write
+    kept: list[Path] = []
+
+    def loads_then_keep(pending: Path) -> None:
+        try:
+            yamlio.load_file(pending, "profile")
+        except ConfigError as exc:
+            raise ConfigError("--write", f"the probed values do not make a profile, so "
+                              f"{path} was not written: {exc}") from None
+        if earlier:
+            kept.append(keep_copy(path))
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        pending.write_text(text, encoding="utf-8")
-        return _replace(path, pending, bool(earlier), extra_files, environ)
+        write_atomic(path, text, before=loads_then_keep)
     except OSError as exc:
+        for copy in kept:  # the earlier file is still in place: its copy is no copy
+            copy.unlink(missing_ok=True)
         raise ConfigError("--write", f"cannot write {path}: {exc.strerror or exc}; nothing "
                           "was changed") from None
-    finally:
-        with contextlib.suppress(OSError):  # a read-only folder: EROFS, even with none there
-            pending.unlink(missing_ok=True)
-
-
-def _replace(path: Path, pending: Path, earlier: bool, extra_files: Iterable[Path],
-             environ: Mapping[str, str] | None) -> Path | None:
-    """pending -> path once it loads, the earlier file kept first; path as it was when the
-    profiles then do not load."""
-    try:
-        yamlio.load_file(pending, "profile")
-    except ConfigError as exc:
-        raise ConfigError("--write", f"the probed values do not make a profile, so {path} "
-                          f"was not written: {exc}") from None
-    kept = keep_copy(path) if earlier else None
-    pending.replace(path)
     try:
         _check(path, extra_files, environ)
     except ConfigError as exc:
-        if kept is not None:
-            path.write_bytes(kept.read_bytes())
-            kept.unlink()  # the earlier file is back in its place
+        if kept:
+            write_atomic(path, kept[0].read_bytes())
+            kept[0].unlink()  # the earlier file is back in its place
         else:
             path.unlink()
         raise ConfigError("--write", f"with the probed values, the profiles do not load "
                           f"({exc}), so {path} is as it was") from None
-    return kept
+    return kept[0] if kept else None

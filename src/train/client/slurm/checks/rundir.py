@@ -61,6 +61,34 @@ def identity_problems(job: ResolvedJob) -> list[Problem]:
     return problems
 
 
+def foreign_folder_problems(job: ResolvedJob) -> list[Problem]:
+    """An --out that holds files and no run of train (no chain.json or sweep.json; for a
+    `train run` job no config.json, the run record identity_problems judges): a chain
+    puts jobs/, logs/, COMPLETE and its program's files there, replacing what it finds
+    and searching all of it at each chunk's end. A sweep's task folders are the sweep's."""
+    from train.client.slurm.sweep import is_task_job
+
+    if job.spec.out is None or is_task_job(job):
+        return []
+    run_dir = Path(job.run_dir)
+    ours = [contract.CHAIN_RECORD, contract.SWEEP_RECORD,
+            *(["config.json"] if job.spec.entry == "train" else [])]
+    try:
+        if not run_dir.is_dir() or any(os.path.lexists(run_dir / n) for n in ours):
+            return []
+        held = sorted(p.name for p in run_dir.iterdir())
+    except OSError:  # a folder this user cannot read: the submission says so
+        return []
+    if not held:
+        return []
+    listed = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+    inside = os.path.join(job.spec.out, job.spec.name)
+    return [Problem("out", f"--out {job.spec.out}: {run_dir} holds files ({listed}) and no "
+                    "run of train (no chain.json): the chain would write its script, logs "
+                    "and COMPLETE marker among them and replace files of those names; give "
+                    f"a new or empty folder (e.g. --out {inside})", files=False)]
+
+
 def _sweep_chain(job: ResolvedJob) -> tuple[str, str, str, int] | None:
     """(field, flag, value, seed) of the sweep a chain is one seed of (train.client.slurm.sweep
     names it NAME-sS in ROOT/seed-S): the flag the user gave is --name, or --out where the
