@@ -155,6 +155,34 @@ def test_cancel_reaches_the_array_task_of_a_task_whose_chain_names_no_job(
     assert sorted(_cancelled(tmp_path)) == ["7001_0", "7001_1"]
 
 
+@pytest.mark.parametrize("array", [7001, "", ["7001"], "7001; rm"])
+def test_an_array_job_of_the_wrong_type_is_said_as_a_damaged_record(
+        tmp_path: Path, array: object) -> None:
+    """It was ignored unsaid: the sweep shown as separate chains, and the array task of a
+    task whose chain cannot be read left queued without a word."""
+    env = _slurm(tmp_path)
+    _submit(tmp_path, env)
+    path = tmp_path / "runs" / "sw" / "sweep.json"
+    record = json.loads(path.read_text())
+    record["array_job"] = array
+    path.write_text(json.dumps(record))
+    said = f"runs/sw/sweep.json: array_job {array!r} is not a job id"
+    proc = run_cli(["submit", "--cluster", "local", "--no-check", "--name", "sw",
+                    "--entry", "command", "--runtime", "none", "--python", sys.executable,
+                    "--sweep", "x=1,2", "--", "true"], cwd=tmp_path,
+                   env={**env, "SLURM_MODE": "ended"})  # (as if its tasks had ended)
+    assert proc.returncode == 2 and f"name: {tmp_path}/{said}" in proc.stderr, proc.stderr
+    (tmp_path / "runs" / "sw" / "task-1" / "chain.json").write_text('{"name": ')
+    proc = run_cli(["status", "sw"], cwd=tmp_path, env=env)
+    _no_traceback(proc)
+    assert proc.returncode == 0 and said in proc.stdout, proc.stdout
+    assert "the record is damaged" in proc.stdout and "separate chains" not in proc.stdout
+    proc = run_cli(["cancel", "sw"], cwd=tmp_path, env=env)
+    _no_traceback(proc)
+    assert proc.returncode == 2 and said in proc.stderr, proc.stderr
+    assert _cancelled(tmp_path) == ["7001_0"]  # (task 1's array task: not known from it)
+
+
 # -- values equal as the flag reads them ----------------------------------------------------
 def test_values_equal_as_the_flags_type_are_duplicates(tmp_path: Path) -> None:
     from train.client.slurm.jobspec import JobSpec
