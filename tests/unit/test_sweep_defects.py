@@ -256,6 +256,37 @@ def test_a_sweep_json_that_is_no_record_is_said_without_a_traceback(
         assert proc.returncode == 2 and "sweep.json" in proc.stderr, (command, proc.stderr)
 
 
+def test_a_sweep_json_that_is_a_fifo_is_said_and_no_other_sweeps_tasks_are_listed(
+        tmp_path: Path) -> None:
+    """A FIFO at runs/sw/sweep.json hid the sweep: `train status sw` answered "no run
+    named 'sw'; known runs: task-0, task-1" (another sweep's tasks, named as runs) and the
+    listings passed sw over. Records are read from regular files only, never blocking."""
+    env = _slurm(tmp_path)
+    _submit(tmp_path, env)
+    proc = run_cli(["submit", "--cluster", "local", "--no-check", "--name", "other",
+                    "--entry", "command", "--runtime", "none", "--python", sys.executable,
+                    "--sweep", "y=1,2", "--", "true"], cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    record = tmp_path / "runs" / "sw" / "sweep.json"
+    record.unlink()
+    os.mkfifo(record)
+    said = "run: runs/sw/sweep.json is a FIFO, not the record `train submit` writes"
+    for command in ("status", "cancel", "summary", "logs"):
+        proc = run_cli([command, "sw"], cwd=tmp_path, env=env, timeout=60)
+        _no_traceback(proc)
+        assert proc.returncode == 2 and said in proc.stderr, (command, proc.stderr)
+        assert "sw/task-0, sw/task-1" in proc.stderr and "other" not in proc.stderr
+    proc = run_cli(["status"], cwd=tmp_path, env=env, timeout=60)
+    assert proc.returncode == 0 and f"sw: unreadable  runs/sw\n  {said}" in proc.stdout, \
+        proc.stdout
+    proc = run_cli(["status", "--all"], cwd=tmp_path, env=env, timeout=60)
+    assert proc.returncode == 0 and said in proc.stdout, proc.stdout
+    # a sweep's chain is named with its sweep where a name is not found
+    proc = run_cli(["status", "nosuch"], cwd=tmp_path, env=env, timeout=60)
+    assert proc.returncode == 2 and "known runs: other/task-0, other/task-1" in proc.stderr, \
+        proc.stderr
+
+
 def test_a_summary_of_huge_values_says_so_instead_of_overflowing(tmp_path: Path) -> None:
     import csv
 
