@@ -154,7 +154,7 @@ def record_problem(run_dir: Path) -> str | None:
         path = run_dir / name
         try:
             mode = path.lstat().st_mode
-        except OSError:  # (missing, or a name too long)
+        except (OSError, ValueError):  # (missing, a name too long or holding NUL)
             continue
         kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else
                 "a link to no regular file" if stat.S_ISLNK(mode) else "no regular file")
