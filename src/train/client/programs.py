@@ -89,19 +89,56 @@ def submit_notes(entry: str, command: Sequence[str], launch: str, run_dir: str,
     return notes
 
 
-_PROGRAM_NAME = re.compile(r"python[0-9.]*|(ba|z|da)?sh|torchrun|accelerate|deepspeed")
+# the programs an image is expected to have (python, a shell, torch's and Hugging Face's
+# launchers): any other is worth a word where the login node cannot look for it
+PROGRAM_NAME = re.compile(r"python[0-9.]*|(ba|z|da)?sh|torchrun|accelerate|deepspeed")
+_KNOWN_PROGRAMS = ("python", "python3", "bash", "torchrun", "accelerate", "deepspeed")
 
 
 def looks_like_program(word: str) -> bool:
     """Whether a word given as a `train run` workload names a program instead: python, a
     shell, a launcher, a .py or .sh file, or a path to an executable file."""
     name = os.path.basename(word)
-    if name.endswith((".py", ".sh")) or _PROGRAM_NAME.fullmatch(name):
+    if name.endswith((".py", ".sh")) or PROGRAM_NAME.fullmatch(name):
         return True
     try:
         return os.sep in word and os.path.isfile(word) and os.access(word, os.X_OK)
     except (OSError, ValueError):
         return False
+
+
+def implied_entry(typed: Sequence[str]) -> str:
+    """The entry of a job that names none (by flag, job file or defaults), from what follows
+    `--`: train for a `train run` workload, its options or nothing; any other first word is
+    a program (python, uv, conda, env, time, julia, a path, a typo), run as `-e command`
+    would and checked as one at submit (train.client.slurm.checks.files). A bare .py stays
+    train, refused with the fix (`python FILE`: its argv is not ours to rewrite); a word
+    close to a workload's name (dmeo) is refused naming both ways."""
+    import difflib
+    import shlex
+
+    from train.common.errors import ConfigError
+    from train.workloads.config import WORKLOADS
+
+    if not typed or typed[0] in WORKLOADS or typed[0].startswith("-") \
+            or typed[0].endswith(".py"):
+        return "train"
+    word = typed[0]
+    close = difflib.get_close_matches(word, WORKLOADS, n=1, cutoff=0.7)
+    if close and os.sep not in word:
+        raise ConfigError("workload", f"{word!r} is no `train run` workload (did you mean "
+                          f"{close[0]}? the workloads: {', '.join(WORKLOADS)}); a program of "
+                          f"that name runs with -e command -- {shlex.join(typed)}")
+    return "command"
+
+
+def near_program(name: str) -> str | None:
+    """A program name that `name` may be a slip of (pyhton: python), for an error or a note
+    about a program that cannot be found."""
+    import difflib
+
+    close = difflib.get_close_matches(name, _KNOWN_PROGRAMS, n=1, cutoff=0.7)
+    return close[0] if close and close[0] != name else None
 
 
 def command_hint(typed: Sequence[str]) -> str | None:
