@@ -187,6 +187,8 @@ def test_a_program_after_the_dashes_without_entry_is_checked_as_a_program(
         assert "train run" not in err and "did you mean --" not in err, err
         if typed[0] == "pyhton":
             assert "a typo (did you mean python?)" in err, err
+    err = _refused(tmp_path, "workload", "--", "LR=3", "python3", "fit.py", env=env)
+    assert "'LR=3' is not a program on this PATH" in err and "--env LR=3" in err, err
     err = _refused(tmp_path, "workload", "--", "./missing", "--lr", "1", env=env)
     assert "./missing (in " in err and "does not exist" in err, err
     _exe(tmp_path / "fit", "#!/bin/sh\n").chmod(0o644)

@@ -132,13 +132,17 @@ def implied_entry(typed: Sequence[str]) -> str:
     return "command"
 
 
-def near_program(name: str) -> str | None:
-    """A program name that `name` may be a slip of (pyhton: python), for an error or a note
-    about a program that cannot be found."""
+def program_slip(name: str) -> str:
+    """What a program name that cannot be found may be a slip of, as a parenthesis for an
+    error or a note ('' for none): a known program's name misspelt (pyhton), or a shell's
+    variable assignment (X=1 python ...), which the job does not run through a shell."""
     import difflib
 
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", name):
+        return (f" ({name} is a shell's variable assignment, and the command runs without a "
+                f"shell: give --env {name}, or -- env {name} PROGRAM ...)")
     close = difflib.get_close_matches(name, _KNOWN_PROGRAMS, n=1, cutoff=0.7)
-    return close[0] if close and close[0] != name else None
+    return f" (did you mean {close[0]}?)" if close and close[0] != name else ""
 
 
 def command_hint(typed: Sequence[str]) -> str | None:

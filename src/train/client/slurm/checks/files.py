@@ -9,7 +9,7 @@ import re
 import shutil
 from collections.abc import Mapping, Sequence
 
-from train.client.programs import PROGRAM_NAME, near_program
+from train.client.programs import PROGRAM_NAME, program_slip
 from train.client.slurm.checks.problem import Problem
 from train.client.slurm.jobitems import parse_bind
 from train.client.slurm.resolve import ResolvedJob
@@ -29,8 +29,7 @@ def program_problems(job: ResolvedJob, environ: Mapping[str, str]
     notes: list[str] = []
     if spec.entry == "command":
         program = spec.workload[0]
-        near = near_program(program)
-        slip = f" (did you mean {near}?)" if near else ""
+        slip = program_slip(program)
         if "/" in program:
             wanted.append(("workload", program, True))
         elif spec.runtime == "none" and shutil.which(
