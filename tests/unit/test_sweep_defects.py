@@ -281,6 +281,16 @@ def test_a_sweep_json_that_is_a_fifo_is_said_and_no_other_sweeps_tasks_are_liste
         proc.stdout
     proc = run_cli(["status", "--all"], cwd=tmp_path, env=env, timeout=60)
     assert proc.returncode == 0 and said in proc.stdout, proc.stdout
+    # submitted again over it, as a sweep or a single chain: refused, the FIFO left alone
+    for sweep in (["--sweep", "x=1,2"], []):
+        proc = run_cli(["submit", "--cluster", "local", "--no-check", "--name", "sw",
+                        "--entry", "command", "--runtime", "none", "--python",
+                        sys.executable, *sweep, "--", "true"], cwd=tmp_path,
+                       env={**env, "SLURM_MODE": "ended"}, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert f"name: {record} is a FIFO" in proc.stderr and \
+            "choose another --name" in proc.stderr, proc.stderr
+        assert record.is_fifo() and not (record.parent / "chain.json").exists()
     # a sweep's chain is named with its sweep where a name is not found
     proc = run_cli(["status", "nosuch"], cwd=tmp_path, env=env, timeout=60)
     assert proc.returncode == 2 and "known runs: other/task-0, other/task-1" in proc.stderr, \

@@ -144,7 +144,7 @@ def _is_file(path: Path) -> bool:
         return False
 
 
-def record_problem(run_dir: Path) -> str | None:
+def record_problem(run_dir: Path, field: str = "run") -> str | None:
     """What is wrong with a run folder whose record (chain.json, sweep.json) is there but
     no regular file (a FIFO, a folder, a device, a dangling link): records are read from
     regular files only, and such a folder is said, not passed over."""
@@ -163,7 +163,7 @@ def record_problem(run_dir: Path) -> str | None:
                             for p in run_dir.glob(f"*/{contract.CHAIN_RECORD}") if _is_file(p))
         except OSError:
             chains = []
-        return (f"run: {path} is {kind}, not the record `train submit` writes: it is not "
+        return (f"{field}: {path} is {kind}, not the record `train submit` writes: it is not "
                 "read" + (f"; the chains in that folder are still read one by one: "
                           f"{_few(chains)}" if chains else ""))
     return None

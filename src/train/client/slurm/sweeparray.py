@@ -23,7 +23,7 @@ from typing import Any
 
 from train.batch import contract
 from train.batch.engine import ENGINE_DIR
-from train.client.slurm.chain import Chain, load_chain
+from train.client.slurm.chain import Chain, load_chain, record_problem
 from train.client.slurm.chainstatus import chain_status
 from train.client.slurm.queue import ACTIVE_STATES, _is_number, array_task_states, ref_states
 from train.client.slurm.render import render, sbatch_options, sbatch_value
@@ -322,6 +322,9 @@ def check_sweep_root(root: Path) -> str | None:
     if (root / contract.CHAIN_RECORD).is_file():
         raise UsageError(f"name: {root.name} holds a single chain; choose another --name (or "
                          "--out) for a sweep")
+    problem = record_problem(root, "name")
+    if problem is not None:
+        raise UsageError(f"{problem}; choose another --name (or --out)")
     if not (root / contract.SWEEP_RECORD).is_file():
         return None
     array, damaged = record_array(root, load_record(root))
