@@ -177,8 +177,9 @@ def test_a_program_after_the_dashes_without_entry_is_checked_as_a_program(
     program: uv, conda, env, julia, pypy3, a typo or a missing path got `train run`'s
     errors ("unrecognized arguments", "did you mean --res?"). Any first word that is no
     workload and no option is a program now, checked as `-e command` checks it."""
-    bin_dir = tmp_path / "bin"  # the PATH the nodes get (runtime none): env and nothing else
+    bin_dir = tmp_path / "bin"  # the PATH the nodes get (runtime none): env and python3
     _exe(bin_dir / "env", '#!/bin/sh\nexec /usr/bin/env "$@"\n')
+    (bin_dir / "python3").symlink_to(sys.executable)  # (the chain engine's)
     env = {"PATH": str(bin_dir)}
     for typed in (["uv", "run", "train.py"], ["conda", "run", "-n", "env", "python", "x.py"],
                   ["julia", "x.jl"], ["pypy3", "x.py"], ["pyhton", "x.py"]):
