@@ -152,6 +152,28 @@ def test_a_job_slurm_would_refuse_is_refused_before_anything_is_queued(
     assert not (tmp_path / "runs" / "refused").exists()
 
 
+def test_cpus_the_nodes_do_not_have_are_named_not_the_gpus(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    """A profile that says 8 CPUs a node (ci/slurm-up.sh's nodes have 4) lets -c 8
+    through to Slurm, whose refusal ("Requested node configuration is not available") was
+    blamed on the GPUs: --gpus-per-node 0."""
+    more_cpus = "name: local\nextends: local\npartitions:\n  debug:\n    gpus_per_node: 2\n" \
+        "    gpu_types: []\n    cpus_per_node: 8\n    mem_per_node: 8000M\n" \
+        "    max_time: \"1:00:00\"\n    max_nodes: 2\n    cpu_jobs: true\n"
+    env = _home(tmp_path, slurm_env, more_cpus)
+    before = _queued(env)
+    proc = run_cli(["submit", "--name", "cpus", *job_flags("--entry", "command",
+                                                           "--cpus-per-task", "8"),
+                    "--", "true"], cwd=tmp_path, env=env)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert proc.stderr.startswith("train: error: cpus_per_task: Slurm refuses this job "
+                                  "(`sbatch --test-only`:"), proc.stderr
+    assert "--cpus-per-task 8, and the partition debug's nodes have at most 4 CPUs each " \
+           "(sinfo; the profile says 8)" in proc.stderr, proc.stderr
+    assert "gpus-per-node" not in proc.stderr, proc.stderr
+    assert _queued(env) == before and not (tmp_path / "runs" / "cpus").exists()
+
+
 def test_no_check_submits_without_asking_slurm(tmp_path: Path,
                                                slurm_env: dict[str, str]) -> None:
     """The escape hatch: sbatch itself then refuses (exit 1), and nothing stays queued."""

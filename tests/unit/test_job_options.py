@@ -418,6 +418,27 @@ def test_bind_destinations_are_checked(tmp_path: Path) -> None:
     assert "':'" in _error("bind", bind=(f"{a}/with:colon",), **kw)
 
 
+@pytest.mark.parametrize(("dst", "said"), [
+    ("/proc", "mounts its own /proc"), ("/sys/fs/x", "mounts its own /sys"),
+    ("/dev", "mounts its own /dev"), ("/dev/shm", "mounts its own /dev"),
+    ("//proc", "mounts its own /proc"), ("/usr/", "hides the image's own /usr"),
+    ("/.singularity.d", "mounts its own /.singularity.d"),
+    ("/usr", "hides the image's own /usr"), ("/etc", "hides the image's own /etc"),
+    ("/lib64", "hides the image's own /lib64")])
+def test_a_bind_over_what_the_container_runs_on_is_refused(
+        tmp_path: Path, dst: str, said: str) -> None:
+    """--bind X:/proc was accepted under Apptainer: the container then failed to start
+    on the node, after the queue wait, or ran without its devices or its own Python."""
+    for runtime in ("apptainer", "docker"):
+        err = _error("bind", runtime=runtime, image="x.sif", bind=(f"{tmp_path}:{dst}",),
+                     workload=("demo",))
+        assert said in err and f"{tmp_path}:/" in err, err
+    # a folder of its own under them, and other places, stay allowed
+    for ok in ("/usr/local/data", "/etc-data", "/data", "/opt/app", "/devices"):
+        _resolve(runtime="apptainer", image="x.sif", bind=(f"{tmp_path}:{ok}",),
+                 workload=("demo",))
+
+
 def test_lists_add_up_from_defaults_file_and_flags(tmp_path: Path,
                                                    _own_defaults: Path) -> None:
     _own_defaults.write_text("cluster: local\nruntime: none\nenv: [WANDB_API_KEY]\n")

@@ -19,6 +19,26 @@ def test_parse_time(text: str, minutes: int) -> None:
     assert parse_time(text) == minutes
 
 
+@pytest.mark.parametrize(("text", "said"), [
+    ("1-99:99:99", "99 hours is more than 23"), ("1-24", "24 hours is more than 23"),
+    ("2-00:60", "60 minutes is more than 59"), ("1:60:00", "60 minutes is more than 59"),
+    ("1:00:60", "60 seconds is more than 59"), ("10:75", "75 seconds is more than 59")])
+def test_a_time_field_past_its_unit_is_refused_not_carried_over(
+        text: str, said: str, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """1-99:99:99 was read as 5-04:40:00; only the first number may exceed its unit (90
+    minutes, 36:00:00 stay as Slurm reads them)."""
+    with pytest.raises(ConfigError, match=f"{said}; a SLURM time is MM, MM:SS, HH:MM:SS"):
+        parse_time(text)
+    assert parse_time("36:00:00") == 2160 and parse_time("1-23:59:59") == 2880
+    monkeypatch.setenv("TRAIN_DEFAULTS", str(tmp_path / "none.yaml"))
+    monkeypatch.chdir(tmp_path)
+    code = main(["render", "-M", "local", "--runtime", "none", "--python", "python3",
+                 "--no-check", "--time", text, "--", "demo"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"train: error: time: '{text}': {said}" in err, err
+
+
 def test_time_and_memory_formats() -> None:
     assert format_time(1590) == "1-02:30:00" and format_time(45) == "00:45:00"
     assert parse_mem("50G") == 51200 and parse_mem("8000") == 8000

@@ -172,6 +172,46 @@ def test_in_a_container_only_what_is_bound_from_the_host_is_looked_at(
     _passes(tmp_path, *app, "--bind", f"{code_dir}:/code", "--", "python", "/code/fit.py")
 
 
+def test_a_program_after_the_dashes_without_entry_is_checked_as_a_program(
+        tmp_path: Path) -> None:
+    """Without -e, only a word list (python, a shell, a launcher, .sh) was taken for a
+    program: uv, conda, env, julia, pypy3, a typo or a missing path got `train run`'s
+    errors ("unrecognized arguments", "did you mean --res?"). Any first word that is no
+    workload and no option is a program now, checked as `-e command` checks it."""
+    bin_dir = tmp_path / "bin"  # the PATH the nodes get (runtime none): env and python3
+    _exe(bin_dir / "env", '#!/bin/sh\nexec /usr/bin/env "$@"\n')
+    (bin_dir / "python3").symlink_to(sys.executable)  # (the chain engine's)
+    env = {"PATH": str(bin_dir)}
+    for typed in (["uv", "run", "train.py"], ["conda", "run", "-n", "env", "python", "x.py"],
+                  ["julia", "x.jl"], ["pypy3", "x.py"], ["pyhton", "x.py"]):
+        err = _refused(tmp_path, "workload", "--", *typed, env=env)
+        assert f"{typed[0]!r} is not a program on this PATH" in err, err
+        assert "train run" not in err and "did you mean --" not in err, err
+        if typed[0] == "pyhton":
+            assert "a typo (did you mean python?)" in err, err
+    err = _refused(tmp_path, "workload", "--", "LR=3", "python3", "fit.py", env=env)
+    assert "'LR=3' is not a program on this PATH" in err and "--env LR=3" in err, err
+    err = _refused(tmp_path, "workload", "--", "./missing", "--lr", "1", env=env)
+    assert "./missing (in " in err and "does not exist" in err, err
+    _exe(tmp_path / "fit", "#!/bin/sh\n").chmod(0o644)
+    err = _refused(tmp_path, "workload", "--", "./fit", env=env)
+    assert "./fit (in " in err and "is not executable" in err, err
+    _passes(tmp_path, "--", "env", "X=1", sys.executable, "-c", "print(1)", env=env)
+    # a name close to a workload's: both ways out
+    code, err = _submit(tmp_path, "--", "dmeo", "--episodes", "3")
+    assert code == 2 and "did you mean demo?" in err and "-e command -- dmeo" in err, err
+    # in a container: looked up in the image, on the node; said, with a slip's likely name
+    sif = str(_fake_sif(tmp_path / "base.sif"))
+    app = ["--runtime", "apptainer", "--image", sif]
+    for program, said in (("julia", "not checked here"),
+                          ("pyhton", "not checked here (did you mean python?)")):
+        _code, warned = _render(tmp_path, *app, "--", program, "/opt/app/x")
+        assert f"starts {program!r}, which is looked up on the PATH inside the image, on " \
+               f"the node: {said}" in warned, warned
+    _code, warned = _render(tmp_path, *app, "--", "python", "/opt/app/fit.py")
+    assert "looked up" not in warned, warned
+
+
 def test_python_script_is_found_behind_the_interpreters_options() -> None:
     script = files.python_script
     assert script(["python", "fit.py", "--lr", "1"]) == "fit.py"

@@ -146,3 +146,45 @@ def test_a_sweep_resubmitted_with_other_settings_names_its_name_and_seeds_once(
     # its own settings continue it
     code, err = _submit(tmp_path, *sweep, *tiny_flags())
     assert code == 1 and "no cluster in unit tests" in err, err
+
+
+SBATCH_NO_NODE = """#!/bin/sh
+# --test-only: no node fits, as Slurm says it for CPUs, memory or GPUs alike
+echo 'sbatch: error: Batch job submission failed: Requested node configuration is not available' >&2
+exit 1
+"""
+# sinfo -h -N -o '%R|%N|%c|%m|%G|%f|%l|%s|%P': two 2-CPU, 4000 MB nodes with 2 GPUs each
+SINFO_SMALL = """#!/bin/sh
+printf 'debug|n1|2|4000|gpu:2|(null)|1:00:00|1-infinite|debug*\\n'
+printf 'debug|n2|2|4000|gpu:2|(null)|1:00:00|1-infinite|debug*\\n'
+printf 'other|n9|64|512000|(null)|(null)|1:00:00|1-infinite|other\\n'
+"""
+
+
+def test_a_node_configuration_slurm_refuses_names_the_cpus_or_memory_it_lacks(
+        tmp_path: Path) -> None:
+    """`-c 4` on 2-CPU nodes was blamed on the GPUs ('--gpus-per-node 0'): where Slurm
+    says no node fits, sinfo tells what the partition's nodes have."""
+    fake = tmp_path / "fake"
+    _exe(fake / "sbatch", SBATCH_NO_NODE)
+    _exe(fake / "sinfo", SINFO_SMALL)
+    env = {"PATH": f"{fake}:{os.environ['PATH']}"}
+
+    def refused(*args: str) -> str:
+        proc = run_cli(["submit", *LOCAL, *args, "--", "demo"], cwd=tmp_path, env=env)
+        assert proc.returncode == 2, proc.stderr
+        assert not (tmp_path / "runs").exists()
+        return proc.stderr
+
+    err = refused("--cpus-per-task", "4")
+    assert err.startswith("train: error: cpus_per_task: Slurm refuses this job "
+                          "(`sbatch --test-only`: "), err
+    assert "--cpus-per-task 4, and the partition debug's nodes have at most 2 CPUs each " \
+           "(sinfo; the profile says 4)" in err and "--gpus-per-node" not in err, err
+    err = refused("--cpus-per-task", "1", "--mem", "6000M")
+    assert err.startswith("train: error: mem: Slurm refuses this job"), err
+    assert "--mem 6000M a node, and the partition debug's nodes have at most 4000M" in err
+    # CPUs and memory fit: the GPUs, as before
+    err = refused("--cpus-per-task", "1", "--gpus-per-node", "2")
+    assert err.startswith("train: error: gpus: Slurm refuses this job"), err
+    assert "--gpus-per-node 2" in err, err

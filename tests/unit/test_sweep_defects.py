@@ -155,6 +155,34 @@ def test_cancel_reaches_the_array_task_of_a_task_whose_chain_names_no_job(
     assert sorted(_cancelled(tmp_path)) == ["7001_0", "7001_1"]
 
 
+@pytest.mark.parametrize("array", [7001, "", ["7001"], "7001; rm"])
+def test_an_array_job_of_the_wrong_type_is_said_as_a_damaged_record(
+        tmp_path: Path, array: object) -> None:
+    """It was ignored unsaid: the sweep shown as separate chains, and the array task of a
+    task whose chain cannot be read left queued without a word."""
+    env = _slurm(tmp_path)
+    _submit(tmp_path, env)
+    path = tmp_path / "runs" / "sw" / "sweep.json"
+    record = json.loads(path.read_text())
+    record["array_job"] = array
+    path.write_text(json.dumps(record))
+    said = f"runs/sw/sweep.json: array_job {array!r} is not a job id"
+    proc = run_cli(["submit", "--cluster", "local", "--no-check", "--name", "sw",
+                    "--entry", "command", "--runtime", "none", "--python", sys.executable,
+                    "--sweep", "x=1,2", "--", "true"], cwd=tmp_path,
+                   env={**env, "SLURM_MODE": "ended"})  # (as if its tasks had ended)
+    assert proc.returncode == 2 and f"name: {tmp_path}/{said}" in proc.stderr, proc.stderr
+    (tmp_path / "runs" / "sw" / "task-1" / "chain.json").write_text('{"name": ')
+    proc = run_cli(["status", "sw"], cwd=tmp_path, env=env)
+    _no_traceback(proc)
+    assert proc.returncode == 0 and said in proc.stdout, proc.stdout
+    assert "the record is damaged" in proc.stdout and "separate chains" not in proc.stdout
+    proc = run_cli(["cancel", "sw"], cwd=tmp_path, env=env)
+    _no_traceback(proc)
+    assert proc.returncode == 2 and said in proc.stderr, proc.stderr
+    assert _cancelled(tmp_path) == ["7001_0"]  # (task 1's array task: not known from it)
+
+
 # -- values equal as the flag reads them ----------------------------------------------------
 def test_values_equal_as_the_flags_type_are_duplicates(tmp_path: Path) -> None:
     from train.client.slurm.jobspec import JobSpec
@@ -226,6 +254,47 @@ def test_a_sweep_json_that_is_no_record_is_said_without_a_traceback(
         proc = run_cli([command, "runs/sw"], cwd=tmp_path, env=env)
         _no_traceback(proc)
         assert proc.returncode == 2 and "sweep.json" in proc.stderr, (command, proc.stderr)
+
+
+def test_a_sweep_json_that_is_a_fifo_is_said_and_no_other_sweeps_tasks_are_listed(
+        tmp_path: Path) -> None:
+    """A FIFO at runs/sw/sweep.json hid the sweep: `train status sw` answered "no run
+    named 'sw'; known runs: task-0, task-1" (another sweep's tasks, named as runs) and the
+    listings passed sw over. Records are read from regular files only, never blocking."""
+    env = _slurm(tmp_path)
+    _submit(tmp_path, env)
+    proc = run_cli(["submit", "--cluster", "local", "--no-check", "--name", "other",
+                    "--entry", "command", "--runtime", "none", "--python", sys.executable,
+                    "--sweep", "y=1,2", "--", "true"], cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    record = tmp_path / "runs" / "sw" / "sweep.json"
+    record.unlink()
+    os.mkfifo(record)
+    said = "run: runs/sw/sweep.json is a FIFO, not the record `train submit` writes"
+    for command in ("status", "cancel", "summary", "logs"):
+        proc = run_cli([command, "sw"], cwd=tmp_path, env=env, timeout=60)
+        _no_traceback(proc)
+        assert proc.returncode == 2 and said in proc.stderr, (command, proc.stderr)
+        assert "sw/task-0, sw/task-1" in proc.stderr and "other" not in proc.stderr
+    proc = run_cli(["status"], cwd=tmp_path, env=env, timeout=60)
+    assert proc.returncode == 0 and f"sw: unreadable  runs/sw\n  {said}" in proc.stdout, \
+        proc.stdout
+    proc = run_cli(["status", "--all"], cwd=tmp_path, env=env, timeout=60)
+    assert proc.returncode == 0 and said in proc.stdout, proc.stdout
+    # submitted again over it, as a sweep or a single chain: refused, the FIFO left alone
+    for sweep in (["--sweep", "x=1,2"], []):
+        proc = run_cli(["submit", "--cluster", "local", "--no-check", "--name", "sw",
+                        "--entry", "command", "--runtime", "none", "--python",
+                        sys.executable, *sweep, "--", "true"], cwd=tmp_path,
+                       env={**env, "SLURM_MODE": "ended"}, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert f"name: {record} is a FIFO" in proc.stderr and \
+            "choose another --name" in proc.stderr, proc.stderr
+        assert record.is_fifo() and not (record.parent / "chain.json").exists()
+    # a sweep's chain is named with its sweep where a name is not found
+    proc = run_cli(["status", "nosuch"], cwd=tmp_path, env=env, timeout=60)
+    assert proc.returncode == 2 and "known runs: other/task-0, other/task-1" in proc.stderr, \
+        proc.stderr
 
 
 def test_a_summary_of_huge_values_says_so_instead_of_overflowing(tmp_path: Path) -> None:

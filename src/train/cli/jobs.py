@@ -176,18 +176,15 @@ def _job_spec(args: argparse.Namespace, workload: list[str] | None,
 
 
 def _infer_entry(flags: dict[str, Any], base: dict[str, Any]) -> None:
-    """No --entry given (by flag, job file or defaults) and a program after `--` (python,
-    a launcher, a shell, a .sh file, an executable path): it runs as a command, as `-e
-    command` would; a `train run` workload (demo, sc2) keeps the train entry, and a bare
-    .py file is refused with the fix (`-e command -- python FILE`: its argv is not ours to
-    rewrite)."""
-    from train.client.programs import looks_like_program
+    """No --entry given (by flag, job file or defaults): the entry from what follows `--`
+    (train.client.programs.implied_entry: a program runs as `-e command` would)."""
+    from train.client.programs import implied_entry
 
     if "entry" in flags or "entry" in base:
         return
     typed = flags.get("workload", base.get("workload"))
-    if isinstance(typed, list) and typed and looks_like_program(str(typed[0])) \
-            and not str(typed[0]).endswith(".py"):
+    if isinstance(typed, list) and typed and implied_entry([str(t) for t in typed]) \
+            == "command":
         flags["entry"] = "command"
 
 

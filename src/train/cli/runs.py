@@ -80,7 +80,7 @@ def _add_run_parser(sub: Subparsers, name: str, text: str, nargs: str | None
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from train.client.slurm.chain import chain_dirs, find_run, load_chain
+    from train.client.slurm.chain import chain_dirs, find_run, load_chain, unreadable_runs
     from train.client.slurm.chainstatus import chain_status, format_status
     from train.client.slurm.sweep import is_sweep
     from train.client.slurm.sweeparray import format_sweep_status, sweep_status
@@ -115,6 +115,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
             except UsageError as exc:
                 statuses.append({"name": run_dir.name, "run_dir": str(run_dir),
                                  "state": "unreadable", "cause": str(exc)})
+        statuses += [{"name": run_dir.name, "run_dir": str(run_dir), "state": "unreadable",
+                      "cause": why} for run_dir, why in unreadable_runs(args.runs)]
     if args.json:
         print(json.dumps(statuses if args.ref is None else statuses[0], indent=2))
         return EXIT_OK

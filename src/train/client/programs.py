@@ -89,19 +89,60 @@ def submit_notes(entry: str, command: Sequence[str], launch: str, run_dir: str,
     return notes
 
 
-_PROGRAM_NAME = re.compile(r"python[0-9.]*|(ba|z|da)?sh|torchrun|accelerate|deepspeed")
+# the programs an image is expected to have (python, a shell, torch's and Hugging Face's
+# launchers): any other is worth a word where the login node cannot look for it
+PROGRAM_NAME = re.compile(r"python[0-9.]*|(ba|z|da)?sh|torchrun|accelerate|deepspeed")
+_KNOWN_PROGRAMS = ("python", "python3", "bash", "torchrun", "accelerate", "deepspeed")
 
 
 def looks_like_program(word: str) -> bool:
     """Whether a word given as a `train run` workload names a program instead: python, a
     shell, a launcher, a .py or .sh file, or a path to an executable file."""
     name = os.path.basename(word)
-    if name.endswith((".py", ".sh")) or _PROGRAM_NAME.fullmatch(name):
+    if name.endswith((".py", ".sh")) or PROGRAM_NAME.fullmatch(name):
         return True
     try:
         return os.sep in word and os.path.isfile(word) and os.access(word, os.X_OK)
     except (OSError, ValueError):
         return False
+
+
+def implied_entry(typed: Sequence[str]) -> str:
+    """The entry of a job that names none (by flag, job file or defaults), from what follows
+    `--`: train for a `train run` workload, its options or nothing; any other first word is
+    a program (python, uv, conda, env, time, julia, a path, a typo), run as `-e command`
+    would and checked as one at submit (train.client.slurm.checks.files). A bare .py stays
+    train, refused with the fix (`python FILE`: its argv is not ours to rewrite); a word
+    close to a workload's name (dmeo) is refused naming both ways."""
+    import difflib
+    import shlex
+
+    from train.common.errors import ConfigError
+    from train.workloads.config import WORKLOADS
+
+    if not typed or typed[0] in WORKLOADS or typed[0].startswith("-") \
+            or typed[0].endswith(".py"):
+        return "train"
+    word = typed[0]
+    close = difflib.get_close_matches(word, WORKLOADS, n=1, cutoff=0.7)
+    if close and os.sep not in word:
+        raise ConfigError("workload", f"{word!r} is no `train run` workload (did you mean "
+                          f"{close[0]}? the workloads: {', '.join(WORKLOADS)}); a program of "
+                          f"that name runs with -e command -- {shlex.join(typed)}")
+    return "command"
+
+
+def program_slip(name: str) -> str:
+    """What a program name that cannot be found may be a slip of, as a parenthesis for an
+    error or a note ('' for none): a known program's name misspelt (pyhton), or a shell's
+    variable assignment (X=1 python ...), which the job does not run through a shell."""
+    import difflib
+
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", name):
+        return (f" ({name} is a shell's variable assignment, and the command runs without a "
+                f"shell: give --env {name}, or -- env {name} PROGRAM ...)")
+    close = difflib.get_close_matches(name, _KNOWN_PROGRAMS, n=1, cutoff=0.7)
+    return f" (did you mean {close[0]}?)" if close and close[0] != name else ""
 
 
 def command_hint(typed: Sequence[str]) -> str | None:

@@ -11,6 +11,7 @@ from train.common.yamlio import shown
 # Every pattern here is used with fullmatch: `$` would let a trailing newline through.
 # (at most 12 digits a number: int() refuses thousands, and no walltime or memory needs more)
 _TIME_RE = re.compile(r"(?:([0-9]{1,12})-)?([0-9]{1,12})(?::([0-9]{1,12}))?(?::([0-9]{1,12}))?")
+_TIME_FORMS = "MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
 _MEM_RE = re.compile(r"([0-9]{1,12})([KMGTkmgt]?)[Bb]?")  # ASCII units only (no Kelvin sign)
 
 
@@ -19,21 +20,25 @@ def parse_time(text: str | int, field_name: str = "time") -> int:
     value = str(text)
     match = _TIME_RE.fullmatch(value)
     if not match:
-        raise ConfigError(field_name, f"{shown(value)} is not a SLURM time (MM, MM:SS, "
-                          "HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)")
+        raise ConfigError(field_name, f"{shown(value)} is not a SLURM time ({_TIME_FORMS})")
     days, a, b, c = match.groups()
-    if days is None:
-        if b is None:  # minutes
-            minutes, seconds = int(a), 0
-        elif c is None:  # minutes:seconds
-            minutes, seconds = int(a), int(b)
-        else:  # hours:minutes:seconds
-            minutes, seconds = int(a) * 60 + int(b), int(c)
-        return minutes + (1 if seconds else 0)
-    hours = int(a)
-    minutes = int(b) if b is not None else 0
-    seconds = int(c) if c is not None else 0
-    return int(days) * 1440 + hours * 60 + minutes + (1 if seconds else 0)
+    if days is not None:  # D-HH[:MM[:SS]]
+        d, h, m, sec = int(days), int(a), int(b or 0), int(c or 0)
+        bounded = [("hours", h, 23), ("minutes", m, 59), ("seconds", sec, 59)]
+    elif c is not None:  # HH:MM:SS
+        d, h, m, sec = 0, int(a), int(b), int(c)
+        bounded = [("minutes", m, 59), ("seconds", sec, 59)]
+    else:  # MM[:SS]
+        d, h, m, sec = 0, 0, int(a), int(b or 0)
+        bounded = [("seconds", sec, 59)]
+    # only the first number may run over its unit (90 minutes, 36:00:00): a later one past
+    # it (1-99:99:99) is a slip that Slurm would silently carry into the next unit
+    for what, number, top in bounded:
+        if number > top:
+            raise ConfigError(field_name, f"{shown(value)}: {number} {what} is more than "
+                              f"{top}; a SLURM time is {_TIME_FORMS}, and only its first "
+                              "number may exceed its unit")
+    return d * 1440 + h * 60 + m + (1 if sec else 0)
 
 
 def format_time(minutes: int) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from train.client.doctor.diagnosis import Report, ask_slurm, diagnose
-from train.client.slurm.chain import Chain, chain_dirs, load_chain
+from train.client.slurm.chain import Chain, chain_dirs, load_chain, unreadable_runs
 from train.client.slurm.chainstatus import chain_status
 from train.common.errors import UsageError
 
@@ -56,6 +56,7 @@ def overview(runs_root: Path) -> list[dict[str, Any]]:
             chains.append(load_chain(run_dir))
         except UsageError as exc:  # one broken record does not hide the others
             chains.append((run_dir, str(exc)))
+    chains += unreadable_runs(runs_root)
     ids = [i for c in chains if isinstance(c, Chain) for i in c.ids]
     states, note = ask_slurm(ids)
     rows: list[dict[str, Any]] = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,41 @@ def _is_file(path: Path) -> bool:
         return False
 
 
+def record_problem(run_dir: Path, field: str = "run") -> str | None:
+    """What is wrong with a run folder whose record (chain.json, sweep.json) is there but
+    no regular file (a FIFO, a folder, a device, a dangling link): records are read from
+    regular files only, and such a folder is said, not passed over."""
+    if any(_is_file(run_dir / name) for name in contract.RUN_RECORDS):
+        return None
+    for name in contract.RUN_RECORDS:
+        path = run_dir / name
+        try:
+            mode = path.lstat().st_mode
+        except (OSError, ValueError):  # (missing, a name too long or holding NUL)
+            continue
+        kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else
+                "a link to no regular file" if stat.S_ISLNK(mode) else "no regular file")
+        try:
+            chains = sorted(f"{run_dir.name}/{p.parent.name}"
+                            for p in run_dir.glob(f"*/{contract.CHAIN_RECORD}") if _is_file(p))
+        except OSError:
+            chains = []
+        return (f"{field}: {path} is {kind}, not the record `train submit` writes: it is not "
+                "read" + (f"; the chains in that folder are still read one by one: "
+                          f"{_few(chains)}" if chains else ""))
+    return None
+
+
+def unreadable_runs(runs_root: Path) -> list[tuple[Path, str]]:
+    """The run folders directly under runs_root whose record is no regular file, and why
+    (chain_dirs passes them over)."""
+    try:
+        folders = sorted(p for p in runs_root.iterdir() if p.is_dir())
+    except OSError:
+        return []
+    return [(p, why) for p in folders if (why := record_problem(p)) is not None]
+
+
 def chain_dirs(runs_root: Path) -> list[Path]:
     """Every chain under runs_root, a sweep's chains (one level deeper) included."""
     try:
@@ -164,6 +200,9 @@ def find_run(ref: str, runs_root: Path) -> Path:
         direct = runs_root / ref  # NAME/seed-4: a sweep's chain
     if _is_file(direct / contract.CHAIN_RECORD) or _is_file(direct / contract.SWEEP_RECORD):
         return direct
+    problem = record_problem(direct)
+    if problem is not None:
+        raise UsageError(problem)
     if _is_number(ref):
         for run_dir in chain_dirs(runs_root):
             text = _read_text(run_dir / contract.CHAIN_IDS)
@@ -180,7 +219,7 @@ def find_run(ref: str, runs_root: Path) -> Path:
                              f"its record cannot be read: {exc}") from None
         raise UsageError(f"run: the sweep {shown(sweep)} has no task {shown(task)}; its "
                          f"tasks: {_few(tasks)}")
-    known = [p.name for p in chain_dirs(runs_root)]
+    known = [str(p.relative_to(runs_root)) for p in chain_dirs(runs_root)]
     raise UsageError(f"run: no run named or holding job {shown(ref)} under {runs_root}; "
                      f"known runs: {_few(known)} (a chain submitted with --out lives "
                      "there: give that directory, or --runs its parent)")

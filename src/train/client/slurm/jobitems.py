@@ -114,7 +114,8 @@ def parse_bind(item: str, base: str | None = None) -> Bind:
     mode = parts[2] if len(parts) == 3 else "rw"
     if mode not in ("ro", "rw"):
         raise ConfigError("bind", f"{item!r}: the mode must be ro or rw, got {mode!r}")
-    return Bind(src=src, dst=os.path.normpath(dst), read_only=mode == "ro")
+    # (normpath keeps a leading '//', which the runtimes read as '/': //proc is /proc)
+    return Bind(src=src, dst="/" + os.path.normpath(dst).lstrip("/"), read_only=mode == "ro")
 
 
 def check_extra_option(item: str, field_name: str, owned: dict[str, str]) -> None:

@@ -141,11 +141,36 @@ def _check_bind(spec: JobSpec, bind: Bind, run_dir: Path) -> None:
         raise ConfigError("bind", f"{bind.spec}: runtime none runs on the node itself "
                           "and can neither show a path elsewhere nor make it read-only; "
                           "use a container runtime or the path itself")
+    if spec.runtime != "none":
+        _check_container_destination(spec.runtime, bind)
     moved = bind.src != bind.dst or bind.read_only
     if bind.dst == "/" or (moved and _under(run_dir, [bind.dst])):
         raise ConfigError("bind", f"{bind.spec}: the destination would hide the run "
                           f"directory {run_dir} or make it read-only (or cover the "
                           "whole file system)")
+
+
+# the runtime mounts its own file systems there (processes, kernel, devices with the GPUs);
+# apptainer keeps its metadata (environment, runscript) in /.singularity.d
+_RUNTIME_OWNED = ("/proc", "/sys", "/dev", "/.singularity.d")
+# the image's own programs and libraries: a folder bound over one of them hides them all
+_IMAGE_SYSTEM = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/usr", "/etc")
+
+
+def _check_container_destination(runtime: str, bind: Bind) -> None:
+    """A destination the container runtime refuses, or that would take from the container
+    what it runs on."""
+    owned = next((d for d in _RUNTIME_OWNED if _under(Path(bind.dst), [d])), None)
+    if owned is not None:
+        raise ConfigError("bind", f"{bind.spec}: {runtime} mounts its own {owned} in the "
+                          f"container (processes, kernel, devices and GPUs, or its own "
+                          f"metadata), so nothing can be bound to {bind.dst}: bind it "
+                          "elsewhere (e.g. /data) and point the program there")
+    if bind.dst in _IMAGE_SYSTEM:
+        raise ConfigError("bind", f"{bind.spec}: a folder bound at {bind.dst} hides the "
+                          f"image's own {bind.dst} (its programs, libraries or settings: "
+                          "the container's Python would not start); bind it under a "
+                          "folder of its own (e.g. /data)")
 
 
 def _results_csv(spec: JobSpec, run_config: RunConfig, run_dir: Path,

@@ -60,8 +60,8 @@ class JobSpec:
     entry: str = opt("train", "train (`train run`), command (any program, run verbatim: "
                      "under torch's launcher or one rank per task, see --launch) or navsim "
                      "(NAVSIM's Lightning training, nodes/devices/strategy set from the "
-                     "job). Not given: command where a program follows -- (python, a "
-                     "launcher, a shell, an executable), else train.", short="-e", kind=str,
+                     "job). Not given: command where a program follows -- (any word "
+                     "but a `train run` workload or option), else train.", short="-e", kind=str,
                      choices=ENTRIES)
     account: str | None = opt(None, "SLURM account.", short="-A", kind=str, optional=True)
     partition: str | None = opt(None, "Partition (not on sites that use constraints).",

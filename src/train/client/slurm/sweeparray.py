@@ -23,7 +23,7 @@ from typing import Any
 
 from train.batch import contract
 from train.batch.engine import ENGINE_DIR
-from train.client.slurm.chain import Chain, load_chain
+from train.client.slurm.chain import Chain, load_chain, record_problem
 from train.client.slurm.chainstatus import chain_status
 from train.client.slurm.queue import ACTIVE_STATES, _is_number, array_task_states, ref_states
 from train.client.slurm.render import render, sbatch_options, sbatch_value
@@ -244,12 +244,26 @@ def _record_first(chain: Chain) -> int:
         else 1
 
 
-def _load(root: Path) -> tuple[list[tuple[SweepTask, Chain]],
+def record_array(root: Path, record: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The array job of the sweep's record (None: a sweep of separate chains, a record of
+    before the job arrays), and what is wrong with one that is no job id (hand-edited, cut
+    short): said, never read as "separate chains"."""
+    array = record.get("array_job")
+    if array is None or (isinstance(array, str) and _is_number(array)):
+        return array, None
+    return None, (f"{root / contract.SWEEP_RECORD}: array_job {repr(array)[:40]} is not a "
+                  "job id (digits as text, as train submit writes it): the record is "
+                  "damaged, and the array's tasks are reached only through their chains")
+
+
+def _load(root: Path) -> tuple[str | None, list[tuple[SweepTask, Chain]],
                                list[tuple[SweepTask, TrainError]], list[str]]:
-    """The sweep's chains, the tasks whose chain cannot be read (why), and the record's
-    entries that are not tasks."""
-    array = load_record(root).get("array_job")
+    """The sweep's array job, its chains, the tasks whose chain cannot be read (why), and
+    what in the record is damaged (an array_job that is no job id, entries that are not
+    tasks)."""
+    array, damaged = record_array(root, load_record(root))
     tasks, bad = read_tasks(root)
+    bad = [damaged, *bad] if damaged else bad
     pairs: list[tuple[SweepTask, Chain]] = []
     unread: list[tuple[SweepTask, TrainError]] = []
     for task in tasks:
@@ -257,7 +271,7 @@ def _load(root: Path) -> tuple[list[tuple[SweepTask, Chain]],
             pairs.append((task, _task_chain(root, task, array)))
         except UsageError as exc:
             unread.append((task, exc))
-    return pairs, unread, bad
+    return array, pairs, unread, bad
 
 
 def states_of(chains: list[Chain]) -> dict[str, dict[str, Any]]:
@@ -271,7 +285,7 @@ def sweep_status(root: Path) -> dict[str, Any]:
     chain status; a task whose folder cannot be read, and an entry of the record that is
     not a task, are `unreadable` with their cause. Slurm not answering is an error."""
     record = load_record(root)
-    pairs, unread, bad = _load(root)
+    array, pairs, unread, bad = _load(root)
     states = states_of([c for _, c in pairs])
     statuses = []
     for task, chain in pairs:
@@ -288,7 +302,7 @@ def sweep_status(root: Path) -> dict[str, Any]:
     name = record.get("name")
     out = aggregate(name if isinstance(name, str) and name else root.name, root, statuses)
     out.update(flag=_text(record.get("flag"), "seeds"),
-               array_job=_text(record.get("array_job"), None),
+               array_job=array, array_job_damaged=record_array(root, record)[1] is not None,
                throttle=record.get("throttle") if _whole(record.get("throttle")) else None,
                chunks_run=sum(int(s.get("chunks_used") or 0) for s in statuses))
     return out
@@ -308,9 +322,16 @@ def check_sweep_root(root: Path) -> str | None:
     if (root / contract.CHAIN_RECORD).is_file():
         raise UsageError(f"name: {root.name} holds a single chain; choose another --name (or "
                          "--out) for a sweep")
+    problem = record_problem(root, "name")
+    if problem is not None:
+        raise UsageError(f"{problem}; choose another --name (or --out)")
     if not (root / contract.SWEEP_RECORD).is_file():
         return None
-    array = load_record(root).get("array_job")
+    array, damaged = record_array(root, load_record(root))
+    if damaged:
+        raise UsageError(f"name: {damaged}; whether its array still has tasks queued cannot "
+                         "be told: correct or remove that array_job (`squeue --me` lists "
+                         "your jobs), or choose another --name")
     chains = [_task_chain(root, t, array) for t in sweep_tasks(root)
               if (root / t.dir / contract.CHAIN_RECORD).is_file()]  # (one cut short: none)
     active = [i for i, s in states_of(chains).items() if s["state"] in ACTIVE_STATES]
@@ -318,7 +339,7 @@ def check_sweep_root(root: Path) -> str | None:
         raise UsageError(f"name: {root.name} is a sweep with active jobs ("
                          f"{', '.join(sorted(active))}); cancel it first with `train cancel "
                          f"{root.name}`, or choose another --name")
-    return array if isinstance(array, str) and _is_number(array) else None
+    return array
 
 
 def slurm_ref(chain: Chain, job_id: str) -> str:
@@ -338,7 +359,7 @@ def cancel_sweep(root: Path) -> tuple[list[str], list[UsageError]]:
     first. A task whose chain cannot be read (its folder removed, its chain.json cut
     short) or names no job still has its array task cancelled; what could not be read
     comes back too. Slurm not answering is an error (nothing is said cancelled)."""
-    pairs, unread, bad = _load(root)
+    array, pairs, unread, bad = _load(root)
     states = states_of([c for _, c in pairs])
     cancelled: list[str] = []
     for _task, chain in pairs:
@@ -349,8 +370,7 @@ def cancel_sweep(root: Path) -> tuple[list[str], list[UsageError]]:
             fh.write(f"{int(time.time())} 0 {chain.ids[0]} {contract.EV_CANCELLED} "
                      "by-user\n")
         cancelled += [slurm_ref(chain, i) for i in active]
-    array = load_record(root).get("array_job")
-    if unread and isinstance(array, str) and _is_number(array):
+    if unread and array is not None:
         refs = [task_ref(array, t.index) for t, _ in unread]
         found = array_task_states(refs)
         cancelled += [r for r in refs if found[r]["state"] in ACTIVE_STATES]
@@ -365,7 +385,9 @@ def format_sweep_status(st: dict[str, Any], tasks: bool = False) -> list[str]:
     """One line for the sweep (tasks per chain state), one more per task with --tasks."""
     chains = st["chains"]
     counts = ", ".join(f"{state} {n}" for state, n in st["counts"].items())
-    array = f"array job {st['array_job']}" if st.get("array_job") else "separate chains"
+    array = f"array job {st['array_job']}" if st.get("array_job") else \
+        "array job unknown: the record is damaged" if st.get("array_job_damaged") else \
+        "separate chains"
     throttle = f", at most {st['throttle']} at once" if st.get("throttle") else ""
     done = f"; done {st['done']}/{st['total']}" if st.get("total") else ""
     lines = [f"sweep {st['name']}: {len(chains)} tasks  {counts}  ({array}{throttle}; "

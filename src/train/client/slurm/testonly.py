@@ -64,6 +64,48 @@ def _where(job: ResolvedJob, field: str) -> str:
             f"{', '.join(node.gpu_types) or 'none'}; {base})")
 
 
+def _beyond_nodes(job: ResolvedJob, environ: dict[str, str]) -> tuple[str, str] | None:
+    """Where Slurm says no node fits the job, the CPUs or memory a node of its partition
+    (or, without one, of its constraint's features) has fewer of than one node of the job
+    asks, as sinfo says: (field, what was asked and what the nodes have). None where sinfo
+    cannot say, or the CPUs and memory fit (the GPUs then)."""
+    import re
+
+    from train.client.clusters.probe.site import SINFO, parse_sinfo
+
+    where = ["-p", job.partition] if job.partition else []
+    try:
+        proc = _proc.run([*SINFO[:2], *where, *SINFO[2:]], check=False, timeout=TEST_TIMEOUT,
+                         env=environ, skip_hung=True)
+        nodes = parse_sinfo(_proc.printable(proc.stdout)) if proc.returncode == 0 else []
+    except (_proc.ProcError, ValueError):
+        return None
+    if job.partition:
+        nodes = [n for n in nodes if n.partition == job.partition]
+        which = f"the partition {job.partition}'s nodes"
+    else:
+        words = set(re.findall(r"[A-Za-z0-9_.-]+", job.constraint or ""))
+        nodes = [n for n in nodes if words & set(n.features)] if words else nodes
+        which = f"the nodes with {job.constraint}" if words else "the site's nodes"
+    if not nodes:
+        return None
+    spec = job.spec
+    cpus = (spec.cpus_per_task or 1) * job.ntasks_per_node
+    most = max(n.cpus for n in nodes)
+    if cpus > most:
+        tasks = f" x {job.ntasks_per_node} tasks a node = {cpus} CPUs" \
+            if job.ntasks_per_node > 1 else ""
+        return "cpus_per_task", (f"--cpus-per-task {spec.cpus_per_task}{tasks}, and "
+                                 f"{which} have at most {most} CPUs each (sinfo; the "
+                                 f"profile says {job.node.cpus_per_node})")
+    most = max(n.mem_mb for n in nodes)
+    if not job.whole_node_mem and job.mem_mb > most:
+        return "mem", (f"--mem {format_mem(job.mem_mb)} a node, and {which} have at most "
+                       f"{format_mem(most)} each (sinfo; the profile says "
+                       f"{format_mem(job.node.mem_mb)})")
+    return None
+
+
 def field_of(message: str) -> str:
     """The job field a refusal of Slurm's is about (gpus where it says no node fits); ''
     where the words name none (a controller that does not answer, an unknown error)."""
@@ -94,8 +136,11 @@ def refusal(job: ResolvedJob, script: str, environ: dict[str, str]) -> tuple[str
     field = field_of(words)
     if not field:
         return "", f"`sbatch --test-only` failed, naming nothing of the job: {words}"
+    where = _where(job, field)
+    if "node configuration" in words.lower():  # no node fits: GPUs, CPUs or memory
+        field, where = _beyond_nodes(job, environ) or (field, where)
     return field, (f"Slurm refuses this job (`sbatch --test-only`: {words}); it asked for "
-                   f"{_where(job, field)}; nothing was queued; `train clusters probe "
+                   f"{where}; nothing was queued; `train clusters probe "
                    f"{job.profile.name}` compares the profile with the site (--no-check "
                    "submits without asking)")
 

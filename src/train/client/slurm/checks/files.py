@@ -9,6 +9,7 @@ import re
 import shutil
 from collections.abc import Mapping, Sequence
 
+from train.client.programs import PROGRAM_NAME, program_slip
 from train.client.slurm.checks.problem import Problem
 from train.client.slurm.jobitems import parse_bind
 from train.client.slurm.resolve import ResolvedJob
@@ -25,15 +26,20 @@ def program_problems(job: ResolvedJob, environ: Mapping[str, str]
     folder = _program_folder(job)
     wanted: list[tuple[str, str, bool]] = []  # (field, path as given, must be executable)
     problems: list[Problem] = []
+    notes: list[str] = []
     if spec.entry == "command":
         program = spec.workload[0]
+        slip = program_slip(program)
         if "/" in program:
             wanted.append(("workload", program, True))
         elif spec.runtime == "none" and shutil.which(
                 program, path=environ.get("PATH", os.defpath)) is None:
             problems.append(Problem("workload", f"{program!r} is not a program on this "
                                     "PATH, which the nodes run the job with (--runtime "
-                                    "none): a typo, or give its path"))
+                                    f"none): a typo{slip}, or give its path"))
+        elif spec.runtime != "none" and not PROGRAM_NAME.fullmatch(program):
+            notes.append(f"the command after -- starts {program!r}, which is looked up on "
+                         f"the PATH inside the image, on the node: not checked here{slip}")
         script = python_script(spec.workload)
         if script is not None:
             wanted.append(("workload", script, False))
@@ -61,7 +67,7 @@ def program_problems(job: ResolvedJob, environ: Mapping[str, str]
             problems.append(Problem(field, f"{flag}: {given}{where} is not executable: "
                                     f"chmod +x it, or run it with its interpreter (-- bash "
                                     f"{given}, -- python {given})"))
-    return problems, []
+    return problems, notes
 
 
 def python_script(argv: Sequence[str]) -> str | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from train.batch import contract
 from train.client.slurm import queue
-from train.client.slurm.chain import Chain, load_chain
+from train.client.slurm.chain import Chain, load_chain, record_problem
 from train.client.slurm.checks.problem import Problem
 from train.client.slurm.queue import ACTIVE_STATES
 from train.client.slurm.resolve import ResolvedJob
@@ -124,6 +124,9 @@ def check_not_active(run_dir: Path, sweep_task: bool = False) -> Chain | None:
     if (run_dir / contract.SWEEP_RECORD).is_file():
         raise UsageError(f"name: {run_dir.name} is a sweep; choose another --name (or "
                          "--out) for a single chain")
+    problem = record_problem(run_dir, "name")
+    if problem is not None:  # (a FIFO there: no earlier run can be told apart)
+        raise UsageError(f"{problem}; choose another --name (or --out)")
     if not sweep_task and (run_dir.parent / contract.SWEEP_RECORD).is_file():
         raise UsageError(f"out: {run_dir} is a task folder of the sweep {run_dir.parent} "
                          "(its array task runs the chain there): choose a folder outside "
