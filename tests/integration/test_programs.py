@@ -61,6 +61,18 @@ def test_a_plain_ddp_script_trains_on_two_nodes(
     assert out.count("done at step 20") == 2
 
 
+def test_a_torchrun_only_script_runs_as_the_one_process_of_a_job(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    # (issue 39: one process ran with no RANK, LOCAL_RANK, ...: KeyError: 'LOCAL_RANK')
+    run_dir = _submit(tmp_path, slurm_env, "one", ["--nodes", "1", "--python",
+                                                   sys.executable])
+    st = _wait(tmp_path, slurm_env, "one", lambda s: s["state"] in TERMINAL, timeout=300)
+    out = _logs(run_dir, "out")
+    assert st["state"] == "complete", (st, _logs(run_dir, "err")[-4000:])
+    assert "user script rank 0/1 local 0 master 127.0.0.1:" in out, out
+    assert out.count("done at step 20") == 1
+
+
 def test_with_no_stop_signal_a_program_without_a_handler_is_never_signalled(
         tmp_path: Path, slurm_env: dict[str, str]) -> None:
     env = {**slurm_env, "USER_NO_HANDLER": "1", "USER_HOLD_AT": "5"}

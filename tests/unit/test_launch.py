@@ -265,3 +265,32 @@ def test_launch_gives_each_task_and_each_torchrun_worker_its_own_ready_file(
     # `python -m` keeps the agent's interpreter, as torchrun's own `-m` would
     assert ready_per_rank("torchrun", 0, ["python3", "-m", "train", "run"], env)[3:] == [
         sys.executable, "-m", "train", "run"]
+
+
+def test_one_process_gets_what_torchs_launcher_would_give_it(tmp_path: Path) -> None:
+    """A script written for torchrun (LOCAL_RANK read, a plain init_process_group()) runs
+    as the one process of a job: rank 0 of 1 on loopback, on a free port, also where
+    the node's name resolves nowhere."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "torchrun_only.py"
+    script.write_text(
+        "import os\nimport torch.distributed as dist\n"
+        "local = int(os.environ['LOCAL_RANK'])\n"
+        "dist.init_process_group('gloo')\n"
+        "print(dist.get_rank(), dist.get_world_size(), local,\n"
+        "      *(os.environ[v] for v in ('LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')))\n"
+        "dist.destroy_process_group()\n")
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join(sys.path),
+           "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node-nowhere.invalid",
+           "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_PROCID": "0",
+           "SLURM_NTASKS": "1", "SLURM_CPUS_PER_TASK": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "train", "launch", "--mode", "single", "--",
+                           sys.executable, str(script)], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    rank, world, local, local_world, addr, port = proc.stdout.split()
+    assert (rank, world, local, local_world, addr) == ("0", "1", "0", "1", "127.0.0.1")
+    assert 0 < int(port) < 65536 and "rank 0 of 1" in proc.stderr

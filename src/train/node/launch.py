@@ -7,7 +7,10 @@ starts the workload in one of two ways:
             per GPU of the node (1 on a CPU node unless --nproc-per-node says otherwise);
   tasks     one task per GPU (what Lightning and NAVSIM's training expect): this task is one
             rank; RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT are set and the command
-            replaces this process.
+            replaces this process;
+  single    one process in all: the same variables as `torchrun --nproc-per-node 1` gives
+            (rank 0 of 1, on loopback, a free port), so a script written for torch's
+            launcher runs unchanged; the command replaces this process.
 Before starting it checks that CUDA works where the step has GPUs (`runtime.cuda_check`: a
 cause such as a driver too old for the image's torch is exit 3), can wait for free GPU
 memory (the field notes' wait-and-run wrapper), caps DataLoader workers by the task's CPUs
@@ -51,8 +54,10 @@ from train.node.launcher.sizing import (
     size_workers,
 )
 from train.node.launcher.step import (
+    LOOPBACK,
     MASTER_ADDR_VAR,
     SlurmStep,
+    free_port,
     read_step,
     resolve_address,
     tasks_env,
@@ -92,9 +97,9 @@ def prepare(opts: LaunchOptions, env: MutableMapping[str, str]) -> tuple[SlurmSt
         need_torch()
     step = read_step(env)
     check_cuda(step, env)  # before the memory wait: a broken CUDA never frees up
-    # (one process alone has no rendezvous: its node's name need not resolve)
-    master = env.get(MASTER_ADDR_VAR) or (step.master if opts.mode == "single"
-                                          else resolve_address(step.master))
+    # (one process alone meets itself on loopback: its node's name need not resolve)
+    master = LOOPBACK if opts.mode == "single" else \
+        env.get(MASTER_ADDR_VAR) or resolve_address(step.master)
     command = list(opts.command)
     apply_nccl_defaults(env)
     log_interconnect(env)
@@ -132,7 +137,9 @@ def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> 
         nproc = opts.nproc_per_node or max(1, step.gpus_on_node)
         return run_torchrun(step, master, nproc, command, environ, cleanup)
     if opts.mode == "single":
-        log.info("single process: %s", " ".join(masked_argv(command)))
+        environ.update(tasks_env(step, master, free_port(master)))
+        log.info("single process (rank 0 of 1, master %s:%s): %s", master,
+                 environ["MASTER_PORT"], " ".join(masked_argv(command)))
     else:
         environ.update(tasks_env(step, master))
         log.info("rank %d/%d (node %d, local %d), master %s:%d: %s", step.procid,
