@@ -5,6 +5,7 @@ the chain completes)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -71,6 +72,30 @@ def test_a_torchrun_only_script_runs_as_the_one_process_of_a_job(
     assert st["state"] == "complete", (st, _logs(run_dir, "err")[-4000:])
     assert "user script rank 0/1 local 0 master 127.0.0.1:" in out, out
     assert out.count("done at step 20") == 1
+
+
+def test_under_runtime_none_the_commands_python_is_the_python_checked(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    # (issue 39: the first `python` on the nodes' PATH ran, a Python without torch, while
+    # submit had checked that --python imports it)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "python").write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named "
+                                 "'torch'\" >&2\nexit 1\n")
+    (bare / "python").chmod(0o755)
+    env = {**slurm_env, "PATH": f"{bare}:{os.environ['PATH']}"}
+    run_dir = tmp_path / "runs" / "py"
+    run_dir.mkdir(parents=True)
+    shutil.copy(SCRIPT, run_dir / "user_ddp.py")
+    proc = run_cli(["submit", "--name", "py", "--cluster", "local", "--cpus-per-task", "1",
+                    "--mem", "1000M", "--time", "5", "--runtime", "none", "--python",
+                    sys.executable, "--", "python", str(run_dir / "user_ddp.py")],
+                   cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    st = _wait(tmp_path, env, "py", lambda s: s["state"] in TERMINAL, timeout=300)
+    assert st["state"] == "complete", (st, _logs(run_dir, "err")[-4000:])
+    assert "done at step 20" in _logs(run_dir, "out")
+    assert f"runs as --python {sys.executable}" in proc.stderr, proc.stderr
 
 
 def test_with_no_stop_signal_a_program_without_a_handler_is_never_signalled(

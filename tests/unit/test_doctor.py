@@ -699,6 +699,23 @@ def test_json_output_stays_strict_json(tmp_path: Path) -> None:
     assert json.loads(text)["training"] == {"complete": False, "loss": None}
 
 
+def test_a_missing_module_under_runtime_none_names_the_python_not_an_image(
+        tmp_path: Path) -> None:
+    """Issue 39: a job of the nodes' own Python (--runtime none --python P) has no image
+    to rebuild: the fix installs the module into P's environment."""
+    res = {**RESOURCES, "runtime": "none", "image": None, "python": "/scratch/env/bin/python"}
+    err = "Traceback (most recent call last):\nModuleNotFoundError: No module named 'torch'\n"
+    report = diagnose(tmp_path, err, status("FAILED", "1:0", ["started", "failed"]),
+                      resources=res)
+    first = report.findings[0]
+    assert first.cause == "import_error", report.verdict
+    assert "/scratch/env/bin/python -m pip install torch" in first.fix, first.fix
+    assert "image" not in first.title and "rebuild" not in first.fix, first
+    with_image = diagnose(tmp_path / "img", err, status("FAILED", "1:0"),
+                          resources={**res, "runtime": "apptainer", "image": "/x.sif"})
+    assert "rebuild the image" in with_image.findings[0].fix
+
+
 def test_a_healthy_chain_queued_for_hours_has_no_idle_gpu(tmp_path: Path) -> None:
     """Issue 18 item 7: three chunks, each idle while it starts and while it saves, 3 hours
     of queue between them (the real sampler loop wrote the file): healthy, exit 0."""

@@ -89,6 +89,20 @@ def submit_notes(entry: str, command: Sequence[str], launch: str, run_dir: str,
     return notes
 
 
+# the interpreter names a command starts with that --python stands for under runtime none
+_PLAIN_PYTHONS = ("python", "python3")
+
+
+def command_as_run(command: Sequence[str], runtime: str, python: str) -> list[str]:
+    """The command as the nodes run it: under runtime none a bare `python` or `python3`
+    first is --python, the interpreter submit checked (not whichever the nodes' PATH
+    finds first, which may lack torch)."""
+    if runtime == "none" and command and command[0] in _PLAIN_PYTHONS \
+            and command[0] != python:
+        return [python, *command[1:]]
+    return list(command)
+
+
 _PROGRAM_NAME = re.compile(r"python[0-9.]*|(ba|z|da)?sh|torchrun|accelerate|deepspeed")
 
 

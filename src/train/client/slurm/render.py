@@ -20,6 +20,7 @@ from train.batch.contract import NAVSIM_CACHE_PATH_OVERRIDE, override_value
 from train.batch.engine import ENGINE_DIR
 from train.client import container
 from train.client.clusters.units import format_mem, format_time, parse_mem
+from train.client.programs import command_as_run
 from train.client.slurm import navsimstep
 from train.client.slurm.resolve import ResolvedJob
 from train.common.entry import bound_entry_argv as entry_argv
@@ -205,7 +206,7 @@ def step_segments(job: ResolvedJob) -> list[list[str]]:
         env=step_environment(job))
     wrapper = engine_argv(job, "task", "--")
     if spec.entry == "command":
-        run = list(spec.workload)
+        run = command_as_run(spec.workload, spec.runtime, spec.python)
     elif spec.entry == "navsim":
         # through the feature cache's phase: computed once per chain
         run = navsimstep.step_argv(navsimstep.navsim_command(job))

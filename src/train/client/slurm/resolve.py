@@ -113,6 +113,7 @@ class ResolvedJob:
                 "worker_mem_mb": parse_mem(self.spec.worker_mem, "worker_mem"),
                 "batch_size": batch, "partition": self.partition,
                 "constraint": self.constraint, "image": self.spec.image,
+                "runtime": self.spec.runtime, "python": self.spec.python,
                 "gpu_watch": None if self.gpu_watch is None else {
                     "interval": self.gpu_watch.interval,
                     "idle_threshold": self.gpu_watch.idle_threshold,

@@ -9,6 +9,7 @@ import re
 import shutil
 from collections.abc import Mapping, Sequence
 
+from train.client.programs import command_as_run
 from train.client.slurm.checks.problem import Problem
 from train.client.slurm.jobitems import parse_bind
 from train.client.slurm.resolve import ResolvedJob
@@ -26,7 +27,7 @@ def program_problems(job: ResolvedJob, environ: Mapping[str, str]
     wanted: list[tuple[str, str, bool]] = []  # (field, path as given, must be executable)
     problems: list[Problem] = []
     if spec.entry == "command":
-        program = spec.workload[0]
+        program = command_as_run(spec.workload, spec.runtime, spec.python)[0]
         if "/" in program:
             wanted.append(("workload", program, True))
         elif spec.runtime == "none" and shutil.which(
