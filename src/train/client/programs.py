@@ -13,6 +13,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from train.client.slurm.jobspec import DEFAULT_PYTHON
+
 SCRIPT_LIMIT = 4 * 2**20  # a script is read up to this size
 _LIGHTNING = re.compile(rb"^[ \t]*(?:import|from)[ \t]+(?:lightning|pytorch_lightning)\b",
                         re.MULTILINE)
@@ -94,11 +96,11 @@ _PLAIN_PYTHONS = ("python", "python3")
 
 
 def command_as_run(command: Sequence[str], runtime: str, python: str) -> list[str]:
-    """The command as the nodes run it: under runtime none a bare `python` or `python3`
-    first is --python, the interpreter submit checked (not whichever the nodes' PATH
-    finds first, which may lack torch)."""
-    if runtime == "none" and command and command[0] in _PLAIN_PYTHONS \
-            and command[0] != python:
+    """The command as the nodes run it: verbatim, except that under runtime none with a
+    --python of the user's a bare `python` or `python3` first is that Python, the one
+    submit checked (not whichever the nodes' PATH finds first, which may lack torch)."""
+    if runtime == "none" and python != DEFAULT_PYTHON and command \
+            and command[0] in _PLAIN_PYTHONS:
         return [python, *command[1:]]
     return list(command)
 
