@@ -24,7 +24,12 @@ from typing import Any
 from train.batch.contract import SWEEP_RECORD
 from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.resolve import ResolvedJob
-from train.client.slurm.sweepargs import check_command, check_unmarked, task_changes
+from train.client.slurm.sweepargs import (
+    check_command,
+    check_save_paths,
+    check_unmarked,
+    task_changes,
+)
 from train.common.errors import ConfigError, UsageError
 from train.common.jsonio import read_bounded, write_json_atomic
 
@@ -155,7 +160,8 @@ def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
                           f"task (remove {given} from the workload)")
     if spec.entry == "command":
         check_command(spec.workload, "workload")
-        check_unmarked(spec.env, spec.bind, spec.chdir)
+        check_unmarked(spec.env, spec.bind)
+        check_save_paths(spec.save_path, spec.chdir)
     root = Path(os.path.abspath(spec.out or os.path.join("runs", spec.name)))
     folders = bound_folders(root, spec.entry, flag, values) if flag != "seeds" else {}
     out = []
@@ -172,7 +178,7 @@ def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
                 seed = _train_seed(spec.workload)
         else:  # a command: its {value}, {index} and {task_dir} (train.client.slurm.sweepargs)
             changes.update(task_changes(spec.workload, spec.resume_args, spec.save_path,
-                                        index, value, str(root / where)))
+                                        spec.chdir, index, value, str(root / where)))
         out.append((SweepTask(index, value, seed, where), dataclasses.replace(spec, **changes)))
     return root, out
 

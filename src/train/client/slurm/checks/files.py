@@ -55,9 +55,11 @@ def program_problems(job: ResolvedJob, environ: Mapping[str, str]
             problems.append(Problem(field, f"{flag}: {given}{where} is a folder, not a "
                                     "program or script"))
         elif not is_file:
+            here = os.path.abspath(given)  # (--chdir {task_dir}: a new folder holds none)
+            found = f": {here}" if where and os.path.isfile(here) else ""
             problems.append(Problem(field, f"{flag}: {given}{where} does not exist"
                                     + (f" (it is {host} here)" if host != inside else "")
-                                    + "; give its path, absolute or from that folder"))
+                                    + f"; give its path, absolute or from that folder{found}"))
         elif executable and not os.access(host, os.X_OK):
             problems.append(Problem(field, f"{flag}: {given}{where} is not executable: "
                                     f"chmod +x it, or run it with its interpreter (-- bash "
