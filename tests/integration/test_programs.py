@@ -98,6 +98,32 @@ def test_under_runtime_none_the_commands_python_is_the_python_checked(
     assert f"runs as --python {sys.executable}" in proc.stderr, proc.stderr
 
 
+def test_accelerate_launch_runs_once_per_node_given_the_jobs_shape(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    # (issue 39: accelerate launch ran under torch's launcher, told nothing of the job:
+    # "`--num_processes` was set to a value of `0`"; on N GPUs a node, N x N ranks)
+    accelerate = str(Path(sys.executable).with_name("accelerate"))  # the dev extra's
+    script = tmp_path / "accelerate_fit.py"
+    shutil.copy(Path(__file__).with_name("accelerate_fit.py"), script)
+    for name, nodes in (("acc2", "2"), ("acc1", "1")):
+        proc = run_cli(["submit", "--name", name, "--cluster", "local", "--nodes", nodes,
+                        "--cpus-per-task", "1", "--mem", "1500M", "--time", "5",
+                        "--python", sys.executable, "--", accelerate, "launch", "--cpu",
+                        str(script)], cwd=tmp_path, env=slurm_env)
+        assert proc.returncode == 0, proc.stderr
+    for name, world in (("acc2", 2), ("acc1", 1)):
+        run_dir = tmp_path / "runs" / name
+        st = _wait(tmp_path, slurm_env, name, lambda s: s["state"] in TERMINAL, timeout=300)
+        out, err = _logs(run_dir, "out"), _logs(run_dir, "err")
+        assert st["state"] == "complete", (st, err[-4000:])
+        for rank in range(world):  # (a group of one too, as under torchrun)
+            assert f"accelerate process {rank} of {world} (MULTI_CPU): gathered " \
+                f"{list(range(world))}" in out, out
+        assert f"--num_processes={world} --num_machines={world}" in err, err
+        assert "`--num_processes` was set" not in err and "`--num_machines` was set" \
+            not in err, err
+
+
 def test_with_no_stop_signal_a_program_without_a_handler_is_never_signalled(
         tmp_path: Path, slurm_env: dict[str, str]) -> None:
     env = {**slurm_env, "USER_NO_HANDLER": "1", "USER_HOLD_AT": "5"}

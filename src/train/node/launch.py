@@ -11,6 +11,9 @@ starts the workload in one of two ways:
   single    one process in all: the same variables as `torchrun --nproc-per-node 1` gives
             (rank 0 of 1, on loopback, a free port), so a script written for torch's
             launcher runs unchanged; the command replaces this process.
+A command that is `accelerate launch` runs in place of torch's launcher (torchrun, single):
+this task's variables (the node as one rank) and the job's shape and rendezvous as its
+flags; it starts the node's processes itself.
 Before starting it checks that CUDA works where the step has GPUs (`runtime.cuda_check`: a
 cause such as a driver too old for the image's torch is exit 3), can wait for free GPU
 memory (the field notes' wait-and-run wrapper), caps DataLoader workers by the task's CPUs
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 
 from train.common.errors import UsageError
 from train.common.hostmem import DEFAULT_WORKER_MEM_MB
+from train.common.launchers import accelerate_prefix, with_job_options
 from train.common.secrets.commands import masked_argv
 from train.node.launcher.environment import (
     apply_nccl_defaults,
@@ -120,28 +124,39 @@ def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> 
     environ = os.environ if env is None else env
     step, master, command = prepare(opts, environ)
     enter_folder(opts.chdir)
+    # accelerate launch starts its node's processes itself: it takes the place of torch's
+    # launcher, once per node, as this task (train.common.launchers)
+    accelerate = accelerate_prefix(command) > 0 and opts.mode != "tasks"
+    mode = "tasks" if opts.mode == "torchrun" and accelerate else opts.mode
     # (torchrun runs `python -m MODULE` with its own interpreter: no program to find)
-    if opts.mode != "torchrun" or "--no-python" in torchrun_argv(step, master, 1, command):
+    if mode != "torchrun" or "--no-python" in torchrun_argv(step, master, 1, command):
         find_program(command, environ)
     program_environment(step, opts.mode, environ)
-    command = ready_per_rank(opts.mode, step.procid, command, environ)
+    command = ready_per_rank(mode, step.procid, command, environ)
     # the stand-in turns `scontrol requeue` into "end this chunk": only under the job's
     # batch shell, which watches for that request
     shim = install_scontrol_shim(environ) if environ.get("TRAIN_STOP_REQUEST") else None
     watcher = start_gpu_watch(step, opts.mode, environ)
-    if opts.mode == "torchrun":
+    if mode == "torchrun":
         def cleanup() -> None:
             stop_gpu_watch(watcher)
             remove_shim(shim)
 
         nproc = opts.nproc_per_node or max(1, step.gpus_on_node)
         return run_torchrun(step, master, nproc, command, environ, cleanup)
-    if opts.mode == "single":
-        environ.update(tasks_env(step, master, free_port(master)))
-        log.info("single process (rank 0 of 1, master %s:%s): %s", master,
-                 environ["MASTER_PORT"], " ".join(masked_argv(command)))
+    port = free_port(master) if opts.mode == "single" else step.port
+    environ.update(tasks_env(step, master, port))
+    if accelerate:
+        per_node = 1 if opts.mode == "single" else \
+            opts.nproc_per_node or max(1, step.gpus_on_node)
+        command = with_job_options(command, len(step.nodes), step.node_id, master, port,
+                                   len(step.nodes) * per_node)
+        log.info("node %d/%d: accelerate launch starts its %d process(es): %s",
+                 step.node_id, len(step.nodes), per_node, " ".join(masked_argv(command)))
+    elif opts.mode == "single":
+        log.info("single process (rank 0 of 1, master %s:%s): %s", master, port,
+                 " ".join(masked_argv(command)))
     else:
-        environ.update(tasks_env(step, master))
         log.info("rank %d/%d (node %d, local %d), master %s:%d: %s", step.procid,
                  step.ntasks, step.node_id, step.localid, master, step.port,
                  " ".join(masked_argv(command)))
