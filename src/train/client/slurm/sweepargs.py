@@ -110,7 +110,8 @@ def check_save_paths(save_path: Sequence[str], chdir: str | None) -> None:
                               "the sweep: each would take another's saves for its own and "
                               "resume from them. Give each task its own: --chdir {task_dir} "
                               "(each task runs in its own folder; relative save paths are "
-                              f"from there), or --save-path {{task_dir}}/{item.lstrip('/')}")
+                              "from there), or a save path with {task_dir} (or {value}) in "
+                              "it, where the task's program saves")
 
 
 def _mentions(command: Sequence[str], folder: str | None, word: bytes) -> bool:
@@ -144,8 +145,9 @@ def sweep_notes(command: Sequence[str], resume_args: str | None,
     """Warnings for a command sweep: tasks that all run the same arguments, output folders
     every task shares, and tasks that all run in one folder with nothing of their own."""
     notes = []
-    if not any(TASK_DIR in w for w in [*command, resume_args or "", folder or ""]) and \
-            not _mentions(command, folder, b"TRAIN_RUN_DIR"):
+    if not any(TASK_DIR in w for w in [*command, resume_args or ""]) and \
+            not _MARKER.search(folder or "") and not _mentions(command, folder,
+                                                                b"TRAIN_RUN_DIR"):
         where = os.path.abspath(folder or ".")
         notes.append(f"the tasks of this sweep all run in {where} (and no {{task_dir}} or "
                      "TRAIN_RUN_DIR gives them a folder of their own): a program that saves "
