@@ -296,16 +296,17 @@ def test_one_process_gets_what_torchs_launcher_would_give_it(tmp_path: Path) -> 
     assert 0 < int(port) < 65536 and "rank 0 of 1" in proc.stderr
 
 
-@pytest.mark.parametrize(("mode", "gpus", "expected"), [
+@pytest.mark.parametrize(("mode", "gpus", "expected", "threads"), [
     # 2 nodes of 4 GPUs under the job's launcher: accelerate launch once per node, 8 in all
     ("torchrun", "0,1,2,3", ["--num_processes=8", "--num_machines=2", "--machine_rank=1",
-                             "--main_process_ip=10.0.0.1", "--main_process_port=24242"]),
+                             "--main_process_ip=10.0.0.1", "--main_process_port=24242"], "2"),
     # a CPU node of a 2-node job: one process a node
     ("torchrun", "", ["--num_processes=2", "--num_machines=2", "--machine_rank=1",
-                      "--main_process_ip=10.0.0.1", "--main_process_port=24242"]),
+                      "--main_process_ip=10.0.0.1", "--main_process_port=24242"], "8"),
 ])
 def test_accelerate_launch_is_the_nodes_launcher_with_the_jobs_shape(
-        monkeypatch: pytest.MonkeyPatch, mode: str, gpus: str, expected: list[str]) -> None:
+        monkeypatch: pytest.MonkeyPatch, mode: str, gpus: str, expected: list[str],
+        threads: str) -> None:
     """Issue 39: under torch's launcher each of a node's N workers ran `accelerate launch`,
     which started N processes of its own (N x N ranks)."""
     import os
@@ -326,6 +327,8 @@ def test_accelerate_launch_is_the_nodes_launcher_with_the_jobs_shape(
     assert argv == ["accelerate", "launch", *expected, *command[2:]], argv
     # the program of accelerate's one process (a CPU or one GPU) finds the node's rank
     assert (seen["RANK"], seen["WORLD_SIZE"], seen["MASTER_ADDR"]) == ("1", "2", "10.0.0.1")
+    # the task's 8 CPUs shared by its processes (not the node's cores, accelerate's guess)
+    assert seen["OMP_NUM_THREADS"] == threads
 
 
 def test_accelerate_launch_as_the_one_process_of_a_job(monkeypatch: pytest.MonkeyPatch

@@ -151,6 +151,9 @@ def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> 
             opts.nproc_per_node or max(1, step.gpus_on_node)
         command = with_job_options(command, len(step.nodes), step.node_id, master, port,
                                    len(step.nodes) * per_node)
+        if "OMP_NUM_THREADS" not in environ and environ.get("SLURM_CPUS_PER_TASK"):
+            # (else accelerate gives each process the whole node's cores over its count)
+            environ["OMP_NUM_THREADS"] = str(max(1, step.cpus_per_task // per_node))
         log.info("node %d/%d: accelerate launch starts its %d process(es): %s",
                  step.node_id, len(step.nodes), per_node, " ".join(masked_argv(command)))
     elif opts.mode == "single":

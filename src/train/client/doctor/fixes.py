@@ -216,11 +216,11 @@ _TITLES_FIXES: dict[str, tuple[str, str]] = {
     "teardown_abort": (
         "a process aborted at its end, as the process group was torn down (torch's gloo: a "
         "known trap, not a fault of the job's nodes)",
-        "the work before it most likely finished (the abort comes from the group's "
-        "destructor, after the program's last line: see its output): submit the same "
-        "command again, which resumes from the last save or finds the work done. To avoid "
-        "it, end the script with dist.barrier(), a flush and os._exit(0) "
-        "(docs/your-program.md, \"A known trap on CPU (gloo)\")"),
+        "the abort comes from the group's destructor, after the program's last line, so "
+        "the work before it most likely finished (its output says): submit the same "
+        "command again, which goes on from the last save (a program that resumes finds "
+        "the work done). To avoid it, end the script with dist.barrier(), a flush and "
+        "os._exit(0) (docs/your-program.md, \"A known trap on CPU (gloo)\")"),
     "native_crash": (
         "the program crashed in native code",
         "a C/C++ library crashed (CUDA, NCCL, a compiled extension): the error log's end "
