@@ -316,6 +316,8 @@ def test_accelerate_launch_is_the_nodes_launcher_with_the_jobs_shape(
 
     ran: list[tuple[list[str], dict[str, str]]] = []
     monkeypatch.setattr(os, "execvpe", lambda f, argv, env: ran.append((argv, env)))
+    monkeypatch.setattr(node_launch, "run_torchrun",  # (a worker per GPU, each launching)
+                        lambda *args: pytest.fail("accelerate launch ran under torchrun"))
     env = {**ENV, "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NTASKS": "2",
            "SLURM_NTASKS_PER_NODE": "1", "CUDA_VISIBLE_DEVICES": gpus,
            "TRAIN_MASTER_ADDR": "10.0.0.1", "PATH": str(Path(sys.executable).parent)}
