@@ -5,6 +5,7 @@ the chain completes)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -59,6 +60,68 @@ def test_a_plain_ddp_script_trains_on_two_nodes(
     weights = {line.rsplit(" ", 1)[-1] for line in out.splitlines() if "weight sum" in line}
     assert len(weights) == 1, out  # DDP kept both ranks identical
     assert out.count("done at step 20") == 2
+
+
+def test_a_torchrun_only_script_runs_as_the_one_process_of_a_job(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    # (issue 39: one process ran with no RANK, LOCAL_RANK, ...: KeyError: 'LOCAL_RANK')
+    run_dir = _submit(tmp_path, slurm_env, "one", ["--nodes", "1", "--python",
+                                                   sys.executable])
+    st = _wait(tmp_path, slurm_env, "one", lambda s: s["state"] in TERMINAL, timeout=300)
+    out = _logs(run_dir, "out")
+    assert st["state"] == "complete", (st, _logs(run_dir, "err")[-4000:])
+    assert "user script rank 0/1 local 0 master 127.0.0.1:" in out, out
+    assert out.count("done at step 20") == 1
+
+
+def test_under_runtime_none_the_commands_python_is_the_python_checked(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    # (issue 39: the first `python` on the nodes' PATH ran, a Python without torch, while
+    # submit had checked that --python imports it)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "python").write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named "
+                                 "'torch'\" >&2\nexit 1\n")
+    (bare / "python").chmod(0o755)
+    env = {**slurm_env, "PATH": f"{bare}:{os.environ['PATH']}"}
+    run_dir = tmp_path / "runs" / "py"
+    run_dir.mkdir(parents=True)
+    shutil.copy(SCRIPT, run_dir / "user_ddp.py")
+    proc = run_cli(["submit", "--name", "py", "--cluster", "local", "--cpus-per-task", "1",
+                    "--mem", "1000M", "--time", "5", "--runtime", "none", "--python",
+                    sys.executable, "--", "python", str(run_dir / "user_ddp.py")],
+                   cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    st = _wait(tmp_path, env, "py", lambda s: s["state"] in TERMINAL, timeout=300)
+    assert st["state"] == "complete", (st, _logs(run_dir, "err")[-4000:])
+    assert "done at step 20" in _logs(run_dir, "out")
+    assert f"runs as --python {sys.executable}" in proc.stderr, proc.stderr
+
+
+def test_accelerate_launch_runs_once_per_node_given_the_jobs_shape(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    # (issue 39: accelerate launch ran under torch's launcher, told nothing of the job:
+    # "`--num_processes` was set to a value of `0`"; on N GPUs a node, N x N ranks)
+    accelerate = str(Path(sys.executable).with_name("accelerate"))  # the dev extra's
+    script = tmp_path / "accelerate_fit.py"
+    shutil.copy(Path(__file__).with_name("accelerate_fit.py"), script)
+    for name, nodes in (("acc2", "2"), ("acc1", "1")):
+        proc = run_cli(["submit", "--name", name, "--cluster", "local", "--nodes", nodes,
+                        "--cpus-per-task", "1", "--mem", "1500M", "--time", "5",
+                        "--python", sys.executable, "--", accelerate, "launch", "--cpu",
+                        str(script)], cwd=tmp_path, env=slurm_env)
+        assert proc.returncode == 0, proc.stderr
+    for name, world in (("acc2", 2), ("acc1", 1)):
+        run_dir = tmp_path / "runs" / name
+        st = _wait(tmp_path, slurm_env, name, lambda s: s["state"] in TERMINAL, timeout=300)
+        out, err = _logs(run_dir, "out"), _logs(run_dir, "err")
+        assert st["state"] == "complete", (st, err[-4000:])
+        for rank in range(world):  # (a group of one too, as under torchrun)
+            assert f"accelerate process {rank} of {world} (MULTI_CPU): gathered " \
+                f"{list(range(world))}" in out, out
+        assert f"--num_processes={world} --num_machines={world}" in err, err
+        assert "`--num_processes` was set" not in err and "`--num_machines` was set" \
+            not in err, err
 
 
 def test_with_no_stop_signal_a_program_without_a_handler_is_never_signalled(

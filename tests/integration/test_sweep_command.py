@@ -5,6 +5,7 @@ beside the sweep's logs."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -48,3 +49,44 @@ def test_a_commands_sweep_puts_each_value_and_folder_in_place_and_sums_up_its_me
     assert lines[3].split() == ["0.3", "0.6", "0.3", "complete"], out.stdout
     empty = [p.name for p in (root / "logs").iterdir() if p.stat().st_size == 0]
     assert empty == [], sorted(p.name for p in (root / "logs").iterdir())
+
+
+# a program that writes where it runs, as most research code does (pytorch/examples'
+# multinode.py: a hard-coded snapshot.pt in the current folder, resumed from when there)
+SNAPSHOT_PROGRAM = """\
+import json, os, sys
+snap, epochs, start = "snapshot.pt", 5, 0
+if os.path.exists(snap):
+    with open(snap) as fh:
+        start = json.load(fh)["epoch"]
+    print(f"resumed from {os.path.abspath(snap)} at epoch {start}")
+for epoch in range(start, epochs):
+    with open(snap + ".tmp", "w") as fh:
+        json.dump({"epoch": epoch + 1, "lr": sys.argv[1]}, fh)
+    os.replace(snap + ".tmp", snap)
+print(f"lr {sys.argv[1]}: ran epochs {start} to {epochs - 1}")
+"""
+
+
+def test_a_sweep_of_a_program_that_writes_where_it_runs_gives_each_task_its_folder(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    """Issue 39: the tasks shared the submit folder and resumed from one another's
+    snapshot.pt; `--chdir {task_dir}` (refused then) runs each in its own folder."""
+    (tmp_path / "snap.py").write_text(SNAPSHOT_PROGRAM)
+    proc = run_cli(["submit", "--name", "sn", "--cluster", "local", "-e", "command",
+                    "--python", sys.executable, "--cpus-per-task", "1", "--mem", "500M",
+                    "--time", "5", "--sweep", "lr=0.1,0.3", "--chdir", "{task_dir}",
+                    "--sweep-throttle", "1", "--",
+                    sys.executable, str(tmp_path / "snap.py"), "{value}"],
+                   cwd=tmp_path, env=slurm_env)
+    assert proc.returncode == 0, proc.stderr
+    assert "all run in" not in proc.stderr, proc.stderr
+    st = wait(tmp_path, slurm_env, "sn", lambda s: all(settled(c) for c in s["chains"]))
+    assert st["counts"] == {"complete": 2}, st
+    root = tmp_path / "runs" / "sn"
+    for index, lr in enumerate(("0.1", "0.3")):
+        folder = root / f"task-{index}"
+        assert json.loads((folder / "snapshot.pt").read_text()) == {"epoch": 5, "lr": lr}
+        out = "".join(p.read_text() for p in (folder / "logs").glob("*.out"))
+        assert f"lr {lr}: ran epochs 0 to 4" in out and "resumed" not in out, out
+    assert not (tmp_path / "snapshot.pt").exists()

@@ -701,6 +701,23 @@ def test_json_output_stays_strict_json(tmp_path: Path) -> None:
     assert json.loads(text)["training"] == {"complete": False, "loss": None}
 
 
+def test_a_missing_module_under_runtime_none_names_the_python_not_an_image(
+        tmp_path: Path) -> None:
+    """Issue 39: a job of the nodes' own Python (--runtime none --python P) has no image
+    to rebuild: the fix installs the module into P's environment."""
+    res = {**RESOURCES, "runtime": "none", "image": None, "python": "/scratch/env/bin/python"}
+    err = "Traceback (most recent call last):\nModuleNotFoundError: No module named 'torch'\n"
+    report = diagnose(tmp_path, err, status("FAILED", "1:0", ["started", "failed"]),
+                      resources=res)
+    first = report.findings[0]
+    assert first.cause == "import_error", report.verdict
+    assert "/scratch/env/bin/python -m pip install torch" in first.fix, first.fix
+    assert "image" not in first.title and "rebuild" not in first.fix, first
+    with_image = diagnose(tmp_path / "img", err, status("FAILED", "1:0"),
+                          resources={**res, "runtime": "apptainer", "image": "/x.sif"})
+    assert "rebuild the image" in with_image.findings[0].fix
+
+
 def test_a_healthy_chain_queued_for_hours_has_no_idle_gpu(tmp_path: Path) -> None:
     """Issue 18 item 7: three chunks, each idle while it starts and while it saves, 3 hours
     of queue between them (the real sampler loop wrote the file): healthy, exit 0."""
@@ -724,6 +741,7 @@ TORCHRUN_WORKERS = {
     "torchrun_tee_oom.err": "rank 1: raise RuntimeError('CUDA out of memory. ...'), --tee 3",
     "torchrun_two_ranks.err": "rank 1: the OOM; rank 0, 0.3 s later: a gloo RuntimeError",
     "torchrun_sigkill.err": "rank 1: os.kill(os.getpid(), SIGKILL)",
+    "gloo_teardown_abort.err": "a real 2-node CPU job; rank 1: std::terminate at exit",
 }
 LOGS = Path(__file__).parent / "doctor_logs"
 
@@ -739,6 +757,25 @@ def test_under_torchrun_the_ranks_cause_leads_not_the_agents_wrapper(
     assert "python_error" not in [f.cause for f in report.findings], report.verdict
     assert any("CUDA out of memory" in e.text for e in report.findings[0].evidence)
     assert all("ChildFailedError" not in f.detail for f in report.findings)
+
+
+def test_gloos_abort_at_teardown_is_named_with_submit_again_and_no_gpu_advice(
+        tmp_path: Path) -> None:
+    """Issue 39: a CPU job whose rank aborted as gloo's group was torn down, after its
+    work, was sent to CUDA, NCCL and GPU checks (native_crash)."""
+    err = (LOGS / "gloo_teardown_abort.err").read_text()
+    out = "rank 1 done at step 20; weight sum 8.000000\nrank 0 done at step 20; weight sum 8.000000\n"
+    cpu = {**RESOURCES, "gpus_per_node": 0, "launch": "torchrun", "processes_per_node": 1}
+    report = diagnose(tmp_path, err, status("FAILED", "134:0", ["started", "failed"]),
+                      out=out, resources=cpu)
+    first = report.findings[0]
+    assert first.cause == "teardown_abort", report.verdict
+    assert "submit the same command again" in first.fix, first.fix
+    assert "native_crash" not in [f.cause for f in report.findings], report.verdict
+    said = " ".join(f"{f.title} {f.fix}" for f in report.findings)
+    assert not any(w in said for w in ("CUDA", "NCCL", "GPU", "nvidia")), said
+    assert any("terminate called without an active exception" in e.text
+               for e in first.evidence)
 
 
 def test_a_rank_killed_under_torchrun_is_a_sigkill_of_that_rank(tmp_path: Path) -> None:

@@ -265,3 +265,94 @@ def test_launch_gives_each_task_and_each_torchrun_worker_its_own_ready_file(
     # `python -m` keeps the agent's interpreter, as torchrun's own `-m` would
     assert ready_per_rank("torchrun", 0, ["python3", "-m", "train", "run"], env)[3:] == [
         sys.executable, "-m", "train", "run"]
+
+
+def test_one_process_gets_what_torchs_launcher_would_give_it(tmp_path: Path) -> None:
+    """A script written for torchrun (LOCAL_RANK read, a plain init_process_group()) runs
+    as the one process of a job: rank 0 of 1 on loopback, on a free port, also where
+    the node's name resolves nowhere."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "torchrun_only.py"
+    script.write_text(
+        "import os\nimport torch.distributed as dist\n"
+        "local = int(os.environ['LOCAL_RANK'])\n"
+        "dist.init_process_group('gloo')\n"
+        "print(dist.get_rank(), dist.get_world_size(), local,\n"
+        "      *(os.environ[v] for v in ('LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')))\n"
+        "dist.destroy_process_group()\n")
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join(sys.path),
+           "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "node-nowhere.invalid",
+           "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_PROCID": "0",
+           "SLURM_NTASKS": "1", "SLURM_CPUS_PER_TASK": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "train", "launch", "--mode", "single", "--",
+                           sys.executable, str(script)], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    rank, world, local, local_world, addr, port = proc.stdout.split()
+    assert (rank, world, local, local_world, addr) == ("0", "1", "0", "1", "127.0.0.1")
+    assert 0 < int(port) < 65536 and "rank 0 of 1" in proc.stderr
+
+
+@pytest.mark.parametrize(("mode", "gpus", "expected", "threads"), [
+    # 2 nodes of 4 GPUs under the job's launcher: accelerate launch once per node, 8 in all
+    ("torchrun", "0,1,2,3", ["--num_processes=8", "--num_machines=2", "--machine_rank=1",
+                             "--main_process_ip=10.0.0.1", "--main_process_port=24242"], "2"),
+    # a CPU node of a 2-node job: one process a node
+    ("torchrun", "", ["--num_processes=2", "--num_machines=2", "--machine_rank=1",
+                      "--main_process_ip=10.0.0.1", "--main_process_port=24242"], "8"),
+])
+def test_accelerate_launch_is_the_nodes_launcher_with_the_jobs_shape(
+        monkeypatch: pytest.MonkeyPatch, mode: str, gpus: str, expected: list[str],
+        threads: str) -> None:
+    """Issue 39: under torch's launcher each of a node's N workers ran `accelerate launch`,
+    which started N processes of its own (N x N ranks)."""
+    import os
+    import sys
+
+    from train.node import launch as node_launch
+
+    ran: list[tuple[list[str], dict[str, str]]] = []
+    monkeypatch.setattr(os, "execvpe", lambda f, argv, env: ran.append((argv, env)))
+    monkeypatch.setattr(node_launch, "run_torchrun",  # (a worker per GPU, each launching)
+                        lambda *args: pytest.fail("accelerate launch ran under torchrun"))
+    env = {**ENV, "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NTASKS": "2",
+           "SLURM_NTASKS_PER_NODE": "1", "CUDA_VISIBLE_DEVICES": gpus,
+           "TRAIN_MASTER_ADDR": "10.0.0.1", "PATH": str(Path(sys.executable).parent)}
+    command = ["accelerate", "launch", "--mixed_precision", "bf16", "fit.py", "--lr", "3"]
+    node_launch.launch(LaunchOptions(mode=mode, command=command,
+                                     nproc_per_node=len(gpus.split(",")) if gpus else None),
+                       env)
+    [(argv, seen)] = ran
+    assert argv == ["accelerate", "launch", *expected, *command[2:]], argv
+    # the program of accelerate's one process (a CPU or one GPU) finds the node's rank
+    assert (seen["RANK"], seen["WORLD_SIZE"], seen["MASTER_ADDR"]) == ("1", "2", "10.0.0.1")
+    # the task's 8 CPUs shared by its processes (not the node's cores, accelerate's guess)
+    assert seen["OMP_NUM_THREADS"] == threads
+
+
+def test_accelerate_launch_as_the_one_process_of_a_job(monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    import os
+    import sys
+
+    from train.common.launchers import accelerate_prefix
+    from train.node import launch as node_launch
+
+    ran: list[list[str]] = []
+    monkeypatch.setattr(os, "execvpe", lambda f, argv, env: ran.append(argv))
+    env = {**ENV, "SLURM_JOB_NODELIST": "n1", "SLURM_NNODES": "1", "SLURM_NODEID": "0",
+           "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1",
+           "CUDA_VISIBLE_DEVICES": "0", "PATH": str(Path(sys.executable).parent)}
+    node_launch.launch(LaunchOptions(mode="single", command=["accelerate-launch", "f.py"]),
+                       env)
+    [argv] = ran
+    assert argv[1:6] == ["--num_processes=1", "--num_machines=1", "--machine_rank=0",
+                         "--main_process_ip=127.0.0.1", f"--main_process_port={env['MASTER_PORT']}"]
+    assert argv[-1] == "f.py"
+    assert [accelerate_prefix(c) for c in (["accelerate", "launch", "x.py"], ["x/accelerate-launch"],
+                                           ["python3", "-m", "accelerate.commands.launch"],
+                                           ["accelerate", "config"], ["python", "x.py"], [])] == \
+        [2, 1, 3, 0, 0, 0]

@@ -67,6 +67,13 @@ def test_partial_torchrun_environment_names_the_missing_variable() -> None:
         init_distributed("cpu", {"RANK": "0", "WORLD_SIZE": "two", "LOCAL_RANK": "0"})
 
 
+def test_a_world_of_one_runs_without_a_process_group() -> None:
+    # what `train launch --mode single` (and `torchrun --nproc-per-node 1`) gives `train run`
+    ctx = init_distributed("cpu", {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+                                   "OMP_NUM_THREADS": "1"})
+    assert ctx.world_size == 1 and not torch.distributed.is_initialized()
+
+
 def test_cuda_requested_without_gpu_is_a_resource_error() -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

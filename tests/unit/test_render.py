@@ -145,3 +145,23 @@ def test_literal_dollars_in_settings_pass_shellcheck(tmp_path: Path) -> None:
     assert out == [f"{RUN_ROOT}/r$x/.train", "$(id)", "`id` $HOME"]
     assert script_array(text, "RESUME_ARGS") == ["--a=$HOME"]
     assert script_array(text, "SAVE_PATHS")[0].endswith("/s/$USER")
+
+
+@pytest.mark.parametrize(("runtime", "image", "program"), [
+    ("none", None, "/scratch/env/bin/python"),  # the Python submit checked
+    ("apptainer", "/scratch/me/base.sif", "python"),  # the image's own python: as typed
+])
+def test_under_runtime_none_the_commands_python_is_the_one_checked(
+        runtime: str, image: str | None, program: str) -> None:
+    """Issue 39: `--runtime none --python P -- python fit.py` ran the first python on the
+    nodes' PATH (no torch), not P, which submit had checked."""
+    from train.client.clusters.profiles import Registry
+    from train.client.slurm.jobspec import JobSpec
+    from train.client.slurm.render import step_argv
+    from train.client.slurm.resolve import resolve
+
+    spec = JobSpec(cluster="local", name="p", out=f"{RUN_ROOT}/p", cpus_per_task=1,
+                   mem="1000M", entry="command", runtime=runtime, image=image,
+                   python="/scratch/env/bin/python", workload=("python", "fit.py", "python"))
+    argv = step_argv(resolve(spec, Registry(environ={}).get("local")))
+    assert argv[-3:] == [program, "fit.py", "python"], argv

@@ -188,3 +188,29 @@ def test_a_node_configuration_slurm_refuses_names_the_cpus_or_memory_it_lacks(
     err = refused("--cpus-per-task", "1", "--gpus-per-node", "2")
     assert err.startswith("train: error: gpus: Slurm refuses this job"), err
     assert "--gpus-per-node 2" in err, err
+
+
+def test_accelerate_launch_runs_once_per_node_with_the_jobs_shape_or_is_refused(
+        tmp_path: Path) -> None:
+    """Issue 39: `-- accelerate launch` under one task per GPU would start N processes in
+    each of N tasks; its own --num_processes would fight the job's; the stop signal kills
+    it. What runs: one accelerate launch per node (--launch torchrun, the default)."""
+    import sys
+
+    (tmp_path / "fit.py").write_text("print(1)\n")
+    acc = ["-e", "command", "-N", "2", "-g", "2"]
+    accelerate = str(Path(sys.executable).with_name("accelerate"))  # the dev extra's
+    err = _refused(tmp_path, "launch", *acc, "--launch", "tasks", "--", accelerate,
+                   "launch", "fit.py", no_check=False)
+    assert "once per node" in err and "--launch torchrun" in err, err
+    err = _refused(tmp_path, "workload", *acc, "--", accelerate, "launch",
+                   "--num_processes", "4", "--machine-rank=0", "fit.py", "--num_processes",
+                   "9", no_check=False)
+    assert "--num_processes, --machine-rank belong to the job" in err, err
+    assert "2 node(s) x 2 process(es)" in err, err
+    err = _refused(tmp_path, "stop_signal", *acc, "--stop-signal", "USR1", "--max-chunks",
+                   "2", "--", accelerate, "launch", "fit.py", no_check=False)
+    assert "--stop-mode kill" in err, err
+    _passes(tmp_path, *acc, "--", accelerate, "launch", "--mixed_precision", "bf16",
+            "fit.py")
+    _passes(tmp_path, "-e", "command", "--", accelerate, "launch", "fit.py")

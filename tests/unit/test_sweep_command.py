@@ -4,6 +4,7 @@ warned when they are missing, and `train summary` of a command sweep."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -68,9 +69,10 @@ def test_a_sweep_whose_tasks_all_run_alike_or_share_an_output_folder_is_warned(
         tmp_path: Path) -> None:
     (tmp_path / "fit.py").write_text("print('hi')\n")
     notes = sweep_notes(("python3", "fit.py", "--output_dir", "out"), None, str(tmp_path))
-    assert len(notes) == 2
-    assert "same command" in notes[0] and "{value}" in notes[0]
-    assert "--output_dir out" in notes[1] and "{task_dir}" in notes[1]
+    assert len(notes) == 3
+    assert f"all run in {tmp_path}" in notes[0] and "--chdir {task_dir}" in notes[0]
+    assert "same command" in notes[1] and "{value}" in notes[1]
+    assert "--output_dir out" in notes[2] and "{task_dir}" in notes[2]
     assert sweep_notes(("python3", "fit.py", "--lr", "{value}",
                         "--output-dir={task_dir}/o"), None, str(tmp_path)) == []
     # {task_dir} makes the commands differ, not what they train: said so, not "the same"
@@ -78,8 +80,11 @@ def test_a_sweep_whose_tasks_all_run_alike_or_share_an_output_folder_is_warned(
                         str(tmp_path))
     assert len(notes) == 1 and "differ only in {task_dir}" in notes[0]
     assert "same command" not in notes[0] and "--lr {value}" in notes[0]
-    (tmp_path / "fit.py").write_text("import os\nlr = os.environ['TRAIN_SWEEP_VALUE']\n")
+    (tmp_path / "fit.py").write_text("import os\nlr = os.environ['TRAIN_SWEEP_VALUE']\n"
+                                     "out = os.environ['TRAIN_RUN_DIR']\n")
     assert sweep_notes(("python3", "fit.py"), None, str(tmp_path)) == []
+    # each task in its own folder
+    assert sweep_notes(("python3", str(tmp_path / "fit.py")), None, "{task_dir}") == []
 
 
 # -- train summary of a command's sweep ---------------------------------------------------
@@ -263,8 +268,7 @@ def test_a_value_holding_a_markers_letters_is_put_in_as_written(tmp_path: Path) 
 
 
 @pytest.mark.parametrize(("field", "given"), [("env", ("LR={value}",)),
-                                              ("bind", ("{task_dir}",)),
-                                              ("chdir", "{task_dir}/work")])
+                                              ("bind", ("{task_dir}",))])
 def test_a_marker_where_none_is_replaced_is_refused_naming_the_field(
         field: str, given: object) -> None:
     spec = JobSpec(**COMMAND, sweep="lr=1,2", **{field: given},
@@ -320,3 +324,51 @@ def test_summary_shows_a_diverged_seeds_nan_or_infinity_and_says_the_mean_leaves
     assert "loss over 1 of 4 seed(s): 0.5 (one seed, no spread); left out: nan, -inf" \
         in text, text
     assert "acc: no finite value in 4 seed(s); left out: nan, nan, inf" in text, text
+
+
+def test_chdir_task_dir_runs_each_task_in_its_own_folder(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """Issue 39: a program that saves where it runs (snapshot.pt) shared the submit folder
+    with every task; --chdir {task_dir} was refused. The folder need not exist at render:
+    submit makes it."""
+    from train.client.slurm.render import folder_to_make, save_paths
+
+    monkeypatch.chdir(tmp_path)
+    spec = JobSpec(**COMMAND, out=str(tmp_path / "d"), sweep="lr=1,2",
+                   chdir="{task_dir}", save_path=("snapshot.pt",), stop_mode="kill",
+                   max_chunks=2, workload=("python3", str(tmp_path / "fit.py"), "{value}"))
+    root, specs = split(spec)
+    for index, (_task, task_spec) in enumerate(specs):
+        job = resolve(task_spec, Registry().get("local"))
+        folder = root / f"task-{index}"
+        assert task_spec.chdir == str(folder) and not folder.exists()
+        assert f"--chdir={folder}" in script_step(render(job))
+        assert save_paths(job) == [str(folder / "snapshot.pt")]
+        assert folder_to_make(job) == folder
+    # a folder of the task's own below it is made too; one outside the run folder must exist
+    sub = dataclasses.replace(specs[0][1], chdir=str(root / "task-0" / "work"))
+    assert folder_to_make(resolve(sub, Registry().get("local"))) == root / "task-0" / "work"
+    elsewhere = dataclasses.replace(specs[0][1], chdir=str(tmp_path / "nowhere"))
+    with pytest.raises(ConfigError, match="nowhere is not a directory") as err:
+        render(resolve(elsewhere, Registry().get("local")))
+    assert err.value.field == "chdir"
+
+
+@pytest.mark.parametrize(("save_path", "chdir", "refused"), [
+    ("snapshot.pt", None, True),  # every task's in the submit folder
+    ("/scratch/me/ckpt", "{task_dir}", True),  # an absolute path is every task's
+    ("snapshot.pt", "{task_dir}", False),  # from each task's own folder
+    ("{task_dir}/ckpt", None, False),
+    ("ckpt-{value}", None, False),
+])
+def test_a_save_path_every_task_would_share_is_refused(
+        save_path: str, chdir: str | None, refused: bool) -> None:
+    spec = JobSpec(**COMMAND, sweep="lr=1,2", chdir=chdir, save_path=(save_path,),
+                   stop_mode="kill", max_chunks=2, workload=("python3", "/x/fit.py", "{value}"))
+    if not refused:
+        assert len(split(spec)[1]) == 2
+        return
+    with pytest.raises(ConfigError) as err:
+        split(spec)
+    assert err.value.field == "save_path" and "--chdir {task_dir}" in str(err.value)

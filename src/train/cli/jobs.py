@@ -239,9 +239,15 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
     spec, root, jobs = _resolved_jobs(args, workload)  # every seed validated first
     jobs = _check_jobs(args, jobs, submitting=True)
     _warn_traps(spec, jobs)
-    from train.client.programs import submit_notes
+    from train.client.programs import command_as_run, submit_notes
 
     job = jobs[0][1]
+    typed = job.spec.workload
+    if job.spec.entry == "command" and \
+            command_as_run(typed, job.spec.runtime, job.spec.python)[0] != typed[0]:
+        print(f"train: note: runtime none: the command's {typed[0]} runs as --python "
+              f"{job.spec.python}, the interpreter checked here (not the first {typed[0]} "
+              "on the nodes' PATH)", file=sys.stderr)
     for note in submit_notes(spec.entry, spec.workload, job.launch, job.run_dir, spec.chdir):
         print(f"train: warning: {note}", file=sys.stderr)
     # a closed terminal (HUP) or a kill (TERM) mid-way must not leave a held job behind:

@@ -13,6 +13,8 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from train.client.slurm.jobspec import DEFAULT_PYTHON
+
 SCRIPT_LIMIT = 4 * 2**20  # a script is read up to this size
 _LIGHTNING = re.compile(rb"^[ \t]*(?:import|from)[ \t]+(?:lightning|pytorch_lightning)\b",
                         re.MULTILINE)
@@ -93,6 +95,19 @@ def submit_notes(entry: str, command: Sequence[str], launch: str, run_dir: str,
 # launchers): any other is worth a word where the login node cannot look for it
 PROGRAM_NAME = re.compile(r"python[0-9.]*|(ba|z|da)?sh|torchrun|accelerate|deepspeed")
 _KNOWN_PROGRAMS = ("python", "python3", "bash", "torchrun", "accelerate", "deepspeed")
+
+# the interpreter names a command starts with that --python stands for under runtime none
+_PLAIN_PYTHONS = ("python", "python3")
+
+
+def command_as_run(command: Sequence[str], runtime: str, python: str) -> list[str]:
+    """The command as the nodes run it: verbatim, except that under runtime none with a
+    --python of the user's a bare `python` or `python3` first is that Python, the one
+    submit checked (not whichever the nodes' PATH finds first, which may lack torch)."""
+    if runtime == "none" and python != DEFAULT_PYTHON and command \
+            and command[0] in _PLAIN_PYTHONS:
+        return [python, *command[1:]]
+    return list(command)
 
 
 def looks_like_program(word: str) -> bool:

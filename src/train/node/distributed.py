@@ -142,7 +142,9 @@ def init_distributed(device_request: str, environ: Mapping[str, str] | None = No
     """Single process, or a torchrun rank with its process groups initialised."""
     env = os.environ if environ is None else environ
     present = [v for v in TORCHRUN_VARS if v in env]
-    if not present:
+    # a world of one (`train launch`'s single mode, `torchrun --nproc-per-node 1`) needs
+    # no process group
+    if not present or (env.get("WORLD_SIZE") == "1" and env.get("RANK") == "0"):
         device, problem = resolve_device(device_request)
         configure_threads(1, env)
         if device.type == "cuda":

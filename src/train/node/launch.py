@@ -7,7 +7,13 @@ starts the workload in one of two ways:
             per GPU of the node (1 on a CPU node unless --nproc-per-node says otherwise);
   tasks     one task per GPU (what Lightning and NAVSIM's training expect): this task is one
             rank; RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT are set and the command
-            replaces this process.
+            replaces this process;
+  single    one process in all: the same variables as `torchrun --nproc-per-node 1` gives
+            (rank 0 of 1, on loopback, a free port), so a script written for torch's
+            launcher runs unchanged; the command replaces this process.
+A command that is `accelerate launch` runs in place of torch's launcher (torchrun, single):
+this task's variables (the node as one rank) and the job's shape and rendezvous as its
+flags; it starts the node's processes itself.
 Before starting it checks that CUDA works where the step has GPUs (`runtime.cuda_check`: a
 cause such as a driver too old for the image's torch is exit 3), can wait for free GPU
 memory (the field notes' wait-and-run wrapper), caps DataLoader workers by the task's CPUs
@@ -30,6 +36,7 @@ from dataclasses import dataclass
 
 from train.common.errors import UsageError
 from train.common.hostmem import DEFAULT_WORKER_MEM_MB
+from train.common.launchers import accelerate_prefix, with_job_options
 from train.common.secrets.commands import masked_argv
 from train.node.launcher.environment import (
     apply_nccl_defaults,
@@ -51,8 +58,10 @@ from train.node.launcher.sizing import (
     size_workers,
 )
 from train.node.launcher.step import (
+    LOOPBACK,
     MASTER_ADDR_VAR,
     SlurmStep,
+    free_port,
     read_step,
     resolve_address,
     tasks_env,
@@ -92,9 +101,9 @@ def prepare(opts: LaunchOptions, env: MutableMapping[str, str]) -> tuple[SlurmSt
         need_torch()
     step = read_step(env)
     check_cuda(step, env)  # before the memory wait: a broken CUDA never frees up
-    # (one process alone has no rendezvous: its node's name need not resolve)
-    master = env.get(MASTER_ADDR_VAR) or (step.master if opts.mode == "single"
-                                          else resolve_address(step.master))
+    # (one process alone meets itself on loopback: its node's name need not resolve)
+    master = LOOPBACK if opts.mode == "single" else \
+        env.get(MASTER_ADDR_VAR) or resolve_address(step.master)
     command = list(opts.command)
     apply_nccl_defaults(env)
     log_interconnect(env)
@@ -115,26 +124,42 @@ def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> 
     environ = os.environ if env is None else env
     step, master, command = prepare(opts, environ)
     enter_folder(opts.chdir)
+    # accelerate launch starts its node's processes itself: it takes the place of torch's
+    # launcher, once per node, as this task (train.common.launchers)
+    accelerate = accelerate_prefix(command) > 0 and opts.mode != "tasks"
+    mode = "tasks" if opts.mode == "torchrun" and accelerate else opts.mode
     # (torchrun runs `python -m MODULE` with its own interpreter: no program to find)
-    if opts.mode != "torchrun" or "--no-python" in torchrun_argv(step, master, 1, command):
+    if mode != "torchrun" or "--no-python" in torchrun_argv(step, master, 1, command):
         find_program(command, environ)
     program_environment(step, opts.mode, environ)
-    command = ready_per_rank(opts.mode, step.procid, command, environ)
+    command = ready_per_rank(mode, step.procid, command, environ)
     # the stand-in turns `scontrol requeue` into "end this chunk": only under the job's
     # batch shell, which watches for that request
     shim = install_scontrol_shim(environ) if environ.get("TRAIN_STOP_REQUEST") else None
     watcher = start_gpu_watch(step, opts.mode, environ)
-    if opts.mode == "torchrun":
+    if mode == "torchrun":
         def cleanup() -> None:
             stop_gpu_watch(watcher)
             remove_shim(shim)
 
         nproc = opts.nproc_per_node or max(1, step.gpus_on_node)
         return run_torchrun(step, master, nproc, command, environ, cleanup)
-    if opts.mode == "single":
-        log.info("single process: %s", " ".join(masked_argv(command)))
+    port = free_port(master) if opts.mode == "single" else step.port
+    environ.update(tasks_env(step, master, port))
+    if accelerate:
+        per_node = 1 if opts.mode == "single" else \
+            opts.nproc_per_node or max(1, step.gpus_on_node)
+        command = with_job_options(command, len(step.nodes), step.node_id, master, port,
+                                   len(step.nodes) * per_node)
+        if "OMP_NUM_THREADS" not in environ and environ.get("SLURM_CPUS_PER_TASK"):
+            # (else accelerate gives each process the whole node's cores over its count)
+            environ["OMP_NUM_THREADS"] = str(max(1, step.cpus_per_task // per_node))
+        log.info("node %d/%d: accelerate launch starts its %d process(es): %s",
+                 step.node_id, len(step.nodes), per_node, " ".join(masked_argv(command)))
+    elif opts.mode == "single":
+        log.info("single process (rank 0 of 1, master %s:%s): %s", master, port,
+                 " ".join(masked_argv(command)))
     else:
-        environ.update(tasks_env(step, master))
         log.info("rank %d/%d (node %d, local %d), master %s:%d: %s", step.procid,
                  step.ntasks, step.node_id, step.localid, master, step.port,
                  " ".join(masked_argv(command)))

@@ -218,6 +218,9 @@ def _ending_exception(ch: _Chunk, state_cause: str | None, out: list[Finding]
                 ended = f"torchrun's root cause, {root.rank or 'a rank'},"
     if sig == 9 and "host_oom" not in ch.hits and state_cause != "host_oom":
         out.append(ch.finding("sigkill", detail=f"{ended} was killed with SIGKILL"))
+    elif sig == 6 and "teardown_abort" in ch.hits:  # the program's end, not a crash in it
+        out.append(ch.finding("teardown_abort", ch.hits.pop("teardown_abort"),
+                              f"{ended} died of SIGABRT"))
     elif sig in _CRASHES:
         out.append(ch.finding("native_crash", detail=f"{ended} died of {_SIGNALS[sig]}"))
     return exc

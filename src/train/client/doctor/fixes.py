@@ -3,6 +3,7 @@ chain's record (its resources) says them; _finding makes a cause into a Finding.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -111,10 +112,33 @@ def _fix_rendezvous(chain: Chain, hits: Hits | None) -> str:
     return base
 
 
+_MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
+
+
+def _fix_import_error(chain: Chain, hits: Hits | None) -> str:
+    """An image's job: its build lacks the module (or the host leaks in); a job of the
+    nodes' own Python (runtime none) has no image to rebuild: the module goes into that
+    Python's environment."""
+    res = _resources(chain)
+    if res.get("runtime") != "none":
+        return ("rebuild the image with the package (its lock in containers/requirements/), "
+                "or remove what leaks in from the host (PYTHONPATH, a conda env: "
+                "config.json's process_env shows them)")
+    found = [m.group(1) for e in (hits.evidence() if hits else [])
+             for m in [_MISSING_MODULE.search(e.text)] if m]
+    module = found[-1].split(".")[0] if found else "the package"
+    python = res.get("python") if isinstance(res.get("python"), str) else "--python"
+    return (f"the job runs the nodes' own Python (--runtime none, no image): install "
+            f"{module} into the environment of the Python that ran it ({python} -m pip "
+            f"install {module}, with the command starting `python`, which runs --python), "
+            "or give a container (--runtime apptainer --image X.sif)")
+
+
 _FIXES: dict[str, Callable[[Chain, Hits | None], str]] = {
     "host_oom": _fix_host_oom,
     "gpu_oom": _fix_gpu_oom,
     "rendezvous": _fix_rendezvous,
+    "import_error": _fix_import_error,
 }
 _TITLES_FIXES: dict[str, tuple[str, str]] = {
     "host_oom": ("host out of memory: the kernel's OOM killer ended tasks", ""),
@@ -169,11 +193,7 @@ _TITLES_FIXES: dict[str, tuple[str, str]] = {
         "the container image could not be opened",
         "build or copy the image to a file system the compute nodes mount (not /tmp), "
         "check its path in --image, and `train doctor --preflight` to try opening it"),
-    "import_error": (
-        "a Python import failed inside the container",
-        "rebuild the image with the package (its lock in containers/requirements/), or "
-        "remove what leaks in from the host (PYTHONPATH, a conda env: config.json's "
-        "process_env shows them)"),
+    "import_error": ("a Python import failed", ""),
     "disk_full": (
         "the disk or the quota is full",
         "put --out on scratch (the profile's scratch_root), free space or ask for quota; "
@@ -193,6 +213,14 @@ _TITLES_FIXES: dict[str, tuple[str, str]] = {
         "killed with SIGKILL and no message said why",
         "if nobody sent it (scancel --signal=KILL, a stop that outlived KillWait), it was "
         "the kernel's OOM killer: see host_oom's fix (fewer --workers, more --mem)"),
+    "teardown_abort": (
+        "a process aborted at its end, as the process group was torn down (torch's gloo: a "
+        "known trap, not a fault of the job's nodes)",
+        "the abort comes from the group's destructor, after the program's last line, so "
+        "the work before it most likely finished (its output says): submit the same "
+        "command again, which goes on from the last save (a program that resumes finds "
+        "the work done). To avoid it, end the script with dist.barrier(), a flush and "
+        "os._exit(0) (docs/your-program.md, \"A known trap on CPU (gloo)\")"),
     "native_crash": (
         "the program crashed in native code",
         "a C/C++ library crashed (CUDA, NCCL, a compiled extension): the error log's end "

@@ -140,6 +140,12 @@ RULES: tuple[LogRule, ...] = (
             None, "ours: the batch shell's 'the program died of the stop signal USR1: it "
             "needs a handler ...'; train launch under torchrun: 'the stop signal USR1 "
             "reached a worker that has no handler for it'"),
+    # libstdc++'s std::terminate with no exception: a C++ thread object destroyed while
+    # it runs, as gloo's teardown does when a peer has left first (after the work)
+    LogRule("teardown_abort", ("terminate called without an active exception",), None,
+            "libstdc++ (__verbose_terminate_handler): 'terminate called without an active "
+            "exception', then SIGABRT; torch's gloo at the process group's teardown "
+            "(torch 2.13, CPU jobs: docs/your-program.md, \"A known trap on CPU (gloo)\")"),
     LogRule("disk_full", ("No space left on device", "Disk quota exceeded",
                           "[Errno 28]", "[Errno 122]"),
             None, "the kernel's ENOSPC and EDQUOT as Python and tools print them"),

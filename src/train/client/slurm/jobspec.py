@@ -157,7 +157,8 @@ class JobSpec:
                       kind=str)
     chdir: str | None = opt(None, "Folder the program runs in (default: the submit "
                             "folder), for programs that read relative paths; it must be "
-                            "visible on the nodes (in the container: bound).", kind=str,
+                            "visible on the nodes (in the container: bound). In a "
+                            "sweep, {task_dir}: each task in its own folder.", kind=str,
                             optional=True)
     sweep_seeds: tuple[int, ...] = opt((), 'A seed sweep, e.g. "4 6 8": one Slurm job '
                                        "array, one task (and chain) per seed, under "

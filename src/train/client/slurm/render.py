@@ -13,6 +13,7 @@ import re
 import shlex
 import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from train.batch import contract
@@ -20,6 +21,7 @@ from train.batch.contract import NAVSIM_CACHE_PATH_OVERRIDE, override_value
 from train.batch.engine import ENGINE_DIR
 from train.client import container
 from train.client.clusters.units import format_mem, format_time, parse_mem
+from train.client.programs import command_as_run
 from train.client.slurm import navsimstep
 from train.client.slurm.resolve import ResolvedJob
 from train.common.entry import bound_entry_argv as entry_argv
@@ -112,7 +114,16 @@ def save_paths(job: ResolvedJob) -> list[str]:
 
 def program_dir(job: ResolvedJob) -> str:
     """Where the program runs: --chdir, or the submit folder."""
-    return program_folder(job.spec.chdir) if job.spec.chdir is not None else os.getcwd()
+    return program_folder(job.spec.chdir, job.run_dir) if job.spec.chdir is not None \
+        else os.getcwd()
+
+
+def folder_to_make(job: ResolvedJob) -> Path | None:
+    """--chdir inside the run folder (a sweep's --chdir {task_dir}): submit makes it, as it
+    makes the run folder, before the job starts; None where the program runs elsewhere."""
+    folder = Path(program_dir(job))
+    run_dir = Path(os.path.abspath(job.run_dir))
+    return folder if folder == run_dir or run_dir in folder.parents else None
 
 
 def sbatch_options(job: ResolvedJob) -> list[str]:
@@ -210,7 +221,7 @@ def step_segments(job: ResolvedJob) -> list[list[str]]:
         env=step_environment(job))
     wrapper = engine_argv(job, "task", "--")
     if spec.entry == "command":
-        run = list(spec.workload)
+        run = command_as_run(spec.workload, spec.runtime, spec.python)
     elif spec.entry == "navsim":
         # through the feature cache's phase: computed once per chain
         run = navsimstep.step_argv(navsimstep.navsim_command(job))
@@ -233,7 +244,7 @@ def step_segments(job: ResolvedJob) -> list[list[str]]:
         if spec.fallback_batch is not None:
             launch.append(f"--fallback-batch={spec.fallback_batch}")
     if spec.chdir is not None:
-        launch.append(f"--chdir={program_folder(spec.chdir)}")
+        launch.append(f"--chdir={program_dir(job)}")
     return [srun, wrapper, prefix, [*launch, "--"], run]
 
 
@@ -241,15 +252,17 @@ def step_argv(job: ResolvedJob) -> list[str]:
     return [arg for part in step_segments(job) for arg in part]
 
 
-def program_folder(chdir: str) -> str:
+def program_folder(chdir: str, run_dir: str) -> str:
     """--chdir as an absolute path (relative ones are from the submit folder), checked on
-    the login node where it can be seen."""
+    the login node where it can be seen; one inside the run folder is made at submit."""
     folder = os.path.abspath(chdir)
     try:
         is_dir = os.path.isdir(folder)
     except (OSError, ValueError) as exc:
         raise ConfigError("chdir", f"{folder!r}: {exc}") from None
-    if not is_dir:
+    inside = os.path.commonpath([folder, os.path.abspath(run_dir)]) == \
+        os.path.abspath(run_dir)
+    if not is_dir and not (inside and not os.path.exists(folder)):
         raise ConfigError("chdir", f"{folder} is not a directory (the folder the program "
                           "runs in, on the cluster's shared file system)")
     return folder

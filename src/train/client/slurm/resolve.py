@@ -31,6 +31,7 @@ from train.client.slurm.jobspec import (
 from train.client.slurm.placement import choose_node, constraint_request
 from train.common.errors import ConfigError, UsageError
 from train.common.hostmem import DEFAULT_WORKER_MEM_MB
+from train.common.launchers import accelerate_prefix
 from train.workloads.config import RunConfig, run_config_from_argv
 
 # Passed into every container by name (the job's own values at run time), beside the
@@ -113,6 +114,7 @@ class ResolvedJob:
                 "worker_mem_mb": parse_mem(self.spec.worker_mem, "worker_mem"),
                 "batch_size": batch, "partition": self.partition,
                 "constraint": self.constraint, "image": self.spec.image,
+                "runtime": self.spec.runtime, "python": self.spec.python,
                 "gpu_watch": None if self.gpu_watch is None else {
                     "interval": self.gpu_watch.interval,
                     "idle_threshold": self.gpu_watch.idle_threshold,
@@ -273,7 +275,8 @@ def _launch_mode(spec: JobSpec) -> str:
     elif launch == "auto":
         # a Lightning script wants one task per GPU from Slurm (under torch's launcher its
         # SLURM support, the stop signal's handler included, is off)
-        lightning = spec.entry == "command" and imports_lightning(spec.workload, spec.chdir)
+        lightning = spec.entry == "command" and imports_lightning(spec.workload, spec.chdir) \
+            and not accelerate_prefix(spec.workload)  # (its own launcher: one per node)
         launch = "single" if spec.nodes * max(1, spec.gpus_per_node) == 1 \
             else "tasks" if lightning else "torchrun"
     if launch == "torchrun" and spec.stop == "TERM" and spec.stop_mode != "kill":

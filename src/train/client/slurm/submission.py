@@ -23,7 +23,7 @@ from train.client.slurm.chain import (
 from train.client.slurm.checks import sbatchenv
 from train.client.slurm.checks.rundir import check_not_active
 from train.client.slurm.queue import _is_number, parse_sbatch_id
-from train.client.slurm.render import job_record, render
+from train.client.slurm.render import folder_to_make, job_record, render
 from train.client.slurm.resolve import ResolvedJob
 from train.common import _proc
 from train.common.errors import ResourceError
@@ -92,12 +92,16 @@ def submit_chain(job: ResolvedJob) -> Chain:
     tag = (previous.ids[0] if previous.ids else "old") if previous else None
     jobs_dir = run_dir / contract.JOBS_DIR
     script = jobs_dir / contract.JOB_SCRIPT
+    own = folder_to_make(job)  # a --chdir inside the run folder
     missing = [*reversed([p for p in run_dir.parents if not p.exists()]), run_dir,
-               run_dir / contract.LOG_DIR, jobs_dir]
-    created = [d for d in missing if not d.exists()]  # parents first
+               run_dir / contract.LOG_DIR, jobs_dir,
+               *(reversed([own, *own.parents]) if own else ())]
+    created = list(dict.fromkeys(d for d in missing if not d.exists()))  # parents first
     # Slurm opens the log files before the script runs: their directory must exist
     (run_dir / contract.LOG_DIR).mkdir(parents=True, exist_ok=True)
     jobs_dir.mkdir(exist_ok=True)
+    if own is not None:
+        own.mkdir(parents=True, exist_ok=True)
     pending = jobs_dir / f".{contract.JOB_SCRIPT}.{os.getpid()}"
     pending.write_text(text, encoding="utf-8")
     written = [pending]  # by this submission, at their final paths

@@ -27,6 +27,7 @@ from train.client.slurm.resolve import ResolvedJob
 from train.client.slurm.sweepargs import (
     check_command,
     check_resume,
+    check_save_paths,
     check_unmarked,
     placed,
     task_changes,
@@ -173,7 +174,8 @@ def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
     if spec.entry == "command":
         check_command(spec.workload, "workload")
         check_resume(spec.workload, spec.resume_args)
-    check_unmarked(spec.env, spec.bind, spec.chdir)
+        check_save_paths(spec.save_path, spec.chdir)
+    check_unmarked(spec.env, spec.bind, None if spec.entry == "command" else spec.chdir)
     root = Path(os.path.abspath(spec.out or os.path.join("runs", spec.name)))
     folders = bound_folders(root, spec.entry, flag, values) if flag != "seeds" else {}
     out = []
@@ -191,7 +193,7 @@ def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
                 seed = _train_seed(spec.workload)
         else:  # a command: its {value}, {index} and {task_dir} (train.client.slurm.sweepargs)
             changes.update(task_changes(spec.workload, spec.resume_args, spec.save_path,
-                                        index, value, str(root / where)))
+                                        spec.chdir, index, value, str(root / where)))
         out.append((SweepTask(index, value, seed, where), dataclasses.replace(spec, **changes)))
     return root, out
 

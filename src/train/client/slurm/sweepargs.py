@@ -1,16 +1,19 @@
 """A command sweep's arguments, task by task.
 
 In a `--entry command` sweep the words `{value}`, `{index}` and `{task_dir}` in the
-command's arguments (and in --resume-args and --save-path) are replaced, for each task,
-by the task's value, its index in the job array and its own folder (runs/NAME/task-I, or
-seed-S): plain text put in place when the task's chain script is rendered, never read by
-a shell. The tasks run in the folder the command was submitted from (or --chdir), so the
-program finds its files where it would alone; `{task_dir}` is where each task writes its
-own outputs (e.g. `--output_dir {task_dir}`).
+command's arguments (and in --resume-args, --save-path and --chdir) are replaced, for each
+task, by the task's value, its index in the job array and its own folder (runs/NAME/task-I,
+or seed-S): plain text put in place when the task's chain script is rendered, never read
+by a shell. The tasks run in the folder the command was submitted from (or --chdir), so
+the program finds its files where it would alone; `{task_dir}` is where each task writes
+its own outputs (e.g. `--output_dir {task_dir}`), and `--chdir {task_dir}` runs each task
+in its own folder (a program that saves where it runs: made before the task starts).
 
 What goes wrong without them is said at render and submit: a `$TRAIN_SWEEP_VALUE` among
-the arguments reaches the program as those letters (refused), a sweep whose tasks all run
-the same arguments, and an output folder that every task would share (warnings).
+the arguments reaches the program as those letters (refused), a --save-path every task
+would share (refused: each would resume from another's saves), a sweep whose tasks all run
+the same arguments, an output folder every task would share and tasks that all run in one
+folder (warnings).
 """
 
 from __future__ import annotations
@@ -112,11 +115,14 @@ def placed(workload: Sequence[str], resume_args: str | None, save_path: Sequence
 
 
 def task_changes(workload: Sequence[str], resume_args: str | None,
-                 save_path: Sequence[str], index: int, value: str, task_dir: str
-                 ) -> dict[str, Any]:
-    """The job spec's changes for one task of a command sweep: each marker replaced."""
-    return placed(workload, resume_args, save_path,
-                  {"value": value, "index": str(index), "task_dir": task_dir})
+                 save_path: Sequence[str], chdir: str | None, index: int, value: str,
+                 task_dir: str) -> dict[str, Any]:
+    """The job spec's changes for one task of a command sweep: each marker replaced
+    (--chdir {task_dir}: each task runs in its own folder)."""
+    task = {"value": value, "index": str(index), "task_dir": task_dir}
+    changes = placed(workload, resume_args, save_path, task)
+    changes["chdir"] = None if chdir is None else _placed(chdir, "chdir", task)
+    return changes
 
 
 def check_resume(command: Sequence[str], resume_args: str | None) -> None:
@@ -158,17 +164,33 @@ def check_command(command: Sequence[str], field: str) -> None:
                           "own, as plain text")
 
 
-def check_unmarked(env: Sequence[str], bind: Sequence[str], chdir: str | None) -> None:
-    """Refuse a marker where none is replaced (--env, --bind, --chdir): the program would
-    get its letters, the same in every task."""
+def check_unmarked(env: Sequence[str], bind: Sequence[str], chdir: str | None = None
+                   ) -> None:
+    """Refuse a marker where none is replaced (--env, --bind; --chdir where the job is no
+    command's sweep): the program would get its letters, the same in every task."""
     for field, items in (("env", env), ("bind", bind), ("chdir", (chdir or "",))):
         for item in items:
             marker = _MARKER.search(item)
             if marker is not None:
                 raise ConfigError(field, f"{item!r}: {marker.group(0)} is replaced only in "
-                                  "the command's arguments, --resume-args and --save-path; "
-                                  "the program finds its task's value, index and folder in "
-                                  "TRAIN_SWEEP_VALUE, TRAIN_SWEEP_INDEX and TRAIN_RUN_DIR")
+                                  "the command's arguments, --resume-args, --save-path and "
+                                  "--chdir; the program finds its task's value, index and "
+                                  "folder in TRAIN_SWEEP_VALUE, TRAIN_SWEEP_INDEX and "
+                                  "TRAIN_RUN_DIR")
+
+
+def check_save_paths(save_path: Sequence[str], chdir: str | None) -> None:
+    """Refuse a --save-path every task would share: each task's chain takes a save there
+    for its own (a checkpointed stop) and the program resumes from another task's."""
+    own_folder = chdir is not None and _MARKER.search(chdir) is not None
+    for item in save_path:
+        if _MARKER.search(item) is None and (os.path.isabs(item) or not own_folder):
+            raise ConfigError("save_path", f"{item!r} is the same path for every task of "
+                              "the sweep: each would take another's saves for its own and "
+                              "resume from them. Give each task its own: --chdir {task_dir} "
+                              "(each task runs in its own folder; relative save paths are "
+                              "from there), or a save path with {task_dir} (or {value}) in "
+                              "it, where the task's program saves")
 
 
 def _mentions(command: Sequence[str], folder: str | None, word: bytes) -> bool:
@@ -199,9 +221,18 @@ def _shared_outputs(command: Sequence[str]) -> list[str]:
 
 def sweep_notes(command: Sequence[str], resume_args: str | None,
                 folder: str | None) -> list[str]:
-    """Warnings for a command sweep: tasks that all run the same arguments, and output
-    folders every task shares."""
+    """Warnings for a command sweep: tasks that all run the same arguments, output folders
+    every task shares, and tasks that all run in one folder with nothing of their own."""
     notes = []
+    if not any(TASK_DIR in w for w in [*command, resume_args or ""]) and \
+            not _MARKER.search(folder or "") and not _mentions(command, folder,
+                                                                b"TRAIN_RUN_DIR"):
+        where = os.path.abspath(folder or ".")
+        notes.append(f"the tasks of this sweep all run in {where} (and no {{task_dir}} or "
+                     "TRAIN_RUN_DIR gives them a folder of their own): a program that saves "
+                     "where it runs (a snapshot.pt, checkpoints/) would resume from "
+                     "another task's saves. --chdir {task_dir} runs each task in its own "
+                     "folder")
     words = [*command, resume_args or ""]
     if not any(m in w for w in words for m in (VALUE, INDEX)) and not \
             any("TRAIN_SWEEP_" in w for w in words) and \

@@ -26,7 +26,7 @@ from train.batch.engine import ENGINE_DIR
 from train.client.slurm.chain import Chain, load_chain, record_problem
 from train.client.slurm.chainstatus import chain_status
 from train.client.slurm.queue import ACTIVE_STATES, _is_number, array_task_states, ref_states
-from train.client.slurm.render import render, sbatch_options, sbatch_value
+from train.client.slurm.render import folder_to_make, render, sbatch_options, sbatch_value
 from train.client.slurm.resolve import ResolvedJob
 from train.client.slurm.submission import (
     chain_record,
@@ -133,6 +133,9 @@ def _write_scripts(tasks: list[tuple[SweepTask, ResolvedJob]], texts: list[str],
         run_dir = Path(job.run_dir)
         (run_dir / contract.LOG_DIR).mkdir(parents=True, exist_ok=True)
         (run_dir / contract.JOBS_DIR).mkdir(exist_ok=True)
+        own = folder_to_make(job)  # --chdir {task_dir}: the task's own folder
+        if own is not None:
+            own.mkdir(parents=True, exist_ok=True)
         _set_aside(run_dir, old, moved)
         script = run_dir / contract.JOBS_DIR / contract.JOB_SCRIPT
         script.write_text(text, encoding="utf-8")

@@ -15,6 +15,8 @@ from train.common.errors import UsageError
 
 # set it where node names do not resolve inside the container
 MASTER_ADDR_VAR = "TRAIN_MASTER_ADDR"
+# one process in all meets itself here, as under `torchrun --nproc-per-node 1`
+LOOPBACK = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -128,8 +130,19 @@ def torchrun_argv(step: SlurmStep, master_addr: str, nproc: int, command: Sequen
     return [*argv, "--no-python", *command]
 
 
-def tasks_env(step: SlurmStep, master_addr: str) -> dict[str, str]:
+def tasks_env(step: SlurmStep, master_addr: str, port: int | None = None
+              ) -> dict[str, str]:
+    """What torch's launcher gives a worker, for this task as one rank (the step's port
+    unless another is given)."""
     return {"RANK": str(step.procid), "LOCAL_RANK": str(step.localid),
             "WORLD_SIZE": str(step.ntasks), "LOCAL_WORLD_SIZE": str(step.ntasks_per_node),
             "NODE_RANK": str(step.node_id), "MASTER_ADDR": master_addr,
-            "MASTER_PORT": str(step.port)}
+            "MASTER_PORT": str(step.port if port is None else port)}
+
+
+def free_port(address: str) -> int:
+    """A port free on `address` now: one process's group (single mode) meets there, and
+    the job id's port may be another job's on a shared node."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((address, 0))
+        return int(sock.getsockname()[1])

@@ -9,7 +9,7 @@ import re
 import shutil
 from collections.abc import Mapping, Sequence
 
-from train.client.programs import PROGRAM_NAME, program_slip
+from train.client.programs import PROGRAM_NAME, command_as_run, program_slip
 from train.client.slurm.checks.problem import Problem
 from train.client.slurm.jobitems import parse_bind
 from train.client.slurm.resolve import ResolvedJob
@@ -28,7 +28,7 @@ def program_problems(job: ResolvedJob, environ: Mapping[str, str]
     problems: list[Problem] = []
     notes: list[str] = []
     if spec.entry == "command":
-        program = spec.workload[0]
+        program = command_as_run(spec.workload, spec.runtime, spec.python)[0]
         slip = program_slip(program)
         if "/" in program:
             wanted.append(("workload", program, True))
@@ -60,9 +60,11 @@ def program_problems(job: ResolvedJob, environ: Mapping[str, str]
             problems.append(Problem(field, f"{flag}: {given}{where} is a folder, not a "
                                     "program or script"))
         elif not is_file:
+            here = os.path.abspath(given)  # (--chdir {task_dir}: a new folder holds none)
+            found = f": {here}" if where and os.path.isfile(here) else ""
             problems.append(Problem(field, f"{flag}: {given}{where} does not exist"
                                     + (f" (it is {host} here)" if host != inside else "")
-                                    + "; give its path, absolute or from that folder"))
+                                    + f"; give its path, absolute or from that folder{found}"))
         elif executable and not os.access(host, os.X_OK):
             problems.append(Problem(field, f"{flag}: {given}{where} is not executable: "
                                     f"chmod +x it, or run it with its interpreter (-- bash "

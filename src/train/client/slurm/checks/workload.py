@@ -1,5 +1,5 @@
-"""A command whose program is a launcher of its own (srun, torchrun) inside the job's
-step, which already is one."""
+"""A command whose program is a launcher of its own (srun, torchrun, accelerate launch)
+inside the job's step, which already is one."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from train.client.slurm.checks.files import PYTHON_NAME
 from train.client.slurm.checks.problem import Problem
 from train.client.slurm.resolve import ResolvedJob
+from train.common.launchers import accelerate_prefix, given_job_options
 
 # torchrun's options that take no value (every other option takes one, as --opt V or
 # --opt=V): after them comes the script or module
@@ -34,6 +35,8 @@ def launcher_problems(job: ResolvedJob) -> list[Problem]:
                         "with --launch tasks): an srun inside it waits for the CPUs and GPUs "
                         "that step holds (inside a container there is no srun at all). Give "
                         f"the program itself: -- {_joined(program)}", files=False)]
+    if accelerate_prefix(argv):
+        return _accelerate_problems(job)
     if job.launch == "single":  # one process in all: a torchrun of one process is harmless
         return []
     rest: list[str] | None = None
@@ -55,6 +58,35 @@ def launcher_problems(job: ResolvedJob) -> list[Problem]:
                     "launcher of its own, whose workers contend for the same "
                     f"{'GPUs' if spec.gpus_per_node else 'CPUs'} and port. Give the program "
                     f"the launcher runs: -- {_joined(rest)}", files=False)]
+
+
+def _accelerate_problems(job: ResolvedJob) -> list[Problem]:
+    """`accelerate launch` runs as each node's launcher (train.common.launchers): never one
+    per task, with the job's shape its own, and no stop signal it would die of."""
+    spec = job.spec
+    per_node = max(1, spec.gpus_per_node)
+    shape = (f"{spec.nodes} node(s) x {per_node} process(es): the job gives it "
+             "--num_processes, --num_machines, --machine_rank and the rendezvous")
+    problems = []
+    if job.launch == "tasks":
+        problems.append(Problem("launch", "accelerate launch starts the processes of its "
+                                "node itself, so it runs once per node, in the place of "
+                                "torch's launcher: --launch torchrun (the default), not one "
+                                f"task per GPU ({shape})", files=False))
+    given = given_job_options(spec.workload)
+    if given:
+        problems.append(Problem("workload", f"accelerate launch's {', '.join(given)} "
+                                f"belong to the job ({shape}): remove them, and give the "
+                                "job's shape with -N and -g", files=False))
+    if spec.stop != "none" and spec.stop_mode != "kill":
+        problems.append(Problem("stop_signal", f"accelerate launch has no handler for the "
+                                f"stop signal {spec.stop}, which reaches every process of "
+                                "the step: it would die of it, its workers with it. Chain "
+                                "it with --stop-mode kill (the tool ends it at the margin, "
+                                "the next chunk resumes from the program's last save: "
+                                "--save-path, --resume-args), or --stop-signal none",
+                                files=False))
+    return problems
 
 
 def _torchrun_program(args: Sequence[str]) -> list[str]:
