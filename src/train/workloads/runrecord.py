@@ -65,10 +65,8 @@ def describe(differ: dict[str, tuple[Any, Any]]) -> str:
 
 
 def check_same_run(cfg: RunConfig) -> dict[str, Any]:
-    """A run directory that already holds a run (its config.json) is continued only with the
-    settings it was started with (the identity fields), finished runs included: anything
-    else is exit 2 naming every field that differs, before config.json is touched. Returns
-    the run record ({} where there is none)."""
+    """A run folder's run (config.json) continues only with its identity settings, finished
+    runs included: else exit 2 naming every field that differs. Returns the record."""
     data = read_run_record(cfg)
     differ = differences(cfg, data)
     if differ:
