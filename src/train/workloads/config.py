@@ -153,7 +153,6 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def run_config_from_argv(argv: list[str]) -> RunConfig:
-    """Parse `train run` arguments (as a job will pass them) into a RunConfig."""
     p = ArgumentParser(prog="train run", add_help=False)
     add_run_arguments(p)
     return run_config_from_args(p.parse_args(argv))

@@ -91,7 +91,7 @@ def caching_command(command: Sequence[str], cpus: int) -> list[str]:
 
 def drop_cut_scenes(cache: Path, window: float = CUT_WINDOW_S) -> int:
     """Remove the scene folders (CACHE/LOG/TOKEN) of a cut cache written in its last
-    `window` seconds: where a file cut in the middle of its write can be. Returns how many."""
+    `window` seconds; how many."""
     newest: dict[Path, float] = {}
     for log in (p for p in cache.iterdir() if p.is_dir()) if cache.is_dir() else ():
         for scene in (p for p in log.iterdir() if p.is_dir()):

@@ -135,8 +135,7 @@ def run(cfg: RunConfig) -> RunResult:
 
 def _start_run(cfg: RunConfig, ctx: DistContext, lock: contextlib.ExitStack,
                settings: dict[str, Any]) -> None:
-    """Rank 0 before training: the run folder, its lock (held in `lock`), and config.json
-    with `settings` (precision, allocator) and what else describes this process."""
+    """Rank 0 before training: the run folder, its lock (held in `lock`), config.json."""
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     lock.enter_context(results.RunLock(cfg.out_dir))
     # again under the lock: a run may have finished meanwhile
@@ -160,7 +159,6 @@ def _start_run(cfg: RunConfig, ctx: DistContext, lock: contextlib.ExitStack,
 
 
 def _status(cfg: RunConfig, ctx: DistContext, summary: records.RunSummary) -> dict[str, Any]:
-    """status.json's content for this chunk (its warnings added by _record_outcome)."""
     return {
         "complete": summary.complete,
         "stop_reason": summary.stop_reason,

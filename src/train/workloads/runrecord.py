@@ -21,8 +21,7 @@ RECORD_LIMIT = 16 * 2**20  # config.json read back to compare a resumed run's se
 
 
 def read_run_record(cfg: RunConfig) -> dict[str, Any]:
-    """The run record in cfg's folder ({} where there is none); exit 2 naming `out` for
-    one that cannot be read."""
+    """The run record in cfg's folder ({} where there is none)."""
     record = cfg.out_dir / "config.json"
     if not os.path.lexists(record):
         return {}

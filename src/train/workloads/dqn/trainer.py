@@ -84,8 +84,7 @@ class EpisodeCut(Exception):
 
 def run_episode(env: Env, policy: Callable[[Any], int],
                 on_step: Callable[[Any, int, float, bool, Any], None] | None = None) -> float:
-    """Play one episode with `policy(obs) -> action`; returns the summed reward. `on_step`
-    may end it early by raising EpisodeCut."""
+    """One episode's summed reward; `on_step` may end it early (EpisodeCut)."""
     obs = env.reset()
     total = 0.0
     while True:

@@ -39,8 +39,8 @@ _RECURSE = object()  # a leaf function's answer: not a leaf, walk into it
 
 
 def _map_tree(obj: Any, leaf: Callable[[Any], Any]) -> Any:
-    """`obj` rebuilt with `leaf` applied to each node: dicts, lists and tuples are walked
-    into where `leaf` returns _RECURSE; anything else it does not take is kept as it is."""
+    """`obj` rebuilt with `leaf` applied to each node; where it returns _RECURSE,
+    containers are walked into and anything else kept."""
     out = leaf(obj)
     if out is not _RECURSE:
         return out
@@ -121,8 +121,7 @@ def _write_synced(path: Path, text: str) -> None:
 
 
 def checksums(path: Path) -> list[str]:
-    """The sha256s the checksum file of `path` vouches for (newest first; [] when it is
-    missing, unreadable or holds none)."""
+    """The sha256s the checksum file of `path` vouches for, newest first."""
     if not _regular(checksum_path(path)):  # a FIFO would block the read
         return []
     try:
@@ -167,8 +166,7 @@ def save_atomic(state: Any, path: Path) -> None:
 
 
 def load(path: Path) -> dict[str, Any]:
-    """Verify the checksum, then load onto the CPU without executing anything from the file
-    (weights_only=True)."""
+    """Verify the checksum, then load onto the CPU (weights_only=True)."""
     if not path.is_file():  # no FIFO, no device
         raise CheckpointError(f"{path} is not a regular file")
     if os.path.lexists(checksum_path(path)) and not checksum_path(path).is_file():
@@ -297,7 +295,6 @@ class CheckpointManager:
         log.warning("set aside as %s", path.with_name(f"{tag}-{path.name}"))
 
     def save(self, state: dict[str, Any], episode: int) -> None:
-        """Snapshot `state` now and write it (in the background when enabled)."""
         self.wait()
         snap = snapshot({**state, "format": FORMAT})
         path = self.directory / f"ckpt-{episode:08d}.pt"

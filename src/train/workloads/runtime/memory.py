@@ -61,7 +61,6 @@ class PreallocReport:
 
 def preallocate(dummy_step: Callable[[], None], *, device: torch.device, state_bytes: int,
                 what: str) -> PreallocReport:
-    """Run `dummy_step` now; turn an out-of-memory error into a PreallocationError."""
     start = time.perf_counter()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

@@ -29,8 +29,7 @@ log = logging.getLogger(__name__)
 
 
 def environment_snapshot(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """SLURM_*, CUDA_*, NCCL_*, PYTORCH_*, TORCH_* variables, without secrets
-    (train.common.secrets: an allowlist verbatim, the rest redacted)."""
+    """The recorded variable families, without secrets (train.common.secrets)."""
     return recorded_environment(os.environ if environ is None else environ)
 
 
@@ -78,7 +77,6 @@ NO_LOCK_ERRNOS = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno
 
 
 def _has_row(fd: int, key: Mapping[str, Any]) -> bool:
-    """Whether the CSV open at fd already holds a row whose `key` columns equal `key`."""
     size = os.fstat(fd).st_size
     if size == 0:
         return False
@@ -172,8 +170,7 @@ def plot_learning_curves(path: Path, curves: Mapping[str, Sequence[float]], titl
 
 
 def outcome_lines(out_dir: Path, seeds: Sequence[int], results_csv: Path) -> list[str]:
-    """What a finished run did and where its results are: each seed's evaluation (against
-    the scripted policy where the workload has one), the curve, the CSV, the checkpoints."""
+    """What a finished run did and where its results are."""
     evaluation = read_json_object(out_dir / "eval" / "test_results.json", None)
     lines = [f"run complete: {out_dir}"]
     for seed in seeds:
