@@ -120,8 +120,8 @@ def _deliver(held: list[int]) -> None:
 
 
 def kill_group(child: subprocess.Popen[str]) -> None:
-    """SIGKILL to the child's whole process group, then reap it; pipes that a process
-    outside the group still holds are closed rather than waited for."""
+    """SIGKILL to the child's whole process group, then reap it (pipes a process outside
+    the group holds are closed, not waited for)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.pid, signal.SIGKILL)
     try:

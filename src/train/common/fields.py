@@ -76,7 +76,6 @@ def check_value(f: dataclasses.Field[Any], value: Any) -> None:
 
 
 def field_table(cls: type[Any]) -> list[dataclasses.Field[Any]]:
-    """A config class's fields in declaration order (used to generate CLI flags)."""
     return list(fields(cls))
 
 
@@ -84,7 +83,6 @@ _INT_RE = re.compile(r"^[+-]?\d+$")
 
 
 def _coerce(f: dataclasses.Field[Any], value: Any, *, from_text: bool) -> Any:
-    """Turn a YAML value or flag text into the field's type; wrong types raise ConfigError."""
     kind = f.metadata["kind"]
     if value is None or (from_text and f.metadata["optional"] and value in ("", "none", "null")):
         return None
@@ -287,8 +285,7 @@ class ArgumentParser(FlagParser):
 
 
 def default_text(f: Any) -> str:
-    """The help's one statement of a field's default: none where the doc already says it
-    (or there is none to say: None, an empty list, off)."""
+    """The help's one statement of a field's default, where the doc does not say it."""
     meta = f.metadata
     if re.search(r"\bdefault\b", meta["doc"], re.IGNORECASE):
         return ""
@@ -304,8 +301,7 @@ def default_text(f: Any) -> str:
 
 def add_fields(p: argparse.ArgumentParser, cls: type[Any], skip: Sequence[str],
                group: Callable[[str], Any] | None = None) -> None:
-    """One flag per config field, generated from the field table; `group(name)` gives the
-    argument group a field's flag goes into (default: the parser's own list)."""
+    """One flag per config field; `group(name)`: the argument group of a field's flag."""
     for f in field_table(cls):
         if f.name in skip:
             continue
