@@ -175,8 +175,8 @@ def probe_timeout(environ: Mapping[str, str]) -> float:
 # -- the cache (train.images.feature_cache) ----------------------------------------------
 def cached(key: str, environ: Mapping[str, str], notes: list[str] | None = None
            ) -> Features | None:
-    """The kept answer for `key` (its cache_file set), None where there is none or it is
-    not exactly what the probe writes; a cache file that cannot be used goes to notes."""
+    """The kept answer for `key`, None where there is none or not the probe's; a cache
+    file that cannot be used goes to notes."""
     path = cache_path(environ)
     data, warning = read_entries(path)
     if warning and notes is not None:
