@@ -154,8 +154,7 @@ PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> bool:
-    """Linux: the kernel sends `sig` to this process when the thread that started it ends.
-    Whether that was set."""
+    """Linux: the kernel sends `sig` when the thread that started this process ends."""
     if not sys.platform.startswith("linux"):
         return False
     try:

@@ -321,8 +321,8 @@ def _excerpt(line: str, at: int) -> str:
 
 
 def read_tail(path: Path, size: int = TAIL_BYTES) -> list[tuple[int | None, str]]:
-    """The last lines of a file (at most `size` bytes), with line numbers where the whole
-    file was read (else None: counting them would read it all)."""
+    """The last lines of a file (at most `size` bytes); line numbers only where the whole
+    file was read (counting them would read it all)."""
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)

@@ -111,8 +111,7 @@ def parse_gres(text: str) -> tuple[int, tuple[str, ...]]:
 
 
 def _limit_minutes(text: str, what: str) -> int | None:
-    """A time limit as Slurm prints it ('infinite', '2-00:00:00'); `what` names the field
-    (sinfo %l, sacctmgr's MaxWall) in the ValueError for another text."""
+    """A time limit as Slurm prints it ('infinite', '2-00:00:00'); `what` names the field."""
     value = text.strip()
     if value.lower() in _UNLIMITED:
         return None
@@ -199,8 +198,7 @@ def parse_config(text: str) -> dict[str, str]:
 
 
 def parse_array_size(text: str) -> int | None:
-    """MaxArraySize from `scontrol show config` (None: not there); a value that is not a
-    number Slurm allows is a ValueError."""
+    """MaxArraySize from `scontrol show config` (None: not there)."""
     value = parse_config(text).get(ARRAY_KEY)
     if value is None:
         return None
@@ -211,8 +209,7 @@ def parse_array_size(text: str) -> int | None:
 
 
 def parse_qos(text: str) -> dict[str, int | None]:
-    """`sacctmgr -n -P show qos format=Name,MaxWall` -> {QOS: minutes, None: no limit}; a
-    MaxWall that is not a time is a ValueError naming the line."""
+    """`sacctmgr -n -P show qos format=Name,MaxWall` -> {QOS: minutes, None: no limit}."""
     out: dict[str, int | None] = {}
     for number, line in enumerate(text.splitlines(), 1):
         name, sep, wall = line.partition(SEP)
