@@ -1,11 +1,6 @@
 """The GPU watch's reader, on the client (`train status`, `train doctor`): what the
-samplers wrote, as a summary per node and as idle stretches with their evidence.
-
-`summary` and `idle_findings` stream the files (never a whole file in memory; both read at
-most the last `max_bytes` of each, SUMMARY_MAX_BYTES by default), skip lines they cannot
-read and never raise on a file's content. Idle stretches are counted per sampler run and
-after its warm-up (gpuwatch_file.WarmUp). Standard library only, and nothing of the node's
-sampler: the client imports it.
+samplers wrote, as a summary per node and as idle stretches with their evidence. Files are
+streamed (at most their last `max_bytes`), and their content never raises.
 """
 
 from __future__ import annotations
@@ -32,17 +27,8 @@ from train.common.gpuwatch_file import (
 )
 
 # DEFAULT_IDLE_*: the client's readers take them from here with the rest
-__all__ = [
-    "SUMMARY_MAX_BYTES",
-    "IdleFinding",
-    "Record",
-    "idle_findings",
-    "node_files",
-    "parse_line",
-    "read_items",
-    "read_records",
-    "summary",
-]
+__all__ = ["SUMMARY_MAX_BYTES", "IdleFinding", "Record", "idle_findings", "node_files",
+           "parse_line", "read_items", "read_records", "summary"]
 
 # what `summary` reads of a file at most (its tail): about 20 days of 8 GPUs every 30 s
 SUMMARY_MAX_BYTES = 16 * MIB
@@ -61,9 +47,7 @@ class Record:
 
 
 def parse_line(text: str, line: int) -> Record | None:
-    """One CSV line, or None for the header, garbage and impossible values: a time outside
-    0 < t < MAX_TIME, a GPU index outside 0..MAX_GPU_INDEX, a utilisation outside 0..100,
-    memory outside 0..MAX_MIB."""
+    """One CSV line, or None for the header, garbage and impossible values."""
     parts = text.strip().split(",")
     if len(parts) != 5 or any(len(p) > 40 for p in parts):
         return None
@@ -86,8 +70,7 @@ def _stamp(t: float, fmt: str) -> str:
         return f"{t:.0f}" if math.isfinite(t) and abs(t) < 1e15 else "?"
 
 
-def _count_lines(f: IO[bytes], end: int) -> int:
-    """Newlines in the first `end` bytes (read in chunks, never whole)."""
+def _count_lines(f: IO[bytes], end: int) -> int:  # read in chunks, never whole
     f.seek(0)
     count, left = 0, end
     while left > 0:
@@ -152,13 +135,9 @@ def node_files(run_dir: Path | str) -> list[Path]:
 def summary(run_dir: Path | str, threshold: float = DEFAULT_IDLE_THRESHOLD,
             minutes: float = DEFAULT_IDLE_MINUTES, max_bytes: int = SUMMARY_MAX_BYTES
             ) -> dict[str, dict[str, Any]]:
-    """Per node: {"gpus": n, "mean_util": mean of every sample of every GPU, "latest_util":
-    mean over the GPUs of the latest sample, "latest_time": its unix time, "samples": sample
-    rounds read, "first_time": the first one read (files over max_bytes are read from their
-    tail: "partial" is then true), "latest": {gpu: util}, "idle": whether a GPU is idle now
-    (every sample under `threshold` for `minutes` up to the latest), "idle_description":
-    which and since when ("" when none)}. Nodes whose files hold no valid line are left
-    out; never raises on a file's content."""
+    """Per node (those with a valid line): utilisation over every sample and the latest,
+    and whether a GPU is idle now (every sample under `threshold` for `minutes` up to the
+    latest; "partial": the file was read from its tail)."""
     out: dict[str, dict[str, Any]] = {}
     for path in node_files(run_dir):
         try:
@@ -223,8 +202,6 @@ def _summarise(path: Path, threshold: float, minutes: float, max_bytes: int
 
 @dataclass(frozen=True)
 class IdleFinding:
-    """A GPU under the threshold in every sample for at least the idle time."""
-
     node: str
     gpu: int
     file: str
@@ -253,10 +230,8 @@ class IdleFinding:
 def idle_findings(run_dir: Path | str, threshold: float, minutes: float,
                   max_bytes: int | None = SUMMARY_MAX_BYTES) -> list[IdleFinding]:
     """Every run of samples of one GPU all under `threshold` spanning at least `minutes`
-    within one sampler run and after its warm-up (WarmUp), with the file and line numbers
-    as evidence; by node, GPU and start. Only the last
-    `max_bytes` of each file are read (None: all of it); line numbers still count from the
-    file's start. Never raises on a file's content."""
+    within one sampler run, with the file and line numbers (from the file's start) as
+    evidence; by node, GPU and start."""
     found: list[IdleFinding] = []
     for path in node_files(run_dir):
         try:

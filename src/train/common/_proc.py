@@ -91,13 +91,10 @@ _P = TypeVar("_P")
 
 
 def _start(start: Callable[[], _P]) -> tuple[_P, list[int]]:
-    """`start()` (a Popen) with SIGINT, SIGTERM and SIGHUP held while the child starts,
-    and the signals that came meanwhile. Such a signal, raised as an exception before
-    Popen returned, would unwind without the child in hand, and its group would run on
-    (seen on a busy machine: TERM to `train render` while a hung engine started). The
-    caller delivers them (`_deliver`) once the child is known, inside the block that kills
-    the group on any exception. Only Python handlers are held: a signal left to its default
-    or ignored is not this process's to delay."""
+    """`start()` (a Popen) with SIGINT, SIGTERM and SIGHUP held while the child starts, and
+    the signals that came meanwhile (for `_deliver` once the child is in hand): raised before
+    Popen returned, one would unwind without the child, whose group would run on (seen: TERM
+    to `train render` while a hung engine started). Only Python handlers are held."""
     if threading.current_thread() is not threading.main_thread():
         return start(), []
     held: list[int] = []
@@ -118,14 +115,13 @@ def _start(start: Callable[[], _P]) -> tuple[_P, list[int]]:
 
 
 def _deliver(held: list[int]) -> None:
-    """The signals `_start` held, raised again now (each handler runs as it would have)."""
     for sig in dict.fromkeys(held):
         signal.raise_signal(sig)
 
 
 def kill_group(child: subprocess.Popen[str]) -> None:
-    """SIGKILL to the child's whole process group, then reap it; pipes that a process
-    outside the group still holds are closed rather than waited for."""
+    """SIGKILL to the child's whole process group, then reap it (pipes a process outside
+    the group holds are closed, not waited for)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.pid, signal.SIGKILL)
     try:
@@ -151,7 +147,7 @@ MAX_OUTPUT = 64 << 20  # bytes of a command's stdout read before it is stopped
 
 def printable(text: str) -> str:
     """`text` without terminal escape sequences or other control characters (line breaks
-    and tabs stay): what a site's command printed, safe to print or to write."""
+    and tabs stay)."""
     return _ESCAPES.sub("", text)
 
 
@@ -166,13 +162,11 @@ def run_bounded(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] |
                 max_output: int = MAX_OUTPUT,
                 slow: tuple[float, Callable[[], None]] | None = None
                 ) -> subprocess.CompletedProcess[str]:
-    """Run argv (a command that may hang or flood: a site's tool) in a process group of
-    its own, stdin closed; at most `timeout` seconds, then the whole group is killed (a
-    script's children too), as it is when argv ends leaving children behind. Keeps the
-    first `max_output` bytes of stdout (more: stopped) and the last STDERR_KEPT of stderr.
-    `slow`: (seconds, call) calls `call()` once if argv still runs after that long.
-    Raises ProcError: 127 not found, 126 not startable, 124 timed out, 125 too much
-    output; a non-zero exit is returned, not raised."""
+    """Run argv (a command that may hang or flood: a site's tool) for at most `timeout`
+    seconds; its group is killed then, or when argv ends leaving children behind. Keeps the
+    first `max_output` bytes of stdout (more: stopped, 125) and the last STDERR_KEPT of
+    stderr. `slow`: (seconds, call) calls `call()` once if argv runs that long. A non-zero
+    exit is returned, not raised."""
     log.debug("running %s (at most %g s)", shlex.join(argv), timeout)
     try:
         proc, held = _start(lambda: subprocess.Popen(
@@ -246,7 +240,6 @@ def _exited(proc: subprocess.Popen[bytes]) -> bool:
 
 
 def _end_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL to what is left of argv's process group, then reap argv."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     for stream in (proc.stdout, proc.stderr):

@@ -1,14 +1,9 @@
 """Is CUDA usable here, and if not, why: a GPU job uses the GPU or stops with the cause.
 
-Without this, `--device auto` on a node whose driver is too old for the image's torch (the
-base image is CUDA 13.0: driver >= 580) trained on the CPU and burnt the job's walltime.
-`check` is a pure rule over injected facts (so every cause is tested without a GPU);
-`gather_facts` reads the real ones: torch's build and what it sees, and the driver through
-NVML (`nvidia-ml-py`), which answers even where CUDA cannot initialise. Both are imported
-lazily: the login-node CLI and `train launch` import this module without loading torch.
-
-The rule diagnoses only a failure: where torch sees at least the GPUs expected, CUDA is
-usable whatever else the facts say.
+Without this, `--device auto` on a node whose driver is too old for the image's torch
+trained on the CPU and burnt the job's walltime. `check` is a pure rule over injected facts
+and diagnoses only a failure (torch seeing the GPUs expected is usable, whatever else);
+`gather_facts` reads torch and NVML (which answers where CUDA cannot initialise), lazily.
 """
 
 from __future__ import annotations
@@ -38,8 +33,6 @@ _CPU_FIX = "To train on the CPU on purpose, pass --device cpu."
 
 @dataclass(frozen=True)
 class CudaFacts:
-    """What decides whether CUDA works; every field can be injected in tests."""
-
     torch_version: str  # torch.__version__
     torch_cuda: str | None  # torch.version.cuda: the CUDA torch was built for; None: CPU build
     torch_available: bool  # torch.cuda.is_available()
@@ -73,8 +66,7 @@ def parse_version(text: str) -> tuple[int, int] | None:
 
 
 def visible_entries(visible: str | None) -> list[str] | None:
-    """The devices CUDA_VISIBLE_DEVICES names, up to the first that hides the rest; None
-    when it is unset."""
+    """The devices CUDA_VISIBLE_DEVICES names, up to the first that hides the rest."""
     if visible is None:
         return None
     entries: list[str] = []
@@ -100,10 +92,7 @@ def expected_devices(facts: CudaFacts) -> int | None:
 
 
 def check(facts: CudaFacts, expected: int | None = None) -> str | None:
-    """None when CUDA is usable, else a message that names the cause and the fix.
-
-    `expected` is how many devices the caller needs to see (default: `expected_devices`).
-    """
+    """None when CUDA is usable, else a message that names the cause and the fix."""
     want = expected_devices(facts) if expected is None else expected
     if facts.torch_cuda is None:
         return _cpu_build(facts)
@@ -268,10 +257,7 @@ def _fewer_devices(facts: CudaFacts, want: int) -> str:
 
 
 def gather_facts(environ: Mapping[str, str] | None = None) -> CudaFacts:
-    """The real facts: torch's build and view, NVML's view of the driver, the environment.
-
-    Nothing here raises for a missing driver or library; those are facts for `check`.
-    """
+    """The real facts; a missing driver or library is a fact for `check`, never raised."""
     env = os.environ if environ is None else environ
     import torch
 
@@ -333,7 +319,6 @@ def _torch_said(warning: str) -> str:
 
 
 def _nvml_facts() -> tuple[int | None, str | None, int | None, bool, str | None]:
-    """(driver_cuda, driver_version, nvml_gpus, mig, nvml_error) as NVML reports them."""
     try:
         import pynvml
     except ImportError:

@@ -20,8 +20,6 @@ EXIT_RESOURCE = 3
 
 
 class TrainError(Exception):
-    """Base class; `exit_code` says how the CLI ends."""
-
     exit_code = EXIT_FAILURE
 
 
@@ -64,11 +62,8 @@ RUNTIME_MODULES = frozenset({"torch", "numpy", "matplotlib", "hostlist", "pynvml
 
 
 def runtime_missing(exc: ModuleNotFoundError) -> RuntimeMissing | None:
-    """The error to report when `exc` is a runtime module that is not installed, else None.
-
-    Python names the first missing package (`import torch.distributed` without torch says
-    `torch`), so a missing submodule of an installed package stays an unexpected failure.
-    """
+    """The error for a runtime module that is not installed, else None (Python names the
+    first missing package, so a missing submodule of one installed stays unexpected)."""
     if exc.name not in RUNTIME_MODULES:
         return None
     return RuntimeMissing(
@@ -90,6 +85,5 @@ class CheckpointError(TrainError):
 
 
 def first_line(exc: BaseException, limit: int = 200) -> str:
-    """The first line of an exception's message, at most `limit` characters (for messages
-    that quote a third party's error without its whole text)."""
+    """The first line of an exception's message, at most `limit` characters."""
     return (str(exc).strip().splitlines() or [""])[0][:limit]

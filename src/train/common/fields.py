@@ -1,12 +1,6 @@
-"""Dataclass fields as options: the one table a config class is declared in, and what is
-generated from it (checks, coercion, the YAML loader, command-line flags, their help),
-used by the login node's job spec (train.client.slurm.jobspec) and by every workload's
-config (train.workloads.config).
-
-A field is declared with `opt`: its documentation, type, allowed values and bounds live in
-its metadata, so a new option is added in exactly one place. `build` merges defaults < YAML
-values < flag values into a validated instance; unknown keys are errors that list the valid
-ones. Light: the login node imports it.
+"""Dataclass fields as options: the one table a config class (the job spec, every workload's
+config) is declared in with `opt`, and what is generated from it: checks, coercion, the YAML
+loader, command-line flags and their help. Light: the login node imports it.
 """
 
 from __future__ import annotations
@@ -29,30 +23,14 @@ from train.common.yamlio import shown
 _T = TypeVar("_T")
 
 
-def opt(
-    default: Any,
-    doc: str,
-    *,
-    kind: type,
-    choices: tuple[str, ...] | None = None,
-    minimum: float | None = None,
-    positive: bool = False,
-    optional: bool = False,
-    identity: bool = True,
-    short: str | None = None,
-) -> Any:
-    """A config field; `identity` fields must match when a run resumes from a checkpoint."""
-    meta = {
-        "doc": doc,
-        "kind": kind,
-        "choices": choices,
-        "minimum": minimum,
-        "positive": positive,
-        "optional": optional,
-        "identity": identity,
-        "short": short,  # a one-letter flag too (sbatch's letters where sbatch has one)
-    }
-    return field(default=default, metadata=meta)
+def opt(default: Any, doc: str, *, kind: type, choices: tuple[str, ...] | None = None,
+        minimum: float | None = None, positive: bool = False, optional: bool = False,
+        identity: bool = True, short: str | None = None) -> Any:
+    """A config field; `identity` fields must match when a run resumes from a checkpoint;
+    `short`: a one-letter flag too (sbatch's letters where sbatch has one)."""
+    return field(default=default, metadata={
+        "doc": doc, "kind": kind, "choices": choices, "minimum": minimum,
+        "positive": positive, "optional": optional, "identity": identity, "short": short})
 
 
 def _type_name(f: dataclasses.Field[Any]) -> str:
@@ -98,7 +76,6 @@ def check_value(f: dataclasses.Field[Any], value: Any) -> None:
 
 
 def field_table(cls: type[Any]) -> list[dataclasses.Field[Any]]:
-    """A config class's fields in declaration order (used to generate CLI flags)."""
     return list(fields(cls))
 
 
@@ -106,7 +83,6 @@ _INT_RE = re.compile(r"^[+-]?\d+$")
 
 
 def _coerce(f: dataclasses.Field[Any], value: Any, *, from_text: bool) -> Any:
-    """Turn a YAML value or flag text into the field's type; wrong types raise ConfigError."""
     kind = f.metadata["kind"]
     if value is None or (from_text and f.metadata["optional"] and value in ("", "none", "null")):
         return None
@@ -173,8 +149,7 @@ def _coerce_ints(name: str, value: Any) -> tuple[int, ...]:
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
-    """Read a YAML mapping (train.common.yamlio: bounded, YAML 1.2 numbers); a missing file or a
-    non-mapping is a usage error."""
+    """A YAML mapping; a missing file or a non-mapping is a usage error."""
     data = yamlio.load_file(path, "config")
     if data is None:
         return {}
@@ -185,8 +160,7 @@ def load_yaml(path: Path) -> dict[str, Any]:
 
 def build(cls: type[_T], file_values: Mapping[str, Any] | None = None,
           flag_values: Mapping[str, Any] | None = None) -> _T:
-    """Merge defaults < YAML values < flag values into a validated `cls` (a config
-    dataclass whose fields are declared with `opt`)."""
+    """Merge defaults < YAML values < flag values into a validated `cls`."""
     by_name = {f.name: f for f in fields(cls)}  # type: ignore[arg-type]
     merged: dict[str, Any] = {}
     for key, value in (file_values or {}).items():
@@ -210,10 +184,8 @@ def _key_name(key: Any) -> str:
 
 
 def check_writable_dir(path: Path, field_name: str) -> None:
-    """Fail with a ConfigError unless `path` is, or can be created as, a writable directory.
-
-    Nothing is created here: the check walks up to the nearest existing ancestor.
-    """
+    """A ConfigError unless `path` is, or can be created as, a writable directory (nothing
+    is created: the check walks up to the nearest existing ancestor)."""
     probe = path.absolute()
     try:
         while not probe.exists():
@@ -291,10 +263,8 @@ def unknown_message(extras: Sequence[str], parser: argparse.ArgumentParser) -> s
         # a prefix is what argparse used to guess from: name what it was short for
         close = [k for k in known if k.startswith(flag)][:1] or \
             difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
-        if close:
-            hints.append(f"{flag}: did you mean {close[0]}?")
-        else:
-            hints.append(f"{flag}: not a flag of {parser.prog} (see {parser.prog} --help)")
+        hints.append(f"{flag}: did you mean {close[0]}?" if close else
+                     f"{flag}: not a flag of {parser.prog} (see {parser.prog} --help)")
     if parser.prog.split()[-1] in ("render", "submit"):
         # `train render -g 1 sc2 --episodes 10`: the workload's options were meant
         hints.append(f"a workload and its own options go after `--`: {parser.prog} "
@@ -315,8 +285,7 @@ class ArgumentParser(FlagParser):
 
 
 def default_text(f: Any) -> str:
-    """The help's one statement of a field's default: none where the doc already says it
-    (or there is none to say: None, an empty list, off)."""
+    """The help's one statement of a field's default, where the doc does not say it."""
     meta = f.metadata
     if re.search(r"\bdefault\b", meta["doc"], re.IGNORECASE):
         return ""
@@ -332,8 +301,7 @@ def default_text(f: Any) -> str:
 
 def add_fields(p: argparse.ArgumentParser, cls: type[Any], skip: Sequence[str],
                group: Callable[[str], Any] | None = None) -> None:
-    """One flag per config field, generated from the field table; `group(name)` gives the
-    argument group a field's flag goes into (default: the parser's own list)."""
+    """One flag per config field; `group(name)`: the argument group of a field's flag."""
     for f in field_table(cls):
         if f.name in skip:
             continue

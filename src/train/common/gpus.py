@@ -1,9 +1,5 @@
-"""GPU types as cluster profiles name them: compute capability per type, and the bf16 rule.
-
-The rule is defined here once: the login-node CLI uses it to choose a job's precision
-before submission (so this module imports neither torch nor numpy), and the trainer's
-runtime uses it with the capability the device reports.
-"""
+"""GPU types as cluster profiles name them: compute capability per type, and the bf16 rule
+(once, here: the login node chooses a job's precision with it, so no torch or numpy)."""
 
 from __future__ import annotations
 
@@ -17,31 +13,12 @@ BF16_MIN_CAPABILITY = (8, 0)
 # NVIDIA's CUDA GPU list (developer.nvidia.com/cuda-gpus), by the GRES/feature names sites
 # use for them.
 COMPUTE_CAPABILITY: Mapping[str, tuple[int, int]] = MappingProxyType({
-    "k80": (3, 7),
-    "p100": (6, 0),
-    "gtx1080": (6, 1),
-    "gtx1080ti": (6, 1),
-    "p40": (6, 1),
-    "v100": (7, 0),
-    "titanv": (7, 0),
-    "t4": (7, 5),
-    "rtx2080": (7, 5),
-    "rtx2080ti": (7, 5),
-    "rtx8000": (7, 5),
-    "a100": (8, 0),
-    "a30": (8, 0),
-    "a10": (8, 6),
-    "a40": (8, 6),
-    "a4000": (8, 6),
-    "a5000": (8, 6),
-    "a6000": (8, 6),
-    "rtx3090": (8, 6),
-    "l4": (8, 9),
-    "l40": (8, 9),
-    "l40s": (8, 9),
-    "h100": (9, 0),
-    "h200": (9, 0),
-})
+    name: cap for cap, names in (
+        ((3, 7), "k80"), ((6, 0), "p100"), ((6, 1), "gtx1080 gtx1080ti p40"),
+        ((7, 0), "v100 titanv"), ((7, 5), "t4 rtx2080 rtx2080ti rtx8000"),
+        ((8, 0), "a100 a30"), ((8, 6), "a10 a40 a4000 a5000 a6000 rtx3090"),
+        ((8, 9), "l4 l40 l40s"), ((9, 0), "h100 h200"))
+    for name in names.split()})
 
 # MIG slices (1g.10gb, 3g.40gb, ...) exist only on A100, A30, H100 and H200: 8.0 at least.
 _MIG = re.compile(r"^\d+g\.\d+gb$")
@@ -51,8 +28,7 @@ _VENDOR = re.compile(r"^(?:nvidia|tesla)[_-]")
 _MODEL = re.compile(r"^([a-z0-9]+)[_-]")
 
 
-def capability(gpu_type: str) -> tuple[int, int] | None:
-    """The compute capability of a GPU type name, or None when the name is unknown."""
+def capability(gpu_type: str) -> tuple[int, int] | None:  # None: an unknown name
     name = gpu_type.strip().lower()
     if _MIG.match(name):
         return _MIG_CAPABILITY
@@ -91,13 +67,9 @@ def parse_arch(entry: str) -> tuple[str, tuple[int, int], str] | None:
 
 
 def arch_runs(cap: tuple[int, int], arch_list: Iterable[str]) -> bool:
-    """Can a GPU of capability `cap` run a build carrying `arch_list`?
-
-    Machine code runs on the same major at an equal or higher minor (sm_80 runs on 8.6, not
-    on 9.0 or 7.5); "a" code only on exactly its capability; PTX is compiled by the driver
-    for any equal or newer capability. A build with no entry for the GPU fails at its first
-    kernel ("no kernel image is available for execution on the device").
-    """
+    """Can a GPU of capability `cap` run a build carrying `arch_list`? Machine code runs on
+    the same major at an equal or higher minor, "a" code only on exactly its capability, PTX
+    on any equal or newer one (the driver compiles it)."""
     for entry in arch_list:
         parsed = parse_arch(entry)
         if parsed is None:

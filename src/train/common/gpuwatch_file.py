@@ -1,16 +1,9 @@
-"""The GPU watch's files and settings: what the sampler (gpuwatch_sampler, on the node)
-writes and the reader (gpuwatch_reader, on the client) reads, and the warm-up rule both apply.
+"""The GPU watch's files and settings: what the sampler (node) writes and the reader
+(client: standard library only) reads, and the warm-up rule both apply.
 
-A run's samples are in `RUN_DIR/gpu/NODE.csv` (`csv_path`): CSV_HEADER once, when the file
-is new (the chunks of a chain append to one file), then a START_MARK line where each sampler
-run begins, then one line per GPU per sample. The job's settings (WatchSettings) reach the
-node as environment variables (`settings_from_env`, train.batch.contract).
-
-Idle stretches (the sampler's live warning, the reader's `summary` and `idle_findings`) are
-counted per sampler run, never across a START_MARK, and after a warm-up (WarmUp): a sampler
-starts before the program has imported torch or touched CUDA, so a GPU's samples do not
-count until its first busy sample or until WARMUP_MINUTES after the sampler started,
-whichever comes first. Standard library only: the client imports it.
+`RUN_DIR/gpu/NODE.csv`: CSV_HEADER once (a chain's chunks append to one file), a START_MARK
+line where each sampler run begins, then one line per GPU per sample. Idle stretches are
+counted per sampler run, never across a START_MARK, and after a warm-up (WarmUp).
 """
 
 from __future__ import annotations
@@ -53,7 +46,6 @@ _NODE_FILE_RE = re.compile(r"[^A-Za-z0-9._-]")
 
 
 def csv_path(run_dir: Path | str, node: str) -> Path:
-    """`RUN_DIR/gpu/NODE.csv`, the node's name reduced to a safe file name."""
     name = _NODE_FILE_RE.sub("_", node).lstrip(".") or "node"
     return Path(run_dir) / GPU_WATCH_DIR / f"{name}.csv"
 
@@ -100,17 +92,15 @@ def settings_from_env(env: Mapping[str, str]) -> WatchSettings | None:
 
 @dataclass
 class WarmUp:
-    """Which GPUs of one sampler run are past their warm-up (WARMUP_MINUTES): from the
-    first sample at or over the threshold, or from `start` + the warm-up. `start` None: the
-    run's start is not known (a file read from its tail, or written before the marks
-    existed): no warm-up."""
+    """Which GPUs of one sampler run are past their warm-up: from the first sample at or
+    over the threshold, or from `start` + WARMUP_MINUTES. `start` None (not known: a file
+    read from its tail): no warm-up."""
 
     threshold: float
     start: float | None
     done: set[int] = field(default_factory=set)
 
     def counts(self, gpu: int, now: float, util: float) -> bool:
-        """Whether this sample counts toward idle stretches."""
         if self.start is None or gpu in self.done:
             return True
         if util >= self.threshold or now - self.start >= WARMUP_MINUTES * 60:

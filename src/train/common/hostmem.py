@@ -1,10 +1,6 @@
-"""Host memory this process can still use: the node's MemAvailable, cut to what its
-memory cgroup allows. No heavy imports (`train launch` reads it before torch starts).
-
-Slurm's task/cgroup makes `--mem` the job's cgroup limit, while MemAvailable counts the
-whole node: a check against the node alone passes, and the OOM killer ends the job later
-(the field's 16-GPU job, 5 oom_kill events).
-"""
+"""Host memory this process can still use: the node's MemAvailable, cut to what its memory
+cgroup allows (Slurm's `--mem` is the job's cgroup limit: a check against the node alone
+passed the field's 16-GPU job, then 5 oom_kill events). No heavy imports."""
 
 from __future__ import annotations
 
@@ -24,7 +20,6 @@ DEFAULT_WORKER_MEM_MB = 24 * 1024
 
 
 def available_bytes() -> int:
-    """min(MemAvailable, the memory cgroup's limit minus its use)."""
     free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     try:
         with open("/proc/meminfo", encoding="ascii") as fh:
@@ -51,9 +46,8 @@ def _read_int(path: Path) -> int | None:
 
 def cgroup_memory_left(self_cgroup: str | None = None,
                        root: Path = Path("/sys/fs/cgroup")) -> int | None:
-    """Bytes this process's memory cgroup and its ancestors still allow (limit minus use,
-    at the tightest level; the job's limit sits above its step's cgroup), or None where no
-    level has a limit. `self_cgroup` is /proc/self/cgroup's text (v1 or v2)."""
+    """Bytes this process's memory cgroup and its ancestors still allow (at the tightest
+    level), or None where none has a limit. `self_cgroup`: /proc/self/cgroup's text."""
     if self_cgroup is None:
         try:
             self_cgroup = Path("/proc/self/cgroup").read_text(encoding="utf-8")

@@ -164,8 +164,7 @@ def load_text(text: str, source: str, field: str) -> Any:
 
 
 def load_file(path: Path, field: str) -> Any:
-    """Read and parse a YAML file: unreadable, oversized, non-UTF-8 or invalid is a
-    ConfigError naming `field`."""
+    """A YAML file; unreadable, oversized, non-UTF-8 or invalid: ConfigError naming `field`."""
     try:
         if not path.exists():
             raise ConfigError(field, f"cannot read {path}: no such file")

@@ -16,13 +16,7 @@ from train.common.errors import ResourceError
 from train.common.filehash import file_sha256
 from train.images.defs import DefFile
 from train.images.inputs import check_inputs
-from train.images.record import (
-    DEMO_ARGS,
-    BuildLog,
-    BuildResult,
-    ImageError,
-    write_record,
-)
+from train.images.record import DEMO_ARGS, BuildLog, BuildResult, ImageError, write_record
 
 __all__ = ["SMOKE_LABEL", "apptainer_build", "apptainer_content", "apptainer_test", "engine",
            "smoke_args"]

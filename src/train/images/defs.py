@@ -58,7 +58,6 @@ SECTIONS = ("arguments", "environment", "files", "help", "labels", "post", "pre"
             "runscript", "setup", "startscript", "test")
 APP_SECTIONS = ("appenv", "appfiles", "apphelp", "appinstall", "applabels", "apprun",
                 "appstart", "apptest")
-KNOWN_SECTIONS = SECTIONS + APP_SECTIONS  # kept for callers that list them
 HEADER_KEYS = ("bootstrap", "from", "includecmd", "mirrorurl", "updateurl", "osversion",
                "include", "library", "registry", "namespace", "stage", "product", "user",
                "regcode", "productpgp", "registerurl", "modules", "fingerprints", "confurl",
@@ -99,11 +98,9 @@ class Section:
 
     @property
     def text(self) -> str:
-        """The body with the common indentation removed and blank edges trimmed."""
         return textwrap.dedent("\n".join(t for _, t in self.lines)).strip("\n")
 
-    def body(self) -> list[tuple[int, str]]:
-        """Non-blank, non-comment lines, stripped, with their numbers."""
+    def body(self) -> list[tuple[int, str]]:  # non-blank, non-comment lines, stripped
         return [(n, t.strip()) for n, t in self.lines
                 if t.strip() and not t.strip().startswith("#")]
 
@@ -168,7 +165,6 @@ class DefFile:
 
 
 def split_files_line(text: str) -> list[str]:
-    """The words Apptainer's fileSplitter finds in a %files line."""
     return [m.group(0) for m in _FILE_SPLIT.finditer(text)]
 
 
@@ -301,7 +297,6 @@ def _scan(path: Path, raw: str) -> tuple[list[tuple[int, str]], list[str], dict[
 
 
 def _check_one_stage(path: Path, number: int, after_content: bool) -> None:
-    """A `Bootstrap:` line once anything but blank or comment lines came before it."""
     if after_content:
         raise DefError(path, number, "a line starting with 'Bootstrap:' starts a "
                        "build stage in Apptainer (parser.All): the lines above it "
@@ -381,12 +376,8 @@ def _start_section(path: Path, number: int, text: str, sections: dict[str, Secti
 
 
 def spython_check(path: Path) -> None:
-    """Parse with spython's SingularityParser (a second reader of .def files).
-
-    spython reads only `Bootstrap: docker`; derived images (`localimage`) are checked with
-    the agent swapped, which exercises the same section grammar. Its time grows with the
-    square of the file size: call it only on files `parse` accepted (at most MAX_BYTES).
-    """
+    """Parse with spython's SingularityParser (a second reader of .def files), the agent
+    swapped to docker (all it reads). Quadratic in the size: only on files `parse` took."""
     try:
         from spython.main.parse.parsers import SingularityParser
     except ImportError:

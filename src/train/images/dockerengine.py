@@ -39,10 +39,8 @@ NETWORKS = ("none", "default", "host")
 
 def write_context(d: DefFile, dest: Path, build_args: Mapping[str, str],
                   localimages: Mapping[str, str], root: Path) -> Path:
-    """The Docker build context: Dockerfile, generated scripts, and the %files sources
-    under files/ (see dockerfile.context_path). Written to a fresh folder beside `dest`,
-    then renamed into place: an error leaves nothing behind; `dest` must not exist yet or
-    be an empty folder, and must not lie inside a %files source."""
+    """The Docker build context (Dockerfile, scripts, %files sources under files/), written
+    beside `dest` and renamed into place: an error leaves nothing behind."""
     sources = check_inputs(d, build_args, root)
     translation = translate(d, build_args, localimages)
     dest = dest.absolute()
@@ -97,15 +95,10 @@ def docker_build(d: DefFile, root: Path, tag: str, build_args: Mapping[str, str]
                  nocache: bool = False, record: Path | None = None,
                  show: Callable[[str], None] | None = None) -> BuildResult:
     """Build with the Docker engine as Apptainer builds: one container from the base image
-    gets the %files sources and the generated scripts (staged under /.train), runs the
-    %files copies and %post in one go, removes what was staged, and is committed as the
-    image's one new layer with %environment, %labels and the runscript as its config; then
-    %test runs in it, and a failing test fails the build (as `apptainer build`). So
-    nothing staged or downloaded and then removed stays in any layer (Docker's builder
-    would keep each COPY as a layer of its own). `network`: what %post reaches ("none", the
-    default and CI's: offline inputs only; "default" or "host": the downloads a real build
-    makes, as Apptainer's build makes them). Every build starts from the base image (the
-    engine's cache is not used, so `nocache` changes nothing)."""
+    runs the staged %files copies and %post, removes what was staged, and is committed as
+    the image's one new layer (Docker's builder would keep each COPY as a layer, and what
+    was staged with it); then a failing %test fails the build. `network`: what %post
+    reaches ("none": offline inputs only). The engine's cache is never used (`nocache`)."""
     del nocache
     if network not in NETWORKS:
         raise UsageError(f"network: {network!r} is not one of {', '.join(NETWORKS)}")
@@ -131,8 +124,7 @@ def docker_build(d: DefFile, root: Path, tag: str, build_args: Mapping[str, str]
 
 
 def _build_test(client: Any, tag: str, what: str) -> None:
-    """%test as `apptainer build` runs it, last: a failing test fails the build, and the
-    image is not kept under its tag."""
+    """%test, last, as `apptainer build` runs it: on a failure the tag is not kept."""
     import docker
 
     try:
@@ -145,8 +137,6 @@ def _build_test(client: Any, tag: str, what: str) -> None:
 
 
 def _create_container(client: Any, base: str, network: str, what: str) -> tuple[str, Any]:
-    """The base image's id (pulled when the engine lacks it) and the build container made
-    from it, whose entrypoint runs the staged build scripts."""
     import docker
 
     try:
@@ -162,8 +152,6 @@ def _create_container(client: Any, base: str, network: str, what: str) -> tuple[
 def _run_and_commit(client: Any, container: Any, archive: Path, build_log: BuildLog,
                     what: str, network: str, tag: str, translation: Translation,
                     base: str) -> Any:
-    """Put the staged tar into the build container, run it with its output fed to
-    `build_log`, and commit it as the image; the container is removed in every case."""
     import docker
 
     try:
@@ -191,9 +179,8 @@ def _run_and_commit(client: Any, container: Any, archive: Path, build_log: Build
 
 
 def _stage(ctx: Path, scripts: Mapping[str, str], archive: Path) -> None:
-    """The tar put into the build container: the %files sources under /.train/files, the
-    build scripts under /.train/build (`all` runs them and removes what was staged), the
-    runscript, test and help under /.train, as the translated Dockerfile places them."""
+    """The tar put into the build container, as the translated Dockerfile places it
+    (build/all runs the build scripts and removes what was staged)."""
     import io
     import tarfile
 
@@ -222,7 +209,6 @@ def _stage(ctx: Path, scripts: Mapping[str, str], archive: Path) -> None:
 
 
 def _base_image(client: Any, base: str) -> str:
-    """The base image's id, pulled first when the engine does not hold it."""
     import docker
 
     try:
@@ -243,9 +229,8 @@ _VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))"
 
 
 def _config(translation: Translation, client: Any, base: str) -> list[str]:
-    """The commit's config: %environment (each `$VAR` filled in from the base image's
-    environment and the lines before, as Docker's ENV does: a commit would keep `$PATH`
-    as text), the translation's LABEL and ENTRYPOINT; without a runscript, the base
+    """The commit's config: %environment with each `$VAR` filled in as Docker's ENV does (a
+    commit would keep `$PATH` as text), LABEL and ENTRYPOINT; without a runscript the base
     image's own entrypoint and command (the build container's are the build script)."""
     config = client.images.get(base).attrs.get("Config") or {}
     env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
@@ -289,17 +274,14 @@ def docker_run(tag: str, args: Sequence[str], entrypoint: Sequence[str] | None =
 
 def docker_test(tag: str, smoke: Sequence[str] = DEMO_ARGS) -> str:
     """%test (as Apptainer runs it: a plain /bin/sh script), then a short run inside."""
-    report = docker_run(tag, [f"{SCRIPT_DIR}/test"], entrypoint=["/bin/sh"])
-    report += docker_run(tag, smoke)
-    return report
+    return (docker_run(tag, [f"{SCRIPT_DIR}/test"], entrypoint=["/bin/sh"])
+            + docker_run(tag, smoke))
 
 
 def docker_content(tag: str) -> list[str]:
-    """The listing as an unprivileged user sees it, as under `apptainer exec` on a cluster
-    (files only root may read are listed as unreadable in both)."""
-    out = docker_run(tag, ["-m", "train.images.content", "/"], entrypoint=["python"],
-                     user="65534:65534")
-    return out.splitlines()
+    """The listing as an unprivileged user sees it, as under `apptainer exec`."""
+    return docker_run(tag, ["-m", "train.images.content", "/"], entrypoint=["python"],
+                      user="65534:65534").splitlines()
 
 
 def docker_export(tag: str, out: Path) -> str:

@@ -49,10 +49,7 @@ class Translation:
 
 
 def files_source_problem(src: str) -> str | None:
-    """Why a %files source cannot be built from the repository, or None. Sources resolve
-    from the repository root (where `apptainer build` must run); the translation refuses
-    what would read outside it, globs (Docker's COPY expands them differently) and control
-    characters."""
+    """Why a %files source cannot be built from the repository root, or None."""
     if has_control(src):
         return "holds a control character"
     if src.startswith("/"):
@@ -84,8 +81,7 @@ def quote_env(value: str) -> str:
 
 
 def context_path(index: int, src: str) -> str:
-    """Where a %files source is staged in the build context: under files/, so no source
-    can land on the generated Dockerfile or scripts."""
+    """Under files/: no source can land on the generated Dockerfile or scripts."""
     return f"files/{index}/{PurePosixPath(src).name}"
 
 
@@ -112,7 +108,6 @@ def has_control(text: str) -> bool:
 
 
 def check_text(what: str, value: str) -> None:
-    """A value that goes into the Dockerfile or a script: no control characters."""
     if has_control(value):
         raise UsageError(f"{what}: the value holds a control character (a newline would "
                          "inject an instruction into the build)")
@@ -155,7 +150,6 @@ def _check_values(build_args: Mapping[str, str], localimages: Mapping[str, str])
 
 
 def _from_line(d: DefFile, sub: _Sub, localimages: Mapping[str, str]) -> str:
-    """The header: Bootstrap docker -> FROM its image; localimage -> FROM the tag given."""
     bootstrap = d.header["bootstrap"][1].lower()
     from_line, from_value = d.header["from"]
     source = sub(from_value, from_line)
@@ -172,8 +166,6 @@ def _from_line(d: DefFile, sub: _Sub, localimages: Mapping[str, str]) -> str:
 
 
 def _copy_files(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
-    """%files: each source staged by COPY, then moved by the `files` script as Apptainer
-    copies it."""
     lines, moves = [], []
     for number, raw_src, raw_dst in d.files():
         src, dst = sub(raw_src, number), sub(raw_dst, number)
@@ -219,7 +211,6 @@ def _environment(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
 
 
 def _scripts(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
-    """%runscript, %test and %help: files under SCRIPT_DIR in the image."""
     lines = []
     for name in ("runscript", "test", "help"):
         sec = d.sections.get(name)

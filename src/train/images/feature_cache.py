@@ -1,16 +1,10 @@
 """Where the answer of an image's probe is kept (train.images.features): per image identity
 in ~/.cache/train/image-features.json, the newest CACHE_ENTRIES.
 
-A SIF is known by its real path, size and modification time. A sandbox (a folder) is
-known by its real path, and its answer holds what decides it: the stamps (inode,
-modification time, size) of the folders the image's Python imports from, its candidate
-site-packages folders, the folders on its PATH and the interpreter itself, each looked up
-inside the sandbox (its links followed inside it). Installing torch into a site-packages
-folder, or removing it, changes that folder's stamp, and the image is asked again.
-
-The file is read only where it is a regular file (after links) of at most
-CACHE_MAX_BYTES, opened without blocking: anything else (a FIFO, a link to a device) is
-no cache, said in one warning line, and is never written over.
+A SIF is known by its real path, size and modification time; a sandbox (a folder) by its
+real path, and its answer holds the stamps of the folders its Python imports from and
+searches (installing torch into one changes its stamp: the image is asked again). A cache
+file that is not a regular file (a FIFO, a link to a device) is never read or written over.
 """
 
 from __future__ import annotations
@@ -42,9 +36,8 @@ def how_to_clear(path: Path) -> str:
 
 
 def read_entries(path: Path) -> tuple[dict[str, object] | None, str]:
-    """(the cache's entries, a warning): {} where there is none yet or it is not JSON of
-    ours (it is written anew); None, with one warning line the first time, where the file
-    is not a regular file of at most CACHE_MAX_BYTES or cannot be read."""
+    """(the entries, a warning): {} where there are none yet or not ours (written anew);
+    None, with one warning line the first time, where the file cannot be used."""
     problem = ""
     data: dict[str, object] | None = {}
     try:
@@ -94,8 +87,7 @@ def _read_open(fd: int) -> tuple[dict[str, object] | None, str]:
 
 
 def write_entries(path: Path, data: Mapping[str, object]) -> None:
-    """The newest CACHE_ENTRIES entries, written whole (a link's target is replaced, the
-    link kept); a cache that cannot be written is skipped."""
+    """The newest CACHE_ENTRIES, written whole (a link's target replaced, the link kept)."""
     kept = {key: entry for key, entry in list(data.items())[-CACHE_ENTRIES:]
             if _strict_json(entry)}  # (a hand edit's 1e400: inf, which strict JSON refuses)
     target = Path(os.path.realpath(path))
@@ -113,8 +105,6 @@ def _strict_json(value: object) -> bool:
 
 # -- what an image is known by -------------------------------------------------------------
 def file_identity(path: str) -> str | None:
-    """A SIF's identity: real path, size and modification time; a sandbox's (a folder):
-    its real path (its answer carries the stamps that decide it: sandbox_stamps)."""
     try:
         real = os.path.realpath(path)
         st = os.stat(real)

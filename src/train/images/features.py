@@ -1,19 +1,10 @@
 """What a job's image offers the job step, found at submit ("bring your own image").
 
-Our images say it in their labels (org.train.image: `train` is inside, with torch and
-NVML's Python binding). Any other image is asked by running its Python once on the login
-node (`apptainer exec --cleanenv IMAGE PYTHON -c PROBE`, `docker run --rm IMAGE ...`):
-its version, whether torch, `train` (and which version) and pynvml import, whether
-nvidia-smi is on its PATH. Nothing is imported by the probe (importlib.util.find_spec),
-so it takes well under a second; it is asked once per submit, for at most PROBE_TIMEOUT
-seconds (TRAIN_PROBE_TIMEOUT), and a Python that does not answer by then is a refusal (its
-process group killed, a Docker probe's container removed). The answer is kept per image
-identity (train.images.feature_cache: a SIF's real path, size and modification time; a
-sandbox's real path and the stamps of its Python's folders; a Docker image's id) in
-~/.cache/train/image-features.json; a refusal from a kept answer names that file.
-
-What a job needs of the image, and the client's launcher bound into one without `train`,
-are the client's: train.client.slurm.checks.imagefit.
+Our images say it in their labels (org.train.image). Any other image's Python is run once
+on the login node (PROBE): nothing is imported (find_spec), so it takes well under a
+second; one that does not answer within PROBE_TIMEOUT is a refusal (a hang there would hang
+the job's step). The answer is kept per image identity (train.images.feature_cache).
+What a job needs of the image is the client's: train.client.slurm.checks.imagefit.
 """
 
 from __future__ import annotations
@@ -79,8 +70,6 @@ PROBE = (
 
 @dataclass(frozen=True)
 class Features:
-    """What the image's Python offers; `source` says how it was found (labels, probe)."""
-
     python: tuple[int, ...]
     torch: bool
     train: bool
@@ -99,8 +88,7 @@ class Features:
 
 
 def from_labels(labels: Mapping[str, str]) -> Features | None:
-    """An image of ours (built from containers/*.def, or derived from one): its labels say
-    so, and it has `train`, torch and pynvml. None for any other image."""
+    """An image of ours (its labels say so) has `train`, torch and pynvml; None: another."""
     if not labels.get(OURS_LABEL, "").strip():
         return None
     return Features(python=(), torch=True, train=True, pynvml=True, nvidia_smi=False,
@@ -131,8 +119,7 @@ _FLAGS = ("torch", "train", "pynvml", "nvidia_smi")
 
 def _strict(data: object) -> Features:
     """Features from the probe's answer or a cache entry of one, exactly as the probe
-    writes them (a list of at most 3 whole numbers, true/false, a version text);
-    ValueError for anything else, e.g. a hand-edited or corrupted cache."""
+    writes them; ValueError for anything else (a hand-edited or corrupted cache)."""
     if not isinstance(data, dict):
         raise ValueError("not an object")
     version = data.get("python")
@@ -172,8 +159,6 @@ def probe_argv(runtime: str, binary: str, image: str, python: str, name: str = "
 
 
 def probe_timeout(environ: Mapping[str, str]) -> float:
-    """Seconds to wait for the image's Python: PROBE_TIMEOUT, or TRAIN_PROBE_TIMEOUT;
-    ValueError for a value that is not a number of seconds > 0."""
     text = environ.get(PROBE_TIMEOUT_VAR, "").strip()
     if not text:
         return PROBE_TIMEOUT
@@ -190,8 +175,8 @@ def probe_timeout(environ: Mapping[str, str]) -> float:
 # -- the cache (train.images.feature_cache) ----------------------------------------------
 def cached(key: str, environ: Mapping[str, str], notes: list[str] | None = None
            ) -> Features | None:
-    """The kept answer for `key` (its cache_file set), None where there is none or it is
-    not exactly what the probe writes; a cache file that cannot be used goes to notes."""
+    """The kept answer for `key`, None where there is none or not the probe's; a cache
+    file that cannot be used goes to notes."""
     path = cache_path(environ)
     data, warning = read_entries(path)
     if warning and notes is not None:
@@ -205,8 +190,7 @@ def cached(key: str, environ: Mapping[str, str], notes: list[str] | None = None
 
 
 def remember(key: str, found: Features, environ: Mapping[str, str]) -> None:
-    """Keep the answer (the newest CACHE_ENTRIES); a cache that cannot be read or written
-    is skipped: the next submit asks the image again."""
+    """Keep the answer; a cache that cannot be used is skipped (the image is asked again)."""
     path = cache_path(environ)
     data, _ = read_entries(path)
     if data is None:  # (not a regular file: never written over)
@@ -246,9 +230,8 @@ def docker_facts(binary: str, image: str, environ: Mapping[str, str]
 
 @dataclass(frozen=True)
 class Asked:
-    """What asking an image found: the features (None where they could not be found
-    out: the job is then rendered as for an image of ours), notes on why, and a refusal
-    where the image's Python did not answer in time."""
+    """What asking an image found: `found` None where it could not be found out (the job is
+    then rendered as for an image of ours)."""
 
     found: Features | None = None
     notes: tuple[str, ...] = ()
@@ -290,9 +273,8 @@ def run_probe(runtime: str, binary: str, image: str, python: str,
 
 def _no_answer(binary: str, verb: str, image: str, python: str, timeout: float, name: str,
                environ: Mapping[str, str]) -> str:
-    """The refusal of an image whose Python did not answer: the probe's process group is
-    killed (_proc), and a Docker probe's container removed (the engine runs it, outside
-    that group)."""
+    """The refusal; a Docker probe's container is removed (the engine runs it, outside the
+    process group _proc killed)."""
     stopped = "stopped"
     if name:
         try:

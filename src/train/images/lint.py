@@ -78,8 +78,7 @@ class Violation:
         return f"{self.path}:{self.line}: [{self.rule}] {self.message}"
 
 
-def _commands(d: DefFile, section: str) -> list[tuple[int, str]]:
-    """Shell commands of a section with backslash continuations joined."""
+def _commands(d: DefFile, section: str) -> list[tuple[int, str]]:  # continuations joined
     sec = d.sections.get(section)
     out: list[tuple[int, str]] = []
     pending: tuple[int, str] | None = None
@@ -95,8 +94,7 @@ def _commands(d: DefFile, section: str) -> list[tuple[int, str]]:
     return out
 
 
-def lock_problems(lock: Path) -> list[str]:
-    """Requirements in a lock file that carry no --hash."""
+def lock_problems(lock: Path) -> list[str]:  # requirements that carry no --hash
     problems = []
     current: str | None = None
     hashed = False
@@ -296,15 +294,11 @@ def _unfilled(text: str) -> bool:
     return False
 
 
-def _script_commands(d: DefFile, name: str) -> list[tuple[int, str]]:
-    return [(n, c) for n, c in _commands(d, name) if not c.startswith("#!")]
-
-
 def _check_exit(d: DefFile) -> list[Violation]:
     out = []
     for name in ("test", "runscript"):
         sec = d.sections.get(name)
-        commands = _script_commands(d, name)
+        commands = [(n, c) for n, c in _commands(d, name) if not c.startswith("#!")]
         if sec is None or len(commands) < 2 or _SET_E.match(commands[0][1]):
             continue
         if name == "runscript" and commands[-1][1].startswith("exec "):
@@ -371,7 +365,6 @@ def _entry_problems(text: str, src: str, dst: str) -> tuple[list[str], bool]:
 
 def _source_on_disk(root: Path, resolved_root: Path, src: str
                     ) -> tuple[str | None, list[Path]]:
-    """A %files source in the repository: what is wrong with it, or the paths it names."""
     try:
         matches = _sources(root, src)
         outside = any(not m.resolve().is_relative_to(resolved_root) for m in matches)
@@ -387,7 +380,6 @@ def _source_on_disk(root: Path, resolved_root: Path, src: str
 
 def _nesting(d: DefFile, line: int, src: str, dst: str, existing: set[str]
              ) -> list[Violation]:
-    """A folder copied onto a path the base image has: `cp -fLr` nests it inside."""
     normal = posixpath.normpath(src)
     target = dst or "/" + normal
     clean = posixpath.normpath("/" + target.lstrip("/"))
@@ -430,9 +422,7 @@ def _destinations(d: DefFile) -> set[str]:
 
 
 def _base_paths(d: DefFile, args: dict[str, str], depth: int = 0) -> set[str]:
-    """Paths that exist in a localimage's base: the standard folders, and the %files
-    destinations (with their parents) of the base definition, found from the From:
-    default (`base.sif` -> `base.def` next to this file), recursively."""
+    """Paths that exist in a localimage's base (see files-nesting), recursively."""
     paths = set(_STANDARD_DIRS)
     line, source = d.header["from"]
     try:

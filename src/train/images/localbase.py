@@ -19,8 +19,7 @@ _HEADER_BAD = ("#", "{{", "}}", "\\")  # a comment, a placeholder or a continuat
 
 
 def check_base_sif(value: Path) -> Path:
-    """The --base-sif path, absolute, after checking it is a readable regular file with a
-    SIF header and a name a definition's header can hold (exit 2 otherwise)."""
+    """The --base-sif path, absolute, once checked (exit 2 otherwise)."""
     text = str(value)
     if not text or any(c in text for c in "\n\r\0") or any(b in text for b in _HEADER_BAD) \
             or text != text.strip():

@@ -43,8 +43,8 @@ class Download:
 
 @dataclass
 class BuildLog:
-    """Reads a build's output line by line: keeps the downloads its %post reported and the
-    last lines (for an error), and passes progress lines on to `show` as they come."""
+    """A build's output, line by line: the downloads its %post reported, the last lines
+    (for an error); progress lines go on to `show`."""
 
     show: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
     downloads: list[Download] = field(default_factory=list)
@@ -109,9 +109,7 @@ def lock_digests(d: DefFile, args: Mapping[str, str], root: Path) -> dict[str, s
 
 def write_record(d: DefFile, root: Path, result: BuildResult, engine_name: str,
                  base: str) -> None:
-    """The build record beside the image: what was downloaded and its sum, the lock files'
-    sums, the base it was built from, and the image's own digest. Written whole or not at
-    all (a temporary file renamed into place)."""
+    """The build record beside the image, written whole or not at all."""
     record = {
         "definition": d.path.name,
         "engine": engine_name,
@@ -130,8 +128,8 @@ def write_record(d: DefFile, root: Path, result: BuildResult, engine_name: str,
 
 
 def default_record(tag: str) -> Path:
-    """Where a docker build's record goes when --out names none (the image itself lives in
-    the engine): the user's cache folder, named after the tag."""
+    """Where a docker build's record goes when --out names none (the image is the
+    engine's)."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return cache / "train" / "images" / (tag.replace("/", "_").replace(":", "_")
                                          + ".build.json")

@@ -3,28 +3,14 @@
 Some sites cancel jobs whose GPUs sit idle (NYU Torch publishes thresholds per node family
 and enforces them), and an idle GPU is a symptom anyway: a starved data loader, a program
 on the CPU. `train launch` starts one sampler per node (`spawn`) as a separate process, so
-that sampling never slows or blocks training:
+that sampling never slows or blocks training; this module is that process (the file's
+format: common.gpuwatch_file; the sampling: gpuwatch_sampler; the client's reader:
+client.gpuwatch_reader).
 
-    python -m train.node.gpuwatch --out RUN_DIR --node NAME --interval S \
-        --idle-threshold P --idle-minutes M --parent PID
-
-This module is that process; the watch is in three more modules:
-- gpuwatch_file: the file's format (RUN_DIR/gpu/NODE.csv), the job's settings and the
-  warm-up rule, which both sides share;
-- gpuwatch_sampler: NVML readings appended to the file, and the live idle warning (on the
-  node, inside the container);
-- gpuwatch_reader: the files read for `train status` (`summary`) and `train doctor`
-  (`idle_findings`) on the client; it imports nothing of the node's side.
-Their names are re-exported here for the node's callers (`train launch`: `spawn`,
-`settings_from_env`) and the tests; the client imports gpuwatch_reader itself.
-
-The process ends when the parent is gone (the kernel sends it SIGTERM: PR_SET_PDEATHSIG; the
-parent is also polled, by the sampling loop and by a thread that ends the process even while
-the loop waits in NVML), and on SIGTERM or SIGINT, which keep their default action so that
-they end it even inside an NVML call that blocks (every sample is on disk already). NVML is
-never shut down (nvmlShutdown can hang on a broken driver; the process is ending anyway).
-Where NVML or a GPU is missing it exits at once (exit 0, one info line). The walltime USR1
-(Slurm sends it to every process of the step) is ignored.
+The process ends when the parent is gone (PR_SET_PDEATHSIG, and the parent polled, also
+from a thread while the loop waits in NVML), and on SIGTERM or SIGINT, which keep their
+default action so that they end it even inside a blocking NVML call (every sample is on
+disk already). NVML is never shut down (nvmlShutdown can hang on a broken driver).
 """
 
 from __future__ import annotations
@@ -41,25 +27,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from train.common.gpuwatch_file import (
-    WatchSettings,
-    _num,
-)
-from train.node.gpuwatch_sampler import (
-    TICK_SECONDS,
-    _text,
-    watch,
-)
+from train.common.gpuwatch_file import WatchSettings, _num
+from train.node.gpuwatch_sampler import TICK_SECONDS, _text, watch
 
-# the parts' names, for the node's callers and the tests (the reader is the client's:
-# train.client.gpuwatch_reader)
 __all__ = ["die_with_parent", "main", "parent_watch", "process_alive", "spawn"]
 
 log = logging.getLogger("train.gpuwatch")
 
 
 def process_alive(pid: int) -> bool:
-    """Whether `pid` is a live process (a zombie counts as gone)."""
+    """A zombie counts as gone."""
     if pid <= 0:
         return False  # 0 and negative numbers name process groups, not a process
     try:
@@ -77,9 +54,8 @@ def process_alive(pid: int) -> bool:
 
 
 def parent_watch(parent: int) -> Callable[[], bool]:
-    """keep_going for the sampler: the parent is still there. Where the parent is this
-    process's own, its end shows as a new parent id (reliable even if the pid is reused);
-    for any other pid, the process must still exist."""
+    """keep_going for the sampler. The parent of this process's own shows its end as a new
+    parent id (reliable even if the pid is reused)."""
     if parent == os.getppid():
         return lambda: os.getppid() == parent
     return lambda: process_alive(parent)
@@ -88,8 +64,7 @@ def parent_watch(parent: int) -> Callable[[], bool]:
 def spawn(run_dir: Path | str, node: str, settings: WatchSettings, parent: int, *,
           env: Mapping[str, str] | None = None,
           popen: Callable[..., Any] = subprocess.Popen) -> Any:
-    """Start the sampler process (stdout discarded, stderr shared: its lines go to the job's
-    log). Returns the Popen object; raises what starting it raises."""
+    """Start the sampler process (stderr shared: its lines go to the job's log)."""
     from train.common.entry import bound_entry_argv, bound_root, module_argv
 
     # (not `-m`: a train.py in the current folder would be imported as `train`; the bound
@@ -168,10 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _exit_with_parent(parent_alive: Callable[[], bool], done: threading.Event) -> None:
-    """The parent polled from a thread of its own: where the main thread is stuck in an
-    NVML call (pynvml's ctypes calls release the GIL) and the parent is not this process's
-    own (no PR_SET_PDEATHSIG then), the process still ends with it. Every sample is on disk
-    (unbuffered writes): exit 0 at once."""
+    """Where the main thread is stuck in an NVML call (ctypes releases the GIL) and the
+    parent is not this process's own (no PR_SET_PDEATHSIG then), it still ends with it."""
     while not done.wait(TICK_SECONDS):
         if not parent_alive():
             os._exit(0)
@@ -181,8 +154,7 @@ PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> bool:
-    """Linux: have the kernel send `sig` to this process when its parent ends (the thread
-    that started it; an exec of the parent keeps it alive). Whether that was set."""
+    """Linux: the kernel sends `sig` when the thread that started this process ends."""
     if not sys.platform.startswith("linux"):
         return False
     try:

@@ -1,17 +1,9 @@
 """The GPU watch's sampler, on the node inside the container: NVML readings into the file.
 
-It reads every GPU of the job through NVML (`nvidia-ml-py`, imported lazily by the process,
-train.node.gpuwatch) each interval and appends one line per GPU to `RUN_DIR/gpu/NODE.csv`
-(gpuwatch_file: the header is written once, when the file is new, so the chunks of a chain
-append to one file), written straight to the file (no buffer) after each sample. Each
-sampler writes a START_MARK line before its first sample: a chain's chunks append to one
-file, and the queue wait between two chunks is no idle time. Only a regular file is written:
-a FIFO, a device or a socket at that path is one line in the log and exit 0. Readings that
-cannot be true (utilisation outside 0..100, memory negative or absurd) are left out of that
-sample; a GPU that cannot be read is tried again at the next samples and given up after
-MAX_FAILURES in a row. It logs one warning when every sample of a GPU stayed under the
-threshold for the idle time (after the warm-up, gpuwatch_file.WarmUp), and again only after
-that GPU recovered and fell again.
+Each sample is written straight to the file (no buffer). Each sampler writes a START_MARK
+first: the queue wait between a chain's chunks is no idle time. Only a regular file is
+written. One warning when every sample of a GPU stayed under the threshold for the idle
+time, and again only after that GPU recovered and fell again.
 """
 
 from __future__ import annotations
@@ -72,8 +64,7 @@ class _IdleRun:
 @dataclass
 class IdleTracker:
     """Per GPU: since when every sample was under the threshold, and whether that run was
-    warned about. A sample at or over the threshold ends the run and re-arms the warning.
-    Samples in the warm-up (WarmUp, from the tracker's first sample) do not count."""
+    warned about; samples in the warm-up (from the first sample) do not count."""
 
     threshold: float
     minutes: float
@@ -81,8 +72,7 @@ class IdleTracker:
     warm: WarmUp | None = None
 
     def update(self, now: float, utils: Mapping[int, float]) -> list[tuple[int, float]]:
-        """Record one sample; the GPUs whose idle run just reached the idle time, with the
-        time the run started."""
+        """The GPUs whose idle run just reached the idle time, with the run's start."""
         if self.warm is None:
             self.warm = WarmUp(self.threshold, now)
         crossed = []
@@ -147,8 +137,7 @@ def _number(value: Any) -> float | None:
 
 def valid_reading(util: Any, used: Any, total: Any) -> tuple[int, int, int] | None:
     """(util %, used MiB, total MiB) from NVML's values (percent, bytes, bytes), or None
-    where they cannot be true: a utilisation that is not a number in 0..100, memory that is
-    not a number, negative, MAX_MIB or more, or more used than there is (1% slack)."""
+    where they cannot be true."""
     u, m_used, m_total = _number(util), _number(used), _number(total)
     if u is None or m_used is None or m_total is None or not 0 <= u <= 100:
         return None
@@ -160,12 +149,9 @@ def valid_reading(util: Any, used: Any, total: Any) -> tuple[int, int, int] | No
 
 
 class Sampler:
-    """One sample of every watched GPU: (gpu, util %, used MiB, total MiB) rows.
-
-    A GPU that cannot be read (its handle or a reading raises) is logged the first time and
-    tried again at every later sample; after MAX_FAILURES in a row it is given up (one line
-    says so). A reading that cannot be true leaves that GPU out of that sample only (counted
-    in `invalid`, logged once per GPU)."""
+    """One sample of every watched GPU: (gpu, util %, used MiB, total MiB) rows. A GPU that
+    cannot be read is tried again, and given up after MAX_FAILURES in a row; a reading that
+    cannot be true leaves it out of that sample only."""
 
     def __init__(self, nvml: Any, gpus: Sequence[int]) -> None:
         self.nvml = nvml
@@ -218,7 +204,6 @@ class Sampler:
 
 def _wait(seconds: float, sleep: Callable[[float], None],
           keep_going: Callable[[], bool]) -> bool:
-    """Sleep `seconds` in ticks, checking keep_going before each; False when it said no."""
     left = seconds
     while left > 0:
         if not keep_going():
@@ -233,10 +218,8 @@ def watch(nvml: Any, run_dir: Path | str, node: str, settings: WatchSettings, *,
           clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
           keep_going: Callable[[], bool] = lambda: True, max_samples: int | None = None,
           visible: str | None = None) -> int:
-    """Sample until keep_going says no (or max_samples are taken). Returns the exit code:
-    0, also where NVML has no driver or no GPU, where the path is not a regular file, and
-    where a write fails; 1 where the file cannot be opened. NVML is not shut down
-    (nvmlShutdown may block on a broken driver; the sampler's process ends after this)."""
+    """Sample until keep_going says no (or max_samples are taken). The exit code: 1 where
+    the file cannot be opened, else 0 (no NVML, no GPU, a failed write...)."""
     try:
         nvml.nvmlInit()
     except Exception as exc:
@@ -260,7 +243,6 @@ def watch(nvml: Any, run_dir: Path | str, node: str, settings: WatchSettings, *,
 
 
 def _gpu_count(nvml: Any) -> int | None:
-    """How many GPUs NVML sees, at most MAX_GPUS; None (logged) where it cannot say."""
     try:
         raw = nvml.nvmlDeviceGetCount()
     except Exception as exc:
@@ -281,9 +263,8 @@ def _gpu_count(nvml: Any) -> int | None:
 
 
 def _open_csv(path: Path) -> tuple[int | None, int]:
-    """(the file's descriptor, 0), opened for appending only where it is a regular file (a
-    FIFO would block the open, a device accepts or refuses anything); else (None, the exit
-    code), logged: 0 where the path is not a regular file, 1 where it cannot be opened."""
+    """(the descriptor, 0) of a regular file (a FIFO would block, a device takes anything),
+    else (None, the exit code)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # O_NONBLOCK: opening a FIFO without a reader fails at once instead of waiting

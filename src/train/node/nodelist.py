@@ -9,8 +9,7 @@ import re
 _RANGE = re.compile(r"^([0-9]+)(?:-([0-9]+))?$")
 
 
-def _split_top(text: str) -> list[str]:
-    """Split on the commas that are outside brackets."""
+def _split_top(text: str) -> list[str]:  # on the commas outside brackets
     parts, depth, current = [], 0, ""
     for ch in text:
         if ch == "[":
@@ -59,8 +58,7 @@ def expand(text: str) -> list[str]:
 
 
 def expand_nodes(raw: str) -> list[str]:
-    """python-hostlist where it is installed (as before); this module's expansion in an
-    image without it (the bound launcher). Either raises for a malformed list."""
+    """python-hostlist where it is installed; either raises for a malformed list."""
     try:
         import hostlist
     except ImportError:

@@ -1,21 +1,13 @@
 """When to stop: the time budget and the signals SLURM and users send.
 
-SIGUSR1 (SLURM's `--signal=B:USR1@N`, forwarded to the job step), SIGTERM (scancel,
-preemption) and SIGINT (Ctrl-C) ask the trainer to finish the current episode, checkpoint
-and exit 0. A second SIGINT stops at once. Signal delivery is coarse (tens of seconds early
-or late), so the trainer also keeps its own time budget and stops before an episode that
-would not fit.
+SIGUSR1 (SLURM's walltime signal), SIGTERM and SIGINT ask the trainer to finish the
+current episode, checkpoint and exit 0; a second SIGINT stops at once. Signal delivery is
+coarse, so the trainer also keeps its own time budget. An episode pending a stop for
+STOP_GRACE_SECONDS is cut (Slurm's KillWait, 30 s by default, follows SIGTERM with SIGKILL).
 
-An episode is not waited for without end: once a stop has been pending for
-STOP_GRACE_SECONDS, or the time budget is used up, `overdue()` is true and the trainer cuts
-the episode, checkpointing what it did (Slurm's KillWait, 30 s by default, follows SIGTERM
-with SIGKILL).
-
-During start-up (before the trainer takes the signals over) SIGTERM and SIGINT keep their
-default action: the process ends at once, even inside a C++ wait (a rendezvous, a GPU
-memory wait), where a Python handler would never run. Nothing has been trained yet.
-SIGUSR1, the coarse walltime warning, is kept for the trainer, which then stops before its
-first episode.
+During start-up SIGTERM and SIGINT keep their default action: the process ends at once,
+even inside a C++ wait (a rendezvous) where a Python handler would never run; SIGUSR1 is
+kept for the trainer, which then stops before its first episode.
 """
 
 from __future__ import annotations
@@ -47,21 +39,16 @@ def _early_handler(signum: int, frame: FrameType | None) -> None:
 
 
 def ignore_late_walltime_signal() -> None:
-    """Once the work is done and checkpointed, a late SIGUSR1 must not kill the process.
-
-    CPython resets Python-level handlers to the default action while it shuts down, and the
-    default for SIGUSR1 is to terminate: SLURM's coarse walltime signal arriving in that
-    window turned a clean stop into exit 138. SIG_IGN survives finalization.
-    """
+    """Once the work is checkpointed: CPython resets Python handlers to the default action
+    while it shuts down (for SIGUSR1: terminate), so a late walltime signal turned a clean
+    stop into exit 138. SIG_IGN survives finalization."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
 
 def install_early_handlers(mark_ready: bool = True) -> None:
-    """From process start on: SIGTERM and SIGINT end start-up at once (their default
-    action), SIGUSR1 is recorded for the StopController to pick up. Then tell
-    the batch shell that a walltime signal no longer kills this process (the file named by
-    SIGNAL_READY_VAR, set for job steps) unless `mark_ready` is false: `train launch`
-    starting a program of the user's cannot say when that program is ready."""
+    """SIGUSR1 recorded for the StopController; then tell the batch shell that a walltime
+    signal no longer kills this process (SIGNAL_READY_VAR), unless `mark_ready` is false:
+    `train launch` cannot say when a program of the user's is ready."""
     signal.signal(signal.SIGUSR1, _early_handler)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_DFL)
@@ -71,8 +58,6 @@ def install_early_handlers(mark_ready: bool = True) -> None:
             Path(ready).touch()
         except OSError as exc:  # the batch shell then waits out its start-up grace
             log.debug("could not mark signal readiness in %s: %s", ready, exc)
-
-
 
 
 def parse_deadline(text: str) -> float | None:
@@ -88,8 +73,8 @@ def parse_deadline(text: str) -> float | None:
 
 def effective_budget(time_budget: float | None, env: Mapping[str, str] | None = None,
                      now: float | None = None) -> float | None:
-    """The time budget, cut to the chunk's deadline where a job step gives one: time spent
-    before training starts (a GPU memory wait, a slow start) comes out of the budget."""
+    """The time budget, cut to the chunk's deadline (time spent before training starts comes
+    out of it)."""
     environ = os.environ if env is None else env
     deadline = parse_deadline(environ.get(DEADLINE_VAR, ""))
     if time_budget is None or deadline is None:
@@ -165,8 +150,7 @@ class StopController:
         return False
 
     def overdue(self) -> bool:
-        """True when the current episode must be cut: a stop has waited STOP_GRACE_SECONDS
-        for it, or the time budget is used up (cheap enough to ask at every step)."""
+        """The current episode must be cut (cheap enough to ask at every step)."""
         if self._requested_at is not None:
             return self._clock() - self._requested_at >= STOP_GRACE_SECONDS
         if self.time_budget is not None and self.elapsed >= self.time_budget:

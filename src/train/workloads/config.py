@@ -1,11 +1,5 @@
-"""The DQN's run configuration: one frozen dataclass, loaded from YAML and/or command-line
-flags (`train run`).
-
-Every field is declared with train.common.fields.opt: its documentation, allowed values and
-bounds live in its metadata, and the CLI flags, the YAML loader and the validation are all
-generated from that one table (train.common.fields), so a new option is added in exactly
-one place. Unknown keys are errors that list the valid ones.
-"""
+"""The DQN's run configuration (`train run`): one frozen dataclass whose fields
+(train.common.fields.opt) generate the flags, the YAML loader and the validation."""
 
 from __future__ import annotations
 
@@ -139,7 +133,6 @@ def build_config(
     file_values: Mapping[str, Any] | None = None,
     flag_values: Mapping[str, Any] | None = None,
 ) -> RunConfig:
-    """Merge defaults < YAML values < flag texts into a validated RunConfig."""
     return build(RunConfig, file_values, flag_values)
 
 
@@ -160,7 +153,6 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def run_config_from_argv(argv: list[str]) -> RunConfig:
-    """Parse `train run` arguments (as a job will pass them) into a RunConfig."""
     p = ArgumentParser(prog="train run", add_help=False)
     add_run_arguments(p)
     return run_config_from_args(p.parse_args(argv))

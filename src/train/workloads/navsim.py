@@ -1,29 +1,19 @@
 """NAVSIM's training feature cache: computed once per chain, used by every later chunk.
 
-At the pinned NAVSIM commit `run_training.py` defaults to `force_cache_computation: true`
-and `use_cache_without_dataset: false`: every start computes every scene's features again
-(hours on the navtrain split) before its first training step, and a chain of walltime-sized
-chunks would do so in every chunk. So the job step runs NAVSIM's command through this
-module (`python -c ENTRY PYTHON SCRIPT OVERRIDES...`, see the login node's
-train.client.slurm.navsimstep.step_argv), which on the node, at each chunk's start:
+At the pinned NAVSIM commit `run_training.py` computes every scene's features again at every
+start (hours on navtrain), so the job step runs NAVSIM's command through this module
+(train.client.slurm.navsimstep.step_argv), which at each chunk's start:
 
-- finds the cache complete (the marker beside the cache folder, written only after NAVSIM's
-  caching script exited 0 for the same split and agent): the training runs with
-  `force_cache_computation=false use_cache_without_dataset=true` and computes nothing
-  (nor scans the dataset);
-- else the job's first task runs NAVSIM's own caching script (`run_dataset_caching.py`
-  beside the training script, one process with a process pool of the task's CPUs) with
-  `force_cache_computation=false`, which computes only the scenes not in the cache, writes
-  the marker when it exits 0, and then starts the training as above; the other tasks wait
-  for the marker. A cache cut by the walltime signal (or TERM) is not marked: this chunk
-  ends as a checkpointed stop (exit 0) and the next chunk completes the cache. NAVSIM takes
-  a scene whose files exist as cached, so before completing a cut cache the scenes written
-  in its last CUT_WINDOW_S seconds (where a file cut in the middle of its write can be)
-  are removed and computed again.
+- finds the cache complete (a marker beside the cache folder, written only after NAVSIM's
+  caching script exited 0 for the same split and agent) and trains from it, computing and
+  scanning nothing;
+- else the first task runs NAVSIM's caching script, computing only the scenes the cache
+  lacks, marks it, and trains; the other tasks wait for the marker. A cache cut by the
+  walltime signal (or TERM) is not marked: the chunk ends as a stop (exit 0) and the next
+  completes it, first removing the scenes written in its last CUT_WINDOW_S seconds (NAVSIM
+  takes a scene whose files exist as cached, and one may be cut mid-write).
 
-The cache folder is `cache_path=` of the command: the run folder's unless the job's own
-overrides give one (a cache shared by runs of the same split and agent). The override
-names the job sets and this module reads are batch.contract's.
+The cache folder is the command's `cache_path=` (the run folder's unless the job gives one).
 """
 
 from __future__ import annotations
@@ -71,8 +61,7 @@ def cache_key(overrides: Sequence[str]) -> dict[str, Any]:
                       or override_key(a).startswith("agent.")]}
 
 
-def marker_paths(cache: Path) -> tuple[Path, Path]:
-    """(complete, started): beside the cache folder."""
+def marker_paths(cache: Path) -> tuple[Path, Path]:  # (complete, started)
     return (cache.with_name(cache.name + COMPLETE_SUFFIX),
             cache.with_name(cache.name + STARTED_SUFFIX))
 
@@ -102,7 +91,7 @@ def caching_command(command: Sequence[str], cpus: int) -> list[str]:
 
 def drop_cut_scenes(cache: Path, window: float = CUT_WINDOW_S) -> int:
     """Remove the scene folders (CACHE/LOG/TOKEN) of a cut cache written in its last
-    `window` seconds: where a file cut in the middle of its write can be. Returns how many."""
+    `window` seconds; how many."""
     newest: dict[Path, float] = {}
     for log in (p for p in cache.iterdir() if p.is_dir()) if cache.is_dir() else ():
         for scene in (p for p in log.iterdir() if p.is_dir()):

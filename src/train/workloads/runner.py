@@ -44,7 +44,6 @@ class RunResult:
 
 
 def validate(cfg: RunConfig) -> None:
-    """Everything that can be checked without side effects."""
     check_writable_dir(cfg.out_dir, "out")
     csv_path = cfg.results_csv_path
     check_writable_dir(csv_path.parent, "results_csv")  # (names too long included)
@@ -136,10 +135,8 @@ def run(cfg: RunConfig) -> RunResult:
 
 def _start_run(cfg: RunConfig, ctx: DistContext, lock: contextlib.ExitStack,
                settings: dict[str, Any]) -> None:
-    """Rank 0 before training: the run folder, its lock (held in `lock`), and config.json
-    with `settings` (precision, allocator) and what else describes this process."""
+    """Rank 0 before training: the run folder, its lock (held in `lock`), config.json."""
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
-    # one run per folder at a time (a second run is exit 2 naming the holder)
     lock.enter_context(results.RunLock(cfg.out_dir))
     # again under the lock: a run may have finished meanwhile
     previous = check_same_run(cfg)
@@ -162,7 +159,6 @@ def _start_run(cfg: RunConfig, ctx: DistContext, lock: contextlib.ExitStack,
 
 
 def _status(cfg: RunConfig, ctx: DistContext, summary: records.RunSummary) -> dict[str, Any]:
-    """status.json's content for this chunk (its warnings added by _record_outcome)."""
     return {
         "complete": summary.complete,
         "stop_reason": summary.stop_reason,
@@ -177,17 +173,11 @@ def _status(cfg: RunConfig, ctx: DistContext, summary: records.RunSummary) -> di
 
 def _record_outcome(cfg: RunConfig, summary: records.RunSummary, status: dict[str, Any]
                     ) -> None:
-    """Rank 0 at the end of every chunk (the seeds' own files are written by then).
-
-    The completion record comes first: a finished chunk whose CSV append or plot fails
-    (flock is ENOSYS on some Lustre mounts; a full or read-only disk) must still end its
-    chain, or every rerun fails the same way. So status.json, the COMPLETE marker and the
-    progress file are written before the CSV rows and the plot, and what fails after them
-    is a warning recorded in status.json.
-    """
+    """Rank 0 at the end of every chunk. The completion record comes first: a finished
+    chunk whose CSV append or plot fails (flock is ENOSYS on some Lustre mounts; a full
+    disk) must still end its chain, or every rerun fails the same way."""
     status_path = cfg.out_dir / "status.json"
     write_json_atomic(status_path, status)
-    # the marker the batch shell checks to end a chain
     marker = cfg.out_dir / contract.COMPLETE_MARKER
     if summary.complete:
         marker.touch()

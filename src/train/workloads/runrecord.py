@@ -21,8 +21,7 @@ RECORD_LIMIT = 16 * 2**20  # config.json read back to compare a resumed run's se
 
 
 def read_run_record(cfg: RunConfig) -> dict[str, Any]:
-    """The run record in cfg's folder ({} where there is none); exit 2 naming `out` for
-    one that cannot be read."""
+    """The run record in cfg's folder ({} where there is none)."""
     record = cfg.out_dir / "config.json"
     if not os.path.lexists(record):
         return {}
@@ -65,10 +64,8 @@ def describe(differ: dict[str, tuple[Any, Any]]) -> str:
 
 
 def check_same_run(cfg: RunConfig) -> dict[str, Any]:
-    """A run directory that already holds a run (its config.json) is continued only with the
-    settings it was started with (the identity fields), finished runs included: anything
-    else is exit 2 naming every field that differs, before config.json is touched. Returns
-    the run record ({} where there is none)."""
+    """A run folder's run (config.json) continues only with its identity settings, finished
+    runs included: else exit 2 naming every field that differs. Returns the record."""
     data = read_run_record(cfg)
     differ = differences(cfg, data)
     if differ:

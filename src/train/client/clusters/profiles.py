@@ -5,10 +5,6 @@ every `*.yaml` in `~/.config/train/clusters/`, then in each directory of
 `$TRAIN_CLUSTERS_PATH` (colon-separated), then files given with `--profile FILE`. A profile
 with `extends: NAME` starts from that profile and overrides only the keys it sets (nested
 mappings merge), so a site change is a three-line file.
-
-Each profile is validated by train.client.clusters.validate into the frozen data of
-train.client.clusters.schema; SLURM's time and memory formats live in
-train.client.clusters.units. The names importers use are all reachable from here.
 """
 
 from __future__ import annotations
@@ -19,10 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from train.client.clusters.schema import (
-    NodeType,
-    Profile,
-)
+from train.client.clusters.schema import NodeType, Profile
 from train.client.clusters.units import format_mem, format_time
 from train.client.clusters.validate import extends_name, profile_from_dict, profile_name
 from train.common import yamlio

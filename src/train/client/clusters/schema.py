@@ -38,9 +38,7 @@ class NodeType:
 
 @dataclass(frozen=True)
 class GpuWatch:
-    """The GPU utilisation watch of GPU jobs (train.node.gpuwatch): a sample of every
-    GPU each `interval` seconds (0: no watch), and a warning once every sample of a GPU
-    stayed under `idle_threshold` percent for `idle_minutes`."""
+    """The GPU watch of GPU jobs (train.node.gpuwatch); `interval` 0: no watch."""
 
     interval: int = 30
     idle_threshold: int = 10

@@ -25,9 +25,7 @@ from train.common.errors import ConfigError
 from train.common.yamlio import shown
 
 # Every pattern here is used with fullmatch: `$` would let a trailing newline through.
-# Profile strings reach rendered scripts (`#SBATCH` lines, shell lines) and command lines:
-# each kind has a tight set of characters, without spaces, quotes, `$`, `;`, backticks or
-# line breaks. Names: profiles, partitions, QOS, GPU types.
+# Names: profiles, partitions, QOS, GPU types.
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 _NAME_CHARS = "letters, digits, '_', '.' and '-' (not starting with '.' or '-')"
 # one node feature (gpu_features values, constraint names): no operators such as & | [ ]
@@ -98,7 +96,7 @@ def _mapping(where: str, value: Any) -> Mapping[Any, Any]:
 
 
 def _section(where: str, value: Any, allowed: set[str]) -> Mapping[Any, Any]:
-    """account, partition, qos: a mapping of the allowed keys (null: all defaults)."""
+    """A mapping of the allowed keys (null: all defaults)."""
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -203,8 +201,7 @@ def _binds(where: str, value: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _modules(where: str, value: Any) -> tuple[str, ...]:
-    """Set-up lines the job script runs before the step, as they are: module commands."""
+def _modules(where: str, value: Any) -> tuple[str, ...]:  # run as they are in the script
     out = []
     for i, item in enumerate(_list(where, value, "module command lines such as "
                                    "'module load apptainer'")):
@@ -242,14 +239,8 @@ def _env_names(where: str, items: Any) -> tuple[str, ...]:
 
 
 def _gpu_watch(where: str, value: Any) -> GpuWatch:
-    """gpu_watch: {interval: seconds (0: off), idle_threshold: percent, idle_minutes}; a key
-    left out keeps the project's default."""
-    if value is None:
-        return DEFAULT_GPU_WATCH
-    if not isinstance(value, dict):
-        raise ConfigError(where, f"must be a mapping (keys: "
-                          f"{', '.join(sorted(_GPU_WATCH_KEYS))}), got {_got(value)}")
-    _check_keys(where, value, _GPU_WATCH_KEYS)
+    """A key left out keeps the project's default."""
+    value = _section(where, value, _GPU_WATCH_KEYS)
     interval = _int(f"{where}.interval",
                     value.get("interval", DEFAULT_GPU_WATCH.interval)) or 0
     threshold = _int(f"{where}.idle_threshold",
@@ -312,17 +303,14 @@ def _argv(where: str, value: Any) -> tuple[str, ...]:
     return tuple(words)
 
 
-def profile_name(source: str, value: Any) -> str:
-    """A profile's `name:` (required), its errors under the file it came from."""
+def profile_name(source: str, value: Any) -> str:  # errors under the file it came from
     if value is None or value == "":
         raise ConfigError(f"profile {source}.name", "is required")
     return _name(f"profile {source}.name", value, "a profile name")
 
 
 def extends_name(name: str, value: Any) -> str:
-    """The profile named by `extends:` of profile `name`."""
     return _name(f"profile {name}.extends", value, "the name of a profile")
-
 
 
 def _choice(where: str, value: Any, allowed: tuple[str, ...]) -> str:
@@ -435,7 +423,6 @@ def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
 
 
 def _array_size(where: str, value: Any) -> int:
-    """max_array_size: a positive integer; Slurm's default where the profile has none."""
     if value is None:
         return Profile.max_array_size
     size = _int(where, value, optional=False)
@@ -444,8 +431,7 @@ def _array_size(where: str, value: Any) -> int:
     return size
 
 def _nccl_env(where: str, value: Any) -> dict[str, str]:
-    """NAME: value pairs every job exports: names must be variable names (they go into
-    `export NAME=...` in the job script), values plain scalars without control characters."""
+    """NAME: value pairs every job exports (`export NAME=...` in the job script)."""
     out = {}
     for key, item in _mapping(where, value).items():
         if not isinstance(key, str) or not _ENV_NAME_RE.fullmatch(key):

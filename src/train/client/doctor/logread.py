@@ -71,22 +71,17 @@ def _grep_output(proc: subprocess.Popen[bytes],
 
 
 def _whole_file(number: int, _offset: int) -> tuple[int | None, int | None]:
-    """grep's line number is the file's (grep read the file itself)."""
     return number, None
 
 
 def _candidate_lines_grep(path: Path, needles: Sequence[str]) -> Iterator[Line]:
-    """(line number, line, None) of every line of the file holding a needle, from grep -F
-    (streamed)."""
     with _grep(needles, path) as proc:
         yield from _grep_output(proc, _whole_file)
 
 
 def _feed_all(path: Path, regions: Sequence[tuple[int, int]],
               sinks: list[IO[bytes]]) -> None:
-    """Bytes [start, end) of each region of `path`, read once, into every sink (the greps'
-    stdins, one per group of rules), then close them. A sink whose grep left early (it was
-    killed) is dropped."""
+    """Bytes [start, end) of each region of `path`, read once, into every grep's stdin."""
     live = list(sinks)
     try:
         with open(path, "rb") as fh:
@@ -211,8 +206,6 @@ def _regions(path: Path, size: int) -> list[tuple[int, int]]:
 
 @dataclass
 class Scan:
-    """What a log search covered: the whole file, or its head and tail."""
-
     hits: dict[str, Hits]
     whole: bool = True
     skipped_bytes: int = 0
@@ -241,8 +234,7 @@ def scan_log(path: Path, rules: Sequence[LogRule] = RULES, full: bool = False) -
 
 def _placer(regions: Sequence[tuple[int, int]]
             ) -> Callable[[int, int], tuple[int | None, int | None]]:
-    """How grep's line and offset in the head-then-tail stream become the file's: the
-    head's lines keep their numbers, a tail line has its offset in the file."""
+    """A head line keeps its number, a tail line gets its offset in the file."""
     if not regions:
         return _whole_file
     head_end, tail_start = regions[0][1], regions[1][0]
@@ -258,8 +250,7 @@ def _placer(regions: Sequence[tuple[int, int]]
 def _grep_scan(path: Path, rules: Sequence[LogRule],
                regions: Sequence[tuple[int, int]]) -> dict[str, Hits]:
     """The rules' hits from one grep per CPU (at most two), each for a share of the rules,
-    run in threads; where `regions` are given, one more thread reads them once and feeds
-    every grep. A failure in a thread is raised here."""
+    in threads; a failure in a thread is raised here."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     groups = _groups(rules, min(2, cpus))
     procs = [_grep(sorted({n for r in g for n in r.needles}), None if regions else path)
@@ -293,7 +284,6 @@ def _grep_scan(path: Path, rules: Sequence[LogRule],
 
 
 def _reap(procs: Iterable[subprocess.Popen[bytes]]) -> None:
-    """Every grep killed (where still running), waited for, its output closed."""
     for p in procs:
         with contextlib.suppress(OSError):
             p.kill()
@@ -331,8 +321,8 @@ def _excerpt(line: str, at: int) -> str:
 
 
 def read_tail(path: Path, size: int = TAIL_BYTES) -> list[tuple[int | None, str]]:
-    """The last lines of a file (at most `size` bytes), with line numbers where the whole
-    file was read (else None: counting them would read it all)."""
+    """The last lines of a file (at most `size` bytes); line numbers only where the whole
+    file was read (counting them would read it all)."""
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)

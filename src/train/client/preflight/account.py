@@ -37,10 +37,8 @@ def _first_fields(text: str) -> list[str]:
 
 
 def listed_accounts(text: str) -> set[str]:
-    """What a site's account command lists, lower-cased: the first field of every line
-    (fields separated by whitespace or '|': slist's and allocations' tables, sacctmgr -nP,
-    one name a line), and every whole line. A word elsewhere in a line ("denied: acct is
-    suspended", "some other text") is no listing."""
+    """The first field of every line (slist's and allocations' tables, sacctmgr -nP) and
+    every whole line, lower-cased: a word elsewhere ("denied: acct is suspended") is none."""
     return {*_first_fields(text),
             *(line.strip() for line in text.lower().splitlines() if line.strip())}
 

@@ -13,8 +13,7 @@ from typing import Protocol
 from train.common import _proc
 
 
-class Runner(Protocol):
-    """The shape of `train.common._proc.run` that preflight uses (tests pass scripted ones)."""
+class Runner(Protocol):  # tests pass scripted ones
 
     def __call__(self, argv: Sequence[str], *, timeout: float = ...,
                  check: bool = ...) -> subprocess.CompletedProcess[str]: ...
@@ -22,12 +21,8 @@ class Runner(Protocol):
 
 def run_command(argv: Sequence[str], *, timeout: float = 60.0,
                 check: bool = True) -> subprocess.CompletedProcess[str]:
-    """`train.common._proc.run` for commands that may hang (a site's apptainer, docker, account
-    tool): argv runs as the leader of a new session, and on a timeout the whole process
-    group is killed, not only argv's process (a script's `sleep` child holds its output
-    open and would live on). Output is decoded as UTF-8 with replacement. Raises ProcError
-    like `_proc.run`: 127 not found, 126 not startable, 124 timed out, the exit code where
-    `check` and it failed."""
+    """`train.common._proc.run` (a session of its own, killed whole on a timeout: a script's
+    `sleep` child would hold its output open), for commands that may hang."""
     return _proc.run(argv, timeout=timeout, check=check)
 
 
@@ -48,7 +43,6 @@ def _run(run: Runner, argv: Sequence[str], timeout: float) -> tuple[int, str, st
 
 
 def _tail(text: str, lines: int = 3, limit: int = 300) -> str:
-    """The last `lines` non-empty lines of a command's output, on one line."""
     kept = [line.strip() for line in text.strip().splitlines() if line.strip()][-lines:]
     out = " / ".join(kept)
     return out if len(out) <= limit else out[:limit] + "..."

@@ -17,13 +17,9 @@ from train.images.sources import containers_dir
 
 
 def image_cuda(facts: ImageFacts) -> tuple[str, tuple[int, int] | None, str]:
-    """("cuda", (major, minor), source) | ("cpu", None, source) | ("unknown", None, "").
-
-    In order: a label org.train.cuda, the lock the image's torch came from (org.train.lock:
-    base-cu130.txt is CUDA 13.0, base-cpu.txt a CPU build; torch carries its own CUDA, so
-    this is what meets the driver), the CUDA base (org.train.base-image nvidia/cuda:X.Y...),
-    the base's CUDA_VERSION.
-    """
+    """("cuda", (major, minor), source) | ("cpu", None, source) | ("unknown", None, ""). The
+    lock the image's torch came from comes before the CUDA base: torch carries its own CUDA,
+    which is what meets the driver."""
     labels = facts.labels
     if "org.train.cuda" in labels:
         version = parse_version(labels["org.train.cuda"])
@@ -92,11 +88,11 @@ def check_arch(nodes: list[NodeType], named: bool, chosen: str,
             cap = capability(gpu)
             if cap is None:
                 continue
-            (served if arch_runs(cap, build.arch_list) else unserved).append(
-                f"{node.name} {gpu} (sm_{cap[0]}{cap[1]})")
-            if build.linalg is not None and arch_runs(cap, build.arch_list) and \
-                    not arch_runs(cap, build.linalg):
-                no_linalg.append(f"{node.name} {gpu} (sm_{cap[0]}{cap[1]})")
+            runs = arch_runs(cap, build.arch_list)
+            named_gpu = f"{node.name} {gpu} (sm_{cap[0]}{cap[1]})"
+            (served if runs else unserved).append(named_gpu)
+            if runs and build.linalg is not None and not arch_runs(cap, build.linalg):
+                no_linalg.append(named_gpu)
     arch = " ".join(build.arch_list)
     variants = ", ".join(VARIANTS)
     if not unserved and no_linalg:

@@ -38,8 +38,6 @@ def _cut_short(head: bytes, size: int) -> str | None:
 
 @dataclass(frozen=True)
 class ImageFacts:
-    """What an opened image says about itself: its labels and environment text."""
-
     labels: Mapping[str, str] = field(default_factory=dict)
     env_text: str = ""
 
@@ -62,15 +60,12 @@ def _check_image(chosen: str, image: str | None, binary: str | None, profile: Pr
 
 
 def check_image_file(path: Path, profile: Profile, mounts: list[Mount]) -> Check:
-    """The image file as `train submit` sees it, without running apptainer: there,
-    readable, and a SIF (or a Singularity 2 squashfs, or a sandbox folder) whatever its
-    name."""
+    """The image file as `train submit` sees it, without running apptainer."""
     return _check_sif(path, None, profile, mounts, run_command, strict=True)[0]
 
 
 def open_image(path: Path, binary: str, profile: Profile) -> tuple[Check, ImageFacts | None]:
-    """The image file opened with `apptainer inspect`, for `train submit`: the check (failed
-    where apptainer cannot open it) and what it says about itself."""
+    """The image file opened with `apptainer inspect`, for `train submit`."""
     return _check_sif(path, binary, profile, [], run_command, strict=True)
 
 

@@ -32,14 +32,11 @@ class Check:
         return "warn" if self.warn else "pass"
 
 
-def failed(checks: Sequence[Check]) -> bool:
-    """Whether any check failed (the command's exit 1)."""
+def failed(checks: Sequence[Check]) -> bool:  # the command's exit 1
     return any(c.ok is False for c in checks)
 
 
 def format_checks(checks: Sequence[Check]) -> list[str]:
-    """One line per check: PASS/WARN/FAIL/SKIP, name, detail, and the fix where it failed
-    or warned."""
     lines = []
     for c in checks:
         line = f"{c.status.upper():<4}  {c.name}: {c.detail}"
@@ -50,7 +47,6 @@ def format_checks(checks: Sequence[Check]) -> list[str]:
 
 
 def checks_json(checks: Sequence[Check]) -> dict[str, Any]:
-    """{"ok": no check failed, "checks": [{name, status, ok, detail, fix}, ...]}."""
     return {"ok": not failed(checks),
             "checks": [{"name": c.name, "status": c.status, "ok": c.ok, "detail": c.detail,
                         "fix": c.fix} for c in checks]}

@@ -43,12 +43,8 @@ def read_mounts(path: Path = MOUNTS) -> list[Mount]:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return []
-    mounts = []
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) >= 3:
-            mounts.append(Mount(_unescape(parts[1]), parts[2]))
-    return mounts
+    rows = (line.split() for line in text.splitlines())
+    return [Mount(_unescape(parts[1]), parts[2]) for parts in rows if len(parts) >= 3]
 
 
 def _unescape(field_text: str) -> str:

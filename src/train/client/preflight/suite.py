@@ -24,16 +24,9 @@ def run_preflight(profile: Profile, *, image: str | Path | None, account: str | 
                   runtime: str = "auto", environ: Mapping[str, str] | None = None,
                   run: Runner = run_command, mounts: Path = MOUNTS,
                   python: str = "python3") -> list[Check]:
-    """The five checks for jobs of `profile`, in order: container runtime, image, account,
-    runs root, CUDA vs driver.
-
-    `runtime` is apptainer, docker, none, or auto (apptainer for a file image, docker for
-    an image name, else whichever is installed); `python` is the interpreter jobs run in
-    an image not of ours, asked what it holds. `partition_or_constraint` is the job's
-    partition (its constraint on sites without partitions, alternatives joined by '|');
-    None: the profile's default partition, else every node type. Raises ConfigError for bad
-    input, naming the field.
-    """
+    """The checks for jobs of `profile`, in order. `python`: the interpreter jobs run in an
+    image not of ours; `partition_or_constraint`: the job's partition (or constraint,
+    alternatives joined by '|'); None: the default partition, else every node type."""
     env = os.environ if environ is None else environ
     if runtime not in RUNTIMES:
         raise ConfigError("runtime", f"must be one of {', '.join(RUNTIMES)}; got "

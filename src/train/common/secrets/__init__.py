@@ -23,7 +23,4 @@ Names are judged by words, not by substrings (is_secret_name): --key-frames, --m
 --author, SESSION_NAME and --max-keys are not secrets; WANDB_API_KEY, PGPASSWORD,
 GITHUB_PAT, SESSION_TOKEN are.
 
-The modules: names (is_secret_name, REDACTED), values (credential-looking values in
-text), commands (masked_argv, redact_text), environment (recorded_environment,
-masked_environment).
 """

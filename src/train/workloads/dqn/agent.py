@@ -114,19 +114,13 @@ class DQNAgent:
             "minimap": ((s.minimap_channels, s.res, s.res), torch.uint8),
             "nonspatial": ((s.nonspatial_dim,), torch.float32),
         }
-        batch = {}
-        for prefix in ("", "next_"):
-            for name, (shape, dtype) in shapes.items():
-                batch[prefix + name] = torch.zeros((batch_size, *shape), dtype=dtype,
-                                                   device=self.device)
-        return batch
+        return {prefix + name: torch.zeros((batch_size, *shape), dtype=dtype,
+                                           device=self.device)
+                for prefix in ("", "next_") for name, (shape, dtype) in shapes.items()}
 
     def dummy_step(self) -> None:
-        """Allocate Adam's state and a full batch's activations without changing anything.
-
-        Gradients are exact zeros, so Adam's update is zero; its state is then reset in
-        place to what a fresh optimizer holds (step 0, zero moments), keeping the memory.
-        """
+        """Allocate Adam's state and a full batch's activations, changing nothing: then the
+        state is reset in place to a fresh optimizer's, keeping the memory."""
         b = self.dummy_batch(self.batch_size)
         with self.precision.autocast():
             q = self.train_net(b["screen"], b["minimap"], b["nonspatial"])

@@ -70,13 +70,9 @@ def _result_row(cfg: RunConfig, seed: int, summary: dict[str, Any]) -> dict[str,
 
 
 def append_result_rows(cfg: RunConfig) -> list[str]:
-    """Append a central CSV row for each finished seed that has none for its finished total.
-
-    Called by rank 0 after the completion record (status.json, COMPLETE), so nothing here
-    fails the chunk: each problem comes back as a warning. summary.json's csv_episodes
-    records the total that has its row, so a rerun never appends a row twice and a row that
-    failed is appended by the next run of the same command.
-    """
+    """A central CSV row for each finished seed that has none for its finished total
+    (summary.json's csv_episodes): each problem is a warning, and a rerun appends a row that
+    failed, never one twice."""
     warnings: list[str] = []
     path = cfg.results_csv_path
     for seed in cfg.seeds:

@@ -16,7 +16,6 @@ _OBS_FIELDS = ("screen", "minimap", "nonspatial", "available")
 
 
 def _layout(capacity: int, spec: ObsSpec) -> dict[str, tuple[tuple[int, ...], Any]]:
-    """Every array of a buffer: name -> (shape, dtype)."""
     res = spec.res
     obs: dict[str, tuple[tuple[int, ...], Any]] = {
         "screen": ((spec.screen_channels, res, res), np.uint8),

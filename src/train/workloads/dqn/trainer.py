@@ -52,8 +52,7 @@ def make_env(cfg: RunConfig, seed: int, rank: int) -> Env:
     return BeaconEnv(cfg.res, cfg.episode_steps, [seed, rank])
 
 
-def check_workload(cfg: RunConfig) -> None:
-    """Fail before anything is written when the workload cannot run here."""
+def check_workload(cfg: RunConfig) -> None:  # before anything is written
     if cfg.workload == "sc2":
         from train.workloads.envs.pysc2_env import check_available
 
@@ -85,8 +84,7 @@ class EpisodeCut(Exception):
 
 def run_episode(env: Env, policy: Callable[[Any], int],
                 on_step: Callable[[Any, int, float, bool, Any], None] | None = None) -> float:
-    """Play one episode with `policy(obs) -> action`; returns the summed reward. `on_step`
-    may end it early by raising EpisodeCut."""
+    """One episode's summed reward; `on_step` may end it early (EpisodeCut)."""
     obs = env.reset()
     total = 0.0
     while True:
@@ -290,8 +288,6 @@ class SeedRun:
 
     def _step(self, stopper: StopController, losses: _EpisodeLosses, obs: Any, action: int,
               reward: float, terminal: bool, nxt: Any) -> None:
-        """After each agent step: store it, update every train_every steps, and ask
-        whether the episode must be cut (EpisodeCut)."""
         cfg = self.cfg
         self.replay.add(obs, action, reward, terminal, nxt)
         self.step += 1

@@ -159,4 +159,4 @@ class BeaconEnv:
         self._t = int(state["t"])
 
     def close(self) -> None:
-        """Nothing to release; present for the Env protocol."""
+        pass

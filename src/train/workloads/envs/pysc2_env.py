@@ -94,7 +94,6 @@ def check_available(environ: dict[str, str] | None = None, mock: bool = False) -
 
 
 def observation_from_timestep(obs: Any, res: int) -> Observation:
-    """Convert a pysc2 TimeStep.observation into the agent's layout."""
     screen = np.stack([np.asarray(obs["feature_screen"][name]) for name, _ in SCREEN_LAYERS])
     minimap = np.stack([np.asarray(obs["feature_minimap"][name])
                         for name, _ in MINIMAP_LAYERS])
@@ -190,7 +189,7 @@ class Pysc2Env:
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Nothing to restore (see state_dict)."""
+        pass
 
     def close(self) -> None:
         if self._raw is not None:

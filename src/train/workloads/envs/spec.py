@@ -37,8 +37,6 @@ PLAYER_RELATIVE_NEUTRAL = 3
 
 @dataclass(frozen=True)
 class ObsSpec:
-    """Shapes derived from the resolution."""
-
     res: int
 
     @property
@@ -60,8 +58,6 @@ class ObsSpec:
 
 @dataclass
 class Observation:
-    """One observation: uint8 feature layers plus non-spatial features."""
-
     screen: npt.NDArray[np.uint8]  # (screen_channels, res, res)
     minimap: npt.NDArray[np.uint8]  # (minimap_channels, res, res)
     nonspatial: npt.NDArray[np.float32]  # (nonspatial_dim,)
@@ -93,8 +89,6 @@ def encode_move(x: int, y: int, res: int) -> int:
 
 
 class Env(Protocol):
-    """What the trainer needs from an environment."""
-
     spec: ObsSpec
 
     def reset(self) -> Observation: ...

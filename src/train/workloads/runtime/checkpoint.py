@@ -1,26 +1,16 @@
 """Atomic, background checkpoints: snapshot in the loop, write in a thread, keep the last two.
 
-A checkpoint exists under its final name only once it is complete: it is written to a
-temporary file in the same directory, flushed and fsynced, renamed over its final name, and
-the directory is fsynced. A process killed at any moment leaves at worst a stale temporary
-file (removed at the next start) and the previous complete checkpoints. The training loop
-blocks only for the in-memory snapshot; encoding, serialising and writing happen in a thread.
+A killed process leaves at worst a stale temporary file (removed at the next start) and the
+previous complete checkpoints. Loading never runs code from the file (weights_only=True:
+NumPy arrays and RNG states are stored as uint8 tensors). A checkpoint whose sha256
+(`ckpt-N.pt.sha256`) is missing or does not match, or whose content is not the trainer's, is
+skipped with a warning and renamed `damaged-ckpt-N.pt`, so it never holds a `keep` place.
 
-Loading never runs code from the file: checkpoints hold only tensors and plain types (NumPy
-arrays and RNG states are encoded as uint8 tensors with their dtype and shape), and are read
-with torch.load(weights_only=True). Each has a sha256 beside it (`ckpt-N.pt.sha256`, written
-before the checkpoint takes its final name); a checkpoint whose checksum is missing or does
-not match, or whose content is not what the trainer wrote, is skipped with a warning naming
-the file, and the older one is used. The skipped file is renamed `damaged-ckpt-N.pt` (kept
-for a look, out of the rotation), so it never holds one of the `keep` places.
-
-A save is two renames (checksum, then data), and a stop that cuts an episode saves the same
-`ckpt-N` again. So that a process killed between them never pairs a checkpoint with a
-checksum of other data, the checksum file may list several sha256 lines, any of which the
-data may match: while `ckpt-N` is saved again, the new checksum is put in place listing the
-new data's sha256 and the present data's, the data is renamed over, then the checksum is
-rewritten with the new line alone. The directory is fsynced after each rename, so a power
-cut cannot keep a later rename and lose an earlier one.
+A stop that cuts an episode saves the same `ckpt-N` again, and a save is two renames
+(checksum, then data): so that a kill between them never pairs data with another's checksum,
+the checksum file may list several sha256s (the new data's and the present data's) until the
+data is renamed over. The directory is fsynced after each rename, so a power cut cannot keep
+a later rename and lose an earlier one.
 """
 
 from __future__ import annotations
@@ -30,7 +20,6 @@ import os
 import re
 import stat
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,14 +35,12 @@ log = logging.getLogger(__name__)
 FORMAT = 2  # 1: pickled NumPy objects, loaded with weights_only=False (no longer read)
 _ARRAY = "__ndarray__"
 _NAME = re.compile(r"^ckpt-(\d{8})\.pt$")
-
-
 _RECURSE = object()  # a leaf function's answer: not a leaf, walk into it
 
 
 def _map_tree(obj: Any, leaf: Callable[[Any], Any]) -> Any:
-    """`obj` rebuilt with `leaf` applied to each node: dicts, lists and tuples are walked
-    into where `leaf` returns _RECURSE; anything else it does not take is kept as it is."""
+    """`obj` rebuilt with `leaf` applied to each node; where it returns _RECURSE,
+    containers are walked into and anything else kept."""
     out = leaf(obj)
     if out is not _RECURSE:
         return out
@@ -111,7 +98,6 @@ def encode(obj: Any) -> Any:
 
 
 def decode(obj: Any) -> Any:
-    """The inverse of encode."""
     return _map_tree(obj, _decode_leaf)
 
 
@@ -135,8 +121,7 @@ def _write_synced(path: Path, text: str) -> None:
 
 
 def checksums(path: Path) -> list[str]:
-    """The sha256s the checksum file of `path` vouches for (newest first; [] when it is
-    missing, unreadable or holds none)."""
+    """The sha256s the checksum file of `path` vouches for, newest first."""
     if not _regular(checksum_path(path)):  # a FIFO would block the read
         return []
     try:
@@ -181,14 +166,10 @@ def save_atomic(state: Any, path: Path) -> None:
 
 
 def load(path: Path) -> dict[str, Any]:
-    """Verify the checksum, then load onto the CPU without executing anything from the file
-    (weights_only=True)."""
+    """Verify the checksum, then load onto the CPU (weights_only=True)."""
     if not path.is_file():  # no FIFO, no device
         raise CheckpointError(f"{path} is not a regular file")
-    if not os.path.lexists(checksum_path(path)):
-        raise CheckpointError(f"{path} has no checksum ({checksum_path(path).name}): it was "
-                              "not completely written, or by an older version")
-    if not checksum_path(path).is_file():
+    if os.path.lexists(checksum_path(path)) and not checksum_path(path).is_file():
         raise CheckpointError(f"{checksum_path(path)} is not a regular file")
     expected = checksums(path)
     if not expected:
@@ -214,8 +195,7 @@ def load(path: Path) -> dict[str, Any]:
                               f"{first_line(exc)}") from None
 
 
-def _regular(path: Path) -> bool:
-    """A regular file itself, not a link to one."""
+def _regular(path: Path) -> bool:  # not a link to one
     try:
         return stat.S_ISREG(path.lstat().st_mode)
     except OSError:
@@ -240,7 +220,6 @@ class CheckpointManager:
         self.background = background
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self.last_blocking_seconds = 0.0
 
     def prepare(self) -> None:
         """Create the directory and remove temp files left by a killed writer, and the
@@ -301,7 +280,6 @@ class CheckpointManager:
         return None
 
     def _set_aside(self, path: Path) -> None:
-        """Rename a damaged checkpoint (and its checksum) out of the rotation."""
         tag = "damaged"
         n = 1
         while path.with_name(f"{tag}-{path.name}").exists():  # an earlier one is kept too
@@ -317,8 +295,6 @@ class CheckpointManager:
         log.warning("set aside as %s", path.with_name(f"{tag}-{path.name}"))
 
     def save(self, state: dict[str, Any], episode: int) -> None:
-        """Snapshot `state` now and write it (in the background when enabled)."""
-        start = time.perf_counter()
         self.wait()
         snap = snapshot({**state, "format": FORMAT})
         path = self.directory / f"ckpt-{episode:08d}.pt"
@@ -329,7 +305,6 @@ class CheckpointManager:
         else:
             self._write(snap, path)
             self._raise_pending()
-        self.last_blocking_seconds = time.perf_counter() - start
 
     def _write(self, snap: dict[str, Any], path: Path) -> None:
         try:

@@ -1,10 +1,5 @@
-"""GPU memory: the tuned allocator settings and fail-fast preallocation.
-
-Adam allocates its moment buffers on the first `step()`; on a shared GPU that can fail
-hours into a job. `preallocate` runs one dummy forward/backward/step at full batch size at
-start-up, so an out-of-memory error comes in the first second with the free and needed
-memory spelled out, then releases the dummy tensors.
-"""
+"""GPU memory: the tuned allocator settings and fail-fast preallocation (Adam allocates its
+moments on the first `step()`, which on a shared GPU can fail hours into a job)."""
 
 from __future__ import annotations
 
@@ -29,10 +24,8 @@ MIB = 1024 * 1024
 
 
 def apply_allocator_settings(environ: MutableMapping[str, str] | None = None) -> str:
-    """Set the tuned allocator settings unless the user chose their own; log what is in force.
-
-    Must run before CUDA is initialised: the caching allocator reads the variable once.
-    """
+    """Set the tuned allocator settings unless the user chose their own; before CUDA is
+    initialised (the caching allocator reads the variable once)."""
     env = os.environ if environ is None else environ
     user_value = env.get(ALLOC_CONF_VAR)
     if user_value:
@@ -54,8 +47,6 @@ def device_memory(device: torch.device) -> tuple[int, int]:
     return hostmem.available_bytes(), os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-
-
 def training_state_bytes(params: Iterable[torch.nn.Parameter]) -> int:
     """Bytes of parameters + gradients + Adam's two moment buffers."""
     return 4 * sum(p.numel() * p.element_size() for p in params)
@@ -70,7 +61,6 @@ class PreallocReport:
 
 def preallocate(dummy_step: Callable[[], None], *, device: torch.device, state_bytes: int,
                 what: str) -> PreallocReport:
-    """Run `dummy_step` now; turn an out-of-memory error into a PreallocationError."""
     start = time.perf_counter()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

@@ -1,12 +1,6 @@
-"""Mixed precision: which dtype to compute in, where autocast applies, and safe mask values.
-
-Rules from the field notes: bf16 autocast on compute capability >= 8 (no GradScaler
-needed; `train.common.gpus` holds the rule, which job submission uses too), fp16 autocast with a
-GradScaler below, fp32 on CPU. Autocast wraps forward passes and inference only; the
-GradScaler wraps backward and the optimizer step only. A masking constant such as -1e9
-overflows fp16 (its lowest finite value is -65504), so mask fill values come from the
-dtype.
-"""
+"""Mixed precision: bf16 on compute capability >= 8 (the rule is train.common.gpus', which
+submission uses too), fp16 with a GradScaler below, fp32 on CPU; mask fill values come from
+the dtype, since -1e9 overflows fp16 (lowest finite value -65504)."""
 
 from __future__ import annotations
 
@@ -32,7 +26,6 @@ class PrecisionPolicy:
         return _DTYPES[self.name]
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """Context for forward passes and inference; a no-op in fp32."""
         if self.name == "fp32":
             return contextlib.nullcontext()
         return torch.autocast(self.device_type, dtype=self.dtype)
@@ -74,14 +67,10 @@ def resolve_precision(requested: str, device: torch.device) -> PrecisionPolicy:
 
 
 def mask_fill_value(dtype: torch.dtype) -> float:
-    """A large negative value that stays finite in `dtype` even after small arithmetic.
-
-    -1e9 for fp32/bf16; in fp16 a quarter of the lowest finite value (-16376), so sums,
-    scaling by a discount and max() never reach -inf.
-    """
+    """-1e9, or in fp16 a quarter of the lowest finite value, so that sums, scaling by a
+    discount and max() never reach -inf."""
     return -min(1e9, torch.finfo(dtype).max / 4)
 
 
 def masked_fill_unavailable(q: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Replace Q-values of unavailable actions with the dtype-safe fill value."""
     return q.masked_fill(~mask, mask_fill_value(q.dtype))

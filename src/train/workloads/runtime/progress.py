@@ -49,8 +49,7 @@ class Progress:
         return (c1 - c0) / max(t1 - t0, 1e-9) if c1 > c0 else None
 
     def eta(self) -> float | None:
-        """Seconds until `total` at the current rate (None until ETA_MIN_EPISODES have
-        been timed)."""
+        """Seconds until `total` at the current rate."""
         rate = self.rate()
         if not rate or self._recent[-1][1] - self._recent[0][1] < ETA_MIN_EPISODES:
             return None

@@ -1,9 +1,5 @@
-"""What a run leaves behind: config.json, evaluation JSON, the central CSV, the plot.
-
-Only rank 0 calls these. JSON is written atomically; values are converted to builtin types
-(NumPy scalars and tensors are not JSON). The central CSV is shared by many jobs at once,
-so each row is appended under an exclusive file lock where the file system has one.
-"""
+"""What a run leaves behind (rank 0 only): config.json, evaluation JSON, the central CSV
+(shared by many jobs at once: rows appended under a file lock), the plot."""
 
 from __future__ import annotations
 
@@ -33,8 +29,7 @@ log = logging.getLogger(__name__)
 
 
 def environment_snapshot(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """SLURM_*, CUDA_*, NCCL_*, PYTORCH_*, TORCH_* variables, without secrets
-    (train.common.secrets: an allowlist verbatim, the rest redacted)."""
+    """The recorded variable families, without secrets (train.common.secrets)."""
     return recorded_environment(os.environ if environ is None else environ)
 
 
@@ -82,7 +77,6 @@ NO_LOCK_ERRNOS = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno
 
 
 def _has_row(fd: int, key: Mapping[str, Any]) -> bool:
-    """Whether the CSV open at fd already holds a row whose `key` columns equal `key`."""
     size = os.fstat(fd).st_size
     if size == 0:
         return False
@@ -94,15 +88,10 @@ def _has_row(fd: int, key: Mapping[str, Any]) -> bool:
 
 def append_csv_row(path: Path, row: Mapping[str, Any],
                    key: Sequence[str] = ()) -> bool:
-    """Append one row under an exclusive lock; the header is written once, by the first.
-    With `key` (column names), a row whose key columns match one already in the file is not
-    appended again (a run killed after its append and before recording it reruns it).
-
-    Returns True when the row was written under the lock. Where the file system refuses
-    flock (NO_LOCK_ERRNOS) the row is appended without it, header included, in a single
-    O_APPEND write() so concurrent writers cannot interleave inside a row; then it returns
-    False and the caller should say so. Any other failure raises OSError.
-    """
+    """Append one row under an exclusive lock, the header once. A row whose `key` columns
+    match one in the file is not appended again (a run killed after its append and before
+    recording it reruns it). Where the file system refuses flock the row goes in one
+    O_APPEND write() (writers cannot interleave inside a row) and False is returned."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fields = list(row)
     line_values = {k: to_builtin(v) for k, v in row.items()}
@@ -181,8 +170,7 @@ def plot_learning_curves(path: Path, curves: Mapping[str, Sequence[float]], titl
 
 
 def outcome_lines(out_dir: Path, seeds: Sequence[int], results_csv: Path) -> list[str]:
-    """What a finished run did and where its results are: each seed's evaluation (against
-    the scripted policy where the workload has one), the curve, the CSV, the checkpoints."""
+    """What a finished run did and where its results are."""
     evaluation = read_json_object(out_dir / "eval" / "test_results.json", None)
     lines = [f"run complete: {out_dir}"]
     for seed in seeds:
@@ -214,11 +202,9 @@ RUN_LOCK = ".train.lock"  # in the run directory: held by the rank-0 process of 
 
 
 class RunLock:
-    """An exclusive flock on the run directory for the life of a run, so two runs on one
-    --out (whose checkpoint clean-ups would delete each other's files) cannot overlap. The
-    kernel drops it when the process dies (kill -9, a node failure), so a chain's next chunk
-    never finds a stale lock. The file says who holds it, for the second run's message.
-    Where the file system has no locks (NO_LOCK_ERRNOS) the run goes on with a warning."""
+    """A flock on the run directory for the life of a run: two runs on one --out would
+    delete each other's checkpoints. The kernel drops it when the process dies, so a chain's
+    next chunk never finds a stale lock; the file names the holder for the second run."""
 
     def __init__(self, folder: Path) -> None:
         self.path = folder / RUN_LOCK

@@ -1,10 +1,8 @@
 """What the site's Slurm says, read on the login node (`read_site`): sinfo's partitions and
 nodes, scontrol's configuration (and MaxArraySize), sacctmgr's QOS limits and the user's
 associations, the Apptainer version; the parsers of their output, and a partition's nodes as
-one Group (its smallest node). Each command runs at most `timeout` seconds in a process
-group of its own (killed whole), and what it prints is read without terminal escapes; one
-that is missing, fails, hangs or prints what its parser refuses is noted in `Site.unread`
-with the command and a short tail of its own words."""
+one Group (its smallest node). A command that is missing, fails, hangs or prints what its
+parser refuses is noted in `Site.unread` with a short tail of its own words."""
 
 from __future__ import annotations
 
@@ -113,8 +111,7 @@ def parse_gres(text: str) -> tuple[int, tuple[str, ...]]:
 
 
 def _limit_minutes(text: str, what: str) -> int | None:
-    """A time limit as Slurm prints it ('infinite', '2-00:00:00'); `what` names the field
-    (sinfo %l, sacctmgr's MaxWall) in the ValueError for another text."""
+    """A time limit as Slurm prints it ('infinite', '2-00:00:00'); `what` names the field."""
     value = text.strip()
     if value.lower() in _UNLIMITED:
         return None
@@ -149,8 +146,7 @@ def _count(value: str, what: str, *, least: int = 0) -> int:
 
 def parse_sinfo(text: str) -> list[SiteNode]:
     """`sinfo -h -N -o SINFO_FORMAT` -> one SiteNode a line (a node in two partitions
-    gives two). A line that does not make a profile's values (a name a profile cannot
-    hold, no memory) is a ValueError naming the line."""
+    gives two); a ValueError names a line that does not make a profile's values."""
     nodes = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -202,8 +198,7 @@ def parse_config(text: str) -> dict[str, str]:
 
 
 def parse_array_size(text: str) -> int | None:
-    """MaxArraySize from `scontrol show config` (None: not there); a value that is not a
-    number Slurm allows is a ValueError."""
+    """MaxArraySize from `scontrol show config` (None: not there)."""
     value = parse_config(text).get(ARRAY_KEY)
     if value is None:
         return None
@@ -214,8 +209,7 @@ def parse_array_size(text: str) -> int | None:
 
 
 def parse_qos(text: str) -> dict[str, int | None]:
-    """`sacctmgr -n -P show qos format=Name,MaxWall` -> {QOS: minutes, None: no limit}; a
-    MaxWall that is not a time is a ValueError naming the line."""
+    """`sacctmgr -n -P show qos format=Name,MaxWall` -> {QOS: minutes, None: no limit}."""
     out: dict[str, int | None] = {}
     for number, line in enumerate(text.splitlines(), 1):
         name, sep, wall = line.partition(SEP)
@@ -238,8 +232,7 @@ def _say(text: str) -> None:
 def _ask(argv: Sequence[str], site: Site, what: str, environ: Mapping[str, str] | None,
          timeout: float, note: Note, hung: set[str]) -> str | None:
     """What argv printed (without terminal escapes), or None with the reason in
-    site.unread: the command, and a short tail of its own words. A program in `hung` (it
-    did not answer before) is not asked again; one that does not answer joins it."""
+    site.unread. A program in `hung` (it did not answer before) is not asked again."""
     path = (os.environ if environ is None else environ).get("PATH")
     if shutil.which(argv[0], path=path) is None:
         site.unread.append(f"{what}: {argv[0]} is not on PATH")
@@ -270,8 +263,7 @@ def _ask(argv: Sequence[str], site: Site, what: str, environ: Mapping[str, str] 
 
 def _parsed(site: Site, what: str, argv: Sequence[str], parse: Callable[[str], T],
             text: str) -> T | None:
-    """parse(text); output its parser refuses (a ValueError, bounded: it quotes at most a
-    line's start) is noted naming argv, and gives None."""
+    """parse(text); output its parser refuses is noted naming argv, and gives None."""
     try:
         return parse(text)
     except ValueError as exc:
