@@ -14,6 +14,7 @@ import json
 import os
 import shlex
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -82,7 +83,9 @@ fi
 case "$1" in --signal=*) kill "-${1#--signal=}" "$(cat "$RUN_DIR/step.pid")" ;; esac
 """,
     "scontrol": '#!/bin/bash\nprintf \'%s\\n\' "$*" >> "$STUB_DIR/scontrol.calls"\n',
-    "srun": '#!/bin/bash\nprintf \'%s\\n\' "$*" >> "$STUB_DIR/srun.calls"\n',
+    # records its arguments, and the job it runs in (a step of the chunk's own job)
+    "srun": '#!/bin/bash\nprintf \'%s\\n\' "$*" >> "$STUB_DIR/srun.calls"\n'
+            'echo "${SLURM_JOB_ID:-none}" >> "$STUB_DIR/srun.job"\n',
     "docker": """#!/bin/bash
 printf '%s\\n' "$*" >> "$STUB_DIR/docker.calls"
 if [ "$1" = ps ]; then printf 'c0ffee1\\nc0ffee2\\n'; fi
@@ -109,6 +112,8 @@ case "$STEP_MODE" in
         done
         # a FIFO where a task's record goes (no writer: a read would wait for ever)
         [ -z "${STEP_FIFO:-}" ] || mkfifo "$TRAIN_TASK_EXITS/task-9"
+        # a program that cleans the hidden folders of its output folder
+        [ -z "${STEP_RM_EXITS:-}" ] || rm -rf "$TRAIN_TASK_EXITS"
         exit "${STEP_RC:-143}" ;;
     noprogress) exit 0 ;;
     asks)
@@ -405,6 +410,8 @@ def test_on_several_nodes_every_node_is_swept(tmp_path: Path) -> None:
     call = (tmp_path / "stubs" / "srun.calls").read_text()
     assert call.startswith("--nodes=3 --ntasks-per-node=1 --kill-on-bad-exit=0 ")
     assert call.endswith(f"/run/.train clean docker {contract.DOCKER_JOB_LABEL}=500 500-0\n")
+    # a step of this job, never a job of its own
+    assert (tmp_path / "stubs" / "srun.job").read_text() == "500\n"
     assert _calls(tmp_path, "docker") == []  # the step did it (here: the stub srun)
 
 
@@ -964,6 +971,10 @@ def test_a_checkpoint_written_in_the_submit_folder_given_as_save_path_is_a_save(
       "STEP_TASK_2": "137 1700000000.1 n3 9"}, "137", "n3"),
     # a TERM recorded a little before the failure (another node's clock): the failure
     ({"STEP_TASK_0": "143 1700000000.2 n2", "STEP_TASK_1": "7 1700000001 n1"}, "7", "n1"),
+    # a task killed with its wrapper (a cgroup's OOM kill) recorded only its start; the
+    # rest ended of Slurm's TERM after it
+    ({"STEP_TASK_0": "143 1700000000.2 n1", "STEP_TASK_1": "started 1700000000.0 n2"},
+     "137", "n2"),
     # a TERM alone is the first failure, with its node; odd lines are passed over
     ({"STEP_TASK_0": "143 1700000000.2 n2", "STEP_TASK_1": "x y z",
       "STEP_TASK_2": "1 not-a-time n3"}, "143", "n2"),
@@ -1191,3 +1202,65 @@ def test_a_save_through_a_link_counts(tmp_path: Path, layout: str) -> None:
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert _kinds(tmp_path) == ["started", "extended", "stopped"], err
+
+
+def test_the_task_wrapper_of_a_program_killed_by_kill_ends_as_it_did(tmp_path: Path) -> None:
+    proc = subprocess.run([*_task_wrapper(tmp_path), "sh", "-c", "kill -9 $$"],
+                          env=_task_env(tmp_path), capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == -signal.SIGKILL and "Traceback" not in proc.stderr
+    assert (tmp_path / "exits" / "task-1").read_text().split()[::3] == ["137", "9"]
+
+
+def test_a_step_whose_records_the_program_removed_counts_srun_s_code(tmp_path: Path) -> None:
+    script = _script(tmp_path, COMPLETE_ON_SUCCESS="1")
+    record = tmp_path / "run" / contract.CHAIN_RECORD
+    data = json.loads(record.read_text())
+    data["job"]["step_tasks"] = 2
+    record.write_text(json.dumps(data))
+    proc = subprocess.run(["bash", str(script), "1"],
+                          env={**_env(tmp_path), "STEP_MODE": "tasks", "STEP_RC": "0",
+                               "STEP_RM_EXITS": "1"},
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "were removed while the step ran" in proc.stderr
+    assert _kinds(tmp_path)[-1] == "complete"
+
+
+@pytest.mark.parametrize("planted", ["fifo", "folder", "link"])
+def test_what_a_program_plants_at_the_chains_files_never_holds_or_redirects_it(
+        tmp_path: Path, planted: str) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    outside = tmp_path / "outside"
+    for name in (contract.COMPLETE_MARKER, contract.CHAIN_EVENTS):
+        path = run / name
+        if planted == "fifo":
+            os.mkfifo(path)
+        elif planted == "folder":
+            path.mkdir()
+        else:
+            path.symlink_to(outside / name)  # dangling: the engine would create it
+    proc = _run(tmp_path, "noprogress", COMPLETE_ON_SUCCESS="1")  # (timeout: 60 s)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "could not write chain.events" in proc.stderr
+    assert not outside.exists()
+    if planted == "fifo":
+        assert all(stat.S_ISFIFO((run / n).lstat().st_mode)
+                   for n in (contract.COMPLETE_MARKER, contract.CHAIN_EVENTS))
+    assert "run complete" not in proc.stderr  # no regular COMPLETE: not the program's word
+
+
+def test_a_job_record_edited_to_a_wrong_type_is_refused_naming_the_field(
+        tmp_path: Path) -> None:
+    script = _script(tmp_path)
+    record = tmp_path / "run" / contract.CHAIN_RECORD
+    data = json.loads(record.read_text())
+    data["job"]["max_chunks"] = "three"
+    record.write_text(json.dumps(data))
+    proc = subprocess.run(["bash", str(script), "1"], env={**_env(tmp_path),
+                                                          "STEP_MODE": "progress"},
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "max_chunks is 'three', not int" in proc.stderr
+    assert _kinds(tmp_path) == ["failed"]

@@ -114,7 +114,7 @@ def test_a_percent_sign_in_the_run_directory_is_not_a_slurm_pattern() -> None:
     spec = JobSpec(**{**CASES["local-chunked"], "out": "/scratch/u/100% %j/run"})
     text = render(resolve(spec, Registry(environ={}).get("local")))
     assert '#SBATCH --output="/scratch/u/100%% %%j/run/logs/%x-%j.out"' in text
-    assert "ENGINE='/scratch/u/100% %j/run/.train'" in text
+    assert "ENGINE='/scratch/u/100% %j/run/.train/__main__.py'" in text
 
 
 def test_literal_dollars_in_settings_pass_shellcheck(tmp_path: Path) -> None:
@@ -142,7 +142,7 @@ def test_literal_dollars_in_settings_pass_shellcheck(tmp_path: Path) -> None:
     probe = body + '\nprintf "%s\\0" "$ENGINE" "$A" "$B"\n'
     out = subprocess.run(["bash", "-c", probe], capture_output=True, check=True,
                          env={"PATH": os.environ["PATH"]}).stdout.decode().split("\0")[:-1]
-    assert out == [f"{RUN_ROOT}/r$x/.train", "$(id)", "`id` $HOME"]
+    assert out == [f"{RUN_ROOT}/r$x/.train/__main__.py", "$(id)", "`id` $HOME"]
     assert script_array(text, "RESUME_ARGS") == ["--a=$HOME"]
     assert script_array(text, "SAVE_PATHS")[0].endswith("/s/$USER")
 

@@ -54,10 +54,9 @@ class Chunk(Step):
             return
         new = "".join("{} {}\n".format(line.split()[0], self.job_id)
                       if line.split()[1:2] == [ref] else line + "\n" for line in lines)
-        tmp = self.path(".{}.{}".format(contract.CHAIN_IDS, self.job_id))
-        with open(tmp, "w") as f:
-            f.write(new)
-        os.replace(tmp, self.path(contract.CHAIN_IDS))
+        tmp = ".{}.{}".format(contract.CHAIN_IDS, self.job_id)
+        if self.write(tmp, new):
+            os.replace(self.path(tmp), self.path(contract.CHAIN_IDS))
 
     def prologue(self) -> None:
         os.makedirs(self.path(contract.LOG_DIR), exist_ok=True)
@@ -76,8 +75,7 @@ class Chunk(Step):
                    "{} {}".format(self.restarts, saves.detail(self.start_progress)))
 
     def record_successor(self, next_chunk: int, job_id: str, how: str) -> None:
-        with open(self.path(contract.CHAIN_IDS), "a") as f:
-            f.write("{} {}\n".format(next_chunk, job_id))
+        self.write(contract.CHAIN_IDS, "{} {}\n".format(next_chunk, job_id), append=True)
         self.say("chunk {} {} job {} (runs after this one succeeds)".format(
             next_chunk, how, job_id))
         self.event(contract.EV_EXTENDED, job_id)
@@ -181,10 +179,13 @@ class Chunk(Step):
         if self.overran_flag:
             code = self.overran_step(code)
         if code == 0 and not records and not self.stop_sent and self.job.get("step_tasks"):
-            # before Slurm 26.05.2 a step aborted before it launched makes srun exit 0
-            self.say("the step started no task (srun exited 0, yet no task of it ran): "
-                     "the chunk failed; see srun's lines above")
-            self.fail(NO_TASK_CODE, None, None)
+            if os.path.isdir(os.path.join(self.tmp, "exits")):
+                # before Slurm 26.05.2 a step aborted before it launched makes srun exit 0
+                self.say("the step started no task (srun exited 0, yet no task of it ran): "
+                         "the chunk failed; see srun's lines above")
+                self.fail(NO_TASK_CODE, None, None)
+            self.say("the tasks' records ({}) were removed while the step ran (by the "
+                     "program?): srun's exit code 0 counts".format(self.tmp))
         if code != 0:
             failure = first_failure(records)
             node, sig = None, None
@@ -256,7 +257,11 @@ class Chunk(Step):
 
     def end_if_done(self, got: Optional[saves.Progress]) -> None:
         """The chain ends here when the work is complete, or when this chunk added none."""
-        if os.path.lexists(self.path(contract.COMPLETE_MARKER)):
+        marker = self.path(contract.COMPLETE_MARKER)
+        if os.path.lexists(marker) and not saves.is_file(marker):
+            self.say("{} is no regular file (a link, a folder or a FIFO): not taken as the "
+                     "program's word that the work is complete".format(marker))
+        elif os.path.lexists(marker):
             self.say("run complete")
             self.event(contract.EV_COMPLETE, saves.detail(got))
             self.cancel_rest()
@@ -276,6 +281,8 @@ class Chunk(Step):
             raise Exit(0)
 
     def resume_hint(self, nxt: bool = False) -> str:
+        if self.job.get("entry") == "train":
+            return "`train run` goes on from its own checkpoint by itself"
         if self.job["resume_args"]:
             return "the program gets --resume-args {}: it must go on from them".format(
                 " ".join(self.job.get("resume_shown") or self.job["resume_args"]))
@@ -351,9 +358,10 @@ class Chunk(Step):
 
     def after_step(self, code: int) -> None:
         self.step_status(code)
-        if self.job["complete_on_success"] and not self.stop_sent:
-            # a program that ends with 0 before it is asked to stop has done its work
-            open(self.path(contract.COMPLETE_MARKER), "a").close()
+        # a program that ends with 0 before it is asked to stop has done its work
+        if self.job["complete_on_success"] and not self.stop_sent and not os.path.lexists(
+                self.path(contract.COMPLETE_MARKER)):
+            self.write(contract.COMPLETE_MARKER, "")
         got = self.progress()
         self.known = got is not None
         self.end_if_done(got)
@@ -364,8 +372,8 @@ class Chunk(Step):
                          int(max(0, self.kill_at - self.last_save)),
                          time.strftime("%H:%M:%S", time.localtime(self.last_save)),
                          time.strftime("%H:%M:%S", time.localtime(self.kill_at))))
-        with open(self.path(contract.SAVED_MARKER), "w") as f:
-            f.write("{} {} {}\n".format(self.chunk, self.job_id, int(self.last_save or 0)))
+        self.write(contract.SAVED_MARKER, "{} {} {}\n".format(self.chunk, self.job_id,
+                                                             int(self.last_save or 0)))
         self.go_on(got)
 
 
@@ -379,17 +387,29 @@ def load_job(run_dir: str) -> Record:
     except (ValueError, KeyError, TypeError):
         raise Usage("{} holds no job record (written by `train submit`): submit the job "
                     "with `train submit`".format(path)) from None
+    if not isinstance(job, dict):
+        raise Usage("{}: its \"job\" is no record: submit the job again".format(path))
     missing = [k for k in JOB_KEYS if k not in job]
     if missing:
         raise Usage("{}: the job record lacks {}: submit the job again with this client's "
                     "`train submit`".format(path, ", ".join(missing)))
+    for key, kind in JOB_KEYS.items():
+        value = job[key]
+        ok = all(isinstance(v, str) for v in value) if kind is list and isinstance(
+            value, list) else isinstance(value, kind) and (kind is bool or not isinstance(
+                value, bool))
+        if not ok:
+            raise Usage("{}: the job record's {} is {!r}, not {}: the file was edited; "
+                        "submit the job again".format(path, key, value, kind.__name__))
     return dict(job)
 
 
-JOB_KEYS = ("run_dir", "max_chunks", "walltime_seconds", "stop_signal", "stop_margin",
-            "stop_mode", "requeue", "requeue_allowed", "complete_on_success", "stop_via",
-            "step_grace", "step_ranks", "kill_grace", "runtime", "resume_args",
-            "save_paths", "program_dir")
+# the record's keys the engine reads, and their types (what `train submit` writes)
+JOB_KEYS = {"run_dir": str, "max_chunks": int, "walltime_seconds": int, "stop_signal": str,
+            "stop_margin": int, "stop_mode": str, "requeue": bool, "requeue_allowed": bool,
+            "complete_on_success": bool, "stop_via": str, "step_grace": int,
+            "step_ranks": int, "kill_grace": int, "runtime": str, "resume_args": list,
+            "save_paths": list, "program_dir": str}
 
 
 def parse_args(argv: Sequence[str]) -> Tuple[str, int, Optional[int], List[str]]:
@@ -410,12 +430,21 @@ def parse_args(argv: Sequence[str]) -> Tuple[str, int, Optional[int], List[str]]
 
 
 def main(argv: Sequence[str]) -> int:
+    run_dir = os.path.dirname(engine_root())
     try:
         script, number, first, step = parse_args(argv)
-        run_dir = os.path.dirname(engine_root())
+    except Usage as exc:
+        sys.stderr.write("train-job: {}\n".format(exc))
+        return EXIT_USAGE
+    try:
         job = load_job(run_dir)
     except Usage as exc:
         sys.stderr.write("train-job: {}\n".format(exc))
+        # (status says the chunk failed; why is in its log)
+        saves.write_small(os.path.join(run_dir, contract.CHAIN_EVENTS), "{} {} {} {} {}\n"
+                          .format(int(time.time()), number, os.environ.get(
+                              "SLURM_JOB_ID", "0"), contract.EV_FAILED, EXIT_USAGE),
+                          append=True)
         return EXIT_USAGE
     chunk = Chunk(job, script, number, first, step)
     handlers = {signal.SIGUSR1: lambda *_: chunk.usr1(),

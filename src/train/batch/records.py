@@ -10,6 +10,10 @@ from typing import List, Optional, Sequence, Tuple
 
 from train.batch import contract, saves
 
+# a task's record while it runs ("started TIME NODE"): its wrapper replaces it with its end
+STARTED = "started"
+KILL_CODE = 128 + signal.SIGKILL
+
 
 def parse_ids(text: str) -> List[Tuple[int, str]]:
     """chain.ids: (chunk, job id) per line; lines that do not read so are passed over."""
@@ -46,9 +50,14 @@ def first_failure(records: Sequence[str]) -> Optional[Tuple[int, str, Optional[i
     differ a little) a task that did not end of TERM is taken before one that did. None
     where no record says a task failed."""
     failed: List[Tuple[float, int, str, Optional[int]]] = []
+    unended = []
     for text in records:
         parts = text.split()
         if len(parts) < 3:
+            continue
+        if parts[0] == STARTED:  # killed with its wrapper: no end recorded
+            unended.append(parts[2] if all(c.isalnum() or c in "._-" for c in parts[2])
+                           else "")
             continue
         code, node = saves._number(parts[0]), parts[2]
         try:
@@ -61,6 +70,10 @@ def first_failure(records: Sequence[str]) -> Optional[Tuple[int, str, Optional[i
         if not all(c.isalnum() or c in "._-" for c in node):
             node = ""
         failed.append((at, code, node, sig))
+    if unended and all(f[1] == TERM_CODE for f in failed):
+        # the rest ended of the TERM Slurm sent after it: the task killed outright (the
+        # OOM killer of its cgroup, a KILL of its whole task) failed first
+        return KILL_CODE, unended[0], signal.SIGKILL
     if not failed:
         return None
     failed.sort()

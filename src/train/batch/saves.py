@@ -45,6 +45,36 @@ def read_small(path: str, limit: int = 256) -> Optional[bytes]:
         os.close(fd)
 
 
+def write_small(path: str, text: str, append: bool = False) -> Optional[str]:
+    """Write (or append) to a regular file of the run, never through a link and never
+    waiting on a FIFO a program put there; None when done, else why not."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | (
+        os.O_APPEND if append else 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        return "{}: {}".format(path, exc.strerror or exc)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "{} is not a regular file".format(path)
+        if not append:
+            os.ftruncate(fd, 0)
+        os.write(fd, text.encode("utf-8"))
+    except OSError as exc:
+        return "{}: {}".format(path, exc.strerror or exc)
+    finally:
+        os.close(fd)
+    return None
+
+
+def is_file(path: str) -> bool:
+    """A regular file at the path itself (a link, a FIFO or a folder is not)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def _number(text: str) -> Optional[int]:
     # ASCII digits only, short enough to compare (18 digits: what the records hold)
     if text and len(text) <= 18 and all("0" <= c <= "9" for c in text):

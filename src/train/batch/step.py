@@ -15,7 +15,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from train.batch import contract, saves
-from train.batch.records import parse_ids, read_text
+from train.batch.records import STARTED, parse_ids, read_text
 
 Record = Dict[str, Any]
 
@@ -126,10 +126,18 @@ class Step:
     def path(self, name: str) -> str:
         return os.path.join(self.run_dir, name)
 
+    def write(self, name: str, text: str, append: bool = False) -> bool:
+        """A record of the run written (saves.write_small), or said why it could not be."""
+        why = saves.write_small(self.path(name), text, append)
+        if why is not None:
+            self.say("could not write {}: {} (a program's file where the chain keeps its "
+                     "own?)".format(name, why))
+        return why is None
+
     def event(self, kind: str, detail: str = "") -> None:
         line = "{} {} {} {}".format(int(time.time()), self.chunk, self.job_id, kind)
-        with open(self.path(contract.CHAIN_EVENTS), "a") as f:
-            f.write(line + (" " + detail if detail else "") + "\n")
+        self.write(contract.CHAIN_EVENTS, line + (" " + detail if detail else "") + "\n",
+                   append=True)
 
     def ids(self) -> List[Tuple[int, str]]:
         return parse_ids(read_text(self.path(contract.CHAIN_IDS)))
@@ -156,6 +164,10 @@ class Step:
                 remove_tree(stale)
         self.tmp = self.path("{}{}-{}".format(prefix, self.job_id, self.restarts))
         os.makedirs(os.path.join(self.tmp, "exits"), exist_ok=True)
+        # a killed chunk's readiness and stop-request files (never its own: they are new)
+        for name in os.listdir(self.run_dir):
+            if name.startswith((".signal-ready-", ".stop-request-")):
+                remove_file(self.path(name))
 
     def step_environment(self) -> Dict[str, str]:
         """The walltime contract every program of the step is told (docs/your-program.md):
@@ -401,6 +413,7 @@ class Step:
         return 128 - code if code < 0 else code
 
     def task_records(self) -> List[str]:
+        """The tasks' records (task.STARTED lines for a task that recorded no end)."""
         folder = os.path.join(self.tmp, "exits")
         try:
             names = sorted(os.listdir(folder))
@@ -417,16 +430,25 @@ class Step:
     def runtime_cleanup(self) -> None:
         """A step killed outright cannot stop its containers, nor remove its tasks'
         temporary folders: both are removed on every node of the job (`ENGINE clean`, one
-        task a node), or on this one where no step can start."""
+        task a node: a step of this job, with the job's own Slurm variables), or on this
+        one where no step can start. Only where something may be left: a Docker step, or
+        a task that recorded no end (killed with its wrapper)."""
+        ended = [r for r in self.task_records() if not r.startswith(STARTED)]
+        if self.job["runtime"] != "docker" and len(ended) >= int(self.job.get(
+                "step_tasks") or 0) and not (self.killed or self.overran_flag):
+            return
         nodes = os.environ.get("SLURM_JOB_NUM_NODES", "1")
         argv = [sys.executable, "-E", "-s", engine_root(), "clean", self.job["runtime"],
                 contract.DOCKER_JOB_LABEL + "=" + self.job_id,
                 "{}-{}".format(self.job_id, self.restarts)]
-        if nodes.isdigit() and int(nodes) > 1:
-            rc, out = slurm(["srun", "--nodes=" + nodes, "--ntasks-per-node=1",
-                             "--kill-on-bad-exit=0", *argv], timeout=120)
-            sys.stderr.write(out)
-            if rc == 0:
+        if nodes.isdigit() and int(nodes) > 1 and not self.terminating:
+            try:
+                code = subprocess.call(["srun", "--nodes=" + nodes, "--ntasks-per-node=1",
+                                        "--kill-on-bad-exit=0", *argv], timeout=60)
+            except (OSError, subprocess.SubprocessError) as exc:
+                self.say("could not clean the job's nodes: {}".format(exc))
+                code = 1
+            if code == 0:
                 return
         subprocess.call(argv)
 

@@ -30,6 +30,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from train.batch import contract
+from train.batch.records import STARTED
 
 NV_NO_DRIVER = "no NVIDIA driver on this node"
 APPTAINERS = ("apptainer", "singularity")
@@ -186,15 +187,15 @@ def signal_name(sig: int) -> str:
         return str(sig)
 
 
-def record(folder: str, code: int, sig: Optional[int]) -> None:
-    """The task's end for the engine, written without following a link and without
-    waiting on whatever else may sit at its name."""
+def record(folder: str, code: Optional[int], sig: Optional[int]) -> None:
+    """The task's record for the engine (code None: it has started), written without
+    following a link and without waiting on whatever else may sit at its name."""
     if not folder or not os.path.isdir(folder):
         return
     name = os.path.join(folder, "task-" + os.environ.get("SLURM_PROCID", "0"))
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    line = "{} {:.6f} {}{}\n".format(code, time.time(), node, " {}".format(sig) if sig
-                                     else "")
+    line = "{} {:.6f} {}{}\n".format(STARTED if code is None else code, time.time(), node,
+                                     " {}".format(sig) if sig else "")
     with contextlib.suppress(OSError):
         os.unlink(name)
     try:
@@ -212,6 +213,7 @@ def run(argv: List[str]) -> int:
     env = dict(os.environ)
     # the engine's values for this wrapper: never the program's
     exits = env.pop(contract.TASK_EXITS_VAR, "")
+    record(exits, None, None)
     base = env.get("TMPDIR") or "/tmp"
     remove_stale(base, env.pop(contract.STALE_TMP_VAR, ""))
     tag = "{}-{}".format(env.get("SLURM_JOB_ID", "0"), env.get("SLURM_RESTART_COUNT", "0"))
@@ -296,7 +298,10 @@ def finish(own: Optional[str], exits: str, code: int, sig: Optional[int]) -> int
         shutil.rmtree(own, ignore_errors=True)
     record(exits, code, sig)
     if sig:
-        signal.signal(sig, signal.SIG_DFL)
+        # the same end as the program's, as srun would have seen it (KILL and STOP have
+        # no handler to reset)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
     return code
 

@@ -271,8 +271,10 @@ def program_folder(chdir: str, run_dir: str) -> str:
 
 
 def engine_dir(job: ResolvedJob) -> str:
-    """The engine's copy in the run folder (train.batch.engine.install, at submit)."""
-    return f"{job.run_dir}/{ENGINE_DIR}"
+    """The engine's entry in its copy in the run folder (train.batch.engine.install, at
+    submit): a file, so that a folder's copy that is gone or replaced is said by python3,
+    never run in its place."""
+    return f"{job.run_dir}/{ENGINE_DIR}/__main__.py"
 
 
 def engine_argv(job: ResolvedJob, *args: str) -> list[str]:
@@ -301,6 +303,7 @@ def job_record(job: ResolvedJob) -> dict[str, Any]:
         "requeue_allowed": requeue_allowed(job),
         # a program other than `train run` that exits 0 before its stop signal is done
         "complete_on_success": spec.entry != "train",
+        "entry": spec.entry,
         "runtime": spec.runtime,
         "image": spec.image,
         "resume_args": list(spec.resume_argv),
