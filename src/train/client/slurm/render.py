@@ -341,6 +341,9 @@ def chain_lines(job: ResolvedJob) -> list[str]:
     lines = ["# the chain, as the job record (chain.json) gives it to the engine:",
              *textwrap.wrap(" ".join(f"{k}={word(v)}" for k, v in shown.items()),
                             STEP_WIDTH, initial_indent="#   ", subsequent_indent="#   ")]
+    if job.stop != "none":  # (the #SBATCH --signal line is the engine's, not the program's)
+        lines.append(f"#   --signal=B:USR1 wakes the engine; it passes the stop on to the "
+                     f"program as {job.stop}")
     if record["resume_args"]:
         lines.append("#   resume args: " + shlex.join(record["resume_shown"]))
         if any("{newest:" in word for word in record["resume_args"]):
