@@ -87,7 +87,7 @@ def check_jobs(jobs: Sequence[ResolvedJob], *, submitting: bool, no_check: bool 
         notes += seen
     if not found:
         return notes
-    found = merge_seeds(found)
+    found = merge_seeds(list(dict.fromkeys(found)))  # (a sweep's tasks share its folder)
     texts = [p.text + (f" ({NO_CHECK})" if p.files else "") for p in found]
     if submitting:
         also = "".join(f"\n  also, {p.field}: {t}" for p, t in zip(found[1:], texts[1:],

@@ -34,7 +34,7 @@ VALUE, INDEX, TASK_DIR = "{value}", "{index}", "{task_dir}"
 MARKERS = (VALUE, INDEX, TASK_DIR)
 _SHELLS = re.compile(r"(ba|z|da|k)?sh")
 # what a shell would have expanded: the task's variables written into an argument
-_SHELL_VARIABLE = re.compile(r"\$\{?TRAIN_(SWEEP_VALUE|SWEEP_INDEX|RUN_DIR)\b")
+_SHELL_VARIABLE = re.compile(r"\$(\{)?TRAIN_(SWEEP_VALUE|SWEEP_INDEX|RUN_DIR)\b(?(1)\})")
 # an option naming where a program writes (--output_dir, --save-dir, --default_root_dir)
 _OUTPUT_OPTION = re.compile(r"--?([a-z_]*_)?(output|out|save|log|logging|ckpt|checkpoint|"
                             r"checkpoints|default_root|results?)[_-]?(dir|path|folder)")
@@ -156,10 +156,10 @@ def check_command(command: Sequence[str], field: str) -> None:
         found = _SHELL_VARIABLE.search(arg)
         if found is None:
             continue
-        marker = {"SWEEP_VALUE": VALUE, "SWEEP_INDEX": INDEX}.get(found.group(1), TASK_DIR)
+        marker = {"SWEEP_VALUE": VALUE, "SWEEP_INDEX": INDEX}.get(found.group(2), TASK_DIR)
         raise ConfigError(field, f"{arg!r} reaches the program as written (no shell expands "
                           f"the command's arguments): write {marker} where the task's "
-                          f"{found.group(1).lower().replace('_', ' ')} goes, e.g. "
+                          f"{found.group(2).lower().replace('_', ' ')} goes, e.g. "
                           f"{arg.replace(found.group(0), marker)!r}; each task gets its "
                           "own, as plain text")
 

@@ -68,9 +68,15 @@ def foreign_folder_problems(job: ResolvedJob) -> list[Problem]:
     and searching all of it at each chunk's end. A sweep's task folders are the sweep's."""
     from train.client.slurm.sweep import is_task_job
 
-    if job.spec.out is None or is_task_job(job):
+    if job.spec.out is None:
         return []
     run_dir = Path(job.run_dir)
+    there = next((p for p in (run_dir, *run_dir.parents) if os.path.lexists(p)), None)
+    if there is not None and not there.is_dir():
+        return [Problem("out", f"--out {job.spec.out}: {there} is not a folder (a file, or "
+                        "a link to none): give a new or empty folder", files=False)]
+    if is_task_job(job):  # a sweep's task folders are the sweep's: its folder is judged
+        return _foreign_sweep_folder(job, run_dir.parent)
     ours = [contract.CHAIN_RECORD, contract.SWEEP_RECORD,
             *(["config.json"] if job.spec.entry == "train" else [])]
     try:
@@ -87,6 +93,27 @@ def foreign_folder_problems(job: ResolvedJob) -> list[Problem]:
                     "run of train (no chain.json): the chain would write its script, logs "
                     "and COMPLETE marker among them and replace files of those names; give "
                     f"a new or empty folder (e.g. --out {inside})", files=False)]
+
+
+def _foreign_sweep_folder(job: ResolvedJob, root: Path) -> list[Problem]:
+    """A sweep's --out that holds files of the user's and no sweep.json: its task
+    folders, logs, jobs/ and summary would go among them. Runs of train there (a task's
+    folder run by hand) and the seeds' results.csv are the sweep's."""
+    try:
+        if not root.is_dir() or os.path.lexists(root / contract.SWEEP_RECORD):
+            return []
+        held = sorted(p.name for p in root.iterdir() if not (
+            p.name == "results.csv" or (p.is_dir() and any(
+                (p / n).exists() for n in (contract.CHAIN_RECORD, "config.json")))))
+    except OSError:
+        return []
+    if not held:
+        return []
+    listed = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+    return [Problem("out", f"--out {root}: the sweep's folder holds files "
+                    f"({listed}) and no sweep of train (no sweep.json): its tasks' folders, "
+                    "logs and scripts would go among them; give a new or empty folder",
+                    files=False)]
 
 
 def _sweep_chain(job: ResolvedJob) -> tuple[str, str, str, int] | None:
