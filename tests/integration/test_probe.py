@@ -112,11 +112,12 @@ def test_a_wrong_user_profile_is_shown_corrected_by_write_and_then_accepted(
 
     again = run_cli(["clusters", "probe", "local"], cwd=tmp_path, env=env)
     assert "differences: none" in again.stdout, again.stdout
-    # a second --write keeps the first's file as .2; the user's own stays in .1
+    # a second --write of the same values leaves the file as it was, with no copy; the
+    # user's own stays in .1
     again = run_cli(["clusters", "probe", "local", "--write"], cwd=tmp_path, env=env)
-    assert f"(the earlier file is kept as {written}.2)" in again.stdout, again.stdout
+    assert "holds these values already" in again.stdout, again.stdout
     assert (written.parent / "local.yaml.1").read_text() == WRONG
-    assert (written.parent / "local.yaml.2").read_text() == text
+    assert not (written.parent / "local.yaml.2").exists() and written.read_text() == text
     # the corrected profile's own limits: all of a node's GPUs, the partition's whole hour
     submit(tmp_path, env, "probed", ["--entry", "command", "--gpus-per-node", "2",
                                      "--time", "60:00", "--max-chunks", "1"], ["true"])
