@@ -174,10 +174,12 @@ def test_scancel_of_a_docker_job_leaves_no_container_and_files_are_the_users(
         time.sleep(0.2)
     _wait(base, env, name, lambda s: s["state"] in TERMINAL, timeout=120)
     # Everything in the run directory is the user's, apart from the CLI's (root's) own
-    # records; what the container wrote (config, checkpoints) included.
+    # records and its copy of the chain engine; what the container wrote (config,
+    # checkpoints) included.
     cli_files = {"chain.json", "chain.ids"}
     owners = {p.relative_to(run_dir).as_posix(): p.stat().st_uid
-              for p in run_dir.rglob("*") if p.name not in cli_files}
+              for p in run_dir.rglob("*") if p.name not in cli_files
+              and ".train" not in p.relative_to(run_dir).parts}
     assert owners["config.json"] == entry.pw_uid != 0
     assert any(k.startswith("seed_4/checkpoints/") for k in owners), sorted(owners)
     assert set(owners.values()) == {entry.pw_uid}, owners

@@ -141,19 +141,8 @@ def _said_by_last_event(chain: Chain, chunks: Chunks, last: dict[str, Any],
         code, _, node = detail.partition(" ")
         on = f" on node {node.strip()}" if node.strip() else ""
         return "failed", f"{where} failed: its step exited with code {code}{on}; see {logs}"
-    if event == contract.EV_TIMEOUT and detail.split()[-1:] == [contract.OVERRUN_BOUND_WORD]:
-        return "failed", (f"{where} ran past its stop signal into the walltime once more: "
-                          f"the chain had gone on from its last save after "
-                          f"{contract.OVERRUN_BOUND} such overruns already (the bound), so "
-                          "it stopped. The program takes longer to stop than --signal-margin "
-                          f"({chain.record.get('signal_margin')} s) gives it (an evaluation "
-                          "or a save after the signal): raise --signal-margin, or make it "
-                          f"stop sooner; see {logs}")
     if event == contract.EV_TIMEOUT:
-        return "failed", (f"{where} reached its walltime: the step did not stop at the "
-                          f"walltime signal {chain.record.get('signal_margin')} s before "
-                          "it (it ignores USR1, or checkpointing takes longer); raise "
-                          f"--signal-margin, or make the program stop on USR1; see {logs}")
+        return "failed", _timeout_words(chain, where, detail, logs)
     if event == contract.EV_NO_PROGRESS and chain.record.get("entry") not in (
             "command", "navsim"):  # (`train run` resumes by itself)
         return "stalled", (f"{where} ended without adding work (done/total now "
@@ -191,6 +180,21 @@ def _said_by_last_event(chain: Chain, chunks: Chunks, last: dict[str, Any],
         text = _ENDING_STATES.get(chunk["state"], f"ended {chunk['state']}")
         return "failed", f"{where} was terminated after {detail} s: {text}"
     return None
+
+
+def _timeout_words(chain: Chain, where: str, detail: str, logs: str) -> str:
+    """A chunk ended at its walltime: past the stop signal, or past the overrun bound
+    (the engine's "ELAPSED bound")."""
+    margin = chain.record.get("signal_margin")
+    if detail.split()[-1:] == [contract.OVERRUN_BOUND_WORD]:
+        return (f"{where} ran past its stop signal into the walltime once more: the chain "
+                f"had gone on from its last save after {contract.OVERRUN_BOUND} such "
+                "overruns already (the bound), so it stopped. The program takes longer to "
+                f"stop than --signal-margin ({margin} s) gives it (an evaluation or a save "
+                f"after the signal): raise --signal-margin, or make it stop sooner; see {logs}")
+    return (f"{where} reached its walltime: the step did not stop at the walltime signal "
+            f"{margin} s before it (it ignores USR1, or checkpointing takes longer); raise "
+            f"--signal-margin, or make the program stop on USR1; see {logs}")
 
 
 def _ended_in_slurm(chunks: Chunks, decided: set[str]) -> Outcome | None:
