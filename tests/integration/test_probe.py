@@ -199,7 +199,10 @@ def test_a_pending_chunk_says_why_it_waits_and_when_it_is_expected_to_start(
 
         def estimated(st: dict[str, object]) -> bool:
             chunk = st["chunks"][0]  # type: ignore[index]
-            return bool(chunk["state"] == "PENDING" and chunk["expected_start"])
+            # the backfill pass may set the start estimate before the main scheduler has
+            # given a reason ("None" until then, more often on a busy machine): wait for both
+            return bool(chunk["state"] == "PENDING" and chunk["expected_start"]
+                        and chunk["reason"] not in (None, "", "None"))
 
         st = wait(tmp_path, slurm_env, "waits", estimated)
         assert st["chunks"][0]["reason"] in ("Resources", "Priority"), st
