@@ -98,6 +98,7 @@ def tests(session: nox.Session) -> None:
 # tests stay in the main run, one build at a time.
 SLURM_CHAINS_I = tuple(f"tests/integration/{name}" for name in (
     "test_slurm.py", "test_task_ends.py", "test_chain_races.py", "test_navsim_chain.py",
+    "test_queue_time.py",
 ))
 SLURM_CHAINS_II = tuple(f"tests/integration/{name}" for name in (
     "test_sweep.py", "test_sweep_command.py", "test_lightning_test_phase.py",
@@ -210,6 +211,7 @@ SLURM_SELECTION = " or ".join([
     # never sees it, so that test is for the machine's own Slurm only)
     "test_no_process_of_the_cluster_outlives_its_test_session and SIGKILL",
     "test_slurm_versions.py",  # what differs between releases, checked on both
+    "test_a_chunk_fits_the_hole_before_a_maintenance",  # --time-min, the real limit
 ])
 
 

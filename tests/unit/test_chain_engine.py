@@ -61,12 +61,14 @@ if [ -e "$STUB_DIR/sbatch.lost.$n" ]; then
 fi
 echo "$((900 + n))"
 """,
-    # records; prints the queue ("ID DEPENDENCY COMMAND" lines), or fails with squeue.fail
+    # records; prints the queue ("ID DEPENDENCY COMMAND" lines), or fails with squeue.fail;
+    # asked for a job's time limit (%l), prints squeue.limit
     "squeue": """#!/bin/bash
 printf '%s\\n' "$*" >> "$STUB_DIR/squeue.calls"
 if [ -e "$STUB_DIR/squeue.fail" ]; then
     echo "squeue: error: Socket timed out on send/recv operation" >&2; exit 1
 fi
+case "$*" in *--format=%l*) cat "$STUB_DIR/squeue.limit"; exit ;; esac
 cat "$STUB_DIR/queue" 2>/dev/null || true
 """,
     # records; `--signal=SIG JOB` (signal the job's steps) signals the test's step. With
@@ -204,7 +206,8 @@ _KEYS = {"MAX_CHUNKS": ("max_chunks", int), "REQUEUE": ("requeue", bool),
          "STOP_MODE": ("stop_mode", str), "KILL_GRACE": ("kill_grace", int),
          "SAVE_SKIP": ("save_skip", str.split), "ARRAY_RESUME_ARGS": ("resume_args", str.splitlines),
          "ARRAY_SAVE_PATHS": ("save_paths", str.splitlines),
-         "PROGRAM_DIR": ("program_dir", str), "OVERRUN_RESERVE": ("overrun_reserve", int)}
+         "PROGRAM_DIR": ("program_dir", str), "OVERRUN_RESERVE": ("overrun_reserve", int),
+         "TIME_MIN_SECONDS": ("time_min_seconds", int)}
 
 
 def _script(tmp_path: Path, **values: str) -> Path:

@@ -40,11 +40,11 @@ def test_rendered_scripts_pass_bash_n_and_shellcheck(case: str, tmp_path: Path) 
 
 def test_sbatch_lines_are_stable_and_ordered() -> None:
     lines = [ln for ln in rendered("gilbreth-chunked").splitlines()
-             if ln.startswith("#SBATCH")][:16]
+             if ln.startswith("#SBATCH")][:17]
     keys = [ln.split()[1].split("=")[0] for ln in lines]
     assert keys == ["--job-name", "--account", "--partition", "--qos", "--nodes",
                     "--ntasks-per-node", "--cpus-per-task", "--mem", "--gres", "--time",
-                    "--signal", "--open-mode", "--output", "--error", "--no-requeue",
+                    "--time-min", "--signal", "--open-mode", "--output", "--error", "--no-requeue",
                     "--kill-on-invalid-dep"]
 
 

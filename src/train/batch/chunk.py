@@ -15,7 +15,6 @@ Standard library only, valid Python 3.6: copied into the run folder at submit, s
 chain runs the engine it was submitted with whatever happens to the client.
 """
 
-import json
 import os
 import signal
 import sys
@@ -23,16 +22,22 @@ import time
 from typing import List, Optional, Sequence, Tuple
 
 from train.batch import contract, saves
-from train.batch.records import first_failure, overruns, read_text, signal_name, successors
-from train.batch.step import Exit, Record, Step, engine_root, gpu_report, slurm
+from train.batch.records import (
+    Usage,
+    first_failure,
+    load_job,
+    overruns,
+    parse_limit,
+    read_text,
+    signal_name,
+    successors,
+    time_used,
+)
+from train.batch.step import Exit, Step, engine_root, gpu_report, slurm
 
 EXIT_USAGE = 2
 GRACE_SECONDS = 15  # a TERM this close to the walltime is Slurm's time limit
 NO_TASK_CODE = 1  # a step that started no task (srun said 0): the chunk failed
-
-
-class Usage(Exception):
-    """Bad arguments or a damaged record: said in the log, exit 2."""
 
 
 class Chunk(Step):
@@ -58,10 +63,36 @@ class Chunk(Step):
         if self.write(tmp, new):
             os.replace(self.path(tmp), self.path(contract.CHAIN_IDS))
 
+    def time_limit(self) -> Optional[int]:
+        """A chain with a floor (--time-min) may start a chunk shorter than --time, where
+        the scheduler has a hole: its real limit, from Slurm, is what the deadline, the
+        overrun guard and the walltime's TERM are judged by (the stop signal Slurm times
+        itself), and the chain's bound counts time: its chunks' limits up to max_chunks x
+        --time, so a short chunk costs no extra chunk."""
+        if not self.job.get("time_min_seconds"):
+            return None
+        rc, out = slurm(["squeue", "--noheader", "--jobs=" + self.job_id, "--format=%l"])
+        limit = parse_limit(out) if rc == 0 else None
+        if limit is None:
+            self.say("could not read this chunk's time limit (squeue: {}): taking the {}s "
+                     "asked for".format(" ".join(out.split())[:200], self.asked))
+            limit = self.asked
+        self.job["walltime_seconds"] = limit
+        used = time_used(read_text(self.path(contract.CHAIN_EVENTS)), self.first or 1,
+                         self.chunk, self.asked) + limit
+        left = int(self.job["max_chunks"]) * self.asked - used
+        self.last_chunk = self.chunk + max(0, -(-left // self.asked))
+        if limit < self.asked:
+            self.say("Slurm started this chunk early, in a hole of {}s of the {}s asked for "
+                     "(--time-min): it stops at its stop signal before then, and the chain "
+                     "has {}s of its bound left".format(limit, self.asked, max(0, left)))
+        return limit
+
     def prologue(self) -> None:
         os.makedirs(self.path(contract.LOG_DIR), exist_ok=True)
         self.start = time.time()
         self.start_progress = self.progress()
+        limit = self.time_limit()
         env = os.environ
         self.say("job {} (restart {}) on {}, {} node(s); chunk {} of at most {}".format(
             env.get("SLURM_JOB_ID", "?"), self.restarts, env.get("SLURM_JOB_NODELIST", "?"),
@@ -73,6 +104,8 @@ class Chunk(Step):
             saves.progress_words(self.start_progress)))
         self.event(contract.EV_STARTED,
                    "{} {}".format(self.restarts, saves.detail(self.start_progress)))
+        if limit is not None:
+            self.event(contract.EV_LIMIT, "{} {}".format(limit, self.asked))
 
     def record_successor(self, next_chunk: int, job_id: str, how: str) -> None:
         self.write(contract.CHAIN_IDS, "{} {}\n".format(next_chunk, job_id), append=True)
@@ -340,9 +373,11 @@ class Chunk(Step):
             self.event(contract.EV_INCOMPLETE, saves.detail(got))
             raise Exit(0)
         if self.chunk >= self.last_chunk:
-            self.say("bound of {} chunks reached before the work was done ({}): submit "
+            self.say("bound of {} chunks{} reached before the work was done ({}): submit "
                      "again with a larger --max-chunks to continue".format(
-                         self.job["max_chunks"], words))
+                         self.job["max_chunks"], " of --time (counted in time: chunks "
+                         "started short by --time-min count their share)" if self.job.get(
+                             "time_min_seconds") else "", words))
             self.event(contract.EV_INCOMPLETE, saves.detail(got))
             raise Exit(0)
         if not self.extend():
@@ -375,41 +410,6 @@ class Chunk(Step):
         self.write(contract.SAVED_MARKER, "{} {} {}\n".format(self.chunk, self.job_id,
                                                              int(self.last_save or 0)))
         self.go_on(got)
-
-
-def load_job(run_dir: str) -> Record:
-    """The job record that submit wrote (chain.json's "job")."""
-    path = os.path.join(run_dir, contract.CHAIN_RECORD)
-    data = saves.read_small(path, 16 * 1024 * 1024)
-    try:
-        record = json.loads((data or b"").decode("utf-8"))
-        job = record["job"]
-    except (ValueError, KeyError, TypeError):
-        raise Usage("{} holds no job record (written by `train submit`): submit the job "
-                    "with `train submit`".format(path)) from None
-    if not isinstance(job, dict):
-        raise Usage("{}: its \"job\" is no record: submit the job again".format(path))
-    missing = [k for k in JOB_KEYS if k not in job]
-    if missing:
-        raise Usage("{}: the job record lacks {}: submit the job again with this client's "
-                    "`train submit`".format(path, ", ".join(missing)))
-    for key, kind in JOB_KEYS.items():
-        value = job[key]
-        ok = all(isinstance(v, str) for v in value) if kind is list and isinstance(
-            value, list) else isinstance(value, kind) and (kind is bool or not isinstance(
-                value, bool))
-        if not ok:
-            raise Usage("{}: the job record's {} is {!r}, not {}: the file was edited; "
-                        "submit the job again".format(path, key, value, kind.__name__))
-    return dict(job)
-
-
-# the record's keys the engine reads, and their types (what `train submit` writes)
-JOB_KEYS = {"run_dir": str, "max_chunks": int, "walltime_seconds": int, "stop_signal": str,
-            "stop_margin": int, "stop_mode": str, "requeue": bool, "requeue_allowed": bool,
-            "complete_on_success": bool, "stop_via": str, "step_grace": int,
-            "step_ranks": int, "kill_grace": int, "runtime": str, "resume_args": list,
-            "save_paths": list, "program_dir": str}
 
 
 def parse_args(argv: Sequence[str]) -> Tuple[str, int, Optional[int], List[str]]:

@@ -31,6 +31,9 @@ METRICS_FILE = "metrics.json"
 
 # -- events ---------------------------------------------------------------------------
 EV_STARTED = "started"  # detail: "RESTARTS DONE TOTAL"
+# a chain with a floor (--time-min): the time limit Slurm started the chunk with (shorter
+# than --time where backfill fitted it into a hole), and --time, in seconds: "LIMIT ASKED"
+EV_LIMIT = "limit"
 EV_EXTENDED = "extended"  # detail: the next chunk's job id
 EV_EXTEND_FAILED = "extend_failed"  # detail: sbatch's message
 EV_STOPPED = "stopped"  # a clean, checkpointed stop; the next chunk continues. "DONE TOTAL"
@@ -56,7 +59,7 @@ OVERRUN_BOUND = 2
 # bound ("ELAPSED bound")
 OVERRUN_BOUND_WORD = "bound"
 
-EVENTS = (EV_STARTED, EV_EXTENDED, EV_EXTEND_FAILED, EV_STOPPED, EV_COMPLETE, EV_FAILED,
+EVENTS = (EV_STARTED, EV_LIMIT, EV_EXTENDED, EV_EXTEND_FAILED, EV_STOPPED, EV_COMPLETE, EV_FAILED,
           EV_NO_PROGRESS, EV_INCOMPLETE, EV_REQUEUED, EV_TIMEOUT, EV_TERMINATED,
           EV_CANCELLED, EV_UNSAVED, EV_OVERRAN)
 

@@ -4,9 +4,11 @@ overruns so far. Pure functions, unit-tested without Slurm; standard library onl
 Python 3.6 (see train.batch.engine).
 """
 
+import json
 import math
+import os
 import signal
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from train.batch import contract, saves
 
@@ -104,6 +106,74 @@ def overruns(ids_text: str, events_text: str) -> int:
     return count
 
 
+def parse_limit(text: str) -> Optional[int]:
+    """squeue's %l (a job's time limit: [D-]HH:MM:SS, MM:SS or minutes) in seconds; None
+    for UNLIMITED, NOT_SET, INVALID or anything else."""
+    days, dash, rest = text.strip().rpartition("-")
+    parts = rest.split(":")
+    if len(parts) > 3 or not all(p.isdigit() for p in parts + ([days] if dash else [])):
+        return None
+    numbers = [int(p) for p in parts]
+    if len(numbers) == 1:
+        numbers = [0, numbers[0], 0]  # minutes
+    while len(numbers) < 3:
+        numbers.insert(0, 0)
+    seconds = int(days or 0) * 86400 + numbers[0] * 3600 + numbers[1] * 60 + numbers[2]
+    return seconds or None
+
+
+def time_used(events_text: str, first: int, chunk: int, asked: int) -> int:
+    """The time limits of this chain's chunks before this one (from its first): each the
+    last limit event of its number, or the whole walltime asked for where none was
+    written."""
+    limits = {}
+    for line in events_text.splitlines():
+        parts = line.split()
+        if len(parts) >= 5 and parts[3] == contract.EV_LIMIT and parts[1].isdigit() \
+                and parts[4].isdigit():
+            limits[int(parts[1])] = int(parts[4])
+    return sum(limits.get(c, asked) for c in range(first, chunk))
+
+
 def read_text(path: str, limit: int = 4 * 1024 * 1024) -> str:
     data = saves.read_small(path, limit)
     return "" if data is None else data.decode("utf-8", "replace")
+
+
+class Usage(Exception):
+    """Bad arguments or a damaged record: said in the log, exit 2."""
+
+
+def load_job(run_dir: str) -> Dict[str, Any]:
+    """The job record that submit wrote (chain.json's "job")."""
+    path = os.path.join(run_dir, contract.CHAIN_RECORD)
+    data = saves.read_small(path, 16 * 1024 * 1024)
+    try:
+        record = json.loads((data or b"").decode("utf-8"))
+        job = record["job"]
+    except (ValueError, KeyError, TypeError):
+        raise Usage("{} holds no job record (written by `train submit`): submit the job "
+                    "with `train submit`".format(path)) from None
+    if not isinstance(job, dict):
+        raise Usage("{}: its \"job\" is no record: submit the job again".format(path))
+    missing = [k for k in JOB_KEYS if k not in job]
+    if missing:
+        raise Usage("{}: the job record lacks {}: submit the job again with this client's "
+                    "`train submit`".format(path, ", ".join(missing)))
+    for key, kind in JOB_KEYS.items():
+        value = job[key]
+        ok = all(isinstance(v, str) for v in value) if kind is list and isinstance(
+            value, list) else isinstance(value, kind) and (kind is bool or not isinstance(
+                value, bool))
+        if not ok:
+            raise Usage("{}: the job record's {} is {!r}, not {}: the file was edited; "
+                        "submit the job again".format(path, key, value, kind.__name__))
+    return dict(job)
+
+
+# the record's keys the engine reads, and their types (what `train submit` writes)
+JOB_KEYS = {"run_dir": str, "max_chunks": int, "walltime_seconds": int, "stop_signal": str,
+            "stop_margin": int, "stop_mode": str, "requeue": bool, "requeue_allowed": bool,
+            "complete_on_success": bool, "stop_via": str, "step_grace": int,
+            "step_ranks": int, "kill_grace": int, "runtime": str, "resume_args": list,
+            "save_paths": list, "program_dir": str}

@@ -86,6 +86,7 @@ class Step:
         self.chunk = chunk
         self.first = first
         self.last_chunk = (first or 1) + int(job["max_chunks"]) - 1
+        self.asked = int(job["walltime_seconds"])  # --time (the chunk's may be shorter)
         self.step_argv = step
         self.job_id = os.environ.get("SLURM_JOB_ID", "0")
         self.restarts = os.environ.get("SLURM_RESTART_COUNT", "0")

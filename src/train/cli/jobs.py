@@ -38,7 +38,7 @@ JOB_GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
                    "gpus_per_node", "gpu_type", "cpus_per_task", "mem", "ntasks_per_node",
                    "workers", "worker_mem", "preempt")),
     "chain": ("walltime-sized chunks that checkpoint and resume",
-              ("max_chunks", "total_time", "requeue", "stop_signal", "signal_margin",
+              ("max_chunks", "total_time", "time_min", "requeue", "stop_signal", "signal_margin",
                "time_budget", "stop_mode", "resume_args", "save_path")),
     "container": ("the runtime, the image, and what the program sees of the host",
                   ("runtime", "image", "python", "bind", "env")),

@@ -31,6 +31,7 @@ SBATCH_OWNED = {
     "--ntasks-per-node": "ntasks_per_node", "--gres": "gpus_per_node",
     "--gpus": "gpus_per_node", "-G": "gpus_per_node", "--gpus-per-node": "gpus_per_node",
     "--gpus-per-task": "gpus_per_node", "--time": "time", "-t": "time",
+    "--time-min": "time_min",
     "--signal": "stop_signal and signal_margin", "--output": "out", "-o": "out",
     "--error": "out", "-e": "out", "--job-name": "name", "-J": "name",
     "--account": "account", "-A": "account", "--partition": "partition", "-p": "partition",

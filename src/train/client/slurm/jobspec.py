@@ -94,6 +94,14 @@ class JobSpec:
     total_time: str | None = opt(None, "Total walltime of the chain (SLURM format, e.g. "
                                  "3-00:00:00): --max-chunks = total / --time, rounded up.",
                                  kind=str, optional=True)
+    time_min: str | None = opt(None, "A chain's chunk may start shorter than --time, down "
+                               "to this (SLURM format), where the scheduler has a hole "
+                               "that short (before a bigger job or a maintenance): it "
+                               "stops at its stop signal and the next chunk goes on; the "
+                               "chain's bound counts time, not chunks. Default for a "
+                               "chain with a stop signal: a quarter of --time (at least "
+                               "3 x the signal margin); off: every chunk waits for a "
+                               "hole of the whole --time.", kind=str, optional=True)
     launch: str = opt("auto", "auto (one process; for several: tasks for navsim and for a "
                       "script that imports Lightning, torchrun otherwise), torchrun (one "
                       "task per node; torch's launcher starts one process per GPU) or tasks "
@@ -236,6 +244,12 @@ class JobSpec:
                               f"starting with a letter or digit); got {self.name!r}")
         if self.total_time is not None:
             _check_total_time(self.total_time, self.max_chunks)
+        if self.time_min not in (None, "off"):
+            from train.client.clusters.units import parse_time
+
+            if parse_time(self.time_min, "time_min") <= 0:
+                raise ConfigError("time_min", f"must be more than 0 (or off), got "
+                                  f"{self.time_min!r}")
         if self.max_chunks is not None and self.max_chunks > MAX_CHUNKS_LIMIT:
             raise ConfigError("max_chunks", f"must be at most {MAX_CHUNKS_LIMIT}, got "
                               f"{self.max_chunks}")

@@ -148,6 +148,9 @@ def sbatch_options(job: ResolvedJob) -> list[str]:
     lines += [
         f"--time={format_time(job.minutes)}",
     ]
+    if job.time_min:
+        # backfill may start a chunk this short in a hole; the engine reads the real limit
+        lines.append(f"--time-min={format_time(job.time_min)}")
     if job.stop != "none":
         # to the batch shell, which passes the job's stop signal on to the step
         lines.append(f"--signal=B:USR1@{job.margin}")
@@ -289,6 +292,7 @@ def job_record(job: ResolvedJob) -> dict[str, Any]:
         "run_dir": job.run_dir,
         "max_chunks": job.chunks,
         "walltime_seconds": job.minutes * 60,
+        "time_min_seconds": job.time_min * 60,
         "stop_signal": job.stop,
         "stop_margin": job.margin,
         "stop_mode": spec.stop_mode,

@@ -60,6 +60,9 @@ class ResolvedJob:
     launch: str  # single, torchrun or tasks
     margin: int  # seconds
     run_config: RunConfig | None
+    # the chunk's floor (sbatch --time-min) in minutes: a chunk may start this short where
+    # the scheduler has a hole; 0 where every chunk asks for the whole walltime
+    time_min: int = 0
     # The --constraint value: the user's, narrowed to the alternatives that have gpu_type,
     # with the GPU type's feature ANDed on where the site selects types by feature.
     constraint: str | None = None
@@ -131,6 +134,7 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
     qos = _qos(spec, profile)
     minutes = _walltime(spec, profile, node, qos)
     margin = _signal_margin(spec, minutes)
+    time_min = _time_min(spec, minutes, margin)
     _check_gpus(spec, profile, node, partition)
     constraint, gres_type = constraint_request(spec, profile, node, partition)
     _check_job_size(spec, node)
@@ -153,7 +157,7 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
     run_config = _run_config(spec) if spec.entry == "train" else None
     return ResolvedJob(spec=spec, profile=profile, node=node, partition=partition, qos=qos,
                        minutes=minutes, mem_mb=mem_mb, ntasks_per_node=ntasks, launch=launch,
-                       margin=margin,
+                       margin=margin, time_min=time_min,
                        run_config=run_config, constraint=constraint, gres_type=gres_type,
                        whole_node_mem=whole_node, **job_paths(spec, profile, run_config),
                        **_environment(spec, profile), gpu_watch=_gpu_watch(spec, profile))
@@ -213,6 +217,35 @@ def _signal_margin(spec: JobSpec, minutes: int) -> int:
         raise ConfigError("signal_margin", f"{margin} s leaves no time in a "
                           f"{format_time(minutes)} walltime; use less than {minutes * 60}")
     return margin
+
+
+def _time_min(spec: JobSpec, minutes: int, margin: int) -> int:
+    """The chunk's floor: the job's --time-min, or for a chain that stops at a signal a
+    quarter of the walltime, at least 3 x the margin (a chunk that short still works twice
+    as long as it takes to stop); 0 (off) where it would be the walltime itself."""
+    if spec.time_min == "off":
+        return 0
+    if spec.time_min is None:
+        if spec.requeue or spec.stop == "none" or spec.chunks < 2:
+            return 0
+        floor = max(-(-minutes // 4), -(-3 * margin // 60))
+        return floor if floor < minutes else 0
+    floor = parse_time(spec.time_min, "time_min")
+    if spec.requeue:
+        raise ConfigError("time_min", "is for a chain of jobs: requeue mode runs one job again, "
+                          "and a requeued job keeps the time limit it first started with")
+    if spec.stop == "none":
+        raise ConfigError("time_min", "a chunk that starts shorter than --time must stop at "
+                          "its stop signal, and this job has none (--stop-signal none): give "
+                          "a stop signal, or leave --time-min out")
+    if floor > minutes:
+        raise ConfigError("time_min", f"{format_time(floor)} is over the walltime "
+                          f"{format_time(minutes)}: the floor is at most --time")
+    if floor * 60 < 2 * margin:
+        raise ConfigError("time_min", f"{format_time(floor)} leaves a chunk that short less "
+                          f"work than its {margin} s stop margin: give at least "
+                          f"{format_time(-(-2 * margin // 60))}, or off")
+    return floor if floor < minutes else 0
 
 
 def _check_gpus(spec: JobSpec, profile: Profile, node: NodeType,

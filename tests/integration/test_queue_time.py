@@ -1,0 +1,66 @@
+"""Less time in the queue: a chain's chunk starts shorter than --time where the scheduler
+has a hole before a maintenance reservation (sbatch --time-min), stops at its stop signal
+before it with a save, and the chain goes on after it. Real local Slurm (backfill, as the
+sites run it), a MAINT reservation made by the cluster's admin (the tests run as root, the
+cluster's SlurmUser), and a program we did not write for the chain: plain_steps.py, which
+saves on its stop signal and resumes.
+
+Times here are Slurm's own granularity (whole minutes): the reservation starts 3 minutes
+after it is made and lasts 1; the work is counted in steps (the first chunk holds at a step
+until its stop signal), never sized from a speed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.integration.chains import logs, settled, slurm, submit, wait
+
+pytestmark = pytest.mark.slurm
+
+PLAIN = REPO / "tests" / "integration" / "plain_steps.py"
+RESERVATION = "train_maint"
+
+
+def _events(run_dir: Path) -> list[list[str]]:
+    return [line.split(" ", 4) for line in (run_dir / "chain.events").read_text().splitlines()]
+
+
+def test_a_chunk_fits_the_hole_before_a_maintenance_and_the_chain_goes_on_after_it(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    made = time.time()
+    slurm(["scontrol", "create", "reservation", f"ReservationName={RESERVATION}",
+           "StartTime=now+3minutes", "Duration=1", "Nodes=ALL", "Users=root",
+           "Flags=MAINT,IGNORE_JOBS"], slurm_env)
+    try:
+        shutil.copy(PLAIN, tmp_path / "plain_steps.py")
+        run_dir = submit(tmp_path, slurm_env, "hole",
+                         ["--entry", "command", "--time", "10", "--time-min", "2",
+                          "--signal-margin", "30", "--stop-signal", "USR1",
+                          "--max-chunks", "2", "--env", "USER_HOLD_AT=5",
+                          "--env", "USER_STEPS=10"],
+                         [sys.executable, str(tmp_path / "plain_steps.py")])
+        st = wait(tmp_path, slurm_env, "hole", settled, timeout=600, poll=2)
+    finally:
+        slurm(["scontrol", "delete", f"ReservationName={RESERVATION}"], slurm_env)
+    assert st["state"] == "complete", (st, logs(run_dir)[-3000:])
+    events = _events(run_dir)
+    by_chunk = {c: [e for e in events if e[1] == c] for c in ("1", "2")}
+    first = {e[3]: e for e in by_chunk["1"]}
+    # chunk 1 started at once, before the reservation, with the hole's limit, not 10 min
+    # (a floor of 2 min: the minute or so left after it is no hole for chunk 2)
+    assert int(first["started"][0]) < made + 180, events
+    limit, asked = (int(v) for v in first["limit"][4].split())
+    assert asked == 600 and 120 <= limit <= 180, events
+    assert "stopped" in first and "Slurm started this chunk early" in logs(run_dir)
+    # chunk 2 went on from its save after the maintenance, and finished the work
+    second = {e[3]: e for e in by_chunk["2"]}
+    assert int(second["started"][0]) >= made + 180 + 60 - 5, events
+    assert "complete" in second, events
+    assert "plain rank 0 resumed at step 5" in logs(run_dir, "out"), logs(run_dir, "out")
