@@ -50,7 +50,10 @@ def add_status(sub: Subparsers) -> None:
                    help="every run under --runs in one table: state, progress, GPU "
                    "utilisation and `train doctor`'s verdict")
     p.add_argument("--tasks", action="store_true", help="a sweep: one line per "
-                   "task (its chain's state, newest chunk, progress)")
+                   "task (its chain's state, newest chunk, progress, time and GPU-hours)")
+    p.add_argument("--chunks", action="store_true", help="a chain: each chunk's time "
+                   "waited in the queue, time run and GPU-hours; and, where matplotlib is "
+                   "installed, a picture of its chunks over time (RUN/chunks.png)")
 
 
 def add_logs(sub: Subparsers) -> None:
@@ -99,6 +102,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
         return EXIT_OK
     found = find_run(args.ref, args.runs) if args.ref is not None else None
     if found is not None and is_sweep(found):
+        if args.chunks:
+            raise UsageError(f"status: --chunks shows one chain's chunks, and {args.ref} is "
+                             f"a sweep: --tasks for a line per task, or `train status "
+                             f"{found.name}/TASK --chunks` for one task's chunks")
         st = sweep_status(found)
         if args.json:
             print(json.dumps(st, indent=2))
@@ -119,10 +126,16 @@ def _cmd_status(args: argparse.Namespace) -> int:
                       "cause": why} for run_dir, why in unreadable_runs(args.runs)]
     if args.json:
         print(json.dumps(statuses if args.ref is None else statuses[0], indent=2))
-        return EXIT_OK
-    for st in statuses:
-        print("\n".join(format_status(st)) if st["state"] != "unreadable"
-              else f"{st['name']}: unreadable  {st['run_dir']}\n  {st['cause']}")
+    else:
+        for st in statuses:
+            print("\n".join(format_status(st, args.chunks)) if st["state"] != "unreadable"
+                  else f"{st['name']}: unreadable  {st['run_dir']}\n  {st['cause']}")
+    if args.chunks and found is not None:  # the picture of the one chain named
+        from train.client.slurm.chaincost import draw
+
+        path, note = draw(statuses[0])
+        print(f"written: {path}" if path else f"train: {note}",
+              file=sys.stderr if args.json or not path else sys.stdout)
     return EXIT_OK
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from train.batch import contract
-from train.client.slurm import queue, reasons
+from train.client.slurm import chaincost, queue, reasons
 from train.client.slurm.chain import _DECISIVE, EVENTS_LIMIT, Chain, _read_text, parse_events
 from train.client.slurm.chunkends import (
     _WITH_PROGRESS,
@@ -317,6 +317,7 @@ def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
         "total": progress[1] if progress else None,
         "rate_per_second": rate, "eta_seconds": None, "chunks_left_estimate": None,
         "warning": None, "chunks": chunks, "earlier_chains": earlier,
+        "time": chaincost.add_times(chain.record, chunks, events),
         "gpu": _gpu_summary(chain),
         "redone": again.as_dict() if again is not None else None,
         "overran": [f"chunk {e['chunk']} ran into its walltime after the stop signal; the "
@@ -370,8 +371,8 @@ def _saved_progress(events: Events) -> tuple[int, int] | None:
     return None
 
 
-def format_status(st: dict[str, Any]) -> list[str]:
-    """`train status` lines for one chain."""
+def format_status(st: dict[str, Any], times: bool = False) -> list[str]:
+    """`train status` lines for one chain (`times`: each chunk's time and cost too)."""
     lines = [f"{st['name']} ({st['cluster']}): {st['state']}  {st['run_dir']}",
              f"  {st['cause']}"]
     bound = f" of at most {st['max_chunks']}" if isinstance(st["max_chunks"], int) else ""
@@ -390,6 +391,7 @@ def format_status(st: dict[str, Any]) -> list[str]:
                      f"it), {used}")
     else:
         lines.append(f"  progress: not known ({UNKNOWN_PROGRESS}), {used}")
+    lines += [f"  {chaincost.total_line(st['time'])}"] if st.get("time") else []
     lines += [f"  note: {text}" for text in st.get("overran") or ()]
     again = st.get("redone")
     if again and again["text"] not in st["cause"]:
@@ -401,16 +403,16 @@ def format_status(st: dict[str, Any]) -> list[str]:
                      f"({g['samples']} samples){idle}")
     if st["warning"]:
         lines.append(f"  note: {st['warning']}")
-    lines += _chunk_lines(st["chunks"], "  ")
+    lines += _chunk_lines(st["chunks"], "  ", times)
     for chain in st.get("earlier_chains") or ():
         lines.append(f"  earlier chain of this run folder (first job {chain['first_job']}):")
         lines += _chunk_lines(chain["chunks"], "    ")
     return lines
 
 
-def _chunk_lines(chunks: Chunks, indent: str) -> list[str]:
+def _chunk_lines(chunks: Chunks, indent: str, times: bool = False) -> list[str]:
     """A line per chunk: its job, Slurm's state and how it ended, in words (--json keeps
-    the events' names); for a waiting chunk why it waits, and until when."""
+    the events' names); for a waiting chunk why it waits, and until when; its time."""
     lines = []
     for c in chunks:
         extra = f" ({c['reason']})" if c.get("reason") not in (None, "None") else ""
@@ -423,4 +425,5 @@ def _chunk_lines(chunks: Chunks, indent: str) -> list[str]:
             lines += [f"{indent}  waiting: {why}"] if why else []
             lines.append(f"{indent}  expected start: "
                          f"{start or 'Slurm gives no estimate yet'}")
+        lines += [f"{indent}  {chaincost.chunk_line(c)}"] if times else []
     return lines

@@ -71,6 +71,7 @@ class Run:
     start: str | None  # the started event's detail: "RESTARTS DONE TOTAL"
     end: Event | None
     between: tuple[Event, ...]
+    at: int  # the started event's time
 
 
 def runs(events: Sequence[Event]) -> list[Run]:
@@ -89,7 +90,8 @@ def runs(events: Sequence[Event]) -> list[Run]:
                 del current[job]
             else:
                 between.append(e)
-    return [Run(int(s["chunk"]), s["job_id"], s["detail"], end[0], tuple(between))
+    return [Run(int(s["chunk"]), s["job_id"], s["detail"], end[0], tuple(between),
+                int(s["time"]))
             for s, between, end in opened]
 
 

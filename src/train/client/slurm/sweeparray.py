@@ -23,6 +23,7 @@ from typing import Any
 
 from train.batch import contract
 from train.batch.engine import ENGINE_DIR
+from train.client.slurm import chaincost
 from train.client.slurm.chain import Chain, load_chain, record_problem
 from train.client.slurm.chainstatus import chain_status
 from train.client.slurm.queue import ACTIVE_STATES, _is_number, array_task_states, ref_states
@@ -307,7 +308,8 @@ def sweep_status(root: Path) -> dict[str, Any]:
     out.update(flag=_text(record.get("flag"), "seeds"),
                array_job=array, array_job_damaged=record_array(root, record)[1] is not None,
                throttle=record.get("throttle") if _whole(record.get("throttle")) else None,
-               chunks_run=sum(int(s.get("chunks_used") or 0) for s in statuses))
+               chunks_run=sum(int(s.get("chunks_used") or 0) for s in statuses),
+               time=chaincost.add_up([s.get("time") for s in statuses]))
     return out
 
 
@@ -395,6 +397,8 @@ def format_sweep_status(st: dict[str, Any], tasks: bool = False) -> list[str]:
     done = f"; done {st['done']}/{st['total']}" if st.get("total") else ""
     lines = [f"sweep {st['name']}: {len(chains)} tasks  {counts}  ({array}{throttle}; "
              f"{st.get('chunks_run', 0)} chunks run{done})"]
+    lines += [f"  {chaincost.total_line(st['time'], ' (all tasks together)')}"] \
+        if st.get("time") else []
     flag = st.get("flag", "seeds")
     if not tasks:
         return [*lines, *(_unreadable(c, flag) for c in chains if c["state"] == "unreadable"),
@@ -411,8 +415,9 @@ def format_sweep_status(st: dict[str, Any], tasks: bool = False) -> list[str]:
         job = f"chunk {last['chunk']} job {last['job_id']} {last['state']}" if last else \
             "no job"
         progress = f"; done {c['done']}/{c['total']}" if c.get("total") else ""
-        lines.append(f"  task {c.get('task')} ({what}): {c['state']}, {job}{progress}  "
-                     f"{c['run_dir']}")
+        spent = f"; {chaincost.total_line(c['time'])}" if c.get("time") else ""
+        lines.append(f"  task {c.get('task')} ({what}): {c['state']}, {job}{progress}"
+                     f"{spent}  {c['run_dir']}")
     return lines
 
 
