@@ -338,10 +338,11 @@ def test_one_unreadable_task_folder_leaves_the_others_status(tmp_path: Path) -> 
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("sweep sw: 3 tasks  unreadable 1, pending 2") or \
         lines[0].startswith("sweep sw: 3 tasks  pending 2, unreadable 1"), lines
-    assert lines[1].startswith("  task 0 (x=1): pending, chunk 1 job 7001_0 PENDING")
-    assert lines[2].startswith("  task 1 (x=2): unreadable: run: ") and \
-        "task-1/chain.json is not valid JSON" in lines[2], lines
-    assert lines[3].startswith("  task 2 (x=3): pending")
+    assert lines[1].startswith("  time: waited ")  # (the readable tasks' together)
+    assert lines[2].startswith("  task 0 (x=1): pending, chunk 1 job 7001_0 PENDING")
+    assert lines[3].startswith("  task 1 (x=2): unreadable: run: ") and \
+        "task-1/chain.json is not valid JSON" in lines[3], lines
+    assert lines[4].startswith("  task 2 (x=3): pending")
     proc = run_cli(["status", "sw"], cwd=tmp_path, env=env)  # the short form says it too
     assert proc.returncode == 0 and "task 1 (x=2): unreadable" in proc.stdout
     assert run_cli(["status", "sw/task-1"], cwd=tmp_path, env=env).returncode == 2
