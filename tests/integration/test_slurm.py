@@ -36,6 +36,7 @@ from tests.integration.chains import (
     wait,
     walltime_signal,
 )
+from train.client.slurm import chaincost
 from train.workloads.runtime.checkpoint import CheckpointManager
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -94,6 +95,40 @@ def test_a_chain_extends_itself_until_the_work_is_done_and_equals_one_run(
     # the CSV row sits beside the run directory, one per finished seed
     rows = (tmp_path / "runs" / "results.csv").read_text().splitlines()
     assert len(rows) == 2 and rows[1].split(",")[3] == "4"
+
+
+def test_a_finished_chains_status_shows_each_chunks_wait_and_run_time(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    # chunk 1 stops at the walltime signal once 25 episodes are saved; chunk 2 finishes
+    from datetime import datetime
+
+    run_dir = submit(tmp_path, slurm_env, "spent", ["--time", "10", "--max-chunks", "3"],
+                     ["demo", "--episodes", "100", *tiny_flags(checkpoint_every=25)])
+    job = running_chunk(tmp_path, slurm_env, "spent", 1, min_episode=25)
+    walltime_signal(job["job_id"], slurm_env)
+    st = wait(tmp_path, slurm_env, "spent", settled, timeout=300)
+    assert st["state"] == "complete" and st["chunks_used"] == 2, st
+    lines = [line.split() for line in (run_dir / "chain.events").read_text().splitlines()]
+    times = {(w[2], w[3]): int(w[0]) for w in lines}  # (job, event): its (last) time
+    last = {w[2]: int(w[0]) for w in lines if w[3] != "cancelled"}
+    one, two = (c["job_id"] for c in st["chunks"][:2])
+    submitted = datetime.strptime(json.loads((run_dir / "chain.json").read_text())[
+        "submitted"], "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    ready = max(times[(one, "extended")], last[one])  # chunk 2 could start once 1 ended
+    assert [(c["waited_seconds"], c["ran_seconds"]) for c in st["chunks"][:2]] == [
+        (times[(one, "started")] - submitted, last[one] - times[(one, "started")]),
+        (max(0, times[(two, "started")] - ready), last[two] - times[(two, "started")])]
+    assert all(c["limit_seconds"] <= c["requested_seconds"] == 600 for c in st["chunks"][:2])
+    assert st["time"]["ran_seconds"] == sum(c["ran_seconds"] for c in st["chunks"][:2]) > 0
+    assert (st["time"]["gpus"], st["time"]["gpu_hours"], st["time"]["live"]) == (0, 0.0, False)
+    proc = run_cli(["status", "spent", "--chunks"], cwd=tmp_path, env=slurm_env)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.strip() for line in proc.stdout.splitlines() if "time: " in line]
+    assert rows[0].startswith("time: waited ") and rows[0].endswith("; no GPUs"), rows
+    assert [r.split(",")[0] for r in rows[1:3]] == [
+        f"time: waited {chaincost.duration(c['waited_seconds'])}" for c in st["chunks"][:2]]
+    assert rows[3:] == ["time: it did not run"] * (len(st["chunks"]) - 2)
+    assert "written: " in proc.stdout and (run_dir / chaincost.PICTURE).is_file()
 
 
 def test_the_time_budget_ends_each_chunk_until_the_bound(

@@ -157,7 +157,6 @@ def test_a_sweep_adds_up_its_tasks(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 def test_status_chunks_draws_the_chain_and_says_where(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("matplotlib")  # (the picture's own test; the note's is below)
     run = _run(tmp_path / "runs" / "e1", FINISHED)
     _slurm(monkeypatch, {"10": "COMPLETED", "11": "COMPLETED"}, 10 ** 6)
     assert main(["status", "e1", "--chunks", "--runs", str(tmp_path / "runs")]) == 0
