@@ -17,10 +17,6 @@ from train.batch import contract
 from train.client.slurm.chunkends import _WITH_PROGRESS, Run, known_progress, runs
 from train.client.slurm.queue import ACTIVE_STATES, _is_number
 
-# The engine's event right after `started`: "SECONDS REQUESTED", the chunk's time limit as
-# Slurm set it when the job started (shorter than -t where backfill started it early),
-# and -t. Older run folders have none: their limit is the job record's walltime.
-EV_LIMIT = "limit"
 PICTURE = "chunks.png"
 _clock = time.time  # (the tests set it)
 Row = dict[str, Any]
@@ -46,11 +42,13 @@ def _submitted(record: Row) -> int | None:
 
 def _limit(done: list[Run], record: Row) -> tuple[int | None, int | None]:
     """The chunk's time limit and what -t asked, in seconds: its newest `limit` event, or
-    the job record's walltime."""
+    (a chain without a floor, a run folder older than the event) the job record's
+    walltime."""
     for run in reversed(done):
         for e in run.between:
             parts = (e["detail"] or "").split()
-            if e["event"] == EV_LIMIT and len(parts) == 2 and all(map(_is_number, parts)):
+            if e["event"] == contract.EV_LIMIT and len(parts) == 2 \
+                    and all(map(_is_number, parts)):
                 return int(parts[0]), int(parts[1])
     job = record.get("job")
     for value in (job.get("walltime_seconds") if isinstance(job, dict) else None,
