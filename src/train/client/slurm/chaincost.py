@@ -95,7 +95,7 @@ def add_times(record: Row, chunks: list[Row], events: list[Row]) -> Row:
             spans.append({"queued": queued, "started": None, "ended": None})
         waits = [max(0, (s["started"] or now) - s["queued"]) for s in spans
                  if s["queued"] is not None]
-        ran = sum(s["ended"] - s["started"] for s in spans if s["started"] is not None)
+        ran = sum(max(0, s["ended"] - s["started"]) for s in spans if s["started"] is not None)
         limit, asked = _limit(done, record)
         c.update(runs=spans, waited_seconds=sum(waits) if len(waits) == len(spans)
                  and spans else None, ran_seconds=ran, limit_seconds=limit,
