@@ -475,3 +475,24 @@ def test_the_chain_record_keeps_the_stop_mode(tmp_path: Path) -> None:
                    workload=("python3", "fit.py"))
     job = resolve(spec, Registry(environ={}).get("local"))
     assert submission.chain_record(job, "10", 1, tmp_path / "s")["stop_mode"] == "kill"
+
+
+def test_a_chain_with_a_floor_counts_its_bound_in_time_not_chunks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks that started short (--time-min) add to the count: chunk 4 of a bound of 3
+    is no contradiction, and status does not say one."""
+    timed = {"max_chunks": 3, "job": {"time_min_seconds": 900, "walltime_seconds": 3600}}
+    events = ("100 1 10 started 0 0 0\n100 1 10 limit 1200 3600\n150 1 10 stopped 50 200\n"
+              "160 2 11 started 0 50 200\n160 2 11 limit 1200 3600\n210 2 11 stopped 80 200\n"
+              "220 3 12 started 0 80 200\n220 3 12 limit 1200 3600\n270 3 12 stopped 110 200\n"
+              "280 4 13 started 0 110 200\n280 4 13 limit 3600 3600\n")
+    st = _chain(tmp_path, "1 10\n2 11\n3 12\n4 13\n", events,
+                {"10": "COMPLETED", "11": "COMPLETED", "12": "COMPLETED", "13": "RUNNING"},
+                monkeypatch, progress="110 200\n", **timed)
+    text = "\n".join(chainstatus.format_status(st))
+    assert st["cause"] == "chunk 4 is running", st["cause"]
+    assert "4 chunk(s) used (the bound: 3 x --time of chunk time limits)" in text, text
+    ended = _chain(tmp_path, "1 10\n", "100 1 10 started 0 0 0\n150 1 10 incomplete 50 200\n",
+                   {"10": "COMPLETED"}, monkeypatch, **timed)
+    assert "the bound of 3 x --time of chunk time was reached at 50/200" in ended["cause"], \
+        ended["cause"]

@@ -168,7 +168,8 @@ def _said_by_last_event(chain: Chain, chunks: Chunks, last: dict[str, Any],
         said = progress_words(detail)
         at = f"at {said}" if said else ("before the work was done (its progress is not "
                                         "known to the tool)")
-        bound = f"the bound of {chain.record.get('max_chunks')} {unit}(s) was reached {at}"
+        size = " x --time of chunk time" if _in_time(chain) else f" {unit}(s)"
+        bound = f"the bound of {chain.record.get('max_chunks')}{size} was reached {at}"
         if again is not None:  # more chunks would redo the same work
             bound = bound if again.known else bound.partition(" before the work")[0]
             return "incomplete", f"{bound}; {again.text}"
@@ -242,11 +243,19 @@ def _in_queue(chain: Chain, chunks: Chunks, events: Events, active: Chunks) -> O
         if chain.record.get("requeue"):
             return "running", f"run {_used(chain, chunks, events)} of at most " \
                               f"{chain.record.get('max_chunks')} (requeue mode) is running"
+        if _in_time(chain):  # (chunks that started short add to the count)
+            return "running", f"chunk {running[-1]} is running"
         return "running", f"chunk {running[-1]} of at most {chain.record.get('max_chunks')} " \
                           "is running"
     if active:
         return "pending", "waiting in the queue"
     return "ended", "no chunk is queued or running"
+
+
+def _in_time(chain: Chain) -> bool:
+    """A chain with a floor (--time-min) counts its bound in time, not chunks."""
+    job = chain.record.get("job")
+    return isinstance(job, dict) and bool(job.get("time_min_seconds"))
 
 
 def _record_int(chain: Chain, key: str) -> int | None:
@@ -312,6 +321,7 @@ def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
         "name": chain.record["name"], "cluster": chain.record.get("cluster"),
         "run_dir": str(chain.run_dir), "state": state, "cause": cause,
         "max_chunks": chain.record.get("max_chunks"), "chunks_used": used,
+        "bound_in_time": _in_time(chain),
         "unit": "run" if chain.record.get("requeue") else "chunk",
         "done": progress[0] if progress else None,
         "total": progress[1] if progress else None,
@@ -377,6 +387,9 @@ def format_status(st: dict[str, Any], times: bool = False) -> list[str]:
              f"  {st['cause']}"]
     bound = f" of at most {st['max_chunks']}" if isinstance(st["max_chunks"], int) else ""
     used = f"{st['chunks_used']}{bound} {st['unit']}(s) used"
+    if bound and st.get("bound_in_time"):
+        used = (f"{st['chunks_used']} {st['unit']}(s) used (the bound: {st['max_chunks']} x "
+                "--time of chunk time limits)")
     if st["total"]:
         text = (f"  progress: {st['done']}/{st['total']} "
                 f"({100 * st['done'] // st['total']}%), {used}")
