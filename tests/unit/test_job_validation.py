@@ -365,10 +365,13 @@ def test_a_tiny_memory_share_never_renders_as_the_whole_node(tmp_path: Path) -> 
 
 
 def test_the_chunk_floor_defaults_to_a_quarter_of_the_walltime_for_a_chain() -> None:
-    # 2 hours, margin 300 s: a quarter (30 min) is over 3 x the margin (15 min)
+    # 2 hours, margin 300 s: a quarter (30 min)
     assert _resolve(**GIL).time_min == 30
-    # 30 min, margin 300 s: a quarter would be 8 min; 3 x the margin is 15
-    assert _resolve(**{**GIL, "time": "30"}).time_min == 15
+    # 30 min, margin 300 s: a quarter, 8 min (a 10-minute hole before a maintenance fits)
+    assert _resolve(**{**GIL, "time": "30"}).time_min == 8
+    # 16 min, margin 240 s (a quarter of it): a quarter would be 4 min, the margin's 4 min
+    # and a minute of work is 5
+    assert _resolve(**{**GIL, "time": "16"}).time_min == 5
     assert _resolve(**{**GIL, "time_min": "off"}).time_min == 0
     assert _resolve(**{**GIL, "time_min": "45"}).time_min == 45
     assert _resolve(**{**GIL, "time_min": "2:00:00"}).time_min == 0  # the walltime itself
@@ -380,7 +383,8 @@ def test_the_chunk_floor_defaults_to_a_quarter_of_the_walltime_for_a_chain() -> 
 
 def test_a_chunk_floor_that_cannot_work_is_refused_naming_time_min() -> None:
     _fails("time_min", "is over the walltime", **{**GIL, "time_min": "3:00:00"})
-    _fails("time_min", "less work than its 300 s stop margin", **{**GIL, "time_min": "9"})
+    _fails("time_min", "no minute of work before its stop signal (300 s before its end): "
+           "give at least 00:06:00", **{**GIL, "time_min": "5"})
     _fails("time_min", "requeue mode", **{**GIL, "requeue": True, "time_min": "30"})
     _fails("time_min", "has none (--stop-signal none)",
            **{**GIL, "stop_signal": "none", "max_chunks": 1, "time_min": "30"})

@@ -100,7 +100,8 @@ class JobSpec:
                                "stops at its stop signal and the next chunk goes on; the "
                                "chain's bound counts time, not chunks. Default for a "
                                "chain with a stop signal: a quarter of --time (at least "
-                               "3 x the signal margin); off: every chunk waits for a "
+                               "a minute more than the signal margin); off: every chunk "
+                               "waits for a "
                                "hole of the whole --time.", kind=str, optional=True)
     launch: str = opt("auto", "auto (one process; for several: tasks for navsim and for a "
                       "script that imports Lightning, torchrun otherwise), torchrun (one "

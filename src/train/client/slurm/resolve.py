@@ -221,14 +221,15 @@ def _signal_margin(spec: JobSpec, minutes: int) -> int:
 
 def _time_min(spec: JobSpec, minutes: int, margin: int) -> int:
     """The chunk's floor: the job's --time-min, or for a chain that stops at a signal a
-    quarter of the walltime, at least 3 x the margin (a chunk that short still works twice
-    as long as it takes to stop); 0 (off) where it would be the walltime itself."""
+    quarter of the walltime (a 30-minute chunk fits a 10-minute hole before a
+    maintenance), and always a minute more than the margin (a chunk that short still
+    works before its stop signal); 0 (off) where it would be the walltime itself."""
     if spec.time_min == "off":
         return 0
     if spec.time_min is None:
         if spec.requeue or spec.stop == "none" or spec.chunks < 2:
             return 0
-        floor = max(-(-minutes // 4), -(-3 * margin // 60))
+        floor = max(-(-minutes // 4), _least(margin))
         return floor if floor < minutes else 0
     floor = parse_time(spec.time_min, "time_min")
     if spec.requeue:
@@ -241,11 +242,16 @@ def _time_min(spec: JobSpec, minutes: int, margin: int) -> int:
     if floor > minutes:
         raise ConfigError("time_min", f"{format_time(floor)} is over the walltime "
                           f"{format_time(minutes)}: the floor is at most --time")
-    if floor * 60 < 2 * margin:
-        raise ConfigError("time_min", f"{format_time(floor)} leaves a chunk that short less "
-                          f"work than its {margin} s stop margin: give at least "
-                          f"{format_time(-(-2 * margin // 60))}, or off")
+    if floor < _least(margin):
+        raise ConfigError("time_min", f"{format_time(floor)} leaves a chunk that short no "
+                          f"minute of work before its stop signal ({margin} s before its "
+                          f"end): give at least {format_time(_least(margin))}, or off")
     return floor if floor < minutes else 0
+
+
+def _least(margin: int) -> int:
+    """The shortest floor in minutes: a minute of work before the stop signal."""
+    return -(-margin // 60) + 1
 
 
 def _check_gpus(spec: JobSpec, profile: Profile, node: NodeType,
