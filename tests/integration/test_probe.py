@@ -220,3 +220,36 @@ def test_a_pending_chunk_says_why_it_waits_and_when_it_is_expected_to_start(
     finally:
         slurm(["scancel", blocker], slurm_env)
         run_cli(["cancel", "waits"], cwd=tmp_path, env=slurm_env)
+
+
+def test_a_maintenance_ahead_is_said_by_probe_submit_and_status(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    # every node reserved for maintenance from 5 minutes on (the tests run as root, the
+    # cluster's SlurmUser: Slurm's admin); a 10-minute job crosses it and waits
+    slurm(["scontrol", "create", "reservation", "ReservationName=maint_t",
+           "StartTime=now+5minutes", "Duration=30", "Nodes=ALL", "Users=root",
+           "Flags=MAINT"], slurm_env)
+    try:
+        probe = run_cli(["clusters", "probe", "local"], cwd=tmp_path, env=slurm_env)
+        assert "maintenance: maint_t on nodes n[1-2], from " in probe.stdout, probe.stdout
+        proc = run_cli(["submit", "--name", "maint", *job_flags(
+            "--entry", "command", "--time", "10", "--max-chunks", "1"), "--", "true"],
+            cwd=tmp_path, env=slurm_env)
+        assert proc.returncode == 0, proc.stderr
+        assert "train: note: the site's maintenance maint_t on nodes n[1-2]" in proc.stderr
+        assert "a chunk whose --time crosses it does not start until it ends" in proc.stderr
+
+        def behind(st: dict[str, object]) -> bool:
+            # (one run on 26.05 read another reason first: the wait is for this one)
+            return bool(st["chunks"][0]["reason"]  # type: ignore[index]
+                        == "ReqNodeNotAvail, Reserved for maintenance")
+
+        wait(tmp_path, slurm_env, "maint", behind)
+        out = run_cli(["status", "maint"], cwd=tmp_path, env=slurm_env).stdout
+        end = slurm(["scontrol", "show", "reservation", "maint_t"], slurm_env)
+        until = end.split("EndTime=")[1][:16].replace("T", " ")  # (the cluster's TZ: UTC)
+        assert f"waiting: the site's maintenance maint_t (until {until} UTC) holds the " \
+               "nodes it needs" in out, out
+    finally:
+        run_cli(["cancel", "maint"], cwd=tmp_path, env=slurm_env)
+        slurm(["scontrol", "delete", "ReservationName=maint_t"], slurm_env)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from train.batch import contract
-from train.client.slurm import chaincost, queue, reasons
+from train.client.slurm import chaincost, queue, reasons, reservations
 from train.client.slurm.chain import _DECISIVE, EVENTS_LIMIT, Chain, _read_text, parse_events
 from train.client.slurm.chunkends import (
     _WITH_PROGRESS,
@@ -360,11 +360,16 @@ def _chunk_rows(record: dict[str, Any], pairs: list[tuple[int, str]],
                 states: dict[str, dict[str, Any]], events: Events) -> Chunks:
     """Each chunk's Slurm state, its events' names and, in words, how it ended."""
     rows = []
+    limit = record.get("walltime_seconds")
+    limit = limit if isinstance(limit, int) else 0
     for number, job_id in pairs:
         s = states.get(job_id, {"state": "UNKNOWN"})
+        waits = s["state"] == "PENDING" and reasons.is_maintenance(s.get("reason"))
         rows.append({"chunk": number, "job_id": job_id, "state": s["state"],
                      "reason": s.get("reason"), "exit": s.get("exit"),
                      "expected_start": s.get("start"),
+                     "maintenance": reservations.blocking(s.get("start"), limit)
+                     if waits else None,
                      "events": [e["event"] for e in events if e["job_id"] == job_id],
                      "ended": chunk_words(record, job_id, events)})
     return rows
@@ -433,7 +438,7 @@ def _chunk_lines(chunks: Chunks, indent: str, times: bool = False) -> list[str]:
         lines.append(f"{indent}chunk {c['chunk']}: job {c['job_id']} {c['state']}{extra}"
                      f"{ended}")
         if c["state"] == "PENDING":  # (train.client.slurm.reasons)
-            why = reasons.words(c.get("reason"))
+            why = reasons.words(c.get("reason"), c.get("maintenance"))
             start = reasons.expected_start(c.get("expected_start"))
             lines += [f"{indent}  waiting: {why}"] if why else []
             lines.append(f"{indent}  expected start: "

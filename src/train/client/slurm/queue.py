@@ -71,7 +71,10 @@ def parse_squeue_json(text: str) -> dict[str, dict[str, Any]]:
         if isinstance(job_id, dict):  # newer Slurm: {"set": true, "number": N}
             job_id = job_id.get("number")
         out[str(job_id)] = {"state": str(state or "UNKNOWN"),
-                            "reason": job.get("state_reason"), "nodes": job.get("nodes"),
+                            # as squeue's %r: the description where Slurm gives one
+                            # ("ReqNodeNotAvail, Reserved for maintenance")
+                            "reason": job.get("state_description") or job.get("state_reason"),
+                            "nodes": job.get("nodes"),
                             # the expected start (`squeue --start`) of a pending job
                             "start": reasons.start_seconds(job.get("start_time"))
                             if str(state) == "PENDING" else None}

@@ -44,12 +44,29 @@ WORDS = {
 }
 
 
-def words(reason: Any) -> str | None:
-    """The reason in plain words; None for no reason (a job that is not waiting)."""
+# squeue's reason for a job whose time limit crosses a maintenance reservation on the
+# nodes it needs: "ReqNodeNotAvail, Reserved for maintenance" (%r; squeue --json's
+# state_description) on Slurm 22.05, 24.11 and 26.05, before and while it runs
+MAINTENANCE = "Reserved for maintenance"
+
+
+def is_maintenance(reason: Any) -> bool:
+    return MAINTENANCE in str(reason or "")
+
+
+def words(reason: Any, maintenance: str | None = None) -> str | None:
+    """The reason in plain words; None for no reason (a job that is not waiting).
+    `maintenance`: the reservation it waits for, where known ('NAME (until DATE)')."""
     if reason in (None, "", "None"):
         return None
     text = str(reason)
-    return WORDS.get(text, f"Slurm's reason {text} (see `man squeue`, JOB REASON CODES)")
+    if is_maintenance(text):
+        return (f"the site's maintenance {maintenance or 'reservation'} holds the nodes it "
+                "needs and its time limit crosses it: Slurm starts it once the maintenance "
+                "ends (nothing to do: the chain goes on then)")
+    # "ReqNodeNotAvail, UnavailableNodes:n1": the reason, then its detail
+    return WORDS.get(text) or WORDS.get(text.partition(",")[0]) or \
+        f"Slurm's reason {text} (see `man squeue`, JOB REASON CODES)"
 
 
 def start_seconds(value: Any) -> int | None:

@@ -7,6 +7,8 @@ Run on the login node. Reads
   fields are the same from Slurm 22.05 to 25.x, where the JSON's layout is not;
 - `scontrol show config`: the Slurm version, PreemptMode, KillWait, EnforcePartLimits, and
   MaxArraySize (the profile's max_array_size);
+- `scontrol show reservation -o`: the maintenance reservations ahead (flag MAINT), shown,
+  never written (each is dated);
 - `sacctmgr show qos` (each QOS's MaxWall) and the user's associations (accounts,
   partitions, QOS), where the site's accounting answers;
 - `apptainer --version`.

@@ -3,11 +3,13 @@ X, the site says Y"), and the site's facts that no profile key holds."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from train.client.clusters.probe.site import Group, Site, _job_nodes
 from train.client.clusters.schema import NodeType, Profile
 from train.client.clusters.units import format_mem, format_time
+from train.client.slurm.reservations import ahead
 
 
 def _time(minutes: int | None) -> str:
@@ -102,4 +104,9 @@ def facts(site: Site) -> list[str]:
     if site.associations:
         lines.append("your associations (Account|Partition|QOS): "
                      + "; ".join(site.associations))
+    if site.reservations is not None:
+        now = time.time()
+        maint = ahead(site.reservations, now, float("inf"))
+        lines += [f"maintenance: {r.words(now)}  (scontrol show reservation)"
+                  for r in maint] or ["maintenance: none ahead  (scontrol show reservation)"]
     return lines

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from train.client.clusters.units import parse_time
+from train.client.slurm.reservations import SHOW, Reservation, parse_reservations
 from train.common import _proc
 from train.common.errors import ConfigError
 
@@ -77,6 +78,7 @@ class Site:
     max_array_size: int | None = None  # MaxArraySize; 0: the site allows no job arrays
     associations: list[str] | None = None
     apptainer: str | None = None
+    reservations: list[Reservation] | None = None  # scontrol show reservation
     unread: list[str] = field(default_factory=list)  # "what: why"
 
     def partitions(self) -> dict[str, Group]:
@@ -291,6 +293,9 @@ def read_site(environ: Mapping[str, str] | None = None, *, timeout: float = TIME
         site.config = {k: v for k, v in parse_config(text).items() if k != ARRAY_KEY}
         site.max_array_size = _parsed(site, "job array size", SCONTROL, parse_array_size,
                                       text)
+    text = ask(SHOW, "reservations")
+    if text is not None:
+        site.reservations = _parsed(site, "reservations", SHOW, parse_reservations, text)
     text = ask(SACCTMGR_QOS, "QOS limits")
     if text is not None:
         site.qos = _parsed(site, "QOS limits", SACCTMGR_QOS, parse_qos, text)

@@ -123,6 +123,8 @@ def probed_tree(profile: Profile, site: Site, earlier: Mapping[str, Any], when: 
                 for feature, node in profile.constraints.items()}
             for entry in tree["constraints"].values():  # a constraint's limits: not probed
                 entry.setdefault("max_time", _leaf(None, kept))
+    # (site.reservations are not written: a maintenance is dated, and a profile holds what
+    # stays true of the site; submit and status read them from Slurm when they need them)
     if site.qos is not None and profile.qos_limits:
         section = tree.setdefault("qos", {})
         limits: Tree = {}
