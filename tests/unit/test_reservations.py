@@ -180,6 +180,11 @@ def test_a_chunk_behind_a_maintenance_is_said_with_its_name_and_end(
 
 def test_the_reasons_behind_a_reservation_in_words() -> None:
     assert "maintenance reservation holds the nodes" in str(reasons.words(MAINT_REASON))
+    # a maintenance of some of the job's nodes, as squeue said it on all three versions
+    other = "ReqNodeNotAvail, May be reserved for other job"
+    assert reasons.is_reserved(other) and reasons.is_reserved(MAINT_REASON)
+    assert "a reservation (not the job's) holds nodes it needs" in str(reasons.words(other))
+    assert "maintenance m1 (until X) holds the nodes" in str(reasons.words(other, "m1 (until X)"))
     assert reasons.words("ReqNodeNotAvail, UnavailableNodes:n1") == \
         reasons.WORDS["ReqNodeNotAvail"]
     assert reasons.words("Reservation") == reasons.WORDS["Reservation"]
@@ -198,3 +203,48 @@ def test_probe_shows_the_maintenances_ahead(monkeypatch: pytest.MonkeyPatch) -> 
                         "about 47.5 h) to 2026-12-02 11:04 UTC  (scontrol show reservation)")
     assert [x for x in facts(Site(reservations=[])) if x.startswith("maintenance:")] == \
         ["maintenance: none ahead  (scontrol show reservation)"]
+
+
+SBATCH_UNTIL_AFTER = """#!/bin/sh
+# --test-only refuses now, and accepts the job asked to begin after the maintenance
+case " $* " in
+  *" --test-only --begin="*) echo "sbatch: Job 1 to start at $3 using 2 processors" >&2; exit 0;;
+  *" --test-only "*) echo 'sbatch: error: Batch job submission failed: Requested node \
+configuration is not available' >&2; exit 1;;
+esac
+echo 'sbatch: error: no cluster in unit tests' >&2
+exit 1
+"""
+
+
+def test_a_job_slurms_test_refuses_only_for_a_maintenance_is_queued_with_a_note(
+        tmp_path: Path) -> None:
+    """Slurm 22.05 to 26.05 refuse `sbatch --test-only` of a job that needs a node a
+    maintenance holds during its time ("Requested node configuration is not available":
+    seen on the local clusters with a MAINT reservation of n1, active or 3 minutes ahead,
+    and a job of both nodes), where sbatch queues it to wait: submit refused it (exit 2,
+    blaming its GPUs)."""
+    from tests.conftest import run_cli
+    from tests.unit.test_submit_checks import LOCAL, _exe
+
+    line = (OUTPUT / "reservations-22.05.txt").read_text().splitlines()[1]  # maint_n2
+    now = time.time()
+    for key, at in (("StartTime", now + 180), ("EndTime", now + 1980)):
+        line = line.replace(line.split(f" {key}=")[1].split()[0],
+                            time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(at)))
+    fake = tmp_path / "fake"
+    _exe(fake / "scontrol", f"#!/bin/sh\necho '{line}'\n")
+    _exe(fake / "sinfo", '#!/bin/sh\ncase " $* " in *" -n n2 "*) echo n2;; esac\n')
+    _exe(fake / "sbatch", SBATCH_UNTIL_AFTER)
+    env = {"PATH": f"{fake}:{os.environ['PATH']}"}
+    proc = run_cli(["submit", *LOCAL, "-N", "2", "-t", "10", "--", "demo"], cwd=tmp_path,
+                   env=env)
+    assert proc.returncode == 1 and "no cluster in unit tests" in proc.stderr, proc.stderr
+    assert "Slurm cannot place this job before the site's maintenance ends (maint_n2 on " \
+           "nodes n2, from " in proc.stderr, proc.stderr
+    assert "`sbatch --test-only` refuses it now and accepts it to begin at " in proc.stderr
+    # refused after the maintenance too: the refusal is the job's
+    _exe(fake / "sbatch", SBATCH_UNTIL_AFTER.replace("exit 0;;", "exit 1;;"))
+    proc = run_cli(["submit", *LOCAL, "-N", "2", "-t", "10", "--", "demo"], cwd=tmp_path,
+                   env=env)
+    assert proc.returncode == 2 and "Slurm refuses this job" in proc.stderr, proc.stderr

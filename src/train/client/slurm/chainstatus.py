@@ -364,7 +364,7 @@ def _chunk_rows(record: dict[str, Any], pairs: list[tuple[int, str]],
     limit = limit if isinstance(limit, int) else 0
     for number, job_id in pairs:
         s = states.get(job_id, {"state": "UNKNOWN"})
-        waits = s["state"] == "PENDING" and reasons.is_maintenance(s.get("reason"))
+        waits = s["state"] == "PENDING" and reasons.is_reserved(s.get("reason"))
         rows.append({"chunk": number, "job_id": job_id, "state": s["state"],
                      "reason": s.get("reason"), "exit": s.get("exit"),
                      "expected_start": s.get("start"),

@@ -37,6 +37,9 @@ WORDS = {
                           "start",
     "PartitionDown": "the partition is down: it waits until the site brings it back",
     "ReqNodeNotAvail": "a node it needs is down, drained or reserved (maintenance?)",
+    "ReqNodeNotAvail, May be reserved for other job": "a reservation (not the job's) holds "
+                                                      "nodes it needs during its time: it "
+                                                      "starts once they are free",
     "Reservation": "waiting for its reservation to begin",
     "BadConstraints": "no node has what it asks for: it will never start",
     "NodeDown": "a node it needs is down",
@@ -44,14 +47,16 @@ WORDS = {
 }
 
 
-# squeue's reason for a job whose time limit crosses a maintenance reservation on the
-# nodes it needs: "ReqNodeNotAvail, Reserved for maintenance" (%r; squeue --json's
-# state_description) on Slurm 22.05, 24.11 and 26.05, before and while it runs
+# squeue's reasons for a job whose time crosses a reservation on nodes it needs (%r;
+# squeue --json's state_description), the same on Slurm 22.05, 24.11 and 26.05: a
+# maintenance of all of them, before and while it runs, and one of some of them (or
+# another reservation)
 MAINTENANCE = "Reserved for maintenance"
+RESERVED = (MAINTENANCE, "May be reserved for other job")
 
 
-def is_maintenance(reason: Any) -> bool:
-    return MAINTENANCE in str(reason or "")
+def is_reserved(reason: Any) -> bool:
+    return any(text in str(reason or "") for text in RESERVED)
 
 
 def words(reason: Any, maintenance: str | None = None) -> str | None:
@@ -60,7 +65,7 @@ def words(reason: Any, maintenance: str | None = None) -> str | None:
     if reason in (None, "", "None"):
         return None
     text = str(reason)
-    if is_maintenance(text):
+    if maintenance or MAINTENANCE in text:
         return (f"the site's maintenance {maintenance or 'reservation'} holds the nodes it "
                 "needs and its time limit crosses it: Slurm starts it once the maintenance "
                 "ends (nothing to do: the chain goes on then)")

@@ -97,7 +97,7 @@ def ahead(found: Iterable[Reservation], start: float, end: float) -> list[Reserv
                   key=lambda r: r.start)
 
 
-def _touches(resv: Reservation, partition: str | None,
+def touches(resv: Reservation, partition: str | None,
              environ: Mapping[str, str] | None) -> bool:
     """Whether the maintenance holds a node of the partition (of any node without one);
     sinfo lists the partition's nodes among the reservation's."""
@@ -151,16 +151,15 @@ def submit_notes(job: ResolvedJob, environ: Mapping[str, str] | None = None,
     span = now + job.chunks * walltime
     return [note(r, now=now, walltime=walltime, chunks=job.chunks,
                  floor=time_min_seconds(job))
-            for r in ahead(found, now, span) if _touches(r, job.partition, environ)]
+            for r in ahead(found, now, span) if touches(r, job.partition, environ)]
 
 
 def blocking(expected_start: int | None, walltime: int,
              now: float | None = None) -> str | None:
-    """The maintenance a pending job waits for, as 'NAME (until DATE UTC)': the one whose
-    end is its expected start, else the first that its time limit crosses; None where
-    none is known."""
+    """The maintenance a pending job waits for, as 'NAME (until DATE UTC)': of those its
+    time limit crosses, the one whose end is its expected start, else the first; None
+    where none is known."""
     now = time.time() if now is None else now
-    known = read() or []
-    found = ahead(known, now, now + walltime) or ahead(known, now, float("inf"))
+    found = ahead(read() or [], now, now + walltime)
     resv = next((r for r in found if r.end == expected_start), found[0] if found else None)
     return None if resv is None else f"{resv.name} (until {at(resv.end)})"

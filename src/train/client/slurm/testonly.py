@@ -113,19 +113,21 @@ def field_of(message: str) -> str:
     return next((f for words, f in _CAUSES if words in low), "")
 
 
-def refusal(job: ResolvedJob, script: str, environ: dict[str, str]) -> tuple[str, str] | None:
-    """(field, text) where Slurm refuses this job's script; ('', note) where sbatch failed
-    with words that name nothing of the job (submitting goes on: sbatch says it again or
-    works); None where it accepts it or cannot be asked (no sbatch here: submitting says
-    so)."""
+def refusal(job: ResolvedJob, script: str, environ: dict[str, str],
+            begin: str | None = None) -> tuple[str, str] | None:
+    """(field, text) where Slurm refuses this job's script (asked to start at `begin`,
+    sbatch's --begin, where given); ('', note) where sbatch failed with words that name
+    nothing of the job (submitting goes on: sbatch says it again or works); None where it
+    accepts it or cannot be asked (no sbatch here: submitting says so)."""
     if shutil.which("sbatch", path=environ.get("PATH")) is None:
         return None
     with tempfile.TemporaryDirectory(prefix="train-test-only.") as folder:
         path = Path(folder) / "job.sbatch"
         path.write_text(script, encoding="utf-8")
         try:
-            proc = _proc.run(["sbatch", "--test-only", str(path), "1"], check=False,
-                             timeout=TEST_TIMEOUT, env=environ)
+            proc = _proc.run(["sbatch", "--test-only", *([f"--begin={begin}"] if begin
+                                                          else []), str(path), "1"],
+                             check=False, timeout=TEST_TIMEOUT, env=environ)
         except _proc.ProcError as exc:
             return "", f"`sbatch --test-only` could not be asked: {exc}"
     if proc.returncode == 0:
@@ -145,8 +147,9 @@ def refusal(job: ResolvedJob, script: str, environ: dict[str, str]) -> tuple[str
                    "submits without asking)")
 
 
-def ask(job: ResolvedJob, environ: dict[str, str]) -> tuple[str, str] | None:
+def ask(job: ResolvedJob, environ: dict[str, str], begin: str | None = None
+        ) -> tuple[str, str] | None:
     """`refusal` for the script `train submit` would queue for this job."""
     from train.client.slurm.render import render
 
-    return refusal(job, render(job), environ)
+    return refusal(job, render(job), environ, begin)

@@ -22,10 +22,38 @@ def resource_problems(job: ResolvedJob, environ: Mapping[str, str]
     if refused is not None and job.spec.sbatch_extra:
         refused = _extras_at_fault(job, refused, sbatch_environment(environ))
     if refused is not None and refused[0]:
+        after = _maintenance_at_fault(job, sbatch_environment(environ))
+        if after is not None:
+            return [], [after]
         return [Problem(refused[0], refused[1], files=False)], []
     if refused is not None:  # not a refusal of the job's: sbatch itself will say
         return [], [refused[1]]
     return [], []
+
+def _maintenance_at_fault(job: ResolvedJob, environ: dict[str, str]) -> str | None:
+    """Slurm's test refuses a job that needs a node a maintenance holds during its first
+    chunk's time (22.05 to 26.05: "Requested node configuration is not available"), where
+    sbatch queues it to wait. Asked again to begin after the maintenance: accepted, the
+    refusal is the maintenance's (a note; the job is queued)."""
+    import time
+
+    from train.client.slurm import reservations
+    from train.client.slurm.testonly import ask
+
+    now = time.time()
+    found = [r for r in reservations.ahead(reservations.read(environ) or [], now,
+                                           now + job.minutes * 60)
+             if reservations.touches(r, job.partition, environ)]
+    if not found:
+        return None
+    end = max(r.end for r in found)
+    if ask(job, environ, time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end))):
+        return None
+    return (f"Slurm cannot place this job before the site's maintenance ends ("
+            f"{'; '.join(r.words(now) for r in found)}): `sbatch --test-only` refuses it "
+            f"now and accepts it to begin at {reservations.at(end)}; it is queued, and "
+            "waits until then")
+
 
 def _extras_at_fault(job: ResolvedJob, refused: tuple[str, str] | None,
                      environ: dict[str, str]) -> tuple[str, str] | None:
