@@ -225,7 +225,7 @@ def test_a_pending_chunk_says_why_it_waits_and_when_it_is_expected_to_start(
 def test_a_maintenance_ahead_is_said_by_probe_submit_and_status(
         tmp_path: Path, slurm_env: dict[str, str]) -> None:
     # n1 reserved for maintenance from 5 minutes on (the tests run as root, the cluster's
-    # SlurmUser: Slurm's admin); a 10-minute job of both nodes crosses it. Slurm's test
+    # SlurmUser: Slurm's admin); a 10-minute chunk of both nodes crosses it. Slurm's test
     # refuses such a job ("Requested node configuration is not available"), sbatch queues
     # it to wait: submit refused it, blaming its GPUs
     slurm(["scontrol", "create", "reservation", "ReservationName=maint_t",
@@ -234,12 +234,15 @@ def test_a_maintenance_ahead_is_said_by_probe_submit_and_status(
     try:
         probe = run_cli(["clusters", "probe", "local"], cwd=tmp_path, env=slurm_env)
         assert "maintenance: maint_t on nodes n1, from " in probe.stdout, probe.stdout
+        # a chain whose floor (8 minutes) is longer than the time left before it: it waits
         proc = run_cli(["submit", "--name", "maint", *job_flags(
-            "--entry", "command", "--time", "10", "--max-chunks", "1", "-N", "2"), "--",
-            "true"], cwd=tmp_path, env=slurm_env)
+            "--entry", "command", "--time", "10", "--max-chunks", "2", "--stop-signal",
+            "USR1", "--time-min", "8", "-N", "2"), "--", "true"], cwd=tmp_path,
+            env=slurm_env)
         assert proc.returncode == 0, proc.stderr
         assert "train: note: the site's maintenance maint_t on nodes n1" in proc.stderr
-        assert "a chunk whose --time crosses it does not start until it ends" in proc.stderr
+        assert "a chunk may start shorter than --time (down to its floor, --time-min " \
+               "00:08:00) so as to end before it" in proc.stderr, proc.stderr
         assert "Slurm cannot place this job before the site's maintenance ends" in proc.stderr
 
         def behind(st: dict[str, object]) -> bool:

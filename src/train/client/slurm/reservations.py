@@ -112,11 +112,6 @@ def touches(resv: Reservation, partition: str | None,
     return proc.returncode == 0 and bool(proc.stdout.strip())
 
 
-def time_min_seconds(job: ResolvedJob) -> int:
-    """The chunks' floor (--time-min) in seconds; 0 where it is off."""
-    return int(getattr(job, "time_min", 0) or 0) * 60
-
-
 def note(resv: Reservation, *, now: float, walltime: int, chunks: int,
          floor: int) -> str:
     """What submit says of a maintenance inside the chain's span (seconds throughout)."""
@@ -150,7 +145,7 @@ def submit_notes(job: ResolvedJob, environ: Mapping[str, str] | None = None,
     # the chain's span, as a bound: every chunk at its full --time, no queue wait
     span = now + job.chunks * walltime
     return [note(r, now=now, walltime=walltime, chunks=job.chunks,
-                 floor=time_min_seconds(job))
+                 floor=job.time_min * 60)
             for r in ahead(found, now, span) if touches(r, job.partition, environ)]
 
 
