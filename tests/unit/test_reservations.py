@@ -39,12 +39,15 @@ MAINT_REASON = "ReqNodeNotAvail, Reserved for maintenance"
 
 @pytest.fixture(autouse=True)
 def utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """scontrol printed the clusters' local time, UTC."""
+    """scontrol printed the clusters' local time, UTC; status asks for the reservations
+    once a command (a cache this test's stand-ins must not outlive)."""
     monkeypatch.setenv("TZ", "UTC")
     time.tzset()
+    reservations._known.cache_clear()
     yield
     monkeypatch.undo()
     time.tzset()
+    reservations._known.cache_clear()
 
 
 def _captured(version: str) -> list[reservations.Reservation]:
@@ -168,9 +171,14 @@ def test_a_chunk_behind_a_maintenance_is_said_with_its_name_and_end(
     (run / contract.CHAIN_EVENTS).write_text("")
     monkeypatch.setattr(queue, "job_states", lambda ids: {"10": {
         "state": "PENDING", "reason": MAINT_REASON, "start": resv.end}})
-    monkeypatch.setattr(reservations, "read", lambda environ=None: list(found.values()))
+    asked = []
+    monkeypatch.setattr(reservations, "read", lambda environ=None: asked.append(1) or list(
+        found.values()))
     monkeypatch.setattr(time, "time", lambda: resv.start - 120)
     st = chainstatus.chain_status(slurm_chain.load_chain(run))
+    # asked once a command (a sweep's tasks wait for the same maintenance)
+    assert chainstatus.chain_status(slurm_chain.load_chain(run))["chunks"] == st["chunks"]
+    assert len(asked) == 1
     assert st["chunks"][0]["maintenance"] == "maint_all (until 2026-11-29 13:07 UTC)"
     lines = chainstatus.format_status(st)
     assert "    waiting: the site's maintenance maint_all (until 2026-11-29 13:07 UTC) " \

@@ -6,6 +6,7 @@ one with `--time-min` may start shorter, so as to end before it."""
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Iterable, Mapping
@@ -149,12 +150,19 @@ def submit_notes(job: ResolvedJob, environ: Mapping[str, str] | None = None,
             for r in ahead(found, now, span) if touches(r, job.partition, environ)]
 
 
+@functools.cache
+def _known() -> tuple[Reservation, ...]:
+    """The reservations, asked once a command: a sweep's tasks (or every run `train status`
+    shows) wait for the same maintenance."""
+    return tuple(read() or ())
+
+
 def blocking(expected_start: int | None, walltime: int,
              now: float | None = None) -> str | None:
     """The maintenance a pending job waits for, as 'NAME (until DATE UTC)': of those its
     time limit crosses, the one whose end is its expected start, else the first; None
     where none is known."""
     now = time.time() if now is None else now
-    found = ahead(read() or [], now, now + walltime)
+    found = ahead(_known(), now, now + walltime)
     resv = next((r for r in found if r.end == expected_start), found[0] if found else None)
     return None if resv is None else f"{resv.name} (until {at(resv.end)})"
