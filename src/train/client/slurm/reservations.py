@@ -86,7 +86,7 @@ def read(environ: Mapping[str, str] | None = None) -> list[Reservation] | None:
     """The site's reservations; None where scontrol is missing, fails, hangs or prints
     what the parser refuses (the callers then say nothing of maintenance)."""
     try:
-        proc = _proc.run(SHOW, timeout=TIMEOUT, check=False, env=environ)
+        proc = _proc.run(SHOW, timeout=TIMEOUT, check=False, env=environ, skip_hung=True)
         return parse_reservations(proc.stdout) if proc.returncode == 0 else None
     except (_proc.ProcError, OSError, ValueError):
         return None
@@ -107,7 +107,7 @@ def touches(resv: Reservation, partition: str | None,
     argv = ["sinfo", "-h", "-N", "-o", "%N", "-n", resv.nodes,
             *(["-p", partition] if partition else [])]
     try:
-        proc = _proc.run(argv, timeout=TIMEOUT, check=False, env=environ)
+        proc = _proc.run(argv, timeout=TIMEOUT, check=False, env=environ, skip_hung=True)
     except (_proc.ProcError, OSError):
         return False
     return proc.returncode == 0 and bool(proc.stdout.strip())

@@ -30,6 +30,7 @@ def resource_problems(job: ResolvedJob, environ: Mapping[str, str]
         return [], [refused[1]]
     return [], []
 
+
 def _maintenance_at_fault(job: ResolvedJob, environ: dict[str, str]) -> str | None:
     """Slurm's test refuses a job that needs a node a maintenance holds during its first
     chunk's time (22.05 to 26.05: "Requested node configuration is not available"), where
