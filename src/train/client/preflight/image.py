@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from train.client.clusters.schema import Profile
-from train.client.preflight.commands import Runner, _run, _tail, run_command
+from train.client.preflight.commands import Runner, _run, _tail
 from train.client.preflight.result import IMAGE, RUNTIME, Check
 from train.client.preflight.storage import Mount, _storage
+from train.common import _proc
 
 _INSPECT_TIMEOUT = 120.0  # a SIF without its metadata descriptor is inspected by running it
 _SIF_MAGIC = b"SIF_MAGIC"  # sylabs/sif: after the 32-byte launch line
@@ -61,12 +62,12 @@ def _check_image(chosen: str, image: str | None, binary: str | None, profile: Pr
 
 def check_image_file(path: Path, profile: Profile, mounts: list[Mount]) -> Check:
     """The image file as `train submit` sees it, without running apptainer."""
-    return _check_sif(path, None, profile, mounts, run_command, strict=True)[0]
+    return _check_sif(path, None, profile, mounts, _proc.run, strict=True)[0]
 
 
 def open_image(path: Path, binary: str, profile: Profile) -> tuple[Check, ImageFacts | None]:
     """The image file opened with `apptainer inspect`, for `train submit`."""
-    return _check_sif(path, binary, profile, [], run_command, strict=True)
+    return _check_sif(path, binary, profile, [], _proc.run, strict=True)
 
 
 def image_facts(path: Path, binary: str, profile: Profile) -> ImageFacts | None:
@@ -80,7 +81,7 @@ def image_facts(path: Path, binary: str, profile: Profile) -> ImageFacts | None:
         if not isinstance(labels, dict):
             return None
         return ImageFacts({str(k): str(v) for k, v in labels.items()})
-    return _check_sif(path, binary, profile, [], run_command)[1]
+    return _check_sif(path, binary, profile, [], _proc.run)[1]
 
 
 def _check_sif(path: Path, binary: str | None, profile: Profile, mounts: list[Mount],
