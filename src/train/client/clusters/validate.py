@@ -9,7 +9,8 @@ not a boolean), and every error is a ConfigError naming the key path.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from dataclasses import fields
 from typing import Any
 
 from train.client.clusters.schema import (
@@ -58,7 +59,7 @@ _TOP_KEYS = {"name", "description", "extends", "account", "partition", "qos", "g
 _SECTION_KEYS = {"account": {"required", "hint", "list_command"},
                  "partition": {"required", "allowed", "default"},
                  "qos": {"required", "default", "limits"}}
-_GPU_WATCH_KEYS = {"interval", "idle_threshold", "idle_minutes"}
+_GPU_WATCH_KEYS = tuple(f.name for f in fields(GpuWatch))
 _NODE_KEYS = {"gpus_per_node", "gpu_types", "cpus_per_node", "mem_per_node", "max_time",
               "max_nodes", "max_gpus", "driver_version", "cpu_jobs", "multi_node_whole"}
 # an NVIDIA driver version as nvidia-smi prints it: 550, 550.54 or 550.54.15
@@ -79,7 +80,7 @@ def _label(key: Any) -> str:
     return key if isinstance(key, str) and _KEY_LABEL_RE.fullmatch(key) else shown(key)
 
 
-def _check_keys(where: str, data: Mapping[Any, Any], allowed: set[str]) -> None:
+def _check_keys(where: str, data: Mapping[Any, Any], allowed: Collection[str]) -> None:
     unknown = sorted((k for k in data if k not in allowed), key=_label)
     if unknown:
         raise ConfigError(f"{where}.{_label(unknown[0])}", "unknown profile key; valid keys "
@@ -95,7 +96,7 @@ def _mapping(where: str, value: Any) -> Mapping[Any, Any]:
     return value
 
 
-def _section(where: str, value: Any, allowed: set[str]) -> Mapping[Any, Any]:
+def _section(where: str, value: Any, allowed: Collection[str]) -> Mapping[Any, Any]:
     """A mapping of the allowed keys (null: all defaults)."""
     if value is None:
         return {}
@@ -186,10 +187,6 @@ def _path(where: str, value: Any) -> str:
     return value
 
 
-def _scratch_root(where: str, value: Any) -> str:
-    return "" if value == "" else _path(where, value)
-
-
 def _binds(where: str, value: Any) -> tuple[str, ...]:
     out = []
     for i, item in enumerate(_list(where, value, "absolute paths")):
@@ -241,18 +238,14 @@ def _env_names(where: str, items: Any) -> tuple[str, ...]:
 def _gpu_watch(where: str, value: Any) -> GpuWatch:
     """A key left out keeps the project's default."""
     value = _section(where, value, _GPU_WATCH_KEYS)
-    interval = _int(f"{where}.interval",
-                    value.get("interval", DEFAULT_GPU_WATCH.interval)) or 0
-    threshold = _int(f"{where}.idle_threshold",
-                     value.get("idle_threshold", DEFAULT_GPU_WATCH.idle_threshold)) or 0
-    minutes = _int(f"{where}.idle_minutes",
-                   value.get("idle_minutes", DEFAULT_GPU_WATCH.idle_minutes)) or 0
-    if threshold > 100:
+    watch = GpuWatch(**{k: _int(f"{where}.{k}", value.get(k, getattr(DEFAULT_GPU_WATCH, k)))
+                        or 0 for k in _GPU_WATCH_KEYS})
+    if watch.idle_threshold > 100:
         raise ConfigError(f"{where}.idle_threshold", f"must be a percentage (0 to 100), got "
-                          f"{threshold}")
-    if minutes == 0:
+                          f"{watch.idle_threshold}")
+    if watch.idle_minutes == 0:
         raise ConfigError(f"{where}.idle_minutes", "must be at least 1")
-    return GpuWatch(interval=interval, idle_threshold=threshold, idle_minutes=minutes)
+    return watch
 
 
 def _node(where: str, name: str, data: Any) -> NodeType:
@@ -284,14 +277,9 @@ def _node(where: str, name: str, data: Any) -> NodeType:
 
 def _driver(where: str, value: Any) -> str | None:
     """An NVIDIA driver version (a YAML number such as 550.54 taken as its text)."""
-    if value is None:
-        return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = str(value)
-    if not isinstance(value, str) or not _DRIVER_RE.fullmatch(value):
-        raise ConfigError(where, "must be an NVIDIA driver version as nvidia-smi prints it, "
-                          f"such as \"550.54.15\" (quoted); got {_got(value)}")
-    return value
+    return None if value is None else _word(
+        where, value, _DRIVER_RE, "an NVIDIA driver version as nvidia-smi prints it",
+        "such as \"550.54.15\" (quoted)")
 
 
 def _argv(where: str, value: Any) -> tuple[str, ...]:
@@ -387,6 +375,7 @@ def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
     if default_qos is not None:
         default_qos = _name(f"{where}.qos.default", default_qos, "a QOS name")
     qos_limits = _qos_limits(f"{where}.qos.limits", qos.get("limits"))
+    scratch = data.get("scratch_root", "")  # "": none
     return Profile(
         name=name,
         description=_text(f"{where}.description", data.get("description", "")),
@@ -407,7 +396,7 @@ def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
         modules=_modules(f"{where}.modules", data.get("modules")),
         binds=_binds(f"{where}.binds", data.get("binds")),
         env=_env_names(f"{where}.env", data.get("env")),
-        scratch_root=_scratch_root(f"{where}.scratch_root", data.get("scratch_root", "")),
+        scratch_root="" if scratch == "" else _path(f"{where}.scratch_root", scratch),
         nccl_env=_nccl_env(f"{where}.nccl_env", data.get("nccl_env")),
         preempt_flags=_preempt_flags(f"{where}.preempt_flags", data.get("preempt_flags")),
         partitions=partitions,
