@@ -40,8 +40,7 @@ def _exit_code(chunk: Mapping[str, Any]) -> str | None:
 
 
 def _chunk_failed(chunk: Mapping[str, Any], events: Sequence[str]) -> bool:
-    if chunk.get("state") in ("FAILED", "OUT_OF_MEMORY", "TIMEOUT", "NODE_FAIL",
-                              "BOOT_FAIL", "PREEMPTED", "DEADLINE"):
+    if chunk.get("state") in {*_STATE_CAUSES, "FAILED", "DEADLINE"}:
         return True
     return any(e in events for e in (contract.EV_FAILED, contract.EV_TIMEOUT,
                                      contract.EV_NO_PROGRESS))
