@@ -21,6 +21,7 @@ from typing import IO
 
 from train.client.doctor.evidence import Evidence, Hits
 from train.client.doctor.rules import _ALL_NEEDLES, _EXCEPTION_RE, RULES, LogRule
+from train.common.jsonio import read_bounded
 
 MAX_LINE = 400  # evidence lines are cut to this many characters
 READ_LINE = 1 << 16  # of a longer line only its first 64 KiB are matched
@@ -306,16 +307,9 @@ def _excerpt(line: str, at: int) -> str:
 def read_tail(path: Path, size: int = TAIL_BYTES) -> list[tuple[int | None, str]]:
     """The last lines of a file (at most `size` bytes); line numbers only where the whole
     file was read (counting them would read it all)."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            length = fh.tell()
-            fh.seek(max(0, length - size))
-            data = fh.read(size)
-    except OSError:
-        return []
-    lines = data.decode("utf-8", "replace").splitlines()
-    if length > size:
+    data = read_bounded(path, size + 1, tail=True) or b""  # (one more byte: was it cut?)
+    lines = data[-size:].decode("utf-8", "replace").splitlines()
+    if len(data) > size:
         return [(None, line) for line in lines[1:]]  # the first one is cut
     return [(i + 1, line) for i, line in enumerate(lines)]
 
