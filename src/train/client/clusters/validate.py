@@ -9,7 +9,7 @@ not a boolean), and every error is a ConfigError naming the key path.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import fields
 from typing import Any
 
@@ -154,9 +154,11 @@ def _name(where: str, value: Any, what: str = "a name") -> str:
     return _word(where, value, _NAME_RE, what, _NAME_CHARS)
 
 
-def _names(where: str, value: Any, what: str) -> tuple[str, ...]:
-    return tuple(_name(f"{where}[{i}]", item, what)
-                 for i, item in enumerate(_list(where, value, f"{what}s")))
+def _items(where: str, value: Any, what: str, check: Callable[[str, Any], str]
+           ) -> tuple[str, ...]:
+    """A list of `what`, each item through `check` (its field names the item's index)."""
+    return tuple(check(f"{where}[{i}]", item)
+                 for i, item in enumerate(_list(where, value, what)))
 
 
 def _keyed(where: str, value: Any, pattern: re.Pattern[str], what: str,
@@ -187,52 +189,34 @@ def _path(where: str, value: Any) -> str:
     return value
 
 
-def _binds(where: str, value: Any) -> tuple[str, ...]:
-    out = []
-    for i, item in enumerate(_list(where, value, "absolute paths")):
-        path = _path(f"{where}[{i}]", item)
-        if path.strip("/") == "":
-            raise ConfigError(f"{where}[{i}]", "/ would cover the container's whole file "
-                              "system; bind the directories the jobs need")
-        out.append(path)
-    return tuple(out)
+def _bind(where: str, value: Any) -> str:
+    if _path(where, value).strip("/") == "":
+        raise ConfigError(where, "/ would cover the container's whole file system; bind the "
+                          "directories the jobs need")
+    return str(value)
 
 
-def _modules(where: str, value: Any) -> tuple[str, ...]:  # run as they are in the script
-    out = []
-    for i, item in enumerate(_list(where, value, "module command lines such as "
-                                   "'module load apptainer'")):
-        words = item.split(" ") if isinstance(item, str) else []
-        if len(words) < 2 or words[0] not in _MODULE_COMMANDS \
-                or not all(_MODULE_WORD_RE.fullmatch(w) for w in words[1:]):
-            raise ConfigError(f"{where}[{i}]", f"must be a module command line: "
-                              f"{_MODULE_CHARS}; got {_got(item)}")
-        out.append(item)
-    return tuple(out)
+def _module(where: str, value: Any) -> str:  # run as it is in the script
+    words = value.split(" ") if isinstance(value, str) else []
+    if len(words) < 2 or words[0] not in _MODULE_COMMANDS \
+            or not all(_MODULE_WORD_RE.fullmatch(w) for w in words[1:]):
+        raise ConfigError(where, f"must be a module command line: {_MODULE_CHARS}; got "
+                          f"{_got(value)}")
+    return str(value)
 
 
-def _preempt_flags(where: str, value: Any) -> tuple[str, ...]:
-    out = []
-    for i, item in enumerate(_list(where, value, "sbatch options")):
-        ok = isinstance(item, str)
-        if ok:
-            key, sep, flag_value = item.partition("=")
-            ok = bool(_FLAG_NAME_RE.fullmatch(key)) \
-                and (not sep or bool(_FLAG_VALUE_RE.fullmatch(flag_value)))
-        if not ok:
-            raise ConfigError(f"{where}[{i}]", f"must be {_FLAG_CHARS}; got {_got(item)}")
-        out.append(item)
-    return tuple(out)
+def _preempt_flag(where: str, value: Any) -> str:
+    key, sep, flag_value = value.partition("=") if isinstance(value, str) else ("", "", "")
+    if not _FLAG_NAME_RE.fullmatch(key) or (sep and not _FLAG_VALUE_RE.fullmatch(flag_value)):
+        raise ConfigError(where, f"must be {_FLAG_CHARS}; got {_got(value)}")
+    return str(value)
 
 
-def _env_names(where: str, items: Any) -> tuple[str, ...]:
-    names = _list(where, items, "variable names (NAME or PREFIX_*)")
-    for i, item in enumerate(names):
-        if not isinstance(item, str) or not _ENV_PATTERN.fullmatch(item):
-            raise ConfigError(f"{where}[{i}]", f"{_got(item)} is not a variable name or "
-                              "PREFIX_* pattern (letters, digits and _, not starting with a "
-                              "digit)")
-    return tuple(names)
+def _env_name(where: str, value: Any) -> str:
+    if not isinstance(value, str) or not _ENV_PATTERN.fullmatch(value):
+        raise ConfigError(where, f"{_got(value)} is not a variable name or PREFIX_* pattern "
+                          "(letters, digits and _, not starting with a digit)")
+    return value
 
 
 def _gpu_watch(where: str, value: Any) -> GpuWatch:
@@ -263,7 +247,8 @@ def _node(where: str, name: str, data: Any) -> NodeType:
     return NodeType(
         name=name,
         gpus_per_node=_int(f"{where}.gpus_per_node", data["gpus_per_node"]) or 0,
-        gpu_types=_names(f"{where}.gpu_types", data.get("gpu_types"), "a GPU type"),
+        gpu_types=_items(f"{where}.gpu_types", data.get("gpu_types"), "GPU types",
+                         lambda at, item: _name(at, item, "a GPU type")),
         cpus_per_node=_int(f"{where}.cpus_per_node", data["cpus_per_node"]) or 0,
         mem_mb=parse_mem(mem, f"{where}.mem_per_node"),
         max_minutes=_time(f"{where}.max_time", data["max_time"], optional=True),
@@ -282,13 +267,10 @@ def _driver(where: str, value: Any) -> str | None:
         "such as \"550.54.15\" (quoted)")
 
 
-def _argv(where: str, value: Any) -> tuple[str, ...]:
-    """A command as its words, e.g. [slist]; run as argv, never through a shell."""
-    words = _list(where, value, "command words such as [slist]")
-    for i, word in enumerate(words):
-        if not isinstance(word, str) or not _ARGV_WORD_RE.fullmatch(word):
-            raise ConfigError(f"{where}[{i}]", f"must be {_ARGV_CHARS}; got {_got(word)}")
-    return tuple(words)
+def _argv_word(where: str, value: Any) -> str:  # a command is run as argv, never by a shell
+    if not isinstance(value, str) or not _ARGV_WORD_RE.fullmatch(value):
+        raise ConfigError(where, f"must be {_ARGV_CHARS}; got {_got(value)}")
+    return value
 
 
 def profile_name(source: str, value: Any) -> str:  # errors under the file it came from
@@ -393,19 +375,23 @@ def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
                                optional=True),
         default_minutes=_time(f"{where}.default_time", data.get("default_time", "1:00:00"))
         or 0,
-        modules=_modules(f"{where}.modules", data.get("modules")),
-        binds=_binds(f"{where}.binds", data.get("binds")),
-        env=_env_names(f"{where}.env", data.get("env")),
+        modules=_items(f"{where}.modules", data.get("modules"), "module command lines such "
+                       "as 'module load apptainer'", _module),
+        binds=_items(f"{where}.binds", data.get("binds"), "absolute paths", _bind),
+        env=_items(f"{where}.env", data.get("env"), "variable names (NAME or PREFIX_*)",
+                   _env_name),
         scratch_root="" if scratch == "" else _path(f"{where}.scratch_root", scratch),
         nccl_env=_nccl_env(f"{where}.nccl_env", data.get("nccl_env")),
-        preempt_flags=_preempt_flags(f"{where}.preempt_flags", data.get("preempt_flags")),
+        preempt_flags=_items(f"{where}.preempt_flags", data.get("preempt_flags"),
+                             "sbatch options", _preempt_flag),
         partitions=partitions,
         constraints=constraints,
         gpu_type_request=type_request,
         gpu_features=features,
         gpu_watch=_gpu_watch(f"{where}.gpu_watch", data.get("gpu_watch")),
-        account_list_command=_argv(f"{where}.account.list_command",
-                                   account.get("list_command")),
+        account_list_command=_items(f"{where}.account.list_command",
+                                    account.get("list_command"),
+                                    "command words such as [slist]", _argv_word),
         single_host=_bool(where, data, "single_host", False),
         max_array_size=_array_size(f"{where}.max_array_size", data.get("max_array_size")),
     )
