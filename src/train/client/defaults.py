@@ -118,12 +118,11 @@ def ask(profiles: list[str], current: Mapping[str, Any],
     return answers
 
 
-def write_defaults(values: Mapping[str, Any], profiles: list[str],
-                   path: Path | None = None) -> tuple[Path, Path | None]:
+def write_defaults(values: Mapping[str, Any], profiles: list[str], path: Path
+                   ) -> tuple[Path, Path | None]:
     """Validate, then write atomically (nothing is written when a value is bad), changing
     only the lines of the keys it sets (`edited`); the earlier file is kept first as a
     numbered copy. Returns the file written (a link's target) and the copy, if any."""
-    path = path or defaults_path()
     clean = {k: v for k, v in normalise(values).items() if v is not None and v != []}
     if not clean:
         raise UsageError("init: nothing to write: give flags (e.g. --cluster NAME), or run "

@@ -30,8 +30,9 @@ from train.client.slurm.chainstatus import idle_settings
 _STATE_CAUSES = {"OUT_OF_MEMORY": "host_oom", "TIMEOUT": "walltime",
                  "PREEMPTED": "preempted", "NODE_FAIL": "node_failure",
                  "BOOT_FAIL": "node_failure"}
-# log causes that explain a failure by themselves (the others only add to one)
-_LOG_PRIORITY = [r.cause for r in RULES]
+# the log rules' causes, most decisive first (the group's meeting and Lightning's banner
+# are evidence for other findings, no causes)
+_LOG_PRIORITY = [r.cause for r in RULES if r.cause not in (RENDEZVOUS_DONE, RANK_ZERO_BANNER)]
 
 
 def _exit_code(chunk: Mapping[str, Any]) -> str | None:
@@ -229,18 +230,13 @@ def _add_log_findings(ch: _Chunk, exc: Evidence | None, out: list[Finding]) -> N
     (or python_error where no rule knows it); in a chunk that ended well or still runs
     only those of _ALWAYS. `train: error` only where nothing else was found."""
     lead = scan_lines(Path(exc.file), [(exc.line, exc.text)]) if exc is not None else {}
-    order = [c for c in _LOG_PRIORITY if c in lead] + [
-        c for c in _LOG_PRIORITY if c not in lead]
     if exc is not None and not lead:
         f = ch.finding("python_error", detail=exc.text)
         f.evidence = [exc]
         out.append(f)
-    for cause in order:
-        hits = ch.hits.get(cause)
-        if hits is None and cause in lead:
-            hits = lead[cause]
-        if hits is None or (cause == "train_error" and out) or \
-                cause in (RENDEZVOUS_DONE, RANK_ZERO_BANNER):
+    for cause in sorted(_LOG_PRIORITY, key=lambda c: c not in lead):  # (a stable sort)
+        hits = ch.hits.get(cause) or lead.get(cause)
+        if hits is None or (cause == "train_error" and out):
             continue
         if cause in lead and exc is not None and all(e.line != exc.line for e in
                                                      hits.evidence()):
