@@ -169,7 +169,7 @@ def _keyed(where: str, value: Any, pattern: re.Pattern[str], what: str,
         number = isinstance(raw, (int, float)) and not isinstance(raw, bool)
         key = str(raw) if number else raw
         if not isinstance(key, str) or not pattern.fullmatch(key):
-            raise ConfigError(where, f"{_got(key)} is not a {what}: {chars}")
+            raise ConfigError(where, f"{_got(key)} is not {what}: {chars}")
         out[key] = item
     return out
 
@@ -304,7 +304,7 @@ def _gpu_features(where: str, value: Any) -> dict[str, str]:
     """GPU type -> the node feature that selects it (gpu_type_request: constraint)."""
     return {gpu: _word(f"{where}.{gpu}", feature, _FEATURE_RE, "one node feature name",
                        _FEATURE_CHARS)
-            for gpu, feature in _keyed(where, value, _NAME_RE, "GPU type", _NAME_CHARS).items()}
+            for gpu, feature in _keyed(where, value, _NAME_RE, "a GPU type", _NAME_CHARS).items()}
 
 
 def _node_types(where: str, data: Mapping[str, Any], partition: Mapping[Any, Any]
@@ -312,10 +312,10 @@ def _node_types(where: str, data: Mapping[str, Any], partition: Mapping[Any, Any
     """partitions, constraints, and partition.allowed (which needs partitions)."""
     partitions = {k: _node(f"{where}.partitions.{k}", k, v)
                   for k, v in _keyed(f"{where}.partitions", data.get("partitions"), _NAME_RE,
-                                     "partition name", _NAME_CHARS).items()}
+                                     "a partition name", _NAME_CHARS).items()}
     constraints = {k: _node(f"{where}.constraints.{k}", k, v)
                    for k, v in _keyed(f"{where}.constraints", data.get("constraints"),
-                                      _FEATURE_RE, "node feature", _FEATURE_CHARS).items()}
+                                      _FEATURE_RE, "a node feature", _FEATURE_CHARS).items()}
     allowed = _bool(f"{where}.partition", partition, "allowed", True)
     if not partitions and not constraints:
         raise ConfigError(f"{where}.partitions", "a profile needs partitions or constraints")
@@ -338,7 +338,7 @@ def _default_partition(where: str, value: Any, partitions: Mapping[str, NodeType
 def _qos_limits(where: str, value: Any) -> dict[str, int | None]:
     """QOS name -> its longest walltime in minutes (null: no limit)."""
     return {k: _time(f"{where}.{k}", v, optional=True)
-            for k, v in _keyed(where, value, _NAME_RE, "QOS name", _NAME_CHARS).items()}
+            for k, v in _keyed(where, value, _NAME_RE, "a QOS name", _NAME_CHARS).items()}
 
 
 def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
@@ -408,10 +408,8 @@ def _array_size(where: str, value: Any) -> int:
 def _nccl_env(where: str, value: Any) -> dict[str, str]:
     """NAME: value pairs every job exports (`export NAME=...` in the job script)."""
     out = {}
-    for key, item in _mapping(where, value).items():
-        if not isinstance(key, str) or not _ENV_NAME_RE.fullmatch(key):
-            raise ConfigError(f"{where}", f"{shown(key)} is not an environment variable name "
-                              "(letters, digits and _, not starting with a digit)")
+    for key, item in _keyed(where, value, _ENV_NAME_RE, "an environment variable name",
+                            "letters, digits and _, not starting with a digit").items():
         if isinstance(item, (dict, list)) or item is None:
             raise ConfigError(f"{where}.{key}", f"must be a plain value, got {_got(item)}")
         text = str(item).lower() if isinstance(item, bool) else str(item)
