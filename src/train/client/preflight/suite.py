@@ -32,9 +32,7 @@ def run_preflight(profile: Profile, *, image: str | Path | None, account: str | 
     if runtime not in RUNTIMES:
         raise ConfigError("runtime", f"must be one of {', '.join(RUNTIMES)}; got "
                           f"{shown(runtime)}")
-    image_text = None if image is None else str(image)
-    if image_text is not None:
-        _plain_path("image", image_text)
+    image_text = None if image is None else _plain_path("image", str(image))
     runs_text = _plain_path("runs", str(runs_root))
     if account is not None and not _ACCOUNT_RE.fullmatch(account):
         raise ConfigError("account", f"{shown(account)} is not an account name (letters, "
