@@ -25,7 +25,6 @@ from train.client.clusters.profiles import Registry
 from train.client.clusters.schema import Profile
 from train.client.clusters.validate import profile_from_dict
 from train.client.preflight.account import listed_accounts
-from train.client.preflight.commands import run_command
 from train.client.preflight.gpu import image_cuda
 from train.client.preflight.image import ImageFacts, _apptainer_facts, check_image_file
 from train.client.preflight.result import (
@@ -49,6 +48,7 @@ from train.client.preflight.storage import (
     read_mounts,
 )
 from train.client.preflight.suite import run_preflight
+from train.common import _proc
 from train.common._proc import ProcError
 from train.common.errors import ConfigError
 
@@ -728,17 +728,17 @@ def test_a_hung_command_and_its_children_are_killed_on_timeout(
 
 
 def test_the_runner_reports_like_proc_run(tmp_path: Path) -> None:
-    got = run_command(["sh", "-c", "printf 'a\\377\\376b'; printf 'e\\377' >&2"],
-                                check=False)
+    got = _proc.run(["sh", "-c", "printf 'a\\377\\376b'; printf 'e\\377' >&2"],
+                    check=False)
     assert got.returncode == 0 and got.stdout == "a\ufffd\ufffdb" and got.stderr == "e\ufffd"
     with pytest.raises(ProcError) as err:
-        run_command(["sh", "-c", "echo bad >&2; exit 3"])
+        _proc.run(["sh", "-c", "echo bad >&2; exit 3"])
     assert err.value.returncode == 3 and "bad" in err.value.stderr
     with pytest.raises(ProcError) as err:
-        run_command([str(tmp_path / "no-such-program")])
+        _proc.run([str(tmp_path / "no-such-program")])
     assert err.value.returncode == 127
     with pytest.raises(ProcError) as err:
-        run_command(["sleep", "3600"], timeout=0.5)
+        _proc.run(["sleep", "3600"], timeout=0.5)
     assert err.value.returncode == 124
 
 

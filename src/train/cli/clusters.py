@@ -52,19 +52,16 @@ def _cmd_clusters(args: argparse.Namespace) -> int:
     if args.write and args.action != "probe":
         raise UsageError("--write: only with `train clusters probe NAME`")
     timeout = _timeout(args)
+    if args.action != "list" and not args.name:
+        raise UsageError(f"clusters {args.action}: name a profile; known: "
+                         + ", ".join(registry.names()))
     if args.action == "show":
-        if not args.name:
-            raise UsageError("clusters show: name a profile; known: "
-                             + ", ".join(registry.names()))
         print(yaml.safe_dump(describe(registry.get(args.name)), sort_keys=False), end="")
         return EXIT_OK
     if args.action == "probe":
         from train.client.clusters.probe.command import probe
         from train.common._proc import printable
 
-        if not args.name:
-            raise UsageError("clusters probe: name a profile; known: "
-                             + ", ".join(registry.names()))
         lines, read, failed = probe(registry.get(args.name), write=args.write,
                                     extra_files=args.profile, timeout=timeout)
         print(printable("\n".join(lines)), flush=True)  # the report, whatever --write did

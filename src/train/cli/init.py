@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,7 +48,6 @@ def _cmd_init(args: argparse.Namespace) -> int:
         ASKED,
         ask,
         defaults_path,
-        interactive,
         load_defaults,
         merged,
         write_defaults,
@@ -61,7 +61,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
         return EXIT_OK
     given = {k: getattr(args, k) for k in ASKED if getattr(args, k) is not None}
     profiles = Registry(args.profile).names()
-    asking = not given and interactive()
+    asking = not given and sys.stdin.isatty() and sys.stdout.isatty()
     values = ask(profiles, current) if asking else merged(current, given)
     written, kept = write_defaults(values, profiles, path)
     print(f"defaults written to {written}"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -25,11 +24,10 @@ PATH_VAR = "TRAIN_DEFAULTS"
 ASKED = ("cluster", "account", "partition", "runtime", "image", "python", "bind", "env")
 
 
-def defaults_path(env: Mapping[str, str] | None = None) -> Path:
-    environ = os.environ if env is None else env
-    if environ.get(PATH_VAR):
-        return Path(environ[PATH_VAR]).expanduser()
-    base = environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+def defaults_path() -> Path:
+    if os.environ.get(PATH_VAR):
+        return Path(os.environ[PATH_VAR]).expanduser()
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
     return Path(base) / "train" / "defaults.yaml"
 
 
@@ -120,12 +118,11 @@ def ask(profiles: list[str], current: Mapping[str, Any],
     return answers
 
 
-def write_defaults(values: Mapping[str, Any], profiles: list[str],
-                   path: Path | None = None) -> tuple[Path, Path | None]:
+def write_defaults(values: Mapping[str, Any], profiles: list[str], path: Path
+                   ) -> tuple[Path, Path | None]:
     """Validate, then write atomically (nothing is written when a value is bad), changing
     only the lines of the keys it sets (`edited`); the earlier file is kept first as a
     numbered copy. Returns the file written (a link's target) and the copy, if any."""
-    path = path or defaults_path()
     clean = {k: v for k, v in normalise(values).items() if v is not None and v != []}
     if not clean:
         raise UsageError("init: nothing to write: give flags (e.g. --cluster NAME), or run "
@@ -213,7 +210,3 @@ def edited(old: str, values: Mapping[str, Any]) -> str:
     if loaded != dict(values) or not old.strip():
         return _HEADER + yaml.safe_dump(dict(values), sort_keys=False)
     return text
-
-
-def interactive() -> bool:
-    return sys.stdin.isatty() and sys.stdout.isatty()

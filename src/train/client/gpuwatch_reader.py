@@ -9,7 +9,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -26,10 +26,6 @@ from train.common.gpuwatch_file import (
     _num,
 )
 
-# DEFAULT_IDLE_*: the client's readers take them from here with the rest
-__all__ = ["SUMMARY_MAX_BYTES", "IdleFinding", "Record", "idle_findings", "node_files",
-           "parse_line", "read_items", "read_records", "summary"]
-
 # what `summary` reads of a file at most (its tail): about 20 days of 8 GPUs every 30 s
 SUMMARY_MAX_BYTES = 16 * MIB
 # a START_MARK line, the sampler run's start in unix seconds
@@ -41,9 +37,7 @@ class Record:
     line: int  # 1-based line number in the file
     time: float
     gpu: int
-    util: float
-    mem_used: int
-    mem_total: int
+    util: float  # (the memory columns are checked, never read)
 
 
 def parse_line(text: str, line: int) -> Record | None:
@@ -59,7 +53,7 @@ def parse_line(text: str, line: int) -> Record | None:
     if not (0 < t < MAX_TIME and 0 <= util <= 100 and 0 <= gpu <= MAX_GPU_INDEX
             and 0 <= used < MAX_MIB and 0 <= total < MAX_MIB):
         return None  # NaN fails every comparison
-    return Record(line, t, gpu, util, used, total)
+    return Record(line, t, gpu, util)
 
 
 def _stamp(t: float, fmt: str) -> str:
@@ -82,12 +76,10 @@ def _count_lines(f: IO[bytes], end: int) -> int:  # read in chunks, never whole
     return count
 
 
-def read_records(path: Path, max_bytes: int | None = None,
-                 count_skipped: bool = True) -> Iterator[Record]:
+def read_records(path: Path, max_bytes: int | None = None) -> Iterator[Record]:
     """The file's valid records, streamed; with max_bytes only its tail (from the first
-    whole line of the last max_bytes), line numbers still counted from the file's start
-    unless count_skipped is False (then they count from the tail's start)."""
-    for item in read_items(path, max_bytes, count_skipped):
+    whole line of the last max_bytes), line numbers still counted from the file's start."""
+    for item in read_items(path, max_bytes):
         if isinstance(item, Record):
             yield item
 
@@ -95,7 +87,7 @@ def read_records(path: Path, max_bytes: int | None = None,
 def read_items(path: Path, max_bytes: int | None = None,
                count_skipped: bool = True) -> Iterator[Record | float]:
     """read_records, with each sampler's START_MARK as its start time (a float) where it
-    stands in the file."""
+    stands in the file; count_skipped False: line numbers count from the tail's start."""
     with path.open("rb") as f:
         size = f.seek(0, os.SEEK_END)
         start, line = 0, 0
@@ -156,32 +148,29 @@ def _summarise(path: Path, threshold: float, minutes: float, max_bytes: int
     first: float | None = None
     last: float | None = None
     latest: dict[int, float] = {}
-    idle_since: dict[int, float | None] = {}
     seen: set[int] = set()
-    warm = WarmUp(threshold, None)
-    for rec in read_items(path, max_bytes, count_skipped=False):
-        if not isinstance(rec, Record):  # a new sampler run: idle time starts again
-            idle_since, warm = {}, WarmUp(threshold, rec)
-            continue
-        seen.add(rec.gpu)
-        if rec.time != last:  # a new sample round (the lines of one share its time)
-            samples += 1
-            latest = {}
-            last = rec.time
-        first = rec.time if first is None else min(first, rec.time)
-        total += rec.util
-        lines += 1
-        latest[rec.gpu] = rec.util
-        if not warm.counts(rec.gpu, rec.time, rec.util):
-            continue
-        if rec.util >= threshold:
-            idle_since[rec.gpu] = None
-        elif idle_since.get(rec.gpu) is None:
-            idle_since[rec.gpu] = rec.time
+
+    def counted(items: Iterable[Record | float]) -> Iterator[Record | float]:
+        nonlocal total, lines, samples, first, last, latest
+        for rec in items:
+            if isinstance(rec, Record):
+                seen.add(rec.gpu)
+                if rec.time != last:  # a new sample round (the lines of one share its time)
+                    samples += 1
+                    latest = {}
+                    last = rec.time
+                first = rec.time if first is None else min(first, rec.time)
+                total += rec.util
+                lines += 1
+                latest[rec.gpu] = rec.util
+            yield rec
+
+    found = _findings(path, counted(read_items(path, max_bytes, count_skipped=False)),
+                      threshold, minutes)
     if not lines or last is None:
         return None
-    idle = {g: s for g, s in idle_since.items()
-            if s is not None and g in latest and last - s >= minutes * 60}
+    # idle now: a stretch that lasts up to the latest sample round
+    idle = {f.gpu: f.start for f in found if f.ongoing and f.gpu in latest}
     description = ""
     if idle:
         since = min(idle.values())
@@ -235,7 +224,7 @@ def idle_findings(run_dir: Path | str, threshold: float, minutes: float,
     found: list[IdleFinding] = []
     for path in node_files(run_dir):
         try:
-            found += _findings(path, threshold, minutes, max_bytes)
+            found += _findings(path, read_items(path, max_bytes), threshold, minutes)
         except (OSError, ValueError, ArithmeticError):
             continue
     return sorted(found, key=lambda f: (f.node, f.gpu, f.start))
@@ -249,8 +238,8 @@ class _Run:
     max_util: float = 0.0
 
 
-def _findings(path: Path, threshold: float, minutes: float, max_bytes: int | None
-              ) -> list[IdleFinding]:
+def _findings(path: Path, items: Iterable[Record | float], threshold: float,
+              minutes: float) -> list[IdleFinding]:
     runs: dict[int, _Run | None] = {}
     found: list[IdleFinding] = []
 
@@ -261,7 +250,7 @@ def _findings(path: Path, threshold: float, minutes: float, max_bytes: int | Non
                                      run.samples, run.max_util, threshold, ongoing))
 
     warm = WarmUp(threshold, None)
-    for rec in read_items(path, max_bytes):
+    for rec in items:
         if not isinstance(rec, Record):  # a new sampler run (a new chunk): the stretches
             for run in runs.values():  # of the one before end where its samples end
                 close(run, ongoing=False)

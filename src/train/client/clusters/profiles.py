@@ -22,8 +22,6 @@ from train.common import yamlio
 from train.common.errors import ConfigError, UsageError
 from train.common.yamlio import shown
 
-__all__ = ["PATH_VAR", "USER_DIR", "Registry", "describe"]
-
 USER_DIR = Path("~/.config/train/clusters")
 PATH_VAR = "TRAIN_CLUSTERS_PATH"
 
@@ -56,12 +54,6 @@ def _shipped() -> list[tuple[str, dict[str, Any]]]:
     return found
 
 
-def _search_dirs(environ: Mapping[str, str]) -> list[Path]:
-    dirs = [USER_DIR.expanduser()]
-    dirs += [Path(p) for p in environ.get(PATH_VAR, "").split(":") if p]
-    return dirs
-
-
 class Registry:
     """All profiles visible from here, by name."""
 
@@ -70,14 +62,13 @@ class Registry:
         env = os.environ if environ is None else environ
         raw: dict[str, tuple[str, dict[str, Any]]] = {}
         sources = _shipped()
-        for folder in _search_dirs(env):
+        for folder in [USER_DIR.expanduser(),
+                       *(Path(p) for p in env.get(PATH_VAR, "").split(":") if p)]:
             if folder.is_dir():
                 sources += [(str(p), _read(p)) for p in sorted(folder.glob("*.yaml"))]
         sources += [(str(p), _read(Path(p))) for p in extra_files]
         for source, loaded in sources:
             data = loaded
-            if data.get("name") is None or data.get("name") == "":
-                raise ConfigError("profile.name", f"{source} has no name")
             name = profile_name(source, data.get("name"))
             parent = data.get("extends")
             if parent is not None:

@@ -9,7 +9,8 @@ not a boolean), and every error is a ConfigError naming the key path.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import fields
 from typing import Any
 
 from train.client.clusters.schema import (
@@ -58,7 +59,7 @@ _TOP_KEYS = {"name", "description", "extends", "account", "partition", "qos", "g
 _SECTION_KEYS = {"account": {"required", "hint", "list_command"},
                  "partition": {"required", "allowed", "default"},
                  "qos": {"required", "default", "limits"}}
-_GPU_WATCH_KEYS = {"interval", "idle_threshold", "idle_minutes"}
+_GPU_WATCH_KEYS = tuple(f.name for f in fields(GpuWatch))
 _NODE_KEYS = {"gpus_per_node", "gpu_types", "cpus_per_node", "mem_per_node", "max_time",
               "max_nodes", "max_gpus", "driver_version", "cpu_jobs", "multi_node_whole"}
 # an NVIDIA driver version as nvidia-smi prints it: 550, 550.54 or 550.54.15
@@ -79,7 +80,7 @@ def _label(key: Any) -> str:
     return key if isinstance(key, str) and _KEY_LABEL_RE.fullmatch(key) else shown(key)
 
 
-def _check_keys(where: str, data: Mapping[Any, Any], allowed: set[str]) -> None:
+def _check_keys(where: str, data: Mapping[Any, Any], allowed: Collection[str]) -> None:
     unknown = sorted((k for k in data if k not in allowed), key=_label)
     if unknown:
         raise ConfigError(f"{where}.{_label(unknown[0])}", "unknown profile key; valid keys "
@@ -95,7 +96,7 @@ def _mapping(where: str, value: Any) -> Mapping[Any, Any]:
     return value
 
 
-def _section(where: str, value: Any, allowed: set[str]) -> Mapping[Any, Any]:
+def _section(where: str, value: Any, allowed: Collection[str]) -> Mapping[Any, Any]:
     """A mapping of the allowed keys (null: all defaults)."""
     if value is None:
         return {}
@@ -153,9 +154,11 @@ def _name(where: str, value: Any, what: str = "a name") -> str:
     return _word(where, value, _NAME_RE, what, _NAME_CHARS)
 
 
-def _names(where: str, value: Any, what: str) -> tuple[str, ...]:
-    return tuple(_name(f"{where}[{i}]", item, what)
-                 for i, item in enumerate(_list(where, value, f"{what}s")))
+def _items(where: str, value: Any, what: str, check: Callable[[str, Any], str]
+           ) -> tuple[str, ...]:
+    """A list of `what`, each item through `check` (its field names the item's index)."""
+    return tuple(check(f"{where}[{i}]", item)
+                 for i, item in enumerate(_list(where, value, what)))
 
 
 def _keyed(where: str, value: Any, pattern: re.Pattern[str], what: str,
@@ -166,7 +169,7 @@ def _keyed(where: str, value: Any, pattern: re.Pattern[str], what: str,
         number = isinstance(raw, (int, float)) and not isinstance(raw, bool)
         key = str(raw) if number else raw
         if not isinstance(key, str) or not pattern.fullmatch(key):
-            raise ConfigError(where, f"{_got(key)} is not a {what}: {chars}")
+            raise ConfigError(where, f"{_got(key)} is not {what}: {chars}")
         out[key] = item
     return out
 
@@ -186,73 +189,47 @@ def _path(where: str, value: Any) -> str:
     return value
 
 
-def _scratch_root(where: str, value: Any) -> str:
-    return "" if value == "" else _path(where, value)
+def _bind(where: str, value: Any) -> str:
+    if _path(where, value).strip("/") == "":
+        raise ConfigError(where, "/ would cover the container's whole file system; bind the "
+                          "directories the jobs need")
+    return str(value)
 
 
-def _binds(where: str, value: Any) -> tuple[str, ...]:
-    out = []
-    for i, item in enumerate(_list(where, value, "absolute paths")):
-        path = _path(f"{where}[{i}]", item)
-        if path.strip("/") == "":
-            raise ConfigError(f"{where}[{i}]", "/ would cover the container's whole file "
-                              "system; bind the directories the jobs need")
-        out.append(path)
-    return tuple(out)
+def _module(where: str, value: Any) -> str:  # run as it is in the script
+    words = value.split(" ") if isinstance(value, str) else []
+    if len(words) < 2 or words[0] not in _MODULE_COMMANDS \
+            or not all(_MODULE_WORD_RE.fullmatch(w) for w in words[1:]):
+        raise ConfigError(where, f"must be a module command line: {_MODULE_CHARS}; got "
+                          f"{_got(value)}")
+    return str(value)
 
 
-def _modules(where: str, value: Any) -> tuple[str, ...]:  # run as they are in the script
-    out = []
-    for i, item in enumerate(_list(where, value, "module command lines such as "
-                                   "'module load apptainer'")):
-        words = item.split(" ") if isinstance(item, str) else []
-        if len(words) < 2 or words[0] not in _MODULE_COMMANDS \
-                or not all(_MODULE_WORD_RE.fullmatch(w) for w in words[1:]):
-            raise ConfigError(f"{where}[{i}]", f"must be a module command line: "
-                              f"{_MODULE_CHARS}; got {_got(item)}")
-        out.append(item)
-    return tuple(out)
+def _preempt_flag(where: str, value: Any) -> str:
+    key, sep, flag_value = value.partition("=") if isinstance(value, str) else ("", "", "")
+    if not _FLAG_NAME_RE.fullmatch(key) or (sep and not _FLAG_VALUE_RE.fullmatch(flag_value)):
+        raise ConfigError(where, f"must be {_FLAG_CHARS}; got {_got(value)}")
+    return str(value)
 
 
-def _preempt_flags(where: str, value: Any) -> tuple[str, ...]:
-    out = []
-    for i, item in enumerate(_list(where, value, "sbatch options")):
-        ok = isinstance(item, str)
-        if ok:
-            key, sep, flag_value = item.partition("=")
-            ok = bool(_FLAG_NAME_RE.fullmatch(key)) \
-                and (not sep or bool(_FLAG_VALUE_RE.fullmatch(flag_value)))
-        if not ok:
-            raise ConfigError(f"{where}[{i}]", f"must be {_FLAG_CHARS}; got {_got(item)}")
-        out.append(item)
-    return tuple(out)
-
-
-def _env_names(where: str, items: Any) -> tuple[str, ...]:
-    names = _list(where, items, "variable names (NAME or PREFIX_*)")
-    for i, item in enumerate(names):
-        if not isinstance(item, str) or not _ENV_PATTERN.fullmatch(item):
-            raise ConfigError(f"{where}[{i}]", f"{_got(item)} is not a variable name or "
-                              "PREFIX_* pattern (letters, digits and _, not starting with a "
-                              "digit)")
-    return tuple(names)
+def _env_name(where: str, value: Any) -> str:
+    if not isinstance(value, str) or not _ENV_PATTERN.fullmatch(value):
+        raise ConfigError(where, f"{_got(value)} is not a variable name or PREFIX_* pattern "
+                          "(letters, digits and _, not starting with a digit)")
+    return value
 
 
 def _gpu_watch(where: str, value: Any) -> GpuWatch:
     """A key left out keeps the project's default."""
     value = _section(where, value, _GPU_WATCH_KEYS)
-    interval = _int(f"{where}.interval",
-                    value.get("interval", DEFAULT_GPU_WATCH.interval)) or 0
-    threshold = _int(f"{where}.idle_threshold",
-                     value.get("idle_threshold", DEFAULT_GPU_WATCH.idle_threshold)) or 0
-    minutes = _int(f"{where}.idle_minutes",
-                   value.get("idle_minutes", DEFAULT_GPU_WATCH.idle_minutes)) or 0
-    if threshold > 100:
+    watch = GpuWatch(**{k: _int(f"{where}.{k}", value.get(k, getattr(DEFAULT_GPU_WATCH, k)))
+                        or 0 for k in _GPU_WATCH_KEYS})
+    if watch.idle_threshold > 100:
         raise ConfigError(f"{where}.idle_threshold", f"must be a percentage (0 to 100), got "
-                          f"{threshold}")
-    if minutes == 0:
+                          f"{watch.idle_threshold}")
+    if watch.idle_minutes == 0:
         raise ConfigError(f"{where}.idle_minutes", "must be at least 1")
-    return GpuWatch(interval=interval, idle_threshold=threshold, idle_minutes=minutes)
+    return watch
 
 
 def _node(where: str, name: str, data: Any) -> NodeType:
@@ -270,7 +247,8 @@ def _node(where: str, name: str, data: Any) -> NodeType:
     return NodeType(
         name=name,
         gpus_per_node=_int(f"{where}.gpus_per_node", data["gpus_per_node"]) or 0,
-        gpu_types=_names(f"{where}.gpu_types", data.get("gpu_types"), "a GPU type"),
+        gpu_types=_items(f"{where}.gpu_types", data.get("gpu_types"), "GPU types",
+                         lambda at, item: _name(at, item, "a GPU type")),
         cpus_per_node=_int(f"{where}.cpus_per_node", data["cpus_per_node"]) or 0,
         mem_mb=parse_mem(mem, f"{where}.mem_per_node"),
         max_minutes=_time(f"{where}.max_time", data["max_time"], optional=True),
@@ -284,23 +262,15 @@ def _node(where: str, name: str, data: Any) -> NodeType:
 
 def _driver(where: str, value: Any) -> str | None:
     """An NVIDIA driver version (a YAML number such as 550.54 taken as its text)."""
-    if value is None:
-        return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = str(value)
-    if not isinstance(value, str) or not _DRIVER_RE.fullmatch(value):
-        raise ConfigError(where, "must be an NVIDIA driver version as nvidia-smi prints it, "
-                          f"such as \"550.54.15\" (quoted); got {_got(value)}")
+    return None if value is None else _word(
+        where, value, _DRIVER_RE, "an NVIDIA driver version as nvidia-smi prints it",
+        "such as \"550.54.15\" (quoted)")
+
+
+def _argv_word(where: str, value: Any) -> str:  # a command is run as argv, never by a shell
+    if not isinstance(value, str) or not _ARGV_WORD_RE.fullmatch(value):
+        raise ConfigError(where, f"must be {_ARGV_CHARS}; got {_got(value)}")
     return value
-
-
-def _argv(where: str, value: Any) -> tuple[str, ...]:
-    """A command as its words, e.g. [slist]; run as argv, never through a shell."""
-    words = _list(where, value, "command words such as [slist]")
-    for i, word in enumerate(words):
-        if not isinstance(word, str) or not _ARGV_WORD_RE.fullmatch(word):
-            raise ConfigError(f"{where}[{i}]", f"must be {_ARGV_CHARS}; got {_got(word)}")
-    return tuple(words)
 
 
 def profile_name(source: str, value: Any) -> str:  # errors under the file it came from
@@ -334,7 +304,7 @@ def _gpu_features(where: str, value: Any) -> dict[str, str]:
     """GPU type -> the node feature that selects it (gpu_type_request: constraint)."""
     return {gpu: _word(f"{where}.{gpu}", feature, _FEATURE_RE, "one node feature name",
                        _FEATURE_CHARS)
-            for gpu, feature in _keyed(where, value, _NAME_RE, "GPU type", _NAME_CHARS).items()}
+            for gpu, feature in _keyed(where, value, _NAME_RE, "a GPU type", _NAME_CHARS).items()}
 
 
 def _node_types(where: str, data: Mapping[str, Any], partition: Mapping[Any, Any]
@@ -342,10 +312,10 @@ def _node_types(where: str, data: Mapping[str, Any], partition: Mapping[Any, Any
     """partitions, constraints, and partition.allowed (which needs partitions)."""
     partitions = {k: _node(f"{where}.partitions.{k}", k, v)
                   for k, v in _keyed(f"{where}.partitions", data.get("partitions"), _NAME_RE,
-                                     "partition name", _NAME_CHARS).items()}
+                                     "a partition name", _NAME_CHARS).items()}
     constraints = {k: _node(f"{where}.constraints.{k}", k, v)
                    for k, v in _keyed(f"{where}.constraints", data.get("constraints"),
-                                      _FEATURE_RE, "node feature", _FEATURE_CHARS).items()}
+                                      _FEATURE_RE, "a node feature", _FEATURE_CHARS).items()}
     allowed = _bool(f"{where}.partition", partition, "allowed", True)
     if not partitions and not constraints:
         raise ConfigError(f"{where}.partitions", "a profile needs partitions or constraints")
@@ -368,7 +338,7 @@ def _default_partition(where: str, value: Any, partitions: Mapping[str, NodeType
 def _qos_limits(where: str, value: Any) -> dict[str, int | None]:
     """QOS name -> its longest walltime in minutes (null: no limit)."""
     return {k: _time(f"{where}.{k}", v, optional=True)
-            for k, v in _keyed(where, value, _NAME_RE, "QOS name", _NAME_CHARS).items()}
+            for k, v in _keyed(where, value, _NAME_RE, "a QOS name", _NAME_CHARS).items()}
 
 
 def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
@@ -387,6 +357,7 @@ def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
     if default_qos is not None:
         default_qos = _name(f"{where}.qos.default", default_qos, "a QOS name")
     qos_limits = _qos_limits(f"{where}.qos.limits", qos.get("limits"))
+    scratch = data.get("scratch_root", "")  # "": none
     return Profile(
         name=name,
         description=_text(f"{where}.description", data.get("description", "")),
@@ -404,19 +375,23 @@ def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
                                optional=True),
         default_minutes=_time(f"{where}.default_time", data.get("default_time", "1:00:00"))
         or 0,
-        modules=_modules(f"{where}.modules", data.get("modules")),
-        binds=_binds(f"{where}.binds", data.get("binds")),
-        env=_env_names(f"{where}.env", data.get("env")),
-        scratch_root=_scratch_root(f"{where}.scratch_root", data.get("scratch_root", "")),
+        modules=_items(f"{where}.modules", data.get("modules"), "module command lines such "
+                       "as 'module load apptainer'", _module),
+        binds=_items(f"{where}.binds", data.get("binds"), "absolute paths", _bind),
+        env=_items(f"{where}.env", data.get("env"), "variable names (NAME or PREFIX_*)",
+                   _env_name),
+        scratch_root="" if scratch == "" else _path(f"{where}.scratch_root", scratch),
         nccl_env=_nccl_env(f"{where}.nccl_env", data.get("nccl_env")),
-        preempt_flags=_preempt_flags(f"{where}.preempt_flags", data.get("preempt_flags")),
+        preempt_flags=_items(f"{where}.preempt_flags", data.get("preempt_flags"),
+                             "sbatch options", _preempt_flag),
         partitions=partitions,
         constraints=constraints,
         gpu_type_request=type_request,
         gpu_features=features,
         gpu_watch=_gpu_watch(f"{where}.gpu_watch", data.get("gpu_watch")),
-        account_list_command=_argv(f"{where}.account.list_command",
-                                   account.get("list_command")),
+        account_list_command=_items(f"{where}.account.list_command",
+                                    account.get("list_command"),
+                                    "command words such as [slist]", _argv_word),
         single_host=_bool(where, data, "single_host", False),
         max_array_size=_array_size(f"{where}.max_array_size", data.get("max_array_size")),
     )
@@ -433,10 +408,8 @@ def _array_size(where: str, value: Any) -> int:
 def _nccl_env(where: str, value: Any) -> dict[str, str]:
     """NAME: value pairs every job exports (`export NAME=...` in the job script)."""
     out = {}
-    for key, item in _mapping(where, value).items():
-        if not isinstance(key, str) or not _ENV_NAME_RE.fullmatch(key):
-            raise ConfigError(f"{where}", f"{shown(key)} is not an environment variable name "
-                              "(letters, digits and _, not starting with a digit)")
+    for key, item in _keyed(where, value, _ENV_NAME_RE, "an environment variable name",
+                            "letters, digits and _, not starting with a digit").items():
         if isinstance(item, (dict, list)) or item is None:
             raise ConfigError(f"{where}.{key}", f"must be a plain value, got {_got(item)}")
         text = str(item).lower() if isinstance(item, bool) else str(item)

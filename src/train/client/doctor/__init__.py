@@ -12,15 +12,6 @@ about a second and flat memory.
 Each cause is one rule (rules.RULES, LogRule for log messages; the Slurm-state and event
 rules in chunks.py). A run with no finding is healthy (exit 0); any finding is exit 1.
 
-The modules, each on the ones before it:
-  evidence   Evidence, Hits (one rule's lines in one file), Finding
-  rules      the log rules (RULES)
-  logread    the log reader: grep -F or the block search, a large log's head and tail
-             (WHOLE_LIMIT, HEAD_BYTES, TAIL_BYTES_SCANNED: set them on logread itself),
-             the end of a log and its last exception
-  launcher   torchrun's ChildFailedError: the failed rank and its own exception
-  fixes      each cause's title and fix (flags from the chain's resources)
-  chunks     the rules over one chunk: Slurm's state, the ending signal, the logs
-  diagnosis  one chain: resolve, diagnose, Report
-  report     the text: format_report; every run at once: overview, format_overview
+The modules, each on the ones before it (each says what it holds): evidence, rules,
+logread, launcher, fixes, chunks, diagnosis, report.
 """

@@ -5,6 +5,7 @@ log's end shown."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +30,9 @@ from train.client.slurm.chainstatus import idle_settings
 _STATE_CAUSES = {"OUT_OF_MEMORY": "host_oom", "TIMEOUT": "walltime",
                  "PREEMPTED": "preempted", "NODE_FAIL": "node_failure",
                  "BOOT_FAIL": "node_failure"}
-# log causes that explain a failure by themselves (the others only add to one)
-_LOG_PRIORITY = [r.cause for r in RULES]
+# the log rules' causes, most decisive first (the group's meeting and Lightning's banner
+# are evidence for other findings, no causes)
+_LOG_PRIORITY = [r.cause for r in RULES if r.cause not in (RENDEZVOUS_DONE, RANK_ZERO_BANNER)]
 
 
 def _exit_code(chunk: Mapping[str, Any]) -> str | None:
@@ -39,8 +41,7 @@ def _exit_code(chunk: Mapping[str, Any]) -> str | None:
 
 
 def _chunk_failed(chunk: Mapping[str, Any], events: Sequence[str]) -> bool:
-    if chunk.get("state") in ("FAILED", "OUT_OF_MEMORY", "TIMEOUT", "NODE_FAIL",
-                              "BOOT_FAIL", "PREEMPTED", "DEADLINE"):
+    if chunk.get("state") in {*_STATE_CAUSES, "FAILED", "DEADLINE"}:
         return True
     return any(e in events for e in (contract.EV_FAILED, contract.EV_TIMEOUT,
                                      contract.EV_NO_PROGRESS))
@@ -88,8 +89,8 @@ def _rendezvous_partial(hits: Hits) -> str:
     return ""
 
 
-def _scan_chunk(logs: Sequence[Path], scan: bool, full: bool = False,
-                notes: list[str] | None = None) -> dict[str, Hits]:
+def _scan_chunk(logs: Sequence[Path], scan: bool, full: bool, notes: list[str]
+                ) -> dict[str, Hits]:
     """The rules' hits over a chunk's logs: each searched (scan; its head and tail only
     when large, unless full: a note says so) or the error log's end."""
     merged: dict[str, Hits] = {}
@@ -97,7 +98,7 @@ def _scan_chunk(logs: Sequence[Path], scan: bool, full: bool = False,
         if scan:
             result = scan_log(log, full=full)
             found = result.hits
-            if not result.whole and notes is not None:
+            if not result.whole:
                 notes.append(f"{log}: searched its first {logread.HEAD_BYTES >> 20} MiB "
                              f"and last {logread.TAIL_BYTES_SCANNED >> 20} MiB, not the "
                              f"{result.skipped_bytes >> 20} MiB between (--full searches "
@@ -118,9 +119,7 @@ def _scan_chunk(logs: Sequence[Path], scan: bool, full: bool = False,
 _ALWAYS = ("nonfinite", "disk_full", "collective_timeout")  # (a GPU OOM may be recovered)
 
 
-_SIGNALS = {4: "SIGILL", 6: "SIGABRT", 7: "SIGBUS", 8: "SIGFPE", 9: "SIGKILL",
-            11: "SIGSEGV", 15: "SIGTERM"}
-_CRASHES = {4, 6, 7, 8, 11}
+_CRASHES = {signal.SIGILL, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGSEGV}
 
 
 def _signal_of(exit_code: str) -> int | None:
@@ -161,8 +160,7 @@ class _Chunk:
 
 
 def _chunk_findings(chain: Chain, c: Mapping[str, Any], logs: Sequence[Path],
-                    scan: bool, full: bool = False, notes: list[str] | None = None
-                    ) -> list[Finding]:
+                    scan: bool, full: bool, notes: list[str]) -> list[Finding]:
     events = list(c.get("events") or [])
     failed = _chunk_failed(c, events)
     ch = _Chunk(chain, c["chunk"], c["job_id"], str(c.get("state") or "UNKNOWN"),
@@ -222,7 +220,8 @@ def _ending_exception(ch: _Chunk, state_cause: str | None, out: list[Finding]
         out.append(ch.finding("teardown_abort", ch.hits.pop("teardown_abort"),
                               f"{ended} died of SIGABRT"))
     elif sig in _CRASHES:
-        out.append(ch.finding("native_crash", detail=f"{ended} died of {_SIGNALS[sig]}"))
+        out.append(ch.finding("native_crash",
+                              detail=f"{ended} died of {signal.Signals(sig).name}"))
     return exc
 
 
@@ -231,18 +230,13 @@ def _add_log_findings(ch: _Chunk, exc: Evidence | None, out: list[Finding]) -> N
     (or python_error where no rule knows it); in a chunk that ended well or still runs
     only those of _ALWAYS. `train: error` only where nothing else was found."""
     lead = scan_lines(Path(exc.file), [(exc.line, exc.text)]) if exc is not None else {}
-    order = [c for c in _LOG_PRIORITY if c in lead] + [
-        c for c in _LOG_PRIORITY if c not in lead]
     if exc is not None and not lead:
         f = ch.finding("python_error", detail=exc.text)
         f.evidence = [exc]
         out.append(f)
-    for cause in order:
-        hits = ch.hits.get(cause)
-        if hits is None and cause in lead:
-            hits = lead[cause]
-        if hits is None or (cause == "train_error" and out) or \
-                cause in (RENDEZVOUS_DONE, RANK_ZERO_BANNER):
+    for cause in sorted(_LOG_PRIORITY, key=lambda c: c not in lead):  # (a stable sort)
+        hits = ch.hits.get(cause) or lead.get(cause)
+        if hits is None or (cause == "train_error" and out):
             continue
         if cause in lead and exc is not None and all(e.line != exc.line for e in
                                                      hits.evidence()):

@@ -134,16 +134,11 @@ def _fix_import_error(chain: Chain, hits: Hits | None) -> str:
             "or give a container (--runtime apptainer --image X.sif)")
 
 
-_FIXES: dict[str, Callable[[Chain, Hits | None], str]] = {
-    "host_oom": _fix_host_oom,
-    "gpu_oom": _fix_gpu_oom,
-    "rendezvous": _fix_rendezvous,
-    "import_error": _fix_import_error,
-}
-_TITLES_FIXES: dict[str, tuple[str, str]] = {
-    "host_oom": ("host out of memory: the kernel's OOM killer ended tasks", ""),
-    "gpu_oom": ("GPU out of memory", ""),
-    "rendezvous": ("the ranks never all met (rendezvous incomplete)", ""),
+# each cause's title and fix: the text, or what makes it from the chain's resources
+_TITLES_FIXES: dict[str, tuple[str, str | Callable[[Chain, Hits | None], str]]] = {
+    "host_oom": ("host out of memory: the kernel's OOM killer ended tasks", _fix_host_oom),
+    "gpu_oom": ("GPU out of memory", _fix_gpu_oom),
+    "rendezvous": ("the ranks never all met (rendezvous incomplete)", _fix_rendezvous),
     "collective_timeout": (
         "a collective operation timed out (one rank stopped answering)",
         "find the rank that fell behind in its log (a DataLoader stall, a rank that "
@@ -193,7 +188,7 @@ _TITLES_FIXES: dict[str, tuple[str, str]] = {
         "the container image could not be opened",
         "build or copy the image to a file system the compute nodes mount (not /tmp), "
         "check its path in --image, and `train doctor --preflight` to try opening it"),
-    "import_error": ("a Python import failed", ""),
+    "import_error": ("a Python import failed", _fix_import_error),
     "disk_full": (
         "the disk or the quota is full",
         "put --out on scratch (the profile's scratch_root), free space or ask for quota; "
@@ -279,7 +274,6 @@ _TITLES_FIXES: dict[str, tuple[str, str]] = {
 def _finding(chain: Chain, cause: str, chunk: int | None, job_id: str | None,
              hits: Hits | None = None, detail: str = "") -> Finding:
     title, fix = _TITLES_FIXES[cause]
-    if cause in _FIXES:
-        fix = _FIXES[cause](chain, hits)
-    return Finding(cause, title, fix, chunk, job_id,
+    text = fix if isinstance(fix, str) else fix(chain, hits)
+    return Finding(cause, title, text, chunk, job_id,
                    hits.evidence() if hits is not None else [], detail)

@@ -21,6 +21,7 @@ from typing import IO
 
 from train.client.doctor.evidence import Evidence, Hits
 from train.client.doctor.rules import _ALL_NEEDLES, _EXCEPTION_RE, RULES, LogRule
+from train.common.jsonio import read_bounded
 
 MAX_LINE = 400  # evidence lines are cut to this many characters
 READ_LINE = 1 << 16  # of a longer line only its first 64 KiB are matched
@@ -68,15 +69,6 @@ def _grep_output(proc: subprocess.Popen[bytes],
     finally:
         proc.kill()
         proc.wait()
-
-
-def _whole_file(number: int, _offset: int) -> tuple[int | None, int | None]:
-    return number, None
-
-
-def _candidate_lines_grep(path: Path, needles: Sequence[str]) -> Iterator[Line]:
-    with _grep(needles, path) as proc:
-        yield from _grep_output(proc, _whole_file)
 
 
 def _feed_all(path: Path, regions: Sequence[tuple[int, int]],
@@ -144,10 +136,11 @@ def _candidate_lines_python(path: Path, needles: Sequence[str],
 
 def candidate_lines(path: Path, needles: Sequence[str] = _ALL_NEEDLES
                     ) -> Iterator[Line]:
-    if shutil.which("grep"):
-        yield from _candidate_lines_grep(path, needles)
-    else:
+    if not shutil.which("grep"):
         yield from _candidate_lines_python(path, needles)
+        return
+    with _grep(needles, path) as proc:
+        yield from _grep_output(proc, _placer(()))
 
 
 def _groups(rules: Sequence[LogRule], count: int) -> list[list[LogRule]]:
@@ -211,11 +204,10 @@ class Scan:
     skipped_bytes: int = 0
 
 
-def scan_log(path: Path, rules: Sequence[LogRule] = RULES, full: bool = False) -> Scan:
-    """Every rule's hits in one log, streamed. Logs over WHOLE_LIMIT are searched in their
-    first HEAD_BYTES and last TAIL_BYTES_SCANNED (what ended a job is at its end, start-up
-    trouble at its start; the middle of a gigabyte log is progress lines) unless `full`.
-    With grep: one grep per CPU (at most two) for a share of the rules."""
+def scan_log(path: Path, full: bool = False) -> Scan:
+    """Every rule's hits in one log, streamed (a large one's head and tail unless `full`:
+    what ended a job is at its end, start-up trouble at its start; the middle of a
+    gigabyte log is progress lines)."""
     try:
         if not path.is_file():
             return Scan({})
@@ -223,36 +215,32 @@ def scan_log(path: Path, rules: Sequence[LogRule] = RULES, full: bool = False) -
     except OSError:
         return Scan({})
     if not shutil.which("grep"):
-        needles = tuple(sorted({n for r in rules for n in r.needles}))
-        return Scan(scan_lines(path, _candidate_lines_python(path, needles), rules))
+        return Scan(scan_lines(path, _candidate_lines_python(path, _ALL_NEEDLES)))
     regions: list[tuple[int, int]] = []
     if size > WHOLE_LIMIT and not full:
         regions = _regions(path, size)
     skipped = regions[1][0] - regions[0][1] if regions else 0
-    return Scan(_grep_scan(path, rules, regions), whole=skipped == 0, skipped_bytes=skipped)
+    return Scan(_grep_scan(path, regions), whole=skipped == 0, skipped_bytes=skipped)
 
 
 def _placer(regions: Sequence[tuple[int, int]]
             ) -> Callable[[int, int], tuple[int | None, int | None]]:
-    """A head line keeps its number, a tail line gets its offset in the file."""
-    if not regions:
-        return _whole_file
-    head_end, tail_start = regions[0][1], regions[1][0]
+    """A head line keeps its number, a tail line gets its offset in the file (no regions:
+    the whole file, every line by its number)."""
 
     def place(number: int, offset: int) -> tuple[int | None, int | None]:
-        if offset < head_end:
+        if not regions or offset < regions[0][1]:
             return number, None
-        return None, tail_start + offset - head_end
+        return None, regions[1][0] + offset - regions[0][1]
 
     return place
 
 
-def _grep_scan(path: Path, rules: Sequence[LogRule],
-               regions: Sequence[tuple[int, int]]) -> dict[str, Hits]:
+def _grep_scan(path: Path, regions: Sequence[tuple[int, int]]) -> dict[str, Hits]:
     """The rules' hits from one grep per CPU (at most two), each for a share of the rules,
     in threads; a failure in a thread is raised here."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-    groups = _groups(rules, min(2, cpus))
+    groups = _groups(RULES, min(2, cpus))
     procs = [_grep(sorted({n for r in g for n in r.needles}), None if regions else path)
              for g in groups]
     found: list[dict[str, Hits]] = [{} for _ in groups]
@@ -277,19 +265,15 @@ def _grep_scan(path: Path, rules: Sequence[LogRule],
         for t in threads:
             t.join()
     finally:
-        _reap(procs)
+        for p in procs:
+            with contextlib.suppress(OSError):
+                p.kill()
+            p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
     if failures:
         raise failures[0]
     return {cause: hits for part in found for cause, hits in part.items()}
-
-
-def _reap(procs: Iterable[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        with contextlib.suppress(OSError):
-            p.kill()
-        p.wait()
-        if p.stdout is not None:
-            p.stdout.close()
 
 
 def scan_lines(path: Path, lines: Iterable[tuple[int | None, str] | Line],
@@ -323,16 +307,9 @@ def _excerpt(line: str, at: int) -> str:
 def read_tail(path: Path, size: int = TAIL_BYTES) -> list[tuple[int | None, str]]:
     """The last lines of a file (at most `size` bytes); line numbers only where the whole
     file was read (counting them would read it all)."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            length = fh.tell()
-            fh.seek(max(0, length - size))
-            data = fh.read(size)
-    except OSError:
-        return []
-    lines = data.decode("utf-8", "replace").splitlines()
-    if length > size:
+    data = read_bounded(path, size + 1, tail=True) or b""  # (one more byte: was it cut?)
+    lines = data[-size:].decode("utf-8", "replace").splitlines()
+    if len(data) > size:
         return [(None, line) for line in lines[1:]]  # the first one is cut
     return [(i + 1, line) for i, line in enumerate(lines)]
 

@@ -30,7 +30,6 @@ def format_report(report: Report) -> list[str]:
     lines += [f"  note: {n}" for n in report.notes]
     if report.healthy:
         lines.append("  no problem found")
-        return [clean(line) for line in lines]
     for f in report.findings:
         where = f"chunk {f.chunk}, job {f.job_id}: " if f.chunk is not None else ""
         lines.append(f"cause: {where}{f.title} [{f.cause}]")

@@ -164,7 +164,6 @@ RULES: tuple[LogRule, ...] = (
             "distributed processes registered. Starting with W processes'; torch elastic "
             "agent: '[default] Rendezvous complete for workers. Result: ...'"),
 )
-RULES_BY_CAUSE = {r.cause: r for r in RULES}
 _ALL_NEEDLES = tuple(sorted({n for r in RULES for n in r.needles}))
 _MEMBER_RE = re.compile(r"GLOBAL_RANK: (\d+), MEMBER: (\d+)/(\d+)")
 _JOINED_RE = re.compile(r"(\d+)/(\d+) clients joined")

@@ -43,6 +43,21 @@ def listed_accounts(text: str) -> set[str]:
             *(line.strip() for line in text.lower().splitlines() if line.strip())}
 
 
+def _output(argv: list[str], label: str, environ: Mapping[str, str], run: Runner,
+            notes: list[str]) -> str | None:
+    """What a command found on PATH prints; None where it is not there or fails (why is
+    added to `notes`)."""
+    binary = _which(argv[0], environ)
+    if binary is None:
+        notes.append(f"{label} is not on PATH")
+        return None
+    code, out, err = _run(run, [binary, *argv[1:]], _ACCOUNTS_TIMEOUT)
+    if code != 0:
+        notes.append(f"{label} failed (exit {code}): {_tail(err or out, 1, 160)}")
+        return None
+    return out
+
+
 def _check_account(profile: Profile, account: str | None, environ: Mapping[str, str],
                    run: Runner) -> Check:
     hint = f" ({profile.account_hint})" if profile.account_hint else ""
@@ -53,34 +68,19 @@ def _check_account(profile: Profile, account: str | None, environ: Mapping[str, 
                          "--account ACCOUNT")
         return Check(ACCOUNT, None, f"no account given ({profile.name} does not require one)")
     notes: list[str] = []
-    not_listed: str | None = None
     command = profile.account_list_command
-    if command:
-        binary = _which(command[0], environ)
-        label = " ".join(command)
-        if binary is None:
-            notes.append(f"`{label}` is not on PATH")
-        else:
-            code, out, err = _run(run, [binary, *command[1:]], _ACCOUNTS_TIMEOUT)
-            if code != 0:
-                notes.append(f"`{label}` failed (exit {code}): {_tail(err or out, 1, 160)}")
-            elif account.lower() in listed_accounts(out):
-                return Check(ACCOUNT, True, f"{account} is listed by `{label}`")
-            else:
-                not_listed = f"`{label}` does not list {account}"
+    label = f"`{' '.join(command)}`"
+    listed = _output(list(command), label, environ, run, notes) if command else None
+    if listed is not None and account.lower() in listed_accounts(listed):
+        return Check(ACCOUNT, True, f"{account} is listed by {label}")
+    not_listed = f"{label} does not list {account}" if listed is not None else None
     user = _user(environ)
-    sacctmgr = _which("sacctmgr", environ)
     if user is None:
         notes.append("the user name is unknown (no USER)")
-    elif sacctmgr is None:
-        notes.append("sacctmgr is not on PATH")
-    else:
-        code, out, err = _run(run, [sacctmgr, "-nP", "show", "assoc", f"user={user}",
-                                    "format=account"], _ACCOUNTS_TIMEOUT)
+    elif (out := _output(["sacctmgr", "-nP", "show", "assoc", f"user={user}",
+                          "format=account"], "sacctmgr", environ, run, notes)) is not None:
         accounts = sorted(set(_first_fields(out)))  # -nP: one account a line
-        if code != 0:
-            notes.append(f"sacctmgr failed (exit {code}): {_tail(err or out, 1, 160)}")
-        elif not accounts:
+        if not accounts:
             notes.append(f"sacctmgr lists no associations for {user}")
         elif account.lower() in accounts:
             also = f" ({not_listed})" if not_listed else ""

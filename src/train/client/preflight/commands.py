@@ -1,6 +1,7 @@
-"""How preflight runs outside commands: with a timeout, in a process group of its own that
-is killed whole on a timeout (`run_command`), found on the caller's PATH (`_which`), their
-failures turned into exit codes and short text (`_run`, `_tail`)."""
+"""How preflight runs outside commands: with a timeout (`train.common._proc.run`: a session
+of its own, killed whole on a timeout, as a script's `sleep` child would hold its output
+open), found on the caller's PATH (`_which`), their failures turned into exit codes and
+short text (`_run`, `_tail`)."""
 
 from __future__ import annotations
 
@@ -17,13 +18,6 @@ class Runner(Protocol):  # tests pass scripted ones
 
     def __call__(self, argv: Sequence[str], *, timeout: float = ...,
                  check: bool = ...) -> subprocess.CompletedProcess[str]: ...
-
-
-def run_command(argv: Sequence[str], *, timeout: float = 60.0,
-                check: bool = True) -> subprocess.CompletedProcess[str]:
-    """`train.common._proc.run` (a session of its own, killed whole on a timeout: a script's
-    `sleep` child would hold its output open), for commands that may hang."""
-    return _proc.run(argv, timeout=timeout, check=check)
 
 
 def _which(name: str, environ: Mapping[str, str]) -> str | None:

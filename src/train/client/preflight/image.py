@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from train.client.clusters.schema import Profile
-from train.client.preflight.commands import Runner, _run, _tail, run_command
+from train.client.preflight.commands import Runner, _run, _tail
 from train.client.preflight.result import IMAGE, RUNTIME, Check
 from train.client.preflight.storage import Mount, _storage
+from train.common import _proc
+from train.images.localbase import SIF_MAGIC
 
 _INSPECT_TIMEOUT = 120.0  # a SIF without its metadata descriptor is inspected by running it
-_SIF_MAGIC = b"SIF_MAGIC"  # sylabs/sif: after the 32-byte launch line
 _SQUASHFS_MAGIC = (b"hsqs", b"sqsh")  # Singularity 2.x images: a bare squashfs
 _SIF_HEADER = 128  # sylabs/sif's global header; its last 32 bytes: where the descriptors
 # and the data objects lie (offset and length each, little-endian int64)
@@ -61,12 +62,12 @@ def _check_image(chosen: str, image: str | None, binary: str | None, profile: Pr
 
 def check_image_file(path: Path, profile: Profile, mounts: list[Mount]) -> Check:
     """The image file as `train submit` sees it, without running apptainer."""
-    return _check_sif(path, None, profile, mounts, run_command, strict=True)[0]
+    return _check_sif(path, None, profile, mounts, _proc.run, strict=True)[0]
 
 
 def open_image(path: Path, binary: str, profile: Profile) -> tuple[Check, ImageFacts | None]:
     """The image file opened with `apptainer inspect`, for `train submit`."""
-    return _check_sif(path, binary, profile, [], run_command, strict=True)
+    return _check_sif(path, binary, profile, [], _proc.run, strict=True)
 
 
 def image_facts(path: Path, binary: str, profile: Profile) -> ImageFacts | None:
@@ -80,7 +81,7 @@ def image_facts(path: Path, binary: str, profile: Profile) -> ImageFacts | None:
         if not isinstance(labels, dict):
             return None
         return ImageFacts({str(k): str(v) for k, v in labels.items()})
-    return _check_sif(path, binary, profile, [], run_command)[1]
+    return _check_sif(path, binary, profile, [], _proc.run)[1]
 
 
 def _check_sif(path: Path, binary: str | None, profile: Profile, mounts: list[Mount],
@@ -178,12 +179,12 @@ def _file_header(path: Path, size: int, strict: bool, build: str) -> tuple[Check
         return Check(IMAGE, False, f"{path} cannot be read: {exc.strerror or exc}",
                      build), ""
     again = "copy or build it again (" + build + ")"
-    if head[32:41] != _SIF_MAGIC and head[:4] not in _SQUASHFS_MAGIC \
+    if head[32:41] != SIF_MAGIC and head[:4] not in _SQUASHFS_MAGIC \
             and (strict or path.suffix == ".sif"):
         return Check(IMAGE, False, f"{path} is not a SIF image (no SIF header: "
                      f"{len(head)} bytes read; an incomplete copy, or another file)",
                      again), ""
-    if head[32:41] != _SIF_MAGIC:
+    if head[32:41] != SIF_MAGIC:
         return None, "a file"
     short = _cut_short(head, size)
     if short is not None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,11 +52,7 @@ def _check_runs_root(root: Path, profile: Profile, mounts: Sequence[Mount]) -> C
             pass
         except OSError as exc:
             return _unreachable(path, existing, exc, elsewhere)
-        try:
-            link = stat.S_ISLNK(os.lstat(existing).st_mode)
-        except OSError:
-            link = False
-        if link:
+        if os.path.islink(existing):
             try:
                 target = os.readlink(existing)
             except OSError:

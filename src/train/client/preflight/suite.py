@@ -8,13 +8,14 @@ from pathlib import Path
 
 from train.client.clusters.schema import NodeType, Profile
 from train.client.preflight.account import _ACCOUNT_RE, _check_account
-from train.client.preflight.commands import Runner, run_command
+from train.client.preflight.commands import Runner
 from train.client.preflight.container import RUNTIMES, _check_runtime, _pick_runtime
 from train.client.preflight.gpu import _check_cuda, check_arch
 from train.client.preflight.image import _check_image
 from train.client.preflight.result import Check
 from train.client.preflight.runs_root import _check_runs_root
 from train.client.preflight.storage import MOUNTS, read_mounts
+from train.common import _proc
 from train.common.errors import ConfigError
 from train.common.yamlio import shown
 
@@ -22,7 +23,7 @@ from train.common.yamlio import shown
 def run_preflight(profile: Profile, *, image: str | Path | None, account: str | None,
                   runs_root: Path, partition_or_constraint: str | None,
                   runtime: str = "auto", environ: Mapping[str, str] | None = None,
-                  run: Runner = run_command, mounts: Path = MOUNTS,
+                  run: Runner = _proc.run, mounts: Path = MOUNTS,
                   python: str = "python3") -> list[Check]:
     """The checks for jobs of `profile`, in order. `python`: the interpreter jobs run in an
     image not of ours; `partition_or_constraint`: the job's partition (or constraint,
@@ -31,9 +32,7 @@ def run_preflight(profile: Profile, *, image: str | Path | None, account: str | 
     if runtime not in RUNTIMES:
         raise ConfigError("runtime", f"must be one of {', '.join(RUNTIMES)}; got "
                           f"{shown(runtime)}")
-    image_text = None if image is None else str(image)
-    if image_text is not None:
-        _plain_path("image", image_text)
+    image_text = None if image is None else _plain_path("image", str(image))
     runs_text = _plain_path("runs", str(runs_root))
     if account is not None and not _ACCOUNT_RE.fullmatch(account):
         raise ConfigError("account", f"{shown(account)} is not an account name (letters, "
