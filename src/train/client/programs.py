@@ -46,19 +46,24 @@ def script_of(command: Sequence[str], folder: str | os.PathLike[str] | None = No
     return None
 
 
+def script_text(command: Sequence[str], folder: str | os.PathLike[str] | None = None
+                ) -> bytes:
+    """The start (SCRIPT_LIMIT) of the command's script; empty where it cannot be read."""
+    path = script_of(command, folder)
+    if path is None:
+        return b""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(SCRIPT_LIMIT)
+    except OSError:
+        return b""
+
+
 def imports_lightning(command: Sequence[str], folder: str | os.PathLike[str] | None = None
                       ) -> bool:
     """Whether the command's script imports Lightning (`lightning` or
     `pytorch_lightning`) at the start of a line."""
-    path = script_of(command, folder)
-    if path is None:
-        return False
-    try:
-        with open(path, "rb") as fh:
-            text = fh.read(SCRIPT_LIMIT)
-    except OSError:
-        return False
-    return _LIGHTNING.search(text) is not None
+    return _LIGHTNING.search(script_text(command, folder)) is not None
 
 
 def hpc_checkpoints(folder: str | os.PathLike[str]) -> list[str]:

@@ -25,7 +25,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from train.client.programs import SCRIPT_LIMIT, script_of
+from train.client.programs import script_text
 from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.resumeargs import EXAMPLE, MARKER, NEWEST, OPEN, TEXT, patterns, pieces
 from train.common.errors import ConfigError
@@ -193,18 +193,6 @@ def check_save_paths(save_path: Sequence[str], chdir: str | None) -> None:
                               "it, where the task's program saves")
 
 
-def _mentions(command: Sequence[str], folder: str | None, word: bytes) -> bool:
-    """Whether the command's script (where the login node can read it) holds `word`."""
-    path = script_of(command, folder)
-    if path is None:
-        return False
-    try:
-        with open(path, "rb") as fh:
-            return word in fh.read(SCRIPT_LIMIT)
-    except OSError:
-        return False
-
-
 def _shared_outputs(command: Sequence[str]) -> list[str]:
     """The output options of the command whose value names no task's own folder."""
     out = []
@@ -225,8 +213,8 @@ def sweep_notes(command: Sequence[str], resume_args: str | None,
     every task shares, and tasks that all run in one folder with nothing of their own."""
     notes = []
     if not any(TASK_DIR in w for w in [*command, resume_args or ""]) and \
-            not _MARKER.search(folder or "") and not _mentions(command, folder,
-                                                                b"TRAIN_RUN_DIR"):
+            not _MARKER.search(folder or "") and \
+            b"TRAIN_RUN_DIR" not in script_text(command, folder):
         where = os.path.abspath(folder or ".")
         notes.append(f"the tasks of this sweep all run in {where} (and no {{task_dir}} or "
                      "TRAIN_RUN_DIR gives them a folder of their own): a program that saves "
@@ -236,7 +224,7 @@ def sweep_notes(command: Sequence[str], resume_args: str | None,
     words = [*command, resume_args or ""]
     if not any(m in w for w in words for m in (VALUE, INDEX)) and not \
             any("TRAIN_SWEEP_" in w for w in words) and \
-            not _mentions(command, folder, b"TRAIN_SWEEP_"):
+            b"TRAIN_SWEEP_" not in script_text(command, folder):
         # {task_dir} alone makes the commands differ, not what they train
         alike = ("the tasks' commands differ only in {task_dir}, so each trains the same "
                  "thing" if any(TASK_DIR in w for w in words)

@@ -258,11 +258,10 @@ def summarize_metrics(root: Path, states: dict[str, str] | None = None,
                       left_out: list[str] | None = None) -> tuple[list[str], list[str]]:
     """A command sweep's table of final metrics (every task), and notes; `left_out`
     gets a line naming each entry of the sweep's record that is not a task."""
-    from train.client.slurm.sweep import load_record, read_tasks
+    from train.client.slurm.sweep import load_record, read_tasks, record_flag
     from train.client.slurm.sweepsummary import file_state
 
-    flag = load_record(root).get("flag")
-    flag = flag if isinstance(flag, str) and flag else "seeds"  # a damaged record: not "7"
+    flag = record_flag(load_record(root))
     found, bad = read_tasks(root)
     if left_out is not None:
         left_out += bad
