@@ -9,10 +9,10 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from train.batch.contract import GPU_WATCH_DIR
 from train.common.gpuwatch_file import (
@@ -32,6 +32,7 @@ __all__ = ["SUMMARY_MAX_BYTES", "IdleFinding", "Record", "idle_findings", "node_
 
 # what `summary` reads of a file at most (its tail): about 20 days of 8 GPUs every 30 s
 SUMMARY_MAX_BYTES = 16 * MIB
+T = TypeVar("T")
 # a START_MARK line, the sampler run's start in unix seconds
 _START_RE = re.compile(r"# sampler started at (\d{1,11}(?:\.\d+)?)\s*$")
 
@@ -132,21 +133,23 @@ def node_files(run_dir: Path | str) -> list[Path]:
         return []
 
 
+def _per_node(run_dir: Path | str, read: Callable[[Path], T]) -> Iterator[tuple[Path, T]]:
+    """What `read` makes of each node's file; a file it cannot read is left out."""
+    for path in node_files(run_dir):
+        try:
+            yield path, read(path)
+        except (OSError, ValueError, ArithmeticError):
+            continue
+
+
 def summary(run_dir: Path | str, threshold: float = DEFAULT_IDLE_THRESHOLD,
             minutes: float = DEFAULT_IDLE_MINUTES, max_bytes: int = SUMMARY_MAX_BYTES
             ) -> dict[str, dict[str, Any]]:
     """Per node (those with a valid line): utilisation over every sample and the latest,
     and whether a GPU is idle now (every sample under `threshold` for `minutes` up to the
     latest; "partial": the file was read from its tail)."""
-    out: dict[str, dict[str, Any]] = {}
-    for path in node_files(run_dir):
-        try:
-            node = _summarise(path, threshold, minutes, max_bytes)
-        except (OSError, ValueError, ArithmeticError):
-            continue
-        if node is not None:
-            out[path.stem] = node
-    return out
+    return {path.stem: node for path, node in _per_node(
+        run_dir, lambda p: _summarise(p, threshold, minutes, max_bytes)) if node is not None}
 
 
 def _summarise(path: Path, threshold: float, minutes: float, max_bytes: int
@@ -232,13 +235,8 @@ def idle_findings(run_dir: Path | str, threshold: float, minutes: float,
     """Every run of samples of one GPU all under `threshold` spanning at least `minutes`
     within one sampler run, with the file and line numbers (from the file's start) as
     evidence; by node, GPU and start."""
-    found: list[IdleFinding] = []
-    for path in node_files(run_dir):
-        try:
-            found += _findings(path, threshold, minutes, max_bytes)
-        except (OSError, ValueError, ArithmeticError):
-            continue
-    return sorted(found, key=lambda f: (f.node, f.gpu, f.start))
+    found = _per_node(run_dir, lambda p: _findings(p, threshold, minutes, max_bytes))
+    return sorted((f for _, each in found for f in each), key=lambda f: (f.node, f.gpu, f.start))
 
 
 @dataclass

@@ -18,7 +18,6 @@ from train.client.slurm.jobspec import DEFAULT_PYTHON
 SCRIPT_LIMIT = 4 * 2**20  # a script is read up to this size
 _LIGHTNING = re.compile(rb"^[ \t]*(?:import|from)[ \t]+(?:lightning|pytorch_lightning)\b",
                         re.MULTILINE)
-HPC_CHECKPOINTS = "hpc_ckpt_*.ckpt"
 
 
 def script_of(command: Sequence[str], folder: str | os.PathLike[str] | None = None
@@ -66,14 +65,6 @@ def imports_lightning(command: Sequence[str], folder: str | os.PathLike[str] | N
     return _LIGHTNING.search(script_text(command, folder)) is not None
 
 
-def hpc_checkpoints(folder: str | os.PathLike[str]) -> list[str]:
-    """Lightning's SLURM checkpoints (hpc_ckpt_N.ckpt) in the folder, sorted."""
-    try:
-        return sorted(p.name for p in Path(folder).glob(HPC_CHECKPOINTS))
-    except OSError:
-        return []
-
-
 def submit_notes(entry: str, command: Sequence[str], launch: str, run_dir: str,
                  folder: str | os.PathLike[str] | None = None) -> list[str]:
     """Warnings for `train submit` about a command job's program (nothing is refused)."""
@@ -81,7 +72,10 @@ def submit_notes(entry: str, command: Sequence[str], launch: str, run_dir: str,
         return []
     notes = []
     base = Path(folder) if folder is not None else Path.cwd()
-    found = hpc_checkpoints(base)
+    try:  # Lightning's SLURM checkpoints
+        found = sorted(p.name for p in base.glob("hpc_ckpt_*.ckpt"))
+    except OSError:
+        found = []
     if found and Path(os.path.abspath(run_dir)) != Path(os.path.abspath(base)):
         shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
         notes.append(f"{base} holds Lightning checkpoints of another run ({shown}): this "

@@ -44,11 +44,8 @@ def choose_node(spec: JobSpec, profile: Profile) -> tuple[NodeType, str | None]:
             gpu_types=tuple(t for n in nodes for t in n.gpu_types),
             cpus_per_node=min(n.cpus_per_node for n in nodes),
             mem_mb=min(n.mem_mb for n in nodes),
-            max_minutes=min((n.max_minutes for n in nodes if n.max_minutes is not None),
-                            default=None),
-            max_nodes=min((n.max_nodes for n in nodes if n.max_nodes is not None),
-                          default=None),
-            max_gpus=min((n.max_gpus for n in nodes if n.max_gpus is not None), default=None),
+            **{bound: min((getattr(n, bound) for n in nodes if getattr(n, bound) is not None),
+                          default=None) for bound in ("max_minutes", "max_nodes", "max_gpus")},
             cpu_jobs=all(n.cpu_jobs for n in nodes),
             multi_node_whole=any(n.multi_node_whole for n in nodes),
         )
@@ -123,7 +120,6 @@ def _gpu_type_request(spec: JobSpec, profile: Profile, node: NodeType,
                           f"feature onto alternatives; give one alternative, or features "
                           f"joined with '&'")
     return f"{constraint}&{feature}", None
-
 
 
 def constraint_request(spec: JobSpec, profile: Profile, node: NodeType,

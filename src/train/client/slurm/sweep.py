@@ -164,7 +164,7 @@ def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
         raise ConfigError(field, f"give the {flag} once: the sweep sets {given} for each "
                           f"task (remove {given} from the workload)")
     if spec.entry == "command":
-        check_command(spec.workload, "workload")
+        check_command(spec.workload)
         check_resume(spec.workload, spec.resume_args)
         check_save_paths(spec.save_path, spec.chdir)
     check_unmarked(spec.env, spec.bind, None if spec.entry == "command" else spec.chdir)
@@ -184,8 +184,7 @@ def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
             if seed is None:
                 seed = _train_seed(spec.workload)
         else:  # a command: its {value}, {index} and {task_dir} (train.client.slurm.sweepargs)
-            changes.update(task_changes(spec.workload, spec.resume_args, spec.save_path,
-                                        spec.chdir, index, value, str(root / where)))
+            changes.update(task_changes(spec, index, value, str(root / where)))
         out.append((SweepTask(index, value, seed, where), dataclasses.replace(spec, **changes)))
     return root, out
 

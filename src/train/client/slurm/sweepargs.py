@@ -8,12 +8,7 @@ by a shell. The tasks run in the folder the command was submitted from (or --chd
 the program finds its files where it would alone; `{task_dir}` is where each task writes
 its own outputs (e.g. `--output_dir {task_dir}`), and `--chdir {task_dir}` runs each task
 in its own folder (a program that saves where it runs: made before the task starts).
-
-What goes wrong without them is said at render and submit: a `$TRAIN_SWEEP_VALUE` among
-the arguments reaches the program as those letters (refused), a --save-path every task
-would share (refused: each would resume from another's saves), a sweep whose tasks all run
-the same arguments, an output folder every task would share and tasks that all run in one
-folder (warnings).
+What goes wrong without them is refused (check_*) or warned of (sweep_notes) at submit.
 """
 
 from __future__ import annotations
@@ -98,12 +93,9 @@ def _into_glob(word: str, marker: str, task: dict[str, str] | None) -> str:
 
 def placed(workload: Sequence[str], resume_args: str | None, save_path: Sequence[str],
            task: dict[str, str] | None = None) -> dict[str, Any]:
-    """The job spec's changes with every placeholder put in: for a task of a command's
-    sweep ({"value": ..., "index": ..., "task_dir": ...}) its markers replaced as plain
-    text, one argument staying one argument (--resume-args is split first, as a shell
-    would, then each word replaced); without a task any marker, and anywhere a
-    {newest:GLOB} outside --resume-args, refused; escaped placeholders become their
-    letters."""
+    """The job spec's changes with every placeholder put in: a task's markers (`task`:
+    value, index, task_dir) as plain text, one argument staying one argument (--resume-args
+    is split as a shell would first); escaped placeholders become their letters."""
     changes: dict[str, Any] = {
         "workload": tuple(_placed(a, "workload", task) for a in workload),
         "save_path": tuple(_placed(p, "save_path", task) for p in save_path)}
@@ -114,14 +106,12 @@ def placed(workload: Sequence[str], resume_args: str | None, save_path: Sequence
     return changes
 
 
-def task_changes(workload: Sequence[str], resume_args: str | None,
-                 save_path: Sequence[str], chdir: str | None, index: int, value: str,
-                 task_dir: str) -> dict[str, Any]:
+def task_changes(spec: JobSpec, index: int, value: str, task_dir: str) -> dict[str, Any]:
     """The job spec's changes for one task of a command sweep: each marker replaced
     (--chdir {task_dir}: each task runs in its own folder)."""
     task = {"value": value, "index": str(index), "task_dir": task_dir}
-    changes = placed(workload, resume_args, save_path, task)
-    changes["chdir"] = None if chdir is None else _placed(chdir, "chdir", task)
+    changes = placed(spec.workload, spec.resume_args, spec.save_path, task)
+    changes["chdir"] = None if spec.chdir is None else _placed(spec.chdir, "chdir", task)
     return changes
 
 
@@ -140,24 +130,18 @@ def check_resume(command: Sequence[str], resume_args: str | None) -> None:
                               f"{OPEN}{fix}}} (with {TASK_DIR} where the task saves)")
 
 
-def _run_by_shell(command: Sequence[str]) -> bool:
-    """`bash -c '...'` (or sh, zsh, ...): a shell that expands what it is given."""
-    return bool(command) and _SHELLS.fullmatch(os.path.basename(command[0])) is not None \
-        and "-c" in command[1:]
-
-
-def check_command(command: Sequence[str], field: str) -> None:
+def check_command(command: Sequence[str]) -> None:
     """Refuse `$TRAIN_SWEEP_VALUE` (or the index, or TRAIN_RUN_DIR) written into an
     argument of a program no shell starts: no shell expands it, the program gets the
     letters."""
-    if _run_by_shell(command):
-        return
+    if command and _SHELLS.fullmatch(os.path.basename(command[0])) and "-c" in command[1:]:
+        return  # `bash -c '...'` (or sh, zsh, ...): a shell expands what it is given
     for arg in command:
         found = _SHELL_VARIABLE.search(arg)
         if found is None:
             continue
         marker = {"SWEEP_VALUE": VALUE, "SWEEP_INDEX": INDEX}.get(found.group(2), TASK_DIR)
-        raise ConfigError(field, f"{arg!r} reaches the program as written (no shell expands "
+        raise ConfigError("workload", f"{arg!r} reaches the program as written (no shell expands "
                           f"the command's arguments): write {marker} where the task's "
                           f"{found.group(2).lower().replace('_', ' ')} goes, e.g. "
                           f"{arg.replace(found.group(0), marker)!r}; each task gets its "
