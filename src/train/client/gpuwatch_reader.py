@@ -85,9 +85,7 @@ def _count_lines(f: IO[bytes], end: int) -> int:  # read in chunks, never whole
 
 def read_records(path: Path, max_bytes: int | None = None,
                  count_skipped: bool = True) -> Iterator[Record]:
-    """The file's valid records, streamed; with max_bytes only its tail (from the first
-    whole line of the last max_bytes), line numbers still counted from the file's start
-    unless count_skipped is False (then they count from the tail's start)."""
+    """The file's valid records, streamed (read_items without the START_MARKs)."""
     for item in read_items(path, max_bytes, count_skipped):
         if isinstance(item, Record):
             yield item
@@ -95,8 +93,10 @@ def read_records(path: Path, max_bytes: int | None = None,
 
 def read_items(path: Path, max_bytes: int | None = None,
                count_skipped: bool = True) -> Iterator[Record | float]:
-    """read_records, with each sampler's START_MARK as its start time (a float) where it
-    stands in the file."""
+    """The file's valid records and each sampler's START_MARK as its start time (a float),
+    streamed; with max_bytes only its tail (from the first whole line of the last
+    max_bytes), line numbers still counted from the file's start unless count_skipped is
+    False (then they count from the tail's start)."""
     with path.open("rb") as f:
         size = f.seek(0, os.SEEK_END)
         start, line = 0, 0

@@ -1,9 +1,8 @@
 """What the login node can tell about a user's program before submitting it (`--entry
-command`): whether its script imports Lightning (which wants one task per GPU from Slurm)
-and whether the folder it runs in holds another run's Lightning checkpoints.
-
-Only files the login node can read are looked at (the script named in the command, a
-`python -m` module under the folder); anything else is left to the node.
+command`): whether its script imports Lightning (which wants one task per GPU from Slurm),
+whether its folder holds another run's Lightning checkpoints, and what a program given in
+place of a workload (or misspelt) was meant as. Only files the login node can read are
+looked at; anything else is left to the node.
 """
 
 from __future__ import annotations
@@ -22,9 +21,8 @@ _LIGHTNING = re.compile(rb"^[ \t]*(?:import|from)[ \t]+(?:lightning|pytorch_ligh
 
 def script_of(command: Sequence[str], folder: str | os.PathLike[str] | None = None
               ) -> Path | None:
-    """The Python file the command runs, where the login node can read it: the first
-    argument that names a `.py` file, or the module of `-m MODULE`, taken from `folder`
-    (default: the current one)."""
+    """The Python file the command runs (the first `.py` argument, or `-m MODULE`'s) under
+    `folder` (default: the current one), where the login node can read it."""
     base = Path(folder) if folder is not None else Path.cwd()
     args = list(command)
     for i, arg in enumerate(args):

@@ -1,13 +1,10 @@
-"""Seed sweeps: one chain per seed, submitted together, running in parallel.
+"""Sweeps: one chain per task (a seed of --sweep-seeds, a value of --sweep), submitted
+together as one job array (train.client.slurm.sweeparray), running in parallel.
 
 `train submit --sweep-seeds "4 6 8" -- demo ...` makes runs/NAME a sweep: its record
-(`sweep.json`) and one chain directory per seed (`seed-4/`, ...), each an ordinary chain
-(`train run ... --seeds 4`) with its own chunks. They share the results CSV beside them
-(runs/NAME/results.csv, one row per finished seed). `train status NAME` shows the sweep
-and each chain; `train summary NAME` prints a table of the seeds (episodes, final
-evaluation, state; mean +- std of the final evaluations) and writes the curves' mean and
-spread across seeds.
-Nothing here needs the training runtime: the plot is drawn where matplotlib is installed.
+(`sweep.json`) and one ordinary chain folder per task (`seed-4/`, `task-0/`, ...); a
+`train run` sweep's tasks share the results CSV beside them. `train status NAME` shows the
+sweep and each chain, `train summary NAME` a table of the tasks (sweepsummary, sweepmetrics).
 """
 
 from __future__ import annotations

@@ -196,8 +196,9 @@ def sweep_notes(command: Sequence[str], resume_args: str | None,
     """Warnings for a command sweep: tasks that all run the same arguments, output folders
     every task shares, and tasks that all run in one folder with nothing of their own."""
     notes = []
-    if not any(TASK_DIR in w for w in [*command, resume_args or ""]) and \
-            not _MARKER.search(folder or "") and \
+    words = [*command, resume_args or ""]
+    own_folders = any(TASK_DIR in w for w in words)
+    if not own_folders and not _MARKER.search(folder or "") and \
             b"TRAIN_RUN_DIR" not in script_text(command, folder):
         where = os.path.abspath(folder or ".")
         notes.append(f"the tasks of this sweep all run in {where} (and no {{task_dir}} or "
@@ -205,14 +206,11 @@ def sweep_notes(command: Sequence[str], resume_args: str | None,
                      "where it runs (a snapshot.pt, checkpoints/) would resume from "
                      "another task's saves. --chdir {task_dir} runs each task in its own "
                      "folder")
-    words = [*command, resume_args or ""]
-    if not any(m in w for w in words for m in (VALUE, INDEX)) and not \
-            any("TRAIN_SWEEP_" in w for w in words) and \
+    if not any(m in w for w in words for m in (VALUE, INDEX, "TRAIN_SWEEP_")) and \
             b"TRAIN_SWEEP_" not in script_text(command, folder):
         # {task_dir} alone makes the commands differ, not what they train
         alike = ("the tasks' commands differ only in {task_dir}, so each trains the same "
-                 "thing" if any(TASK_DIR in w for w in words)
-                 else "every task runs the same command")
+                 "thing" if own_folders else "every task runs the same command")
         notes.append("no task of this sweep gets its own value (no {value} or {index} "
                      "among its arguments, and no TRAIN_SWEEP_VALUE in its script): "
                      f"{alike}; write {{value}} where the task's value goes, e.g. -- python "
