@@ -42,9 +42,7 @@ class Record:
     line: int  # 1-based line number in the file
     time: float
     gpu: int
-    util: float
-    mem_used: int
-    mem_total: int
+    util: float  # (the memory columns are checked, never used)
 
 
 def parse_line(text: str, line: int) -> Record | None:
@@ -60,7 +58,7 @@ def parse_line(text: str, line: int) -> Record | None:
     if not (0 < t < MAX_TIME and 0 <= util <= 100 and 0 <= gpu <= MAX_GPU_INDEX
             and 0 <= used < MAX_MIB and 0 <= total < MAX_MIB):
         return None  # NaN fails every comparison
-    return Record(line, t, gpu, util, used, total)
+    return Record(line, t, gpu, util)
 
 
 def _stamp(t: float, fmt: str) -> str:
