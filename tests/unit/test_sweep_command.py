@@ -227,7 +227,8 @@ def test_an_array_task_removes_the_empty_log_files_slurm_opened_for_it(
                            f"{export}; printf %s \"${contract.ARRAY_LOG_VAR}\""],
                           capture_output=True, text=True, check=True, timeout=60).stdout
     ending = ("import sys; from train.batch.chunk import Chunk; "
-              "Chunk({'run_dir': sys.argv[1], 'max_chunks': 1}, 's', 1, None, []).cleanup()")
+              "Chunk({'run_dir': sys.argv[1], 'max_chunks': 1, 'walltime_seconds': 60}, 's', 1, "
+              "None, []).cleanup()")
     env = {**os.environ, contract.ARRAY_LOG_VAR: base, "SLURM_ARRAY_JOB_ID": "7"}
     subprocess.run([sys.executable, "-c", ending, str(root)], check=True, timeout=60, env=env)
     assert sorted(p.name for p in logs.iterdir()) == ["sw-7_0.out", "sw-7_1.err"]

@@ -1,13 +1,9 @@
-"""Argv prefixes for the container runtimes: apptainer, docker, or none (host Python).
-
-The renderer puts this prefix before `python -m train ...` in the job step. Host
-PYTHONPATH, CONDA_* and friends never reach the training process inside a container:
-apptainer runs with --cleanenv and gets exactly the variables listed here (what the
-submitting shell's APPTAINER_* and SINGULARITY_* settings would add is dropped by the
-batch script), with PYTHONNOUSERSITE=1: the bound home's ~/.local site-packages is not
-imported unless the job sets PYTHONNOUSERSITE= (empty); docker gets only what is passed
-with -e. Under Docker, the engine's task wrapper (train.batch.task) ties the container's
-life to the Slurm task's and runs it as the task's user.
+"""Argv prefixes for the container runtimes (apptainer, docker, or none: host Python), put
+before `python -m train ...` in the job step. Host PYTHONPATH, CONDA_* and friends never
+reach a container's process: apptainer runs with --cleanenv (the submitting shell's
+APPTAINER_* and SINGULARITY_* settings are dropped by the batch script), docker gets only
+what is passed with -e. Under Docker, the engine's task wrapper (train.batch.task) ties the
+container's life to the Slurm task's and runs it as the task's user.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""The user's defaults for jobs: cluster, account, runtime, image, binds, env, ...
-
-One YAML file, `~/.config/train/defaults.yaml` (or `$XDG_CONFIG_HOME/train/...`, or the
-file `$TRAIN_DEFAULTS` names), holding job keys as a job YAML does. A job is built from
-the field defaults < this file < the job file < the flags. `train init` writes it.
+"""The user's defaults for jobs (cluster, account, runtime, image, binds, env, ...): one
+YAML file, `~/.config/train/defaults.yaml` (or `$XDG_CONFIG_HOME/train/...`, or the file
+`$TRAIN_DEFAULTS` names), holding job keys as a job YAML does; `train init` writes it. A
+job is built from the field defaults < this file < the job file < the flags.
 """
 
 from __future__ import annotations
@@ -165,12 +164,11 @@ _KEY_LINE = re.compile(r"([A-Za-z_][A-Za-z0-9_-]*)[ \t]*:(?=[ \t\r\n]|$)")
 
 
 def edited(old: str, values: Mapping[str, Any]) -> str:
-    """The defaults file's text `old` with exactly `values` set: a key's lines are
-    replaced where they stand (left as they are where they hold that value already), a
-    key no longer set is removed, a new key is added at the end; comments, commented-out
-    lines and blank lines stay. A file this cannot edit line by line (one that does not
-    load, or a layout that would then load otherwise) is written anew (the caller keeps a
-    copy of the old one)."""
+    """The defaults file's text `old` with exactly `values` set: a key's lines replaced
+    where they stand (unless they hold that value already), a key no longer set removed, a
+    new key added at the end; comments and blank lines stay. A file this cannot edit line
+    by line (one that does not load, or would then load otherwise) is written anew (the
+    caller keeps a copy of the old one)."""
     lines = old.splitlines(keepends=True)
     out: list[str] = []
     done: set[str] = set()

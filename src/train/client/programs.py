@@ -1,9 +1,8 @@
 """What the login node can tell about a user's program before submitting it (`--entry
-command`): whether its script imports Lightning (which wants one task per GPU from Slurm)
-and whether the folder it runs in holds another run's Lightning checkpoints.
-
-Only files the login node can read are looked at (the script named in the command, a
-`python -m` module under the folder); anything else is left to the node.
+command`): whether its script imports Lightning (which wants one task per GPU from Slurm),
+whether its folder holds another run's Lightning checkpoints, and what a program given in
+place of a workload (or misspelt) was meant as. Only files the login node can read are
+looked at; anything else is left to the node.
 """
 
 from __future__ import annotations
@@ -18,14 +17,12 @@ from train.client.slurm.jobspec import DEFAULT_PYTHON
 SCRIPT_LIMIT = 4 * 2**20  # a script is read up to this size
 _LIGHTNING = re.compile(rb"^[ \t]*(?:import|from)[ \t]+(?:lightning|pytorch_lightning)\b",
                         re.MULTILINE)
-HPC_CHECKPOINTS = "hpc_ckpt_*.ckpt"
 
 
 def script_of(command: Sequence[str], folder: str | os.PathLike[str] | None = None
               ) -> Path | None:
-    """The Python file the command runs, where the login node can read it: the first
-    argument that names a `.py` file, or the module of `-m MODULE`, taken from `folder`
-    (default: the current one)."""
+    """The Python file the command runs (the first `.py` argument, or `-m MODULE`'s) under
+    `folder` (default: the current one), where the login node can read it."""
     base = Path(folder) if folder is not None else Path.cwd()
     args = list(command)
     for i, arg in enumerate(args):
@@ -46,27 +43,24 @@ def script_of(command: Sequence[str], folder: str | os.PathLike[str] | None = No
     return None
 
 
+def script_text(command: Sequence[str], folder: str | os.PathLike[str] | None = None
+                ) -> bytes:
+    """The start (SCRIPT_LIMIT) of the command's script; empty where it cannot be read."""
+    path = script_of(command, folder)
+    if path is None:
+        return b""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(SCRIPT_LIMIT)
+    except OSError:
+        return b""
+
+
 def imports_lightning(command: Sequence[str], folder: str | os.PathLike[str] | None = None
                       ) -> bool:
     """Whether the command's script imports Lightning (`lightning` or
     `pytorch_lightning`) at the start of a line."""
-    path = script_of(command, folder)
-    if path is None:
-        return False
-    try:
-        with open(path, "rb") as fh:
-            text = fh.read(SCRIPT_LIMIT)
-    except OSError:
-        return False
-    return _LIGHTNING.search(text) is not None
-
-
-def hpc_checkpoints(folder: str | os.PathLike[str]) -> list[str]:
-    """Lightning's SLURM checkpoints (hpc_ckpt_N.ckpt) in the folder, sorted."""
-    try:
-        return sorted(p.name for p in Path(folder).glob(HPC_CHECKPOINTS))
-    except OSError:
-        return []
+    return _LIGHTNING.search(script_text(command, folder)) is not None
 
 
 def submit_notes(entry: str, command: Sequence[str], launch: str, run_dir: str,
@@ -76,7 +70,10 @@ def submit_notes(entry: str, command: Sequence[str], launch: str, run_dir: str,
         return []
     notes = []
     base = Path(folder) if folder is not None else Path.cwd()
-    found = hpc_checkpoints(base)
+    try:  # Lightning's SLURM checkpoints
+        found = sorted(p.name for p in base.glob("hpc_ckpt_*.ckpt"))
+    except OSError:
+        found = []
     if found and Path(os.path.abspath(run_dir)) != Path(os.path.abspath(base)):
         shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
         notes.append(f"{base} holds Lightning checkpoints of another run ({shown}): this "

@@ -1,8 +1,6 @@
-"""The job's list options item by item: --env, --bind, --sbatch-extra and --srun-extra.
-
-Each item is checked where it is given (the job spec checks every item it holds), so a bad
-one is refused with the field's name before anything is resolved, written or submitted.
-Light: the login node's defaults file reads binds with it.
+"""The job's list options item by item: --env, --bind, --sbatch-extra and --srun-extra,
+each checked where the job spec takes it (a bad one refused with the field's name before
+anything is resolved, written or submitted). Light: the defaults file reads binds with it.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """A job's paths: its run directory, `train run`'s results CSV, and what the container must
-bind to reach them, the job's own binds and NAVSIM's data.
-
-Relative paths are taken from the submit directory, where the job starts; the CSV goes to
-`train run` as an absolute path, so every runtime writes the same file.
+bind to reach them, the job's own binds and NAVSIM's data. Relative paths are taken from
+the submit directory, where the job starts; the CSV goes to `train run` as an absolute
+path, so every runtime writes the same file.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """NAVSIM as a job runs it, on the login node: the presets, the checks of the job's NAVSIM
-options and of its own Hydra overrides, and the data roots NAVSIM reads on the node itself.
-
-The job spec (train.client.slurm.jobspec) holds the NAVSIM options (`--navsim-split`, ...);
-what they mean to NAVSIM lives here, and the spec calls it. NAVSIM's training command, built
-from the resolved job, is train.client.slurm.navsimstep; the node's side of NAVSIM (the
-feature cache each chunk starts with) is train.workloads.navsim; the override names both
-sides use are train.batch.contract's.
+options (the job spec calls them) and of its own Hydra overrides, and the data roots NAVSIM
+reads on the node itself. Its training command is train.client.slurm.navsimstep's; the
+node's side (the feature cache) train.workloads.navsim's.
 """
 
 from __future__ import annotations
@@ -48,10 +44,16 @@ def check_script(script: str) -> None:
 
 def check_overrides(workload: Sequence[str], strategy: str) -> None:
     """The job's own Hydra overrides may not set what the job sets itself: the cache
-    switches, the split and (unless --navsim-strategy none) the strategy."""
-    _check_cache_switches(workload)
+    switches (the node sets them per chunk), the split and (unless --navsim-strategy none)
+    the strategy."""
     for arg in workload:
         key = override_key(arg)
+        if key in NAVSIM_CACHE_SWITCHES:
+            raise ConfigError("workload", f"{arg!r}: the job computes NAVSIM's feature cache "
+                              "once and then trains from it, setting force_cache_computation "
+                              "and use_cache_without_dataset per chunk; give cache_path=DIR "
+                              "for a cache folder of your own (to compute it again, remove "
+                              "the folder and its .train-*.json files beside it)")
         if key == NAVSIM_SPLIT_OVERRIDE:
             raise ConfigError("workload", f"{arg!r}: the job passes the split itself; "
                               "give it with --navsim-split")
@@ -59,17 +61,6 @@ def check_overrides(workload: Sequence[str], strategy: str) -> None:
             raise ConfigError("workload", f"{arg!r}: the job sets the strategy; give "
                               "--navsim-strategy none to leave it to your overrides or "
                               "the script")
-
-
-def _check_cache_switches(args: Sequence[str]) -> None:
-    """The job's own overrides may not set what the node sets per chunk."""
-    for arg in args:
-        if override_key(arg) in NAVSIM_CACHE_SWITCHES:
-            raise ConfigError("workload", f"{arg!r}: the job computes NAVSIM's feature cache "
-                              "once and then trains from it, setting force_cache_computation "
-                              "and use_cache_without_dataset per chunk; give cache_path=DIR "
-                              "for a cache folder of your own (to compute it again, remove "
-                              "the folder and its .train-*.json files beside it)")
 
 
 def node_data_env(data: str) -> dict[str, str]:

@@ -1,10 +1,7 @@
 """NAVSIM's program in the job step, from the resolved job: its training command, with
 Lightning's trainer matching the job (nodes, GPUs, precision, strategy) and the DataLoader's
-workers, run through the node side's feature-cache phase (train.workloads.navsim).
-
-The presets and checks of the job's NAVSIM options are train.client.slurm.navsim (the spec
-calls them, so they sit below it; this module needs the resolved job, above it); the
-override names both sides use are train.batch.contract's.
+workers, run through the node side's feature-cache phase (train.workloads.navsim). Apart
+from train.client.slurm.navsim because it needs the resolved job (the spec needs that one).
 """
 
 from __future__ import annotations
@@ -26,13 +23,6 @@ from train.common.gpus import all_bf16_capable
 CACHE_DIR = "navsim-cache"  # in the run folder, unless the job gives cache_path=
 
 
-def cache_overrides(run_dir: str, workload: Sequence[str]) -> list[str]:
-    """`cache_path=` for NAVSIM's command: the run folder's, unless the job gives one."""
-    if override_value(workload, NAVSIM_CACHE_PATH_OVERRIDE) is not None:
-        return []
-    return [f"{NAVSIM_CACHE_PATH_OVERRIDE}={run_dir}/{CACHE_DIR}"]
-
-
 def step_argv(navsim_command: Sequence[str]) -> list[str]:
     """The step's program: NAVSIM's command (`PYTHON SCRIPT OVERRIDES...`) run by the node
     side's feature-cache phase, with the same Python."""
@@ -50,6 +40,8 @@ def navsim_command(job: ResolvedJob) -> list[str]:
     strategy = [] if spec.navsim_strategy == "none" \
         else [f"{STRATEGY_OVERRIDE}={spec.navsim_strategy}"]
     prefetch = [f"{NAVSIM_PREFETCH_OVERRIDE}=null"] if spec.workers == 0 else []
+    cache = [] if override_value(spec.workload, NAVSIM_CACHE_PATH_OVERRIDE) is not None \
+        else [f"{NAVSIM_CACHE_PATH_OVERRIDE}={job.run_dir}/{CACHE_DIR}"]  # (the job's own)
     return [spec.python, spec.navsim_script,
             f"{NAVSIM_SPLIT_OVERRIDE}={spec.navsim_split}",
             # one Lightning root for every chunk: Lightning's SLURM support saves its
@@ -64,5 +56,5 @@ def navsim_command(job: ResolvedJob) -> list[str]:
             f"trainer.params.precision={precision if gpus else 32}",
             f"{NAVSIM_WORKERS_OVERRIDE}={spec.workers}",
             *prefetch,
-            *cache_overrides(job.run_dir, spec.workload),
+            *cache,
             *spec.workload]

@@ -44,11 +44,8 @@ def choose_node(spec: JobSpec, profile: Profile) -> tuple[NodeType, str | None]:
             gpu_types=tuple(t for n in nodes for t in n.gpu_types),
             cpus_per_node=min(n.cpus_per_node for n in nodes),
             mem_mb=min(n.mem_mb for n in nodes),
-            max_minutes=min((n.max_minutes for n in nodes if n.max_minutes is not None),
-                            default=None),
-            max_nodes=min((n.max_nodes for n in nodes if n.max_nodes is not None),
-                          default=None),
-            max_gpus=min((n.max_gpus for n in nodes if n.max_gpus is not None), default=None),
+            **{bound: min((getattr(n, bound) for n in nodes if getattr(n, bound) is not None),
+                          default=None) for bound in ("max_minutes", "max_nodes", "max_gpus")},
             cpu_jobs=all(n.cpu_jobs for n in nodes),
             multi_node_whole=any(n.multi_node_whole for n in nodes),
         )
@@ -71,13 +68,10 @@ def _unbracketed(constraint: str) -> str:
 
 
 def _one_type_for_all(spec: JobSpec, constraint: str | None) -> str | None:
-    """Alternatives as Slurm's matching OR where the job has several nodes.
-
-    With `a|b` each node of a job may match a different alternative (a DDP job on L40S and
-    H200 nodes at once, run at the slower one's pace); `[a|b]` makes every node match the
-    same one. A multi-node job's plain alternatives are bracketed; one written as [a|b]
-    stays so; other expressions with '|' (with '&', counts or groups) are refused.
-    """
+    """Alternatives as Slurm's matching OR where the job has several nodes: with `a|b`
+    each node may match a different alternative (a DDP job on L40S and H200 nodes at once,
+    run at the slower one's pace), `[a|b]` makes every node match the same one. Other
+    expressions with '|' (with '&', counts or groups) are refused."""
     if constraint is None or "|" not in constraint or _unbracketed(constraint) != constraint:
         return constraint
     if spec.nodes == 1 and _unbracketed(spec.constraint or "") == (spec.constraint or ""):
@@ -91,12 +85,10 @@ def _one_type_for_all(spec: JobSpec, constraint: str | None) -> str | None:
 
 def _gpu_type_request(spec: JobSpec, profile: Profile, node: NodeType,
                       partition: str | None) -> tuple[str | None, str | None]:
-    """(--constraint value, type for a typed GRES): how the site is asked for gpu_type.
-
-    Called once gpu_type is known to be on the node set. A type the partition or
-    constraint implies needs nothing more; a mixed node set gets the type the site's way,
-    or is refused: a validated gpu_type is never dropped.
-    """
+    """(--constraint value, type for a typed GRES): how the site is asked for gpu_type
+    (known to be on the node set). A type the partition or constraint implies needs
+    nothing more; a mixed node set gets the type the site's way, or is refused: a
+    validated gpu_type is never dropped."""
     constraint = spec.constraint if profile.partitions_allowed else node.name
     gpu_type = spec.gpu_type
     if gpu_type is None or spec.gpus_per_node == 0:
@@ -123,7 +115,6 @@ def _gpu_type_request(spec: JobSpec, profile: Profile, node: NodeType,
                           f"feature onto alternatives; give one alternative, or features "
                           f"joined with '&'")
     return f"{constraint}&{feature}", None
-
 
 
 def constraint_request(spec: JobSpec, profile: Profile, node: NodeType,

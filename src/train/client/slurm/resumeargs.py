@@ -12,6 +12,7 @@ argument's `}}` too). Pure: no file is read."""
 
 from __future__ import annotations
 
+import itertools
 import re
 
 from train.common.errors import ConfigError
@@ -52,19 +53,15 @@ def pieces(word: str) -> list[tuple[str, str]]:
     its letters), MARKER (its name: value, index, task_dir) or NEWEST (its GLOB, markers
     and all)."""
     out: list[tuple[str, str]] = []
-    for kind, text in _split(word):
-        if kind in ("escaped", TEXT):
-            before = out.pop()[1] if out and out[-1][0] == TEXT else ""
-            out.append((TEXT, before + text))
-        else:
-            out.append((kind, text))
+    for text, group in itertools.groupby(_split(word), lambda p: p[0] in ("escaped", TEXT)):
+        found = list(group)
+        out += [(TEXT, "".join(t for _, t in found))] if text else found
     return out
 
 
 def patterns(words: tuple[str, ...] | list[str]) -> list[str]:
     """Every {newest:GLOB} pattern of the words, in order; ConfigError (resume_args) on a
-    malformed one: unclosed, empty, holding a brace (other than a sweep's markers), a
-    line break or NUL."""
+    malformed one: unclosed, empty, or holding a brace (other than a sweep's markers)."""
     found: list[str] = []
     for word in words:
         for kind, text in _split(word):

@@ -1,13 +1,10 @@
-"""Seed sweeps: one chain per seed, submitted together, running in parallel.
+"""Sweeps: one chain per task (a seed of --sweep-seeds, a value of --sweep), submitted
+together as one job array (train.client.slurm.sweeparray), running in parallel.
 
 `train submit --sweep-seeds "4 6 8" -- demo ...` makes runs/NAME a sweep: its record
-(`sweep.json`) and one chain directory per seed (`seed-4/`, ...), each an ordinary chain
-(`train run ... --seeds 4`) with its own chunks. They share the results CSV beside them
-(runs/NAME/results.csv, one row per finished seed). `train status NAME` shows the sweep
-and each chain; `train summary NAME` prints a table of the seeds (episodes, final
-evaluation, state; mean +- std of the final evaluations) and writes the curves' mean and
-spread across seeds.
-Nothing here needs the training runtime: the plot is drawn where matplotlib is installed.
+(`sweep.json`) and one ordinary chain folder per task (`seed-4/`, `task-0/`, ...); a
+`train run` sweep's tasks share the results CSV beside them. `train status NAME` shows the
+sweep and each chain, `train summary NAME` a table of the tasks (sweepsummary, sweepmetrics).
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from train.batch.contract import SWEEP_RECORD
 from train.client.slurm.jobspec import JobSpec
@@ -61,10 +58,6 @@ class SweepTask:
         return str(self.seed) if self.dir == seed_dir(self.seed or 0) else self.value
 
 
-def sweep_field(spec: JobSpec) -> str:
-    return "sweep" if spec.sweep else "sweep_seeds"
-
-
 def _values(spec: JobSpec) -> tuple[str, list[str]]:
     """The swept flag's name (`seeds` for --sweep-seeds) and its values, checked."""
     from train.workloads.config import MAX_SEED
@@ -96,16 +89,12 @@ def _values(spec: JobSpec) -> tuple[str, list[str]]:
     if values[0].startswith("[") and values[-1].endswith("]"):
         raise ConfigError("sweep", f"{spec.sweep!r}: the values are split at ',' and taken "
                           f"as written, brackets too: write {name}={text.strip()[1:-1]}")
-    odd = next((v for v in values if re.search(r"[\x00-\x1f\x7f-\x9f]", v)), None)
+    odd = next((v for v in values if not v.isprintable()), None)
     if odd is not None:  # a terminal escape or tab: into the script, the logs, status
         raise ConfigError("sweep", f"value {odd!r} holds a control character; values are "
                           "printable text")
     if name == "seeds":
         raise ConfigError("sweep", "sweep seeds with --sweep-seeds \"4 6 8\"")
-    for value in values:
-        if not value.isprintable():  # a tab, a terminal escape: in every table and log
-            raise ConfigError("sweep", f"the value {value!r} holds a control character; "
-                              "a value is printable text")
     seen: dict[object, str] = {}
     for value in values:
         key = value_key(spec.entry, name, value)
@@ -154,7 +143,7 @@ def requeue_mode(spec: JobSpec) -> bool:
 def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
           ) -> tuple[Path, list[tuple[SweepTask, JobSpec]]]:
     """The sweep's root directory and one chain spec per task of its job array."""
-    field = sweep_field(spec)
+    field = "sweep" if spec.sweep else "sweep_seeds"
     if spec.entry == "navsim":
         raise ConfigError(field, "sweeps are for `train run` workloads and commands (entry "
                           "train or command)")
@@ -172,7 +161,7 @@ def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
         raise ConfigError(field, f"give the {flag} once: the sweep sets {given} for each "
                           f"task (remove {given} from the workload)")
     if spec.entry == "command":
-        check_command(spec.workload, "workload")
+        check_command(spec.workload)
         check_resume(spec.workload, spec.resume_args)
         check_save_paths(spec.save_path, spec.chdir)
     check_unmarked(spec.env, spec.bind, None if spec.entry == "command" else spec.chdir)
@@ -192,8 +181,7 @@ def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
             if seed is None:
                 seed = _train_seed(spec.workload)
         else:  # a command: its {value}, {index} and {task_dir} (train.client.slurm.sweepargs)
-            changes.update(task_changes(spec.workload, spec.resume_args, spec.save_path,
-                                        spec.chdir, index, value, str(root / where)))
+            changes.update(task_changes(spec, index, value, str(root / where)))
         out.append((SweepTask(index, value, seed, where), dataclasses.replace(spec, **changes)))
     return root, out
 
@@ -305,6 +293,12 @@ def load_record(root: Path) -> dict[str, Any]:
     return record
 
 
+def record_flag(record: dict[str, Any]) -> str:
+    """The swept flag a record names ("seeds" where a damaged record names none)."""
+    flag = record.get("flag")
+    return flag[:64] if isinstance(flag, str) and flag else "seeds"
+
+
 def is_sweep(path: Path) -> bool:
     return (path / SWEEP_RECORD).is_file()
 
@@ -312,7 +306,7 @@ def is_sweep(path: Path) -> bool:
 _TASK_DIR = re.compile(r"(seed|task)-[0-9]{1,18}")
 
 
-def _whole(value: Any) -> bool:
+def whole(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 31
 
 
@@ -321,13 +315,13 @@ def _task(i: int, chain: Any) -> SweepTask | str:
     if not isinstance(chain, dict):
         return f"is not an object ({type(chain).__name__})"
     seed, where, index = chain.get("seed"), chain.get("dir"), chain.get("index", i)
-    if seed is not None and not _whole(seed):
+    if seed is not None and not whole(seed):
         return f"its seed {repr(seed)[:40]} is not a whole number"
     if where is None and seed is not None:  # a record of before the job arrays
         where = seed_dir(seed)
     if not isinstance(where, str) or not _TASK_DIR.fullmatch(where):
         return f"its dir {repr(where)[:40]} is not a task folder (seed-N or task-N)"
-    if not _whole(index):
+    if not whole(index):
         return f"its index {repr(index)[:40]} is not a whole number"
     value = chain.get("value", seed)
     if not isinstance(value, (str, int)) or isinstance(value, bool):
@@ -355,15 +349,10 @@ def sweep_tasks(root: Path) -> list[SweepTask]:
     return read_tasks(root)[0]
 
 
-def chain_paths(root: Path) -> list[tuple[str, Path]]:
-    """(label, chain directory) per task of the sweep."""
-    return [(t.label, root / t.dir) for t in sweep_tasks(root)]
-
-
 def not_a_chain(field: str, ref: str, root: Path) -> UsageError:
     """The error for a command that reads one chain, given a whole sweep: its chains."""
     return UsageError(f"{field}: {ref} is a sweep; name one of its chains: "
-                      + ", ".join(f"{ref}/{p.name}" for _, p in chain_paths(root)))
+                      + ", ".join(f"{ref}/{t.dir}" for t in sweep_tasks(root)))
 
 
 def aggregate(name: str, root: Path, statuses: list[dict[str, Any]]) -> dict[str, Any]:

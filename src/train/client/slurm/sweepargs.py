@@ -8,12 +8,7 @@ by a shell. The tasks run in the folder the command was submitted from (or --chd
 the program finds its files where it would alone; `{task_dir}` is where each task writes
 its own outputs (e.g. `--output_dir {task_dir}`), and `--chdir {task_dir}` runs each task
 in its own folder (a program that saves where it runs: made before the task starts).
-
-What goes wrong without them is said at render and submit: a `$TRAIN_SWEEP_VALUE` among
-the arguments reaches the program as those letters (refused), a --save-path every task
-would share (refused: each would resume from another's saves), a sweep whose tasks all run
-the same arguments, an output folder every task would share and tasks that all run in one
-folder (warnings).
+What goes wrong without them is refused (check_*) or warned of (sweep_notes) at submit.
 """
 
 from __future__ import annotations
@@ -25,7 +20,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from train.client.programs import SCRIPT_LIMIT, script_of
+from train.client.programs import script_text
 from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.resumeargs import EXAMPLE, MARKER, NEWEST, OPEN, TEXT, patterns, pieces
 from train.common.errors import ConfigError
@@ -98,12 +93,9 @@ def _into_glob(word: str, marker: str, task: dict[str, str] | None) -> str:
 
 def placed(workload: Sequence[str], resume_args: str | None, save_path: Sequence[str],
            task: dict[str, str] | None = None) -> dict[str, Any]:
-    """The job spec's changes with every placeholder put in: for a task of a command's
-    sweep ({"value": ..., "index": ..., "task_dir": ...}) its markers replaced as plain
-    text, one argument staying one argument (--resume-args is split first, as a shell
-    would, then each word replaced); without a task any marker, and anywhere a
-    {newest:GLOB} outside --resume-args, refused; escaped placeholders become their
-    letters."""
+    """The job spec's changes with every placeholder put in: a task's markers (`task`:
+    value, index, task_dir) as plain text, one argument staying one argument (--resume-args
+    is split as a shell would first); escaped placeholders become their letters."""
     changes: dict[str, Any] = {
         "workload": tuple(_placed(a, "workload", task) for a in workload),
         "save_path": tuple(_placed(p, "save_path", task) for p in save_path)}
@@ -114,14 +106,12 @@ def placed(workload: Sequence[str], resume_args: str | None, save_path: Sequence
     return changes
 
 
-def task_changes(workload: Sequence[str], resume_args: str | None,
-                 save_path: Sequence[str], chdir: str | None, index: int, value: str,
-                 task_dir: str) -> dict[str, Any]:
+def task_changes(spec: JobSpec, index: int, value: str, task_dir: str) -> dict[str, Any]:
     """The job spec's changes for one task of a command sweep: each marker replaced
     (--chdir {task_dir}: each task runs in its own folder)."""
     task = {"value": value, "index": str(index), "task_dir": task_dir}
-    changes = placed(workload, resume_args, save_path, task)
-    changes["chdir"] = None if chdir is None else _placed(chdir, "chdir", task)
+    changes = placed(spec.workload, spec.resume_args, spec.save_path, task)
+    changes["chdir"] = None if spec.chdir is None else _placed(spec.chdir, "chdir", task)
     return changes
 
 
@@ -140,24 +130,18 @@ def check_resume(command: Sequence[str], resume_args: str | None) -> None:
                               f"{OPEN}{fix}}} (with {TASK_DIR} where the task saves)")
 
 
-def _run_by_shell(command: Sequence[str]) -> bool:
-    """`bash -c '...'` (or sh, zsh, ...): a shell that expands what it is given."""
-    return bool(command) and _SHELLS.fullmatch(os.path.basename(command[0])) is not None \
-        and "-c" in command[1:]
-
-
-def check_command(command: Sequence[str], field: str) -> None:
+def check_command(command: Sequence[str]) -> None:
     """Refuse `$TRAIN_SWEEP_VALUE` (or the index, or TRAIN_RUN_DIR) written into an
     argument of a program no shell starts: no shell expands it, the program gets the
     letters."""
-    if _run_by_shell(command):
-        return
+    if command and _SHELLS.fullmatch(os.path.basename(command[0])) and "-c" in command[1:]:
+        return  # `bash -c '...'` (or sh, zsh, ...): a shell expands what it is given
     for arg in command:
         found = _SHELL_VARIABLE.search(arg)
         if found is None:
             continue
         marker = {"SWEEP_VALUE": VALUE, "SWEEP_INDEX": INDEX}.get(found.group(2), TASK_DIR)
-        raise ConfigError(field, f"{arg!r} reaches the program as written (no shell expands "
+        raise ConfigError("workload", f"{arg!r} reaches the program as written (no shell expands "
                           f"the command's arguments): write {marker} where the task's "
                           f"{found.group(2).lower().replace('_', ' ')} goes, e.g. "
                           f"{arg.replace(found.group(0), marker)!r}; each task gets its "
@@ -193,18 +177,6 @@ def check_save_paths(save_path: Sequence[str], chdir: str | None) -> None:
                               "it, where the task's program saves")
 
 
-def _mentions(command: Sequence[str], folder: str | None, word: bytes) -> bool:
-    """Whether the command's script (where the login node can read it) holds `word`."""
-    path = script_of(command, folder)
-    if path is None:
-        return False
-    try:
-        with open(path, "rb") as fh:
-            return word in fh.read(SCRIPT_LIMIT)
-    except OSError:
-        return False
-
-
 def _shared_outputs(command: Sequence[str]) -> list[str]:
     """The output options of the command whose value names no task's own folder."""
     out = []
@@ -224,23 +196,21 @@ def sweep_notes(command: Sequence[str], resume_args: str | None,
     """Warnings for a command sweep: tasks that all run the same arguments, output folders
     every task shares, and tasks that all run in one folder with nothing of their own."""
     notes = []
-    if not any(TASK_DIR in w for w in [*command, resume_args or ""]) and \
-            not _MARKER.search(folder or "") and not _mentions(command, folder,
-                                                                b"TRAIN_RUN_DIR"):
+    words = [*command, resume_args or ""]
+    own_folders = any(TASK_DIR in w for w in words)
+    if not own_folders and not _MARKER.search(folder or "") and \
+            b"TRAIN_RUN_DIR" not in script_text(command, folder):
         where = os.path.abspath(folder or ".")
         notes.append(f"the tasks of this sweep all run in {where} (and no {{task_dir}} or "
                      "TRAIN_RUN_DIR gives them a folder of their own): a program that saves "
                      "where it runs (a snapshot.pt, checkpoints/) would resume from "
                      "another task's saves. --chdir {task_dir} runs each task in its own "
                      "folder")
-    words = [*command, resume_args or ""]
-    if not any(m in w for w in words for m in (VALUE, INDEX)) and not \
-            any("TRAIN_SWEEP_" in w for w in words) and \
-            not _mentions(command, folder, b"TRAIN_SWEEP_"):
+    if not any(m in w for w in words for m in (VALUE, INDEX, "TRAIN_SWEEP_")) and \
+            b"TRAIN_SWEEP_" not in script_text(command, folder):
         # {task_dir} alone makes the commands differ, not what they train
         alike = ("the tasks' commands differ only in {task_dir}, so each trains the same "
-                 "thing" if any(TASK_DIR in w for w in words)
-                 else "every task runs the same command")
+                 "thing" if own_folders else "every task runs the same command")
         notes.append("no task of this sweep gets its own value (no {value} or {index} "
                      "among its arguments, and no TRAIN_SWEEP_VALUE in its script): "
                      f"{alike}; write {{value}} where the task's value goes, e.g. -- python "

@@ -24,12 +24,14 @@ from typing import Any
 from train.batch import contract
 from train.batch.engine import ENGINE_DIR
 from train.client.slurm import chaincost
+from train.client.slurm.cancel import record_cancel
 from train.client.slurm.chain import Chain, load_chain, record_problem
 from train.client.slurm.chainstatus import chain_status
 from train.client.slurm.queue import ACTIVE_STATES, _is_number, array_task_states, ref_states
 from train.client.slurm.render import folder_to_make, render, sbatch_options, sbatch_value
 from train.client.slurm.resolve import ResolvedJob
 from train.client.slurm.submission import (
+    _set_aside,
     chain_record,
     first_chunk,
     install_engine,
@@ -41,7 +43,9 @@ from train.client.slurm.sweep import (
     aggregate,
     load_record,
     read_tasks,
+    record_flag,
     sweep_tasks,
+    whole,
     write_record,
 )
 from train.common import _proc
@@ -107,29 +111,12 @@ def task_ref(array_id: str, index: int) -> str:
     return f"{array_id}_{index}"
 
 
-def _set_aside(run_dir: Path, previous: Chain | None, moved: list[tuple[Path, Path]]) -> None:
-    """An ended chain's record and script and an earlier run's COMPLETE marker, kept
-    aside as chain-FIRSTJOB.*: the task's new chain goes on from the run's checkpoint."""
-    if previous is not None:
-        tag = previous.ids[0] if previous.ids else "old"
-        for name in (contract.CHAIN_RECORD, contract.CHAIN_IDS,
-                     f"{contract.JOBS_DIR}/{contract.JOB_SCRIPT}"):
-            path = run_dir / name
-            if path.exists():
-                kept = path.with_name(f"chain-{tag}{path.suffix}")
-                path.replace(kept)
-                moved.append((kept, path))
-    marker = run_dir / contract.COMPLETE_MARKER
-    if os.path.lexists(marker):
-        kept = marker.with_name(f".{contract.COMPLETE_MARKER}-{int(time.time())}")
-        marker.replace(kept)
-        moved.append((kept, marker))
-
-
 def _write_scripts(tasks: list[tuple[SweepTask, ResolvedJob]], texts: list[str],
                    previous: list[Chain | None], written: list[Path],
                    moved: list[tuple[Path, Path]]) -> None:
-    """Each task's folder (logs/ before Slurm opens them) and its chain's script."""
+    """Each task's folder (logs/ before Slurm opens them) and its chain's script; an ended
+    chain's record and script and an earlier run's COMPLETE marker kept aside
+    (chain-FIRSTJOB.*): the task's new chain goes on from the run's checkpoint."""
     for (_, job), text, old in zip(tasks, texts, previous, strict=True):
         run_dir = Path(job.run_dir)
         (run_dir / contract.LOG_DIR).mkdir(parents=True, exist_ok=True)
@@ -137,8 +124,9 @@ def _write_scripts(tasks: list[tuple[SweepTask, ResolvedJob]], texts: list[str],
         own = folder_to_make(job)  # --chdir {task_dir}: the task's own folder
         if own is not None:
             own.mkdir(parents=True, exist_ok=True)
-        _set_aside(run_dir, old, moved)
         script = run_dir / contract.JOBS_DIR / contract.JOB_SCRIPT
+        tag = None if old is None else old.ids[0] if old.ids else "old"
+        _set_aside(run_dir, tag, script, str(int(time.time())), moved)
         script.write_text(text, encoding="utf-8")
         written.append(script)
         install_engine(run_dir, moved)
@@ -231,21 +219,20 @@ def _task_chain(root: Path, task: SweepTask, array: object) -> Chain:
     chain = load_chain(root / task.dir)
     if chain.ids:
         return chain
-    own = chain.record.get("sweep")
-    if isinstance(own, dict) and isinstance(own.get("array_job"), str) and \
-            isinstance(own.get("task"), int):
-        array, index = own["array_job"], own["task"]
-    else:
-        index = task.index
+    array, index = _array_task(chain) or (array, task.index)
+    first = chain.record.get("first_chunk")
     if isinstance(array, str) and _is_number(array):
-        chain.chunks = [(_record_first(chain), task_ref(array, index))]
+        chain.chunks = [(first if whole(first) and first > 0 else 1, task_ref(array, index))]
     return chain
 
 
-def _record_first(chain: Chain) -> int:
-    first = chain.record.get("first_chunk")
-    return first if isinstance(first, int) and not isinstance(first, bool) and first > 0 \
-        else 1
+def _array_task(chain: Chain) -> tuple[str, int] | None:
+    """The array job and task the chain's record names for its chunk 1 (a sweep's)."""
+    own = chain.record.get("sweep")
+    if isinstance(own, dict) and isinstance(own.get("array_job"), str) and \
+            isinstance(own.get("task"), int):
+        return own["array_job"], own["task"]
+    return None
 
 
 def record_array(root: Path, record: dict[str, Any]) -> tuple[str | None, str | None]:
@@ -278,19 +265,13 @@ def _load(root: Path) -> tuple[str | None, list[tuple[SweepTask, Chain]],
     return array, pairs, unread, bad
 
 
-def states_of(chains: list[Chain]) -> dict[str, dict[str, Any]]:
-    """Every chunk's state of these chains, in one squeue (and sacct) call each kind; a
-    ResourceError where Slurm cannot be reached."""
-    return ref_states([i for c in chains for i in c.ids])
-
-
 def sweep_status(root: Path) -> dict[str, Any]:
     """The sweep as a whole (aggregate's fields, counts per chain state) and each task's
     chain status; a task whose folder cannot be read, and an entry of the record that is
     not a task, are `unreadable` with their cause. Slurm not answering is an error."""
     record = load_record(root)
     array, pairs, unread, bad = _load(root)
-    states = states_of([c for _, c in pairs])
+    states = ref_states([i for _, c in pairs for i in c.ids])  # (one squeue for all)
     statuses = []
     for task, chain in pairs:
         st = chain_status(chain, states)
@@ -305,20 +286,12 @@ def sweep_status(root: Path) -> dict[str, Any]:
                   "cause": line, "run_dir": str(root), "chunks": []} for line in bad]
     name = record.get("name")
     out = aggregate(name if isinstance(name, str) and name else root.name, root, statuses)
-    out.update(flag=_text(record.get("flag"), "seeds"),
+    out.update(flag=record_flag(record),
                array_job=array, array_job_damaged=record_array(root, record)[1] is not None,
-               throttle=record.get("throttle") if _whole(record.get("throttle")) else None,
+               throttle=record.get("throttle") if whole(record.get("throttle")) else None,
                chunks_run=sum(int(s.get("chunks_used") or 0) for s in statuses),
                time=chaincost.add_up([s.get("time") for s in statuses]))
     return out
-
-
-def _text(value: object, default: str | None) -> str | None:
-    return value[:64] if isinstance(value, str) and value else default
-
-
-def _whole(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_sweep_root(root: Path) -> str | None:
@@ -339,7 +312,8 @@ def check_sweep_root(root: Path) -> str | None:
                          "your jobs), or choose another --name")
     chains = [_task_chain(root, t, array) for t in sweep_tasks(root)
               if (root / t.dir / contract.CHAIN_RECORD).is_file()]  # (one cut short: none)
-    active = [i for i, s in states_of(chains).items() if s["state"] in ACTIVE_STATES]
+    states = ref_states([i for c in chains for i in c.ids])
+    active = [i for i, s in states.items() if s["state"] in ACTIVE_STATES]
     if active:
         raise UsageError(f"name: {root.name} is a sweep with active jobs ("
                          f"{', '.join(sorted(active))}); cancel it first with `train cancel "
@@ -350,11 +324,9 @@ def check_sweep_root(root: Path) -> str | None:
 def slurm_ref(chain: Chain, job_id: str) -> str:
     """How Slurm's commands name a chain's job: a sweep's chunk 1 as ARRAY_TASK (scancel
     of Slurm 22.05 refuses an array task's own job id: "Invalid job id specified")."""
-    sweep = chain.record.get("sweep")
-    if isinstance(sweep, dict) and chain.ids and job_id == chain.ids[0] and "_" not in job_id:
-        array, task = sweep.get("array_job"), sweep.get("task")
-        if isinstance(array, str) and isinstance(task, int):
-            return task_ref(array, task)
+    own = _array_task(chain)
+    if own is not None and chain.ids and job_id == chain.ids[0] and "_" not in job_id:
+        return task_ref(*own)
     return job_id
 
 
@@ -365,16 +337,10 @@ def cancel_sweep(root: Path) -> tuple[list[str], list[UsageError]]:
     short) or names no job still has its array task cancelled; what could not be read
     comes back too. Slurm not answering is an error (nothing is said cancelled)."""
     array, pairs, unread, bad = _load(root)
-    states = states_of([c for _, c in pairs])
+    states = ref_states([i for _, c in pairs for i in c.ids])  # (one squeue for all)
     cancelled: list[str] = []
     for _task, chain in pairs:
-        active = [i for i in chain.ids if states.get(i, {}).get("state") in ACTIVE_STATES]
-        if not active:
-            continue
-        with open(chain.run_dir / contract.CHAIN_EVENTS, "a", encoding="utf-8") as fh:
-            fh.write(f"{int(time.time())} 0 {chain.ids[0]} {contract.EV_CANCELLED} "
-                     "by-user\n")
-        cancelled += [slurm_ref(chain, i) for i in active]
+        cancelled += [slurm_ref(chain, i) for i in record_cancel(chain, states)]
     if unread and array is not None:
         refs = [task_ref(array, t.index) for t, _ in unread]
         found = array_task_states(refs)

@@ -14,6 +14,7 @@ read as text; a bad one is named and the next looked at):
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -60,25 +61,14 @@ def _name(key: object) -> str:
     return " ".join(printable(str(key)).split())[:40]
 
 
-def _number(value: object) -> float | None:
-    """A JSON number as a float: NaN and Infinity kept (a diverged loss, as json.dump
-    writes it), an integer too large for a float None."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return None
-    try:
-        return float(value)
-    except OverflowError:
-        return None
-
-
 def _numbers(found: object) -> dict[str, float]:
-    if not isinstance(found, dict):
-        return {}
+    """The object's numbers by name: NaN and Infinity kept (a diverged loss, as json.dump
+    writes it), an integer too large for a float left out."""
     values: dict[str, float] = {}
-    for key, value in found.items():
-        number = _number(value)
-        if number is not None:
-            values.setdefault(_name(key), number)
+    for key, value in (found.items() if isinstance(found, dict) else ()):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            with contextlib.suppress(OverflowError):
+                values.setdefault(_name(key), float(value))
     return values
 
 
@@ -258,11 +248,10 @@ def summarize_metrics(root: Path, states: dict[str, str] | None = None,
                       left_out: list[str] | None = None) -> tuple[list[str], list[str]]:
     """A command sweep's table of final metrics (every task), and notes; `left_out`
     gets a line naming each entry of the sweep's record that is not a task."""
-    from train.client.slurm.sweep import load_record, read_tasks
+    from train.client.slurm.sweep import load_record, read_tasks, record_flag
     from train.client.slurm.sweepsummary import file_state
 
-    flag = load_record(root).get("flag")
-    flag = flag if isinstance(flag, str) and flag else "seeds"  # a damaged record: not "7"
+    flag = record_flag(load_record(root))
     found, bad = read_tasks(root)
     if left_out is not None:
         left_out += bad
