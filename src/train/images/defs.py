@@ -166,10 +166,6 @@ def split_files_line(text: str) -> list[str]:
     return [m.group(0) for m in _FILE_SPLIT.finditer(text)]
 
 
-def placeholders(text: str) -> list[str]:
-    return [m.group(1) for m in PLACEHOLDER_RE.finditer(text)]
-
-
 def _classify(text: str) -> str:
     """What a line is to Apptainer's scanner: "section" (its first word starts with `%`),
     or "text". Called once per line (tests count the calls to show one pass)."""

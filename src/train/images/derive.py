@@ -31,6 +31,7 @@ from train.images.defs import DefError, parse
 from train.images.derive_pip import Target, image_target, pip_resolve, sha256_of
 from train.images.derive_reqs import (
     Request,
+    allows,
     canonical,
     editable_requirements,
     packaging,
@@ -97,9 +98,7 @@ def check_against_base(requests: Sequence[Request], base: dict[str, Pin]) -> Non
     _, vermod = packaging()
     for r in requests:
         pin = base.get(r.name)
-        if pin is None:
-            continue
-        if not r.req.specifier.contains(vermod.Version(pin.version), prereleases=True):
+        if pin is not None and not allows(r, pin.version, vermod):
             raise UsageError(f"--requirements {r.where}: {r.text!r} conflicts with the base "
                              f"image's {pin.name}=={pin.version} ({pin.source}); the base's "
                              "packages (torch, CUDA's and NCCL's wheels, numpy...) stay as "

@@ -224,13 +224,13 @@ def check_pins(requests: Sequence[Request]) -> None:
             if version is None:
                 continue
             for other in group:
-                if other is not pinned and not _allows(other, version, vermod):
+                if other is not pinned and not allows(other, version, vermod):
                     raise UsageError(f"--requirements: {pinned.where} {pinned.text!r} and "
                                      f"{other.where} {other.text!r} conflict (no version of "
                                      f"{pinned.name} meets both); keep one")
 
 
-def _allows(request: Request, version: str, vermod: Any) -> bool:
+def allows(request: Request, version: str, vermod: Any) -> bool:
     try:
         return bool(request.req.specifier.contains(vermod.Version(version), prereleases=True))
     except vermod.InvalidVersion:

@@ -38,15 +38,13 @@ def how_to_clear(path: Path) -> str:
 def read_entries(path: Path) -> tuple[dict[str, object] | None, str]:
     """(the entries, a warning): {} where there are none yet or not ours (written anew);
     None, with one warning line the first time, where the file cannot be used."""
-    problem = ""
-    data: dict[str, object] | None = {}
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         return {}, ""
     except OSError as exc:
-        fd, problem = -1, f"cannot be opened ({exc.strerror or exc})"
-    if fd >= 0:
+        data, problem = None, f"cannot be opened ({exc.strerror or exc})"
+    else:
         try:
             data, problem = _read_open(fd)
         finally:

@@ -36,7 +36,6 @@ from train.images.defs import (
     DefError,
     DefFile,
     parse,
-    placeholders,
     split_files_line,
     spython_check,
 )
@@ -236,7 +235,7 @@ def _check_placeholders(d: DefFile, args: dict[str, str]) -> list[Violation]:
     for number, text in enumerate(d.lines, start=1):
         if "{{" not in text:
             continue
-        for name in placeholders(text):
+        for name in PLACEHOLDER_RE.findall(text):
             if name not in args:
                 out.append(_v(d, number, "placeholder", f"{{{{ {name} }}}} is not declared "
                               "in %arguments"))
