@@ -159,8 +159,7 @@ def _image_build(args: argparse.Namespace, im: _Image) -> int:
             raise UsageError("--base-sif: for --engine apptainer; a Docker build names the "
                              "tag of its localimage base with --localimage SIF=TAG")
         result = docker_build(im.definition, im.root, im.tag, im.build_args,
-                              im.localimages, network=args.network or "none",
-                              nocache=args.no_cache, record=im.out)
+                              im.localimages, network=args.network or "none", record=im.out)
         print(f"built {im.tag} ({result.image})")
     print("\n".join(result.summary()))
     return EXIT_OK

@@ -23,6 +23,7 @@ __all__ = ["SMOKE_LABEL", "apptainer_build", "apptainer_content", "apptainer_tes
 
 log = logging.getLogger(__name__)
 
+BUILD_TIMEOUT = 7200.0
 SMOKE_LABEL = "org.train.smoke"  # %labels: the `train` arguments `image test` runs after %test
 
 
@@ -44,8 +45,7 @@ def smoke_args(d: DefFile) -> tuple[str, ...]:
 
 
 def apptainer_build(d: DefFile, root: Path, sif: Path, build_args: Mapping[str, str],
-                    fakeroot: bool, show: Callable[[str], None] | None = None,
-                    timeout: float = 7200, base_sif: Path | None = None) -> BuildResult:
+                    fakeroot: bool, base_sif: Path | None = None) -> BuildResult:
     """`apptainer build` run from the repository root, where %files sources resolve; its
     output is read as it comes (progress lines shown, downloads kept for the record).
     `base_sif`: build on that local SIF instead of the header's base (images.localbase);
@@ -56,9 +56,8 @@ def apptainer_build(d: DefFile, root: Path, sif: Path, build_args: Mapping[str, 
 
     base = localbase.check_base_sif(base_sif) if base_sif is not None else None
     if base is not None:
-        given = dict(build_args)
         build_args = {**{k: str(base) for k in localbase.header_arguments(d)
-                         if k in d.arguments()}, **given}
+                         if k in d.arguments()}, **build_args}
     check_inputs(d, build_args, root)
     _need_apptainer()
     with tempfile.TemporaryDirectory(prefix="train-def-") as tmp:
@@ -75,8 +74,8 @@ def apptainer_build(d: DefFile, root: Path, sif: Path, build_args: Mapping[str, 
         for key, value in passed.items():
             argv += ["--build-arg", f"{key}={value}"]
         argv += [str(sif.resolve()), str(definition)]
-        build_log = BuildLog() if show is None else BuildLog(show=show)
-        code = _stream(argv, root, build_log.feed, timeout)
+        build_log = BuildLog()
+        code = _stream(argv, root, build_log.feed, BUILD_TIMEOUT)
     if code != 0:
         raise ImageError(f"apptainer build of {d.name} exited with {code}:\n"
                          + "\n".join(build_log.tail))

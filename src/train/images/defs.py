@@ -12,10 +12,8 @@ The rules are those of Apptainer's parser (pkg/build/types/parser/deffile.go, th
   indented header keeps its indentation in the name, which is then invalid, so section
   headers are valid only at column 0. What follows the first space is the section's
   arguments (`%files from STAGE`, `%post -c /bin/bash`).
-- Valid names (validSections): arguments, environment, files, help, labels, post, pre,
-  runscript, setup, startscript, test, in any case; SCIF app sections (appSections:
-  appenv, appfiles, apphelp, appinstall, applabels, apprun, appstart, apptest) only in
-  lower case and with an app name (`%appinstall NAME`). A bare `%app`, `%post2` or any
+- Valid names: SECTIONS in any case (validSections), APP_SECTIONS (appSections) only in
+  lower case and with an app name (`%appinstall NAME`); a bare `%app`, `%post2` or any
   other name is an error (populateDefinition: "invalid section(s) specified").
 - A repeated section is joined: its body is appended to the first one's (parseTokenSection
   `Script +=`; a later header's arguments replace earlier ones); %files entries of sections
@@ -69,7 +67,7 @@ _GO_SPACE = ("\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u200
              "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
 _STAGE_RE = re.compile(r"(?i)bootstrap:")
 # Apptainer's `{{\s*(\w+)\s*}}` in Go's RE2: \s and \w are ASCII there.
-PLACEHOLDER_RE = _PLACEHOLDER = re.compile(r"{{[\t\n\f\r ]*([0-9A-Za-z_]+)[\t\n\f\r ]*}}")
+PLACEHOLDER_RE = re.compile(r"{{[\t\n\f\r ]*([0-9A-Za-z_]+)[\t\n\f\r ]*}}")
 # Apptainer's %files splitter (fileSplitter), ported with RE2's ASCII classes.
 _S = r"\t\n\f\r "
 _FILE_SPLIT = re.compile(
@@ -149,7 +147,7 @@ class DefFile:
                                "%arguments", rule="placeholder")
             return args[name]
 
-        return _PLACEHOLDER.sub(repl, text)
+        return PLACEHOLDER_RE.sub(repl, text)
 
     def files(self) -> list[tuple[int, str, str]]:
         """(line, src, dst) of each %files entry as Apptainer splits it (fileSplitter:
@@ -166,10 +164,6 @@ class DefFile:
 
 def split_files_line(text: str) -> list[str]:
     return [m.group(0) for m in _FILE_SPLIT.finditer(text)]
-
-
-def placeholders(text: str) -> list[str]:
-    return [m.group(1) for m in _PLACEHOLDER.finditer(text)]
 
 
 def _classify(text: str) -> str:

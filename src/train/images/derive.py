@@ -1,18 +1,13 @@
 """`train image new`: a definition that builds on one of our images and adds the user's own
 dependencies, with a hash-pinned lock of only what it adds.
 
-The requirements are resolved by pip (`pip install --dry-run --report`) for the images'
-CPython (3.12: Ubuntu 24.04's, from base.def's BASE_IMAGE) on Linux x86_64, wheels only
-of every platform tag its glibc takes (derive_pip.Target.platforms), with every pin of the
-base image's locks as a constraint: nothing of the base (torch, CUDA's wheels, NCCL, numpy)
-can change. What the resolution picks that the base already pins
-is dropped; the rest, with the sha256 of the wheel pip chose, is the lock. Everything is
-checked before anything is written: a requirement that conflicts with a base pin, one that
-cannot be hash-pinned (a URL, a VCS or a local path), one with no wheel for the image's
-Python, and a resolution pip refuses are usage errors (exit 2).
-The requirements' own markers are evaluated for the image (derive_reqs); those of their
-dependencies' metadata pip evaluates for the Python that runs it. A file it would change is
-kept first as a numbered copy (NAME.def.1, .2, ...); an unchanged one is not rewritten.
+The requirements (derive_reqs) are resolved by pip for the image's Python (derive_pip),
+every pin of the base image's locks a constraint: nothing of the base (torch, CUDA's
+wheels, NCCL, numpy) can change. What the resolution picks that the base already pins is
+dropped; the rest, with the sha256 of the wheel pip chose, is the lock. The markers of
+the dependencies' metadata pip evaluates for the Python that runs it, not the image's.
+Everything is checked before anything is written (usage errors, exit 2); a file it would
+change is kept first as a numbered copy (NAME.def.1, .2, ...).
 
 Written (default folder `./containers-NAME/`, where %files sources resolve from its parent,
 as `containers/` resolves from the clone):
@@ -36,17 +31,18 @@ from train.images.defs import DefError, parse
 from train.images.derive_pip import Target, image_target, pip_resolve, sha256_of
 from train.images.derive_reqs import (
     Request,
+    allows,
     canonical,
     editable_requirements,
     packaging,
     requirement_lines,
     select,
 )
+from train.images.lint import lock_entries
 
 BASES = ("base", "sc2", "navsim")
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 PIP_INDEX = "https://pypi.org/simple"
-MAX_LOCK_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -72,26 +68,11 @@ class Derived:
 def read_lock(path: Path) -> dict[str, Pin]:
     """`name==version` and its `--hash=sha256:` lines of a hash-pinned lock."""
     pins: dict[str, Pin] = {}
-    entry: list[str] = []
-
-    def close() -> None:
-        if entry:
-            name, _, version = entry[0].partition("==")
-            key = canonical(name.split("[")[0].strip())
-            pins[key] = Pin(key, version.split(";")[0].strip(),
-                            tuple(h.removeprefix("--hash=sha256:") for h in entry[1:]),
-                            path.name)
-
-    for raw in path.read_text(encoding="utf-8").splitlines():
-        line = raw.strip().rstrip("\\").strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("--hash="):
-            entry.append(line)
-        elif not line.startswith("-"):
-            close()
-            entry = [line]
-    close()
+    for requirement, hashes in lock_entries(path):
+        name, _, version = requirement.partition("==")
+        key = canonical(name.split("[")[0].strip())
+        pins[key] = Pin(key, version.split(";")[0].strip(),
+                        tuple(h.removeprefix("sha256:") for h in hashes), path.name)
     return pins
 
 
@@ -117,9 +98,7 @@ def check_against_base(requests: Sequence[Request], base: dict[str, Pin]) -> Non
     _, vermod = packaging()
     for r in requests:
         pin = base.get(r.name)
-        if pin is None:
-            continue
-        if not r.req.specifier.contains(vermod.Version(pin.version), prereleases=True):
+        if pin is not None and not allows(r, pin.version, vermod):
             raise UsageError(f"--requirements {r.where}: {r.text!r} conflicts with the base "
                              f"image's {pin.name}=={pin.version} ({pin.source}); the base's "
                              "packages (torch, CUDA's and NCCL's wheels, numpy...) stay as "
@@ -152,88 +131,75 @@ def lock_text(name: str, base: str, locks: Sequence[Path], added: Sequence[Pin],
     return "\n".join(head + body) + "\n"
 
 
-def _files_lines(name: str, folder: str, lock_nonempty: bool,
-                 editable: str | None) -> list[str]:
-    files = [f"    {folder}/wheels /opt/train/wheels"]
-    if lock_nonempty:
-        files.insert(0, f"    {folder}/requirements/{name}.txt "
-                        f"/opt/train/requirements/{name}.txt")
-    if editable is not None:
-        files.append(f"    {editable} /opt/src/{name}")
-    return files
+# the definition `image new` writes; {{{{ NAME }}}} is an Apptainer placeholder
+_DEFINITION = """\
+Bootstrap: localimage
+From: {{{{ BASE_SIF }}}}
 
+%arguments
+    BASE_SIF={base}.sif
+    PIP_INDEX={index}
 
-def _post_lines(name: str, lock_nonempty: bool, editable: str | None) -> list[str]:
-    post = ["    export SOURCE_DATE_EPOCH=315532800 PYTHONHASHSEED=0"]
-    if lock_nonempty:
-        post += [
-            "    # offline from the wheels folder when wheels were put there, else the index",
-            "    if ls /opt/train/wheels/*.whl >/dev/null 2>&1; then",
-            '        source_args="--no-index --find-links /opt/train/wheels"',
-            "    else",
-            '        source_args="--index-url {{ PIP_INDEX }}"',
-            "    fi",
-            "    /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check "
-            "$source_args \\",
-            f"        --require-hashes --no-deps -r /opt/train/requirements/{name}.txt"]
-    if editable is not None:
-        post += [
-            "    # the local project, editable: bind a newer checkout over /opt/src/"
-            f"{name} at run time",
-            "    /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check "
-            "--no-index --no-deps \\",
-            f"        --no-build-isolation -e /opt/src/{name}"]
-    post.append("    rm -rf /opt/train/wheels")
-    return post
+%files
+{files}
+%post
+    export SOURCE_DATE_EPOCH=315532800 PYTHONHASHSEED=0
+{post}    rm -rf /opt/train/wheels
 
+%environment
+{environment}
+%runscript
+    exec train "$@"
 
-def _test_lines(top_level: Sequence[str]) -> list[str]:
-    show = " ".join(top_level)
-    test = ["    set -e", '    python -c "import torch, train"']
-    if show:
-        test.append(f"    python -m pip show --disable-pip-version-check {show} >/dev/null")
-    return test
+%test
+    set -e
+    python -c "import torch, train"
+{show}
+%labels
+    org.train.image {name}
+    org.train.from {base}
+    org.train.lock {name}.txt
+
+%help
+    The {base} image plus what requirements/{name}.txt pins (written by `train image new`).
+    Requires Apptainer >= 1.2.0. Build from the folder above this one:
+      apptainer build --build-arg BASE_SIF={base}.sif {name}.sif {folder}/{name}.def
+"""
+_LOCK_POST = """\
+    # offline from the wheels folder when wheels were put there, else the index
+    if ls /opt/train/wheels/*.whl >/dev/null 2>&1; then
+        source_args="--no-index --find-links /opt/train/wheels"
+    else
+        source_args="--index-url {{{{ PIP_INDEX }}}}"
+    fi
+    /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check $source_args \\
+        --require-hashes --no-deps -r /opt/train/requirements/{name}.txt
+"""
+_EDITABLE_POST = """\
+    # the local project, editable: bind a newer checkout over /opt/src/{name} at run time
+    /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check --no-index --no-deps \\
+        --no-build-isolation -e /opt/src/{name}
+"""
 
 
 def definition_text(name: str, base: str, folder: str, environment: str,
                     lock_nonempty: bool, editable: str | None,
                     top_level: Sequence[str]) -> str:
-    return "\n".join([
-        "Bootstrap: localimage",
-        "From: {{ BASE_SIF }}",
-        "",
-        "%arguments",
-        f"    BASE_SIF={base}.sif",
-        f"    PIP_INDEX={PIP_INDEX}",
-        "",
-        "%files",
-        *_files_lines(name, folder, lock_nonempty, editable),
-        "",
-        "%post",
-        *_post_lines(name, lock_nonempty, editable),
-        "",
-        "%environment",
-        *[f"    {line.strip()}" for line in environment.splitlines() if line.strip()],
-        "",
-        "%runscript",
-        '    exec train "$@"',
-        "",
-        "%test",
-        *_test_lines(top_level),
-        "",
-        "%labels",
-        f"    org.train.image {name}",
-        f"    org.train.from {base}",
-        f"    org.train.lock {name}.txt",
-        "",
-        "%help",
-        f"    The {base} image plus what requirements/{name}.txt pins (written by `train "
-        "image new`).",
-        "    Requires Apptainer >= 1.2.0. Build from the folder above this one:",
-        f"      apptainer build --build-arg BASE_SIF={base}.sif {name}.sif "
-        f"{folder}/{name}.def",
-        "",
-    ])
+    files = [f"{folder}/wheels /opt/train/wheels"]
+    if lock_nonempty:
+        files.insert(0, f"{folder}/requirements/{name}.txt /opt/train/requirements/{name}.txt")
+    if editable is not None:
+        files.append(f"{editable} /opt/src/{name}")
+    post = ((_LOCK_POST if lock_nonempty else "")
+            + (_EDITABLE_POST if editable is not None else "")).format(name=name)
+    show = " ".join(top_level)
+    return _DEFINITION.format(
+        base=base, index=PIP_INDEX, name=name, folder=folder, post=post,
+        files="".join(f"    {entry}\n" for entry in files),
+        environment="".join(f"    {line.strip()}\n" for line in environment.splitlines()
+                            if line.strip()),
+        show=f"    python -m pip show --disable-pip-version-check {show} >/dev/null\n"
+        if show else "")
 
 
 def _check_name(name: str, containers: Path) -> None:

@@ -83,8 +83,8 @@ def image_target(base_image: str) -> Target:
     return Target(*known)
 
 
-def check_pip() -> str:
-    """The version of the pip that resolves (this Python's); too old or missing: exit 2."""
+def check_pip() -> None:
+    """The pip that resolves (this Python's) too old or missing: exit 2."""
     upgrade = f"{sys.executable} -m pip install --upgrade pip"
     try:
         import pip
@@ -97,7 +97,6 @@ def check_pip() -> str:
         raise UsageError(f"image new: pip {version[:40]} of {sys.executable} is too old: "
                          f"resolving for the image needs pip >= {MIN_PIP[0]}.{MIN_PIP[1]} "
                          f"(`pip install --dry-run --report`); upgrade it: {upgrade}")
-    return version
 
 
 def _command(target: Target, tmp: Path, index_args: Sequence[str]) -> list[str]:

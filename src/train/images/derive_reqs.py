@@ -37,16 +37,24 @@ def canonical(name: str) -> str:
     return _NAME_NORM.sub("-", name).lower()
 
 
+def _first_module(names: Sequence[str], missing: str) -> Any:
+    """The first of `names` that imports; none: a usage error saying `missing`."""
+    for name in names:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise UsageError(missing)
+
+
 def packaging() -> Any:
     """packaging's requirements and versions: the package where installed, else pip's own
     copy (pip is what resolves here, so it is always present)."""
-    for module in ("packaging", "pip._vendor.packaging"):
-        try:
-            return (importlib.import_module(f"{module}.requirements"),
-                    importlib.import_module(f"{module}.version"))
-        except ImportError:
-            continue
-    raise UsageError("image new: needs pip (python -m pip) in the Python that runs train")
+    requirements = _first_module(("packaging.requirements",
+                                  "pip._vendor.packaging.requirements"),
+                                 "image new: needs pip (python -m pip) in the Python that "
+                                 "runs train")
+    return requirements, importlib.import_module(f"{requirements.__package__}.version")
 
 
 @dataclass(frozen=True)
@@ -216,13 +224,13 @@ def check_pins(requests: Sequence[Request]) -> None:
             if version is None:
                 continue
             for other in group:
-                if other is not pinned and not _allows(other, version, vermod):
+                if other is not pinned and not allows(other, version, vermod):
                     raise UsageError(f"--requirements: {pinned.where} {pinned.text!r} and "
                                      f"{other.where} {other.text!r} conflict (no version of "
                                      f"{pinned.name} meets both); keep one")
 
 
-def _allows(request: Request, version: str, vermod: Any) -> bool:
+def allows(request: Request, version: str, vermod: Any) -> bool:
     try:
         return bool(request.req.specifier.contains(vermod.Version(version), prereleases=True))
     except vermod.InvalidVersion:
@@ -249,23 +257,14 @@ def _table(value: object, pyproject: Path, key: str) -> dict[str, Any]:
     return value
 
 
-def _toml() -> Any:
-    """tomllib (Python >= 3.11), else pip's own copy of tomli."""
-    for module in ("tomllib", "pip._vendor.tomli"):
-        try:
-            return importlib.import_module(module)
-        except ImportError:
-            continue
-    raise UsageError("--editable: reading pyproject.toml needs Python >= 3.11 or pip")
-
-
 def editable_requirements(project: Path) -> tuple[list[str], list[str]]:
     """A local project's build requirements and (static) dependencies, from its
     pyproject.toml, each key checked for its type; setuptools when it has none."""
     pyproject = project / "pyproject.toml"
     if not pyproject.exists():
         return list(DEFAULT_BUILD), []
-    toml = _toml()
+    toml = _first_module(("tomllib", "pip._vendor.tomli"),  # tomllib: Python >= 3.11
+                         "--editable: reading pyproject.toml needs Python >= 3.11 or pip")
     text = read_bounded(pyproject, "--editable", MAX_PYPROJECT_BYTES)
     try:
         data = toml.loads(text)

@@ -10,7 +10,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -92,17 +92,15 @@ def _client() -> Any:
 
 def docker_build(d: DefFile, root: Path, tag: str, build_args: Mapping[str, str],
                  localimages: Mapping[str, str], network: str = "none",
-                 nocache: bool = False, record: Path | None = None,
-                 show: Callable[[str], None] | None = None) -> BuildResult:
+                 record: Path | None = None) -> BuildResult:
     """Build with the Docker engine as Apptainer builds: one container from the base image
     runs the staged %files copies and %post, removes what was staged, and is committed as
     the image's one new layer (Docker's builder would keep each COPY as a layer, and what
     was staged with it); then a failing %test fails the build. `network`: what %post
-    reaches ("none": offline inputs only). The engine's cache is never used (`nocache`)."""
-    del nocache
+    reaches ("none": offline inputs only). The engine's cache is never used."""
     if network not in NETWORKS:
         raise UsageError(f"network: {network!r} is not one of {', '.join(NETWORKS)}")
-    build_log = BuildLog() if show is None else BuildLog(show=show)
+    build_log = BuildLog()
     args = d.resolve_arguments(build_args)
     with tempfile.TemporaryDirectory(prefix="train-image-") as tmp:
         # every input checked and translated before the engine is asked
@@ -112,9 +110,8 @@ def docker_build(d: DefFile, root: Path, tag: str, build_args: Mapping[str, str]
         archive = Path(tmp) / "staged.tar"
         _stage(ctx, translation.scripts, archive)
         client = _client()
-        base_id, container = _create_container(client, base, network, d.name)
-        image = _run_and_commit(client, container, archive, build_log, d.name, network,
-                                tag, translation, base)
+        base_id, image = _run_and_commit(client, archive, build_log, d.name, network, tag,
+                                         translation, base)
     if "test" in translation.scripts:
         _build_test(client, tag, d.name)
     result = BuildResult(str(image.id), str(image.id), build_log.downloads, args,
@@ -136,24 +133,22 @@ def _build_test(client: Any, tag: str, what: str) -> None:
                          f"runs %test last, and so does this build): {exc}") from None
 
 
-def _create_container(client: Any, base: str, network: str, what: str) -> tuple[str, Any]:
+def _run_and_commit(client: Any, archive: Path, build_log: BuildLog, what: str,
+                    network: str, tag: str, translation: Translation, base: str
+                    ) -> tuple[str, Any]:
+    """The build container from `base` (its id returned), run and committed as `tag`."""
     import docker
 
     try:
-        base_id = _base_image(client, base)
+        try:
+            base_id = str(client.images.get(base).id)
+        except docker.errors.ImageNotFound:
+            base_id = str(client.images.pull(base).id)
         container = client.containers.create(
             base, entrypoint=["/bin/sh", "-e", f"{SCRIPT_DIR}/build/all"], command=[],
             network_mode=network, detach=True)
     except docker.errors.DockerException as exc:
         raise ImageError(f"docker build of {what}: {exc}") from None
-    return base_id, container
-
-
-def _run_and_commit(client: Any, container: Any, archive: Path, build_log: BuildLog,
-                    what: str, network: str, tag: str, translation: Translation,
-                    base: str) -> Any:
-    import docker
-
     try:
         with open(archive, "rb") as fh:
             container.put_archive("/", fh)
@@ -168,8 +163,11 @@ def _run_and_commit(client: Any, container: Any, archive: Path, build_log: Build
         if code != 0:
             raise ImageError(f"docker build of {what} failed: %files/%post exited with "
                              f"{code}\n" + "\n".join(build_log.tail)
-                             + _network_hint(network))
-        return container.commit(*_split_tag(tag), changes=_config(translation, client, base))
+                             + ("\n(the build had no network: --network none. A build that "
+                                "downloads the real base, game or packages needs --network "
+                                "default)" if network == "none" else ""))
+        return base_id, container.commit(*_split_tag(tag),
+                                         changes=_config(translation, client, base))
     except docker.errors.DockerException as exc:
         raise ImageError(f"docker build of {what} failed: {exc}\n"
                          + "\n".join(build_log.tail)) from None
@@ -208,15 +206,6 @@ def _stage(ctx: Path, scripts: Mapping[str, str], archive: Path) -> None:
                 add_text(tar, f"{inside}/{name}", text, 0o644)
 
 
-def _base_image(client: Any, base: str) -> str:
-    import docker
-
-    try:
-        return str(client.images.get(base).id)
-    except docker.errors.ImageNotFound:
-        return str(client.images.pull(base).id)
-
-
 def _split_tag(tag: str) -> tuple[str, str]:
     name, sep, version = tag.rpartition(":")
     if sep and "/" not in version:
@@ -247,13 +236,6 @@ def _config(translation: Translation, client: Any, base: str) -> list[str]:
     else:
         changes.append("CMD []")
     return changes
-
-
-def _network_hint(network: str) -> str:
-    if network != "none":
-        return ""
-    return ("\n(the build had no network: --network none. A build that downloads the real "
-            "base, game or packages needs --network default)")
 
 
 def docker_run(tag: str, args: Sequence[str], entrypoint: Sequence[str] | None = None,

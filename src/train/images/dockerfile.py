@@ -34,10 +34,12 @@ SCRIPT_DIR = "/.train"
 BUILD_DIR = ".train-build"
 _ENV_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
 DOCKER_REF = re.compile(r"^[a-z0-9][a-z0-9._/:-]*(?::[A-Za-z0-9_.-]+)?(?:@sha256:[0-9a-f]{64})?$")
-_UNSUPPORTED = {"setup": "runs on the build host, which Docker cannot do",
-                "pre": "runs on the build host before bootstrap, which Docker cannot do",
-                "startscript": "is for Apptainer instances",
-                "app": "(SCIF apps) has no Docker equivalent"}
+# sections the translation refuses (lint names them too), and why
+UNSUPPORTED_SECTIONS = {"setup": "runs as root on the build host, which Docker cannot do",
+                        "pre": "runs on the build host before bootstrap, which Docker "
+                               "cannot do",
+                        "startscript": "is for Apptainer instances",
+                        "app": "(SCIF apps) has no Docker equivalent"}
 
 
 @dataclass
@@ -122,7 +124,7 @@ def translate(d: DefFile, build_args: Mapping[str, str] | None = None,
     _check_values(build_args or {}, localimages or {})
     args = d.resolve_arguments(build_args or {})
     for name, section in d.sections.items():
-        why = _UNSUPPORTED.get("app" if name.startswith("app") else name)
+        why = UNSUPPORTED_SECTIONS.get("app" if name.startswith("app") else name)
         if why:
             raise DefError(d.path, section.line, f"%{name} cannot be translated: it {why}")
 

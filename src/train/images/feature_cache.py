@@ -38,15 +38,13 @@ def how_to_clear(path: Path) -> str:
 def read_entries(path: Path) -> tuple[dict[str, object] | None, str]:
     """(the entries, a warning): {} where there are none yet or not ours (written anew);
     None, with one warning line the first time, where the file cannot be used."""
-    problem = ""
-    data: dict[str, object] | None = {}
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         return {}, ""
     except OSError as exc:
-        fd, problem = -1, f"cannot be opened ({exc.strerror or exc})"
-    if fd >= 0:
+        data, problem = None, f"cannot be opened ({exc.strerror or exc})"
+    else:
         try:
             data, problem = _read_open(fd)
         finally:
@@ -68,22 +66,16 @@ def _read_open(fd: int) -> tuple[dict[str, object] | None, str]:
                 if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a folder"
                 if stat.S_ISDIR(st.st_mode) else "not a file")
         return None, f"is not a regular file ({kind})"
-    chunks: list[bytes] = []
-    size = 0
     try:
-        while size <= CACHE_MAX_BYTES:
-            chunk = os.read(fd, CACHE_MAX_BYTES + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
+        with open(fd, "rb", closefd=False) as fh:
+            raw = fh.read(CACHE_MAX_BYTES + 1)
     except OSError as exc:
         return None, f"cannot be read ({exc.strerror or exc})"
-    if size > CACHE_MAX_BYTES:
+    if len(raw) > CACHE_MAX_BYTES:
         return None, f"is larger than {CACHE_MAX_BYTES // (1 << 20)} MiB"
     # {}: cut short, or not ours; NaN and Infinity (a hand edit) read as null, so the
     # entries can be written back as strict JSON (write_entries)
-    return parse_json_object(b"".join(chunks), parse_constant=lambda _name: None), ""
+    return parse_json_object(raw, parse_constant=lambda _name: None), ""
 
 
 def write_entries(path: Path, data: Mapping[str, object]) -> None:

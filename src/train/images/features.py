@@ -10,7 +10,6 @@ What a job needs of the image is the client's: train.client.slurm.checks.imagefi
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import secrets
@@ -18,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from train.common import _proc
+from train.common.jsonio import parse_json_object
 from train.images.feature_cache import WATCH_MAX, cache_path, read_entries, write_entries
 
 __all__ = ["PROBE", "PROBE_TIMEOUT", "Asked", "Features", "cached", "docker_facts",
@@ -100,18 +100,12 @@ def parse_probe(stdout: str) -> Features:
     it is not what the probe prints."""
     for line in reversed(stdout.splitlines()):
         if line.startswith("TRAIN-PROBE "):
-            found = _strict(_loads(line[len("TRAIN-PROBE "):]))
+            answer = line[len("TRAIN-PROBE "):].encode(errors="replace")
+            found = _strict(parse_json_object(answer))  # ({}: not JSON, or nested too deep)
             if not found.python:
                 raise ValueError("the probe's answer has no Python version")
             return found
     raise ValueError("the probe printed no answer")
-
-
-def _loads(text: str) -> object:
-    try:
-        return json.loads(text)
-    except RecursionError:  # nested past the parser's depth: not the probe's answer
-        raise ValueError("nested too deep") from None
 
 
 _FLAGS = ("torch", "train", "pynvml", "nvidia_smi")
@@ -221,10 +215,7 @@ def docker_facts(binary: str, image: str, environ: Mapping[str, str]
     if proc.returncode != 0:
         return None
     ident, _, labels = proc.stdout.strip().partition(" ")
-    try:
-        parsed = json.loads(labels) or {}
-    except ValueError:
-        parsed = {}
+    parsed = parse_json_object(labels.encode(errors="replace"))  # ({}: none, or not JSON)
     return ident, {str(k): str(v) for k, v in parsed.items()}
 
 

@@ -49,18 +49,14 @@ def _check_links(number: int, d: DefFile, source: Path, real_root: Path) -> None
                                  "(it points at a folder that contains it)")
 
 
-def unused_arguments(d: DefFile, build_args: Mapping[str, str]) -> list[str]:
-    """The build arguments given that no `{{ NAME }}` outside %arguments uses (`apptainer
-    build` stops there: "unused build args")."""
+def _check_unused(d: DefFile, build_args: Mapping[str, str]) -> None:
+    """A build argument given that no `{{ NAME }}` outside %arguments uses is refused, as
+    `apptainer build` refuses it ("unused build args")."""
     section = d.sections.get("arguments")
     skip = {n for n, _ in section.lines} if section is not None else set()
     used = {name for number, line in enumerate(d.lines, 1) if number not in skip
             for name in PLACEHOLDER_RE.findall(line)}
-    return [key for key in build_args if key not in used]
-
-
-def _check_unused(d: DefFile, build_args: Mapping[str, str]) -> None:
-    unused = unused_arguments(d, build_args)
+    unused = [key for key in build_args if key not in used]
     if unused:
         raise UsageError(f"build-arg {unused[0]}: {d.path.name} declares it but uses it "
                          "nowhere ({{ " + unused[0] + " }}), and Apptainer refuses a build "

@@ -1,44 +1,22 @@
-r"""`train image lint`: rules every image definition must follow, each violation located by
-file and line, with the rule's name.
+"""`train image lint`: rules every image definition must follow, each violation located by
+file and line, with the rule's name; each rule's message says what it wants.
 
-Rules:
-  size            over defs.MAX_BYTES (refused before any parser reads it, so lint time is
-                  linear in the file size), or a section of 64 KiB or more (Apptainer's
-                  scanner limit)
-  parse           unreadable or not UTF-8, a %arguments line that is not NAME=VALUE, or
-                  spython's parser refuses it
-  header          a header Apptainer rejects (unknown key, no `:`, a crashing continuation,
-                  a Bootstrap agent not in lower case), a repeated key (the last one wins),
-                  a key that needs Apptainer >= 1.5
-  section         a section Apptainer rejects (`%post2`, `%Files-evil`, `%app` without an
-                  app name, an indented header, a second Bootstrap: stage); %setup and
-                  %pre (run as root on the build host), %startscript and the %app*
-                  sections (our translation refuses them); arguments after a section name
-                  (`%post -c bash`, `%files from STAGE`: ignored by our translation)
-  pinned-base     no `latest`, no bare major tag
-  pip-lock        every pip install comes from a hash-pinned lock file, or is a local
-                  source tree installed with --no-index --no-deps
-  alloc-env       the tuned allocator settings in %environment
-  runscript-args  %runscript passes "$@"
-  section-NAME    %test, %labels and %help present and not empty
-  arguments-empty an empty %arguments default (`NAME=`): Apptainer 1.2.0-1.2.3 skip it
-                  and then fail on its placeholder
-  arguments-compat a default holding `=` (Apptainer 1.2.x skip it), `"` or `\` (1.2.x
-                  substitutes inside JSON)
-  placeholder     a `{{ NAME }}` not declared in %arguments, anywhere; or one after a `#`
-                  on a line that is not a comment (Apptainer >= 1.3 leaves it unfilled)
-  test-exit       %test with several commands and no `set -e` first (Apptainer runs it
-                  with plain /bin/sh: only the last command's status counts); the same
-                  for a %runscript of several commands that does not end in exec
-  files-source    a %files source that is absolute, escapes the repository (`..` or a
-                  symbolic link), matches nothing under the repository root (the parent of
-                  the folder holding the .def), uses shell expansion or single quotes; a
-                  source or destination with a control character; more than two words
-  files-nesting   in a `Bootstrap: localimage` definition, a directory copied onto a
-                  path that already exists in the base image (`cp -fLr` nests it inside):
-                  a %files destination of the base definition (found from the From:
-                  default, `base.sif` -> `base.def` beside this file) or a parent of one, a
-                  standard folder (/ /opt /usr /etc ...), or a destination ending in `/`
+  size, parse, header, section   what Apptainer's parser refuses (defs.py), what our
+                  translation refuses (%setup, %pre, %startscript, %app*) or ignores
+                  (section arguments), and header keys that need Apptainer >= 1.5
+  pinned-base, pip-lock, alloc-env, runscript-args, section-NAME (%test, %labels, %help)
+                  our images' conventions (pip-lock: a hash-pinned lock, or a local tree
+                  installed with --no-index --no-deps)
+  arguments-empty, arguments-compat   %arguments defaults Apptainer 1.2.x mishandles
+  placeholder     undeclared, or after a `#` (Apptainer >= 1.3 leaves it unfilled)
+  test-exit       %test (or a %runscript not ending in exec) of several commands without
+                  `set -e`: Apptainer runs it with plain /bin/sh, the last status counts
+  files-source    a %files source outside the repository root (the parent of the folder
+                  holding the .def), missing there, or read otherwise by Apptainer's
+                  splitter or the Docker translation
+  files-nesting   in a `Bootstrap: localimage` definition, a directory copied onto a path
+                  the base image has (a %files destination of the base's .def, found from
+                  the From: default, or a standard folder): `cp -fLr` nests it inside
 """
 
 from __future__ import annotations
@@ -58,10 +36,10 @@ from train.images.defs import (
     DefError,
     DefFile,
     parse,
-    placeholders,
     split_files_line,
     spython_check,
 )
+from train.images.dockerfile import UNSUPPORTED_SECTIONS
 
 REQUIRED_SECTIONS = ("test", "labels", "help")
 _TAG_PINNED = re.compile(r"\d+\.\d+")
@@ -94,65 +72,58 @@ def _commands(d: DefFile, section: str) -> list[tuple[int, str]]:  # continuatio
     return out
 
 
-def lock_problems(lock: Path) -> list[str]:  # requirements that carry no --hash
-    problems = []
-    current: str | None = None
-    hashed = False
-    for raw in [*lock.read_text(encoding="utf-8").splitlines(), ""]:
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
+def lock_entries(lock: Path) -> list[tuple[str, list[str]]]:
+    """(requirement, its `--hash=` values) of each entry of a hash-pinned lock file."""
+    entries: list[tuple[str, list[str]]] = []
+    for raw in lock.read_text(encoding="utf-8").splitlines():
+        line = raw.strip().rstrip("\\").strip()
         if line.startswith("--hash="):
-            hashed = True
-            continue
-        if line.startswith("-"):
-            continue
-        if current is not None and not hashed:
-            problems.append(current)
-        current, hashed = line.rstrip("\\").strip(), False
-    if current is not None and not hashed:
-        problems.append(current)
-    return problems
+            if entries:
+                entries[-1][1].append(line.removeprefix("--hash="))
+        elif line and not line.startswith(("#", "-")):
+            entries.append((line, []))
+    return entries
+
+
+def lock_problems(lock: Path) -> list[str]:  # requirements that carry no --hash
+    return [requirement for requirement, hashes in lock_entries(lock) if not hashes]
+
+
+def _pip_problem(words: list[str], requirements: Path) -> str | None:
+    """What is wrong with one pip install command of %post (its words), or None."""
+    if "--no-index" in words and "--no-deps" in words and "-r" not in words:
+        return None  # a local source tree
+    if "--require-hashes" not in words or "-r" not in words:
+        return ("pip install must use --require-hashes -r <lock file> (or install a local "
+                "tree with --no-index --no-deps)")
+    at = words.index("-r") + 1
+    if at == len(words):
+        return "-r names no lock file"
+    lock_name = Path(words[at]).name
+    lock = requirements / lock_name
+    try:
+        found = lock.is_file()
+    except OSError:  # a name too long for the file system
+        found = False
+    if not found:
+        return f"lock file {lock_name[:60]} is not in {requirements}"
+    try:
+        missing = lock_problems(lock)
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"cannot read the lock file {lock_name}: {first_line(exc, 120)}"
+    if missing:
+        return f"{lock_name} has requirements without --hash: {', '.join(missing[:3])}"
+    return None
 
 
 def _check_pip(d: DefFile, requirements: Path) -> list[Violation]:
     out = []
     args = d.arguments()
     for number, command in _commands(d, "post"):
-        if not re.search(r"\bpip3?\b.*\binstall\b", command):
-            continue
-        words = d.substitute(command, args, number).split()
-        local = "--no-index" in words and "--no-deps" in words and "-r" not in words
-        if local:
-            continue
-        if "--require-hashes" not in words or "-r" not in words:
-            out.append(Violation(str(d.path), number, "pip-lock", "pip install must use "
-                                 "--require-hashes -r <lock file> (or install a local tree "
-                                 "with --no-index --no-deps)"))
-            continue
-        at = words.index("-r") + 1
-        if at == len(words):
-            out.append(Violation(str(d.path), number, "pip-lock", "-r names no lock file"))
-            continue
-        lock_name = Path(words[at]).name
-        lock = requirements / lock_name
-        try:
-            found = lock.is_file()
-        except OSError:  # a name too long for the file system
-            found = False
-        if not found:
-            out.append(Violation(str(d.path), number, "pip-lock", f"lock file {lock_name[:60]} "
-                                 f"is not in {requirements}"))
-            continue
-        try:
-            missing = lock_problems(lock)
-        except (OSError, UnicodeDecodeError) as exc:
-            out.append(Violation(str(d.path), number, "pip-lock", f"cannot read the lock "
-                                 f"file {lock_name}: {first_line(exc, 120)}"))
-            continue
-        if missing:
-            out.append(Violation(str(d.path), number, "pip-lock", f"{lock_name} has "
-                                 f"requirements without --hash: {', '.join(missing[:3])}"))
+        if re.search(r"\bpip3?\b.*\binstall\b", command):
+            problem = _pip_problem(d.substitute(command, args, number).split(), requirements)
+            if problem is not None:
+                out.append(_v(d, number, "pip-lock", problem))
     return out
 
 
@@ -182,23 +153,23 @@ def lint_def(path: Path, requirements: Path | None = None,
         name, _, digest = image.partition("@")
         tag = name.rpartition(":")[2] if ":" in name.rpartition("/")[2] else ""
         if not digest and (not tag or tag == "latest" or not _TAG_PINNED.search(tag)):
-            out.append(Violation(str(d.path), line, "pinned-base", f"base image {image!r} "
-                                 "must be pinned to a full version tag or a digest (not "
-                                 "latest, not a bare major version)"))
+            out.append(_v(d, line, "pinned-base", f"base image {image!r} must be pinned to a "
+                          "full version tag or a digest (not latest, not a bare major "
+                          "version)"))
     out += _check_pip(d, requirements)
     env = d.sections.get("environment")
     if env is None or f"{ALLOC_CONF_VAR}={TUNED_ALLOC_CONF}" not in env.text:
-        out.append(Violation(str(d.path), env.line if env else 1, "alloc-env",
-                             f"%environment must export {ALLOC_CONF_VAR}={TUNED_ALLOC_CONF}"))
+        out.append(_v(d, env.line if env else 1, "alloc-env",
+                      f"%environment must export {ALLOC_CONF_VAR}={TUNED_ALLOC_CONF}"))
     run = d.sections.get("runscript")
     if run is None or '"$@"' not in run.text:
-        out.append(Violation(str(d.path), run.line if run else 1, "runscript-args",
-                             '%runscript must pass its arguments on with "$@"'))
+        out.append(_v(d, run.line if run else 1, "runscript-args",
+                      '%runscript must pass its arguments on with "$@"'))
     for name in REQUIRED_SECTIONS:
         sec = d.sections.get(name)
         if sec is None or not sec.text.strip():
-            out.append(Violation(str(d.path), sec.line if sec else 1, f"section-{name}",
-                                 f"%{name} is missing or empty"))
+            out.append(_v(d, sec.line if sec else 1, f"section-{name}",
+                          f"%{name} is missing or empty"))
     return sorted(out, key=lambda v: v.line)
 
 
@@ -209,12 +180,6 @@ _STANDARD_DIRS = frozenset({
     "/usr/include", "/usr/lib", "/usr/local", "/usr/local/bin", "/usr/local/lib",
     "/usr/sbin", "/usr/share", "/var", "/var/lib",
     "/tmp", "/var/tmp"})  # noqa: S108 (paths inside the image, not used here)
-_HOST_SECTIONS = {"setup": "runs as root on the build host; our translation refuses it",
-                  "pre": "runs on the build host before bootstrap; our translation "
-                         "refuses it",
-                  "startscript": "is for Apptainer instances; our translation refuses it"}
-
-
 def _v(d: DefFile, line: int, rule: str, message: str) -> Violation:
     return Violation(str(d.path), line, rule, message)
 
@@ -232,11 +197,9 @@ def _check_sections(d: DefFile) -> list[Violation]:
     out = []
     for key, sec in d.sections.items():
         name = key.split(" ", 1)[0]
-        if name in _HOST_SECTIONS:
-            out.append(_v(d, sec.line, "section", f"%{name} {_HOST_SECTIONS[name]}"))
-        elif name in APP_SECTIONS:
-            out.append(_v(d, sec.line, "section", f"%{key}: SCIF app sections have no "
-                          "Docker equivalent; our translation refuses them"))
+        why = UNSUPPORTED_SECTIONS.get("app" if name in APP_SECTIONS else name)
+        if why:
+            out.append(_v(d, sec.line, "section", f"%{key} {why}; our translation refuses it"))
         elif key.startswith("files "):
             stage = sec.args.split("#", 1)[0].split()
             why = ("copies from another build stage; multi-stage definitions are not "
@@ -272,7 +235,7 @@ def _check_placeholders(d: DefFile, args: dict[str, str]) -> list[Violation]:
     for number, text in enumerate(d.lines, start=1):
         if "{{" not in text:
             continue
-        for name in placeholders(text):
+        for name in PLACEHOLDER_RE.findall(text):
             if name not in args:
                 out.append(_v(d, number, "placeholder", f"{{{{ {name} }}}} is not declared "
                               "in %arguments"))
@@ -318,15 +281,6 @@ def _is_glob(src: str) -> bool:
     return any(c in src for c in "*?[")
 
 
-def _sources(root: Path, src: str) -> list[Path]:
-    if _is_glob(src):
-        try:
-            return sorted(root.glob(src))
-        except (ValueError, NotImplementedError):
-            return []
-    return [root / src] if (root / src).exists() else []
-
-
 def _escapes(src: str) -> bool:
     normal = posixpath.normpath(src)
     return normal == ".." or normal.startswith("../")
@@ -363,19 +317,16 @@ def _entry_problems(text: str, src: str, dst: str) -> tuple[list[str], bool]:
     return found, False
 
 
-def _source_on_disk(root: Path, resolved_root: Path, src: str
-                    ) -> tuple[str | None, list[Path]]:
+def _source_problem(root: Path, resolved_root: Path, src: str) -> str | None:
+    """Why a %files source (a glob was refused before) is no path of the repository."""
     try:
-        matches = _sources(root, src)
-        outside = any(not m.resolve().is_relative_to(resolved_root) for m in matches)
+        if not (root / src).exists():
+            return f"{src}: does not exist under {root}"
+        if not (root / src).resolve().is_relative_to(resolved_root):
+            return f"{src}: resolves outside the repository (a symbolic link)"
     except (OSError, RuntimeError) as exc:  # a name too long, a symbolic link loop
-        return f"{src[:60]}: cannot be read under {root}: {first_line(exc, 80)}", []
-    if not matches:
-        return (f"{src}: {'matches nothing' if _is_glob(src) else 'does not exist'} under "
-                f"{root}"), []
-    if outside:
-        return f"{src}: resolves outside the repository (a symbolic link)", []
-    return None, matches
+        return f"{src[:60]}: cannot be read under {root}: {first_line(exc, 80)}"
+    return None
 
 
 def _nesting(d: DefFile, line: int, src: str, dst: str, existing: set[str]
@@ -404,10 +355,10 @@ def _check_files(d: DefFile, args: dict[str, str], root: Path) -> list[Violation
         out += [_v(d, line, "files-source", m) for m in messages]
         if stop or not source_tree:
             continue  # an installed copy: sources exist only in the clone images build from
-        problem, matches = _source_on_disk(root, resolved_root, src)
+        problem = _source_problem(root, resolved_root, src)
         if problem is not None:
             out.append(_v(d, line, "files-source", problem))
-        elif existing is not None and any(m.is_dir() for m in matches):
+        elif existing is not None and (root / src).is_dir():
             out += _nesting(d, line, src, dst, existing)
     return out
 

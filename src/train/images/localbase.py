@@ -44,8 +44,7 @@ def check_base_sif(value: Path) -> Path:
 
 def header_arguments(d: DefFile) -> set[str]:
     """The build arguments the header's From: names (replaced by --base-sif)."""
-    line, value = d.header.get("from", (0, ""))
-    return set(PLACEHOLDER_RE.findall(value)) if line else set()
+    return set(PLACEHOLDER_RE.findall(d.header["from"][1]))  # (parse requires From:)
 
 
 def on_local_sif(d: DefFile, base: Path) -> str:

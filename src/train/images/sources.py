@@ -66,10 +66,6 @@ def containers_dir(defs: str | Path | None = None) -> Path:
                      "name a folder of .def files with --defs DIR")
 
 
-def known_images(defs: str | Path | None = None) -> list[str]:
-    return sorted(p.stem for p in containers_dir(defs).glob("*.def") if p.is_file())
-
-
 def find_def(image: str, defs: str | Path | None = None) -> Path:
     path = Path(image)
     if path.suffix == ".def":
@@ -79,5 +75,5 @@ def find_def(image: str, defs: str | Path | None = None) -> Path:
     candidate = containers_dir(defs) / f"{image}.def"
     if candidate.is_file():
         return candidate
-    raise UsageError(f"image: unknown image {image!r}; known: "
-                     f"{', '.join(known_images(defs))}")
+    known = sorted(p.stem for p in containers_dir(defs).glob("*.def") if p.is_file())
+    raise UsageError(f"image: unknown image {image!r}; known: {', '.join(known)}")
