@@ -227,3 +227,14 @@ def test_a_program_after_the_dashes_runs_as_a_command_without_entry(
     assert "entry=command" in out, out[:2000]
     code, _, err = _cli([*RENDER, "-e", "train", "--", *typed], capsys)
     assert code == 2 and "-e command --" in err, err
+
+
+@pytest.mark.parametrize("args", [["init", "--partition", "debug"], ["init", "--show"]])
+def test_a_defaults_path_too_long_to_open_is_exit_2_naming_it(
+        args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """ENAMETOOLONG from the defaults path (TRAIN_DEFAULTS), not a traceback."""
+    monkeypatch.setenv("TRAIN_DEFAULTS", str(tmp_path / ("d" * 300) / "defaults.yaml"))
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "cannot read the defaults file" in err and "TRAIN_DEFAULTS" in err, err

@@ -54,9 +54,9 @@ def _cmd_init(args: argparse.Namespace) -> int:
     )
 
     path = defaults_path()
-    current = load_defaults(path) if path.exists() and not args.reset else {}
+    current = load_defaults(path) if not args.reset else {}  # (says a path it cannot read)
     if args.show:
-        print(f"# {path}" + ("" if path.exists() else " (not written yet)"))
+        print(f"# {path}" + ("" if current or path.exists() else " (not written yet)"))
         print(yaml.safe_dump(current, sort_keys=False), end="")
         return EXIT_OK
     given = {k: getattr(args, k) for k in ASKED if getattr(args, k) is not None}
