@@ -91,6 +91,8 @@ def test_a_limit_squeue_cannot_give_is_the_walltime_asked_for(tmp_path: Path) ->
     assert "could not read this chunk's time limit (squeue: UNLIMITED): taking the 3600s " \
            "asked for" in proc.stderr
     assert [e[2:] for e in _events(tmp_path)][1] == ["limit", "3600 3600"]
+    # asked again before it gives up (a busy controller's one timeout is no answer)
+    assert _calls(tmp_path, "squeue").count("--noheader --jobs=500 --format=%l") == 3
 
 
 def test_a_chain_without_a_floor_asks_squeue_nothing_and_writes_no_limit(

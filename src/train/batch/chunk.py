@@ -38,6 +38,7 @@ from train.batch.step import Exit, Step, engine_root, gpu_report, slurm
 EXIT_USAGE = 2
 GRACE_SECONDS = 15  # a TERM this close to the walltime is Slurm's time limit
 NO_TASK_CODE = 1  # a step that started no task (srun said 0): the chunk failed
+LIMIT_TRIES = 3  # squeue asked for the chunk's time limit (a floor's chain), 2 s apart
 
 
 class Chunk(Step):
@@ -71,8 +72,13 @@ class Chunk(Step):
         --time, so a short chunk costs no extra chunk."""
         if not self.job.get("time_min_seconds"):
             return None
-        rc, out = slurm(["squeue", "--noheader", "--jobs=" + self.job_id, "--format=%l"])
-        limit = parse_limit(out) if rc == 0 else None
+        for attempt in range(LIMIT_TRIES):  # (a busy controller may time out once)
+            if attempt:
+                time.sleep(2)
+            rc, out = slurm(["squeue", "--noheader", "--jobs=" + self.job_id, "--format=%l"])
+            limit = parse_limit(out) if rc == 0 else None
+            if limit is not None:
+                break
         if limit is None:
             self.say("could not read this chunk's time limit (squeue: {}): taking the {}s "
                      "asked for".format(" ".join(out.split())[:200], self.asked))
