@@ -1,28 +1,11 @@
-"""`train launch`: runs inside the container on every node of a SLURM job step.
+"""`train launch` on every node of a SLURM job step: the flow (`prepare`, then `launch`);
+its parts live in train.node.launcher, one module per concern.
 
-It reads the SLURM environment (the node list through the `hostlist` library), derives the
-rendezvous (first node as master, a port from the job id, the job id as rendezvous id) and
-starts the workload in one of two ways:
-  torchrun  one task per node: torch's elastic launcher, in this process, starts one worker
-            per GPU of the node (1 on a CPU node unless --nproc-per-node says otherwise);
-  tasks     one task per GPU (what Lightning and NAVSIM's training expect): this task is one
-            rank; RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT are set and the command
-            replaces this process;
-  single    one process in all: the same variables as `torchrun --nproc-per-node 1` gives
-            (rank 0 of 1, on loopback, a free port), so a script written for torch's
-            launcher runs unchanged; the command replaces this process.
-A command that is `accelerate launch` runs in place of torch's launcher (torchrun, single):
-this task's variables (the node as one rank) and the job's shape and rendezvous as its
-flags; it starts the node's processes itself.
-Before starting it checks that CUDA works where the step has GPUs (`runtime.cuda_check`: a
-cause such as a driver too old for the image's torch is exit 3), can wait for free GPU
-memory (the field notes' wait-and-run wrapper), caps DataLoader workers by the task's CPUs
-and the host memory, and logs whether InfiniBand is visible and which NCCL settings are in
-force. Where the job asks for it (GPU jobs: the TRAIN_GPU_* settings), node-local rank 0
-starts the GPU utilisation sampler (`runtime.gpuwatch`) as a process of its own.
-
-This module is the flow (`prepare`, then `launch`); its parts live in train.node.launcher, one
-module per concern, and their names are re-exported here for the callers.
+Modes: torchrun (torch's elastic launcher in this process, a worker per GPU), tasks (this
+task is one rank; the command replaces this process) and single (rank 0 of 1 on loopback,
+as `torchrun --nproc-per-node 1` gives it, so a script written for torch's launcher runs
+unchanged). `accelerate launch` takes torch's launcher's place and starts the node's
+processes itself (train.common.launchers).
 """
 
 from __future__ import annotations
@@ -124,8 +107,6 @@ def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> 
     environ = os.environ if env is None else env
     step, master, command = prepare(opts, environ)
     enter_folder(opts.chdir)
-    # accelerate launch starts its node's processes itself: it takes the place of torch's
-    # launcher, once per node, as this task (train.common.launchers)
     accelerate = accelerate_prefix(command) > 0 and opts.mode != "tasks"
     mode = "tasks" if opts.mode == "torchrun" and accelerate else opts.mode
     # (torchrun runs `python -m MODULE` with its own interpreter: no program to find)

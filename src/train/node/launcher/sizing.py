@@ -27,22 +27,17 @@ def cap_workers(requested: int, cpus: int, procs_per_node: int, host_free: int,
     return max(0, allowed), reason
 
 
-def host_free_bytes() -> int:
-    """What the node's processes can still allocate: MemAvailable within the job's cgroup."""
-    from train.common.hostmem import available_bytes
-
-    return available_bytes()
-
-
 def size_workers(workers: int, worker_mem_mb: int, mode: str, nproc_per_node: int | None,
                  step: SlurmStep, env: MutableMapping[str, str], command: list[str]
                  ) -> list[str]:
     """Cap --workers for this node, export it (WORKER_VAR) and return the command with a
     workers override of its own set to the capped value."""
+    from train.common.hostmem import available_bytes
+
     procs = (nproc_per_node or max(1, step.gpus_on_node)) if mode == "torchrun" \
         else step.ntasks_per_node
     cpus = step.cpus_per_task // procs if mode == "torchrun" else step.cpus_per_task
-    allowed, why = cap_workers(workers, cpus, procs, host_free_bytes(), worker_mem_mb * MIB)
+    allowed, why = cap_workers(workers, cpus, procs, available_bytes(), worker_mem_mb * MIB)
     log.info("DataLoader workers per process: %d (%s)", allowed, why)
     env[WORKER_VAR] = str(allowed)
     # a Hydra override for the workers (NAVSIM's preset) gets the capped value too, and
