@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from train.common.errors import TrainError
 
@@ -60,16 +60,8 @@ def run(argv: Sequence[str], *, cwd: Path | None = None, timeout: float = 60.0,
     if skip_hung and argv and argv[0] in _HUNG:
         raise ProcError(argv, 124, f"not asked again: {argv[0]} did not answer earlier in "
                         "this command", timed_out=True)
-    try:
-        # bytes that are not UTF-8 (a site tool's output, a mangled name) are replaced
-        child, held = _start(lambda: subprocess.Popen(
-            list(argv), cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, encoding="utf-8", errors="replace",
-            env=None if env is None else dict(env), start_new_session=True))
-    except FileNotFoundError:
-        raise ProcError(argv, 127, f"{argv[0]}: command not found") from None
-    except OSError as exc:  # E2BIG (an argument list too long), EACCES, ...
-        raise ProcError(argv, 126, f"{argv[0]} could not be started: {exc}") from None
+    # bytes that are not UTF-8 (a site tool's output, a mangled name) are replaced
+    child, held = _popen(argv, env, cwd=cwd, text=True, encoding="utf-8", errors="replace")
     try:
         _deliver(held)
         stdout, stderr = child.communicate(timeout=timeout)
@@ -88,6 +80,20 @@ def run(argv: Sequence[str], *, cwd: Path | None = None, timeout: float = 60.0,
 
 _HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _P = TypeVar("_P")
+
+
+def _popen(argv: Sequence[str], env: Mapping[str, str] | None, **options: Any
+           ) -> tuple[subprocess.Popen[Any], list[int]]:
+    """argv started (`_start`) in a session of its own, stdin empty, its output piped."""
+    try:
+        return _start(lambda: subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True,
+            env=None if env is None else dict(env), **options))
+    except FileNotFoundError:
+        raise ProcError(argv, 127, f"{argv[0]}: command not found") from None
+    except OSError as exc:  # E2BIG (an argument list too long), EACCES, ...
+        raise ProcError(argv, 126, f"{argv[0]} could not be started: {exc}") from None
 
 
 def _start(start: Callable[[], _P]) -> tuple[_P, list[int]]:
@@ -168,15 +174,7 @@ def run_bounded(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] |
     stderr. `slow`: (seconds, call) calls `call()` once if argv runs that long. A non-zero
     exit is returned, not raised."""
     log.debug("running %s (at most %g s)", shlex.join(argv), timeout)
-    try:
-        proc, held = _start(lambda: subprocess.Popen(
-            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True,
-            env=None if env is None else dict(env)))
-    except FileNotFoundError:
-        raise ProcError(argv, 127, f"{argv[0]}: command not found") from None
-    except OSError as exc:
-        raise ProcError(argv, 126, f"{argv[0]} could not be started: {exc}") from None
+    proc, held = _popen(argv, env)
     try:
         _deliver(held)
         out, err, failed = _collect(proc, timeout, max_output, slow)

@@ -1,8 +1,5 @@
 """Command lines with their secrets masked (masked_argv), and any text with them and its
-credential-looking values masked (redact_text): the values of secret-looking options, the
-password options of a few programs, `wandb login KEY`, a secret setting given to a
-`config`/`configure` command, NAME=VALUE words with a secret NAME, and the same inside a
-word that is itself a command line (bash -c BODY)."""
+credential-looking values masked (redact_text)."""
 
 from __future__ import annotations
 
