@@ -19,7 +19,7 @@ from train.cli import clusters, doctor, image, init, jobs, launch, run, runs
 from train.cli.common import HelpFormatter
 from train.common.errors import EXIT_OK, runtime_missing
 from train.common.fields import FlagParser
-from train.node.nodeentry import reported, setup_logging
+from train.node.nodeentry import reported, run_launch, setup_logging
 
 if TYPE_CHECKING:
     from train.cli.common import Subparsers
@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace, workload: list[str] | None) -> int:
     try:
         if args.command == "launch":
-            return launch._cmd_launch(args, workload or [])
+            return run_launch(args, workload or [])
         if args.command in ("render", "submit"):
             job_cmd = jobs._cmd_render if args.command == "render" else jobs._cmd_submit
             return job_cmd(args, workload)

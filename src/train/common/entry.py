@@ -1,13 +1,9 @@
 """How the job's own commands start this package on a node, whatever the folder holds.
 
-`python -m train` puts the current folder first on `sys.path`: a `train.py` (or a `train/`
-package) in the submit folder, the most common layout of research code, is imported
-instead of this package and runs with the tool's arguments. `python -P` would avoid that,
-but only from Python 3.11, and the image's or the node's Python may be older. So the job
-step runs `python -c ENTRY ARGS`: ENTRY takes the current folder (the empty entry `-c`
-puts there, and any entry naming the same folder) off `sys.path` and then runs the module
-as `python -m` would. It is valid Python from 3.6 on. The program a job runs for the user
-is not touched: its `sys.path` is its own.
+`python -m train` puts the current folder first on `sys.path`, so a `train.py` in the submit
+folder (common in research code) would be imported instead of this package; `python -P`
+needs Python 3.11. So the step runs `python -c ENTRY ARGS` (valid Python from 3.6): ENTRY
+takes the current folder off `sys.path`, then runs the module as `python -m` would.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Device choice, CPU threads and torch.distributed set-up.
-
-Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK set) the default group uses NCCL on CUDA and
-gloo on CPU. Object collectives (pickled dicts, stop flags) always go through a gloo group:
-NCCL cannot move CPU objects and, used for them, hangs instead of failing.
-"""
+"""Device choice, CPU threads and torch.distributed set-up. Object collectives (pickled
+dicts, stop flags) always go through a gloo group: NCCL cannot move CPU objects and, used
+for them, hangs instead of failing. The process group is never destroyed (gloo can abort a
+rank then): `train run` ends a distributed run with os._exit once everything is written."""
 
 from __future__ import annotations
 
@@ -73,12 +71,6 @@ class DistContext:
         aborts the process then)."""
         if self.distributed:
             dist.barrier(group=self.object_group)
-
-    def close(self) -> None:
-        """Nothing to undo: the process group is left to the process's end. torch's gloo
-        can abort a rank (SIGABRT) when the group is destroyed while a peer is leaving,
-        failing a run whose work is complete; `train run` ends a distributed run with
-        os._exit once everything is written, without the C++ destructors."""
 
 
 def _int_var(env: Mapping[str, str], name: str) -> int:

@@ -1,16 +1,7 @@
-"""GPU utilisation watch: a sampler process per node, and the readers of what it wrote.
-
-Some sites cancel jobs whose GPUs sit idle (NYU Torch publishes thresholds per node family
-and enforces them), and an idle GPU is a symptom anyway: a starved data loader, a program
-on the CPU. `train launch` starts one sampler per node (`spawn`) as a separate process, so
-that sampling never slows or blocks training; this module is that process (the file's
-format: common.gpuwatch_file; the sampling: gpuwatch_sampler; the client's reader:
-client.gpuwatch_reader).
-
-The process ends when the parent is gone (PR_SET_PDEATHSIG, and the parent polled, also
-from a thread while the loop waits in NVML), and on SIGTERM or SIGINT, which keep their
-default action so that they end it even inside a blocking NVML call (every sample is on
-disk already). NVML is never shut down (nvmlShutdown can hang on a broken driver).
+"""The GPU utilisation watch's process: `train launch` starts one per node (`spawn`), so
+that sampling never slows or blocks training (some sites cancel jobs whose GPUs sit idle).
+It ends with its parent (PR_SET_PDEATHSIG, and the parent polled, also from a thread while
+the loop waits in NVML). NVML is never shut down (nvmlShutdown can hang on a broken driver).
 """
 
 from __future__ import annotations

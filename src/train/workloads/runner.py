@@ -130,7 +130,6 @@ def run(cfg: RunConfig) -> RunResult:
         return RunResult(summary.complete, summary.stop_reason, status)
     finally:
         lock.close()
-        ctx.close()
 
 
 def _start_run(cfg: RunConfig, ctx: DistContext, lock: contextlib.ExitStack,
