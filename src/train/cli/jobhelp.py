@@ -91,10 +91,6 @@ def full_epilog(p: argparse.ArgumentParser) -> str:
             if offs else "")
 
 
-def _actions(p: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    return {a.dest: a for a in p._actions}
-
-
 def _section(formatter: argparse.HelpFormatter, title: str, actions: dict[str, Any],
              rows: Sequence[tuple[str, str]]) -> None:
     formatter.start_section(title)
@@ -107,7 +103,7 @@ def _section(formatter: argparse.HelpFormatter, title: str, actions: dict[str, A
 
 def short_help(p: argparse.ArgumentParser) -> str:
     """One screen: what most jobs need, the chain basics, then where the rest is."""
-    actions = _actions(p)
+    actions = {a.dest: a for a in p._actions}
     formatter = p._get_formatter()
     formatter.add_usage(p.usage, p._actions, p._mutually_exclusive_groups)
     formatter.add_text(p.description)
@@ -118,7 +114,8 @@ def short_help(p: argparse.ArgumentParser) -> str:
     left = [a for a in p._actions if a.option_strings and a.dest not in shown
             and a.help != argparse.SUPPRESS and not isinstance(a, argparse._HelpAction)]
     prog = p.prog
-    topics = "\n".join(f"  {prog} --help {name:<12}{_group_text(p, title)}"
+    topics = "\n".join(f"  {prog} --help {name:<12}"
+                       + (_group(p, title).title or "").partition(" (")[2].rstrip(")")
                        for name, title in TOPICS.items())
     formatter.add_text(f"{len(left)} more options, by topic ({prog} --help-all: all of "
                        f"them):\n{topics}")
@@ -127,11 +124,6 @@ def short_help(p: argparse.ArgumentParser) -> str:
                        f"--episodes 9000\n  {prog} -N 2 -g 4 -t 12:00:00 -- "
                        "python train.py\nBad input exits 2 and nothing is submitted.")
     return formatter.format_help()
-
-
-def _group_text(p: argparse.ArgumentParser, title: str) -> str:
-    group = _group(p, title)
-    return (group.title or "").partition(" (")[2].rstrip(")")
 
 
 def _group(p: argparse.ArgumentParser, title: str) -> Any:

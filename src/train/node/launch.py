@@ -21,6 +21,7 @@ from train.common.errors import UsageError
 from train.common.hostmem import DEFAULT_WORKER_MEM_MB
 from train.common.launchers import accelerate_prefix, with_job_options
 from train.common.secrets.commands import masked_argv
+from train.node.gpuwatch import start_gpu_watch, stop_gpu_watch
 from train.node.launcher.environment import (
     apply_nccl_defaults,
     check_cuda,
@@ -54,7 +55,6 @@ from train.node.launcher.torchrun import (
     ready_per_rank,
     run_torchrun,
 )
-from train.node.launcher.watch import start_gpu_watch, stop_gpu_watch
 
 __all__ = ["LaunchOptions", "launch", "prepare"]
 

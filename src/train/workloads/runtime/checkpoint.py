@@ -1,16 +1,11 @@
 """Atomic, background checkpoints: snapshot in the loop, write in a thread, keep the last two.
 
-A killed process leaves at worst a stale temporary file (removed at the next start) and the
-previous complete checkpoints. Loading never runs code from the file (weights_only=True:
-NumPy arrays and RNG states are stored as uint8 tensors). A checkpoint whose sha256
-(`ckpt-N.pt.sha256`) is missing or does not match, or whose content is not the trainer's, is
-skipped with a warning and renamed `damaged-ckpt-N.pt`, so it never holds a `keep` place.
-
-A stop that cuts an episode saves the same `ckpt-N` again, and a save is two renames
-(checksum, then data): so that a kill between them never pairs data with another's checksum,
-the checksum file may list several sha256s (the new data's and the present data's) until the
-data is renamed over. The directory is fsynced after each rename, so a power cut cannot keep
-a later rename and lose an earlier one.
+Loading never runs code from the file (weights_only=True: NumPy arrays and RNG states are
+stored as uint8 tensors). A checkpoint whose sha256 (`ckpt-N.pt.sha256`) is missing or does
+not match, or whose content is not the trainer's, is skipped and renamed `damaged-ckpt-N.pt`,
+so it never holds a `keep` place. A stop that cuts an episode saves the same `ckpt-N` again:
+so that a kill between the two renames (checksum, then data) never pairs data with another's
+checksum, the checksum file may list several sha256s until the data is renamed over.
 """
 
 from __future__ import annotations
