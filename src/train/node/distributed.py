@@ -84,11 +84,8 @@ def _int_var(env: Mapping[str, str], name: str) -> int:
 
 def resolve_device(request: str, local_rank: int = 0) -> tuple[torch.device, str | None]:
     """The device, and why CUDA is unusable (None when it is usable or was not asked for).
-
-    cpu is cpu. cuda: the CUDA check first (`cuda_check`), and an unusable CUDA is a
-    ResourceError naming the cause and the fix (exit 3, before anything is written). auto:
-    cuda when torch sees a GPU, else the CPU with a warning that names the cause.
-    """
+    cuda: an unusable CUDA is a ResourceError naming the cause and the fix (exit 3, before
+    anything is written); auto: the CPU then, with a warning that names the cause."""
     if request == "cpu":
         return torch.device("cpu"), None
     facts = cuda_check.gather_facts()
@@ -115,11 +112,8 @@ def gpu_expected(facts: cuda_check.CudaFacts) -> bool:
 
 
 def configure_threads(local_world_size: int, environ: Mapping[str, str] | None = None) -> int:
-    """Share the CPUs this process may use among the ranks on the node.
-
-    torch otherwise starts one thread per core of the whole node, which oversubscribes a
-    SLURM job that was given a few CPUs of a large node.
-    """
+    """Share the CPUs this process may use among the ranks on the node: torch otherwise
+    starts a thread per core of the whole node, oversubscribing a job given a few CPUs."""
     env = os.environ if environ is None else environ
     if env.get("OMP_NUM_THREADS"):
         return torch.get_num_threads()

@@ -238,8 +238,16 @@ def watch(nvml: Any, run_dir: Path | str, node: str, settings: WatchSettings, *,
     if not sampler.gpus:
         log.info("GPU watch off: no GPU on this node")
         return 0
-    return _sample_loop(sampler, run_dir, node, settings, clock, sleep, keep_going,
-                        max_samples)
+    path = csv_path(run_dir, node)
+    fd, code = _open_csv(path)
+    if fd is None:
+        return code
+    try:
+        return _write_samples(fd, path, sampler, node, settings, clock, sleep, keep_going,
+                              max_samples)
+    finally:
+        with contextlib.suppress(OSError):  # a full disk or NFS may fail the close too
+            os.close(fd)
 
 
 def _gpu_count(nvml: Any) -> int | None:
@@ -295,21 +303,6 @@ def _write_all(fd: int, text: str) -> None:
         if written <= 0:
             raise OSError(errno.EIO, "nothing was written")
         view = view[written:]
-
-
-def _sample_loop(sampler: Sampler, run_dir: Path | str, node: str, settings: WatchSettings,
-                 clock: Callable[[], float], sleep: Callable[[float], None],
-                 keep_going: Callable[[], bool], max_samples: int | None) -> int:
-    path = csv_path(run_dir, node)
-    fd, code = _open_csv(path)
-    if fd is None:
-        return code
-    try:
-        return _write_samples(fd, path, sampler, node, settings, clock, sleep, keep_going,
-                              max_samples)
-    finally:
-        with contextlib.suppress(OSError):  # a full disk or NFS may fail the close too
-            os.close(fd)
 
 
 def _write_samples(fd: int, path: Path, sampler: Sampler, node: str,

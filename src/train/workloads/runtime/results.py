@@ -28,11 +28,6 @@ from train.common.secrets.environment import recorded_environment
 log = logging.getLogger(__name__)
 
 
-def environment_snapshot(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The recorded variable families, without secrets (train.common.secrets)."""
-    return recorded_environment(os.environ if environ is None else environ)
-
-
 def git_commit(cwd: Path | None = None) -> str | None:
     try:
         proc = _proc.run(["git", "rev-parse", "HEAD"], cwd=cwd, timeout=10)
@@ -66,7 +61,7 @@ def run_metadata(config: Mapping[str, Any], device: torch.device, extra: Mapping
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "git_commit": git_commit(),
-        "environment": environment_snapshot(),
+        "environment": recorded_environment(os.environ),  # without secrets
         **extra,
     }
 
