@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 from train.common.errors import EXIT_RESOURCE
 
-ENTRY_TEMPLATE = (
-    "import os, sys, runpy; here = os.path.realpath(os.getcwd()); "
-    "sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != here]; "
-    "runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+_CLEAN_PATH = ("here = os.path.realpath(os.getcwd()); "
+               "sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != here]; ")
+_RUN = "runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+ENTRY_TEMPLATE = "import os, sys, runpy; " + _CLEAN_PATH + _RUN
 
 
 def entry_code(module: str = "train") -> str:
@@ -54,10 +54,7 @@ BOUND_TEMPLATE = (
     "'train: error: this image\\'s Python is %d.%d (%s); the job\\'s launcher needs Python "
     ">= {shown}: use an image with a newer Python, or name its interpreter with --python"
     "\\n' % (sys.version_info[0], sys.version_info[1], sys.executable)), {code})[1]); "
-    "import os, runpy; here = os.path.realpath(os.getcwd()); "
-    "sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != here]; "
-    "sys.path.append({root!r}); "
-    "runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+    "import os, runpy; " + _CLEAN_PATH + "sys.path.append({root!r}); " + _RUN)
 
 
 def bound_entry_code(module: str = BOUND_MODULE, root: str = LAUNCHER_ROOT) -> str:
