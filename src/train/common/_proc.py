@@ -165,19 +165,18 @@ def tail(text: str, limit: int = TAIL) -> str:
 
 
 def run_bounded(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
-                max_output: int = MAX_OUTPUT,
                 slow: tuple[float, Callable[[], None]] | None = None
                 ) -> subprocess.CompletedProcess[str]:
     """Run argv (a command that may hang or flood: a site's tool) for at most `timeout`
     seconds; its group is killed then, or when argv ends leaving children behind. Keeps the
-    first `max_output` bytes of stdout (more: stopped, 125) and the last STDERR_KEPT of
+    first MAX_OUTPUT bytes of stdout (more: stopped, 125) and the last STDERR_KEPT of
     stderr. `slow`: (seconds, call) calls `call()` once if argv runs that long. A non-zero
     exit is returned, not raised."""
     log.debug("running %s (at most %g s)", shlex.join(argv), timeout)
     proc, held = _popen(argv, env)
     try:
         _deliver(held)
-        out, err, failed = _collect(proc, timeout, max_output, slow)
+        out, err, failed = _collect(proc, timeout, slow)
     finally:
         _end_group(proc)
     if failed is not None:
@@ -187,7 +186,7 @@ def run_bounded(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] |
                                        err.decode("utf-8", errors="replace"))
 
 
-def _collect(proc: subprocess.Popen[bytes], timeout: float, max_output: int,
+def _collect(proc: subprocess.Popen[bytes], timeout: float,
              slow: tuple[float, Callable[[], None]] | None
              ) -> tuple[bytes, bytes, tuple[int, str] | None]:
     """(stdout, stderr's end, (code, why) where argv was stopped): read both pipes to
@@ -217,8 +216,8 @@ def _collect(proc: subprocess.Popen[bytes], timeout: float, max_output: int,
                     sel.unregister(key.fileobj)
                 elif key.fileobj is proc.stdout:
                     out += chunk
-                    if len(out) > max_output:
-                        return bytes(out), bytes(err), (125, f"printed more than {max_output} "
+                    if len(out) > MAX_OUTPUT:
+                        return bytes(out), bytes(err), (125, f"printed more than {MAX_OUTPUT} "
                                                         "bytes; stopped")
                 else:
                     err += chunk
