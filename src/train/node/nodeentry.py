@@ -50,8 +50,6 @@ def run_launch(args: argparse.Namespace, command: list[str]) -> int:
     from train.node.launch import LaunchOptions, launch
     from train.node.signals import ignore_late_walltime_signal, install_early_handlers
 
-    # never marked ready here: the program it starts (`train run` marks itself) must have
-    # its handlers in place before the batch shell passes the walltime signal on
     install_early_handlers(mark_ready=False)
     try:
         return launch(LaunchOptions(mode=args.mode, command=command,

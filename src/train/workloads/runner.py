@@ -26,7 +26,7 @@ from train.node.distributed import DistContext, init_distributed
 from train.node.signals import StopController, effective_budget
 from train.workloads.config import RunConfig
 from train.workloads.dqn import records, trainer
-from train.workloads.runrecord import check_same_run
+from train.workloads.runrecord import batch_fallback, check_same_run
 from train.workloads.runtime import results
 from train.workloads.runtime.memory import apply_allocator_settings
 from train.workloads.runtime.precision import resolve_precision
@@ -102,8 +102,6 @@ def run(cfg: RunConfig) -> RunResult:
     validate(cfg)
     stopper = StopController(effective_budget(cfg.time_budget))
     alloc_conf = apply_allocator_settings()
-    # the device is chosen before anything is written: `--device cuda` with an unusable
-    # CUDA stops here (ResourceError, exit 3) with the cause; `auto` warns and uses the CPU
     ctx = init_distributed(cfg.device)
     lock = contextlib.ExitStack()
     try:
@@ -151,9 +149,7 @@ def _start_run(cfg: RunConfig, ctx: DistContext, lock: contextlib.ExitStack,
             "process_env": masked_environment(
                 {k: os.environ.get(k) for k in HOST_ENV_CHECK}),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            # once a chunk fell back to a smaller batch, either size may resume
-            "batch_fallback": contract.batch_fallback(cfg.batch_size) or bool(
-                previous.get("batch_fallback")),
+            "batch_fallback": batch_fallback(cfg, previous),
         }))
 
 
