@@ -273,27 +273,23 @@ def _gpu_count(nvml: Any) -> int | None:
 def _open_csv(path: Path) -> tuple[int | None, int]:
     """(the descriptor, 0) of a regular file (a FIFO would block, a device takes anything),
     else (None, the exit code)."""
+    fd = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        # O_NONBLOCK: opening a FIFO without a reader fails at once instead of waiting
+        # O_NONBLOCK: opening a FIFO without a reader fails at once (ENXIO) instead of waiting
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK
                      | os.O_CLOEXEC, 0o644)
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd, 0
     except OSError as exc:
-        if exc.errno == errno.ENXIO:  # a FIFO nobody reads
-            log.warning("GPU watch off: %s is not a regular file; nothing is written", path)
-            return None, 0
-        log.warning("GPU watch off: cannot write %s (%s)", path, _text(exc))
-        return None, 1
-    try:
-        regular = stat.S_ISREG(os.fstat(fd).st_mode)
-    except OSError:
-        regular = False
-    if not regular:
-        log.warning("GPU watch off: %s is not a regular file; nothing is written", path)
+        if fd is None and exc.errno != errno.ENXIO:
+            log.warning("GPU watch off: cannot write %s (%s)", path, _text(exc))
+            return None, 1
+    log.warning("GPU watch off: %s is not a regular file; nothing is written", path)
+    if fd is not None:
         with contextlib.suppress(OSError):
             os.close(fd)
-        return None, 0
-    return fd, 0
+    return None, 0
 
 
 def _write_all(fd: int, text: str) -> None:

@@ -118,18 +118,17 @@ def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> 
     # batch shell, which watches for that request
     shim = install_scontrol_shim(environ) if environ.get("TRAIN_STOP_REQUEST") else None
     watcher = start_gpu_watch(step, opts.mode, environ)
+    nproc = opts.nproc_per_node or max(1, step.gpus_on_node)
     if mode == "torchrun":
         def cleanup() -> None:
             stop_gpu_watch(watcher)
             remove_shim(shim)
 
-        nproc = opts.nproc_per_node or max(1, step.gpus_on_node)
         return run_torchrun(step, master, nproc, command, environ, cleanup)
     port = free_port(master) if opts.mode == "single" else step.port
     environ.update(tasks_env(step, master, port))
     if accelerate:
-        per_node = 1 if opts.mode == "single" else \
-            opts.nproc_per_node or max(1, step.gpus_on_node)
+        per_node = 1 if opts.mode == "single" else nproc
         command = with_job_options(command, len(step.nodes), step.node_id, master, port,
                                    len(step.nodes) * per_node)
         if "OMP_NUM_THREADS" not in environ and environ.get("SLURM_CPUS_PER_TASK"):
