@@ -1,6 +1,8 @@
-"""The scontrol stand-in: inside the step, a program's `scontrol requeue` (Lightning's
-SLURM support) asks the batch shell to end this chunk instead of requeueing the job from
-inside; anything else goes to the real scontrol."""
+"""The scontrol stand-in: inside the step, a program's `scontrol requeue` (Lightning's SLURM
+plugin runs it on the walltime signal, after saving its checkpoint) must not requeue the job
+from inside: the chain goes on by itself. The stand-in asks the batch shell to end the step
+(TERM to its tasks: Lightning then exits 0) by writing the file TRAIN_STOP_REQUEST names;
+the next chunk resumes from the checkpoint. Anything else goes to the real scontrol."""
 
 from __future__ import annotations
 
@@ -13,11 +15,6 @@ from pathlib import Path
 
 log = logging.getLogger("train.node.launch")
 
-# Inside the step `scontrol requeue` (Lightning's SLURM plugin runs it on the walltime
-# signal, after saving its checkpoint) must not requeue the job from inside: the chain
-# goes on by itself. This stand-in asks the batch shell to end the step (TERM to its
-# tasks: Lightning then exits 0) by writing the file TRAIN_STOP_REQUEST names; the next
-# chunk resumes from the checkpoint. Anything else goes to the real scontrol, if any.
 SCONTROL_SHIM = """#!/bin/sh
 [ "${1:-}" != --train-shim-probe ] || exit 0
 if [ -n "${TRAIN_SHIM_ACTIVE:-}" ]; then  # found itself again: no real scontrol here
