@@ -214,20 +214,15 @@ def _no_kernel_image(facts: CudaFacts, unserved: list[tuple[str, tuple[int, int]
     gpus = ", ".join(sorted({f"{name} (sm_{cap[0]}{cap[1]})" for name, cap in unserved}))
     arch = " ".join(facts.arch_list or ())
     oldest = min(cap for _name, cap in unserved)
+    hint = " needs a CUDA 12.x torch such as 2.10.0 (cu128: sm_70 and up), the cu128 variant: " \
+        "BASE_LOCK=base-cu128.txt" if oldest < (7, 5) else ""
     return (f"CUDA is unusable: {_torch(facts)} (built for CUDA {facts.torch_cuda}) carries "
             f"no code for {gpus}: its architectures are {arch}, and machine code runs only on "
             "its own major at an equal or higher minor, so every kernel would fail with \"no "
             "kernel image is available\". Fix: use the image variant built for this GPU "
             f"(docs/images.md, \"GPUs, drivers and image variants\": compute capability "
-            f"{oldest[0]}.{oldest[1]}{_variant_hint(oldest)}), or run on a partition whose GPUs "
+            f"{oldest[0]}.{oldest[1]}{hint}), or run on a partition whose GPUs "
             f"this image serves. {_CPU_FIX}")
-
-
-def _variant_hint(cap: tuple[int, int]) -> str:
-    if cap < (7, 5):
-        return " needs a CUDA 12.x torch such as 2.10.0 (cu128: sm_70 and up), the cu128 " \
-               "variant: BASE_LOCK=base-cu128.txt"
-    return ""
 
 
 def _none_visible(why: str) -> str:

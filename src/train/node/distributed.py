@@ -98,17 +98,12 @@ def resolve_device(request: str, local_rank: int = 0) -> tuple[torch.device, str
         if problem is not None:  # auto, and torch sees fewer GPUs than expected
             log.warning("--device auto: using the GPUs torch sees, but %s", problem)
         return torch.device("cuda", local_rank % facts.torch_devices), problem
-    if gpu_expected(facts):  # a GPU is here, or the job was given one: say why it is unused
+    # a GPU is here (NVML, CUDA_VISIBLE_DEVICES) or the job was given one: say why it is unused
+    if cuda_check.expected_devices(facts) or facts.slurm_gpus not in (None, "", "0"):
         log.warning("--device auto: training on the CPU: %s", problem)
     else:  # no GPU anywhere in sight (a laptop, a CPU node, the demo): nothing to fix
         log.info("--device auto: no GPU here, training on the CPU")
     return torch.device("cpu"), problem
-
-
-def gpu_expected(facts: cuda_check.CudaFacts) -> bool:
-    """Whether this process should have a GPU: the driver (NVML) counts some, the job was
-    given some (SLURM_GPUS_ON_NODE), or CUDA_VISIBLE_DEVICES names some."""
-    return bool(cuda_check.expected_devices(facts)) or facts.slurm_gpus not in (None, "", "0")
 
 
 def configure_threads(local_world_size: int, environ: Mapping[str, str] | None = None) -> int:

@@ -23,7 +23,7 @@ from train.common.launchers import accelerate_prefix, with_job_options
 from train.common.secrets.commands import masked_argv
 from train.node.gpuwatch import start_gpu_watch, stop_gpu_watch
 from train.node.launcher.environment import (
-    apply_nccl_defaults,
+    NCCL_DEFAULTS,
     check_cuda,
     enter_folder,
     find_program,
@@ -88,7 +88,8 @@ def prepare(opts: LaunchOptions, env: MutableMapping[str, str]) -> tuple[SlurmSt
     master = LOOPBACK if opts.mode == "single" else \
         env.get(MASTER_ADDR_VAR) or resolve_address(step.master)
     command = list(opts.command)
-    apply_nccl_defaults(env)
+    for key, value in NCCL_DEFAULTS.items():
+        env.setdefault(key, value)
     log_interconnect(env)
     if opts.min_free_mb is not None:
         if step.gpus_on_node == 0:

@@ -49,11 +49,6 @@ def log_interconnect(env: Mapping[str, str]) -> None:
     log.info("NCCL settings: %s", nccl or "defaults")
 
 
-def apply_nccl_defaults(env: MutableMapping[str, str]) -> None:
-    for key, value in NCCL_DEFAULTS.items():
-        env.setdefault(key, value)
-
-
 def need_torch() -> None:
     """--mode torchrun runs torch's launcher in this process: an image without torch is
     said in one line (exit 3), not as a traceback on every node."""
