@@ -31,16 +31,11 @@ from train.node.launcher.environment import (
     need_torch,
     program_environment,
 )
-from train.node.launcher.gpumem import (
-    wait_or_fall_back,
-)
 from train.node.launcher.shim import (
     install_scontrol_shim,
     remove_shim,
 )
-from train.node.launcher.sizing import (
-    size_workers,
-)
+from train.node.launcher.sizing import size_workers, wait_or_fall_back
 from train.node.launcher.step import (
     LOOPBACK,
     MASTER_ADDR_VAR,
