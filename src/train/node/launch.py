@@ -27,12 +27,10 @@ from train.node.launcher.environment import (
     check_cuda,
     enter_folder,
     find_program,
+    install_scontrol_shim,
     log_interconnect,
     need_torch,
     program_environment,
-)
-from train.node.launcher.shim import (
-    install_scontrol_shim,
     remove_shim,
 )
 from train.node.launcher.sizing import size_workers, wait_or_fall_back
