@@ -3,8 +3,7 @@
 Each command runs in its own process group (a session of its own; stdin empty: no prompt
 waits on the terminal) and is bounded: on its timeout, or when this process is interrupted
 while waiting, the whole group is killed (a program's children too, e.g. what a container
-runtime's CLI started), not the command alone. `run_bounded` for commands that may also
-flood (a site's tools); `tail` and `printable` for quoting what they printed."""
+runtime's CLI started), not the command alone."""
 
 from __future__ import annotations
 

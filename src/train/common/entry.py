@@ -43,7 +43,8 @@ def tool_args(command: Sequence[str]) -> list[str] | None:
 # An image without `train` ("bring your own image", train.node.nodeentry): the client binds
 # its own package read-only at LAUNCHER_ROOT/train and the step runs the image's Python
 # with the entry below: the version check first (too old: one line, exit 3), then
-# LAUNCHER_ROOT at the END of that process's sys.path only, then the module.
+# LAUNCHER_ROOT at the END of that process's sys.path only (the image's packages win;
+# nothing in PYTHONPATH: the program keeps the image's environment), then the module.
 MIN_PYTHON = (3, 9)
 LAUNCHER_ROOT = "/opt/train-launcher"
 BOUND_MODULE = "train.node.nodeentry"

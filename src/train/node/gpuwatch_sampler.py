@@ -1,9 +1,6 @@
-"""The GPU watch's sampler, on the node inside the container: NVML readings into the file.
-
-Each sample is written straight to the file (no buffer). Each sampler writes a START_MARK
-first: the queue wait between a chain's chunks is no idle time. Only a regular file is
-written. One warning when every sample of a GPU stayed under the threshold for the idle
-time, and again only after that GPU recovered and fell again.
+"""The GPU watch's sampler, on the node inside the container: NVML readings into the file
+(train.common.gpuwatch_file), each written straight there (no buffer). One warning when every
+sample of a GPU stayed under the threshold for the idle time, again only after it recovered.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""`train launch` for an image that has no `train` of its own ("bring your own image"):
-the bound entry (train.common.entry) runs this module with the image's Python, our package
-at the END of its `sys.path` only (nothing in PYTHONPATH: the program keeps the image's
-environment). From here on the standard library only, torch where the image has it
-(tests/unit/test_nodeentry.py). `python -m train launch` shares the parser and the start.
-"""
+"""`train launch` for an image that has no `train` of its own, run by the bound entry
+(train.common.entry): from here on the standard library only, torch where the image has it
+(tests/unit/test_nodeentry.py). `python -m train launch` shares the parser and the start."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """A run folder's record of the run it holds (config.json), and whether a run with other
-settings may continue there.
-
-No torch here: `train run` checks it on the node before training, and `train submit` on the
-login node before anything is queued, with the same rule and the same words.
-"""
+settings may continue there: `train run` checks it on the node, and `train submit` on the
+login node before anything is queued (no torch here), with the same rule and words."""
 
 from __future__ import annotations
 
