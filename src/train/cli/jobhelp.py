@@ -44,18 +44,20 @@ TOPICS: dict[str, str] = {
 
 
 class _HelpAction(argparse._HelpAction):
-    """`-h, --help [TOPIC]`: the one-screen help, or one topic's options in full."""
+    """`-h, --help [TOPIC]`: the one-screen help, or one topic's options in full; with
+    nargs 0 (`--help-all`), every option, by topic."""
 
     def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
-                 default: Any = argparse.SUPPRESS, help: str | None = None) -> None:
+                 default: Any = argparse.SUPPRESS, help: str | None = None,
+                 nargs: int | str = "?") -> None:
         argparse.Action.__init__(self, option_strings, dest=dest, default=default,
-                                 nargs="?", metavar="TOPIC", help=help)
+                                 nargs=nargs, metavar="TOPIC", help=help)
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: str | None = None) -> None:
         if values is None:
             text = short_help(parser)
-        elif values == "all":
+        elif values in ("all", []):
             text = parser.format_help()
         elif values in TOPICS:
             text = topic_help(parser, TOPICS[values])
@@ -66,20 +68,11 @@ class _HelpAction(argparse._HelpAction):
         parser.exit()
 
 
-class _HelpAllAction(argparse._HelpAction):
-    """`--help-all`: every option, by topic."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: Any, option_string: str | None = None) -> None:
-        sys.stdout.write(parser.format_help())
-        parser.exit()
-
-
 def add_help(p: argparse.ArgumentParser) -> None:
     """The job command's help options (its parser is made with add_help=False)."""
     p.add_argument("-h", "--help", action=_HelpAction,
                    help=f"this screen; --help TOPIC: one topic in full ({', '.join(TOPICS)})")
-    p.add_argument("--help-all", action=_HelpAllAction, help="every option, by topic")
+    p.add_argument("--help-all", action=_HelpAction, nargs=0, help="every option, by topic")
 
 
 def full_epilog(p: argparse.ArgumentParser) -> str:
