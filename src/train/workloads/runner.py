@@ -25,7 +25,7 @@ from train.common.secrets.environment import masked_environment
 from train.node.distributed import DistContext, init_distributed
 from train.node.signals import StopController, effective_budget
 from train.workloads.config import RunConfig
-from train.workloads.dqn import records, trainer
+from train.workloads.dqn import trainer
 from train.workloads.runrecord import batch_fallback, check_same_run
 from train.workloads.runtime import results
 from train.workloads.runtime.memory import apply_allocator_settings
@@ -153,7 +153,7 @@ def _start_run(cfg: RunConfig, ctx: DistContext, lock: contextlib.ExitStack,
         }))
 
 
-def _status(cfg: RunConfig, ctx: DistContext, summary: records.RunSummary) -> dict[str, Any]:
+def _status(cfg: RunConfig, ctx: DistContext, summary: results.RunSummary) -> dict[str, Any]:
     return {
         "complete": summary.complete,
         "stop_reason": summary.stop_reason,
@@ -166,7 +166,7 @@ def _status(cfg: RunConfig, ctx: DistContext, summary: records.RunSummary) -> di
     }
 
 
-def _record_outcome(cfg: RunConfig, summary: records.RunSummary, status: dict[str, Any]
+def _record_outcome(cfg: RunConfig, summary: results.RunSummary, status: dict[str, Any]
                     ) -> None:
     """Rank 0 at the end of every chunk. The completion record comes first: a finished
     chunk whose CSV append or plot fails (flock is ENOSYS on some Lustre mounts; a full
@@ -179,9 +179,9 @@ def _record_outcome(cfg: RunConfig, summary: records.RunSummary, status: dict[st
     else:
         marker.unlink(missing_ok=True)
     # every chunk, complete or not: the batch shell sees how much work this one added
-    contract.write_progress(cfg.out_dir, records.work_done(cfg, summary),
+    contract.write_progress(cfg.out_dir, results.work_done(cfg, summary),
                             len(cfg.seeds) * cfg.episodes)
-    warnings = records.append_result_rows(cfg)
+    warnings = results.append_result_rows(cfg)
     warnings += _plot_learning_curves(cfg)
     if not warnings:
         return

@@ -27,7 +27,6 @@ from train.node.distributed import DistContext
 from train.node.signals import StopController
 from train.workloads.config import RunConfig
 from train.workloads.dqn.agent import DQNAgent
-from train.workloads.dqn.records import RunSummary, SeedOutcome
 from train.workloads.dqn.replay import ReplayBuffer
 from train.workloads.envs.beacon import BeaconEnv
 from train.workloads.envs.spec import Env, ObsSpec
@@ -36,6 +35,7 @@ from train.workloads.runtime.checkpoint import CheckpointManager
 from train.workloads.runtime.memory import preallocate, training_state_bytes
 from train.workloads.runtime.precision import PrecisionPolicy
 from train.workloads.runtime.progress import Progress
+from train.workloads.runtime.results import RunSummary, SeedOutcome
 
 log = logging.getLogger(__name__)
 
