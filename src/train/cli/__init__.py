@@ -1,7 +1,7 @@
-"""The `train` command; the only place that turns exceptions into messages and exit codes.
-
-One module per command (or family of commands) holds its parser and its handler;
-handlers import what they need when they run, so `train launch` on the nodes stays light."""
+"""The `train` command (its exceptions become messages and exit codes in one place, shared
+with the bound launcher: train.node.nodeentry.reported). One module per command (or family)
+holds its parser and its handler; handlers import what they need when they run, so `train
+launch` on the nodes stays light."""
 
 from __future__ import annotations
 
