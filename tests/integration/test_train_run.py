@@ -24,7 +24,7 @@ from train.client.slurm.chainstatus import read_progress
 from train.common.errors import ConfigError, UsageError
 from train.workloads import runner
 from train.workloads.config import RunConfig
-from train.workloads.dqn import records, trainer
+from train.workloads.dqn import trainer
 from train.workloads.runtime import results
 from train.workloads.runtime.checkpoint import CheckpointManager
 
@@ -257,7 +257,7 @@ def test_failing_csv_is_a_warning_and_the_rerun_appends_the_row_once(
     csv_path = csv_dir / "results.csv"
     real_train = trainer.train
 
-    def train_then_break_the_csv_dir(*args: Any) -> records.RunSummary:
+    def train_then_break_the_csv_dir(*args: Any) -> results.RunSummary:
         summary = real_train(*args)
         csv_dir.rmdir()  # after validation: the directory is replaced by a file
         csv_dir.write_text("")

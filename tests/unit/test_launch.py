@@ -100,7 +100,7 @@ def test_worker_override_in_the_command_gets_the_capped_value() -> None:
 
 
 def test_the_gpu_memory_wait_ends_before_the_chunks_deadline() -> None:
-    from train.node.launcher.gpumem import MIN_WORK_SECONDS, wait_budget
+    from train.node.launcher.sizing import MIN_WORK_SECONDS, wait_budget
 
     env = {"TRAIN_DEADLINE": "10000"}
     assert wait_budget(3600.0, env, now=1000.0) == 3600.0
@@ -113,7 +113,7 @@ def test_scontrol_requeue_inside_the_step_asks_the_batch_shell_instead(
         tmp_path: Path) -> None:
     import subprocess
 
-    from train.node.launcher.shim import install_scontrol_shim
+    from train.node.launcher.environment import install_scontrol_shim
 
     real = tmp_path / "bin"
     real.mkdir()
@@ -137,7 +137,7 @@ def test_every_task_asking_at_once_gets_its_request_written(tmp_path: Path) -> N
     moment; a shared temporary name made some of them fail (exit 1, the chunk failed)."""
     import subprocess
 
-    from train.node.launcher.shim import install_scontrol_shim
+    from train.node.launcher.environment import install_scontrol_shim
 
     env = {"PATH": "/usr/bin:/bin", "TRAIN_RUN_DIR": str(tmp_path)}
     assert install_scontrol_shim(env) is not None
@@ -156,7 +156,7 @@ def test_the_stand_in_never_finds_itself_again(tmp_path: Path) -> None:
     import shutil
     import subprocess
 
-    from train.node.launcher.shim import install_scontrol_shim
+    from train.node.launcher.environment import install_scontrol_shim
 
     tools = tmp_path / "tools"  # what the stand-in uses, and no scontrol
     tools.mkdir()
@@ -202,7 +202,7 @@ def test_the_gpu_memory_wait_never_sleeps_past_its_timeout(
     import types
     from typing import ClassVar
 
-    from train.node.launcher import gpumem as launch_mod  # (the wait reads its own `time`)
+    from train.node.launcher import sizing as launch_mod  # (the wait reads its own `time`)
 
     class Clock:
         now = 0.0

@@ -23,14 +23,14 @@ import pytest
 import train
 from train.common import entry
 from train.common.entry import MIN_PYTHON, bound_entry_code, bound_root
-from train.node.nodelist import expand
+from train.node.launcher.step import expand
 
 PYENV = Path("/root/.pyenv/versions")
 # the modules `launch` starts from (a GPU step's too: the CUDA check, the watch; the entry's
 # names, which the torch check and the watch's start import at run time); what they import
 # in turn is found by importing them (_node_side)
 ENTRY_MODULES = ("train.node.nodeentry", "train.node.launch", "train.node.signals",
-                 "train.node.gpuwatch", "train.node.nodelist",
+                 "train.node.gpuwatch", "train.node.launcher.step",
                  "train.common.cuda_check", "train.common.entry")
 
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from train.common.jsonio import to_builtin, write_json_atomic
+from train.common.secrets.environment import recorded_environment
 from train.common.secrets.names import REDACTED
 from train.workloads.runtime.results import (
     append_csv_row,
-    environment_snapshot,
     moving_average,
     outcome_lines,
     plot_learning_curves,
@@ -31,7 +31,7 @@ def test_environment_snapshot_filters_and_redacts() -> None:
         "NCCL_SECRET_KEY": "k", "CUDA_PASSWORD_HINT": "p", "PYTORCH_CREDENTIALS": "c",
         "WANDB_API_KEY": "w",
     }
-    snap = environment_snapshot(env)
+    snap = recorded_environment(env)
     assert snap["SLURM_JOB_ID"] == "42" and snap["NCCL_DEBUG"] == "INFO"
     assert "HOME" not in snap and "WANDB_API_KEY" not in snap
     for name in ("SLURM_API_TOKEN", "NCCL_SECRET_KEY", "CUDA_PASSWORD_HINT",

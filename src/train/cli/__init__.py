@@ -1,7 +1,7 @@
-"""The `train` command; the only place that turns exceptions into messages and exit codes.
-
-One module per command (or family of commands) holds its parser and its handler;
-handlers import what they need when they run, so `train launch` on the nodes stays light."""
+"""The `train` command (its exceptions become messages and exit codes in one place, shared
+with the bound launcher: train.node.nodeentry.reported). One module per command (or family)
+holds its parser and its handler; handlers import what they need when they run, so `train
+launch` on the nodes stays light."""
 
 from __future__ import annotations
 
@@ -17,14 +17,12 @@ from typing import TYPE_CHECKING
 from train import __version__
 from train.cli import clusters, doctor, image, init, jobs, launch, run, runs
 from train.cli.common import HelpFormatter
-from train.common.errors import EXIT_FAILURE, EXIT_OK, TrainError, runtime_missing
+from train.common.errors import EXIT_OK, runtime_missing
 from train.common.fields import FlagParser
+from train.node.nodeentry import reported, run_launch, setup_logging
 
 if TYPE_CHECKING:
     from train.cli.common import Subparsers
-
-log = logging.getLogger("train")
-
 
 DESCRIPTION = """\
 Train on a university SLURM cluster inside a pinned container: write your defaults once
@@ -56,18 +54,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _setup_logging(verbose: bool) -> None:
-    rank = os.environ.get("RANK")
-    prefix = f"[rank {rank}] " if rank is not None else ""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format=f"%(asctime)s %(levelname)s {prefix}%(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stderr,
-    )
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-
-
 def _value_flag_joined(raw: list[str], flag: str) -> list[str]:
     """`FLAG VALUE` as `FLAG=VALUE`: a value that is itself a flag (--resume-args
     --init_from=resume), which argparse would take for an option of its own."""
@@ -93,24 +79,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw = _value_flag_joined(raw, "--resume-args")
     parser = build_parser()
     args = parser.parse_args(raw)
-    _setup_logging(args.verbose)
+    setup_logging(args.verbose)
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     if args.command not in ("launch", "run"):  # (they set their own)
         # TERM (a `timeout`, a closed session) ends a command as Ctrl-C does: the program
         # it waits on, in a process group of its own, is killed with it
         signal.signal(signal.SIGTERM, _terminated)
+    return reported(lambda: _dispatch(args, workload))
+
+
+def _dispatch(args: argparse.Namespace, workload: list[str] | None) -> int:
     try:
         if args.command == "launch":
-            return launch._cmd_launch(args, workload or [])
+            return run_launch(args, workload or [])
         if args.command in ("render", "submit"):
             job_cmd = jobs._cmd_render if args.command == "render" else jobs._cmd_submit
             return job_cmd(args, workload)
         return COMMANDS[args.command](args)
-    except TrainError as exc:
-        print(f"train: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("train: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:  # `train status | head`: the reader left, nothing to report
         with contextlib.suppress(OSError):
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115  # no flush error at exit
@@ -118,10 +103,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ModuleNotFoundError as exc:  # a client-only install: `train run` needs the run extra
         missing = runtime_missing(exc)
         if missing is None:
-            log.exception("unexpected failure")
-            return EXIT_FAILURE
-        print(f"train: error: {missing}", file=sys.stderr)
-        return missing.exit_code
-    except Exception:
-        log.exception("unexpected failure")
-        return EXIT_FAILURE
+            raise
+        raise missing from None

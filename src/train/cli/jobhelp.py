@@ -44,18 +44,20 @@ TOPICS: dict[str, str] = {
 
 
 class _HelpAction(argparse._HelpAction):
-    """`-h, --help [TOPIC]`: the one-screen help, or one topic's options in full."""
+    """`-h, --help [TOPIC]`: the one-screen help, or one topic's options in full; with
+    nargs 0 (`--help-all`), every option, by topic."""
 
     def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
-                 default: Any = argparse.SUPPRESS, help: str | None = None) -> None:
+                 default: Any = argparse.SUPPRESS, help: str | None = None,
+                 nargs: int | str = "?") -> None:
         argparse.Action.__init__(self, option_strings, dest=dest, default=default,
-                                 nargs="?", metavar="TOPIC", help=help)
+                                 nargs=nargs, metavar="TOPIC", help=help)
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: str | None = None) -> None:
         if values is None:
             text = short_help(parser)
-        elif values == "all":
+        elif values in ("all", []):
             text = parser.format_help()
         elif values in TOPICS:
             text = topic_help(parser, TOPICS[values])
@@ -66,20 +68,11 @@ class _HelpAction(argparse._HelpAction):
         parser.exit()
 
 
-class _HelpAllAction(argparse._HelpAction):
-    """`--help-all`: every option, by topic."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: Any, option_string: str | None = None) -> None:
-        sys.stdout.write(parser.format_help())
-        parser.exit()
-
-
 def add_help(p: argparse.ArgumentParser) -> None:
     """The job command's help options (its parser is made with add_help=False)."""
     p.add_argument("-h", "--help", action=_HelpAction,
                    help=f"this screen; --help TOPIC: one topic in full ({', '.join(TOPICS)})")
-    p.add_argument("--help-all", action=_HelpAllAction, help="every option, by topic")
+    p.add_argument("--help-all", action=_HelpAction, nargs=0, help="every option, by topic")
 
 
 def full_epilog(p: argparse.ArgumentParser) -> str:
@@ -89,10 +82,6 @@ def full_epilog(p: argparse.ArgumentParser) -> str:
             for s in a.option_strings if s.startswith("--no-")]
     return (f"Each on/off option also has an off form: {', '.join(offs)}.\n"
             if offs else "")
-
-
-def _actions(p: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    return {a.dest: a for a in p._actions}
 
 
 def _section(formatter: argparse.HelpFormatter, title: str, actions: dict[str, Any],
@@ -107,7 +96,7 @@ def _section(formatter: argparse.HelpFormatter, title: str, actions: dict[str, A
 
 def short_help(p: argparse.ArgumentParser) -> str:
     """One screen: what most jobs need, the chain basics, then where the rest is."""
-    actions = _actions(p)
+    actions = {a.dest: a for a in p._actions}
     formatter = p._get_formatter()
     formatter.add_usage(p.usage, p._actions, p._mutually_exclusive_groups)
     formatter.add_text(p.description)
@@ -118,7 +107,8 @@ def short_help(p: argparse.ArgumentParser) -> str:
     left = [a for a in p._actions if a.option_strings and a.dest not in shown
             and a.help != argparse.SUPPRESS and not isinstance(a, argparse._HelpAction)]
     prog = p.prog
-    topics = "\n".join(f"  {prog} --help {name:<12}{_group_text(p, title)}"
+    topics = "\n".join(f"  {prog} --help {name:<12}"
+                       + (_group(p, title).title or "").partition(" (")[2].rstrip(")")
                        for name, title in TOPICS.items())
     formatter.add_text(f"{len(left)} more options, by topic ({prog} --help-all: all of "
                        f"them):\n{topics}")
@@ -127,11 +117,6 @@ def short_help(p: argparse.ArgumentParser) -> str:
                        f"--episodes 9000\n  {prog} -N 2 -g 4 -t 12:00:00 -- "
                        "python train.py\nBad input exits 2 and nothing is submitted.")
     return formatter.format_help()
-
-
-def _group_text(p: argparse.ArgumentParser, title: str) -> str:
-    group = _group(p, title)
-    return (group.title or "").partition(" (")[2].rstrip(")")
 
 
 def _group(p: argparse.ArgumentParser, title: str) -> Any:

@@ -1,11 +1,8 @@
-"""`train launch`: start a workload on every node of a job step, inside the container.
-
-It runs on every node: its flags and its start live in train.node.nodeentry (the node side,
-standard library only), which this module only hands the parser and the arguments to."""
+"""`train launch`: start a workload on every node of a job step, inside the container; its
+flags and its start live in train.node.nodeentry (the node side, standard library only)."""
 
 from __future__ import annotations
 
-import argparse
 from typing import TYPE_CHECKING
 
 from train.node.nodeentry import add_launch_arguments
@@ -22,9 +19,3 @@ def add_launch(sub: Subparsers) -> None:
                        "step: derive the rendezvous from SLURM and start the command after "
                        "`--` (torchrun: one task per node; tasks: one task per GPU).")
     add_launch_arguments(p)
-
-
-def _cmd_launch(args: argparse.Namespace, command: list[str]) -> int:
-    from train.node.nodeentry import run_launch
-
-    return run_launch(args, command)

@@ -3,8 +3,7 @@
 Each command runs in its own process group (a session of its own; stdin empty: no prompt
 waits on the terminal) and is bounded: on its timeout, or when this process is interrupted
 while waiting, the whole group is killed (a program's children too, e.g. what a container
-runtime's CLI started), not the command alone. `run_bounded` for commands that may also
-flood (a site's tools); `tail` and `printable` for quoting what they printed."""
+runtime's CLI started), not the command alone."""
 
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from train.common.errors import TrainError
 
@@ -60,16 +59,8 @@ def run(argv: Sequence[str], *, cwd: Path | None = None, timeout: float = 60.0,
     if skip_hung and argv and argv[0] in _HUNG:
         raise ProcError(argv, 124, f"not asked again: {argv[0]} did not answer earlier in "
                         "this command", timed_out=True)
-    try:
-        # bytes that are not UTF-8 (a site tool's output, a mangled name) are replaced
-        child, held = _start(lambda: subprocess.Popen(
-            list(argv), cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, encoding="utf-8", errors="replace",
-            env=None if env is None else dict(env), start_new_session=True))
-    except FileNotFoundError:
-        raise ProcError(argv, 127, f"{argv[0]}: command not found") from None
-    except OSError as exc:  # E2BIG (an argument list too long), EACCES, ...
-        raise ProcError(argv, 126, f"{argv[0]} could not be started: {exc}") from None
+    # bytes that are not UTF-8 (a site tool's output, a mangled name) are replaced
+    child, held = _popen(argv, env, cwd=cwd, text=True, encoding="utf-8", errors="replace")
     try:
         _deliver(held)
         stdout, stderr = child.communicate(timeout=timeout)
@@ -88,6 +79,20 @@ def run(argv: Sequence[str], *, cwd: Path | None = None, timeout: float = 60.0,
 
 _HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _P = TypeVar("_P")
+
+
+def _popen(argv: Sequence[str], env: Mapping[str, str] | None, **options: Any
+           ) -> tuple[subprocess.Popen[Any], list[int]]:
+    """argv started (`_start`) in a session of its own, stdin empty, its output piped."""
+    try:
+        return _start(lambda: subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True,
+            env=None if env is None else dict(env), **options))
+    except FileNotFoundError:
+        raise ProcError(argv, 127, f"{argv[0]}: command not found") from None
+    except OSError as exc:  # E2BIG (an argument list too long), EACCES, ...
+        raise ProcError(argv, 126, f"{argv[0]} could not be started: {exc}") from None
 
 
 def _start(start: Callable[[], _P]) -> tuple[_P, list[int]]:
@@ -159,27 +164,18 @@ def tail(text: str, limit: int = TAIL) -> str:
 
 
 def run_bounded(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
-                max_output: int = MAX_OUTPUT,
                 slow: tuple[float, Callable[[], None]] | None = None
                 ) -> subprocess.CompletedProcess[str]:
     """Run argv (a command that may hang or flood: a site's tool) for at most `timeout`
     seconds; its group is killed then, or when argv ends leaving children behind. Keeps the
-    first `max_output` bytes of stdout (more: stopped, 125) and the last STDERR_KEPT of
+    first MAX_OUTPUT bytes of stdout (more: stopped, 125) and the last STDERR_KEPT of
     stderr. `slow`: (seconds, call) calls `call()` once if argv runs that long. A non-zero
     exit is returned, not raised."""
     log.debug("running %s (at most %g s)", shlex.join(argv), timeout)
-    try:
-        proc, held = _start(lambda: subprocess.Popen(
-            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True,
-            env=None if env is None else dict(env)))
-    except FileNotFoundError:
-        raise ProcError(argv, 127, f"{argv[0]}: command not found") from None
-    except OSError as exc:
-        raise ProcError(argv, 126, f"{argv[0]} could not be started: {exc}") from None
+    proc, held = _popen(argv, env)
     try:
         _deliver(held)
-        out, err, failed = _collect(proc, timeout, max_output, slow)
+        out, err, failed = _collect(proc, timeout, slow)
     finally:
         _end_group(proc)
     if failed is not None:
@@ -189,7 +185,7 @@ def run_bounded(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] |
                                        err.decode("utf-8", errors="replace"))
 
 
-def _collect(proc: subprocess.Popen[bytes], timeout: float, max_output: int,
+def _collect(proc: subprocess.Popen[bytes], timeout: float,
              slow: tuple[float, Callable[[], None]] | None
              ) -> tuple[bytes, bytes, tuple[int, str] | None]:
     """(stdout, stderr's end, (code, why) where argv was stopped): read both pipes to
@@ -219,8 +215,8 @@ def _collect(proc: subprocess.Popen[bytes], timeout: float, max_output: int,
                     sel.unregister(key.fileobj)
                 elif key.fileobj is proc.stdout:
                     out += chunk
-                    if len(out) > max_output:
-                        return bytes(out), bytes(err), (125, f"printed more than {max_output} "
+                    if len(out) > MAX_OUTPUT:
+                        return bytes(out), bytes(err), (125, f"printed more than {MAX_OUTPUT} "
                                                         "bytes; stopped")
                 else:
                     err += chunk

@@ -105,24 +105,22 @@ def check(facts: CudaFacts, expected: int | None = None) -> str | None:
         return None
     entries = visible_entries(facts.visible_devices)
     if entries is not None and not entries:
-        return _none_visible(facts, f"CUDA_VISIBLE_DEVICES={facts.visible_devices!r} hides "
-                                    "every GPU")
+        return _none_visible(f"CUDA_VISIBLE_DEVICES={facts.visible_devices!r} hides every GPU")
     slurm_none = None
     if facts.slurm_job_id and entries is None and facts.slurm_gpus in (None, "", "0"):
         gpus = "unset" if facts.slurm_gpus in (None, "") else repr(facts.slurm_gpus)
         slurm_none = (f"SLURM job {facts.slurm_job_id} was given no GPU (SLURM_GPUS_ON_NODE "
                       f"{gpus}, CUDA_VISIBLE_DEVICES unset)")
     if facts.driver_cuda is None:  # NVML says nothing: a job without GPUs, or no driver
-        return _none_visible(facts, slurm_none) if slurm_none else _no_driver(facts)
+        return _none_visible(slurm_none) if slurm_none else _no_driver(facts)
     built = parse_version(facts.torch_cuda)
     if built is not None and not driver_runs(cuda_version(facts.driver_cuda), built):
         return _driver_too_old(facts, built)
     if slurm_none:
-        return _none_visible(facts, slurm_none)
+        return _none_visible(slurm_none)
     if facts.nvml_gpus == 0:
         driver = f" {facts.driver_version}" if facts.driver_version else ""
-        return _none_visible(facts, f"the NVIDIA driver{driver} is loaded but NVML sees no "
-                                    "GPU")
+        return _none_visible(f"the NVIDIA driver{driver} is loaded but NVML sees no GPU")
     return _fewer_devices(facts, max(1, want or 0))
 
 
@@ -216,23 +214,18 @@ def _no_kernel_image(facts: CudaFacts, unserved: list[tuple[str, tuple[int, int]
     gpus = ", ".join(sorted({f"{name} (sm_{cap[0]}{cap[1]})" for name, cap in unserved}))
     arch = " ".join(facts.arch_list or ())
     oldest = min(cap for _name, cap in unserved)
+    hint = " needs a CUDA 12.x torch such as 2.10.0 (cu128: sm_70 and up), the cu128 variant: " \
+        "BASE_LOCK=base-cu128.txt" if oldest < (7, 5) else ""
     return (f"CUDA is unusable: {_torch(facts)} (built for CUDA {facts.torch_cuda}) carries "
             f"no code for {gpus}: its architectures are {arch}, and machine code runs only on "
             "its own major at an equal or higher minor, so every kernel would fail with \"no "
             "kernel image is available\". Fix: use the image variant built for this GPU "
             f"(docs/images.md, \"GPUs, drivers and image variants\": compute capability "
-            f"{oldest[0]}.{oldest[1]}{_variant_hint(oldest)}), or run on a partition whose GPUs "
+            f"{oldest[0]}.{oldest[1]}{hint}), or run on a partition whose GPUs "
             f"this image serves. {_CPU_FIX}")
 
 
-def _variant_hint(cap: tuple[int, int]) -> str:
-    if cap < (7, 5):
-        return " needs a CUDA 12.x torch such as 2.10.0 (cu128: sm_70 and up), the cu128 " \
-               "variant: BASE_LOCK=base-cu128.txt"
-    return ""
-
-
-def _none_visible(facts: CudaFacts, why: str) -> str:
+def _none_visible(why: str) -> str:
     return (f"CUDA is unusable: no GPU is visible to this process: {why}. Fix: request GPUs "
             "for the job (train submit --gpus-per-node N, sbatch --gres=gpu:N or --gpus-per-"
             "node N) and do not clear CUDA_VISIBLE_DEVICES; on a CPU node or partition, "

@@ -1,13 +1,9 @@
 """How the job's own commands start this package on a node, whatever the folder holds.
 
-`python -m train` puts the current folder first on `sys.path`: a `train.py` (or a `train/`
-package) in the submit folder, the most common layout of research code, is imported
-instead of this package and runs with the tool's arguments. `python -P` would avoid that,
-but only from Python 3.11, and the image's or the node's Python may be older. So the job
-step runs `python -c ENTRY ARGS`: ENTRY takes the current folder (the empty entry `-c`
-puts there, and any entry naming the same folder) off `sys.path` and then runs the module
-as `python -m` would. It is valid Python from 3.6 on. The program a job runs for the user
-is not touched: its `sys.path` is its own.
+`python -m train` puts the current folder first on `sys.path`, so a `train.py` in the submit
+folder (common in research code) would be imported instead of this package; `python -P`
+needs Python 3.11. So the step runs `python -c ENTRY ARGS` (valid Python from 3.6): ENTRY
+takes the current folder off `sys.path`, then runs the module as `python -m` would.
 """
 
 from __future__ import annotations
@@ -17,10 +13,10 @@ from collections.abc import Sequence
 
 from train.common.errors import EXIT_RESOURCE
 
-ENTRY_TEMPLATE = (
-    "import os, sys, runpy; here = os.path.realpath(os.getcwd()); "
-    "sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != here]; "
-    "runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+_CLEAN_PATH = ("here = os.path.realpath(os.getcwd()); "
+               "sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != here]; ")
+_RUN = "runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+ENTRY_TEMPLATE = "import os, sys, runpy; " + _CLEAN_PATH + _RUN
 
 
 def entry_code(module: str = "train") -> str:
@@ -47,7 +43,8 @@ def tool_args(command: Sequence[str]) -> list[str] | None:
 # An image without `train` ("bring your own image", train.node.nodeentry): the client binds
 # its own package read-only at LAUNCHER_ROOT/train and the step runs the image's Python
 # with the entry below: the version check first (too old: one line, exit 3), then
-# LAUNCHER_ROOT at the END of that process's sys.path only, then the module.
+# LAUNCHER_ROOT at the END of that process's sys.path only (the image's packages win;
+# nothing in PYTHONPATH: the program keeps the image's environment), then the module.
 MIN_PYTHON = (3, 9)
 LAUNCHER_ROOT = "/opt/train-launcher"
 BOUND_MODULE = "train.node.nodeentry"
@@ -58,10 +55,7 @@ BOUND_TEMPLATE = (
     "'train: error: this image\\'s Python is %d.%d (%s); the job\\'s launcher needs Python "
     ">= {shown}: use an image with a newer Python, or name its interpreter with --python"
     "\\n' % (sys.version_info[0], sys.version_info[1], sys.executable)), {code})[1]); "
-    "import os, runpy; here = os.path.realpath(os.getcwd()); "
-    "sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != here]; "
-    "sys.path.append({root!r}); "
-    "runpy.run_module({module!r}, run_name='__main__', alter_sys=True)")
+    "import os, runpy; " + _CLEAN_PATH + "sys.path.append({root!r}); " + _RUN)
 
 
 def bound_entry_code(module: str = BOUND_MODULE, root: str = LAUNCHER_ROOT) -> str:

@@ -1,15 +1,5 @@
-"""The project's exception types; `train.cli` alone maps them to messages and exit codes.
-
-Exit codes (also documented in docs/demo.md and `train run --help`):
-  0  success, or a clean stop (time budget, SIGUSR1/SIGTERM/SIGINT) after a checkpoint
-  1  an unexpected failure
-  2  bad input: unknown workload, bad config key or value, unwritable output directory
-  3  a resource the run needs is missing: GPU memory at start-up, the StarCraft II game,
-     a usable CUDA with --device cuda, the training runtime (`train run`/`train launch`
-     in a client-only install)
-  -N (killed by signal N)  SIGTERM or SIGINT during start-up, before training began
-  `train doctor`: 0 healthy, 1 a problem found, 2 bad input
-"""
+"""The project's exception types and exit codes (documented in docs/demo.md and `train run
+--help`); train.node.nodeentry.reported alone maps them to messages and exit codes."""
 
 from __future__ import annotations
 

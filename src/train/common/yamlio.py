@@ -1,15 +1,8 @@
-"""The one YAML reader for run configs, job files, profiles and defaults.
-
-Bounded and unsurprising:
-- files over MAX_BYTES are refused before parsing;
-- aliases are expanded in a count first: a document that would grow past MAX_NODES nodes
-  (a few hundred bytes of nested anchors can stand for gigabytes) is refused;
-- YAML 1.2's numbers, not 1.1's: `1:00:00` stays the text it looks like (1.1 reads it as
-  the base-60 integer 3600) and `1e-3` is a float (1.1 wants a dot: `1.0e-3`);
-- a tagged value its tag cannot read (`!!bool 2`, `!!float ''`) and an escape for a lone
-  surrogate (`"\\ud800"`, no text: it fails wherever it is written out) are errors.
-Errors are ConfigError naming the field (the config key, or the file's role) and quote at
-most a short prefix of anything they show.
+"""The one YAML reader for run configs, job files, profiles and defaults, bounded (MAX_BYTES;
+MAX_NODES once aliases are expanded: a few hundred bytes of nested anchors can stand for
+gigabytes) and with YAML 1.2's numbers, not 1.1's: `1:00:00` stays the text it looks like
+(1.1 reads the base-60 integer 3600) and `1e-3` is a float. Errors are ConfigError naming
+the field (the config key, or the file's role), quoting at most a short prefix.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Device choice, CPU threads and torch.distributed set-up.
-
-Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK set) the default group uses NCCL on CUDA and
-gloo on CPU. Object collectives (pickled dicts, stop flags) always go through a gloo group:
-NCCL cannot move CPU objects and, used for them, hangs instead of failing.
-"""
+"""Device choice, CPU threads and torch.distributed set-up. Object collectives (pickled
+dicts, stop flags) always go through a gloo group: NCCL cannot move CPU objects and, used
+for them, hangs instead of failing. The process group is never destroyed (gloo can abort a
+rank then): `train run` ends a distributed run with os._exit once everything is written."""
 
 from __future__ import annotations
 
@@ -74,12 +72,6 @@ class DistContext:
         if self.distributed:
             dist.barrier(group=self.object_group)
 
-    def close(self) -> None:
-        """Nothing to undo: the process group is left to the process's end. torch's gloo
-        can abort a rank (SIGABRT) when the group is destroyed while a peer is leaving,
-        failing a run whose work is complete; `train run` ends a distributed run with
-        os._exit once everything is written, without the C++ destructors."""
-
 
 def _int_var(env: Mapping[str, str], name: str) -> int:
     value = env.get(name, "")
@@ -92,11 +84,8 @@ def _int_var(env: Mapping[str, str], name: str) -> int:
 
 def resolve_device(request: str, local_rank: int = 0) -> tuple[torch.device, str | None]:
     """The device, and why CUDA is unusable (None when it is usable or was not asked for).
-
-    cpu is cpu. cuda: the CUDA check first (`cuda_check`), and an unusable CUDA is a
-    ResourceError naming the cause and the fix (exit 3, before anything is written). auto:
-    cuda when torch sees a GPU, else the CPU with a warning that names the cause.
-    """
+    cuda: an unusable CUDA is a ResourceError naming the cause and the fix (exit 3, before
+    anything is written); auto: the CPU then, with a warning that names the cause."""
     if request == "cpu":
         return torch.device("cpu"), None
     facts = cuda_check.gather_facts()
@@ -109,25 +98,17 @@ def resolve_device(request: str, local_rank: int = 0) -> tuple[torch.device, str
         if problem is not None:  # auto, and torch sees fewer GPUs than expected
             log.warning("--device auto: using the GPUs torch sees, but %s", problem)
         return torch.device("cuda", local_rank % facts.torch_devices), problem
-    if gpu_expected(facts):  # a GPU is here, or the job was given one: say why it is unused
+    # a GPU is here (NVML, CUDA_VISIBLE_DEVICES) or the job was given one: say why it is unused
+    if cuda_check.expected_devices(facts) or facts.slurm_gpus not in (None, "", "0"):
         log.warning("--device auto: training on the CPU: %s", problem)
     else:  # no GPU anywhere in sight (a laptop, a CPU node, the demo): nothing to fix
         log.info("--device auto: no GPU here, training on the CPU")
     return torch.device("cpu"), problem
 
 
-def gpu_expected(facts: cuda_check.CudaFacts) -> bool:
-    """Whether this process should have a GPU: the driver (NVML) counts some, the job was
-    given some (SLURM_GPUS_ON_NODE), or CUDA_VISIBLE_DEVICES names some."""
-    return bool(cuda_check.expected_devices(facts)) or facts.slurm_gpus not in (None, "", "0")
-
-
 def configure_threads(local_world_size: int, environ: Mapping[str, str] | None = None) -> int:
-    """Share the CPUs this process may use among the ranks on the node.
-
-    torch otherwise starts one thread per core of the whole node, which oversubscribes a
-    SLURM job that was given a few CPUs of a large node.
-    """
+    """Share the CPUs this process may use among the ranks on the node: torch otherwise
+    starts a thread per core of the whole node, oversubscribing a job given a few CPUs."""
     env = os.environ if environ is None else environ
     if env.get("OMP_NUM_THREADS"):
         return torch.get_num_threads()

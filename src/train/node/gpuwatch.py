@@ -1,21 +1,13 @@
-"""GPU utilisation watch: a sampler process per node, and the readers of what it wrote.
-
-Some sites cancel jobs whose GPUs sit idle (NYU Torch publishes thresholds per node family
-and enforces them), and an idle GPU is a symptom anyway: a starved data loader, a program
-on the CPU. `train launch` starts one sampler per node (`spawn`) as a separate process, so
-that sampling never slows or blocks training; this module is that process (the file's
-format: common.gpuwatch_file; the sampling: gpuwatch_sampler; the client's reader:
-client.gpuwatch_reader).
-
-The process ends when the parent is gone (PR_SET_PDEATHSIG, and the parent polled, also
-from a thread while the loop waits in NVML), and on SIGTERM or SIGINT, which keep their
-default action so that they end it even inside a blocking NVML call (every sample is on
-disk already). NVML is never shut down (nvmlShutdown can hang on a broken driver).
+"""The GPU utilisation watch's process: `train launch` starts one per node (`spawn`), so
+that sampling never slows or blocks training (some sites cancel jobs whose GPUs sit idle).
+It ends with its parent (PR_SET_PDEATHSIG, and the parent polled, also from a thread while
+the loop waits in NVML). NVML is never shut down (nvmlShutdown can hang on a broken driver).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
@@ -25,12 +17,16 @@ import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from train.common.gpuwatch_file import WatchSettings, _num
+from train.common.gpuwatch_file import WatchSettings, _num, settings_from_env
 from train.node.gpuwatch_sampler import TICK_SECONDS, _text, watch
 
-__all__ = ["die_with_parent", "main", "parent_watch", "process_alive", "spawn"]
+if TYPE_CHECKING:
+    from train.node.launcher.step import SlurmStep
+
+__all__ = ["die_with_parent", "main", "parent_watch", "process_alive", "spawn",
+           "start_gpu_watch", "stop_gpu_watch"]
 
 log = logging.getLogger("train.gpuwatch")
 
@@ -78,6 +74,37 @@ def spawn(run_dir: Path | str, node: str, settings: WatchSettings, parent: int, 
             "--idle-minutes", _num(settings.idle_minutes), "--parent", str(parent)]
     return popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                  env=None if env is None else dict(env), close_fds=True)
+
+
+def start_gpu_watch(step: SlurmStep, mode: str, env: Mapping[str, str]) -> Any:
+    """`train launch`: the node's sampler, started by node-local rank 0 only (torch's
+    launcher agent, or the task with local id 0; in tasks mode its parent is the program
+    this process execs into, the same pid) when the job's settings ask for one and the node
+    has GPUs. Never fails the launch: any problem is a warning. The process, or None."""
+    if step.gpus_on_node == 0 or (mode != "torchrun" and step.localid != 0):
+        return None
+    try:
+        settings = settings_from_env(env)
+    except ValueError as exc:
+        log.warning("GPU watch not started: %s", exc)
+        return None
+    run_dir = env.get("TRAIN_RUN_DIR")
+    if settings is None or not run_dir:
+        return None
+    node = step.nodes[step.node_id]
+    try:
+        return spawn(run_dir, node, settings, os.getpid(), env=dict(env))
+    except Exception as exc:  # whatever starting it raises: training goes on without it
+        log.warning("GPU watch not started on %s: %s", node, exc)
+        return None
+
+
+def stop_gpu_watch(proc: Any) -> None:
+    if proc is None:
+        return
+    with contextlib.suppress(Exception):
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 def _positive(text: str) -> float:

@@ -1,9 +1,6 @@
-"""The GPU watch's sampler, on the node inside the container: NVML readings into the file.
-
-Each sample is written straight to the file (no buffer). Each sampler writes a START_MARK
-first: the queue wait between a chain's chunks is no idle time. Only a regular file is
-written. One warning when every sample of a GPU stayed under the threshold for the idle
-time, and again only after that GPU recovered and fell again.
+"""The GPU watch's sampler, on the node inside the container: NVML readings into the file
+(train.common.gpuwatch_file), each written straight there (no buffer). One warning when every
+sample of a GPU stayed under the threshold for the idle time, again only after it recovered.
 """
 
 from __future__ import annotations
@@ -238,8 +235,16 @@ def watch(nvml: Any, run_dir: Path | str, node: str, settings: WatchSettings, *,
     if not sampler.gpus:
         log.info("GPU watch off: no GPU on this node")
         return 0
-    return _sample_loop(sampler, run_dir, node, settings, clock, sleep, keep_going,
-                        max_samples)
+    path = csv_path(run_dir, node)
+    fd, code = _open_csv(path)
+    if fd is None:
+        return code
+    try:
+        return _write_samples(fd, path, sampler, node, settings, clock, sleep, keep_going,
+                              max_samples)
+    finally:
+        with contextlib.suppress(OSError):  # a full disk or NFS may fail the close too
+            os.close(fd)
 
 
 def _gpu_count(nvml: Any) -> int | None:
@@ -265,27 +270,23 @@ def _gpu_count(nvml: Any) -> int | None:
 def _open_csv(path: Path) -> tuple[int | None, int]:
     """(the descriptor, 0) of a regular file (a FIFO would block, a device takes anything),
     else (None, the exit code)."""
+    fd = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        # O_NONBLOCK: opening a FIFO without a reader fails at once instead of waiting
+        # O_NONBLOCK: opening a FIFO without a reader fails at once (ENXIO) instead of waiting
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK
                      | os.O_CLOEXEC, 0o644)
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd, 0
     except OSError as exc:
-        if exc.errno == errno.ENXIO:  # a FIFO nobody reads
-            log.warning("GPU watch off: %s is not a regular file; nothing is written", path)
-            return None, 0
-        log.warning("GPU watch off: cannot write %s (%s)", path, _text(exc))
-        return None, 1
-    try:
-        regular = stat.S_ISREG(os.fstat(fd).st_mode)
-    except OSError:
-        regular = False
-    if not regular:
-        log.warning("GPU watch off: %s is not a regular file; nothing is written", path)
+        if fd is None and exc.errno != errno.ENXIO:
+            log.warning("GPU watch off: cannot write %s (%s)", path, _text(exc))
+            return None, 1
+    log.warning("GPU watch off: %s is not a regular file; nothing is written", path)
+    if fd is not None:
         with contextlib.suppress(OSError):
             os.close(fd)
-        return None, 0
-    return fd, 0
+    return None, 0
 
 
 def _write_all(fd: int, text: str) -> None:
@@ -295,21 +296,6 @@ def _write_all(fd: int, text: str) -> None:
         if written <= 0:
             raise OSError(errno.EIO, "nothing was written")
         view = view[written:]
-
-
-def _sample_loop(sampler: Sampler, run_dir: Path | str, node: str, settings: WatchSettings,
-                 clock: Callable[[], float], sleep: Callable[[float], None],
-                 keep_going: Callable[[], bool], max_samples: int | None) -> int:
-    path = csv_path(run_dir, node)
-    fd, code = _open_csv(path)
-    if fd is None:
-        return code
-    try:
-        return _write_samples(fd, path, sampler, node, settings, clock, sleep, keep_going,
-                              max_samples)
-    finally:
-        with contextlib.suppress(OSError):  # a full disk or NFS may fail the close too
-            os.close(fd)
 
 
 def _write_samples(fd: int, path: Path, sampler: Sampler, node: str,

@@ -1,28 +1,11 @@
-"""`train launch`: runs inside the container on every node of a SLURM job step.
+"""`train launch` on every node of a SLURM job step: the flow (`prepare`, then `launch`);
+its parts live in train.node.launcher, one module per concern.
 
-It reads the SLURM environment (the node list through the `hostlist` library), derives the
-rendezvous (first node as master, a port from the job id, the job id as rendezvous id) and
-starts the workload in one of two ways:
-  torchrun  one task per node: torch's elastic launcher, in this process, starts one worker
-            per GPU of the node (1 on a CPU node unless --nproc-per-node says otherwise);
-  tasks     one task per GPU (what Lightning and NAVSIM's training expect): this task is one
-            rank; RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT are set and the command
-            replaces this process;
-  single    one process in all: the same variables as `torchrun --nproc-per-node 1` gives
-            (rank 0 of 1, on loopback, a free port), so a script written for torch's
-            launcher runs unchanged; the command replaces this process.
-A command that is `accelerate launch` runs in place of torch's launcher (torchrun, single):
-this task's variables (the node as one rank) and the job's shape and rendezvous as its
-flags; it starts the node's processes itself.
-Before starting it checks that CUDA works where the step has GPUs (`runtime.cuda_check`: a
-cause such as a driver too old for the image's torch is exit 3), can wait for free GPU
-memory (the field notes' wait-and-run wrapper), caps DataLoader workers by the task's CPUs
-and the host memory, and logs whether InfiniBand is visible and which NCCL settings are in
-force. Where the job asks for it (GPU jobs: the TRAIN_GPU_* settings), node-local rank 0
-starts the GPU utilisation sampler (`runtime.gpuwatch`) as a process of its own.
-
-This module is the flow (`prepare`, then `launch`); its parts live in train.node.launcher, one
-module per concern, and their names are re-exported here for the callers.
+Modes: torchrun (torch's elastic launcher in this process, a worker per GPU), tasks (this
+task is one rank; the command replaces this process) and single (rank 0 of 1 on loopback,
+as `torchrun --nproc-per-node 1` gives it, so a script written for torch's launcher runs
+unchanged). `accelerate launch` takes torch's launcher's place and starts the node's
+processes itself (train.common.launchers).
 """
 
 from __future__ import annotations
@@ -38,25 +21,19 @@ from train.common.errors import UsageError
 from train.common.hostmem import DEFAULT_WORKER_MEM_MB
 from train.common.launchers import accelerate_prefix, with_job_options
 from train.common.secrets.commands import masked_argv
+from train.node.gpuwatch import start_gpu_watch, stop_gpu_watch
 from train.node.launcher.environment import (
-    apply_nccl_defaults,
+    NCCL_DEFAULTS,
     check_cuda,
     enter_folder,
     find_program,
+    install_scontrol_shim,
     log_interconnect,
     need_torch,
     program_environment,
-)
-from train.node.launcher.gpumem import (
-    wait_or_fall_back,
-)
-from train.node.launcher.shim import (
-    install_scontrol_shim,
     remove_shim,
 )
-from train.node.launcher.sizing import (
-    size_workers,
-)
+from train.node.launcher.sizing import size_workers, wait_or_fall_back
 from train.node.launcher.step import (
     LOOPBACK,
     MASTER_ADDR_VAR,
@@ -71,7 +48,6 @@ from train.node.launcher.torchrun import (
     ready_per_rank,
     run_torchrun,
 )
-from train.node.launcher.watch import start_gpu_watch, stop_gpu_watch
 
 __all__ = ["LaunchOptions", "launch", "prepare"]
 
@@ -105,7 +81,8 @@ def prepare(opts: LaunchOptions, env: MutableMapping[str, str]) -> tuple[SlurmSt
     master = LOOPBACK if opts.mode == "single" else \
         env.get(MASTER_ADDR_VAR) or resolve_address(step.master)
     command = list(opts.command)
-    apply_nccl_defaults(env)
+    for key, value in NCCL_DEFAULTS.items():
+        env.setdefault(key, value)
     log_interconnect(env)
     if opts.min_free_mb is not None:
         if step.gpus_on_node == 0:
@@ -124,8 +101,6 @@ def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> 
     environ = os.environ if env is None else env
     step, master, command = prepare(opts, environ)
     enter_folder(opts.chdir)
-    # accelerate launch starts its node's processes itself: it takes the place of torch's
-    # launcher, once per node, as this task (train.common.launchers)
     accelerate = accelerate_prefix(command) > 0 and opts.mode != "tasks"
     mode = "tasks" if opts.mode == "torchrun" and accelerate else opts.mode
     # (torchrun runs `python -m MODULE` with its own interpreter: no program to find)
@@ -137,18 +112,17 @@ def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> 
     # batch shell, which watches for that request
     shim = install_scontrol_shim(environ) if environ.get("TRAIN_STOP_REQUEST") else None
     watcher = start_gpu_watch(step, opts.mode, environ)
+    nproc = opts.nproc_per_node or max(1, step.gpus_on_node)
     if mode == "torchrun":
         def cleanup() -> None:
             stop_gpu_watch(watcher)
             remove_shim(shim)
 
-        nproc = opts.nproc_per_node or max(1, step.gpus_on_node)
         return run_torchrun(step, master, nproc, command, environ, cleanup)
     port = free_port(master) if opts.mode == "single" else step.port
     environ.update(tasks_env(step, master, port))
     if accelerate:
-        per_node = 1 if opts.mode == "single" else \
-            opts.nproc_per_node or max(1, step.gpus_on_node)
+        per_node = 1 if opts.mode == "single" else nproc
         command = with_job_options(command, len(step.nodes), step.node_id, master, port,
                                    len(step.nodes) * per_node)
         if "OMP_NUM_THREADS" not in environ and environ.get("SLURM_CPUS_PER_TASK"):

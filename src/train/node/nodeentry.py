@@ -1,19 +1,6 @@
-"""`train launch` for an image that has no `train` of its own ("bring your own image").
-
-The client binds its own `train` package read-only at LAUNCHER_ROOT/train and the step
-runs `PYTHON -c ENTRY launch ...` with the image's Python: ENTRY checks the Python
-version (too old: one line, exit 3), puts LAUNCHER_ROOT at the END of this process's
-`sys.path` only (the image's own packages win; nothing goes into PYTHONPATH, so the
-program the launcher starts gets the image's environment exactly as it was) and runs
-this module. Everything imported from here on (launch, signals, the scontrol stand-in,
-the GPU watch) uses the standard library, with torch where the image has it
-(tests/unit/test_nodeentry.py holds that line, for MIN_PYTHON as well).
-
-The entry's text, LAUNCHER_ROOT, MIN_PYTHON and bound_root live in train.common.entry, so
-the node side (the GPU watch, the torch check) reads them without importing this module:
-it sits on top. The normal entry (`python -m train launch`, through train.cli) shares the
-parser below.
-"""
+"""`train launch` for an image that has no `train` of its own, run by the bound entry
+(train.common.entry): from here on the standard library only, torch where the image has it
+(tests/unit/test_nodeentry.py). `python -m train launch` shares the parser and the start."""
 
 from __future__ import annotations
 
@@ -21,12 +8,12 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from train.common.errors import EXIT_FAILURE, TrainError
 from train.common.hostmem import DEFAULT_WORKER_MEM_MB
 
-__all__ = ["add_launch_arguments", "main", "run_launch"]
+__all__ = ["add_launch_arguments", "main", "reported", "run_launch", "setup_logging"]
 
 
 def add_launch_arguments(p: argparse.ArgumentParser) -> None:
@@ -60,8 +47,6 @@ def run_launch(args: argparse.Namespace, command: list[str]) -> int:
     from train.node.launch import LaunchOptions, launch
     from train.node.signals import ignore_late_walltime_signal, install_early_handlers
 
-    # never marked ready here: the program it starts (`train run` marks itself) must have
-    # its handlers in place before the batch shell passes the walltime signal on
     install_early_handlers(mark_ready=False)
     try:
         return launch(LaunchOptions(mode=args.mode, command=command,
@@ -72,6 +57,31 @@ def run_launch(args: argparse.Namespace, command: list[str]) -> int:
                                     worker_mem_mb=args.worker_mem_mb, chdir=args.chdir))
     finally:
         ignore_late_walltime_signal()
+
+
+def setup_logging(verbose: bool = False) -> None:
+    """Log lines on stderr, with the rank where torch's launcher set one."""
+    rank = os.environ.get("RANK")
+    prefix = f"[rank {rank}] " if rank is not None else ""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s %(levelname)s {prefix}%(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+
+
+def reported(command: Callable[[], int]) -> int:
+    """The command's exit code; the one place (with both entries) where an exception becomes
+    a message and an exit code."""
+    try:
+        return command()
+    except TrainError as exc:
+        print(f"train: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("train: interrupted", file=sys.stderr)
+        return 130
+    except Exception:
+        logging.getLogger("train").exception("unexpected failure")
+        return EXIT_FAILURE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -85,22 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     add_launch_arguments(sub.add_parser("launch"))
     args = parser.parse_args(raw)
-    rank = os.environ.get("RANK")
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, datefmt="%H:%M:%S",
-                        format="%(asctime)s %(levelname)s "
-                        + (f"[rank {rank}] " if rank is not None else "")
-                        + "%(name)s: %(message)s")
-    try:
-        return run_launch(args, command)
-    except TrainError as exc:
-        print(f"train: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("train: interrupted", file=sys.stderr)
-        return 130
-    except Exception:
-        logging.getLogger(__name__).exception("unexpected failure")
-        return EXIT_FAILURE
+    setup_logging()
+    return reported(lambda: run_launch(args, command))
 
 
 if __name__ == "__main__":

@@ -25,8 +25,6 @@ from train.batch.contract import DEADLINE_VAR, SIGNAL_READY_VAR
 log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
-
-# How long a requested stop waits for the current episode before the trainer cuts it.
 STOP_GRACE_SECONDS = 15.0
 
 # A walltime signal that arrived before the trainer was ready (SLURM's signal is coarse and

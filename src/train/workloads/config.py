@@ -88,9 +88,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         for f in fields(self):
             check_value(f, getattr(self, f.name))
-        if self.gamma > 1.0:
-            raise ConfigError("gamma", f"must be at most 1.0, got {self.gamma}")
-        for name in ("eps_start", "eps_end", "eval_epsilon"):
+        for name in ("gamma", "eps_start", "eps_end", "eval_epsilon"):
             if getattr(self, name) > 1.0:
                 raise ConfigError(name, f"must be at most 1.0, got {getattr(self, name)}")
         if not self.seeds:

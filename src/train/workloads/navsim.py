@@ -1,19 +1,13 @@
 """NAVSIM's training feature cache: computed once per chain, used by every later chunk.
 
 At the pinned NAVSIM commit `run_training.py` computes every scene's features again at every
-start (hours on navtrain), so the job step runs NAVSIM's command through this module
-(train.client.slurm.navsimstep.step_argv), which at each chunk's start:
-
-- finds the cache complete (a marker beside the cache folder, written only after NAVSIM's
-  caching script exited 0 for the same split and agent) and trains from it, computing and
-  scanning nothing;
-- else the first task runs NAVSIM's caching script, computing only the scenes the cache
-  lacks, marks it, and trains; the other tasks wait for the marker. A cache cut by the
-  walltime signal (or TERM) is not marked: the chunk ends as a stop (exit 0) and the next
-  completes it, first removing the scenes written in its last CUT_WINDOW_S seconds (NAVSIM
-  takes a scene whose files exist as cached, and one may be cut mid-write).
-
-The cache folder is the command's `cache_path=` (the run folder's unless the job gives one).
+start (hours on navtrain), so the step runs NAVSIM's command through this module
+(train.client.slurm.navsimstep), which trains from the cache (`cache_path=`) once it is
+marked complete for the same split and agent; else the first task runs NAVSIM's caching
+script for the scenes the cache lacks and marks it, the others wait for the marker. A cache
+cut by the walltime signal (or TERM) is not marked: the chunk ends as a stop (exit 0) and
+the next completes it, first removing the scenes written in its last CUT_WINDOW_S seconds
+(NAVSIM takes a scene whose files exist as cached, and one may be cut mid-write).
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ from train.common.secrets.environment import masked_environment
 from train.node.distributed import DistContext, init_distributed
 from train.node.signals import StopController, effective_budget
 from train.workloads.config import RunConfig
-from train.workloads.dqn import records, trainer
-from train.workloads.runrecord import check_same_run
+from train.workloads.dqn import trainer
+from train.workloads.runrecord import batch_fallback, check_same_run
 from train.workloads.runtime import results
 from train.workloads.runtime.memory import apply_allocator_settings
 from train.workloads.runtime.precision import resolve_precision
@@ -102,8 +102,6 @@ def run(cfg: RunConfig) -> RunResult:
     validate(cfg)
     stopper = StopController(effective_budget(cfg.time_budget))
     alloc_conf = apply_allocator_settings()
-    # the device is chosen before anything is written: `--device cuda` with an unusable
-    # CUDA stops here (ResourceError, exit 3) with the cause; `auto` warns and uses the CPU
     ctx = init_distributed(cfg.device)
     lock = contextlib.ExitStack()
     try:
@@ -130,7 +128,6 @@ def run(cfg: RunConfig) -> RunResult:
         return RunResult(summary.complete, summary.stop_reason, status)
     finally:
         lock.close()
-        ctx.close()
 
 
 def _start_run(cfg: RunConfig, ctx: DistContext, lock: contextlib.ExitStack,
@@ -152,13 +149,11 @@ def _start_run(cfg: RunConfig, ctx: DistContext, lock: contextlib.ExitStack,
             "process_env": masked_environment(
                 {k: os.environ.get(k) for k in HOST_ENV_CHECK}),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            # once a chunk fell back to a smaller batch, either size may resume
-            "batch_fallback": contract.batch_fallback(cfg.batch_size) or bool(
-                previous.get("batch_fallback")),
+            "batch_fallback": batch_fallback(cfg, previous),
         }))
 
 
-def _status(cfg: RunConfig, ctx: DistContext, summary: records.RunSummary) -> dict[str, Any]:
+def _status(cfg: RunConfig, ctx: DistContext, summary: results.RunSummary) -> dict[str, Any]:
     return {
         "complete": summary.complete,
         "stop_reason": summary.stop_reason,
@@ -171,7 +166,7 @@ def _status(cfg: RunConfig, ctx: DistContext, summary: records.RunSummary) -> di
     }
 
 
-def _record_outcome(cfg: RunConfig, summary: records.RunSummary, status: dict[str, Any]
+def _record_outcome(cfg: RunConfig, summary: results.RunSummary, status: dict[str, Any]
                     ) -> None:
     """Rank 0 at the end of every chunk. The completion record comes first: a finished
     chunk whose CSV append or plot fails (flock is ENOSYS on some Lustre mounts; a full
@@ -184,9 +179,9 @@ def _record_outcome(cfg: RunConfig, summary: records.RunSummary, status: dict[st
     else:
         marker.unlink(missing_ok=True)
     # every chunk, complete or not: the batch shell sees how much work this one added
-    contract.write_progress(cfg.out_dir, records.work_done(cfg, summary),
+    contract.write_progress(cfg.out_dir, results.work_done(cfg, summary),
                             len(cfg.seeds) * cfg.episodes)
-    warnings = records.append_result_rows(cfg)
+    warnings = results.append_result_rows(cfg)
     warnings += _plot_learning_curves(cfg)
     if not warnings:
         return

@@ -1,9 +1,6 @@
 """A run folder's record of the run it holds (config.json), and whether a run with other
-settings may continue there.
-
-No torch here: `train run` checks it on the node before training, and `train submit` on the
-login node before anything is queued, with the same rule and the same words.
-"""
+settings may continue there: `train run` checks it on the node, and `train submit` on the
+login node before anything is queued (no torch here), with the same rule and words."""
 
 from __future__ import annotations
 
@@ -49,12 +46,15 @@ def differences(cfg: RunConfig, data: dict[str, Any]) -> dict[str, tuple[Any, An
     if not data or not trained_before(cfg):  # an attempt that stopped before training
         return {}                             # pins nothing
     recorded = data["config"]
-    # a run that fell back to a smaller batch (train launch's GPU memory wait) continues
-    # with either size
-    fallback = contract.batch_fallback(cfg.batch_size) or bool(data.get("batch_fallback"))
-    exempt = {"batch_size"} if fallback else set()
+    exempt = {"batch_size"} if batch_fallback(cfg, data) else set()
     return {k: (recorded[k], v) for k, v in cfg.identity().items()
             if k in recorded and recorded[k] != v and k not in exempt}
+
+
+def batch_fallback(cfg: RunConfig, record: dict[str, Any]) -> bool:
+    """The run goes on with either batch size: `train launch`'s GPU memory wait fell back to
+    a smaller one, in this chunk or (the record says) an earlier one."""
+    return contract.batch_fallback(cfg.batch_size) or bool(record.get("batch_fallback"))
 
 
 def describe(differ: dict[str, tuple[Any, Any]]) -> str:

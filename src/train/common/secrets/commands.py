@@ -1,8 +1,5 @@
 """Command lines with their secrets masked (masked_argv), and any text with them and its
-credential-looking values masked (redact_text): the values of secret-looking options, the
-password options of a few programs, `wandb login KEY`, a secret setting given to a
-`config`/`configure` command, NAME=VALUE words with a secret NAME, and the same inside a
-word that is itself a command line (bash -c BODY)."""
+credential-looking values masked (redact_text)."""
 
 from __future__ import annotations
 
@@ -255,11 +252,8 @@ def _mask_shell(text: str, depth: int = 0) -> str:
 
 
 def redact_text(text: str) -> str:
-    """`text` with every credential-looking part replaced by <redacted>: values of
-    secret-looking names (token=..., "api_key": "...", --token X, --password='X'),
-    the password of a URL (scheme://user:<redacted>@host), Authorization headers (Basic,
-    Bearer ...), JWTs and well-known token formats (ghp_..., hf_..., AKIA...), and the
-    passwords of the command lines in it (mysql -p..., curl -u user:..., sshpass -p ...)."""
+    """`text` with every credential-looking part (train.common.secrets.values) and the
+    secrets of the command lines in it (masked_argv's) replaced by <redacted>."""
     return _redact_values(_mask_shell(text))
 
 

@@ -1,10 +1,12 @@
-"""The SLURM job step as `train launch` sees it: the node list, this task's place in it,
-the rendezvous (first node as master, a port from the job id) and what each launch mode
-hands the program."""
+"""The SLURM job step as `train launch` sees it: the node list (Slurm's compressed lists,
+`gpu[01-03,07],login5`, expanded by python-hostlist where it is installed, else here with
+the standard library), this task's place in it, the rendezvous (first node as master, a
+port from the job id) and what each launch mode hands the program."""
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 from collections.abc import Mapping, Sequence
@@ -63,8 +65,6 @@ def gpus_visible(env: Mapping[str, str]) -> int:
 
 def read_step(env: Mapping[str, str]) -> SlurmStep:
     """The job step as SLURM describes it; inconsistencies are errors naming the variable."""
-    from train.node.nodelist import expand_nodes
-
     raw = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     if not raw:
         raise UsageError("environment variable SLURM_JOB_NODELIST is missing: `train launch` "
@@ -146,3 +146,63 @@ def free_port(address: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((address, 0))
         return int(sock.getsockname()[1])
+
+
+_RANGE = re.compile(r"^([0-9]+)(?:-([0-9]+))?$")
+
+
+def _split_top(text: str) -> list[str]:  # on the commas outside brackets
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"unbalanced ']' in {text!r}")
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    if depth != 0:
+        raise ValueError(f"unbalanced '[' in {text!r}")
+    parts.append(current)
+    return [p for p in parts if p]
+
+
+def _expand_one(name: str) -> list[str]:
+    match = re.search(r"\[([^\[\]]*)\]", name)
+    if match is None:
+        return [name]
+    head, tail = name[:match.start()], name[match.end():]
+    out: list[str] = []
+    for item in match.group(1).split(","):
+        found = _RANGE.match(item.strip())
+        if found is None:
+            raise ValueError(f"bad range {item!r} in {name!r}")
+        low, high = found.group(1), found.group(2) or found.group(1)
+        if int(high) < int(low):
+            raise ValueError(f"range {item!r} goes down in {name!r}")
+        width = len(low)
+        for number in range(int(low), int(high) + 1):
+            for rest in _expand_one(tail):  # a second bracket later in the name
+                out.append(f"{head}{number:0{width}d}{rest}")
+    return out
+
+
+def expand(text: str) -> list[str]:
+    """Every node name of a list, in order; ValueError for a malformed one."""
+    names: list[str] = []
+    for part in _split_top(text.strip()):
+        names += _expand_one(part)
+    return names
+
+
+def expand_nodes(raw: str) -> list[str]:
+    """python-hostlist where it is installed; either raises for a malformed list."""
+    try:
+        import hostlist
+    except ImportError:
+        return expand(raw)
+    return list(hostlist.expand_hostlist(raw))

@@ -18,6 +18,7 @@ from torch import nn
 
 from train.workloads.config import RunConfig
 from train.workloads.dqn.network import QNetwork, action_mask
+from train.workloads.dqn.replay import zero_arrays
 from train.workloads.envs.spec import MOVE_SCREEN, Observation, ObsSpec
 from train.workloads.runtime.precision import PrecisionPolicy, masked_fill_unavailable
 
@@ -108,15 +109,7 @@ class DQNAgent:
         return loss.detach()
 
     def dummy_batch(self, batch_size: int) -> dict[str, torch.Tensor]:
-        s = self.spec
-        shapes = {
-            "screen": ((s.screen_channels, s.res, s.res), torch.uint8),
-            "minimap": ((s.minimap_channels, s.res, s.res), torch.uint8),
-            "nonspatial": ((s.nonspatial_dim,), torch.float32),
-        }
-        return {prefix + name: torch.zeros((batch_size, *shape), dtype=dtype,
-                                           device=self.device)
-                for prefix in ("", "next_") for name, (shape, dtype) in shapes.items()}
+        return self.to_batch(zero_arrays(batch_size, self.spec))
 
     def dummy_step(self) -> None:
         """Allocate Adam's state and a full batch's activations, changing nothing: then the

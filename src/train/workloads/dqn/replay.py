@@ -30,6 +30,12 @@ def _layout(capacity: int, spec: ObsSpec) -> dict[str, tuple[tuple[int, ...], An
     return out
 
 
+def zero_arrays(capacity: int, spec: ObsSpec) -> dict[str, np.ndarray]:
+    """The buffer's arrays, zeros (the agent's dummy batch is one of `capacity` rows)."""
+    return {name: np.zeros(shape, dtype=dtype)
+            for name, (shape, dtype) in _layout(capacity, spec).items()}
+
+
 class ReplayBuffer:
     @staticmethod
     def bytes_needed(capacity: int, spec: ObsSpec) -> int:
@@ -39,9 +45,7 @@ class ReplayBuffer:
 
     def __init__(self, capacity: int, spec: ObsSpec) -> None:
         self.capacity = capacity
-        self.arrays: dict[str, np.ndarray] = {
-            name: np.zeros(shape, dtype=dtype)
-            for name, (shape, dtype) in _layout(capacity, spec).items()}
+        self.arrays = zero_arrays(capacity, spec)
         self.ptr = 0
         self.size = 0
 

@@ -21,21 +21,21 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from train.batch import contract
 from train.common.errors import CheckpointError, UsageError, first_line
 from train.common.jsonio import read_json_object, write_json_atomic
 from train.node.distributed import DistContext
 from train.node.signals import StopController
 from train.workloads.config import RunConfig
 from train.workloads.dqn.agent import DQNAgent
-from train.workloads.dqn.records import RunSummary, SeedOutcome
 from train.workloads.dqn.replay import ReplayBuffer
 from train.workloads.envs.beacon import BeaconEnv
 from train.workloads.envs.spec import Env, ObsSpec
+from train.workloads.runrecord import batch_fallback
 from train.workloads.runtime.checkpoint import CheckpointManager
 from train.workloads.runtime.memory import preallocate, training_state_bytes
 from train.workloads.runtime.precision import PrecisionPolicy
 from train.workloads.runtime.progress import Progress
+from train.workloads.runtime.results import RunSummary, SeedOutcome
 
 log = logging.getLogger(__name__)
 
@@ -218,10 +218,7 @@ class SeedRun:
         state = self.checkpoints.load_latest(check_state, set_aside=self.ctx.is_main)
         if state is None:
             return False
-        # a run that fell back to a smaller batch (train launch's GPU memory wait) resumes
-        # with either size from then on
-        self.batch_fallback = contract.batch_fallback(self.cfg.batch_size) or bool(
-            state.get("batch_fallback"))
+        self.batch_fallback = batch_fallback(self.cfg, state)
         exempt = {"batch_size"} if self.batch_fallback else set()
         mismatched = {k: (v, state["identity"].get(k)) for k, v in self.cfg.identity().items()
                       if state["identity"].get(k) != v and k not in exempt}

@@ -1,16 +1,11 @@
 """Atomic, background checkpoints: snapshot in the loop, write in a thread, keep the last two.
 
-A killed process leaves at worst a stale temporary file (removed at the next start) and the
-previous complete checkpoints. Loading never runs code from the file (weights_only=True:
-NumPy arrays and RNG states are stored as uint8 tensors). A checkpoint whose sha256
-(`ckpt-N.pt.sha256`) is missing or does not match, or whose content is not the trainer's, is
-skipped with a warning and renamed `damaged-ckpt-N.pt`, so it never holds a `keep` place.
-
-A stop that cuts an episode saves the same `ckpt-N` again, and a save is two renames
-(checksum, then data): so that a kill between them never pairs data with another's checksum,
-the checksum file may list several sha256s (the new data's and the present data's) until the
-data is renamed over. The directory is fsynced after each rename, so a power cut cannot keep
-a later rename and lose an earlier one.
+Loading never runs code from the file (weights_only=True: NumPy arrays and RNG states are
+stored as uint8 tensors). A checkpoint whose sha256 (`ckpt-N.pt.sha256`) is missing or does
+not match, or whose content is not the trainer's, is skipped and renamed `damaged-ckpt-N.pt`,
+so it never holds one of the KEEP places. A stop that cuts an episode saves the same `ckpt-N` again:
+so that a kill between the two renames (checksum, then data) never pairs data with another's
+checksum, the checksum file may list several sha256s until the data is renamed over.
 """
 
 from __future__ import annotations
@@ -111,6 +106,7 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 _OUT_OF_MEMORY = re.compile(r"DefaultCPUAllocator|Cannot allocate memory|out of memory",
                             re.IGNORECASE)
 _MAX_SUMS = 8  # lines a checksum file may carry: a few saves of one name each cut short
+KEEP = 2  # complete checkpoints kept: the newest, and one before it should it be damaged
 
 
 def _write_synced(path: Path, text: str) -> None:
@@ -210,13 +206,10 @@ def episode_of(path: Path) -> int:
 
 
 class CheckpointManager:
-    """Checkpoints of one run in one directory, named by episode, the newest `keep` kept."""
+    """Checkpoints of one run in one directory, named by episode, the newest KEEP kept."""
 
-    def __init__(self, directory: Path, keep: int = 2, background: bool = True) -> None:
-        if keep < 2:
-            raise ValueError("keep at least two checkpoints")
+    def __init__(self, directory: Path, background: bool = True) -> None:
         self.directory = directory
-        self.keep = keep
         self.background = background
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -309,7 +302,7 @@ class CheckpointManager:
     def _write(self, snap: dict[str, Any], path: Path) -> None:
         try:
             save_atomic(snap, path)
-            pruned = self.complete()[: -self.keep]
+            pruned = self.complete()[:-KEEP]
             for old in pruned:
                 old.unlink(missing_ok=True)
             if pruned:  # the data is gone on disk before its checksum: never one without
