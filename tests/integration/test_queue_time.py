@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-from tests.integration.chains import logs, settled, slurm, submit, wait
+from tests.conftest import REPO, run_cli
+from tests.integration.chains import job_flags, logs, settled, slurm, submit, wait
+from train.batch.contract import JOB_SCRIPT, JOBS_DIR
 
 pytestmark = pytest.mark.slurm
 
@@ -64,3 +65,22 @@ def test_a_chunk_fits_the_hole_before_a_maintenance_and_the_chain_goes_on_after_
     assert int(second["started"][0]) >= made + 180 + 60 - 5, events
     assert "complete" in second, events
     assert "plain rank 0 resumed at step 5" in logs(run_dir, "out"), logs(run_dir, "out")
+
+
+def test_the_default_floor_is_off_where_slurm_starts_every_floor_job_short(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    """Slurm 22.05 starts a job that has --time-min with that minimum as its limit even on
+    idle nodes: there the default floor is off, said at submit; later releases keep it."""
+    version = slurm(["sbatch", "--version"], slurm_env).split()[1]
+    proc = run_cli(["submit", "--name", "release", *job_flags(
+        "--entry", "command", "--time", "8", "--max-chunks", "2", "--stop-signal", "USR1"),
+        "--", "true"], cwd=tmp_path, env=slurm_env)
+    try:
+        assert proc.returncode == 0, proc.stderr
+        script = (tmp_path / "runs" / "release" / JOBS_DIR / JOB_SCRIPT).read_text()
+        short = tuple(int(n) for n in version.split(".")[:2]) < (23, 0)
+        assert ("#SBATCH --time-min=" in script) is not short, (version, script)
+        assert (f"Slurm {version} starts a job that has --time-min" in proc.stderr) is short, \
+            proc.stderr
+    finally:
+        run_cli(["cancel", "release"], cwd=tmp_path, env=slurm_env)

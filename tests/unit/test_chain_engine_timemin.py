@@ -101,3 +101,22 @@ def test_a_chain_without_a_floor_asks_squeue_nothing_and_writes_no_limit(
     assert proc.returncode == 0, proc.stderr
     assert "limit" not in _kinds(tmp_path)
     assert not any("%l" in call for call in _calls(tmp_path, "squeue"))
+
+
+@pytest.mark.parametrize(("said", "short"), [
+    ("slurm 22.05.8\n", "22.05.8"), ("slurm 21.08.5\n", "21.08.5"),
+    ("slurm 23.02.7\n", None), ("slurm 24.11.5\n", None), ("slurm 26.05.5\n", None),
+    ("junk\n", None), ("", None)])
+def test_the_release_where_a_default_floor_would_start_every_chunk_short(
+        said: str, short: str | None, tmp_path: Path) -> None:
+    import os
+    import shlex
+
+    from train.client.slurm.testonly import floor_starts_short
+
+    stub = tmp_path / "sbatch"
+    stub.write_text(f"#!/bin/bash\necho {shlex.quote(said.strip())}\n")
+    stub.chmod(0o755)
+    assert floor_starts_short({**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin"}) == short
+    stub.write_text("#!/bin/bash\nexit 1\n")  # no answer: the floor stays
+    assert floor_starts_short({**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin"}) is None

@@ -237,6 +237,17 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
     from train.client.slurm.submission import submit_chain
 
     spec, root, jobs = _resolved_jobs(args, workload)  # every seed validated first
+    if spec.time_min is None and jobs[0][1].time_min and not args.no_check:
+        from train.client.slurm.testonly import floor_starts_short
+
+        release = floor_starts_short()
+        if release is not None:
+            args.time_min = "off"
+            spec, root, jobs = _resolved_jobs(args, workload)
+            print(f"train: note: Slurm {release} starts a job that has --time-min with that "
+                  "minimum as its time limit even on idle nodes: the chain's chunks ask for "
+                  "the whole --time here (give --time-min to have a floor anyway)",
+                  file=sys.stderr)
     jobs = _check_jobs(args, jobs, submitting=True)
     _warn_traps(spec, jobs)
     from train.client.programs import command_as_run, submit_notes

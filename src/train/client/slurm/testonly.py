@@ -153,3 +153,25 @@ def ask(job: ResolvedJob, environ: dict[str, str], begin: str | None = None
     from train.client.slurm.render import render
 
     return refusal(job, render(job), environ, begin)
+
+
+# Slurm 22.05 starts a job that has --time-min with that minimum as its time limit even on
+# idle nodes (tried on the local clusters: 22.05.8 gives 2:00 of `-t 10 --time-min 2`, 24.11
+# and 26.05 give 10:00); releases before this are taken to do the same
+FLOOR_STARTS_SHORT_BEFORE = (23, 0)
+
+
+def floor_starts_short(environ: dict[str, str] | None = None) -> str | None:
+    """The Slurm release (`sbatch --version`) where a default floor (--time-min) would make
+    every chunk start short, or None (a later release, or no answer: the floor stays)."""
+    try:
+        out = _proc.run(["sbatch", "--version"], timeout=TEST_TIMEOUT, env=environ,
+                        skip_hung=True).stdout
+    except _proc.ProcError:
+        return None
+    words = out.split()
+    numbers = words[1].split(".")[:2] if len(words) > 1 else []
+    if len(numbers) == 2 and all(n.isdigit() for n in numbers) and \
+            (int(numbers[0]), int(numbers[1])) < FLOOR_STARTS_SHORT_BEFORE:
+        return words[1]
+    return None
