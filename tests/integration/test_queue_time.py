@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.integration.chains import logs, settled, slurm, submit, wait
+from tests.integration.test_benchmarks import NUMBER, short_run
 
 pytestmark = pytest.mark.slurm
 
@@ -64,3 +65,12 @@ def test_a_chunk_fits_the_hole_before_a_maintenance_and_the_chain_goes_on_after_
     assert int(second["started"][0]) >= made + 180 + 60 - 5, events
     assert "complete" in second, events
     assert "plain rank 0 resumed at step 5" in logs(run_dir, "out"), logs(run_dir, "out")
+
+
+def test_the_queue_benchmark_runs_in_its_short_mode(tmp_path: Path,
+                                                    slurm_env: dict[str, str]) -> None:
+    """benchmarks/bench_queue.py's code whole (the other users' jobs, the maintenance, both
+    chains, the figures from the run folders) on a scenario with nothing to wait for: here,
+    beside the main run (noxfile.py's SLURM_CHAINS_I), not in test_benchmarks.py's."""
+    short_run(tmp_path, "queue", rf"\| ratio \| {NUMBER}x \|(?s:.*)\| fixed chunks \| 1 \| "
+              rf"\d+ \|(?s:.*)\| site-b \(n1, n2\) \| 1 min \| {NUMBER} \|", slurm_env)
