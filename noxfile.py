@@ -409,7 +409,7 @@ def bench(session: nox.Session) -> None:
         if not script.is_file():
             session.error(
                 f"Usage: nox -s bench -- [update] [checkpoint] [learning] [submit] [image] "
-                f"[launch] [chain] [flags] [doctor] [gpu]; "
+                f"[launch] [chain] [flags] [doctor] [gpu] [queue]; "
                 f"no benchmark named {name!r}"
             )
         session.run("python", str(script))

@@ -9,7 +9,9 @@ Test knobs (environment): USER_STEPS total steps; USER_HOLD_AT makes the first c
 there (still answering its stop signal) after writing `user_held-RANK`, so a test stops
 it with work left, counted in steps, never in seconds. USER_LATE_RANK: that rank starts
 late (a node still unpacking the image): before its handler is set, it writes
-`user_late-RANK` and waits for the test's `user_go`.
+`user_late-RANK` and waits for the test's `user_go`. USER_STEP_SECONDS: each step takes
+that long (a trainer's step of a known length, so that a shorter chunk does less work; a
+step the stop signal comes in is not done).
 """
 
 import importlib.util
@@ -43,6 +45,14 @@ def leaks() -> list[str]:
     if os.environ.get("LD_LIBRARY_PATH", "/.singularity.d/libs") != "/.singularity.d/libs":
         found.append("LD_LIBRARY_PATH=" + os.environ["LD_LIBRARY_PATH"])
     return found
+
+
+def save(ckpt: Path, rank: int, step: int) -> int:
+    tmp = ckpt.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"step": step}))
+    tmp.replace(ckpt)
+    print(f"plain rank {rank} stopped by signal at step {step}", flush=True)
+    return 0
 
 
 def main() -> int:
@@ -82,7 +92,13 @@ def main() -> int:
     total = int(os.environ.get("USER_STEPS", "20"))
     hold = int(os.environ.get("USER_HOLD_AT", "0"))
     first_chunk = os.environ.get("TRAIN_CHUNK", "1") == "1"
+    pace = float(os.environ.get("USER_STEP_SECONDS", "0"))
     while step < total:
+        until = time.monotonic() + pace
+        while time.monotonic() < until and not stop["signal"]:
+            time.sleep(0.05)
+        if stop["signal"]:
+            return save(ckpt, rank, step)
         step += 1
         while hold and first_chunk and step == hold and not stop["signal"]:
             held = run_dir / f"user_held-{rank}"
@@ -90,11 +106,7 @@ def main() -> int:
                 held.write_text(str(step))
             time.sleep(0.1)
         if stop["signal"]:
-            tmp = ckpt.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"step": step}))
-            tmp.replace(ckpt)
-            print(f"plain rank {rank} stopped by signal at step {step}", flush=True)
-            return 0
+            return save(ckpt, rank, step)
     print(f"plain rank {rank} done at step {step}", flush=True)
     return 0
 

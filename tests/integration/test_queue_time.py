@@ -12,6 +12,7 @@ until its stop signal), never sized from a speed.
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 import time
@@ -20,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, run_cli
-from tests.integration.chains import job_flags, logs, settled, slurm, submit, wait
+from tests.integration.chains import ACTIVE, job_flags, logs, settled, slurm, submit, wait
+from tests.integration.test_benchmarks import NUMBER, short_run
 from train.batch.contract import JOB_SCRIPT, JOBS_DIR
 
 pytestmark = pytest.mark.slurm
@@ -84,3 +86,34 @@ def test_the_default_floor_is_off_where_slurm_starts_every_floor_job_short(
             proc.stderr
     finally:
         run_cli(["cancel", "release"], cwd=tmp_path, env=slurm_env)
+
+
+def test_the_queue_benchmark_runs_in_its_short_mode(tmp_path: Path,
+                                                    slurm_env: dict[str, str]) -> None:
+    """benchmarks/bench_queue.py's code whole (the other users' jobs, the maintenance, both
+    chains, the figures from the run folders) on a scenario with nothing to wait for: here,
+    beside the main run (noxfile.py's SLURM_CHAINS_I), not in test_benchmarks.py's."""
+    short_run(tmp_path, "queue", rf"\| ratio \| {NUMBER}x \|(?s:.*)\| fixed chunks \| 1 \| "
+              rf"\d+ \|(?s:.*)\| site-b \(n1, n2\) \| 1 min \| {NUMBER} \|", slurm_env)
+
+
+def test_the_queue_benchmark_removes_its_jobs_and_reservation_when_the_chain_fails(
+        slurm_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = importlib.util.spec_from_file_location("bench_queue",
+                                                  REPO / "benchmarks" / "bench_queue.py")
+    assert spec and spec.loader
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_queue", bench)  # (its dataclasses look it up)
+    spec.loader.exec_module(bench)
+    with pytest.raises(RuntimeError, match="the chain failed"), \
+            bench.busy_cluster(bench.FULL, slurm_env, "gone") as busy:
+        assert set(busy.jobs) == {"site-a", "site-b"}
+        assert "bench_maint_gone" in slurm(["scontrol", "show", "reservation"], slurm_env)
+        raise RuntimeError("the chain failed")
+    assert "bench_maint_gone" not in slurm(["scontrol", "show", "reservation"], slurm_env)
+    deadline = time.monotonic() + 60
+    while (left := [s for s in slurm(["squeue", "-h", "-j", ",".join(busy.jobs.values()),
+                                      "-o", "%T"], slurm_env).split() if s in ACTIVE]) \
+            and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left
