@@ -120,3 +120,17 @@ def test_the_release_where_a_default_floor_would_start_every_chunk_short(
     assert floor_starts_short({**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin"}) == short
     stub.write_text("#!/bin/bash\nexit 1\n")  # no answer: the floor stays
     assert floor_starts_short({**os.environ, "PATH": f"{tmp_path}:/usr/bin:/bin"}) is None
+
+
+def test_the_last_task_of_a_sweeps_array_reads_its_own_time_limit(tmp_path: Path) -> None:
+    """The last task of an array has the array's own job id (700): squeue --jobs=700 lists
+    every task still in the queue, one limit a line, which reads as none. The task asks
+    for its own (700_3)."""
+    _env(tmp_path)
+    _limit(tmp_path, "30:00\n")
+    proc = _run(tmp_path, "progress", TIME_MIN_SECONDS="900",
+                extra_env={"SLURM_JOB_ID": "700", "SLURM_ARRAY_JOB_ID": "700",
+                           "SLURM_ARRAY_TASK_ID": "3"})
+    assert proc.returncode == 0, proc.stderr
+    assert "--noheader --jobs=700_3 --format=%l" in _calls(tmp_path, "squeue")
+    assert [e[2:] for e in _events(tmp_path)][1] == ["limit", "1800 3600"]

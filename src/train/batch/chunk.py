@@ -72,10 +72,12 @@ class Chunk(Step):
         --time, so a short chunk costs no extra chunk."""
         if not self.job.get("time_min_seconds"):
             return None
+        # (self_ref: an array's last task has the array's id, which names every task)
         for attempt in range(LIMIT_TRIES):  # (a busy controller may time out once)
             if attempt:
                 time.sleep(2)
-            rc, out = slurm(["squeue", "--noheader", "--jobs=" + self.job_id, "--format=%l"])
+            rc, out = slurm(["squeue", "--noheader", "--jobs=" + self.self_ref,
+                             "--format=%l"])
             limit = parse_limit(out) if rc == 0 else None
             if limit is not None:
                 break
