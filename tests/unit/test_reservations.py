@@ -85,6 +85,15 @@ def test_no_reservation_and_a_time_that_does_not_read() -> None:
             line.split(" StartTime=")[1].split()[0], "Unknown", 1))
 
 
+def test_a_comment_naming_keys_leaves_slurms_own_fields() -> None:
+    """A reservation's Comment is free text, printed last: words in it that read as keys
+    (an admin's "Flags=NONE until confirmed") are no fields of the reservation."""
+    line = (OUTPUT / "reservations-24.11.txt").read_text().splitlines()[0]
+    resv, = reservations.parse_reservations(
+        line + " Comment=GPU firmware; Nodes=gpu nodes only Flags=NONE until confirmed")
+    assert resv.maintenance and resv.nodes == "n[1-2]", resv
+
+
 def test_the_maintenances_ahead_are_those_that_overlap_the_span() -> None:
     found = {r.name: r for r in _captured("22.05")}
     start = found["maint_all"].start

@@ -66,8 +66,11 @@ def parse_reservations(text: str) -> list[Reservation]:
     out = []
     for number, line in enumerate(text.splitlines(), 1):
         keys = list(_KEY.finditer(line))
-        fields = {m.group(1): line[m.end():keys[i + 1].start() if i + 1 < len(keys)
-                                   else len(line)].strip() for i, m in enumerate(keys)}
+        fields: dict[str, str] = {}
+        for i, m in enumerate(keys):
+            # the first of a key is Slurm's: one later stands in free text (Comment=...)
+            fields.setdefault(m.group(1), line[m.end():keys[i + 1].start()
+                                               if i + 1 < len(keys) else len(line)].strip())
         if "ReservationName" not in fields:
             continue
         try:
