@@ -129,6 +129,18 @@ def test_a_requeued_job_waits_again_from_its_runs_end(
     assert [r["queued"] - T0 for r in st["chunks"][0]["runs"]] == [0, 600]
 
 
+def test_an_event_time_out_of_reach_counts_no_more_than_the_time_there_was(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A junk time (a damaged line, a node's clock years off) is no run of years: a run
+    lies between when its chunk was queued and now."""
+    events = [(-10 ** 8, 1, "10", "started 0 0 100"), *FINISHED[1:-1],
+              (10 ** 12, 2, "11", "complete 100 100")]
+    st = _status(tmp_path, monkeypatch, events, {"10": "COMPLETED", "11": "COMPLETED"},
+                 now=5000)
+    assert _figures(st) == [(0, 2760, 3600, 3600, 8 * 2760 / 3600),
+                            (140, 2100, 1800, 3600, 8 * 2100 / 3600)]
+
+
 def test_a_sweep_adds_up_its_tasks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "sw"
     _run(root / "seed-4", FINISHED)

@@ -88,8 +88,11 @@ def add_times(record: Row, chunks: list[Row], events: list[Row]) -> Row:
         spans: list[Row] = []
         for k, run in enumerate(done):
             running = live and c["state"] != "PENDING" and k == len(done) - 1
-            end = now if running and run.end is None else _end(run)
-            spans.append({"queued": queued, "started": run.at, "ended": end})
+            # a run lies between when it was queued and now (a junk time, a node's clock
+            # off, is no run of years)
+            started = min(now, max(run.at, queued or run.at))
+            end = now if running and run.end is None else min(now, max(started, _end(run)))
+            spans.append({"queued": queued, "started": started, "ended": end})
             queued = end
         if live and (c["state"] == "PENDING" or not done):
             spans.append({"queued": queued, "started": None, "ended": None})
