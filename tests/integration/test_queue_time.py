@@ -117,3 +117,27 @@ def test_the_queue_benchmark_removes_its_jobs_and_reservation_when_the_chain_fai
             and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left
+
+
+def test_the_reservations_read_whatever_time_format_the_user_set(
+        slurm_env: dict[str, str]) -> None:
+    """SLURM_TIME_FORMAT (relative, or a strftime format, in a user's shell profile)
+    changes how scontrol prints a reservation's times: the client asks in Slurm's standard
+    one, so submit, status and the probe still see the maintenance."""
+    from train.client.clusters.probe.site import read_site
+    from train.client.slurm import reservations
+
+    name = "train_maint_fmt"
+    slurm(["scontrol", "create", "reservation", f"ReservationName={name}",
+           "StartTime=now+2days", "Duration=1", "Nodes=n2", "Users=root",
+           "Flags=MAINT,IGNORE_JOBS"], slurm_env)
+    try:
+        for fmt in ("relative", "%d/%m %H:%M"):
+            env = {**slurm_env, "SLURM_TIME_FORMAT": fmt}
+            found = [r for r in reservations.read(env) or [] if r.name == name]
+            assert len(found) == 1 and found[0].maintenance, (fmt, found)
+            assert found[0].end - found[0].start == 60
+            site = read_site(env)
+            assert [r.name for r in site.reservations or []].count(name) == 1, site.unread
+    finally:
+        slurm(["scontrol", "delete", f"ReservationName={name}"], slurm_env)

@@ -7,6 +7,7 @@ one with `--time-min` may start shorter, so as to end before it."""
 from __future__ import annotations
 
 import functools
+import os
 import re
 import time
 from collections.abc import Iterable, Mapping
@@ -85,11 +86,18 @@ def parse_reservations(text: str) -> list[Reservation]:
     return out
 
 
+def standard_times(environ: Mapping[str, str] | None) -> dict[str, str]:
+    """The environment to ask scontrol in: a user's SLURM_TIME_FORMAT (relative, or a
+    strftime format) changes how it prints times, and the parser reads Slurm's standard."""
+    return {**(os.environ if environ is None else environ), "SLURM_TIME_FORMAT": "standard"}
+
+
 def read(environ: Mapping[str, str] | None = None) -> list[Reservation] | None:
     """The site's reservations; None where scontrol is missing, fails, hangs or prints
     what the parser refuses (the callers then say nothing of maintenance)."""
     try:
-        proc = _proc.run(SHOW, timeout=TIMEOUT, check=False, env=environ, skip_hung=True)
+        proc = _proc.run(SHOW, timeout=TIMEOUT, check=False, env=standard_times(environ),
+                         skip_hung=True)
         return parse_reservations(proc.stdout) if proc.returncode == 0 else None
     except (_proc.ProcError, OSError, ValueError):
         return None

@@ -17,7 +17,12 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from train.client.clusters.units import parse_time
-from train.client.slurm.reservations import SHOW, Reservation, parse_reservations
+from train.client.slurm.reservations import (
+    SHOW,
+    Reservation,
+    parse_reservations,
+    standard_times,
+)
 from train.common import _proc
 from train.common.errors import ConfigError
 
@@ -293,7 +298,7 @@ def read_site(environ: Mapping[str, str] | None = None, *, timeout: float = TIME
         site.config = {k: v for k, v in parse_config(text).items() if k != ARRAY_KEY}
         site.max_array_size = _parsed(site, "job array size", SCONTROL, parse_array_size,
                                       text)
-    text = ask(SHOW, "reservations")
+    text = _ask(SHOW, site, "reservations", standard_times(environ), timeout, note, hung)
     if text is not None:
         site.reservations = _parsed(site, "reservations", SHOW, parse_reservations, text)
     text = ask(SACCTMGR_QOS, "QOS limits")
