@@ -496,3 +496,32 @@ def test_a_chain_with_a_floor_counts_its_bound_in_time_not_chunks(
                    {"10": "COMPLETED"}, monkeypatch, **timed)
     assert "the bound of 3 x --time of chunk time was reached at 50/200" in ended["cause"], \
         ended["cause"]
+
+
+def test_a_chain_with_a_floor_is_not_told_it_ends_incomplete_while_its_time_lasts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three chunks started short (20 min of 1 h) and the fourth runs: of a bound of 3 x 1 h
+    of chunk time limits, 1 h is left after it, room for the one more chunk the rate
+    needs. Counted in chunks (4 of 3) it read as none left."""
+    timed = {"max_chunks": 3, "walltime_seconds": 3600, "time_budget_seconds": 3300,
+             "job": {"time_min_seconds": 900, "walltime_seconds": 3600}}
+    events = "".join(f"{100 + 1000 * k} {k + 1} {10 + k} started 0 {done} 200\n"
+                     f"{100 + 1000 * k} {k + 1} {10 + k} limit {limit} 3600\n"
+                     + (f"{1000 + 1000 * k} {k + 1} {10 + k} stopped {done + 30} 200\n"
+                        if k < 3 else "")
+                     for k, (done, limit) in enumerate(((20, 1200), (50, 1200), (80, 1200),
+                                                        (110, 3600))))
+    states = {"10": "COMPLETED", "11": "COMPLETED", "12": "COMPLETED", "13": "RUNNING"}
+    st = _chain(tmp_path, "1 10\n2 11\n3 12\n4 13\n", events, states, monkeypatch,
+                progress="110 200\n", **timed)
+    assert st["chunks_left_estimate"] == 1 and st["warning"] is None, st["warning"]
+    # the same with the fourth chunk started short too: 1 h 20 min left, room still
+    st = _chain(tmp_path, "1 10\n2 11\n3 12\n4 13\n", events.replace(
+        "limit 3600", "limit 1200"), states, monkeypatch, progress="110 200\n", **timed)
+    assert st["warning"] is None, st["warning"]
+    # chunks at their whole --time: the third, running, is the bound's last, and the work
+    # needs more: status says so
+    whole = events.replace("limit 1200", "limit 3600").split("3 12 stopped")[0]
+    st = _chain(tmp_path, "1 10\n2 11\n3 12\n", whole.rsplit("\n", 1)[0] + "\n",
+                {**states, "12": "RUNNING"}, monkeypatch, progress="80 200\n", **timed)
+    assert "more than the 1 left under --max-chunks 3" in (st["warning"] or ""), st

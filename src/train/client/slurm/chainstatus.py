@@ -252,6 +252,19 @@ def _in_queue(chain: Chain, chunks: Chunks, events: Events, active: Chunks) -> O
     return "ended", "no chunk is queued or running"
 
 
+def _allowed(chain: Chain, chunks: Chunks, used: int) -> int:
+    """Chunks the bound allows after those that started: for a chain with a floor, the
+    bound's time their limits left (chunks started short leave more), in chunks of
+    --time."""
+    bound = _record_int(chain, "max_chunks") or 0
+    wall = _record_int(chain, "walltime_seconds")
+    if not (_in_time(chain) and wall and wall > 0):
+        return bound - used
+    spent = sum(c.get("limit_seconds") or wall for c in chunks
+                if contract.EV_STARTED in c["events"])
+    return max(0, -(-(bound * wall - spent) // wall))
+
+
 def _in_time(chain: Chain) -> bool:
     """A chain with a floor (--time-min) counts its bound in time, not chunks."""
     job = chain.record.get("job")
@@ -345,7 +358,7 @@ def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
             left = max(1, -(-int(eta) // budget))
             status["chunks_left_estimate"] = left
             bound = _record_int(chain, "max_chunks") or 0
-            remaining = bound - used + (1 if state == "running" else 0)
+            remaining = _allowed(chain, chunks, used) + (1 if state == "running" else 0)
             if state in ("running", "pending") and left > remaining:
                 status["warning"] = (f"at this rate the work needs about {left} more "
                                      f"{status['unit']}(s), more than the {remaining} left "
