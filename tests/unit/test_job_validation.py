@@ -14,6 +14,8 @@ from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.queue import parse_sacct, parse_sbatch_id, parse_squeue_json
 from train.client.slurm.resolve import resolve
 from train.common.errors import ConfigError, UsageError
+from train.common.fields import build
+from train.common.yamlio import load_text
 
 REG = Registry(environ={})
 GIL = dict(cluster="gilbreth", account="lab", partition="a30", qos="standby", time="2:00:00",
@@ -379,6 +381,17 @@ def test_the_chunk_floor_defaults_to_a_quarter_of_the_walltime_for_a_chain() -> 
     assert _resolve(**{**GIL, "max_chunks": 1}).time_min == 0
     assert _resolve(**{**GIL, "requeue": True}).time_min == 0
     assert _resolve(**{**GIL, "stop_signal": "none", "max_chunks": 1}).time_min == 0
+
+
+def test_the_floor_turned_off_as_a_job_file_or_a_flag_writes_it() -> None:
+    """`time_min: off` in YAML (the docs' word, unquoted) reads as false, and OFF is off
+    too; a value that is no time names off among what is allowed."""
+    for text in ("time_min: off", "time_min: OFF", "time_min: 'Off'", "time_min: no"):
+        spec = build(JobSpec, {**GIL, **load_text(text, "JOB.yaml", "config")})
+        assert resolve(spec, REG.get(spec.cluster)).time_min == 0, text
+    assert _resolve(**{**GIL, "time_min": "OFF"}).time_min == 0
+    assert _fails("time_min", "is not a SLURM time", **{**GIL, "time_min": "never"}) \
+        .endswith(", or off")
 
 
 def test_a_chunk_floor_that_cannot_work_is_refused_naming_time_min() -> None:

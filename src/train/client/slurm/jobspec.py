@@ -238,6 +238,9 @@ class JobSpec:
                                       "repeat), e.g. --mpi=none.", kind=list)
 
     def __post_init__(self) -> None:
+        if str(self.time_min).strip().lower() in ("off", "false"):
+            # (YAML reads an unquoted off, as the docs write it, as false)
+            object.__setattr__(self, "time_min", "off")
         for f in fields(self):
             check_value(f, getattr(self, f.name))
         if not _NAME_RE.match(self.name):
@@ -248,7 +251,12 @@ class JobSpec:
         if self.time_min not in (None, "off"):
             from train.client.clusters.units import parse_time
 
-            if parse_time(self.time_min, "time_min") <= 0:
+            try:
+                floor = parse_time(self.time_min, "time_min")
+            except ConfigError as exc:
+                raise ConfigError("time_min", f"{str(exc).split(': ', 1)[1]}, or off") \
+                    from None
+            if floor <= 0:
                 raise ConfigError("time_min", f"must be more than 0 (or off), got "
                                   f"{self.time_min!r}")
         if self.max_chunks is not None and self.max_chunks > MAX_CHUNKS_LIMIT:
