@@ -147,6 +147,16 @@ def test_submit_says_when_the_maintenance_is_and_what_the_chain_will_do(
         == ["maint_all"]
 
 
+def test_a_maintenance_under_way_is_not_said_to_leave_a_hole_before_it() -> None:
+    """Under way, no chunk ends before it: a chain with a floor waits as any job does."""
+    found = {r.name: r for r in _captured("24.11")}
+    resv = found["maint_now"]
+    said = reservations.note(resv, now=resv.start + 600, walltime=3600, chunks=5, floor=900)
+    assert "(under way)" in said and "may start shorter" not in said, said
+    assert f"does not start until it ends ({reservations.at(resv.end)}): it may wait up " \
+           "to 0.3 h" in said, said
+
+
 @pytest.mark.parametrize("scontrol", ["", "echo 'slurm_load_reservations: Unable to "
                                       "contact slurm controller' >&2; exit 1",
                                       "echo 'ReservationName=x StartTime=soon'"])

@@ -135,7 +135,7 @@ def note(resv: Reservation, *, now: float, walltime: int, chunks: int,
     wait = resv.end - max(now, resv.start - walltime)
     waits = (f"a chunk whose --time crosses it does not start until it ends "
              f"({at(resv.end)}): it may wait up to {wait / 3600:.1f} h")
-    if floor <= 0 or chunks < 2:
+    if floor <= 0 or chunks < 2 or resv.start <= now:  # (under way: nothing ends before it)
         return head + waits
     fit = resv.end - max(now, resv.start - floor)
     return head + (f"a chunk may start shorter than --time (down to its floor, --time-min "
