@@ -134,3 +134,21 @@ def test_the_last_task_of_a_sweeps_array_reads_its_own_time_limit(tmp_path: Path
     assert proc.returncode == 0, proc.stderr
     assert "--noheader --jobs=700_3 --format=%l" in _calls(tmp_path, "squeue")
     assert [e[2:] for e in _events(tmp_path)][1] == ["limit", "1800 3600"]
+
+
+def test_the_bound_reads_the_events_end_where_the_file_is_long(tmp_path: Path) -> None:
+    """The engine reads at most 4 MiB of chain.events: its end, where this chain's limit
+    events are (status reads the end too), not what came first (earlier chains' events,
+    or junk a program wrote there)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / contract.CHAIN_IDS).write_text("1 300\n2 400\n3 500\n")
+    (run / contract.CHAIN_EVENTS).write_text(
+        "1 9 100 junk from an earlier run\n" * (5 * 2 ** 20 // 30)
+        + "1 1 300 limit 1800 3600\n2 2 400 limit 1800 3600\n")
+    _env(tmp_path)
+    _limit(tmp_path, "1:00:00\n")
+    proc = _run(tmp_path, "progress", chunk="3", TIME_MIN_SECONDS="900")
+    assert proc.returncode == 0, proc.stderr
+    # chunks 1 and 2 used 1800 s each: one chunk of the bound left after chunk 3
+    assert _ids(tmp_path).endswith("4 901\n"), proc.stderr

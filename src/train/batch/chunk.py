@@ -86,8 +86,9 @@ class Chunk(Step):
                      "asked for".format(" ".join(out.split())[:200], self.asked))
             limit = self.asked
         self.job["walltime_seconds"] = limit
-        used = time_used(read_text(self.path(contract.CHAIN_EVENTS)), self.first or 1,
-                         self.chunk, self.asked) + limit
+        # (the events' end: this chain's, where an earlier chain's fill the file)
+        used = time_used(read_text(self.path(contract.CHAIN_EVENTS), tail=True),
+                         self.first or 1, self.chunk, self.asked) + limit
         left = int(self.job["max_chunks"]) * self.asked - used
         self.last_chunk = self.chunk + max(0, -(-left // self.asked))
         if limit < self.asked:
@@ -270,7 +271,7 @@ class Chunk(Step):
         With a save to go on from, the chain goes on at most OVERRUN_BOUND times; beyond,
         or with none, the chunk failed of its walltime."""
         count = overruns(read_text(self.path(contract.CHAIN_IDS)),
-                         read_text(self.path(contract.CHAIN_EVENTS))) + 1
+                         read_text(self.path(contract.CHAIN_EVENTS), tail=True)) + 1
         got = self.progress()
         bound = contract.OVERRUN_BOUND
         if count <= bound and self.resume_point():

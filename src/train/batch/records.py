@@ -135,8 +135,8 @@ def time_used(events_text: str, first: int, chunk: int, asked: int) -> int:
     return sum(limits.get(c, asked) for c in range(first, chunk))
 
 
-def read_text(path: str, limit: int = 4 * 1024 * 1024) -> str:
-    data = saves.read_small(path, limit)
+def read_text(path: str, limit: int = 4 * 1024 * 1024, tail: bool = False) -> str:
+    data = saves.read_small(path, limit, tail)
     return "" if data is None else data.decode("utf-8", "replace")
 
 

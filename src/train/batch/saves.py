@@ -28,16 +28,20 @@ STATE_FILE = "trainer_state.json"  # the Hugging Face Trainer's, written last in
 _STATE_LIMIT = 256 * 1024 * 1024  # a log_history beyond reason
 
 
-def read_small(path: str, limit: int = 256) -> Optional[bytes]:
-    """At most `limit` bytes of a regular file; None for anything else (a FIFO, a device
-    or a folder is never opened for long: the open does not wait, nor the read)."""
+def read_small(path: str, limit: int = 256, tail: bool = False) -> Optional[bytes]:
+    """At most `limit` bytes of a regular file (its last with `tail`); None for anything
+    else (a FIFO, a device or a folder is never opened for long: the open does not wait,
+    nor the read)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             return None
+        if tail and info.st_size > limit:
+            os.lseek(fd, info.st_size - limit, os.SEEK_SET)
         return os.read(fd, limit)
     except OSError:
         return None
