@@ -249,16 +249,7 @@ class JobSpec:
         if self.total_time is not None:
             _check_total_time(self.total_time, self.max_chunks)
         if self.time_min not in (None, "off"):
-            from train.client.clusters.units import parse_time
-
-            try:
-                floor = parse_time(self.time_min, "time_min")
-            except ConfigError as exc:
-                raise ConfigError("time_min", f"{str(exc).split(': ', 1)[1]}, or off") \
-                    from None
-            if floor <= 0:
-                raise ConfigError("time_min", f"must be more than 0 (or off), got "
-                                  f"{self.time_min!r}")
+            _check_time_min(self.time_min)
         if self.max_chunks is not None and self.max_chunks > MAX_CHUNKS_LIMIT:
             raise ConfigError("max_chunks", f"must be at most {MAX_CHUNKS_LIMIT}, got "
                               f"{self.max_chunks}")
@@ -377,6 +368,18 @@ def _check_total_time(total: str, max_chunks: int | None) -> None:
         raise ConfigError("total_time", f"sets --max-chunks from --time (total / walltime, "
                           f"rounded up): give --total-time {total} or --max-chunks "
                           f"{max_chunks}, not both")
+
+
+def _check_time_min(value: str) -> None:
+    """--time-min: a SLURM time over 0 (or off)."""
+    from train.client.clusters.units import parse_time
+
+    try:
+        floor = parse_time(value, "time_min")
+    except ConfigError as exc:
+        raise ConfigError("time_min", f"{str(exc).split(': ', 1)[1]}, or off") from None
+    if floor <= 0:
+        raise ConfigError("time_min", f"must be more than 0 (or off), got {value!r}")
 
 
 def chunks_for(total: str, minutes: int) -> int:
