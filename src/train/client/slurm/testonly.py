@@ -156,8 +156,10 @@ def ask(job: ResolvedJob, environ: dict[str, str], begin: str | None = None
 
 
 # Slurm 22.05 starts a job that has --time-min with that minimum as its time limit even on
-# idle nodes (tried on the local clusters: 22.05.8 gives 2:00 of `-t 10 --time-min 2`, 24.11
-# and 26.05 give 10:00); releases before this are taken to do the same
+# idle nodes (tried on the local clusters: 22.05.8 gives 2:00 of `-t 10 --time-min 2`; 24.11
+# gives 10:00 where its main scheduler starts the job and often 2:00 where backfill does;
+# 26.05 gives 10:00); releases before this are taken to do the same. (24.11's floor-long
+# chunks still go on, counted in time: docs/your-program.md says so.)
 FLOOR_STARTS_SHORT_BEFORE = (23, 0)
 
 
