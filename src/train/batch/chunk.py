@@ -24,6 +24,7 @@ from typing import List, Optional, Sequence, Tuple
 from train.batch import contract, saves
 from train.batch.records import (
     Usage,
+    chunks_left,
     first_failure,
     load_job,
     overruns,
@@ -90,7 +91,8 @@ class Chunk(Step):
         used = time_used(read_text(self.path(contract.CHAIN_EVENTS), tail=True),
                          self.first or 1, self.chunk, self.asked) + limit
         left = int(self.job["max_chunks"]) * self.asked - used
-        self.last_chunk = self.chunk + max(0, -(-left // self.asked))
+        self.last_chunk = self.chunk + chunks_left(int(self.job["max_chunks"]), self.asked,
+                                                   used)
         if limit < self.asked:
             self.say("Slurm started this chunk early, in a hole of {}s of the {}s asked for "
                      "(--time-min): it stops at its stop signal before then, and the chain "

@@ -135,6 +135,12 @@ def time_used(events_text: str, first: int, chunk: int, asked: int) -> int:
     return sum(limits.get(c, asked) for c in range(first, chunk))
 
 
+def chunks_left(max_chunks: int, asked: int, used: int) -> int:
+    """A chain with a floor: the chunks of --time (`asked` seconds) its bound of
+    max_chunks x --time still allows after `used` seconds of chunk time limits."""
+    return max(0, -(-(max_chunks * asked - used) // asked))
+
+
 def read_text(path: str, limit: int = 4 * 1024 * 1024, tail: bool = False) -> str:
     data = saves.read_small(path, limit, tail)
     return "" if data is None else data.decode("utf-8", "replace")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from train.batch import contract
+from train.batch.records import chunks_left
 from train.client.slurm import chaincost, queue, reasons, reservations
 from train.client.slurm.chain import _DECISIVE, EVENTS_LIMIT, Chain, _read_text, parse_events
 from train.client.slurm.chunkends import (
@@ -262,7 +263,7 @@ def _allowed(chain: Chain, chunks: Chunks, used: int) -> int:
         return bound - used
     spent = sum(c.get("limit_seconds") or wall for c in chunks
                 if contract.EV_STARTED in c["events"])
-    return max(0, -(-(bound * wall - spent) // wall))
+    return chunks_left(bound, wall, spent)
 
 
 def _in_time(chain: Chain) -> bool:

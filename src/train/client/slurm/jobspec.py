@@ -101,8 +101,8 @@ class JobSpec:
                                "chain's bound counts time, not chunks. Default for a "
                                "chain with a stop signal: a quarter of --time (at least "
                                "a minute more than the signal margin); off: every chunk "
-                               "waits for a "
-                               "hole of the whole --time.", kind=str, optional=True)
+                               "waits for a hole of the whole --time.", kind=str,
+                               optional=True)
     launch: str = opt("auto", "auto (one process; for several: tasks for navsim and for a "
                       "script that imports Lightning, torchrun otherwise), torchrun (one "
                       "task per node; torch's launcher starts one process per GPU) or tasks "

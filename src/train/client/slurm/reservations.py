@@ -124,6 +124,14 @@ def touches(resv: Reservation, partition: str | None,
     return proc.returncode == 0 and bool(proc.stdout.strip())
 
 
+def touching(job: ResolvedJob, environ: Mapping[str, str] | None, now: float,
+             until: float) -> list[Reservation]:
+    """The maintenances between now and `until` that hold a node the job may run on
+    (nothing where scontrol or sinfo cannot be asked)."""
+    return [r for r in ahead(read(environ) or (), now, until)
+            if touches(r, job.partition, environ)]
+
+
 def note(resv: Reservation, *, now: float, walltime: int, chunks: int,
          floor: int) -> str:
     """What submit says of a maintenance inside the chain's span (seconds throughout)."""
@@ -149,16 +157,11 @@ def submit_notes(job: ResolvedJob, environ: Mapping[str, str] | None = None,
                  now: float | None = None) -> list[str]:
     """`train submit`'s notes on the maintenances ahead of the chain (nothing where
     scontrol or sinfo cannot be asked)."""
-    found = read(environ)
-    if not found:
-        return []
     now = time.time() if now is None else now
     walltime = job.minutes * 60
     # the chain's span, as a bound: every chunk at its full --time, no queue wait
-    span = now + job.chunks * walltime
-    return [note(r, now=now, walltime=walltime, chunks=job.chunks,
-                 floor=job.time_min * 60)
-            for r in ahead(found, now, span) if touches(r, job.partition, environ)]
+    return [note(r, now=now, walltime=walltime, chunks=job.chunks, floor=job.time_min * 60)
+            for r in touching(job, environ, now, now + job.chunks * walltime)]
 
 
 @functools.cache

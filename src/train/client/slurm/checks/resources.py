@@ -42,9 +42,7 @@ def _maintenance_at_fault(job: ResolvedJob, environ: dict[str, str]) -> str | No
     from train.client.slurm.testonly import ask
 
     now = time.time()
-    found = [r for r in reservations.ahead(reservations.read(environ) or [], now,
-                                           now + job.minutes * 60)
-             if reservations.touches(r, job.partition, environ)]
+    found = reservations.touching(job, environ, now, now + job.minutes * 60)
     if not found:
         return None
     end = max(r.end for r in found)
