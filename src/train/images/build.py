@@ -1,30 +1,45 @@
 """Build drivers: Apptainer where the binary exists (clusters), else the Docker engine through
 its Python SDK with the translated Dockerfile (workstations, CI; train.images.dockerengine).
 Both run %test and a short demo in the built image; Docker images export to a docker-archive
-that Apptainer turns into a SIF on a cluster."""
+that Apptainer turns into a SIF on a cluster.
+
+`--base-sif SIF` (Apptainer) builds a definition on a SIF of this machine instead of the base
+its header names: the definition is built as written except its header, which becomes
+`Bootstrap: localimage` / `From: SIF` (line numbers kept, so Apptainer's messages point at
+the user's lines); Apptainer's own rules then apply to every section (%files copied with
+`cp -fLr` onto the SIF's tree, the SIF's labels kept unless the definition sets them)."""
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from train.common import _proc
-from train.common.errors import ResourceError
+from train.common.errors import ResourceError, UsageError
 from train.common.filehash import file_sha256
-from train.images.defs import DefFile
-from train.images.inputs import check_inputs
-from train.images.record import DEMO_ARGS, BuildLog, BuildResult, ImageError, write_record
+from train.images.defs import PLACEHOLDER_RE, DefFile
+from train.images.record import (
+    DEMO_ARGS,
+    BuildLog,
+    BuildResult,
+    ImageError,
+    check_inputs,
+    write_record,
+)
 
-__all__ = ["SMOKE_LABEL", "apptainer_build", "apptainer_content", "apptainer_test", "engine",
-           "smoke_args"]
+__all__ = ["SIF_MAGIC", "SMOKE_LABEL", "apptainer_build", "apptainer_content", "apptainer_test",
+           "check_base_sif", "engine", "smoke_args"]
 
 log = logging.getLogger(__name__)
 
 BUILD_TIMEOUT = 7200.0
 SMOKE_LABEL = "org.train.smoke"  # %labels: the `train` arguments `image test` runs after %test
+SIF_MAGIC = b"SIF_MAGIC"  # sylabs/sif: after the 32-byte launch line
+_HEADER_BAD = ("#", "{{", "}}", "\\")  # a comment, a placeholder or a continuation there
 
 
 def engine(requested: str = "auto") -> str:
@@ -48,15 +63,13 @@ def apptainer_build(d: DefFile, root: Path, sif: Path, build_args: Mapping[str, 
                     fakeroot: bool, base_sif: Path | None = None) -> BuildResult:
     """`apptainer build` run from the repository root, where %files sources resolve; its
     output is read as it comes (progress lines shown, downloads kept for the record).
-    `base_sif`: build on that local SIF instead of the header's base (images.localbase);
-    the header's From: arguments then default to its path."""
+    `base_sif`: build on that local SIF instead of the header's base; the header's From:
+    arguments then default to its path."""
     import tempfile
 
-    from train.images import localbase
-
-    base = localbase.check_base_sif(base_sif) if base_sif is not None else None
+    base = check_base_sif(base_sif) if base_sif is not None else None
     if base is not None:
-        build_args = {**{k: str(base) for k in localbase.header_arguments(d)
+        build_args = {**{k: str(base) for k in header_arguments(d)
                          if k in d.arguments()}, **build_args}
     check_inputs(d, build_args, root)
     _need_apptainer()
@@ -64,10 +77,10 @@ def apptainer_build(d: DefFile, root: Path, sif: Path, build_args: Mapping[str, 
         definition = d.path.resolve()
         passed = dict(build_args)
         if base is not None:
-            text = localbase.on_local_sif(d, base)
+            text = on_local_sif(d, base)
             definition = Path(tmp) / d.path.name
             definition.write_text(text, encoding="utf-8")
-            passed = localbase.used_arguments(text, build_args)
+            passed = used_arguments(text, build_args)
         argv = ["apptainer", "build", "--force"]
         if fakeroot:
             argv.append("--fakeroot")
@@ -139,3 +152,47 @@ def apptainer_content(sif: Path) -> list[str]:
     out = _proc.run(["apptainer", "exec", "--contain", str(sif), "python", "-m",
                      "train.images.content", "/"], timeout=1800).stdout
     return out.splitlines()
+
+
+def check_base_sif(value: Path) -> Path:
+    """The --base-sif path, absolute, once checked (exit 2 otherwise)."""
+    text = str(value)
+    if not text or any(c in text for c in "\n\r\0") or any(b in text for b in _HEADER_BAD) \
+            or text != text.strip():
+        raise UsageError(f"--base-sif: {text[:80]!r} cannot be named in a definition's "
+                         "header (no '#', '{{', '}}', '\\', control characters or edge "
+                         "spaces): rename or link it")
+    path = Path(os.path.abspath(value))
+    if not path.is_file():
+        what = "does not exist" if not path.exists() else "is not a regular file"
+        raise UsageError(f"--base-sif: {path} {what}: give a SIF file (e.g. one built by "
+                         "`train image build base` or `apptainer build`)")
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(64)
+    except OSError as exc:
+        raise UsageError(f"--base-sif: {path} cannot be read: {exc.strerror or exc}") from None
+    if head[32:41] != SIF_MAGIC:
+        raise UsageError(f"--base-sif: {path} is not a SIF image (no SIF header: an "
+                         "incomplete copy, or another file)")
+    return path
+
+
+def header_arguments(d: DefFile) -> set[str]:
+    """The build arguments the header's From: names (replaced by --base-sif)."""
+    return set(PLACEHOLDER_RE.findall(d.header["from"][1]))  # (parse requires From:)
+
+
+def on_local_sif(d: DefFile, base: Path) -> str:
+    """The definition's text with its header replaced by a localimage on `base`, the same
+    number of lines before the first section."""
+    first = min(n for s in d.sections.values() for n in (s.headers or [s.line]))
+    header = ["Bootstrap: localimage", f"From: {base}"]
+    header += [""] * max(0, first - 1 - len(header))
+    return "\n".join(header + d.lines[first - 1:]) + "\n"
+
+
+def used_arguments(text: str, build_args: Mapping[str, str]) -> dict[str, str]:
+    """The build arguments the text still uses (Apptainer refuses an unused one)."""
+    used = set(PLACEHOLDER_RE.findall(text))
+    return {k: v for k, v in build_args.items() if k in used}

@@ -24,12 +24,12 @@ from train.images.dockerfile import (
     quote_env,
     translate,
 )
-from train.images.inputs import check_inputs
 from train.images.record import (
     DEMO_ARGS,
     BuildLog,
     BuildResult,
     ImageError,
+    check_inputs,
     default_record,
     write_record,
 )

@@ -15,7 +15,7 @@ from train.client.preflight.commands import Runner, _run, _tail
 from train.client.preflight.result import IMAGE, RUNTIME, Check
 from train.client.preflight.storage import Mount, _storage
 from train.common import _proc
-from train.images.localbase import SIF_MAGIC
+from train.images.build import SIF_MAGIC
 
 _INSPECT_TIMEOUT = 120.0  # a SIF without its metadata descriptor is inspected by running it
 _SQUASHFS_MAGIC = (b"hsqs", b"sqsh")  # Singularity 2.x images: a bare squashfs
