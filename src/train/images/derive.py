@@ -1,7 +1,7 @@
 """`train image new`: a definition that builds on one of our images and adds the user's own
 dependencies, with a hash-pinned lock of only what it adds.
 
-The requirements (derive_reqs) are resolved by pip for the image's Python (derive_pip),
+The requirements (derive_reqs) are resolved by pip for the image's Python,
 every pin of the base image's locks a constraint: nothing of the base (torch, CUDA's
 wheels, NCCL, numpy) can change. What the resolution picks that the base already pins is
 dropped; the rest, with the sha256 of the wheel pip chose, is the lock. The markers of
@@ -28,15 +28,18 @@ from typing import Any
 from train.common.errors import UsageError
 from train.common.safewrite import keep_copy, write_atomic
 from train.images.defs import DefError, parse
-from train.images.derive_pip import Target, image_target, pip_resolve, sha256_of
 from train.images.derive_reqs import (
     Request,
+    Target,
     allows,
     canonical,
     editable_requirements,
+    image_target,
     packaging,
+    pip_resolve,
     requirement_lines,
     select,
+    sha256_of,
 )
 from train.images.lint import lock_entries
 

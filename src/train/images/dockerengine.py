@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from train.common.errors import ResourceError, UsageError, install_hint
+from train.images.build import BuildLog, BuildResult, ImageError, check_inputs, write_record
 from train.images.defs import DefFile
 from train.images.dockerfile import (
     BUILD_DIR,
@@ -23,15 +24,6 @@ from train.images.dockerfile import (
     context_path,
     quote_env,
     translate,
-)
-from train.images.record import (
-    DEMO_ARGS,
-    BuildLog,
-    BuildResult,
-    ImageError,
-    check_inputs,
-    default_record,
-    write_record,
 )
 
 NETWORKS = ("none", "default", "host")
@@ -118,6 +110,14 @@ def docker_build(d: DefFile, root: Path, tag: str, build_args: Mapping[str, str]
                          record or default_record(tag))
     write_record(d, root, result, "docker", f"{base} ({base_id})")
     return result
+
+
+def default_record(tag: str) -> Path:
+    """Where a docker build's record goes when --out names none (the image is the
+    engine's)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "train" / "images" / (tag.replace("/", "_").replace(":", "_")
+                                         + ".build.json")
 
 
 def _build_test(client: Any, tag: str, what: str) -> None:
@@ -254,7 +254,7 @@ def docker_run(tag: str, args: Sequence[str], entrypoint: Sequence[str] | None =
     return bytes(out).decode(errors="replace")
 
 
-def docker_test(tag: str, smoke: Sequence[str] = DEMO_ARGS) -> str:
+def docker_test(tag: str, smoke: Sequence[str]) -> str:
     """%test (as Apptainer runs it: a plain /bin/sh script), then a short run inside."""
     return (docker_run(tag, [f"{SCRIPT_DIR}/test"], entrypoint=["/bin/sh"])
             + docker_run(tag, smoke))
