@@ -197,7 +197,6 @@ def _read(path: Path) -> str:
 
 def _header(path: Path, rows: list[tuple[int, str]],
             repeats: list[tuple[int, str]]) -> dict[str, tuple[int, str]]:
-    """doHeader: `Key: value` lines, comments from `#`, `\\` continuations."""
     header: dict[str, tuple[int, str]] = {}
     key_cont, val_cont, cont_line = "", "", 0
     for number, text in rows:
@@ -268,8 +267,11 @@ def _scan(path: Path, raw: str) -> tuple[list[tuple[int, str]], list[str], dict[
         text = piece[:-1] if piece.endswith("\r") else piece  # bufio.ScanLines drops \r
         all_lines.append(text)
         if _STAGE_RE.match(text):
-            _check_one_stage(path, number, seen_bootstrap or current is not None
-                             or header_content)
+            if seen_bootstrap or current is not None or header_content:
+                raise DefError(path, number, "a line starting with 'Bootstrap:' starts a "
+                               "build stage in Apptainer (parser.All): the lines above it "
+                               "become a stage of their own. Put Bootstrap: first, once; "
+                               "multi-stage definitions are not supported", rule="section")
             seen_bootstrap = True
         if _classify(text) == "section":
             # the scanner ends a token only once this whole line is in its 64 KiB buffer
@@ -288,14 +290,6 @@ def _scan(path: Path, raw: str) -> tuple[list[tuple[int, str]], list[str], dict[
     if offset - token_start >= SECTION_LIMIT:  # the last token must leave room for EOF
         _too_long(path, token_line, token_name)
     return header_rows, all_lines, sections, files_groups
-
-
-def _check_one_stage(path: Path, number: int, after_content: bool) -> None:
-    if after_content:
-        raise DefError(path, number, "a line starting with 'Bootstrap:' starts a "
-                       "build stage in Apptainer (parser.All): the lines above it "
-                       "become a stage of their own. Put Bootstrap: first, once; "
-                       "multi-stage definitions are not supported", rule="section")
 
 
 def _add_files_groups(sections: dict[str, Section], files_groups: dict[str, Section]) -> None:
@@ -377,11 +371,7 @@ def spython_check(path: Path) -> None:
     except ImportError:
         raise UsageError(f"image lint needs spython: {install_hint('images')}") from None
 
-    text = path.read_text(encoding="utf-8")
-    if len(text.encode("utf-8")) > MAX_BYTES:
-        raise DefError(path, 1, f"definitions over {MAX_BYTES} bytes are refused",
-                       rule="size")
-    text = re.sub(r"(?im)^(\s*Bootstrap:\s*)\S+", r"\1docker", text, count=1)
+    text = re.sub(r"(?im)^(\s*Bootstrap:\s*)\S+", r"\1docker", _read(path), count=1)
     import tempfile
 
     with tempfile.NamedTemporaryFile("w", suffix=".def", delete=False) as fh:

@@ -129,20 +129,15 @@ def logical_lines(text: str) -> Iterator[tuple[int, str]]:
     pending: list[str] = []
     start = 0
     for number, raw in enumerate(text.splitlines(), start=1):
-        is_comment = raw.lstrip().startswith("#")
-        if raw.endswith("\\") and not is_comment:
-            if not pending:
-                start = number
+        start = start if pending else number
+        if raw.endswith("\\") and not raw.lstrip().startswith("#"):
             pending.append(raw[:-1])
             continue
-        line = _COMMENT_RE.sub("", raw)
-        first = start if pending else number
-        if pending:
-            line = " ".join([*pending, line])
-            pending = []
-        if line.strip():
-            yield first, " ".join(line.split())
-    if pending and " ".join(pending).strip():
+        words = " ".join([*pending, _COMMENT_RE.sub("", raw)]).split()
+        pending = []
+        if words:
+            yield start, " ".join(words)
+    if " ".join(pending).strip():
         yield start, " ".join(" ".join(pending).split())
 
 

@@ -41,7 +41,13 @@ from train.images.defs import (
 )
 from train.images.dockerfile import UNSUPPORTED_SECTIONS
 
-REQUIRED_SECTIONS = ("test", "labels", "help")
+# (section, the text it must hold ("": any), rule, message): our images' conventions
+REQUIRED = (("environment", f"{ALLOC_CONF_VAR}={TUNED_ALLOC_CONF}", "alloc-env",
+             f"%environment must export {ALLOC_CONF_VAR}={TUNED_ALLOC_CONF}"),
+            ("runscript", '"$@"', "runscript-args",
+             '%runscript must pass its arguments on with "$@"'),
+            *((name, "", f"section-{name}", f"%{name} is missing or empty")
+              for name in ("test", "labels", "help")))
 _TAG_PINNED = re.compile(r"\d+\.\d+")
 
 
@@ -127,12 +133,11 @@ def _check_pip(d: DefFile, requirements: Path) -> list[Violation]:
     return out
 
 
-def lint_def(path: Path, requirements: Path | None = None,
-             root: Path | None = None, reference: bool = True) -> list[Violation]:
+def lint_def(path: Path, root: Path | None = None, reference: bool = True) -> list[Violation]:
     """Violations of one definition; `root` is where %files sources resolve (default: the
-    parent of the folder holding the .def, the repository root). `reference=False` skips
-    spython's parser (builds run the rules without the `images` extra)."""
-    requirements = requirements or path.parent / "requirements"
+    parent of the folder holding the .def, the repository root); locks are read from
+    requirements/ beside it. `reference=False` skips spython's parser (builds run the rules
+    without the `images` extra)."""
     root = root or path.parent.parent
     try:
         d = parse(path)  # refuses files over MAX_BYTES before reading them
@@ -156,20 +161,11 @@ def lint_def(path: Path, requirements: Path | None = None,
             out.append(_v(d, line, "pinned-base", f"base image {image!r} must be pinned to a "
                           "full version tag or a digest (not latest, not a bare major "
                           "version)"))
-    out += _check_pip(d, requirements)
-    env = d.sections.get("environment")
-    if env is None or f"{ALLOC_CONF_VAR}={TUNED_ALLOC_CONF}" not in env.text:
-        out.append(_v(d, env.line if env else 1, "alloc-env",
-                      f"%environment must export {ALLOC_CONF_VAR}={TUNED_ALLOC_CONF}"))
-    run = d.sections.get("runscript")
-    if run is None or '"$@"' not in run.text:
-        out.append(_v(d, run.line if run else 1, "runscript-args",
-                      '%runscript must pass its arguments on with "$@"'))
-    for name in REQUIRED_SECTIONS:
+    out += _check_pip(d, path.parent / "requirements")
+    for name, needed, rule, message in REQUIRED:
         sec = d.sections.get(name)
-        if sec is None or not sec.text.strip():
-            out.append(_v(d, sec.line if sec else 1, f"section-{name}",
-                          f"%{name} is missing or empty"))
+        if sec is None or needed not in sec.text or not sec.text.strip():
+            out.append(_v(d, sec.line if sec else 1, rule, message))
     return sorted(out, key=lambda v: v.line)
 
 
