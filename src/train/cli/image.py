@@ -81,6 +81,8 @@ def _pairs(items: list[str], flag: str) -> dict[str, str]:
 
 
 def _cmd_image(args: argparse.Namespace) -> int:
+    from train.images.build import engine
+    from train.images.defs import parse
     from train.images.lint import lint_all
     from train.images.sources import containers_dir, find_def
 
@@ -98,7 +100,14 @@ def _cmd_image(args: argparse.Namespace) -> int:
         raise UsageError(f"image {args.action}: name exactly one image")
     if args.base_sif is not None and args.action != "build":
         raise UsageError(f"--base-sif: for `train image build`, not image {args.action}")
-    image = _image(args, find_def(args.images[0], args.defs))
+    path = find_def(args.images[0], args.defs)
+    d = parse(path)
+    out = args.out.resolve() if args.out is not None else None
+    image = _Image(definition=d, root=path.parent.parent,
+                   build_args=_pairs(args.build_arg, "--build-arg"),
+                   localimages=_pairs(args.localimage, "--localimage"),
+                   tag=args.tag or f"train/{d.name}:local", engine=engine(args.engine),
+                   out=out, sif=out or Path(f"{d.name}.sif").resolve())
     actions = {"translate": _image_translate, "build": _image_build, "test": _image_test,
                "digest": _image_digest, "export": _image_export}
     return actions[args.action](args, image)
@@ -116,19 +125,6 @@ class _Image:
     engine: str
     out: Path | None  # resolved before any cwd change
     sif: Path
-
-
-def _image(args: argparse.Namespace, path: Path) -> _Image:
-    from train.images.build import engine
-    from train.images.defs import parse
-
-    d = parse(path)
-    out = args.out.resolve() if args.out is not None else None  # before any cwd change
-    return _Image(definition=d, root=path.parent.parent,
-                  build_args=_pairs(args.build_arg, "--build-arg"),
-                  localimages=_pairs(args.localimage, "--localimage"),
-                  tag=args.tag or f"train/{d.name}:local", engine=engine(args.engine),
-                  out=out, sif=out or Path(f"{d.name}.sif").resolve())
 
 
 def _image_translate(args: argparse.Namespace, im: _Image) -> int:

@@ -136,19 +136,15 @@ def wheel_arch(wheel: Path) -> BuildArch:
         raise ConfigError("wheel", f"{wheel} is not a readable wheel: {exc}") from None
     with archive:
         names = set(archive.namelist())
-        cuda = None
-        for version in ("torch/version.py", "torchvision/version.py"):
-            if version in names:
-                cuda = _version_cuda(archive.read(version).decode(errors="replace"))
-                break
+        version = next((v for v in ("torch/version.py", "torchvision/version.py")
+                        if v in names), None)
+        cuda = _version_cuda(archive.read(version).decode(errors="replace")) if version else None
         library = next((n for n in LIBRARIES if n in names), None)
         if library is None:
             return BuildArch(cuda, (), ())
         build = _member_arch(archive, library, cuda)
-        if LINALG in names:
-            linalg = _member_arch(archive, LINALG, cuda)
-            build = BuildArch(build.cuda, build.sm, build.ptx, linalg.arch_list)
-        return build
+        linalg = _member_arch(archive, LINALG, cuda).arch_list if LINALG in names else None
+        return BuildArch(cuda, build.sm, build.ptx, linalg)
 
 
 def _member_arch(archive: zipfile.ZipFile, name: str, cuda: str | None) -> BuildArch:

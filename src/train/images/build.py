@@ -100,21 +100,17 @@ class BuildResult:
     def summary(self) -> list[str]:
         """The lines printed at the end of a build: each download's sha256, and the exact
         --build-arg to pass next time for a sum that was not yet recorded."""
-        lines = [f"downloaded: {len(self.downloads)} file(s)"]
+        lines, later = [f"downloaded: {len(self.downloads)} file(s)"], []
         for item in self.downloads:
-            expected = self.args.get(item.argument, "")
-            if expected == RECORD_SUM:
+            if self.args.get(item.argument) == RECORD_SUM:
                 state = f"NOT VERIFIED ({item.argument}={RECORD_SUM})"
+                later.append(f"next time pass: --build-arg {item.argument}={item.sha256}")
             elif item.argument:
                 state = f"verified ({item.argument})"
             else:
                 state = "no sum to check"
             lines.append(f"  {item.sha256}  {item.name}  {item.url}  {state}")
-        for item in self.downloads:
-            if self.args.get(item.argument) == RECORD_SUM:
-                lines.append(f"next time pass: --build-arg {item.argument}={item.sha256}")
-        lines.append(f"image {self.image_digest}; build record: {self.record}")
-        return lines
+        return [*lines, *later, f"image {self.image_digest}; build record: {self.record}"]
 
 
 def lock_digests(d: DefFile, args: Mapping[str, str], root: Path) -> dict[str, str]:

@@ -1,9 +1,9 @@
 """`train image new`: a definition that builds on one of our images and adds the user's own
 dependencies, with a hash-pinned lock of only what it adds.
 
-The requirements (derive_reqs) are resolved by pip for the image's Python,
-every pin of the base image's locks a constraint: nothing of the base (torch, CUDA's
-wheels, NCCL, numpy) can change. What the resolution picks that the base already pins is
+The requirements (derive_reqs) are resolved by pip for the image's Python, every pin of the
+base image's locks a constraint: nothing of the base (torch, CUDA's wheels, NCCL, numpy)
+can change. What the resolution picks that the base already pins is
 dropped; the rest, with the sha256 of the wheel pip chose, is the lock. The markers of
 the dependencies' metadata pip evaluates for the Python that runs it, not the image's.
 Everything is checked before anything is written (usage errors, exit 2); a file it would
@@ -269,10 +269,9 @@ def check_out(folder: Path, name: str) -> None:
 
 
 def write_keeping(path: Path, text: str) -> Path | None:
-    """Write `text` to `path` whole (safewrite.write_atomic: a link at the path or at a
-    temp name is never written through). A file there with other content is kept first as
-    PATH.N (returned); one with this content is left as it is (returns `path`). None:
-    there was no file."""
+    """`text` in place of `path` (safewrite.write_atomic), a file there with other content
+    kept first as PATH.N (returned); `path` where it held this text (left as it is); None
+    where there was no file."""
     data = text.encode("utf-8")
     kept = None
     if path.exists():

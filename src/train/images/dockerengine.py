@@ -183,23 +183,18 @@ def _stage(ctx: Path, scripts: Mapping[str, str], archive: Path) -> None:
     run_all = ("set -e\n" + "\n".join(steps)
                + f"\nrm -rf {SCRIPT_DIR}/build {SCRIPT_DIR}/files\n")
 
-    def add_text(tar: tarfile.TarFile, name: str, text: str, mode: int) -> None:
+    def add_text(tar: tarfile.TarFile, name: str, text: str) -> None:
         data = text.encode("utf-8")
-        info = tarfile.TarInfo(name)
-        info.size, info.mode = len(data), mode
+        info = tarfile.TarInfo(f"{SCRIPT_DIR.lstrip('/')}/{name}")
+        info.size, info.mode = len(data), 0o644
         tar.addfile(info, io.BytesIO(data))
 
-    inside = SCRIPT_DIR.lstrip("/")
     with tarfile.open(archive, "w") as tar:
-        files = ctx / "files"
-        if files.is_dir():
-            tar.add(files, arcname=f"{inside}/files")
-        add_text(tar, f"{inside}/build/all", run_all, 0o644)
-        for name, text in scripts.items():
-            if name in ("files", "post"):
-                add_text(tar, f"{inside}/build/{name}", text, 0o644)
-            else:  # runscript, test, help: kept in the image
-                add_text(tar, f"{inside}/{name}", text, 0o644)
+        if (ctx / "files").is_dir():
+            tar.add(ctx / "files", arcname=f"{SCRIPT_DIR.lstrip('/')}/files")
+        add_text(tar, "build/all", run_all)
+        for name, text in scripts.items():  # runscript, test, help: kept in the image
+            add_text(tar, f"build/{name}" if name in ("files", "post") else name, text)
 
 
 def _split_tag(tag: str) -> tuple[str, str]:

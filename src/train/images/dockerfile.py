@@ -10,12 +10,10 @@ mangles %test and drops %help. Semantics kept:
                COPY would merge them); sources are relative to the repository root
   %post        one script run by /bin/sh -e, as Apptainer runs it (exports kept)
   %environment ENV for each `export NAME=VALUE` / `NAME=VALUE` line
-  %runscript   /.train/runscript, the ENTRYPOINT (arguments reach it as "$@")
-  %test        /.train/test (run by `train image test`)
   %labels      LABEL
-  %help        /.train/help
-Anything else (%setup and %pre run on the host, %startscript, the %app* sections) is an
-error, never dropped.
+  %runscript, %test, %help   /.train/NAME; the runscript is the ENTRYPOINT ("$@" its
+               arguments), `train image test` runs the test
+Anything else (UNSUPPORTED_SECTIONS) is an error, never dropped.
 """
 
 from __future__ import annotations

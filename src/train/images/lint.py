@@ -1,22 +1,19 @@
 """`train image lint`: rules every image definition must follow, each violation located by
-file and line, with the rule's name; each rule's message says what it wants.
+file and line, with the rule's name; each rule's message says what it wants and why.
 
   size, parse, header, section   what Apptainer's parser refuses (defs.py), what our
-                  translation refuses (%setup, %pre, %startscript, %app*) or ignores
-                  (section arguments), and header keys that need Apptainer >= 1.5
-  pinned-base, pip-lock, alloc-env, runscript-args, section-NAME (%test, %labels, %help)
-                  our images' conventions (pip-lock: a hash-pinned lock, or a local tree
-                  installed with --no-index --no-deps)
+                  translation refuses or ignores, header keys that need Apptainer >= 1.5
+  pinned-base, pip-lock, alloc-env, runscript-args, section-NAME   our images' conventions
   arguments-empty, arguments-compat   %arguments defaults Apptainer 1.2.x mishandles
   placeholder     undeclared, or after a `#` (Apptainer >= 1.3 leaves it unfilled)
   test-exit       %test (or a %runscript not ending in exec) of several commands without
-                  `set -e`: Apptainer runs it with plain /bin/sh, the last status counts
+                  `set -e`
   files-source    a %files source outside the repository root (the parent of the folder
                   holding the .def), missing there, or read otherwise by Apptainer's
                   splitter or the Docker translation
   files-nesting   in a `Bootstrap: localimage` definition, a directory copied onto a path
                   the base image has (a %files destination of the base's .def, found from
-                  the From: default, or a standard folder): `cp -fLr` nests it inside
+                  the From: default, or a standard folder)
 """
 
 from __future__ import annotations
