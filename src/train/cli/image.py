@@ -14,7 +14,6 @@ from train.common.errors import EXIT_OK, UsageError, install_hint
 if TYPE_CHECKING:
     from train.cli.common import Subparsers
     from train.images.defs import DefFile
-    from train.images.derive import Derived
 
 
 def add_image(sub: Subparsers) -> None:
@@ -208,7 +207,17 @@ def _image_new(args: argparse.Namespace, containers: Path) -> int:
              if args.find_links is not None else ["--index-url", PIP_INDEX])
     made = derive(args.images[0], args.from_image, args.requirements, containers,
                   out=args.out, editable=args.editable, index_args=index)
-    _report_new(made, args.from_image)
+    for request in made.dropped:
+        print(f"note: {request.where} {request.text!r} left out: its marker is false for "
+              f"the image ({made.target.describe()})", file=sys.stderr)
+    if made.duplicates:
+        print(f"note: {made.duplicates} requirement(s) repeated an earlier one; each "
+              "counted once", file=sys.stderr)
+    for copy in made.kept:
+        print(f"kept the earlier {copy.name.rsplit('.', 1)[0]} as {copy}", file=sys.stderr)
+    verb = "unchanged:" if {made.definition, made.lock} <= set(made.unchanged) else "wrote"
+    print(f"{verb} {made.definition} and {made.lock} ({len(made.added)} package(s) added to "
+          f"{args.from_image}: {', '.join(f'{p.name}=={p.version}' for p in made.added)})")
     print(f"next: train image lint {made.definition}; train image build {made.definition} "
           f"(Docker: --localimage {args.from_image}.sif=train/{args.from_image}:local)")
     if importlib.util.find_spec("spython") is None:  # what `image lint` reads .def files with
@@ -220,19 +229,3 @@ def _image_new(args: argparse.Namespace, containers: Path) -> int:
               "pyproject.toml or .git: build from a project folder (`--out` inside it) or "
               "`git init` there first", file=sys.stderr)
     return EXIT_OK
-
-
-def _report_new(made: Derived, base: str) -> None:
-    """What `image new` wrote, kept and left out."""
-    for request in made.dropped:
-        print(f"note: {request.where} {request.text!r} left out: its marker is false for "
-              f"the image ({made.target.describe()})", file=sys.stderr)
-    if made.duplicates:
-        print(f"note: {made.duplicates} requirement(s) repeated an earlier one; each "
-              "counted once", file=sys.stderr)
-    for copy in made.kept:
-        print(f"kept the earlier {copy.name.rsplit('.', 1)[0]} as {copy}", file=sys.stderr)
-    same = {made.definition, made.lock} <= set(made.unchanged)
-    verb = "unchanged:" if same else "wrote"
-    print(f"{verb} {made.definition} and {made.lock} ({len(made.added)} package(s) added to "
-          f"{base}: {', '.join(f'{p.name}=={p.version}' for p in made.added)})")

@@ -113,21 +113,16 @@ class BuildResult:
         return [*lines, *later, f"image {self.image_digest}; build record: {self.record}"]
 
 
-def lock_digests(d: DefFile, args: Mapping[str, str], root: Path) -> dict[str, str]:
-    """sha256 of every lock file (requirements *.txt) the definition copies in."""
-    out = {}
-    for number, raw_src, _ in d.files():
-        source = root / d.substitute(raw_src, args, number)
-        files = sorted(source.rglob("*.txt")) if source.is_dir() else [source]
-        for path in files:
-            if path.suffix == ".txt" and "requirements" in path.parts and path.is_file():
-                out[str(path.relative_to(root))] = file_sha256(path)
-    return out
-
-
 def write_record(d: DefFile, root: Path, result: BuildResult, engine_name: str,
                  base: str) -> None:
-    """The build record beside the image, written whole or not at all."""
+    """The build record beside the image, written whole or not at all; its locks: the sha256
+    of every lock file (requirements *.txt) the definition copies in."""
+    locks = {}
+    for number, raw_src, _ in d.files():
+        source = root / d.substitute(raw_src, result.args, number)
+        for path in sorted(source.rglob("*.txt")) if source.is_dir() else [source]:
+            if path.suffix == ".txt" and "requirements" in path.parts and path.is_file():
+                locks[str(path.relative_to(root))] = file_sha256(path)
     record = {
         "definition": d.path.name,
         "engine": engine_name,
@@ -140,7 +135,7 @@ def write_record(d: DefFile, root: Path, result: BuildResult, engine_name: str,
                        "verified": bool(i.argument)
                        and result.args.get(i.argument) != RECORD_SUM}
                       for i in result.downloads],
-        "locks": lock_digests(d, result.args, root),
+        "locks": locks,
     }
     write_json_atomic(result.record, record, sort_keys=False, fsync=False)
 
@@ -258,8 +253,7 @@ def engine(requested: str = "auto") -> str:
 def smoke_args(d: DefFile) -> tuple[str, ...]:
     """The short run `image test` does inside the image: the definition's own smoke label
     (sc2: a few episodes on pysc2's mock environment), else the demo."""
-    labels = d.sections.get("labels")
-    for number, text in labels.body() if labels else []:
+    for number, text in d.body("labels"):
         key, _, value = text.partition(" ")
         if key == SMOKE_LABEL:
             return tuple(d.substitute(value, d.arguments(), number).split())

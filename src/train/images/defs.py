@@ -12,9 +12,8 @@ The rules are those of Apptainer's parser (pkg/build/types/parser/deffile.go, th
   indented header keeps its indentation in the name, which is then invalid, so section
   headers are valid only at column 0. What follows the first space is the section's
   arguments (`%files from STAGE`, `%post -c /bin/bash`).
-- Valid names: SECTIONS in any case (validSections), APP_SECTIONS (appSections) only in
-  lower case and with an app name (`%appinstall NAME`); a bare `%app`, `%post2` or any
-  other name is an error (populateDefinition: "invalid section(s) specified").
+- Valid names (validSections, appSections): SECTIONS in any case, APP_SECTIONS in lower
+  case with an app name; any other name is an error (populateDefinition).
 - A repeated section is joined: its body is appended to the first one's (parseTokenSection
   `Script +=`; a later header's arguments replace earlier ones); %files entries of sections
   with the same arguments are appended to one list, in the order the lists first appear;
@@ -26,10 +25,8 @@ The rules are those of Apptainer's parser (pkg/build/types/parser/deffile.go, th
   starting with `#` are skipped, everything from the first `#` of a line is a comment,
   `Key: value` is split at the first `:`, keys are lower-cased, a line ending in `\\`
   continues on the next one; a line without `:` is an error, an unknown key is an error
-  (validHeaders, plus otherurlN), a repeated key keeps its last value. The Bootstrap value
-  is case-sensitive (conveyorPacker: `Docker` is an invalid build source).
-- Every line starting with `bootstrap:` (any case, column 0) starts a build stage
-  (parser.All); we build single-stage images, so a second one is an error.
+  (validHeaders, plus otherurlN), a repeated key keeps its last value; the Bootstrap value
+  is case-sensitive (conveyorPacker). Every `bootstrap:` line starts a build stage.
 
 `{{ NAME }}` placeholders are filled from `%arguments` defaults overridden by build
 arguments, as `apptainer build --build-arg` does; an unknown or missing argument is an
@@ -115,6 +112,10 @@ class DefFile:
     def name(self) -> str:
         return self.path.stem
 
+    def body(self, name: str) -> list[tuple[int, str]]:  # Section.body; [] when it is absent
+        section = self.sections.get(name)
+        return section.body() if section else []
+
     def arguments(self) -> dict[str, str]:
         return {key: value for _, key, value in self.argument_lines()}
 
@@ -122,8 +123,7 @@ class DefFile:
         """(line, NAME, default) of each %arguments line, as Apptainer's ReadDefaults reads
         them (split at the first `=`, both sides stripped); a later NAME wins."""
         out = []
-        section = self.sections.get("arguments")
-        for number, text in section.body() if section else []:
+        for number, text in self.body("arguments"):
             key, sep, value = text.partition("=")
             if not sep or not key.strip().isidentifier():
                 raise DefError(self.path, number, f"%arguments line must be NAME=VALUE: "
@@ -155,8 +155,7 @@ class DefFile:
         an empty dst means the same path as src. Extra words are ignored, as Apptainer
         ignores them."""
         out = []
-        section = self.sections.get("files")
-        for number, text in section.body() if section else []:
+        for number, text in self.body("files"):
             words = [w.strip().strip('"') for w in split_files_line(text)]
             out.append((number, words[0] if words else "", words[1] if len(words) > 1 else ""))
         return out
@@ -230,6 +229,15 @@ def _header(path: Path, rows: list[tuple[int, str]],
             repeats.append((start, key))
         header[key] = (start, value)
     # a continuation still open at the end of the header is dropped, as doHeader drops it
+    for key in ("bootstrap", "from"):
+        if key not in header:
+            raise DefError(path, 1, f"the header has no {key.capitalize()}: line",
+                           rule="header")
+    at, agent = header["bootstrap"]
+    if agent != agent.lower():
+        raise DefError(path, at, f"Bootstrap: {agent}: Apptainer's bootstrap agents are "
+                       f"case-sensitive ({agent.lower()}); this is an invalid build source",
+                       rule="header")
     return header
 
 
@@ -239,7 +247,6 @@ def parse(path: Path) -> DefFile:
     _add_files_groups(sections, files_groups)
     repeats: list[tuple[int, str]] = []
     header = _header(path, header_rows, repeats)
-    _check_bootstrap(path, header)
     return DefFile(path, header, sections, repeats, all_lines)
 
 
@@ -302,18 +309,6 @@ def _add_files_groups(sections: dict[str, Section], files_groups: dict[str, Sect
     for args, group in files_groups.items():
         if args.split("#", 1)[0]:
             sections[f"files {args}"] = group
-
-
-def _check_bootstrap(path: Path, header: Mapping[str, tuple[int, str]]) -> None:
-    for key in ("bootstrap", "from"):
-        if key not in header:
-            raise DefError(path, 1, f"the header has no {key.capitalize()}: line",
-                           rule="header")
-    line, agent = header["bootstrap"]
-    if agent != agent.lower():
-        raise DefError(path, line, f"Bootstrap: {agent}: Apptainer's bootstrap agents are "
-                       f"case-sensitive ({agent.lower()}); this is an invalid build source",
-                       rule="header")
 
 
 def _too_long(path: Path, line: int, what: str) -> None:

@@ -88,6 +88,8 @@ def docker_build(d: DefFile, root: Path, tag: str, build_args: Mapping[str, str]
     the image's one new layer (Docker's builder would keep each COPY as a layer, and what
     was staged with it); then a failing %test fails the build. `network`: what %post
     reaches ("none": offline inputs only). The engine's cache is never used."""
+    import docker
+
     build_log = BuildLog()
     args = d.resolve_arguments(build_args)
     with tempfile.TemporaryDirectory(prefix="train-image-") as tmp:
@@ -100,33 +102,20 @@ def docker_build(d: DefFile, root: Path, tag: str, build_args: Mapping[str, str]
         client = _client()
         base_id, image = _run_and_commit(client, archive, build_log, d.name, network, tag,
                                          translation, base)
-    if "test" in translation.scripts:
-        _build_test(client, tag, d.name)
-    result = BuildResult(str(image.id), str(image.id), build_log.downloads, args,
-                         record or default_record(tag))
+    if "test" in translation.scripts:  # last, as `apptainer build` runs it: a failure drops the tag
+        try:
+            docker_run(tag, [f"{SCRIPT_DIR}/test"], entrypoint=["/bin/sh"])
+        except ImageError as exc:
+            with contextlib.suppress(docker.errors.DockerException):
+                client.images.remove(tag, force=True)
+            raise ImageError(f"docker build of {d.name} failed: its %test failed (apptainer "
+                             f"build runs %test last, and so does this build): {exc}") from None
+    if record is None:  # no --out: the record goes to the cache (the image is the engine's)
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "train"
+        record = cache / "images" / f"{tag.replace('/', '_').replace(':', '_')}.build.json"
+    result = BuildResult(str(image.id), str(image.id), build_log.downloads, args, record)
     write_record(d, root, result, "docker", f"{base} ({base_id})")
     return result
-
-
-def default_record(tag: str) -> Path:
-    """Where a docker build's record goes when --out names none (the image is the
-    engine's)."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "train" / "images" / (tag.replace("/", "_").replace(":", "_")
-                                         + ".build.json")
-
-
-def _build_test(client: Any, tag: str, what: str) -> None:
-    """%test, last, as `apptainer build` runs it: on a failure the tag is not kept."""
-    import docker
-
-    try:
-        docker_run(tag, [f"{SCRIPT_DIR}/test"], entrypoint=["/bin/sh"])
-    except ImageError as exc:
-        with contextlib.suppress(docker.errors.DockerException):
-            client.images.remove(tag, force=True)
-        raise ImageError(f"docker build of {what} failed: its %test failed (apptainer build "
-                         f"runs %test last, and so does this build): {exc}") from None
 
 
 def _run_and_commit(client: Any, archive: Path, build_log: BuildLog, what: str,
@@ -162,7 +151,9 @@ def _run_and_commit(client: Any, archive: Path, build_log: BuildLog, what: str,
                              + ("\n(the build had no network: --network none. A build that "
                                 "downloads the real base, game or packages needs --network "
                                 "default)" if network == "none" else ""))
-        return base_id, container.commit(*_split_tag(tag),
+        name, sep, version = tag.rpartition(":")  # a registry's port is no version
+        repository, version = (name, version) if sep and "/" not in version else (tag, "latest")
+        return base_id, container.commit(repository, version,
                                          changes=_config(translation, client, base))
     except docker.errors.DockerException as exc:
         raise ImageError(f"docker build of {what} failed: {exc}\n"
@@ -195,13 +186,6 @@ def _stage(ctx: Path, scripts: Mapping[str, str], archive: Path) -> None:
         add_text(tar, "build/all", run_all)
         for name, text in scripts.items():  # runscript, test, help: kept in the image
             add_text(tar, f"build/{name}" if name in ("files", "post") else name, text)
-
-
-def _split_tag(tag: str) -> tuple[str, str]:
-    name, sep, version = tag.rpartition(":")
-    if sep and "/" not in version:
-        return name, version
-    return tag, "latest"
 
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -60,10 +60,9 @@ class Violation:
 
 
 def _commands(d: DefFile, section: str) -> list[tuple[int, str]]:  # continuations joined
-    sec = d.sections.get(section)
     out: list[tuple[int, str]] = []
     pending: tuple[int, str] | None = None
-    for number, text in sec.body() if sec else []:
+    for number, text in d.body(section):
         pending = (number, text) if pending is None else (pending[0], f"{pending[1]} {text}")
         if pending[1].endswith("\\"):
             pending = (pending[0], pending[1][:-1].rstrip())
@@ -270,15 +269,6 @@ def _control(text: str) -> bool:
                for c in text)
 
 
-def _is_glob(src: str) -> bool:
-    return any(c in src for c in "*?[")
-
-
-def _escapes(src: str) -> bool:
-    normal = posixpath.normpath(src)
-    return normal == ".." or normal.startswith("../")
-
-
 # a %files source's text, checked in this order: the first rule it breaks is reported and
 # ends the checks of its entry
 _SOURCE_RULES: tuple[tuple[Callable[[str], bool], Callable[[str], str]], ...] = (
@@ -287,9 +277,11 @@ _SOURCE_RULES: tuple[tuple[Callable[[str], bool], Callable[[str], str]], ...] = 
      lambda src: f"{src}: an absolute source reads the build host, not the repository"),
     (lambda src: any(c in src for c in "$`") or src.startswith("~"),
      lambda src: f"{src}: Apptainer expands it as a shell word; name the path"),
-    (_escapes, lambda src: f"{src}: escapes the repository"),
-    (_is_glob, lambda src: f"{src}: a glob; the Docker translation (CI's build) cannot expand "
-     "it as Apptainer does, so name each path"),
+    (lambda src: posixpath.normpath(src).split("/")[0] == "..",
+     lambda src: f"{src}: escapes the repository"),
+    (lambda src: any(c in src for c in "*?["),
+     lambda src: f"{src}: a glob; the Docker translation (CI's build) cannot expand it as "
+     "Apptainer does, so name each path"),
 )
 
 
@@ -322,20 +314,6 @@ def _source_problem(root: Path, resolved_root: Path, src: str) -> str | None:
     return None
 
 
-def _nesting(d: DefFile, line: int, src: str, dst: str, existing: set[str]
-             ) -> list[Violation]:
-    normal = posixpath.normpath(src)
-    target = dst or "/" + normal
-    clean = posixpath.normpath("/" + target.lstrip("/"))
-    if not (target.endswith("/") or clean in existing):
-        return []
-    return [_v(d, line, "files-nesting", f"{src} -> {target}: the destination "
-               "already exists in the base image (or ends in '/'), and "
-               "Apptainer's `cp -fLr` puts the directory inside it "
-               f"({clean.rstrip('/')}/{posixpath.basename(normal)}); copy to a "
-               "new path or copy the files one by one")]
-
-
 def _check_files(d: DefFile, args: dict[str, str], root: Path) -> list[Violation]:
     out = []
     resolved_root = root.resolve()
@@ -352,16 +330,15 @@ def _check_files(d: DefFile, args: dict[str, str], root: Path) -> list[Violation
         if problem is not None:
             out.append(_v(d, line, "files-source", problem))
         elif existing is not None and (root / src).is_dir():
-            out += _nesting(d, line, src, dst, existing)
-    return out
-
-
-def _destinations(d: DefFile) -> set[str]:
-    args = d.arguments()
-    out = set()
-    for line, src, dst in d.files():
-        target = d.substitute(dst or "/" + src, args, line)
-        out.add(posixpath.normpath("/" + target.lstrip("/")))
+            normal = posixpath.normpath(src)
+            target = dst or "/" + normal
+            clean = posixpath.normpath("/" + target.lstrip("/"))
+            if target.endswith("/") or clean in existing:
+                out.append(_v(d, line, "files-nesting", f"{src} -> {target}: the destination "
+                              "already exists in the base image (or ends in '/'), and "
+                              "Apptainer's `cp -fLr` puts the directory inside it "
+                              f"({clean.rstrip('/')}/{posixpath.basename(normal)}); copy to "
+                              "a new path or copy the files one by one"))
     return out
 
 
@@ -382,9 +359,11 @@ def _base_paths(d: DefFile, args: dict[str, str], depth: int = 0) -> set[str]:
         return paths
     try:
         b = parse(base)
-        found = _destinations(b)
+        b_args = b.arguments()
+        found = {posixpath.normpath("/" + b.substitute(dst or "/" + src, b_args, line).lstrip("/"))
+                 for line, src, dst in b.files()}  # the base's %files destinations
         if b.header["bootstrap"][1] == "localimage":
-            paths |= _base_paths(b, b.arguments(), depth + 1)
+            paths |= _base_paths(b, b_args, depth + 1)
     except DefError:
         return paths
     for dest in found:
