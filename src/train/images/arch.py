@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 import shutil
 import struct
+import sys
 import tempfile
 import zipfile
 from collections.abc import Iterator
@@ -184,8 +185,6 @@ def read_header(lock_text: str) -> BuildArch | None:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m train.images.arch WHEEL`: print the lock header lines for a torch wheel."""
-    import sys
-
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m train.images.arch WHEEL", file=sys.stderr)

@@ -185,10 +185,8 @@ def _check_unused(d: DefFile, build_args: Mapping[str, str]) -> None:
 
 
 def check_inputs(d: DefFile, build_args: Mapping[str, str], root: Path) -> list[Path]:
-    """Everything a build needs from this machine, checked before any engine starts (exit 2):
-    a source tree to build from, build argument values, lint's blocking rules, every %files
-    source (and every link inside it) in the repository, and every `file://` build argument
-    (an offline stand-in for a download) staged by a %files entry. Returns the sources."""
+    """Everything a build needs from this machine, checked before any engine starts (exit 2;
+    a `file://` build argument is an offline stand-in for a download). Returns the sources."""
     if not ((root / "pyproject.toml").is_file() or (root / ".git").exists()):
         raise UsageError(f"image build: {root} is not a source tree (no pyproject.toml or "
                          ".git there): %files sources resolve from the repository root, so "
@@ -289,7 +287,7 @@ def apptainer_build(d: DefFile, root: Path, sif: Path, build_args: Mapping[str, 
             argv += ["--build-arg", f"{key}={value}"]
         argv += [str(sif.resolve()), str(definition)]
         build_log = BuildLog()
-        code = _stream(argv, root, build_log.feed, BUILD_TIMEOUT)
+        code = _stream(argv, root, build_log.feed)
     if code != 0:
         raise ImageError(f"apptainer build of {d.name} exited with {code}:\n"
                          + "\n".join(build_log.tail))
@@ -303,10 +301,9 @@ def apptainer_build(d: DefFile, root: Path, sif: Path, build_args: Mapping[str, 
     return result
 
 
-def _stream(argv: Sequence[str], cwd: Path, feed: Callable[[str], None],
-            timeout: float) -> int:
+def _stream(argv: Sequence[str], cwd: Path, feed: Callable[[str], None]) -> int:
     """Run argv with its output (stdout and stderr together) fed line by line to `feed`;
-    the exit status (124 after `timeout` seconds, the process killed)."""
+    the exit status (124 after BUILD_TIMEOUT seconds, the process killed)."""
     import threading
 
     log.debug("running %s", " ".join(argv))
@@ -322,7 +319,7 @@ def _stream(argv: Sequence[str], cwd: Path, feed: Callable[[str], None],
         killed.set()
         proc.kill()
 
-    timer = threading.Timer(timeout, kill)
+    timer = threading.Timer(BUILD_TIMEOUT, kill)
     timer.start()
     try:
         assert proc.stdout is not None

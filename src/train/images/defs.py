@@ -329,9 +329,7 @@ def _start_section(path: Path, number: int, text: str, sections: dict[str, Secti
     name, _, args = bare.partition(" ")
     key = name.lower()
     if key == "files":
-        group = files_groups.get(args)
-        if group is None:
-            group = files_groups[args] = Section("files", number, [], args)
+        group = files_groups.setdefault(args, Section("files", number, [], args))
         group.headers.append(number)
         return group
     if key in APP_SECTIONS:
@@ -349,9 +347,7 @@ def _start_section(path: Path, number: int, text: str, sections: dict[str, Secti
                        "accepts " + ", ".join(f"%{s}" for s in SECTIONS) + " and "
                        + ", ".join(f"%{s}" for s in APP_SECTIONS) + " NAME",
                        rule="section")
-    section = sections.get(key)
-    if section is None:
-        section = sections[key] = Section(key, number)
+    section = sections.setdefault(key, Section(key, number))
     if args:
         section.args = args
     section.headers.append(number)

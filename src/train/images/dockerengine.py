@@ -50,10 +50,8 @@ def write_context(d: DefFile, dest: Path, build_args: Mapping[str, str],
         for index, (src, _) in enumerate(translation.copies):
             source, target = root / src, work / context_path(index, src)
             target.parent.mkdir(parents=True)
-            if source.is_dir():  # every link inside was checked by check_inputs
-                shutil.copytree(source, target)
-            else:
-                shutil.copy2(source, target)
+            # (every link inside a folder was checked by check_inputs)
+            (shutil.copytree if source.is_dir() else shutil.copy2)(source, target)
         if dest.exists():
             dest.rmdir()
         work.rename(dest)
@@ -88,8 +86,6 @@ def docker_build(d: DefFile, root: Path, tag: str, build_args: Mapping[str, str]
     the image's one new layer (Docker's builder would keep each COPY as a layer, and what
     was staged with it); then a failing %test fails the build. `network`: what %post
     reaches ("none": offline inputs only). The engine's cache is never used."""
-    import docker
-
     build_log = BuildLog()
     args = d.resolve_arguments(build_args)
     with tempfile.TemporaryDirectory(prefix="train-image-") as tmp:
@@ -102,20 +98,27 @@ def docker_build(d: DefFile, root: Path, tag: str, build_args: Mapping[str, str]
         client = _client()
         base_id, image = _run_and_commit(client, archive, build_log, d.name, network, tag,
                                          translation, base)
-    if "test" in translation.scripts:  # last, as `apptainer build` runs it: a failure drops the tag
-        try:
-            docker_run(tag, [f"{SCRIPT_DIR}/test"], entrypoint=["/bin/sh"])
-        except ImageError as exc:
-            with contextlib.suppress(docker.errors.DockerException):
-                client.images.remove(tag, force=True)
-            raise ImageError(f"docker build of {d.name} failed: its %test failed (apptainer "
-                             f"build runs %test last, and so does this build): {exc}") from None
+    if "test" in translation.scripts:
+        _build_test(client, tag, d.name)
     if record is None:  # no --out: the record goes to the cache (the image is the engine's)
         cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "train"
         record = cache / "images" / f"{tag.replace('/', '_').replace(':', '_')}.build.json"
     result = BuildResult(str(image.id), str(image.id), build_log.downloads, args, record)
     write_record(d, root, result, "docker", f"{base} ({base_id})")
     return result
+
+
+def _build_test(client: Any, tag: str, what: str) -> None:
+    """%test, last, as `apptainer build` runs it: on a failure the tag is not kept."""
+    import docker
+
+    try:
+        docker_run(tag, [f"{SCRIPT_DIR}/test"], entrypoint=["/bin/sh"])
+    except ImageError as exc:
+        with contextlib.suppress(docker.errors.DockerException):
+            client.images.remove(tag, force=True)
+        raise ImageError(f"docker build of {what} failed: its %test failed (apptainer build "
+                         f"runs %test last, and so does this build): {exc}") from None
 
 
 def _run_and_commit(client: Any, archive: Path, build_log: BuildLog, what: str,
@@ -247,7 +250,6 @@ def docker_export(tag: str, out: Path) -> str:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".part")
     with open(tmp, "wb") as fh:
-        for chunk in image.save(named=True):
-            fh.write(chunk)
+        fh.writelines(image.save(named=True))
     tmp.replace(out)
     return f"apptainer build {out.stem}.sif docker-archive://{out}"
