@@ -196,11 +196,8 @@ def check_inputs(d: DefFile, build_args: Mapping[str, str], root: Path) -> list[
         check_text(f"build-arg {key}", value)
     from train.images.lint import lint_def
 
-    overridden = [f" {k}=" for k in build_args]
-    blocking = [v for v in lint_def(d.path, root=root, reference=False)
-                if v.rule in BUILD_BLOCKING
-                and not (v.rule == "arguments-empty"
-                         and any(o in f" {v.message}" for o in overridden))]
+    blocking = [v for v in lint_def(d.path, root=root, reference=False, given=build_args)
+                if v.rule in BUILD_BLOCKING]
     if blocking:
         raise UsageError("\n".join(str(v) for v in blocking[:10]) + "\nimage build: "
                          f"{d.path.name} breaks the rules above (train image lint)")

@@ -243,17 +243,15 @@ def _header(path: Path, rows: list[tuple[int, str]],
 
 def parse(path: Path) -> DefFile:
     raw = _read(path)
-    header_rows, all_lines, sections, files_groups = _scan(path, raw)
-    _add_files_groups(sections, files_groups)
+    header_rows, all_lines, sections = _scan(path, raw)
     repeats: list[tuple[int, str]] = []
     header = _header(path, header_rows, repeats)
     return DefFile(path, header, sections, repeats, all_lines)
 
 
-def _scan(path: Path, raw: str) -> tuple[list[tuple[int, str]], list[str], dict[str, Section],
-                                         dict[str, Section]]:
+def _scan(path: Path, raw: str) -> tuple[list[tuple[int, str]], list[str], dict[str, Section]]:
     """One pass over the lines as Apptainer's scanner reads them: the header rows, every
-    line, the sections, and the %files groups by their arguments (parseTokenSection)."""
+    line, the sections (the %files groups by their arguments, parseTokenSection)."""
     header_rows: list[tuple[int, str]] = []
     all_lines: list[str] = []
     sections: dict[str, Section] = {}
@@ -296,12 +294,8 @@ def _scan(path: Path, raw: str) -> tuple[list[tuple[int, str]], list[str], dict[
         offset += size
     if offset - token_start >= SECTION_LIMIT:  # the last token must leave room for EOF
         _too_long(path, token_line, token_name)
-    return header_rows, all_lines, sections, files_groups
-
-
-def _add_files_groups(sections: dict[str, Section], files_groups: dict[str, Section]) -> None:
-    """%files groups whose arguments are blank after a comment are copied from the host,
-    in the order the groups first appeared (stage.copyFiles); others are kept apart."""
+    # groups whose arguments are blank after a comment are copied from the host, in the
+    # order the groups first appeared (stage.copyFiles); others are kept apart
     host = [g for a, g in files_groups.items() if not a.split("#", 1)[0]]
     if host:
         sections["files"] = Section("files", host[0].line, [x for g in host for x in g.lines],
@@ -309,6 +303,7 @@ def _add_files_groups(sections: dict[str, Section], files_groups: dict[str, Sect
     for args, group in files_groups.items():
         if args.split("#", 1)[0]:
             sections[f"files {args}"] = group
+    return header_rows, all_lines, sections
 
 
 def _too_long(path: Path, line: int, what: str) -> None:

@@ -362,17 +362,6 @@ def check_pip() -> None:
                          f"(`pip install --dry-run --report`); upgrade it: {upgrade}")
 
 
-def _command(target: Target, tmp: Path, index_args: Sequence[str]) -> list[str]:
-    return [sys.executable, "-m", "pip", "install", "--dry-run",
-            "--disable-pip-version-check", "--ignore-installed", "--no-input",
-            "--only-binary=:all:", "--python-version", target.python,
-            "--implementation", "cp", "--abi", target.abi,
-            *(arg for tag in target.platforms() for arg in ("--platform", tag)),
-            "--target", str(tmp / "target"),  # never written: a dry run (pip < 23.3)
-            "--report", str(tmp / "report.json"), "-c", str(tmp / "constraints.txt"),
-            "-r", str(tmp / "requirements.txt"), *index_args]
-
-
 def pip_resolve(requirements: Sequence[str], constraints: Sequence[str], target: Target,
                 index_args: Sequence[str]) -> list[dict[str, Any]]:
     """pip's dry-run report ("install" items) for the image's Python and platform, wheels
@@ -390,8 +379,15 @@ def pip_resolve(requirements: Sequence[str], constraints: Sequence[str], target:
         if "--no-index" in index_args:  # the folder given and nothing else: no pip config
             env = {k: v for k, v in env.items() if not k.startswith("PIP_")}
             env["PIP_CONFIG_FILE"] = os.devnull
-        proc = _proc.run(_command(target, tmp, index_args), timeout=PIP_TIMEOUT_S,
-                         check=False, env=env)
+        argv = [sys.executable, "-m", "pip", "install", "--dry-run",
+                "--disable-pip-version-check", "--ignore-installed", "--no-input",
+                "--only-binary=:all:", "--python-version", target.python,
+                "--implementation", "cp", "--abi", target.abi,
+                *(arg for tag in target.platforms() for arg in ("--platform", tag)),
+                "--target", str(tmp / "target"),  # never written: a dry run (pip < 23.3)
+                "--report", str(tmp / "report.json"), "-c", str(tmp / "constraints.txt"),
+                "-r", str(tmp / "requirements.txt"), *index_args]
+        proc = _proc.run(argv, timeout=PIP_TIMEOUT_S, check=False, env=env)
         if proc.returncode != 0:
             req_file = tmp / "requirements.txt"
             text = re.sub(re.escape(f"-r {req_file}") + r" \(line (\d+)\)",
