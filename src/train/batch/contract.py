@@ -2,10 +2,8 @@
 rest of train, defined once.
 
 File names in the run directory, the chain's event names and the progress file's format
-live here; the engine, the client, the runner and the CLI import them from here. It
-imports nothing of train (names and pure helpers only) and nothing heavy: the login
-node, the batch host and every node read it. Valid Python 3.6: it is copied into every
-run folder with the engine (train.batch.engine).
+live here; the engine, the client, the runner and the CLI import them from here. Names and
+pure helpers only, nothing heavy: the login node, the batch host and every node read it.
 """
 
 import os

@@ -1,7 +1,6 @@
 """What the chain engine reads of a chain's records and Slurm's answers: the ids file,
 the queue (a successor submitted before), the tasks' end records (the first failure), the
-overruns so far. Pure functions, unit-tested without Slurm; standard library only, valid
-Python 3.6 (see train.batch.engine).
+overruns so far. Pure functions, unit-tested without Slurm.
 """
 
 import json
@@ -57,11 +56,11 @@ def first_failure(records: Sequence[str]) -> Optional[Tuple[int, str, Optional[i
         parts = text.split()
         if len(parts) < 3:
             continue
+        node = parts[2] if all(c.isalnum() or c in "._-" for c in parts[2]) else ""
         if parts[0] == STARTED:  # killed with its wrapper: no end recorded
-            unended.append(parts[2] if all(c.isalnum() or c in "._-" for c in parts[2])
-                           else "")
+            unended.append(node)
             continue
-        code, node = saves._number(parts[0]), parts[2]
+        code = saves._number(parts[0])
         try:
             at = float(parts[1])
         except ValueError:
@@ -69,8 +68,6 @@ def first_failure(records: Sequence[str]) -> Optional[Tuple[int, str, Optional[i
         if code is None or code == 0 or code > 255 or math.isnan(at):
             continue
         sig = saves._number(parts[3]) if len(parts) > 3 else None
-        if not all(c.isalnum() or c in "._-" for c in node):
-            node = ""
         failed.append((at, code, node, sig))
     if unended and all(f[1] == TERM_CODE for f in failed):
         # the rest ended of the TERM Slurm sent after it: the task killed outright (the

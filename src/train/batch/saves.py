@@ -2,11 +2,8 @@
 framework's saves show), the newest match of a {newest:GLOB} placeholder, the resume
 arguments with those expanded, and when the program last saved. The chain engine applies
 these on the batch host, `train status` and `train submit` on the login node: one rule
-each, in one place.
-
-Standard library only, and valid Python 3.6 (the batch host's python3 on EL8): this
-module is copied into every run folder with the engine (train.batch.engine).
-Nothing of the user's is evaluated: a pattern is only globbed, a match is one argument.
+each, in one place. Nothing of the user's is evaluated: a pattern is only globbed, a
+match is one argument.
 """
 
 import contextlib

@@ -1,14 +1,13 @@
 """The job step of a chunk, on the batch host: its folder and environment, starting it,
 passing the walltime signal on once its ranks are ready (or ending it, stop mode kill),
 the program's stop request, the overrun guard, waiting for it, and what a killed step left
-on the nodes. train.batch.chunk builds the chain on it. Standard library only, valid
-Python 3.6 (see train.batch.engine).
+on the nodes. train.batch.chunk builds the chain on it.
 """
 
 import contextlib
 import os
+import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -54,20 +53,6 @@ class Exit(Exception):
 def remove_file(path: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
-
-
-def remove_tree(path: str) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def gpu_report() -> None:
-    try:
-        subprocess.call(["nvidia-smi"], stdout=sys.stderr)
-    except OSError:
-        log_line = "nvidia-smi not available on {}".format(socket.gethostname())
-        sys.stderr.write("{} train-job: {}\n".format(time.strftime("%H:%M:%S"), log_line))
 
 
 def engine_root() -> str:
@@ -162,7 +147,7 @@ class Step:
         for name in os.listdir(self.run_dir):
             stale = self.path(name)
             if name.startswith(prefix) and os.path.isdir(stale) and not os.path.islink(stale):
-                remove_tree(stale)
+                shutil.rmtree(stale, ignore_errors=True)
         self.tmp = self.path("{}{}-{}".format(prefix, self.job_id, self.restarts))
         os.makedirs(os.path.join(self.tmp, "exits"), exist_ok=True)
         # a killed chunk's readiness and stop-request files (never its own: they are new)
@@ -457,7 +442,7 @@ class Step:
         """The chunk's own files: its folder, the readiness and stop-request files, and a
         sweep task's empty log files that Slurm opened beside the sweep's logs."""
         if self.tmp:
-            remove_tree(self.tmp)
+            shutil.rmtree(self.tmp, ignore_errors=True)
         for path in [self.ready, self.stop_request, *(self.rank_files() if self.ready
                                                       else [])]:
             if path:
