@@ -16,29 +16,17 @@ from typing import Any, Dict, List, Optional, Tuple
 from train.batch import contract, saves
 from train.batch.records import STARTED, parse_ids, read_text
 
-Record = Dict[str, Any]
 
-
-def log(chunk: object, text: str) -> None:
-    sys.stderr.write("{} train-job[{}]: {}\n".format(time.strftime("%H:%M:%S"), chunk, text))
-    sys.stderr.flush()
-
-
-def slurm_env() -> Dict[str, str]:
-    """This environment without the job's own SLURM_*/SBATCH_*/SALLOC_*/SQUEUE_* values:
-    a nested sbatch would read or pass them on, squeue would filter by them; SLURM_CONF
-    stays so a site's non-default configuration is found."""
-    return {k: v for k, v in os.environ.items()
-            if k == "SLURM_CONF" or not k.startswith(("SLURM_", "SBATCH_", "SALLOC_",
-                                                      "SQUEUE_"))}
-
-
-def slurm(argv: List[str], timeout: float = 120) -> Tuple[int, str]:
-    """A Slurm command: (exit code, its output and errors together)."""
+def slurm(argv: List[str]) -> Tuple[int, str]:
+    """A Slurm command: (exit code, its output and errors together). Its environment has
+    none of the job's own SLURM_*/SBATCH_*/SALLOC_*/SQUEUE_* values (a nested sbatch would
+    read or pass them on, squeue would filter by them) but SLURM_CONF (a site's
+    non-default configuration)."""
+    env = {k: v for k, v in os.environ.items() if k == "SLURM_CONF"
+           or not k.startswith(("SLURM_", "SBATCH_", "SALLOC_", "SQUEUE_"))}
     try:
         proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              universal_newlines=True, env=slurm_env(), timeout=timeout,
-                              check=False)
+                              universal_newlines=True, env=env, timeout=120, check=False)
     except (OSError, subprocess.SubprocessError) as exc:
         return 127, str(exc)
     return proc.returncode, proc.stdout
@@ -63,7 +51,7 @@ def engine_root() -> str:
 class Step:
     """The chunk's state from its start to its end (one per batch job run), and its step."""
 
-    def __init__(self, job: Record, script: str, chunk: int, first: Optional[int],
+    def __init__(self, job: Dict[str, Any], script: str, chunk: int, first: Optional[int],
                  step: List[str]) -> None:
         self.job = job
         self.run_dir = str(job["run_dir"])
@@ -107,7 +95,9 @@ class Step:
 
     # -- records --------------------------------------------------------------------
     def say(self, text: str) -> None:
-        log(self.chunk, text)
+        sys.stderr.write("{} train-job[{}]: {}\n".format(time.strftime("%H:%M:%S"),
+                                                        self.chunk, text))
+        sys.stderr.flush()
 
     def path(self, name: str) -> str:
         return os.path.join(self.run_dir, name)
@@ -405,12 +395,8 @@ class Step:
             names = sorted(os.listdir(folder))
         except OSError:
             return []
-        out = []
-        for name in names:
-            data = saves.read_small(os.path.join(folder, name))
-            if data is not None:
-                out.append(data.decode("utf-8", "replace"))
-        return out
+        found = [saves.read_small(os.path.join(folder, name)) for name in names]
+        return [data.decode("utf-8", "replace") for data in found if data is not None]
 
     # -- the step's end ---------------------------------------------------------------
     def runtime_cleanup(self) -> None:
