@@ -28,7 +28,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from train.batch import contract
-from train.batch.records import STARTED, read_text
+from train.batch.records import STARTED, events, read_text
 
 NV_NO_DRIVER = "no NVIDIA driver on this node"
 APPTAINERS = ("apptainer", "singularity")
@@ -273,10 +273,9 @@ def cancel_grace() -> float:
 
 def cancelled(run_dir: str) -> bool:
     """The chain's last events hold `train cancel`'s."""
-    lines = read_text(os.path.join(run_dir, contract.CHAIN_EVENTS), 512, tail=True)
+    text = read_text(os.path.join(run_dir, contract.CHAIN_EVENTS), 512, tail=True)
     # (the chunk's own "terminated" comes after it)
-    return any(line.split()[3:4] == [contract.EV_CANCELLED]
-               for line in lines.splitlines()[-3:])
+    return bool(events("\n".join(text.splitlines()[-3:]), contract.EV_CANCELLED))
 
 
 def finish(own: Optional[str], exits: str, code: int, sig: Optional[int]) -> int:
