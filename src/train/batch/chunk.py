@@ -49,8 +49,7 @@ class Chunk(Step):
             return
         ref = "{}_{}".format(array, task)
         self.self_ref = ref
-        ids = read_text(self.path(contract.CHAIN_IDS))
-        lines = ids.splitlines()
+        lines = read_text(self.path(contract.CHAIN_IDS)).splitlines()
         if not any(line.split()[1:2] == [ref] for line in lines):
             return
         new = "".join("{} {}\n".format(line.split()[0], self.job_id)
