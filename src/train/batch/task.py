@@ -27,7 +27,7 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from train.batch import contract
+from train.batch import contract, saves
 from train.batch.records import STARTED, events, read_text
 
 NV_NO_DRIVER = "no NVIDIA driver on this node"
@@ -189,15 +189,7 @@ def record(folder: str, code: Optional[int], sig: Optional[int]) -> None:
                                      " {}".format(sig) if sig else "")
     with contextlib.suppress(OSError):
         os.unlink(name)
-    try:
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                     | os.O_NONBLOCK, 0o644)
-    except OSError:
-        return
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+    saves.write_small(name, line)
 
 
 def run(argv: List[str]) -> int:
