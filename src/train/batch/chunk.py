@@ -338,8 +338,9 @@ class Chunk(Step):
         was saved since the chunk began: the chain ends here where nothing was."""
         got_args, why = saves.expand(self.job["resume_args"], self.job["program_dir"])
         if got_args is None:
-            self.unsaved(got, "{} the next chunk can go on from: {}; the chain stops "
-                         "here".format(contract.UNSAVED_TEXT, why))
+            self.say("{} the next chunk can go on from: {}; the chain stops here".format(
+                contract.UNSAVED_TEXT, why))
+            raise self.end(contract.EV_UNSAVED, saves.detail(got))
         found = self.find_last_save()
         if self.overran and found is None:
             marker = read_text(self.path(contract.SAVED_MARKER), 256).split()
@@ -349,18 +350,14 @@ class Chunk(Step):
             self.last_save = found or time.time()
         elif found is None:
             paths = " ".join(self.job["save_paths"])
-            self.unsaved(got, "{}: the progress file, the run folder {}show nothing saved "
-                         "since this chunk began; the chain stops here. Submit the same job "
-                         "again (with a longer --time if the program saves too late for "
-                         "it): the chain goes on at chunk {}".format(
-                             contract.UNSAVED_TEXT, "and " + paths + " " if paths else "",
-                             self.chunk + 1))
+            self.say("{}: the progress file, the run folder {}show nothing saved since this "
+                     "chunk began; the chain stops here. Submit the same job again (with a "
+                     "longer --time if the program saves too late for it): the chain goes on "
+                     "at chunk {}".format(contract.UNSAVED_TEXT,
+                                          "and " + paths + " " if paths else "", self.chunk + 1))
+            raise self.end(contract.EV_UNSAVED, saves.detail(got))
         else:
             self.last_save = found
-
-    def unsaved(self, got: Optional[saves.Progress], text: str) -> None:
-        self.say(text)
-        raise self.end(contract.EV_UNSAVED, saves.detail(got))
 
     def go_on(self, got: Optional[saves.Progress]) -> None:
         """A checkpointed stop: requeue this job, or let the next chunk go on, within the

@@ -207,12 +207,8 @@ def framework_progress(resume_args: Sequence[str], save_paths: Sequence[str],
                 found = newest(inner, path)
                 if found is not None:
                     saves.append(os.path.join(path, found))
-    best: Optional[Progress] = None
-    for path in saves:
-        got = save_progress(path)
-        if got is not None and (best is None or got[0] > best[0]):
-            best = got
-    return best
+    shown = [got for got in map(save_progress, saves) if got is not None]
+    return max(shown, key=lambda got: got[0]) if shown else None  # (the first of a tie)
 
 
 def progress(run_dir: str, resume_args: Sequence[str], save_paths: Sequence[str],
