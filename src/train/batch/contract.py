@@ -167,11 +167,8 @@ def override_key(arg: str) -> str:
 
 def override_value(args: Sequence[str], key: str) -> Optional[str]:
     """The value the last Hydra override of `key` gives, or None."""
-    found = None
-    for arg in args:
-        if "=" in arg and override_key(arg) == key:
-            found = arg.split("=", 1)[1]
-    return found
+    found = [arg.split("=", 1)[1] for arg in args if "=" in arg and override_key(arg) == key]
+    return found[-1] if found else None
 
 def write_progress(run_dir: Path, done: int, total: int) -> None:
     """Record the work done so far for the chain engine (atomic: temp file, rename)."""
