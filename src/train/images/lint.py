@@ -173,6 +173,8 @@ _STANDARD_DIRS = frozenset({
     "/usr/include", "/usr/lib", "/usr/local", "/usr/local/bin", "/usr/local/lib",
     "/usr/sbin", "/usr/share", "/var", "/var/lib",
     "/tmp", "/var/tmp"})  # noqa: S108 (paths inside the image, not used here)
+
+
 def _v(d: DefFile, line: int, rule: str, message: str) -> Violation:
     return Violation(str(d.path), line, rule, message)
 
