@@ -75,10 +75,6 @@ def check_value(f: dataclasses.Field[Any], value: Any) -> None:
         raise ConfigError(f.name, f"must not hold a NUL byte, got {shown(value)}")
 
 
-def field_table(cls: type[Any]) -> list[dataclasses.Field[Any]]:
-    return list(fields(cls))
-
-
 _INT_RE = re.compile(r"^[+-]?\d+$")
 
 
@@ -302,7 +298,7 @@ def default_text(f: Any) -> str:
 def add_fields(p: argparse.ArgumentParser, cls: type[Any], skip: Sequence[str],
                group: Callable[[str], Any] | None = None) -> None:
     """One flag per config field; `group(name)`: the argument group of a field's flag."""
-    for f in field_table(cls):
+    for f in fields(cls):
         if f.name in skip:
             continue
         meta = f.metadata
@@ -331,5 +327,5 @@ def add_fields(p: argparse.ArgumentParser, cls: type[Any], skip: Sequence[str],
 
 def flags_from(args: argparse.Namespace, cls: type[Any], skip: Sequence[str]
                ) -> dict[str, Any]:
-    return {f.name: getattr(args, f.name) for f in field_table(cls)
+    return {f.name: getattr(args, f.name) for f in fields(cls)
             if f.name not in skip and getattr(args, f.name, None) is not None}

@@ -46,7 +46,6 @@ def with_job_options(command: Sequence[str], nodes: int, node_rank: int, master:
                      port: int, processes: int) -> list[str]:
     """The command with the job's shape and rendezvous as accelerate launch's options."""
     at = accelerate_prefix(command)
-    options = [f"--num_processes={processes}", f"--num_machines={nodes}",
-               f"--machine_rank={node_rank}", f"--main_process_ip={master}",
-               f"--main_process_port={port}"]
+    values = (processes, nodes, node_rank, master, port)  # JOB_OPTIONS' (zip: Python 3.9)
+    options = [f"--{name}={value}" for name, value in zip(JOB_OPTIONS, values)]  # noqa: B905
     return [*command[:at], *options, *command[at:]]
