@@ -16,11 +16,10 @@ from train.common.errors import EXIT_RESOURCE
 _CLEAN_PATH = ("here = os.path.realpath(os.getcwd()); "
                "sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != here]; ")
 _RUN = "runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
-ENTRY_TEMPLATE = "import os, sys, runpy; " + _CLEAN_PATH + _RUN
 
 
 def entry_code(module: str = "train") -> str:
-    return ENTRY_TEMPLATE.format(module=module)
+    return ("import os, sys, runpy; " + _CLEAN_PATH + _RUN).format(module=module)
 
 
 def module_argv(python: str, module: str = "train") -> list[str]:

@@ -9,6 +9,7 @@ file (a dotfiles link) resolves the link first and writes there."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import stat
@@ -39,12 +40,10 @@ def write_atomic(path: Path, data: bytes | str, *, fsync: bool = True,
     fd, tmp = _exclusive(path)
     try:
         with os.fdopen(fd, "wb") as fh:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 old = os.lstat(path)
-            except FileNotFoundError:
-                old = None
-            if old is not None and stat.S_ISREG(old.st_mode):
-                os.fchmod(fh.fileno(), stat.S_IMODE(old.st_mode))
+                if stat.S_ISREG(old.st_mode):
+                    os.fchmod(fh.fileno(), stat.S_IMODE(old.st_mode))
             fh.write(raw)
             if fsync:
                 fh.flush()
