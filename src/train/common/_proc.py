@@ -36,7 +36,6 @@ class ProcError(TrainError):
         if len(tail) > TAIL_CHARS:
             tail = "..." + tail[-TAIL_CHARS:]
         super().__init__(f"{shlex.join(argv)} exited with {returncode}: {tail}")
-        self.argv = list(argv)
         self.returncode = returncode
         self.stderr = stderr
         self.timed_out = timed_out

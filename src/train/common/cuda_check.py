@@ -23,8 +23,6 @@ PYNVML_MISSING = "pynvml (the nvidia-ml-py package) is not installed"
 # any minor of it (CUDA's minor-version compatibility: a cu128 torch runs on driver 535,
 # which reports CUDA 12.2), so only the major decides.
 MIN_DRIVER = {13: 580, 12: 525, 11: 450}
-# The first CUDA major with minor-version compatibility.
-MINOR_COMPAT_FROM = 11
 # CUDA_VISIBLE_DEVICES values that hide every GPU (Slurm writes NoDevFiles for a GRES
 # without device files).
 _HIDE_ALL = ("-1", "NoDevFiles")
@@ -127,7 +125,7 @@ def check(facts: CudaFacts, expected: int | None = None) -> str | None:
 def driver_runs(driver: tuple[int, int], built: tuple[int, int]) -> bool:
     """Does a driver that supports CUDA `driver` run code built for CUDA `built`? The same
     major is enough from CUDA 11 on (minor-version compatibility); before, the minor too."""
-    if built[0] >= MINOR_COMPAT_FROM:
+    if built[0] >= 11:
         return driver[0] >= built[0]
     return driver >= built
 

@@ -76,30 +76,27 @@ def check_value(f: dataclasses.Field[Any], value: Any) -> None:
 
 
 _INT_RE = re.compile(r"^[+-]?\d+$")
+_BOOL_WORDS = {"true": True, "yes": True, "1": True, "on": True,
+               "false": False, "no": False, "0": False, "off": False}
 
 
 def _coerce(f: dataclasses.Field[Any], value: Any, *, from_text: bool) -> Any:
+    """`value` as its field's kind where it reads as one (a flag's text, a YAML integer
+    for a number); any other value is returned as it is, for check_value to refuse."""
     kind = f.metadata["kind"]
     if value is None or (from_text and f.metadata["optional"] and value in ("", "none", "null")):
         return None
     if kind is tuple:
         return _coerce_ints(f.name, value)
-    if kind is list:
-        if isinstance(value, (list, tuple)):
-            return tuple(str(v) if isinstance(v, (int, float, str)) and not isinstance(v, bool)
-                         else v for v in value)
-        raise ConfigError(f.name, f"must be a list of strings, got {shown(value)}")
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if from_text and text in ("true", "yes", "1", "on"):
-            return True
-        if from_text and text in ("false", "no", "0", "off"):
-            return False
-        raise ConfigError(f.name, f"must be true or false, got {shown(value)}")
-    if from_text:
+    if kind is list and isinstance(value, (list, tuple)):
+        return tuple(str(v) if isinstance(v, (int, float, str)) and not isinstance(v, bool)
+                     else v for v in value)
+    if from_text and kind is not list:
         text = str(value).strip()
+        if kind is bool:
+            if text.lower() not in _BOOL_WORDS:
+                raise ConfigError(f.name, f"must be true or false, got {shown(value)}")
+            return _BOOL_WORDS[text.lower()]
         if kind is int:
             if not _INT_RE.match(text):
                 raise ConfigError(f.name, f"must be an integer, got {shown(value)}")
@@ -127,21 +124,16 @@ def _int(name: str, text: str) -> int:
         raise ConfigError(name, f"{len(text)} digits is too long for an integer") from None
 
 
-def _coerce_ints(name: str, value: Any) -> tuple[int, ...]:
-    if isinstance(value, bool):
-        raise ConfigError(name, f"must be a list of integers, got {shown(value)}")
-    if isinstance(value, int):
+def _coerce_ints(name: str, value: Any) -> Any:
+    """One integer, a list of them, or their text ("4 6 8", "4,6"), as a tuple."""
+    if isinstance(value, int) and not isinstance(value, bool):
         return (value,)
     if isinstance(value, str):
         parts = [p for p in re.split(r"[\s,]+", value.strip()) if p]
         if not parts or not all(_INT_RE.match(p) for p in parts):
             raise ConfigError(name, f'must be integers such as "4 6 8", got {shown(value)}')
         return tuple(_int(name, p) for p in parts)
-    if isinstance(value, list):
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            raise ConfigError(name, f"must be a list of integers, got {shown(value)}")
-        return tuple(value)
-    raise ConfigError(name, f"must be a list of integers, got {shown(value)}")
+    return tuple(value) if isinstance(value, list) else value
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
