@@ -105,12 +105,6 @@ def _known_token(match: re.Match[str]) -> str:
     return REDACTED
 
 
-def _userinfo(match: re.Match[str]) -> str:
-    if match.group(2) in ("", REDACTED):
-        return match.group()
-    return f"{match.group(1)}{REDACTED}@"
-
-
 def _token_user(match: re.Match[str]) -> str:
     user = match.group(2)
     if any(c.isdigit() for c in user) and any(c.isalpha() for c in user):
@@ -126,15 +120,13 @@ _SAS_SIG = re.compile(r"([?&]sig=)([^&\s\"'#<>]+)")
 _PRIVATE_KEY = re.compile(r"(-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY-----[ \t]*\n?)[^-]+")
 
 
-def _netrc(match: re.Match[str]) -> str:
-    return match.group() if match.group(2) == REDACTED else match.group(1) + REDACTED
-
-
 def _redact_values(text: str) -> str:
     text = _PRIVATE_KEY.sub(lambda m: f"{m.group(1)}{REDACTED}\n", text)
-    text = _NETRC.sub(_netrc, text)
+    text = _NETRC.sub(lambda m: m.group() if m.group(2) == REDACTED
+                      else m.group(1) + REDACTED, text)
     text = _SAS_SIG.sub(lambda m: m.group(1) + REDACTED, text)
-    text = _USERINFO.sub(_userinfo, text)
+    text = _USERINFO.sub(lambda m: m.group() if m.group(2) in ("", REDACTED)
+                         else f"{m.group(1)}{REDACTED}@", text)
     text = _TOKEN_USER.sub(_token_user, text)
     text = _redact_pairs(text)
     text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
