@@ -252,7 +252,7 @@ def gather_facts(environ: Mapping[str, str] | None = None) -> CudaFacts:
     env = os.environ if environ is None else environ
     import torch
 
-    torch_error = None
+    caught: list[warnings.WarningMessage] = []
     available = False
     devices = 0
     if torch.version.cuda is not None:
@@ -260,12 +260,8 @@ def gather_facts(environ: Mapping[str, str] | None = None) -> CudaFacts:
             warnings.simplefilter("always")
             available = torch.cuda.is_available()
             devices = torch.cuda.device_count() if available else 0
-        if caught:
-            torch_error = " ".join(_torch_said(str(w.message)) for w in caught)
-    arch_list: tuple[str, ...] | None = None
-    gpus: tuple[tuple[str, tuple[int, int]], ...] | None = None
-    if available and devices > 0:
-        arch_list, gpus = _torch_arch(torch, devices)
+    torch_error = " ".join(_torch_said(str(w.message)) for w in caught) or None
+    arch_list, gpus = _torch_arch(torch, devices)
     driver_cuda, driver_version, nvml_gpus, mig, nvml_error = _nvml_facts()
     return CudaFacts(
         torch_version=str(torch.__version__),
@@ -288,8 +284,10 @@ def gather_facts(environ: Mapping[str, str] | None = None) -> CudaFacts:
 
 def _torch_arch(torch: Any, devices: int
                 ) -> tuple[tuple[str, ...] | None, tuple[tuple[str, tuple[int, int]], ...] | None]:
-    """torch's architecture list and each visible GPU's name and capability (both read
-    without running a kernel); None where torch cannot say."""
+    """torch's architecture list and each of the `devices` GPUs' name and capability
+    (both read without running a kernel); None where torch cannot say or sees no GPU."""
+    if devices == 0:
+        return None, None
     try:
         arch = tuple(str(a) for a in torch.cuda.get_arch_list())
         gpus = []
