@@ -51,8 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = FlagParser(prog="train", description=DESCRIPTION, formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"train {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in ADD_COMMANDS:  # in this order in `train --help`
         add(sub)
     return parser
