@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
 
 from train.common.errors import TrainError
 
@@ -68,45 +67,38 @@ def run(argv: Sequence[str], *, cwd: Path | None = None, timeout: float = 60.0,
 
 
 _HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_P = TypeVar("_P")
 
 
 def _popen(argv: Sequence[str], env: Mapping[str, str] | None, cwd: Path | None
            ) -> tuple[subprocess.Popen[bytes], list[int]]:
-    """argv started (`_start`) in a session of its own, stdin empty, its output piped."""
-    try:
-        return _start(lambda: subprocess.Popen(
-            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True,
-            env=None if env is None else dict(env), cwd=cwd))
-    except FileNotFoundError:
-        raise ProcError(argv, 127, f"{argv[0]}: command not found") from None
-    except OSError as exc:  # E2BIG (an argument list too long), EACCES, ...
-        raise ProcError(argv, 126, f"{argv[0]} could not be started: {exc}") from None
-
-
-def _start(start: Callable[[], _P]) -> tuple[_P, list[int]]:
-    """`start()` (a Popen) with SIGINT, SIGTERM and SIGHUP held while the child starts, and
-    the signals that came meanwhile (for `_deliver` once the child is in hand): raised before
-    Popen returned, one would unwind without the child, whose group would run on (seen: TERM
-    to `train render` while a hung engine started). Only Python handlers are held."""
-    if threading.current_thread() is not threading.main_thread():
-        return start(), []
+    """argv started in a session of its own, stdin empty, its output piped, with SIGINT,
+    SIGTERM and SIGHUP held while it starts; and the signals that came meanwhile (for
+    `_deliver` once the child is in hand): raised before Popen returned, one would unwind
+    without the child, whose group would run on (seen: TERM to `train render` while a hung
+    engine started). Only Python handlers are held, and only in the main thread."""
     held: list[int] = []
     previous = {}
-    for sig in _HELD:
+    for sig in _HELD if threading.current_thread() is threading.main_thread() else ():
         handler = signal.getsignal(sig)
         if callable(handler):
             previous[sig] = signal.signal(sig, lambda signum, _frame: held.append(signum))
     try:
         try:
-            return start(), held
+            child = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     start_new_session=True,
+                                     env=None if env is None else dict(env), cwd=cwd)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-    except BaseException:
+    except BaseException as exc:
         _deliver(held)  # (an interrupt while it failed to start: the interrupt wins)
+        if isinstance(exc, FileNotFoundError):
+            raise ProcError(argv, 127, f"{argv[0]}: command not found") from None
+        if isinstance(exc, OSError):  # E2BIG (an argument list too long), EACCES, ...
+            raise ProcError(argv, 126, f"{argv[0]} could not be started: {exc}") from None
         raise
+    return child, held
 
 
 def _deliver(held: list[int]) -> None:
