@@ -306,14 +306,11 @@ def add_fields(p: argparse.ArgumentParser, cls: type[Any], skip: Sequence[str],
         if meta["kind"] is bool:
             target.add_argument(*flags, dest=f.name, action="store_const", const="true",
                                 default=None, help=help_text)
-            target.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name,
-                                action="store_const", const="false", default=None,
-                                help=argparse.SUPPRESS)
-        elif meta["kind"] is list:  # may repeat: --env A --env B=1
-            target.add_argument(*flags, dest=f.name, default=None, action="append",
-                                metavar=metavar, help=help_text)
-        else:
+            target.add_argument("--no-" + flag[2:], dest=f.name, action="store_const",
+                                const="false", default=None, help=argparse.SUPPRESS)
+        else:  # a list's flag may repeat: --env A --env B=1
             target.add_argument(*flags, dest=f.name, default=None, metavar=metavar,
+                                action="append" if meta["kind"] is list else "store",
                                 help=help_text)
 
 
