@@ -9,6 +9,7 @@ and diagnoses only a failure (torch seeing the GPUs expected is usable, whatever
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import warnings
 from collections.abc import Mapping
@@ -67,15 +68,8 @@ def visible_entries(visible: str | None) -> list[str] | None:
     """The devices CUDA_VISIBLE_DEVICES names, up to the first that hides the rest."""
     if visible is None:
         return None
-    entries: list[str] = []
-    for raw in visible.split(","):
-        entry = raw.strip()
-        if not entry:
-            continue
-        if entry in _HIDE_ALL:
-            break
-        entries.append(entry)
-    return entries
+    entries = [entry.strip() for entry in visible.split(",") if entry.strip()]
+    return list(itertools.takewhile(lambda entry: entry not in _HIDE_ALL, entries))
 
 
 def expected_devices(facts: CudaFacts) -> int | None:
