@@ -32,9 +32,7 @@ def tool_args(command: Sequence[str]) -> list[str] | None:
     or `python -m train ARGS` as a user may write it), or None for another program."""
     argv = list(command)
     for i in range(len(argv) - 1):
-        if argv[i] == "-c" and argv[i + 1] == entry_code():
-            return argv[i + 2:]
-        if argv[i] == "-m" and argv[i + 1] == "train":
+        if (argv[i], argv[i + 1]) in (("-c", entry_code()), ("-m", "train")):
             return argv[i + 2:]
     return None
 
