@@ -276,7 +276,9 @@ def _option_point(word: str, name: str, sep: str, tool: str) -> tuple[int | None
 
 
 _PLAIN = re.compile(r"[^\s'\"\\;&|()]+")
-_DQ_PLAIN = re.compile(r"[^\"\\]+")
+# a double-quoted word (a quote left open runs to the end), and the escapes in it
+_DQ_WORD = re.compile(r'"((?:[^"\\]|\\.|\\\Z)*)"?', re.S)
+_ESCAPED = re.compile(r"\\(.?)", re.S)
 _GAP = re.compile(r"\s+")
 _OPERATOR = re.compile(r"[;&|()]+")
 _MAX_DEPTH = 3  # bash -c "ssh host 'sh -c \"...\"'" and no deeper
@@ -309,17 +311,10 @@ def _shell_words(text: str) -> list[tuple[int, int, str | None]]:
                 parts.append(text[i + 1:close])
                 i = close + 1
             elif char == '"':
-                i += 1
-                while i < n and text[i] != '"':
-                    if text[i] == "\\":
-                        parts.append(text[i + 1:i + 2])
-                        i += 2
-                    else:
-                        plain = _DQ_PLAIN.match(text, i)
-                        assert plain is not None  # text[i] is neither '"' nor '\\'
-                        parts.append(plain.group())
-                        i = plain.end()
-                i += 1
+                quoted = _DQ_WORD.match(text, i)
+                assert quoted is not None  # (it matches at any '"')
+                parts.append(_ESCAPED.sub(r"\1", quoted.group(1)))
+                i = quoted.end()
             elif char == "\\":
                 parts.append(text[i + 1:i + 2])
                 i += 2
