@@ -276,8 +276,9 @@ def _option_point(word: str, name: str, sep: str, tool: str) -> tuple[int | None
 
 
 _PLAIN = re.compile(r"[^\s'\"\\;&|()]+")
-# a double-quoted word (a quote left open runs to the end), and the escapes in it
-_DQ_WORD = re.compile(r'"((?:[^"\\]|\\.|\\\Z)*)"?', re.S)
+# a quoted word (a quote left open runs to the end), and the escapes in a double-quoted one
+_QUOTED = {"'": re.compile(r"'([^']*)'?"),
+           '"': re.compile(r'"((?:[^"\\]|\\.|\\\Z)*)"?', re.S)}
 _ESCAPED = re.compile(r"\\(.?)", re.S)
 _GAP = re.compile(r"\s+")
 _OPERATOR = re.compile(r"[;&|()]+")
@@ -305,15 +306,11 @@ def _shell_words(text: str) -> list[tuple[int, int, str | None]]:
         start, parts = i, []
         while i < n:
             char = text[i]
-            if char == "'":
-                close = text.find("'", i + 1)
-                close = n if close < 0 else close
-                parts.append(text[i + 1:close])
-                i = close + 1
-            elif char == '"':
-                quoted = _DQ_WORD.match(text, i)
-                assert quoted is not None  # (it matches at any '"')
-                parts.append(_ESCAPED.sub(r"\1", quoted.group(1)))
+            if char in "'\"":
+                quoted = _QUOTED[char].match(text, i)
+                assert quoted is not None  # (each matches at its quote)
+                body = quoted.group(1)
+                parts.append(_ESCAPED.sub(r"\1", body) if char == '"' else body)
                 i = quoted.end()
             elif char == "\\":
                 parts.append(text[i + 1:i + 2])
