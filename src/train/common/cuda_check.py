@@ -20,9 +20,7 @@ from train.common.gpus import arch_runs
 
 # Why NVML gave no facts when its Python binding is absent (not a crash: a fact).
 PYNVML_MISSING = "pynvml (the nvidia-ml-py package) is not installed"
-# Oldest Linux driver per CUDA major version. From CUDA 11 on, a driver of the same major runs
-# any minor of it (CUDA's minor-version compatibility: a cu128 torch runs on driver 535,
-# which reports CUDA 12.2), so only the major decides.
+# Oldest Linux driver per CUDA major version (only the major decides: driver_runs).
 MIN_DRIVER = {13: 580, 12: 525, 11: 450}
 # CUDA_VISIBLE_DEVICES values that hide every GPU (Slurm writes NoDevFiles for a GRES
 # without device files).
@@ -118,7 +116,8 @@ def check(facts: CudaFacts, expected: int | None = None) -> str | None:
 
 def driver_runs(driver: tuple[int, int], built: tuple[int, int]) -> bool:
     """Does a driver that supports CUDA `driver` run code built for CUDA `built`? The same
-    major is enough from CUDA 11 on (minor-version compatibility); before, the minor too."""
+    major is enough from CUDA 11 on (minor-version compatibility: a cu128 torch runs on
+    driver 535, which reports CUDA 12.2); before, the minor too."""
     if built[0] >= 11:
         return driver[0] >= built[0]
     return driver >= built
