@@ -20,16 +20,18 @@ from train.client.preflight.image import image_facts
 from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.resolve import ResolvedJob
 from train.common.entry import LAUNCHER_ROOT, MIN_PYTHON
-from train.images.feature_cache import file_identity, how_to_clear, sandbox_stamps
 from train.images.features import (
     Asked,
     Features,
     cached,
     docker_facts,
+    file_identity,
     from_labels,
+    how_to_clear,
     probe_timeout,
     remember,
     run_probe,
+    sandbox_stamps,
 )
 
 _MEMO: dict[str, Asked] = {}  # once per image and Python in a process: checks, then equip
