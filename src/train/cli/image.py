@@ -81,9 +81,8 @@ def _pairs(items: list[str], flag: str) -> dict[str, str]:
 
 def _cmd_image(args: argparse.Namespace) -> int:
     from train.images.build import engine
-    from train.images.defs import parse
+    from train.images.defs import containers_dir, find_def, parse
     from train.images.lint import lint_all
-    from train.images.sources import containers_dir, find_def
 
     if args.action == "new":
         return _image_new(args, containers_dir(args.defs))

@@ -13,7 +13,7 @@ from train.common.cuda_check import MIN_DRIVER, VARIANTS, parse_version, variant
 from train.common.errors import UsageError
 from train.common.gpus import arch_runs, capability
 from train.images.arch import BuildArch, read_header
-from train.images.sources import containers_dir
+from train.images.defs import containers_dir
 
 
 def image_cuda(facts: ImageFacts) -> tuple[str, tuple[int, int] | None, str]:
