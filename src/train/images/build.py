@@ -194,7 +194,7 @@ def check_inputs(d: DefFile, build_args: Mapping[str, str], root: Path) -> list[
                          "one)")
     for key, value in build_args.items():
         check_text(f"build-arg {key}", value)
-    from train.images.lint import lint_def
+    from train.images.lint import lint_def, source_problem
 
     blocking = [v for v in lint_def(d.path, root=root, reference=False, given=build_args)
                 if v.rule in BUILD_BLOCKING]
@@ -207,13 +207,11 @@ def check_inputs(d: DefFile, build_args: Mapping[str, str], root: Path) -> list[
     real_root = root.resolve()
     for number, raw_src, raw_dst in d.files():
         src = d.substitute(raw_src, args, number)
-        problem = files_source_problem(src)  # the substituted value (lint saw the defaults)
+        # the substituted value (lint saw the defaults)
+        problem = files_source_problem(src) or source_problem(root, src)
         if problem:
             raise UsageError(f"{d.path}:{number}: %files source {src!r} {problem}")
         source = (root / src).resolve()
-        if not source.is_relative_to(real_root) or not source.exists():
-            raise UsageError(f"{d.path}:{number}: %files source {src} does not exist under "
-                             f"{root}")
         if source.is_dir():
             _check_links(number, d, source, real_root)
         dst = d.substitute(raw_dst, args, number) or "/" + src

@@ -305,21 +305,21 @@ def _entry_problems(text: str, src: str, dst: str) -> tuple[list[str], bool]:
     return found, False
 
 
-def _source_problem(root: Path, resolved_root: Path, src: str) -> str | None:
-    """Why a %files source (a glob was refused before) is no path of the repository."""
+def source_problem(root: Path, src: str) -> str | None:
+    """Why a %files source (a glob was refused before) is no path of the repository at
+    `root` (lint's check, and the build's of the value its build arguments give), or None."""
     try:
         if not (root / src).exists():
-            return f"{src}: does not exist under {root}"
-        if not (root / src).resolve().is_relative_to(resolved_root):
-            return f"{src}: resolves outside the repository (a symbolic link)"
+            return f"does not exist under {root}"
+        if not (root / src).resolve().is_relative_to(root.resolve()):
+            return "resolves outside the repository (a symbolic link)"
     except (OSError, RuntimeError) as exc:  # a name too long, a symbolic link loop
-        return f"{src[:60]}: cannot be read under {root}: {first_line(exc, 80)}"
+        return f"cannot be read under {root}: {first_line(exc, 80)}"
     return None
 
 
 def _check_files(d: DefFile, args: dict[str, str], root: Path) -> list[Violation]:
     out = []
-    resolved_root = root.resolve()
     source_tree = (root / "pyproject.toml").is_file() or (root / ".git").exists()
     existing = _base_paths(d, args) if d.header["bootstrap"][1] == "localimage" else None
     for line, raw_src, raw_dst in d.files():
@@ -329,9 +329,9 @@ def _check_files(d: DefFile, args: dict[str, str], root: Path) -> list[Violation
         out += [_v(d, line, "files-source", m) for m in messages]
         if stop or not source_tree:
             continue  # an installed copy: sources exist only in the clone images build from
-        problem = _source_problem(root, resolved_root, src)
+        problem = source_problem(root, src)
         if problem is not None:
-            out.append(_v(d, line, "files-source", problem))
+            out.append(_v(d, line, "files-source", f"{src}: {problem}"))
         elif existing is not None and (root / src).is_dir():
             normal = posixpath.normpath(src)
             target = dst or "/" + normal
