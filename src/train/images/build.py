@@ -3,13 +3,7 @@
 made on this machine before any engine starts, exit 2; the reader of a build's output:
 downloads reported by %post, progress lines, the last lines for an error; its result and
 the record written beside the image) and the Apptainer driver. Both run %test and a short
-demo in the built image.
-
-`--base-sif SIF` (Apptainer) builds a definition on a SIF of this machine instead of the base
-its header names: the definition is built as written except its header, which becomes
-`Bootstrap: localimage` / `From: SIF` (line numbers kept, so Apptainer's messages point at
-the user's lines); Apptainer's own rules then apply to every section (%files copied with
-`cp -fLr` onto the SIF's tree, the SIF's labels kept unless the definition sets them)."""
+demo in the built image."""
 
 from __future__ import annotations
 
@@ -377,8 +371,10 @@ def header_arguments(d: DefFile) -> set[str]:
 
 
 def on_local_sif(d: DefFile, base: Path) -> str:
-    """The definition's text with its header replaced by a localimage on `base`, the same
-    number of lines before the first section."""
+    """The definition's text (--base-sif) with its header replaced by `Bootstrap: localimage`
+    / `From: base` and as many lines before the first section (Apptainer's messages point
+    at the user's lines); Apptainer's own rules then apply to every section (%files copied
+    with `cp -fLr` onto the SIF's tree, its labels kept unless the definition sets them)."""
     first = min(n for s in d.sections.values() for n in (s.headers or [s.line]))
     header = ["Bootstrap: localimage", f"From: {base}"]
     header += [""] * max(0, first - 1 - len(header))
