@@ -231,12 +231,6 @@ def check_inputs(d: DefFile, build_args: Mapping[str, str], root: Path) -> list[
     return [source for _, source in staged]
 
 
-def engine(requested: str = "auto") -> str:
-    if requested != "auto":
-        return requested
-    return "apptainer" if shutil.which("apptainer") else "docker"
-
-
 def smoke_args(d: DefFile) -> tuple[str, ...]:
     """The short run `image test` does inside the image: the definition's own smoke label
     (sc2: a few episodes on pysc2's mock environment), else the demo."""
