@@ -134,14 +134,6 @@ def write_record(d: DefFile, root: Path, result: BuildResult, engine_name: str,
     write_json_atomic(result.record, record, sort_keys=False, fsync=False)
 
 
-def _file_url_path(value: str) -> str | None:
-    """The path of a file: URL (file:///p, file:/p, any case of the scheme), or None."""
-    if value[:5].lower() != "file:":
-        return None
-    rest = value[5:]
-    return "/" + rest.lstrip("/") if rest.startswith("/") else rest
-
-
 def _check_links(number: int, d: DefFile, source: Path, real_root: Path) -> None:
     """Every symbolic link inside a %files folder must resolve inside the repository (cp -L
     follows them: a link out would copy the build host's files into the image)."""
@@ -211,9 +203,9 @@ def check_inputs(d: DefFile, build_args: Mapping[str, str], root: Path) -> list[
         dst = d.substitute(raw_dst, args, number) or "/" + src
         staged.append((posixpath.normpath("/" + dst.lstrip("/")), source))
     for key, value in build_args.items():
-        inside = _file_url_path(value)
-        if inside is None:
+        if value[:5].lower() != "file:":  # file:///p, file:/p, any case of the scheme
             continue
+        inside = "/" + value[5:].lstrip("/") if value[5:].startswith("/") else value[5:]
         clean = posixpath.normpath(inside)
         if ".." in inside.split("/") or not clean.startswith("/"):
             raise UsageError(f"build-arg {key}: {value[:80]} must be an absolute file:// "

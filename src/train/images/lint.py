@@ -350,24 +350,17 @@ def _base_paths(d: DefFile, args: dict[str, str], depth: int = 0) -> set[str]:
     paths = set(_STANDARD_DIRS)
     line, source = d.header["from"]
     try:
-        image = d.substitute(source, args, line)
-    except DefError:
-        return paths
-    name = Path(image).name
-    base = d.path.parent / (name[:-4] + ".def" if name.endswith(".sif") else name + ".def")
-    try:
+        name = Path(d.substitute(source, args, line)).name
+        base = d.path.parent / (name.removesuffix(".sif") + ".def")
         if depth > 4 or not base.is_file() or base.resolve() == d.path.resolve():
             return paths
-    except (OSError, RuntimeError):  # a name too long for the file system, a link loop
-        return paths
-    try:
         b = parse(base)
         b_args = b.arguments()
         found = {posixpath.normpath("/" + b.substitute(dst or "/" + src, b_args, line).lstrip("/"))
                  for line, src, dst in b.files()}  # the base's %files destinations
         if b.header["bootstrap"][1] == "localimage":
             paths |= _base_paths(b, b_args, depth + 1)
-    except DefError:
+    except (DefError, OSError, RuntimeError):  # (a name too long, a link loop)
         return paths
     for dest in found:
         path = dest
