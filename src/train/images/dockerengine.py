@@ -25,6 +25,7 @@ from train.images.dockerfile import (
     quote_env,
     translate,
 )
+from train.images.features import cache_path
 
 
 def write_context(d: DefFile, dest: Path, build_args: Mapping[str, str],
@@ -101,8 +102,8 @@ def docker_build(d: DefFile, root: Path, tag: str, build_args: Mapping[str, str]
     if "test" in translation.scripts:
         _build_test(client, tag, d.name)
     if record is None:  # no --out: the record goes to the cache (the image is the engine's)
-        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "train"
-        record = cache / "images" / f"{tag.replace('/', '_').replace(':', '_')}.build.json"
+        record = cache_path(os.environ, f"images/{tag.replace('/', '_').replace(':', '_')}"
+                                        ".build.json")
     result = BuildResult(str(image.id), str(image.id), build_log.downloads, args, record)
     write_record(d, root, result, "docker", f"{base} ({base_id})")
     return result

@@ -219,10 +219,11 @@ def remember(key: str, found: Features, environ: Mapping[str, str]) -> None:
                           fsync=False)
 
 
-def cache_path(environ: Mapping[str, str]) -> Path:
+def cache_path(environ: Mapping[str, str], name: str = "image-features.json") -> Path:
+    """NAME in train's cache folder (also a Docker build's record, dockerengine)."""
     base = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME") or
                                                          os.path.expanduser("~"), ".cache")
-    return Path(base) / "train" / "image-features.json"
+    return Path(base) / "train" / name
 
 
 def how_to_clear(path: Path) -> str:
