@@ -179,10 +179,9 @@ def _read(path: Path) -> str:
         info = path.stat()
         if not stat.S_ISREG(info.st_mode):
             raise DefError(path, 1, "not a regular file", rule="parse")
-        size = info.st_size
-        if size > MAX_BYTES:
-            raise DefError(path, 1, f"{size} bytes: definitions over {MAX_BYTES} bytes are "
-                           "refused", rule="size")
+        if info.st_size > MAX_BYTES:
+            raise DefError(path, 1, f"{info.st_size} bytes: definitions over {MAX_BYTES} bytes "
+                           "are refused", rule="size")
         raw = path.read_bytes()
     except OSError as exc:
         raise DefError(path, 1, f"cannot read: {exc.strerror or exc}") from None

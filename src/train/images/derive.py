@@ -289,8 +289,7 @@ def _write_folder(folder: Path, name: str, lock: str, definition: str
 def derive(name: str, base: str, requirements: Path, containers: Path,
            out: Path | None = None, editable: Path | None = None,
            index_args: Sequence[str] = ("--index-url", PIP_INDEX)) -> Derived:
-    """Resolve, check and write NAME.def and requirements/NAME.txt (nothing is written when
-    any check fails; a file it replaces is kept as a numbered copy)."""
+    """Resolve, check and write NAME.def and requirements/NAME.txt (module docstring)."""
     if not NAME_RE.fullmatch(name):
         raise UsageError(f"image new: NAME {name[:80]!r} must be lower-case letters, digits, "
                          "'-' or '_' (a docker tag and a file name)")
