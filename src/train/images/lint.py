@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +36,7 @@ from train.images.defs import (
     split_files_line,
     spython_check,
 )
-from train.images.dockerfile import UNSUPPORTED_SECTIONS
+from train.images.dockerfile import UNSUPPORTED_SECTIONS, files_source_problem
 
 # (section, the text it must hold ("": any), rule, message): our images' conventions
 REQUIRED = (("environment", f"{ALLOC_CONF_VAR}={TUNED_ALLOC_CONF}", "alloc-env",
@@ -272,22 +272,6 @@ def _control(text: str) -> bool:
                for c in text)
 
 
-# a %files source's text, checked in this order: the first rule it breaks is reported and
-# ends the checks of its entry
-_SOURCE_RULES: tuple[tuple[Callable[[str], bool], Callable[[str], str]], ...] = (
-    (lambda src: not src, lambda src: "an empty source"),
-    (lambda src: src.startswith("/"),
-     lambda src: f"{src}: an absolute source reads the build host, not the repository"),
-    (lambda src: any(c in src for c in "$`") or src.startswith("~"),
-     lambda src: f"{src}: Apptainer expands it as a shell word; name the path"),
-    (lambda src: posixpath.normpath(src).split("/")[0] == "..",
-     lambda src: f"{src}: escapes the repository"),
-    (lambda src: any(c in src for c in "*?["),
-     lambda src: f"{src}: a glob; the Docker translation (CI's build) cannot expand it as "
-     "Apptainer does, so name each path"),
-)
-
-
 def _entry_problems(text: str, src: str, dst: str) -> tuple[list[str], bool]:
     """What is wrong with a %files line's text and its source's name, and whether the
     entry's checks end there."""
@@ -299,10 +283,8 @@ def _entry_problems(text: str, src: str, dst: str) -> tuple[list[str], bool]:
     if "'" in text:
         return [*found, "single quotes: Apptainer's %files splitter keeps them in the path "
                 '(quote with ")'], True
-    for broken, message in _SOURCE_RULES:
-        if broken(src):
-            return [*found, message(src)], True
-    return found, False
+    why = files_source_problem(src, lint=True)
+    return ([*found, f"{src}: {why}" if src else why], True) if why else (found, False)
 
 
 def source_problem(root: Path, src: str) -> str | None:
