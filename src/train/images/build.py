@@ -1,9 +1,7 @@
 """Builds: Apptainer where the binary exists (clusters), else the Docker engine
-(workstations, CI; train.images.dockerengine). Here are what both engines share (the checks
-made on this machine before any engine starts, exit 2; the reader of a build's output:
-downloads reported by %post, progress lines, the last lines for an error; its result and
-the record written beside the image) and the Apptainer driver. Both run %test and a short
-demo in the built image."""
+(workstations, CI; train.images.dockerengine). What both engines share (the checks made
+here before any engine starts, exit 2; the reader of a build's output; its result and
+record) and the Apptainer driver. Both run %test and a short demo in the built image."""
 
 from __future__ import annotations
 
@@ -255,12 +253,9 @@ def apptainer_build(d: DefFile, root: Path, sif: Path, build_args: Mapping[str, 
             definition = Path(tmp) / d.path.name
             definition.write_text(text, encoding="utf-8")
             passed = used_arguments(text, build_args)
-        argv = ["apptainer", "build", "--force"]
-        if fakeroot:
-            argv.append("--fakeroot")
-        for key, value in passed.items():
-            argv += ["--build-arg", f"{key}={value}"]
-        argv += [str(sif.resolve()), str(definition)]
+        argv = ["apptainer", "build", "--force", *(["--fakeroot"] if fakeroot else []),
+                *(a for k, v in passed.items() for a in ("--build-arg", f"{k}={v}")),
+                str(sif.resolve()), str(definition)]
         build_log = BuildLog()
         code = _stream(argv, root, build_log.feed)
     if code != 0:
