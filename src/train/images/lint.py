@@ -61,16 +61,12 @@ class Violation:
 
 def _commands(d: DefFile, section: str) -> list[tuple[int, str]]:  # continuations joined
     out: list[tuple[int, str]] = []
-    pending: tuple[int, str] | None = None
-    for number, text in d.body(section):
-        pending = (number, text) if pending is None else (pending[0], f"{pending[1]} {text}")
-        if pending[1].endswith("\\"):
-            pending = (pending[0], pending[1][:-1].rstrip())
-            continue
-        out.append(pending)
-        pending = None
-    if pending is not None:
-        out.append(pending)
+    continued = False
+    for line, body in d.body(section):
+        # (a line continued: out's last, its backslash cut)
+        number, text = (out[-1][0], f"{out.pop()[1]} {body}") if continued else (line, body)
+        continued = text.endswith("\\")
+        out.append((number, text[:-1].rstrip() if continued else text))
     return out
 
 
