@@ -232,11 +232,8 @@ def _scripts(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
 
 
 def _labels(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
-    lines = []
-    for number, text in d.body("labels"):
-        key, _, value = sub(text, number).partition(" ")
-        lines.append(f"LABEL {json.dumps(key)}={json.dumps(value.strip())}")
-    return lines
+    return [f"LABEL {json.dumps(key)}={json.dumps(value.strip())}" for key, _, value in
+            (sub(text, number).partition(" ") for number, text in d.body("labels"))]
 
 
 def _entrypoint(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
