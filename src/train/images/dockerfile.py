@@ -211,12 +211,9 @@ def _run_post(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
 
 def _environment(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
     """After %post: Apptainer applies %environment at run time only."""
-    lines = []
-    for number, text in d.body("environment"):
-        for name, value in environment_assignments(sub(text, number), d, number):
-            out.env.append((name, value))
-            lines.append(f"ENV {name}={quote_env(value)}")
-    return lines
+    out.env += [pair for number, text in d.body("environment")
+                for pair in environment_assignments(sub(text, number), d, number)]
+    return [f"ENV {name}={quote_env(value)}" for name, value in out.env]
 
 
 def _scripts(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
@@ -237,9 +234,8 @@ def _labels(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
 
 
 def _entrypoint(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
-    if "runscript" not in out.scripts:
-        return []
-    return [f'ENTRYPOINT ["/bin/sh", "{SCRIPT_DIR}/runscript"]']
+    return [f'ENTRYPOINT ["/bin/sh", "{SCRIPT_DIR}/runscript"]'] if "runscript" in out.scripts \
+        else []
 
 
 _STEPS: tuple[Callable[[DefFile, _Sub, Translation], list[str]], ...] = (
