@@ -209,12 +209,10 @@ def _config(translation: Translation, client: Any, base: str) -> list[str]:
         changes.append(f"ENV {name}={quote_env(env[name])}")
     changes += [line for line in translation.dockerfile.splitlines()
                 if line.startswith(("LABEL ", "ENTRYPOINT "))]
-    if not any(line.startswith("ENTRYPOINT ") for line in changes):
-        changes.append(f"ENTRYPOINT {json.dumps(config.get('Entrypoint') or [])}")
-        changes.append(f"CMD {json.dumps(config.get('Cmd') or [])}")
-    else:
-        changes.append("CMD []")
-    return changes
+    if "runscript" in translation.scripts:  # (its ENTRYPOINT is among the lines above)
+        return [*changes, "CMD []"]
+    return [*changes, f"ENTRYPOINT {json.dumps(config.get('Entrypoint') or [])}",
+            f"CMD {json.dumps(config.get('Cmd') or [])}"]
 
 
 def docker_run(tag: str, args: Sequence[str], entrypoint: Sequence[str] | None = None,
