@@ -30,9 +30,10 @@ from pathlib import Path
 from train.common import _proc
 from train.common.jsonio import parse_json_object, write_json_atomic
 
-__all__ = ["PROBE", "PROBE_TIMEOUT", "Asked", "Features", "cached", "docker_facts",
-           "from_labels", "parse_probe", "probe_argv", "probe_timeout", "remember",
-           "run_probe"]
+__all__ = ["CACHE_MAX_BYTES", "PROBE", "PROBE_TIMEOUT", "Asked", "Features", "cache_path",
+           "cached", "docker_facts", "file_identity", "from_labels", "how_to_clear",
+           "parse_probe", "probe_argv", "probe_timeout", "remember", "run_probe",
+           "sandbox_stamps"]
 
 CACHE_ENTRIES = 64
 CACHE_MAX_BYTES = 1 << 20
