@@ -308,18 +308,17 @@ def _need_apptainer() -> None:
 
 
 def apptainer_test(sif: Path, smoke: Sequence[str]) -> str:
+    """%test, then a short run inside (as docker_test)."""
     _need_apptainer()
-    out = _proc.run(["apptainer", "test", str(sif)], timeout=600).stdout
-    out += _proc.run(["apptainer", "exec", str(sif), "python", "-m", "train", *smoke],
-                     timeout=600).stderr
-    return out
+    return (_proc.run(["apptainer", "test", str(sif)], timeout=600).stdout
+            + _proc.run(["apptainer", "exec", str(sif), "python", "-m", "train", *smoke],
+                        timeout=600).stderr)
 
 
 def apptainer_content(sif: Path) -> list[str]:
     _need_apptainer()
-    out = _proc.run(["apptainer", "exec", "--contain", str(sif), "python", "-m",
-                     "train.images.content", "/"], timeout=1800).stdout
-    return out.splitlines()
+    return _proc.run(["apptainer", "exec", "--contain", str(sif), "python", "-m",
+                      "train.images.content", "/"], timeout=1800).stdout.splitlines()
 
 
 def check_base_sif(value: Path) -> Path:
