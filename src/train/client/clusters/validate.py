@@ -87,23 +87,17 @@ def _check_keys(where: str, data: Mapping[Any, Any], allowed: Collection[str]) -
                           "are: " + ", ".join(sorted(allowed)))
 
 
-def _mapping(where: str, value: Any) -> Mapping[Any, Any]:
+def _section(where: str, value: Any, allowed: Collection[str] | None = None
+             ) -> Mapping[Any, Any]:
+    """A mapping (null: empty, all defaults); with `allowed`, of those keys only."""
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ConfigError(where, f"must be a mapping of names to settings, got "
-                          f"{shown(value)}")
-    return value
-
-
-def _section(where: str, value: Any, allowed: Collection[str]) -> Mapping[Any, Any]:
-    """A mapping of the allowed keys (null: all defaults)."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ConfigError(where, f"must be a mapping (keys: {', '.join(sorted(allowed))}), "
-                          f"got {shown(value)}")
-    _check_keys(where, value, allowed)
+        what = ("of names to settings" if allowed is None
+                else f"(keys: {', '.join(sorted(allowed))})")
+        raise ConfigError(where, f"must be a mapping {what}, got {shown(value)}")
+    if allowed is not None:
+        _check_keys(where, value, allowed)
     return value
 
 
@@ -165,7 +159,7 @@ def _keyed(where: str, value: Any, pattern: re.Pattern[str], what: str,
            chars: str) -> dict[str, Any]:
     """A mapping whose keys are names in `pattern`'s set; the key error names the mapping."""
     out: dict[str, Any] = {}
-    for raw, item in _mapping(where, value).items():
+    for raw, item in _section(where, value).items():
         number = isinstance(raw, (int, float)) and not isinstance(raw, bool)
         key = str(raw) if number else raw
         if not isinstance(key, str) or not pattern.fullmatch(key):

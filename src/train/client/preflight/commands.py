@@ -1,7 +1,7 @@
 """How preflight runs outside commands: with a timeout (`train.common._proc.run`: a session
 of its own, killed whole on a timeout, as a script's `sleep` child would hold its output
-open), found on the caller's PATH (`_which`), their failures turned into exit codes and
-short text (`_run`, `_tail`)."""
+open), found on the caller's PATH (`which`, the submit checks' too), their failures turned
+into exit codes and short text (`_run`, `_tail`)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class Runner(Protocol):  # tests pass scripted ones
                  check: bool = ...) -> subprocess.CompletedProcess[str]: ...
 
 
-def _which(name: str, environ: Mapping[str, str]) -> str | None:
+def which(name: str, environ: Mapping[str, str]) -> str | None:
     return shutil.which(name, path=environ.get("PATH", os.defpath))
 
 

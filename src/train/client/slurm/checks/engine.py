@@ -6,11 +6,10 @@ queue wait."""
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Mapping
 
 from train.batch.engine import MIN_PYTHON
+from train.client.preflight.commands import which
 from train.client.slurm.checks.problem import Problem
 from train.client.slurm.render import ENGINE_PYTHON
 from train.client.slurm.resolve import ResolvedJob
@@ -27,7 +26,7 @@ def engine_problems(job: ResolvedJob, environ: Mapping[str, str]
                     ) -> tuple[list[Problem], list[str]]:
     """(problems, notes): python3 on this PATH, and its version."""
     fix = FIX.format(minor=MIN_PYTHON[1])
-    found = shutil.which(ENGINE_PYTHON, path=environ.get("PATH", os.defpath))
+    found = which(ENGINE_PYTHON, environ)
     if found is None:
         if job.profile.modules:  # the site set-up may bring it on the nodes
             return [], [f"no {ENGINE_PYTHON} on this PATH: the job counts on the cluster "

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
 from train.client.preflight.gpu import check_arch
-from train.client.preflight.image import ImageFacts, check_image_file, image_facts, open_image
+from train.client.preflight.image import ImageFacts, image_facts, open_image
 from train.client.preflight.storage import read_mounts
-from train.client.slurm.checks.imagefit import image_features, problems
+from train.client.slurm.checks.imagefit import image_features, problems, runtime_binary
 from train.client.slurm.checks.problem import Problem
 from train.client.slurm.resolve import ResolvedJob
 from train.common import _proc
@@ -32,28 +31,19 @@ def image_problems(job: ResolvedJob, environ: Mapping[str, str]
     if "://" in image:  # docker://, oras://, library://: apptainer fetches it on the node
         return [], [f"--image {image} is fetched by apptainer on the nodes; not checked here"]
     path = Path(os.path.abspath(image))
-    check = check_image_file(path, job.profile, read_mounts())
+    binary = runtime_binary("apptainer", environ)
+    # a SIF is opened as the nodes will open it where apptainer is here: one it cannot read
+    # (cut short, damaged, from a newer apptainer) is refused here, not after the queue wait
+    check, facts = open_image(path, None if path.is_dir() else binary, job.profile,
+                              read_mounts())
     if check.ok is False:
         tilde = " (a '~' is not expanded in the job: give the full path)" \
             if image.startswith("~") else ""
         return [Problem("image", f"--image {image}: {check.detail}{tilde}; {check.fix}")], []
     notes = [f"--image {image}: {check.fix}"] if check.fix else []  # (storage the nodes
     # may not mount)
-    binary = _apptainer(environ)
-    facts = None
-    if binary is not None and not path.is_dir():
-        # opened as the nodes will open it: a SIF apptainer cannot read (cut short, damaged,
-        # from a newer apptainer) is refused here, not after the queue wait
-        opened, facts = open_image(path, binary, job.profile)
-        if opened.ok is False:
-            return [Problem("image", f"--image {image}: {opened.detail}; {opened.fix}")], []
     found, seen = _arch_problems(job, path, binary, facts)
     return found, notes + seen
-
-
-def _apptainer(environ: Mapping[str, str]) -> str | None:
-    search = environ.get("PATH", os.defpath)
-    return shutil.which("apptainer", path=search) or shutil.which("singularity", path=search)
 
 
 def feature_problems(job: ResolvedJob, environ: Mapping[str, str]
@@ -95,7 +85,7 @@ def _arch_problems(job: ResolvedJob, path: Path, binary: str | None,
 
 
 def _docker_image(tag: str, environ: Mapping[str, str]) -> tuple[list[Problem], list[str]]:
-    binary = shutil.which("docker", path=environ.get("PATH", os.defpath))
+    binary = runtime_binary("docker", environ)
     if binary is None:
         return [], [f"--image {tag} could not be checked: docker is not on PATH here"]
     try:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
+from train.client.preflight.commands import which
 from train.client.preflight.image import image_facts
 from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.resolve import ResolvedJob
@@ -43,10 +43,7 @@ def image_features(job: ResolvedJob, environ: Mapping[str, str]) -> Asked:
         return Asked()
     if spec.runtime == "apptainer" and "://" in image:
         return Asked()  # fetched on the nodes: image_problems says so
-    search = environ.get("PATH", os.defpath)
-    names = ("docker",) if spec.runtime == "docker" else ("apptainer", "singularity")
-    binary = next((b for b in map(lambda n: shutil.which(n, path=search), names) if b),
-                  None)
+    binary = runtime_binary(spec.runtime, environ)
     if spec.runtime == "docker":
         facts = docker_facts(binary, image, environ) if binary else None
         if facts is None:
@@ -64,6 +61,12 @@ def image_features(job: ResolvedJob, environ: Mapping[str, str]) -> Asked:
     if key not in _MEMO:
         _MEMO[key] = _ask(key, ident.startswith("sandbox:"), binary, spec, environ)
     return _MEMO[key]
+
+
+def runtime_binary(runtime: str, environ: Mapping[str, str]) -> str | None:
+    """The runtime's program on this PATH (for apptainer: apptainer, else singularity)."""
+    names = ("docker",) if runtime == "docker" else ("apptainer", "singularity")
+    return next(filter(None, (which(name, environ) for name in names)), None)
 
 
 def _ask(key: str, sandbox: bool, binary: str | None, spec: JobSpec,

@@ -4,9 +4,9 @@ where the job needs it and this package; asked without importing anything."""
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Mapping
 
+from train.client.preflight.commands import which
 from train.client.slurm.checks.problem import Problem
 from train.client.slurm.resolve import ResolvedJob, torch_need
 from train.common import _proc
@@ -46,7 +46,7 @@ def python_problems(job: ResolvedJob, environ: Mapping[str, str]
         elif not os.path.isfile(python):
             python = None
     else:
-        python = shutil.which(spec.python, path=environ.get("PATH", os.defpath))
+        python = which(spec.python, environ)
     if python is None:
         return [Problem("python", f"--python {spec.python} {what} (runtime none runs it on "
                         f"the nodes; the job needs {needs or 'this package'}). "
