@@ -27,8 +27,8 @@ from train.common.yamlio import shown
 
 # Every pattern here is used with fullmatch: `$` would let a trailing newline through.
 # Names: profiles, partitions, QOS, GPU types.
-_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-_NAME_CHARS = "letters, digits, '_', '.' and '-' (not starting with '.' or '-')"
+NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+NAME_CHARS = "letters, digits, '_', '.' and '-' (not starting with '.' or '-')"
 # one node feature (gpu_features values, constraint names): no operators such as & | [ ]
 _FEATURE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*")
 _FEATURE_CHARS = ("letters, digits, '_', '.', ':' and '-' (not starting with '.', ':' or '-'; "
@@ -145,7 +145,7 @@ def _word(where: str, value: Any, pattern: re.Pattern[str], what: str, chars: st
 
 
 def _name(where: str, value: Any, what: str = "a name") -> str:
-    return _word(where, value, _NAME_RE, what, _NAME_CHARS)
+    return _word(where, value, NAME_RE, what, NAME_CHARS)
 
 
 def _items(where: str, value: Any, what: str, check: Callable[[str, Any], str]
@@ -298,15 +298,15 @@ def _gpu_features(where: str, value: Any) -> dict[str, str]:
     """GPU type -> the node feature that selects it (gpu_type_request: constraint)."""
     return {gpu: _word(f"{where}.{gpu}", feature, _FEATURE_RE, "one node feature name",
                        _FEATURE_CHARS)
-            for gpu, feature in _keyed(where, value, _NAME_RE, "a GPU type", _NAME_CHARS).items()}
+            for gpu, feature in _keyed(where, value, NAME_RE, "a GPU type", NAME_CHARS).items()}
 
 
 def _node_types(where: str, data: Mapping[str, Any], partition: Mapping[Any, Any]
                 ) -> tuple[dict[str, NodeType], dict[str, NodeType], bool]:
     """partitions, constraints, and partition.allowed (which needs partitions)."""
     partitions = {k: _node(f"{where}.partitions.{k}", k, v)
-                  for k, v in _keyed(f"{where}.partitions", data.get("partitions"), _NAME_RE,
-                                     "a partition name", _NAME_CHARS).items()}
+                  for k, v in _keyed(f"{where}.partitions", data.get("partitions"), NAME_RE,
+                                     "a partition name", NAME_CHARS).items()}
     constraints = {k: _node(f"{where}.constraints.{k}", k, v)
                    for k, v in _keyed(f"{where}.constraints", data.get("constraints"),
                                       _FEATURE_RE, "a node feature", _FEATURE_CHARS).items()}
@@ -332,7 +332,7 @@ def _default_partition(where: str, value: Any, partitions: Mapping[str, NodeType
 def _qos_limits(where: str, value: Any) -> dict[str, int | None]:
     """QOS name -> its longest walltime in minutes (null: no limit)."""
     return {k: _time(f"{where}.{k}", v, optional=True)
-            for k, v in _keyed(where, value, _NAME_RE, "a QOS name", _NAME_CHARS).items()}
+            for k, v in _keyed(where, value, NAME_RE, "a QOS name", NAME_CHARS).items()}
 
 
 def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:

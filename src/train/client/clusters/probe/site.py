@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from train.client.clusters.units import parse_time
+from train.client.clusters.validate import NAME_CHARS, NAME_RE
 from train.client.slurm.reservations import (
     SHOW,
     Reservation,
@@ -40,8 +41,6 @@ ARRAY_KEY = "MaxArraySize"  # held by the profile's max_array_size
 MAX_ARRAY_SIZE = 4_000_001  # the most Slurm allows
 # one GRES: name[:type]:count, then an optional (S:0-1) socket list; or name:type:count
 _GRES_RE = re.compile(r"([A-Za-z0-9_]+)(?::([A-Za-z0-9_.-]+))?:([0-9]+)(?:\([^)]*\))?")
-# a name a profile can hold (train.client.clusters.validate's partition and GPU type names)
-_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 _UNLIMITED = ("infinite", "unlimited", "")
 
 
@@ -139,9 +138,9 @@ def _max_nodes(text: str) -> int | None:
 
 
 def _name(value: str, what: str) -> str:
-    if not _NAME_RE.fullmatch(value):
-        raise ValueError(f"{what} {value[:60]!r} is not a name a profile can hold (letters, "
-                         "digits, '_', '.' and '-', not starting with '.' or '-')")
+    if not NAME_RE.fullmatch(value):
+        raise ValueError(f"{what} {value[:60]!r} is not a name a profile can hold: "
+                         f"{NAME_CHARS}")
     return value
 
 

@@ -4,6 +4,7 @@ inside the job's step, which already is one."""
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Sequence
 
 from train.client.slurm.checks.files import PYTHON_NAME
@@ -29,12 +30,12 @@ def launcher_problems(job: ResolvedJob) -> list[Problem]:
     argv = list(spec.workload)
     name = os.path.basename(argv[0])
     if name == "srun":
-        program = _after_options(argv[1:], ())
+        program = _after_options(argv[1:])
         return [Problem("workload", "the command after -- starts with srun, and the job's "
                         "step is already started by srun (one task per node, or one per GPU "
                         "with --launch tasks): an srun inside it waits for the CPUs and GPUs "
                         "that step holds (inside a container there is no srun at all). Give "
-                        f"the program itself: -- {_joined(program)}", files=False)]
+                        f"the program itself: -- {shlex.join(program)}", files=False)]
     if accelerate_prefix(argv):
         return _accelerate_problems(job)
     if job.launch == "single":  # one process in all: a torchrun of one process is harmless
@@ -57,7 +58,7 @@ def launcher_problems(job: ResolvedJob) -> list[Problem]:
                     f"the job already runs {how}: each of its processes would start a "
                     "launcher of its own, whose workers contend for the same "
                     f"{'GPUs' if spec.gpus_per_node else 'CPUs'} and port. Give the program "
-                    f"the launcher runs: -- {_joined(rest)}", files=False)]
+                    f"the launcher runs: -- {shlex.join(rest)}", files=False)]
 
 
 def _accelerate_problems(job: ResolvedJob) -> list[Problem]:
@@ -109,17 +110,11 @@ def _torchrun_program(args: Sequence[str]) -> list[str]:
     return ["python", "SCRIPT"]
 
 
-def _after_options(args: Sequence[str], flags: Sequence[str]) -> list[str]:
+def _after_options(args: Sequence[str]) -> list[str]:
     """The program after a launcher's own options (those with a value written --opt=V;
     srun's short options with a separate value are not told apart: good enough for a
     hint)."""
     for i, arg in enumerate(args):
-        if not arg.startswith("-") or arg in flags:
+        if not arg.startswith("-"):
             return list(args[i:])
     return ["PROGRAM"]
-
-
-def _joined(argv: Sequence[str]) -> str:
-    import shlex
-
-    return shlex.join(argv) if argv else "PROGRAM"
