@@ -9,8 +9,7 @@ import re
 from collections.abc import Mapping
 
 from train.client.clusters.schema import Profile
-from train.client.preflight.commands import Runner, _run, _tail, which
-from train.client.preflight.result import ACCOUNT, Check
+from train.client.preflight.result import ACCOUNT, Check, Runner, _run, _tail, which
 
 _ACCOUNTS_TIMEOUT = 60.0
 _ACCOUNT_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,127}")

@@ -9,8 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from train.client.clusters.schema import Profile
-from train.client.preflight.commands import Runner, _run, _tail, which
-from train.client.preflight.result import RUNTIME, Check
+from train.client.preflight.result import RUNTIME, Check, Runner, _run, _tail, which
 
 RUNTIMES = ("auto", "apptainer", "docker", "none")
 # every image needs it (containers/*.def: %arguments and --build-arg; docs/images.md)

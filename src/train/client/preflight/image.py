@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from train.client.clusters.schema import Profile
-from train.client.preflight.commands import Runner, _run, _tail
-from train.client.preflight.result import IMAGE, RUNTIME, Check
+from train.client.preflight.result import IMAGE, RUNTIME, Check, Runner, _run, _tail
 from train.client.preflight.storage import Mount, _storage
 from train.common import _proc
 from train.images.localbase import SIF_MAGIC

@@ -6,7 +6,7 @@ where the JSON's layout is not. Nothing is guessed: a value no command could rea
 the profile had it, and the output says so. A partition whose nodes differ is described by
 its smallest node (CPUs, memory, GPUs): a job that fits it fits every node.
 
-Modules: site (reading and parsing what Slurm says), compare (the differences and the
-site's other facts), write (the user profile --write writes) and command (what is
-printed, and `probe`).
+Modules: site (reading and parsing what Slurm says), write (the user profile --write
+writes) and command (the differences and the site's other facts, what is printed, and
+`probe`).
 """

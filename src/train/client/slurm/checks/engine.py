@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from train.batch.engine import MIN_PYTHON
-from train.client.preflight.commands import which
+from train.client.preflight.result import which
 from train.client.slurm.checks.problem import Problem
 from train.client.slurm.render import ENGINE_PYTHON
 from train.client.slurm.resolve import ResolvedJob

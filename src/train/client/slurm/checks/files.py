@@ -8,7 +8,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 
-from train.client.preflight.commands import which
+from train.client.preflight.result import which
 from train.client.programs import PROGRAM_NAME, command_as_run, program_slip
 from train.client.slurm.checks.problem import Problem
 from train.client.slurm.jobitems import parse_bind

@@ -15,8 +15,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from train.client.preflight.commands import which
 from train.client.preflight.image import image_facts
+from train.client.preflight.result import which
 from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.resolve import ResolvedJob
 from train.common.entry import LAUNCHER_ROOT, MIN_PYTHON

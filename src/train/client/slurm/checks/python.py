@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from train.client.preflight.commands import which
+from train.client.preflight.result import which
 from train.client.slurm.checks.problem import Problem
 from train.client.slurm.resolve import ResolvedJob, torch_need
 from train.common import _proc
