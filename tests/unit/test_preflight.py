@@ -39,7 +39,7 @@ from train.client.preflight.result import (
     failed,
     format_checks,
 )
-from train.client.preflight.storage import (
+from train.client.preflight.runs_root import (
     TEMP_DIRS,
     Mount,
     _under,

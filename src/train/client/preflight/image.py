@@ -12,7 +12,7 @@ from pathlib import Path
 
 from train.client.clusters.schema import Profile
 from train.client.preflight.result import IMAGE, RUNTIME, Check, Runner, _run, _tail
-from train.client.preflight.storage import Mount, _storage
+from train.client.preflight.runs_root import Mount, _storage
 from train.common import _proc
 from train.images.localbase import SIF_MAGIC
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from train.client.preflight.gpu import check_arch
 from train.client.preflight.image import ImageFacts, image_facts, open_image
-from train.client.preflight.storage import read_mounts
+from train.client.preflight.runs_root import read_mounts
 from train.client.slurm.checks.imagefit import image_features, problems, runtime_binary
 from train.client.slurm.checks.problem import Problem
 from train.client.slurm.resolve import ResolvedJob
