@@ -45,15 +45,17 @@ def image_features(job: ResolvedJob, environ: Mapping[str, str]) -> Asked:
         return Asked()  # fetched on the nodes: image_problems says so
     binary = runtime_binary(spec.runtime, environ)
     if spec.runtime == "docker":
-        facts = docker_facts(binary, image, environ) if binary else None
-        if facts is None:
+        answer = docker_facts(binary, image, environ) if binary else None
+        if answer is None:
             return Asked()  # image_problems says why the engine did not answer
-        ident, labels = facts
+        ident, labels = answer
     else:
         identity = file_identity(image)
         if identity is None:
             return Asked()  # image_problems refuses it
-        ident, labels = identity, _apptainer_labels(job, binary)
+        path = Path(os.path.abspath(image))  # (a sandbox's labels are read without apptainer)
+        read = image_facts(path, binary or "", job.profile) if binary or path.is_dir() else None
+        ident, labels = identity, dict(read.labels) if read is not None else {}
     ours = from_labels(labels)
     if ours is not None:
         return Asked(ours)
@@ -96,14 +98,6 @@ def _ask(key: str, sandbox: bool, binary: str | None, spec: JobSpec,
     if found.python:  # (a Python that did not run is asked again next time)
         remember(key, found, environ)
     return Asked(found, tuple(notes))
-
-
-def _apptainer_labels(job: ResolvedJob, binary: str | None) -> dict[str, str]:
-    path = Path(os.path.abspath(job.spec.image or ""))
-    if binary is None and not path.is_dir():
-        return {}
-    facts = image_facts(path, binary or "", job.profile)
-    return dict(facts.labels) if facts is not None else {}
 
 
 # -- what the job needs of it ------------------------------------------------------------
