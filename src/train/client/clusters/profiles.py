@@ -98,17 +98,17 @@ class Registry:
                              f"or in {USER_DIR})") from None
 
 
+def node_values(n: NodeType) -> dict[str, Any]:
+    """A node type's values as a profile's YAML holds them."""
+    return {"gpus_per_node": n.gpus_per_node, "gpu_types": list(n.gpu_types),
+            "cpus_per_node": n.cpus_per_node, "mem_per_node": format_mem(n.mem_mb),
+            "max_time": format_limit(n.max_minutes), "max_nodes": n.max_nodes,
+            "max_gpus": n.max_gpus, "driver_version": n.driver_version,
+            "cpu_jobs": n.cpu_jobs, "multi_node_whole": n.multi_node_whole}
+
+
 def describe(profile: Profile) -> dict[str, Any]:
     """A plain mapping of the profile, for `train clusters show`."""
-
-    def node(n: NodeType) -> dict[str, Any]:
-        return {"gpus_per_node": n.gpus_per_node, "gpu_types": list(n.gpu_types),
-                "cpus_per_node": n.cpus_per_node, "mem_per_node": format_mem(n.mem_mb),
-                "max_time": format_limit(n.max_minutes),
-                "max_nodes": n.max_nodes, "max_gpus": n.max_gpus,
-                "driver_version": n.driver_version, "cpu_jobs": n.cpu_jobs,
-                "multi_node_whole": n.multi_node_whole}
-
     return {
         "name": profile.name, "description": profile.description, "source": profile.source,
         "account": {"required": profile.account_required, "hint": profile.account_hint,
@@ -132,6 +132,6 @@ def describe(profile: Profile) -> dict[str, Any]:
         "gpu_watch": {"interval": profile.gpu_watch.interval,
                       "idle_threshold": profile.gpu_watch.idle_threshold,
                       "idle_minutes": profile.gpu_watch.idle_minutes},
-        "partitions": {k: node(v) for k, v in profile.partitions.items()},
-        "constraints": {k: node(v) for k, v in profile.constraints.items()},
+        "partitions": {k: node_values(v) for k, v in profile.partitions.items()},
+        "constraints": {k: node_values(v) for k, v in profile.constraints.items()},
     }

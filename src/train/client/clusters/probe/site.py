@@ -1,8 +1,9 @@
 """What the site's Slurm says, read on the login node (`read_site`): sinfo's partitions and
 nodes, scontrol's configuration (and MaxArraySize), sacctmgr's QOS limits and the user's
 associations, the Apptainer version; the parsers of their output, and a partition's nodes as
-one Group (its smallest node). A command that is missing, fails, hangs or prints what its
-parser refuses is noted in `Site.unread` with a short tail of its own words."""
+one Group (its smallest node: a job that fits it fits every node). A command that is
+missing, fails, hangs or prints what its parser refuses is noted in `Site.unread` with a
+short tail of its own words."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ TIMEOUT = 30.0  # seconds a site command may take (`train clusters probe --timeo
 SLOW = 5.0  # seconds after which the wait is said on stderr (at most half the timeout)
 SEP = "|"
 SINFO_FORMAT = SEP.join(("%R", "%N", "%c", "%m", "%G", "%f", "%l", "%s", "%P"))
+# `-o`, not `--json`: its fields are the same from Slurm 22.05 to 25.x, the JSON's layout not
 SINFO = ("sinfo", "-h", "-N", "-o", SINFO_FORMAT)
 SCONTROL = ("scontrol", "show", "config")
 SACCTMGR_QOS = ("sacctmgr", "-n", "-P", "show", "qos", "format=Name,MaxWall")

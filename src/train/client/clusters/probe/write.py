@@ -1,7 +1,8 @@
 """`train clusters probe NAME --write`: the probed values as a profile, each with a comment
 naming the date and the command that gave it, written where the profile in force came from
 (`target`); an earlier file's other keys kept, and the file itself kept first as a numbered
-copy (NAME.yaml.1, .2, ...: never replaced)."""
+copy (NAME.yaml.1, .2, ...: never replaced). Nothing is guessed: a value no command could
+read stays as the profile had it, and its comment says so."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from train.client.clusters.probe.site import (
     Site,
     _job_nodes,
 )
-from train.client.clusters.profiles import USER_DIR, Registry, folders
+from train.client.clusters.profiles import USER_DIR, Registry, folders, node_values
 from train.client.clusters.schema import NodeType, Profile
 from train.client.clusters.units import format_limit, format_mem
 from train.common import yamlio
@@ -29,6 +30,7 @@ from train.common.errors import ConfigError
 from train.common.safewrite import keep_copy, write_atomic
 
 Tree = dict[str, Any]  # leaves: (value, comment)
+_UNPROBED = ("max_gpus", "driver_version", "cpu_jobs", "multi_node_whole")  # read by no command
 
 
 def _kept(data: Any, comment: str) -> Any:
@@ -42,12 +44,7 @@ def _node_tree(node: NodeType | None, site: Group | None, *, limits: bool, said:
     """A whole partition or constraint entry: probed values where the site answered."""
     out: Tree = {}
     if node is not None:
-        out = {"gpus_per_node": (node.gpus_per_node, kept),
-               "gpu_types": (list(node.gpu_types), kept),
-               "cpus_per_node": (node.cpus_per_node, kept),
-               "mem_per_node": (format_mem(node.mem_mb), kept),
-               "max_time": (format_limit(node.max_minutes), kept),
-               "max_nodes": (node.max_nodes, kept)}
+        out = {k: (v, kept) for k, v in node_values(node).items() if k not in _UNPROBED}
     if site is not None:  # (over the kept values, in their places)
         out.update({"gpus_per_node": (site.gpus, said + (" (its smallest node)"
                                                          if site.uneven else "")),
