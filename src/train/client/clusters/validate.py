@@ -135,13 +135,17 @@ def _text(where: str, value: Any) -> str:
     return value
 
 
+def _matching(where: str, value: Any, pattern: re.Pattern[str], must: str) -> str:
+    """A string wholly in `pattern`'s set; `must` says which."""
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise ConfigError(where, f"must be {must}; got {_got(value)}")
+    return value
+
+
 def _word(where: str, value: Any, pattern: re.Pattern[str], what: str, chars: str) -> str:
     """One name or feature (numbers such as 3090 taken as text), in `pattern`'s set."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = str(value)
-    if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise ConfigError(where, f"must be {what}: {chars}; got {_got(value)}")
-    return value
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return _matching(where, str(value) if number else value, pattern, f"{what}: {chars}")
 
 
 def _name(where: str, value: Any, what: str = "a name") -> str:
@@ -177,14 +181,8 @@ def _time(where: str, value: Any, *, optional: bool = False) -> int | None:
     return parse_time(value, where)
 
 
-def _path(where: str, value: Any) -> str:
-    if not isinstance(value, str) or not _PATH_RE.fullmatch(value):
-        raise ConfigError(where, f"must be {_PATH_CHARS}; got {_got(value)}")
-    return value
-
-
 def _bind(where: str, value: Any) -> str:
-    if _path(where, value).strip("/") == "":
+    if _matching(where, value, _PATH_RE, _PATH_CHARS).strip("/") == "":
         raise ConfigError(where, "/ would cover the container's whole file system; bind the "
                           "directories the jobs need")
     return str(value)
@@ -259,12 +257,6 @@ def _driver(where: str, value: Any) -> str | None:
     return None if value is None else _word(
         where, value, _DRIVER_RE, "an NVIDIA driver version as nvidia-smi prints it",
         "such as \"550.54.15\" (quoted)")
-
-
-def _argv_word(where: str, value: Any) -> str:  # a command is run as argv, never by a shell
-    if not isinstance(value, str) or not _ARGV_WORD_RE.fullmatch(value):
-        raise ConfigError(where, f"must be {_ARGV_CHARS}; got {_got(value)}")
-    return value
 
 
 def profile_name(source: str, value: Any) -> str:  # errors under the file it came from
@@ -374,7 +366,8 @@ def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
         binds=_items(f"{where}.binds", data.get("binds"), "absolute paths", _bind),
         env=_items(f"{where}.env", data.get("env"), "variable names (NAME or PREFIX_*)",
                    _env_name),
-        scratch_root="" if scratch == "" else _path(f"{where}.scratch_root", scratch),
+        scratch_root="" if scratch == "" else _matching(f"{where}.scratch_root", scratch,
+                                                        _PATH_RE, _PATH_CHARS),
         nccl_env=_nccl_env(f"{where}.nccl_env", data.get("nccl_env")),
         preempt_flags=_items(f"{where}.preempt_flags", data.get("preempt_flags"),
                              "sbatch options", _preempt_flag),
@@ -385,7 +378,8 @@ def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
         gpu_watch=_gpu_watch(f"{where}.gpu_watch", data.get("gpu_watch")),
         account_list_command=_items(f"{where}.account.list_command",
                                     account.get("list_command"),
-                                    "command words such as [slist]", _argv_word),
+                                    "command words such as [slist]", lambda at, word:
+                                    _matching(at, word, _ARGV_WORD_RE, _ARGV_CHARS)),
         single_host=_bool(where, data, "single_host", False),
         max_array_size=_array_size(f"{where}.max_array_size", data.get("max_array_size")),
     )
