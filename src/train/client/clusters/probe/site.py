@@ -132,11 +132,7 @@ def _limit_minutes(text: str, what: str) -> int | None:
 def _max_nodes(text: str) -> int | None:
     """sinfo %s, the job size in nodes: '1-infinite', '1-4', '2'."""
     top = text.strip().rpartition("-")[2]
-    if top.lower() in _UNLIMITED:
-        return None
-    if not top.isdigit() or len(top) > 9:
-        raise ValueError(f"sinfo %s: {top[:30]!r} is not a number of nodes")
-    return int(top)
+    return None if top.lower() in _UNLIMITED else _count(top, "sinfo %s (nodes)")
 
 
 def _name(value: str, what: str) -> str:
