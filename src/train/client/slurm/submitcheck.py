@@ -18,7 +18,7 @@ found is left for the compute node after the queue wait.
   folder has no dataset/ or dataset/maps;
 - command starts a launcher of its own inside the job's step: srun, or torchrun (or
   python -m torch.distributed.run) where the job already starts a process per GPU;
-- chain engine has no python3 (3.6 or newer) on the job's PATH (checks.engine).
+- chain engine has no python3 (3.6 or newer) on the job's PATH (checks.python).
 
 The image, program, Python and NAVSIM data checks look at files and programs:
 `--no-check` skips them, for a login node that does not see what the nodes see. `train
@@ -39,15 +39,14 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from train.client.slurm.checks.engine import engine_problems
 from train.client.slurm.checks.files import (
     navsim_data_problems,
     profile_bind_problems,
     program_problems,
 )
-from train.client.slurm.checks.image import feature_problems, image_problems
+from train.client.slurm.checks.imagefit import feature_problems, image_problems
 from train.client.slurm.checks.problem import NO_CHECK, Problem, merge_seeds
-from train.client.slurm.checks.python import python_problems
+from train.client.slurm.checks.python import engine_problems, python_problems
 from train.client.slurm.checks.resources import resource_problems
 from train.client.slurm.checks.rundir import (
     check_not_active,
@@ -56,7 +55,7 @@ from train.client.slurm.checks.rundir import (
     stale_complete,
 )
 from train.client.slurm.checks.sbatchenv import sbatch_variable_notes
-from train.client.slurm.checks.workload import launcher_problems
+from train.client.slurm.checks.traps import launcher_problems
 from train.client.slurm.resolve import ResolvedJob
 from train.common.errors import ConfigError
 
