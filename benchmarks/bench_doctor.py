@@ -23,7 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import machine, median, short, timed, write_section
 from train.batch import contract
-from train.client.doctor import diagnosis, evidence, logread, report
+from train.client.doctor import diagnosis, findings, logread, report
 from train.client.slurm import queue
 from train.client.slurm.chain import load_chain
 
@@ -175,7 +175,7 @@ grep's search for many fixed strings runs at about {size / 2**20 / full:.0f} MiB
 (two greps, one per core), so a whole gigabyte
 takes {full:.1f} s. Peak memory of a process that runs the diagnosis: {rss / 1024:.0f} MiB,
 against {rss0 / 1024:.0f} MiB for one that only imports the doctor: the logs are streamed
-(grep's matching lines, read 64 KiB at a time, at most {evidence._KEEP * 2} kept per rule),
+(grep's matching lines, read 64 KiB at a time, at most {findings._KEEP * 2} kept per rule),
 never read whole. Goals met: doctor {'yes' if took < 2 else 'NO'}, table
 {'yes' if table < 1 else 'NO'}.
 """

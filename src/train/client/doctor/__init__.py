@@ -12,6 +12,6 @@ about a second and flat memory.
 Each cause is one rule (rules.RULES, LogRule for log messages; the Slurm-state and event
 rules in chunks.py). A run with no finding is healthy (exit 0); any finding is exit 1.
 
-The modules, each on the ones before it (each says what it holds): evidence, rules,
-logread, fixes, chunks, diagnosis, report.
+The modules, each on the ones before it (each says what it holds): rules, findings,
+logread, chunks, diagnosis, report.
 """

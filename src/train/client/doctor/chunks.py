@@ -14,8 +14,7 @@ from typing import Any
 
 from train.batch import contract
 from train.client.doctor import logread
-from train.client.doctor.evidence import Evidence, Finding, Hits
-from train.client.doctor.fixes import _finding, _int, _resources
+from train.client.doctor.findings import Evidence, Finding, Hits, _finding, _int, _resources
 from train.client.doctor.logread import _excerpt, last_exception, read_tail, scan_lines, scan_log
 from train.client.doctor.rules import (
     _EXCEPTION_RE,

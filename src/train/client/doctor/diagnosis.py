@@ -10,8 +10,7 @@ from typing import Any
 
 from train.batch import contract
 from train.client.doctor.chunks import _chunk_findings, _exit_code, idle_gpus
-from train.client.doctor.evidence import Finding
-from train.client.doctor.fixes import _finding
+from train.client.doctor.findings import Finding, _finding
 from train.client.slurm.chain import Chain, chain_dirs, find_run, load_chain, parse_events
 from train.client.slurm.chainstatus import chain_status
 from train.client.slurm.chunkends import Redone, chunk_words, redone

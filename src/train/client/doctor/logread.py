@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from train.client.doctor.evidence import Evidence, Hits
+from train.client.doctor.findings import Evidence, Hits
 from train.client.doctor.rules import _ALL_NEEDLES, _EXCEPTION_RE, RULES, LogRule
 from train.common.jsonio import read_bounded
 
