@@ -9,7 +9,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -122,6 +122,19 @@ def node_files(run_dir: Path | str) -> list[Path]:
         return sorted(p for p in folder.glob("*.csv") if p.is_file())
     except OSError:
         return []
+
+
+def idle_settings(record: Mapping[str, Any]) -> tuple[float, float]:
+    """The job's GPU idle threshold (percent) and minutes, as `train submit` recorded them
+    in the chain's resources; the watch's defaults where they are missing or odd."""
+    res = record.get("resources")
+    watch = res.get("gpu_watch") if isinstance(res, dict) else None
+    given = watch if isinstance(watch, dict) else {}
+    threshold, minutes = (float(v) if isinstance(v := given.get(name), (int, float))
+                          and not isinstance(v, bool) else default
+                          for name, default in (("idle_threshold", DEFAULT_IDLE_THRESHOLD),
+                                                ("idle_minutes", DEFAULT_IDLE_MINUTES)))
+    return threshold, minutes
 
 
 def summary(run_dir: Path | str, threshold: float = DEFAULT_IDLE_THRESHOLD,

@@ -25,8 +25,8 @@ from train.client.doctor.rules import (
     RULES,
     _exception,
 )
+from train.client.gpuwatch_reader import idle_findings, idle_settings
 from train.client.slurm.chain import Chain
-from train.client.slurm.chainstatus import idle_settings
 
 _STATE_CAUSES = {"OUT_OF_MEMORY": "host_oom", "TIMEOUT": "walltime",
                  "PREEMPTED": "preempted", "NODE_FAIL": "node_failure",
@@ -368,15 +368,9 @@ def _ranks_alone(chain: Chain, banners: Hits | None, runs: int) -> str:
 def idle_gpus(chain: Chain) -> list[Finding]:
     """GPUs the utilisation watch saw idle for the job's idle time (its settings are in
     the chain's record; the watch's defaults otherwise)."""
-    from train.client import gpuwatch_reader as gpuwatch
-
-    threshold, minutes = idle_settings(chain)
-    try:
-        idle = gpuwatch.idle_findings(chain.run_dir, threshold, minutes)
-    except (OSError, ValueError):
-        return []
+    threshold, minutes = idle_settings(chain.record)
     out = []
-    for item in idle:
+    for item in idle_findings(chain.run_dir, threshold, minutes):
         f = _finding(chain, "idle_gpu", None, None, detail=item.describe())
         f.evidence = [Evidence(str(Path(item.file).absolute()), item.first_line,
                                f"GPU {item.gpu}: {item.samples} samples under "

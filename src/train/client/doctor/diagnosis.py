@@ -11,12 +11,12 @@ from typing import Any
 from train.batch import contract
 from train.client.doctor.chunks import _chunk_findings, _exit_code, idle_gpus
 from train.client.doctor.findings import Finding, _finding
-from train.client.slurm.chain import Chain, chain_dirs, find_run, load_chain, parse_events
-from train.client.slurm.chainstatus import chain_status
+from train.client.slurm.chain import Chain, chain_dirs, find_run, load_chain
+from train.client.slurm.chainstatus import chain_status, read_events
 from train.client.slurm.chunkends import Redone, chunk_words, redone
 from train.client.slurm.queue import ACTIVE_STATES
 from train.common.errors import TrainError, UsageError, first_line
-from train.common.jsonio import read_bounded, read_json_object
+from train.common.jsonio import read_json_object
 
 
 @dataclass
@@ -94,7 +94,7 @@ def diagnose(chain: Chain, status: Mapping[str, Any] | None = None, *, scan: boo
     st = dict(status)
     findings: list[Finding] = []
     chunks_out = []
-    events = _events(chain)
+    events = read_events(chain)
     ids = set(chain.ids)
     again = redone(chain.record, [e for e in events if e["job_id"] in ids])
     # `train cancel` records its event first: such a chain ended as its owner asked
@@ -153,12 +153,6 @@ def _chain_findings(chain: Chain, c: Mapping[str, Any], found: list[Finding],
         found.append(_finding(chain, "cancelled", c["chunk"], c["job_id"],
                               detail="Slurm state CANCELLED"))
     return found
-
-
-def _events(chain: Chain) -> list[dict[str, Any]]:
-    """The chain's events (the end of the file: a line per event, so 256 KiB is years)."""
-    tail = read_bounded(chain.run_dir / contract.CHAIN_EVENTS, 262144, tail=True)
-    return parse_events((tail or b"").decode("utf-8", "replace"))
 
 
 def _state_words(state: str, chunk: Mapping[str, Any]) -> str:

@@ -4,6 +4,7 @@ Slurm's states), its progress and rate, the GPU watch's summary, and `train stat
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,10 @@ from train.client.slurm.chunkends import (
     progress_words,
     redone,
     resume_fix,
+    runs,
     split_progress,
 )
 from train.client.slurm.queue import ACTIVE_STATES
-from train.common import gpuwatch_file
 from train.common.jsonio import read_bounded
 
 # Final Slurm states that end a chunk, whatever its batch shell could record.
@@ -56,20 +57,17 @@ def read_progress(run_dir: Path) -> tuple[int, int] | None:
 
 def progress_rate(events: Sequence[dict[str, Any]]) -> float | None:
     """Work units per second of chunk wall time (start-up included), from each run's
-    `started` and its closing event; None before a chunk has ended."""
-    opened: dict[str, tuple[int, int]] = {}
+    `started` and the first event that names its progress after it; None before a chunk
+    has ended."""
     work = seconds = 0
-    for e in events:
-        if e["event"] == contract.EV_STARTED:
-            start = split_progress(e["detail"])
-            if start is not None:
-                opened[e["job_id"]] = (e["time"], start[0])
-        elif e["event"] in _WITH_PROGRESS and e["job_id"] in opened:
-            end = split_progress(e["detail"])
-            t0, done0 = opened.pop(e["job_id"])
-            if end is not None:
-                work += max(0, end[0] - done0)
-                seconds += max(0, e["time"] - t0)
+    for run in runs(events):
+        said = next((e for e in (*run.between, run.end)
+                     if e is not None and e["event"] in _WITH_PROGRESS), None)
+        start = split_progress(run.start)
+        end = split_progress(said["detail"]) if said is not None else None
+        if start is not None and end is not None and said is not None:
+            work += max(0, end[0] - start[0])
+            seconds += max(0, said["time"] - run.at)
     if seconds <= 0:
         return None
     return work / seconds
@@ -279,33 +277,18 @@ def _record_int(chain: Chain, key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def idle_settings(chain: Chain) -> tuple[float, float]:
-    """The job's GPU idle threshold (percent) and minutes, as `train submit` recorded them
-    in the chain's resources; the watch's defaults where they are missing or odd."""
-
-    res = chain.record.get("resources")
-    watch = res.get("gpu_watch") if isinstance(res, dict) else None
-    given = watch if isinstance(watch, dict) else {}
-
-    def setting(name: str, default: float) -> float:
-        value = given.get(name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        return default
-
-    return (setting("idle_threshold", gpuwatch_file.DEFAULT_IDLE_THRESHOLD),
-            setting("idle_minutes", gpuwatch_file.DEFAULT_IDLE_MINUTES))
-
-
 def _gpu_summary(chain: Chain) -> dict[str, Any]:
     """Per node, the GPU watch's mean and latest utilisation (runtime/gpuwatch.py)."""
     from train.client import gpuwatch_reader as gpuwatch
 
-    threshold, minutes = idle_settings(chain)
-    try:
-        return dict(gpuwatch.summary(chain.run_dir, threshold=threshold, minutes=minutes))
-    except (OSError, ValueError):
-        return {}
+    return dict(gpuwatch.summary(chain.run_dir, *gpuwatch.idle_settings(chain.record)))
+
+
+def read_events(chain: Chain) -> Events:
+    """The run folder's events, of this chain and the earlier ones a resubmission left
+    there (the end of the file: a few lines a chunk, so 1 MiB is thousands of chunks)."""
+    return parse_events(_read_text(chain.run_dir / contract.CHAIN_EVENTS, EVENTS_LIMIT,
+                                   tail=True))
 
 
 def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
@@ -315,9 +298,7 @@ def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
     earlier_ids = [i for kept in chain.earlier for _, i in kept.chunks]
     if states is None:
         states = queue.job_states([*chain.ids, *earlier_ids])
-    # the end of the events: a few lines a chunk, so 1 MiB is thousands of chunks
-    text = _read_text(chain.run_dir / contract.CHAIN_EVENTS, EVENTS_LIMIT, tail=True)
-    every = parse_events(text)
+    every = read_events(chain)
     chunk_ids = set(chain.ids)
     events = [e for e in every if e["job_id"] in chunk_ids]
     chunks = _chunk_rows(chain.record, chain.chunks, states, events)
@@ -343,7 +324,7 @@ def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
         "warning": None, "chunks": chunks, "earlier_chains": earlier,
         "time": chaincost.add_times(chain.record, chunks, events),
         "gpu": _gpu_summary(chain),
-        "redone": again.as_dict() if again is not None else None,
+        "redone": asdict(again) if again is not None else None,
         "overran": [f"chunk {e['chunk']} ran into its walltime after the stop signal; the "
                     f"tool ended it and the chain went on from the save before "
                     f"({(e['detail'] or '?').split()[0]} of at most "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from train.batch import contract
@@ -169,9 +169,6 @@ class Redone:
     job_id: str
     known: bool
     text: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _done(run: Run) -> int | None:
