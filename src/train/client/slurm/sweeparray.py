@@ -367,29 +367,25 @@ def format_sweep_status(st: dict[str, Any], tasks: bool = False) -> list[str]:
         if st.get("time") else []
     flag = st.get("flag", "seeds")
     if not tasks:
-        return [*lines, *(_unreadable(c, flag) for c in chains if c["state"] == "unreadable"),
+        return [*lines, *(_task_line(c, flag) for c in chains if c["state"] == "unreadable"),
                 f"  `train status {st['name']} --tasks` for one line per task, "
                 f"`train summary {st['name']}` for the results"]
-    for c in chains:
-        if c["state"] == "unreadable":
-            lines.append(_unreadable(c, flag))
-            continue
-        what = f"seed {c['label']}" if flag == "seeds" else f"{flag}={c.get('value')}"
-        chunks = c.get("chunks") or []
-        running = [x for x in chunks if x["state"] == "RUNNING"]
-        last = (running or chunks or [None])[-1]
-        job = f"chunk {last['chunk']} job {last['job_id']} {last['state']}" if last else \
-            "no job"
-        progress = f"; done {c['done']}/{c['total']}" if c.get("total") else ""
-        spent = f"; {chaincost.total_line(c['time'])}" if c.get("time") else ""
-        lines.append(f"  task {c.get('task')} ({what}): {c['state']}, {job}{progress}"
-                     f"{spent}  {c['run_dir']}")
-    return lines
+    return [*lines, *(_task_line(c, flag) for c in chains)]
 
 
-def _unreadable(c: dict[str, Any], flag: str) -> str:
-    """A task (or an entry of the record) that cannot be read, and why."""
+def _task_line(c: dict[str, Any], flag: str) -> str:
+    """A task: its state, its chunk running (or its last one), progress and time; one
+    (or an entry of the record) that cannot be read, and why."""
     if c.get("task") is None:
         return f"  unreadable: {c['cause']}"
     what = f"seed {c['label']}" if flag == "seeds" else f"{flag}={c.get('value')}"
-    return f"  task {c['task']} ({what}): unreadable: {c['cause']}"
+    if c["state"] == "unreadable":
+        return f"  task {c['task']} ({what}): unreadable: {c['cause']}"
+    chunks = c.get("chunks") or []
+    running = [x for x in chunks if x["state"] == "RUNNING"]
+    last = (running or chunks or [None])[-1]
+    job = f"chunk {last['chunk']} job {last['job_id']} {last['state']}" if last else "no job"
+    progress = f"; done {c['done']}/{c['total']}" if c.get("total") else ""
+    spent = f"; {chaincost.total_line(c['time'])}" if c.get("time") else ""
+    return (f"  task {c.get('task')} ({what}): {c['state']}, {job}{progress}{spent}  "
+            f"{c['run_dir']}")
