@@ -20,7 +20,7 @@ import torch
 
 from tests.conftest import TINY, run_cli, tiny_flags, train_cmd
 from train.batch import contract
-from train.client.slurm.chainstatus import read_progress
+from train.batch.saves import file_progress as read_progress
 from train.common.errors import ConfigError, UsageError
 from train.workloads import runner
 from train.workloads.config import RunConfig

@@ -290,8 +290,8 @@ def test_the_fuzz_tiers_leftovers_are_clear_errors(tmp_path: Path) -> None:
     5000 digits or not UTF-8, a results CSV whose name is too long, a list item that is a
     list in both the defaults and the job file, an env name with a trailing newline."""
     from train.batch import contract
+    from train.batch.saves import file_progress as read_progress
     from train.client.defaults import merged
-    from train.client.slurm.chainstatus import read_progress
     from train.client.slurm.jobitems import check_env_item
     from train.client.slurm.jobspec import job_from_sources
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from train.batch import contract
 from train.batch.records import chunks_left
+from train.batch.saves import file_progress
 from train.client.slurm import chaincost, queue, reasons, reservations
 from train.client.slurm.chain import _DECISIVE, EVENTS_LIMIT, Chain, _read_text, parse_events
 from train.client.slurm.chunkends import (
@@ -17,6 +17,7 @@ from train.client.slurm.chunkends import (
     UNKNOWN_PROGRESS,
     Redone,
     chunk_words,
+    known_progress,
     progress_words,
     redone,
     resume_fix,
@@ -24,7 +25,6 @@ from train.client.slurm.chunkends import (
     split_progress,
 )
 from train.client.slurm.queue import ACTIVE_STATES
-from train.common.jsonio import read_bounded
 
 # Final Slurm states that end a chunk, whatever its batch shell could record.
 _ENDING_STATES = {
@@ -40,21 +40,6 @@ _ENDING_STATES = {
     "FAILED": "failed",
     "CANCELLED": "cancelled by Slurm or with scancel",
 }
-def read_progress(run_dir: Path) -> tuple[int, int] | None:
-    """The run's progress file (contract.PROGRESS_FILE, written by contract.write_progress):
-    (DONE, TOTAL), or None where there is none or it does not read as two numbers."""
-    data = read_bounded(run_dir / contract.PROGRESS_FILE, 64)  # "DONE TOTAL\n"; no FIFO
-    try:
-        parts = (data or b"").decode("ascii").split()
-    except UnicodeDecodeError:
-        return None
-    # ASCII digits only (str.isdigit takes '²', which int() refuses), short enough for int
-    if len(parts) != 2 or not all(p.isascii() and p.isdigit() and len(p) <= 18
-                                  for p in parts):
-        return None
-    return int(parts[0]), int(parts[1])
-
-
 def progress_rate(events: Sequence[dict[str, Any]]) -> float | None:
     """Work units per second of chunk wall time (start-up included), from each run's
     `started` and the first event that names its progress after it; None before a chunk
@@ -309,7 +294,7 @@ def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
         for kept in chain.earlier]
     again = redone(chain.record, events)
     state, cause = _outcome(chain, chunks, events, again)
-    progress = read_progress(chain.run_dir) or _saved_progress(events)
+    progress = file_progress(str(chain.run_dir)) or _saved_progress(events)
     rate = progress_rate(events)
     used = _used(chain, chunks, events)
     status: dict[str, Any] = {
@@ -373,12 +358,8 @@ def _chunk_rows(record: dict[str, Any], pairs: list[tuple[int, str]],
 def _saved_progress(events: Events) -> tuple[int, int] | None:
     """Where there is no progress file: the last progress the chunks' events name (what
     the program's saves showed the batch shell), if any."""
-    for e in reversed(events):
-        if e["event"] in _WITH_PROGRESS:
-            got = split_progress(e["detail"])
-            if got is not None and got != (0, 0):
-                return got
-    return None
+    return next((got for e in reversed(events) if e["event"] in _WITH_PROGRESS
+                 and (got := known_progress(e["detail"])) is not None), None)
 
 
 def format_status(st: dict[str, Any], times: bool = False) -> list[str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from train.batch.contract import COMPLETE_MARKER
-from train.client.slurm.sweep import load_record, read_tasks
+from train.client.slurm.sweep import load_record, read_tasks, record_flag
 from train.common.errors import UsageError
 from train.common.jsonio import read_bounded
 from train.common.safewrite import write_atomic
@@ -102,19 +102,13 @@ def mean_std(values: list[float], ddof: int = 1) -> tuple[float, float | None]:
     """Mean and standard deviation (sample: ddof 1, None for a single value; population:
     ddof 0) of finite values, computed on the values scaled to at most 1 so that no sum
     overflows; a result too large for a float is inf (format_number says so)."""
-    if len(values) <= ddof:
-        return _scaled_mean(values), None
-    scale = max(abs(v) for v in values) or 1.0
-    scaled = [v / scale for v in values]
-    mean = math.fsum(scaled) / len(scaled)
-    var = math.fsum((x - mean) ** 2 for x in scaled) / (len(scaled) - ddof)
-    with_scale = (mean * scale, math.sqrt(var) * scale)
-    return with_scale[0], with_scale[1]
-
-
-def _scaled_mean(values: list[float]) -> float:
     scale = max((abs(v) for v in values), default=0.0) or 1.0
-    return math.fsum(v / scale for v in values) / max(1, len(values)) * scale
+    scaled = [v / scale for v in values]
+    mean = math.fsum(scaled) / max(1, len(scaled))
+    if len(values) <= ddof:
+        return mean * scale, None
+    var = math.fsum((x - mean) ** 2 for x in scaled) / (len(scaled) - ddof)
+    return mean * scale, math.sqrt(var) * scale
 
 
 def format_number(value: float) -> str:
@@ -201,9 +195,7 @@ def summarize(root: Path, smooth: int = 25, states: dict[str, str] | None = None
         raise UsageError(f"summary: --smooth must be at least 1, got {smooth}")
     tasks, bad = read_tasks(root)
     seeds = seed_results(root, states)
-    flag = load_record(root).get("flag")
-    summary = Summary(format_table(root.name, seeds, flag if isinstance(flag, str) and flag
-                                   else "seeds"))
+    summary = Summary(format_table(root.name, seeds, record_flag(load_record(root))))
     summary.left_out = bad
     curves: dict[str, list[float]] = {}
     for task in tasks:
