@@ -23,7 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import machine, median, short, timed, write_section
 from train.batch import contract
-from train.client.doctor import diagnosis, findings, logread, report
+from train.client.doctor import findings, logread, report
 from train.client.slurm import queue
 from train.client.slurm.chain import load_chain
 
@@ -81,7 +81,7 @@ def doctor_peak_rss(run_dir: Path) -> tuple[int, int]:
     """Peak resident memory (KiB) of a process that runs the diagnosis, and the bytes it
     and its greps read doing it."""
     code = ("import json, resource, sys\n"
-            "from train.client.doctor.diagnosis import diagnose\n"
+            "from train.client.doctor.report import diagnose\n"
             "from train.client.slurm.chain import load_chain\n"
             f"st = json.loads({json.dumps(json.dumps(_status('1001')))})\n"
             f"before = {_RCHAR}\n"
@@ -97,7 +97,7 @@ def doctor_peak_rss(run_dir: Path) -> tuple[int, int]:
 
 
 def baseline_rss() -> int:
-    code = f"from train.client.doctor import diagnosis, report\nprint({_HWM})\n"
+    code = f"from train.client.doctor import report\nprint({_HWM})\n"
     return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               check=True).stdout.strip())
 
@@ -122,11 +122,11 @@ def main() -> None:
         runs = []
 
         def run_doctor() -> None:
-            runs.append(diagnosis.diagnose(chain, _status("1001")))
+            runs.append(report.diagnose(chain, _status("1001")))
 
         took = median([timed(run_doctor) for _ in range(3)])
         assert runs[-1].findings[0].cause == "host_oom", runs[-1].verdict
-        full = median([timed(lambda: runs.append(diagnosis.diagnose(chain, _status("1001"),
+        full = median([timed(lambda: runs.append(report.diagnose(chain, _status("1001"),
                                                                  full=True)))
                        for _ in range(3)])
         (rss, bytes_read), rss0 = doctor_peak_rss(big), baseline_rss()

@@ -13,5 +13,5 @@ Each cause is one rule (rules.RULES, LogRule for log messages; the Slurm-state a
 rules in chunks.py). A run with no finding is healthy (exit 0); any finding is exit 1.
 
 The modules, each on the ones before it (each says what it holds): rules, findings,
-logread, chunks, diagnosis, report.
+logread, chunks, report.
 """
