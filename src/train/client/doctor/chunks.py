@@ -14,7 +14,7 @@ from typing import Any
 
 from train.batch import contract
 from train.client.doctor import logread
-from train.client.doctor.findings import Evidence, Finding, Hits, _finding, _int, _resources
+from train.client.doctor.findings import Evidence, Finding, Hits, _finding
 from train.client.doctor.logread import _excerpt, last_exception, read_tail, scan_lines, scan_log
 from train.client.doctor.rules import (
     _EXCEPTION_RE,
@@ -27,6 +27,7 @@ from train.client.doctor.rules import (
 )
 from train.client.gpuwatch_reader import idle_findings, idle_settings
 from train.client.slurm.chain import Chain
+from train.client.slurm.chunkends import integer, resources
 
 _STATE_CAUSES = {"OUT_OF_MEMORY": "host_oom", "TIMEOUT": "walltime",
                  "PREEMPTED": "preempted", "NODE_FAIL": "node_failure",
@@ -354,9 +355,9 @@ def _ranks_alone(chain: Chain, banners: Hits | None, runs: int) -> str:
     global rank 0 of a world of its own (a bare Lightning Trainer() on several nodes
     trains the same model N times, alone). A healthy group prints it once a run (a
     requeued job's runs append to one log); alone, once per process and run."""
-    res = _resources(chain)
-    nodes = _int(res.get("nodes")) or 1
-    per_node = _int(res.get("processes_per_node")) or _int(res.get("ntasks_per_node")) or 1
+    res = resources(chain.record)
+    nodes = integer(res.get("nodes")) or 1
+    per_node = integer(res.get("processes_per_node")) or integer(res.get("ntasks_per_node")) or 1
     procs = nodes * per_node
     if banners is None or procs < 2 or banners.count < procs * runs:
         return ""

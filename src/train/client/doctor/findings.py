@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from train.client.slurm.chain import Chain
+from train.client.slurm.chunkends import integer, resources
 from train.common.hostmem import DEFAULT_WORKER_MEM_MB
 
 _KEEP = 3  # evidence lines kept per rule and file: the first and the last ones
@@ -70,15 +71,6 @@ class Hits:
         return [*self.first, *self.last]
 
 
-def _resources(chain: Chain) -> dict[str, Any]:
-    res = chain.record.get("resources")
-    return res if isinstance(res, dict) else {}
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _gib(mb: int) -> str:
     return f"{mb / 1024:.0f}G" if mb >= 1024 else f"{mb}M"
 
@@ -94,10 +86,10 @@ def _fix_host_oom(chain: Chain, _hits: Hits | None) -> str:
     the same arithmetic as the job's up-front check) or where the job already has (nearly)
     its whole node; more --mem only where neither is so. A command's own workers, which
     train does not know, are named first."""
-    res = _resources(chain)
-    procs, workers = _int(res.get("processes_per_node")), _int(res.get("workers"))
-    recorded, mem = _int(res.get("worker_mem_mb")), _int(res.get("mem_mb"))
-    node = _int(res.get("node_mem_mb"))
+    res = resources(chain.record)
+    procs, workers = integer(res.get("processes_per_node")), integer(res.get("workers"))
+    recorded, mem = integer(res.get("worker_mem_mb")), integer(res.get("mem_mb"))
+    node = integer(res.get("node_mem_mb"))
     if not (procs and mem):
         return ("fewer DataLoader workers (--workers) or more host memory (--mem); "
                 "`train launch` caps the workers by memory when --worker-mem says what one "
@@ -144,8 +136,8 @@ def _fix_host_oom(chain: Chain, _hits: Hits | None) -> str:
 
 
 def _fix_gpu_oom(chain: Chain, hits: Hits | None) -> str:
-    res = _resources(chain)
-    batch = _int(res.get("batch_size"))
+    res = resources(chain.record)
+    batch = integer(res.get("batch_size"))
     first_step = hits is not None and any(
         "preallocating" in e.text or "optimizer" in e.text for e in hits.evidence())
     smaller = f"--batch-size {max(1, batch // 2)}" if batch else "a smaller --batch-size"
@@ -159,9 +151,9 @@ def _fix_gpu_oom(chain: Chain, hits: Hits | None) -> str:
 
 
 def _fix_rendezvous(chain: Chain, hits: Hits | None) -> str:
-    res = _resources(chain)
-    launch, gpus = res.get("launch"), _int(res.get("gpus_per_node"))
-    ntasks = _int(res.get("ntasks_per_node"))
+    res = resources(chain.record)
+    launch, gpus = res.get("launch"), integer(res.get("gpus_per_node"))
+    ntasks = integer(res.get("ntasks_per_node"))
     base = ("every rank must be started by srun, one task per GPU with --launch tasks "
             "(--ntasks-per-node = --gpus-per-node) or one task per node with --launch "
             "torchrun; a script run by sbatch alone starts only rank 0")
@@ -177,7 +169,7 @@ def _fix_import_error(chain: Chain, hits: Hits | None) -> str:
     """An image's job: its build lacks the module (or the host leaks in); a job of the
     nodes' own Python (runtime none) has no image to rebuild: the module goes into that
     Python's environment."""
-    res = _resources(chain)
+    res = resources(chain.record)
     if res.get("runtime") != "none":
         return ("rebuild the image with the package (its lock in containers/requirements/), "
                 "or remove what leaks in from the host (PYTHONPATH, a conda env: "

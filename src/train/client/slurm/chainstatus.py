@@ -17,6 +17,7 @@ from train.client.slurm.chunkends import (
     UNKNOWN_PROGRESS,
     Redone,
     chunk_words,
+    integer,
     known_progress,
     progress_words,
     redone,
@@ -240,8 +241,8 @@ def _allowed(chain: Chain, chunks: Chunks, used: int) -> int:
     """Chunks the bound allows after those that started: for a chain with a floor, the
     bound's time their limits left (chunks started short leave more), in chunks of
     --time."""
-    bound = _record_int(chain, "max_chunks") or 0
-    wall = _record_int(chain, "walltime_seconds")
+    bound = integer(chain.record.get("max_chunks")) or 0
+    wall = integer(chain.record.get("walltime_seconds"))
     if not (_in_time(chain) and wall and wall > 0):
         return bound - used
     spent = sum(c.get("limit_seconds") or wall for c in chunks
@@ -253,13 +254,6 @@ def _in_time(chain: Chain) -> bool:
     """A chain with a floor (--time-min) counts its bound in time, not chunks."""
     job = chain.record.get("job")
     return isinstance(job, dict) and bool(job.get("time_min_seconds"))
-
-
-def _record_int(chain: Chain, key: str) -> int | None:
-    """An integer of the chain's record; None where it is missing or not an integer (a
-    record edited by hand, or not written by `train submit`)."""
-    value = chain.record.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _gpu_summary(chain: Chain) -> dict[str, Any]:
@@ -319,12 +313,12 @@ def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
     if progress and rate and state not in ("complete", "cancelled", "failed"):
         eta = max(0, progress[1] - progress[0]) / rate
         status["eta_seconds"] = round(eta)
-        budget = _record_int(chain, "time_budget_seconds") or _record_int(
-            chain, "walltime_seconds")
+        budget = integer(chain.record.get("time_budget_seconds")) or integer(
+            chain.record.get("walltime_seconds"))
         if budget and budget > 0 and eta > 0:
             left = max(1, -(-int(eta) // budget))
             status["chunks_left_estimate"] = left
-            bound = _record_int(chain, "max_chunks") or 0
+            bound = integer(chain.record.get("max_chunks")) or 0
             remaining = _allowed(chain, chunks, used) + (1 if state == "running" else 0)
             if state in ("running", "pending") and left > remaining:
                 status["warning"] = (f"at this rate the work needs about {left} more "

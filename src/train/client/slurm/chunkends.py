@@ -30,6 +30,18 @@ SAVE_FIX = "save more often than once a chunk, or give a longer --time"
 Event = Mapping[str, Any]
 
 
+def integer(value: Any) -> int | None:
+    """An integer of a chain's record; None where it is missing or not an integer (a
+    record edited by hand, or not written by `train submit`)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def resources(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The record's resources (what the job asked for), {} where it has none."""
+    res = record.get("resources")
+    return res if isinstance(res, dict) else {}
+
+
 def split_progress(detail: str | None) -> tuple[int, int] | None:
     """An event's closing "DONE TOTAL", or None."""
     parts = (detail or "").split()
