@@ -84,20 +84,6 @@ def file_state(run_dir: Path) -> str:
     return "incomplete" if run_dir.is_dir() else "not started"
 
 
-def seed_results(root: Path, states: dict[str, str] | None = None) -> list[SeedResult]:
-    """Every seed of the sweep: episodes, final evaluation and state (`states`: the chains'
-    states where Slurm was asked; otherwise from the run folders)."""
-    out = []
-    for task in read_tasks(root)[0]:
-        run_dir = root / task.dir
-        found = _rewards(run_dir / f"seed_{task.seed}" / "episodes.json")
-        episodes = len(found) if isinstance(found, list) else (
-            0 if found == "no episodes yet" else None)
-        state = (states or {}).get(task.label) or file_state(run_dir)
-        out.append(SeedResult(task.label, episodes, _evaluation(run_dir, task.seed), state))
-    return out
-
-
 def mean_std(values: list[float], ddof: int = 1) -> tuple[float, float | None]:
     """Mean and standard deviation (sample: ddof 1, None for a single value; population:
     ddof 0) of finite values, computed on the values scaled to at most 1 so that no sum
@@ -194,17 +180,20 @@ def summarize(root: Path, smooth: int = 25, states: dict[str, str] | None = None
     if smooth < 1:
         raise UsageError(f"summary: --smooth must be at least 1, got {smooth}")
     tasks, bad = read_tasks(root)
-    seeds = seed_results(root, states)
-    summary = Summary(format_table(root.name, seeds, record_flag(load_record(root))))
-    summary.left_out = bad
+    summary = Summary([], left_out=bad)
+    seeds = []
     curves: dict[str, list[float]] = {}
-    for task in tasks:
-        seed = task.label
-        found = _rewards(root / task.dir / f"seed_{task.seed}" / "episodes.json")
+    for task in tasks:  # (`states`: the chains' where Slurm was asked, else the folders')
+        run_dir = root / task.dir
+        found = _rewards(run_dir / f"seed_{task.seed}" / "episodes.json")
+        count = len(found) if isinstance(found, list) else 0 if found == "no episodes yet" else None
+        state = (states or {}).get(task.label) or file_state(run_dir)
+        seeds.append(SeedResult(task.label, count, _evaluation(run_dir, task.seed), state))
         if isinstance(found, str):
-            summary.notes.append(f"seed {seed} left out of the curves: {found}")
+            summary.notes.append(f"seed {task.label} left out of the curves: {found}")
         else:
-            curves[seed] = found
+            curves[task.label] = found
+    summary.table = format_table(root.name, seeds, record_flag(load_record(root)))
     if not curves:
         summary.notes.append(f"no seed of {root.name} has finished an episode yet: no "
                              "curves to write")
