@@ -27,7 +27,7 @@ from train.client.doctor.rules import (
 )
 from train.client.gpuwatch_reader import idle_findings, idle_settings
 from train.client.slurm.chain import Chain
-from train.client.slurm.chunkends import integer, resources
+from train.client.slurm.chaincost import integer, resources
 
 _STATE_CAUSES = {"OUT_OF_MEMORY": "host_oom", "TIMEOUT": "walltime",
                  "PREEMPTED": "preempted", "NODE_FAIL": "node_failure",

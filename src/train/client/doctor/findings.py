@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from train.client.slurm.chain import Chain
-from train.client.slurm.chunkends import integer, resources
+from train.client.slurm.chaincost import integer, resources
 from train.common.hostmem import DEFAULT_WORKER_MEM_MB
 
 _KEEP = 3  # evidence lines kept per rule and file: the first and the last ones

@@ -15,8 +15,8 @@ from train.batch import contract
 from train.client.doctor.chunks import _chunk_findings, _exit_code, idle_gpus
 from train.client.doctor.findings import Finding, _finding
 from train.client.slurm.chain import Chain, chain_dirs, find_run, load_chain, unreadable_runs
+from train.client.slurm.chaincost import Redone, chunk_words, redone
 from train.client.slurm.chainstatus import chain_status, read_events
-from train.client.slurm.chunkends import Redone, chunk_words, redone
 from train.client.slurm.queue import ACTIVE_STATES
 from train.common.errors import TrainError, UsageError, first_line
 from train.common.jsonio import read_json_object

@@ -12,7 +12,7 @@ from train.batch.records import chunks_left
 from train.batch.saves import file_progress
 from train.client.slurm import chaincost, queue, reasons, reservations
 from train.client.slurm.chain import _DECISIVE, EVENTS_LIMIT, Chain, _read_text, parse_events
-from train.client.slurm.chunkends import (
+from train.client.slurm.chaincost import (
     _WITH_PROGRESS,
     UNKNOWN_PROGRESS,
     Redone,
