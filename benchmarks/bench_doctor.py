@@ -127,7 +127,7 @@ def main() -> None:
         took = median([timed(run_doctor) for _ in range(3)])
         assert runs[-1].findings[0].cause == "host_oom", runs[-1].verdict
         full = median([timed(lambda: runs.append(report.diagnose(chain, _status("1001"),
-                                                                 full=True)))
+                                                              full=True)))
                        for _ in range(3)])
         (rss, bytes_read), rss0 = doctor_peak_rss(big), baseline_rss()
 

@@ -336,7 +336,7 @@ def test_unreadable_logs_are_no_traceback(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, {"r-101.out": ""})
     (run_dir / contract.LOG_DIR / "r-101.err").mkdir()  # not a file
     report = doctor_report.diagnose(load_chain(run_dir), status("FAILED", "2:0",
-                                                         ["started", "failed"]))
+                                                             ["started", "failed"]))
     assert report.findings[0].cause == "unknown"
 
 
@@ -681,7 +681,7 @@ def test_a_chain_with_no_jobs_is_a_finding(tmp_path: Path) -> None:
     (run_dir / contract.CHAIN_IDS).unlink()
     (run_dir / contract.CHAIN_IDS).mkdir()
     report = doctor_report.diagnose(load_chain(run_dir), {"name": "r", "state": "ended",
-                                                   "cause": "-", "chunks": []})
+                                                       "cause": "-", "chunks": []})
     assert [f.cause for f in report.findings] == ["no_jobs"]
 
 
@@ -696,7 +696,7 @@ def test_json_output_stays_strict_json(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, {"r-101.out": ""})
     (run_dir / "status.json").write_text('{"complete": false, "loss": NaN}')
     report = doctor_report.diagnose(load_chain(run_dir), status("RUNNING", None,
-                                                         chain_state="running"))
+                                                             chain_state="running"))
     text = json.dumps(report.as_dict(), allow_nan=False)  # raises on NaN
     assert json.loads(text)["training"] == {"complete": False, "loss": None}
 
@@ -805,7 +805,7 @@ def documented_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         "1795000000 1 101 started 0 0 0\n1795000600 1 101 failed 1 gpu-a017\n")
     chain = load_chain(run_dir)
     report = doctor_report.diagnose(chain, chain_status(chain, {"101": {"state": "FAILED",
-                                                                     "exit": "1:0"}}))
+                                                                         "exit": "1:0"}}))
     text = "\n".join(doctor_report.format_report(report))
     return text.replace(str(tmp_path.resolve()), "~/proj")
 
