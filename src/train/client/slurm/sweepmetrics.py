@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
-import json
 import math
 import os
 import re
@@ -25,7 +24,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from train.batch.contract import METRICS_FILE
+from train.batch.contract import CHAIN_RECORD, METRICS_FILE
+from train.client.slurm.sweep import load_record, read_tasks, record_flag, sweep_tasks
+from train.client.slurm.sweepsummary import file_state, format_number, mean_std, read_json
 from train.common._proc import printable
 from train.common.jsonio import read_bounded, read_json_object
 
@@ -73,17 +74,14 @@ def _numbers(found: object) -> dict[str, float]:
 
 
 def _json_metrics(path: Path, problems: list[str]) -> dict[str, float] | None:
-    data = read_bounded(path, JSON_LIMIT + 1)
-    if data is None:
+    try:
+        found = read_json(path, JSON_LIMIT)
+    except ValueError as exc:
+        problems.append(f"{path}: not a JSON object of metrics ({str(exc)[:80]})")
+        return None
+    if found is None:
         if os.path.lexists(path):  # a FIFO, a folder, a link to a device: named
             problems.append(f"{path}: not a regular file (a JSON object of metrics is)")
-        return None
-    try:
-        if len(data) > JSON_LIMIT:
-            raise ValueError(f"over {JSON_LIMIT} bytes")
-        found = json.loads(data.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        problems.append(f"{path}: not a JSON object of metrics ({str(exc)[:80]})")
         return None
     values = _numbers(found)
     if not values:
@@ -224,8 +222,6 @@ def _mean_line(name: str, found: list[float], seeds: int) -> str:
     left = f"; left out: {', '.join(odd)}" if odd else ""
     if not finite:
         return f"  {name}: no finite value in {seeds} seed(s){left}"
-    from train.client.slurm.sweepsummary import format_number, mean_std
-
     mean, std = mean_std(finite)
     spread = f" +- {format_number(std)}" if std is not None else " (one seed, no spread)"
     return (f"  {name} over {len(finite)} of {seeds} seed(s): {format_number(mean)}"
@@ -234,9 +230,6 @@ def _mean_line(name: str, found: list[float], seeds: int) -> str:
 
 def is_command_sweep(root: Path) -> bool:
     """Whether the sweep's tasks run a command (their chain records say entry command)."""
-    from train.batch.contract import CHAIN_RECORD
-    from train.client.slurm.sweep import sweep_tasks
-
     for task in sweep_tasks(root):
         record = read_json_object(root / task.dir / CHAIN_RECORD, JSON_LIMIT)
         if isinstance(record.get("entry"), str):
@@ -248,9 +241,6 @@ def summarize_metrics(root: Path, states: dict[str, str] | None = None,
                       left_out: list[str] | None = None) -> tuple[list[str], list[str]]:
     """A command sweep's table of final metrics (every task), and notes; `left_out`
     gets a line naming each entry of the sweep's record that is not a task."""
-    from train.client.slurm.sweep import load_record, read_tasks, record_flag
-    from train.client.slurm.sweepsummary import file_state
-
     flag = record_flag(load_record(root))
     found, bad = read_tasks(root)
     if left_out is not None:

@@ -24,14 +24,14 @@ SUMMARY_PLOT = "summary.png"
 FILE_LIMIT = 64 << 20  # episodes.json, test_results.json: far more than a run writes
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path, limit: int = FILE_LIMIT) -> Any:
     """A JSON file's value; None where it is missing or not a regular file; ValueError for
-    one that is not JSON or over FILE_LIMIT."""
-    data = read_bounded(path, FILE_LIMIT + 1)
+    one that is not JSON (nor UTF-8) or over `limit` bytes."""
+    data = read_bounded(path, limit + 1)
     if data is None:
         return None
-    if len(data) > FILE_LIMIT:
-        raise ValueError(f"over {FILE_LIMIT >> 20} MiB")
+    if len(data) > limit:
+        raise ValueError(f"over {limit} bytes")
     try:
         return json.loads(data.decode("utf-8"))
     except RecursionError:
@@ -41,7 +41,7 @@ def _read_json(path: Path) -> Any:
 def _rewards(path: Path) -> list[float] | str:
     """A seed's episode rewards, or why they cannot be used."""
     try:
-        found = _read_json(path)
+        found = read_json(path)
         if found is None:
             return "no episodes yet"
         rewards = found["rewards"]
@@ -68,7 +68,7 @@ def _evaluation(run_dir: Path, seed: int | None) -> float | None:
     """The mean reward of the seed's final evaluation (`train run` writes it when the seed
     has trained all its episodes), or None."""
     try:
-        found = _read_json(run_dir / "eval" / "test_results.json").get(str(seed))
+        found = read_json(run_dir / "eval" / "test_results.json").get(str(seed))
     except (ValueError, AttributeError):
         return None
     value = found.get("mean_reward") if isinstance(found, dict) else None
