@@ -14,10 +14,10 @@ from typing import Any
 from train.batch import contract
 from train.client.doctor.chunks import _chunk_findings, _exit_code, idle_gpus
 from train.client.doctor.findings import Finding, _finding
+from train.client.slurm import queue
 from train.client.slurm.chain import Chain, chain_dirs, find_run, load_chain, unreadable_runs
 from train.client.slurm.chaincost import Redone, chunk_words, redone
 from train.client.slurm.chainstatus import chain_status, read_events
-from train.client.slurm.queue import ACTIVE_STATES
 from train.common.errors import TrainError, UsageError, first_line
 from train.common.jsonio import read_json_object
 
@@ -75,8 +75,6 @@ def _logs_of(chain: Chain, job_id: str) -> list[Path]:
 def ask_slurm(ids: Sequence[str]) -> tuple[dict[str, dict[str, Any]], str]:
     """The jobs' states, or none and why: without Slurm (a login node where it does not
     answer, a copy of the run elsewhere) the chain's events and logs still tell most."""
-    from train.client.slurm import queue
-
     try:
         return queue.job_states(list(ids)), ""
     except TrainError as exc:
@@ -160,7 +158,7 @@ def _chain_findings(chain: Chain, c: Mapping[str, Any], found: list[Finding],
 
 def _state_words(state: str, chunk: Mapping[str, Any]) -> str:
     """A chunk whose events say nothing of its end, as Slurm's state says it."""
-    if state in ACTIVE_STATES:
+    if state in queue.ACTIVE_STATES:
         reason = chunk.get("reason")
         return f"{state.lower()}" + (f" ({reason})" if reason not in (None, "None") else "")
     return f"ended {state}" if state != "UNKNOWN" else "state unknown to Slurm"

@@ -10,6 +10,7 @@ from typing import Any
 from train.batch import contract
 from train.batch.records import chunks_left
 from train.batch.saves import file_progress
+from train.client import gpuwatch_reader as gpuwatch
 from train.client.slurm import chaincost, queue, reasons, reservations
 from train.client.slurm.chain import _DECISIVE, EVENTS_LIMIT, Chain, _read_text, parse_events
 from train.client.slurm.chaincost import (
@@ -258,8 +259,6 @@ def _in_time(chain: Chain) -> bool:
 
 def _gpu_summary(chain: Chain) -> dict[str, Any]:
     """Per node, the GPU watch's mean and latest utilisation (runtime/gpuwatch.py)."""
-    from train.client import gpuwatch_reader as gpuwatch
-
     return dict(gpuwatch.summary(chain.run_dir, *gpuwatch.idle_settings(chain.record)))
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -146,8 +147,6 @@ def submit_sweep(name: str, flag: str, root: Path, tasks: list[tuple[SweepTask, 
     before the release cancels the array and removes what was written, and puts an
     earlier sweep's record and scripts back. A task's chain goes on counting chunks from
     its earlier chain's (submission.first_chunk), as a single chain does."""
-    import shutil
-
     if shutil.which("sbatch") is None:
         raise ResourceError("sbatch is not on PATH: `train submit` runs on a cluster's login "
                             "node (`train render` prints the scripts anywhere)")

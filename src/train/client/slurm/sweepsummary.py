@@ -13,7 +13,7 @@ from typing import Any
 
 from train.batch.contract import COMPLETE_MARKER
 from train.client.slurm.sweep import load_record, read_tasks, record_flag
-from train.common.errors import UsageError
+from train.common.errors import UsageError, install_hint
 from train.common.jsonio import read_bounded
 from train.common.safewrite import write_atomic
 
@@ -220,8 +220,6 @@ def summarize(root: Path, smooth: int = 25, states: dict[str, str] | None = None
     try:
         import matplotlib
     except ImportError:
-        from train.common.errors import install_hint
-
         summary.notes.append(f"no plot: matplotlib is not installed here (the login-node "
                              f"client); the table and {SUMMARY_CSV} have the numbers; for "
                              f"{SUMMARY_PLOT}, {install_hint('run')}")
