@@ -31,6 +31,7 @@ from train.client.slurm.sweepargs import (
 )
 from train.common.errors import ConfigError, UsageError
 from train.common.jsonio import read_bounded, write_json_atomic
+from train.workloads.config import MAX_SEED, RunConfig, run_config_from_argv
 
 # Slurm's default MaxArraySize (its array indices run from 0 to MaxArraySize - 1)
 DEFAULT_MAX_ARRAY_SIZE = 1001
@@ -60,8 +61,6 @@ class SweepTask:
 
 def _values(spec: JobSpec) -> tuple[str, list[str]]:
     """The swept flag's name (`seeds` for --sweep-seeds) and its values, checked."""
-    from train.workloads.config import MAX_SEED
-
     if spec.sweep and spec.sweep_seeds:
         raise ConfigError("sweep", "give --sweep or --sweep-seeds, not both")
     if spec.sweep_seeds:
@@ -112,8 +111,6 @@ def value_key(entry: str, flag: str, value: str) -> object:
     the text)."""
     if entry != "train":
         return value
-    from train.workloads.config import RunConfig
-
     kind = next((f.metadata["kind"] for f in dataclasses.fields(RunConfig)
                  if f.name == flag.replace("-", "_")), str)
     if kind in (int, float):
@@ -200,8 +197,6 @@ def is_task_job(job: ResolvedJob) -> bool:
 
 def _train_seed(workload: tuple[str, ...]) -> int | None:
     """The first seed a `train run` workload trains (where its flags can be read)."""
-    from train.workloads.config import run_config_from_argv
-
     try:
         seeds = run_config_from_argv(list(workload)).seeds
     except (ConfigError, UsageError, SystemExit):
