@@ -19,6 +19,7 @@ from typing import Any
 
 from train.batch import contract
 from train.client.slurm.queue import ACTIVE_STATES, _is_number
+from train.common.errors import install_hint
 
 # Events whose detail ends with "DONE TOTAL".
 _WITH_PROGRESS = (contract.EV_STOPPED, contract.EV_REQUEUED, contract.EV_COMPLETE,
@@ -410,8 +411,6 @@ def draw(st: Row) -> tuple[Path | None, str | None]:
     try:
         import matplotlib
     except ImportError:
-        from train.common.errors import install_hint
-
         return None, (f"no picture: matplotlib is not installed here (the login-node "
                       f"client); for {PICTURE}, {install_hint('run')}")
     matplotlib.use("Agg")
