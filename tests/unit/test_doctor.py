@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import run_cli
 from train.batch import contract
-from train.client.doctor import logread, rules
+from train.client.doctor import logread
 from train.client.doctor import report as doctor_report
 from train.client.slurm import chainstatus
 from train.client.slurm.chain import load_chain
@@ -165,7 +165,7 @@ def test_the_same_rules_without_grep(tmp_path: Path, monkeypatch: pytest.MonkeyP
     with_grep = list(logread.candidate_lines(path))
     monkeypatch.setattr(logread.shutil, "which", lambda _name: None)
     without = list(logread.candidate_lines(path))
-    small_blocks = list(logread._candidate_lines_python(path, rules._ALL_NEEDLES, 4096))
+    small_blocks = list(logread._candidate_lines_python(path, logread._ALL_NEEDLES, 4096))
     assert with_grep == without == small_blocks
     assert [(n, at) for n, _, at in with_grep] == [(50_001, None)]
 
@@ -524,7 +524,7 @@ def test_what_head_and_tail_mode_skips_is_never_read(tmp_path: Path) -> None:
     got = json.loads(proc.stdout)
     searched = size - got["skipped"]
     assert 60 << 20 > got["skipped"] > 58 << 20, got["skipped"]
-    greps = len(logread._groups(rules.RULES, min(2, len(os.sched_getaffinity(0)))))
+    greps = len(logread._groups(logread.RULES, min(2, len(os.sched_getaffinity(0)))))
     assert got["read"] < (1 + greps) * searched + (1 << 20), (got["read"], searched, greps)
     [imp] = got["hits"]["import_error"]
     assert imp["line"] == 11

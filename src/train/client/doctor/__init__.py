@@ -7,9 +7,9 @@ log where there is no accounting: `job_states`), the run's status.json and the G
 utilisation samples. Logs are streamed, never read whole (logread), so a gigabyte of log
 costs about a second and flat memory.
 
-Each cause is one rule (rules.RULES, LogRule for log messages; the Slurm-state and event
+Each cause is one rule (logread.RULES, LogRule for log messages; the Slurm-state and event
 rules in chunks.py). A run with no finding is healthy (exit 0); any finding is exit 1.
 
-The modules, each on the ones before it (each says what it holds): rules, findings,
-logread, chunks, report.
+The modules, each on the ones before it (each says what it holds): findings, logread,
+chunks, report.
 """

@@ -15,16 +15,6 @@ from typing import Any
 from train.batch import contract
 from train.client.doctor import logread
 from train.client.doctor.findings import Evidence, Finding, Hits, _finding
-from train.client.doctor.logread import _excerpt, last_exception, read_tail, scan_lines, scan_log
-from train.client.doctor.rules import (
-    _EXCEPTION_RE,
-    _JOINED_RE,
-    _MEMBER_RE,
-    RANK_ZERO_BANNER,
-    RENDEZVOUS_DONE,
-    RULES,
-    _exception,
-)
 from train.client.gpuwatch_reader import idle_findings, idle_settings
 from train.client.slurm.chain import Chain
 from train.client.slurm.chaincost import integer, resources
@@ -34,7 +24,8 @@ _STATE_CAUSES = {"OUT_OF_MEMORY": "host_oom", "TIMEOUT": "walltime",
                  "BOOT_FAIL": "node_failure"}
 # the log rules' causes, most decisive first (the group's meeting and Lightning's banner
 # are evidence for other findings, no causes)
-_LOG_PRIORITY = [r.cause for r in RULES if r.cause not in (RENDEZVOUS_DONE, RANK_ZERO_BANNER)]
+_LOG_PRIORITY = [r.cause for r in logread.RULES
+                 if r.cause not in (logread.RENDEZVOUS_DONE, logread.RANK_ZERO_BANNER)]
 
 
 def _exit_code(chunk: Mapping[str, Any]) -> str | None:
@@ -79,11 +70,11 @@ def _rendezvous_partial(hits: Hits) -> str:
     seen: set[int] = set()
     world = 0
     for ev in hits.evidence():
-        m = _MEMBER_RE.search(ev.text)
+        m = logread._MEMBER_RE.search(ev.text)
         if m:
             seen.add(int(m.group(1)))
             world = max(world, int(m.group(3)))
-        j = _JOINED_RE.search(ev.text)
+        j = logread._JOINED_RE.search(ev.text)
         if j:
             return f"{j.group(1)} of {j.group(2)} ranks joined"
     if world and len(seen) < world and hits.count < world:
@@ -98,7 +89,7 @@ def _scan_chunk(logs: Sequence[Path], scan: bool, full: bool, notes: list[str]
     merged: dict[str, Hits] = {}
     for log in logs:
         if scan:
-            result = scan_log(log, full=full)
+            result = logread.scan_log(log, full=full)
             found = result.hits
             if not result.whole:
                 notes.append(f"{log}: searched its first {logread.HEAD_BYTES >> 20} MiB "
@@ -106,7 +97,7 @@ def _scan_chunk(logs: Sequence[Path], scan: bool, full: bool, notes: list[str]
                              f"{result.skipped_bytes >> 20} MiB between (--full searches "
                              "every byte)")
         elif log.suffix == ".err":
-            found = scan_lines(log, read_tail(log))
+            found = logread.scan_lines(log, logread.read_tail(log))
         else:
             continue
         for cause, hits in found.items():
@@ -180,9 +171,9 @@ def _chunk_findings(chain: Chain, c: Mapping[str, Any], logs: Sequence[Path],
     exc = _ending_exception(ch, state_cause, out)
     _add_log_findings(ch, exc, out)
     runs = max(1, events.count(contract.EV_STARTED))  # a requeued job's runs share its log
-    alone = _ranks_alone(chain, ch.hits.get(RANK_ZERO_BANNER), runs)
+    alone = _ranks_alone(chain, ch.hits.get(logread.RANK_ZERO_BANNER), runs)
     if alone:
-        out.append(ch.finding("ranks_alone", ch.hits.get(RANK_ZERO_BANNER), alone))
+        out.append(ch.finding("ranks_alone", ch.hits.get(logread.RANK_ZERO_BANNER), alone))
     if failed and not out:
         out.append(_unknown_failure(ch))
     return out
@@ -205,7 +196,7 @@ def _state_cause(ch: _Chunk) -> str | None:
 # __init__.py): "Root Cause (first observed failure):" and, per rank, "rank : R
 # (local_rank: L)", "exitcode : N (pid: P)" (negative: the signal), "traceback : ..."
 # (the rank's own traceback where it wrote an error file: @record; else a link)
-_WRAPPER_RE = re.compile(_exception("ChildFailedError"))
+_WRAPPER_RE = re.compile(logread._exception("ChildFailedError"))
 _ROOT_RANK_RE = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
 _ROOT_EXIT_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 _PREFIX_RE = re.compile(r"^\s*\[(rank ?|default)(\d+)\]")
@@ -229,7 +220,7 @@ def launcher_root_cause(path: Path) -> RootCause | None:
     the last. Without error files torch's root cause is a guess (a tie in time goes to the
     lowest rank), so a rule-recognised exception of another rank still counts. None where
     the log does not end in the wrapper."""
-    lines = read_tail(path)
+    lines = logread.read_tail(path)
     wrap = next((i for i in range(len(lines) - 1, -1, -1)
                  if _WRAPPER_RE.match(lines[i][1].strip())), None)
     if wrap is None:
@@ -249,7 +240,7 @@ def launcher_root_cause(path: Path) -> RootCause | None:
                 rank, local = int(m.group(1)), int(m.group(2))
             elif (m := _ROOT_EXIT_RE.match(line)) and int(m.group(1)) < 0:
                 sig = -int(m.group(1))
-            elif _EXCEPTION_RE.match(text) and not _WRAPPER_RE.match(text):
+            elif logread._EXCEPTION_RE.match(text) and not _WRAPPER_RE.match(text):
                 own = Evidence(str(path), number or 0, text[:logread.MAX_LINE])
     where = f"rank {rank} (local_rank {local})" if rank is not None else ""
     if own is not None:
@@ -258,14 +249,14 @@ def launcher_root_cause(path: Path) -> RootCause | None:
     end = next((i for i in range(wrap - 1, -1, -1)
                 if lines[i][1].strip().startswith("Traceback (most recent call last)")), wrap)
     found = [(n, line.strip()) for n, line in lines[:end]
-             if _EXCEPTION_RE.match(line.strip()) and not _WRAPPER_RE.match(line.strip())]
+             if logread._EXCEPTION_RE.match(line.strip()) and not _WRAPPER_RE.match(line.strip())]
     prefixed = [(n, t, _PREFIX_RE.match(t)) for n, t in found]
     if rank is not None and any(m for _, _, m in prefixed):
         found = [(n, t) for n, t, m in prefixed if m and int(m.group(2)) == (
             rank if m.group(1).startswith("rank") else local)] or found
     if not found:
         return RootCause(None, where, sig)
-    known = [(n, t) for n, t in found if scan_lines(path, [(n, t)])]
+    known = [(n, t) for n, t in found if logread.scan_lines(path, [(n, t)])]
     number, text = known[0] if known else found[-1]
     return RootCause(Evidence(str(path), number or 0, text[:logread.MAX_LINE]), where, sig)
 
@@ -278,7 +269,7 @@ def _ending_exception(ch: _Chunk, state_cause: str | None, out: list[Finding]
     no memory cause explains, or a native crash."""
     sig = _signal_of(ch.exit_code) if ch.failed else None
     ended = f"exit code {ch.exit_code}: the step"
-    exc = last_exception(ch.err) if ch.failed and ch.err is not None else None
+    exc = logread.last_exception(ch.err) if ch.failed and ch.err is not None else None
     if exc is not None and ch.err is not None and _WRAPPER_RE.match(exc.text):
         root = launcher_root_cause(ch.err)
         if root is not None:
@@ -301,7 +292,7 @@ def _add_log_findings(ch: _Chunk, exc: Evidence | None, out: list[Finding]) -> N
     """The log rules' causes, in RULES' order with the ending exception's own cause first
     (or python_error where no rule knows it); in a chunk that ended well or still runs
     only those of _ALWAYS. `train: error` only where nothing else was found."""
-    lead = scan_lines(Path(exc.file), [(exc.line, exc.text)]) if exc is not None else {}
+    lead = logread.scan_lines(Path(exc.file), [(exc.line, exc.text)]) if exc is not None else {}
     if exc is not None and not lead:
         f = ch.finding("python_error", detail=exc.text)
         f.evidence = [exc]
@@ -327,7 +318,7 @@ def _rendezvous_finding(ch: _Chunk, hits: Hits) -> Finding | None:
     chunk. Member lines are often shown for rank 0 only: where the group says it met,
     their count is no evidence of a missing rank (a requeued job's runs share one log:
     only a meeting after the last rendezvous line counts)."""
-    hits = _after_meeting(ch.hits.get(RENDEZVOUS_DONE), hits)
+    hits = _after_meeting(ch.hits.get(logread.RENDEZVOUS_DONE), hits)
     partial = _rendezvous_partial(hits) if hits.count else ""
     if partial and (ch.ended_early or "clients joined" in partial):
         return ch.finding("rendezvous", hits, partial)
@@ -340,8 +331,8 @@ def _unknown_failure(ch: _Chunk) -> Finding:
     """A failed chunk no rule explains: the end of its error log as the evidence."""
     f = ch.finding("failed", detail=_state_detail(ch.state, ch.exit_code))
     f.cause = "unknown"
-    tail = read_tail(ch.err)[-6:] if ch.err is not None else []
-    f.evidence = [Evidence(str(ch.err), n or 0, _excerpt(line, 0)) for n, line in tail]
+    tail = logread.read_tail(ch.err)[-6:] if ch.err is not None else []
+    f.evidence = [Evidence(str(ch.err), n or 0, logread._excerpt(line, 0)) for n, line in tail]
     if not tail:
         f.fix = ("no error log was written: the job failed before its shell ran "
                  "(`sacct -j JOBID` or `scontrol show job JOBID` says why; a log folder "
