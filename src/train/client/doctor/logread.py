@@ -299,12 +299,12 @@ def _candidate_lines_python(path: Path, needles: Sequence[str],
             first_line += chunk.count(b"\n")
 
 
-def candidate_lines(path: Path, needles: Sequence[str] = _ALL_NEEDLES
-                    ) -> Iterator[Line]:
+def candidate_lines(path: Path) -> Iterator[Line]:
+    """The lines of `path` that hold a needle: grep's, or the same without grep."""
     if not shutil.which("grep"):
-        yield from _candidate_lines_python(path, needles)
+        yield from _candidate_lines_python(path, _ALL_NEEDLES)
         return
-    with _grep(needles, path) as proc:
+    with _grep(_ALL_NEEDLES, path) as proc:
         yield from _grep_output(proc, _placer(()))
 
 
