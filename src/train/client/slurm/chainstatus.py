@@ -257,11 +257,6 @@ def _in_time(chain: Chain) -> bool:
     return isinstance(job, dict) and bool(job.get("time_min_seconds"))
 
 
-def _gpu_summary(chain: Chain) -> dict[str, Any]:
-    """Per node, the GPU watch's mean and latest utilisation (runtime/gpuwatch.py)."""
-    return dict(gpuwatch.summary(chain.run_dir, *gpuwatch.idle_settings(chain.record)))
-
-
 def read_events(chain: Chain) -> Events:
     """The run folder's events, of this chain and the earlier ones a resubmission left
     there (the end of the file: a few lines a chunk, so 1 MiB is thousands of chunks)."""
@@ -301,7 +296,7 @@ def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
         "rate_per_second": rate, "eta_seconds": None, "chunks_left_estimate": None,
         "warning": None, "chunks": chunks, "earlier_chains": earlier,
         "time": chaincost.add_times(chain.record, chunks, events),
-        "gpu": _gpu_summary(chain),
+        "gpu": gpuwatch.summary(chain.run_dir, *gpuwatch.idle_settings(chain.record)),
         "redone": asdict(again) if again is not None else None,
         "overran": [f"chunk {e['chunk']} ran into its walltime after the stop signal; the "
                     f"tool ended it and the chain went on from the save before "
