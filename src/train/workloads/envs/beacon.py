@@ -16,7 +16,6 @@ import numpy as np
 
 from train.workloads.envs.spec import (
     MOVE_SCREEN,
-    NOOP,
     PLAYER_RELATIVE_NEUTRAL,
     PLAYER_RELATIVE_SELF,
     SELECT_ARMY,
@@ -88,8 +87,6 @@ class BeaconEnv:
             self._selected = True
         elif function == MOVE_SCREEN and point is not None:
             self._target = np.array(point, dtype=np.float64) + 0.5
-        elif function != NOOP:  # pragma: no cover - decode_action returns only these
-            raise ValueError(f"unknown function {function}")
         self._advance()
         reward = 0.0
         if np.linalg.norm(self._marine - (self._beacon + 0.5)) <= self.radius + 0.5:
