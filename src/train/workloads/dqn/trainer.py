@@ -9,12 +9,12 @@ training. Checkpoints fall on episode boundaries.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -126,25 +126,6 @@ def check_state(state: dict[str, Any]) -> None:
         need(rank.get("torch_cpu_rng"), torch.Tensor, f"ranks[{i}].torch_cpu_rng")
 
 
-@dataclass
-class _EpisodeLosses:
-    """The training losses of one episode, summed on the device (read once at its end)."""
-
-    total: torch.Tensor
-    count: int = 0
-
-    def reset(self) -> None:
-        self.total.zero_()
-        self.count = 0
-
-    def add(self, loss: torch.Tensor) -> None:
-        self.total += loss
-        self.count += 1
-
-    def mean(self) -> float:
-        return float(self.total.item()) / self.count if self.count else float("nan")
-
-
 class SeedRun:
     """One seed on this rank: builds the agent, restores, trains, evaluates."""
 
@@ -170,6 +151,9 @@ class SeedRun:
         self.step = 0
         self.rewards: list[float] = []
         self.losses: list[float] = []
+        # the current episode's training losses, summed on the device (read at its end)
+        self._loss_sum = torch.zeros((), device=ctx.device)
+        self._loss_count = 0
         self.checkpoints = CheckpointManager(self.dir / "checkpoints")
         self.batch_fallback = False  # see restore()
 
@@ -250,18 +234,15 @@ class SeedRun:
         cfg = self.cfg
         progress = Progress(cfg.episodes, self.episode, f"seed {self.seed}", cfg.log_every,
                             enabled=self.ctx.is_main)
-        losses = _EpisodeLosses(torch.zeros((), device=self.ctx.device))
-
-        def on_step(obs: Any, action: int, reward: float, terminal: bool, nxt: Any) -> None:
-            self._step(stopper, losses, obs, action, reward, terminal, nxt)
-
+        on_step = functools.partial(self._step, stopper)
         # a stop asked for during start-up (the walltime signal) ends the chunk before its
         # first episode: the last checkpoint already holds everything
         stopped = self.episode < cfg.episodes and self.ctx.any(stopper.reason is not None)
         try:
             while self.episode < cfg.episodes and not stopped:
                 started = time.monotonic()
-                losses.reset()
+                self._loss_sum.zero_()
+                self._loss_count = 0
                 try:
                     reward = run_episode(
                         self.env,
@@ -276,21 +257,22 @@ class SeedRun:
                     stopped = True
                     self.save()
                     break
-                stopped = self._end_episode(stopper, progress, reward, losses, started)
+                stopped = self._end_episode(stopper, progress, reward, started)
         finally:
             progress.close()
             self.checkpoints.wait()
         # the last episode finished while a stop was asked for: the work is done all the same
         return self.episode >= cfg.episodes
 
-    def _step(self, stopper: StopController, losses: _EpisodeLosses, obs: Any, action: int,
-              reward: float, terminal: bool, nxt: Any) -> None:
+    def _step(self, stopper: StopController, obs: Any, action: int, reward: float,
+              terminal: bool, nxt: Any) -> None:
         cfg = self.cfg
         self.replay.add(obs, action, reward, terminal, nxt)
         self.step += 1
         if len(self.replay) >= cfg.learning_starts and self.step % cfg.train_every == 0:
             batch = self.agent.to_batch(self.replay.sample(cfg.batch_size, self.rng))
-            losses.add(self.agent.update(batch))
+            self._loss_sum += self.agent.update(batch)
+            self._loss_count += 1
             if self.agent.updates == 1:
                 log.info("first training step done at unix time %.3f", time.time())
         # every rank has taken the same number of steps here, so they agree in lockstep
@@ -302,14 +284,15 @@ class SeedRun:
             raise EpisodeCut
 
     def _end_episode(self, stopper: StopController, progress: Progress, reward: float,
-                     losses: _EpisodeLosses, started: float) -> bool:
+                     started: float) -> bool:
         """Count a finished episode (its reward averaged over the ranks), checkpoint when
         due; True when the ranks agree to stop."""
         cfg = self.cfg
         self.episode += 1
         rewards = self.ctx.all_gather_object(reward)
         self.rewards.append(float(np.mean(rewards)))
-        self.losses.append(losses.mean())
+        self.losses.append(float(self._loss_sum.item()) / self._loss_count
+                           if self._loss_count else float("nan"))
         stopper.episode_finished(time.monotonic() - started)
         stopped = self.ctx.any(stopper.should_stop())
         if stopped:
@@ -388,37 +371,34 @@ def _train_seed(cfg: RunConfig, seed: int, ctx: DistContext, precision: Precisio
         digests = ctx.all_gather_object(param_digest(run.agent.policy))
         if len(set(digests)) != 1:
             raise CheckpointError(f"parameters differ across ranks after training: {digests}")
-        outcome = SeedOutcome(seed, run.episode, complete, list(run.rewards),
-                              digest=digests[0])
         if ctx.is_main:
             # a stopped chunk must leave at once: the chunk that finishes evaluates
-            outcome.evaluation = run.evaluate() if cfg.eval_episodes and complete else None
-            _write_seed_results(cfg, run, outcome, len(digests))
-        return outcome
+            evaluation = run.evaluate() if cfg.eval_episodes and complete else None
+            _write_seed_results(cfg, run, complete, evaluation, digests)
+        return SeedOutcome(seed, run.episode, complete)
     finally:
         run.env.close()
 
 
-def _write_seed_results(cfg: RunConfig, run: SeedRun, outcome: SeedOutcome,
-                        ranks: int) -> None:
+def _write_seed_results(cfg: RunConfig, run: SeedRun, complete: bool,
+                        evaluation: dict[str, Any] | None, digests: list[str]) -> None:
     """The seed's own files; its central CSV row comes later (`append_result_rows`)."""
     seed_dir = run.dir
     write_json_atomic(seed_dir / "episodes.json",
                       {"seed": run.seed, "rewards": run.rewards, "losses": [
                           None if np.isnan(x) else x for x in run.losses]})
     eval_path = cfg.out_dir / "eval" / "test_results.json"
-    evaluation = read_json_object(eval_path, None)
-    if outcome.evaluation is not None:
-        evaluation[str(run.seed)] = outcome.evaluation
-        write_json_atomic(eval_path, evaluation)
+    if evaluation is not None:
+        write_json_atomic(eval_path, {**read_json_object(eval_path, None),
+                                      str(run.seed): evaluation})
     previous = read_json_object(seed_dir / "summary.json", None)
     summary: dict[str, Any] = {
         "seed": run.seed,
         "episodes": run.episode,
         "target_episodes": cfg.episodes,
-        "complete": outcome.complete,
-        "param_digest": outcome.digest,
-        "ranks_checked": ranks,
+        "complete": complete,
+        "param_digest": digests[0],
+        "ranks_checked": len(digests),
         # CSV bookkeeping (rows appended; csv_episodes: the finished total that has its
         # row) belongs to append_result_rows: carried over unchanged
         "csv_rows": int(previous.get("csv_rows", 0)),

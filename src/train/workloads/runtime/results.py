@@ -17,7 +17,7 @@ import stat
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -252,9 +252,6 @@ class SeedOutcome:
     seed: int
     episodes: int
     complete: bool
-    rewards: list[float] = field(default_factory=list)
-    evaluation: dict[str, Any] | None = None
-    digest: str = ""
 
 
 @dataclass
