@@ -103,8 +103,7 @@ def run(cfg: RunConfig) -> RunResult:
     stopper = StopController(effective_budget(cfg.time_budget))
     alloc_conf = apply_allocator_settings()
     ctx = init_distributed(cfg.device)
-    lock = contextlib.ExitStack()
-    try:
+    with contextlib.ExitStack() as lock:
         precision = resolve_precision(cfg.precision, ctx.device)
         v = results.versions(ctx.device)
         log.info("python %s, torch %s, CUDA %s, cuDNN %s, GPU %s", v["python"], v["torch"],
@@ -115,7 +114,16 @@ def run(cfg: RunConfig) -> RunResult:
             _start_run(cfg, ctx, lock, {"precision": precision.name, "allocator": alloc_conf})
         with stopper:
             summary = trainer.train(cfg, ctx, precision, stopper)
-        status = _status(cfg, ctx, summary)
+        status: dict[str, Any] = {
+            "complete": summary.complete,
+            "stop_reason": summary.stop_reason,
+            "target_episodes": cfg.episodes,
+            "seeds": {str(s.seed): {"episodes": s.episodes, "complete": s.complete}
+                      for s in summary.seeds},
+            "world_size": ctx.world_size,
+            "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "warnings": [],
+        }
         if ctx.is_main:
             _record_outcome(cfg, summary, status)
         ctx.barrier()
@@ -126,8 +134,6 @@ def run(cfg: RunConfig) -> RunResult:
             log.warning("run stopped before the end (%s); resume with the same command",
                         summary.stop_reason)
         return RunResult(summary.complete, summary.stop_reason, status)
-    finally:
-        lock.close()
 
 
 def _start_run(cfg: RunConfig, ctx: DistContext, lock: contextlib.ExitStack,
@@ -151,19 +157,6 @@ def _start_run(cfg: RunConfig, ctx: DistContext, lock: contextlib.ExitStack,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "batch_fallback": batch_fallback(cfg, previous),
         }))
-
-
-def _status(cfg: RunConfig, ctx: DistContext, summary: results.RunSummary) -> dict[str, Any]:
-    return {
-        "complete": summary.complete,
-        "stop_reason": summary.stop_reason,
-        "target_episodes": cfg.episodes,
-        "seeds": {str(s.seed): {"episodes": s.episodes, "complete": s.complete}
-                  for s in summary.seeds},
-        "world_size": ctx.world_size,
-        "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "warnings": [],
-    }
 
 
 def _record_outcome(cfg: RunConfig, summary: results.RunSummary, status: dict[str, Any]

@@ -132,7 +132,6 @@ class DQNAgent:
                 for value in state.values():
                     if isinstance(value, torch.Tensor):
                         value.zero_()
-        del b, q, loss, saved
 
     # -- state ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -26,6 +26,7 @@ import torch
 
 from train import __version__
 from train.common import _proc
+from train.common.errors import ConfigError
 from train.common.jsonio import read_json_object, to_builtin, write_json_atomic
 from train.common.secrets.environment import recorded_environment
 from train.workloads.config import RunConfig
@@ -211,8 +212,6 @@ class RunLock:
         self._fd: int | None = None
 
     def __enter__(self) -> RunLock:
-        from train.common.errors import ConfigError
-
         try:  # never through a symbolic link, never anything but a regular file
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK,
                          0o644)
