@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from train.batch import contract
+from train.common import hostmem
 from train.common.errors import ConfigError
 from train.common.fields import check_writable_dir
 from train.common.jsonio import read_json_object, write_json_atomic
@@ -26,8 +27,11 @@ from train.node.distributed import DistContext, init_distributed
 from train.node.signals import StopController, effective_budget
 from train.workloads.config import RunConfig
 from train.workloads.dqn import trainer
+from train.workloads.dqn.replay import ReplayBuffer
+from train.workloads.envs.spec import ObsSpec
 from train.workloads.runrecord import batch_fallback, check_same_run
 from train.workloads.runtime import results
+from train.workloads.runtime.checkpoint import CheckpointManager
 from train.workloads.runtime.memory import apply_allocator_settings
 from train.workloads.runtime.precision import resolve_precision
 
@@ -51,7 +55,13 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("results_csv", f"{csv_path} is a directory; name a file, e.g. "
                           f"{csv_path / 'results.csv'}")
     check_same_run(cfg)
-    check_checkpoint_folders(cfg)
+    # every seed's checkpoint folder, before any seed trains: no folder or link under a
+    # checkpoint's name (it would block a save hours later), and writable where it exists
+    for seed in cfg.seeds:
+        folder = cfg.out_dir / f"seed_{seed}" / "checkpoints"
+        CheckpointManager(folder).check_names()
+        if folder.is_dir():
+            check_writable_dir(folder, "out")
     check_memory(cfg)
     trainer.check_workload(cfg)
 
@@ -60,18 +70,11 @@ def check_memory(cfg: RunConfig) -> None:
     """The replay buffer (and the network's activations at this resolution) must fit in the
     host memory this process can expect (shared by the node's processes), or the run would
     end in a MemoryError or the OOM killer after writing its files."""
-    import torch
-
-    from train.workloads.dqn.replay import ReplayBuffer
-    from train.workloads.envs.spec import ObsSpec
-    from train.workloads.runtime.memory import device_memory
-
-    spec = ObsSpec(cfg.res)
-    replay = ReplayBuffer.bytes_needed(cfg.replay_size, spec)
+    replay = ReplayBuffer.bytes_needed(cfg.replay_size, ObsSpec(cfg.res))
     # the two conv layers' outputs (16 + 32 channels, float32) for a batch, forward and back
     activations = 3 * cfg.batch_size * 48 * cfg.res * cfg.res * 4
     needed = replay + activations
-    free, _total = device_memory(torch.device("cpu"))
+    free = hostmem.available_bytes()
     try:
         local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
     except ValueError:
@@ -84,18 +87,6 @@ def check_memory(cfg: RunConfig) -> None:
                           f"{replay / gib:.1f} GiB), but this process can expect "
                           f"{share / gib:.1f} GiB ({local} process(es) share "
                           f"{free / gib:.1f} GiB available); lower --replay-size or --res")
-
-
-def check_checkpoint_folders(cfg: RunConfig) -> None:
-    """Every seed's checkpoint folder, before any seed trains: no folder or link under a
-    checkpoint's name (it would block a save hours later), and writable where it exists."""
-    from train.workloads.runtime.checkpoint import CheckpointManager
-
-    for seed in cfg.seeds:
-        folder = cfg.out_dir / f"seed_{seed}" / "checkpoints"
-        CheckpointManager(folder).check_names()
-        if folder.is_dir():
-            check_writable_dir(folder, "out")
 
 
 def run(cfg: RunConfig) -> RunResult:

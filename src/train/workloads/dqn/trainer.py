@@ -29,7 +29,8 @@ from train.workloads.config import RunConfig
 from train.workloads.dqn.agent import DQNAgent
 from train.workloads.dqn.replay import ReplayBuffer
 from train.workloads.envs.beacon import BeaconEnv
-from train.workloads.envs.spec import Env, ObsSpec
+from train.workloads.envs.pysc2_env import Pysc2Env, check_available
+from train.workloads.envs.spec import ObsSpec
 from train.workloads.runrecord import batch_fallback
 from train.workloads.runtime.checkpoint import CheckpointManager
 from train.workloads.runtime.memory import preallocate, training_state_bytes
@@ -43,10 +44,8 @@ log = logging.getLogger(__name__)
 _EVAL_STREAM = 7919
 
 
-def make_env(cfg: RunConfig, seed: int, rank: int) -> Env:
+def make_env(cfg: RunConfig, seed: int, rank: int) -> BeaconEnv | Pysc2Env:
     if cfg.workload == "sc2":
-        from train.workloads.envs.pysc2_env import Pysc2Env
-
         return Pysc2Env(cfg.res, cfg.step_mul, seed * 1000 + rank,
                         mock=cfg.sc2_env == "mock")
     return BeaconEnv(cfg.res, cfg.episode_steps, [seed, rank])
@@ -54,8 +53,6 @@ def make_env(cfg: RunConfig, seed: int, rank: int) -> Env:
 
 def check_workload(cfg: RunConfig) -> None:  # before anything is written
     if cfg.workload == "sc2":
-        from train.workloads.envs.pysc2_env import check_available
-
         check_available(mock=cfg.sc2_env == "mock")
 
 
@@ -82,7 +79,7 @@ class EpisodeCut(Exception):
     """Raised from a step when a stop cannot wait for the episode's end."""
 
 
-def run_episode(env: Env, policy: Callable[[Any], int],
+def run_episode(env: BeaconEnv | Pysc2Env, policy: Callable[[Any], int],
                 on_step: Callable[[Any, int, float, bool, Any], None] | None = None) -> float:
     """One episode's summed reward; `on_step` may end it early (EpisodeCut)."""
     obs = env.reset()
@@ -181,8 +178,7 @@ class SeedRun:
         random.setstate(state["python_rng"])
 
     def save(self) -> None:
-        local = self._local_state()
-        ranks = self.ctx.gather_to_main(local)
+        ranks = self.ctx.gather_to_main(self._local_state())
         if not self.ctx.is_main:
             return
         self.checkpoints.save({
@@ -307,10 +303,9 @@ class SeedRun:
     def evaluate(self) -> dict[str, Any]:
         """Episodes with a fixed game seed and generator: the same weights, the same result."""
         cfg = self.cfg
+        env = self.env  # sc2: a second game instance is too heavy; the game is not seedable
         if cfg.workload == "demo":
-            env: Env = BeaconEnv(cfg.res, cfg.episode_steps, [self.seed, _EVAL_STREAM])
-        else:
-            env = self.env  # a second game instance is too heavy; the game is not seedable
+            env = BeaconEnv(cfg.res, cfg.episode_steps, [self.seed, _EVAL_STREAM])
         rng = np.random.default_rng([self.seed, _EVAL_STREAM])
         rewards = [run_episode(env, lambda obs: self.agent.act(obs, cfg.eval_epsilon, rng))
                    for _ in range(cfg.eval_episodes)]
@@ -336,8 +331,7 @@ def train(cfg: RunConfig, ctx: DistContext, precision: PrecisionPolicy,
     """Train every seed in turn; returns what happened (results written by rank 0)."""
     outcomes: list[SeedOutcome] = []
     for seed in cfg.seeds:
-        summary_path = cfg.out_dir / f"seed_{seed}" / "summary.json"
-        done = read_json_object(summary_path, None)
+        done = read_json_object(cfg.out_dir / f"seed_{seed}" / "summary.json", None)
         if done.get("complete") and int(done.get("episodes", 0)) >= cfg.episodes:
             log.info("seed %d already complete (%d episodes); skipping", seed,
                      done["episodes"])

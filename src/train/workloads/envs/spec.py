@@ -10,7 +10,7 @@ to one index: 0 = no-op, 1 = select army, 2 + y * res + x = move to (x, y).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -77,19 +77,3 @@ def decode_action(action: int, res: int) -> tuple[int, tuple[int, int] | None]:
 
 def encode_move(x: int, y: int, res: int) -> int:
     return 2 + y * res + x
-
-
-class Env(Protocol):
-    spec: ObsSpec
-
-    def reset(self) -> Observation: ...
-
-    def step(self, action: int) -> tuple[Observation, float, bool, bool]:
-        """-> (observation, reward, terminal, episode_over)."""
-        ...
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-    def close(self) -> None: ...
