@@ -94,8 +94,6 @@ def append_csv_row(path: Path, row: Mapping[str, Any],
     recording it reruns it). Where the file system refuses flock the row goes in one
     O_APPEND write() (writers cannot interleave inside a row) and False is returned."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fields = list(row)
-    line_values = {k: to_builtin(v) for k, v in row.items()}
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
     try:
         try:
@@ -107,12 +105,12 @@ def append_csv_row(path: Path, row: Mapping[str, Any],
             locked = False
         try:
             buf = io.StringIO()
-            writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+            writer = csv.DictWriter(buf, fieldnames=list(row), lineterminator="\n")
             if key and _has_row(fd, {k: row[k] for k in key}):
                 return locked
             if os.fstat(fd).st_size == 0:
                 writer.writeheader()
-            writer.writerow(line_values)
+            writer.writerow({k: to_builtin(v) for k, v in row.items()})
             data = buf.getvalue().encode("utf-8")
             written = os.write(fd, data)
             while locked and 0 < written < len(data):  # a short write: finish it
