@@ -28,6 +28,7 @@ from train.node.signals import StopController, effective_budget
 from train.workloads.config import RunConfig
 from train.workloads.dqn import trainer
 from train.workloads.dqn.replay import ReplayBuffer
+from train.workloads.envs.pysc2_env import check_available
 from train.workloads.envs.spec import ObsSpec
 from train.workloads.runrecord import batch_fallback, check_same_run
 from train.workloads.runtime import results
@@ -63,7 +64,8 @@ def validate(cfg: RunConfig) -> None:
         if folder.is_dir():
             check_writable_dir(folder, "out")
     check_memory(cfg)
-    trainer.check_workload(cfg)
+    if cfg.workload == "sc2":  # pysc2 and the game, before anything is written
+        check_available(mock=cfg.sc2_env == "mock")
 
 
 def check_memory(cfg: RunConfig) -> None:

@@ -29,7 +29,7 @@ from train.workloads.config import RunConfig
 from train.workloads.dqn.agent import DQNAgent
 from train.workloads.dqn.replay import ReplayBuffer
 from train.workloads.envs.beacon import BeaconEnv
-from train.workloads.envs.pysc2_env import Pysc2Env, check_available
+from train.workloads.envs.pysc2_env import Pysc2Env
 from train.workloads.envs.spec import ObsSpec
 from train.workloads.runrecord import batch_fallback
 from train.workloads.runtime.checkpoint import CheckpointManager
@@ -49,11 +49,6 @@ def make_env(cfg: RunConfig, seed: int, rank: int) -> BeaconEnv | Pysc2Env:
         return Pysc2Env(cfg.res, cfg.step_mul, seed * 1000 + rank,
                         mock=cfg.sc2_env == "mock")
     return BeaconEnv(cfg.res, cfg.episode_steps, [seed, rank])
-
-
-def check_workload(cfg: RunConfig) -> None:  # before anything is written
-    if cfg.workload == "sc2":
-        check_available(mock=cfg.sc2_env == "mock")
 
 
 def epsilon_at(cfg: RunConfig, step: int) -> float:
