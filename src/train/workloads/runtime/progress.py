@@ -43,18 +43,6 @@ class Progress:
                                                        maxlen=RATE_WINDOW + 1)
         self._last = float("-inf")  # the first update always shows
 
-    def rate(self) -> float | None:
-        """Episodes per second over the last RATE_WINDOW episodes (None before one)."""
-        (t0, c0), (t1, c1) = self._recent[0], self._recent[-1]
-        return (c1 - c0) / max(t1 - t0, 1e-9) if c1 > c0 else None
-
-    def eta(self) -> float | None:
-        """Seconds until `total` at the current rate."""
-        rate = self.rate()
-        if not rate or self._recent[-1][1] - self._recent[0][1] < ETA_MIN_EPISODES:
-            return None
-        return max(0, self.total - self.count) / rate
-
     def update(self, count: int, **metrics: float) -> None:
         self.count = count
         if not self.enabled:
@@ -65,10 +53,12 @@ class Progress:
         if not final and now - self._last < (0.2 if self.live else self.interval):
             return
         self._last = now
-        rate = self.rate() or 0.0
-        eta = self.eta()
+        # episodes per second over the last RATE_WINDOW episodes, and the time left at it
+        (t0, c0), (t1, c1) = self._recent[0], self._recent[-1]
+        rate = (c1 - c0) / max(t1 - t0, 1e-9) if c1 > c0 else 0.0
         timing = f"{rate:.2f} ep/s" + (
-            f", ETA {format_duration(eta)}" if eta is not None and not final else "")
+            f", ETA {format_duration(max(0, self.total - count) / rate)}"
+            if rate and c1 - c0 >= ETA_MIN_EPISODES and not final else "")
         stats = " ".join(f"{k}={v:.3g}" for k, v in metrics.items())
         if self.live:
             width = 24
