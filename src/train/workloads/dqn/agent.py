@@ -56,23 +56,16 @@ class DQNAgent:
         self.updates = 0
 
     # -- acting -----------------------------------------------------------------------
-    def _obs_tensors(self, obs: Observation) -> tuple[torch.Tensor, ...]:
-        d = self.device
-        return (torch.from_numpy(obs.screen).to(d)[None],
-                torch.from_numpy(obs.minimap).to(d)[None],
-                torch.from_numpy(obs.nonspatial).to(d)[None])
-
-    def q_values(self, obs: Observation) -> torch.Tensor:
-        """Masked Q-values (1, n_actions) in the compute dtype."""
-        with torch.no_grad(), self.precision.autocast():
-            q = self.policy(*self._obs_tensors(obs))
-        mask = action_mask(torch.from_numpy(obs.available).to(self.device)[None], self.res)
-        return masked_fill_unavailable(q, mask)
-
     def act(self, obs: Observation, epsilon: float, rng: np.random.Generator) -> int:
         if rng.random() < epsilon:
             return random_available_action(obs.available, self.res, rng)
-        return int(self.q_values(obs).argmax(dim=1).item())
+        screen, minimap, nonspatial, available = (
+            torch.from_numpy(a).to(self.device)[None]
+            for a in (obs.screen, obs.minimap, obs.nonspatial, obs.available))
+        with torch.no_grad(), self.precision.autocast():
+            q = self.policy(screen, minimap, nonspatial)
+        return int(masked_fill_unavailable(q, action_mask(available, self.res))
+                   .argmax(dim=1).item())
 
     # -- learning ---------------------------------------------------------------------
     def to_batch(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:

@@ -44,13 +44,6 @@ log = logging.getLogger(__name__)
 _EVAL_STREAM = 7919
 
 
-def make_env(cfg: RunConfig, seed: int, rank: int) -> BeaconEnv | Pysc2Env:
-    if cfg.workload == "sc2":
-        return Pysc2Env(cfg.res, cfg.step_mul, seed * 1000 + rank,
-                        mock=cfg.sc2_env == "mock")
-    return BeaconEnv(cfg.res, cfg.episode_steps, [seed, rank])
-
-
 def epsilon_at(cfg: RunConfig, step: int) -> float:
     frac = min(1.0, step / cfg.eps_decay_steps)
     return cfg.eps_start + (cfg.eps_end - cfg.eps_start) * frac
@@ -131,7 +124,12 @@ class SeedRun:
         np.random.seed(seed * 1000 + ctx.rank)
         torch.manual_seed(seed)  # the same initial weights on every rank
         self.spec = ObsSpec(cfg.res)
-        self.env = make_env(cfg, seed, ctx.rank)
+        self.env: BeaconEnv | Pysc2Env
+        if cfg.workload == "sc2":
+            self.env = Pysc2Env(cfg.res, cfg.step_mul, seed * 1000 + ctx.rank,
+                                mock=cfg.sc2_env == "mock")
+        else:
+            self.env = BeaconEnv(cfg.res, cfg.episode_steps, [seed, ctx.rank])
         self.rng = np.random.default_rng([seed, ctx.rank])
         wrap = None
         if ctx.distributed:

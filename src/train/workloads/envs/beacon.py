@@ -87,23 +87,19 @@ class BeaconEnv:
             self._selected = True
         elif function == MOVE_SCREEN and point is not None:
             self._target = np.array(point, dtype=np.float64) + 0.5
-        self._advance()
+        if self._target is not None:  # the marine walks toward its target
+            delta = self._target - self._marine
+            dist = math.hypot(delta[0], delta[1])
+            if dist <= self.speed:
+                self._marine = self._target.copy()
+            else:
+                self._marine = self._marine + delta * (self.speed / dist)
         reward = 0.0
         if np.linalg.norm(self._marine - (self._beacon + 0.5)) <= self.radius + 0.5:
             reward = 1.0
             self._spawn_beacon()
         self._t += 1
         return self._observe(), reward, False, self._t >= self.episode_steps
-
-    def _advance(self) -> None:
-        if self._target is None:
-            return
-        delta = self._target - self._marine
-        dist = math.hypot(delta[0], delta[1])
-        if dist <= self.speed:
-            self._marine = self._target.copy()
-        else:
-            self._marine = self._marine + delta * (self.speed / dist)
 
     # -- observations -----------------------------------------------------------------
     def _observe(self) -> Observation:
