@@ -104,9 +104,7 @@ class BeaconEnv:
     # -- observations -----------------------------------------------------------------
     def _observe(self) -> Observation:
         res = self.res
-        player_relative = np.zeros((res, res), dtype=np.uint8)
-        density = np.zeros((res, res), dtype=np.uint8)
-        selected = np.zeros((res, res), dtype=np.uint8)
+        player_relative, density, selected = np.zeros((3, res, res), dtype=np.uint8)
         cells = self._disc + self._beacon
         player_relative[cells[:, 1], cells[:, 0]] = PLAYER_RELATIVE_NEUTRAL
         density[cells[:, 1], cells[:, 0]] += 1
