@@ -1,10 +1,5 @@
-"""The spatial + non-spatial Q-network: `policy_net(screen, minimap, nonspatial)`.
-
-Screen and minimap layers go through a small fully convolutional trunk; a 1x1 convolution
-gives one Q-value per screen cell for the move action, and pooled trunk features with the
-non-spatial features feed `action_head`, which scores the functions (no-op, select army,
-move). Q(move to x, y) = action_head[move] + spatial[y, x].
-"""
+"""The spatial + non-spatial Q-network: one Q-value per function (no-op, select army,
+move) and per screen cell, Q(move to x, y) = action_head[move] + spatial[y, x]."""
 
 from __future__ import annotations
 
