@@ -111,8 +111,7 @@ def run(cfg: RunConfig) -> RunResult:
             "complete": summary.complete,
             "stop_reason": summary.stop_reason,
             "target_episodes": cfg.episodes,
-            "seeds": {str(s.seed): {"episodes": s.episodes, "complete": s.complete}
-                      for s in summary.seeds},
+            "seeds": summary.seeds,
             "world_size": ctx.world_size,
             "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "warnings": [],

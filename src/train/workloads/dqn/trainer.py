@@ -36,7 +36,7 @@ from train.workloads.runtime.checkpoint import CheckpointManager
 from train.workloads.runtime.memory import preallocate, training_state_bytes
 from train.workloads.runtime.precision import PrecisionPolicy
 from train.workloads.runtime.progress import Progress
-from train.workloads.runtime.results import RunSummary, SeedOutcome
+from train.workloads.runtime.results import RunSummary
 
 log = logging.getLogger(__name__)
 
@@ -322,23 +322,22 @@ class SeedRun:
 def train(cfg: RunConfig, ctx: DistContext, precision: PrecisionPolicy,
           stopper: StopController) -> RunSummary:
     """Train every seed in turn; returns what happened (results written by rank 0)."""
-    outcomes: list[SeedOutcome] = []
+    outcomes: dict[str, dict[str, Any]] = {}
     for seed in cfg.seeds:
         done = read_json_object(cfg.out_dir / f"seed_{seed}" / "summary.json", None)
         if done.get("complete") and int(done.get("episodes", 0)) >= cfg.episodes:
             log.info("seed %d already complete (%d episodes); skipping", seed,
                      done["episodes"])
-            outcomes.append(SeedOutcome(seed, int(done["episodes"]), True))
+            outcomes[str(seed)] = {"episodes": int(done["episodes"]), "complete": True}
             continue
-        outcome = _train_seed(cfg, seed, ctx, precision, stopper)
-        outcomes.append(outcome)
-        if not outcome.complete:
+        outcomes[str(seed)] = _train_seed(cfg, seed, ctx, precision, stopper)
+        if not outcomes[str(seed)]["complete"]:
             return RunSummary(False, stopper.reason, outcomes)
     return RunSummary(True, None, outcomes)
 
 
 def _train_seed(cfg: RunConfig, seed: int, ctx: DistContext, precision: PrecisionPolicy,
-                stopper: StopController) -> SeedOutcome:
+                stopper: StopController) -> dict[str, Any]:
     run = SeedRun(cfg, seed, ctx, precision)
     try:
         what = f"optimizer state and a batch of {cfg.batch_size} at res {cfg.res}"
@@ -362,7 +361,7 @@ def _train_seed(cfg: RunConfig, seed: int, ctx: DistContext, precision: Precisio
             # a stopped chunk must leave at once: the chunk that finishes evaluates
             evaluation = run.evaluate() if cfg.eval_episodes and complete else None
             _write_seed_results(cfg, run, complete, evaluation, digests)
-        return SeedOutcome(seed, run.episode, complete)
+        return {"episodes": run.episode, "complete": complete}
     finally:
         run.env.close()
 

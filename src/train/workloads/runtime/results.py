@@ -245,25 +245,17 @@ class RunLock:
 
 
 @dataclass
-class SeedOutcome:
-    seed: int
-    episodes: int
-    complete: bool
-
-
-@dataclass
 class RunSummary:
     complete: bool
     stop_reason: str | None
-    seeds: list[SeedOutcome]
+    seeds: dict[str, dict[str, Any]]  # status.json's: {"4": {"episodes": 50, "complete": true}}
 
 
 def work_done(cfg: RunConfig, summary: RunSummary) -> int:
     """Episodes trained over all seeds, each seed counted up to the target (progress DONE)."""
-    trained = {s.seed: s.episodes for s in summary.seeds}
     done = 0
     for seed in cfg.seeds:
-        episodes = trained.get(seed)
+        episodes = summary.seeds.get(str(seed), {}).get("episodes")
         if episodes is None:  # not reached in this chunk: what an earlier chunk recorded
             recorded = read_json_object(cfg.out_dir / f"seed_{seed}" / "summary.json",
                                         None).get("episodes")
