@@ -35,8 +35,7 @@ from train.workloads.runrecord import batch_fallback
 from train.workloads.runtime.checkpoint import CheckpointManager
 from train.workloads.runtime.memory import preallocate, training_state_bytes
 from train.workloads.runtime.precision import PrecisionPolicy
-from train.workloads.runtime.progress import Progress
-from train.workloads.runtime.results import RunSummary
+from train.workloads.runtime.results import Progress, RunSummary
 
 log = logging.getLogger(__name__)
 
