@@ -13,7 +13,6 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from train.batch import contract
@@ -39,13 +38,6 @@ from train.workloads.runtime.precision import resolve_precision
 log = logging.getLogger(__name__)
 
 HOST_ENV_CHECK = ("PYTHONPATH", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "VIRTUAL_ENV")
-
-
-@dataclass(frozen=True)
-class RunResult:
-    complete: bool
-    stop_reason: str | None
-    status: dict[str, Any]
 
 
 def validate(cfg: RunConfig) -> None:
@@ -91,7 +83,7 @@ def check_memory(cfg: RunConfig) -> None:
                           f"{free / gib:.1f} GiB available); lower --replay-size or --res")
 
 
-def run(cfg: RunConfig) -> RunResult:
+def run(cfg: RunConfig) -> results.RunSummary:
     validate(cfg)
     stopper = StopController(effective_budget(cfg.time_budget))
     alloc_conf = apply_allocator_settings()
@@ -107,7 +99,7 @@ def run(cfg: RunConfig) -> RunResult:
             _start_run(cfg, ctx, lock, {"precision": precision.name, "allocator": alloc_conf})
         with stopper:
             summary = trainer.train(cfg, ctx, precision, stopper)
-        status: dict[str, Any] = {
+        summary.status = {
             "complete": summary.complete,
             "stop_reason": summary.stop_reason,
             "target_episodes": cfg.episodes,
@@ -117,7 +109,7 @@ def run(cfg: RunConfig) -> RunResult:
             "warnings": [],
         }
         if ctx.is_main:
-            _record_outcome(cfg, summary, status)
+            _record_outcome(cfg, summary)
         ctx.barrier()
         if summary.complete and ctx.is_main:  # what it did, and where the results are
             for line in results.outcome_lines(cfg.out_dir, cfg.seeds, cfg.results_csv_path):
@@ -125,7 +117,7 @@ def run(cfg: RunConfig) -> RunResult:
         elif not summary.complete:
             log.warning("run stopped before the end (%s); resume with the same command",
                         summary.stop_reason)
-        return RunResult(summary.complete, summary.stop_reason, status)
+        return summary
 
 
 def _start_run(cfg: RunConfig, ctx: DistContext, lock: contextlib.ExitStack,
@@ -151,13 +143,12 @@ def _start_run(cfg: RunConfig, ctx: DistContext, lock: contextlib.ExitStack,
         }))
 
 
-def _record_outcome(cfg: RunConfig, summary: results.RunSummary, status: dict[str, Any]
-                    ) -> None:
+def _record_outcome(cfg: RunConfig, summary: results.RunSummary) -> None:
     """Rank 0 at the end of every chunk. The completion record comes first: a finished
     chunk whose CSV append or plot fails (flock is ENOSYS on some Lustre mounts; a full
     disk) must still end its chain, or every rerun fails the same way."""
     status_path = cfg.out_dir / "status.json"
-    write_json_atomic(status_path, status)
+    write_json_atomic(status_path, summary.status)
     marker = cfg.out_dir / contract.COMPLETE_MARKER
     if summary.complete:
         marker.touch()
@@ -172,9 +163,9 @@ def _record_outcome(cfg: RunConfig, summary: results.RunSummary, status: dict[st
         return
     for message in warnings:
         log.warning("%s", message)
-    status["warnings"] = warnings
+    summary.status["warnings"] = warnings
     try:
-        write_json_atomic(status_path, status)
+        write_json_atomic(status_path, summary.status)
     except OSError as exc:
         log.warning("could not record these warnings in %s: %s", status_path, exc)
 

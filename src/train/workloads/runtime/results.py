@@ -20,7 +20,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -252,6 +252,7 @@ class RunSummary:
     complete: bool
     stop_reason: str | None
     seeds: dict[str, dict[str, Any]]  # status.json's: {"4": {"episodes": 50, "complete": true}}
+    status: dict[str, Any] = field(default_factory=dict)  # status.json, once `train run` wrote it
 
 
 def work_done(cfg: RunConfig, summary: RunSummary) -> int:
