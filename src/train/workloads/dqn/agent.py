@@ -43,9 +43,7 @@ class DQNAgent:
         self.res = spec.res
         self.device = device
         self.precision = precision
-        self.gamma = cfg.gamma
-        self.batch_size = cfg.batch_size
-        self.target_update = cfg.target_update
+        self.cfg = cfg
         self.policy = QNetwork(spec).to(device)
         self.target = copy.deepcopy(self.policy).requires_grad_(False).eval()
         # DDP (when given) wraps the net used for training; acting and evaluation run the
@@ -82,7 +80,7 @@ class DQNAgent:
                 q_next = masked_fill_unavailable(q_next,
                                                  action_mask(b["next_available"], self.res))
                 best_next = q_next.max(dim=1).values
-        discount = self.gamma * (~b["terminal"]).float()
+        discount = self.cfg.gamma * (~b["terminal"]).float()
         target = b["reward"].clamp(-REWARD_CLAMP, REWARD_CLAMP) + discount * best_next.float()
         loss = F.smooth_l1_loss(q_taken.float(), target)
         self.optimizer.zero_grad(set_to_none=True)
@@ -97,7 +95,7 @@ class DQNAgent:
             nn.utils.clip_grad_norm_(self.policy.parameters(), GRAD_CLIP)
             self.optimizer.step()
         self.updates += 1
-        if self.updates % self.target_update == 0:
+        if self.updates % self.cfg.target_update == 0:
             self.target.load_state_dict(self.policy.state_dict())
         return loss.detach()
 
@@ -107,7 +105,7 @@ class DQNAgent:
     def dummy_step(self) -> None:
         """Allocate Adam's state and a full batch's activations, changing nothing: then the
         state is reset in place to a fresh optimizer's, keeping the memory."""
-        b = self.dummy_batch(self.batch_size)
+        b = self.dummy_batch(self.cfg.batch_size)
         with self.precision.autocast():
             q = self.train_net(b["screen"], b["minimap"], b["nonspatial"])
             with torch.no_grad():

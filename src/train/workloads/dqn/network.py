@@ -14,7 +14,6 @@ class QNetwork(nn.Module):
 
     def __init__(self, spec: ObsSpec, trunk: int = 32, hidden: int = 128) -> None:
         super().__init__()
-        self.spec = spec
         in_ch = spec.screen_channels + spec.minimap_channels
         scales = [1.0 / s for _, s in SCREEN_LAYERS] + [1.0 / s for _, s in MINIMAP_LAYERS]
         self.register_buffer("scale", torch.tensor(scales).view(1, in_ch, 1, 1),

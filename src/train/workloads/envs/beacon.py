@@ -20,7 +20,6 @@ from train.workloads.envs.spec import (
     PLAYER_RELATIVE_SELF,
     SELECT_ARMY,
     Observation,
-    ObsSpec,
     decode_action,
     nonspatial_features,
 )
@@ -36,7 +35,6 @@ class BeaconEnv:
     def __init__(self, res: int, episode_steps: int, seed: int | list[int]) -> None:
         if res < 4:
             raise ValueError(f"res must be at least 4, got {res}")
-        self.spec = ObsSpec(res)
         self.res = res
         self.episode_steps = episode_steps
         self.radius = max(1, res // 16)

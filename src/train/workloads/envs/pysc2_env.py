@@ -23,7 +23,6 @@ from train.workloads.envs.spec import (
     SCREEN_LAYERS,
     SELECT_ARMY,
     Observation,
-    ObsSpec,
     decode_action,
     nonspatial_features,
 )
@@ -126,7 +125,6 @@ class Pysc2Env:
 
         if not flags.FLAGS.is_parsed():
             flags.FLAGS.mark_as_parsed()
-        self.spec = ObsSpec(res)
         self.res = res
         self.converted = 0
         self._actions = actions
