@@ -40,7 +40,6 @@ class DQNAgent:
                  precision: PrecisionPolicy,
                  wrap: Callable[[nn.Module], nn.Module] | None = None) -> None:
         self.spec = spec
-        self.res = spec.res
         self.device = device
         self.precision = precision
         self.cfg = cfg
@@ -56,13 +55,13 @@ class DQNAgent:
     # -- acting -----------------------------------------------------------------------
     def act(self, obs: Observation, epsilon: float, rng: np.random.Generator) -> int:
         if rng.random() < epsilon:
-            return random_available_action(obs.available, self.res, rng)
+            return random_available_action(obs.available, self.spec.res, rng)
         screen, minimap, nonspatial, available = (
             torch.from_numpy(a).to(self.device)[None]
             for a in (obs.screen, obs.minimap, obs.nonspatial, obs.available))
         with torch.no_grad(), self.precision.autocast():
             q = self.policy(screen, minimap, nonspatial)
-        return int(masked_fill_unavailable(q, action_mask(available, self.res))
+        return int(masked_fill_unavailable(q, action_mask(available, self.spec.res))
                    .argmax(dim=1).item())
 
     # -- learning ---------------------------------------------------------------------
@@ -78,7 +77,7 @@ class DQNAgent:
             with torch.no_grad():
                 q_next = self.target(b["next_screen"], b["next_minimap"], b["next_nonspatial"])
                 q_next = masked_fill_unavailable(q_next,
-                                                 action_mask(b["next_available"], self.res))
+                                                 action_mask(b["next_available"], self.spec.res))
                 best_next = q_next.max(dim=1).values
         discount = self.cfg.gamma * (~b["terminal"]).float()
         target = b["reward"].clamp(-REWARD_CLAMP, REWARD_CLAMP) + discount * best_next.float()
