@@ -9,8 +9,6 @@ mappings merge), so a site change is a three-line file.
 
 from __future__ import annotations
 
-import copy
-import functools
 import os
 from collections.abc import Iterable, Mapping
 from importlib import resources
@@ -47,13 +45,6 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def _shipped() -> list[tuple[str, dict[str, Any]]]:
-    """The package's profiles, parsed once per process (`train submit` resolves a job twice
-    where the Slurm release decides its --time-min); a copy each call, to build on."""
-    return copy.deepcopy(_parse_shipped())
-
-
-@functools.cache
-def _parse_shipped() -> list[tuple[str, dict[str, Any]]]:
     folder = resources.files("train.client.clusters") / "data"
     found = []
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
