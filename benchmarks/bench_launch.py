@@ -114,6 +114,7 @@ def hand(work: Path, env: dict[str, str], mode: str, i: int) -> tuple[float, str
 def main() -> None:
     rows: list[str] = []
     runs: list[str] = []
+    load = [os.getloadavg()[0]]
     with local_slurm("tl") as (cluster_env, cluster), tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         env = direct_python3(cluster_env, work / "bin")
@@ -143,6 +144,7 @@ def main() -> None:
                         f"{less} |")
             runs.append(f"- {mode}: ours {', '.join(f'{t:.2f}' for t in t_ours)}; "
                         f"hand-written {', '.join(f'{t:.2f}' for t in t_hand)}")
+    load.append(os.getloadavg()[0])
     body = "\n".join([
         "## train launch on 2 nodes (goal: <= 1.05x a hand-written srun job)",
         "",
@@ -154,7 +156,9 @@ def main() -> None:
         "chain engine per chunk and per task, `train launch`); hand-written: `sbatch "
         "--wrap \"srun bash -c '...'\"` setting the rank variables (tasks) or calling "
         "torchrun with a static rendezvous (torchrun) by hand. The jobs' python3 is an "
-        "interpreter, not a version manager's shim (see the script's docstring).",
+        "interpreter, not a version manager's shim (see the script's docstring). Load "
+        f"average (1 min) at the start and the end: {load[0]:.1f}, {load[1]:.1f} (other "
+        "work on the machine slows both sides' runs alike, not their order).",
         "",
         "The last three columns take out each job's wait for the scheduler's pass (its "
         "submission, or ours' release, to its start in slurmctld's log): Slurm's, the "
