@@ -1,36 +1,11 @@
 """What the login node can check before a job is queued, so that nothing it could have
-found is left for the compute node after the queue wait.
-
-`train submit` refuses (exit 2, naming the flag and the fix) a job whose
-- image is not there, or is not a SIF (apptainer), or is not in the Docker engine that
-  answers here (docker; an engine that does not answer is said, not refused);
-- program is not there: a `--entry command` program or `python SCRIPT` given as a path
-  (absolute, or relative to the folder the program runs in), a NAVSIM script, and with
-  `--runtime none` a program name that is not on this PATH (the nodes get this PATH);
-  paths inside the image are not checked;
-- `--python` (runtime none) cannot import torch where the job needs it, or this package
-  (every job step runs `train run` or `train launch` with it); asked with
-  importlib.util.find_spec: nothing is imported;
-- run folder holds an earlier run of the same name with other settings (the rule
-  `train run` applies on the node: train.workloads.runrecord), or of another --entry;
-- profile's binds (in a container: the site's shared file systems) are not folders here;
-- NAVSIM's data (in a container) is not bound where the image reads it, or the --data
-  folder has no dataset/ or dataset/maps;
-- command starts a launcher of its own inside the job's step: srun, or torchrun (or
-  python -m torch.distributed.run) where the job already starts a process per GPU;
-- chain engine has no python3 (3.6 or newer) on the job's PATH (checks.engine).
-
-The image, program, Python and NAVSIM data checks look at files and programs:
-`--no-check` skips them, for a login node that does not see what the nodes see. `train
-render` says the same as warnings (it works anywhere, a laptop included). Also at submit: the
-COMPLETE marker an earlier run left in the folder is cleared (the scheduler does it, once
-chunk 1 is queued), and SBATCH_* variables of the environment are not passed to sbatch
-(`sbatch_environment`): every chunk runs with exactly the job spec's options. Where Slurm
-refuses a job with --sbatch-extra options and accepts it without them, the refusal is
-said as theirs.
-
-The checks live in train.client.slurm.checks, one module per family; this one runs them in
-order.
+found is left for the compute node after the queue wait: the checks of
+train.client.slurm.checks (one module per family, each saying what it refuses), run here
+in order. `train submit` refuses (exit 2, naming the flag and the fix) what they find;
+`train render` says the same as warnings (it works anywhere, a laptop included).
+`--no-check` skips those that look at files and programs (the image, the program, the
+Pythons, NAVSIM's data, Slurm's `--test-only`), for a login node that does not see what
+the nodes see.
 """
 
 from __future__ import annotations
@@ -77,12 +52,10 @@ def check_jobs(jobs: Sequence[ResolvedJob], *, submitting: bool, no_check: bool 
         notes += seen
     for job in jobs:
         found += run_folder_problems(job, submitting, notes)
-    if submitting and jobs and not no_check:  # the chain engine's python3 on this PATH
-        problems, seen = engine_problems(jobs[0], env)
-        found += problems
-        notes += seen
-    if submitting and jobs and not no_check:  # resources: Slurm is asked (slurm.testonly)
-        problems, seen = resource_problems(jobs[0], env)
+    # the chain engine's python3 on this PATH, then the resources (Slurm asked: testonly)
+    late = (engine_problems, resource_problems) if submitting and jobs and not no_check else ()
+    for check in late:
+        problems, seen = check(jobs[0], env)
         found += problems
         notes += seen
     if not found:

@@ -35,33 +35,25 @@ def _where(job: ResolvedJob, field: str) -> str:
     base = f"profile {prof.name} ({prof.source})"
     nodes = f"partitions.{node.name}" if node.name in prof.partitions else \
         f"constraints.{node.name}"
-    if field == "constraint":
-        return f"--constraint {job.constraint}"
-    if field == "nodes":
-        return f"--nodes {spec.nodes} (the profile's {nodes}.max_nodes is {node.max_nodes})"
-    if field == "partition":
-        if spec.partition:
-            return f"--partition {spec.partition}"
-        return f"--partition {job.partition} (from {base}: partition.default)"
-    if field == "time":
-        limit = "none" if node.max_minutes is None else format_time(node.max_minutes)
-        source = "--time" if spec.time else f"{base}: default_time"
-        return (f"--time {format_time(job.minutes)} (from {source}; the profile's "
-                f"{nodes}.max_time is {limit})")
-    if field == "account":
-        return f"--account {spec.account}"
-    if field == "qos":
-        return f"--qos {job.qos}" + ("" if spec.qos else f" (from {base}: qos.default)")
-    if field == "mem":
-        return (f"--mem {format_mem(job.mem_mb)} (the profile's {nodes}.mem_per_node is "
-                f"{format_mem(node.mem_mb)})")
-    if field == "cpus_per_task":
-        return (f"--cpus-per-task {spec.cpus_per_task} (the profile's {nodes}.cpus_per_node "
-                f"is {node.cpus_per_node})")
+    limit = "none" if node.max_minutes is None else format_time(node.max_minutes)
+    source = "--time" if spec.time else f"{base}: default_time"
     typed = f" --gpu-type {spec.gpu_type}" if spec.gpu_type else ""
-    return (f"--gpus-per-node {spec.gpus_per_node}{typed} --nodes {spec.nodes} (the "
-            f"profile's {nodes} says {node.gpus_per_node} GPUs per node, types "
-            f"{', '.join(node.gpu_types) or 'none'}; {base})")
+    return {
+        "constraint": f"--constraint {job.constraint}",
+        "nodes": f"--nodes {spec.nodes} (the profile's {nodes}.max_nodes is {node.max_nodes})",
+        "partition": f"--partition {spec.partition}" if spec.partition
+        else f"--partition {job.partition} (from {base}: partition.default)",
+        "time": f"--time {format_time(job.minutes)} (from {source}; the profile's "
+                f"{nodes}.max_time is {limit})",
+        "account": f"--account {spec.account}",
+        "qos": f"--qos {job.qos}" + ("" if spec.qos else f" (from {base}: qos.default)"),
+        "mem": f"--mem {format_mem(job.mem_mb)} (the profile's {nodes}.mem_per_node is "
+               f"{format_mem(node.mem_mb)})",
+        "cpus_per_task": f"--cpus-per-task {spec.cpus_per_task} (the profile's "
+                         f"{nodes}.cpus_per_node is {node.cpus_per_node})",
+    }.get(field) or (f"--gpus-per-node {spec.gpus_per_node}{typed} --nodes {spec.nodes} (the "
+                     f"profile's {nodes} says {node.gpus_per_node} GPUs per node, types "
+                     f"{', '.join(node.gpu_types) or 'none'}; {base})")
 
 
 def _beyond_nodes(job: ResolvedJob, environ: dict[str, str]) -> tuple[str, str] | None:
