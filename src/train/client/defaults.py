@@ -85,18 +85,6 @@ def merged(defaults: Mapping[str, Any], job_file: Mapping[str, Any],
     return out
 
 
-def _check(values: Mapping[str, Any], profiles: list[str]) -> None:
-    """Validate as a job would be: every key and value, and the cluster's name."""
-    from train.client.slurm.jobspec import JobSpec
-    from train.common.fields import build
-
-    build(JobSpec, {**values, "workload": ["demo"]}, None)
-    cluster = values.get("cluster")
-    if cluster is not None and cluster not in profiles:
-        raise ConfigError("cluster", f"unknown cluster {cluster!r}; known: "
-                          f"{', '.join(profiles)}")
-
-
 def ask(profiles: list[str], current: Mapping[str, Any],
         read: Callable[[str], str] = input) -> dict[str, Any]:
     """Questions on a terminal; an empty answer keeps the current value, '-' clears it."""
@@ -137,7 +125,14 @@ def write_defaults(values: Mapping[str, Any], profiles: list[str], path: Path
             if not os.path.exists(bind.src):
                 raise ConfigError("bind", f"{bind.src} does not exist")
         clean["bind"] = [b.spec for b in binds]
-    _check(clean, profiles)
+    # validated as a job would be: every key and value, and the cluster's name
+    from train.client.slurm.jobspec import JobSpec
+    from train.common.fields import build
+
+    build(JobSpec, {**clean, "workload": ["demo"]}, None)
+    if clean.get("cluster") is not None and clean["cluster"] not in profiles:
+        raise ConfigError("cluster", f"unknown cluster {clean['cluster']!r}; known: "
+                          f"{', '.join(profiles)}")
     # a dotfiles link stays a link: the file it names is the one rewritten
     target = Path(os.path.realpath(path)) if path.is_symlink() else path
     if path.is_symlink() and not target.exists():

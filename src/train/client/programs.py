@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from train.client.slurm.jobspec import DEFAULT_PYTHON
+from train.common.jsonio import read_bounded
 
 SCRIPT_LIMIT = 4 * 2**20  # a script is read up to this size
 _LIGHTNING = re.compile(rb"^[ \t]*(?:import|from)[ \t]+(?:lightning|pytorch_lightning)\b",
@@ -47,13 +48,7 @@ def script_text(command: Sequence[str], folder: str | os.PathLike[str] | None = 
                 ) -> bytes:
     """The start (SCRIPT_LIMIT) of the command's script; empty where it cannot be read."""
     path = script_of(command, folder)
-    if path is None:
-        return b""
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(SCRIPT_LIMIT)
-    except OSError:
-        return b""
+    return (read_bounded(path, SCRIPT_LIMIT) if path is not None else None) or b""
 
 
 def imports_lightning(command: Sequence[str], folder: str | os.PathLike[str] | None = None
@@ -93,16 +88,13 @@ def submit_notes(entry: str, command: Sequence[str], launch: str, run_dir: str,
 PROGRAM_NAME = re.compile(r"python[0-9.]*|(ba|z|da)?sh|torchrun|accelerate|deepspeed")
 _KNOWN_PROGRAMS = ("python", "python3", "bash", "torchrun", "accelerate", "deepspeed")
 
-# the interpreter names a command starts with that --python stands for under runtime none
-_PLAIN_PYTHONS = ("python", "python3")
-
 
 def command_as_run(command: Sequence[str], runtime: str, python: str) -> list[str]:
     """The command as the nodes run it: verbatim, except that under runtime none with a
     --python of the user's a bare `python` or `python3` first is that Python, the one
     submit checked (not whichever the nodes' PATH finds first, which may lack torch)."""
     if runtime == "none" and python != DEFAULT_PYTHON and command \
-            and command[0] in _PLAIN_PYTHONS:
+            and command[0] in ("python", "python3"):
         return [python, *command[1:]]
     return list(command)
 

@@ -100,25 +100,19 @@ def _run_dir(spec: JobSpec) -> Path:
     return run_dir
 
 
-def _navsim_data(data: str) -> Path:
-    """--data, absolute: a directory (NAVSIM's dataset/, its maps and exp/)."""
-    path = Path(os.path.abspath(data))
-    try:
-        is_dir = path.is_dir()
-    except OSError as exc:  # a name too long for the file system, a link loop
-        raise ConfigError("data", f"{shown(str(path))}: {exc.strerror or exc}") from None
-    if not is_dir:
-        raise ConfigError("data", f"{path} is not a directory (it should hold NAVSIM's "
-                          "dataset/ and maps, and exp/ for the experiments)")
-    return path
-
-
 def _extra_binds(spec: JobSpec, run_dir: Path) -> list[Bind]:
     """The job's --bind items and NAVSIM's --data (at NAVSIM_DATA_ROOT in a container),
     each with an existing source, none hiding the run directory, one source a target."""
     extra = [parse_bind(b) for b in spec.bind]
-    if spec.data is not None:
-        data = _navsim_data(spec.data)
+    if spec.data is not None:  # a directory: NAVSIM's dataset/, its maps and exp/
+        data = Path(os.path.abspath(spec.data))
+        try:
+            is_dir = data.is_dir()
+        except OSError as exc:  # a name too long for the file system, a link loop
+            raise ConfigError("data", f"{shown(str(data))}: {exc.strerror or exc}") from None
+        if not is_dir:
+            raise ConfigError("data", f"{data} is not a directory (it should hold NAVSIM's "
+                              "dataset/ and maps, and exp/ for the experiments)")
         if spec.runtime != "none":  # (on the node itself: the roots are set, see resolve)
             extra.append(Bind(str(data), NAVSIM_DATA_ROOT))
     for bind in extra:

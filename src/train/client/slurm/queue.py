@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import subprocess
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +18,6 @@ log = logging.getLogger(__name__)
 
 ACTIVE_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING",
                  "SUSPENDED", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT"}
-_ACCOUNTING_OFF = "accounting storage is disabled"
 QUERY_BATCH = 1000  # job ids per squeue/sacct call (19 bytes each, far under ARG_MAX)
 
 
@@ -37,7 +37,7 @@ def _is_number(text: str) -> bool:
 
 def _is_job_ref(text: str) -> bool:
     """A job id, or ARRAY_TASK: a sweep's array task before it starts (it then records
-    its own job id, see job-lib.sh's train_array_task)."""
+    its own job id, see train.batch.chunk's array_task)."""
     array, sep, task = text.partition("_")
     return _is_number(array) and (not sep or _is_number(task))
 
@@ -81,8 +81,9 @@ def parse_squeue_json(text: str) -> dict[str, dict[str, Any]]:
     return out
 
 
-def parse_sacct(text: str) -> dict[str, dict[str, Any]]:
-    """`sacct -P -n -o JobIDRaw,State,ExitCode` (also with -c) -> {job id: {state, exit}}.
+def parse_sacct(text: str, tasks: bool = False) -> dict[str, dict[str, Any]]:
+    """`sacct -P -n -o JobIDRaw,State,ExitCode` (also with -c) -> {job id: {state, exit}};
+    with `tasks`, `-o JobID,...` -> {ARRAY_TASK or job id: ...}.
 
     Job steps (ids with a dot) are skipped; 'CANCELLED by 0' becomes CANCELLED.
     """
@@ -91,8 +92,8 @@ def parse_sacct(text: str) -> dict[str, dict[str, Any]]:
         parts = line.strip().split("|")
         if len(parts) < 3 or not parts[0] or "." in parts[0]:
             continue
-        job_id = parts[0].split("_")[0]
-        if not _is_number(job_id):
+        job_id = parts[0] if tasks else parts[0].split("_")[0]
+        if not (_is_job_ref if tasks else _is_number)(job_id):
             continue
         words = parts[1].split()
         out[job_id] = {"state": words[0] if words else "UNKNOWN", "exit": parts[2]}
@@ -125,29 +126,28 @@ def job_states(ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         log.debug("squeue failed: %s", exc)
     missing = [i for i in ids if i not in states]
     if missing:
-        argv = ["sacct", "-P", "-n", "-o", "JobIDRaw,State,ExitCode", "-j",
-                ",".join(missing)]
         try:
-            proc = _proc.run(argv, check=False)
-            if _ACCOUNTING_OFF in (proc.stdout + proc.stderr):
-                proc = _proc.run(["sacct", "-c", *argv[1:]], check=False)
+            proc = _sacct("JobIDRaw", missing)
         except _proc.ProcError as exc:  # not on PATH (not a login node), or hung
-            raise ResourceError(f"cannot reach Slurm: sacct: {_tail(str(exc))}") from None
+            raise ResourceError(f"cannot reach Slurm: sacct: {_proc.tail(str(exc))}") from None
         if proc.returncode != 0 and squeue_error:
             # neither answered: the jobs' states are not known, and must not read as ended
-            raise ResourceError(f"cannot reach Slurm: squeue: {_tail(squeue_error)}; sacct: "
-                                f"{_tail(proc.stderr) or proc.returncode}")
+            raise ResourceError(f"cannot reach Slurm: squeue: {_proc.tail(squeue_error)}; "
+                                f"sacct: {_proc.tail(proc.stderr) or proc.returncode}")
         found = parse_sacct(proc.stdout)
         for job_id in missing:
             states[job_id] = found.get(job_id, {"state": "UNKNOWN"})
     return states
 
 
-
-def _tail(text: str, limit: int = 300) -> str:
-    """The end of a command's stderr, on one line, at most `limit` characters, without
-    terminal escapes."""
-    return _proc.tail(text, limit)
+def _sacct(job_field: str, ids: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """sacct on these jobs, or the job completion log (`sacct -c`) where accounting
+    storage is disabled."""
+    argv = ["sacct", "-P", "-n", "-o", f"{job_field},State,ExitCode", "-j", ",".join(ids)]
+    proc = _proc.run(argv, check=False)
+    if "accounting storage is disabled" in proc.stdout + proc.stderr:
+        proc = _proc.run(["sacct", "-c", *argv[1:]], check=False)
+    return proc
 
 
 def array_task_states(refs: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -172,25 +172,19 @@ def array_task_states(refs: Sequence[str]) -> dict[str, dict[str, Any]]:
             out[ref] = {"state": state or "UNKNOWN", "reason": reason or None}
     missing = [r for r in refs if r not in out]
     if missing:
-        argv = ["sacct", "-P", "-n", "-o", "JobID,State,ExitCode", "-j", ",".join(missing)]
         answer = ""
         try:
-            proc = _proc.run(argv, check=False)
-            if _ACCOUNTING_OFF in proc.stdout + proc.stderr:
-                proc = _proc.run(["sacct", "-c", *argv[1:]], check=False)
+            proc = _sacct("JobID", missing)
             sacct_error = "" if proc.returncode == 0 else (proc.stderr or
                                                            f"exit {proc.returncode}")
             answer = proc.stdout
         except _proc.ProcError as exc:
             sacct_error = str(exc)
         if squeue_error and sacct_error:
-            raise ResourceError(f"cannot reach Slurm: squeue: {_tail(squeue_error)}; "
-                                f"sacct: {_tail(sacct_error)}")
-        for line in answer.splitlines() if not sacct_error else []:
-            parts = line.strip().split("|")
-            if len(parts) >= 3 and parts[0] in missing:
-                out[parts[0]] = {"state": (parts[1].split() or ["UNKNOWN"])[0],
-                                 "exit": parts[2]}
+            raise ResourceError(f"cannot reach Slurm: squeue: {_proc.tail(squeue_error)}; "
+                                f"sacct: {_proc.tail(sacct_error)}")
+        found = parse_sacct(answer, tasks=True) if not sacct_error else {}
+        out.update({ref: found[ref] for ref in missing if ref in found})
     for ref in refs:
         out.setdefault(ref, {"state": "UNKNOWN"})
     return out

@@ -3,7 +3,7 @@
 `{newest:GLOB}` in a word of --resume-args stands for the newest path that matches GLOB
 when the chunk starts (relative to where the program runs), e.g.
 `--resume_from_checkpoint {newest:out/checkpoint-*}` or `ckpt_path={newest:ckpt/*.ckpt}`.
-The batch shell (job-lib-resume.sh) expands it; this module checks the syntax at submit so
+The chain engine (train.batch.saves) expands it; this module checks the syntax at submit so
 that a malformed one is refused before anything is queued. A sweep's `{value}`, `{index}`
 and `{task_dir}` (train.client.slurm.sweepargs puts them in) may stand inside GLOB.
 A placeholder written with doubled braces (`{{value}}`, `{{newest:GLOB}}`) is its letters

@@ -105,12 +105,16 @@ def field_of(message: str) -> str:
     return next((f for words, f in _CAUSES if words in low), "")
 
 
-def refusal(job: ResolvedJob, script: str, environ: dict[str, str],
-            begin: str | None = None) -> tuple[str, str] | None:
-    """(field, text) where Slurm refuses this job's script (asked to start at `begin`,
-    sbatch's --begin, where given); ('', note) where sbatch failed with words that name
-    nothing of the job (submitting goes on: sbatch says it again or works); None where it
-    accepts it or cannot be asked (no sbatch here: submitting says so)."""
+def ask(job: ResolvedJob, environ: dict[str, str], begin: str | None = None
+        ) -> tuple[str, str] | None:
+    """(field, text) where Slurm refuses the script `train submit` would queue for this job
+    (asked to start at `begin`, sbatch's --begin, where given); ('', note) where sbatch
+    failed with words that name nothing of the job (submitting goes on: sbatch says it
+    again or works); None where it accepts it or cannot be asked (no sbatch here:
+    submitting says so)."""
+    from train.client.slurm.render import render
+
+    script = render(job)
     if shutil.which("sbatch", path=environ.get("PATH")) is None:
         return None
     with tempfile.TemporaryDirectory(prefix="train-test-only.") as folder:
@@ -137,14 +141,6 @@ def refusal(job: ResolvedJob, script: str, environ: dict[str, str],
                    f"{where}; nothing was queued; `train clusters probe "
                    f"{job.profile.name}` compares the profile with the site (--no-check "
                    "submits without asking)")
-
-
-def ask(job: ResolvedJob, environ: dict[str, str], begin: str | None = None
-        ) -> tuple[str, str] | None:
-    """`refusal` for the script `train submit` would queue for this job."""
-    from train.client.slurm.render import render
-
-    return refusal(job, render(job), environ, begin)
 
 
 # Slurm 22.05 starts a job that has --time-min with that minimum as its time limit even on
