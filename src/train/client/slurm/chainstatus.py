@@ -9,7 +9,7 @@ from typing import Any
 
 from train.batch import contract
 from train.batch.records import chunks_left
-from train.client.slurm import chaincost, queue, reasons, reservations
+from train.client.slurm import chaincost, queue, reservations
 from train.client.slurm.chain import _DECISIVE, EVENTS_LIMIT, Chain, _read_text, parse_events
 from train.client.slurm.chunkends import (
     _WITH_PROGRESS,
@@ -378,7 +378,7 @@ def _chunk_rows(record: dict[str, Any], pairs: list[tuple[int, str]],
     limit = limit if isinstance(limit, int) else 0
     for number, job_id in pairs:
         s = states.get(job_id, {"state": "UNKNOWN"})
-        waits = s["state"] == "PENDING" and reasons.is_reserved(s.get("reason"))
+        waits = s["state"] == "PENDING" and queue.is_reserved(s.get("reason"))
         rows.append({"chunk": number, "job_id": job_id, "state": s["state"],
                      "reason": s.get("reason"), "exit": s.get("exit"),
                      "expected_start": s.get("start"),
@@ -451,9 +451,9 @@ def _chunk_lines(chunks: Chunks, indent: str, times: bool = False) -> list[str]:
         ended = f": {c['ended']}" if c.get("ended") else ""
         lines.append(f"{indent}chunk {c['chunk']}: job {c['job_id']} {c['state']}{extra}"
                      f"{ended}")
-        if c["state"] == "PENDING":  # (train.client.slurm.reasons)
-            why = reasons.words(c.get("reason"), c.get("maintenance"))
-            start = reasons.expected_start(c.get("expected_start"))
+        if c["state"] == "PENDING":  # (train.client.slurm.queue)
+            why = queue.words(c.get("reason"), c.get("maintenance"))
+            start = queue.expected_start(c.get("expected_start"))
             lines += [f"{indent}  waiting: {why}"] if why else []
             lines.append(f"{indent}  expected start: "
                          f"{start or 'Slurm gives no estimate yet'}")

@@ -10,7 +10,6 @@ import os
 import re
 import shlex
 from dataclasses import dataclass, fields
-from typing import Any
 
 from train.client.clusters.units import parse_time
 from train.client.slurm import navsim, resumeargs
@@ -334,8 +333,7 @@ class JobSpec:
                  and getattr(self, f.name) != f.default]
         if given and self.entry != "navsim":
             raise ConfigError(given[0], "is for --entry navsim")
-        navsim.check_split(self.navsim_split)
-        navsim.check_script(self.navsim_script)
+        navsim.check_presets(self.navsim_split, self.navsim_script)
         if self.entry == "navsim":
             navsim.check_overrides(self.workload, self.navsim_strategy)
 
@@ -375,9 +373,3 @@ def _check_time_min(value: str) -> None:
         raise ConfigError("time_min", f"{str(exc).split(': ', 1)[1]}, or off") from None
     if floor <= 0:
         raise ConfigError("time_min", f"must be more than 0 (or off), got {value!r}")
-
-
-def job_from_sources(file_values: dict[str, Any] | None, flags: dict[str, Any]) -> JobSpec:
-    from train.common.fields import build
-
-    return build(JobSpec, file_values, flags)

@@ -23,7 +23,9 @@ from train.client import container
 from train.client.clusters.units import format_mem, format_time, parse_mem
 from train.client.programs import command_as_run
 from train.client.slurm import navsimstep
+from train.client.slurm.jobpaths import host_path
 from train.client.slurm.resolve import ResolvedJob
+from train.client.slurm.sweep import SWEEP_INDEX_VAR, SWEEP_VALUE_VAR
 from train.common.entry import bound_entry_argv as entry_argv
 from train.common.entry import bound_entry_code as nodeentry_code
 from train.common.entry import entry_code, module_argv
@@ -85,8 +87,6 @@ def save_paths(job: ResolvedJob) -> list[str]:
             paths.append(os.path.normpath(cache))
     if job.spec.runtime == "none":
         return paths
-    from train.client.slurm.jobpaths import host_path
-
     return [host_path(p, job.binds) for p in paths]
 
 
@@ -249,6 +249,7 @@ def job_record(job: ResolvedJob) -> dict[str, Any]:
     """What the chain engine needs of the job, complete (nothing left to work out on the
     batch host): written once at submit into chain.json ("job")."""
     spec = job.spec
+    env = dict(job.env_values)
     return {
         "run_dir": job.run_dir,
         "max_chunks": job.chunks,
@@ -283,19 +284,11 @@ def job_record(job: ResolvedJob) -> dict[str, Any]:
         "resume_shown": masked_argv(spec.resume_argv),  # as the log says them
         "save_paths": save_paths(job),
         "program_dir": program_dir(job),  # {newest:GLOB} is from here
-        "sweep_task": sweep_task(job),
+        # a sweep task's identity (its index in the array, its value); None for a chain of
+        # its own
+        "sweep_task": {"index": int(env[SWEEP_INDEX_VAR]), "value": env.get(SWEEP_VALUE_VAR)}
+        if SWEEP_INDEX_VAR in env else None,
     }
-
-
-def sweep_task(job: ResolvedJob) -> dict[str, Any] | None:
-    """A sweep task's identity (its index in the array, its value), None for a chain of
-    its own."""
-    from train.client.slurm.sweep import SWEEP_INDEX_VAR, SWEEP_VALUE_VAR
-
-    env = dict(job.env_values)
-    if SWEEP_INDEX_VAR not in env:
-        return None
-    return {"index": int(env[SWEEP_INDEX_VAR]), "value": env.get(SWEEP_VALUE_VAR)}
 
 
 def chain_lines(job: ResolvedJob) -> list[str]:

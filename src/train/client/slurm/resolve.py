@@ -126,8 +126,7 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
     time_min = _time_min(spec, minutes, margin)
     _check_gpus(spec, profile, node, partition)
     constraint, gres_type = constraint_request(spec, profile, node, partition)
-    _check_job_size(spec, node)
-    _check_whole_nodes(spec, profile, node, partition)
+    _check_job_size(spec, profile, node, partition)
     launch = _launch_mode(spec)
     ntasks = _tasks_per_node(spec, launch)
     # the defaults in force, settled here: the resolved job's spec holds them
@@ -267,20 +266,17 @@ def _check_gpus(spec: JobSpec, profile: Profile, node: NodeType,
                           f"to {node.gpus_per_node})")
 
 
-def _check_job_size(spec: JobSpec, node: NodeType) -> None:
-    """The node type's limits per job: nodes, and GPUs over all nodes."""
+def _check_job_size(spec: JobSpec, profile: Profile, node: NodeType,
+                    partition: str | None) -> None:
+    """The node type's limits per job: nodes, GPUs over all nodes, and where the site has
+    a job of more than one node take every GPU of each node (the node type's
+    multi_node_whole), all of them, or one node."""
     if node.max_nodes is not None and spec.nodes > node.max_nodes:
         raise ConfigError("nodes", f"{spec.nodes} is over the {node.name} limit of "
                           f"{node.max_nodes} nodes per job")
     if node.max_gpus is not None and spec.nodes * spec.gpus_per_node > node.max_gpus:
         raise ConfigError("gpus_per_node", f"{spec.nodes} x {spec.gpus_per_node} GPUs is "
                           f"over the {node.max_gpus}-GPU limit per job on {node.name}")
-
-
-def _check_whole_nodes(spec: JobSpec, profile: Profile, node: NodeType,
-                       partition: str | None) -> None:
-    """Where the site has a job of more than one node take every GPU of each node (the
-    node type's multi_node_whole), such a job asks for all of them, or runs on one node."""
     if not node.multi_node_whole or spec.nodes <= 1 \
             or spec.gpus_per_node == node.gpus_per_node:
         return

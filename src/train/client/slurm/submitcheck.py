@@ -33,6 +33,7 @@ from train.client.slurm.checks.rundir import (
 from train.client.slurm.checks.sbatchenv import sbatch_variable_notes
 from train.client.slurm.checks.workload import launcher_problems
 from train.client.slurm.resolve import ResolvedJob
+from train.client.slurm.sweep import is_task_job
 from train.common.errors import ConfigError
 
 __all__ = ["check_jobs", "environment_problems"]
@@ -50,8 +51,16 @@ def check_jobs(jobs: Sequence[ResolvedJob], *, submitting: bool, no_check: bool 
         problems, seen = environment_problems(jobs[0], env)
         found += problems
         notes += seen
-    for job in jobs:
-        found += run_folder_problems(job, submitting, notes)
+    for job in jobs:  # its folder and command
+        if submitting:  # a chain still queued or running there is the first thing to say
+            check_not_active(Path(job.run_dir), sweep_task=is_task_job(job))
+        foreign = foreign_folder_problems(job)
+        found += [*foreign, *identity_problems(job), *launcher_problems(job)]
+        marker = stale_complete(job)
+        if marker is not None and not foreign:
+            notes.append(f"{marker} was left by an earlier run: "
+                         + ("cleared, so that it does not end this chain after its first "
+                            "chunk" if submitting else "train submit clears it"))
     # the chain engine's python3 on this PATH, then the resources (Slurm asked: testonly)
     late = (engine_problems, resource_problems) if submitting and jobs and not no_check else ()
     for check in late:
@@ -68,25 +77,6 @@ def check_jobs(jobs: Sequence[ResolvedJob], *, submitting: bool, no_check: bool 
         raise ConfigError(found[0].field, texts[0] + also)
     return [*notes, *(f"train submit would refuse this: {p.field}: {t}"
                       for p, t in zip(found, texts, strict=True))]
-
-
-def run_folder_problems(job: ResolvedJob, submitting: bool, notes: list[str]
-                        ) -> list[Problem]:
-    """One chain's folder and command: a chain still queued or running there (submitting:
-    exit 2 at once), an earlier run it cannot continue, a launcher in its command; the
-    COMPLETE marker an earlier run left goes into `notes`."""
-    if submitting:  # a chain still queued or running there is the first thing to say
-        from train.client.slurm.sweep import is_task_job
-
-        check_not_active(Path(job.run_dir), sweep_task=is_task_job(job))
-    foreign = foreign_folder_problems(job)
-    found = [*foreign, *identity_problems(job), *launcher_problems(job)]
-    marker = stale_complete(job)
-    if marker is not None and not foreign:
-        notes.append(f"{marker} was left by an earlier run: "
-                     + ("cleared, so that it does not end this chain after its first "
-                        "chunk" if submitting else "train submit clears it"))
-    return found
 
 
 def environment_problems(job: ResolvedJob, environ: Mapping[str, str] | None = None

@@ -12,6 +12,7 @@ is resolved, and `train clusters probe` corrects a profile that says otherwise.
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -61,8 +62,6 @@ def _beyond_nodes(job: ResolvedJob, environ: dict[str, str]) -> tuple[str, str] 
     (or, without one, of its constraint's features) has fewer of than one node of the job
     asks, as sinfo says: (field, what was asked and what the nodes have). None where sinfo
     cannot say, or the CPUs and memory fit (the GPUs then)."""
-    import re
-
     from train.client.clusters.probe.site import SINFO, parse_sinfo
 
     where = ["-p", job.partition] if job.partition else []
