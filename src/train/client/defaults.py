@@ -71,11 +71,10 @@ def joined(earlier: Any, later: Any) -> list[Any]:
     return out
 
 
-def merged(defaults: Mapping[str, Any], job_file: Mapping[str, Any],
-           flags: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Defaults < the job file < flags, key by key; the list keys are concatenated."""
+def merged(defaults: Mapping[str, Any], job_file: Mapping[str, Any]) -> dict[str, Any]:
+    """Defaults < the job file, key by key; the list keys are concatenated."""
     out: dict[str, Any] = {}
-    for layer in (normalise(defaults), normalise(job_file), dict(flags or {})):
+    for layer in (normalise(defaults), normalise(job_file)):
         for key, value in layer.items():
             if key in LISTS and isinstance(value, (list, tuple)) and \
                     isinstance(out.get(key), (list, tuple)):

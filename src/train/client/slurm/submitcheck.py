@@ -85,13 +85,11 @@ def environment_problems(job: ResolvedJob, environ: Mapping[str, str] | None = N
     be checked)."""
     env = os.environ if environ is None else environ
     problems, notes = image_problems(job, env)
-    image_refused = bool(problems)
-    for found, seen in (program_problems(job, env), python_problems(job, env),
-                        navsim_data_problems(job), profile_bind_problems(job)):
-        problems += found
-        notes += seen
-    if not image_refused:  # (an image refused above is not asked what it holds)
-        found, seen = feature_problems(job, env)
+    answers = [program_problems(job, env), python_problems(job, env),
+               navsim_data_problems(job), profile_bind_problems(job)]
+    if not problems:  # (an image refused above is not asked what it holds)
+        answers.append(feature_problems(job, env))
+    for found, seen in answers:
         problems += found
         notes += seen
     return problems, notes
