@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from train.batch import contract
+from train.batch.records import read_text
 from train.client.slurm import queue
 from train.client.slurm.queue import ACTIVE_STATES, _is_job_ref, _is_number
 from train.common import _proc
@@ -97,7 +98,7 @@ def earlier_chains(run_dir: Path) -> list[Earlier]:
     kept.sort(key=lambda item: [int(n) for n in item[0].split("_")])
     out = []
     for tag, path in kept[-EARLIER_LIMIT:]:
-        chunks = parse_ids(_read_text(path))
+        chunks = parse_ids(read_text(str(path), RECORD_LIMIT))
         if chunks:
             out.append(Earlier(tag, read_json_object(path.with_suffix(
                 Path(contract.CHAIN_RECORD).suffix), RECORD_LIMIT), chunks))
@@ -119,14 +120,8 @@ def load_chain(run_dir: Path) -> Chain:
                          "written by `train submit`, or was cut short") from None
     if not isinstance(record, dict) or not isinstance(record.get("name"), str):
         raise UsageError(f"run: {path} does not hold a chain record")
-    return Chain(run_dir, record, parse_ids(_read_text(run_dir / contract.CHAIN_IDS)),
-                 earlier_chains(run_dir))
-
-
-def _read_text(path: Path, limit: int = RECORD_LIMIT, tail: bool = False) -> str:
-    """A run file's text, bounded ('' for what is missing or not a regular file)."""
-    data = read_bounded(path, limit, tail=tail)
-    return "" if data is None else data.decode("utf-8", "replace")
+    ids = read_text(str(run_dir / contract.CHAIN_IDS), RECORD_LIMIT)
+    return Chain(run_dir, record, parse_ids(ids), earlier_chains(run_dir))
 
 
 def _is_file(path: Path) -> bool:
@@ -199,7 +194,7 @@ def find_run(ref: str, runs_root: Path) -> Path:
         raise UsageError(problem)
     if _is_number(ref):
         for run_dir in chain_dirs(runs_root):
-            text = _read_text(run_dir / contract.CHAIN_IDS)
+            text = read_text(str(run_dir / contract.CHAIN_IDS), RECORD_LIMIT)
             if ref in [job_id for _, job_id in parse_ids(text)]:
                 return run_dir
     sweep, _, task = ref.partition("/")

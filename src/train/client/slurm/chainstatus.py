@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from train.batch import contract
-from train.batch.records import chunks_left
+from train.batch.records import chunks_left, read_text
 from train.client.slurm import chaincost, queue, reservations
-from train.client.slurm.chain import _DECISIVE, EVENTS_LIMIT, Chain, _read_text, parse_events
+from train.client.slurm.chain import _DECISIVE, EVENTS_LIMIT, Chain, parse_events
 from train.client.slurm.chunkends import (
     _WITH_PROGRESS,
     UNKNOWN_PROGRESS,
@@ -316,7 +316,7 @@ def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
     if states is None:
         states = queue.job_states([*chain.ids, *earlier_ids])
     # the end of the events: a few lines a chunk, so 1 MiB is thousands of chunks
-    text = _read_text(chain.run_dir / contract.CHAIN_EVENTS, EVENTS_LIMIT, tail=True)
+    text = read_text(str(chain.run_dir / contract.CHAIN_EVENTS), EVENTS_LIMIT, tail=True)
     every = parse_events(text)
     chunk_ids = set(chain.ids)
     events = [e for e in every if e["job_id"] in chunk_ids]

@@ -23,10 +23,6 @@ ACTIVE_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", 
 QUERY_BATCH = 1000  # job ids per squeue/sacct call (19 bytes each, far under ARG_MAX)
 
 
-class SchedulerError(TrainError):
-    """SLURM refused or failed a request."""
-
-
 # -- pure parsers ---------------------------------------------------------------------
 # A job id, chunk number or Unix time: ASCII digits (str.isdigit() also takes '²', which
 # int() refuses), short enough for int() (it refuses more than 4300 digits).
@@ -49,7 +45,7 @@ def parse_sbatch_id(stdout: str) -> str:
     text = stdout.strip().splitlines()[-1] if stdout.strip() else ""
     job_id = text.split(";")[0].strip()
     if not _is_number(job_id):
-        raise SchedulerError(f"cannot read a job id from sbatch output {stdout!r}")
+        raise TrainError(f"cannot read a job id from sbatch output {stdout!r}")
     return job_id
 
 

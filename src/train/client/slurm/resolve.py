@@ -19,7 +19,7 @@ from train.client.slurm import navsim
 from train.client.slurm.jobitems import check_env_item
 from train.client.slurm.jobpaths import job_paths
 from train.client.slurm.jobspec import CPUS_PER_PROCESS, DEFAULT_PYTHON, MAX_CHUNKS_LIMIT, JobSpec
-from train.client.slurm.placement import choose_node, constraint_request
+from train.client.slurm.placement import choose_node, gpu_type_request, one_type_for_all
 from train.common.errors import ConfigError, UsageError
 from train.common.hostmem import DEFAULT_WORKER_MEM_MB
 from train.common.launchers import accelerate_prefix
@@ -125,7 +125,9 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
     margin = _signal_margin(spec, minutes)
     time_min = _time_min(spec, minutes, margin)
     _check_gpus(spec, profile, node, partition)
-    constraint, gres_type = constraint_request(spec, profile, node, partition)
+    # the GPU type requested the site's way, alternatives made one for every node
+    constraint, gres_type = gpu_type_request(spec, profile, node, partition)
+    constraint = one_type_for_all(spec, constraint)
     _check_job_size(spec, profile, node, partition)
     launch = _launch_mode(spec)
     ntasks = _tasks_per_node(spec, launch)

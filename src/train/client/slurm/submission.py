@@ -13,13 +13,8 @@ from typing import Any
 
 from train.batch import contract
 from train.batch.engine import ENGINE_DIR, install
-from train.client.slurm.chain import (
-    _DECISIVE,
-    EVENTS_LIMIT,
-    Chain,
-    _read_text,
-    parse_events,
-)
+from train.batch.records import read_text
+from train.client.slurm.chain import _DECISIVE, EVENTS_LIMIT, Chain, parse_events
 from train.client.slurm.checks import sbatchenv
 from train.client.slurm.checks.rundir import check_not_active
 from train.client.slurm.queue import _is_number, parse_sbatch_id
@@ -37,7 +32,7 @@ def first_chunk(previous: Chain | None) -> int:
     chunk stopped before any save, the one after it (so TRAIN_CHUNK goes on counting)."""
     if previous is None or not previous.ids:
         return 1
-    text = _read_text(previous.run_dir / contract.CHAIN_EVENTS, EVENTS_LIMIT, tail=True)
+    text = read_text(str(previous.run_dir / contract.CHAIN_EVENTS), EVENTS_LIMIT, tail=True)
     ids = set(previous.ids)
     last = next((e for e in reversed(parse_events(text))
                  if e["job_id"] in ids and e["event"] in _DECISIVE), None)
