@@ -20,6 +20,7 @@ import re
 import signal
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import fields
 from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,7 +41,7 @@ from train.client.slurm.render import render
 from train.client.slurm.resolve import resolve
 from train.common import _proc, yamlio
 from train.common.errors import EXIT_USAGE, ConfigError, TrainError
-from train.common.fields import build, check_writable_dir, field_table, load_yaml
+from train.common.fields import build, check_writable_dir, load_yaml
 from train.images import defs, lint
 from train.workloads.config import MAX_SEED, RunConfig, build_config, run_config_from_argv
 
@@ -149,8 +150,8 @@ def yaml_documents(names: list[str]) -> st.SearchStrategy[str]:
     return st.builds("\n".join, st.lists(line, max_size=6))
 
 
-RUN_FIELDS = [f.name for f in field_table(RunConfig)]
-JOB_FIELDS = [f.name for f in field_table(JobSpec)]
+RUN_FIELDS = [f.name for f in fields(RunConfig)]
+JOB_FIELDS = [f.name for f in fields(JobSpec)]
 SHIPPED = profiles.Registry(environ={})
 
 
@@ -199,7 +200,7 @@ def field_values(cls: type[Any], words: dict[str, list[str]]) -> st.SearchStrate
     """Mappings of a few fields of `cls`, each value mostly of its field's kind (so the
     checks behind the type checks run too), sometimes anything."""
     per: dict[str, st.SearchStrategy[Any]] = {}
-    for f in field_table(cls):
+    for f in fields(cls):
         meta = f.metadata
         text = st.one_of(st.sampled_from([*(meta["choices"] or ()), *words.get(f.name, ())]
                                          or SPECIAL), texts)
@@ -216,7 +217,7 @@ def flag_texts(cls: type[Any], words: dict[str, list[str]]) -> st.SearchStrategy
     """A few flags of `cls` as the CLI hands them over: text, a list of texts for the
     fields that repeat, "true"/"false" for switches."""
     per: dict[str, st.SearchStrategy[Any]] = {}
-    for f in field_table(cls):
+    for f in fields(cls):
         meta = f.metadata
         text = st.one_of(st.sampled_from([*(meta["choices"] or ()), *words.get(f.name, ())]
                                          or SPECIAL), texts, ints.map(str))

@@ -363,7 +363,7 @@ def test_a_pip_too_old_is_named_with_its_upgrade_and_nothing_is_written(
 
 
 def test_only_a_resolver_conflict_blames_the_base_images_pins() -> None:
-    from train.images.derive_pip import Target, pip_refusal
+    from train.images.derive_reqs import Target, pip_refusal
 
     target = Target("3.12", "3.12.3", 39)
     option = pip_refusal("ERROR: Can not use any platform or abi specific options unless "

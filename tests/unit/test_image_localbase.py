@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import REPO, run_cli
 from train.common.errors import UsageError
-from train.images import localbase
+from train.images import build as localbase
 from train.images.defs import parse
 
 BASE_DEF = REPO / "containers" / "base.def"

@@ -188,7 +188,7 @@ def test_sc2_download_prints_its_sha256_on_a_line_the_build_reads(tmp_path: Path
     (which both engines' build output is read for), and a failed download stops %post."""
     import hashlib
 
-    from train.images.record import BuildLog
+    from train.images.build import BuildLog
 
     (tmp_path / "maps.zip").write_bytes(b"maps" * 1000)
     script = (_sc2_fetch() + f"cd {tmp_path}\n"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from train.client.clusters.probe import command, compare, write
+from train.client.clusters.probe import command, write
 from train.client.clusters.probe import site as probe_site
 from train.client.clusters.profiles import Registry
 from train.client.slurm import chainstatus, queue, testonly
@@ -108,7 +108,7 @@ qos:
 def test_each_difference_is_one_line_profile_says_site_says(tmp_path: Path) -> None:
     prof = _profile(tmp_path, MINE).get("mine")
     site = probe_site.Site(nodes=probe_site.parse_sinfo(SITE), qos={"normal": 2880})
-    lines = compare.differences(prof, site)
+    lines = command.differences(prof, site)
     for expected in ("partitions.a100.gpus_per_node: profile says 8, the site says 4",
                      "partitions.a100.mem_per_node: profile says 400G, the site says 500G",
                      "partitions.a100.max_time: profile says 4-00:00:00, the site says "
@@ -121,14 +121,14 @@ def test_each_difference_is_one_line_profile_says_site_says(tmp_path: Path) -> N
     assert any(line.startswith("partitions.mixed: profile does not list it, the site has it")
                for line in lines), lines
     assert not any("cpus_per_node" in line for line in lines if "a100" in line), lines
-    assert "QOS time limits (sacctmgr show qos): normal 2-00:00:00" in compare.facts(site)
+    assert "QOS time limits (sacctmgr show qos): normal 2-00:00:00" in command.facts(site)
 
 
 def test_probe_says_whether_a_job_needs_the_profiles_module_line() -> None:
-    found = compare.facts(probe_site.Site(apptainer="apptainer version 1.4.5"))
+    found = command.facts(probe_site.Site(apptainer="apptainer version 1.4.5"))
     assert "apptainer version 1.4.5  (apptainer --version): on PATH without modules, so a " \
            "job skips the profile's `modules:` lines" in found, found
-    missing = compare.facts(probe_site.Site())
+    missing = command.facts(probe_site.Site())
     assert "apptainer is not on PATH here: a job runs the profile's `modules:` lines " \
            "(module load apptainer) to find it" in missing, missing
 
@@ -136,7 +136,7 @@ def test_probe_says_whether_a_job_needs_the_profiles_module_line() -> None:
 def test_what_could_not_be_read_leaves_the_profile_alone(tmp_path: Path) -> None:
     prof = _profile(tmp_path, MINE).get("mine")
     site = probe_site.Site(unread=["QOS limits: no accounting"])
-    assert compare.differences(prof, site) == []
+    assert command.differences(prof, site) == []
     text = "\n".join(command.report(prof, site))
     assert "could not read (the profile's values stay as they are):\n  QOS limits: no " \
            "accounting" in text
@@ -174,7 +174,7 @@ def test_write_holds_the_probed_values_each_with_date_and_command(
             assert "not probed: kept from" in line, line
     assert "# 2026-01-02: sacctmgr -n -P show qos" in text
     merged = Registry(environ={}).get("base")  # loads, and says what the site says
-    assert compare.differences(merged, site) == []
+    assert command.differences(merged, site) == []
 
 
 def test_write_refuses_a_file_of_another_profile_and_writes_nothing(

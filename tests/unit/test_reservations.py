@@ -218,7 +218,7 @@ def test_the_reasons_behind_a_reservation_in_words() -> None:
 
 
 def test_probe_shows_the_maintenances_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
-    from train.client.clusters.probe.compare import facts
+    from train.client.clusters.probe.command import facts
     from train.client.clusters.probe.site import Site
 
     found = _captured("22.05")

@@ -1,22 +1,16 @@
-"""One chunk of a chain, on the batch host: the chain engine's main part.
-
-The script `train render` writes ends by handing its chunk to the engine (`python3
-ENGINE chunk SCRIPT [CHUNK [FIRST]] -- STEP...`); the engine reads the job record
-(chain.json's "job", written once at submit) and then: records the chunk's start, starts
-the step, submits the next chunk (afterok on this one: Slurm itself removes it when this
-one fails), passes the walltime signal on to the step once its ranks are ready, ends a
-step that does not stop in time, and decides what the step's end means for the chain:
-failed (the first failing task's own code and node), complete, no progress, stopped
-before any save, requeued, incomplete at the bound, or stopped with the next chunk to go
-on (train.batch.step runs the step itself). Every decision is unit-tested without Slurm
-(tests/unit/test_chain_engine*.py, stub Slurm commands).
-
-Standard library only, valid Python 3.6: copied into the run folder at submit, so a
-chain runs the engine it was submitted with whatever happens to the client.
+"""One chunk of a chain, on the batch host (`python3 ENGINE chunk SCRIPT [CHUNK [FIRST]]
+-- STEP...` ends the job script): its start, its successor (submitted afterok on this
+one: Slurm itself removes it when this one fails), and what its step's end means for the
+chain: failed (the first failing task's own code and node), complete, no progress,
+stopped before any save, requeued, incomplete at the bound, or stopped with the next
+chunk to go on (train.batch.step runs the step itself). Every decision is unit-tested
+without Slurm (tests/unit/test_chain_engine*.py, stub Slurm commands).
 """
 
 import os
 import signal
+import socket
+import subprocess
 import sys
 import time
 from typing import List, Optional, Sequence, Tuple
@@ -34,7 +28,7 @@ from train.batch.records import (
     successors,
     time_used,
 )
-from train.batch.step import Exit, Step, engine_root, gpu_report, slurm
+from train.batch.step import Exit, Step, engine_root, slurm
 
 EXIT_USAGE = 2
 GRACE_SECONDS = 15  # a TERM this close to the walltime is Slurm's time limit
@@ -55,8 +49,7 @@ class Chunk(Step):
             return
         ref = "{}_{}".format(array, task)
         self.self_ref = ref
-        ids = read_text(self.path(contract.CHAIN_IDS))
-        lines = ids.splitlines()
+        lines = read_text(self.path(contract.CHAIN_IDS)).splitlines()
         if not any(line.split()[1:2] == [ref] for line in lines):
             return
         new = "".join("{} {}\n".format(line.split()[0], self.job_id)
@@ -250,11 +243,21 @@ class Chunk(Step):
         return code
 
     def fail(self, code: int, node: Optional[str], sig: Optional[int]) -> None:
-        gpu_report()
+        try:
+            subprocess.call(["nvidia-smi"], stdout=sys.stderr)
+        except OSError:
+            self.say("nvidia-smi not available on {}".format(socket.gethostname()))
         self.runtime_cleanup()
-        self.event(contract.EV_FAILED, "{}{}".format(code, " " + node if node else ""))
-        self.cancel_rest()
-        raise Exit(code)
+        raise self.end(contract.EV_FAILED, "{}{}".format(code, " " + node if node else ""),
+                       code)
+
+    def end(self, kind: str, detail: str, code: int = 0, cancel: bool = True) -> Exit:
+        """The chunk's last event written, the chain's waiting chunks cancelled (`cancel`):
+        the Exit (with `code`) to raise."""
+        self.event(kind, detail)
+        if cancel:
+            self.cancel_rest()
+        return Exit(code)
 
     def resume_point(self) -> bool:
         """A save the next chunk can go on from (one of this chunk, or the run's last
@@ -295,9 +298,7 @@ class Chunk(Step):
                      "go on from; the chain stops")
             detail = str(elapsed)
         self.runtime_cleanup()
-        self.event(contract.EV_TIMEOUT, detail)
-        self.cancel_rest()
-        raise Exit(143)
+        raise self.end(contract.EV_TIMEOUT, detail, 143)
 
     def end_if_done(self, got: Optional[saves.Progress]) -> None:
         """The chain ends here when the work is complete, or when this chunk added none."""
@@ -307,9 +308,7 @@ class Chunk(Step):
                      "program's word that the work is complete".format(marker))
         elif os.path.lexists(marker):
             self.say("run complete")
-            self.event(contract.EV_COMPLETE, saves.detail(got))
-            self.cancel_rest()
-            raise Exit(0)
+            raise self.end(contract.EV_COMPLETE, saves.detail(got))
         # a program whose progress the tool cannot read is not judged by it; nor a chunk
         # that overran (it goes on from the save before, a bounded number of times)
         judged = not self.job["complete_on_success"] or self.known
@@ -320,9 +319,7 @@ class Chunk(Step):
                      "stops here. {}; see the step's log".format(
                          saves.detail(self.start_progress), saves.detail(got),
                          self.resume_hint()))
-            self.event(contract.EV_NO_PROGRESS, saves.detail(got))
-            self.cancel_rest()
-            raise Exit(0)
+            raise self.end(contract.EV_NO_PROGRESS, saves.detail(got))
 
     def resume_hint(self, nxt: bool = False) -> str:
         if self.job.get("entry") == "train":
@@ -341,8 +338,9 @@ class Chunk(Step):
         was saved since the chunk began: the chain ends here where nothing was."""
         got_args, why = saves.expand(self.job["resume_args"], self.job["program_dir"])
         if got_args is None:
-            self.unsaved(got, "{} the next chunk can go on from: {}; the chain stops "
-                         "here".format(contract.UNSAVED_TEXT, why))
+            self.say("{} the next chunk can go on from: {}; the chain stops here".format(
+                contract.UNSAVED_TEXT, why))
+            raise self.end(contract.EV_UNSAVED, saves.detail(got))
         found = self.find_last_save()
         if self.overran and found is None:
             marker = read_text(self.path(contract.SAVED_MARKER), 256).split()
@@ -352,20 +350,14 @@ class Chunk(Step):
             self.last_save = found or time.time()
         elif found is None:
             paths = " ".join(self.job["save_paths"])
-            self.unsaved(got, "{}: the progress file, the run folder {}show nothing saved "
-                         "since this chunk began; the chain stops here. Submit the same job "
-                         "again (with a longer --time if the program saves too late for "
-                         "it): the chain goes on at chunk {}".format(
-                             contract.UNSAVED_TEXT, "and " + paths + " " if paths else "",
-                             self.chunk + 1))
+            self.say("{}: the progress file, the run folder {}show nothing saved since this "
+                     "chunk began; the chain stops here. Submit the same job again (with a "
+                     "longer --time if the program saves too late for it): the chain goes on "
+                     "at chunk {}".format(contract.UNSAVED_TEXT,
+                                          "and " + paths + " " if paths else "", self.chunk + 1))
+            raise self.end(contract.EV_UNSAVED, saves.detail(got))
         else:
             self.last_save = found
-
-    def unsaved(self, got: Optional[saves.Progress], text: str) -> None:
-        self.say(text)
-        self.event(contract.EV_UNSAVED, saves.detail(got))
-        self.cancel_rest()
-        raise Exit(0)
 
     def go_on(self, got: Optional[saves.Progress]) -> None:
         """A checkpointed stop: requeue this job, or let the next chunk go on, within the
@@ -381,26 +373,22 @@ class Chunk(Step):
                 raise Exit(0)
             self.say("bound of {} runs reached before the work was done ({})".format(
                 self.job["max_chunks"], words))
-            self.event(contract.EV_INCOMPLETE, saves.detail(got))
-            raise Exit(0)
+            raise self.end(contract.EV_INCOMPLETE, saves.detail(got), cancel=False)
         if self.chunk >= self.last_chunk:
             self.say("bound of {} chunks{} reached before the work was done ({}): submit "
                      "again with a larger --max-chunks to continue".format(
                          self.job["max_chunks"], " of --time (counted in time: chunks "
                          "started short by --time-min count their share)" if self.job.get(
                              "time_min_seconds") else "", words))
-            self.event(contract.EV_INCOMPLETE, saves.detail(got))
-            raise Exit(0)
+            raise self.end(contract.EV_INCOMPLETE, saves.detail(got), cancel=False)
         if not self.extend():
-            self.event(contract.EV_INCOMPLETE, saves.detail(got))
-            raise Exit(0)
+            raise self.end(contract.EV_INCOMPLETE, saves.detail(got), cancel=False)
         if self.known:
             self.say("checkpointed stop ({}); the next chunk goes on from it".format(words))
         else:
             self.say("stopped after a save ({}); the next chunk starts: {}".format(
                 words, self.resume_hint(nxt=True)))
-        self.event(contract.EV_STOPPED, saves.detail(got))
-        raise Exit(0)
+        raise self.end(contract.EV_STOPPED, saves.detail(got), cancel=False)
 
     def after_step(self, code: int) -> None:
         self.step_status(code)
@@ -425,9 +413,7 @@ class Chunk(Step):
 
 def parse_args(argv: Sequence[str]) -> Tuple[str, int, Optional[int], List[str]]:
     """SCRIPT [CHUNK [FIRST]] -- STEP...: the chunk number, the chain's first chunk."""
-    if "--" not in argv:
-        raise Usage("usage: ENGINE chunk SCRIPT [CHUNK [FIRST]] -- STEP...")
-    cut = list(argv).index("--")
+    cut = list(argv).index("--") if "--" in argv else len(argv)
     head, step = list(argv[:cut]), list(argv[cut + 1:])
     if not head or not step or len(head) > 3:
         raise Usage("usage: ENGINE chunk SCRIPT [CHUNK [FIRST]] -- STEP...")
@@ -458,11 +444,9 @@ def main(argv: Sequence[str]) -> int:
                           append=True)
         return EXIT_USAGE
     chunk = Chunk(job, script, number, first, step)
-    handlers = {signal.SIGUSR1: lambda *_: chunk.usr1(),
-                signal.SIGUSR2: lambda *_: None,
-                signal.SIGTERM: lambda *_: chunk.on_term()}
-    for sig, handler in handlers.items():
-        signal.signal(sig, handler)
+    signal.signal(signal.SIGUSR1, lambda *_: chunk.usr1())
+    signal.signal(signal.SIGUSR2, lambda *_: None)
+    signal.signal(signal.SIGTERM, lambda *_: chunk.on_term())
     try:
         chunk.array_task()
         chunk.prologue()

@@ -2,10 +2,8 @@
 rest of train, defined once.
 
 File names in the run directory, the chain's event names and the progress file's format
-live here; the engine, the client, the runner and the CLI import them from here. It
-imports nothing of train (names and pure helpers only) and nothing heavy: the login
-node, the batch host and every node read it. Valid Python 3.6: it is copied into every
-run folder with the engine (train.batch.engine).
+live here; the engine, the client, the runner and the CLI import them from here. Names and
+pure helpers only, nothing heavy: the login node, the batch host and every node read it.
 """
 
 import os
@@ -74,6 +72,7 @@ READY_RANK_SUFFIX = ".rank-"
 # The walltime contract's other names that Python reads (the engine exports them): the
 # job's stop signal, and the Unix time by which the step must have checkpointed.
 STOP_SIGNAL_VAR = "TRAIN_STOP_SIGNAL"
+DEADLINE_VAR = "TRAIN_DEADLINE"
 # Set by `train launch` when its GPU memory wait fell back to a smaller --batch-size: the run
 # then continues with either batch size (from then on, batch_size is not compared on resume)
 FALLBACK_BATCH_VAR = "TRAIN_FALLBACK_BATCH"
@@ -91,7 +90,8 @@ def rank_ready_path(value: str, rank: int) -> str:
 def batch_fallback(batch_size: int, env: Optional[Mapping[str, str]] = None) -> bool:
     """`train launch` fell back to this batch size (its GPU memory wait ran out)."""
     return (os.environ if env is None else env).get(FALLBACK_BATCH_VAR) == str(batch_size)
-DEADLINE_VAR = "TRAIN_DEADLINE"
+
+
 # A sweep's array task: the path (without .out/.err) of the log files Slurm opened for it
 # beside the sweep's logs, exported by the array's script; its output goes to its chain's
 # own log, and the chain engine removes them at its end when they are empty.
@@ -109,14 +109,10 @@ GPU_IDLE_THRESHOLD_VAR = "TRAIN_GPU_IDLE_THRESHOLD"  # percent: under it a sampl
 GPU_IDLE_MINUTES_VAR = "TRAIN_GPU_IDLE_MINUTES"  # idle this long: a warning in the log
 GPU_WATCH_DIR = "gpu"  # RUN_DIR/gpu/NODE.csv
 
-# Each task of the job step runs under the engine's task wrapper (train.batch.task): its
-# own temporary folder on its node, TMPDIR/train-job.JOBID-RESTART.XXXXXX (TMPDIR for the
-# program and torch's launcher, removed when the task ends), and its program's end
-# recorded as one line "CODE UNIXTIME NODE [SIGNAL]" in the folder TASK_EXITS_VAR names
-# (the chunk's folder; taken out of the environment before the program starts), file
-# task-PROCID: the chunk reports the first failing task's own code, signal and node.
-# STALE_TMP_VAR: the temporary folders of this chain's earlier jobs (patterns
-# JOBID-RESTART), which a killed step left: each task removes those on its node.
+# The task wrapper's (train.batch.task): a task's temporary folder on its node
+# (TMPDIR/train-job.JOBID-RESTART.XXXXXX), the folder of the tasks' end records (file
+# task-PROCID: "CODE UNIXTIME NODE [SIGNAL]"), the earlier jobs' folders to remove
+# (patterns JOBID-RESTART).
 TMP_PREFIX = "train-job."
 TASK_EXITS_VAR = "TRAIN_TASK_EXITS"
 STALE_TMP_VAR = "TRAIN_STALE_TMP"
@@ -171,11 +167,8 @@ def override_key(arg: str) -> str:
 
 def override_value(args: Sequence[str], key: str) -> Optional[str]:
     """The value the last Hydra override of `key` gives, or None."""
-    found = None
-    for arg in args:
-        if "=" in arg and override_key(arg) == key:
-            found = arg.split("=", 1)[1]
-    return found
+    found = [arg.split("=", 1)[1] for arg in args if "=" in arg and override_key(arg) == key]
+    return found[-1] if found else None
 
 def write_progress(run_dir: Path, done: int, total: int) -> None:
     """Record the work done so far for the chain engine (atomic: temp file, rename)."""

@@ -1,7 +1,6 @@
 """What the chain engine reads of a chain's records and Slurm's answers: the ids file,
 the queue (a successor submitted before), the tasks' end records (the first failure), the
-overruns so far. Pure functions, unit-tested without Slurm; standard library only, valid
-Python 3.6 (see train.batch.engine).
+overruns so far. Pure functions, unit-tested without Slurm.
 """
 
 import json
@@ -57,11 +56,11 @@ def first_failure(records: Sequence[str]) -> Optional[Tuple[int, str, Optional[i
         parts = text.split()
         if len(parts) < 3:
             continue
+        node = parts[2] if all(c.isalnum() or c in "._-" for c in parts[2]) else ""
         if parts[0] == STARTED:  # killed with its wrapper: no end recorded
-            unended.append(parts[2] if all(c.isalnum() or c in "._-" for c in parts[2])
-                           else "")
+            unended.append(node)
             continue
-        code, node = saves._number(parts[0]), parts[2]
+        code = saves._number(parts[0])
         try:
             at = float(parts[1])
         except ValueError:
@@ -69,8 +68,6 @@ def first_failure(records: Sequence[str]) -> Optional[Tuple[int, str, Optional[i
         if code is None or code == 0 or code > 255 or math.isnan(at):
             continue
         sig = saves._number(parts[3]) if len(parts) > 3 else None
-        if not all(c.isalnum() or c in "._-" for c in node):
-            node = ""
         failed.append((at, code, node, sig))
     if unended and all(f[1] == TERM_CODE for f in failed):
         # the rest ended of the TERM Slurm sent after it: the task killed outright (the
@@ -94,16 +91,16 @@ def signal_name(number: Optional[int]) -> str:
         return "signal {}".format(number)
 
 
+def events(text: str, kind: str) -> List[List[str]]:
+    """The words of each line of chain.events that records an event of this kind."""
+    return [parts for parts in map(str.split, text.splitlines()) if parts[3:4] == [kind]]
+
+
 def overruns(ids_text: str, events_text: str) -> int:
     """How many chunks of this chain (the jobs of its ids file) overran their walltime
     after the stop signal and went on."""
     mine = {job for _, job in parse_ids(ids_text)}
-    count = 0
-    for line in events_text.splitlines():
-        parts = line.split()
-        if len(parts) >= 4 and parts[3] == contract.EV_OVERRAN and parts[2] in mine:
-            count += 1
-    return count
+    return len([p for p in events(events_text, contract.EV_OVERRAN) if p[2] in mine])
 
 
 def parse_limit(text: str) -> Optional[int]:
@@ -113,12 +110,9 @@ def parse_limit(text: str) -> Optional[int]:
     parts = rest.split(":")
     if len(parts) > 3 or not all(p.isdigit() for p in parts + ([days] if dash else [])):
         return None
-    numbers = [int(p) for p in parts]
-    if len(numbers) == 1:
-        numbers = [0, numbers[0], 0]  # minutes
-    while len(numbers) < 3:
-        numbers.insert(0, 0)
-    seconds = int(days or 0) * 86400 + numbers[0] * 3600 + numbers[1] * 60 + numbers[2]
+    numbers = [int(p) for p in parts] if len(parts) > 1 else [int(parts[0]), 0]  # minutes
+    hours, minutes, secs = [0] * (3 - len(numbers)) + numbers
+    seconds = int(days or 0) * 86400 + hours * 3600 + minutes * 60 + secs
     return seconds or None
 
 
@@ -126,12 +120,8 @@ def time_used(events_text: str, first: int, chunk: int, asked: int) -> int:
     """The time limits of this chain's chunks before this one (from its first): each the
     last limit event of its number, or the whole walltime asked for where none was
     written."""
-    limits = {}
-    for line in events_text.splitlines():
-        parts = line.split()
-        if len(parts) >= 5 and parts[3] == contract.EV_LIMIT and parts[1].isdigit() \
-                and parts[4].isdigit():
-            limits[int(parts[1])] = int(parts[4])
+    limits = {int(p[1]): int(p[4]) for p in events(events_text, contract.EV_LIMIT)
+              if len(p) >= 5 and p[1].isdigit() and p[4].isdigit()}
     return sum(limits.get(c, asked) for c in range(first, chunk))
 
 

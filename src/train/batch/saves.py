@@ -2,11 +2,8 @@
 framework's saves show), the newest match of a {newest:GLOB} placeholder, the resume
 arguments with those expanded, and when the program last saved. The chain engine applies
 these on the batch host, `train status` and `train submit` on the login node: one rule
-each, in one place.
-
-Standard library only, and valid Python 3.6 (the batch host's python3 on EL8): this
-module is copied into every run folder with the engine (train.batch.engine).
-Nothing of the user's is evaluated: a pattern is only globbed, a match is one argument.
+each, in one place. Nothing of the user's is evaluated: a pattern is only globbed, a
+match is one argument.
 """
 
 import contextlib
@@ -210,12 +207,8 @@ def framework_progress(resume_args: Sequence[str], save_paths: Sequence[str],
                 found = newest(inner, path)
                 if found is not None:
                     saves.append(os.path.join(path, found))
-    best: Optional[Progress] = None
-    for path in saves:
-        got = save_progress(path)
-        if got is not None and (best is None or got[0] > best[0]):
-            best = got
-    return best
+    shown = [got for got in map(save_progress, saves) if got is not None]
+    return max(shown, key=lambda got: got[0]) if shown else None  # (the first of a tie)
 
 
 def progress(run_dir: str, resume_args: Sequence[str], save_paths: Sequence[str],

@@ -1,14 +1,13 @@
 """The job step of a chunk, on the batch host: its folder and environment, starting it,
 passing the walltime signal on once its ranks are ready (or ending it, stop mode kill),
 the program's stop request, the overrun guard, waiting for it, and what a killed step left
-on the nodes. train.batch.chunk builds the chain on it. Standard library only, valid
-Python 3.6 (see train.batch.engine).
+on the nodes. train.batch.chunk builds the chain on it.
 """
 
 import contextlib
 import os
+import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,29 +16,17 @@ from typing import Any, Dict, List, Optional, Tuple
 from train.batch import contract, saves
 from train.batch.records import STARTED, parse_ids, read_text
 
-Record = Dict[str, Any]
 
-
-def log(chunk: object, text: str) -> None:
-    sys.stderr.write("{} train-job[{}]: {}\n".format(time.strftime("%H:%M:%S"), chunk, text))
-    sys.stderr.flush()
-
-
-def slurm_env() -> Dict[str, str]:
-    """This environment without the job's own SLURM_*/SBATCH_*/SALLOC_*/SQUEUE_* values:
-    a nested sbatch would read or pass them on, squeue would filter by them; SLURM_CONF
-    stays so a site's non-default configuration is found."""
-    return {k: v for k, v in os.environ.items()
-            if k == "SLURM_CONF" or not k.startswith(("SLURM_", "SBATCH_", "SALLOC_",
-                                                      "SQUEUE_"))}
-
-
-def slurm(argv: List[str], timeout: float = 120) -> Tuple[int, str]:
-    """A Slurm command: (exit code, its output and errors together)."""
+def slurm(argv: List[str]) -> Tuple[int, str]:
+    """A Slurm command: (exit code, its output and errors together). Its environment has
+    none of the job's own SLURM_*/SBATCH_*/SALLOC_*/SQUEUE_* values (a nested sbatch would
+    read or pass them on, squeue would filter by them) but SLURM_CONF (a site's
+    non-default configuration)."""
+    env = {k: v for k, v in os.environ.items() if k == "SLURM_CONF"
+           or not k.startswith(("SLURM_", "SBATCH_", "SALLOC_", "SQUEUE_"))}
     try:
         proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              universal_newlines=True, env=slurm_env(), timeout=timeout,
-                              check=False)
+                              universal_newlines=True, env=env, timeout=120, check=False)
     except (OSError, subprocess.SubprocessError) as exc:
         return 127, str(exc)
     return proc.returncode, proc.stdout
@@ -56,20 +43,6 @@ def remove_file(path: str) -> None:
         os.unlink(path)
 
 
-def remove_tree(path: str) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def gpu_report() -> None:
-    try:
-        subprocess.call(["nvidia-smi"], stdout=sys.stderr)
-    except OSError:
-        log_line = "nvidia-smi not available on {}".format(socket.gethostname())
-        sys.stderr.write("{} train-job: {}\n".format(time.strftime("%H:%M:%S"), log_line))
-
-
 def engine_root() -> str:
     """The engine's folder (the run folder's copy): what `python3 ENGINE` runs."""
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -78,7 +51,7 @@ def engine_root() -> str:
 class Step:
     """The chunk's state from its start to its end (one per batch job run), and its step."""
 
-    def __init__(self, job: Record, script: str, chunk: int, first: Optional[int],
+    def __init__(self, job: Dict[str, Any], script: str, chunk: int, first: Optional[int],
                  step: List[str]) -> None:
         self.job = job
         self.run_dir = str(job["run_dir"])
@@ -122,7 +95,9 @@ class Step:
 
     # -- records --------------------------------------------------------------------
     def say(self, text: str) -> None:
-        log(self.chunk, text)
+        sys.stderr.write("{} train-job[{}]: {}\n".format(time.strftime("%H:%M:%S"),
+                                                        self.chunk, text))
+        sys.stderr.flush()
 
     def path(self, name: str) -> str:
         return os.path.join(self.run_dir, name)
@@ -162,7 +137,7 @@ class Step:
         for name in os.listdir(self.run_dir):
             stale = self.path(name)
             if name.startswith(prefix) and os.path.isdir(stale) and not os.path.islink(stale):
-                remove_tree(stale)
+                shutil.rmtree(stale, ignore_errors=True)
         self.tmp = self.path("{}{}-{}".format(prefix, self.job_id, self.restarts))
         os.makedirs(os.path.join(self.tmp, "exits"), exist_ok=True)
         # a killed chunk's readiness and stop-request files (never its own: they are new)
@@ -420,12 +395,8 @@ class Step:
             names = sorted(os.listdir(folder))
         except OSError:
             return []
-        out = []
-        for name in names:
-            data = saves.read_small(os.path.join(folder, name))
-            if data is not None:
-                out.append(data.decode("utf-8", "replace"))
-        return out
+        found = [saves.read_small(os.path.join(folder, name)) for name in names]
+        return [data.decode("utf-8", "replace") for data in found if data is not None]
 
     # -- the step's end ---------------------------------------------------------------
     def runtime_cleanup(self) -> None:
@@ -457,7 +428,7 @@ class Step:
         """The chunk's own files: its folder, the readiness and stop-request files, and a
         sweep task's empty log files that Slurm opened beside the sweep's logs."""
         if self.tmp:
-            remove_tree(self.tmp)
+            shutil.rmtree(self.tmp, ignore_errors=True)
         for path in [self.ready, self.stop_request, *(self.rank_files() if self.ready
                                                       else [])]:
             if path:

@@ -12,8 +12,6 @@ signal ends the wrapper by the same signal, as srun would have seen it.
 
 `ENGINE clean RUNTIME LABEL TAG`: what a step killed outright left on this node (its
 tasks' temporary folders, a Docker runtime's containers), removed after it.
-
-Standard library only, valid Python 3.6 (see train.batch.chunk).
 """
 
 import contextlib
@@ -29,8 +27,8 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from train.batch import contract
-from train.batch.records import STARTED
+from train.batch import contract, saves
+from train.batch.records import STARTED, events, read_text
 
 NV_NO_DRIVER = "no NVIDIA driver on this node"
 APPTAINERS = ("apptainer", "singularity")
@@ -119,10 +117,10 @@ def docker_argv(argv: List[str], env: Dict[str, str]) -> Tuple[str, List[str]]:
     return name, [argv[0], argv[1], "--name", name, "--label", label, *ids, *argv[2:]]
 
 
-def kill_wait(default: Optional[str] = "30") -> Optional[str]:
+def kill_wait() -> Optional[str]:
     """Slurm's KillWait, read from slurm.conf up front (no controller call in a signal
-    handler); Slurm's default is 30 s."""
-    found = default
+    handler); None where it does not say (Slurm's default is 30 s)."""
+    found = None
     try:
         with open(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")) as f:
             for line in f:
@@ -147,7 +145,7 @@ def run_docker(argv: List[str], env: Dict[str, str]) -> int:
             "set".format(", ".join(missing)))
         return 2
     name, full = docker_argv(argv, env)
-    grace = kill_wait() or "30"
+    grace = kill_wait() or "30"  # Slurm's default
     stopping: List[int] = []
 
     def quiet(*words: str) -> None:
@@ -158,8 +156,8 @@ def run_docker(argv: List[str], env: Dict[str, str]) -> int:
         if sig == signal.SIGUSR1:
             quiet("kill", "--signal", env.get(contract.STOP_SIGNAL_VAR, "USR1"), name)
             return
-        if sig != signal.SIGTERM:
-            quiet("kill", "--signal", signal_name(sig), name)
+        if sig == signal.SIGINT:  # (TERM is what `docker stop` sends)
+            quiet("kill", "--signal", "INT", name)
         if not stopping:
             stopping.append(sig)
             quiet("stop", "-t", grace, name)
@@ -180,13 +178,6 @@ def run_docker(argv: List[str], env: Dict[str, str]) -> int:
                         stderr=subprocess.DEVNULL)
 
 
-def signal_name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name[3:]
-    except ValueError:
-        return str(sig)
-
-
 def record(folder: str, code: Optional[int], sig: Optional[int]) -> None:
     """The task's record for the engine (code None: it has started), written without
     following a link and without waiting on whatever else may sit at its name."""
@@ -198,15 +189,7 @@ def record(folder: str, code: Optional[int], sig: Optional[int]) -> None:
                                      " {}".format(sig) if sig else "")
     with contextlib.suppress(OSError):
         os.unlink(name)
-    try:
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                     | os.O_NONBLOCK, 0o644)
-    except OSError:
-        return
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+    saves.write_small(name, line)
 
 
 def run(argv: List[str]) -> int:
@@ -276,21 +259,15 @@ def wait_task(proc: "subprocess.Popen[bytes]", termed: List[float],
 def cancel_grace() -> float:
     """Seconds after the TERM before a cancelled task's folder goes: KillWait less a
     margin where slurm.conf says it, else 5."""
-    wait = kill_wait(None)
+    wait = kill_wait()
     return max(1.0, float(wait) - 3.0) if wait else 5.0
 
 
 def cancelled(run_dir: str) -> bool:
     """The chain's last events hold `train cancel`'s."""
-    path = os.path.join(run_dir, contract.CHAIN_EVENTS)
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.fstat(f.fileno()).st_size - 512))
-            lines = f.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return False
+    text = read_text(os.path.join(run_dir, contract.CHAIN_EVENTS), 512, tail=True)
     # (the chunk's own "terminated" comes after it)
-    return any(line.split()[3:4] == [contract.EV_CANCELLED] for line in lines[-3:])
+    return bool(events("\n".join(text.splitlines()[-3:]), contract.EV_CANCELLED))
 
 
 def finish(own: Optional[str], exits: str, code: int, sig: Optional[int]) -> int:

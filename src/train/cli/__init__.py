@@ -36,19 +36,22 @@ ADD_COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
     run.add_run, clusters.add_clusters, jobs.add_render, jobs.add_submit, init.add_init,
     image.add_image, launch.add_launch, runs.add_summary, runs.add_status, runs.add_logs,
     runs.add_cancel, doctor.add_doctor)
-# each sub-command's handler (render, submit and launch also take the words after `--`)
+# each sub-command's handler
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": run._cmd_run, "clusters": clusters._cmd_clusters, "status": runs._cmd_status,
     "logs": runs._cmd_logs, "cancel": runs._cmd_cancel, "image": image._cmd_image,
     "init": init._cmd_init, "summary": runs._cmd_summary, "doctor": doctor._cmd_doctor}
+# and those that also take the words after `--` (None: no `--` given)
+WITH_WORKLOAD: dict[str, Callable[[argparse.Namespace, list[str] | None], int]] = {
+    "render": jobs._cmd_render, "submit": jobs._cmd_submit,
+    "launch": lambda args, workload: run_launch(args, workload or [])}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = FlagParser(prog="train", description=DESCRIPTION, formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"train {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in ADD_COMMANDS:  # in this order in `train --help`
         add(sub)
     return parser
@@ -72,8 +75,7 @@ def _terminated(signum: int, frame: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     workload: list[str] | None = None  # None: no `--` given
-    if "--" in raw and any(c in raw[: raw.index("--")] for c in ("render", "submit",
-                                                                   "launch")):
+    if "--" in raw and any(c in raw[: raw.index("--")] for c in WITH_WORKLOAD):
         cut = raw.index("--")
         raw, workload = raw[:cut], raw[cut + 1:]
     raw = _value_flag_joined(raw, "--resume-args")
@@ -90,11 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace, workload: list[str] | None) -> int:
     try:
-        if args.command == "launch":
-            return run_launch(args, workload or [])
-        if args.command in ("render", "submit"):
-            job_cmd = jobs._cmd_render if args.command == "render" else jobs._cmd_submit
-            return job_cmd(args, workload)
+        if args.command in WITH_WORKLOAD:
+            return WITH_WORKLOAD[args.command](args, workload)
         return COMMANDS[args.command](args)
     except BrokenPipeError:  # `train status | head`: the reader left, nothing to report
         with contextlib.suppress(OSError):

@@ -38,8 +38,6 @@ def _timeout(args: argparse.Namespace) -> float:
     value = args.timeout
     if value is None:
         return PROBE_TIMEOUT
-    if args.action != "probe":
-        raise UsageError("--timeout: only with `train clusters probe NAME`")
     if not 0 < value <= MAX_TIMEOUT:  # NaN too
         raise UsageError(f"--timeout: seconds above 0, at most {MAX_TIMEOUT:g}; got {value:g}")
     return float(value)
@@ -49,8 +47,9 @@ def _cmd_clusters(args: argparse.Namespace) -> int:
     from train.client.clusters.profiles import Registry, describe
 
     registry = Registry(args.profile)
-    if args.write and args.action != "probe":
-        raise UsageError("--write: only with `train clusters probe NAME`")
+    for flag, given in (("--write", args.write), ("--timeout", args.timeout is not None)):
+        if given and args.action != "probe":
+            raise UsageError(f"{flag}: only with `train clusters probe NAME`")
     timeout = _timeout(args)
     if args.action != "list" and not args.name:
         raise UsageError(f"clusters {args.action}: name a profile; known: "

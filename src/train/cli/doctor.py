@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from train.common.errors import EXIT_FAILURE, EXIT_OK, UsageError
 
@@ -71,27 +71,22 @@ def _preflight(args: argparse.Namespace) -> int:
     if args.ref is not None:
         raise UsageError("doctor: --preflight checks the login node, not a run; give no run "
                          "name with it")
-    defaults = load_defaults()
-
-    def given(name: str) -> Any:
-        value = getattr(args, name)
-        return value if value is not None else defaults.get(name)
-
-    python = str(given("python") or "python3")
+    # the flags given, over `train init`'s defaults
+    given = {**load_defaults(), **{k: v for k, v in vars(args).items() if v is not None}}
+    python = str(given.get("python") or "python3")
     if python.startswith("-") or not python.strip() or "\x00" in python:
         raise UsageError(f"--python: {python[:80]!r} is not an interpreter (a command name or "
                          "path, not starting with '-')")
     registry = Registry(args.profile)
-    cluster = given("cluster")
+    cluster = given.get("cluster")
     if cluster is None:
         raise UsageError(f"cluster: --preflight needs the cluster: --cluster NAME (one of "
                          f"{', '.join(registry.names())}), or `train init --cluster NAME` "
                          f"(it goes to {defaults_path()})")
     checks = run_preflight(
-        registry.get(str(cluster)), image=given("image"), account=given("account"),
-        runs_root=args.runs, partition_or_constraint=given("partition") or given(
-            "constraint"), runtime=given("runtime") or "auto",
-        python=python)
+        registry.get(str(cluster)), image=given.get("image"), account=given.get("account"),
+        runs_root=args.runs, runtime=given.get("runtime") or "auto", python=python,
+        partition_or_constraint=given.get("partition") or given.get("constraint"))
     if args.json:
         print(json.dumps(checks_json(checks), indent=2))
     else:

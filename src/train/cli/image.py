@@ -14,7 +14,6 @@ from train.common.errors import EXIT_OK, UsageError, install_hint
 if TYPE_CHECKING:
     from train.cli.common import Subparsers
     from train.images.defs import DefFile
-    from train.images.derive import Derived
 
 
 def add_image(sub: Subparsers) -> None:
@@ -81,6 +80,8 @@ def _pairs(items: list[str], flag: str) -> dict[str, str]:
 
 
 def _cmd_image(args: argparse.Namespace) -> int:
+    from train.images.build import engine
+    from train.images.defs import parse
     from train.images.lint import lint_all
     from train.images.sources import containers_dir, find_def
 
@@ -98,7 +99,14 @@ def _cmd_image(args: argparse.Namespace) -> int:
         raise UsageError(f"image {args.action}: name exactly one image")
     if args.base_sif is not None and args.action != "build":
         raise UsageError(f"--base-sif: for `train image build`, not image {args.action}")
-    image = _image(args, find_def(args.images[0], args.defs))
+    path = find_def(args.images[0], args.defs)
+    d = parse(path)
+    out = args.out.resolve() if args.out is not None else None
+    image = _Image(definition=d, root=path.parent.parent,
+                   build_args=_pairs(args.build_arg, "--build-arg"),
+                   localimages=_pairs(args.localimage, "--localimage"),
+                   tag=args.tag or f"train/{d.name}:local", engine=engine(args.engine),
+                   out=out, sif=out or Path(f"{d.name}.sif").resolve())
     actions = {"translate": _image_translate, "build": _image_build, "test": _image_test,
                "digest": _image_digest, "export": _image_export}
     return actions[args.action](args, image)
@@ -116,19 +124,6 @@ class _Image:
     engine: str
     out: Path | None  # resolved before any cwd change
     sif: Path
-
-
-def _image(args: argparse.Namespace, path: Path) -> _Image:
-    from train.images.build import engine
-    from train.images.defs import parse
-
-    d = parse(path)
-    out = args.out.resolve() if args.out is not None else None  # before any cwd change
-    return _Image(definition=d, root=path.parent.parent,
-                  build_args=_pairs(args.build_arg, "--build-arg"),
-                  localimages=_pairs(args.localimage, "--localimage"),
-                  tag=args.tag or f"train/{d.name}:local", engine=engine(args.engine),
-                  out=out, sif=out or Path(f"{d.name}.sif").resolve())
 
 
 def _image_translate(args: argparse.Namespace, im: _Image) -> int:
@@ -212,7 +207,17 @@ def _image_new(args: argparse.Namespace, containers: Path) -> int:
              if args.find_links is not None else ["--index-url", PIP_INDEX])
     made = derive(args.images[0], args.from_image, args.requirements, containers,
                   out=args.out, editable=args.editable, index_args=index)
-    _report_new(made, args.from_image)
+    for request in made.dropped:
+        print(f"note: {request.where} {request.text!r} left out: its marker is false for "
+              f"the image ({made.target.describe()})", file=sys.stderr)
+    if made.duplicates:
+        print(f"note: {made.duplicates} requirement(s) repeated an earlier one; each "
+              "counted once", file=sys.stderr)
+    for copy in made.kept:
+        print(f"kept the earlier {copy.name.rsplit('.', 1)[0]} as {copy}", file=sys.stderr)
+    verb = "unchanged:" if {made.definition, made.lock} <= set(made.unchanged) else "wrote"
+    print(f"{verb} {made.definition} and {made.lock} ({len(made.added)} package(s) added to "
+          f"{args.from_image}: {', '.join(f'{p.name}=={p.version}' for p in made.added)})")
     print(f"next: train image lint {made.definition}; train image build {made.definition} "
           f"(Docker: --localimage {args.from_image}.sif=train/{args.from_image}:local)")
     if importlib.util.find_spec("spython") is None:  # what `image lint` reads .def files with
@@ -224,19 +229,3 @@ def _image_new(args: argparse.Namespace, containers: Path) -> int:
               "pyproject.toml or .git: build from a project folder (`--out` inside it) or "
               "`git init` there first", file=sys.stderr)
     return EXIT_OK
-
-
-def _report_new(made: Derived, base: str) -> None:
-    """What `image new` wrote, kept and left out."""
-    for request in made.dropped:
-        print(f"note: {request.where} {request.text!r} left out: its marker is false for "
-              f"the image ({made.target.describe()})", file=sys.stderr)
-    if made.duplicates:
-        print(f"note: {made.duplicates} requirement(s) repeated an earlier one; each "
-              "counted once", file=sys.stderr)
-    for copy in made.kept:
-        print(f"kept the earlier {copy.name.rsplit('.', 1)[0]} as {copy}", file=sys.stderr)
-    same = {made.definition, made.lock} <= set(made.unchanged)
-    verb = "unchanged:" if same else "wrote"
-    print(f"{verb} {made.definition} and {made.lock} ({len(made.added)} package(s) added to "
-          f"{base}: {', '.join(f'{p.name}=={p.version}' for p in made.added)})")

@@ -44,20 +44,18 @@ TOPICS: dict[str, str] = {
 
 
 class _HelpAction(argparse._HelpAction):
-    """`-h, --help [TOPIC]`: the one-screen help, or one topic's options in full; with
-    nargs 0 (`--help-all`), every option, by topic."""
+    """`-h, --help [TOPIC]`: the one-screen help, or one topic's options in full."""
 
     def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
-                 default: Any = argparse.SUPPRESS, help: str | None = None,
-                 nargs: int | str = "?") -> None:
+                 default: Any = argparse.SUPPRESS, help: str | None = None) -> None:
         argparse.Action.__init__(self, option_strings, dest=dest, default=default,
-                                 nargs=nargs, metavar="TOPIC", help=help)
+                                 nargs="?", metavar="TOPIC", help=help)
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: str | None = None) -> None:
         if values is None:
             text = short_help(parser)
-        elif values in ("all", []):
+        elif values == "all":
             text = parser.format_help()
         elif values in TOPICS:
             text = topic_help(parser, TOPICS[values])
@@ -72,7 +70,7 @@ def add_help(p: argparse.ArgumentParser) -> None:
     """The job command's help options (its parser is made with add_help=False)."""
     p.add_argument("-h", "--help", action=_HelpAction,
                    help=f"this screen; --help TOPIC: one topic in full ({', '.join(TOPICS)})")
-    p.add_argument("--help-all", action=_HelpAction, nargs=0, help="every option, by topic")
+    p.add_argument("--help-all", action="help", help="every option, by topic")
 
 
 def full_epilog(p: argparse.ArgumentParser) -> str:

@@ -19,14 +19,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
 
 from train.common.errors import TrainError
 
 log = logging.getLogger(__name__)
 
 TAIL_CHARS = 500  # what of a failed command's stderr its error quotes
-_REAP_TIMEOUT = 10.0  # after the group is killed: a process outside it may hold the pipes
+_REAP_TIMEOUT = 10.0  # after the group is killed (one it may not signal: a setuid program)
 
 
 class ProcError(TrainError):
@@ -36,7 +35,6 @@ class ProcError(TrainError):
         if len(tail) > TAIL_CHARS:
             tail = "..." + tail[-TAIL_CHARS:]
         super().__init__(f"{shlex.join(argv)} exited with {returncode}: {tail}")
-        self.argv = list(argv)
         self.returncode = returncode
         self.stderr = stderr
         self.timed_out = timed_out
@@ -51,93 +49,61 @@ _HUNG: set[str] = set()
 def run(argv: Sequence[str], *, cwd: Path | None = None, timeout: float = 60.0,
         check: bool = True, env: Mapping[str, str] | None = None, skip_hung: bool = False
         ) -> subprocess.CompletedProcess[str]:
-    """Run argv, capture text output; raise ProcError on a non-zero exit when `check`, and
-    on a timeout (its process group killed; `timed_out` set). `env`: the whole environment
-    argv gets (default: this process's). `skip_hung`: where argv's program timed out
-    earlier in this process, the same ProcError at once instead of another wait."""
-    log.debug("running %s", shlex.join(argv))
+    """run_bounded, raising ProcError on a non-zero exit when `check`. `skip_hung`: where
+    argv's program timed out earlier in this process, the same ProcError at once instead
+    of another wait."""
     if skip_hung and argv and argv[0] in _HUNG:
         raise ProcError(argv, 124, f"not asked again: {argv[0]} did not answer earlier in "
                         "this command", timed_out=True)
-    # bytes that are not UTF-8 (a site tool's output, a mangled name) are replaced
-    child, held = _popen(argv, env, cwd=cwd, text=True, encoding="utf-8", errors="replace")
     try:
-        _deliver(held)
-        stdout, stderr = child.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_group(child)
-        _HUNG.add(argv[0])
-        raise ProcError(argv, 124, f"timed out after {timeout:g} s", timed_out=True) from None
-    except BaseException:  # Ctrl-C, a signal turned into an exception: nothing left behind
-        kill_group(child)
+        proc = run_bounded(argv, timeout=timeout, env=env, cwd=cwd)
+    except ProcError as exc:
+        if exc.timed_out:
+            _HUNG.add(argv[0])
         raise
-    proc = subprocess.CompletedProcess(list(argv), child.returncode, stdout, stderr)
     if check and proc.returncode != 0:
         raise ProcError(argv, proc.returncode, proc.stderr)
     return proc
 
 
 _HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_P = TypeVar("_P")
 
 
-def _popen(argv: Sequence[str], env: Mapping[str, str] | None, **options: Any
-           ) -> tuple[subprocess.Popen[Any], list[int]]:
-    """argv started (`_start`) in a session of its own, stdin empty, its output piped."""
-    try:
-        return _start(lambda: subprocess.Popen(
-            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True,
-            env=None if env is None else dict(env), **options))
-    except FileNotFoundError:
-        raise ProcError(argv, 127, f"{argv[0]}: command not found") from None
-    except OSError as exc:  # E2BIG (an argument list too long), EACCES, ...
-        raise ProcError(argv, 126, f"{argv[0]} could not be started: {exc}") from None
-
-
-def _start(start: Callable[[], _P]) -> tuple[_P, list[int]]:
-    """`start()` (a Popen) with SIGINT, SIGTERM and SIGHUP held while the child starts, and
-    the signals that came meanwhile (for `_deliver` once the child is in hand): raised before
-    Popen returned, one would unwind without the child, whose group would run on (seen: TERM
-    to `train render` while a hung engine started). Only Python handlers are held."""
-    if threading.current_thread() is not threading.main_thread():
-        return start(), []
+def _popen(argv: Sequence[str], env: Mapping[str, str] | None, cwd: Path | None
+           ) -> tuple[subprocess.Popen[bytes], list[int]]:
+    """argv started in a session of its own, stdin empty, its output piped, with SIGINT,
+    SIGTERM and SIGHUP held while it starts; and the signals that came meanwhile (for
+    `_deliver` once the child is in hand): raised before Popen returned, one would unwind
+    without the child, whose group would run on (seen: TERM to `train render` while a hung
+    engine started). Only Python handlers are held, and only in the main thread."""
     held: list[int] = []
     previous = {}
-    for sig in _HELD:
+    for sig in _HELD if threading.current_thread() is threading.main_thread() else ():
         handler = signal.getsignal(sig)
         if callable(handler):
             previous[sig] = signal.signal(sig, lambda signum, _frame: held.append(signum))
     try:
         try:
-            return start(), held
+            child = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     start_new_session=True,
+                                     env=None if env is None else dict(env), cwd=cwd)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-    except BaseException:
+    except BaseException as exc:
         _deliver(held)  # (an interrupt while it failed to start: the interrupt wins)
+        if isinstance(exc, FileNotFoundError):
+            raise ProcError(argv, 127, f"{argv[0]}: command not found") from None
+        if isinstance(exc, OSError):  # E2BIG (an argument list too long), EACCES, ...
+            raise ProcError(argv, 126, f"{argv[0]} could not be started: {exc}") from None
         raise
+    return child, held
 
 
 def _deliver(held: list[int]) -> None:
     for sig in dict.fromkeys(held):
         signal.raise_signal(sig)
-
-
-def kill_group(child: subprocess.Popen[str]) -> None:
-    """SIGKILL to the child's whole process group, then reap it (pipes a process outside
-    the group holds are closed, not waited for)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(child.pid, signal.SIGKILL)
-    try:
-        child.communicate(timeout=_REAP_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        for pipe in (child.stdout, child.stderr):
-            if pipe is not None:
-                pipe.close()
-    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-        child.kill()  # (where the group could not be signalled)
-        child.wait(timeout=_REAP_TIMEOUT)
 
 
 # terminal escape sequences (CSI `ESC [ ... final`, OSC `ESC ] ... BEL|ESC \`, two-byte ESC
@@ -164,22 +130,23 @@ def tail(text: str, limit: int = TAIL) -> str:
 
 
 def run_bounded(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
-                slow: tuple[float, Callable[[], None]] | None = None
+                slow: tuple[float, Callable[[], None]] | None = None, cwd: Path | None = None
                 ) -> subprocess.CompletedProcess[str]:
-    """Run argv (a command that may hang or flood: a site's tool) for at most `timeout`
-    seconds; its group is killed then, or when argv ends leaving children behind. Keeps the
-    first MAX_OUTPUT bytes of stdout (more: stopped, 125) and the last STDERR_KEPT of
-    stderr. `slow`: (seconds, call) calls `call()` once if argv runs that long. A non-zero
-    exit is returned, not raised."""
+    """Run argv (in `cwd`; `env`: its whole environment, default this process's) for at
+    most `timeout` seconds; its group is killed then (ProcError, `timed_out` set), or when
+    argv ends leaving children behind. Keeps the first MAX_OUTPUT bytes of stdout (more:
+    stopped, 125) and the last STDERR_KEPT of stderr; bytes that are not UTF-8 (a site
+    tool's output, a mangled name) are replaced. `slow`: (seconds, call) calls `call()`
+    once if argv runs that long. A non-zero exit is returned, not raised."""
     log.debug("running %s (at most %g s)", shlex.join(argv), timeout)
-    proc, held = _popen(argv, env)
+    proc, held = _popen(argv, env, cwd=cwd)
     try:
         _deliver(held)
         out, err, failed = _collect(proc, timeout, slow)
     finally:
         _end_group(proc)
     if failed is not None:
-        raise ProcError(argv, failed[0], failed[1])
+        raise ProcError(argv, failed[0], failed[1], timed_out=failed[0] == 124)
     return subprocess.CompletedProcess(list(argv), proc.returncode,
                                        out.decode("utf-8", errors="replace"),
                                        err.decode("utf-8", errors="replace"))
@@ -242,4 +209,5 @@ def _end_group(proc: subprocess.Popen[bytes]) -> None:
         if stream is not None:
             with contextlib.suppress(OSError):
                 stream.close()
-    proc.wait()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=_REAP_TIMEOUT)

@@ -9,6 +9,7 @@ and diagnoses only a failure (torch seeing the GPUs expected is usable, whatever
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import warnings
 from collections.abc import Mapping
@@ -19,12 +20,8 @@ from train.common.gpus import arch_runs
 
 # Why NVML gave no facts when its Python binding is absent (not a crash: a fact).
 PYNVML_MISSING = "pynvml (the nvidia-ml-py package) is not installed"
-# Oldest Linux driver per CUDA major version. From CUDA 11 on, a driver of the same major runs
-# any minor of it (CUDA's minor-version compatibility: a cu128 torch runs on driver 535,
-# which reports CUDA 12.2), so only the major decides.
+# Oldest Linux driver per CUDA major version (only the major decides: driver_runs).
 MIN_DRIVER = {13: 580, 12: 525, 11: 450}
-# The first CUDA major with minor-version compatibility.
-MINOR_COMPAT_FROM = 11
 # CUDA_VISIBLE_DEVICES values that hide every GPU (Slurm writes NoDevFiles for a GRES
 # without device files).
 _HIDE_ALL = ("-1", "NoDevFiles")
@@ -69,15 +66,8 @@ def visible_entries(visible: str | None) -> list[str] | None:
     """The devices CUDA_VISIBLE_DEVICES names, up to the first that hides the rest."""
     if visible is None:
         return None
-    entries: list[str] = []
-    for raw in visible.split(","):
-        entry = raw.strip()
-        if not entry:
-            continue
-        if entry in _HIDE_ALL:
-            break
-        entries.append(entry)
-    return entries
+    entries = [entry.strip() for entry in visible.split(",") if entry.strip()]
+    return list(itertools.takewhile(lambda entry: entry not in _HIDE_ALL, entries))
 
 
 def expected_devices(facts: CudaFacts) -> int | None:
@@ -126,8 +116,9 @@ def check(facts: CudaFacts, expected: int | None = None) -> str | None:
 
 def driver_runs(driver: tuple[int, int], built: tuple[int, int]) -> bool:
     """Does a driver that supports CUDA `driver` run code built for CUDA `built`? The same
-    major is enough from CUDA 11 on (minor-version compatibility); before, the minor too."""
-    if built[0] >= MINOR_COMPAT_FROM:
+    major is enough from CUDA 11 on (minor-version compatibility: a cu128 torch runs on
+    driver 535, which reports CUDA 12.2); before, the minor too."""
+    if built[0] >= 11:
         return driver[0] >= built[0]
     return driver >= built
 
@@ -254,7 +245,7 @@ def gather_facts(environ: Mapping[str, str] | None = None) -> CudaFacts:
     env = os.environ if environ is None else environ
     import torch
 
-    torch_error = None
+    caught: list[warnings.WarningMessage] = []
     available = False
     devices = 0
     if torch.version.cuda is not None:
@@ -262,12 +253,8 @@ def gather_facts(environ: Mapping[str, str] | None = None) -> CudaFacts:
             warnings.simplefilter("always")
             available = torch.cuda.is_available()
             devices = torch.cuda.device_count() if available else 0
-        if caught:
-            torch_error = " ".join(_torch_said(str(w.message)) for w in caught)
-    arch_list: tuple[str, ...] | None = None
-    gpus: tuple[tuple[str, tuple[int, int]], ...] | None = None
-    if available and devices > 0:
-        arch_list, gpus = _torch_arch(torch, devices)
+    torch_error = " ".join(_torch_said(str(w.message)) for w in caught) or None
+    arch_list, gpus = _torch_arch(torch, devices)
     driver_cuda, driver_version, nvml_gpus, mig, nvml_error = _nvml_facts()
     return CudaFacts(
         torch_version=str(torch.__version__),
@@ -290,8 +277,10 @@ def gather_facts(environ: Mapping[str, str] | None = None) -> CudaFacts:
 
 def _torch_arch(torch: Any, devices: int
                 ) -> tuple[tuple[str, ...] | None, tuple[tuple[str, tuple[int, int]], ...] | None]:
-    """torch's architecture list and each visible GPU's name and capability (both read
-    without running a kernel); None where torch cannot say."""
+    """torch's architecture list and each of the `devices` GPUs' name and capability
+    (both read without running a kernel); None where torch cannot say or sees no GPU."""
+    if devices == 0:
+        return None, None
     try:
         arch = tuple(str(a) for a in torch.cuda.get_arch_list())
         gpus = []

@@ -16,11 +16,10 @@ from train.common.errors import EXIT_RESOURCE
 _CLEAN_PATH = ("here = os.path.realpath(os.getcwd()); "
                "sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != here]; ")
 _RUN = "runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
-ENTRY_TEMPLATE = "import os, sys, runpy; " + _CLEAN_PATH + _RUN
 
 
 def entry_code(module: str = "train") -> str:
-    return ENTRY_TEMPLATE.format(module=module)
+    return ("import os, sys, runpy; " + _CLEAN_PATH + _RUN).format(module=module)
 
 
 def module_argv(python: str, module: str = "train") -> list[str]:
@@ -33,9 +32,7 @@ def tool_args(command: Sequence[str]) -> list[str] | None:
     or `python -m train ARGS` as a user may write it), or None for another program."""
     argv = list(command)
     for i in range(len(argv) - 1):
-        if argv[i] == "-c" and argv[i + 1] == entry_code():
-            return argv[i + 2:]
-        if argv[i] == "-m" and argv[i + 1] == "train":
+        if (argv[i], argv[i + 1]) in (("-c", entry_code()), ("-m", "train")):
             return argv[i + 2:]
     return None
 

@@ -33,10 +33,6 @@ class ResourceError(TrainError):
     exit_code = EXIT_RESOURCE
 
 
-class RuntimeMissing(ResourceError):
-    """The training runtime (the `run` extra: torch, numpy, ...) is not installed here."""
-
-
 DISTRIBUTION = "train-slurm-apptainer"  # pyproject.toml's name; PyPI's `train` is another project
 
 
@@ -51,12 +47,13 @@ def install_hint(extra: str) -> str:
 RUNTIME_MODULES = frozenset({"torch", "numpy", "matplotlib", "hostlist", "pynvml"})
 
 
-def runtime_missing(exc: ModuleNotFoundError) -> RuntimeMissing | None:
-    """The error for a runtime module that is not installed, else None (Python names the
-    first missing package, so a missing submodule of one installed stays unexpected)."""
+def runtime_missing(exc: ModuleNotFoundError) -> ResourceError | None:
+    """The error for a module of the training runtime (the `run` extra) that is not
+    installed, else None (Python names the first missing package, so a missing submodule
+    of one installed stays unexpected)."""
     if exc.name not in RUNTIME_MODULES:
         return None
-    return RuntimeMissing(
+    return ResourceError(
         f"the training runtime is not installed here (no module named {exc.name!r}): "
         f"install it with {install_hint('run')}, or run the command inside the container "
         "image")

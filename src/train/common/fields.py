@@ -75,35 +75,28 @@ def check_value(f: dataclasses.Field[Any], value: Any) -> None:
         raise ConfigError(f.name, f"must not hold a NUL byte, got {shown(value)}")
 
 
-def field_table(cls: type[Any]) -> list[dataclasses.Field[Any]]:
-    return list(fields(cls))
-
-
 _INT_RE = re.compile(r"^[+-]?\d+$")
+_BOOL_WORDS = {"true": True, "yes": True, "1": True, "on": True,
+               "false": False, "no": False, "0": False, "off": False}
 
 
 def _coerce(f: dataclasses.Field[Any], value: Any, *, from_text: bool) -> Any:
+    """`value` as its field's kind where it reads as one (a flag's text, a YAML integer
+    for a number); any other value is returned as it is, for check_value to refuse."""
     kind = f.metadata["kind"]
     if value is None or (from_text and f.metadata["optional"] and value in ("", "none", "null")):
         return None
     if kind is tuple:
         return _coerce_ints(f.name, value)
-    if kind is list:
-        if isinstance(value, (list, tuple)):
-            return tuple(str(v) if isinstance(v, (int, float, str)) and not isinstance(v, bool)
-                         else v for v in value)
-        raise ConfigError(f.name, f"must be a list of strings, got {shown(value)}")
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if from_text and text in ("true", "yes", "1", "on"):
-            return True
-        if from_text and text in ("false", "no", "0", "off"):
-            return False
-        raise ConfigError(f.name, f"must be true or false, got {shown(value)}")
-    if from_text:
+    if kind is list and isinstance(value, (list, tuple)):
+        return tuple(str(v) if isinstance(v, (int, float, str)) and not isinstance(v, bool)
+                     else v for v in value)
+    if from_text and kind is not list:
         text = str(value).strip()
+        if kind is bool:
+            if text.lower() not in _BOOL_WORDS:
+                raise ConfigError(f.name, f"must be true or false, got {shown(value)}")
+            return _BOOL_WORDS[text.lower()]
         if kind is int:
             if not _INT_RE.match(text):
                 raise ConfigError(f.name, f"must be an integer, got {shown(value)}")
@@ -131,21 +124,16 @@ def _int(name: str, text: str) -> int:
         raise ConfigError(name, f"{len(text)} digits is too long for an integer") from None
 
 
-def _coerce_ints(name: str, value: Any) -> tuple[int, ...]:
-    if isinstance(value, bool):
-        raise ConfigError(name, f"must be a list of integers, got {shown(value)}")
-    if isinstance(value, int):
+def _coerce_ints(name: str, value: Any) -> Any:
+    """One integer, a list of them, or their text ("4 6 8", "4,6"), as a tuple."""
+    if isinstance(value, int) and not isinstance(value, bool):
         return (value,)
     if isinstance(value, str):
         parts = [p for p in re.split(r"[\s,]+", value.strip()) if p]
         if not parts or not all(_INT_RE.match(p) for p in parts):
             raise ConfigError(name, f'must be integers such as "4 6 8", got {shown(value)}')
         return tuple(_int(name, p) for p in parts)
-    if isinstance(value, list):
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            raise ConfigError(name, f"must be a list of integers, got {shown(value)}")
-        return tuple(value)
-    raise ConfigError(name, f"must be a list of integers, got {shown(value)}")
+    return tuple(value) if isinstance(value, list) else value
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
@@ -302,7 +290,7 @@ def default_text(f: Any) -> str:
 def add_fields(p: argparse.ArgumentParser, cls: type[Any], skip: Sequence[str],
                group: Callable[[str], Any] | None = None) -> None:
     """One flag per config field; `group(name)`: the argument group of a field's flag."""
-    for f in field_table(cls):
+    for f in fields(cls):
         if f.name in skip:
             continue
         meta = f.metadata
@@ -318,18 +306,15 @@ def add_fields(p: argparse.ArgumentParser, cls: type[Any], skip: Sequence[str],
         if meta["kind"] is bool:
             target.add_argument(*flags, dest=f.name, action="store_const", const="true",
                                 default=None, help=help_text)
-            target.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name,
-                                action="store_const", const="false", default=None,
-                                help=argparse.SUPPRESS)
-        elif meta["kind"] is list:  # may repeat: --env A --env B=1
-            target.add_argument(*flags, dest=f.name, default=None, action="append",
-                                metavar=metavar, help=help_text)
-        else:
+            target.add_argument("--no-" + flag[2:], dest=f.name, action="store_const",
+                                const="false", default=None, help=argparse.SUPPRESS)
+        else:  # a list's flag may repeat: --env A --env B=1
             target.add_argument(*flags, dest=f.name, default=None, metavar=metavar,
+                                action="append" if meta["kind"] is list else "store",
                                 help=help_text)
 
 
 def flags_from(args: argparse.Namespace, cls: type[Any], skip: Sequence[str]
                ) -> dict[str, Any]:
-    return {f.name: getattr(args, f.name) for f in field_table(cls)
+    return {f.name: getattr(args, f.name) for f in fields(cls)
             if f.name not in skip and getattr(args, f.name, None) is not None}

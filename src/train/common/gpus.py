@@ -70,17 +70,12 @@ def arch_runs(cap: tuple[int, int], arch_list: Iterable[str]) -> bool:
     """Can a GPU of capability `cap` run a build carrying `arch_list`? Machine code runs on
     the same major at an equal or higher minor, "a" code only on exactly its capability, PTX
     on any equal or newer one (the driver compiles it)."""
-    for entry in arch_list:
-        parsed = parse_arch(entry)
-        if parsed is None:
-            continue
-        kind, arch, suffix = parsed
+    have = tuple(cap)
+    for kind, arch, suffix in filter(None, map(parse_arch, arch_list)):
         if kind == "compute":
-            if tuple(cap) >= arch:
-                return True
-        elif suffix == "a":
-            if tuple(cap) == arch:
-                return True
-        elif cap[0] == arch[0] and cap[1] >= arch[1]:
+            runs = have >= arch
+        else:
+            runs = have == arch if suffix == "a" else have[0] == arch[0] and have >= arch
+        if runs:
             return True
     return False

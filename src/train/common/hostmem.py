@@ -53,7 +53,7 @@ def cgroup_memory_left(self_cgroup: str | None = None,
             self_cgroup = Path("/proc/self/cgroup").read_text(encoding="utf-8")
         except OSError:
             return None
-    tightest: int | None = None
+    left: list[int] = []  # what each limited level allows
     for line in self_cgroup.splitlines():
         parts = line.split(":", 2)
         if len(parts) != 3:
@@ -70,9 +70,8 @@ def cgroup_memory_left(self_cgroup: str | None = None,
             limit = _read_int(directory / files[0])
             used = _read_int(directory / files[1])
             if limit is not None and limit < _UNLIMITED and used is not None:
-                left = max(0, limit - used)
-                tightest = left if tightest is None else min(tightest, left)
+                left.append(max(0, limit - used))
             if directory == base or base not in directory.parents:
                 break
             directory = directory.parent
-    return tightest
+    return min(left, default=None)

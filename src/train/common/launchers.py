@@ -6,6 +6,7 @@ own flags (standard library only: the bound launcher imports it)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Sequence
 
@@ -32,21 +33,16 @@ def accelerate_prefix(command: Sequence[str]) -> int:
 def given_job_options(command: Sequence[str]) -> list[str]:
     """The job's own options (JOB_OPTIONS) the command gives accelerate launch itself,
     before its script (the first `.py` word)."""
-    found = []
-    for word in command[accelerate_prefix(command):]:
-        if word.endswith(".py"):
-            break
-        name = word.split("=", 1)[0].lstrip("-").replace("-", "_")
-        if word.startswith("--") and name in JOB_OPTIONS:
-            found.append(word.split("=", 1)[0])
-    return found
+    words = itertools.takewhile(lambda word: not word.endswith(".py"),
+                                command[accelerate_prefix(command):])
+    flags = [word.split("=", 1)[0] for word in words if word.startswith("--")]
+    return [flag for flag in flags if flag[2:].replace("-", "_") in JOB_OPTIONS]
 
 
 def with_job_options(command: Sequence[str], nodes: int, node_rank: int, master: str,
                      port: int, processes: int) -> list[str]:
     """The command with the job's shape and rendezvous as accelerate launch's options."""
     at = accelerate_prefix(command)
-    options = [f"--num_processes={processes}", f"--num_machines={nodes}",
-               f"--machine_rank={node_rank}", f"--main_process_ip={master}",
-               f"--main_process_port={port}"]
+    values = (processes, nodes, node_rank, master, port)  # JOB_OPTIONS' (zip: Python 3.9)
+    options = [f"--{name}={value}" for name, value in zip(JOB_OPTIONS, values)]  # noqa: B905
     return [*command[:at], *options, *command[at:]]

@@ -9,6 +9,7 @@ file (a dotfiles link) resolves the link first and writes there."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import stat
@@ -18,17 +19,6 @@ from pathlib import Path
 MAX_COPIES = 1000  # numbered copies of one file
 
 
-def _exclusive(path: Path, mode: int = 0o666) -> tuple[int, Path]:
-    """A new file beside `path`, open for writing, under a name no one else has."""
-    while True:
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-        try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                           mode), tmp
-        except FileExistsError:
-            continue
-
-
 def write_atomic(path: Path, data: bytes | str, *, fsync: bool = True,
                  before: Callable[[Path], None] | None = None) -> None:
     """`data` in place of `path` at once: written to a temp file beside it (with `fsync`
@@ -36,15 +26,17 @@ def write_atomic(path: Path, data: bytes | str, *, fsync: bool = True,
     then renamed over `path`. A regular file there keeps its permissions. On any failure
     (before's too) the temp file is removed and `path` is as it was."""
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = _exclusive(path)
+    while True:  # a new file beside `path`, under a name no one else has
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        with contextlib.suppress(FileExistsError):
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+            break
     try:
         with os.fdopen(fd, "wb") as fh:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 old = os.lstat(path)
-            except FileNotFoundError:
-                old = None
-            if old is not None and stat.S_ISREG(old.st_mode):
-                os.fchmod(fh.fileno(), stat.S_IMODE(old.st_mode))
+                if stat.S_ISREG(old.st_mode):
+                    os.fchmod(fh.fileno(), stat.S_IMODE(old.st_mode))
             fh.write(raw)
             if fsync:
                 fh.flush()

@@ -46,9 +46,7 @@ Loader.add_implicit_resolver(
 
 def _construct_int(loader: yaml.SafeLoader, node: yaml.Node) -> int:
     text = str(loader.construct_scalar(node))  # type: ignore[arg-type]
-    if text.startswith("0o"):
-        return int(text[2:], 8)
-    return int(text, 0) if text.startswith("0x") else int(text, 10)
+    return int(text, 0) if text.startswith(("0o", "0x")) else int(text, 10)
 
 
 Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)

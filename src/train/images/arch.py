@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 import shutil
 import struct
+import sys
 import tempfile
 import zipfile
 from collections.abc import Iterator
@@ -136,19 +137,15 @@ def wheel_arch(wheel: Path) -> BuildArch:
         raise ConfigError("wheel", f"{wheel} is not a readable wheel: {exc}") from None
     with archive:
         names = set(archive.namelist())
-        cuda = None
-        for version in ("torch/version.py", "torchvision/version.py"):
-            if version in names:
-                cuda = _version_cuda(archive.read(version).decode(errors="replace"))
-                break
+        version = next((v for v in ("torch/version.py", "torchvision/version.py")
+                        if v in names), None)
+        cuda = _version_cuda(archive.read(version).decode(errors="replace")) if version else None
         library = next((n for n in LIBRARIES if n in names), None)
         if library is None:
             return BuildArch(cuda, (), ())
         build = _member_arch(archive, library, cuda)
-        if LINALG in names:
-            linalg = _member_arch(archive, LINALG, cuda)
-            build = BuildArch(build.cuda, build.sm, build.ptx, linalg.arch_list)
-        return build
+        linalg = _member_arch(archive, LINALG, cuda).arch_list if LINALG in names else None
+        return BuildArch(cuda, build.sm, build.ptx, linalg)
 
 
 def _member_arch(archive: zipfile.ZipFile, name: str, cuda: str | None) -> BuildArch:
@@ -188,8 +185,6 @@ def read_header(lock_text: str) -> BuildArch | None:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m train.images.arch WHEEL`: print the lock header lines for a torch wheel."""
-    import sys
-
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m train.images.arch WHEEL", file=sys.stderr)

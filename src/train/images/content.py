@@ -46,8 +46,7 @@ _KINDS = ((stat.S_ISFIFO, "p"), (stat.S_ISSOCK, "s"), (stat.S_ISCHR, "c"),
 
 
 def listing(root: str = "/") -> Iterator[str]:
-    """`KINDMODE SHA256 PATH` lines for everything under root (one pass, streamed): f files,
-    d folders, l links (the hash of the target), p/s/c/b special files (no hash)."""
+    """The listing's lines, unsorted (one pass, streamed): KIND f, d, l or p/s/c/b."""
     root = os.path.abspath(root)
 
     def rel(path: str) -> str:

@@ -12,9 +12,8 @@ The rules are those of Apptainer's parser (pkg/build/types/parser/deffile.go, th
   indented header keeps its indentation in the name, which is then invalid, so section
   headers are valid only at column 0. What follows the first space is the section's
   arguments (`%files from STAGE`, `%post -c /bin/bash`).
-- Valid names: SECTIONS in any case (validSections), APP_SECTIONS (appSections) only in
-  lower case and with an app name (`%appinstall NAME`); a bare `%app`, `%post2` or any
-  other name is an error (populateDefinition: "invalid section(s) specified").
+- Valid names (validSections, appSections): SECTIONS in any case, APP_SECTIONS in lower
+  case with an app name; any other name is an error (populateDefinition).
 - A repeated section is joined: its body is appended to the first one's (parseTokenSection
   `Script +=`; a later header's arguments replace earlier ones); %files entries of sections
   with the same arguments are appended to one list, in the order the lists first appear;
@@ -26,10 +25,8 @@ The rules are those of Apptainer's parser (pkg/build/types/parser/deffile.go, th
   starting with `#` are skipped, everything from the first `#` of a line is a comment,
   `Key: value` is split at the first `:`, keys are lower-cased, a line ending in `\\`
   continues on the next one; a line without `:` is an error, an unknown key is an error
-  (validHeaders, plus otherurlN), a repeated key keeps its last value. The Bootstrap value
-  is case-sensitive (conveyorPacker: `Docker` is an invalid build source).
-- Every line starting with `bootstrap:` (any case, column 0) starts a build stage
-  (parser.All); we build single-stage images, so a second one is an error.
+  (validHeaders, plus otherurlN), a repeated key keeps its last value; the Bootstrap value
+  is case-sensitive (conveyorPacker). Every `bootstrap:` line starts a build stage.
 
 `{{ NAME }}` placeholders are filled from `%arguments` defaults overridden by build
 arguments, as `apptainer build --build-arg` does; an unknown or missing argument is an
@@ -115,6 +112,10 @@ class DefFile:
     def name(self) -> str:
         return self.path.stem
 
+    def body(self, name: str) -> list[tuple[int, str]]:  # Section.body; [] when it is absent
+        section = self.sections.get(name)
+        return section.body() if section else []
+
     def arguments(self) -> dict[str, str]:
         return {key: value for _, key, value in self.argument_lines()}
 
@@ -122,8 +123,7 @@ class DefFile:
         """(line, NAME, default) of each %arguments line, as Apptainer's ReadDefaults reads
         them (split at the first `=`, both sides stripped); a later NAME wins."""
         out = []
-        section = self.sections.get("arguments")
-        for number, text in section.body() if section else []:
+        for number, text in self.body("arguments"):
             key, sep, value = text.partition("=")
             if not sep or not key.strip().isidentifier():
                 raise DefError(self.path, number, f"%arguments line must be NAME=VALUE: "
@@ -155,8 +155,7 @@ class DefFile:
         an empty dst means the same path as src. Extra words are ignored, as Apptainer
         ignores them."""
         out = []
-        section = self.sections.get("files")
-        for number, text in section.body() if section else []:
+        for number, text in self.body("files"):
             words = [w.strip().strip('"') for w in split_files_line(text)]
             out.append((number, words[0] if words else "", words[1] if len(words) > 1 else ""))
         return out
@@ -197,7 +196,6 @@ def _read(path: Path) -> str:
 
 def _header(path: Path, rows: list[tuple[int, str]],
             repeats: list[tuple[int, str]]) -> dict[str, tuple[int, str]]:
-    """doHeader: `Key: value` lines, comments from `#`, `\\` continuations."""
     header: dict[str, tuple[int, str]] = {}
     key_cont, val_cont, cont_line = "", "", 0
     for number, text in rows:
@@ -231,23 +229,29 @@ def _header(path: Path, rows: list[tuple[int, str]],
             repeats.append((start, key))
         header[key] = (start, value)
     # a continuation still open at the end of the header is dropped, as doHeader drops it
+    for key in ("bootstrap", "from"):
+        if key not in header:
+            raise DefError(path, 1, f"the header has no {key.capitalize()}: line",
+                           rule="header")
+    at, agent = header["bootstrap"]
+    if agent != agent.lower():
+        raise DefError(path, at, f"Bootstrap: {agent}: Apptainer's bootstrap agents are "
+                       f"case-sensitive ({agent.lower()}); this is an invalid build source",
+                       rule="header")
     return header
 
 
 def parse(path: Path) -> DefFile:
     raw = _read(path)
-    header_rows, all_lines, sections, files_groups = _scan(path, raw)
-    _add_files_groups(sections, files_groups)
+    header_rows, all_lines, sections = _scan(path, raw)
     repeats: list[tuple[int, str]] = []
     header = _header(path, header_rows, repeats)
-    _check_bootstrap(path, header)
     return DefFile(path, header, sections, repeats, all_lines)
 
 
-def _scan(path: Path, raw: str) -> tuple[list[tuple[int, str]], list[str], dict[str, Section],
-                                         dict[str, Section]]:
+def _scan(path: Path, raw: str) -> tuple[list[tuple[int, str]], list[str], dict[str, Section]]:
     """One pass over the lines as Apptainer's scanner reads them: the header rows, every
-    line, the sections, and the %files groups by their arguments (parseTokenSection)."""
+    line, the sections (the %files groups by their arguments, parseTokenSection)."""
     header_rows: list[tuple[int, str]] = []
     all_lines: list[str] = []
     sections: dict[str, Section] = {}
@@ -268,8 +272,11 @@ def _scan(path: Path, raw: str) -> tuple[list[tuple[int, str]], list[str], dict[
         text = piece[:-1] if piece.endswith("\r") else piece  # bufio.ScanLines drops \r
         all_lines.append(text)
         if _STAGE_RE.match(text):
-            _check_one_stage(path, number, seen_bootstrap or current is not None
-                             or header_content)
+            if seen_bootstrap or current is not None or header_content:
+                raise DefError(path, number, "a line starting with 'Bootstrap:' starts a "
+                               "build stage in Apptainer (parser.All): the lines above it "
+                               "become a stage of their own. Put Bootstrap: first, once; "
+                               "multi-stage definitions are not supported", rule="section")
             seen_bootstrap = True
         if _classify(text) == "section":
             # the scanner ends a token only once this whole line is in its 64 KiB buffer
@@ -287,20 +294,8 @@ def _scan(path: Path, raw: str) -> tuple[list[tuple[int, str]], list[str], dict[
         offset += size
     if offset - token_start >= SECTION_LIMIT:  # the last token must leave room for EOF
         _too_long(path, token_line, token_name)
-    return header_rows, all_lines, sections, files_groups
-
-
-def _check_one_stage(path: Path, number: int, after_content: bool) -> None:
-    if after_content:
-        raise DefError(path, number, "a line starting with 'Bootstrap:' starts a "
-                       "build stage in Apptainer (parser.All): the lines above it "
-                       "become a stage of their own. Put Bootstrap: first, once; "
-                       "multi-stage definitions are not supported", rule="section")
-
-
-def _add_files_groups(sections: dict[str, Section], files_groups: dict[str, Section]) -> None:
-    """%files groups whose arguments are blank after a comment are copied from the host,
-    in the order the groups first appeared (stage.copyFiles); others are kept apart."""
+    # groups whose arguments are blank after a comment are copied from the host, in the
+    # order the groups first appeared (stage.copyFiles); others are kept apart
     host = [g for a, g in files_groups.items() if not a.split("#", 1)[0]]
     if host:
         sections["files"] = Section("files", host[0].line, [x for g in host for x in g.lines],
@@ -308,18 +303,7 @@ def _add_files_groups(sections: dict[str, Section], files_groups: dict[str, Sect
     for args, group in files_groups.items():
         if args.split("#", 1)[0]:
             sections[f"files {args}"] = group
-
-
-def _check_bootstrap(path: Path, header: Mapping[str, tuple[int, str]]) -> None:
-    for key in ("bootstrap", "from"):
-        if key not in header:
-            raise DefError(path, 1, f"the header has no {key.capitalize()}: line",
-                           rule="header")
-    line, agent = header["bootstrap"]
-    if agent != agent.lower():
-        raise DefError(path, line, f"Bootstrap: {agent}: Apptainer's bootstrap agents are "
-                       f"case-sensitive ({agent.lower()}); this is an invalid build source",
-                       rule="header")
+    return header_rows, all_lines, sections
 
 
 def _too_long(path: Path, line: int, what: str) -> None:
@@ -340,9 +324,7 @@ def _start_section(path: Path, number: int, text: str, sections: dict[str, Secti
     name, _, args = bare.partition(" ")
     key = name.lower()
     if key == "files":
-        group = files_groups.get(args)
-        if group is None:
-            group = files_groups[args] = Section("files", number, [], args)
+        group = files_groups.setdefault(args, Section("files", number, [], args))
         group.headers.append(number)
         return group
     if key in APP_SECTIONS:
@@ -360,9 +342,7 @@ def _start_section(path: Path, number: int, text: str, sections: dict[str, Secti
                        "accepts " + ", ".join(f"%{s}" for s in SECTIONS) + " and "
                        + ", ".join(f"%{s}" for s in APP_SECTIONS) + " NAME",
                        rule="section")
-    section = sections.get(key)
-    if section is None:
-        section = sections[key] = Section(key, number)
+    section = sections.setdefault(key, Section(key, number))
     if args:
         section.args = args
     section.headers.append(number)
@@ -377,11 +357,7 @@ def spython_check(path: Path) -> None:
     except ImportError:
         raise UsageError(f"image lint needs spython: {install_hint('images')}") from None
 
-    text = path.read_text(encoding="utf-8")
-    if len(text.encode("utf-8")) > MAX_BYTES:
-        raise DefError(path, 1, f"definitions over {MAX_BYTES} bytes are refused",
-                       rule="size")
-    text = re.sub(r"(?im)^(\s*Bootstrap:\s*)\S+", r"\1docker", text, count=1)
+    text = re.sub(r"(?im)^(\s*Bootstrap:\s*)\S+", r"\1docker", _read(path), count=1)
     import tempfile
 
     with tempfile.NamedTemporaryFile("w", suffix=".def", delete=False) as fh:

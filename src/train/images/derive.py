@@ -1,9 +1,9 @@
 """`train image new`: a definition that builds on one of our images and adds the user's own
 dependencies, with a hash-pinned lock of only what it adds.
 
-The requirements (derive_reqs) are resolved by pip for the image's Python (derive_pip),
-every pin of the base image's locks a constraint: nothing of the base (torch, CUDA's
-wheels, NCCL, numpy) can change. What the resolution picks that the base already pins is
+The requirements (derive_reqs) are resolved by pip for the image's Python, every pin of the
+base image's locks a constraint: nothing of the base (torch, CUDA's wheels, NCCL, numpy)
+can change. What the resolution picks that the base already pins is
 dropped; the rest, with the sha256 of the wheel pip chose, is the lock. The markers of
 the dependencies' metadata pip evaluates for the Python that runs it, not the image's.
 Everything is checked before anything is written (usage errors, exit 2); a file it would
@@ -28,15 +28,18 @@ from typing import Any
 from train.common.errors import UsageError
 from train.common.safewrite import keep_copy, write_atomic
 from train.images.defs import DefError, parse
-from train.images.derive_pip import Target, image_target, pip_resolve, sha256_of
 from train.images.derive_reqs import (
     Request,
+    Target,
     allows,
     canonical,
     editable_requirements,
+    image_target,
     packaging,
+    pip_resolve,
     requirement_lines,
     select,
+    sha256_of,
 )
 from train.images.lint import lock_entries
 
@@ -123,11 +126,8 @@ def lock_text(name: str, base: str, locks: Sequence[Path], added: Sequence[Pin],
     head = [f"# {name}: what it adds to the {base} image (resolved against "
             f"{', '.join(p.name for p in locks)}; written by `train image new`)",
             f"# {target.describe()}, wheels only"]
-    body = []
-    for pin in added:
-        body.append(f"{pin.name}=={pin.version} \\")
-        body += [f"    --hash=sha256:{h}" + (" \\" if i < len(pin.hashes) - 1 else "")
-                 for i, h in enumerate(pin.hashes)]
+    body = [" \\\n    ".join([f"{p.name}=={p.version}", *(f"--hash=sha256:{h}" for h in p.hashes)])
+            for p in added]
     return "\n".join(head + body) + "\n"
 
 
@@ -202,15 +202,6 @@ def definition_text(name: str, base: str, folder: str, environment: str,
         if show else "")
 
 
-def _check_name(name: str, containers: Path) -> None:
-    if not NAME_RE.fullmatch(name):
-        raise UsageError(f"image new: NAME {name[:80]!r} must be lower-case letters, digits, "
-                         "'-' or '_' (a docker tag and a file name)")
-    if name in BASES or (containers / "requirements" / f"{name}.txt").exists():
-        raise UsageError(f"image new: NAME {name!r} is one of our images or locks; pick "
-                         "another")
-
-
 def _editable_project(editable: Path, folder: Path) -> tuple[str, list[tuple[str, str]]]:
     """A local project for --editable: its path from the folder above `folder` (where
     %files sources resolve), and its build requirements and dependencies as
@@ -265,21 +256,6 @@ def check_out(folder: Path, name: str) -> None:
                              "written there")
 
 
-def write_keeping(path: Path, text: str) -> Path | None:
-    """Write `text` to `path` whole (safewrite.write_atomic: a link at the path or at a
-    temp name is never written through). A file there with other content is kept first as
-    PATH.N (returned); one with this content is left as it is (returns `path`). None:
-    there was no file."""
-    data = text.encode("utf-8")
-    kept = None
-    if path.exists():
-        if path.read_bytes() == data:
-            return path
-        kept = keep_copy(path)
-    write_atomic(path, data)
-    return kept
-
-
 def _write_folder(folder: Path, name: str, lock: str, definition: str
                   ) -> tuple[list[Path], list[Path]]:
     """The derived folder (lock first, then the definition): the copies kept of files it
@@ -297,11 +273,13 @@ def _write_folder(folder: Path, name: str, lock: str, definition: str
         kept, unchanged = [], []
         for path, text in ((folder / "requirements" / f"{name}.txt", lock),
                            (folder / f"{name}.def", definition)):
-            result = write_keeping(path, text)
-            if result == path:
-                unchanged.append(path)
-            elif result is not None:
-                kept.append(result)
+            data = text.encode("utf-8")
+            if path.exists():  # kept as PATH.N first, unless it holds this text already
+                if path.read_bytes() == data:
+                    unchanged.append(path)
+                    continue
+                kept.append(keep_copy(path))
+            write_atomic(path, data)
     except OSError as exc:
         raise UsageError(f"--out: cannot write {exc.filename or folder}: "
                          f"{exc.strerror or exc}") from None
@@ -313,7 +291,12 @@ def derive(name: str, base: str, requirements: Path, containers: Path,
            index_args: Sequence[str] = ("--index-url", PIP_INDEX)) -> Derived:
     """Resolve, check and write NAME.def and requirements/NAME.txt (nothing is written when
     any check fails; a file it replaces is kept as a numbered copy)."""
-    _check_name(name, containers)
+    if not NAME_RE.fullmatch(name):
+        raise UsageError(f"image new: NAME {name[:80]!r} must be lower-case letters, digits, "
+                         "'-' or '_' (a docker tag and a file name)")
+    if name in BASES or (containers / "requirements" / f"{name}.txt").exists():
+        raise UsageError(f"image new: NAME {name!r} is one of our images or locks; pick "
+                         "another")
     locks, target = base_locks(containers, base)
     pins: dict[str, Pin] = {}
     for lock in locks:

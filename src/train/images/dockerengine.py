@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from train.common.errors import ResourceError, UsageError, install_hint
+from train.images.build import BuildLog, BuildResult, ImageError, check_inputs, write_record
 from train.images.defs import DefFile
 from train.images.dockerfile import (
     BUILD_DIR,
@@ -24,17 +25,6 @@ from train.images.dockerfile import (
     quote_env,
     translate,
 )
-from train.images.inputs import check_inputs
-from train.images.record import (
-    DEMO_ARGS,
-    BuildLog,
-    BuildResult,
-    ImageError,
-    default_record,
-    write_record,
-)
-
-NETWORKS = ("none", "default", "host")
 
 
 def write_context(d: DefFile, dest: Path, build_args: Mapping[str, str],
@@ -60,10 +50,8 @@ def write_context(d: DefFile, dest: Path, build_args: Mapping[str, str],
         for index, (src, _) in enumerate(translation.copies):
             source, target = root / src, work / context_path(index, src)
             target.parent.mkdir(parents=True)
-            if source.is_dir():  # every link inside was checked by check_inputs
-                shutil.copytree(source, target)
-            else:
-                shutil.copy2(source, target)
+            # (every link inside a folder was checked by check_inputs)
+            (shutil.copytree if source.is_dir() else shutil.copy2)(source, target)
         if dest.exists():
             dest.rmdir()
         work.rename(dest)
@@ -98,8 +86,6 @@ def docker_build(d: DefFile, root: Path, tag: str, build_args: Mapping[str, str]
     the image's one new layer (Docker's builder would keep each COPY as a layer, and what
     was staged with it); then a failing %test fails the build. `network`: what %post
     reaches ("none": offline inputs only). The engine's cache is never used."""
-    if network not in NETWORKS:
-        raise UsageError(f"network: {network!r} is not one of {', '.join(NETWORKS)}")
     build_log = BuildLog()
     args = d.resolve_arguments(build_args)
     with tempfile.TemporaryDirectory(prefix="train-image-") as tmp:
@@ -114,8 +100,10 @@ def docker_build(d: DefFile, root: Path, tag: str, build_args: Mapping[str, str]
                                          translation, base)
     if "test" in translation.scripts:
         _build_test(client, tag, d.name)
-    result = BuildResult(str(image.id), str(image.id), build_log.downloads, args,
-                         record or default_record(tag))
+    if record is None:  # no --out: the record goes to the cache (the image is the engine's)
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "train"
+        record = cache / "images" / f"{tag.replace('/', '_').replace(':', '_')}.build.json"
+    result = BuildResult(str(image.id), str(image.id), build_log.downloads, args, record)
     write_record(d, root, result, "docker", f"{base} ({base_id})")
     return result
 
@@ -166,7 +154,9 @@ def _run_and_commit(client: Any, archive: Path, build_log: BuildLog, what: str,
                              + ("\n(the build had no network: --network none. A build that "
                                 "downloads the real base, game or packages needs --network "
                                 "default)" if network == "none" else ""))
-        return base_id, container.commit(*_split_tag(tag),
+        name, sep, version = tag.rpartition(":")  # a registry's port is no version
+        repository, version = (name, version) if sep and "/" not in version else (tag, "latest")
+        return base_id, container.commit(repository, version,
                                          changes=_config(translation, client, base))
     except docker.errors.DockerException as exc:
         raise ImageError(f"docker build of {what} failed: {exc}\n"
@@ -187,30 +177,18 @@ def _stage(ctx: Path, scripts: Mapping[str, str], archive: Path) -> None:
     run_all = ("set -e\n" + "\n".join(steps)
                + f"\nrm -rf {SCRIPT_DIR}/build {SCRIPT_DIR}/files\n")
 
-    def add_text(tar: tarfile.TarFile, name: str, text: str, mode: int) -> None:
+    def add_text(tar: tarfile.TarFile, name: str, text: str) -> None:
         data = text.encode("utf-8")
-        info = tarfile.TarInfo(name)
-        info.size, info.mode = len(data), mode
+        info = tarfile.TarInfo(f"{SCRIPT_DIR.lstrip('/')}/{name}")
+        info.size, info.mode = len(data), 0o644
         tar.addfile(info, io.BytesIO(data))
 
-    inside = SCRIPT_DIR.lstrip("/")
     with tarfile.open(archive, "w") as tar:
-        files = ctx / "files"
-        if files.is_dir():
-            tar.add(files, arcname=f"{inside}/files")
-        add_text(tar, f"{inside}/build/all", run_all, 0o644)
-        for name, text in scripts.items():
-            if name in ("files", "post"):
-                add_text(tar, f"{inside}/build/{name}", text, 0o644)
-            else:  # runscript, test, help: kept in the image
-                add_text(tar, f"{inside}/{name}", text, 0o644)
-
-
-def _split_tag(tag: str) -> tuple[str, str]:
-    name, sep, version = tag.rpartition(":")
-    if sep and "/" not in version:
-        return name, version
-    return tag, "latest"
+        if (ctx / "files").is_dir():
+            tar.add(ctx / "files", arcname=f"{SCRIPT_DIR.lstrip('/')}/files")
+        add_text(tar, "build/all", run_all)
+        for name, text in scripts.items():  # runscript, test, help: kept in the image
+            add_text(tar, f"build/{name}" if name in ("files", "post") else name, text)
 
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -254,7 +232,7 @@ def docker_run(tag: str, args: Sequence[str], entrypoint: Sequence[str] | None =
     return bytes(out).decode(errors="replace")
 
 
-def docker_test(tag: str, smoke: Sequence[str] = DEMO_ARGS) -> str:
+def docker_test(tag: str, smoke: Sequence[str]) -> str:
     """%test (as Apptainer runs it: a plain /bin/sh script), then a short run inside."""
     return (docker_run(tag, [f"{SCRIPT_DIR}/test"], entrypoint=["/bin/sh"])
             + docker_run(tag, smoke))
@@ -272,7 +250,6 @@ def docker_export(tag: str, out: Path) -> str:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".part")
     with open(tmp, "wb") as fh:
-        for chunk in image.save(named=True):
-            fh.write(chunk)
+        fh.writelines(image.save(named=True))
     tmp.replace(out)
     return f"apptainer build {out.stem}.sif docker-archive://{out}"

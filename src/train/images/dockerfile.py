@@ -10,12 +10,10 @@ mangles %test and drops %help. Semantics kept:
                COPY would merge them); sources are relative to the repository root
   %post        one script run by /bin/sh -e, as Apptainer runs it (exports kept)
   %environment ENV for each `export NAME=VALUE` / `NAME=VALUE` line
-  %runscript   /.train/runscript, the ENTRYPOINT (arguments reach it as "$@")
-  %test        /.train/test (run by `train image test`)
   %labels      LABEL
-  %help        /.train/help
-Anything else (%setup and %pre run on the host, %startscript, the %app* sections) is an
-error, never dropped.
+  %runscript, %test, %help   /.train/NAME; the runscript is the ENTRYPOINT ("$@" its
+               arguments), `train image test` runs the test
+Anything else (UNSUPPORTED_SECTIONS) is an error, never dropped.
 """
 
 from __future__ import annotations
@@ -121,7 +119,13 @@ _Sub = Callable[[str, int], str]
 
 def translate(d: DefFile, build_args: Mapping[str, str] | None = None,
               localimages: Mapping[str, str] | None = None) -> Translation:
-    _check_values(build_args or {}, localimages or {})
+    for key, value in (build_args or {}).items():
+        check_text(f"build-arg {key}", value)
+    for key, value in (localimages or {}).items():
+        check_text(f"localimage {key}", value)
+        if not DOCKER_REF.match(value):
+            raise UsageError(f"localimage {key}: {value[:80]!r} is not a docker image "
+                             "reference (name[:tag] or name@sha256:...)")
     args = d.resolve_arguments(build_args or {})
     for name, section in d.sections.items():
         why = UNSUPPORTED_SECTIONS.get("app" if name.startswith("app") else name)
@@ -139,16 +143,6 @@ def translate(d: DefFile, build_args: Mapping[str, str] | None = None,
         lines += step(d, sub, out)
     out.dockerfile = "\n".join(lines) + "\n"
     return out
-
-
-def _check_values(build_args: Mapping[str, str], localimages: Mapping[str, str]) -> None:
-    for key, value in build_args.items():
-        check_text(f"build-arg {key}", value)
-    for key, value in localimages.items():
-        check_text(f"localimage {key}", value)
-        if not DOCKER_REF.match(value):
-            raise UsageError(f"localimage {key}: {value[:80]!r} is not a docker image "
-                             "reference (name[:tag] or name@sha256:...)")
 
 
 def _from_line(d: DefFile, sub: _Sub, localimages: Mapping[str, str]) -> str:
@@ -204,8 +198,7 @@ def _run_post(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
 def _environment(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
     """After %post: Apptainer applies %environment at run time only."""
     lines = []
-    env = d.sections.get("environment")
-    for number, text in env.body() if env else []:
+    for number, text in d.body("environment"):
         for name, value in environment_assignments(sub(text, number), d, number):
             out.env.append((name, value))
             lines.append(f"ENV {name}={quote_env(value)}")
@@ -226,8 +219,7 @@ def _scripts(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
 
 def _labels(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
     lines = []
-    labels = d.sections.get("labels")
-    for number, text in labels.body() if labels else []:
+    for number, text in d.body("labels"):
         key, _, value = sub(text, number).partition(" ")
         lines.append(f"LABEL {json.dumps(key)}={json.dumps(value.strip())}")
     return lines

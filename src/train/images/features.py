@@ -9,12 +9,11 @@ What a job needs of the image is the client's: train.client.slurm.checks.imagefi
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import secrets
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from train.common import _proc
 from train.common.jsonio import parse_json_object
@@ -178,7 +177,7 @@ def cached(key: str, environ: Mapping[str, str], notes: list[str] | None = None
     if not data or key not in data:
         return None
     try:
-        return dataclasses.replace(_strict(data[key]), cache_file=str(path))
+        return replace(_strict(data[key]), cache_file=str(path))
     except ValueError:
         return None
 

@@ -1,29 +1,26 @@
 """`train image lint`: rules every image definition must follow, each violation located by
-file and line, with the rule's name; each rule's message says what it wants.
+file and line, with the rule's name; each rule's message says what it wants and why.
 
   size, parse, header, section   what Apptainer's parser refuses (defs.py), what our
-                  translation refuses (%setup, %pre, %startscript, %app*) or ignores
-                  (section arguments), and header keys that need Apptainer >= 1.5
-  pinned-base, pip-lock, alloc-env, runscript-args, section-NAME (%test, %labels, %help)
-                  our images' conventions (pip-lock: a hash-pinned lock, or a local tree
-                  installed with --no-index --no-deps)
+                  translation refuses or ignores, header keys that need Apptainer >= 1.5
+  pinned-base, pip-lock, alloc-env, runscript-args, section-NAME   our images' conventions
   arguments-empty, arguments-compat   %arguments defaults Apptainer 1.2.x mishandles
   placeholder     undeclared, or after a `#` (Apptainer >= 1.3 leaves it unfilled)
   test-exit       %test (or a %runscript not ending in exec) of several commands without
-                  `set -e`: Apptainer runs it with plain /bin/sh, the last status counts
+                  `set -e`
   files-source    a %files source outside the repository root (the parent of the folder
                   holding the .def), missing there, or read otherwise by Apptainer's
                   splitter or the Docker translation
   files-nesting   in a `Bootstrap: localimage` definition, a directory copied onto a path
                   the base image has (a %files destination of the base's .def, found from
-                  the From: default, or a standard folder): `cp -fLr` nests it inside
+                  the From: default, or a standard folder)
 """
 
 from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +38,13 @@ from train.images.defs import (
 )
 from train.images.dockerfile import UNSUPPORTED_SECTIONS
 
-REQUIRED_SECTIONS = ("test", "labels", "help")
+# (section, the text it must hold ("": any), rule, message): our images' conventions
+REQUIRED = (("environment", f"{ALLOC_CONF_VAR}={TUNED_ALLOC_CONF}", "alloc-env",
+             f"%environment must export {ALLOC_CONF_VAR}={TUNED_ALLOC_CONF}"),
+            ("runscript", '"$@"', "runscript-args",
+             '%runscript must pass its arguments on with "$@"'),
+            *((name, "", f"section-{name}", f"%{name} is missing or empty")
+              for name in ("test", "labels", "help")))
 _TAG_PINNED = re.compile(r"\d+\.\d+")
 
 
@@ -57,10 +60,9 @@ class Violation:
 
 
 def _commands(d: DefFile, section: str) -> list[tuple[int, str]]:  # continuations joined
-    sec = d.sections.get(section)
     out: list[tuple[int, str]] = []
     pending: tuple[int, str] | None = None
-    for number, text in sec.body() if sec else []:
+    for number, text in d.body(section):
         pending = (number, text) if pending is None else (pending[0], f"{pending[1]} {text}")
         if pending[1].endswith("\\"):
             pending = (pending[0], pending[1][:-1].rstrip())
@@ -127,12 +129,12 @@ def _check_pip(d: DefFile, requirements: Path) -> list[Violation]:
     return out
 
 
-def lint_def(path: Path, requirements: Path | None = None,
-             root: Path | None = None, reference: bool = True) -> list[Violation]:
+def lint_def(path: Path, root: Path | None = None, reference: bool = True,
+             given: Collection[str] = ()) -> list[Violation]:
     """Violations of one definition; `root` is where %files sources resolve (default: the
-    parent of the folder holding the .def, the repository root). `reference=False` skips
-    spython's parser (builds run the rules without the `images` extra)."""
-    requirements = requirements or path.parent / "requirements"
+    parent of the folder holding the .def, the repository root); locks are read from
+    requirements/ beside it. `reference=False` skips spython's parser (builds run the rules
+    without the `images` extra); an empty default a build `given` overrides is no fault."""
     root = root or path.parent.parent
     try:
         d = parse(path)  # refuses files over MAX_BYTES before reading them
@@ -141,7 +143,7 @@ def lint_def(path: Path, requirements: Path | None = None,
             spython_check(path)  # quadratic in the size: only on what parse accepted
     except DefError as exc:
         return [Violation(exc.path, exc.line, exc.rule, exc.message)]
-    out = _check_header(d) + _check_sections(d) + _check_arguments(d)
+    out = _check_header(d) + _check_sections(d) + _check_arguments(d, given)
     out += _check_placeholders(d, args)
     if any(v.rule == "placeholder" and "not declared" in v.message for v in out):
         return out  # the rules below substitute placeholders
@@ -156,20 +158,11 @@ def lint_def(path: Path, requirements: Path | None = None,
             out.append(_v(d, line, "pinned-base", f"base image {image!r} must be pinned to a "
                           "full version tag or a digest (not latest, not a bare major "
                           "version)"))
-    out += _check_pip(d, requirements)
-    env = d.sections.get("environment")
-    if env is None or f"{ALLOC_CONF_VAR}={TUNED_ALLOC_CONF}" not in env.text:
-        out.append(_v(d, env.line if env else 1, "alloc-env",
-                      f"%environment must export {ALLOC_CONF_VAR}={TUNED_ALLOC_CONF}"))
-    run = d.sections.get("runscript")
-    if run is None or '"$@"' not in run.text:
-        out.append(_v(d, run.line if run else 1, "runscript-args",
-                      '%runscript must pass its arguments on with "$@"'))
-    for name in REQUIRED_SECTIONS:
+    out += _check_pip(d, path.parent / "requirements")
+    for name, needed, rule, message in REQUIRED:
         sec = d.sections.get(name)
-        if sec is None or not sec.text.strip():
-            out.append(_v(d, sec.line if sec else 1, f"section-{name}",
-                          f"%{name} is missing or empty"))
+        if sec is None or needed not in sec.text or not sec.text.strip():
+            out.append(_v(d, sec.line if sec else 1, rule, message))
     return sorted(out, key=lambda v: v.line)
 
 
@@ -180,6 +173,8 @@ _STANDARD_DIRS = frozenset({
     "/usr/include", "/usr/lib", "/usr/local", "/usr/local/bin", "/usr/local/lib",
     "/usr/sbin", "/usr/share", "/var", "/var/lib",
     "/tmp", "/var/tmp"})  # noqa: S108 (paths inside the image, not used here)
+
+
 def _v(d: DefFile, line: int, rule: str, message: str) -> Violation:
     return Violation(str(d.path), line, rule, message)
 
@@ -214,10 +209,10 @@ def _check_sections(d: DefFile) -> list[Violation]:
     return out
 
 
-def _check_arguments(d: DefFile) -> list[Violation]:
+def _check_arguments(d: DefFile, given: Collection[str]) -> list[Violation]:
     out = []
     for line, key, value in d.argument_lines():
-        if not value:
+        if not value and key not in given:
             out.append(_v(d, line, "arguments-empty", f"{key}= has an empty default: "
                           "Apptainer 1.2.0-1.2.3 skip it and then fail on {{ " + key
                           + " }}; give a non-empty default"))
@@ -277,15 +272,6 @@ def _control(text: str) -> bool:
                for c in text)
 
 
-def _is_glob(src: str) -> bool:
-    return any(c in src for c in "*?[")
-
-
-def _escapes(src: str) -> bool:
-    normal = posixpath.normpath(src)
-    return normal == ".." or normal.startswith("../")
-
-
 # a %files source's text, checked in this order: the first rule it breaks is reported and
 # ends the checks of its entry
 _SOURCE_RULES: tuple[tuple[Callable[[str], bool], Callable[[str], str]], ...] = (
@@ -294,9 +280,11 @@ _SOURCE_RULES: tuple[tuple[Callable[[str], bool], Callable[[str], str]], ...] = 
      lambda src: f"{src}: an absolute source reads the build host, not the repository"),
     (lambda src: any(c in src for c in "$`") or src.startswith("~"),
      lambda src: f"{src}: Apptainer expands it as a shell word; name the path"),
-    (_escapes, lambda src: f"{src}: escapes the repository"),
-    (_is_glob, lambda src: f"{src}: a glob; the Docker translation (CI's build) cannot expand "
-     "it as Apptainer does, so name each path"),
+    (lambda src: posixpath.normpath(src).split("/")[0] == "..",
+     lambda src: f"{src}: escapes the repository"),
+    (lambda src: any(c in src for c in "*?["),
+     lambda src: f"{src}: a glob; the Docker translation (CI's build) cannot expand it as "
+     "Apptainer does, so name each path"),
 )
 
 
@@ -329,20 +317,6 @@ def _source_problem(root: Path, resolved_root: Path, src: str) -> str | None:
     return None
 
 
-def _nesting(d: DefFile, line: int, src: str, dst: str, existing: set[str]
-             ) -> list[Violation]:
-    normal = posixpath.normpath(src)
-    target = dst or "/" + normal
-    clean = posixpath.normpath("/" + target.lstrip("/"))
-    if not (target.endswith("/") or clean in existing):
-        return []
-    return [_v(d, line, "files-nesting", f"{src} -> {target}: the destination "
-               "already exists in the base image (or ends in '/'), and "
-               "Apptainer's `cp -fLr` puts the directory inside it "
-               f"({clean.rstrip('/')}/{posixpath.basename(normal)}); copy to a "
-               "new path or copy the files one by one")]
-
-
 def _check_files(d: DefFile, args: dict[str, str], root: Path) -> list[Violation]:
     out = []
     resolved_root = root.resolve()
@@ -359,16 +333,15 @@ def _check_files(d: DefFile, args: dict[str, str], root: Path) -> list[Violation
         if problem is not None:
             out.append(_v(d, line, "files-source", problem))
         elif existing is not None and (root / src).is_dir():
-            out += _nesting(d, line, src, dst, existing)
-    return out
-
-
-def _destinations(d: DefFile) -> set[str]:
-    args = d.arguments()
-    out = set()
-    for line, src, dst in d.files():
-        target = d.substitute(dst or "/" + src, args, line)
-        out.add(posixpath.normpath("/" + target.lstrip("/")))
+            normal = posixpath.normpath(src)
+            target = dst or "/" + normal
+            clean = posixpath.normpath("/" + target.lstrip("/"))
+            if target.endswith("/") or clean in existing:
+                out.append(_v(d, line, "files-nesting", f"{src} -> {target}: the destination "
+                              "already exists in the base image (or ends in '/'), and "
+                              "Apptainer's `cp -fLr` puts the directory inside it "
+                              f"({clean.rstrip('/')}/{posixpath.basename(normal)}); copy to "
+                              "a new path or copy the files one by one"))
     return out
 
 
@@ -389,9 +362,11 @@ def _base_paths(d: DefFile, args: dict[str, str], depth: int = 0) -> set[str]:
         return paths
     try:
         b = parse(base)
-        found = _destinations(b)
+        b_args = b.arguments()
+        found = {posixpath.normpath("/" + b.substitute(dst or "/" + src, b_args, line).lstrip("/"))
+                 for line, src, dst in b.files()}  # the base's %files destinations
         if b.header["bootstrap"][1] == "localimage":
-            paths |= _base_paths(b, b.arguments(), depth + 1)
+            paths |= _base_paths(b, b_args, depth + 1)
     except DefError:
         return paths
     for dest in found:

@@ -21,11 +21,6 @@ from train.common.errors import DISTRIBUTION, UsageError
 DEFS_VAR = "TRAIN_DEFS"
 
 
-def _installed_copies() -> list[Path]:
-    prefixes = [Path(sys.prefix), Path(site.getuserbase())]
-    return [p / "share" / "train" / "containers" for p in prefixes]
-
-
 def _working_clone() -> list[Path]:
     """containers/ of the clone of this project that holds the working directory, if any."""
     try:
@@ -57,7 +52,9 @@ def containers_dir(defs: str | Path | None = None) -> Path:
             raise UsageError(f"{source}: {path} holds no .def files")
         return path
     tree = Path(__file__).resolve().parents[3] / "containers"
-    candidates = [tree, *_working_clone(), *_installed_copies()]
+    installed = [p / "share" / "train" / "containers"
+                 for p in (Path(sys.prefix), Path(site.getuserbase()))]
+    candidates = [tree, *_working_clone(), *installed]
     for candidate in candidates:
         if any(candidate.glob("*.def")):
             return candidate

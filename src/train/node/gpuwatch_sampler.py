@@ -53,19 +53,15 @@ def _text(value: Any, limit: int = 200) -> str:
 
 
 @dataclass
-class _IdleRun:
-    since: float | None = None  # time of the first sample of the current idle run
-    warned: bool = False
-
-
-@dataclass
 class IdleTracker:
-    """Per GPU: since when every sample was under the threshold, and whether that run was
-    warned about; samples in the warm-up (from the first sample) do not count."""
+    """Per GPU: since when every sample was under the threshold (the first sample of the
+    current idle run), and whether that run was warned about; samples in the warm-up (from
+    the first sample) do not count."""
 
     threshold: float
     minutes: float
-    runs: dict[int, _IdleRun] = field(default_factory=dict)
+    since: dict[int, float] = field(default_factory=dict)
+    warned: set[int] = field(default_factory=set)
     warm: WarmUp | None = None
 
     def update(self, now: float, utils: Mapping[int, float]) -> list[tuple[int, float]]:
@@ -76,15 +72,14 @@ class IdleTracker:
         for gpu, util in utils.items():
             if not self.warm.counts(gpu, now, util):
                 continue
-            run = self.runs.setdefault(gpu, _IdleRun())
             if util >= self.threshold:
-                run.since, run.warned = None, False
+                self.since.pop(gpu, None)
+                self.warned.discard(gpu)
                 continue
-            if run.since is None:
-                run.since = now
-            if not run.warned and now - run.since >= self.minutes * 60:
-                run.warned = True
-                crossed.append((gpu, run.since))
+            since = self.since.setdefault(gpu, now)
+            if gpu not in self.warned and now - since >= self.minutes * 60:
+                self.warned.add(gpu)
+                crossed.append((gpu, since))
         return crossed
 
 

@@ -43,18 +43,16 @@ def add_launch_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_launch(args: argparse.Namespace, command: list[str]) -> int:
-    """`train launch` with parsed arguments (both entries)."""
+    """`train launch` with parsed arguments (both entries: an option's dest is its field)."""
+    from dataclasses import fields
+
     from train.node.launch import LaunchOptions, launch
     from train.node.signals import ignore_late_walltime_signal, install_early_handlers
 
     install_early_handlers(mark_ready=False)
+    given = {f.name: getattr(args, f.name) for f in fields(LaunchOptions) if f.name != "command"}
     try:
-        return launch(LaunchOptions(mode=args.mode, command=command,
-                                    nproc_per_node=args.nproc_per_node,
-                                    min_free_mb=args.min_free_mb,
-                                    wait_timeout=args.wait_timeout,
-                                    fallback_batch=args.fallback_batch, workers=args.workers,
-                                    worker_mem_mb=args.worker_mem_mb, chdir=args.chdir))
+        return launch(LaunchOptions(command=command, **given))
     finally:
         ignore_late_walltime_signal()
 

@@ -13,6 +13,7 @@ kept for the trainer, which then stops before its first episode.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import time
@@ -60,8 +61,6 @@ def install_early_handlers(mark_ready: bool = True) -> None:
 
 def parse_deadline(text: str) -> float | None:
     """TRAIN_DEADLINE as Unix time; None (no deadline) for anything that is not one."""
-    import math
-
     try:
         value = float(text.strip())
     except (ValueError, OverflowError):
@@ -113,12 +112,11 @@ class StopController:
         self._previous.clear()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        name = signal.Signals(signum).name
         if signum == signal.SIGINT:
             if self._interrupts:  # the second Ctrl-C: at once
                 raise KeyboardInterrupt
             self._interrupts += 1
-        self.request_stop(f"received {name}")
+        self.request_stop(f"received {signal.Signals(signum).name}")
 
     def request_stop(self, reason: str) -> None:
         if self.reason is None:

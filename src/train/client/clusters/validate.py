@@ -27,8 +27,8 @@ from train.common.yamlio import shown
 
 # Every pattern here is used with fullmatch: `$` would let a trailing newline through.
 # Names: profiles, partitions, QOS, GPU types.
-_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-_NAME_CHARS = "letters, digits, '_', '.' and '-' (not starting with '.' or '-')"
+NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+NAME_CHARS = "letters, digits, '_', '.' and '-' (not starting with '.' or '-')"
 # one node feature (gpu_features values, constraint names): no operators such as & | [ ]
 _FEATURE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*")
 _FEATURE_CHARS = ("letters, digits, '_', '.', ':' and '-' (not starting with '.', ':' or '-'; "
@@ -87,23 +87,17 @@ def _check_keys(where: str, data: Mapping[Any, Any], allowed: Collection[str]) -
                           "are: " + ", ".join(sorted(allowed)))
 
 
-def _mapping(where: str, value: Any) -> Mapping[Any, Any]:
+def _section(where: str, value: Any, allowed: Collection[str] | None = None
+             ) -> Mapping[Any, Any]:
+    """A mapping (null: empty, all defaults); with `allowed`, of those keys only."""
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ConfigError(where, f"must be a mapping of names to settings, got "
-                          f"{shown(value)}")
-    return value
-
-
-def _section(where: str, value: Any, allowed: Collection[str]) -> Mapping[Any, Any]:
-    """A mapping of the allowed keys (null: all defaults)."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ConfigError(where, f"must be a mapping (keys: {', '.join(sorted(allowed))}), "
-                          f"got {shown(value)}")
-    _check_keys(where, value, allowed)
+        what = ("of names to settings" if allowed is None
+                else f"(keys: {', '.join(sorted(allowed))})")
+        raise ConfigError(where, f"must be a mapping {what}, got {shown(value)}")
+    if allowed is not None:
+        _check_keys(where, value, allowed)
     return value
 
 
@@ -141,17 +135,21 @@ def _text(where: str, value: Any) -> str:
     return value
 
 
-def _word(where: str, value: Any, pattern: re.Pattern[str], what: str, chars: str) -> str:
-    """One name or feature (numbers such as 3090 taken as text), in `pattern`'s set."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = str(value)
+def _matching(where: str, value: Any, pattern: re.Pattern[str], must: str) -> str:
+    """A string wholly in `pattern`'s set; `must` says which."""
     if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise ConfigError(where, f"must be {what}: {chars}; got {_got(value)}")
+        raise ConfigError(where, f"must be {must}; got {_got(value)}")
     return value
 
 
+def _word(where: str, value: Any, pattern: re.Pattern[str], what: str, chars: str) -> str:
+    """One name or feature (numbers such as 3090 taken as text), in `pattern`'s set."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return _matching(where, str(value) if number else value, pattern, f"{what}: {chars}")
+
+
 def _name(where: str, value: Any, what: str = "a name") -> str:
-    return _word(where, value, _NAME_RE, what, _NAME_CHARS)
+    return _word(where, value, NAME_RE, what, NAME_CHARS)
 
 
 def _items(where: str, value: Any, what: str, check: Callable[[str, Any], str]
@@ -165,7 +163,7 @@ def _keyed(where: str, value: Any, pattern: re.Pattern[str], what: str,
            chars: str) -> dict[str, Any]:
     """A mapping whose keys are names in `pattern`'s set; the key error names the mapping."""
     out: dict[str, Any] = {}
-    for raw, item in _mapping(where, value).items():
+    for raw, item in _section(where, value).items():
         number = isinstance(raw, (int, float)) and not isinstance(raw, bool)
         key = str(raw) if number else raw
         if not isinstance(key, str) or not pattern.fullmatch(key):
@@ -183,14 +181,8 @@ def _time(where: str, value: Any, *, optional: bool = False) -> int | None:
     return parse_time(value, where)
 
 
-def _path(where: str, value: Any) -> str:
-    if not isinstance(value, str) or not _PATH_RE.fullmatch(value):
-        raise ConfigError(where, f"must be {_PATH_CHARS}; got {_got(value)}")
-    return value
-
-
 def _bind(where: str, value: Any) -> str:
-    if _path(where, value).strip("/") == "":
+    if _matching(where, value, _PATH_RE, _PATH_CHARS).strip("/") == "":
         raise ConfigError(where, "/ would cover the container's whole file system; bind the "
                           "directories the jobs need")
     return str(value)
@@ -267,12 +259,6 @@ def _driver(where: str, value: Any) -> str | None:
         "such as \"550.54.15\" (quoted)")
 
 
-def _argv_word(where: str, value: Any) -> str:  # a command is run as argv, never by a shell
-    if not isinstance(value, str) or not _ARGV_WORD_RE.fullmatch(value):
-        raise ConfigError(where, f"must be {_ARGV_CHARS}; got {_got(value)}")
-    return value
-
-
 def profile_name(source: str, value: Any) -> str:  # errors under the file it came from
     if value is None or value == "":
         raise ConfigError(f"profile {source}.name", "is required")
@@ -304,15 +290,15 @@ def _gpu_features(where: str, value: Any) -> dict[str, str]:
     """GPU type -> the node feature that selects it (gpu_type_request: constraint)."""
     return {gpu: _word(f"{where}.{gpu}", feature, _FEATURE_RE, "one node feature name",
                        _FEATURE_CHARS)
-            for gpu, feature in _keyed(where, value, _NAME_RE, "a GPU type", _NAME_CHARS).items()}
+            for gpu, feature in _keyed(where, value, NAME_RE, "a GPU type", NAME_CHARS).items()}
 
 
 def _node_types(where: str, data: Mapping[str, Any], partition: Mapping[Any, Any]
                 ) -> tuple[dict[str, NodeType], dict[str, NodeType], bool]:
     """partitions, constraints, and partition.allowed (which needs partitions)."""
     partitions = {k: _node(f"{where}.partitions.{k}", k, v)
-                  for k, v in _keyed(f"{where}.partitions", data.get("partitions"), _NAME_RE,
-                                     "a partition name", _NAME_CHARS).items()}
+                  for k, v in _keyed(f"{where}.partitions", data.get("partitions"), NAME_RE,
+                                     "a partition name", NAME_CHARS).items()}
     constraints = {k: _node(f"{where}.constraints.{k}", k, v)
                    for k, v in _keyed(f"{where}.constraints", data.get("constraints"),
                                       _FEATURE_RE, "a node feature", _FEATURE_CHARS).items()}
@@ -338,7 +324,7 @@ def _default_partition(where: str, value: Any, partitions: Mapping[str, NodeType
 def _qos_limits(where: str, value: Any) -> dict[str, int | None]:
     """QOS name -> its longest walltime in minutes (null: no limit)."""
     return {k: _time(f"{where}.{k}", v, optional=True)
-            for k, v in _keyed(where, value, _NAME_RE, "a QOS name", _NAME_CHARS).items()}
+            for k, v in _keyed(where, value, NAME_RE, "a QOS name", NAME_CHARS).items()}
 
 
 def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
@@ -380,7 +366,8 @@ def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
         binds=_items(f"{where}.binds", data.get("binds"), "absolute paths", _bind),
         env=_items(f"{where}.env", data.get("env"), "variable names (NAME or PREFIX_*)",
                    _env_name),
-        scratch_root="" if scratch == "" else _path(f"{where}.scratch_root", scratch),
+        scratch_root="" if scratch == "" else _matching(f"{where}.scratch_root", scratch,
+                                                        _PATH_RE, _PATH_CHARS),
         nccl_env=_nccl_env(f"{where}.nccl_env", data.get("nccl_env")),
         preempt_flags=_items(f"{where}.preempt_flags", data.get("preempt_flags"),
                              "sbatch options", _preempt_flag),
@@ -391,7 +378,8 @@ def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
         gpu_watch=_gpu_watch(f"{where}.gpu_watch", data.get("gpu_watch")),
         account_list_command=_items(f"{where}.account.list_command",
                                     account.get("list_command"),
-                                    "command words such as [slist]", _argv_word),
+                                    "command words such as [slist]", lambda at, word:
+                                    _matching(at, word, _ARGV_WORD_RE, _ARGV_CHARS)),
         single_host=_bool(where, data, "single_host", False),
         max_array_size=_array_size(f"{where}.max_array_size", data.get("max_array_size")),
     )

@@ -1,6 +1,6 @@
 """Preflight, check 2: the image is there, readable, a SIF (or a sandbox, or a Docker
 image), and opens; what it says about itself (ImageFacts: labels and environment), which
-the GPU checks read. `train submit` uses `check_image_file` and `image_facts` too."""
+the GPU checks read. `train submit` uses `open_image` and `image_facts` too."""
 
 from __future__ import annotations
 
@@ -11,11 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from train.client.clusters.schema import Profile
-from train.client.preflight.commands import Runner, _run, _tail
-from train.client.preflight.result import IMAGE, RUNTIME, Check
-from train.client.preflight.storage import Mount, _storage
+from train.client.preflight.result import IMAGE, RUNTIME, Check, Runner, _run, _tail
+from train.client.preflight.runs_root import Mount, _storage
 from train.common import _proc
-from train.images.localbase import SIF_MAGIC
+from train.images.build import SIF_MAGIC
 
 _INSPECT_TIMEOUT = 120.0  # a SIF without its metadata descriptor is inspected by running it
 _SQUASHFS_MAGIC = (b"hsqs", b"sqsh")  # Singularity 2.x images: a bare squashfs
@@ -60,14 +59,11 @@ def _check_image(chosen: str, image: str | None, binary: str | None, profile: Pr
     return check, facts
 
 
-def check_image_file(path: Path, profile: Profile, mounts: list[Mount]) -> Check:
-    """The image file as `train submit` sees it, without running apptainer."""
-    return _check_sif(path, None, profile, mounts, _proc.run, strict=True)[0]
-
-
-def open_image(path: Path, binary: str, profile: Profile) -> tuple[Check, ImageFacts | None]:
-    """The image file opened with `apptainer inspect`, for `train submit`."""
-    return _check_sif(path, binary, profile, [], _proc.run, strict=True)
+def open_image(path: Path, binary: str | None, profile: Profile, mounts: list[Mount]
+               ) -> tuple[Check, ImageFacts | None]:
+    """The image file as `train submit` sees it, opened with `apptainer inspect` where
+    `binary` is given."""
+    return _check_sif(path, binary, profile, mounts, _proc.run, strict=True)
 
 
 def image_facts(path: Path, binary: str, profile: Profile) -> ImageFacts | None:

@@ -14,15 +14,14 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from train.client.slurm.checks.engine import engine_problems
 from train.client.slurm.checks.files import (
     navsim_data_problems,
     profile_bind_problems,
     program_problems,
 )
-from train.client.slurm.checks.image import feature_problems, image_problems
+from train.client.slurm.checks.imagefit import feature_problems, image_problems
 from train.client.slurm.checks.problem import NO_CHECK, Problem, merge_seeds
-from train.client.slurm.checks.python import python_problems
+from train.client.slurm.checks.python import engine_problems, python_problems
 from train.client.slurm.checks.resources import resource_problems
 from train.client.slurm.checks.rundir import (
     check_not_active,
@@ -31,7 +30,7 @@ from train.client.slurm.checks.rundir import (
     stale_complete,
 )
 from train.client.slurm.checks.sbatchenv import sbatch_variable_notes
-from train.client.slurm.checks.workload import launcher_problems
+from train.client.slurm.checks.traps import launcher_problems
 from train.client.slurm.resolve import ResolvedJob
 from train.client.slurm.sweep import is_task_job
 from train.common.errors import ConfigError

@@ -112,10 +112,9 @@ def value_key(entry: str, flag: str, value: str) -> object:
     the text)."""
     if entry != "train":
         return value
-    from train.common.fields import field_table
     from train.workloads.config import RunConfig
 
-    kind = next((f.metadata["kind"] for f in field_table(RunConfig)
+    kind = next((f.metadata["kind"] for f in dataclasses.fields(RunConfig)
                  if f.name == flag.replace("-", "_")), str)
     if kind in (int, float):
         try:

@@ -1,6 +1,4 @@
-"""What of the environment is recorded: the variables of the recorded families
-(recorded_environment: the allowlist verbatim, the rest redacted) and any other variables
-with their secrets redacted (masked_environment)."""
+"""What of the environment is recorded (recorded_environment, masked_environment)."""
 
 from __future__ import annotations
 

@@ -159,24 +159,17 @@ def install_scontrol_shim(env: MutableMapping[str, str]) -> Path | None:
     import tempfile
 
     run_dir = env.get("TRAIN_RUN_DIR")
-    places: list[Path | None] = [Path(run_dir) / SHIM_FOLDER] if run_dir else []
-    places.append(None)
-    for place in places:
+    for place in ([Path(run_dir) / SHIM_FOLDER] if run_dir else []) + [None]:
+        folder = place
         try:
-            if place is None:
-                folder = Path(tempfile.mkdtemp(prefix=".train-shim-",
-                                               dir=os.environ.get("TMPDIR")))
-            else:
-                folder = place
-                folder.mkdir(exist_ok=True)
-            shim = folder / "scontrol"
-            _write_shim(shim)
-            subprocess.run([str(shim), "--train-shim-probe"], check=True, timeout=30,
-                           capture_output=True)
+            folder = place or Path(tempfile.mkdtemp(prefix=".train-shim-",
+                                                    dir=os.environ.get("TMPDIR")))
+            folder.mkdir(exist_ok=True)
+            _write_shim(folder / "scontrol")
+            subprocess.run([str(folder / "scontrol"), "--train-shim-probe"], check=True,
+                           timeout=30, capture_output=True)
         except (OSError, subprocess.SubprocessError):
-            if place is None:
-                with contextlib.suppress(NameError, OSError):
-                    remove_shim(folder)
+            remove_shim(folder)  # (never the run folder's)
             continue
         path = env.get("PATH") or os.defpath
         env["PATH"] = f"{folder}{os.pathsep}{path}"

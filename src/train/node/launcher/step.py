@@ -151,31 +151,14 @@ def free_port(address: str) -> int:
 _RANGE = re.compile(r"^([0-9]+)(?:-([0-9]+))?$")
 
 
-def _split_top(text: str) -> list[str]:  # on the commas outside brackets
-    parts, depth, current = [], 0, ""
-    for ch in text:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-            if depth < 0:
-                raise ValueError(f"unbalanced ']' in {text!r}")
-        if ch == "," and depth == 0:
-            parts.append(current)
-            current = ""
-        else:
-            current += ch
-    if depth != 0:
-        raise ValueError(f"unbalanced '[' in {text!r}")
-    parts.append(current)
-    return [p for p in parts if p]
-
-
 def _expand_one(name: str) -> list[str]:
     match = re.search(r"\[([^\[\]]*)\]", name)
+    head = name[:match.start()] if match else name
+    if "[" in head or "]" in head:
+        raise ValueError(f"unbalanced brackets in {name!r}")
     if match is None:
         return [name]
-    head, tail = name[:match.start()], name[match.end():]
+    tail = name[match.end():]
     out: list[str] = []
     for item in match.group(1).split(","):
         found = _RANGE.match(item.strip())
@@ -194,8 +177,8 @@ def _expand_one(name: str) -> list[str]:
 def expand(text: str) -> list[str]:
     """Every node name of a list, in order; ValueError for a malformed one."""
     names: list[str] = []
-    for part in _split_top(text.strip()):
-        names += _expand_one(part)
+    for part in re.split(r",(?![^\[]*\])", text.strip()):  # the commas outside brackets
+        names += _expand_one(part) if part else []
     return names
 
 

@@ -19,6 +19,7 @@ from train.batch.contract import (
     STOP_SIGNAL_VAR,
     rank_ready_path,
 )
+from train.batch.records import signal_name
 from train.common.secrets.commands import masked_argv
 from train.node.launcher.step import SlurmStep, torchrun_argv
 
@@ -92,10 +93,7 @@ def worker_failure(exc: Any, node: str, stop_signal: int) -> int:
     if exitcode < 0:
         signum = -exitcode
         code = 128 + signum
-        try:
-            name = signal.Signals(signum).name
-        except ValueError:
-            name = f"signal {signum}"
+        name = signal_name(signum)
         log.error("worker rank %s (local rank %s, pid %s) on %s was killed by %s (exit "
                   "code %d)%s", rank, failure.local_rank, failure.pid, node, name, code, also)
         if signum == stop_signal:

@@ -1,8 +1,9 @@
 """What the site's Slurm says, read on the login node (`read_site`): sinfo's partitions and
 nodes, scontrol's configuration (and MaxArraySize), sacctmgr's QOS limits and the user's
 associations, the Apptainer version; the parsers of their output, and a partition's nodes as
-one Group (its smallest node). A command that is missing, fails, hangs or prints what its
-parser refuses is noted in `Site.unread` with a short tail of its own words."""
+one Group (its smallest node: a job that fits it fits every node). A command that is
+missing, fails, hangs or prints what its parser refuses is noted in `Site.unread` with a
+short tail of its own words."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from train.client.clusters.units import parse_time
+from train.client.clusters.validate import NAME_CHARS, NAME_RE
 from train.client.slurm.reservations import (
     SHOW,
     Reservation,
@@ -30,6 +32,7 @@ TIMEOUT = 30.0  # seconds a site command may take (`train clusters probe --timeo
 SLOW = 5.0  # seconds after which the wait is said on stderr (at most half the timeout)
 SEP = "|"
 SINFO_FORMAT = SEP.join(("%R", "%N", "%c", "%m", "%G", "%f", "%l", "%s", "%P"))
+# `-o`, not `--json`: its fields are the same from Slurm 22.05 to 25.x, the JSON's layout not
 SINFO = ("sinfo", "-h", "-N", "-o", SINFO_FORMAT)
 SCONTROL = ("scontrol", "show", "config")
 SACCTMGR_QOS = ("sacctmgr", "-n", "-P", "show", "qos", "format=Name,MaxWall")
@@ -40,8 +43,6 @@ ARRAY_KEY = "MaxArraySize"  # held by the profile's max_array_size
 MAX_ARRAY_SIZE = 4_000_001  # the most Slurm allows
 # one GRES: name[:type]:count, then an optional (S:0-1) socket list; or name:type:count
 _GRES_RE = re.compile(r"([A-Za-z0-9_]+)(?::([A-Za-z0-9_.-]+))?:([0-9]+)(?:\([^)]*\))?")
-# a name a profile can hold (train.client.clusters.validate's partition and GPU type names)
-_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 _UNLIMITED = ("infinite", "unlimited", "")
 
 
@@ -131,17 +132,13 @@ def _limit_minutes(text: str, what: str) -> int | None:
 def _max_nodes(text: str) -> int | None:
     """sinfo %s, the job size in nodes: '1-infinite', '1-4', '2'."""
     top = text.strip().rpartition("-")[2]
-    if top.lower() in _UNLIMITED:
-        return None
-    if not top.isdigit() or len(top) > 9:
-        raise ValueError(f"sinfo %s: {top[:30]!r} is not a number of nodes")
-    return int(top)
+    return None if top.lower() in _UNLIMITED else _count(top, "sinfo %s (nodes)")
 
 
 def _name(value: str, what: str) -> str:
-    if not _NAME_RE.fullmatch(value):
-        raise ValueError(f"{what} {value[:60]!r} is not a name a profile can hold (letters, "
-                         "digits, '_', '.' and '-', not starting with '.' or '-')")
+    if not NAME_RE.fullmatch(value):
+        raise ValueError(f"{what} {value[:60]!r} is not a name a profile can hold: "
+                         f"{NAME_CHARS}")
     return value
 
 
