@@ -1,6 +1,6 @@
 """Parsing and comparing what a site's Slurm says (train.client.clusters.probe), the words of a
 refusal of `sbatch --test-only` (train.client.slurm.testonly) and of a pending reason
-(train.client.slurm.reasons): outputs as Slurm prints them, from sites' nodes such as Gilbreth's
+(train.client.slurm.queue): outputs as Slurm prints them, from sites' nodes such as Gilbreth's
 (typed GRES, several node types in one partition)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import yaml
 from train.client.clusters.probe import command, write
 from train.client.clusters.probe import site as probe_site
 from train.client.clusters.profiles import Registry
-from train.client.slurm import chainstatus, queue, reasons, testonly
+from train.client.slurm import chainstatus, queue, testonly
 from train.common.errors import ConfigError
 
 # sinfo -h -N -o SINFO_FORMAT on a site with typed GPUs and a partition of two node types
@@ -210,22 +210,22 @@ def test_slurms_refusal_names_the_field_that_produced_it(said: str, field: str) 
 
 
 def test_pending_reasons_in_words_and_the_expected_start() -> None:
-    assert reasons.words("Priority") == ("other jobs come first (higher priority); it "
+    assert queue.words("Priority") == ("other jobs come first (higher priority); it "
                                          "starts when its turn comes")
-    assert "QOS allows no more GPUs" in str(reasons.words("QOSMaxGRESPerUser"))
-    assert "chunk before it" in str(reasons.words("Dependency"))
-    assert reasons.words("SomethingNew") == ("Slurm's reason SomethingNew (see `man squeue`, "
+    assert "QOS allows no more GPUs" in str(queue.words("QOSMaxGRESPerUser"))
+    assert "chunk before it" in str(queue.words("Dependency"))
+    assert queue.words("SomethingNew") == ("Slurm's reason SomethingNew (see `man squeue`, "
                                              "JOB REASON CODES)")
-    assert reasons.words("None") is None and reasons.words(None) is None
+    assert queue.words("None") is None and queue.words(None) is None
     # 22.05 prints a number, 23.02 on {"set", "infinite", "number"}; 0: no estimate
-    assert reasons.start_seconds(1_800_000_000) == 1_800_000_000
-    assert reasons.start_seconds({"set": True, "infinite": False,
+    assert queue.start_seconds(1_800_000_000) == 1_800_000_000
+    assert queue.start_seconds({"set": True, "infinite": False,
                                   "number": 1_800_000_000}) == 1_800_000_000
-    assert reasons.start_seconds({"set": False, "number": 0}) is None
-    assert reasons.start_seconds(0) is None and reasons.start_seconds("soon") is None
-    assert reasons.expected_start(1_800_007_200, now=1_800_000_000) == (
+    assert queue.start_seconds({"set": False, "number": 0}) is None
+    assert queue.start_seconds(0) is None and queue.start_seconds("soon") is None
+    assert queue.expected_start(1_800_007_200, now=1_800_000_000) == (
         "2027-01-15 10:00 UTC (in about 2.0 h)")
-    assert reasons.expected_start(10**18) is None  # past what gmtime can show
+    assert queue.expected_start(10**18) is None  # past what gmtime can show
 
 
 def test_status_of_a_pending_chunk_says_why_and_when() -> None:

@@ -8,11 +8,11 @@ from dataclasses import asdict
 from typing import Any
 
 from train.batch import contract
-from train.batch.records import chunks_left
+from train.batch.records import chunks_left, read_text
 from train.batch.saves import file_progress
 from train.client import gpuwatch_reader as gpuwatch
-from train.client.slurm import chaincost, queue, reasons, reservations
-from train.client.slurm.chain import _DECISIVE, EVENTS_LIMIT, Chain, _read_text, parse_events
+from train.client.slurm import chaincost, queue, reservations
+from train.client.slurm.chain import _DECISIVE, EVENTS_LIMIT, Chain, parse_events
 from train.client.slurm.chaincost import (
     _WITH_PROGRESS,
     UNKNOWN_PROGRESS,
@@ -260,8 +260,8 @@ def _in_time(chain: Chain) -> bool:
 def read_events(chain: Chain) -> Events:
     """The run folder's events, of this chain and the earlier ones a resubmission left
     there (the end of the file: a few lines a chunk, so 1 MiB is thousands of chunks)."""
-    return parse_events(_read_text(chain.run_dir / contract.CHAIN_EVENTS, EVENTS_LIMIT,
-                                   tail=True))
+    return parse_events(read_text(str(chain.run_dir / contract.CHAIN_EVENTS), EVENTS_LIMIT,
+                                  tail=True))
 
 
 def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
@@ -332,7 +332,7 @@ def _chunk_rows(record: dict[str, Any], pairs: list[tuple[int, str]],
     limit = limit if isinstance(limit, int) else 0
     for number, job_id in pairs:
         s = states.get(job_id, {"state": "UNKNOWN"})
-        waits = s["state"] == "PENDING" and reasons.is_reserved(s.get("reason"))
+        waits = s["state"] == "PENDING" and queue.is_reserved(s.get("reason"))
         rows.append({"chunk": number, "job_id": job_id, "state": s["state"],
                      "reason": s.get("reason"), "exit": s.get("exit"),
                      "expected_start": s.get("start"),
@@ -401,9 +401,9 @@ def _chunk_lines(chunks: Chunks, indent: str, times: bool = False) -> list[str]:
         ended = f": {c['ended']}" if c.get("ended") else ""
         lines.append(f"{indent}chunk {c['chunk']}: job {c['job_id']} {c['state']}{extra}"
                      f"{ended}")
-        if c["state"] == "PENDING":  # (train.client.slurm.reasons)
-            why = reasons.words(c.get("reason"), c.get("maintenance"))
-            start = reasons.expected_start(c.get("expected_start"))
+        if c["state"] == "PENDING":  # (train.client.slurm.queue)
+            why = queue.words(c.get("reason"), c.get("maintenance"))
+            start = queue.expected_start(c.get("expected_start"))
             lines += [f"{indent}  waiting: {why}"] if why else []
             lines.append(f"{indent}  expected start: "
                          f"{start or 'Slurm gives no estimate yet'}")

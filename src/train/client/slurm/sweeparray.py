@@ -25,8 +25,7 @@ from typing import Any
 from train.batch import contract
 from train.batch.engine import ENGINE_DIR
 from train.client.slurm import chaincost
-from train.client.slurm.cancel import record_cancel
-from train.client.slurm.chain import Chain, load_chain, record_problem
+from train.client.slurm.chain import Chain, load_chain, record_cancel, record_problem
 from train.client.slurm.chainstatus import chain_status
 from train.client.slurm.queue import ACTIVE_STATES, _is_number, array_task_states, ref_states
 from train.client.slurm.render import folder_to_make, render, sbatch_options, sbatch_value
