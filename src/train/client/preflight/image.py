@@ -1,6 +1,5 @@
 """Preflight, check 2: the image is there, readable, a SIF (or a sandbox, or a Docker
-image), and opens; what it says about itself (ImageFacts: labels and environment), which
-the GPU checks read. `train submit` uses `open_image` and `image_facts` too."""
+image), and opens; what it says about itself (ImageFacts), which the GPU checks read."""
 
 from __future__ import annotations
 

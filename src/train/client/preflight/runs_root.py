@@ -1,7 +1,6 @@
 """Preflight, check 4: the runs root can be created and written, on a file system the
 compute nodes share (under the site's scratch where the profile names one); and where a
-path lives, as the compute nodes see it (the mount table and the kinds of file system:
-shared, local, volatile, node-local scratch), which the image check asks too."""
+path lives as the compute nodes see it, which the image check asks too."""
 
 from __future__ import annotations
 

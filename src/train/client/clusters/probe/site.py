@@ -1,9 +1,7 @@
-"""What the site's Slurm says, read on the login node (`read_site`): sinfo's partitions and
-nodes, scontrol's configuration (and MaxArraySize), sacctmgr's QOS limits and the user's
-associations, the Apptainer version; the parsers of their output, and a partition's nodes as
-one Group (its smallest node: a job that fits it fits every node). A command that is
-missing, fails, hangs or prints what its parser refuses is noted in `Site.unread` with a
-short tail of its own words."""
+"""What the site's Slurm says, read on the login node (`read_site`), and the parsers of its
+commands' output. A partition's nodes are one Group: its smallest node (a job that fits it
+fits every node). A command that is missing, fails, hangs or prints what its parser refuses
+is noted in `Site.unread` with a short tail of its own words."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""A job against its image ("bring your own image"): the image is there, a SIF (apptainer)
-or in the Docker engine that answers here, and built for the partition's GPUs
-(image_problems); what it offers the job step (train.images.features: its labels, the kept
-answer, else the probe), asked once per image and Python in a submit, and whether that
-suits the job (feature_problems).
-
-An image without `train` gets the client's own launcher bound in (train.node.nodeentry); the
-job is refused (exit 2, nothing queued) where the image cannot run it: a Python older than
-common.entry.MIN_PYTHON, no torch under --launch torchrun, or `--entry train`/`navsim`,
-which run this package's training inside the image.
+"""A job against its image ("bring your own image"): the image is there and built for the
+partition's GPUs (image_problems); what it offers the job step, asked once per image and
+Python in a submit, and whether that suits the job (feature_problems). An image without
+`train` gets the client's own launcher bound in (train.node.nodeentry).
 """
 
 from __future__ import annotations
