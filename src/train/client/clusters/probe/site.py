@@ -280,34 +280,28 @@ def read_site(environ: Mapping[str, str] | None = None, *, timeout: float = TIME
     site = Site()
     hung: set[str] = set()
 
-    def ask(argv: Sequence[str], what: str) -> str | None:
-        return _ask(argv, site, what, environ, timeout, note, hung)
+    def ask(argv: Sequence[str], what: str, parse: Callable[[str], T],
+            env: Mapping[str, str] | None = environ) -> T | None:
+        text = _ask(argv, site, what, env, timeout, note, hung)
+        return None if text is None else _parsed(site, what, argv, parse, text)
 
-    text = ask(SINFO, "partitions and nodes")
-    if text is not None:
-        site.nodes = _parsed(site, "partitions and nodes", SINFO, parse_sinfo, text) or []
-        if not text.strip():
-            site.unread.append(f"partitions and nodes: `{shlex.join(SINFO)}` listed no node")
-    text = ask(SCONTROL, "Slurm's configuration")
+    nodes = ask(SINFO, "partitions and nodes", parse_sinfo)
+    if nodes == []:  # (no line at all; a line it refused is noted by _parsed)
+        site.unread.append(f"partitions and nodes: `{shlex.join(SINFO)}` listed no node")
+    site.nodes = nodes or []
+    text = ask(SCONTROL, "Slurm's configuration", str)
     if text is not None:
         site.config = {k: v for k, v in parse_config(text).items() if k != ARRAY_KEY}
         site.max_array_size = _parsed(site, "job array size", SCONTROL, parse_array_size,
                                       text)
-    text = _ask(SHOW, site, "reservations", standard_times(environ), timeout, note, hung)
-    if text is not None:
-        site.reservations = _parsed(site, "reservations", SHOW, parse_reservations, text)
-    text = ask(SACCTMGR_QOS, "QOS limits")
-    if text is not None:
-        site.qos = _parsed(site, "QOS limits", SACCTMGR_QOS, parse_qos, text)
+    site.reservations = ask(SHOW, "reservations", parse_reservations, standard_times(environ))
+    site.qos = ask(SACCTMGR_QOS, "QOS limits", parse_qos)
     user = (environ or os.environ).get("USER") or getpass.getuser()
     argv = ("sacctmgr", "-n", "-P", "show", "associations", f"user={user}",
             "format=Account,Partition,QOS")
-    text = ask(argv, "your associations (accounts)")
-    if text is not None:
-        site.associations = [line for line in text.splitlines() if line.strip()]
-    text = ask(APPTAINER, "Apptainer")
-    if text is not None:
-        site.apptainer = text.strip()
+    site.associations = ask(argv, "your associations (accounts)",
+                            lambda text: [line for line in text.splitlines() if line.strip()])
+    site.apptainer = ask(APPTAINER, "Apptainer", str.strip)
     return site
 
 
