@@ -371,9 +371,7 @@ def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
 
 
 def _array_size(where: str, value: Any) -> int:
-    if value is None:
-        return Profile.max_array_size
-    size = _int(where, value, optional=False)
+    size = Profile.max_array_size if value is None else _int(where, value)
     if size is None or size < 1:
         raise ConfigError(where, f"must be a positive integer, got {_got(value)}")
     return size

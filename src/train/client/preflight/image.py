@@ -212,9 +212,7 @@ def _apptainer_facts(out: str) -> ImageFacts:
 def _label_summary(facts: ImageFacts) -> str:
     shown_keys = [k for k in ("org.train.image", "org.train.lock", "org.train.base-image")
                   if k in facts.labels]
-    if not shown_keys:
-        return ""
-    return " [" + ", ".join(f"{k}={facts.labels[k]}" for k in shown_keys) + "]"
+    return f" [{', '.join(f'{k}={facts.labels[k]}' for k in shown_keys)}]" if shown_keys else ""
 
 
 def _check_docker_image(image: str, binary: str | None,
