@@ -281,13 +281,6 @@ def _gpu_request(where: str, data: Mapping[str, Any]) -> tuple[str, str]:
                     GPU_TYPE_REQUESTS))
 
 
-def _gpu_features(where: str, value: Any) -> dict[str, str]:
-    """GPU type -> the node feature that selects it (gpu_type_request: constraint)."""
-    return {gpu: _word(f"{where}.{gpu}", feature, _FEATURE_RE, "one node feature name",
-                       _FEATURE_CHARS)
-            for gpu, feature in _keyed(where, value, NAME_RE, "a GPU type", NAME_CHARS).items()}
-
-
 def _node_types(where: str, data: Mapping[str, Any], partition: Mapping[Any, Any]
                 ) -> tuple[dict[str, NodeType], dict[str, NodeType], bool, str | None]:
     """partitions, constraints, and partition.allowed and .default (which need
@@ -320,7 +313,10 @@ def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
     account, partition, qos = (_section(f"{where}.{s}", data.get(s), keys)
                                for s, keys in _SECTION_KEYS.items())
     style, type_request = _gpu_request(where, data)
-    features = _gpu_features(f"{where}.gpu_features", data.get("gpu_features"))
+    features = {gpu: _word(f"{where}.gpu_features.{gpu}", feature, _FEATURE_RE,
+                           "one node feature name", _FEATURE_CHARS)
+                for gpu, feature in _keyed(f"{where}.gpu_features", data.get("gpu_features"),
+                                           NAME_RE, "a GPU type", NAME_CHARS).items()}
     partitions, constraints, allowed, default_partition = _node_types(where, data, partition)
     default_qos = qos.get("default")
     if default_qos is not None:
