@@ -89,12 +89,9 @@ class Site:
         names = dict.fromkeys(n.partition for n in self.nodes)
         return {p: group(p, [n for n in self.nodes if n.partition == p]) for p in names}
 
-    def feature(self, name: str) -> Group | None:
-        seen: dict[str, SiteNode] = {}
-        for node in self.nodes:
-            if name in node.features:
-                seen.setdefault(node.name, node)
-        return group(name, list(seen.values())) if seen else None
+    def feature(self, name: str) -> Group | None:  # (group counts a node once)
+        nodes = [n for n in self.nodes if name in n.features]
+        return group(name, nodes) if nodes else None
 
     def default_partition(self) -> str | None:
         return next((n.partition for n in self.nodes if n.default), None)
@@ -174,17 +171,12 @@ def parse_sinfo(text: str) -> list[SiteNode]:
 
 
 def group(name: str, nodes: Sequence[SiteNode]) -> Group:
-    types: list[str] = []
-    feats: list[str] = []
-    for n in nodes:
-        types += [t for t in n.gpu_types if t not in types]
-        feats += [f for f in n.features if f not in feats]
-    node_names = {n.name for n in nodes}
     first = nodes[0]
     return Group(
-        name=name, nodes=len(node_names), cpus=min(n.cpus for n in nodes),
+        name=name, nodes=len({n.name for n in nodes}), cpus=min(n.cpus for n in nodes),
         mem_mb=min(n.mem_mb for n in nodes), gpus=min(n.gpus for n in nodes),
-        gpu_types=tuple(sorted(types)), features=tuple(sorted(feats)),
+        gpu_types=tuple(sorted({t for n in nodes for t in n.gpu_types})),
+        features=tuple(sorted({f for n in nodes for f in n.features})),
         max_minutes=first.max_minutes, max_nodes=first.max_nodes,
         uneven=len({(n.cpus, n.mem_mb, n.gpus) for n in nodes}) > 1)
 
