@@ -89,7 +89,7 @@ def facts(site: Site) -> list[str]:
     else:
         lines.append("apptainer is not on PATH here: a job runs the profile's `modules:` "
                      "lines (module load apptainer) to find it")
-    for name, part in (site.partitions() if site.nodes else {}).items():
+    for name, part in site.partitions().items():
         default = " (the default)" if name == site.default_partition() else ""
         lines.append(f"partition {name}{default}: {part.nodes} nodes, {part.cpus} CPUs, "
                      f"{format_mem(part.mem_mb)}, {part.gpus} GPUs {_types(part.gpu_types)} "
