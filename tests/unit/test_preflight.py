@@ -689,8 +689,10 @@ def test_runs_root_through_a_good_symlink_still_passes(tmp_path: Path) -> None:
 
 
 def test_runs_root_not_writable_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("train.client.preflight.runs_root._try_write",
-                        lambda directory: "Permission denied")
+    def refuse(directory: Path, field: str) -> None:
+        raise ConfigError(field, f"cannot write to {directory}: Permission denied")
+
+    monkeypatch.setattr("train.client.preflight.runs_root.check_writable_dir", refuse)
     got = preflight_of(site(), tmp_path, runtime="none", account="lab", partition="new")
     assert got[RUNS_ROOT].ok is False and "Permission denied" in got[RUNS_ROOT].detail
     assert "chmod" in got[RUNS_ROOT].fix

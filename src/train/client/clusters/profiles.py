@@ -9,6 +9,7 @@ mappings merge), so a site change is a three-line file.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Mapping
 from importlib import resources
@@ -129,9 +130,7 @@ def describe(profile: Profile) -> dict[str, Any]:
         "env": list(profile.env),
         "scratch_root": profile.scratch_root, "nccl_env": dict(profile.nccl_env),
         "preempt_flags": list(profile.preempt_flags),
-        "gpu_watch": {"interval": profile.gpu_watch.interval,
-                      "idle_threshold": profile.gpu_watch.idle_threshold,
-                      "idle_minutes": profile.gpu_watch.idle_minutes},
+        "gpu_watch": dataclasses.asdict(profile.gpu_watch),
         "partitions": {k: node_values(v) for k, v in profile.partitions.items()},
         "constraints": {k: node_values(v) for k, v in profile.constraints.items()},
     }

@@ -246,17 +246,12 @@ def _node(where: str, name: str, data: Any) -> NodeType:
         max_minutes=_time(f"{where}.max_time", data["max_time"], optional=True),
         max_nodes=_int(f"{where}.max_nodes", data.get("max_nodes"), optional=True),
         max_gpus=_int(f"{where}.max_gpus", data.get("max_gpus"), optional=True),
-        driver_version=_driver(f"{where}.driver_version", data.get("driver_version")),
+        driver_version=None if data.get("driver_version") is None else _word(
+            f"{where}.driver_version", data["driver_version"], _DRIVER_RE,
+            "an NVIDIA driver version as nvidia-smi prints it", "such as \"550.54.15\" (quoted)"),
         cpu_jobs=_bool(where, data, "cpu_jobs", False),
         multi_node_whole=_bool(where, data, "multi_node_whole", False),
     )
-
-
-def _driver(where: str, value: Any) -> str | None:
-    """An NVIDIA driver version (a YAML number such as 550.54 taken as its text)."""
-    return None if value is None else _word(
-        where, value, _DRIVER_RE, "an NVIDIA driver version as nvidia-smi prints it",
-        "such as \"550.54.15\" (quoted)")
 
 
 def profile_name(source: str, value: Any) -> str:  # errors under the file it came from
@@ -286,16 +281,10 @@ def _gpu_request(where: str, data: Mapping[str, Any]) -> tuple[str, str]:
                     GPU_TYPE_REQUESTS))
 
 
-def _gpu_features(where: str, value: Any) -> dict[str, str]:
-    """GPU type -> the node feature that selects it (gpu_type_request: constraint)."""
-    return {gpu: _word(f"{where}.{gpu}", feature, _FEATURE_RE, "one node feature name",
-                       _FEATURE_CHARS)
-            for gpu, feature in _keyed(where, value, NAME_RE, "a GPU type", NAME_CHARS).items()}
-
-
 def _node_types(where: str, data: Mapping[str, Any], partition: Mapping[Any, Any]
-                ) -> tuple[dict[str, NodeType], dict[str, NodeType], bool]:
-    """partitions, constraints, and partition.allowed (which needs partitions)."""
+                ) -> tuple[dict[str, NodeType], dict[str, NodeType], bool, str | None]:
+    """partitions, constraints, and partition.allowed and .default (which need
+    partitions)."""
     partitions = {k: _node(f"{where}.partitions.{k}", k, v)
                   for k, v in _keyed(f"{where}.partitions", data.get("partitions"), NAME_RE,
                                      "a partition name", NAME_CHARS).items()}
@@ -307,24 +296,13 @@ def _node_types(where: str, data: Mapping[str, Any], partition: Mapping[Any, Any
         raise ConfigError(f"{where}.partitions", "a profile needs partitions or constraints")
     if allowed and not partitions:
         raise ConfigError(f"{where}.partitions", "needed when partition.allowed is true")
-    return partitions, constraints, allowed
-
-
-def _default_partition(where: str, value: Any, partitions: Mapping[str, NodeType]
-                       ) -> str | None:
-    if value is None:
-        return None
-    name = _name(where, value, "a partition name")
-    if name not in partitions:
-        raise ConfigError(where, f"{shown(name)} is not one of the partitions: "
-                          f"{', '.join(partitions)}")
-    return name
-
-
-def _qos_limits(where: str, value: Any) -> dict[str, int | None]:
-    """QOS name -> its longest walltime in minutes (null: no limit)."""
-    return {k: _time(f"{where}.{k}", v, optional=True)
-            for k, v in _keyed(where, value, NAME_RE, "a QOS name", NAME_CHARS).items()}
+    default = partition.get("default")
+    if default is not None:
+        default = _name(f"{where}.partition.default", default, "a partition name")
+        if default not in partitions:
+            raise ConfigError(f"{where}.partition.default", f"{shown(default)} is not one of "
+                              f"the partitions: {', '.join(partitions)}")
+    return partitions, constraints, allowed, default
 
 
 def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
@@ -335,14 +313,17 @@ def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
     account, partition, qos = (_section(f"{where}.{s}", data.get(s), keys)
                                for s, keys in _SECTION_KEYS.items())
     style, type_request = _gpu_request(where, data)
-    features = _gpu_features(f"{where}.gpu_features", data.get("gpu_features"))
-    partitions, constraints, allowed = _node_types(where, data, partition)
-    default_partition = _default_partition(f"{where}.partition.default",
-                                           partition.get("default"), partitions)
+    features = {gpu: _word(f"{where}.gpu_features.{gpu}", feature, _FEATURE_RE,
+                           "one node feature name", _FEATURE_CHARS)
+                for gpu, feature in _keyed(f"{where}.gpu_features", data.get("gpu_features"),
+                                           NAME_RE, "a GPU type", NAME_CHARS).items()}
+    partitions, constraints, allowed, default_partition = _node_types(where, data, partition)
     default_qos = qos.get("default")
     if default_qos is not None:
         default_qos = _name(f"{where}.qos.default", default_qos, "a QOS name")
-    qos_limits = _qos_limits(f"{where}.qos.limits", qos.get("limits"))
+    qos_limits = {k: _time(f"{where}.qos.limits.{k}", v, optional=True)  # null: no limit
+                  for k, v in _keyed(f"{where}.qos.limits", qos.get("limits"), NAME_RE,
+                                     "a QOS name", NAME_CHARS).items()}
     scratch = data.get("scratch_root", "")  # "": none
     return Profile(
         name=name,
@@ -386,9 +367,7 @@ def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
 
 
 def _array_size(where: str, value: Any) -> int:
-    if value is None:
-        return Profile.max_array_size
-    size = _int(where, value, optional=False)
+    size = Profile.max_array_size if value is None else _int(where, value)
     if size is None or size < 1:
         raise ConfigError(where, f"must be a positive integer, got {_got(value)}")
     return size

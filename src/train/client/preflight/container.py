@@ -22,17 +22,14 @@ _VERSION_TIMEOUT = 30.0
 _SINGULARITY_RE = re.compile(r"\bsingularity", re.IGNORECASE)
 
 
-def _looks_like_file(image: str) -> bool:
-    return (image.endswith(".sif") or image.startswith(("/", ".", "~"))
-            or os.path.exists(os.path.expanduser(image)))
-
-
 def _pick_runtime(runtime: str, image: str | None, profile: Profile,
                   environ: Mapping[str, str]) -> str:
     if runtime != "auto":
         return runtime
-    if image is not None:
-        return "apptainer" if _looks_like_file(image) else "docker"
+    if image is not None:  # a file (a SIF or a sandbox), else a Docker tag
+        file = image.endswith(".sif") or image.startswith(("/", ".", "~")) \
+            or os.path.exists(os.path.expanduser(image))
+        return "apptainer" if file else "docker"
     if which("apptainer", environ) or which("singularity", environ):
         return "apptainer"
     # the sites run apptainer; docker is the local (single-host) test cluster's runtime

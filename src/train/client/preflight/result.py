@@ -1,8 +1,5 @@
 """A preflight check's outcome (Check), the checks' names, and how they are shown; how the
-checks run outside commands: with a timeout (`train.common._proc.run`: a session of its
-own, killed whole on a timeout, as a script's `sleep` child would hold its output open),
-found on the caller's PATH (`which`, the submit checks' too), their failures turned into
-exit codes and short text (`_run`, `_tail`)."""
+checks run outside commands (with a timeout, found on the caller's PATH)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,20 @@
 """Preflight, check 4: the runs root can be created and written, on a file system the
 compute nodes share (under the site's scratch where the profile names one); and where a
-path lives, as the compute nodes see it (the mount table and the kinds of file system:
-shared, local, volatile, node-local scratch), which the image check asks too."""
+path lives as the compute nodes see it, which the image check asks too."""
 
 from __future__ import annotations
 
 import errno
 import os
 import re
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from train.client.clusters.schema import Profile
 from train.client.preflight.result import RUNS_ROOT, Check
+from train.common.errors import ConfigError
+from train.common.fields import check_writable_dir
 
 MOUNTS = Path("/proc/self/mounts")
 
@@ -96,20 +96,6 @@ def _storage(path: str, mounts: Sequence[Mount], profile: Profile) -> tuple[str,
     return "unknown", f"on {on}: whether the compute nodes see it is not known"
 
 
-def _try_write(directory: Path) -> str | None:
-    """None when a file can be created (and is removed) in `directory`, else why not."""
-    try:
-        fd, name = tempfile.mkstemp(prefix=".train-preflight-", dir=directory)
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    os.close(fd)
-    try:
-        os.unlink(name)
-    except OSError as exc:
-        return f"a test file could not be removed: {exc.strerror or exc}"
-    return None
-
-
 def _unreachable(path: Path, where: Path, exc: OSError, elsewhere: str) -> Check:
     if exc.errno == errno.ELOOP:
         return Check(RUNS_ROOT, False, f"{path} cannot be reached: a loop of symbolic links "
@@ -152,10 +138,11 @@ def _check_runs_root(root: Path, profile: Profile, mounts: Sequence[Mount]) -> C
     if existing == path and not path.is_dir():
         return Check(RUNS_ROOT, False, f"{path} is a file, not a directory",
                      f"pass a directory: {elsewhere}")
-    why = _try_write(existing)
-    if why is not None:
+    try:  # (a file created and removed there: the permission bits do not settle it)
+        check_writable_dir(existing, "--runs")
+    except ConfigError as exc:
         where = path if existing == path else f"{existing} (where {path} would be created)"
-        return Check(RUNS_ROOT, False, f"{where} is not writable: {why}",
+        return Check(RUNS_ROOT, False, f"{where} is not writable ({exc})",
                      f"chmod u+w {existing}, or choose a directory of yours: {elsewhere}")
     state = "writable" if existing == path else f"does not exist yet; {existing} is writable"
     kind, note = _storage(str(existing), mounts, profile)

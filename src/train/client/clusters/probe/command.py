@@ -25,8 +25,10 @@ def _types(types: Sequence[str]) -> str:
     return "[" + ", ".join(types) + "]"
 
 
-def _node_lines(where: str, node: NodeType, site: Group, *,
-                limits: bool) -> list[str]:
+def _node_lines(where: str, node: NodeType, site: Group | None, *, limits: bool,
+                missing: str) -> list[str]:
+    if site is None:
+        return [f"{where}: profile lists it, {missing}"]
     said = [("gpus_per_node", str(node.gpus_per_node), str(site.gpus)),
             ("gpu_types", _types(sorted(node.gpu_types)), _types(site.gpu_types)),
             ("cpus_per_node", str(node.cpus_per_node), str(site.cpus)),
@@ -45,11 +47,9 @@ def differences(profile: Profile, site: Site) -> list[str]:
     if site.nodes:
         parts = site.partitions()
         for name, node in profile.partitions.items():
-            if name not in parts:
-                lines.append(f"partitions.{name}: profile lists it, the site's sinfo shows "
-                             "no such partition (or none you may use)")
-                continue
-            lines += _node_lines(f"partitions.{name}", node, parts[name], limits=True)
+            lines += _node_lines(f"partitions.{name}", node, parts.get(name), limits=True,
+                                 missing="the site's sinfo shows no such partition (or none "
+                                 "you may use)")
         if profile.partitions_allowed:
             for name, part in parts.items():
                 if name not in profile.partitions:
@@ -63,12 +63,8 @@ def differences(profile: Profile, site: Site) -> list[str]:
             lines.append(f"partition.default: profile says {profile.default_partition}, the "
                          f"site says {default}")
         for feature, node in profile.constraints.items():
-            found = site.feature(feature)
-            if found is None:
-                lines.append(f"constraints.{feature}: profile lists it, no node of the site "
-                             "has that feature")
-                continue
-            lines += _node_lines(f"constraints.{feature}", node, found, limits=False)
+            lines += _node_lines(f"constraints.{feature}", node, site.feature(feature),
+                                 limits=False, missing="no node of the site has that feature")
     size = site.max_array_size
     if size is not None and size != profile.max_array_size:
         lines.append(f"max_array_size: profile says {profile.max_array_size}, the site says "
@@ -93,7 +89,7 @@ def facts(site: Site) -> list[str]:
     else:
         lines.append("apptainer is not on PATH here: a job runs the profile's `modules:` "
                      "lines (module load apptainer) to find it")
-    for name, part in (site.partitions() if site.nodes else {}).items():
+    for name, part in site.partitions().items():
         default = " (the default)" if name == site.default_partition() else ""
         lines.append(f"partition {name}{default}: {part.nodes} nodes, {part.cpus} CPUs, "
                      f"{format_mem(part.mem_mb)}, {part.gpus} GPUs {_types(part.gpu_types)} "

@@ -1,9 +1,7 @@
-"""What the site's Slurm says, read on the login node (`read_site`): sinfo's partitions and
-nodes, scontrol's configuration (and MaxArraySize), sacctmgr's QOS limits and the user's
-associations, the Apptainer version; the parsers of their output, and a partition's nodes as
-one Group (its smallest node: a job that fits it fits every node). A command that is
-missing, fails, hangs or prints what its parser refuses is noted in `Site.unread` with a
-short tail of its own words."""
+"""What the site's Slurm says, read on the login node (`read_site`), and the parsers of its
+commands' output. A partition's nodes are one Group: its smallest node (a job that fits it
+fits every node). A command that is missing, fails, hangs or prints what its parser refuses
+is noted in `Site.unread` with a short tail of its own words."""
 
 from __future__ import annotations
 
@@ -91,12 +89,9 @@ class Site:
         names = dict.fromkeys(n.partition for n in self.nodes)
         return {p: group(p, [n for n in self.nodes if n.partition == p]) for p in names}
 
-    def feature(self, name: str) -> Group | None:
-        seen: dict[str, SiteNode] = {}
-        for node in self.nodes:
-            if name in node.features:
-                seen.setdefault(node.name, node)
-        return group(name, list(seen.values())) if seen else None
+    def feature(self, name: str) -> Group | None:  # (group counts a node once)
+        nodes = [n for n in self.nodes if name in n.features]
+        return group(name, nodes) if nodes else None
 
     def default_partition(self) -> str | None:
         return next((n.partition for n in self.nodes if n.default), None)
@@ -176,17 +171,12 @@ def parse_sinfo(text: str) -> list[SiteNode]:
 
 
 def group(name: str, nodes: Sequence[SiteNode]) -> Group:
-    types: list[str] = []
-    feats: list[str] = []
-    for n in nodes:
-        types += [t for t in n.gpu_types if t not in types]
-        feats += [f for f in n.features if f not in feats]
-    node_names = {n.name for n in nodes}
     first = nodes[0]
     return Group(
-        name=name, nodes=len(node_names), cpus=min(n.cpus for n in nodes),
+        name=name, nodes=len({n.name for n in nodes}), cpus=min(n.cpus for n in nodes),
         mem_mb=min(n.mem_mb for n in nodes), gpus=min(n.gpus for n in nodes),
-        gpu_types=tuple(sorted(types)), features=tuple(sorted(feats)),
+        gpu_types=tuple(sorted({t for n in nodes for t in n.gpu_types})),
+        features=tuple(sorted({f for n in nodes for f in n.features})),
         max_minutes=first.max_minutes, max_nodes=first.max_nodes,
         uneven=len({(n.cpus, n.mem_mb, n.gpus) for n in nodes}) > 1)
 
@@ -282,34 +272,28 @@ def read_site(environ: Mapping[str, str] | None = None, *, timeout: float = TIME
     site = Site()
     hung: set[str] = set()
 
-    def ask(argv: Sequence[str], what: str) -> str | None:
-        return _ask(argv, site, what, environ, timeout, note, hung)
+    def ask(argv: Sequence[str], what: str, parse: Callable[[str], T],
+            env: Mapping[str, str] | None = environ) -> T | None:
+        text = _ask(argv, site, what, env, timeout, note, hung)
+        return None if text is None else _parsed(site, what, argv, parse, text)
 
-    text = ask(SINFO, "partitions and nodes")
-    if text is not None:
-        site.nodes = _parsed(site, "partitions and nodes", SINFO, parse_sinfo, text) or []
-        if not text.strip():
-            site.unread.append(f"partitions and nodes: `{shlex.join(SINFO)}` listed no node")
-    text = ask(SCONTROL, "Slurm's configuration")
+    nodes = ask(SINFO, "partitions and nodes", parse_sinfo)
+    if nodes == []:  # (no line at all; a line it refused is noted by _parsed)
+        site.unread.append(f"partitions and nodes: `{shlex.join(SINFO)}` listed no node")
+    site.nodes = nodes or []
+    text = ask(SCONTROL, "Slurm's configuration", str)
     if text is not None:
         site.config = {k: v for k, v in parse_config(text).items() if k != ARRAY_KEY}
         site.max_array_size = _parsed(site, "job array size", SCONTROL, parse_array_size,
                                       text)
-    text = _ask(SHOW, site, "reservations", standard_times(environ), timeout, note, hung)
-    if text is not None:
-        site.reservations = _parsed(site, "reservations", SHOW, parse_reservations, text)
-    text = ask(SACCTMGR_QOS, "QOS limits")
-    if text is not None:
-        site.qos = _parsed(site, "QOS limits", SACCTMGR_QOS, parse_qos, text)
+    site.reservations = ask(SHOW, "reservations", parse_reservations, standard_times(environ))
+    site.qos = ask(SACCTMGR_QOS, "QOS limits", parse_qos)
     user = (environ or os.environ).get("USER") or getpass.getuser()
     argv = ("sacctmgr", "-n", "-P", "show", "associations", f"user={user}",
             "format=Account,Partition,QOS")
-    text = ask(argv, "your associations (accounts)")
-    if text is not None:
-        site.associations = [line for line in text.splitlines() if line.strip()]
-    text = ask(APPTAINER, "Apptainer")
-    if text is not None:
-        site.apptainer = text.strip()
+    site.associations = ask(argv, "your associations (accounts)",
+                            lambda text: [line for line in text.splitlines() if line.strip()])
+    site.apptainer = ask(APPTAINER, "Apptainer", str.strip)
     return site
 
 

@@ -42,9 +42,8 @@ def _kept(data: Any, comment: str) -> Any:
 def _node_tree(node: NodeType | None, site: Group | None, *, limits: bool, said: str,
                kept: str, source: str) -> Tree:
     """A whole partition or constraint entry: probed values where the site answered."""
-    out: Tree = {}
-    if node is not None:
-        out = {k: (v, kept) for k, v in node_values(node).items() if k not in _UNPROBED}
+    values = {} if node is None else node_values(node)
+    out: Tree = {k: (v, kept) for k, v in values.items() if k not in _UNPROBED}
     if site is not None:  # (over the kept values, in their places)
         out.update({"gpus_per_node": (site.gpus, said + (" (its smallest node)"
                                                          if site.uneven else "")),
@@ -55,15 +54,10 @@ def _node_tree(node: NodeType | None, site: Group | None, *, limits: bool, said:
             else f"no smaller MaxNodes than its {site.nodes} nodes"
         out["max_time"] = (format_limit(site.max_minutes), said)
         out["max_nodes"] = (_job_nodes(site), f"{said} ({why})")
-    if node is not None:  # no command reads these: policy, or the nodes' own driver
-        unprobed = kept if site is None else f"not probed: kept from {source}"
-        if node.max_gpus is not None:
-            out["max_gpus"] = (node.max_gpus, unprobed)
-        if node.driver_version is not None:
-            out["driver_version"] = (node.driver_version, unprobed)
-        out["cpu_jobs"] = (node.cpu_jobs, unprobed)
-        if node.multi_node_whole:
-            out["multi_node_whole"] = (True, unprobed)
+    unprobed = kept if site is None else f"not probed: kept from {source}"
+    out.update({k: (values[k], unprobed) for k in _UNPROBED  # (cpu_jobs even when false)
+                if k in values and values[k] is not None
+                and (values[k] is not False or k == "cpu_jobs")})
     return out
 
 

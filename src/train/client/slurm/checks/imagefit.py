@@ -1,13 +1,7 @@
-"""A job against its image ("bring your own image"): the image is there, a SIF (apptainer)
-or in the Docker engine that answers here, and built for the partition's GPUs
-(image_problems); what it offers the job step (train.images.features: its labels, the kept
-answer, else the probe), asked once per image and Python in a submit, and whether that
-suits the job (feature_problems).
-
-An image without `train` gets the client's own launcher bound in (train.node.nodeentry); the
-job is refused (exit 2, nothing queued) where the image cannot run it: a Python older than
-common.entry.MIN_PYTHON, no torch under --launch torchrun, or `--entry train`/`navsim`,
-which run this package's training inside the image.
+"""A job against its image ("bring your own image"): the image is there and built for the
+partition's GPUs (image_problems); what it offers the job step, asked once per image and
+Python in a submit, and whether that suits the job (feature_problems). An image without
+`train` gets the client's own launcher bound in (train.node.nodeentry).
 """
 
 from __future__ import annotations
@@ -48,7 +42,7 @@ def image_problems(job: ResolvedJob, environ: Mapping[str, str]
     if spec.runtime == "none" or not image:
         return [], []
     if spec.runtime == "docker":
-        return _docker_image(image, environ)
+        return _docker_image(job, environ)
     if "://" in image:  # docker://, oras://, library://: apptainer fetches it on the node
         return [], [f"--image {image} is fetched by apptainer on the nodes; not checked here"]
     path = Path(os.path.abspath(image))
@@ -63,6 +57,9 @@ def image_problems(job: ResolvedJob, environ: Mapping[str, str]
         return [Problem("image", f"--image {image}: {check.detail}{tilde}; {check.fix}")], []
     notes = [f"--image {image}: {check.fix}"] if check.fix else []  # (storage the nodes
     # may not mount)
+    identity = file_identity(image)
+    if facts is not None and identity is not None:  # (what image_features reads of it)
+        _SAID.setdefault(identity, (identity, dict(facts.labels)))
     found, seen = _arch_problems(job, path, binary, facts)
     return found, notes + seen
 
@@ -105,11 +102,15 @@ def _arch_problems(job: ResolvedJob, path: Path, binary: str | None,
     return [], [f"--image {job.spec.image}: {check.detail}; {check.fix}"] if check.warn else []
 
 
-def _docker_image(tag: str, environ: Mapping[str, str]) -> tuple[list[Problem], list[str]]:
+def _docker_image(job: ResolvedJob, environ: Mapping[str, str]
+                  ) -> tuple[list[Problem], list[str]]:
+    tag = job.spec.image or ""
     binary = runtime_binary("docker", environ)
     if binary is None:
         return [], [f"--image {tag} could not be checked: docker is not on PATH here"]
-    try:
+    if _said(job, binary, environ) is not None:  # (the one look image_features reads too)
+        return [], []
+    try:  # the engine's own words on why it does not say
         proc = _proc.run([binary, "image", "inspect", "--format", "{{.Id}}", tag],
                          timeout=DOCKER_TIMEOUT, check=False, env=environ, skip_hung=True)
     except _proc.ProcError as exc:
@@ -127,6 +128,7 @@ def _docker_image(tag: str, environ: Mapping[str, str]) -> tuple[list[Problem], 
 
 
 _MEMO: dict[str, Asked] = {}  # once per image and Python in a process: checks, then equip
+_SAID: dict[str, tuple[str, dict[str, str]] | None] = {}  # (identity, labels), once an image
 
 
 def image_features(job: ResolvedJob, environ: Mapping[str, str]) -> Asked:
@@ -138,18 +140,10 @@ def image_features(job: ResolvedJob, environ: Mapping[str, str]) -> Asked:
     if spec.runtime == "apptainer" and "://" in image:
         return Asked()  # fetched on the nodes: image_problems says so
     binary = runtime_binary(spec.runtime, environ)
-    if spec.runtime == "docker":
-        answer = docker_facts(binary, image, environ) if binary else None
-        if answer is None:
-            return Asked()  # image_problems says why the engine did not answer
-        ident, labels = answer
-    else:
-        identity = file_identity(image)
-        if identity is None:
-            return Asked()  # image_problems refuses it
-        path = Path(os.path.abspath(image))  # (a sandbox's labels are read without apptainer)
-        read = image_facts(path, binary or "", job.profile) if binary or path.is_dir() else None
-        ident, labels = identity, dict(read.labels) if read is not None else {}
+    said = _said(job, binary, environ)
+    if said is None:
+        return Asked()  # image_problems says why: refused, or the engine did not answer
+    ident, labels = said
     ours = from_labels(labels)
     if ours is not None:
         return Asked(ours)
@@ -157,6 +151,22 @@ def image_features(job: ResolvedJob, environ: Mapping[str, str]) -> Asked:
     if key not in _MEMO:
         _MEMO[key] = _ask(key, ident.startswith("sandbox:"), binary, spec, environ)
     return _MEMO[key]
+
+
+def _said(job: ResolvedJob, binary: str | None, environ: Mapping[str, str]
+          ) -> tuple[str, dict[str, str]] | None:
+    """The image's (identity, labels), asked once a process (checks, features, equip)."""
+    image = job.spec.image or ""
+    key = f"{binary}|{image}" if job.spec.runtime == "docker" else file_identity(image)
+    if key is None:
+        return None  # image_problems refuses it
+    if key not in _SAID and job.spec.runtime == "docker":
+        _SAID[key] = docker_facts(binary, image, environ) if binary else None
+    elif key not in _SAID:
+        path = Path(os.path.abspath(image))  # (a sandbox's labels are read without apptainer)
+        read = image_facts(path, binary or "", job.profile) if binary or path.is_dir() else None
+        _SAID[key] = key, dict(read.labels) if read is not None else {}
+    return _SAID[key]
 
 
 def runtime_binary(runtime: str, environ: Mapping[str, str]) -> str | None:

@@ -1,10 +1,7 @@
 """The Pythons a job runs with, asked here without importing anything: --python with
---runtime none (the nodes run it as it is here, so it must import torch where the job needs
-it and this package), and the chain engine's python3. The batch host runs the engine
-(train.batch) with the `python3` the job's PATH finds there (sbatch hands the submitting
-shell's PATH on, the site set-up runs first); the login node sees the same PATH, so a
-python3 missing here, or older than the engine needs, is refused at submit with the fix,
-not found after the queue wait."""
+--runtime none, and the chain engine's python3. sbatch hands the submitting shell's PATH on,
+so the batch host finds the python3 this login node finds: one missing or too old here is
+refused at submit, not found after the queue wait."""
 
 from __future__ import annotations
 

@@ -8,9 +8,7 @@
   --max-chunks or --total-time asks for a chain): nothing would ever resume;
 - a --save-path in the container under no bind and absent on the host: what the program
   saves there stays in its container, unseen by the chain.
-
-A command whose program is a launcher of its own (srun, torchrun, accelerate launch) inside
-the job's step, which already is one, is refused (launcher_problems).
+A launcher of its own (srun, torchrun, accelerate launch) inside the job's step is refused.
 """
 
 from __future__ import annotations
