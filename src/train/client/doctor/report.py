@@ -31,7 +31,7 @@ class Report:
     chunks: list[dict[str, Any]]
     findings: list[Finding]
     training: dict[str, Any]  # status.json of the run, where there is one
-    notes: list[str] = field(default_factory=list)  # what was not searched
+    notes: list[str] = field(default_factory=list)  # what was not searched, overruns
 
     @property
     def healthy(self) -> bool:
@@ -93,6 +93,7 @@ def diagnose(chain: Chain, status: Mapping[str, Any] | None = None, *, scan: boo
         notes += [note] if note else []
         status = chain_status(chain, states)
     st = dict(status)
+    notes += st.get("overran") or []  # (status's note: the chunks' lines do not say it)
     findings: list[Finding] = []
     chunks_out = []
     events = read_events(chain)

@@ -1,11 +1,6 @@
-"""What a chain's events say of each chunk: its progress in words, how each chunk ended
-(for `train status` and `train doctor`, which keep the raw event names in --json), chunks
-that redo the same work (each going on from the same save), and where the chain's time
-went and what it cost: each chunk's wait in the queue and time run, from the run folder
-(chain.json's submit time, the events: `extended` submits the next chunk, `started`,
-`limit`, and a run's last event ends it), with Slurm's state and the clock only for what
-is live; GPU-hours (nodes x GPUs per node x time run); the lines `train status` prints;
-and the picture of the chain, chunks.png, where matplotlib is installed."""
+"""What a chain's events say of each chunk: how it ended, in words (--json keeps the
+events' names), chunks that redo the same work, and where the chain's time went and what
+it cost (from the run folder; Slurm's state and the clock only for what is live)."""
 
 from __future__ import annotations
 
@@ -170,10 +165,7 @@ def chunk_words(record: Mapping[str, Any], job_id: str, events: Sequence[Event])
     for run in runs(events):
         if run.job_id != job_id:
             continue
-        words = _end_words(record, run)
-        if words and any(e["event"] == contract.EV_OVERRAN for e in run.between):
-            words = ("ran into its walltime after the stop signal and was ended by the tool; "
-                     + words)
+        words = _end_words(record, run)  # (an overrun: status says it in a note)
         if words:
             said.append(words)
     if any(e["event"] == contract.EV_CANCELLED and e["job_id"] == job_id for e in events):
