@@ -199,10 +199,10 @@ def find_run(ref: str, runs_root: Path) -> Path:
                 return run_dir
     sweep, _, task = ref.partition("/")
     if task and "/" not in task and _is_file(runs_root / sweep / contract.SWEEP_RECORD):
-        from train.client.slurm.sweep import sweep_tasks
+        from train.client.slurm.sweep import read_tasks
 
         try:
-            tasks = [f"{sweep}/{t.dir}" for t in sweep_tasks(runs_root / sweep)]
+            tasks = [f"{sweep}/{t.dir}" for t in read_tasks(runs_root / sweep)[0]]
         except UsageError as exc:
             raise UsageError(f"run: the sweep {shown(sweep)} has no task {shown(task)}, and "
                              f"its record cannot be read: {exc}") from None

@@ -1,10 +1,6 @@
 """Sweeps: one chain per task (a seed of --sweep-seeds, a value of --sweep), submitted
-together as one job array (train.client.slurm.sweeparray), running in parallel.
-
-`train submit --sweep-seeds "4 6 8" -- demo ...` makes runs/NAME a sweep: its record
-(`sweep.json`) and one ordinary chain folder per task (`seed-4/`, `task-0/`, ...); a
-`train run` sweep's tasks share the results CSV beside them. `train status NAME` shows the
-sweep and each chain, `train summary NAME` a table of the tasks (sweepsummary, sweepmetrics).
+together as one job array (sweeparray). runs/NAME holds the sweep's record (`sweep.json`)
+and one ordinary chain folder per task (`seed-4/`, `task-0/`, ...).
 """
 
 from __future__ import annotations
@@ -338,15 +334,10 @@ def read_tasks(root: Path) -> tuple[list[SweepTask], list[str]]:
     return tasks, bad
 
 
-def sweep_tasks(root: Path) -> list[SweepTask]:
-    """The sweep's readable tasks (read_tasks names the others)."""
-    return read_tasks(root)[0]
-
-
 def not_a_chain(field: str, ref: str, root: Path) -> UsageError:
     """The error for a command that reads one chain, given a whole sweep: its chains."""
     return UsageError(f"{field}: {ref} is a sweep; name one of its chains: "
-                      + ", ".join(f"{ref}/{t.dir}" for t in sweep_tasks(root)))
+                      + ", ".join(f"{ref}/{t.dir}" for t in read_tasks(root)[0]))
 
 
 def aggregate(name: str, root: Path, statuses: list[dict[str, Any]]) -> dict[str, Any]:

@@ -1,15 +1,7 @@
-"""A sweep as one Slurm job array: each task chains on its own.
-
-`train submit --sweep-seeds "4 6 8"` (or `--sweep lr=1e-3,5e-4`) renders one ordinary
-chain script per task (runs/NAME/seed-S/jobs/chain.sbatch, or task-I/) and a short array
-script (runs/NAME/jobs/array.sbatch, `--array=0-N%M`) whose task I runs chunk 1 of the
-I-th chain. From there each task is a chain like any other: its chunk 1 records its own
-job id in its chain.ids when it starts (job-lib.sh's train_array_task), submits its
-successor with afterok on itself, and so on; its stop, requeue, failure and cancel touch
-its own chain alone. Until a task starts, its chain.ids names it ARRAY_TASK.
-A throttled sweep's tasks run in requeue mode instead (sweep.requeue_mode): each requeues
-itself (as ARRAY_TASK) after a checkpointed stop and keeps its job id, so every run of
-every task is the array's and Slurm's throttle bounds them all.
+"""A sweep as one Slurm job array whose task I runs chunk 1 of the I-th chain; from there
+each task is a chain like any other (its chunk 1 records its own job id in its chain.ids
+when it starts: until then chain.ids names it ARRAY_TASK). A throttled sweep's tasks run
+in requeue mode (sweep.requeue_mode), so Slurm's throttle bounds every run of every task.
 """
 
 from __future__ import annotations
@@ -44,7 +36,6 @@ from train.client.slurm.sweep import (
     load_record,
     read_tasks,
     record_flag,
-    sweep_tasks,
     whole,
     write_record,
 )
@@ -308,7 +299,7 @@ def check_sweep_root(root: Path) -> str | None:
         raise UsageError(f"name: {damaged}; whether its array still has tasks queued cannot "
                          "be told: correct or remove that array_job (`squeue --me` lists "
                          "your jobs), or choose another --name")
-    chains = [_task_chain(root, t, array) for t in sweep_tasks(root)
+    chains = [_task_chain(root, t, array) for t in read_tasks(root)[0]
               if (root / t.dir / contract.CHAIN_RECORD).is_file()]  # (one cut short: none)
     states = ref_states([i for c in chains for i in c.ids])
     active = [i for i, s in states.items() if s["state"] in ACTIVE_STATES]

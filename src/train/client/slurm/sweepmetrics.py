@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from train.batch.contract import CHAIN_RECORD, METRICS_FILE
-from train.client.slurm.sweep import load_record, read_tasks, record_flag, sweep_tasks
+from train.client.slurm.sweep import load_record, read_tasks, record_flag
 from train.client.slurm.sweepsummary import file_state, format_number, mean_std, read_json
 from train.common._proc import printable
 from train.common.jsonio import read_bounded, read_json_object
@@ -230,7 +230,7 @@ def _mean_line(name: str, found: list[float], seeds: int) -> str:
 
 def is_command_sweep(root: Path) -> bool:
     """Whether the sweep's tasks run a command (their chain records say entry command)."""
-    for task in sweep_tasks(root):
+    for task in read_tasks(root)[0]:
         record = read_json_object(root / task.dir / CHAIN_RECORD, JSON_LIMIT)
         if isinstance(record.get("entry"), str):
             return bool(record["entry"] == "command")
