@@ -18,9 +18,7 @@ from train.batch.contract import SWEEP_RECORD
 from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.resolve import ResolvedJob
 from train.client.slurm.sweepargs import (
-    check_command,
-    check_resume,
-    check_save_paths,
+    check_command_sweep,
     check_unmarked,
     placed,
     task_changes,
@@ -153,9 +151,7 @@ def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
         raise ConfigError(field, f"give the {flag} once: the sweep sets {given} for each "
                           f"task (remove {given} from the workload)")
     if spec.entry == "command":
-        check_command(spec.workload)
-        check_resume(spec.workload, spec.resume_args)
-        check_save_paths(spec.save_path, spec.chdir)
+        check_command_sweep(spec)
     check_unmarked(spec.env, spec.bind, None if spec.entry == "command" else spec.chdir)
     root = Path(os.path.abspath(spec.out or os.path.join("runs", spec.name)))
     folders = bound_folders(root, spec.entry, flag, values) if flag != "seeds" else {}
@@ -214,7 +210,9 @@ def bound_folders(root: Path, entry: str, flag: str, values: list[str]) -> dict[
                               f"one is of --{flag}: choose another --name (or --out)")
         folders = recorded_folders(record)
     by_key = {value_key(entry, flag, v): d for d, v in folders.items()}
-    used = set(folders) | {p.name for p in _listed(root)}
+    used = set(folders)
+    with contextlib.suppress(OSError):
+        used |= {p.name for p in root.iterdir()} if root.is_dir() else set()
     out: dict[str, str] = {}
     for value in values:
         where = by_key.get(value_key(entry, flag, value))
@@ -224,13 +222,6 @@ def bound_folders(root: Path, entry: str, flag: str, values: list[str]) -> dict[
             used.add(where)
         out[value] = where
     return out
-
-
-def _listed(root: Path) -> list[Path]:
-    try:
-        return list(root.iterdir()) if root.is_dir() else []
-    except OSError:
-        return []
 
 
 def recorded_folders(record: dict[str, Any]) -> dict[str, str]:
