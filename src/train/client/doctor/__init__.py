@@ -9,7 +9,4 @@ costs about a second and flat memory.
 
 Each cause is one rule (logread.RULES, LogRule for log messages; the Slurm-state and event
 rules in chunks.py). A run with no finding is healthy (exit 0); any finding is exit 1.
-
-The modules, each on the ones before it (each says what it holds): findings, logread,
-chunks, report.
 """

@@ -1,11 +1,9 @@
 """The log rules (each cause the doctor recognises by a message in a job log: the literal
 needles that select candidate lines, the pattern that refines them, where the message's
 format comes from), and reading job logs for them without reading them whole: the needles
-are searched
-for with grep -F where the system has it (else in blocks of whole lines), and only the
-lines that hold one are matched against the rules' patterns. A log over WHOLE_LIMIT is
-searched in its head and tail only, unless --full. Also the end of a log (read_tail) and
-its last Python exception.
+are searched for with grep -F where the system has it (else in blocks of whole lines), and
+only the lines that hold one are matched against the rules' patterns. A log over
+WHOLE_LIMIT is searched in its head and tail only, unless --full.
 
 WHOLE_LIMIT, HEAD_BYTES and TAIL_BYTES_SCANNED are read here at each call: a test or a
 benchmark that scales them sets them on this module."""

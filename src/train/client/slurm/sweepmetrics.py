@@ -1,15 +1,8 @@
-"""`train summary` of a command's sweep: each task's final metrics, read from its folder.
-
-Where a task's metrics are found, first found first (each file bounded, a regular file,
-read as text; a bad one is named and the next looked at):
-- TRAIN_METRICS_FILE (`metrics.json` in the task's folder): a JSON object the program
-  writes at its end, {"eval_loss": 0.41, "accuracy": 0.88}; numbers only are kept
-  (NaN and Infinity too: a diverged seed shows nan or inf, and its mean leaves it out);
-- Hugging Face's Trainer: `all_results.json` in the task's folder or a folder below it
-  (`--output_dir {task_dir}`, `{task_dir}/out`);
-- Lightning's CSVLogger: the newest `metrics.csv` up to three folders down
-  (lightning_logs/version_N/), each column's last value (its rows are sparse: training
-  and validation steps log different columns).
+"""`train summary` of a command's sweep: each task's final metrics, from the first of
+these found in its folder (a bad file is named and the next looked at): TRAIN_METRICS_FILE
+(`metrics.json`, a JSON object the program writes at its end: its numbers, NaN and
+Infinity kept), Hugging Face's `all_results.json` there or below, or the newest Lightning
+`metrics.csv` up to three folders down (each column's last value: its rows are sparse).
 """
 
 from __future__ import annotations
