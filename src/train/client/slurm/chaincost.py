@@ -249,10 +249,8 @@ Row = dict[str, Any]
 
 def gpus(record: Row) -> int | None:
     """Nodes x GPUs per node (chain.json's resources); None where they are not recorded."""
-    res = record.get("resources")
-    got = [res.get(key) if isinstance(res, dict) else None
-           for key in ("nodes", "gpus_per_node")]
-    whole = [v for v in got if isinstance(v, int) and not isinstance(v, bool) and v >= 0]
+    got = [integer(resources(record).get(key)) for key in ("nodes", "gpus_per_node")]
+    whole = [v for v in got if v is not None and v >= 0]
     return whole[0] * whole[1] if len(whole) == 2 else None
 
 
@@ -276,11 +274,9 @@ def _limit(done: list[Run], record: Row) -> tuple[int | None, int | None]:
                     and all(map(_is_number, parts)):
                 return int(parts[0]), int(parts[1])
     job = record.get("job")
-    for value in (job.get("walltime_seconds") if isinstance(job, dict) else None,
-                  record.get("walltime_seconds")):
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value, value
-    return None, None
+    value = integer(job.get("walltime_seconds") if isinstance(job, dict) else None) \
+        or integer(record.get("walltime_seconds"))
+    return value, value
 
 
 def _end(run: Run) -> int:

@@ -328,8 +328,7 @@ def _chunk_rows(record: dict[str, Any], pairs: list[tuple[int, str]],
                 states: dict[str, dict[str, Any]], events: Events) -> Chunks:
     """Each chunk's Slurm state, its events' names and, in words, how it ended."""
     rows = []
-    limit = record.get("walltime_seconds")
-    limit = limit if isinstance(limit, int) else 0
+    limit = integer(record.get("walltime_seconds")) or 0
     for number, job_id in pairs:
         s = states.get(job_id, {"state": "UNKNOWN"})
         waits = s["state"] == "PENDING" and queue.is_reserved(s.get("reason"))
