@@ -41,12 +41,11 @@ _FOLDERS = 200  # folders looked into at most, per task
 
 @dataclass
 class TaskMetrics:
-    """One task's final metrics and where they are from (or why there are none)."""
+    """One task's final metrics (or why there are none)."""
 
     label: str
     state: str
     values: dict[str, float] = field(default_factory=dict)
-    source: str = ""
     problems: list[str] = field(default_factory=list)
 
 
@@ -129,15 +128,10 @@ def _folders(root: Path) -> Iterator[Path]:
 def task_metrics(run_dir: Path, label: str, state: str) -> TaskMetrics:
     """The task's final metrics, from the first source that has them."""
     out = TaskMetrics(label, state)
-    values = _json_metrics(run_dir / METRICS_FILE, out.problems)
-    if values:
-        out.values, out.source = values, METRICS_FILE
-        return out
     folders = list(_folders(run_dir))
-    for folder in folders:
-        values = _json_metrics(folder / "all_results.json", out.problems)
-        if values:
-            out.values, out.source = values, str(folder / "all_results.json")
+    for path in (run_dir / METRICS_FILE, *(f / "all_results.json" for f in folders)):
+        out.values = _json_metrics(path, out.problems) or {}
+        if out.values:
             return out
     newest: tuple[int, Path] | None = None
     for folder in folders:
@@ -149,9 +143,7 @@ def task_metrics(run_dir: Path, label: str, state: str) -> TaskMetrics:
         if stamp is not None and (newest is None or stamp > newest[0]):
             newest = (stamp, path)
     if newest is not None:
-        values = _csv_metrics(newest[1], out.problems)
-        if values:
-            out.values, out.source = values, str(newest[1])
+        out.values = _csv_metrics(newest[1], out.problems) or {}
     return out
 
 
