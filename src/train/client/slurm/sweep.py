@@ -258,16 +258,28 @@ def write_record(root: Path, name: str, tasks: list[SweepTask], flag: str = "see
 RECORD_LIMIT = 4 << 20  # sweep.json: about 100 bytes a task, at most a few thousand tasks
 
 
+def read_json(path: Path, limit: int) -> Any:
+    """A JSON file's value; None where it is missing or not a regular file; ValueError for
+    one that is not JSON (nor UTF-8) or over `limit` bytes."""
+    data = read_bounded(path, limit + 1)
+    if data is None:
+        return None
+    if len(data) > limit:
+        raise ValueError(f"over {limit} bytes")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def load_record(root: Path) -> dict[str, Any]:
     path = root / SWEEP_RECORD
-    data = read_bounded(path, RECORD_LIMIT + 1)
-    if data is None or len(data) > RECORD_LIMIT:
-        raise UsageError(f"sweep: cannot read {path}: missing, not a regular file, or over "
-                         f"{RECORD_LIMIT >> 20} MiB")
     try:
-        record = json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError) as exc:
+        record = read_json(path, RECORD_LIMIT)
+    except ValueError as exc:
         raise UsageError(f"sweep: cannot read {path}: {str(exc)[:120]}") from None
+    if record is None:
+        raise UsageError(f"sweep: cannot read {path}: missing or not a regular file")
     if not isinstance(record, dict) or not isinstance(record.get("chains"), list):
         raise UsageError(f"sweep: {path} does not hold a sweep record (an object with a "
                          "list of chains)")

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from train.batch.contract import CHAIN_RECORD, METRICS_FILE
-from train.client.slurm.sweep import load_record, read_tasks, record_flag
-from train.client.slurm.sweepsummary import file_state, format_number, mean_std, read_json
+from train.client.slurm.sweep import load_record, read_json, read_tasks, record_flag
+from train.client.slurm.sweepsummary import file_state, format_number, mean_std
 from train.common._proc import printable
 from train.common.jsonio import read_bounded, read_json_object
 

@@ -6,15 +6,12 @@ mean +- std of the final evaluations, and the tasks' learning curves' mean and s
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
-from typing import Any
 
 from train.batch.contract import COMPLETE_MARKER
-from train.client.slurm.sweep import load_record, read_tasks, record_flag
+from train.client.slurm.sweep import load_record, read_json, read_tasks, record_flag
 from train.common.errors import UsageError, install_hint
-from train.common.jsonio import read_bounded
 from train.common.safewrite import write_atomic
 
 SUMMARY_CSV = "summary.csv"
@@ -24,24 +21,10 @@ SUMMARY_PLOT = "summary.png"
 FILE_LIMIT = 64 << 20  # episodes.json, test_results.json: far more than a run writes
 
 
-def read_json(path: Path, limit: int = FILE_LIMIT) -> Any:
-    """A JSON file's value; None where it is missing or not a regular file; ValueError for
-    one that is not JSON (nor UTF-8) or over `limit` bytes."""
-    data = read_bounded(path, limit + 1)
-    if data is None:
-        return None
-    if len(data) > limit:
-        raise ValueError(f"over {limit} bytes")
-    try:
-        return json.loads(data.decode("utf-8"))
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
-
-
 def _rewards(path: Path) -> list[float] | str:
     """A seed's episode rewards, or why they cannot be used."""
     try:
-        found = read_json(path)
+        found = read_json(path, FILE_LIMIT)
         if found is None:
             return "no episodes yet"
         rewards = found["rewards"]
@@ -68,7 +51,7 @@ def _evaluation(run_dir: Path, seed: int | None) -> float | None:
     """The mean reward of the seed's final evaluation (`train run` writes it when the seed
     has trained all its episodes), or None."""
     try:
-        found = read_json(run_dir / "eval" / "test_results.json").get(str(seed))
+        found = read_json(run_dir / "eval" / "test_results.json", FILE_LIMIT).get(str(seed))
     except (ValueError, AttributeError):
         return None
     value = found.get("mean_reward") if isinstance(found, dict) else None
