@@ -324,11 +324,12 @@ def _task(i: int, chain: Any) -> SweepTask | str:
     return SweepTask(index, str(value), seed, where)
 
 
-def read_tasks(root: Path) -> tuple[list[SweepTask], list[str]]:
-    """The sweep's tasks from its record (a moved sweep finds its chains where it is),
-    and a line naming each entry that is not a task (the rest are still read)."""
+def read_tasks(root: Path, record: dict[str, Any] | None = None
+               ) -> tuple[list[SweepTask], list[str]]:
+    """The sweep's tasks from its record (`record`: already read), a moved sweep's where it
+    is now, and a line naming each entry that is not a task (the rest are still read)."""
     tasks, bad = [], []
-    for i, chain in enumerate(load_record(root)["chains"]):
+    for i, chain in enumerate((load_record(root) if record is None else record)["chains"]):
         found = _task(i, chain)
         if isinstance(found, str):
             bad.append(f"{root / SWEEP_RECORD}: chain {i + 1}: {found}")

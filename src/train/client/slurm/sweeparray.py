@@ -236,13 +236,13 @@ def record_array(root: Path, record: dict[str, Any]) -> tuple[str | None, str | 
                   "damaged, and the array's tasks are reached only through their chains")
 
 
-def _load(root: Path) -> tuple[str | None, list[tuple[SweepTask, Chain]],
-                               list[tuple[SweepTask, TrainError]], list[str]]:
+def _load(root: Path, record: dict[str, Any]) -> tuple[
+        str | None, list[tuple[SweepTask, Chain]], list[tuple[SweepTask, TrainError]], list[str]]:
     """The sweep's array job, its chains, the tasks whose chain cannot be read (why), and
     what in the record is damaged (an array_job that is no job id, entries that are not
     tasks)."""
-    array, damaged = record_array(root, load_record(root))
-    tasks, bad = read_tasks(root)
+    array, damaged = record_array(root, record)
+    tasks, bad = read_tasks(root, record)
     bad = [damaged, *bad] if damaged else bad
     pairs: list[tuple[SweepTask, Chain]] = []
     unread: list[tuple[SweepTask, TrainError]] = []
@@ -259,7 +259,7 @@ def sweep_status(root: Path) -> dict[str, Any]:
     chain status; a task whose folder cannot be read, and an entry of the record that is
     not a task, are `unreadable` with their cause. Slurm not answering is an error."""
     record = load_record(root)
-    array, pairs, unread, bad = _load(root)
+    array, pairs, unread, bad = _load(root, record)
     states = ref_states([i for _, c in pairs for i in c.ids])  # (one squeue for all)
     statuses = []
     for task, chain in pairs:
@@ -275,8 +275,8 @@ def sweep_status(root: Path) -> dict[str, Any]:
                   "cause": line, "run_dir": str(root), "chunks": []} for line in bad]
     name = record.get("name")
     out = aggregate(name if isinstance(name, str) and name else root.name, root, statuses)
-    out.update(flag=record_flag(record),
-               array_job=array, array_job_damaged=record_array(root, record)[1] is not None,
+    out.update(flag=record_flag(record), array_job=array,
+               array_job_damaged=array is None and record.get("array_job") is not None,
                throttle=record.get("throttle") if whole(record.get("throttle")) else None,
                chunks_run=sum(int(s.get("chunks_used") or 0) for s in statuses),
                time=chaincost.add_up([s.get("time") for s in statuses]))
@@ -294,12 +294,13 @@ def check_sweep_root(root: Path) -> str | None:
         raise UsageError(f"{problem}; choose another --name (or --out)")
     if not (root / contract.SWEEP_RECORD).is_file():
         return None
-    array, damaged = record_array(root, load_record(root))
+    record = load_record(root)
+    array, damaged = record_array(root, record)
     if damaged:
         raise UsageError(f"name: {damaged}; whether its array still has tasks queued cannot "
                          "be told: correct or remove that array_job (`squeue --me` lists "
                          "your jobs), or choose another --name")
-    chains = [_task_chain(root, t, array) for t in read_tasks(root)[0]
+    chains = [_task_chain(root, t, array) for t in read_tasks(root, record)[0]
               if (root / t.dir / contract.CHAIN_RECORD).is_file()]  # (one cut short: none)
     states = ref_states([i for c in chains for i in c.ids])
     active = [i for i, s in states.items() if s["state"] in ACTIVE_STATES]
@@ -325,7 +326,7 @@ def cancel_sweep(root: Path) -> tuple[list[str], list[UsageError]]:
     first. A task whose chain cannot be read (its folder removed, its chain.json cut
     short) or names no job still has its array task cancelled; what could not be read
     comes back too. Slurm not answering is an error (nothing is said cancelled)."""
-    array, pairs, unread, bad = _load(root)
+    array, pairs, unread, bad = _load(root, load_record(root))
     states = ref_states([i for _, c in pairs for i in c.ids])  # (one squeue for all)
     cancelled: list[str] = []
     for _task, chain in pairs:
