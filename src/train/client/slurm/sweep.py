@@ -103,17 +103,15 @@ def value_key(entry: str, flag: str, value: str) -> object:
     """What a swept value is as its flag reads it: a number for a `train run` flag that
     takes one (1e-3 and 0.001 are one value), the text itself otherwise (a command sees
     the text)."""
-    if entry != "train":
-        return value
     kind = next((f.metadata["kind"] for f in dataclasses.fields(RunConfig)
-                 if f.name == flag.replace("-", "_")), str)
-    if kind in (int, float):
-        try:
-            number = float(value)
-        except ValueError:
-            return value
-        return number if math.isfinite(number) else value
-    return value
+                 if f.name == flag.replace("-", "_")), str) if entry == "train" else str
+    if kind not in (int, float):
+        return value
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    return number if math.isfinite(number) else value
 
 
 def swept_flag(spec: JobSpec) -> str:
