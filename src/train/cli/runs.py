@@ -190,20 +190,14 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
         if unread:
             raise unread[0]
         return EXIT_OK
-    dirs = [run_dir]
-    failures: list[TrainError] = []
-    for path in dirs:  # every chain of a sweep is tried, whatever one of them does
-        try:
-            chain = load_chain(path)
-            cancelled = cancel_chain(chain)
-        except TrainError as exc:
-            failures.append(exc)
-            print(f"train: {path.name}: {exc}", file=sys.stderr)
-            continue
-        print(f"cancelled {chain.record['name']}: "
-              f"{' '.join(cancelled) if cancelled else 'no active jobs'}")
-    if failures:
-        raise failures[0]
+    try:
+        chain = load_chain(run_dir)
+        cancelled = cancel_chain(chain)
+    except TrainError as exc:
+        print(f"train: {run_dir.name}: {exc}", file=sys.stderr)
+        raise
+    print(f"cancelled {chain.record['name']}: "
+          f"{' '.join(cancelled) if cancelled else 'no active jobs'}")
     return EXIT_OK
 
 
@@ -221,20 +215,18 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     from train.client.slurm.sweepmetrics import is_command_sweep, summarize_metrics
 
     left_out: list[str] = []
+    written: list[str] = []
     if is_command_sweep(root):  # a command's sweep: each task's final metrics
         lines, notes = summarize_metrics(root, _chain_states(root), left_out)
-        print("\n".join(lines))
-        for note in notes:
-            print(f"train: {note}", file=sys.stderr)
     else:
         summary = summarize(root, args.smooth, _chain_states(root))
-        print("\n".join(summary.table))
-        for note in summary.notes:
-            print(f"train: {note}", file=sys.stderr)
+        lines, notes, left_out = summary.table, summary.notes, summary.left_out
         written = [str(p) for p in (summary.csv, summary.plot) if p is not None]
-        if written:
-            print(f"written: {' and '.join(written)}")
-        left_out = summary.left_out
+    print("\n".join(lines))
+    for note in notes:
+        print(f"train: {note}", file=sys.stderr)
+    if written:
+        print(f"written: {' and '.join(written)}")
     if left_out:  # the rest is summarised; what could not be read is said
         for line in left_out[1:]:
             print(f"train: left out of the summary: {line}", file=sys.stderr)
