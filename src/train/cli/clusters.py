@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 
 
 def add_clusters(sub: Subparsers) -> None:
-    """`train clusters [list|show|probe] [NAME]`."""
     p = sub.add_parser("clusters", help="list cluster profiles, show one, or probe the site "
                        "(on its login node: what Slurm says against the profile)")
     p.add_argument("action", nargs="?", choices=["list", "show", "probe"], default="list")
@@ -34,15 +33,6 @@ PROBE_TIMEOUT = 30.0  # train.client.clusters.probe.site.TIMEOUT (the parser imp
 MAX_TIMEOUT = 600.0
 
 
-def _timeout(args: argparse.Namespace) -> float:
-    value = args.timeout
-    if value is None:
-        return PROBE_TIMEOUT
-    if not 0 < value <= MAX_TIMEOUT:  # NaN too
-        raise UsageError(f"--timeout: seconds above 0, at most {MAX_TIMEOUT:g}; got {value:g}")
-    return float(value)
-
-
 def _cmd_clusters(args: argparse.Namespace) -> int:
     from train.client.clusters.profiles import Registry, describe
 
@@ -50,7 +40,9 @@ def _cmd_clusters(args: argparse.Namespace) -> int:
     for flag, given in (("--write", args.write), ("--timeout", args.timeout is not None)):
         if given and args.action != "probe":
             raise UsageError(f"{flag}: only with `train clusters probe NAME`")
-    timeout = _timeout(args)
+    timeout = PROBE_TIMEOUT if args.timeout is None else float(args.timeout)
+    if not 0 < timeout <= MAX_TIMEOUT:  # NaN too
+        raise UsageError(f"--timeout: seconds above 0, at most {MAX_TIMEOUT:g}; got {timeout:g}")
     if args.action != "list" and not args.name:
         raise UsageError(f"clusters {args.action}: name a profile; known: "
                          + ", ".join(registry.names()))

@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 
 
 def add_doctor(sub: Subparsers) -> None:
-    """`train doctor [NAME|JOBID|DIR]`, with the preflight's group."""
     p = sub.add_parser(
         "doctor", help="explain a run's failed or stuck jobs, with the fix",
         description="What happened to each chunk of a run, the cause with its evidence "

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
 
 
 def add_init(sub: Subparsers) -> None:
-    """`train init`: the defaults' flags, --show and --reset."""
     p = sub.add_parser("init", help="write your defaults for jobs (cluster, account, ...)",
                        description="Write the defaults every job starts from (flags and the "
                        "job file beat them). On a terminal with no flags: questions; "

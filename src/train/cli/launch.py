@@ -12,7 +12,6 @@ if TYPE_CHECKING:
 
 
 def add_launch(sub: Subparsers) -> None:
-    """`train launch [OPTIONS] -- COMMAND`."""
     p = sub.add_parser("launch", help="start a workload on every node of a job step "
                        "(inside the container)",
                        description="Run inside the container on each node of a SLURM job "

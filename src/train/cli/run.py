@@ -31,7 +31,6 @@ flags override it.
 
 
 def add_run(sub: Subparsers) -> None:
-    """`train run`: the workload and its flags (train.workloads.config)."""
     p = sub.add_parser("run", help="train a workload (the GPU training entrypoint)",
                        description="Train a workload: demo (built-in beacon game, no GPU or "
                        "cluster needed) or sc2 (StarCraft II through pysc2).",

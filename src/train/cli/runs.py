@@ -20,7 +20,6 @@ log = logging.getLogger("train")
 
 
 def add_summary(sub: Subparsers) -> None:
-    """`train summary NAME`: a sweep's results."""
     p = sub.add_parser("summary", help="a sweep's results: per task and across seeds",
                        description="A sweep of your command (-e command with --sweep-seeds "
                        "or --sweep NAME=V1,V2,...): a table of each task's final metrics "
@@ -43,7 +42,6 @@ def add_summary(sub: Subparsers) -> None:
 
 
 def add_status(sub: Subparsers) -> None:
-    """`train status [NAME|JOBID]`: one run, a sweep, or every run."""
     p = _add_run_parser(sub, "status", "state of a run's chain of jobs", "?")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--all", action="store_true", dest="all_runs",
@@ -57,7 +55,6 @@ def add_status(sub: Subparsers) -> None:
 
 
 def add_logs(sub: Subparsers) -> None:
-    """`train logs NAME|JOBID`: a chunk's stdout or stderr log."""
     p = _add_run_parser(sub, "logs", "print a run's job log", None)
     p.add_argument("--err", action="store_true", help="the stderr log (tracebacks, "
                    "logging, Lightning's output); without it, where it is")
@@ -67,7 +64,6 @@ def add_logs(sub: Subparsers) -> None:
 
 
 def add_cancel(sub: Subparsers) -> None:
-    """`train cancel NAME|JOBID`: a chain, or a sweep's job array."""
     _add_run_parser(sub, "cancel", "cancel a run's whole chain", None)
 
 
