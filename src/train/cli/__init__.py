@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from train import __version__
-from train.cli import clusters, image, jobs, launch, run, runs
+from train.cli import clusters, image, jobs, launch, runs
 from train.cli.common import HelpFormatter, interrupted
 from train.common.errors import EXIT_OK, runtime_missing
 from train.common.fields import FlagParser
@@ -33,12 +33,12 @@ needs no cluster or GPU: train run demo). `train COMMAND --help` describes each 
 
 # each sub-command's parser, in the order `train --help` lists them
 ADD_COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
-    run.add_run, clusters.add_clusters, jobs.add_jobs, clusters.add_init,
+    launch.add_run, clusters.add_clusters, jobs.add_jobs, clusters.add_init,
     image.add_image, launch.add_launch, runs.add_summary, runs.add_status, runs.add_logs,
     runs.add_cancel, runs.add_doctor)
 # each sub-command's handler
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "run": run._cmd_run, "clusters": clusters._cmd_clusters, "status": runs._cmd_status,
+    "run": launch._cmd_run, "clusters": clusters._cmd_clusters, "status": runs._cmd_status,
     "logs": runs._cmd_logs, "cancel": runs._cmd_cancel, "image": image._cmd_image,
     "init": clusters._cmd_init, "summary": runs._cmd_summary, "doctor": runs._cmd_doctor}
 # and those that also take the words after `--` (None: no `--` given)
