@@ -9,8 +9,9 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from train.common.errors import EXIT_FAILURE, EXIT_OK, TrainError, UsageError
 
@@ -91,11 +92,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
         from train.client.doctor import report
 
         rows = report.overview(args.runs)
-        if args.json:
-            print(json.dumps(rows, indent=2))
-        else:
-            print("\n".join(report.format_overview(rows)) if rows else
-                  f"no runs under {args.runs}")
+        _print(args, rows, lambda: report.format_overview(rows) if rows
+               else [f"no runs under {args.runs}"])
         return EXIT_OK
     found = find_run(args.ref, args.runs) if args.ref is not None else None
     if found is not None and is_sweep(found):
@@ -104,10 +102,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
                              f"a sweep: --tasks for a line per task, or `train status "
                              f"{found.name}/TASK --chunks` for one task's chunks")
         st = sweep_status(found)
-        if args.json:
-            print(json.dumps(st, indent=2))
-        else:
-            print("\n".join(format_sweep_status(st, args.tasks)))
+        _print(args, st, lambda: format_sweep_status(st, args.tasks))
         return EXIT_OK
     if found is not None:
         statuses = [chain_status(load_chain(found))]
@@ -134,6 +129,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print(f"written: {path}" if path else f"train: {note}",
               file=sys.stderr if args.json or not path else sys.stdout)
     return EXIT_OK
+
+
+def _print(args: argparse.Namespace, data: Any, lines: Callable[[], Iterable[str]]) -> None:
+    """`data` as JSON with --json, else the lines of text `lines()` gives."""
+    print(json.dumps(data, indent=2) if args.json else "\n".join(lines()))
 
 
 def _cmd_logs(args: argparse.Namespace) -> int:
@@ -283,10 +283,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     if args.preflight:
         return _preflight(args)
     report = doctor_report.diagnose(doctor_report.resolve(args.ref, args.runs), full=args.full)
-    if args.json:
-        print(json.dumps(report.as_dict(), indent=2))
-    else:
-        print("\n".join(doctor_report.format_report(report)))
+    _print(args, report.as_dict(), lambda: doctor_report.format_report(report))
     return EXIT_OK if report.healthy else EXIT_FAILURE
 
 
@@ -315,8 +312,5 @@ def _preflight(args: argparse.Namespace) -> int:
         registry.get(str(cluster)), image=given.get("image"), account=given.get("account"),
         runs_root=args.runs, runtime=given.get("runtime") or "auto", python=python,
         partition_or_constraint=given.get("partition") or given.get("constraint"))
-    if args.json:
-        print(json.dumps(checks_json(checks), indent=2))
-    else:
-        print("\n".join(format_checks(checks)))
+    _print(args, checks_json(checks), lambda: format_checks(checks))
     return EXIT_FAILURE if failed(checks) else EXIT_OK
