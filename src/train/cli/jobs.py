@@ -161,8 +161,7 @@ def _cmd_render(args: argparse.Namespace, workload: list[str] | None) -> int:
     from train.client.slurm.render import render
 
     spec, root, jobs = _resolved_jobs(args, workload)
-    jobs = _check_jobs(args, jobs, submitting=False)
-    _warn_traps(spec, jobs)
+    jobs = _check_jobs(args, spec, jobs, submitting=False)
     if root is not None:
         from train.client.slurm.sweeparray import array_script
 
@@ -191,8 +190,7 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
                   "minimum as its time limit even on idle nodes: the chain's chunks ask for "
                   "the whole --time here (give --time-min to have a floor anyway)",
                   file=sys.stderr)
-    jobs = _check_jobs(args, jobs, submitting=True)
-    _warn_traps(spec, jobs)
+    jobs = _check_jobs(args, spec, jobs, submitting=True)
     from train.client.programs import command_as_run, submit_notes
 
     job = jobs[0][1]
@@ -235,29 +233,23 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
     return EXIT_OK
 
 
-def _check_jobs(args: argparse.Namespace, jobs: list[tuple[Any, Any]],
+def _check_jobs(args: argparse.Namespace, spec: Any, jobs: list[tuple[Any, Any]],
                 submitting: bool) -> list[tuple[Any, Any]]:
     """What the login node can check before the queue wait (exit 2 at submit; warnings
-    at render, which works anywhere). Returns the jobs, with the client's launcher bound
-    in where the image has no `train` (train.client.slurm.checks.imagefit; not with
-    --no-check)."""
+    at render, which works anywhere), then what a command job's program walks into after
+    it (warnings: a stop signal it has no handler for, saves the chain cannot see, a sweep
+    whose tasks all run alike). Returns the jobs, with the client's launcher bound in where
+    the image has no `train` (train.client.slurm.checks.imagefit; not with --no-check)."""
+    from train.client.slurm.checks.traps import trap_notes
     from train.client.slurm.submitcheck import check_jobs
 
     for note in check_jobs([job for _, job in jobs], submitting=submitting,
                            no_check=args.no_check):
         print(f"train: warning: {note}", file=sys.stderr)
-    if args.no_check:
-        return jobs
-    from train.client.slurm.checks.imagefit import equip
+    if not args.no_check:
+        from train.client.slurm.checks.imagefit import equip
 
-    return [(task, equip(job)) for task, job in jobs]
-
-
-def _warn_traps(spec: Any, jobs: list[tuple[Any, Any]]) -> None:
-    """What a command job's program walks into after the queue wait (a stop signal it has
-    no handler for, saves the chain cannot see, a sweep whose tasks all run alike)."""
-    from train.client.slurm.checks.traps import trap_notes
-
+        jobs = [(task, equip(job)) for task, job in jobs]
     notes = trap_notes(jobs[0][1])
     if spec.entry == "command" and (spec.sweep or spec.sweep_seeds):
         from train.client.slurm.sweepargs import sweep_notes
@@ -265,3 +257,4 @@ def _warn_traps(spec: Any, jobs: list[tuple[Any, Any]]) -> None:
         notes = [*sweep_notes(spec.workload, spec.resume_args, spec.chdir), *notes]
     for note in notes:
         print(f"train: warning: {note}", file=sys.stderr)
+    return jobs
