@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from train import __version__
-from train.cli import clusters, doctor, image, init, jobs, launch, run, runs
-from train.cli.common import HelpFormatter
+from train.cli import clusters, image, jobs, launch, runs
+from train.cli.common import HelpFormatter, interrupted
 from train.common.errors import EXIT_OK, runtime_missing
 from train.common.fields import FlagParser
 from train.node.nodeentry import reported, run_launch, setup_logging
@@ -33,14 +33,14 @@ needs no cluster or GPU: train run demo). `train COMMAND --help` describes each 
 
 # each sub-command's parser, in the order `train --help` lists them
 ADD_COMMANDS: tuple[Callable[[Subparsers], None], ...] = (
-    run.add_run, clusters.add_clusters, jobs.add_render, jobs.add_submit, init.add_init,
+    launch.add_run, clusters.add_clusters, jobs.add_jobs, clusters.add_init,
     image.add_image, launch.add_launch, runs.add_summary, runs.add_status, runs.add_logs,
-    runs.add_cancel, doctor.add_doctor)
+    runs.add_cancel, runs.add_doctor)
 # each sub-command's handler
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "run": run._cmd_run, "clusters": clusters._cmd_clusters, "status": runs._cmd_status,
+    "run": launch._cmd_run, "clusters": clusters._cmd_clusters, "status": runs._cmd_status,
     "logs": runs._cmd_logs, "cancel": runs._cmd_cancel, "image": image._cmd_image,
-    "init": init._cmd_init, "summary": runs._cmd_summary, "doctor": doctor._cmd_doctor}
+    "init": clusters._cmd_init, "summary": runs._cmd_summary, "doctor": runs._cmd_doctor}
 # and those that also take the words after `--` (None: no `--` given)
 WITH_WORKLOAD: dict[str, Callable[[argparse.Namespace, list[str] | None], int]] = {
     "render": jobs._cmd_render, "submit": jobs._cmd_submit,
@@ -68,10 +68,6 @@ def _value_flag_joined(raw: list[str], flag: str) -> list[str]:
     return out
 
 
-def _terminated(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     workload: list[str] | None = None  # None: no `--` given
@@ -86,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command not in ("launch", "run"):  # (they set their own)
         # TERM (a `timeout`, a closed session) ends a command as Ctrl-C does: the program
         # it waits on, in a process group of its own, is killed with it
-        signal.signal(signal.SIGTERM, _terminated)
+        signal.signal(signal.SIGTERM, interrupted)
     return reported(lambda: _dispatch(args, workload))
 
 

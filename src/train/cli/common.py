@@ -1,4 +1,5 @@
-"""What the command modules share: the help layout, and the sub-command parsers' type."""
+"""What the command modules share: the help layout, the sub-command parsers' type, and the
+handler that makes a signal end a command as Ctrl-C does."""
 
 from __future__ import annotations
 
@@ -23,3 +24,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
             return super()._format_action_invocation(action)
         value = self._format_args(action, self._get_default_metavar_for_optional(action))
         return f"{', '.join(action.option_strings)} {value}"
+
+
+def interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

@@ -1,9 +1,11 @@
 """`train render|submit --help`: one screen of what most jobs need; `--help TOPIC` one
-argument group in full; `--help-all` every option (the parser's own full help)."""
+argument group in full; `--help-all` every option (the parser's own full help), in the
+groups of JOB_GROUPS."""
 
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import sys
 from collections.abc import Sequence
@@ -36,11 +38,42 @@ CHAIN_BASICS: tuple[tuple[str, str], ...] = (
     ("resume_args", "added to the program's arguments after a checkpointed stop"),
     ("save_path", "where the program saves (a stop counts only when it changed)"),
 )
-# `--help TOPIC`: topic -> the title of its argument group (cli/jobs.py JOB_GROUPS)
-TOPICS: dict[str, str] = {
-    "job": "job", "resources": "resources", "chain": "chain", "container": "container",
-    "program": "program", "gpu-wait": "GPU memory wait", "monitoring": "monitoring",
-    "slurm": "passed to SLURM"}
+# render and submit: the job's flags by topic (`--help TOPIC` -> the group's title, what it
+# is about, its fields), so the help reads as a few short lists; a field not named here
+# lands in "other" (a unit test refuses that)
+JOB_GROUPS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "job": ("job", "what runs, and where its files go",
+            ("name", "cluster", "entry", "out", "sweep_seeds", "sweep", "sweep_throttle",
+             "no_check")),
+    "resources": ("resources", "what the job asks SLURM for, per node",
+                  ("account", "partition", "qos", "constraint", "time", "nodes",
+                   "gpus_per_node", "gpu_type", "cpus_per_task", "mem", "ntasks_per_node",
+                   "workers", "worker_mem", "preempt")),
+    "chain": ("chain", "walltime-sized chunks that checkpoint and resume",
+              ("max_chunks", "total_time", "time_min", "requeue", "stop_signal", "signal_margin",
+               "time_budget", "stop_mode", "resume_args", "save_path")),
+    "container": ("container", "the runtime, the image, and what the program sees of the host",
+                  ("runtime", "image", "python", "bind", "env")),
+    "program": ("program", "how the program is started on the nodes",
+                ("launch", "chdir", "data", "navsim_split", "navsim_script",
+                 "navsim_strategy")),
+    "gpu-wait": ("GPU memory wait", "before the program starts, on shared GPUs",
+                 ("min_free_mb", "wait_timeout", "fallback_batch")),
+    "monitoring": ("monitoring", "GPU utilisation watch while the job runs",
+                   ("gpu_watch_interval", "gpu_idle_threshold", "gpu_idle_minutes")),
+    "slurm": ("passed to SLURM", "options this tool has no flag for",
+              ("sbatch_extra", "srun_extra")),
+}
+
+
+def job_groups(p: argparse.ArgumentParser) -> dict[str, Any]:
+    """The render/submit parser's argument groups, by field name ("other" for the rest)."""
+    by_field: dict[str, Any] = {}
+    for title, text, names in JOB_GROUPS.values():
+        group = p.add_argument_group(f"{title} ({text})")
+        by_field.update(dict.fromkeys(names, group))
+    other = p.add_argument_group("other")
+    return collections.defaultdict(lambda: other, by_field)
 
 
 class _HelpAction(argparse._HelpAction):
@@ -57,11 +90,11 @@ class _HelpAction(argparse._HelpAction):
             text = short_help(parser)
         elif values == "all":
             text = parser.format_help()
-        elif values in TOPICS:
-            text = topic_help(parser, TOPICS[values])
+        elif values in JOB_GROUPS:
+            text = topic_help(parser, JOB_GROUPS[values][0])
         else:
             parser.error(f"--help: no topic {values!r}; the topics: "
-                         f"{', '.join(TOPICS)} (or all)")
+                         f"{', '.join(JOB_GROUPS)} (or all)")
         sys.stdout.write(text)
         parser.exit()
 
@@ -69,7 +102,7 @@ class _HelpAction(argparse._HelpAction):
 def add_help(p: argparse.ArgumentParser) -> None:
     """The job command's help options (its parser is made with add_help=False)."""
     p.add_argument("-h", "--help", action=_HelpAction,
-                   help=f"this screen; --help TOPIC: one topic in full ({', '.join(TOPICS)})")
+                   help=f"this screen; --help TOPIC: one topic in full ({', '.join(JOB_GROUPS)})")
     p.add_argument("--help-all", action="help", help="every option, by topic")
 
 
@@ -105,9 +138,8 @@ def short_help(p: argparse.ArgumentParser) -> str:
     left = [a for a in p._actions if a.option_strings and a.dest not in shown
             and a.help != argparse.SUPPRESS and not isinstance(a, argparse._HelpAction)]
     prog = p.prog
-    topics = "\n".join(f"  {prog} --help {name:<12}"
-                       + (_group(p, title).title or "").partition(" (")[2].rstrip(")")
-                       for name, title in TOPICS.items())
+    topics = "\n".join(f"  {prog} --help {name:<12}{text}"
+                       for name, (_, text, _) in JOB_GROUPS.items())
     formatter.add_text(f"{len(left)} more options, by topic ({prog} --help-all: all of "
                        f"them):\n{topics}")
     formatter.add_text("The workload and its arguments follow `--`, as `train run` takes "

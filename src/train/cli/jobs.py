@@ -6,12 +6,10 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from train.cli.common import HelpFormatter
+from train.cli.common import HelpFormatter, interrupted
 from train.common.errors import EXIT_OK, ConfigError, UsageError
 from train.common.fields import add_fields, build, flags_from, load_yaml
 
@@ -27,80 +25,32 @@ Bad input exits 2 and nothing is submitted.
 """
 
 
-# render and submit: the job's flags by topic (field name -> group), so the help reads as
-# a few short lists; a field not named here lands in "other" (a unit test refuses that)
-JOB_GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "job": ("what runs, and where its files go",
-            ("name", "cluster", "entry", "out", "sweep_seeds", "sweep", "sweep_throttle",
-             "no_check")),
-    "resources": ("what the job asks SLURM for, per node",
-                  ("account", "partition", "qos", "constraint", "time", "nodes",
-                   "gpus_per_node", "gpu_type", "cpus_per_task", "mem", "ntasks_per_node",
-                   "workers", "worker_mem", "preempt")),
-    "chain": ("walltime-sized chunks that checkpoint and resume",
-              ("max_chunks", "total_time", "time_min", "requeue", "stop_signal", "signal_margin",
-               "time_budget", "stop_mode", "resume_args", "save_path")),
-    "container": ("the runtime, the image, and what the program sees of the host",
-                  ("runtime", "image", "python", "bind", "env")),
-    "program": ("how the program is started on the nodes",
-                ("launch", "chdir", "data", "navsim_split", "navsim_script",
-                 "navsim_strategy")),
-    "GPU memory wait": ("before the program starts, on shared GPUs",
-                        ("min_free_mb", "wait_timeout", "fallback_batch")),
-    "monitoring": ("GPU utilisation watch while the job runs",
-                   ("gpu_watch_interval", "gpu_idle_threshold", "gpu_idle_minutes")),
-    "passed to SLURM": ("options this tool has no flag for",
-                        ("sbatch_extra", "srun_extra")),
-}
-
-
-def _job_groups(p: argparse.ArgumentParser) -> dict[str, Any]:
-    """The render/submit parser's argument groups, by field name ("other" for the rest)."""
-    by_field: dict[str, Any] = {}
-    for title, (text, names) in JOB_GROUPS.items():
-        group = p.add_argument_group(f"{title} ({text})")
-        by_field.update(dict.fromkeys(names, group))
-    by_field[""] = p.add_argument_group("other")
-    return by_field
-
-
-def _group_of(groups: dict[str, Any]) -> Callable[[str], Any]:
-    return lambda field: groups.get(field, groups[""])
-
-
-def add_render(sub: Subparsers) -> None:
-    """`train render`: the job's flags, as `train submit` takes them."""
-    _add_job_parser(sub, "render", "print the sbatch script(s) of a job (dry run)")
-
-
-def add_submit(sub: Subparsers) -> None:
-    """`train submit`: the job's flags, by topic."""
-    _add_job_parser(sub, "submit", "submit a job as a chain of chunks")
-
-
-def _add_job_parser(sub: Subparsers, name: str, text: str) -> None:
-    """A job command's parser: the job file, and the job's fields as flags in groups."""
-    from train.cli.jobhelp import add_help, full_epilog
+def add_jobs(sub: Subparsers) -> None:
+    """`train render` and `train submit`: the job file, and the job's fields as flags in
+    groups (cli/jobhelp.py JOB_GROUPS)."""
+    from train.cli.jobhelp import add_help, full_epilog, job_groups
     from train.client.slurm.jobspec import JobSpec
 
-    p = sub.add_parser(name, help=text, description=text.capitalize() + ".",
-                       epilog=JOB_EPILOG, formatter_class=HelpFormatter, add_help=False,
-                       usage="%(prog)s [JOB.yaml] [OPTIONS] [-- WORKLOAD [ARG ...]]")
-    add_help(p)
-    p.add_argument("job_file", nargs="?", type=Path, metavar="JOB.yaml",
-                   help="job spec file")
-    groups = _job_groups(p)
-    groups["cluster"].add_argument("--profile", type=Path, action="append", default=[],
-                                   metavar="FILE",
-                                   help="extra cluster profile YAML (may repeat)")
-    groups["no_check"].add_argument(
-        "--no-check", action="store_true",
-        help="skip the login node's look at the image, the program and --python (for "
-        "nodes that see files or programs this login node does not), and submit without "
-        "asking Slurm first (sbatch --test-only)")
-    add_fields(p, JobSpec, skip=("workload",), group=_group_of(groups))
-    p.epilog = JOB_EPILOG + full_epilog(p)
-    p.unknown_hint = _program_typed
+    for name, text in (("render", "print the sbatch script(s) of a job (dry run)"),
+                       ("submit", "submit a job as a chain of chunks")):
+        p = sub.add_parser(name, help=text, description=text.capitalize() + ".",
+                           epilog=JOB_EPILOG, formatter_class=HelpFormatter, add_help=False,
+                           usage="%(prog)s [JOB.yaml] [OPTIONS] [-- WORKLOAD [ARG ...]]")
+        add_help(p)
+        p.add_argument("job_file", nargs="?", type=Path, metavar="JOB.yaml",
+                       help="job spec file")
+        groups = job_groups(p)
+        groups["cluster"].add_argument("--profile", type=Path, action="append", default=[],
+                                       metavar="FILE",
+                                       help="extra cluster profile YAML (may repeat)")
+        groups["no_check"].add_argument(
+            "--no-check", action="store_true",
+            help="skip the login node's look at the image, the program and --python (for "
+            "nodes that see files or programs this login node does not), and submit without "
+            "asking Slurm first (sbatch --test-only)")
+        add_fields(p, JobSpec, skip=("workload",), group=groups.__getitem__)
+        p.epilog = JOB_EPILOG + full_epilog(p)
+        p.unknown_hint = _program_typed
 
 
 def _program_typed(parsed: argparse.Namespace, extras: list[str]) -> str | None:
@@ -118,28 +68,21 @@ def _resolved_jobs(args: argparse.Namespace, workload: list[str] | None
                    ) -> tuple[Any, Path | None, list[tuple[Any, Any]]]:
     """The job, or a sweep's jobs (one per task of its job array), each validated: (spec,
     the sweep's directory or None, [(SweepTask or None, job)])."""
+    from train.client.slurm.resolve import resolve
+    from train.client.slurm.sweep import split, task_job
+    from train.client.slurm.sweepargs import single_job
+
     origin: dict[str, Path] = {}  # field -> the defaults file, where its value is from
     try:
-        return _resolved(args, workload, origin)
+        spec, profile = _job_spec(args, workload, origin)
+        if not spec.sweep_seeds and not spec.sweep:
+            if spec.sweep_throttle is not None:
+                raise UsageError("sweep_throttle: is for a sweep (--sweep-seeds or --sweep)")
+            return spec, None, [(None, resolve(single_job(spec), profile))]
+        root, specs = split(spec, profile.max_array_size)
+        return spec, root, [(task, task_job(task, resolve(s, profile))) for task, s in specs]
     except ConfigError as exc:
         raise _said_as_default(exc, origin) from None
-
-
-def _resolved(args: argparse.Namespace, workload: list[str] | None,
-              origin: dict[str, Path]) -> tuple[Any, Path | None, list[tuple[Any, Any]]]:
-    from train.client.slurm.resolve import resolve
-
-    spec, profile = _job_spec(args, workload, origin)
-    if not spec.sweep_seeds and not spec.sweep:
-        if spec.sweep_throttle is not None:
-            raise UsageError("sweep_throttle: is for a sweep (--sweep-seeds or --sweep)")
-        from train.client.slurm.sweepargs import single_job
-
-        return spec, None, [(None, resolve(single_job(spec), profile))]
-    from train.client.slurm.sweep import split, task_job
-
-    root, specs = split(spec, profile.max_array_size)
-    return spec, root, [(task, task_job(task, resolve(s, profile))) for task, s in specs]
 
 
 def _job_spec(args: argparse.Namespace, workload: list[str] | None,
@@ -218,8 +161,7 @@ def _cmd_render(args: argparse.Namespace, workload: list[str] | None) -> int:
     from train.client.slurm.render import render
 
     spec, root, jobs = _resolved_jobs(args, workload)
-    jobs = _check_jobs(args, jobs, submitting=False)
-    _warn_traps(spec, jobs)
+    jobs = _check_jobs(args, spec, jobs, submitting=False)
     if root is not None:
         from train.client.slurm.sweeparray import array_script
 
@@ -248,8 +190,7 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
                   "minimum as its time limit even on idle nodes: the chain's chunks ask for "
                   "the whole --time here (give --time-min to have a floor anyway)",
                   file=sys.stderr)
-    jobs = _check_jobs(args, jobs, submitting=True)
-    _warn_traps(spec, jobs)
+    jobs = _check_jobs(args, spec, jobs, submitting=True)
     from train.client.programs import command_as_run, submit_notes
 
     job = jobs[0][1]
@@ -267,7 +208,7 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
         print(f"train: note: {note}", file=sys.stderr)
     # a closed terminal (HUP) or a kill (TERM) mid-way must not leave a held job behind:
     # both unwind like Ctrl-C, through submit_chain's clean-up
-    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM,
+    previous = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGTERM,
                                                                 signal.SIGHUP)}
     try:
         if root is not None:  # one job array, submitted whole or not at all
@@ -292,29 +233,23 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
     return EXIT_OK
 
 
-def _check_jobs(args: argparse.Namespace, jobs: list[tuple[Any, Any]],
+def _check_jobs(args: argparse.Namespace, spec: Any, jobs: list[tuple[Any, Any]],
                 submitting: bool) -> list[tuple[Any, Any]]:
     """What the login node can check before the queue wait (exit 2 at submit; warnings
-    at render, which works anywhere). Returns the jobs, with the client's launcher bound
-    in where the image has no `train` (train.client.slurm.checks.imagefit; not with
-    --no-check)."""
+    at render, which works anywhere), then what a command job's program walks into after
+    it (warnings: a stop signal it has no handler for, saves the chain cannot see, a sweep
+    whose tasks all run alike). Returns the jobs, with the client's launcher bound in where
+    the image has no `train` (train.client.slurm.checks.imagefit; not with --no-check)."""
+    from train.client.slurm.checks.traps import trap_notes
     from train.client.slurm.submitcheck import check_jobs
 
     for note in check_jobs([job for _, job in jobs], submitting=submitting,
                            no_check=args.no_check):
         print(f"train: warning: {note}", file=sys.stderr)
-    if args.no_check:
-        return jobs
-    from train.client.slurm.checks.imagefit import equip
+    if not args.no_check:
+        from train.client.slurm.checks.imagefit import equip
 
-    return [(task, equip(job)) for task, job in jobs]
-
-
-def _warn_traps(spec: Any, jobs: list[tuple[Any, Any]]) -> None:
-    """What a command job's program walks into after the queue wait (a stop signal it has
-    no handler for, saves the chain cannot see, a sweep whose tasks all run alike)."""
-    from train.client.slurm.checks.traps import trap_notes
-
+        jobs = [(task, equip(job)) for task, job in jobs]
     notes = trap_notes(jobs[0][1])
     if spec.entry == "command" and (spec.sweep or spec.sweep_seeds):
         from train.client.slurm.sweepargs import sweep_notes
@@ -322,7 +257,4 @@ def _warn_traps(spec: Any, jobs: list[tuple[Any, Any]]) -> None:
         notes = [*sweep_notes(spec.workload, spec.resume_args, spec.chdir), *notes]
     for note in notes:
         print(f"train: warning: {note}", file=sys.stderr)
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
+    return jobs

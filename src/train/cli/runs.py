@@ -1,4 +1,5 @@
-"""Following submitted runs: `train status`, `logs`, `cancel` and `summary`."""
+"""Following submitted runs: `train status`, `logs`, `cancel`, `summary`, and `doctor` (a
+run's failed or stuck jobs explained, or the login node checked before a job: --preflight)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from train.common.errors import EXIT_OK, TrainError, UsageError
+from train.common.errors import EXIT_FAILURE, EXIT_OK, TrainError, UsageError
 
 if TYPE_CHECKING:
     from train.cli.common import Subparsers
@@ -20,7 +22,6 @@ log = logging.getLogger("train")
 
 
 def add_summary(sub: Subparsers) -> None:
-    """`train summary NAME`: a sweep's results."""
     p = sub.add_parser("summary", help="a sweep's results: per task and across seeds",
                        description="A sweep of your command (-e command with --sweep-seeds "
                        "or --sweep NAME=V1,V2,...): a table of each task's final metrics "
@@ -43,7 +44,6 @@ def add_summary(sub: Subparsers) -> None:
 
 
 def add_status(sub: Subparsers) -> None:
-    """`train status [NAME|JOBID]`: one run, a sweep, or every run."""
     p = _add_run_parser(sub, "status", "state of a run's chain of jobs", "?")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--all", action="store_true", dest="all_runs",
@@ -57,7 +57,6 @@ def add_status(sub: Subparsers) -> None:
 
 
 def add_logs(sub: Subparsers) -> None:
-    """`train logs NAME|JOBID`: a chunk's stdout or stderr log."""
     p = _add_run_parser(sub, "logs", "print a run's job log", None)
     p.add_argument("--err", action="store_true", help="the stderr log (tracebacks, "
                    "logging, Lightning's output); without it, where it is")
@@ -67,7 +66,6 @@ def add_logs(sub: Subparsers) -> None:
 
 
 def add_cancel(sub: Subparsers) -> None:
-    """`train cancel NAME|JOBID`: a chain, or a sweep's job array."""
     _add_run_parser(sub, "cancel", "cancel a run's whole chain", None)
 
 
@@ -94,11 +92,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
         from train.client.doctor import report
 
         rows = report.overview(args.runs)
-        if args.json:
-            print(json.dumps(rows, indent=2))
-        else:
-            print("\n".join(report.format_overview(rows)) if rows else
-                  f"no runs under {args.runs}")
+        _print(args, rows, lambda: report.format_overview(rows) if rows
+               else [f"no runs under {args.runs}"])
         return EXIT_OK
     found = find_run(args.ref, args.runs) if args.ref is not None else None
     if found is not None and is_sweep(found):
@@ -107,10 +102,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
                              f"a sweep: --tasks for a line per task, or `train status "
                              f"{found.name}/TASK --chunks` for one task's chunks")
         st = sweep_status(found)
-        if args.json:
-            print(json.dumps(st, indent=2))
-        else:
-            print("\n".join(format_sweep_status(st, args.tasks)))
+        _print(args, st, lambda: format_sweep_status(st, args.tasks))
         return EXIT_OK
     if found is not None:
         statuses = [chain_status(load_chain(found))]
@@ -137,6 +129,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print(f"written: {path}" if path else f"train: {note}",
               file=sys.stderr if args.json or not path else sys.stdout)
     return EXIT_OK
+
+
+def _print(args: argparse.Namespace, data: Any, lines: Callable[[], Iterable[str]]) -> None:
+    """`data` as JSON with --json, else the lines of text `lines()` gives."""
+    print(json.dumps(data, indent=2) if args.json else "\n".join(lines()))
 
 
 def _cmd_logs(args: argparse.Namespace) -> int:
@@ -190,20 +187,14 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
         if unread:
             raise unread[0]
         return EXIT_OK
-    dirs = [run_dir]
-    failures: list[TrainError] = []
-    for path in dirs:  # every chain of a sweep is tried, whatever one of them does
-        try:
-            chain = load_chain(path)
-            cancelled = cancel_chain(chain)
-        except TrainError as exc:
-            failures.append(exc)
-            print(f"train: {path.name}: {exc}", file=sys.stderr)
-            continue
-        print(f"cancelled {chain.record['name']}: "
-              f"{' '.join(cancelled) if cancelled else 'no active jobs'}")
-    if failures:
-        raise failures[0]
+    try:
+        chain = load_chain(run_dir)
+        cancelled = cancel_chain(chain)
+    except TrainError as exc:
+        print(f"train: {run_dir.name}: {exc}", file=sys.stderr)
+        raise
+    print(f"cancelled {chain.record['name']}: "
+          f"{' '.join(cancelled) if cancelled else 'no active jobs'}")
     return EXIT_OK
 
 
@@ -221,20 +212,18 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     from train.client.slurm.sweepmetrics import is_command_sweep, summarize_metrics
 
     left_out: list[str] = []
+    written: list[str] = []
     if is_command_sweep(root):  # a command's sweep: each task's final metrics
         lines, notes = summarize_metrics(root, _chain_states(root), left_out)
-        print("\n".join(lines))
-        for note in notes:
-            print(f"train: {note}", file=sys.stderr)
     else:
         summary = summarize(root, args.smooth, _chain_states(root))
-        print("\n".join(summary.table))
-        for note in summary.notes:
-            print(f"train: {note}", file=sys.stderr)
+        lines, notes, left_out = summary.table, summary.notes, summary.left_out
         written = [str(p) for p in (summary.csv, summary.plot) if p is not None]
-        if written:
-            print(f"written: {' and '.join(written)}")
-        left_out = summary.left_out
+    print("\n".join(lines))
+    for note in notes:
+        print(f"train: {note}", file=sys.stderr)
+    if written:
+        print(f"written: {' and '.join(written)}")
     if left_out:  # the rest is summarised; what could not be read is said
         for line in left_out[1:]:
             print(f"train: left out of the summary: {line}", file=sys.stderr)
@@ -253,3 +242,75 @@ def _chain_states(root: Path) -> dict[str, str]:
         log.debug("summary: no chain states: %s", exc)
         return {}
     return {str(c["label"]): str(c["state"]) for c in chains if c["state"] != "unreadable"}
+
+
+def add_doctor(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "doctor", help="explain a run's failed or stuck jobs, with the fix",
+        description="What happened to each chunk of a run, the cause with its evidence "
+        "(log file and line) and the fix as the flags to change. Exit 0: healthy; 1: a "
+        "problem was found; 2: bad input.")
+    p.add_argument("ref", nargs="?", metavar="NAME|JOBID|DIR",
+                   help="a run name (runs/NAME), any job id of its chain, or its directory "
+                   "(default: the newest run under --runs)")
+    p.add_argument("--runs", type=Path, default=Path("runs"), metavar="DIR",
+                   help="where runs live (default: runs)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--full", action="store_true", help="search every byte of logs over "
+                   "256 MiB (by default their first 32 MiB and last 128 MiB)")
+    pre = p.add_argument_group(
+        "preflight", "--preflight checks, on the login node, what a job needs before it is "
+        "submitted: the container runtime, the image, the account, the runs root and the "
+        "image's CUDA against the nodes' driver (values not given come from `train init`'s "
+        "defaults)")
+    pre.add_argument("--preflight", action="store_true", help="run the checks (no run is "
+                     "diagnosed); exit 0 when none failed, 1 when one did")
+    pre.add_argument("-M", "--cluster", default=None, help="the cluster profile")
+    pre.add_argument("--profile", type=Path, action="append", default=[], metavar="FILE",
+                     help="an extra cluster profile file")
+    pre.add_argument("-A", "--account", default=None, help="the account jobs are charged to")
+    pre.add_argument("-p", "--partition", default=None, help="the partition jobs run in")
+    pre.add_argument("-C", "--constraint", default=None, help="the node type (constraint)")
+    pre.add_argument("--image", default=None, help="the image: a SIF path or a docker tag")
+    pre.add_argument("--runtime", default=None, help="auto, apptainer, docker or none")
+    pre.add_argument("--python", default=None, help="the Python jobs run in an image not of "
+                     "ours (default python3), asked what it holds")
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from train.client.doctor import report as doctor_report
+
+    if args.preflight:
+        return _preflight(args)
+    report = doctor_report.diagnose(doctor_report.resolve(args.ref, args.runs), full=args.full)
+    _print(args, report.as_dict(), lambda: doctor_report.format_report(report))
+    return EXIT_OK if report.healthy else EXIT_FAILURE
+
+
+def _preflight(args: argparse.Namespace) -> int:
+    from train.client.clusters.profiles import Registry
+    from train.client.defaults import defaults_path, load_defaults
+    from train.client.preflight.result import checks_json, failed, format_checks
+    from train.client.preflight.suite import run_preflight
+
+    if args.ref is not None:
+        raise UsageError("doctor: --preflight checks the login node, not a run; give no run "
+                         "name with it")
+    # the flags given, over `train init`'s defaults
+    given = {**load_defaults(), **{k: v for k, v in vars(args).items() if v is not None}}
+    python = str(given.get("python") or "python3")
+    if python.startswith("-") or not python.strip() or "\x00" in python:
+        raise UsageError(f"--python: {python[:80]!r} is not an interpreter (a command name or "
+                         "path, not starting with '-')")
+    registry = Registry(args.profile)
+    cluster = given.get("cluster")
+    if cluster is None:
+        raise UsageError(f"cluster: --preflight needs the cluster: --cluster NAME (one of "
+                         f"{', '.join(registry.names())}), or `train init --cluster NAME` "
+                         f"(it goes to {defaults_path()})")
+    checks = run_preflight(
+        registry.get(str(cluster)), image=given.get("image"), account=given.get("account"),
+        runs_root=args.runs, runtime=given.get("runtime") or "auto", python=python,
+        partition_or_constraint=given.get("partition") or given.get("constraint"))
+    _print(args, checks_json(checks), lambda: format_checks(checks))
+    return EXIT_FAILURE if failed(checks) else EXIT_OK

@@ -14,9 +14,9 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
+from train.batch.saves import read_small
 from train.client.slurm.jobspec import DEFAULT_PYTHON
 from train.common.errors import ConfigError
-from train.common.jsonio import read_bounded
 from train.workloads.config import WORKLOADS
 
 SCRIPT_LIMIT = 4 * 2**20  # a script is read up to this size
@@ -52,7 +52,7 @@ def script_text(command: Sequence[str], folder: str | os.PathLike[str] | None = 
                 ) -> bytes:
     """The start (SCRIPT_LIMIT) of the command's script; empty where it cannot be read."""
     path = script_of(command, folder)
-    return (read_bounded(path, SCRIPT_LIMIT) if path is not None else None) or b""
+    return (read_small(str(path), SCRIPT_LIMIT) if path is not None else None) or b""
 
 
 def imports_lightning(command: Sequence[str], folder: str | os.PathLike[str] | None = None

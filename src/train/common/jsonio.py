@@ -1,17 +1,17 @@
-"""Atomic JSON files with values converted to builtin types, JSON objects read back
-without trusting the file, and bounded reads of a run's files; no heavy imports, so the
-login-node commands (render, submit, status) start fast. The standard library only."""
+"""Atomic JSON files with values converted to builtin types, and JSON objects read back
+without trusting the file (bounded, as train.batch.saves.read_small reads a run's files);
+no heavy imports, so the login-node commands (render, submit, status) start fast. The
+standard library only."""
 
 from __future__ import annotations
 
 import json
 import os
-import stat
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from train.batch.saves import read_small
 from train.common.safewrite import write_atomic
 
 
@@ -43,34 +43,6 @@ def write_json_atomic(path: Path, data: Any, *, indent: int | None = 2,
     write_atomic(path, text, fsync=fsync)
 
 
-def read_bounded(path: Path, limit: int, *, tail: bool = False) -> bytes | None:
-    """At most `limit` bytes of a regular file (its last ones with `tail`); None for what
-    is missing or not a regular file. Never blocks on a FIFO, never reads a device: the
-    files of a run directory are anyone's to replace (a FIFO, a link to /dev/zero)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return None
-        if tail and info.st_size > limit:
-            os.lseek(fd, info.st_size - limit, os.SEEK_SET)
-        chunks, left = [], limit
-        while left > 0:
-            block = os.read(fd, min(left, 1 << 20))
-            if not block:
-                break
-            chunks.append(block)
-            left -= len(block)
-        return b"".join(chunks)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
 def parse_json_object(raw: bytes, *, parse_constant: Callable[[str], Any] | None = None
                       ) -> dict[str, Any]:
     """The JSON object in `raw` (UTF-8); {} for anything else: not UTF-8, not JSON, nested
@@ -87,7 +59,11 @@ def read_json_object(path: Path, limit: int | None, *,
     """The JSON object in a regular file of at most `limit` bytes (None: of any size); {}
     where it is missing, not a regular file (never blocks on a FIFO), unreadable, over the
     limit or not a JSON object (parse_json_object)."""
-    raw = read_bounded(path, sys.maxsize if limit is None else limit + 1)
-    if raw is None or (limit is not None and len(raw) > limit):
+    try:  # None: the size it has now (a file that grows meanwhile reads as cut: {})
+        cap = os.stat(path).st_size if limit is None else limit
+    except OSError:
+        return {}
+    raw = read_small(str(path), cap + 1)
+    if raw is None or len(raw) > cap:
         return {}
     return parse_json_object(raw, parse_constant=parse_constant)

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from train.batch.saves import read_small
 from train.batch.task import NV_NO_DRIVER
 from train.client.doctor.findings import Evidence, Hits
-from train.common.jsonio import read_bounded
 
 
 @dataclass(frozen=True)
@@ -470,7 +470,7 @@ def _excerpt(line: str, at: int) -> str:
 def read_tail(path: Path, size: int = TAIL_BYTES) -> list[tuple[int | None, str]]:
     """The last lines of a file (at most `size` bytes); line numbers only where the whole
     file was read (counting them would read it all)."""
-    data = read_bounded(path, size + 1, tail=True) or b""  # (one more byte: was it cut?)
+    data = read_small(str(path), size + 1, tail=True) or b""  # (one more byte: was it cut?)
     lines = data[-size:].decode("utf-8", "replace").splitlines()
     if len(data) > size:
         return [(None, line) for line in lines[1:]]  # the first one is cut

@@ -14,11 +14,12 @@ from typing import Any
 
 from train.batch import contract
 from train.batch.records import read_text
+from train.batch.saves import read_small
 from train.client.slurm import queue
 from train.client.slurm.queue import ACTIVE_STATES, _is_job_ref, _is_number
 from train.common import _proc
 from train.common.errors import UsageError
-from train.common.jsonio import read_bounded, read_json_object
+from train.common.jsonio import read_json_object
 from train.common.yamlio import shown
 
 RECORD_LIMIT = 1 << 20  # chain.json and chain.ids: a few KiB when train submit writes them
@@ -107,7 +108,7 @@ def earlier_chains(run_dir: Path) -> list[Earlier]:
 
 def load_chain(run_dir: Path) -> Chain:
     path = run_dir / contract.CHAIN_RECORD
-    data = read_bounded(path, RECORD_LIMIT + 1)  # never a FIFO, a device or a huge file
+    data = read_small(str(path), RECORD_LIMIT + 1)  # never a FIFO, a device or a huge file
     if data is None:
         raise UsageError(f"run: no chain recorded in {run_dir} (no "
                          f"{contract.CHAIN_RECORD}, or it is not a regular file)")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from train.batch.contract import SWEEP_RECORD
+from train.batch.saves import read_small
 from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.resolve import ResolvedJob
 from train.client.slurm.sweepargs import (
@@ -24,7 +25,7 @@ from train.client.slurm.sweepargs import (
     task_changes,
 )
 from train.common.errors import ConfigError, UsageError
-from train.common.jsonio import read_bounded, write_json_atomic
+from train.common.jsonio import write_json_atomic
 from train.workloads.config import MAX_SEED, RunConfig, run_config_from_argv
 
 # Slurm's default MaxArraySize (its array indices run from 0 to MaxArraySize - 1)
@@ -259,7 +260,7 @@ RECORD_LIMIT = 4 << 20  # sweep.json: about 100 bytes a task, at most a few thou
 def read_json(path: Path, limit: int) -> Any:
     """A JSON file's value; None where it is missing or not a regular file; ValueError for
     one that is not JSON (nor UTF-8) or over `limit` bytes."""
-    data = read_bounded(path, limit + 1)
+    data = read_small(str(path), limit + 1)
     if data is None:
         return None
     if len(data) > limit:

@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from train.batch.contract import CHAIN_RECORD, METRICS_FILE
+from train.batch.saves import read_small
 from train.client.slurm.sweep import load_record, read_json, read_tasks, record_flag
 from train.client.slurm.sweepsummary import file_state, format_number, mean_std
 from train.common._proc import printable
-from train.common.jsonio import read_bounded, read_json_object
+from train.common.jsonio import read_json_object
 
 JSON_LIMIT = 1 << 20  # a metrics object is small
 CSV_LIMIT = 16 << 20  # Lightning's CSV of a long run: its end is what counts
@@ -84,8 +85,8 @@ def _json_metrics(path: Path, problems: list[str]) -> dict[str, float] | None:
 
 def _csv_metrics(path: Path, problems: list[str]) -> dict[str, float] | None:
     """Each column's last number; the file's header and its last CSV_LIMIT bytes."""
-    head = read_bounded(path, 64 << 10)
-    data = read_bounded(path, CSV_LIMIT, tail=True)
+    head = read_small(str(path), 64 << 10)
+    data = read_small(str(path), CSV_LIMIT, tail=True)
     if head is None or data is None:
         return None
     try:

@@ -60,12 +60,5 @@ def recorded_environment(environ: Mapping[str, str],
                          families: tuple[str, ...] = FAMILIES) -> dict[str, str]:
     """The variables of `families`: allowed ones verbatim (credential-looking parts of
     their values redacted), every other one present but redacted."""
-    out = {}
-    for name in sorted(environ):
-        if not name.startswith(families):
-            continue
-        if name in ALLOWED and not is_secret_name(name):
-            out[name] = redact_text(environ[name])
-        else:
-            out[name] = REDACTED
-    return out
+    return {name: redact_text(environ[name]) if name in ALLOWED and not is_secret_name(name)
+            else REDACTED for name in sorted(environ) if name.startswith(families)}
