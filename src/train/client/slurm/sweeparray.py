@@ -4,7 +4,7 @@
 chain script per task (runs/NAME/seed-S/jobs/chain.sbatch, or task-I/) and a short array
 script (runs/NAME/jobs/array.sbatch, `--array=0-N%M`) whose task I runs chunk 1 of the
 I-th chain. From there each task is a chain like any other: its chunk 1 records its own
-job id in its chain.ids when it starts (job-lib.sh's train_array_task), submits its
+job id in its chain.ids when it starts (train.batch.chunk's array_task), submits its
 successor with afterok on itself, and so on; its stop, requeue, failure and cancel touch
 its own chain alone. Until a task starts, its chain.ids names it ARRAY_TASK.
 A throttled sweep's tasks run in requeue mode instead (sweep.requeue_mode): each requeues
