@@ -1,14 +1,8 @@
-"""A command sweep's arguments, task by task.
-
-In a `--entry command` sweep the words `{value}`, `{index}` and `{task_dir}` in the
-command's arguments (and in --resume-args, --save-path and --chdir) are replaced, for each
-task, by the task's value, its index in the job array and its own folder (runs/NAME/task-I,
-or seed-S): plain text put in place when the task's chain script is rendered, never read
-by a shell. The tasks run in the folder the command was submitted from (or --chdir), so
-the program finds its files where it would alone; `{task_dir}` is where each task writes
-its own outputs (e.g. `--output_dir {task_dir}`), and `--chdir {task_dir}` runs each task
-in its own folder (a program that saves where it runs: made before the task starts).
-What goes wrong without them is refused (check_*) or warned of (sweep_notes) at submit.
+"""A command sweep's arguments, task by task: the markers (what they stand for: --sweep's
+help) put in as plain text when the task's chain script is rendered, never read by a shell.
+The tasks run in the folder the command was submitted from (or --chdir), so the program
+finds its files where it would alone; what goes wrong without `{task_dir}` (tasks sharing
+saves and outputs) is refused (check_*) or warned of (sweep_notes) at submit.
 """
 
 from __future__ import annotations
