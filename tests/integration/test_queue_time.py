@@ -125,7 +125,7 @@ def test_the_reservations_read_whatever_time_format_the_user_set(
     changes how scontrol prints a reservation's times: the client asks in Slurm's standard
     one, so submit, status and the probe still see the maintenance."""
     from train.client.clusters.probe.site import read_site
-    from train.client.slurm import reservations
+    from train.client.slurm import queue
 
     name = "train_maint_fmt"
     slurm(["scontrol", "create", "reservation", f"ReservationName={name}",
@@ -134,7 +134,7 @@ def test_the_reservations_read_whatever_time_format_the_user_set(
     try:
         for fmt in ("relative", "%d/%m %H:%M"):
             env = {**slurm_env, "SLURM_TIME_FORMAT": fmt}
-            found = [r for r in reservations.read(env) or [] if r.name == name]
+            found = [r for r in queue.read(env) or [] if r.name == name]
             assert len(found) == 1 and found[0].maintenance, (fmt, found)
             assert found[0].end - found[0].start == 60
             site = read_site(env)

@@ -1,4 +1,4 @@
-"""Maintenance reservations (train.client.slurm.reservations): the parser on real
+"""Maintenance reservations (train.client.slurm.queue): the parser on real
 `scontrol show reservation -o` output, the note `train submit` gives, and the words
 `train status` gives a chunk that waits for one.
 
@@ -30,7 +30,7 @@ import pytest
 
 from train.batch import contract
 from train.client.slurm import chain as slurm_chain
-from train.client.slurm import chainstatus, queue, reservations
+from train.client.slurm import chainstatus, queue
 
 OUTPUT = Path(__file__).parent / "slurm_output"
 VERSIONS = ("22.05", "24.11", "26.05")
@@ -43,15 +43,15 @@ def utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     once a command (a cache this test's stand-ins must not outlive)."""
     monkeypatch.setenv("TZ", "UTC")
     time.tzset()
-    reservations._known.cache_clear()
+    queue._known.cache_clear()
     yield
     monkeypatch.undo()
     time.tzset()
-    reservations._known.cache_clear()
+    queue._known.cache_clear()
 
 
-def _captured(version: str) -> list[reservations.Reservation]:
-    return reservations.parse_reservations((OUTPUT / f"reservations-{version}.txt")
+def _captured(version: str) -> list[queue.Reservation]:
+    return queue.parse_reservations((OUTPUT / f"reservations-{version}.txt")
                                            .read_text())
 
 
@@ -78,10 +78,10 @@ def test_each_versions_reservations_are_read(version: str) -> None:
 
 
 def test_no_reservation_and_a_time_that_does_not_read() -> None:
-    assert reservations.parse_reservations("No reservations in the system\n") == []
+    assert queue.parse_reservations("No reservations in the system\n") == []
     line = (OUTPUT / "reservations-24.11.txt").read_text().splitlines()[0]
     with pytest.raises(ValueError, match=r"line 1: StartTime 'Unknown' is not a time"):
-        reservations.parse_reservations(line.replace(
+        queue.parse_reservations(line.replace(
             line.split(" StartTime=")[1].split()[0], "Unknown", 1))
 
 
@@ -89,7 +89,7 @@ def test_a_comment_naming_keys_leaves_slurms_own_fields() -> None:
     """A reservation's Comment is free text, printed last: words in it that read as keys
     (an admin's "Flags=NONE until confirmed") are no fields of the reservation."""
     line = (OUTPUT / "reservations-24.11.txt").read_text().splitlines()[0]
-    resv, = reservations.parse_reservations(
+    resv, = queue.parse_reservations(
         line + " Comment=GPU firmware; Nodes=gpu nodes only Flags=NONE until confirmed")
     assert resv.maintenance and resv.nodes == "n[1-2]", resv
 
@@ -97,10 +97,10 @@ def test_a_comment_naming_keys_leaves_slurms_own_fields() -> None:
 def test_the_maintenances_ahead_are_those_that_overlap_the_span() -> None:
     found = {r.name: r for r in _captured("22.05")}
     start = found["maint_all"].start
-    assert [r.name for r in reservations.ahead(found.values(), start - 60, start + 60)] == \
+    assert [r.name for r in queue.ahead(found.values(), start - 60, start + 60)] == \
         ["maint_now", "maint_all"]  # (course is no maintenance)
     after = found["maint_now"].end  # (it ends then)
-    assert [r.name for r in reservations.ahead(found.values(), after, float("inf"))] == \
+    assert [r.name for r in queue.ahead(found.values(), after, float("inf"))] == \
         ["maint_all", "maint_n2"]
 
 
@@ -129,13 +129,13 @@ def test_submit_says_when_the_maintenance_is_and_what_the_chain_will_do(
     env = _site(tmp_path, fixture, 'echo "$@" | /bin/grep -q -- "-n n2 -p debug" && '
                 'echo n2; exit 0')
     now = found["maint_all"].start - 600
-    off = reservations.submit_notes(_job(60, 1), env, now=now)  # one chunk: it waits
+    off = queue.submit_notes(_job(60, 1), env, now=now)  # one chunk: it waits
     assert len(off) == 1 and "maint_all on nodes n[1-2], from 2026-11-29 11:08 UTC (in " \
         "about 10 min) to 2026-11-29 13:08 UTC" in off[0], off
     assert "a chunk whose --time crosses it does not start until it ends (2026-11-29 " \
            "13:08 UTC): it may wait up to 2.2 h" in off[0], off
     # a chain of 60 chunks of an hour: maint_n2 (2 days ahead, on n2 of debug) too
-    chain = reservations.submit_notes(_job(60, 60, floor_minutes=15), env, now=now)
+    chain = queue.submit_notes(_job(60, 60, floor_minutes=15), env, now=now)
     assert [n.split()[3] for n in chain] == ["maint_all", "maint_n2"], chain
     assert "at most 60 x --time 01:00:00, queue waits not counted" in chain[0]
     assert "a chunk may start shorter than --time (down to its floor, --time-min 00:15:00) " \
@@ -143,7 +143,7 @@ def test_submit_says_when_the_maintenance_is_and_what_the_chain_will_do(
            "chunk goes on after the maintenance" in chain[0], chain
     # nodes outside the job's partition: nothing said
     env = _site(tmp_path, fixture, "exit 0")
-    assert [n.split()[3] for n in reservations.submit_notes(_job(60, 60), env, now=now)] \
+    assert [n.split()[3] for n in queue.submit_notes(_job(60, 60), env, now=now)] \
         == ["maint_all"]
 
 
@@ -151,9 +151,9 @@ def test_a_maintenance_under_way_is_not_said_to_leave_a_hole_before_it() -> None
     """Under way, no chunk ends before it: a chain with a floor waits as any job does."""
     found = {r.name: r for r in _captured("24.11")}
     resv = found["maint_now"]
-    said = reservations.note(resv, now=resv.start + 600, walltime=3600, chunks=5, floor=900)
+    said = queue.note(resv, now=resv.start + 600, walltime=3600, chunks=5, floor=900)
     assert "(under way)" in said and "may start shorter" not in said, said
-    assert f"does not start until it ends ({reservations.at(resv.end)}): it may wait up " \
+    assert f"does not start until it ends ({queue.at(resv.end)}): it may wait up " \
            "to 0.3 h" in said, said
 
 
@@ -162,7 +162,7 @@ def test_a_maintenance_under_way_is_not_said_to_leave_a_hole_before_it() -> None
                                       "echo 'ReservationName=x StartTime=soon'"])
 def test_submit_says_nothing_where_scontrol_is_missing_fails_or_is_unread(
         tmp_path: Path, scontrol: str) -> None:
-    assert reservations.submit_notes(_job(60, 4), _site(tmp_path, scontrol), now=0) == []
+    assert queue.submit_notes(_job(60, 4), _site(tmp_path, scontrol), now=0) == []
 
 
 def test_squeue_json_gives_the_reason_as_squeue_prints_it() -> None:
@@ -191,7 +191,7 @@ def test_a_chunk_behind_a_maintenance_is_said_with_its_name_and_end(
     monkeypatch.setattr(queue, "job_states", lambda ids: {"10": {
         "state": "PENDING", "reason": MAINT_REASON, "start": resv.end}})
     asked = []
-    monkeypatch.setattr(reservations, "read", lambda environ=None: asked.append(1) or list(
+    monkeypatch.setattr(queue, "read", lambda environ=None: asked.append(1) or list(
         found.values()))
     monkeypatch.setattr(time, "time", lambda: resv.start - 120)
     st = chainstatus.chain_status(slurm_chain.load_chain(run))

@@ -202,9 +202,9 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
               "on the nodes' PATH)", file=sys.stderr)
     for note in submit_notes(spec.entry, spec.workload, job.launch, job.run_dir, spec.chdir):
         print(f"train: warning: {note}", file=sys.stderr)
-    from train.client.slurm import reservations
+    from train.client.slurm import queue
 
-    for note in reservations.submit_notes(job):
+    for note in queue.submit_notes(job):
         print(f"train: note: {note}", file=sys.stderr)
     # a closed terminal (HUP) or a kill (TERM) mid-way must not leave a held job behind:
     # both unwind like Ctrl-C, through submit_chain's clean-up

@@ -20,7 +20,7 @@ from train.common.errors import ConfigError
 from train.workloads.config import WORKLOADS
 
 SCRIPT_LIMIT = 4 * 2**20  # a script is read up to this size
-_LIGHTNING = re.compile(rb"^[ \t]*(?:import|from)[ \t]+(?:lightning|pytorch_lightning)\b",
+LIGHTNING = re.compile(rb"^[ \t]*(?:import|from)[ \t]+(?:lightning|pytorch_lightning)\b",
                         re.MULTILINE)
 
 
@@ -59,7 +59,7 @@ def imports_lightning(command: Sequence[str], folder: str | os.PathLike[str] | N
                       ) -> bool:
     """Whether the command's script imports Lightning (`lightning` or
     `pytorch_lightning`) at the start of a line."""
-    return _LIGHTNING.search(script_text(command, folder)) is not None
+    return LIGHTNING.search(script_text(command, folder)) is not None
 
 
 def submit_notes(entry: str, command: Sequence[str], launch: str, run_dir: str,

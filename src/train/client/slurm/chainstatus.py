@@ -11,7 +11,7 @@ from train.batch import contract
 from train.batch.records import chunks_left, read_text
 from train.batch.saves import file_progress
 from train.client import gpuwatch_reader as gpuwatch
-from train.client.slurm import chaincost, queue, reservations
+from train.client.slurm import chaincost, queue
 from train.client.slurm.chain import _DECISIVE, EVENTS_LIMIT, Chain, parse_events
 from train.client.slurm.chaincost import (
     _WITH_PROGRESS,
@@ -335,7 +335,7 @@ def _chunk_rows(record: dict[str, Any], pairs: list[tuple[int, str]],
         rows.append({"chunk": number, "job_id": job_id, "state": s["state"],
                      "reason": s.get("reason"), "exit": s.get("exit"),
                      "expected_start": s.get("start"),
-                     "maintenance": reservations.blocking(s.get("start"), limit)
+                     "maintenance": queue.blocking(s.get("start"), limit)
                      if waits else None,
                      "events": [e["event"] for e in events if e["job_id"] == job_id],
                      "ended": chunk_words(record, job_id, events)})

@@ -24,22 +24,18 @@ RESERVED_ENV = {"PATH", "BASH_ENV", "ENV", "HOME", "SHELL", "IFS", "RANK", "LOCA
 RESERVED_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "TRAIN_", "LD_",
                          "APPTAINER", "SINGULARITY")
 # Options the renderer writes itself: an extra option may not set them (the field to use).
+# Long names only: an extra option is one (check_extra_option), as is an SBATCH_ variable's.
 SBATCH_OWNED = {
-    "--nodes": "nodes", "-N": "nodes", "--ntasks": "ntasks_per_node", "-n": "ntasks_per_node",
-    "--ntasks-per-node": "ntasks_per_node", "--gres": "gpus_per_node",
-    "--gpus": "gpus_per_node", "-G": "gpus_per_node", "--gpus-per-node": "gpus_per_node",
-    "--gpus-per-task": "gpus_per_node", "--time": "time", "-t": "time",
-    "--time-min": "time_min",
-    "--signal": "stop_signal and signal_margin", "--output": "out", "-o": "out",
-    "--error": "out", "-e": "out", "--job-name": "name", "-J": "name",
-    "--account": "account", "-A": "account", "--partition": "partition", "-p": "partition",
-    "--qos": "qos", "-q": "qos", "--constraint": "constraint", "-C": "constraint",
-    "--mem": "mem", "--mem-per-cpu": "mem", "--mem-per-gpu": "mem",
-    "--cpus-per-task": "cpus_per_task", "-c": "cpus_per_task",
-    "--requeue": "requeue", "--no-requeue": "requeue", "--open-mode": "(none: the chain "
-    "appends to its logs)", "--kill-on-invalid-dep": "(none: the chain needs it)",
-    "--dependency": "(none: the chain sets it)", "-d": "(none: the chain sets it)",
-    "--array": "(none)", "-a": "(none)", "--chdir": "out", "-D": "out",
+    "--nodes": "nodes", "--ntasks": "ntasks_per_node", "--ntasks-per-node": "ntasks_per_node",
+    "--gres": "gpus_per_node", "--gpus": "gpus_per_node", "--gpus-per-node": "gpus_per_node",
+    "--gpus-per-task": "gpus_per_node", "--time": "time", "--time-min": "time_min",
+    "--signal": "stop_signal and signal_margin", "--output": "out", "--error": "out",
+    "--job-name": "name", "--account": "account", "--partition": "partition", "--qos": "qos",
+    "--constraint": "constraint", "--mem": "mem", "--mem-per-cpu": "mem",
+    "--mem-per-gpu": "mem", "--cpus-per-task": "cpus_per_task", "--requeue": "requeue",
+    "--no-requeue": "requeue", "--open-mode": "(none: the chain appends to its logs)",
+    "--kill-on-invalid-dep": "(none: the chain needs it)",
+    "--dependency": "(none: the chain sets it)", "--array": "(none)", "--chdir": "out",
     "--export": "env", "--export-file": "env", "--wrap": "(nothing: the job is the script)",
     "--hold": "(nothing: every chunk after the first would stay held)",
     "--test-only": "(nothing: train render is the dry run)",
@@ -48,7 +44,7 @@ SBATCH_OWNED = {
     "--batch": "(nothing)",
 }
 SRUN_OWNED = {
-    **{k: v for k, v in SBATCH_OWNED.items() if k not in ("--output", "-o", "--error", "-e")},
+    **{k: v for k, v in SBATCH_OWNED.items() if k not in ("--output", "--error")},
     "--kill-on-bad-exit": "(nothing: a failed rank ends the step)",
     "--jobid": "(nothing: the step runs in its own job)",
     "--multi-prog": "entry command (one program for every task)",
@@ -130,7 +126,7 @@ def check_extra_option(item: str, field_name: str, owned: dict[str, str]) -> Non
                           f"({key.split()[0]}=VALUE), one option per item")
     # Slurm takes any unambiguous prefix of a long option: so are they checked here
     for name, use in owned.items():
-        if name.startswith("--") and name.startswith(key):
+        if name.startswith(key):
             how = use if use.startswith("(") else f"(use {use} instead)"
             raise ConfigError(field_name, f"{key} ({name}) is set by the job itself {how}")
 

@@ -68,11 +68,8 @@ def _cancel_unreplied(command: str) -> bool:
 
 
 def submit_chain(job: ResolvedJob) -> Chain:
-    """Render the chain's script, submit chunk 1 held, record the chain, then release.
-
-    Until the release, any failure (sbatch refusing, a signal) cancels what was submitted,
-    removes what this submission wrote and puts an earlier chain's record back as it was.
-    An earlier chain's record is kept as chain-FIRSTJOB.json/.ids, its script likewise.
+    """The module's steps; a failure before the release (a signal too) is undone
+    (undo_submission). An earlier chain's record, ids and script are kept as chain-FIRSTJOB.*.
     """
     run_dir = Path(job.run_dir)
     text = render(job)
@@ -143,11 +140,9 @@ def install_engine(run_dir: Path, moved: list[tuple[Path, Path]]) -> Path | None
 
 
 def submit_held(script: Path, args: list[str]) -> str:
-    """sbatch --hold of a script whose path is this submission's own (it holds train's
-    pid), without SBATCH_* variables (they would override the script's #SBATCH lines);
-    the job id. Where sbatch fails, or is interrupted, after the controller took the job,
-    that job is found by its command and cancelled (_cancel_unreplied) before the error or
-    the interrupt goes on."""
+    """sbatch --hold of this submission's own script (its path holds train's pid) without
+    SBATCH_* variables (sbatchenv); the job id. A job queued by an sbatch that failed or was
+    interrupted is cancelled (_cancel_unreplied) before the error or the interrupt goes on."""
     command = " ".join([str(script), *args])
     try:
         return parse_sbatch_id(_proc.run(["sbatch", "--parsable", "--hold", str(script),

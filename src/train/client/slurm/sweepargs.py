@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from train.client.programs import script_text
+from train.client.slurm import resumeargs
 from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.resumeargs import EXAMPLE, MARKER, NEWEST, OPEN, TEXT, patterns, pieces
 from train.common.errors import ConfigError
 
-VALUE, INDEX, TASK_DIR = "{value}", "{index}", "{task_dir}"
-MARKERS = (VALUE, INDEX, TASK_DIR)
+VALUE, INDEX, TASK_DIR = MARKERS = tuple("{" + name + "}" for name in resumeargs.MARKER_NAMES)
 _SHELLS = re.compile(r"(ba|z|da|k)?sh")
 # what a shell would have expanded: the task's variables written into an argument
 _SHELL_VARIABLE = re.compile(r"\$(\{)?TRAIN_(SWEEP_VALUE|SWEEP_INDEX|RUN_DIR)\b(?(1)\})")

@@ -13,7 +13,7 @@ from train.client.clusters.probe.write import target, write_profile
 from train.client.clusters.profiles import Registry
 from train.client.clusters.schema import NodeType, Profile
 from train.client.clusters.units import format_mem, format_time
-from train.client.slurm.reservations import ahead
+from train.client.slurm.queue import ahead
 from train.common.errors import ResourceError, TrainError
 
 

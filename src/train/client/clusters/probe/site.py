@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from train.client.clusters.units import parse_time
 from train.client.clusters.validate import NAME_CHARS, NAME_RE
-from train.client.slurm.reservations import (
+from train.client.slurm.queue import (
     SHOW,
     Reservation,
     parse_reservations,

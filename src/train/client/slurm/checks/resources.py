@@ -9,7 +9,7 @@ import re
 import time
 from collections.abc import Mapping
 
-from train.client.slurm import reservations
+from train.client.slurm import queue
 from train.client.slurm.checks.problem import Problem
 from train.client.slurm.checks.sbatchenv import sbatch_environment
 from train.client.slurm.resolve import ResolvedJob
@@ -40,7 +40,7 @@ def _maintenance_at_fault(job: ResolvedJob, environ: dict[str, str]) -> str | No
     sbatch queues it to wait. Asked again to begin after the maintenance: accepted, the
     refusal is the maintenance's (a note; the job is queued)."""
     now = time.time()
-    found = reservations.touching(job, environ, now, now + job.minutes * 60)
+    found = queue.touching(job, environ, now, now + job.minutes * 60)
     if not found:
         return None
     end = max(r.end for r in found)
@@ -48,7 +48,7 @@ def _maintenance_at_fault(job: ResolvedJob, environ: dict[str, str]) -> str | No
         return None
     return (f"Slurm cannot place this job before the site's maintenance ends ("
             f"{'; '.join(r.words(now) for r in found)}): `sbatch --test-only` refuses it "
-            f"now and accepts it to begin at {reservations.at(end)}; it is queued, and "
+            f"now and accepts it to begin at {queue.at(end)}; it is queued, and "
             "waits until then")
 
 

@@ -20,7 +20,7 @@ def sbatch_environment(environ: Mapping[str, str] | None = None) -> dict[str, st
     """The environment for `train submit`'s sbatch: this one without SBATCH_* (they would
     override chunk 1's #SBATCH lines only), SALLOC_* or SLURM_* (an allocation's, when
     submitting from inside one) variables; SLURM_CONF stays. The chain's own sbatch
-    (job-lib.sh's train_sbatch) drops the same, so chunk 1 and its successors are alike."""
+    (train.batch.step's slurm) drops the same, so chunk 1 and its successors are alike."""
     env = os.environ if environ is None else environ
     return {k: v for k, v in env.items() if k == "SLURM_CONF"
             or not k.startswith(("SLURM_", "SBATCH_", "SALLOC_"))}

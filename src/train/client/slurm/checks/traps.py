@@ -14,12 +14,11 @@ A launcher of its own (srun, torchrun, accelerate launch) inside the job's step 
 from __future__ import annotations
 
 import os
-import re
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from train.client.programs import SCRIPT_LIMIT, script_of
+from train.client.programs import LIGHTNING, SCRIPT_LIMIT, script_of
 from train.client.slurm.checks.files import PYTHON_NAME
 from train.client.slurm.checks.problem import Problem
 from train.client.slurm.jobitems import parse_bind
@@ -27,8 +26,6 @@ from train.client.slurm.resolve import ResolvedJob
 from train.common.launchers import accelerate_prefix, given_job_options
 
 FOLDER_LIMIT = 50  # .py files beside the script that are read for a handler
-_LIGHTNING = re.compile(rb"^[ \t]*(?:import|from)[ \t]+(?:lightning|pytorch_lightning)\b",
-                        re.MULTILINE)
 # where a program's saves are seen by the chain without --save-path
 _SAVES_SEEN = (b"TRAIN_RUN_DIR", b"TRAIN_PROGRESS_FILE", b"PL_TRAINER_DEFAULT_ROOT_DIR")
 # torchrun's options that take no value (every other option takes one, as --opt V or
@@ -62,7 +59,7 @@ def _handles(texts: list[bytes], signal: str) -> bool:
         if f"SIG{signal}".encode() in text or b"TRAIN_STOP_SIGNAL" in text \
                 or b"SLURMEnvironment" in text:
             return True
-        if signal == "USR1" and _LIGHTNING.search(text):
+        if signal == "USR1" and LIGHTNING.search(text):
             return True
     return False
 
@@ -88,7 +85,7 @@ def trap_notes(job: ResolvedJob) -> list[str]:
     if job.chunks > 1 and not spec.save_path and job.run_dir not in shown \
             and "TRAIN_RUN_DIR" not in shown \
             and not any(w in t for t in texts for w in _SAVES_SEEN) \
-            and not any(_LIGHTNING.search(t) for t in texts):
+            and not any(LIGHTNING.search(t) for t in texts):
         notes.append(f"a chain of up to {job.chunks} chunks goes on only after a stop that "
                      "saved something (under the run folder TRAIN_RUN_DIR, or a --save-path), "
                      "and nothing says where this program saves: it would end after chunk 1 "
