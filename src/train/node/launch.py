@@ -32,8 +32,9 @@ from train.node.launcher.environment import (
     need_torch,
     program_environment,
     remove_shim,
+    size_workers,
+    wait_or_fall_back,
 )
-from train.node.launcher.sizing import size_workers, wait_or_fall_back
 from train.node.launcher.step import (
     LOOPBACK,
     MASTER_ADDR_VAR,
