@@ -17,7 +17,8 @@ from typing import Iterable, List, Optional, Sequence, Set, Tuple
 
 from train.batch import contract
 
-OPEN = "{newest:"
+# {newest:GLOB}: GLOB runs to the first closing brace
+_NEWEST = re.compile(r"\{newest:([^}]*)\}")
 Progress = Tuple[int, int]  # work units: (done, total); total 0 where it is not known
 _STEP = re.compile(r"step=([0-9]+)")
 _LAST_NUMBER = re.compile(r"([0-9]+)[^0-9]*$")
@@ -135,27 +136,19 @@ def expand(words: Sequence[str], base: str) -> Tuple[Optional[List[str]], str]:
     one matches nothing."""
     out: List[str] = []
     for word in words:
-        done, rest = "", word
-        while OPEN in rest and "}" in rest.split(OPEN, 1)[1]:
-            head, tail = rest.split(OPEN, 1)
-            pattern, rest = tail.split("}", 1)
-            match = newest(pattern, base)
+        parts = _NEWEST.split(word)  # text, GLOB, text, ..., text
+        for i in range(1, len(parts), 2):
+            match = newest(parts[i], base)
             if match is None:
-                return None, "nothing matches {} (in {})".format(pattern, base)
-            done += head + match
-        out.append(done + rest)
+                return None, "nothing matches {} (in {})".format(parts[i], base)
+            parts[i] = match
+        out.append("".join(parts))
     return out, ""
 
 
 def patterns(words: Iterable[str]) -> List[str]:
     """Every {newest:GLOB} pattern of the words, in order."""
-    found: List[str] = []
-    for word in words:
-        rest = word
-        while OPEN in rest and "}" in rest.split(OPEN, 1)[1]:
-            pattern, rest = rest.split(OPEN, 1)[1].split("}", 1)
-            found.append(pattern)
-    return found
+    return [pattern for word in words for pattern in _NEWEST.findall(word)]
 
 
 def state_progress(path: str) -> Optional[Progress]:
