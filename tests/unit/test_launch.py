@@ -243,7 +243,7 @@ def test_launch_gives_each_task_and_each_torchrun_worker_its_own_ready_file(
     import subprocess
     import sys
 
-    from train.node.launcher.torchrun import ready_per_rank
+    from train.node.launcher.step import ready_per_rank
 
     base = str(tmp_path / ".signal-ready-7-0")
     env = {"TRAIN_SIGNAL_READY": base + ".rank-2"}  # the per-task wrapper's value

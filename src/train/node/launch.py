@@ -41,13 +41,11 @@ from train.node.launcher.step import (
     SlurmStep,
     free_port,
     read_step,
+    ready_per_rank,
     resolve_address,
+    run_torchrun,
     tasks_env,
     torchrun_argv,
-)
-from train.node.launcher.torchrun import (
-    ready_per_rank,
-    run_torchrun,
 )
 
 __all__ = ["LaunchOptions", "launch", "prepare"]
