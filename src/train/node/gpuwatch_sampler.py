@@ -82,18 +82,17 @@ class IdleTracker:
                 crossed.append((gpu, since))
         return crossed
 
-
-def idle_warning(node: str, crossed: Sequence[tuple[int, float]], threshold: float,
-                 minutes: float) -> str:
-    gpus = ", ".join(str(g) for g, _ in crossed)
-    since = time.strftime("%H:%M:%S", time.localtime(min(s for _, s in crossed)))
-    plural = "s" if len(crossed) > 1 else ""
-    return (f"GPU watch on {node}: GPU{plural} {gpus} stayed under {_num(threshold)}% "
-            f"utilisation for {_num(minutes)} min (every sample since {since}). An idle GPU "
-            "wastes the allocation, and some sites cancel such jobs (NYU Torch does). Check "
-            "that the program really uses the GPU (--device cuda; the model and every batch "
-            "moved to it) and that its input keeps up: more DataLoader workers (--workers), "
-            "data on fast storage, a larger batch")
+    def warning(self, node: str, crossed: Sequence[tuple[int, float]]) -> str:
+        gpus = ", ".join(str(g) for g, _ in crossed)
+        since = time.strftime("%H:%M:%S", time.localtime(min(s for _, s in crossed)))
+        plural = "s" if len(crossed) > 1 else ""
+        return (f"GPU watch on {node}: GPU{plural} {gpus} stayed under "
+                f"{_num(self.threshold)}% utilisation for {_num(self.minutes)} min (every "
+                f"sample since {since}). An idle GPU wastes the allocation, and some sites "
+                "cancel such jobs (NYU Torch does). Check that the program really uses the "
+                "GPU (--device cuda; the model and every batch moved to it) and that its "
+                "input keeps up: more DataLoader workers (--workers), data on fast storage, "
+                "a larger batch")
 
 
 def select_gpus(nvml: Any, count: int, visible: str | None) -> list[int]:
@@ -150,7 +149,6 @@ class Sampler:
         self.gpus: list[int] = list(gpus)  # the GPUs still watched
         self.handles: dict[int, Any] = {}
         self.failures: dict[int, int] = dict.fromkeys(self.gpus, 0)  # in a row
-        self.invalid: dict[int, int] = dict.fromkeys(self.gpus, 0)  # readings left out
         self._logged: set[tuple[str, int]] = set()
 
     def _once(self, kind: str, gpu: int, message: str, *args: Any) -> None:
@@ -184,7 +182,6 @@ class Sampler:
             self.failures[gpu] = 0
             reading = valid_reading(util, used, total)
             if reading is None:
-                self.invalid[gpu] += 1
                 self._once("invalid", gpu, "GPU watch: GPU %d gave a reading that cannot be "
                            "true (utilisation %s, memory used %s of %s bytes); such samples "
                            "are left out", gpu, _text(util, 40), _text(used, 40),
@@ -330,8 +327,7 @@ def _write_samples(fd: int, path: Path, sampler: Sampler, node: str,
             return 0
         crossed = tracker.update(now, {g: u for g, u, _, _ in rows})
         if crossed:
-            log.warning("%s", idle_warning(node, crossed, settings.idle_threshold,
-                                           settings.idle_minutes))
+            log.warning("%s", tracker.warning(node, crossed))
         taken += 1
         if max_samples is not None and taken >= max_samples:
             return 0
