@@ -16,7 +16,7 @@ import time
 from typing import List, Optional, Sequence, Tuple
 
 from train.batch import contract, saves
-from train.batch.records import (
+from train.batch.saves import (
     Usage,
     chunks_left,
     first_failure,

@@ -14,7 +14,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from train.batch import contract, saves
-from train.batch.records import STARTED, parse_ids, read_text
+from train.batch.saves import STARTED, parse_ids, read_text
 
 
 def slurm(argv: List[str]) -> Tuple[int, str]:

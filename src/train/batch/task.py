@@ -28,7 +28,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from train.batch import contract, saves
-from train.batch.records import STARTED, events, read_text
+from train.batch.saves import STARTED, events, read_text
 
 NV_NO_DRIVER = "no NVIDIA driver on this node"
 APPTAINERS = ("apptainer", "singularity")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from train.batch import contract
-from train.batch.records import chunks_left
+from train.batch.saves import chunks_left
 from train.client.slurm import chaincost, queue, reasons, reservations
 from train.client.slurm.chain import _DECISIVE, EVENTS_LIMIT, Chain, _read_text, parse_events
 from train.client.slurm.chunkends import (

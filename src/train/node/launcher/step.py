@@ -25,7 +25,7 @@ from train.batch.contract import (
     STOP_SIGNAL_VAR,
     rank_ready_path,
 )
-from train.batch.records import signal_name
+from train.batch.saves import signal_name
 from train.common import _proc
 from train.common.errors import UsageError
 from train.common.secrets.commands import masked_argv
