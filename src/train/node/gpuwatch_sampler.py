@@ -224,9 +224,6 @@ def watch(nvml: Any, run_dir: Path | str, node: str, settings: WatchSettings, *,
                  _text(exc), count)
         gpus = list(range(count))
     sampler = Sampler(nvml, gpus)
-    if not sampler.gpus:
-        log.info("GPU watch off: no GPU on this node")
-        return 0
     path = csv_path(run_dir, node)
     fd, code = _open_csv(path)
     if fd is None:
@@ -311,9 +308,8 @@ def _write_samples(fd: int, path: Path, sampler: Sampler, node: str,
         new = os.fstat(fd).st_size == 0
     except OSError:
         new = False
-    if new and not write(CSV_HEADER + "\n"):  # on disk before the first sample
-        return 0
-    if not write(f"{START_MARK}{clock():.1f}\n"):  # where this sampler's run begins
+    # the header on disk before the first sample, then where this sampler's run begins
+    if not write((CSV_HEADER + "\n" if new else "") + f"{START_MARK}{clock():.1f}\n"):
         return 0
     taken = 0
     while True:
