@@ -1,10 +1,8 @@
 """One chunk of a chain, on the batch host (`python3 ENGINE chunk SCRIPT [CHUNK [FIRST]]
--- STEP...` ends the job script): its start, its successor (submitted afterok on this
-one: Slurm itself removes it when this one fails), and what its step's end means for the
-chain: failed (the first failing task's own code and node), complete, no progress,
-stopped before any save, requeued, incomplete at the bound, or stopped with the next
-chunk to go on (train.batch.step runs the step itself). Every decision is unit-tested
-without Slurm (tests/unit/test_chain_engine*.py, stub Slurm commands).
+-- STEP...` ends the job script): its start, its successor (submitted afterok on this one:
+Slurm itself removes it when this one fails), and what its step's end means for the chain,
+an event of train.batch.contract each (train.batch.step runs the step itself). Every
+decision is unit-tested without Slurm (tests/unit/test_chain_engine*.py, stub Slurm).
 """
 
 import os

@@ -71,6 +71,11 @@ def write_small(path: str, text: str, append: bool = False) -> Optional[str]:
     return None
 
 
+def remove_file(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
 def is_file(path: str) -> bool:
     """A regular file at the path itself (a link, a FIFO or a folder is not)."""
     try:

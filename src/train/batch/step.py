@@ -14,7 +14,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from train.batch import contract, saves
-from train.batch.saves import STARTED, parse_ids, read_text
+from train.batch.saves import STARTED, parse_ids, read_text, remove_file
 
 
 def slurm(argv: List[str]) -> Tuple[int, str]:
@@ -36,11 +36,6 @@ class Exit(Exception):
     def __init__(self, code: int) -> None:
         super().__init__(code)
         self.code = code
-
-
-def remove_file(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
 
 
 def engine_root() -> str:
@@ -134,16 +129,15 @@ class Step:
         """The chunk's own folder in the run folder (never a node's /tmp: a chunk killed
         at its walltime cannot remove it, the next one does, wherever it runs)."""
         prefix = contract.CHUNK_DIR_PREFIX
+        # a killed chunk's folder, readiness and stop-request files (never this one's: new)
         for name in os.listdir(self.run_dir):
             stale = self.path(name)
             if name.startswith(prefix) and os.path.isdir(stale) and not os.path.islink(stale):
                 shutil.rmtree(stale, ignore_errors=True)
+            elif name.startswith((".signal-ready-", ".stop-request-")):
+                remove_file(stale)
         self.tmp = self.path("{}{}-{}".format(prefix, self.job_id, self.restarts))
         os.makedirs(os.path.join(self.tmp, "exits"), exist_ok=True)
-        # a killed chunk's readiness and stop-request files (never its own: they are new)
-        for name in os.listdir(self.run_dir):
-            if name.startswith((".signal-ready-", ".stop-request-")):
-                remove_file(self.path(name))
 
     def step_environment(self) -> Dict[str, str]:
         """The walltime contract every program of the step is told (docs/your-program.md):
