@@ -426,20 +426,17 @@ def parse_args(argv: Sequence[str]) -> Tuple[str, int, Optional[int], List[str]]
 
 def main(argv: Sequence[str]) -> int:
     run_dir = os.path.dirname(engine_root())
+    number = 0
     try:
         script, number, first, step = parse_args(argv)
-    except Usage as exc:
-        sys.stderr.write("train-job: {}\n".format(exc))
-        return EXIT_USAGE
-    try:
         job = load_job(run_dir)
     except Usage as exc:
         sys.stderr.write("train-job: {}\n".format(exc))
-        # (status says the chunk failed; why is in its log)
-        saves.write_small(os.path.join(run_dir, contract.CHAIN_EVENTS), "{} {} {} {} {}\n"
-                          .format(int(time.time()), number, os.environ.get(
-                              "SLURM_JOB_ID", "0"), contract.EV_FAILED, EXIT_USAGE),
-                          append=True)
+        if number:  # a damaged job record: status says the chunk failed, its log says why
+            saves.write_small(os.path.join(run_dir, contract.CHAIN_EVENTS), "{} {} {} {} {}\n"
+                              .format(int(time.time()), number, os.environ.get(
+                                  "SLURM_JOB_ID", "0"), contract.EV_FAILED, EXIT_USAGE),
+                              append=True)
         return EXIT_USAGE
     chunk = Chunk(job, script, number, first, step)
     signal.signal(signal.SIGUSR1, lambda *_: chunk.usr1())

@@ -388,18 +388,15 @@ def spawn(run_dir: Path | str, node: str, settings: WatchSettings, parent: int, 
                  env=None if env is None else dict(env), close_fds=True)
 
 
-def _positive(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
-    return value
+def _bounded(zero: bool) -> Callable[[str], float]:
+    """An argparse type: a finite number >= 0 (`zero`: 0 allowed), else > 0."""
+    def number(text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+            raise argparse.ArgumentTypeError(f"must be a number {'>=' if zero else '>'} 0, "
+                                             f"got {text}")
+        return value
+    return number
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -408,10 +405,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 "RUN_DIR/gpu/NODE.csv until the parent process is gone.")
     p.add_argument("--out", required=True, help="the run directory")
     p.add_argument("--node", required=True, help="this node's name (the file's name)")
-    p.add_argument("--interval", type=_positive, required=True, help="seconds per sample")
-    p.add_argument("--idle-threshold", type=_non_negative, required=True,
+    p.add_argument("--interval", type=_bounded(zero=False), required=True,
+                   help="seconds per sample")
+    p.add_argument("--idle-threshold", type=_bounded(zero=True), required=True,
                    help="utilisation percent under which a GPU counts as idle")
-    p.add_argument("--idle-minutes", type=_non_negative, required=True,
+    p.add_argument("--idle-minutes", type=_bounded(zero=True), required=True,
                    help="minutes every sample must be idle before the warning")
     p.add_argument("--parent", type=int, default=None,
                    help="exit once this process is gone (default: the parent process)")
