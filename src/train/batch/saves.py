@@ -211,13 +211,6 @@ def framework_progress(resume_args: Sequence[str], save_paths: Sequence[str],
     return max(shown, key=lambda got: got[0]) if shown else None  # (the first of a tie)
 
 
-def progress(run_dir: str, resume_args: Sequence[str], save_paths: Sequence[str],
-             base: str) -> Optional[Progress]:
-    """The work done so far: as the program last recorded it in the progress file, else
-    as its saves show it; None where neither says."""
-    return file_progress(run_dir) or framework_progress(resume_args, save_paths, base)
-
-
 def progress_words(got: Optional[Progress]) -> str:
     if got is None:
         return "progress not known: no progress file, and no save of the program names its step"

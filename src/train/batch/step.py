@@ -1,7 +1,5 @@
-"""The job step of a chunk, on the batch host: its folder and environment, starting it,
-passing the walltime signal on once its ranks are ready (or ending it, stop mode kill),
-the program's stop request, the overrun guard, waiting for it, and what a killed step left
-on the nodes. train.batch.chunk builds the chain on it.
+"""The job step of a chunk, on the batch host, from its folder to what a killed step left
+on the nodes; train.batch.chunk builds the chain on it.
 """
 
 import contextlib
@@ -114,8 +112,10 @@ class Step:
         return parse_ids(read_text(self.path(contract.CHAIN_IDS)))
 
     def progress(self) -> Optional[saves.Progress]:
-        return saves.progress(self.run_dir, self.job["resume_args"], self.job["save_paths"],
-                              self.job["program_dir"])
+        """The work done so far: as the program last recorded it in the progress file, else
+        as its saves show it; None where neither says."""
+        return saves.file_progress(self.run_dir) or saves.framework_progress(
+            self.job["resume_args"], self.job["save_paths"], self.job["program_dir"])
 
     # -- the step ---------------------------------------------------------------------
     def stale_tmp(self) -> str:
@@ -190,9 +190,7 @@ class Step:
         open(start, "w").close()
         self.saved_since = os.stat(start).st_mtime
         time.sleep(0.02)
-        env = self.step_environment()
-        for path in [self.ready, self.stop_request, *self.rank_files()]:
-            remove_file(path)
+        env = self.step_environment()  # (chunk_folder removed any files of these names)
         argv = self.step_argv + self.resume_argv()
         self.proc = subprocess.Popen(argv, env=dict(os.environ, **env))
         self.step_start = time.time()

@@ -1,10 +1,7 @@
-"""What `train launch` checks, sets and sizes before the program starts: CUDA where the
-step has GPUs, torch for its launcher, the program itself, the NCCL defaults and the
-program's own environment defaults, its working folder, the scontrol stand-in; the wait for
-free GPU memory (the field notes' wait-and-run wrapper), bounded by the chunk's deadline, and
-on timeout a smaller --batch-size where the job gives one; and the DataLoader workers per
-process, what was asked capped by the task's CPUs and the host memory, exported to the
-program (and into a Hydra override of the workers, NAVSIM's).
+"""What `train launch` checks, sets and sizes before the program starts (train.node.launch
+calls them in order): CUDA, torch, the program, its environment defaults and folder, the
+scontrol stand-in, the wait for free GPU memory (the field notes' wait-and-run wrapper)
+and the DataLoader workers per process.
 
 Inside the step a program's `scontrol requeue` (Lightning's SLURM plugin runs it on the
 walltime signal, after saving its checkpoint) must not requeue the job from inside: the
