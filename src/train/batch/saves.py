@@ -158,8 +158,15 @@ def patterns(words: Iterable[str]) -> List[str]:
     return [pattern for word in words for pattern in _NEWEST.findall(word)]
 
 
-def state_progress(path: str) -> Optional[Progress]:
-    """(global_step, max_steps) of a Trainer's trainer_state.json; None on anything else."""
+def save_progress(path: str) -> Optional[Progress]:
+    """The progress one save shows: a file named with its step (Lightning's
+    epoch=E-step=S.ckpt: total not known), or a Trainer checkpoint (or output) folder's
+    trainer_state.json (global_step, max_steps); None on anything else."""
+    if not os.path.isdir(path):
+        name = os.path.basename(path.rstrip("/"))
+        number = name_number(name) if _STEP.search(name) else None
+        return None if number is None else (number, 0)
+    path = os.path.join(path, STATE_FILE)
     try:
         if os.path.islink(path) or not os.path.isfile(path) \
                 or os.path.getsize(path) > _STATE_LIMIT:
@@ -176,18 +183,6 @@ def state_progress(path: str) -> Optional[Progress]:
     if not isinstance(total, int) or isinstance(total, bool) or total < 0:
         total = 0
     return done, total
-
-
-def save_progress(path: str) -> Optional[Progress]:
-    """The progress one save shows: a Trainer checkpoint (or output) folder, or a file
-    named with its step (Lightning's epoch=E-step=S.ckpt: total not known)."""
-    if os.path.isdir(path):
-        return state_progress(os.path.join(path, STATE_FILE))
-    name = os.path.basename(path.rstrip("/"))
-    if _STEP.search(name) is None:
-        return None
-    number = name_number(name)
-    return None if number is None else (number, 0)
 
 
 def framework_progress(resume_args: Sequence[str], save_paths: Sequence[str],
