@@ -219,10 +219,6 @@ def detail(got: Optional[Progress]) -> str:
     return "{} {}".format(*(got or (0, 0)))
 
 
-def _skipped(name: str, skips: Sequence[str]) -> bool:
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in skips)
-
-
 def last_save(run_dir: str, save_paths: Sequence[str], since: float,
               skips: Sequence[str] = contract.SAVE_SCAN_SKIP) -> Optional[float]:
     """The modification time of the newest file saved after `since`: in the run folder
@@ -234,7 +230,7 @@ def last_save(run_dir: str, save_paths: Sequence[str], since: float,
     tops: List[str] = []
     with contextlib.suppress(OSError):
         tops += [os.path.join(run_dir, n) for n in sorted(os.listdir(run_dir))
-                 if not _skipped(n, skips)]
+                 if not any(fnmatch.fnmatchcase(n, pattern) for pattern in skips)]
     own = os.path.realpath(run_dir)
     for path in save_paths:
         real = os.path.realpath(path)

@@ -241,21 +241,16 @@ def wait_task(proc: "subprocess.Popen[bytes]", termed: List[float],
     program that outlives Slurm's TERM is KILLed by Slurm KillWait seconds later, this
     wrapper with it: its temporary folder is removed a little before that (a program
     that stops on the TERM has its folder until it ends)."""
+    wait = kill_wait()
+    grace = max(1.0, float(wait) - 3.0) if wait else 5.0  # KillWait less a margin, else 5
     while True:
         try:
             return proc.wait(timeout=0.5)
         except subprocess.TimeoutExpired:
-            if own and termed and time.time() >= termed[0] + cancel_grace() \
+            if own and termed and time.time() >= termed[0] + grace \
                     and cancelled(os.environ.get("TRAIN_RUN_DIR", "")):
                 shutil.rmtree(own, ignore_errors=True)
                 own = None
-
-
-def cancel_grace() -> float:
-    """Seconds after the TERM before a cancelled task's folder goes: KillWait less a
-    margin where slurm.conf says it, else 5."""
-    wait = kill_wait()
-    return max(1.0, float(wait) - 3.0) if wait else 5.0
 
 
 def cancelled(run_dir: str) -> bool:
