@@ -121,14 +121,6 @@ def start_gpu_watch(step: SlurmStep, mode: str, env: Mapping[str, str]) -> Any:
         return None
 
 
-def stop_gpu_watch(proc: Any) -> None:
-    if proc is None:
-        return
-    with contextlib.suppress(Exception):
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
 def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> int:
     """torchrun mode returns when the node's workers are done; tasks mode execs."""
     environ = os.environ if env is None else env
@@ -148,7 +140,10 @@ def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> 
     nproc = opts.nproc_per_node or max(1, step.gpus_on_node)
     if mode == "torchrun":
         def cleanup() -> None:
-            stop_gpu_watch(watcher)
+            if watcher is not None:
+                with contextlib.suppress(Exception):
+                    watcher.terminate()
+                    watcher.wait(timeout=10)
             remove_shim(shim)
 
         return run_torchrun(step, master, nproc, command, environ, cleanup)
