@@ -289,15 +289,6 @@ def _open_csv(path: Path) -> tuple[int | None, int]:
     return None, 0
 
 
-def _write_all(fd: int, text: str) -> None:
-    view = memoryview(text.encode("ascii", errors="replace"))
-    while view:
-        written = os.write(fd, view)
-        if written <= 0:
-            raise OSError(errno.EIO, "nothing was written")
-        view = view[written:]
-
-
 def _write_samples(fd: int, path: Path, sampler: Sampler, node: str,
                    settings: WatchSettings, clock: Callable[[], float],
                    sleep: Callable[[float], None], keep_going: Callable[[], bool],
@@ -308,8 +299,13 @@ def _write_samples(fd: int, path: Path, sampler: Sampler, node: str,
              _num(settings.interval), path, _num(settings.idle_minutes),
              _num(settings.idle_threshold))
     def write(text: str) -> bool:
+        view = memoryview(text.encode("ascii", errors="replace"))
         try:
-            _write_all(fd, text)
+            while view:
+                written = os.write(fd, view)
+                if written <= 0:
+                    raise OSError(errno.EIO, "nothing was written")
+                view = view[written:]
         except OSError as exc:  # a full disk, a lost NFS server: one line, exit 0
             log.warning("GPU watch stopped: cannot write %s (%s)", path, _text(exc))
             return False
@@ -340,7 +336,6 @@ def _write_samples(fd: int, path: Path, sampler: Sampler, node: str,
             return 0
         if not _wait(settings.interval, sleep, keep_going):
             return 0
-
 
 
 def process_alive(pid: int) -> bool:
