@@ -237,16 +237,6 @@ def ready_per_rank(mode: str, procid: int, command: Sequence[str],
     return [sys.executable, "-c", _WORKER_READY, *run]
 
 
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            found += [int(c) for c in (task / "children").read_text().split()]
-        except (OSError, ValueError):
-            continue
-    return found
-
-
 def stop_signal_for_workers(env: Mapping[str, str]) -> int:
     """The signal the workers get when the walltime USR1 reaches the agent: the job's."""
     name = env.get(STOP_SIGNAL_VAR, "USR1")
@@ -258,7 +248,13 @@ def _forward_to_workers(signum: int, frame: object) -> None:
     stop signal to the workers, which checkpoint and exit 0; the agent then returns when
     they are done."""
     sig = stop_signal_for_workers(os.environ)
-    for pid in _children(os.getpid()):
+    workers: list[int] = []  # this process's children, over its threads
+    for task in Path(f"/proc/{os.getpid()}/task").glob("*"):
+        try:
+            workers += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    for pid in workers:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
 
