@@ -23,7 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import machine, median, short, timed, write_section
 from train.batch import contract
-from train.client.doctor import diagnosis, evidence, logread, report
+from train.client.doctor import findings, logread, report
 from train.client.slurm import queue
 from train.client.slurm.chain import load_chain
 
@@ -81,7 +81,7 @@ def doctor_peak_rss(run_dir: Path) -> tuple[int, int]:
     """Peak resident memory (KiB) of a process that runs the diagnosis, and the bytes it
     and its greps read doing it."""
     code = ("import json, resource, sys\n"
-            "from train.client.doctor.diagnosis import diagnose\n"
+            "from train.client.doctor.report import diagnose\n"
             "from train.client.slurm.chain import load_chain\n"
             f"st = json.loads({json.dumps(json.dumps(_status('1001')))})\n"
             f"before = {_RCHAR}\n"
@@ -97,7 +97,7 @@ def doctor_peak_rss(run_dir: Path) -> tuple[int, int]:
 
 
 def baseline_rss() -> int:
-    code = f"from train.client.doctor import diagnosis, report\nprint({_HWM})\n"
+    code = f"from train.client.doctor import report\nprint({_HWM})\n"
     return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               check=True).stdout.strip())
 
@@ -122,12 +122,12 @@ def main() -> None:
         runs = []
 
         def run_doctor() -> None:
-            runs.append(diagnosis.diagnose(chain, _status("1001")))
+            runs.append(report.diagnose(chain, _status("1001")))
 
         took = median([timed(run_doctor) for _ in range(3)])
         assert runs[-1].findings[0].cause == "host_oom", runs[-1].verdict
-        full = median([timed(lambda: runs.append(diagnosis.diagnose(chain, _status("1001"),
-                                                                 full=True)))
+        full = median([timed(lambda: runs.append(report.diagnose(chain, _status("1001"),
+                                                              full=True)))
                        for _ in range(3)])
         (rss, bytes_read), rss0 = doctor_peak_rss(big), baseline_rss()
 
@@ -175,7 +175,7 @@ grep's search for many fixed strings runs at about {size / 2**20 / full:.0f} MiB
 (two greps, one per core), so a whole gigabyte
 takes {full:.1f} s. Peak memory of a process that runs the diagnosis: {rss / 1024:.0f} MiB,
 against {rss0 / 1024:.0f} MiB for one that only imports the doctor: the logs are streamed
-(grep's matching lines, read 64 KiB at a time, at most {evidence._KEEP * 2} kept per rule),
+(grep's matching lines, read 64 KiB at a time, at most {findings._KEEP * 2} kept per rule),
 never read whole. Goals met: doctor {'yes' if took < 2 else 'NO'}, table
 {'yes' if table < 1 else 'NO'}.
 """

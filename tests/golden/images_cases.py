@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from train.images.defs import parse
+from train.images.defs import containers_dir, parse
 from train.images.dockerfile import translate
-from train.images.sources import containers_dir
 
 HERE = Path(__file__).parent / "images"
 CASES = {

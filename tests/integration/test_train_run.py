@@ -20,7 +20,7 @@ import torch
 
 from tests.conftest import TINY, run_cli, tiny_flags, train_cmd
 from train.batch import contract
-from train.client.slurm.chainstatus import read_progress
+from train.batch.saves import file_progress as read_progress
 from train.common.errors import ConfigError, UsageError
 from train.workloads import runner
 from train.workloads.config import RunConfig
@@ -188,12 +188,13 @@ def test_progress_counts_every_seed_up_to_the_target(tmp_path: Path) -> None:
     result = runner.run(_cfg(out, 3, seeds=(4, 6)))
     assert result.complete and (out / contract.COMPLETE_MARKER).exists()
     assert (out / contract.PROGRESS_FILE).read_text() == "6 6\n"
-    # a larger target, stopped by the time budget in seed 4: seed 6 keeps its 3 episodes
+    # a larger target, stopped by the time budget in seed 4: seed 6 keeps its 3 episodes (on a
+    # busy machine start-up may spend the whole budget: seed 4 then trains no episode more)
     result = runner.run(_cfg(out, 100000, seeds=(4, 6), time_budget=2.0))
     assert not result.complete and "time budget" in str(result.stop_reason)
     assert not (out / contract.COMPLETE_MARKER).exists()
     trained = result.status["seeds"]["4"]["episodes"]
-    assert 3 < trained < 100000 and "6" not in result.status["seeds"]
+    assert 3 <= trained < 100000 and "6" not in result.status["seeds"]
     assert read_progress(out) == (trained + 3, 200000)
     # a smaller target than a seed has trained counts that seed as the target
     result = runner.run(_cfg(out, 2, seeds=(4, 6)))

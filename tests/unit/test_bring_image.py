@@ -25,9 +25,8 @@ from tests.conftest import run_cli
 from tests.golden.cases import script_step
 from train.client.slurm.checks import imagefit
 from train.common.entry import LAUNCHER_ROOT
-from train.images import feature_cache, features
-from train.images.feature_cache import CACHE_MAX_BYTES
-from train.images.features import Features
+from train.images import features
+from train.images.features import CACHE_MAX_BYTES, Features
 
 NO_SBATCH = "#!/bin/sh\necho 'sbatch: error: no cluster in unit tests' >&2\nexit 1\n"
 # the engine's stand-in: `image inspect` says the id (IMAGE_ID) and no labels (or
@@ -148,10 +147,10 @@ def test_the_answer_is_cached_per_image_identity(tmp_path: Path) -> None:
 def test_a_sif_is_known_by_path_size_and_time(tmp_path: Path) -> None:
     sif = tmp_path / "a.sif"
     sif.write_bytes(b"x" * 10)
-    first = feature_cache.file_identity(str(sif))
+    first = features.file_identity(str(sif))
     os.utime(sif, ns=(1, 1))
-    assert first is not None and feature_cache.file_identity(str(sif)) != first
-    assert feature_cache.file_identity(str(tmp_path / "none.sif")) is None
+    assert first is not None and features.file_identity(str(sif)) != first
+    assert features.file_identity(str(tmp_path / "none.sif")) is None
 
 
 def _refused(tmp_path: Path, env: dict[str, str], args: list[str]) -> str:
@@ -270,7 +269,7 @@ def test_an_odd_probe_answer_is_no_answer(answer: str) -> None:
     '"nvidia_smi": false, "ours": true}'], ids=["str-version", "str-bool", "ours"])
 def test_an_odd_cache_entry_is_asked_again(tmp_path: Path, entry: str) -> None:
     env = {"XDG_CACHE_HOME": str(tmp_path)}
-    path = feature_cache.cache_path(env)
+    path = features.cache_path(env)
     path.parent.mkdir(parents=True)
     path.write_text('{"k": ' + entry + "}")
     assert features.cached("k", env) is None
@@ -288,7 +287,7 @@ def test_a_nan_in_a_hand_edited_entry_does_not_freeze_the_cache(tmp_path: Path) 
     (at 05f6875 they were written back as NaN and Infinity), instead of never again, with
     every later submit asking the image."""
     env = {"XDG_CACHE_HOME": str(tmp_path)}
-    path = feature_cache.cache_path(env)
+    path = features.cache_path(env)
     path.parent.mkdir(parents=True)
     path.write_text('{"old": {"python": [3, 9, 1], "torch": false, "train": false, '
                     '"pynvml": false, "nvidia_smi": false, "note": NaN}, '
@@ -483,7 +482,7 @@ def test_the_probe_names_the_folders_that_decide_its_answer() -> None:
     site = os.path.dirname(next(iter(torch.submodule_search_locations)))
     assert site in paths and os.path.realpath(sys.executable) in paths, paths
     # a path inside a sandbox is looked up there, its links followed inside it
-    stamps = dict(feature_cache.sandbox_stamps("/", [site, "/no/such/folder"]))
+    stamps = dict(features.sandbox_stamps("/", [site, "/no/such/folder"]))
     assert stamps[site] and not stamps[site].startswith("-")
     assert stamps["/no/such/folder"].startswith("-")  # the folder above, where it would go
 

@@ -12,8 +12,8 @@ import pytest
 
 from train import common
 from train.batch import contract
-from train.client.slurm import cancel, chainstatus, queue, submission
 from train.client.slurm import chain as slurm_chain
+from train.client.slurm import chainstatus, queue, submission
 from train.common.errors import UsageError
 
 
@@ -168,7 +168,7 @@ def test_cancelling_an_ended_chain_keeps_how_it_ended(
     calls: list[list[str]] = []
     monkeypatch.setattr(common._proc, "run", lambda argv, **kw: calls.append(argv))
     chain = slurm_chain.load_chain(tmp_path / "run")
-    assert cancel.cancel_chain(chain) == []
+    assert slurm_chain.cancel_chain(chain) == []
     assert calls == []
     st = chainstatus.chain_status(chain)
     assert st["state"] == "failed" and "137" in st["cause"]

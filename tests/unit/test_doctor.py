@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import run_cli
 from train.batch import contract
-from train.client.doctor import diagnosis, logread, rules
+from train.client.doctor import logread
 from train.client.doctor import report as doctor_report
 from train.client.slurm import chainstatus
 from train.client.slurm.chain import load_chain
@@ -48,10 +48,10 @@ def status(state: str, exit_code: str | None = None, events: list[str] | None = 
 
 
 def diagnose(tmp_path: Path, err: str, st: dict[str, Any], out: str = "",
-             resources: dict[str, Any] | None = None, events: str = "") -> diagnosis.Report:
+             resources: dict[str, Any] | None = None, events: str = "") -> doctor_report.Report:
     run_dir = make_run(tmp_path, {"r-101.err": err, "r-101.out": out}, resources=resources)
     (run_dir / contract.CHAIN_EVENTS).write_text(events)
-    return diagnosis.diagnose(load_chain(run_dir), st)
+    return doctor_report.diagnose(load_chain(run_dir), st)
 
 
 # (cause, Slurm state, exit code, error log text, words the fix must hold); the comment
@@ -165,7 +165,7 @@ def test_the_same_rules_without_grep(tmp_path: Path, monkeypatch: pytest.MonkeyP
     with_grep = list(logread.candidate_lines(path))
     monkeypatch.setattr(logread.shutil, "which", lambda _name: None)
     without = list(logread.candidate_lines(path))
-    small_blocks = list(logread._candidate_lines_python(path, rules._ALL_NEEDLES, 4096))
+    small_blocks = list(logread._candidate_lines_python(path, logread._ALL_NEEDLES, 4096))
     assert with_grep == without == small_blocks
     assert [(n, at) for n, _, at in with_grep] == [(50_001, None)]
 
@@ -204,7 +204,7 @@ def test_scancel_by_someone_else_is_a_finding_train_cancel_is_not(tmp_path: Path
     assert [f.cause for f in report.findings] == ["cancelled"]
     run_dir = tmp_path / "r"
     (run_dir / contract.CHAIN_EVENTS).write_text("1795000000 1 101 cancelled\n")
-    assert diagnosis.diagnose(load_chain(run_dir), st).healthy
+    assert doctor_report.diagnose(load_chain(run_dir), st).healthy
 
 
 def test_a_lightning_rendezvous_that_never_completes(tmp_path: Path) -> None:
@@ -257,7 +257,7 @@ def test_a_signal_names_the_death(tmp_path: Path, exit_code: str, cause: str) ->
 
 def test_no_error_log_says_where_to_look(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, {"r-101.out": ""})
-    report = diagnosis.diagnose(load_chain(run_dir), status("FAILED", "1:0"))
+    report = doctor_report.diagnose(load_chain(run_dir), status("FAILED", "1:0"))
     f = report.findings[0]
     assert f.cause == "unknown" and "no error log was written" in f.fix
     assert "sacct -j 101" in f.fix
@@ -335,8 +335,8 @@ def test_doctor_cli_bad_input_is_exit_2(tmp_path: Path) -> None:
 def test_unreadable_logs_are_no_traceback(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, {"r-101.out": ""})
     (run_dir / contract.LOG_DIR / "r-101.err").mkdir()  # not a file
-    report = diagnosis.diagnose(load_chain(run_dir), status("FAILED", "2:0",
-                                                         ["started", "failed"]))
+    report = doctor_report.diagnose(load_chain(run_dir), status("FAILED", "2:0",
+                                                             ["started", "failed"]))
     assert report.findings[0].cause == "unknown"
 
 
@@ -396,7 +396,7 @@ def test_idle_gpus_are_a_cause_with_the_samples_as_evidence(tmp_path: Path) -> N
     # 10 busy minutes, then 20 minutes under Torch's 60% (its published cancel line)
     csv = _gpu_csv(run_dir, "n1", [95.0] * 10 + [40.0] * 21)
     st = status("RUNNING", None, ["started"], chain_state="running")
-    report = diagnosis.diagnose(load_chain(run_dir), st)
+    report = doctor_report.diagnose(load_chain(run_dir), st)
     [f] = report.findings
     assert f.cause == "idle_gpu" and "n1 GPU 0" in f.detail and "--workers" in f.fix
     assert f.evidence[0].file == str(csv.absolute()) and f.evidence[0].line == 12
@@ -404,7 +404,7 @@ def test_idle_gpus_are_a_cause_with_the_samples_as_evidence(tmp_path: Path) -> N
     res["gpu_watch"] = None
     run_dir = make_run(tmp_path / "b", {"r-101.out": ""}, resources=res)
     _gpu_csv(run_dir, "n1", [95.0] * 10 + [40.0] * 21)
-    assert diagnosis.diagnose(load_chain(run_dir), st).healthy
+    assert doctor_report.diagnose(load_chain(run_dir), st).healthy
 
 
 def test_status_shows_each_nodes_mean_and_latest_utilisation(
@@ -474,7 +474,7 @@ def test_a_large_log_is_searched_in_its_head_and_tail_with_true_positions(
     full = logread.scan_log(path, full=True)
     assert full.whole and [e.line for e in full.hits["disk_full"].evidence()] == [10_001]
     run_dir = make_run(tmp_path / "run", {"r-101.err": path.read_text()})
-    report = diagnosis.diagnose(load_chain(run_dir), status("FAILED", "1:0"))
+    report = doctor_report.diagnose(load_chain(run_dir), status("FAILED", "1:0"))
     assert any("--full searches every byte" in n for n in report.notes)
     assert report.findings[0].cause == "host_oom"
 
@@ -524,7 +524,7 @@ def test_what_head_and_tail_mode_skips_is_never_read(tmp_path: Path) -> None:
     got = json.loads(proc.stdout)
     searched = size - got["skipped"]
     assert 60 << 20 > got["skipped"] > 58 << 20, got["skipped"]
-    greps = len(logread._groups(rules.RULES, min(2, len(os.sched_getaffinity(0)))))
+    greps = len(logread._groups(logread.RULES, min(2, len(os.sched_getaffinity(0)))))
     assert got["read"] < (1 + greps) * searched + (1 << 20), (got["read"], searched, greps)
     [imp] = got["hits"]["import_error"]
     assert imp["line"] == 11
@@ -614,7 +614,7 @@ def test_control_characters_in_logs_and_names_are_escaped(tmp_path: Path) -> Non
     record = json.loads((run_dir / contract.CHAIN_RECORD).read_text())
     record["name"] = "r\x1b[2J\nok  complete"
     (run_dir / contract.CHAIN_RECORD).write_text(json.dumps(record))
-    report = diagnosis.diagnose(load_chain(run_dir), status("FAILED", "1:0"))
+    report = doctor_report.diagnose(load_chain(run_dir), status("FAILED", "1:0"))
     text = "\n".join(doctor_report.format_report(report))
     assert "\x1b" not in text and "\x07" not in text and "\r" not in text
     assert "\\x1b" in text
@@ -637,7 +637,7 @@ def test_run_files_that_are_fifos_or_devices_never_hang(tmp_path: Path, kind: st
         else:
             (run_dir / name).symlink_to("/dev/zero")
     st = status("FAILED", "1:0", ["started", "failed"])
-    report = diagnosis.diagnose(load_chain(run_dir), st)
+    report = doctor_report.diagnose(load_chain(run_dir), st)
     assert report.findings[0].cause == "disk_full" and report.training == {}
     (run_dir / contract.CHAIN_IDS).unlink()
     if kind == "fifo":
@@ -669,7 +669,7 @@ def test_without_slurm_the_events_still_diagnose(tmp_path: Path,
     run_dir = make_run(tmp_path, {"r-101.err": TRACEBACK})
     (run_dir / contract.CHAIN_EVENTS).write_text(
         "1795000000 1 101 started 0 0 40\n1795000100 1 101 failed 1\n")
-    report = diagnosis.diagnose(load_chain(run_dir))
+    report = doctor_report.diagnose(load_chain(run_dir))
     assert report.findings[0].cause == "python_error", report.as_dict()
     assert any("Slurm could not be asked" in n for n in report.notes)
     rows = doctor_report.overview(tmp_path)
@@ -680,8 +680,8 @@ def test_a_chain_with_no_jobs_is_a_finding(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, {})
     (run_dir / contract.CHAIN_IDS).unlink()
     (run_dir / contract.CHAIN_IDS).mkdir()
-    report = diagnosis.diagnose(load_chain(run_dir), {"name": "r", "state": "ended",
-                                                   "cause": "-", "chunks": []})
+    report = doctor_report.diagnose(load_chain(run_dir), {"name": "r", "state": "ended",
+                                                       "cause": "-", "chunks": []})
     assert [f.cause for f in report.findings] == ["no_jobs"]
 
 
@@ -695,8 +695,8 @@ def test_status_all_on_a_runs_root_that_is_not_a_folder_is_exit_2(tmp_path: Path
 def test_json_output_stays_strict_json(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, {"r-101.out": ""})
     (run_dir / "status.json").write_text('{"complete": false, "loss": NaN}')
-    report = diagnosis.diagnose(load_chain(run_dir), status("RUNNING", None,
-                                                         chain_state="running"))
+    report = doctor_report.diagnose(load_chain(run_dir), status("RUNNING", None,
+                                                             chain_state="running"))
     text = json.dumps(report.as_dict(), allow_nan=False)  # raises on NaN
     assert json.loads(text)["training"] == {"complete": False, "loss": None}
 
@@ -728,7 +728,7 @@ def test_a_healthy_chain_queued_for_hours_has_no_idle_gpu(tmp_path: Path) -> Non
     run_dir = make_run(tmp_path, {"r-101.out": ""}, resources=res)
     _chain_of_samplers(run_dir, [HEALTHY_CHUNK] * 3)
     st = status("COMPLETED", "0:0", ["started", "complete"], chain_state="complete")
-    report = diagnosis.diagnose(load_chain(run_dir), st)
+    report = doctor_report.diagnose(load_chain(run_dir), st)
     assert report.healthy, report.as_dict()
 
 
@@ -804,8 +804,8 @@ def documented_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     (run_dir / contract.CHAIN_EVENTS).write_text(
         "1795000000 1 101 started 0 0 0\n1795000600 1 101 failed 1 gpu-a017\n")
     chain = load_chain(run_dir)
-    report = diagnosis.diagnose(chain, chain_status(chain, {"101": {"state": "FAILED",
-                                                                     "exit": "1:0"}}))
+    report = doctor_report.diagnose(chain, chain_status(chain, {"101": {"state": "FAILED",
+                                                                         "exit": "1:0"}}))
     text = "\n".join(doctor_report.format_report(report))
     return text.replace(str(tmp_path.resolve()), "~/proj")
 
@@ -951,7 +951,7 @@ def test_a_commands_own_dataloader_workers_are_named_for_a_host_oom(
     run_dir = make_run(tmp_path, {"r-101.err": SEED_003_ERR, "r-101.out": ""}, resources=res)
     record = json.loads((run_dir / contract.CHAIN_RECORD).read_text())
     (run_dir / contract.CHAIN_RECORD).write_text(json.dumps({**record, "entry": "command"}))
-    report = diagnosis.diagnose(load_chain(run_dir), status("OUT_OF_MEMORY", "0:125"))
+    report = doctor_report.diagnose(load_chain(run_dir), status("OUT_OF_MEMORY", "0:125"))
     fix = report.findings[0].fix
     assert report.findings[0].cause == "host_oom", report.verdict
     assert fix.startswith("fewer DataLoader workers in the program"), fix
@@ -1027,12 +1027,12 @@ def test_the_first_failing_tasks_code_and_node_are_what_doctor_says(tmp_path: Pa
         "1 1 101 started 0 0 0\n2 1 101 failed 1 node-b\n")
     chain = load_chain(run_dir)
     st = chain_status(chain, {"101": {"state": "FAILED"}})  # (no sacct exit code)
-    report = diagnosis.diagnose(chain, st)
+    report = doctor_report.diagnose(chain, st)
     assert "exited with code 1 on node node-b" in "\n".join(doctor_report.format_report(report))
     assert report.chunks[0]["exit"] == "1:0"
 
 
-def _kill_chain(tmp_path: Path, events: str, ids: str, **record: Any) -> diagnosis.Report:
+def _kill_chain(tmp_path: Path, events: str, ids: str, **record: Any) -> doctor_report.Report:
     """A --stop-mode kill chain of a command, its events and Slurm's states as given."""
 
     run_dir = make_run(tmp_path, {})
@@ -1043,7 +1043,7 @@ def _kill_chain(tmp_path: Path, events: str, ids: str, **record: Any) -> diagnos
     (run_dir / contract.CHAIN_EVENTS).write_text(events)
     chain = load_chain(run_dir)
     states = {i: {"state": "COMPLETED"} for i in chain.ids}
-    return diagnosis.diagnose(chain, chain_status(chain, states))
+    return doctor_report.diagnose(chain, chain_status(chain, states))
 
 
 def test_chunks_that_start_over_from_the_same_save_are_a_finding(tmp_path: Path) -> None:

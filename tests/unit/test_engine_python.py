@@ -1,4 +1,4 @@
-"""The chain engine's interpreter, checked at submit (checks.engine): the python3 the job's
+"""The chain engine's interpreter, checked at submit (checks.python): the python3 the job's
 PATH finds runs the engine on the batch host; none, or one older than 3.6, is refused with
 the fix, before anything is queued."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.unit.engine_python import ENGINE_PYTHON
 from train.client.clusters.profiles import Registry
-from train.client.slurm.checks.engine import engine_problems
+from train.client.slurm.checks.python import engine_problems
 from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.resolve import resolve
 

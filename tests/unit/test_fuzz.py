@@ -36,12 +36,12 @@ from train.client.clusters import profiles, validate
 from train.client.defaults import merged
 from train.client.slurm import chain as slurm_chain
 from train.client.slurm import chainstatus, queue, sweep
-from train.client.slurm.jobspec import JobSpec, job_from_sources
+from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.render import render
 from train.client.slurm.resolve import resolve
 from train.common import _proc, yamlio
 from train.common.errors import EXIT_USAGE, ConfigError, TrainError
-from train.common.fields import check_writable_dir, load_yaml
+from train.common.fields import build, check_writable_dir, load_yaml
 from train.images import defs, lint
 from train.workloads.config import MAX_SEED, RunConfig, build_config, run_config_from_argv
 
@@ -327,7 +327,7 @@ def base_job(cluster: str) -> dict[str, Any]:
 
 def test_each_base_job_resolves() -> None:
     for cluster in SHIPPED.names():
-        resolve(job_from_sources(base_job(cluster), {}), SHIPPED.get(cluster))
+        resolve(build(JobSpec, base_job(cluster), {}), SHIPPED.get(cluster))
 
 
 @fuzz(300)
@@ -342,7 +342,7 @@ def test_job_spec_and_resolve(data: dict[Any, Any], flags: dict[str, Any], clust
     against a shipped profile, and rendered where that succeeds."""
     if on_base:
         data = {**base_job(cluster), **data}
-    spec = clean(job_from_sources, data, flags, config_only=True)
+    spec = clean(build, JobSpec, data, flags, config_only=True)
     if spec is None:
         return
     specs = [spec]
@@ -360,7 +360,7 @@ def test_job_spec_and_resolve(data: dict[Any, Any], flags: dict[str, Any], clust
 def test_job_spec_from_yaml_text(text: str, cluster: str) -> None:
     def load() -> Any:
         with written(text) as path:
-            return resolve(job_from_sources(load_yaml(path), {}), SHIPPED.get(cluster))
+            return resolve(build(JobSpec, load_yaml(path), {}), SHIPPED.get(cluster))
 
     clean(load, config_only=True)
 
@@ -740,7 +740,7 @@ def test_cli_render_with_a_fuzzed_job_file(text: str) -> None:
     with written(text) as path:
         expected: ConfigError | None = None
         try:  # what `train render` builds first: defaults (none here) < file < flags
-            job_from_sources(merged({}, load_yaml(path)), {"cluster": "local"})
+            build(JobSpec, merged({}, load_yaml(path)), {"cluster": "local"})
         except ConfigError as exc:
             expected = exc
         code, output = cli(["render", str(path), "--cluster", "local"])

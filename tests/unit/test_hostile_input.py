@@ -290,10 +290,11 @@ def test_the_fuzz_tiers_leftovers_are_clear_errors(tmp_path: Path) -> None:
     5000 digits or not UTF-8, a results CSV whose name is too long, a list item that is a
     list in both the defaults and the job file, an env name with a trailing newline."""
     from train.batch import contract
+    from train.batch.saves import file_progress as read_progress
     from train.client.defaults import merged
-    from train.client.slurm.chainstatus import read_progress
     from train.client.slurm.jobitems import check_env_item
-    from train.client.slurm.jobspec import job_from_sources
+    from train.client.slurm.jobspec import JobSpec
+    from train.common.fields import build
 
     for text in ("\u00b2 3".encode(), b"9" * 5000 + b" 1", b"\xff\xfe 3"):
         (tmp_path / contract.PROGRESS_FILE).write_bytes(text)
@@ -304,7 +305,7 @@ def test_the_fuzz_tiers_leftovers_are_clear_errors(tmp_path: Path) -> None:
                     str(tmp_path / ("x" * 300) / "r.csv")])
     assert proc.returncode == 2 and "results_csv: " in proc.stderr, proc.stderr
     with pytest.raises(ConfigError, match=r"^env: "):
-        job_from_sources(merged({"env": ["A"]}, {"env": [[1]]}), {})
+        build(JobSpec, merged({"env": ["A"]}, {"env": [[1]]}), {})
     with pytest.raises(ConfigError, match=r"^env: "):
         check_env_item("A\n")
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from train.cli import main
+from train.images.defs import containers_dir
 from train.images.derive import read_lock
 from train.images.lint import lint_def
-from train.images.sources import containers_dir
 
 CONTAINERS = containers_dir()
 BASE_PINS = read_lock(CONTAINERS / "requirements" / "base-cu130.txt")

@@ -9,10 +9,9 @@ import pytest
 
 from tests.golden.images_cases import CASES, golden_path, rendered
 from train.common.errors import UsageError
-from train.images.defs import DefError, parse
+from train.images.defs import DefError, containers_dir, parse
 from train.images.dockerfile import translate
 from train.images.lint import lint_all, lint_def, lock_problems
-from train.images.sources import containers_dir
 
 GOOD = """\
 Bootstrap: docker

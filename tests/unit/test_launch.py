@@ -356,3 +356,59 @@ def test_accelerate_launch_as_the_one_process_of_a_job(monkeypatch: pytest.Monke
                                            ["python3", "-m", "accelerate.commands.launch"],
                                            ["accelerate", "config"], ["python", "x.py"], [])] == \
         [2, 1, 3, 0, 0, 0]
+
+
+def test_a_job_steps_launch_line_starts_without_the_other_commands(tmp_path: Path) -> None:
+    """`python -m train launch ... -- COMMAND`, as each task of a step runs it, imports no
+    other command's parser before the program starts (each task's start paid for them)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": os.pathsep.join(sys.path),
+           "SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "localhost", "SLURM_NNODES": "1",
+           "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "train", "launch",
+                           "--mode=tasks", "--", sys.executable, "-c", "print('ran')"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=300, check=False)
+    assert proc.returncode == 0 and proc.stdout == "ran\n", proc.stderr
+    imported = {line.rpartition("|")[2].strip() for line in proc.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "train.node.launch" in imported and "train.cli" not in imported
+
+
+@pytest.mark.parametrize("options", [
+    [], ["--mode", "tasks"], ["--mode=single", "--chdir", "sub dir"],
+    ["--mode", "torchrun", "--nproc-per-node", "2", "--min-free-mb", "900",
+     "--wait-timeout", "30", "--fallback-batch", "8", "--workers", "4",
+     "--worker-mem-mb", "512"]])
+def test_the_light_launch_line_is_parsed_as_the_cli_parses_it(
+        monkeypatch: pytest.MonkeyPatch, options: list[str]) -> None:
+    from train.cli import build_parser
+    from train.node import nodeentry
+
+    seen = []
+    monkeypatch.setattr(nodeentry, "run_launch", lambda args, command: seen.append(
+        (vars(args), command)) or 0)
+    monkeypatch.setattr(nodeentry, "setup_logging", lambda: None)
+    assert nodeentry.light_launch(["launch", *options, "--", "prog", "--mode", "x"]) == 0
+    cli = vars(build_parser().parse_args(["launch", *options]))
+    assert seen == [({k: v for k, v in cli.items() if k not in ("command", "verbose")},
+                     ["prog", "--mode", "x"])]
+
+
+@pytest.mark.parametrize("argv", [
+    ["launch", "--help", "--", "prog"], ["launch", "-h", "--", "prog"],
+    ["launch", "--mode", "tasks"], ["launch", "--mode", "tasks", "--"],
+    ["launch", "--mo", "tasks", "--", "prog"], ["launch", "--mode", "bogus", "--", "prog"],
+    ["launch", "--workers", "many", "--", "prog"], ["launch", "stray", "--", "prog"],
+    ["-v", "launch", "--", "prog"], ["run", "--", "prog"], []])
+def test_a_line_the_light_launch_does_not_take_whole_goes_to_the_cli(
+        monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> None:
+    """Help, no command, and every line the CLI's parser refuses or words otherwise: the
+    CLI answers (its help, its errors with their hints, exit 2)."""
+    from train.node import nodeentry
+
+    monkeypatch.setattr(nodeentry, "run_launch", lambda args, command: pytest.fail(argv))
+    assert nodeentry.light_launch(argv) is None

@@ -26,7 +26,7 @@ from train.client.clusters.schema import Profile
 from train.client.clusters.validate import profile_from_dict
 from train.client.preflight.account import listed_accounts
 from train.client.preflight.gpu import image_cuda
-from train.client.preflight.image import ImageFacts, _apptainer_facts, check_image_file
+from train.client.preflight.image import ImageFacts, _apptainer_facts, open_image
 from train.client.preflight.result import (
     ACCOUNT,
     ARCH,
@@ -39,7 +39,7 @@ from train.client.preflight.result import (
     failed,
     format_checks,
 )
-from train.client.preflight.storage import (
+from train.client.preflight.runs_root import (
     TEMP_DIRS,
     Mount,
     _under,
@@ -689,8 +689,10 @@ def test_runs_root_through_a_good_symlink_still_passes(tmp_path: Path) -> None:
 
 
 def test_runs_root_not_writable_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("train.client.preflight.runs_root._try_write",
-                        lambda directory: "Permission denied")
+    def refuse(directory: Path, field: str) -> None:
+        raise ConfigError(field, f"cannot write to {directory}: Permission denied")
+
+    monkeypatch.setattr("train.client.preflight.runs_root.check_writable_dir", refuse)
     got = preflight_of(site(), tmp_path, runtime="none", account="lab", partition="new")
     assert got[RUNS_ROOT].ok is False and "Permission denied" in got[RUNS_ROOT].detail
     assert "chmod" in got[RUNS_ROOT].fix
@@ -980,11 +982,11 @@ def test_image_whose_sif_header_promises_more_than_the_file_holds_fails(
     image = tmp_path / "cut.sif"
     header = SIF_HEAD.ljust(96, b"\0") + struct.pack("<4q", 128, 0, 4096, 1_000_000)
     image.write_bytes(header + b"\0" * 4000)
-    got = check_image_file(image, site(), [])
+    got = open_image(image, None, site(), [])[0]
     assert got.ok is False and "cut.sif is cut short: its SIF header says it holds " \
         "1004096 bytes, the file has 4128" in got.detail, got
     assert "copy or build it again" in got.fix
     whole = tmp_path / "whole.sif"
     whole.write_bytes(header.replace(struct.pack("<q", 1_000_000), struct.pack("<q", 0))
                       + b"\0" * 4000)
-    assert check_image_file(whole, site(), []).ok is not False
+    assert open_image(whole, None, site(), [])[0].ok is not False

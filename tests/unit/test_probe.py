@@ -1,6 +1,6 @@
 """Parsing and comparing what a site's Slurm says (train.client.clusters.probe), the words of a
 refusal of `sbatch --test-only` (train.client.slurm.testonly) and of a pending reason
-(train.client.slurm.reasons): outputs as Slurm prints them, from sites' nodes such as Gilbreth's
+(train.client.slurm.queue): outputs as Slurm prints them, from sites' nodes such as Gilbreth's
 (typed GRES, several node types in one partition)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-from train.client.clusters.probe import command, compare, write
+from train.client.clusters.probe import command, write
 from train.client.clusters.probe import site as probe_site
 from train.client.clusters.profiles import Registry
-from train.client.slurm import chainstatus, queue, reasons, testonly
+from train.client.slurm import chainstatus, queue, testonly
 from train.common.errors import ConfigError
 
 # sinfo -h -N -o SINFO_FORMAT on a site with typed GPUs and a partition of two node types
@@ -108,7 +108,7 @@ qos:
 def test_each_difference_is_one_line_profile_says_site_says(tmp_path: Path) -> None:
     prof = _profile(tmp_path, MINE).get("mine")
     site = probe_site.Site(nodes=probe_site.parse_sinfo(SITE), qos={"normal": 2880})
-    lines = compare.differences(prof, site)
+    lines = command.differences(prof, site)
     for expected in ("partitions.a100.gpus_per_node: profile says 8, the site says 4",
                      "partitions.a100.mem_per_node: profile says 400G, the site says 500G",
                      "partitions.a100.max_time: profile says 4-00:00:00, the site says "
@@ -121,14 +121,14 @@ def test_each_difference_is_one_line_profile_says_site_says(tmp_path: Path) -> N
     assert any(line.startswith("partitions.mixed: profile does not list it, the site has it")
                for line in lines), lines
     assert not any("cpus_per_node" in line for line in lines if "a100" in line), lines
-    assert "QOS time limits (sacctmgr show qos): normal 2-00:00:00" in compare.facts(site)
+    assert "QOS time limits (sacctmgr show qos): normal 2-00:00:00" in command.facts(site)
 
 
 def test_probe_says_whether_a_job_needs_the_profiles_module_line() -> None:
-    found = compare.facts(probe_site.Site(apptainer="apptainer version 1.4.5"))
+    found = command.facts(probe_site.Site(apptainer="apptainer version 1.4.5"))
     assert "apptainer version 1.4.5  (apptainer --version): on PATH without modules, so a " \
            "job skips the profile's `modules:` lines" in found, found
-    missing = compare.facts(probe_site.Site())
+    missing = command.facts(probe_site.Site())
     assert "apptainer is not on PATH here: a job runs the profile's `modules:` lines " \
            "(module load apptainer) to find it" in missing, missing
 
@@ -136,7 +136,7 @@ def test_probe_says_whether_a_job_needs_the_profiles_module_line() -> None:
 def test_what_could_not_be_read_leaves_the_profile_alone(tmp_path: Path) -> None:
     prof = _profile(tmp_path, MINE).get("mine")
     site = probe_site.Site(unread=["QOS limits: no accounting"])
-    assert compare.differences(prof, site) == []
+    assert command.differences(prof, site) == []
     text = "\n".join(command.report(prof, site))
     assert "could not read (the profile's values stay as they are):\n  QOS limits: no " \
            "accounting" in text
@@ -174,7 +174,7 @@ def test_write_holds_the_probed_values_each_with_date_and_command(
             assert "not probed: kept from" in line, line
     assert "# 2026-01-02: sacctmgr -n -P show qos" in text
     merged = Registry(environ={}).get("base")  # loads, and says what the site says
-    assert compare.differences(merged, site) == []
+    assert command.differences(merged, site) == []
 
 
 def test_write_refuses_a_file_of_another_profile_and_writes_nothing(
@@ -210,22 +210,22 @@ def test_slurms_refusal_names_the_field_that_produced_it(said: str, field: str) 
 
 
 def test_pending_reasons_in_words_and_the_expected_start() -> None:
-    assert reasons.words("Priority") == ("other jobs come first (higher priority); it "
+    assert queue.words("Priority") == ("other jobs come first (higher priority); it "
                                          "starts when its turn comes")
-    assert "QOS allows no more GPUs" in str(reasons.words("QOSMaxGRESPerUser"))
-    assert "chunk before it" in str(reasons.words("Dependency"))
-    assert reasons.words("SomethingNew") == ("Slurm's reason SomethingNew (see `man squeue`, "
+    assert "QOS allows no more GPUs" in str(queue.words("QOSMaxGRESPerUser"))
+    assert "chunk before it" in str(queue.words("Dependency"))
+    assert queue.words("SomethingNew") == ("Slurm's reason SomethingNew (see `man squeue`, "
                                              "JOB REASON CODES)")
-    assert reasons.words("None") is None and reasons.words(None) is None
+    assert queue.words("None") is None and queue.words(None) is None
     # 22.05 prints a number, 23.02 on {"set", "infinite", "number"}; 0: no estimate
-    assert reasons.start_seconds(1_800_000_000) == 1_800_000_000
-    assert reasons.start_seconds({"set": True, "infinite": False,
+    assert queue.start_seconds(1_800_000_000) == 1_800_000_000
+    assert queue.start_seconds({"set": True, "infinite": False,
                                   "number": 1_800_000_000}) == 1_800_000_000
-    assert reasons.start_seconds({"set": False, "number": 0}) is None
-    assert reasons.start_seconds(0) is None and reasons.start_seconds("soon") is None
-    assert reasons.expected_start(1_800_007_200, now=1_800_000_000) == (
+    assert queue.start_seconds({"set": False, "number": 0}) is None
+    assert queue.start_seconds(0) is None and queue.start_seconds("soon") is None
+    assert queue.expected_start(1_800_007_200, now=1_800_000_000) == (
         "2027-01-15 10:00 UTC (in about 2.0 h)")
-    assert reasons.expected_start(10**18) is None  # past what gmtime can show
+    assert queue.expected_start(10**18) is None  # past what gmtime can show
 
 
 def test_status_of_a_pending_chunk_says_why_and_when() -> None:

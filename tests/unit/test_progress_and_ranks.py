@@ -13,7 +13,7 @@ from train.node.signals import StopController
 from train.workloads.config import RunConfig
 from train.workloads.dqn import trainer
 from train.workloads.runtime.precision import select_precision
-from train.workloads.runtime.progress import Progress
+from train.workloads.runtime.results import Progress
 
 
 class Tty(io.StringIO):
@@ -90,7 +90,7 @@ class Clock:
 
 
 def test_progress_lines_carry_the_time_left_at_the_recent_rate() -> None:
-    from train.workloads.runtime.progress import RATE_WINDOW, format_duration
+    from train.workloads.runtime.results import RATE_WINDOW, format_duration
 
     clock, stream = Clock(), io.StringIO()
     log = Progress(200, 0, "seed 4", 0.0, stream=stream, clock=clock)

@@ -30,7 +30,7 @@ import pytest
 
 from train.batch import contract
 from train.client.slurm import chain as slurm_chain
-from train.client.slurm import chainstatus, queue, reasons, reservations
+from train.client.slurm import chainstatus, queue, reservations
 
 OUTPUT = Path(__file__).parent / "slurm_output"
 VERSIONS = ("22.05", "24.11", "26.05")
@@ -206,19 +206,19 @@ def test_a_chunk_behind_a_maintenance_is_said_with_its_name_and_end(
 
 
 def test_the_reasons_behind_a_reservation_in_words() -> None:
-    assert "maintenance reservation holds the nodes" in str(reasons.words(MAINT_REASON))
+    assert "maintenance reservation holds the nodes" in str(queue.words(MAINT_REASON))
     # a maintenance of some of the job's nodes, as squeue said it on all three versions
     other = "ReqNodeNotAvail, May be reserved for other job"
-    assert reasons.is_reserved(other) and reasons.is_reserved(MAINT_REASON)
-    assert "a reservation (not the job's) holds nodes it needs" in str(reasons.words(other))
-    assert "maintenance m1 (until X) holds the nodes" in str(reasons.words(other, "m1 (until X)"))
-    assert reasons.words("ReqNodeNotAvail, UnavailableNodes:n1") == \
-        reasons.WORDS["ReqNodeNotAvail"]
-    assert reasons.words("Reservation") == reasons.WORDS["Reservation"]
+    assert queue.is_reserved(other) and queue.is_reserved(MAINT_REASON)
+    assert "a reservation (not the job's) holds nodes it needs" in str(queue.words(other))
+    assert "maintenance m1 (until X) holds the nodes" in str(queue.words(other, "m1 (until X)"))
+    assert queue.words("ReqNodeNotAvail, UnavailableNodes:n1") == \
+        queue.WORDS["ReqNodeNotAvail"]
+    assert queue.words("Reservation") == queue.WORDS["Reservation"]
 
 
 def test_probe_shows_the_maintenances_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
-    from train.client.clusters.probe.compare import facts
+    from train.client.clusters.probe.command import facts
     from train.client.clusters.probe.site import Site
 
     found = _captured("22.05")

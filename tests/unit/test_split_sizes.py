@@ -44,7 +44,7 @@ def test_the_command_parser_imports_no_login_node_code() -> None:
     loaded = set(subprocess.run([sys.executable, "-c", code], check=True, text=True,
                                 capture_output=True).stdout.split())
     assert {"train.cli.launch", "train.cli.jobs", "train.cli.runs"} <= loaded
-    login_only = ("train.client.slurm.cancel", "train.client.slurm.queue", "train.client.slurm.submission",
+    login_only = ("train.client.slurm.chain", "train.client.slurm.queue", "train.client.slurm.submission",
                   "train.client.slurm.chainstatus", "train.client.doctor", "train.client.preflight",
                   "train.images", "train.client.clusters.probe", "train.client.defaults", "torch", "numpy",
                   "matplotlib")

@@ -270,14 +270,15 @@ def test_a_train_py_in_the_submit_folder_is_not_taken_for_this_package(
     # the job's steps leave the working folder out of the path (a train.py there is not
     # the tool): so does the question to --python
     from train.client.clusters.profiles import Registry
-    from train.client.slurm.jobspec import job_from_sources
+    from train.client.slurm.jobspec import JobSpec
     from train.client.slurm.resolve import resolve
+    from train.common.fields import build
 
     (tmp_path / "train.py").write_text("raise SystemExit('imported')\n")
     monkeypatch.chdir(tmp_path)
     torch_only = _python_without(tmp_path, "torch-only", keep_torch=True)
-    spec = job_from_sources({"cluster": "local", "runtime": "none", "python": str(torch_only),
-                             "workload": ["demo"], "cpus_per_task": 1, "mem": "1000M"}, {})
+    spec = build(JobSpec, {"cluster": "local", "runtime": "none", "python": str(torch_only),
+                           "workload": ["demo"], "cpus_per_task": 1, "mem": "1000M"}, {})
     job = resolve(spec, Registry(environ={}).get("local"))
     problems, _notes = python.python_problems(job, os.environ)
     assert [p.field for p in problems] == ["python"], problems

@@ -5,7 +5,7 @@ a chain keeps running the engine it was submitted with: upgrading, moving or rem
 the client while its chunks wait in the queue changes nothing for them. The job script
 runs it with the batch host's python3 (`python3 -E -s RUN_DIR/.train chunk ...`; each
 task `... task -- COMMAND`): standard library only, valid Python 3.6 (EL8's python3),
-checked at submit where the login node can (train.client.slurm.checks.engine).
+checked at submit where the login node can (train.client.slurm.checks.python).
 """
 
 import os

@@ -2,8 +2,8 @@
 or its framework's saves show; the newest match of a {newest:GLOB} placeholder, the resume
 arguments with those expanded; when the program last saved), the chain's records (the job
 record, the ids file, the tasks' end records, the overruns so far) and Slurm's answers (the
-queue, a time limit). Nothing of the user's is evaluated: a pattern is only globbed, a
-match is one argument.
+queue, a time limit); `train status` and `train submit` read the run with the same rules.
+Nothing of the user's is evaluated: a pattern is only globbed, a match is one argument.
 """
 
 import contextlib

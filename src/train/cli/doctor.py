@@ -49,12 +49,11 @@ def add_doctor(sub: Subparsers) -> None:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from train.client.doctor import diagnosis
     from train.client.doctor import report as doctor_report
 
     if args.preflight:
         return _preflight(args)
-    report = diagnosis.diagnose(diagnosis.resolve(args.ref, args.runs), full=args.full)
+    report = doctor_report.diagnose(doctor_report.resolve(args.ref, args.runs), full=args.full)
     if args.json:
         print(json.dumps(report.as_dict(), indent=2))
     else:

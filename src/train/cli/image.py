@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,10 +81,8 @@ def _pairs(items: list[str], flag: str) -> dict[str, str]:
 
 
 def _cmd_image(args: argparse.Namespace) -> int:
-    from train.images.build import engine
-    from train.images.defs import parse
+    from train.images.defs import containers_dir, find_def, parse
     from train.images.lint import lint_all
-    from train.images.sources import containers_dir, find_def
 
     if args.action == "new":
         return _image_new(args, containers_dir(args.defs))
@@ -102,10 +101,12 @@ def _cmd_image(args: argparse.Namespace) -> int:
     path = find_def(args.images[0], args.defs)
     d = parse(path)
     out = args.out.resolve() if args.out is not None else None
+    auto = "apptainer" if shutil.which("apptainer") else "docker"  # clusters; else workstations
     image = _Image(definition=d, root=path.parent.parent,
                    build_args=_pairs(args.build_arg, "--build-arg"),
                    localimages=_pairs(args.localimage, "--localimage"),
-                   tag=args.tag or f"train/{d.name}:local", engine=engine(args.engine),
+                   tag=args.tag or f"train/{d.name}:local",
+                   engine=auto if args.engine == "auto" else args.engine,
                    out=out, sif=out or Path(f"{d.name}.sif").resolve())
     actions = {"translate": _image_translate, "build": _image_build, "test": _image_test,
                "digest": _image_digest, "export": _image_export}

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from train.cli.common import HelpFormatter
 from train.common.errors import EXIT_OK, ConfigError, UsageError
-from train.common.fields import add_fields, flags_from, load_yaml
+from train.common.fields import add_fields, build, flags_from, load_yaml
 
 if TYPE_CHECKING:
     from train.cli.common import Subparsers
@@ -146,7 +146,7 @@ def _job_spec(args: argparse.Namespace, workload: list[str] | None,
               origin: dict[str, Path]) -> tuple[Any, Any]:
     from train.client.clusters.profiles import Registry
     from train.client.defaults import LISTS, defaults_path, joined, load_defaults, merged
-    from train.client.slurm.jobspec import JobSpec, job_from_sources
+    from train.client.slurm.jobspec import JobSpec
 
     if args.job_file is not None and args.job_file.suffix in (".py", ".sh"):
         _refuse_program("JOB.yaml", [str(args.job_file)])
@@ -164,7 +164,7 @@ def _job_spec(args: argparse.Namespace, workload: list[str] | None,
     origin.update(dict.fromkeys(set(defaults) - set(merged({}, file_values)) - set(flags),
                                 defaults_path()))
     _infer_entry(flags, base)
-    spec = job_from_sources(base, flags)
+    spec = build(JobSpec, base, flags)
     if spec.entry == "train":
         _refuse_program("workload", spec.workload)
     registry = Registry(args.profile)

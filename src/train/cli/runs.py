@@ -176,8 +176,7 @@ def _cmd_logs(args: argparse.Namespace) -> int:
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
-    from train.client.slurm.cancel import cancel_chain
-    from train.client.slurm.chain import find_run, load_chain
+    from train.client.slurm.chain import cancel_chain, find_run, load_chain
     from train.client.slurm.sweep import is_sweep
 
     run_dir = find_run(args.ref, args.runs)

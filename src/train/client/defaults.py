@@ -14,8 +14,10 @@ from typing import Any
 
 import yaml
 
+from train.client.slurm.jobitems import parse_bind
+from train.client.slurm.jobspec import JobSpec
 from train.common.errors import ConfigError, UsageError
-from train.common.fields import load_yaml
+from train.common.fields import build, load_yaml
 from train.common.safewrite import keep_copy, write_atomic
 
 PATH_VAR = "TRAIN_DEFAULTS"
@@ -45,8 +47,6 @@ def load_defaults(path: Path | None = None) -> dict[str, Any]:
                           f"{exc.strerror}; set {PATH_VAR} to a file of yours, or unset "
                           "it") from None
     values = normalise(load_yaml(path))
-    from train.client.slurm.jobspec import JobSpec
-
     known = set(JobSpec.__dataclass_fields__) - set(NOT_DEFAULTS)
     unknown = sorted(set(values) - known)
     if unknown:
@@ -71,11 +71,10 @@ def joined(earlier: Any, later: Any) -> list[Any]:
     return out
 
 
-def merged(defaults: Mapping[str, Any], job_file: Mapping[str, Any],
-           flags: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Defaults < the job file < flags, key by key; the list keys are concatenated."""
+def merged(defaults: Mapping[str, Any], job_file: Mapping[str, Any]) -> dict[str, Any]:
+    """Defaults < the job file, key by key; the list keys are concatenated."""
     out: dict[str, Any] = {}
-    for layer in (normalise(defaults), normalise(job_file), dict(flags or {})):
+    for layer in (normalise(defaults), normalise(job_file)):
         for key, value in layer.items():
             if key in LISTS and isinstance(value, (list, tuple)) and \
                     isinstance(out.get(key), (list, tuple)):
@@ -83,18 +82,6 @@ def merged(defaults: Mapping[str, Any], job_file: Mapping[str, Any],
             else:
                 out[key] = value
     return out
-
-
-def _check(values: Mapping[str, Any], profiles: list[str]) -> None:
-    """Validate as a job would be: every key and value, and the cluster's name."""
-    from train.client.slurm.jobspec import JobSpec
-    from train.common.fields import build
-
-    build(JobSpec, {**values, "workload": ["demo"]}, None)
-    cluster = values.get("cluster")
-    if cluster is not None and cluster not in profiles:
-        raise ConfigError("cluster", f"unknown cluster {cluster!r}; known: "
-                          f"{', '.join(profiles)}")
 
 
 def ask(profiles: list[str], current: Mapping[str, Any],
@@ -130,14 +117,16 @@ def write_defaults(values: Mapping[str, Any], profiles: list[str], path: Path
         if key in clean:
             raise ConfigError(key, "names one run: it cannot be a default for every job")
     if "bind" in clean:  # a default bind means the same path from any directory
-        from train.client.slurm.jobitems import parse_bind
-
         binds = [parse_bind(str(b)) for b in clean["bind"]]
         for bind in binds:
             if not os.path.exists(bind.src):
                 raise ConfigError("bind", f"{bind.src} does not exist")
         clean["bind"] = [b.spec for b in binds]
-    _check(clean, profiles)
+    # validated as a job would be: every key and value, and the cluster's name
+    build(JobSpec, {**clean, "workload": ["demo"]}, None)
+    if clean.get("cluster") is not None and clean["cluster"] not in profiles:
+        raise ConfigError("cluster", f"unknown cluster {clean['cluster']!r}; known: "
+                          f"{', '.join(profiles)}")
     # a dotfiles link stays a link: the file it names is the one rewritten
     target = Path(os.path.realpath(path)) if path.is_symlink() else path
     if path.is_symlink() and not target.exists():

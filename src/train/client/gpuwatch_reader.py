@@ -9,10 +9,10 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from train.batch.contract import GPU_WATCH_DIR
 from train.common.gpuwatch_file import (
@@ -30,6 +30,7 @@ from train.common.gpuwatch_file import (
 SUMMARY_MAX_BYTES = 16 * MIB
 # a START_MARK line, the sampler run's start in unix seconds
 _START_RE = re.compile(r"# sampler started at (\d{1,11}(?:\.\d+)?)\s*$")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -116,12 +117,30 @@ def read_items(path: Path, max_bytes: int | None = None,
                 yield record
 
 
-def node_files(run_dir: Path | str) -> list[Path]:
-    folder = Path(run_dir) / GPU_WATCH_DIR
+def _per_node(run_dir: Path | str, read: Callable[[Path], _T]) -> Iterator[tuple[Path, _T]]:
+    """Each node's file as `read` reads it; one that cannot be read is left out."""
     try:
-        return sorted(p for p in folder.glob("*.csv") if p.is_file())
+        paths = sorted(p for p in (Path(run_dir) / GPU_WATCH_DIR).glob("*.csv") if p.is_file())
     except OSError:
-        return []
+        return
+    for path in paths:
+        try:
+            yield path, read(path)
+        except (OSError, ValueError, ArithmeticError):
+            continue
+
+
+def idle_settings(record: Mapping[str, Any]) -> tuple[float, float]:
+    """The job's GPU idle threshold (percent) and minutes, as `train submit` recorded them
+    in the chain's resources; the watch's defaults where they are missing or odd."""
+    res = record.get("resources")
+    watch = res.get("gpu_watch") if isinstance(res, dict) else None
+    given = watch if isinstance(watch, dict) else {}
+    threshold, minutes = (float(v) if isinstance(v := given.get(name), (int, float))
+                          and not isinstance(v, bool) else default
+                          for name, default in (("idle_threshold", DEFAULT_IDLE_THRESHOLD),
+                                                ("idle_minutes", DEFAULT_IDLE_MINUTES)))
+    return threshold, minutes
 
 
 def summary(run_dir: Path | str, threshold: float = DEFAULT_IDLE_THRESHOLD,
@@ -130,15 +149,8 @@ def summary(run_dir: Path | str, threshold: float = DEFAULT_IDLE_THRESHOLD,
     """Per node (those with a valid line): utilisation over every sample and the latest,
     and whether a GPU is idle now (every sample under `threshold` for `minutes` up to the
     latest; "partial": the file was read from its tail)."""
-    out: dict[str, dict[str, Any]] = {}
-    for path in node_files(run_dir):
-        try:
-            node = _summarise(path, threshold, minutes, max_bytes)
-        except (OSError, ValueError, ArithmeticError):
-            continue
-        if node is not None:
-            out[path.stem] = node
-    return out
+    return {path.stem: node for path, node in _per_node(
+        run_dir, lambda p: _summarise(p, threshold, minutes, max_bytes)) if node is not None}
 
 
 def _summarise(path: Path, threshold: float, minutes: float, max_bytes: int
@@ -221,12 +233,8 @@ def idle_findings(run_dir: Path | str, threshold: float, minutes: float,
     """Every run of samples of one GPU all under `threshold` spanning at least `minutes`
     within one sampler run, with the file and line numbers (from the file's start) as
     evidence; by node, GPU and start."""
-    found: list[IdleFinding] = []
-    for path in node_files(run_dir):
-        try:
-            found += _findings(path, read_items(path, max_bytes), threshold, minutes)
-        except (OSError, ValueError, ArithmeticError):
-            continue
+    found = [f for _, got in _per_node(run_dir, lambda p: _findings(
+        p, read_items(p, max_bytes), threshold, minutes)) for f in got]
     return sorted(found, key=lambda f: (f.node, f.gpu, f.start))
 
 

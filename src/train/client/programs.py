@@ -7,12 +7,17 @@ looked at; anything else is left to the node.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
 from train.client.slurm.jobspec import DEFAULT_PYTHON
+from train.common.errors import ConfigError
+from train.common.jsonio import read_bounded
+from train.workloads.config import WORKLOADS
 
 SCRIPT_LIMIT = 4 * 2**20  # a script is read up to this size
 _LIGHTNING = re.compile(rb"^[ \t]*(?:import|from)[ \t]+(?:lightning|pytorch_lightning)\b",
@@ -47,13 +52,7 @@ def script_text(command: Sequence[str], folder: str | os.PathLike[str] | None = 
                 ) -> bytes:
     """The start (SCRIPT_LIMIT) of the command's script; empty where it cannot be read."""
     path = script_of(command, folder)
-    if path is None:
-        return b""
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(SCRIPT_LIMIT)
-    except OSError:
-        return b""
+    return (read_bounded(path, SCRIPT_LIMIT) if path is not None else None) or b""
 
 
 def imports_lightning(command: Sequence[str], folder: str | os.PathLike[str] | None = None
@@ -93,16 +92,13 @@ def submit_notes(entry: str, command: Sequence[str], launch: str, run_dir: str,
 PROGRAM_NAME = re.compile(r"python[0-9.]*|(ba|z|da)?sh|torchrun|accelerate|deepspeed")
 _KNOWN_PROGRAMS = ("python", "python3", "bash", "torchrun", "accelerate", "deepspeed")
 
-# the interpreter names a command starts with that --python stands for under runtime none
-_PLAIN_PYTHONS = ("python", "python3")
-
 
 def command_as_run(command: Sequence[str], runtime: str, python: str) -> list[str]:
     """The command as the nodes run it: verbatim, except that under runtime none with a
     --python of the user's a bare `python` or `python3` first is that Python, the one
     submit checked (not whichever the nodes' PATH finds first, which may lack torch)."""
     if runtime == "none" and python != DEFAULT_PYTHON and command \
-            and command[0] in _PLAIN_PYTHONS:
+            and command[0] in ("python", "python3"):
         return [python, *command[1:]]
     return list(command)
 
@@ -126,12 +122,6 @@ def implied_entry(typed: Sequence[str]) -> str:
     would and checked as one at submit (train.client.slurm.checks.files). A bare .py stays
     train, refused with the fix (`python FILE`: its argv is not ours to rewrite); a word
     close to a workload's name (dmeo) is refused naming both ways."""
-    import difflib
-    import shlex
-
-    from train.common.errors import ConfigError
-    from train.workloads.config import WORKLOADS
-
     if not typed or typed[0] in WORKLOADS or typed[0].startswith("-") \
             or typed[0].endswith(".py"):
         return "train"
@@ -148,8 +138,6 @@ def program_slip(name: str) -> str:
     """What a program name that cannot be found may be a slip of, as a parenthesis for an
     error or a note ('' for none): a known program's name misspelt (pyhton), or a shell's
     variable assignment (X=1 python ...), which the job does not run through a shell."""
-    import difflib
-
     if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", name):
         return (f" ({name} is a shell's variable assignment, and the command runs without a "
                 f"shell: give --env {name}, or -- env {name} PROGRAM ...)")
@@ -160,10 +148,6 @@ def program_slip(name: str) -> str:
 def command_hint(typed: Sequence[str]) -> str | None:
     """The error for a program given where a `train run` workload goes (the entry left
     out): what to type instead, or None where `typed` does not look like one."""
-    import shlex
-
-    from train.workloads.config import WORKLOADS
-
     if not typed or typed[0] in WORKLOADS or not looks_like_program(typed[0]):
         return None
     run = ["python", *typed] if typed[0].endswith(".py") else list(typed)

@@ -121,11 +121,9 @@ def fatbin_entries(section: bytes | memoryview) -> Iterator[tuple[int, int]]:
 
 def library_arch(data: bytes | memoryview, cuda: str | None) -> BuildArch:
     """The architectures in one ELF library's fat binaries."""
-    sm: set[int] = set()
-    ptx: set[int] = set()
-    for kind, arch in fatbin_entries(fatbin_section(data)):
-        (ptx if kind == KIND_PTX else sm).add(arch)
-    return BuildArch(cuda, tuple(sorted(sm)), tuple(sorted(ptx)))
+    entries = set(fatbin_entries(fatbin_section(data)))
+    return BuildArch(cuda, tuple(sorted({arch for kind, arch in entries if kind != KIND_PTX})),
+                     tuple(sorted({arch for kind, arch in entries if kind == KIND_PTX})))
 
 
 def wheel_arch(wheel: Path) -> BuildArch:
@@ -171,16 +169,13 @@ def read_header(lock_text: str) -> BuildArch | None:
     linalg = re.search(r"(?m)^# arch-linalg (.*)$", lock_text)
     if cuda is None or arch is None:
         return None
-    sm: list[int] = []
-    ptx: list[int] = []
-    for entry in arch.group(1).split():
-        kind, _sep, number = entry.partition("_")
-        if number.isdigit():
-            (ptx if kind == "compute" else sm).append(int(number))
+    entries = [e.partition("_") for e in arch.group(1).split()]
+    sm = tuple(int(n) for kind, _, n in entries if n.isdigit() and kind != "compute")
+    ptx = tuple(int(n) for kind, _, n in entries if n.isdigit() and kind == "compute")
     version = None if cuda.group(1) == "none" else cuda.group(1)
     linalg_list = None if linalg is None else tuple(
         e for e in linalg.group(1).split() if e != "none")
-    return BuildArch(version, tuple(sm), tuple(ptx), linalg_list)
+    return BuildArch(version, sm, ptx, linalg_list)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,15 +1,7 @@
 """Builds: Apptainer where the binary exists (clusters), else the Docker engine
-(workstations, CI; train.images.dockerengine). Here are what both engines share (the checks
-made on this machine before any engine starts, exit 2; the reader of a build's output:
-downloads reported by %post, progress lines, the last lines for an error; its result and
-the record written beside the image) and the Apptainer driver. Both run %test and a short
-demo in the built image.
-
-`--base-sif SIF` (Apptainer) builds a definition on a SIF of this machine instead of the base
-its header names: the definition is built as written except its header, which becomes
-`Bootstrap: localimage` / `From: SIF` (line numbers kept, so Apptainer's messages point at
-the user's lines); Apptainer's own rules then apply to every section (%files copied with
-`cp -fLr` onto the SIF's tree, the SIF's labels kept unless the definition sets them)."""
+(workstations, CI; train.images.dockerengine). What both engines share (the checks made
+here before any engine starts, exit 2; the reader of a build's output; its result and
+record) and the Apptainer driver. Both run %test and a short demo in the built image."""
 
 from __future__ import annotations
 
@@ -140,14 +132,6 @@ def write_record(d: DefFile, root: Path, result: BuildResult, engine_name: str,
     write_json_atomic(result.record, record, sort_keys=False, fsync=False)
 
 
-def _file_url_path(value: str) -> str | None:
-    """The path of a file: URL (file:///p, file:/p, any case of the scheme), or None."""
-    if value[:5].lower() != "file:":
-        return None
-    rest = value[5:]
-    return "/" + rest.lstrip("/") if rest.startswith("/") else rest
-
-
 def _check_links(number: int, d: DefFile, source: Path, real_root: Path) -> None:
     """Every symbolic link inside a %files folder must resolve inside the repository (cp -L
     follows them: a link out would copy the build host's files into the image)."""
@@ -194,7 +178,7 @@ def check_inputs(d: DefFile, build_args: Mapping[str, str], root: Path) -> list[
                          "one)")
     for key, value in build_args.items():
         check_text(f"build-arg {key}", value)
-    from train.images.lint import lint_def
+    from train.images.lint import lint_def, source_problem
 
     blocking = [v for v in lint_def(d.path, root=root, reference=False, given=build_args)
                 if v.rule in BUILD_BLOCKING]
@@ -207,21 +191,19 @@ def check_inputs(d: DefFile, build_args: Mapping[str, str], root: Path) -> list[
     real_root = root.resolve()
     for number, raw_src, raw_dst in d.files():
         src = d.substitute(raw_src, args, number)
-        problem = files_source_problem(src)  # the substituted value (lint saw the defaults)
+        # the substituted value (lint saw the defaults)
+        problem = files_source_problem(src) or source_problem(root, src)
         if problem:
             raise UsageError(f"{d.path}:{number}: %files source {src!r} {problem}")
         source = (root / src).resolve()
-        if not source.is_relative_to(real_root) or not source.exists():
-            raise UsageError(f"{d.path}:{number}: %files source {src} does not exist under "
-                             f"{root}")
         if source.is_dir():
             _check_links(number, d, source, real_root)
         dst = d.substitute(raw_dst, args, number) or "/" + src
         staged.append((posixpath.normpath("/" + dst.lstrip("/")), source))
     for key, value in build_args.items():
-        inside = _file_url_path(value)
-        if inside is None:
+        if value[:5].lower() != "file:":  # file:///p, file:/p, any case of the scheme
             continue
+        inside = "/" + value[5:].lstrip("/") if value[5:].startswith("/") else value[5:]
         clean = posixpath.normpath(inside)
         if ".." in inside.split("/") or not clean.startswith("/"):
             raise UsageError(f"build-arg {key}: {value[:80]} must be an absolute file:// "
@@ -237,12 +219,6 @@ def check_inputs(d: DefFile, build_args: Mapping[str, str], root: Path) -> list[
             raise UsageError(f"build-arg {key}: {value} is not inside any %files "
                              f"destination of {d.path.name}, so the build cannot read it")
     return [source for _, source in staged]
-
-
-def engine(requested: str = "auto") -> str:
-    if requested != "auto":
-        return requested
-    return "apptainer" if shutil.which("apptainer") else "docker"
 
 
 def smoke_args(d: DefFile) -> tuple[str, ...]:
@@ -277,12 +253,9 @@ def apptainer_build(d: DefFile, root: Path, sif: Path, build_args: Mapping[str, 
             definition = Path(tmp) / d.path.name
             definition.write_text(text, encoding="utf-8")
             passed = used_arguments(text, build_args)
-        argv = ["apptainer", "build", "--force"]
-        if fakeroot:
-            argv.append("--fakeroot")
-        for key, value in passed.items():
-            argv += ["--build-arg", f"{key}={value}"]
-        argv += [str(sif.resolve()), str(definition)]
+        argv = ["apptainer", "build", "--force", *(["--fakeroot"] if fakeroot else []),
+                *(a for k, v in passed.items() for a in ("--build-arg", f"{k}={v}")),
+                str(sif.resolve()), str(definition)]
         build_log = BuildLog()
         code = _stream(argv, root, build_log.feed)
     if code != 0:
@@ -335,18 +308,17 @@ def _need_apptainer() -> None:
 
 
 def apptainer_test(sif: Path, smoke: Sequence[str]) -> str:
+    """%test, then a short run inside (as docker_test)."""
     _need_apptainer()
-    out = _proc.run(["apptainer", "test", str(sif)], timeout=600).stdout
-    out += _proc.run(["apptainer", "exec", str(sif), "python", "-m", "train", *smoke],
-                     timeout=600).stderr
-    return out
+    return (_proc.run(["apptainer", "test", str(sif)], timeout=600).stdout
+            + _proc.run(["apptainer", "exec", str(sif), "python", "-m", "train", *smoke],
+                        timeout=600).stderr)
 
 
 def apptainer_content(sif: Path) -> list[str]:
     _need_apptainer()
-    out = _proc.run(["apptainer", "exec", "--contain", str(sif), "python", "-m",
-                     "train.images.content", "/"], timeout=1800).stdout
-    return out.splitlines()
+    return _proc.run(["apptainer", "exec", "--contain", str(sif), "python", "-m",
+                      "train.images.content", "/"], timeout=1800).stdout.splitlines()
 
 
 def check_base_sif(value: Path) -> Path:
@@ -379,8 +351,10 @@ def header_arguments(d: DefFile) -> set[str]:
 
 
 def on_local_sif(d: DefFile, base: Path) -> str:
-    """The definition's text with its header replaced by a localimage on `base`, the same
-    number of lines before the first section."""
+    """The definition's text (--base-sif) with its header replaced by `Bootstrap: localimage`
+    / `From: base` and as many lines before the first section (Apptainer's messages point
+    at the user's lines); Apptainer's own rules then apply to every section (%files copied
+    with `cp -fLr` onto the SIF's tree, its labels kept unless the definition sets them)."""
     first = min(n for s in d.sections.values() for n in (s.headers or [s.line]))
     header = ["Bootstrap: localimage", f"From: {base}"]
     header += [""] * max(0, first - 1 - len(header))

@@ -27,13 +27,6 @@ RUNTIME_PATHS = frozenset({"/proc", "/sys", "/dev", "/tmp", "/run", "/var/tmp", 
                            "/environment", "/singularity"})
 
 
-def _sha256(path: str) -> str:
-    try:
-        return file_sha256(path)
-    except OSError:
-        return "unreadable"  # root-only files, as seen by the user the listing runs as
-
-
 def _name(path: str) -> str:
     """The path with every byte outside printable ASCII (and the backslash) escaped as \\xNN,
     so a name holding a newline or invalid UTF-8 stays one unambiguous line."""
@@ -79,7 +72,11 @@ def listing(root: str = "/") -> Iterator[str]:
                 yield f"d{mode} - {_name(shown)}/"
                 stack.append(path)
             elif stat.S_ISREG(info.st_mode):
-                yield f"f{mode} {_sha256(path)} {_name(shown)}"
+                try:
+                    sha = file_sha256(path)
+                except OSError:  # root-only files, as seen by the user the listing runs as
+                    sha = "unreadable"
+                yield f"f{mode} {sha} {_name(shown)}"
             else:
                 kind = next((k for test, k in _KINDS if test(info.st_mode)), "?")
                 yield f"{kind}{mode} - {_name(shown)}"

@@ -236,8 +236,7 @@ def _added_pins(resolved: Sequence[dict[str, Any]], pins: dict[str, Pin]) -> lis
                                  f"base's {have.version}")
             continue
         added.append(Pin(key, version, (sha256_of(item),), ""))
-    added.sort(key=lambda p: p.name)
-    return added
+    return sorted(added, key=lambda p: p.name)
 
 
 def check_out(folder: Path, name: str) -> None:
@@ -289,8 +288,7 @@ def _write_folder(folder: Path, name: str, lock: str, definition: str
 def derive(name: str, base: str, requirements: Path, containers: Path,
            out: Path | None = None, editable: Path | None = None,
            index_args: Sequence[str] = ("--index-url", PIP_INDEX)) -> Derived:
-    """Resolve, check and write NAME.def and requirements/NAME.txt (nothing is written when
-    any check fails; a file it replaces is kept as a numbered copy)."""
+    """Resolve, check and write NAME.def and requirements/NAME.txt (module docstring)."""
     if not NAME_RE.fullmatch(name):
         raise UsageError(f"image new: NAME {name[:80]!r} must be lower-case letters, digits, "
                          "'-' or '_' (a docker tag and a file name)")
@@ -298,9 +296,7 @@ def derive(name: str, base: str, requirements: Path, containers: Path,
         raise UsageError(f"image new: NAME {name!r} is one of our images or locks; pick "
                          "another")
     locks, target = base_locks(containers, base)
-    pins: dict[str, Pin] = {}
-    for lock in locks:
-        pins.update(read_lock(lock))
+    pins = {name: pin for lock in locks for name, pin in read_lock(lock).items()}
     lines = requirement_lines(requirements)
     asked = select(lines, target)  # the file's own: what %test shows
     folder = (out or Path.cwd() / f"containers-{name}").resolve()

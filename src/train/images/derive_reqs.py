@@ -259,16 +259,12 @@ def requirement_lines(path: Path) -> list[tuple[str, str]]:
     return [(line, f"{path.name}:{n}") for n, line in logical_lines(text)]
 
 
-def _strings(value: object, pyproject: Path, key: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise UsageError(f"--editable: {pyproject}: {key} must be a list of strings "
-                         f"(PEP 621/518), not {type(value).__name__} {str(value)[:60]!r}")
-    return list(value)
-
-
-def _table(value: object, pyproject: Path, key: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise UsageError(f"--editable: {pyproject}: {key} must be a table, not "
+def _typed(value: object, kind: type, pyproject: Path, key: str) -> Any:
+    """`value` where it is a `kind` (a list: of strings), else exit 2 naming `key`."""
+    if not isinstance(value, kind) or (isinstance(value, list) and not all(
+            isinstance(v, str) for v in value)):
+        what = "a list of strings (PEP 621/518)" if kind is list else "a table"
+        raise UsageError(f"--editable: {pyproject}: {key} must be {what}, not "
                          f"{type(value).__name__} {str(value)[:60]!r}")
     return value
 
@@ -286,17 +282,17 @@ def editable_requirements(project: Path) -> tuple[list[str], list[str]]:
         data = toml.loads(text)
     except toml.TOMLDecodeError as exc:
         raise UsageError(f"--editable: {pyproject} is not TOML: {str(exc)[:200]}") from None
-    system = _table(data.get("build-system", {}), pyproject, "[build-system]")
-    build = _strings(system.get("requires", DEFAULT_BUILD), pyproject,
-                     "[build-system] requires")
-    table = _table(data.get("project", {}), pyproject, "[project]")
-    dynamic = _strings(table.get("dynamic", []), pyproject, "[project] dynamic")
-    deps = _strings(table.get("dependencies", []), pyproject, "[project] dependencies")
-    optional = _table(table.get("optional-dependencies", {}), pyproject,
+    system = _typed(data.get("build-system", {}), dict, pyproject, "[build-system]")
+    build = _typed(system.get("requires", DEFAULT_BUILD), list, pyproject,
+                   "[build-system] requires")
+    table = _typed(data.get("project", {}), dict, pyproject, "[project]")
+    dynamic = _typed(table.get("dynamic", []), list, pyproject, "[project] dynamic")
+    deps = _typed(table.get("dependencies", []), list, pyproject, "[project] dependencies")
+    optional = _typed(table.get("optional-dependencies", {}), dict, pyproject,
                       "[project] optional-dependencies")
     for extra, listed in optional.items():
-        _strings(listed, pyproject, f"[project.optional-dependencies] {extra}")
-    return build, [] if "dependencies" in dynamic else deps
+        _typed(listed, list, pyproject, f"[project.optional-dependencies] {extra}")
+    return list(build), [] if "dependencies" in dynamic else list(deps)
 
 
 @dataclass(frozen=True)

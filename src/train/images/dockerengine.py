@@ -25,6 +25,7 @@ from train.images.dockerfile import (
     quote_env,
     translate,
 )
+from train.images.features import cache_path
 
 
 def write_context(d: DefFile, dest: Path, build_args: Mapping[str, str],
@@ -101,8 +102,8 @@ def docker_build(d: DefFile, root: Path, tag: str, build_args: Mapping[str, str]
     if "test" in translation.scripts:
         _build_test(client, tag, d.name)
     if record is None:  # no --out: the record goes to the cache (the image is the engine's)
-        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "train"
-        record = cache / "images" / f"{tag.replace('/', '_').replace(':', '_')}.build.json"
+        record = cache_path(os.environ, f"images/{tag.replace('/', '_').replace(':', '_')}"
+                                        ".build.json")
     result = BuildResult(str(image.id), str(image.id), build_log.downloads, args, record)
     write_record(d, root, result, "docker", f"{base} ({base_id})")
     return result
@@ -208,12 +209,10 @@ def _config(translation: Translation, client: Any, base: str) -> list[str]:
         changes.append(f"ENV {name}={quote_env(env[name])}")
     changes += [line for line in translation.dockerfile.splitlines()
                 if line.startswith(("LABEL ", "ENTRYPOINT "))]
-    if not any(line.startswith("ENTRYPOINT ") for line in changes):
-        changes.append(f"ENTRYPOINT {json.dumps(config.get('Entrypoint') or [])}")
-        changes.append(f"CMD {json.dumps(config.get('Cmd') or [])}")
-    else:
-        changes.append("CMD []")
-    return changes
+    if "runscript" in translation.scripts:  # (its ENTRYPOINT is among the lines above)
+        return [*changes, "CMD []"]
+    return [*changes, f"ENTRYPOINT {json.dumps(config.get('Entrypoint') or [])}",
+            f"CMD {json.dumps(config.get('Cmd') or [])}"]
 
 
 def docker_run(tag: str, args: Sequence[str], entrypoint: Sequence[str] | None = None,

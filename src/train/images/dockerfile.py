@@ -19,6 +19,7 @@ Anything else (UNSUPPORTED_SECTIONS) is an error, never dropped.
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 import shlex
 from collections.abc import Callable, Mapping
@@ -48,19 +49,36 @@ class Translation:
     copies: list[tuple[str, str]] = field(default_factory=list)  # %files (src, dst)
 
 
-def files_source_problem(src: str) -> str | None:
-    """Why a %files source cannot be built from the repository root, or None."""
-    if has_control(src):
-        return "holds a control character"
-    if src.startswith("/"):
-        return "is absolute: sources are relative to the repository root"
-    if ".." in PurePosixPath(src).parts:
-        return "uses '..': sources must stay inside the repository"
-    if any(c in src for c in "*?["):
-        return "is a glob, which the Docker translation does not expand: name each file"
-    if PurePosixPath(src).name in ("", "."):
-        return "names no file or folder by name (e.g. '.'): name the folder"
-    return None
+def has_control(text: str) -> bool:
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
+# a %files source's rules, in order, the first it breaks reported: (broken, what lint says,
+# what the translation says; "": not that reader's rule). Lint reads the source as Apptainer
+# does; the translation refuses what it cannot stage (the build checks both).
+_SOURCE_RULES: tuple[tuple[Callable[[str], bool], str, str], ...] = (
+    (lambda src: not src, "an empty source", ""),
+    (has_control, "", "holds a control character"),
+    (lambda src: src.startswith("/"), "an absolute source reads the build host, not the "
+     "repository", "is absolute: sources are relative to the repository root"),
+    (lambda src: any(c in src for c in "$`") or src.startswith("~"),
+     "Apptainer expands it as a shell word; name the path", ""),
+    (lambda src: posixpath.normpath(src).split("/")[0] == "..", "escapes the repository", ""),
+    (lambda src: ".." in PurePosixPath(src).parts, "",
+     "uses '..': sources must stay inside the repository"),
+    (lambda src: any(c in src for c in "*?["), "a glob; the Docker translation (CI's build) "
+     "cannot expand it as Apptainer does, so name each path",
+     "is a glob, which the Docker translation does not expand: name each file"),
+    (lambda src: PurePosixPath(src).name in ("", "."), "",
+     "names no file or folder by name (e.g. '.'): name the folder"),
+)
+
+
+def files_source_problem(src: str, lint: bool = False) -> str | None:
+    """Why a %files source cannot be built from the repository root (by `train image
+    lint`'s rules where `lint`), or None."""
+    return next((why for broken, *whys in _SOURCE_RULES
+                 if (why := whys[0 if lint else 1]) and broken(src)), None)
 
 
 def files_destination_problem(dst: str) -> str | None:
@@ -101,10 +119,6 @@ def environment_assignments(text: str, d: DefFile, number: int) -> list[tuple[st
                            "(use export NAME=VALUE)")
         pairs.append((match.group(1), match.group(2)))
     return pairs
-
-
-def has_control(text: str) -> bool:
-    return any(ord(c) < 32 or ord(c) == 127 for c in text)
 
 
 def check_text(what: str, value: str) -> None:
@@ -197,12 +211,9 @@ def _run_post(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
 
 def _environment(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
     """After %post: Apptainer applies %environment at run time only."""
-    lines = []
-    for number, text in d.body("environment"):
-        for name, value in environment_assignments(sub(text, number), d, number):
-            out.env.append((name, value))
-            lines.append(f"ENV {name}={quote_env(value)}")
-    return lines
+    out.env += [pair for number, text in d.body("environment")
+                for pair in environment_assignments(sub(text, number), d, number)]
+    return [f"ENV {name}={quote_env(value)}" for name, value in out.env]
 
 
 def _scripts(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
@@ -218,17 +229,13 @@ def _scripts(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
 
 
 def _labels(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
-    lines = []
-    for number, text in d.body("labels"):
-        key, _, value = sub(text, number).partition(" ")
-        lines.append(f"LABEL {json.dumps(key)}={json.dumps(value.strip())}")
-    return lines
+    return [f"LABEL {json.dumps(key)}={json.dumps(value.strip())}" for key, _, value in
+            (sub(text, number).partition(" ") for number, text in d.body("labels"))]
 
 
 def _entrypoint(d: DefFile, sub: _Sub, out: Translation) -> list[str]:
-    if "runscript" not in out.scripts:
-        return []
-    return [f'ENTRYPOINT ["/bin/sh", "{SCRIPT_DIR}/runscript"]']
+    return [f'ENTRYPOINT ["/bin/sh", "{SCRIPT_DIR}/runscript"]'] if "runscript" in out.scripts \
+        else []
 
 
 _STEPS: tuple[Callable[[DefFile, _Sub, Translation], list[str]], ...] = (

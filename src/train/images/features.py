@@ -1,28 +1,45 @@
-"""What a job's image offers the job step, found at submit ("bring your own image").
+"""What a job's image offers the job step, found at submit ("bring your own image"), and
+where the answer is kept.
 
 Our images say it in their labels (org.train.image). Any other image's Python is run once
 on the login node (PROBE): nothing is imported (find_spec), so it takes well under a
 second; one that does not answer within PROBE_TIMEOUT is a refusal (a hang there would hang
-the job's step). The answer is kept per image identity (train.images.feature_cache).
-What a job needs of the image is the client's: train.client.slurm.checks.imagefit.
+the job's step). What a job needs of the image is the client's:
+train.client.slurm.checks.imagefit.
+
+The answer is kept per image identity in ~/.cache/train/image-features.json, the newest
+CACHE_ENTRIES. A SIF is known by its real path, size and modification time; a sandbox (a
+folder) by its real path, and its answer holds the stamps of the folders its Python imports
+from and searches (installing torch into one changes its stamp: the image is asked again).
+A cache file that is not a regular file (a FIFO, a link to a device) is never read or
+written over.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import os
 import secrets
-from collections.abc import Mapping
+import stat
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 from train.common import _proc
-from train.common.jsonio import parse_json_object
-from train.images.feature_cache import WATCH_MAX, cache_path, read_entries, write_entries
+from train.common.jsonio import parse_json_object, write_json_atomic
 
-__all__ = ["PROBE", "PROBE_TIMEOUT", "Asked", "Features", "cached", "docker_facts",
-           "from_labels", "parse_probe", "probe_argv", "probe_timeout", "remember",
-           "run_probe"]
+__all__ = ["CACHE_MAX_BYTES", "PROBE", "PROBE_TIMEOUT", "Asked", "Features", "cache_path",
+           "cached", "docker_facts", "file_identity", "from_labels", "how_to_clear",
+           "parse_probe", "probe_argv", "probe_timeout", "remember", "run_probe",
+           "sandbox_stamps"]
 
+CACHE_ENTRIES = 64
+CACHE_MAX_BYTES = 1 << 20
+WATCH_MAX = 200  # paths stamped for a sandbox's answer
+_LINK_HOPS = 40
+_WARNED: set[str] = set()
 PROBE_TIMEOUT = 60.0  # a large SIF on a slow shared file system, opened cold
 PROBE_TIMEOUT_VAR = "TRAIN_PROBE_TIMEOUT"
 OURS_LABEL = "org.train.image"
@@ -77,7 +94,7 @@ class Features:
     train_version: str = ""
     source: str = "probe"
     ours: bool = False  # its labels say it is built from our definitions: nothing to ask
-    # a sandbox's: (path in the image, stamp) of what decides the answer (feature_cache)
+    # a sandbox's: (path in the image, stamp) of what decides the answer (sandbox_stamps)
     watch: tuple[tuple[str, str], ...] = ()
     cache_file: str = ""  # the cache it was read from (never written into it)
 
@@ -165,7 +182,7 @@ def probe_timeout(environ: Mapping[str, str]) -> float:
     return value
 
 
-# -- the cache (train.images.feature_cache) ----------------------------------------------
+# -- the cache -------------------------------------------------------------------------
 def cached(key: str, environ: Mapping[str, str], notes: list[str] | None = None
            ) -> Features | None:
     """The kept answer for `key`, None where there is none or not the probe's; a cache
@@ -183,7 +200,9 @@ def cached(key: str, environ: Mapping[str, str], notes: list[str] | None = None
 
 
 def remember(key: str, found: Features, environ: Mapping[str, str]) -> None:
-    """Keep the answer; a cache that cannot be used is skipped (the image is asked again)."""
+    """Keep the answer among the newest CACHE_ENTRIES, the file written whole (a link's
+    target replaced, the link kept); a cache that cannot be used is skipped (the image is
+    asked again)."""
     path = cache_path(environ)
     data, _ = read_entries(path)
     if data is None:  # (not a regular file: never written over)
@@ -194,7 +213,138 @@ def remember(key: str, found: Features, environ: Mapping[str, str]) -> None:
         entry.pop("watch", None)
     data.pop(key, None)
     data[key] = entry
-    write_entries(path, data)
+    kept = {k: v for k, v in list(data.items())[-CACHE_ENTRIES:]
+            if _strict_json(v)}  # (a hand edit's 1e400: inf, which strict JSON refuses)
+    with contextlib.suppress(OSError, ValueError):
+        write_json_atomic(Path(os.path.realpath(path)), kept, indent=1, sort_keys=False,
+                          fsync=False)
+
+
+def cache_path(environ: Mapping[str, str], name: str = "image-features.json") -> Path:
+    """NAME in train's cache folder (also a Docker build's record, dockerengine)."""
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME") or
+                                                         os.path.expanduser("~"), ".cache")
+    return Path(base) / "train" / name
+
+
+def how_to_clear(path: Path) -> str:
+    return f"remove {path} (or its entry for this image) to ask the image again"
+
+
+def read_entries(path: Path) -> tuple[dict[str, object] | None, str]:
+    """(the entries, a warning): {} where there are none yet or not ours (written anew);
+    None, with one warning line the first time, where the file cannot be used."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return {}, ""
+    except OSError as exc:
+        data, problem = None, f"cannot be opened ({exc.strerror or exc})"
+    else:
+        try:
+            data, problem = _read_open(fd)
+        finally:
+            os.close(fd)
+    if not problem:
+        return data, ""
+    key = str(path)
+    if key in _WARNED:
+        return None, ""
+    _WARNED.add(key)
+    return None, (f"the image-feature cache {path} {problem}: not used, and images are "
+                  f"asked each time; remove it to have a cache again")
+
+
+def _read_open(fd: int) -> tuple[dict[str, object] | None, str]:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device"
+                if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a folder"
+                if stat.S_ISDIR(st.st_mode) else "not a file")
+        return None, f"is not a regular file ({kind})"
+    try:
+        with open(fd, "rb", closefd=False) as fh:
+            raw = fh.read(CACHE_MAX_BYTES + 1)
+    except OSError as exc:
+        return None, f"cannot be read ({exc.strerror or exc})"
+    if len(raw) > CACHE_MAX_BYTES:
+        return None, f"is larger than {CACHE_MAX_BYTES // (1 << 20)} MiB"
+    # {}: cut short, or not ours; NaN and Infinity (a hand edit) read as null, so the
+    # entries can be written back as strict JSON (remember)
+    return parse_json_object(raw, parse_constant=lambda _name: None), ""
+
+
+def _strict_json(value: object) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (ValueError, TypeError, RecursionError):
+        return False
+    return True
+
+
+# -- what an image is known by -------------------------------------------------------------
+def file_identity(path: str) -> str | None:
+    try:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+    except OSError:
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        return f"sandbox:{real}"
+    return f"{real}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def sandbox_stamps(root: str, paths: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """(path, stamp) for each path inside the sandbox at `root` (as the image's Python
+    sees it): the inode, modification time and size of what is there, or of the nearest
+    folder above it that is there (where the path would be created), marked '-'."""
+    real = os.path.realpath(root)
+    out: dict[str, str] = {}
+    for path in paths:
+        if len(out) >= WATCH_MAX:
+            break
+        if path in out or not path.startswith("/"):
+            continue
+        host, whole = _inside(real, path)
+        try:
+            st = os.lstat(host)
+        except OSError:
+            out[path] = "?"
+            continue
+        out[path] = f"{'' if whole else '-'}{st.st_ino}:{st.st_mtime_ns}:{st.st_size}"
+    return tuple(out.items())
+
+
+def _inside(root: str, path: str) -> tuple[str, bool]:
+    """`path` of the sandbox as a host path, its links followed inside `root` (an absolute
+    link is from the sandbox's root); where a part is missing, the folder above it and
+    False."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    done: list[str] = []
+    hops = 0
+    while parts:
+        name = parts.pop(0)
+        if name == "..":
+            if done:
+                done.pop()
+            continue
+        host = os.path.join(root, *done, name)
+        try:
+            target = os.readlink(host) if os.path.islink(host) else None
+            if target is None and not os.path.lexists(host):
+                return os.path.join(root, *done), False
+        except OSError:
+            return os.path.join(root, *done), False
+        if target is None:
+            done.append(name)
+            continue
+        hops += 1
+        if hops > _LINK_HOPS:  # a loop
+            return os.path.join(root, *done), False
+        if target.startswith("/"):
+            done = []
+        parts = [p for p in target.split("/") if p not in ("", ".")] + parts
+    return os.path.join(root, *done), True
 
 
 # -- asking the image --------------------------------------------------------------------

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +36,7 @@ from train.images.defs import (
     split_files_line,
     spython_check,
 )
-from train.images.dockerfile import UNSUPPORTED_SECTIONS
+from train.images.dockerfile import UNSUPPORTED_SECTIONS, files_source_problem
 
 # (section, the text it must hold ("": any), rule, message): our images' conventions
 REQUIRED = (("environment", f"{ALLOC_CONF_VAR}={TUNED_ALLOC_CONF}", "alloc-env",
@@ -61,16 +61,12 @@ class Violation:
 
 def _commands(d: DefFile, section: str) -> list[tuple[int, str]]:  # continuations joined
     out: list[tuple[int, str]] = []
-    pending: tuple[int, str] | None = None
-    for number, text in d.body(section):
-        pending = (number, text) if pending is None else (pending[0], f"{pending[1]} {text}")
-        if pending[1].endswith("\\"):
-            pending = (pending[0], pending[1][:-1].rstrip())
-            continue
-        out.append(pending)
-        pending = None
-    if pending is not None:
-        out.append(pending)
+    continued = False
+    for line, body in d.body(section):
+        # (a line continued: out's last, its backslash cut)
+        number, text = (out[-1][0], f"{out.pop()[1]} {body}") if continued else (line, body)
+        continued = text.endswith("\\")
+        out.append((number, text[:-1].rstrip() if continued else text))
     return out
 
 
@@ -272,22 +268,6 @@ def _control(text: str) -> bool:
                for c in text)
 
 
-# a %files source's text, checked in this order: the first rule it breaks is reported and
-# ends the checks of its entry
-_SOURCE_RULES: tuple[tuple[Callable[[str], bool], Callable[[str], str]], ...] = (
-    (lambda src: not src, lambda src: "an empty source"),
-    (lambda src: src.startswith("/"),
-     lambda src: f"{src}: an absolute source reads the build host, not the repository"),
-    (lambda src: any(c in src for c in "$`") or src.startswith("~"),
-     lambda src: f"{src}: Apptainer expands it as a shell word; name the path"),
-    (lambda src: posixpath.normpath(src).split("/")[0] == "..",
-     lambda src: f"{src}: escapes the repository"),
-    (lambda src: any(c in src for c in "*?["),
-     lambda src: f"{src}: a glob; the Docker translation (CI's build) cannot expand it as "
-     "Apptainer does, so name each path"),
-)
-
-
 def _entry_problems(text: str, src: str, dst: str) -> tuple[list[str], bool]:
     """What is wrong with a %files line's text and its source's name, and whether the
     entry's checks end there."""
@@ -299,27 +279,25 @@ def _entry_problems(text: str, src: str, dst: str) -> tuple[list[str], bool]:
     if "'" in text:
         return [*found, "single quotes: Apptainer's %files splitter keeps them in the path "
                 '(quote with ")'], True
-    for broken, message in _SOURCE_RULES:
-        if broken(src):
-            return [*found, message(src)], True
-    return found, False
+    why = files_source_problem(src, lint=True)
+    return ([*found, f"{src}: {why}" if src else why], True) if why else (found, False)
 
 
-def _source_problem(root: Path, resolved_root: Path, src: str) -> str | None:
-    """Why a %files source (a glob was refused before) is no path of the repository."""
+def source_problem(root: Path, src: str) -> str | None:
+    """Why a %files source (a glob was refused before) is no path of the repository at
+    `root` (lint's check, and the build's of the value its build arguments give), or None."""
     try:
         if not (root / src).exists():
-            return f"{src}: does not exist under {root}"
-        if not (root / src).resolve().is_relative_to(resolved_root):
-            return f"{src}: resolves outside the repository (a symbolic link)"
+            return f"does not exist under {root}"
+        if not (root / src).resolve().is_relative_to(root.resolve()):
+            return "resolves outside the repository (a symbolic link)"
     except (OSError, RuntimeError) as exc:  # a name too long, a symbolic link loop
-        return f"{src[:60]}: cannot be read under {root}: {first_line(exc, 80)}"
+        return f"cannot be read under {root}: {first_line(exc, 80)}"
     return None
 
 
 def _check_files(d: DefFile, args: dict[str, str], root: Path) -> list[Violation]:
     out = []
-    resolved_root = root.resolve()
     source_tree = (root / "pyproject.toml").is_file() or (root / ".git").exists()
     existing = _base_paths(d, args) if d.header["bootstrap"][1] == "localimage" else None
     for line, raw_src, raw_dst in d.files():
@@ -329,9 +307,9 @@ def _check_files(d: DefFile, args: dict[str, str], root: Path) -> list[Violation
         out += [_v(d, line, "files-source", m) for m in messages]
         if stop or not source_tree:
             continue  # an installed copy: sources exist only in the clone images build from
-        problem = _source_problem(root, resolved_root, src)
+        problem = source_problem(root, src)
         if problem is not None:
-            out.append(_v(d, line, "files-source", problem))
+            out.append(_v(d, line, "files-source", f"{src}: {problem}"))
         elif existing is not None and (root / src).is_dir():
             normal = posixpath.normpath(src)
             target = dst or "/" + normal
@@ -350,24 +328,17 @@ def _base_paths(d: DefFile, args: dict[str, str], depth: int = 0) -> set[str]:
     paths = set(_STANDARD_DIRS)
     line, source = d.header["from"]
     try:
-        image = d.substitute(source, args, line)
-    except DefError:
-        return paths
-    name = Path(image).name
-    base = d.path.parent / (name[:-4] + ".def" if name.endswith(".sif") else name + ".def")
-    try:
+        name = Path(d.substitute(source, args, line)).name
+        base = d.path.parent / (name.removesuffix(".sif") + ".def")
         if depth > 4 or not base.is_file() or base.resolve() == d.path.resolve():
             return paths
-    except (OSError, RuntimeError):  # a name too long for the file system, a link loop
-        return paths
-    try:
         b = parse(base)
         b_args = b.arguments()
         found = {posixpath.normpath("/" + b.substitute(dst or "/" + src, b_args, line).lstrip("/"))
                  for line, src, dst in b.files()}  # the base's %files destinations
         if b.header["bootstrap"][1] == "localimage":
             paths |= _base_paths(b, b_args, depth + 1)
-    except DefError:
+    except (DefError, OSError, RuntimeError):  # (a name too long, a link loop)
         return paths
     for dest in found:
         path = dest

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Mapping
+import functools
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -127,11 +127,7 @@ class RunConfig:
         return {f.name: self.to_dict()[f.name] for f in fields(self) if f.metadata["identity"]}
 
 
-def build_config(
-    file_values: Mapping[str, Any] | None = None,
-    flag_values: Mapping[str, Any] | None = None,
-) -> RunConfig:
-    return build(RunConfig, file_values, flag_values)
+build_config = functools.partial(build, RunConfig)  # (file_values, flag_values)
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:

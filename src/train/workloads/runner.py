@@ -13,10 +13,10 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from train.batch import contract
+from train.common import hostmem
 from train.common.errors import ConfigError
 from train.common.fields import check_writable_dir
 from train.common.jsonio import read_json_object, write_json_atomic
@@ -26,21 +26,18 @@ from train.node.distributed import DistContext, init_distributed
 from train.node.signals import StopController, effective_budget
 from train.workloads.config import RunConfig
 from train.workloads.dqn import trainer
+from train.workloads.dqn.replay import ReplayBuffer
+from train.workloads.envs.pysc2_env import check_available
+from train.workloads.envs.spec import ObsSpec
 from train.workloads.runrecord import batch_fallback, check_same_run
 from train.workloads.runtime import results
+from train.workloads.runtime.checkpoint import CheckpointManager
 from train.workloads.runtime.memory import apply_allocator_settings
 from train.workloads.runtime.precision import resolve_precision
 
 log = logging.getLogger(__name__)
 
 HOST_ENV_CHECK = ("PYTHONPATH", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "VIRTUAL_ENV")
-
-
-@dataclass(frozen=True)
-class RunResult:
-    complete: bool
-    stop_reason: str | None
-    status: dict[str, Any]
 
 
 def validate(cfg: RunConfig) -> None:
@@ -51,27 +48,27 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("results_csv", f"{csv_path} is a directory; name a file, e.g. "
                           f"{csv_path / 'results.csv'}")
     check_same_run(cfg)
-    check_checkpoint_folders(cfg)
+    # every seed's checkpoint folder, before any seed trains: no folder or link under a
+    # checkpoint's name (it would block a save hours later), and writable where it exists
+    for seed in cfg.seeds:
+        folder = cfg.out_dir / f"seed_{seed}" / "checkpoints"
+        CheckpointManager(folder).check_names()
+        if folder.is_dir():
+            check_writable_dir(folder, "out")
     check_memory(cfg)
-    trainer.check_workload(cfg)
+    if cfg.workload == "sc2":  # pysc2 and the game, before anything is written
+        check_available(mock=cfg.sc2_env == "mock")
 
 
 def check_memory(cfg: RunConfig) -> None:
     """The replay buffer (and the network's activations at this resolution) must fit in the
     host memory this process can expect (shared by the node's processes), or the run would
     end in a MemoryError or the OOM killer after writing its files."""
-    import torch
-
-    from train.workloads.dqn.replay import ReplayBuffer
-    from train.workloads.envs.spec import ObsSpec
-    from train.workloads.runtime.memory import device_memory
-
-    spec = ObsSpec(cfg.res)
-    replay = ReplayBuffer.bytes_needed(cfg.replay_size, spec)
+    replay = ReplayBuffer.bytes_needed(cfg.replay_size, ObsSpec(cfg.res))
     # the two conv layers' outputs (16 + 32 channels, float32) for a batch, forward and back
     activations = 3 * cfg.batch_size * 48 * cfg.res * cfg.res * 4
     needed = replay + activations
-    free, _total = device_memory(torch.device("cpu"))
+    free = hostmem.available_bytes()
     try:
         local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
     except ValueError:
@@ -86,25 +83,12 @@ def check_memory(cfg: RunConfig) -> None:
                           f"{free / gib:.1f} GiB available); lower --replay-size or --res")
 
 
-def check_checkpoint_folders(cfg: RunConfig) -> None:
-    """Every seed's checkpoint folder, before any seed trains: no folder or link under a
-    checkpoint's name (it would block a save hours later), and writable where it exists."""
-    from train.workloads.runtime.checkpoint import CheckpointManager
-
-    for seed in cfg.seeds:
-        folder = cfg.out_dir / f"seed_{seed}" / "checkpoints"
-        CheckpointManager(folder).check_names()
-        if folder.is_dir():
-            check_writable_dir(folder, "out")
-
-
-def run(cfg: RunConfig) -> RunResult:
+def run(cfg: RunConfig) -> results.RunSummary:
     validate(cfg)
     stopper = StopController(effective_budget(cfg.time_budget))
     alloc_conf = apply_allocator_settings()
     ctx = init_distributed(cfg.device)
-    lock = contextlib.ExitStack()
-    try:
+    with contextlib.ExitStack() as lock:
         precision = resolve_precision(cfg.precision, ctx.device)
         v = results.versions(ctx.device)
         log.info("python %s, torch %s, CUDA %s, cuDNN %s, GPU %s", v["python"], v["torch"],
@@ -115,9 +99,17 @@ def run(cfg: RunConfig) -> RunResult:
             _start_run(cfg, ctx, lock, {"precision": precision.name, "allocator": alloc_conf})
         with stopper:
             summary = trainer.train(cfg, ctx, precision, stopper)
-        status = _status(cfg, ctx, summary)
+        summary.status = {
+            "complete": summary.complete,
+            "stop_reason": summary.stop_reason,
+            "target_episodes": cfg.episodes,
+            "seeds": summary.seeds,
+            "world_size": ctx.world_size,
+            "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "warnings": [],
+        }
         if ctx.is_main:
-            _record_outcome(cfg, summary, status)
+            _record_outcome(cfg, summary)
         ctx.barrier()
         if summary.complete and ctx.is_main:  # what it did, and where the results are
             for line in results.outcome_lines(cfg.out_dir, cfg.seeds, cfg.results_csv_path):
@@ -125,9 +117,7 @@ def run(cfg: RunConfig) -> RunResult:
         elif not summary.complete:
             log.warning("run stopped before the end (%s); resume with the same command",
                         summary.stop_reason)
-        return RunResult(summary.complete, summary.stop_reason, status)
-    finally:
-        lock.close()
+        return summary
 
 
 def _start_run(cfg: RunConfig, ctx: DistContext, lock: contextlib.ExitStack,
@@ -153,26 +143,12 @@ def _start_run(cfg: RunConfig, ctx: DistContext, lock: contextlib.ExitStack,
         }))
 
 
-def _status(cfg: RunConfig, ctx: DistContext, summary: results.RunSummary) -> dict[str, Any]:
-    return {
-        "complete": summary.complete,
-        "stop_reason": summary.stop_reason,
-        "target_episodes": cfg.episodes,
-        "seeds": {str(s.seed): {"episodes": s.episodes, "complete": s.complete}
-                  for s in summary.seeds},
-        "world_size": ctx.world_size,
-        "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "warnings": [],
-    }
-
-
-def _record_outcome(cfg: RunConfig, summary: results.RunSummary, status: dict[str, Any]
-                    ) -> None:
+def _record_outcome(cfg: RunConfig, summary: results.RunSummary) -> None:
     """Rank 0 at the end of every chunk. The completion record comes first: a finished
     chunk whose CSV append or plot fails (flock is ENOSYS on some Lustre mounts; a full
     disk) must still end its chain, or every rerun fails the same way."""
     status_path = cfg.out_dir / "status.json"
-    write_json_atomic(status_path, status)
+    write_json_atomic(status_path, summary.status)
     marker = cfg.out_dir / contract.COMPLETE_MARKER
     if summary.complete:
         marker.touch()
@@ -187,9 +163,9 @@ def _record_outcome(cfg: RunConfig, summary: results.RunSummary, status: dict[st
         return
     for message in warnings:
         log.warning("%s", message)
-    status["warnings"] = warnings
+    summary.status["warnings"] = warnings
     try:
-        write_json_atomic(status_path, status)
+        write_json_atomic(status_path, summary.status)
     except OSError as exc:
         log.warning("could not record these warnings in %s: %s", status_path, exc)
 

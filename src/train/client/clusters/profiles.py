@@ -9,6 +9,7 @@ mappings merge), so a site change is a three-line file.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Mapping
 from importlib import resources
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from train.client.clusters.schema import NodeType, Profile
-from train.client.clusters.units import format_mem, format_time
+from train.client.clusters.units import format_limit, format_mem, format_time
 from train.client.clusters.validate import extends_name, profile_from_dict, profile_name
 from train.common import yamlio
 from train.common.errors import ConfigError, UsageError
@@ -54,16 +55,20 @@ def _shipped() -> list[tuple[str, dict[str, Any]]]:
     return found
 
 
+def folders(environ: Mapping[str, str] | None = None) -> list[Path]:
+    """The user's folder, then each of $TRAIN_CLUSTERS_PATH's (later wins)."""
+    env = os.environ if environ is None else environ
+    return [USER_DIR.expanduser(), *(Path(p) for p in env.get(PATH_VAR, "").split(":") if p)]
+
+
 class Registry:
     """All profiles visible from here, by name."""
 
     def __init__(self, extra_files: Iterable[Path] = (),
                  environ: Mapping[str, str] | None = None) -> None:
-        env = os.environ if environ is None else environ
         raw: dict[str, tuple[str, dict[str, Any]]] = {}
         sources = _shipped()
-        for folder in [USER_DIR.expanduser(),
-                       *(Path(p) for p in env.get(PATH_VAR, "").split(":") if p)]:
+        for folder in folders(environ):
             if folder.is_dir():
                 sources += [(str(p), _read(p)) for p in sorted(folder.glob("*.yaml"))]
         sources += [(str(p), _read(Path(p))) for p in extra_files]
@@ -94,17 +99,17 @@ class Registry:
                              f"or in {USER_DIR})") from None
 
 
+def node_values(n: NodeType) -> dict[str, Any]:
+    """A node type's values as a profile's YAML holds them."""
+    return {"gpus_per_node": n.gpus_per_node, "gpu_types": list(n.gpu_types),
+            "cpus_per_node": n.cpus_per_node, "mem_per_node": format_mem(n.mem_mb),
+            "max_time": format_limit(n.max_minutes), "max_nodes": n.max_nodes,
+            "max_gpus": n.max_gpus, "driver_version": n.driver_version,
+            "cpu_jobs": n.cpu_jobs, "multi_node_whole": n.multi_node_whole}
+
+
 def describe(profile: Profile) -> dict[str, Any]:
     """A plain mapping of the profile, for `train clusters show`."""
-
-    def node(n: NodeType) -> dict[str, Any]:
-        return {"gpus_per_node": n.gpus_per_node, "gpu_types": list(n.gpu_types),
-                "cpus_per_node": n.cpus_per_node, "mem_per_node": format_mem(n.mem_mb),
-                "max_time": None if n.max_minutes is None else format_time(n.max_minutes),
-                "max_nodes": n.max_nodes, "max_gpus": n.max_gpus,
-                "driver_version": n.driver_version, "cpu_jobs": n.cpu_jobs,
-                "multi_node_whole": n.multi_node_whole}
-
     return {
         "name": profile.name, "description": profile.description, "source": profile.source,
         "account": {"required": profile.account_required, "hint": profile.account_hint,
@@ -115,21 +120,17 @@ def describe(profile: Profile) -> dict[str, Any]:
                       "allowed": profile.partitions_allowed,
                       "default": profile.default_partition},
         "qos": {"required": profile.qos_required, "default": profile.default_qos,
-                "limits": {k: None if v is None else format_time(v)
-                           for k, v in profile.qos_limits.items()}},
+                "limits": {k: format_limit(v) for k, v in profile.qos_limits.items()}},
         "gpu_request": profile.gpu_request,
         "gpu_type_request": profile.gpu_type_request,
         "gpu_features": dict(profile.gpu_features),
-        "backfill_threshold": None if profile.backfill_minutes is None
-        else format_time(profile.backfill_minutes),
+        "backfill_threshold": format_limit(profile.backfill_minutes),
         "default_time": format_time(profile.default_minutes),
         "modules": list(profile.modules), "binds": list(profile.binds),
         "env": list(profile.env),
         "scratch_root": profile.scratch_root, "nccl_env": dict(profile.nccl_env),
         "preempt_flags": list(profile.preempt_flags),
-        "gpu_watch": {"interval": profile.gpu_watch.interval,
-                      "idle_threshold": profile.gpu_watch.idle_threshold,
-                      "idle_minutes": profile.gpu_watch.idle_minutes},
-        "partitions": {k: node(v) for k, v in profile.partitions.items()},
-        "constraints": {k: node(v) for k, v in profile.constraints.items()},
+        "gpu_watch": dataclasses.asdict(profile.gpu_watch),
+        "partitions": {k: node_values(v) for k, v in profile.partitions.items()},
+        "constraints": {k: node_values(v) for k, v in profile.constraints.items()},
     }

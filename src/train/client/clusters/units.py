@@ -47,6 +47,11 @@ def format_time(minutes: int) -> str:
     return f"{days}-{hours:02d}:{mins:02d}:00" if days else f"{hours:02d}:{mins:02d}:00"
 
 
+def format_limit(minutes: int | None) -> str | None:
+    """format_time, where None (no limit) stays None."""
+    return None if minutes is None else format_time(minutes)
+
+
 def parse_mem(text: str | int, field_name: str = "mem", *, allow_zero: bool = False) -> int:
     """'50G', '8000M', '8000' (MB, as sbatch) -> megabytes. 0 only with allow_zero (for
     --mem, where Slurm reads it as all of the node's memory)."""

@@ -27,8 +27,8 @@ from train.common.yamlio import shown
 
 # Every pattern here is used with fullmatch: `$` would let a trailing newline through.
 # Names: profiles, partitions, QOS, GPU types.
-_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-_NAME_CHARS = "letters, digits, '_', '.' and '-' (not starting with '.' or '-')"
+NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+NAME_CHARS = "letters, digits, '_', '.' and '-' (not starting with '.' or '-')"
 # one node feature (gpu_features values, constraint names): no operators such as & | [ ]
 _FEATURE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]*")
 _FEATURE_CHARS = ("letters, digits, '_', '.', ':' and '-' (not starting with '.', ':' or '-'; "
@@ -87,23 +87,17 @@ def _check_keys(where: str, data: Mapping[Any, Any], allowed: Collection[str]) -
                           "are: " + ", ".join(sorted(allowed)))
 
 
-def _mapping(where: str, value: Any) -> Mapping[Any, Any]:
+def _section(where: str, value: Any, allowed: Collection[str] | None = None
+             ) -> Mapping[Any, Any]:
+    """A mapping (null: empty, all defaults); with `allowed`, of those keys only."""
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ConfigError(where, f"must be a mapping of names to settings, got "
-                          f"{shown(value)}")
-    return value
-
-
-def _section(where: str, value: Any, allowed: Collection[str]) -> Mapping[Any, Any]:
-    """A mapping of the allowed keys (null: all defaults)."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ConfigError(where, f"must be a mapping (keys: {', '.join(sorted(allowed))}), "
-                          f"got {shown(value)}")
-    _check_keys(where, value, allowed)
+        what = ("of names to settings" if allowed is None
+                else f"(keys: {', '.join(sorted(allowed))})")
+        raise ConfigError(where, f"must be a mapping {what}, got {shown(value)}")
+    if allowed is not None:
+        _check_keys(where, value, allowed)
     return value
 
 
@@ -141,17 +135,21 @@ def _text(where: str, value: Any) -> str:
     return value
 
 
-def _word(where: str, value: Any, pattern: re.Pattern[str], what: str, chars: str) -> str:
-    """One name or feature (numbers such as 3090 taken as text), in `pattern`'s set."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = str(value)
+def _matching(where: str, value: Any, pattern: re.Pattern[str], must: str) -> str:
+    """A string wholly in `pattern`'s set; `must` says which."""
     if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise ConfigError(where, f"must be {what}: {chars}; got {_got(value)}")
+        raise ConfigError(where, f"must be {must}; got {_got(value)}")
     return value
 
 
+def _word(where: str, value: Any, pattern: re.Pattern[str], what: str, chars: str) -> str:
+    """One name or feature (numbers such as 3090 taken as text), in `pattern`'s set."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return _matching(where, str(value) if number else value, pattern, f"{what}: {chars}")
+
+
 def _name(where: str, value: Any, what: str = "a name") -> str:
-    return _word(where, value, _NAME_RE, what, _NAME_CHARS)
+    return _word(where, value, NAME_RE, what, NAME_CHARS)
 
 
 def _items(where: str, value: Any, what: str, check: Callable[[str, Any], str]
@@ -165,7 +163,7 @@ def _keyed(where: str, value: Any, pattern: re.Pattern[str], what: str,
            chars: str) -> dict[str, Any]:
     """A mapping whose keys are names in `pattern`'s set; the key error names the mapping."""
     out: dict[str, Any] = {}
-    for raw, item in _mapping(where, value).items():
+    for raw, item in _section(where, value).items():
         number = isinstance(raw, (int, float)) and not isinstance(raw, bool)
         key = str(raw) if number else raw
         if not isinstance(key, str) or not pattern.fullmatch(key):
@@ -183,14 +181,8 @@ def _time(where: str, value: Any, *, optional: bool = False) -> int | None:
     return parse_time(value, where)
 
 
-def _path(where: str, value: Any) -> str:
-    if not isinstance(value, str) or not _PATH_RE.fullmatch(value):
-        raise ConfigError(where, f"must be {_PATH_CHARS}; got {_got(value)}")
-    return value
-
-
 def _bind(where: str, value: Any) -> str:
-    if _path(where, value).strip("/") == "":
+    if _matching(where, value, _PATH_RE, _PATH_CHARS).strip("/") == "":
         raise ConfigError(where, "/ would cover the container's whole file system; bind the "
                           "directories the jobs need")
     return str(value)
@@ -254,23 +246,12 @@ def _node(where: str, name: str, data: Any) -> NodeType:
         max_minutes=_time(f"{where}.max_time", data["max_time"], optional=True),
         max_nodes=_int(f"{where}.max_nodes", data.get("max_nodes"), optional=True),
         max_gpus=_int(f"{where}.max_gpus", data.get("max_gpus"), optional=True),
-        driver_version=_driver(f"{where}.driver_version", data.get("driver_version")),
+        driver_version=None if data.get("driver_version") is None else _word(
+            f"{where}.driver_version", data["driver_version"], _DRIVER_RE,
+            "an NVIDIA driver version as nvidia-smi prints it", "such as \"550.54.15\" (quoted)"),
         cpu_jobs=_bool(where, data, "cpu_jobs", False),
         multi_node_whole=_bool(where, data, "multi_node_whole", False),
     )
-
-
-def _driver(where: str, value: Any) -> str | None:
-    """An NVIDIA driver version (a YAML number such as 550.54 taken as its text)."""
-    return None if value is None else _word(
-        where, value, _DRIVER_RE, "an NVIDIA driver version as nvidia-smi prints it",
-        "such as \"550.54.15\" (quoted)")
-
-
-def _argv_word(where: str, value: Any) -> str:  # a command is run as argv, never by a shell
-    if not isinstance(value, str) or not _ARGV_WORD_RE.fullmatch(value):
-        raise ConfigError(where, f"must be {_ARGV_CHARS}; got {_got(value)}")
-    return value
 
 
 def profile_name(source: str, value: Any) -> str:  # errors under the file it came from
@@ -300,19 +281,13 @@ def _gpu_request(where: str, data: Mapping[str, Any]) -> tuple[str, str]:
                     GPU_TYPE_REQUESTS))
 
 
-def _gpu_features(where: str, value: Any) -> dict[str, str]:
-    """GPU type -> the node feature that selects it (gpu_type_request: constraint)."""
-    return {gpu: _word(f"{where}.{gpu}", feature, _FEATURE_RE, "one node feature name",
-                       _FEATURE_CHARS)
-            for gpu, feature in _keyed(where, value, _NAME_RE, "a GPU type", _NAME_CHARS).items()}
-
-
 def _node_types(where: str, data: Mapping[str, Any], partition: Mapping[Any, Any]
-                ) -> tuple[dict[str, NodeType], dict[str, NodeType], bool]:
-    """partitions, constraints, and partition.allowed (which needs partitions)."""
+                ) -> tuple[dict[str, NodeType], dict[str, NodeType], bool, str | None]:
+    """partitions, constraints, and partition.allowed and .default (which need
+    partitions)."""
     partitions = {k: _node(f"{where}.partitions.{k}", k, v)
-                  for k, v in _keyed(f"{where}.partitions", data.get("partitions"), _NAME_RE,
-                                     "a partition name", _NAME_CHARS).items()}
+                  for k, v in _keyed(f"{where}.partitions", data.get("partitions"), NAME_RE,
+                                     "a partition name", NAME_CHARS).items()}
     constraints = {k: _node(f"{where}.constraints.{k}", k, v)
                    for k, v in _keyed(f"{where}.constraints", data.get("constraints"),
                                       _FEATURE_RE, "a node feature", _FEATURE_CHARS).items()}
@@ -321,24 +296,13 @@ def _node_types(where: str, data: Mapping[str, Any], partition: Mapping[Any, Any
         raise ConfigError(f"{where}.partitions", "a profile needs partitions or constraints")
     if allowed and not partitions:
         raise ConfigError(f"{where}.partitions", "needed when partition.allowed is true")
-    return partitions, constraints, allowed
-
-
-def _default_partition(where: str, value: Any, partitions: Mapping[str, NodeType]
-                       ) -> str | None:
-    if value is None:
-        return None
-    name = _name(where, value, "a partition name")
-    if name not in partitions:
-        raise ConfigError(where, f"{shown(name)} is not one of the partitions: "
-                          f"{', '.join(partitions)}")
-    return name
-
-
-def _qos_limits(where: str, value: Any) -> dict[str, int | None]:
-    """QOS name -> its longest walltime in minutes (null: no limit)."""
-    return {k: _time(f"{where}.{k}", v, optional=True)
-            for k, v in _keyed(where, value, _NAME_RE, "a QOS name", _NAME_CHARS).items()}
+    default = partition.get("default")
+    if default is not None:
+        default = _name(f"{where}.partition.default", default, "a partition name")
+        if default not in partitions:
+            raise ConfigError(f"{where}.partition.default", f"{shown(default)} is not one of "
+                              f"the partitions: {', '.join(partitions)}")
+    return partitions, constraints, allowed, default
 
 
 def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
@@ -349,14 +313,17 @@ def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
     account, partition, qos = (_section(f"{where}.{s}", data.get(s), keys)
                                for s, keys in _SECTION_KEYS.items())
     style, type_request = _gpu_request(where, data)
-    features = _gpu_features(f"{where}.gpu_features", data.get("gpu_features"))
-    partitions, constraints, allowed = _node_types(where, data, partition)
-    default_partition = _default_partition(f"{where}.partition.default",
-                                           partition.get("default"), partitions)
+    features = {gpu: _word(f"{where}.gpu_features.{gpu}", feature, _FEATURE_RE,
+                           "one node feature name", _FEATURE_CHARS)
+                for gpu, feature in _keyed(f"{where}.gpu_features", data.get("gpu_features"),
+                                           NAME_RE, "a GPU type", NAME_CHARS).items()}
+    partitions, constraints, allowed, default_partition = _node_types(where, data, partition)
     default_qos = qos.get("default")
     if default_qos is not None:
         default_qos = _name(f"{where}.qos.default", default_qos, "a QOS name")
-    qos_limits = _qos_limits(f"{where}.qos.limits", qos.get("limits"))
+    qos_limits = {k: _time(f"{where}.qos.limits.{k}", v, optional=True)  # null: no limit
+                  for k, v in _keyed(f"{where}.qos.limits", qos.get("limits"), NAME_RE,
+                                     "a QOS name", NAME_CHARS).items()}
     scratch = data.get("scratch_root", "")  # "": none
     return Profile(
         name=name,
@@ -380,7 +347,8 @@ def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
         binds=_items(f"{where}.binds", data.get("binds"), "absolute paths", _bind),
         env=_items(f"{where}.env", data.get("env"), "variable names (NAME or PREFIX_*)",
                    _env_name),
-        scratch_root="" if scratch == "" else _path(f"{where}.scratch_root", scratch),
+        scratch_root="" if scratch == "" else _matching(f"{where}.scratch_root", scratch,
+                                                        _PATH_RE, _PATH_CHARS),
         nccl_env=_nccl_env(f"{where}.nccl_env", data.get("nccl_env")),
         preempt_flags=_items(f"{where}.preempt_flags", data.get("preempt_flags"),
                              "sbatch options", _preempt_flag),
@@ -391,16 +359,15 @@ def profile_from_dict(data: Mapping[str, Any], source: str) -> Profile:
         gpu_watch=_gpu_watch(f"{where}.gpu_watch", data.get("gpu_watch")),
         account_list_command=_items(f"{where}.account.list_command",
                                     account.get("list_command"),
-                                    "command words such as [slist]", _argv_word),
+                                    "command words such as [slist]", lambda at, word:
+                                    _matching(at, word, _ARGV_WORD_RE, _ARGV_CHARS)),
         single_host=_bool(where, data, "single_host", False),
         max_array_size=_array_size(f"{where}.max_array_size", data.get("max_array_size")),
     )
 
 
 def _array_size(where: str, value: Any) -> int:
-    if value is None:
-        return Profile.max_array_size
-    size = _int(where, value, optional=False)
+    size = Profile.max_array_size if value is None else _int(where, value)
     if size is None or size < 1:
         raise ConfigError(where, f"must be a positive integer, got {_got(value)}")
     return size

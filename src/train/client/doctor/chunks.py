@@ -1,10 +1,11 @@
 """The rules over one chunk (one Slurm job of the chain): Slurm's state first (it is
 certain), then the signal that ended the step, then the log rules' causes, the exception
-that ended the chunk leading; a failed chunk with none of these is `unknown`, its error
-log's end shown."""
+that ended the chunk leading (behind torchrun's ChildFailedError: the failed rank's own); a
+failed chunk with none of these is `unknown`, its error log's end shown."""
 
 from __future__ import annotations
 
+import re
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -13,26 +14,18 @@ from typing import Any
 
 from train.batch import contract
 from train.client.doctor import logread
-from train.client.doctor.evidence import Evidence, Finding, Hits
-from train.client.doctor.fixes import _finding, _int, _resources
-from train.client.doctor.launcher import _WRAPPER_RE, launcher_root_cause
-from train.client.doctor.logread import _excerpt, last_exception, read_tail, scan_lines, scan_log
-from train.client.doctor.rules import (
-    _JOINED_RE,
-    _MEMBER_RE,
-    RANK_ZERO_BANNER,
-    RENDEZVOUS_DONE,
-    RULES,
-)
+from train.client.doctor.findings import Evidence, Finding, Hits, _finding
+from train.client.gpuwatch_reader import idle_findings, idle_settings
 from train.client.slurm.chain import Chain
-from train.client.slurm.chainstatus import idle_settings
+from train.client.slurm.chaincost import integer, resources
 
 _STATE_CAUSES = {"OUT_OF_MEMORY": "host_oom", "TIMEOUT": "walltime",
                  "PREEMPTED": "preempted", "NODE_FAIL": "node_failure",
                  "BOOT_FAIL": "node_failure"}
 # the log rules' causes, most decisive first (the group's meeting and Lightning's banner
 # are evidence for other findings, no causes)
-_LOG_PRIORITY = [r.cause for r in RULES if r.cause not in (RENDEZVOUS_DONE, RANK_ZERO_BANNER)]
+_LOG_PRIORITY = [r.cause for r in logread.RULES
+                 if r.cause not in (logread.RENDEZVOUS_DONE, logread.RANK_ZERO_BANNER)]
 
 
 def _exit_code(chunk: Mapping[str, Any]) -> str | None:
@@ -77,11 +70,11 @@ def _rendezvous_partial(hits: Hits) -> str:
     seen: set[int] = set()
     world = 0
     for ev in hits.evidence():
-        m = _MEMBER_RE.search(ev.text)
+        m = logread._MEMBER_RE.search(ev.text)
         if m:
             seen.add(int(m.group(1)))
             world = max(world, int(m.group(3)))
-        j = _JOINED_RE.search(ev.text)
+        j = logread._JOINED_RE.search(ev.text)
         if j:
             return f"{j.group(1)} of {j.group(2)} ranks joined"
     if world and len(seen) < world and hits.count < world:
@@ -96,7 +89,7 @@ def _scan_chunk(logs: Sequence[Path], scan: bool, full: bool, notes: list[str]
     merged: dict[str, Hits] = {}
     for log in logs:
         if scan:
-            result = scan_log(log, full=full)
+            result = logread.scan_log(log, full=full)
             found = result.hits
             if not result.whole:
                 notes.append(f"{log}: searched its first {logread.HEAD_BYTES >> 20} MiB "
@@ -104,7 +97,7 @@ def _scan_chunk(logs: Sequence[Path], scan: bool, full: bool, notes: list[str]
                              f"{result.skipped_bytes >> 20} MiB between (--full searches "
                              "every byte)")
         elif log.suffix == ".err":
-            found = scan_lines(log, read_tail(log))
+            found = logread.scan_lines(log, logread.read_tail(log))
         else:
             continue
         for cause, hits in found.items():
@@ -178,9 +171,9 @@ def _chunk_findings(chain: Chain, c: Mapping[str, Any], logs: Sequence[Path],
     exc = _ending_exception(ch, state_cause, out)
     _add_log_findings(ch, exc, out)
     runs = max(1, events.count(contract.EV_STARTED))  # a requeued job's runs share its log
-    alone = _ranks_alone(chain, ch.hits.get(RANK_ZERO_BANNER), runs)
+    alone = _ranks_alone(chain, ch.hits.get(logread.RANK_ZERO_BANNER), runs)
     if alone:
-        out.append(ch.finding("ranks_alone", ch.hits.get(RANK_ZERO_BANNER), alone))
+        out.append(ch.finding("ranks_alone", ch.hits.get(logread.RANK_ZERO_BANNER), alone))
     if failed and not out:
         out.append(_unknown_failure(ch))
     return out
@@ -198,6 +191,76 @@ def _state_cause(ch: _Chunk) -> str | None:
     return cause
 
 
+# torch's elastic agent (torchrun) ends with its own exception around a rank's failure,
+# then a summary (torch/distributed/elastic/multiprocessing/errors/error_handler.py and
+# __init__.py): "Root Cause (first observed failure):" and, per rank, "rank : R
+# (local_rank: L)", "exitcode : N (pid: P)" (negative: the signal), "traceback : ..."
+# (the rank's own traceback where it wrote an error file: @record; else a link)
+_WRAPPER_RE = re.compile(logread._exception("ChildFailedError"))
+_ROOT_RANK_RE = re.compile(r"^\s*rank\s*:\s*(\d+) \(local_rank: (\d+)\)")
+_ROOT_EXIT_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_PREFIX_RE = re.compile(r"^\s*\[(rank ?|default)(\d+)\]")
+
+
+@dataclass(frozen=True)
+class RootCause:
+    """The failed rank behind torchrun's ChildFailedError."""
+
+    exception: Evidence | None  # the rank's own exception line, where the log has it
+    rank: str  # "rank 1 (local_rank 1)", "" where the summary was not found
+    signal: int | None  # the signal that ended the rank (its exitcode -N)
+
+
+def launcher_root_cause(path: Path) -> RootCause | None:
+    """Where the end of a log is torchrun's ChildFailedError: the rank that failed and its
+    exception. The rank's traceback in the summary (an error file: torch timed the failures)
+    wins; else the workers' exception lines before the agent's traceback, the root rank's
+    where lines carry rank prefixes: the first that a rule recognises (the first rank to
+    fail prints first; the others fail after it, e.g. 'Connection closed by peer'), else
+    the last. Without error files torch's root cause is a guess (a tie in time goes to the
+    lowest rank), so a rule-recognised exception of another rank still counts. None where
+    the log does not end in the wrapper."""
+    lines = logread.read_tail(path)
+    wrap = next((i for i in range(len(lines) - 1, -1, -1)
+                 if _WRAPPER_RE.match(lines[i][1].strip())), None)
+    if wrap is None:
+        return None
+    rank = local = None
+    sig = None
+    own: Evidence | None = None
+    in_root = False
+    for number, line in lines[wrap + 1:]:
+        text = line.strip()
+        if text.startswith("Root Cause"):
+            in_root = True
+        elif in_root and text.startswith("====="):
+            break
+        elif in_root:
+            if m := _ROOT_RANK_RE.match(line):
+                rank, local = int(m.group(1)), int(m.group(2))
+            elif (m := _ROOT_EXIT_RE.match(line)) and int(m.group(1)) < 0:
+                sig = -int(m.group(1))
+            elif logread._EXCEPTION_RE.match(text) and not _WRAPPER_RE.match(text):
+                own = Evidence(str(path), number or 0, text[:logread.MAX_LINE])
+    where = f"rank {rank} (local_rank {local})" if rank is not None else ""
+    if own is not None:
+        return RootCause(own, where, sig)
+    # the agent's own traceback starts at the last "Traceback" before its exception
+    end = next((i for i in range(wrap - 1, -1, -1)
+                if lines[i][1].strip().startswith("Traceback (most recent call last)")), wrap)
+    found = [(n, line.strip()) for n, line in lines[:end]
+             if logread._EXCEPTION_RE.match(line.strip()) and not _WRAPPER_RE.match(line.strip())]
+    prefixed = [(n, t, _PREFIX_RE.match(t)) for n, t in found]
+    if rank is not None and any(m for _, _, m in prefixed):
+        found = [(n, t) for n, t, m in prefixed if m and int(m.group(2)) == (
+            rank if m.group(1).startswith("rank") else local)] or found
+    if not found:
+        return RootCause(None, where, sig)
+    known = [(n, t) for n, t in found if logread.scan_lines(path, [(n, t)])]
+    number, text = known[0] if known else found[-1]
+    return RootCause(Evidence(str(path), number or 0, text[:logread.MAX_LINE]), where, sig)
+
+
 def _ending_exception(ch: _Chunk, state_cause: str | None, out: list[Finding]
                       ) -> Evidence | None:
     """The last exception of a failed chunk's error log, which is what ended it (torchrun's
@@ -206,7 +269,7 @@ def _ending_exception(ch: _Chunk, state_cause: str | None, out: list[Finding]
     no memory cause explains, or a native crash."""
     sig = _signal_of(ch.exit_code) if ch.failed else None
     ended = f"exit code {ch.exit_code}: the step"
-    exc = last_exception(ch.err) if ch.failed and ch.err is not None else None
+    exc = logread.last_exception(ch.err) if ch.failed and ch.err is not None else None
     if exc is not None and ch.err is not None and _WRAPPER_RE.match(exc.text):
         root = launcher_root_cause(ch.err)
         if root is not None:
@@ -229,7 +292,7 @@ def _add_log_findings(ch: _Chunk, exc: Evidence | None, out: list[Finding]) -> N
     """The log rules' causes, in RULES' order with the ending exception's own cause first
     (or python_error where no rule knows it); in a chunk that ended well or still runs
     only those of _ALWAYS. `train: error` only where nothing else was found."""
-    lead = scan_lines(Path(exc.file), [(exc.line, exc.text)]) if exc is not None else {}
+    lead = logread.scan_lines(Path(exc.file), [(exc.line, exc.text)]) if exc is not None else {}
     if exc is not None and not lead:
         f = ch.finding("python_error", detail=exc.text)
         f.evidence = [exc]
@@ -255,7 +318,7 @@ def _rendezvous_finding(ch: _Chunk, hits: Hits) -> Finding | None:
     chunk. Member lines are often shown for rank 0 only: where the group says it met,
     their count is no evidence of a missing rank (a requeued job's runs share one log:
     only a meeting after the last rendezvous line counts)."""
-    hits = _after_meeting(ch.hits.get(RENDEZVOUS_DONE), hits)
+    hits = _after_meeting(ch.hits.get(logread.RENDEZVOUS_DONE), hits)
     partial = _rendezvous_partial(hits) if hits.count else ""
     if partial and (ch.ended_early or "clients joined" in partial):
         return ch.finding("rendezvous", hits, partial)
@@ -268,8 +331,8 @@ def _unknown_failure(ch: _Chunk) -> Finding:
     """A failed chunk no rule explains: the end of its error log as the evidence."""
     f = ch.finding("failed", detail=_state_detail(ch.state, ch.exit_code))
     f.cause = "unknown"
-    tail = read_tail(ch.err)[-6:] if ch.err is not None else []
-    f.evidence = [Evidence(str(ch.err), n or 0, _excerpt(line, 0)) for n, line in tail]
+    tail = logread.read_tail(ch.err)[-6:] if ch.err is not None else []
+    f.evidence = [Evidence(str(ch.err), n or 0, logread._excerpt(line, 0)) for n, line in tail]
     if not tail:
         f.fix = ("no error log was written: the job failed before its shell ran "
                  "(`sacct -j JOBID` or `scontrol show job JOBID` says why; a log folder "
@@ -283,9 +346,9 @@ def _ranks_alone(chain: Chain, banners: Hits | None, runs: int) -> str:
     global rank 0 of a world of its own (a bare Lightning Trainer() on several nodes
     trains the same model N times, alone). A healthy group prints it once a run (a
     requeued job's runs append to one log); alone, once per process and run."""
-    res = _resources(chain)
-    nodes = _int(res.get("nodes")) or 1
-    per_node = _int(res.get("processes_per_node")) or _int(res.get("ntasks_per_node")) or 1
+    res = resources(chain.record)
+    nodes = integer(res.get("nodes")) or 1
+    per_node = integer(res.get("processes_per_node")) or integer(res.get("ntasks_per_node")) or 1
     procs = nodes * per_node
     if banners is None or procs < 2 or banners.count < procs * runs:
         return ""
@@ -297,15 +360,9 @@ def _ranks_alone(chain: Chain, banners: Hits | None, runs: int) -> str:
 def idle_gpus(chain: Chain) -> list[Finding]:
     """GPUs the utilisation watch saw idle for the job's idle time (its settings are in
     the chain's record; the watch's defaults otherwise)."""
-    from train.client import gpuwatch_reader as gpuwatch
-
-    threshold, minutes = idle_settings(chain)
-    try:
-        idle = gpuwatch.idle_findings(chain.run_dir, threshold, minutes)
-    except (OSError, ValueError):
-        return []
+    threshold, minutes = idle_settings(chain.record)
     out = []
-    for item in idle:
+    for item in idle_findings(chain.run_dir, threshold, minutes):
         f = _finding(chain, "idle_gpu", None, None, detail=item.describe())
         f.evidence = [Evidence(str(Path(item.file).absolute()), item.first_line,
                                f"GPU {item.gpu}: {item.samples} samples under "

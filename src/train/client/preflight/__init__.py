@@ -1,7 +1,3 @@
 """Preflight on the login node (`train doctor --preflight`): will a job of this profile start?
-
 Each check says how to fix what fails; one that cannot know says so (SKIP) and never fails
-on not knowing; a warning (WARN) is a pass with a fix. Outside commands, the environment and
-the mount table are injected (tests pass their own); bad input raises ConfigError naming the
-field. One module per check family; suite holds their order (run_preflight).
-"""
+on not knowing; a warning (WARN) is a pass with a fix."""

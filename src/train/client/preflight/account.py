@@ -9,8 +9,7 @@ import re
 from collections.abc import Mapping
 
 from train.client.clusters.schema import Profile
-from train.client.preflight.commands import Runner, _run, _tail, _which
-from train.client.preflight.result import ACCOUNT, Check
+from train.client.preflight.result import ACCOUNT, Check, Runner, _run, _tail, which
 
 _ACCOUNTS_TIMEOUT = 60.0
 _ACCOUNT_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@+-]{0,127}")
@@ -47,7 +46,7 @@ def _output(argv: list[str], label: str, environ: Mapping[str, str], run: Runner
             notes: list[str]) -> str | None:
     """What a command found on PATH prints; None where it is not there or fails (why is
     added to `notes`)."""
-    binary = _which(argv[0], environ)
+    binary = which(argv[0], environ)
     if binary is None:
         notes.append(f"{label} is not on PATH")
         return None

@@ -9,8 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from train.client.clusters.schema import Profile
-from train.client.preflight.commands import Runner, _run, _tail, _which
-from train.client.preflight.result import RUNTIME, Check
+from train.client.preflight.result import RUNTIME, Check, Runner, _run, _tail, which
 
 RUNTIMES = ("auto", "apptainer", "docker", "none")
 # every image needs it (containers/*.def: %arguments and --build-arg; docs/images.md)
@@ -23,21 +22,18 @@ _VERSION_TIMEOUT = 30.0
 _SINGULARITY_RE = re.compile(r"\bsingularity", re.IGNORECASE)
 
 
-def _looks_like_file(image: str) -> bool:
-    return (image.endswith(".sif") or image.startswith(("/", ".", "~"))
-            or os.path.exists(os.path.expanduser(image)))
-
-
 def _pick_runtime(runtime: str, image: str | None, profile: Profile,
                   environ: Mapping[str, str]) -> str:
     if runtime != "auto":
         return runtime
-    if image is not None:
-        return "apptainer" if _looks_like_file(image) else "docker"
-    if _which("apptainer", environ) or _which("singularity", environ):
+    if image is not None:  # a file (a SIF or a sandbox), else a Docker tag
+        file = image.endswith(".sif") or image.startswith(("/", ".", "~")) \
+            or os.path.exists(os.path.expanduser(image))
+        return "apptainer" if file else "docker"
+    if which("apptainer", environ) or which("singularity", environ):
         return "apptainer"
     # the sites run apptainer; docker is the local (single-host) test cluster's runtime
-    if profile.single_host and _which("docker", environ):
+    if profile.single_host and which("docker", environ):
         return "docker"
     return "apptainer"
 
@@ -59,9 +55,9 @@ def _check_runtime(chosen: str, asked: str, profile: Profile, environ: Mapping[s
                      "container"), None
     if chosen == "docker":
         return _check_docker(how, environ, run)
-    binary = _which("apptainer", environ)
+    binary = which("apptainer", environ)
     if binary is None:
-        other = _which("singularity", environ)
+        other = which("singularity", environ)
         if other is not None:
             code, out, err = _run(run, [other, "--version"], _VERSION_TIMEOUT)
             said = _tail(out or err) or f"exit {code}"
@@ -107,7 +103,7 @@ def _check_runtime(chosen: str, asked: str, profile: Profile, environ: Mapping[s
 
 def _check_docker(how: str, environ: Mapping[str, str],
                   run: Runner) -> tuple[Check, str | None]:
-    binary = _which("docker", environ)
+    binary = which("docker", environ)
     if binary is None:
         return Check(RUNTIME, False, f"docker{how} is not on PATH (runtime docker is for a "
                      "machine with a Docker engine, such as the local test cluster)",

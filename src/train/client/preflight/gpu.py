@@ -13,7 +13,7 @@ from train.common.cuda_check import MIN_DRIVER, VARIANTS, parse_version, variant
 from train.common.errors import UsageError
 from train.common.gpus import arch_runs, capability
 from train.images.arch import BuildArch, read_header
-from train.images.sources import containers_dir
+from train.images.defs import containers_dir
 
 
 def image_cuda(facts: ImageFacts) -> tuple[str, tuple[int, int] | None, str]:
@@ -26,21 +26,16 @@ def image_cuda(facts: ImageFacts) -> tuple[str, tuple[int, int] | None, str]:
         if version is not None:
             return "cuda", version, f"label org.train.cuda={labels['org.train.cuda']}"
     lock = labels.get("org.train.lock", "")
-    source = f"label org.train.lock={lock}"
     if re.search(r"(?:^|[^a-z])cpu(?:[^a-z]|$)", lock.lower()):
-        return "cpu", None, source
-    match = re.search(r"cu([0-9]{2,3})(?![0-9])", lock.lower())
-    if match:
-        digits = match.group(1)
-        return "cuda", (int(digits[:-1]), int(digits[-1])), source
+        return "cpu", None, f"label org.train.lock={lock}"
     base = labels.get("org.train.base-image", "")
-    match = re.search(r"cuda:([0-9]+)\.([0-9]+)", base)
-    if match:
-        return ("cuda", (int(match.group(1)), int(match.group(2))),
-                f"label org.train.base-image={base}")
-    match = re.search(r"\bCUDA_VERSION\b[^0-9\n]{0,24}([0-9]+)\.([0-9]+)", facts.env_text)
-    if match:
-        return ("cuda", (int(match.group(1)), int(match.group(2))),
+    for text, pattern, source in (
+            (lock.lower(), r"cu([0-9]{1,2})([0-9])(?![0-9])", f"label org.train.lock={lock}"),
+            (base, r"cuda:([0-9]+)\.([0-9]+)", f"label org.train.base-image={base}"),
+            (facts.env_text, r"\bCUDA_VERSION\b[^0-9\n]{0,24}([0-9]+)\.([0-9]+)", "")):
+        match = re.search(pattern, text)
+        if match:
+            return "cuda", (int(match.group(1)), int(match.group(2))), source or (
                 f"CUDA_VERSION {match.group(1)}.{match.group(2)} in the image's environment")
     return "unknown", None, ""
 

@@ -1,6 +1,5 @@
 """Preflight, check 2: the image is there, readable, a SIF (or a sandbox, or a Docker
-image), and opens; what it says about itself (ImageFacts: labels and environment), which
-the GPU checks read. `train submit` uses `check_image_file` and `image_facts` too."""
+image), and opens; what it says about itself (ImageFacts), which the GPU checks read."""
 
 from __future__ import annotations
 
@@ -11,10 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from train.client.clusters.schema import Profile
-from train.client.preflight.commands import Runner, _run, _tail
-from train.client.preflight.result import IMAGE, RUNTIME, Check
-from train.client.preflight.storage import Mount, _storage
+from train.client.preflight.result import IMAGE, RUNTIME, Check, Runner, _run, _tail
+from train.client.preflight.runs_root import Mount, _storage
 from train.common import _proc
+from train.common.jsonio import read_json_object
 from train.images.build import SIF_MAGIC
 
 _INSPECT_TIMEOUT = 120.0  # a SIF without its metadata descriptor is inspected by running it
@@ -60,26 +59,19 @@ def _check_image(chosen: str, image: str | None, binary: str | None, profile: Pr
     return check, facts
 
 
-def check_image_file(path: Path, profile: Profile, mounts: list[Mount]) -> Check:
-    """The image file as `train submit` sees it, without running apptainer."""
-    return _check_sif(path, None, profile, mounts, _proc.run, strict=True)[0]
-
-
-def open_image(path: Path, binary: str, profile: Profile) -> tuple[Check, ImageFacts | None]:
-    """The image file opened with `apptainer inspect`, for `train submit`."""
-    return _check_sif(path, binary, profile, [], _proc.run, strict=True)
+def open_image(path: Path, binary: str | None, profile: Profile, mounts: list[Mount]
+               ) -> tuple[Check, ImageFacts | None]:
+    """The image file as `train submit` sees it, opened with `apptainer inspect` where
+    `binary` is given."""
+    return _check_sif(path, binary, profile, mounts, _proc.run, strict=True)
 
 
 def image_facts(path: Path, binary: str, profile: Profile) -> ImageFacts | None:
     """What an image says about itself (its labels), for `train submit`: a sandbox's
-    labels.json, else `apptainer inspect`; None where it cannot be read."""
+    labels.json (none where it cannot be read), else `apptainer inspect` (None where it
+    cannot)."""
     if path.is_dir():
-        try:
-            labels = json.loads((path / ".singularity.d" / "labels.json").read_text())
-        except (OSError, ValueError):
-            return None
-        if not isinstance(labels, dict):
-            return None
+        labels = read_json_object(path / ".singularity.d" / "labels.json", None)
         return ImageFacts({str(k): str(v) for k, v in labels.items()})
     return _check_sif(path, binary, profile, [], _proc.run)[1]
 
@@ -217,9 +209,7 @@ def _apptainer_facts(out: str) -> ImageFacts:
 def _label_summary(facts: ImageFacts) -> str:
     shown_keys = [k for k in ("org.train.image", "org.train.lock", "org.train.base-image")
                   if k in facts.labels]
-    if not shown_keys:
-        return ""
-    return " [" + ", ".join(f"{k}={facts.labels[k]}" for k in shown_keys) + "]"
+    return f" [{', '.join(f'{k}={facts.labels[k]}' for k in shown_keys)}]" if shown_keys else ""
 
 
 def _check_docker_image(image: str, binary: str | None,

@@ -1,10 +1,16 @@
-"""A preflight check's outcome (Check), the checks' names, and how they are shown."""
+"""A preflight check's outcome (Check), the checks' names, and how they are shown; how the
+checks run outside commands (with a timeout, found on the caller's PATH)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+from train.common import _proc
 
 # check names, in the order they run
 RUNTIME, IMAGE, ACCOUNT, RUNS_ROOT, CUDA = ("container runtime", "image", "account",
@@ -50,3 +56,31 @@ def checks_json(checks: Sequence[Check]) -> dict[str, Any]:
     return {"ok": not failed(checks),
             "checks": [{"name": c.name, "status": c.status, "ok": c.ok, "detail": c.detail,
                         "fix": c.fix} for c in checks]}
+
+
+class Runner(Protocol):  # tests pass scripted ones
+
+    def __call__(self, argv: Sequence[str], *, timeout: float = ...,
+                 check: bool = ...) -> subprocess.CompletedProcess[str]: ...
+
+
+def which(name: str, environ: Mapping[str, str]) -> str | None:
+    return shutil.which(name, path=environ.get("PATH", os.defpath))
+
+
+def _run(run: Runner, argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
+    """(returncode, stdout, stderr); a command that cannot start or times out is 127 / 124
+    with the reason as its stderr."""
+    try:
+        proc = run(argv, timeout=timeout, check=False)
+    except _proc.ProcError as exc:
+        return exc.returncode, "", exc.stderr
+    except OSError as exc:  # e.g. a PATH entry that is not executable
+        return 126, "", str(exc)
+    return proc.returncode, proc.stdout or "", proc.stderr or ""
+
+
+def _tail(text: str, lines: int = 3, limit: int = 300) -> str:
+    kept = [line.strip() for line in text.strip().splitlines() if line.strip()][-lines:]
+    out = " / ".join(kept)
+    return out if len(out) <= limit else out[:limit] + "..."

@@ -8,13 +8,11 @@ from pathlib import Path
 
 from train.client.clusters.schema import NodeType, Profile
 from train.client.preflight.account import _ACCOUNT_RE, _check_account
-from train.client.preflight.commands import Runner
 from train.client.preflight.container import RUNTIMES, _check_runtime, _pick_runtime
 from train.client.preflight.gpu import _check_cuda, check_arch
 from train.client.preflight.image import _check_image
-from train.client.preflight.result import Check
-from train.client.preflight.runs_root import _check_runs_root
-from train.client.preflight.storage import MOUNTS, read_mounts
+from train.client.preflight.result import Check, Runner
+from train.client.preflight.runs_root import MOUNTS, _check_runs_root, read_mounts
 from train.common import _proc
 from train.common.errors import ConfigError
 from train.common.yamlio import shown

@@ -1,5 +1,5 @@
 """A chain's record on disk: chain.json, chain.ids and chain.events in its run folder,
-how a run is found by name or job id, and where its logs are."""
+how a run is found by name or job id, where its logs are, and `train cancel`."""
 
 from __future__ import annotations
 
@@ -7,14 +7,18 @@ import json
 import os
 import re
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from train.batch import contract
-from train.client.slurm.queue import _is_job_ref, _is_number
+from train.batch.saves import read_text
+from train.client.slurm import queue
+from train.client.slurm.queue import ACTIVE_STATES, _is_job_ref, _is_number
+from train.common import _proc
 from train.common.errors import UsageError
-from train.common.jsonio import read_bounded
+from train.common.jsonio import read_bounded, read_json_object
 from train.common.yamlio import shown
 
 RECORD_LIMIT = 1 << 20  # chain.json and chain.ids: a few KiB when train submit writes them
@@ -94,20 +98,11 @@ def earlier_chains(run_dir: Path) -> list[Earlier]:
     kept.sort(key=lambda item: [int(n) for n in item[0].split("_")])
     out = []
     for tag, path in kept[-EARLIER_LIMIT:]:
-        chunks = parse_ids(_read_text(path))
+        chunks = parse_ids(read_text(str(path), RECORD_LIMIT))
         if chunks:
-            out.append(Earlier(tag, _json_object(path.with_suffix(
-                Path(contract.CHAIN_RECORD).suffix)), chunks))
+            out.append(Earlier(tag, read_json_object(path.with_suffix(
+                Path(contract.CHAIN_RECORD).suffix), RECORD_LIMIT), chunks))
     return out
-
-
-def _json_object(path: Path) -> dict[str, Any]:
-    """A kept record: a JSON object, or {} (missing, too large, not JSON)."""
-    try:
-        value = json.loads(_read_text(path))
-    except (ValueError, RecursionError):
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def load_chain(run_dir: Path) -> Chain:
@@ -125,14 +120,8 @@ def load_chain(run_dir: Path) -> Chain:
                          "written by `train submit`, or was cut short") from None
     if not isinstance(record, dict) or not isinstance(record.get("name"), str):
         raise UsageError(f"run: {path} does not hold a chain record")
-    return Chain(run_dir, record, parse_ids(_read_text(run_dir / contract.CHAIN_IDS)),
-                 earlier_chains(run_dir))
-
-
-def _read_text(path: Path, limit: int = RECORD_LIMIT, tail: bool = False) -> str:
-    """A run file's text, bounded ('' for what is missing or not a regular file)."""
-    data = read_bounded(path, limit, tail=tail)
-    return "" if data is None else data.decode("utf-8", "replace")
+    ids = read_text(str(run_dir / contract.CHAIN_IDS), RECORD_LIMIT)
+    return Chain(run_dir, record, parse_ids(ids), earlier_chains(run_dir))
 
 
 def _is_file(path: Path) -> bool:
@@ -205,15 +194,15 @@ def find_run(ref: str, runs_root: Path) -> Path:
         raise UsageError(problem)
     if _is_number(ref):
         for run_dir in chain_dirs(runs_root):
-            text = _read_text(run_dir / contract.CHAIN_IDS)
+            text = read_text(str(run_dir / contract.CHAIN_IDS), RECORD_LIMIT)
             if ref in [job_id for _, job_id in parse_ids(text)]:
                 return run_dir
     sweep, _, task = ref.partition("/")
     if task and "/" not in task and _is_file(runs_root / sweep / contract.SWEEP_RECORD):
-        from train.client.slurm.sweep import sweep_tasks
+        from train.client.slurm.sweep import read_tasks
 
         try:
-            tasks = [f"{sweep}/{t.dir}" for t in sweep_tasks(runs_root / sweep)]
+            tasks = [f"{sweep}/{t.dir}" for t in read_tasks(runs_root / sweep)[0]]
         except UsageError as exc:
             raise UsageError(f"run: the sweep {shown(sweep)} has no task {shown(task)}, and "
                              f"its record cannot be read: {exc}") from None
@@ -245,3 +234,23 @@ def log_path(chain: Chain, job_id: str | None, err: bool) -> Path:
     if found:
         return found[-1]
     return logs / f"{chain.record['name']}-{ids[-1]}.{suffix}"
+
+
+def record_cancel(chain: Chain, states: dict[str, dict[str, Any]]) -> list[str]:
+    """The chain's queued or running chunks (by `states`), the cancel recorded first where
+    there are any, so what the chunks' batch shells record as they die reads as the
+    consequence; a chain with nothing left to cancel keeps the record of how it ended."""
+    active = [i for i in chain.ids if states.get(i, {}).get("state") in ACTIVE_STATES]
+    if active:
+        with open(chain.run_dir / contract.CHAIN_EVENTS, "a", encoding="utf-8") as fh:
+            fh.write(f"{int(time.time())} 0 {chain.ids[0]} {contract.EV_CANCELLED} "
+                     "by-user\n")
+    return active
+
+
+def cancel_chain(chain: Chain) -> list[str]:
+    """`train cancel`: every queued or running chunk (record_cancel), its event first."""
+    active = record_cancel(chain, queue.job_states(chain.ids))
+    if active:
+        _proc.run(["scancel", *active], timeout=60)
+    return active

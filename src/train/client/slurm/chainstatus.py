@@ -4,26 +4,28 @@ Slurm's states), its progress and rate, the GPU watch's summary, and `train stat
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
+from dataclasses import asdict
 from typing import Any
 
 from train.batch import contract
-from train.batch.saves import chunks_left
-from train.client.slurm import chaincost, queue, reasons, reservations
-from train.client.slurm.chain import _DECISIVE, EVENTS_LIMIT, Chain, _read_text, parse_events
-from train.client.slurm.chunkends import (
+from train.batch.saves import chunks_left, file_progress, read_text
+from train.client import gpuwatch_reader as gpuwatch
+from train.client.slurm import chaincost, queue, reservations
+from train.client.slurm.chain import _DECISIVE, EVENTS_LIMIT, Chain, parse_events
+from train.client.slurm.chaincost import (
     _WITH_PROGRESS,
     UNKNOWN_PROGRESS,
     Redone,
     chunk_words,
+    integer,
+    known_progress,
     progress_words,
     redone,
     resume_fix,
+    runs,
     split_progress,
 )
 from train.client.slurm.queue import ACTIVE_STATES
-from train.common import gpuwatch_file
-from train.common.jsonio import read_bounded
 
 # Final Slurm states that end a chunk, whatever its batch shell could record.
 _ENDING_STATES = {
@@ -39,37 +41,19 @@ _ENDING_STATES = {
     "FAILED": "failed",
     "CANCELLED": "cancelled by Slurm or with scancel",
 }
-def read_progress(run_dir: Path) -> tuple[int, int] | None:
-    """The run's progress file (contract.PROGRESS_FILE, written by contract.write_progress):
-    (DONE, TOTAL), or None where there is none or it does not read as two numbers."""
-    data = read_bounded(run_dir / contract.PROGRESS_FILE, 64)  # "DONE TOTAL\n"; no FIFO
-    try:
-        parts = (data or b"").decode("ascii").split()
-    except UnicodeDecodeError:
-        return None
-    # ASCII digits only (str.isdigit takes '²', which int() refuses), short enough for int
-    if len(parts) != 2 or not all(p.isascii() and p.isdigit() and len(p) <= 18
-                                  for p in parts):
-        return None
-    return int(parts[0]), int(parts[1])
-
-
 def progress_rate(events: Sequence[dict[str, Any]]) -> float | None:
     """Work units per second of chunk wall time (start-up included), from each run's
-    `started` and its closing event; None before a chunk has ended."""
-    opened: dict[str, tuple[int, int]] = {}
+    `started` and the first event that names its progress after it; None before a chunk
+    has ended."""
     work = seconds = 0
-    for e in events:
-        if e["event"] == contract.EV_STARTED:
-            start = split_progress(e["detail"])
-            if start is not None:
-                opened[e["job_id"]] = (e["time"], start[0])
-        elif e["event"] in _WITH_PROGRESS and e["job_id"] in opened:
-            end = split_progress(e["detail"])
-            t0, done0 = opened.pop(e["job_id"])
-            if end is not None:
-                work += max(0, end[0] - done0)
-                seconds += max(0, e["time"] - t0)
+    for run in runs(events):
+        said = next((e for e in (*run.between, run.end)
+                     if e is not None and e["event"] in _WITH_PROGRESS), None)
+        start = split_progress(run.start)
+        end = split_progress(said["detail"]) if said is not None else None
+        if start is not None and end is not None and said is not None:
+            work += max(0, end[0] - start[0])
+            seconds += max(0, said["time"] - run.at)
     if seconds <= 0:
         return None
     return work / seconds
@@ -257,8 +241,8 @@ def _allowed(chain: Chain, chunks: Chunks, used: int) -> int:
     """Chunks the bound allows after those that started: for a chain with a floor, the
     bound's time their limits left (chunks started short leave more), in chunks of
     --time."""
-    bound = _record_int(chain, "max_chunks") or 0
-    wall = _record_int(chain, "walltime_seconds")
+    bound = integer(chain.record.get("max_chunks")) or 0
+    wall = integer(chain.record.get("walltime_seconds"))
     if not (_in_time(chain) and wall and wall > 0):
         return bound - used
     spent = sum(c.get("limit_seconds") or wall for c in chunks
@@ -272,40 +256,11 @@ def _in_time(chain: Chain) -> bool:
     return isinstance(job, dict) and bool(job.get("time_min_seconds"))
 
 
-def _record_int(chain: Chain, key: str) -> int | None:
-    """An integer of the chain's record; None where it is missing or not an integer (a
-    record edited by hand, or not written by `train submit`)."""
-    value = chain.record.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def idle_settings(chain: Chain) -> tuple[float, float]:
-    """The job's GPU idle threshold (percent) and minutes, as `train submit` recorded them
-    in the chain's resources; the watch's defaults where they are missing or odd."""
-
-    res = chain.record.get("resources")
-    watch = res.get("gpu_watch") if isinstance(res, dict) else None
-    given = watch if isinstance(watch, dict) else {}
-
-    def setting(name: str, default: float) -> float:
-        value = given.get(name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        return default
-
-    return (setting("idle_threshold", gpuwatch_file.DEFAULT_IDLE_THRESHOLD),
-            setting("idle_minutes", gpuwatch_file.DEFAULT_IDLE_MINUTES))
-
-
-def _gpu_summary(chain: Chain) -> dict[str, Any]:
-    """Per node, the GPU watch's mean and latest utilisation (runtime/gpuwatch.py)."""
-    from train.client import gpuwatch_reader as gpuwatch
-
-    threshold, minutes = idle_settings(chain)
-    try:
-        return dict(gpuwatch.summary(chain.run_dir, threshold=threshold, minutes=minutes))
-    except (OSError, ValueError):
-        return {}
+def read_events(chain: Chain) -> Events:
+    """The run folder's events, of this chain and the earlier ones a resubmission left
+    there (the end of the file: a few lines a chunk, so 1 MiB is thousands of chunks)."""
+    return parse_events(read_text(str(chain.run_dir / contract.CHAIN_EVENTS), EVENTS_LIMIT,
+                                  tail=True))
 
 
 def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
@@ -315,9 +270,7 @@ def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
     earlier_ids = [i for kept in chain.earlier for _, i in kept.chunks]
     if states is None:
         states = queue.job_states([*chain.ids, *earlier_ids])
-    # the end of the events: a few lines a chunk, so 1 MiB is thousands of chunks
-    text = _read_text(chain.run_dir / contract.CHAIN_EVENTS, EVENTS_LIMIT, tail=True)
-    every = parse_events(text)
+    every = read_events(chain)
     chunk_ids = set(chain.ids)
     events = [e for e in every if e["job_id"] in chunk_ids]
     chunks = _chunk_rows(chain.record, chain.chunks, states, events)
@@ -328,7 +281,7 @@ def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
         for kept in chain.earlier]
     again = redone(chain.record, events)
     state, cause = _outcome(chain, chunks, events, again)
-    progress = read_progress(chain.run_dir) or _saved_progress(events)
+    progress = file_progress(str(chain.run_dir)) or _saved_progress(events)
     rate = progress_rate(events)
     used = _used(chain, chunks, events)
     status: dict[str, Any] = {
@@ -342,8 +295,8 @@ def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
         "rate_per_second": rate, "eta_seconds": None, "chunks_left_estimate": None,
         "warning": None, "chunks": chunks, "earlier_chains": earlier,
         "time": chaincost.add_times(chain.record, chunks, events),
-        "gpu": _gpu_summary(chain),
-        "redone": again.as_dict() if again is not None else None,
+        "gpu": gpuwatch.summary(chain.run_dir, *gpuwatch.idle_settings(chain.record)),
+        "redone": asdict(again) if again is not None else None,
         "overran": [f"chunk {e['chunk']} ran into its walltime after the stop signal; the "
                     f"tool ended it and the chain went on from the save before "
                     f"({(e['detail'] or '?').split()[0]} of at most "
@@ -353,12 +306,12 @@ def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
     if progress and rate and state not in ("complete", "cancelled", "failed"):
         eta = max(0, progress[1] - progress[0]) / rate
         status["eta_seconds"] = round(eta)
-        budget = _record_int(chain, "time_budget_seconds") or _record_int(
-            chain, "walltime_seconds")
+        budget = integer(chain.record.get("time_budget_seconds")) or integer(
+            chain.record.get("walltime_seconds"))
         if budget and budget > 0 and eta > 0:
             left = max(1, -(-int(eta) // budget))
             status["chunks_left_estimate"] = left
-            bound = _record_int(chain, "max_chunks") or 0
+            bound = integer(chain.record.get("max_chunks")) or 0
             remaining = _allowed(chain, chunks, used) + (1 if state == "running" else 0)
             if state in ("running", "pending") and left > remaining:
                 status["warning"] = (f"at this rate the work needs about {left} more "
@@ -374,11 +327,10 @@ def _chunk_rows(record: dict[str, Any], pairs: list[tuple[int, str]],
                 states: dict[str, dict[str, Any]], events: Events) -> Chunks:
     """Each chunk's Slurm state, its events' names and, in words, how it ended."""
     rows = []
-    limit = record.get("walltime_seconds")
-    limit = limit if isinstance(limit, int) else 0
+    limit = integer(record.get("walltime_seconds")) or 0
     for number, job_id in pairs:
         s = states.get(job_id, {"state": "UNKNOWN"})
-        waits = s["state"] == "PENDING" and reasons.is_reserved(s.get("reason"))
+        waits = s["state"] == "PENDING" and queue.is_reserved(s.get("reason"))
         rows.append({"chunk": number, "job_id": job_id, "state": s["state"],
                      "reason": s.get("reason"), "exit": s.get("exit"),
                      "expected_start": s.get("start"),
@@ -392,12 +344,8 @@ def _chunk_rows(record: dict[str, Any], pairs: list[tuple[int, str]],
 def _saved_progress(events: Events) -> tuple[int, int] | None:
     """Where there is no progress file: the last progress the chunks' events name (what
     the program's saves showed the batch shell), if any."""
-    for e in reversed(events):
-        if e["event"] in _WITH_PROGRESS:
-            got = split_progress(e["detail"])
-            if got is not None and got != (0, 0):
-                return got
-    return None
+    return next((got for e in reversed(events) if e["event"] in _WITH_PROGRESS
+                 and (got := known_progress(e["detail"])) is not None), None)
 
 
 def format_status(st: dict[str, Any], times: bool = False) -> list[str]:
@@ -451,9 +399,9 @@ def _chunk_lines(chunks: Chunks, indent: str, times: bool = False) -> list[str]:
         ended = f": {c['ended']}" if c.get("ended") else ""
         lines.append(f"{indent}chunk {c['chunk']}: job {c['job_id']} {c['state']}{extra}"
                      f"{ended}")
-        if c["state"] == "PENDING":  # (train.client.slurm.reasons)
-            why = reasons.words(c.get("reason"), c.get("maintenance"))
-            start = reasons.expected_start(c.get("expected_start"))
+        if c["state"] == "PENDING":  # (train.client.slurm.queue)
+            why = queue.words(c.get("reason"), c.get("maintenance"))
+            start = queue.expected_start(c.get("expected_start"))
             lines += [f"{indent}  waiting: {why}"] if why else []
             lines.append(f"{indent}  expected start: "
                          f"{start or 'Slurm gives no estimate yet'}")

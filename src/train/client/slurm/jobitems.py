@@ -97,15 +97,15 @@ class Bind:
         return f"{self.src}:{self.dst}" + (":ro" if self.read_only else "")
 
 
-def parse_bind(item: str, base: str | None = None) -> Bind:
-    """SRC[:DST[:ro|rw]]; SRC is made absolute from `base` (or the working directory)."""
+def parse_bind(item: str) -> Bind:
+    """SRC[:DST[:ro|rw]]; SRC is made absolute from the working directory."""
     parts = item.split(":")
     if len(parts) > 3 or not parts[0]:
         raise ConfigError("bind", f"{item!r} is not SRC, SRC:DST or SRC:DST:ro")
     if any(c in item for c in "\n\0,"):
         raise ConfigError("bind", f"{item!r}: a path with a newline, NUL or ',' cannot be "
                           "bound (the runtimes split on ',')")
-    src = os.path.abspath(os.path.join(base or os.getcwd(), parts[0]))
+    src = os.path.abspath(parts[0])
     dst = parts[1] if len(parts) > 1 and parts[1] else src
     if not dst.startswith("/"):
         raise ConfigError("bind", f"{item!r}: the destination {dst!r} must be an absolute "

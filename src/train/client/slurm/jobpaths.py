@@ -22,9 +22,13 @@ from train.workloads.config import RunConfig
 
 
 def job_paths(spec: JobSpec, profile: Profile, run_config: RunConfig | None) -> dict[str, Any]:
-    """The run directory, the results CSV and the binds that reach both (ResolvedJob's
-    run_dir, results_csv and binds)."""
-    run_dir = _run_dir(spec)
+    """The run directory (--out, or runs/NAME, absolute; never the file system's root), the
+    results CSV and the binds that reach both (ResolvedJob's run_dir, results_csv and
+    binds)."""
+    run_dir = Path(os.path.abspath(spec.out or os.path.join("runs", spec.name)))
+    if run_dir == Path(run_dir.anchor):
+        raise ConfigError("out", f"{run_dir} is the file system root; give a directory "
+                          "for the run")
     extra = _extra_binds(spec, run_dir)
     # where a host path is written at the same path inside (a read-only bind is not)
     writable = [*profile.binds, str(run_dir),
@@ -91,34 +95,19 @@ def _under(path: Path, roots: Sequence[str]) -> bool:
     return any(path == Path(r) or Path(r) in path.parents for r in roots)
 
 
-def _run_dir(spec: JobSpec) -> Path:
-    """--out, or runs/NAME, absolute; never the file system's root."""
-    run_dir = Path(os.path.abspath(spec.out or os.path.join("runs", spec.name)))
-    if run_dir == Path(run_dir.anchor):
-        raise ConfigError("out", f"{run_dir} is the file system root; give a directory "
-                          "for the run")
-    return run_dir
-
-
-def _navsim_data(data: str) -> Path:
-    """--data, absolute: a directory (NAVSIM's dataset/, its maps and exp/)."""
-    path = Path(os.path.abspath(data))
-    try:
-        is_dir = path.is_dir()
-    except OSError as exc:  # a name too long for the file system, a link loop
-        raise ConfigError("data", f"{shown(str(path))}: {exc.strerror or exc}") from None
-    if not is_dir:
-        raise ConfigError("data", f"{path} is not a directory (it should hold NAVSIM's "
-                          "dataset/ and maps, and exp/ for the experiments)")
-    return path
-
-
 def _extra_binds(spec: JobSpec, run_dir: Path) -> list[Bind]:
     """The job's --bind items and NAVSIM's --data (at NAVSIM_DATA_ROOT in a container),
     each with an existing source, none hiding the run directory, one source a target."""
     extra = [parse_bind(b) for b in spec.bind]
-    if spec.data is not None:
-        data = _navsim_data(spec.data)
+    if spec.data is not None:  # a directory: NAVSIM's dataset/, its maps and exp/
+        data = Path(os.path.abspath(spec.data))
+        try:
+            is_dir = data.is_dir()
+        except OSError as exc:  # a name too long for the file system, a link loop
+            raise ConfigError("data", f"{shown(str(data))}: {exc.strerror or exc}") from None
+        if not is_dir:
+            raise ConfigError("data", f"{data} is not a directory (it should hold NAVSIM's "
+                              "dataset/ and maps, and exp/ for the experiments)")
         if spec.runtime != "none":  # (on the node itself: the roots are set, see resolve)
             extra.append(Bind(str(data), NAVSIM_DATA_ROOT))
     for bind in extra:
@@ -140,8 +129,18 @@ def _check_bind(spec: JobSpec, bind: Bind, run_dir: Path) -> None:
         raise ConfigError("bind", f"{bind.spec}: runtime none runs on the node itself "
                           "and can neither show a path elsewhere nor make it read-only; "
                           "use a container runtime or the path itself")
-    if spec.runtime != "none":
-        _check_container_destination(spec.runtime, bind)
+    # where the container runtime mounts its own, or the image keeps what it runs on
+    owned = next((d for d in _RUNTIME_OWNED if _under(Path(bind.dst), [d])), None)
+    if spec.runtime != "none" and owned is not None:
+        raise ConfigError("bind", f"{bind.spec}: {spec.runtime} mounts its own {owned} in "
+                          "the container (processes, kernel, devices and GPUs, or its own "
+                          f"metadata), so nothing can be bound to {bind.dst}: bind it "
+                          "elsewhere (e.g. /data) and point the program there")
+    if spec.runtime != "none" and bind.dst in _IMAGE_SYSTEM:
+        raise ConfigError("bind", f"{bind.spec}: a folder bound at {bind.dst} hides the "
+                          f"image's own {bind.dst} (its programs, libraries or settings: "
+                          "the container's Python would not start); bind it under a "
+                          "folder of its own (e.g. /data)")
     moved = bind.src != bind.dst or bind.read_only
     if bind.dst == "/" or (moved and _under(run_dir, [bind.dst])):
         raise ConfigError("bind", f"{bind.spec}: the destination would hide the run "
@@ -154,22 +153,6 @@ def _check_bind(spec: JobSpec, bind: Bind, run_dir: Path) -> None:
 _RUNTIME_OWNED = ("/proc", "/sys", "/dev", "/.singularity.d")
 # the image's own programs and libraries: a folder bound over one of them hides them all
 _IMAGE_SYSTEM = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/usr", "/etc")
-
-
-def _check_container_destination(runtime: str, bind: Bind) -> None:
-    """A destination the container runtime refuses, or that would take from the container
-    what it runs on."""
-    owned = next((d for d in _RUNTIME_OWNED if _under(Path(bind.dst), [d])), None)
-    if owned is not None:
-        raise ConfigError("bind", f"{bind.spec}: {runtime} mounts its own {owned} in the "
-                          f"container (processes, kernel, devices and GPUs, or its own "
-                          f"metadata), so nothing can be bound to {bind.dst}: bind it "
-                          "elsewhere (e.g. /data) and point the program there")
-    if bind.dst in _IMAGE_SYSTEM:
-        raise ConfigError("bind", f"{bind.spec}: a folder bound at {bind.dst} hides the "
-                          f"image's own {bind.dst} (its programs, libraries or settings: "
-                          "the container's Python would not start); bind it under a "
-                          "folder of its own (e.g. /data)")
 
 
 def _results_csv(spec: JobSpec, run_config: RunConfig, run_dir: Path,

@@ -1,9 +1,7 @@
 """A SLURM job's spec: what to run where, from the YAML file and flags, and the checks the
-spec makes of itself (each value alone, and the values together).
-
-Its resolution against a cluster profile (node type, walltime, tasks, memory, paths,
-environment) is train.client.slurm.resolve; NAVSIM's presets and override checks are
-train.client.slurm.navsim, which the spec calls for its NAVSIM options.
+spec makes of itself (each value alone, and the values together; NAVSIM's are
+train.client.slurm.navsim's). Its resolution against a cluster profile is
+train.client.slurm.resolve.
 """
 
 from __future__ import annotations
@@ -12,8 +10,8 @@ import os
 import re
 import shlex
 from dataclasses import dataclass, fields
-from typing import Any
 
+from train.client.clusters.units import parse_time
 from train.client.slurm import navsim, resumeargs
 from train.client.slurm.jobitems import (
     SBATCH_OWNED,
@@ -335,8 +333,7 @@ class JobSpec:
                  and getattr(self, f.name) != f.default]
         if given and self.entry != "navsim":
             raise ConfigError(given[0], "is for --entry navsim")
-        navsim.check_split(self.navsim_split)
-        navsim.check_script(self.navsim_script)
+        navsim.check_presets(self.navsim_split, self.navsim_script)
         if self.entry == "navsim":
             navsim.check_overrides(self.workload, self.navsim_strategy)
 
@@ -360,8 +357,6 @@ class JobSpec:
 
 def _check_total_time(total: str, max_chunks: int | None) -> None:
     """--total-time: a SLURM time, never with --max-chunks (it sets them)."""
-    from train.client.clusters.units import parse_time
-
     if parse_time(total, "total_time") <= 0:
         raise ConfigError("total_time", f"must be more than 0, got {total!r}")
     if max_chunks is not None:
@@ -372,24 +367,9 @@ def _check_total_time(total: str, max_chunks: int | None) -> None:
 
 def _check_time_min(value: str) -> None:
     """--time-min: a SLURM time over 0 (or off)."""
-    from train.client.clusters.units import parse_time
-
     try:
         floor = parse_time(value, "time_min")
     except ConfigError as exc:
         raise ConfigError("time_min", f"{str(exc).split(': ', 1)[1]}, or off") from None
     if floor <= 0:
         raise ConfigError("time_min", f"must be more than 0 (or off), got {value!r}")
-
-
-def chunks_for(total: str, minutes: int) -> int:
-    """The chunks of `minutes` each that --total-time asks for (rounded up)."""
-    from train.client.clusters.units import parse_time
-
-    return -(-parse_time(total, "total_time") // minutes)
-
-
-def job_from_sources(file_values: dict[str, Any] | None, flags: dict[str, Any]) -> JobSpec:
-    from train.common.fields import build
-
-    return build(JobSpec, file_values, flags)

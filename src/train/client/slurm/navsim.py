@@ -26,16 +26,13 @@ STRATEGY_OVERRIDE = "trainer.params.strategy"
 _HYDRA_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
-def check_split(split: str) -> None:
-    """--navsim-split: a name Hydra can select from NAVSIM's train_test_split group."""
+def check_presets(split: str, script: str) -> None:
+    """--navsim-split: a name Hydra can select from NAVSIM's train_test_split group;
+    --navsim-script: an absolute path on one line (as the image sees it)."""
     if not _HYDRA_NAME_RE.match(split):
         raise ConfigError("navsim_split", f"{split!r} is not a split name (letters, digits, "
                           "'_', '.', '-'): one of NAVSIM's common/train_test_split/ configs, "
                           "e.g. navtrain")
-
-
-def check_script(script: str) -> None:
-    """--navsim-script: an absolute path on one line (as the image sees it)."""
     if not script.startswith("/") or any(c in script for c in "\n\r\0"):
         raise ConfigError("navsim_script", f"{script!r} must be an absolute path on one "
                           "line (the script as the image sees it, e.g. "

@@ -67,7 +67,7 @@ def _unbracketed(constraint: str) -> str:
     return constraint
 
 
-def _one_type_for_all(spec: JobSpec, constraint: str | None) -> str | None:
+def one_type_for_all(spec: JobSpec, constraint: str | None) -> str | None:
     """Alternatives as Slurm's matching OR where the job has several nodes: with `a|b`
     each node may match a different alternative (a DDP job on L40S and H200 nodes at once,
     run at the slower one's pace), `[a|b]` makes every node match the same one. Other
@@ -83,7 +83,7 @@ def _one_type_for_all(spec: JobSpec, constraint: str | None) -> str | None:
                       f"with the matching OR [a|b] (alternatives only), or one alternative")
 
 
-def _gpu_type_request(spec: JobSpec, profile: Profile, node: NodeType,
+def gpu_type_request(spec: JobSpec, profile: Profile, node: NodeType,
                       partition: str | None) -> tuple[str | None, str | None]:
     """(--constraint value, type for a typed GRES): how the site is asked for gpu_type
     (known to be on the node set). A type the partition or constraint implies needs
@@ -115,11 +115,3 @@ def _gpu_type_request(spec: JobSpec, profile: Profile, node: NodeType,
                           f"feature onto alternatives; give one alternative, or features "
                           f"joined with '&'")
     return f"{constraint}&{feature}", None
-
-
-def constraint_request(spec: JobSpec, profile: Profile, node: NodeType,
-                       partition: str | None) -> tuple[str | None, str | None]:
-    """(--constraint value, type for a typed GRES) as the job asks Slurm: the GPU type
-    requested the site's way, alternatives made one for every node of a multi-node job."""
-    constraint, gres_type = _gpu_type_request(spec, profile, node, partition)
-    return _one_type_for_all(spec, constraint), gres_type

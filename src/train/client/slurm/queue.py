@@ -1,15 +1,18 @@
 """Asking SLURM about jobs: the parsers of sbatch, squeue and sacct output (pure
-functions) and `job_states`, which asks squeue, then sacct, for a list of job ids."""
+functions), `job_states`, which asks squeue, then sacct, for a list of job ids, and why a
+job waits, in words a newcomer reads: its pending reason (squeue's REASON) and its
+expected start (the backfill scheduler's estimate, `squeue --start`)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import re
+import subprocess
+import time
 from collections.abc import Sequence
 from typing import Any
 
-from train.client.slurm import reasons
 from train.common import _proc
 from train.common.errors import ResourceError, TrainError
 
@@ -17,12 +20,7 @@ log = logging.getLogger(__name__)
 
 ACTIVE_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING",
                  "SUSPENDED", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT"}
-_ACCOUNTING_OFF = "accounting storage is disabled"
 QUERY_BATCH = 1000  # job ids per squeue/sacct call (19 bytes each, far under ARG_MAX)
-
-
-class SchedulerError(TrainError):
-    """SLURM refused or failed a request."""
 
 
 # -- pure parsers ---------------------------------------------------------------------
@@ -37,7 +35,7 @@ def _is_number(text: str) -> bool:
 
 def _is_job_ref(text: str) -> bool:
     """A job id, or ARRAY_TASK: a sweep's array task before it starts (it then records
-    its own job id, see job-lib.sh's train_array_task)."""
+    its own job id, see train.batch.chunk's array_task)."""
     array, sep, task = text.partition("_")
     return _is_number(array) and (not sep or _is_number(task))
 
@@ -47,7 +45,7 @@ def parse_sbatch_id(stdout: str) -> str:
     text = stdout.strip().splitlines()[-1] if stdout.strip() else ""
     job_id = text.split(";")[0].strip()
     if not _is_number(job_id):
-        raise SchedulerError(f"cannot read a job id from sbatch output {stdout!r}")
+        raise TrainError(f"cannot read a job id from sbatch output {stdout!r}")
     return job_id
 
 
@@ -76,13 +74,14 @@ def parse_squeue_json(text: str) -> dict[str, dict[str, Any]]:
                             "reason": job.get("state_description") or job.get("state_reason"),
                             "nodes": job.get("nodes"),
                             # the expected start (`squeue --start`) of a pending job
-                            "start": reasons.start_seconds(job.get("start_time"))
+                            "start": start_seconds(job.get("start_time"))
                             if str(state) == "PENDING" else None}
     return out
 
 
-def parse_sacct(text: str) -> dict[str, dict[str, Any]]:
-    """`sacct -P -n -o JobIDRaw,State,ExitCode` (also with -c) -> {job id: {state, exit}}.
+def parse_sacct(text: str, tasks: bool = False) -> dict[str, dict[str, Any]]:
+    """`sacct -P -n -o JobIDRaw,State,ExitCode` (also with -c) -> {job id: {state, exit}};
+    with `tasks`, `-o JobID,...` -> {ARRAY_TASK or job id: ...}.
 
     Job steps (ids with a dot) are skipped; 'CANCELLED by 0' becomes CANCELLED.
     """
@@ -91,8 +90,8 @@ def parse_sacct(text: str) -> dict[str, dict[str, Any]]:
         parts = line.strip().split("|")
         if len(parts) < 3 or not parts[0] or "." in parts[0]:
             continue
-        job_id = parts[0].split("_")[0]
-        if not _is_number(job_id):
+        job_id = parts[0] if tasks else parts[0].split("_")[0]
+        if not (_is_job_ref if tasks else _is_number)(job_id):
             continue
         words = parts[1].split()
         out[job_id] = {"state": words[0] if words else "UNKNOWN", "exit": parts[2]}
@@ -125,29 +124,28 @@ def job_states(ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         log.debug("squeue failed: %s", exc)
     missing = [i for i in ids if i not in states]
     if missing:
-        argv = ["sacct", "-P", "-n", "-o", "JobIDRaw,State,ExitCode", "-j",
-                ",".join(missing)]
         try:
-            proc = _proc.run(argv, check=False)
-            if _ACCOUNTING_OFF in (proc.stdout + proc.stderr):
-                proc = _proc.run(["sacct", "-c", *argv[1:]], check=False)
+            proc = _sacct("JobIDRaw", missing)
         except _proc.ProcError as exc:  # not on PATH (not a login node), or hung
-            raise ResourceError(f"cannot reach Slurm: sacct: {_tail(str(exc))}") from None
+            raise ResourceError(f"cannot reach Slurm: sacct: {_proc.tail(str(exc))}") from None
         if proc.returncode != 0 and squeue_error:
             # neither answered: the jobs' states are not known, and must not read as ended
-            raise ResourceError(f"cannot reach Slurm: squeue: {_tail(squeue_error)}; sacct: "
-                                f"{_tail(proc.stderr) or proc.returncode}")
+            raise ResourceError(f"cannot reach Slurm: squeue: {_proc.tail(squeue_error)}; "
+                                f"sacct: {_proc.tail(proc.stderr) or proc.returncode}")
         found = parse_sacct(proc.stdout)
         for job_id in missing:
             states[job_id] = found.get(job_id, {"state": "UNKNOWN"})
     return states
 
 
-
-def _tail(text: str, limit: int = 300) -> str:
-    """The end of a command's stderr, on one line, at most `limit` characters, without
-    terminal escapes."""
-    return _proc.tail(text, limit)
+def _sacct(job_field: str, ids: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """sacct on these jobs, or the job completion log (`sacct -c`) where accounting
+    storage is disabled."""
+    argv = ["sacct", "-P", "-n", "-o", f"{job_field},State,ExitCode", "-j", ",".join(ids)]
+    proc = _proc.run(argv, check=False)
+    if "accounting storage is disabled" in proc.stdout + proc.stderr:
+        proc = _proc.run(["sacct", "-c", *argv[1:]], check=False)
+    return proc
 
 
 def array_task_states(refs: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -172,25 +170,19 @@ def array_task_states(refs: Sequence[str]) -> dict[str, dict[str, Any]]:
             out[ref] = {"state": state or "UNKNOWN", "reason": reason or None}
     missing = [r for r in refs if r not in out]
     if missing:
-        argv = ["sacct", "-P", "-n", "-o", "JobID,State,ExitCode", "-j", ",".join(missing)]
         answer = ""
         try:
-            proc = _proc.run(argv, check=False)
-            if _ACCOUNTING_OFF in proc.stdout + proc.stderr:
-                proc = _proc.run(["sacct", "-c", *argv[1:]], check=False)
+            proc = _sacct("JobID", missing)
             sacct_error = "" if proc.returncode == 0 else (proc.stderr or
                                                            f"exit {proc.returncode}")
             answer = proc.stdout
         except _proc.ProcError as exc:
             sacct_error = str(exc)
         if squeue_error and sacct_error:
-            raise ResourceError(f"cannot reach Slurm: squeue: {_tail(squeue_error)}; "
-                                f"sacct: {_tail(sacct_error)}")
-        for line in answer.splitlines() if not sacct_error else []:
-            parts = line.strip().split("|")
-            if len(parts) >= 3 and parts[0] in missing:
-                out[parts[0]] = {"state": (parts[1].split() or ["UNKNOWN"])[0],
-                                 "exit": parts[2]}
+            raise ResourceError(f"cannot reach Slurm: squeue: {_proc.tail(squeue_error)}; "
+                                f"sacct: {_proc.tail(sacct_error)}")
+        found = parse_sacct(answer, tasks=True) if not sacct_error else {}
+        out.update({ref: found[ref] for ref in missing if ref in found})
     for ref in refs:
         out.setdefault(ref, {"state": "UNKNOWN"})
     return out
@@ -201,3 +193,97 @@ def ref_states(ids: Sequence[str]) -> dict[str, dict[str, Any]]:
     states = job_states([i for i in ids if "_" not in i])
     states.update(array_task_states([i for i in ids if "_" in i]))
     return states
+
+
+# -- why a job waits ------------------------------------------------------------------
+# Slurm's reason -> what it means for the user (the reasons a chain's chunks meet)
+WORDS = {
+    "Priority": "other jobs come first (higher priority); it starts when its turn comes",
+    "Resources": "it is next, waiting for enough nodes, GPUs or memory to become free",
+    "Dependency": "waiting for the chunk before it to end (a chain's next chunk)",
+    "DependencyNeverSatisfied": "the job it depends on ended in a way that never lets it "
+                                "run: cancel it",
+    "JobHeldUser": "held by you or by train (scontrol release JOBID lets it go)",
+    "JobHeldAdmin": "held by an administrator: ask the site's support",
+    "BeginTime": "asked to start later (--begin)",
+    "QOSMaxGRESPerUser": "your QOS allows no more GPUs at once: it starts when one of your "
+                         "other jobs ends",
+    "QOSMaxJobsPerUserLimit": "your QOS allows no more running jobs: it starts when one of "
+                              "your other jobs ends",
+    "QOSMaxSubmitJobPerUserLimit": "your QOS allows no more queued jobs",
+    "QOSMaxWallDurationPerJobLimit": "its time is over the QOS's limit: it will never start;"
+                                     " cancel it and submit with a shorter --time",
+    "QOSGrpGRES": "the QOS's GPUs (shared by its users) are all in use",
+    "QOSGrpCpuLimit": "the QOS's CPUs (shared by its users) are all in use",
+    "AssocGrpGRES": "your account's GPUs are all in use (by you or your group)",
+    "AssocGrpCpuLimit": "your account's CPUs are all in use (by you or your group)",
+    "AssocMaxJobsLimit": "your account allows no more running jobs",
+    "AssocGrpBillingMinutes": "your account's allocation (billing minutes) is used up: ask "
+                              "its owner",
+    "PartitionTimeLimit": "its time is over the partition's limit: it will never start; "
+                          "cancel it and submit with a shorter --time",
+    "PartitionNodeLimit": "it asks for more nodes than the partition allows: it will never "
+                          "start",
+    "PartitionDown": "the partition is down: it waits until the site brings it back",
+    "ReqNodeNotAvail": "a node it needs is down, drained or reserved (maintenance?)",
+    "ReqNodeNotAvail, May be reserved for other job": "a reservation (not the job's) holds "
+                                                      "nodes it needs during its time: it "
+                                                      "starts once they are free",
+    "Reservation": "waiting for its reservation to begin",
+    "BadConstraints": "no node has what it asks for: it will never start",
+    "NodeDown": "a node it needs is down",
+    "launch failed requeued held": "its start failed and Slurm held it: see train doctor",
+}
+
+
+# squeue's reasons for a job whose time crosses a reservation on nodes it needs (%r;
+# squeue --json's state_description), the same on Slurm 22.05, 24.11 and 26.05: a
+# maintenance of all of them, before and while it runs, and one of some of them (or
+# another reservation)
+MAINTENANCE = "Reserved for maintenance"
+RESERVED = (MAINTENANCE, "May be reserved for other job")
+
+
+def is_reserved(reason: Any) -> bool:
+    return any(text in str(reason or "") for text in RESERVED)
+
+
+def words(reason: Any, maintenance: str | None = None) -> str | None:
+    """The reason in plain words; None for no reason (a job that is not waiting).
+    `maintenance`: the reservation it waits for, where known ('NAME (until DATE)')."""
+    if reason in (None, "", "None"):
+        return None
+    text = str(reason)
+    if maintenance or MAINTENANCE in text:
+        return (f"the site's maintenance {maintenance or 'reservation'} holds the nodes it "
+                "needs and its time limit crosses it: Slurm starts it once the maintenance "
+                "ends (nothing to do: the chain goes on then)")
+    # "ReqNodeNotAvail, UnavailableNodes:n1": the reason, then its detail
+    return WORDS.get(text) or WORDS.get(text.partition(",")[0]) or \
+        f"Slurm's reason {text} (see `man squeue`, JOB REASON CODES)"
+
+
+def start_seconds(value: Any) -> int | None:
+    """squeue --json's start_time of a pending job (a number, or {"set": .., "number": N}
+    from Slurm 23.02 on) -> Unix seconds; None where Slurm has no estimate (0)."""
+    if isinstance(value, dict):
+        value = value.get("number") if value.get("set", True) else None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return value
+
+
+def expected_start(seconds: int | None, now: float | None = None) -> str | None:
+    """Unix seconds as 'DATE HH:MM UTC (in about N h)'; None for no estimate."""
+    if seconds is None:
+        return None
+    try:
+        at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(seconds))
+    except (OverflowError, OSError, ValueError):  # past the year 9999: no estimate
+        return None
+    wait = seconds - (time.time() if now is None else now)
+    if wait <= 60:
+        return f"{at} (now, at the next scheduling pass)"
+    hours = wait / 3600
+    return f"{at} (in about {hours:.1f} h)" if hours >= 1 else \
+        f"{at} (in about {round(wait / 60)} min)"

@@ -23,7 +23,9 @@ from train.client import container
 from train.client.clusters.units import format_mem, format_time, parse_mem
 from train.client.programs import command_as_run
 from train.client.slurm import navsimstep
+from train.client.slurm.jobpaths import host_path
 from train.client.slurm.resolve import ResolvedJob
+from train.client.slurm.sweep import SWEEP_INDEX_VAR, SWEEP_VALUE_VAR
 from train.common.entry import bound_entry_argv as entry_argv
 from train.common.entry import bound_entry_code as nodeentry_code
 from train.common.entry import entry_code, module_argv
@@ -71,28 +73,6 @@ def requeue_allowed(job: ResolvedJob) -> bool:
     return job.spec.requeue or job.spec.preempt
 
 
-def stop_route(job: ResolvedJob) -> str:
-    """How the batch shell hands the stop signal to the step. usr1: USR1 to srun, which
-    has Slurm signal every process of the step; the docker task wrapper turns it into
-    STOP_SIGNAL for the container (outside the step). scancel: `scancel --signal=TERM` to
-    the job's steps, for TERM straight to their processes (srun itself must not get TERM:
-    it would end the step)."""
-    if job.stop == "TERM" and job.spec.runtime != "docker":
-        return "scancel"
-    return "usr1"
-
-
-def step_grace(job: ResolvedJob) -> int:
-    """Seconds after the step starts before a walltime signal is passed on to it: enough
-    for a program to start and set its handler, and well inside the signal margin."""
-    return max(1, min(STEP_GRACE_SECONDS, job.margin // 2))
-
-
-def kill_grace(job: ResolvedJob) -> int:
-    """Stop mode kill: seconds between the TERM and the KILL, well inside the margin."""
-    return max(1, min(STEP_GRACE_SECONDS, job.margin // 3))
-
-
 def save_paths(job: ResolvedJob) -> list[str]:
     """--save-path as absolute paths where the batch host sees them: relative ones are
     from --chdir (where the program runs), or the submit folder; a container's path under
@@ -107,15 +87,26 @@ def save_paths(job: ResolvedJob) -> list[str]:
             paths.append(os.path.normpath(cache))
     if job.spec.runtime == "none":
         return paths
-    from train.client.slurm.jobpaths import host_path
-
     return [host_path(p, job.binds) for p in paths]
 
 
 def program_dir(job: ResolvedJob) -> str:
-    """Where the program runs: --chdir, or the submit folder."""
-    return program_folder(job.spec.chdir, job.run_dir) if job.spec.chdir is not None \
-        else os.getcwd()
+    """Where the program runs: the submit folder, or --chdir as an absolute path (relative
+    ones are from the submit folder), checked on the login node where it can be seen; one
+    inside the run folder is made at submit."""
+    if job.spec.chdir is None:
+        return os.getcwd()
+    folder = os.path.abspath(job.spec.chdir)
+    try:
+        is_dir = os.path.isdir(folder)
+    except (OSError, ValueError) as exc:
+        raise ConfigError("chdir", f"{folder!r}: {exc}") from None
+    run_dir = os.path.abspath(job.run_dir)
+    if not is_dir and not (os.path.commonpath([folder, run_dir]) == run_dir
+                           and not os.path.exists(folder)):
+        raise ConfigError("chdir", f"{folder} is not a directory (the folder the program "
+                          "runs in, on the cluster's shared file system)")
+    return folder
 
 
 def folder_to_make(job: ResolvedJob) -> Path | None:
@@ -145,9 +136,7 @@ def sbatch_options(job: ResolvedJob) -> list[str]:
     gpu = gpu_option(job)
     if gpu:
         lines.append(gpu)
-    lines += [
-        f"--time={format_time(job.minutes)}",
-    ]
+    lines.append(f"--time={format_time(job.minutes)}")
     if job.time_min:
         # backfill may start a chunk this short in a hole; the engine reads the real limit
         lines.append(f"--time-min={format_time(job.time_min)}")
@@ -168,30 +157,22 @@ def sbatch_options(job: ResolvedJob) -> list[str]:
             key, _, value = flag.partition("=")
             lines.append(f"{key}={sbatch_value(value, 'preempt')}" if value else key)
     # the escape hatch, always last: options the job spec has no field for
-    lines += [_extra_option(item, "sbatch_extra") for item in spec.sbatch_extra]
+    for item in spec.sbatch_extra:
+        key, sep, value = item.partition("=")
+        lines.append(f"{key}={sbatch_value(value, 'sbatch_extra')}" if sep else key)
     return lines
-
-
-def _extra_option(item: str, field: str) -> str:
-    key, sep, value = item.partition("=")
-    return f"{key}={sbatch_value(value, field)}" if sep else key
 
 
 def step_environment(job: ResolvedJob) -> dict[str, str]:
     """Values every process of the step gets: the fixed ones, the GPU watch's settings for
     `train launch` (GPU jobs with the watch on), then the job's own."""
-    return {**container.job_environment(job.profile.nccl_env, job.spec.runtime),
-            **gpu_watch_environment(job),
-            **dict(job.env_values)}
-
-
-def gpu_watch_environment(job: ResolvedJob) -> dict[str, str]:
     watch = job.gpu_watch
-    if watch is None:
-        return {}
-    return {contract.GPU_WATCH_INTERVAL_VAR: str(watch.interval),
-            contract.GPU_IDLE_THRESHOLD_VAR: str(watch.idle_threshold),
-            contract.GPU_IDLE_MINUTES_VAR: str(watch.idle_minutes)}
+    return {**container.job_environment(job.profile.nccl_env, job.spec.runtime),
+            **({} if watch is None else {
+                contract.GPU_WATCH_INTERVAL_VAR: str(watch.interval),
+                contract.GPU_IDLE_THRESHOLD_VAR: str(watch.idle_threshold),
+                contract.GPU_IDLE_MINUTES_VAR: str(watch.idle_minutes)}),
+            **dict(job.env_values)}
 
 
 def train_argv(job: ResolvedJob) -> list[str]:
@@ -222,7 +203,7 @@ def step_segments(job: ResolvedJob) -> list[list[str]]:
         spec.runtime, image=spec.image, gpus=spec.gpus_per_node > 0,
         binds=(*job.binds, *job.launcher_binds), run_dir=job.run_dir,
         env=step_environment(job))
-    wrapper = engine_argv(job, "task", "--")
+    wrapper = [ENGINE_PYTHON, "-E", "-s", engine_dir(job), "task", "--"]
     if spec.entry == "command":
         run = command_as_run(spec.workload, spec.runtime, spec.python)
     elif spec.entry == "navsim":
@@ -255,22 +236,6 @@ def step_argv(job: ResolvedJob) -> list[str]:
     return [arg for part in step_segments(job) for arg in part]
 
 
-def program_folder(chdir: str, run_dir: str) -> str:
-    """--chdir as an absolute path (relative ones are from the submit folder), checked on
-    the login node where it can be seen; one inside the run folder is made at submit."""
-    folder = os.path.abspath(chdir)
-    try:
-        is_dir = os.path.isdir(folder)
-    except (OSError, ValueError) as exc:
-        raise ConfigError("chdir", f"{folder!r}: {exc}") from None
-    inside = os.path.commonpath([folder, os.path.abspath(run_dir)]) == \
-        os.path.abspath(run_dir)
-    if not is_dir and not (inside and not os.path.exists(folder)):
-        raise ConfigError("chdir", f"{folder} is not a directory (the folder the program "
-                          "runs in, on the cluster's shared file system)")
-    return folder
-
-
 
 
 def engine_dir(job: ResolvedJob) -> str:
@@ -280,14 +245,11 @@ def engine_dir(job: ResolvedJob) -> str:
     return f"{job.run_dir}/{ENGINE_DIR}/__main__.py"
 
 
-def engine_argv(job: ResolvedJob, *args: str) -> list[str]:
-    return [ENGINE_PYTHON, "-E", "-s", engine_dir(job), *args]
-
-
 def job_record(job: ResolvedJob) -> dict[str, Any]:
     """What the chain engine needs of the job, complete (nothing left to work out on the
     batch host): written once at submit into chain.json ("job")."""
     spec = job.spec
+    env = dict(job.env_values)
     return {
         "run_dir": job.run_dir,
         "max_chunks": job.chunks,
@@ -296,9 +258,17 @@ def job_record(job: ResolvedJob) -> dict[str, Any]:
         "stop_signal": job.stop,
         "stop_margin": job.margin,
         "stop_mode": spec.stop_mode,
-        "stop_via": stop_route(job),
-        "step_grace": step_grace(job),
-        "kill_grace": kill_grace(job),
+        # how the batch shell hands the stop signal to the step. usr1: USR1 to srun, which
+        # has Slurm signal every process of the step (the docker task wrapper turns it into
+        # STOP_SIGNAL for the container, outside the step). scancel: `scancel
+        # --signal=TERM` to the job's steps, for TERM straight to their processes (srun
+        # itself must not get TERM: it would end the step)
+        "stop_via": "scancel" if job.stop == "TERM" and spec.runtime != "docker" else "usr1",
+        # seconds after the step starts before a walltime signal is passed on to it (for a
+        # program to start and set its handler), and in stop mode kill between the TERM
+        # and the KILL: well inside the signal margin
+        "step_grace": max(1, min(STEP_GRACE_SECONDS, job.margin // 2)),
+        "kill_grace": max(1, min(STEP_GRACE_SECONDS, job.margin // 3)),
         # the ranks that say when they are ready for the stop signal (one file each), and
         # the step's tasks (each records its end)
         "step_ranks": spec.nodes * job.processes_per_node,
@@ -314,19 +284,11 @@ def job_record(job: ResolvedJob) -> dict[str, Any]:
         "resume_shown": masked_argv(spec.resume_argv),  # as the log says them
         "save_paths": save_paths(job),
         "program_dir": program_dir(job),  # {newest:GLOB} is from here
-        "sweep_task": sweep_task(job),
+        # a sweep task's identity (its index in the array, its value); None for a chain of
+        # its own
+        "sweep_task": {"index": int(env[SWEEP_INDEX_VAR]), "value": env.get(SWEEP_VALUE_VAR)}
+        if SWEEP_INDEX_VAR in env else None,
     }
-
-
-def sweep_task(job: ResolvedJob) -> dict[str, Any] | None:
-    """A sweep task's identity (its index in the array, its value), None for a chain of
-    its own."""
-    from train.client.slurm.sweep import SWEEP_INDEX_VAR, SWEEP_VALUE_VAR
-
-    env = dict(job.env_values)
-    if SWEEP_INDEX_VAR not in env:
-        return None
-    return {"index": int(env[SWEEP_INDEX_VAR]), "value": env.get(SWEEP_VALUE_VAR)}
 
 
 def chain_lines(job: ResolvedJob) -> list[str]:

@@ -2,11 +2,8 @@
 check that can be made before submission.
 
 `resolve` is pure: spec + profile -> ResolvedJob or a ConfigError naming the field and what
-is allowed. Nothing is written or submitted before it succeeds. Its steps, in order: the
-site's account and QOS, the node type (train.client.slurm.placement), the walltime and the stop
-signal's margin, the GPUs, the launch mode and tasks, the runtime and CPUs in force, the
-memory, `train run`'s arguments, the paths and binds (train.client.slurm.jobpaths), the program's
-environment and the GPU watch.
+is allowed. Nothing is written or submitted before it succeeds. The node type is
+train.client.slurm.placement's, the paths and binds train.client.slurm.jobpaths'.
 """
 
 from __future__ import annotations
@@ -21,14 +18,8 @@ from train.client.programs import imports_lightning
 from train.client.slurm import navsim
 from train.client.slurm.jobitems import check_env_item
 from train.client.slurm.jobpaths import job_paths
-from train.client.slurm.jobspec import (
-    CPUS_PER_PROCESS,
-    DEFAULT_PYTHON,
-    MAX_CHUNKS_LIMIT,
-    JobSpec,
-    chunks_for,
-)
-from train.client.slurm.placement import choose_node, constraint_request
+from train.client.slurm.jobspec import CPUS_PER_PROCESS, DEFAULT_PYTHON, MAX_CHUNKS_LIMIT, JobSpec
+from train.client.slurm.placement import choose_node, gpu_type_request, one_type_for_all
 from train.common.errors import ConfigError, UsageError
 from train.common.hostmem import DEFAULT_WORKER_MEM_MB
 from train.common.launchers import accelerate_prefix
@@ -118,10 +109,8 @@ class ResolvedJob:
                 "batch_size": batch, "partition": self.partition,
                 "constraint": self.constraint, "image": self.spec.image,
                 "runtime": self.spec.runtime, "python": self.spec.python,
-                "gpu_watch": None if self.gpu_watch is None else {
-                    "interval": self.gpu_watch.interval,
-                    "idle_threshold": self.gpu_watch.idle_threshold,
-                    "idle_minutes": self.gpu_watch.idle_minutes}}
+                "gpu_watch": None if self.gpu_watch is None
+                else dataclasses.asdict(self.gpu_watch)}
 
 
 
@@ -136,9 +125,10 @@ def resolve(spec: JobSpec, profile: Profile) -> ResolvedJob:
     margin = _signal_margin(spec, minutes)
     time_min = _time_min(spec, minutes, margin)
     _check_gpus(spec, profile, node, partition)
-    constraint, gres_type = constraint_request(spec, profile, node, partition)
-    _check_job_size(spec, node)
-    _check_whole_nodes(spec, profile, node, partition)
+    # the GPU type requested the site's way, alternatives made one for every node
+    constraint, gres_type = gpu_type_request(spec, profile, node, partition)
+    constraint = one_type_for_all(spec, constraint)
+    _check_job_size(spec, profile, node, partition)
     launch = _launch_mode(spec)
     ntasks = _tasks_per_node(spec, launch)
     # the defaults in force, settled here: the resolved job's spec holds them
@@ -167,7 +157,7 @@ def _total_chunks(spec: JobSpec, minutes: int) -> dict[str, Any]:
     """--total-time as the chain's bound: max_chunks = total / walltime, rounded up."""
     if spec.total_time is None:
         return {}
-    chunks = chunks_for(spec.total_time, minutes)
+    chunks = -(-parse_time(spec.total_time, "total_time") // minutes)  # (rounded up)
     if chunks > MAX_CHUNKS_LIMIT:
         raise ConfigError("total_time", f"{spec.total_time} in chunks of "
                           f"{format_time(minutes)} is {chunks} chunks, over the bound of "
@@ -278,20 +268,17 @@ def _check_gpus(spec: JobSpec, profile: Profile, node: NodeType,
                           f"to {node.gpus_per_node})")
 
 
-def _check_job_size(spec: JobSpec, node: NodeType) -> None:
-    """The node type's limits per job: nodes, and GPUs over all nodes."""
+def _check_job_size(spec: JobSpec, profile: Profile, node: NodeType,
+                    partition: str | None) -> None:
+    """The node type's limits per job: nodes, GPUs over all nodes, and where the site has
+    a job of more than one node take every GPU of each node (the node type's
+    multi_node_whole), all of them, or one node."""
     if node.max_nodes is not None and spec.nodes > node.max_nodes:
         raise ConfigError("nodes", f"{spec.nodes} is over the {node.name} limit of "
                           f"{node.max_nodes} nodes per job")
     if node.max_gpus is not None and spec.nodes * spec.gpus_per_node > node.max_gpus:
         raise ConfigError("gpus_per_node", f"{spec.nodes} x {spec.gpus_per_node} GPUs is "
                           f"over the {node.max_gpus}-GPU limit per job on {node.name}")
-
-
-def _check_whole_nodes(spec: JobSpec, profile: Profile, node: NodeType,
-                       partition: str | None) -> None:
-    """Where the site has a job of more than one node take every GPU of each node (the
-    node type's multi_node_whole), such a job asks for all of them, or runs on one node."""
     if not node.multi_node_whole or spec.nodes <= 1 \
             or spec.gpus_per_node == node.gpus_per_node:
         return
@@ -436,14 +423,10 @@ def _gpu_watch(spec: JobSpec, profile: Profile) -> GpuWatch | None:
     """The job's GPU watch settings, each from the job or else the profile."""
     if spec.gpus_per_node == 0:
         return None
-    base = profile.gpu_watch
-    watch = GpuWatch(
-        interval=base.interval if spec.gpu_watch_interval is None
-        else spec.gpu_watch_interval,
-        idle_threshold=base.idle_threshold if spec.gpu_idle_threshold is None
-        else spec.gpu_idle_threshold,
-        idle_minutes=base.idle_minutes if spec.gpu_idle_minutes is None
-        else spec.gpu_idle_minutes)
+    given = {"interval": spec.gpu_watch_interval, "idle_threshold": spec.gpu_idle_threshold,
+             "idle_minutes": spec.gpu_idle_minutes}
+    watch = dataclasses.replace(profile.gpu_watch,
+                                **{k: v for k, v in given.items() if v is not None})
     return watch if watch.interval > 0 else None
 
 

@@ -13,13 +13,8 @@ from typing import Any
 
 from train.batch import contract
 from train.batch.engine import ENGINE_DIR, install
-from train.client.slurm.chain import (
-    _DECISIVE,
-    EVENTS_LIMIT,
-    Chain,
-    _read_text,
-    parse_events,
-)
+from train.batch.saves import read_text
+from train.client.slurm.chain import _DECISIVE, EVENTS_LIMIT, Chain, parse_events
 from train.client.slurm.checks import sbatchenv
 from train.client.slurm.checks.rundir import check_not_active
 from train.client.slurm.queue import _is_number, parse_sbatch_id
@@ -32,15 +27,12 @@ from train.common.jsonio import write_json_atomic
 log = logging.getLogger(__name__)
 
 
-_CHAIN_FILES = (contract.CHAIN_RECORD, contract.CHAIN_IDS)
-
-
 def first_chunk(previous: Chain | None) -> int:
     """The chunk a new chain of the run starts at: 1, or, where the earlier chain's last
     chunk stopped before any save, the one after it (so TRAIN_CHUNK goes on counting)."""
     if previous is None or not previous.ids:
         return 1
-    text = _read_text(previous.run_dir / contract.CHAIN_EVENTS, EVENTS_LIMIT, tail=True)
+    text = read_text(str(previous.run_dir / contract.CHAIN_EVENTS), EVENTS_LIMIT, tail=True)
     ids = set(previous.ids)
     last = next((e for e in reversed(parse_events(text))
                  if e["job_id"] in ids and e["event"] in _DECISIVE), None)
@@ -111,7 +103,9 @@ def submit_chain(job: ResolvedJob) -> Chain:
     old_engine: Path | None = None
     engine_fresh = not os.path.lexists(run_dir / ENGINE_DIR)
     try:
-        job_id = _submit_held(pending, first)
+        # the chunk number, and the chain's first chunk where it is not 1 (sbatch reads the
+        # script now: where the file goes afterwards does not matter)
+        job_id = submit_held(pending, ["1"] if first == 1 else [str(first), str(first)])
         cleared = _set_aside(run_dir, tag, script, job_id, moved)
         old_engine = install_engine(run_dir, moved)
         pending.replace(script)
@@ -148,13 +142,6 @@ def install_engine(run_dir: Path, moved: list[tuple[Path, Path]]) -> Path | None
     return old
 
 
-def _submit_held(pending: Path, first: int) -> str:
-    """Chunk 1, submitted held; its job id. sbatch reads the script now: where the file
-    goes afterwards does not matter."""
-    # the chunk number, and the chain's first chunk where it is not 1
-    return submit_held(pending, ["1"] if first == 1 else [str(first), str(first)])
-
-
 def submit_held(script: Path, args: list[str]) -> str:
     """sbatch --hold of a script whose path is this submission's own (it holds train's
     pid), without SBATCH_* variables (they would override the script's #SBATCH lines);
@@ -187,7 +174,7 @@ def _set_aside(run_dir: Path, tag: str | None, script: Path, job_id: str,
     """An earlier chain's record and script kept as chain-TAG.*, and an earlier run's
     COMPLETE marker moved aside (returned); each move is added to `moved`."""
     if tag is not None:
-        for path in [*(run_dir / n for n in _CHAIN_FILES), script]:
+        for path in [run_dir / contract.CHAIN_RECORD, run_dir / contract.CHAIN_IDS, script]:
             if path.exists():
                 kept = path.with_name(f"chain-{tag}{path.suffix}")
                 path.replace(kept)

@@ -1,10 +1,6 @@
 """Sweeps: one chain per task (a seed of --sweep-seeds, a value of --sweep), submitted
-together as one job array (train.client.slurm.sweeparray), running in parallel.
-
-`train submit --sweep-seeds "4 6 8" -- demo ...` makes runs/NAME a sweep: its record
-(`sweep.json`) and one ordinary chain folder per task (`seed-4/`, `task-0/`, ...); a
-`train run` sweep's tasks share the results CSV beside them. `train status NAME` shows the
-sweep and each chain, `train summary NAME` a table of the tasks (sweepsummary, sweepmetrics).
+together as one job array (sweeparray). runs/NAME holds the sweep's record (`sweep.json`)
+and one ordinary chain folder per task (`seed-4/`, `task-0/`, ...).
 """
 
 from __future__ import annotations
@@ -22,15 +18,14 @@ from train.batch.contract import SWEEP_RECORD
 from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.resolve import ResolvedJob
 from train.client.slurm.sweepargs import (
-    check_command,
-    check_resume,
-    check_save_paths,
+    check_command_sweep,
     check_unmarked,
     placed,
     task_changes,
 )
 from train.common.errors import ConfigError, UsageError
 from train.common.jsonio import read_bounded, write_json_atomic
+from train.workloads.config import MAX_SEED, RunConfig, run_config_from_argv
 
 # Slurm's default MaxArraySize (its array indices run from 0 to MaxArraySize - 1)
 DEFAULT_MAX_ARRAY_SIZE = 1001
@@ -60,8 +55,6 @@ class SweepTask:
 
 def _values(spec: JobSpec) -> tuple[str, list[str]]:
     """The swept flag's name (`seeds` for --sweep-seeds) and its values, checked."""
-    from train.workloads.config import MAX_SEED
-
     if spec.sweep and spec.sweep_seeds:
         raise ConfigError("sweep", "give --sweep or --sweep-seeds, not both")
     if spec.sweep_seeds:
@@ -110,19 +103,15 @@ def value_key(entry: str, flag: str, value: str) -> object:
     """What a swept value is as its flag reads it: a number for a `train run` flag that
     takes one (1e-3 and 0.001 are one value), the text itself otherwise (a command sees
     the text)."""
-    if entry != "train":
-        return value
-    from train.workloads.config import RunConfig
-
     kind = next((f.metadata["kind"] for f in dataclasses.fields(RunConfig)
-                 if f.name == flag.replace("-", "_")), str)
-    if kind in (int, float):
-        try:
-            number = float(value)
-        except ValueError:
-            return value
-        return number if math.isfinite(number) else value
-    return value
+                 if f.name == flag.replace("-", "_")), str) if entry == "train" else str
+    if kind not in (int, float):
+        return value
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    return number if math.isfinite(number) else value
 
 
 def swept_flag(spec: JobSpec) -> str:
@@ -160,9 +149,7 @@ def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
         raise ConfigError(field, f"give the {flag} once: the sweep sets {given} for each "
                           f"task (remove {given} from the workload)")
     if spec.entry == "command":
-        check_command(spec.workload)
-        check_resume(spec.workload, spec.resume_args)
-        check_save_paths(spec.save_path, spec.chdir)
+        check_command_sweep(spec)
     check_unmarked(spec.env, spec.bind, None if spec.entry == "command" else spec.chdir)
     root = Path(os.path.abspath(spec.out or os.path.join("runs", spec.name)))
     folders = bound_folders(root, spec.entry, flag, values) if flag != "seeds" else {}
@@ -200,8 +187,6 @@ def is_task_job(job: ResolvedJob) -> bool:
 
 def _train_seed(workload: tuple[str, ...]) -> int | None:
     """The first seed a `train run` workload trains (where its flags can be read)."""
-    from train.workloads.config import run_config_from_argv
-
     try:
         seeds = run_config_from_argv(list(workload)).seeds
     except (ConfigError, UsageError, SystemExit):
@@ -223,7 +208,9 @@ def bound_folders(root: Path, entry: str, flag: str, values: list[str]) -> dict[
                               f"one is of --{flag}: choose another --name (or --out)")
         folders = recorded_folders(record)
     by_key = {value_key(entry, flag, v): d for d, v in folders.items()}
-    used = set(folders) | {p.name for p in _listed(root)}
+    used = set(folders)
+    with contextlib.suppress(OSError):
+        used |= {p.name for p in root.iterdir()} if root.is_dir() else set()
     out: dict[str, str] = {}
     for value in values:
         where = by_key.get(value_key(entry, flag, value))
@@ -233,13 +220,6 @@ def bound_folders(root: Path, entry: str, flag: str, values: list[str]) -> dict[
             used.add(where)
         out[value] = where
     return out
-
-
-def _listed(root: Path) -> list[Path]:
-    try:
-        return list(root.iterdir()) if root.is_dir() else []
-    except OSError:
-        return []
 
 
 def recorded_folders(record: dict[str, Any]) -> dict[str, str]:
@@ -276,16 +256,28 @@ def write_record(root: Path, name: str, tasks: list[SweepTask], flag: str = "see
 RECORD_LIMIT = 4 << 20  # sweep.json: about 100 bytes a task, at most a few thousand tasks
 
 
+def read_json(path: Path, limit: int) -> Any:
+    """A JSON file's value; None where it is missing or not a regular file; ValueError for
+    one that is not JSON (nor UTF-8) or over `limit` bytes."""
+    data = read_bounded(path, limit + 1)
+    if data is None:
+        return None
+    if len(data) > limit:
+        raise ValueError(f"over {limit} bytes")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
 def load_record(root: Path) -> dict[str, Any]:
     path = root / SWEEP_RECORD
-    data = read_bounded(path, RECORD_LIMIT + 1)
-    if data is None or len(data) > RECORD_LIMIT:
-        raise UsageError(f"sweep: cannot read {path}: missing, not a regular file, or over "
-                         f"{RECORD_LIMIT >> 20} MiB")
     try:
-        record = json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError) as exc:
+        record = read_json(path, RECORD_LIMIT)
+    except ValueError as exc:
         raise UsageError(f"sweep: cannot read {path}: {str(exc)[:120]}") from None
+    if record is None:
+        raise UsageError(f"sweep: cannot read {path}: missing or not a regular file")
     if not isinstance(record, dict) or not isinstance(record.get("chains"), list):
         raise UsageError(f"sweep: {path} does not hold a sweep record (an object with a "
                          "list of chains)")
@@ -330,11 +322,12 @@ def _task(i: int, chain: Any) -> SweepTask | str:
     return SweepTask(index, str(value), seed, where)
 
 
-def read_tasks(root: Path) -> tuple[list[SweepTask], list[str]]:
-    """The sweep's tasks from its record (a moved sweep finds its chains where it is),
-    and a line naming each entry that is not a task (the rest are still read)."""
+def read_tasks(root: Path, record: dict[str, Any] | None = None
+               ) -> tuple[list[SweepTask], list[str]]:
+    """The sweep's tasks from its record (`record`: already read), a moved sweep's where it
+    is now, and a line naming each entry that is not a task (the rest are still read)."""
     tasks, bad = [], []
-    for i, chain in enumerate(load_record(root)["chains"]):
+    for i, chain in enumerate((load_record(root) if record is None else record)["chains"]):
         found = _task(i, chain)
         if isinstance(found, str):
             bad.append(f"{root / SWEEP_RECORD}: chain {i + 1}: {found}")
@@ -343,15 +336,10 @@ def read_tasks(root: Path) -> tuple[list[SweepTask], list[str]]:
     return tasks, bad
 
 
-def sweep_tasks(root: Path) -> list[SweepTask]:
-    """The sweep's readable tasks (read_tasks names the others)."""
-    return read_tasks(root)[0]
-
-
 def not_a_chain(field: str, ref: str, root: Path) -> UsageError:
     """The error for a command that reads one chain, given a whole sweep: its chains."""
     return UsageError(f"{field}: {ref} is a sweep; name one of its chains: "
-                      + ", ".join(f"{ref}/{t.dir}" for t in sweep_tasks(root)))
+                      + ", ".join(f"{ref}/{t.dir}" for t in read_tasks(root)[0]))
 
 
 def aggregate(name: str, root: Path, statuses: list[dict[str, Any]]) -> dict[str, Any]:

@@ -1,14 +1,7 @@
-"""A command sweep's arguments, task by task.
-
-In a `--entry command` sweep the words `{value}`, `{index}` and `{task_dir}` in the
-command's arguments (and in --resume-args, --save-path and --chdir) are replaced, for each
-task, by the task's value, its index in the job array and its own folder (runs/NAME/task-I,
-or seed-S): plain text put in place when the task's chain script is rendered, never read
-by a shell. The tasks run in the folder the command was submitted from (or --chdir), so
-the program finds its files where it would alone; `{task_dir}` is where each task writes
-its own outputs (e.g. `--output_dir {task_dir}`), and `--chdir {task_dir}` runs each task
-in its own folder (a program that saves where it runs: made before the task starts).
-What goes wrong without them is refused (check_*) or warned of (sweep_notes) at submit.
+"""A command sweep's arguments, task by task: `{value}`, `{index}` and `{task_dir}` in the
+command's arguments, --resume-args, --save-path and --chdir become, for each task, its
+value, its index in the job array and its own folder: plain text put in place when its
+chain script is rendered, never read by a shell.
 """
 
 from __future__ import annotations
@@ -115,28 +108,16 @@ def task_changes(spec: JobSpec, index: int, value: str, task_dir: str) -> dict[s
     return changes
 
 
-def check_resume(command: Sequence[str], resume_args: str | None) -> None:
-    """Refuse, in a command's sweep whose tasks write to their own folders, a
-    {newest:GLOB} that names no task's folder: every task would look in the same place,
-    where none of them saves."""
-    globs = patterns(shlex.split(resume_args)) if resume_args else []
-    own = next((a for a in command if TASK_DIR in a), None)
-    for glob in globs:
-        if own is not None and not _MARKER.search(glob):
-            fix = glob if os.path.isabs(glob) else f"{TASK_DIR}/{glob}"
-            raise ConfigError("resume_args", f"{OPEN}{glob}}} is looked for in the same "
-                              f"place for every task, while each task writes to its own "
-                              f"folder ({own!r}): it can match no task's saves; write "
-                              f"{OPEN}{fix}}} (with {TASK_DIR} where the task saves)")
-
-
-def check_command(command: Sequence[str]) -> None:
-    """Refuse `$TRAIN_SWEEP_VALUE` (or the index, or TRAIN_RUN_DIR) written into an
-    argument of a program no shell starts: no shell expands it, the program gets the
-    letters."""
-    if command and _SHELLS.fullmatch(os.path.basename(command[0])) and "-c" in command[1:]:
-        return  # `bash -c '...'` (or sh, zsh, ...): a shell expands what it is given
-    for arg in command:
+def check_command_sweep(spec: JobSpec) -> None:
+    """Refuse, in a command's sweep: `$TRAIN_SWEEP_VALUE` (or the index, or TRAIN_RUN_DIR)
+    in an argument of a program no shell starts (the program gets the letters); where
+    each task writes to its own folder, a {newest:GLOB} that names none (every task would
+    look in the same place, where none of them saves); a --save-path every task would
+    share (each would take another's save for its own and resume from it)."""
+    command = spec.workload
+    # `bash -c '...'` (or sh, zsh, ...): a shell expands what it is given
+    shell = command and _SHELLS.fullmatch(os.path.basename(command[0])) and "-c" in command
+    for arg in () if shell else command:
         found = _SHELL_VARIABLE.search(arg)
         if found is None:
             continue
@@ -146,6 +127,23 @@ def check_command(command: Sequence[str]) -> None:
                           f"{found.group(2).lower().replace('_', ' ')} goes, e.g. "
                           f"{arg.replace(found.group(0), marker)!r}; each task gets its "
                           "own, as plain text")
+    own = next((a for a in command if TASK_DIR in a), None)
+    for glob in patterns(shlex.split(spec.resume_args)) if spec.resume_args else []:
+        if own is not None and not _MARKER.search(glob):
+            fix = glob if os.path.isabs(glob) else f"{TASK_DIR}/{glob}"
+            raise ConfigError("resume_args", f"{OPEN}{glob}}} is looked for in the same "
+                              f"place for every task, while each task writes to its own "
+                              f"folder ({own!r}): it can match no task's saves; write "
+                              f"{OPEN}{fix}}} (with {TASK_DIR} where the task saves)")
+    own_folder = spec.chdir is not None and _MARKER.search(spec.chdir) is not None
+    for item in spec.save_path:
+        if _MARKER.search(item) is None and (os.path.isabs(item) or not own_folder):
+            raise ConfigError("save_path", f"{item!r} is the same path for every task of "
+                              "the sweep: each would take another's saves for its own and "
+                              "resume from them. Give each task its own: --chdir {task_dir} "
+                              "(each task runs in its own folder; relative save paths are "
+                              "from there), or a save path with {task_dir} (or {value}) in "
+                              "it, where the task's program saves")
 
 
 def check_unmarked(env: Sequence[str], bind: Sequence[str], chdir: str | None = None
@@ -161,20 +159,6 @@ def check_unmarked(env: Sequence[str], bind: Sequence[str], chdir: str | None = 
                                   "--chdir; the program finds its task's value, index and "
                                   "folder in TRAIN_SWEEP_VALUE, TRAIN_SWEEP_INDEX and "
                                   "TRAIN_RUN_DIR")
-
-
-def check_save_paths(save_path: Sequence[str], chdir: str | None) -> None:
-    """Refuse a --save-path every task would share: each task's chain takes a save there
-    for its own (a checkpointed stop) and the program resumes from another task's."""
-    own_folder = chdir is not None and _MARKER.search(chdir) is not None
-    for item in save_path:
-        if _MARKER.search(item) is None and (os.path.isabs(item) or not own_folder):
-            raise ConfigError("save_path", f"{item!r} is the same path for every task of "
-                              "the sweep: each would take another's saves for its own and "
-                              "resume from them. Give each task its own: --chdir {task_dir} "
-                              "(each task runs in its own folder; relative save paths are "
-                              "from there), or a save path with {task_dir} (or {value}) in "
-                              "it, where the task's program saves")
 
 
 def _shared_outputs(command: Sequence[str]) -> list[str]:

@@ -1,15 +1,7 @@
-"""A sweep as one Slurm job array: each task chains on its own.
-
-`train submit --sweep-seeds "4 6 8"` (or `--sweep lr=1e-3,5e-4`) renders one ordinary
-chain script per task (runs/NAME/seed-S/jobs/chain.sbatch, or task-I/) and a short array
-script (runs/NAME/jobs/array.sbatch, `--array=0-N%M`) whose task I runs chunk 1 of the
-I-th chain. From there each task is a chain like any other: its chunk 1 records its own
-job id in its chain.ids when it starts (job-lib.sh's train_array_task), submits its
-successor with afterok on itself, and so on; its stop, requeue, failure and cancel touch
-its own chain alone. Until a task starts, its chain.ids names it ARRAY_TASK.
-A throttled sweep's tasks run in requeue mode instead (sweep.requeue_mode): each requeues
-itself (as ARRAY_TASK) after a checkpointed stop and keeps its job id, so every run of
-every task is the array's and Slurm's throttle bounds them all.
+"""A sweep as one Slurm job array whose task I runs chunk 1 of the I-th chain; from there
+each task is a chain like any other (its chunk 1 records its own job id in its chain.ids
+when it starts: until then chain.ids names it ARRAY_TASK). A throttled sweep's tasks run
+in requeue mode (sweep.requeue_mode), so Slurm's throttle bounds every run of every task.
 """
 
 from __future__ import annotations
@@ -17,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -24,8 +17,7 @@ from typing import Any
 from train.batch import contract
 from train.batch.engine import ENGINE_DIR
 from train.client.slurm import chaincost
-from train.client.slurm.cancel import record_cancel
-from train.client.slurm.chain import Chain, load_chain, record_problem
+from train.client.slurm.chain import Chain, load_chain, record_cancel, record_problem
 from train.client.slurm.chainstatus import chain_status
 from train.client.slurm.queue import ACTIVE_STATES, _is_number, array_task_states, ref_states
 from train.client.slurm.render import folder_to_make, render, sbatch_options, sbatch_value
@@ -44,7 +36,6 @@ from train.client.slurm.sweep import (
     load_record,
     read_tasks,
     record_flag,
-    sweep_tasks,
     whole,
     write_record,
 )
@@ -146,8 +137,6 @@ def submit_sweep(name: str, flag: str, root: Path, tasks: list[tuple[SweepTask, 
     before the release cancels the array and removes what was written, and puts an
     earlier sweep's record and scripts back. A task's chain goes on counting chunks from
     its earlier chain's (submission.first_chunk), as a single chain does."""
-    import shutil
-
     if shutil.which("sbatch") is None:
         raise ResourceError("sbatch is not on PATH: `train submit` runs on a cluster's login "
                             "node (`train render` prints the scripts anywhere)")
@@ -247,13 +236,13 @@ def record_array(root: Path, record: dict[str, Any]) -> tuple[str | None, str | 
                   "damaged, and the array's tasks are reached only through their chains")
 
 
-def _load(root: Path) -> tuple[str | None, list[tuple[SweepTask, Chain]],
-                               list[tuple[SweepTask, TrainError]], list[str]]:
+def _load(root: Path, record: dict[str, Any]) -> tuple[
+        str | None, list[tuple[SweepTask, Chain]], list[tuple[SweepTask, TrainError]], list[str]]:
     """The sweep's array job, its chains, the tasks whose chain cannot be read (why), and
     what in the record is damaged (an array_job that is no job id, entries that are not
     tasks)."""
-    array, damaged = record_array(root, load_record(root))
-    tasks, bad = read_tasks(root)
+    array, damaged = record_array(root, record)
+    tasks, bad = read_tasks(root, record)
     bad = [damaged, *bad] if damaged else bad
     pairs: list[tuple[SweepTask, Chain]] = []
     unread: list[tuple[SweepTask, TrainError]] = []
@@ -270,7 +259,7 @@ def sweep_status(root: Path) -> dict[str, Any]:
     chain status; a task whose folder cannot be read, and an entry of the record that is
     not a task, are `unreadable` with their cause. Slurm not answering is an error."""
     record = load_record(root)
-    array, pairs, unread, bad = _load(root)
+    array, pairs, unread, bad = _load(root, record)
     states = ref_states([i for _, c in pairs for i in c.ids])  # (one squeue for all)
     statuses = []
     for task, chain in pairs:
@@ -286,8 +275,8 @@ def sweep_status(root: Path) -> dict[str, Any]:
                   "cause": line, "run_dir": str(root), "chunks": []} for line in bad]
     name = record.get("name")
     out = aggregate(name if isinstance(name, str) and name else root.name, root, statuses)
-    out.update(flag=record_flag(record),
-               array_job=array, array_job_damaged=record_array(root, record)[1] is not None,
+    out.update(flag=record_flag(record), array_job=array,
+               array_job_damaged=array is None and record.get("array_job") is not None,
                throttle=record.get("throttle") if whole(record.get("throttle")) else None,
                chunks_run=sum(int(s.get("chunks_used") or 0) for s in statuses),
                time=chaincost.add_up([s.get("time") for s in statuses]))
@@ -305,12 +294,13 @@ def check_sweep_root(root: Path) -> str | None:
         raise UsageError(f"{problem}; choose another --name (or --out)")
     if not (root / contract.SWEEP_RECORD).is_file():
         return None
-    array, damaged = record_array(root, load_record(root))
+    record = load_record(root)
+    array, damaged = record_array(root, record)
     if damaged:
         raise UsageError(f"name: {damaged}; whether its array still has tasks queued cannot "
                          "be told: correct or remove that array_job (`squeue --me` lists "
                          "your jobs), or choose another --name")
-    chains = [_task_chain(root, t, array) for t in sweep_tasks(root)
+    chains = [_task_chain(root, t, array) for t in read_tasks(root, record)[0]
               if (root / t.dir / contract.CHAIN_RECORD).is_file()]  # (one cut short: none)
     states = ref_states([i for c in chains for i in c.ids])
     active = [i for i, s in states.items() if s["state"] in ACTIVE_STATES]
@@ -336,7 +326,7 @@ def cancel_sweep(root: Path) -> tuple[list[str], list[UsageError]]:
     first. A task whose chain cannot be read (its folder removed, its chain.json cut
     short) or names no job still has its array task cancelled; what could not be read
     comes back too. Slurm not answering is an error (nothing is said cancelled)."""
-    array, pairs, unread, bad = _load(root)
+    array, pairs, unread, bad = _load(root, load_record(root))
     states = ref_states([i for _, c in pairs for i in c.ids])  # (one squeue for all)
     cancelled: list[str] = []
     for _task, chain in pairs:
@@ -367,29 +357,25 @@ def format_sweep_status(st: dict[str, Any], tasks: bool = False) -> list[str]:
         if st.get("time") else []
     flag = st.get("flag", "seeds")
     if not tasks:
-        return [*lines, *(_unreadable(c, flag) for c in chains if c["state"] == "unreadable"),
+        return [*lines, *(_task_line(c, flag) for c in chains if c["state"] == "unreadable"),
                 f"  `train status {st['name']} --tasks` for one line per task, "
                 f"`train summary {st['name']}` for the results"]
-    for c in chains:
-        if c["state"] == "unreadable":
-            lines.append(_unreadable(c, flag))
-            continue
-        what = f"seed {c['label']}" if flag == "seeds" else f"{flag}={c.get('value')}"
-        chunks = c.get("chunks") or []
-        running = [x for x in chunks if x["state"] == "RUNNING"]
-        last = (running or chunks or [None])[-1]
-        job = f"chunk {last['chunk']} job {last['job_id']} {last['state']}" if last else \
-            "no job"
-        progress = f"; done {c['done']}/{c['total']}" if c.get("total") else ""
-        spent = f"; {chaincost.total_line(c['time'])}" if c.get("time") else ""
-        lines.append(f"  task {c.get('task')} ({what}): {c['state']}, {job}{progress}"
-                     f"{spent}  {c['run_dir']}")
-    return lines
+    return [*lines, *(_task_line(c, flag) for c in chains)]
 
 
-def _unreadable(c: dict[str, Any], flag: str) -> str:
-    """A task (or an entry of the record) that cannot be read, and why."""
+def _task_line(c: dict[str, Any], flag: str) -> str:
+    """A task: its state, its chunk running (or its last one), progress and time; one
+    (or an entry of the record) that cannot be read, and why."""
     if c.get("task") is None:
         return f"  unreadable: {c['cause']}"
     what = f"seed {c['label']}" if flag == "seeds" else f"{flag}={c.get('value')}"
-    return f"  task {c['task']} ({what}): unreadable: {c['cause']}"
+    if c["state"] == "unreadable":
+        return f"  task {c['task']} ({what}): unreadable: {c['cause']}"
+    chunks = c.get("chunks") or []
+    running = [x for x in chunks if x["state"] == "RUNNING"]
+    last = (running or chunks or [None])[-1]
+    job = f"chunk {last['chunk']} job {last['job_id']} {last['state']}" if last else "no job"
+    progress = f"; done {c['done']}/{c['total']}" if c.get("total") else ""
+    spent = f"; {chaincost.total_line(c['time'])}" if c.get("time") else ""
+    return (f"  task {c.get('task')} ({what}): {c['state']}, {job}{progress}{spent}  "
+            f"{c['run_dir']}")

@@ -1,15 +1,8 @@
-"""`train summary` of a command's sweep: each task's final metrics, read from its folder.
-
-Where a task's metrics are found, first found first (each file bounded, a regular file,
-read as text; a bad one is named and the next looked at):
-- TRAIN_METRICS_FILE (`metrics.json` in the task's folder): a JSON object the program
-  writes at its end, {"eval_loss": 0.41, "accuracy": 0.88}; numbers only are kept
-  (NaN and Infinity too: a diverged seed shows nan or inf, and its mean leaves it out);
-- Hugging Face's Trainer: `all_results.json` in the task's folder or a folder below it
-  (`--output_dir {task_dir}`, `{task_dir}/out`);
-- Lightning's CSVLogger: the newest `metrics.csv` up to three folders down
-  (lightning_logs/version_N/), each column's last value (its rows are sparse: training
-  and validation steps log different columns).
+"""`train summary` of a command's sweep: each task's final metrics, from the first of
+these found in its folder (a bad file is named and the next looked at): TRAIN_METRICS_FILE
+(`metrics.json`, a JSON object the program writes at its end: its numbers, NaN and
+Infinity kept), Hugging Face's `all_results.json` there or below, or the newest Lightning
+`metrics.csv` up to three folders down (each column's last value: its rows are sparse).
 """
 
 from __future__ import annotations
@@ -17,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
-import json
 import math
 import os
 import re
@@ -25,7 +17,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from train.batch.contract import METRICS_FILE
+from train.batch.contract import CHAIN_RECORD, METRICS_FILE
+from train.client.slurm.sweep import load_record, read_json, read_tasks, record_flag
+from train.client.slurm.sweepsummary import file_state, format_number, mean_std
 from train.common._proc import printable
 from train.common.jsonio import read_bounded, read_json_object
 
@@ -47,12 +41,11 @@ _FOLDERS = 200  # folders looked into at most, per task
 
 @dataclass
 class TaskMetrics:
-    """One task's final metrics and where they are from (or why there are none)."""
+    """One task's final metrics (or why there are none)."""
 
     label: str
     state: str
     values: dict[str, float] = field(default_factory=dict)
-    source: str = ""
     problems: list[str] = field(default_factory=list)
 
 
@@ -73,17 +66,14 @@ def _numbers(found: object) -> dict[str, float]:
 
 
 def _json_metrics(path: Path, problems: list[str]) -> dict[str, float] | None:
-    data = read_bounded(path, JSON_LIMIT + 1)
-    if data is None:
+    try:
+        found = read_json(path, JSON_LIMIT)
+    except ValueError as exc:
+        problems.append(f"{path}: not a JSON object of metrics ({str(exc)[:80]})")
+        return None
+    if found is None:
         if os.path.lexists(path):  # a FIFO, a folder, a link to a device: named
             problems.append(f"{path}: not a regular file (a JSON object of metrics is)")
-        return None
-    try:
-        if len(data) > JSON_LIMIT:
-            raise ValueError(f"over {JSON_LIMIT} bytes")
-        found = json.loads(data.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        problems.append(f"{path}: not a JSON object of metrics ({str(exc)[:80]})")
         return None
     values = _numbers(found)
     if not values:
@@ -138,15 +128,10 @@ def _folders(root: Path) -> Iterator[Path]:
 def task_metrics(run_dir: Path, label: str, state: str) -> TaskMetrics:
     """The task's final metrics, from the first source that has them."""
     out = TaskMetrics(label, state)
-    values = _json_metrics(run_dir / METRICS_FILE, out.problems)
-    if values:
-        out.values, out.source = values, METRICS_FILE
-        return out
     folders = list(_folders(run_dir))
-    for folder in folders:
-        values = _json_metrics(folder / "all_results.json", out.problems)
-        if values:
-            out.values, out.source = values, str(folder / "all_results.json")
+    for path in (run_dir / METRICS_FILE, *(f / "all_results.json" for f in folders)):
+        out.values = _json_metrics(path, out.problems) or {}
+        if out.values:
             return out
     newest: tuple[int, Path] | None = None
     for folder in folders:
@@ -158,9 +143,7 @@ def task_metrics(run_dir: Path, label: str, state: str) -> TaskMetrics:
         if stamp is not None and (newest is None or stamp > newest[0]):
             newest = (stamp, path)
     if newest is not None:
-        values = _csv_metrics(newest[1], out.problems)
-        if values:
-            out.values, out.source = values, str(newest[1])
+        out.values = _csv_metrics(newest[1], out.problems) or {}
     return out
 
 
@@ -224,8 +207,6 @@ def _mean_line(name: str, found: list[float], seeds: int) -> str:
     left = f"; left out: {', '.join(odd)}" if odd else ""
     if not finite:
         return f"  {name}: no finite value in {seeds} seed(s){left}"
-    from train.client.slurm.sweepsummary import format_number, mean_std
-
     mean, std = mean_std(finite)
     spread = f" +- {format_number(std)}" if std is not None else " (one seed, no spread)"
     return (f"  {name} over {len(finite)} of {seeds} seed(s): {format_number(mean)}"
@@ -234,10 +215,7 @@ def _mean_line(name: str, found: list[float], seeds: int) -> str:
 
 def is_command_sweep(root: Path) -> bool:
     """Whether the sweep's tasks run a command (their chain records say entry command)."""
-    from train.batch.contract import CHAIN_RECORD
-    from train.client.slurm.sweep import sweep_tasks
-
-    for task in sweep_tasks(root):
+    for task in read_tasks(root)[0]:
         record = read_json_object(root / task.dir / CHAIN_RECORD, JSON_LIMIT)
         if isinstance(record.get("entry"), str):
             return bool(record["entry"] == "command")
@@ -248,9 +226,6 @@ def summarize_metrics(root: Path, states: dict[str, str] | None = None,
                       left_out: list[str] | None = None) -> tuple[list[str], list[str]]:
     """A command sweep's table of final metrics (every task), and notes; `left_out`
     gets a line naming each entry of the sweep's record that is not a task."""
-    from train.client.slurm.sweep import load_record, read_tasks, record_flag
-    from train.client.slurm.sweepsummary import file_state
-
     flag = record_flag(load_record(root))
     found, bad = read_tasks(root)
     if left_out is not None:

@@ -6,15 +6,12 @@ mean +- std of the final evaluations, and the tasks' learning curves' mean and s
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
-from typing import Any
 
 from train.batch.contract import COMPLETE_MARKER
-from train.client.slurm.sweep import load_record, read_tasks
-from train.common.errors import UsageError
-from train.common.jsonio import read_bounded
+from train.client.slurm.sweep import load_record, read_json, read_tasks, record_flag
+from train.common.errors import UsageError, install_hint
 from train.common.safewrite import write_atomic
 
 SUMMARY_CSV = "summary.csv"
@@ -24,24 +21,10 @@ SUMMARY_PLOT = "summary.png"
 FILE_LIMIT = 64 << 20  # episodes.json, test_results.json: far more than a run writes
 
 
-def _read_json(path: Path) -> Any:
-    """A JSON file's value; None where it is missing or not a regular file; ValueError for
-    one that is not JSON or over FILE_LIMIT."""
-    data = read_bounded(path, FILE_LIMIT + 1)
-    if data is None:
-        return None
-    if len(data) > FILE_LIMIT:
-        raise ValueError(f"over {FILE_LIMIT >> 20} MiB")
-    try:
-        return json.loads(data.decode("utf-8"))
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
-
-
 def _rewards(path: Path) -> list[float] | str:
     """A seed's episode rewards, or why they cannot be used."""
     try:
-        found = _read_json(path)
+        found = read_json(path, FILE_LIMIT)
         if found is None:
             return "no episodes yet"
         rewards = found["rewards"]
@@ -68,7 +51,7 @@ def _evaluation(run_dir: Path, seed: int | None) -> float | None:
     """The mean reward of the seed's final evaluation (`train run` writes it when the seed
     has trained all its episodes), or None."""
     try:
-        found = _read_json(run_dir / "eval" / "test_results.json").get(str(seed))
+        found = read_json(run_dir / "eval" / "test_results.json", FILE_LIMIT).get(str(seed))
     except (ValueError, AttributeError):
         return None
     value = found.get("mean_reward") if isinstance(found, dict) else None
@@ -84,37 +67,17 @@ def file_state(run_dir: Path) -> str:
     return "incomplete" if run_dir.is_dir() else "not started"
 
 
-def seed_results(root: Path, states: dict[str, str] | None = None) -> list[SeedResult]:
-    """Every seed of the sweep: episodes, final evaluation and state (`states`: the chains'
-    states where Slurm was asked; otherwise from the run folders)."""
-    out = []
-    for task in read_tasks(root)[0]:
-        run_dir = root / task.dir
-        found = _rewards(run_dir / f"seed_{task.seed}" / "episodes.json")
-        episodes = len(found) if isinstance(found, list) else (
-            0 if found == "no episodes yet" else None)
-        state = (states or {}).get(task.label) or file_state(run_dir)
-        out.append(SeedResult(task.label, episodes, _evaluation(run_dir, task.seed), state))
-    return out
-
-
 def mean_std(values: list[float], ddof: int = 1) -> tuple[float, float | None]:
     """Mean and standard deviation (sample: ddof 1, None for a single value; population:
     ddof 0) of finite values, computed on the values scaled to at most 1 so that no sum
     overflows; a result too large for a float is inf (format_number says so)."""
-    if len(values) <= ddof:
-        return _scaled_mean(values), None
-    scale = max(abs(v) for v in values) or 1.0
-    scaled = [v / scale for v in values]
-    mean = math.fsum(scaled) / len(scaled)
-    var = math.fsum((x - mean) ** 2 for x in scaled) / (len(scaled) - ddof)
-    with_scale = (mean * scale, math.sqrt(var) * scale)
-    return with_scale[0], with_scale[1]
-
-
-def _scaled_mean(values: list[float]) -> float:
     scale = max((abs(v) for v in values), default=0.0) or 1.0
-    return math.fsum(v / scale for v in values) / max(1, len(values)) * scale
+    scaled = [v / scale for v in values]
+    mean = math.fsum(scaled) / max(1, len(scaled))
+    if len(values) <= ddof:
+        return mean * scale, None
+    var = math.fsum((x - mean) ** 2 for x in scaled) / (len(scaled) - ddof)
+    return mean * scale, math.sqrt(var) * scale
 
 
 def format_number(value: float) -> str:
@@ -200,19 +163,20 @@ def summarize(root: Path, smooth: int = 25, states: dict[str, str] | None = None
     if smooth < 1:
         raise UsageError(f"summary: --smooth must be at least 1, got {smooth}")
     tasks, bad = read_tasks(root)
-    seeds = seed_results(root, states)
-    flag = load_record(root).get("flag")
-    summary = Summary(format_table(root.name, seeds, flag if isinstance(flag, str) and flag
-                                   else "seeds"))
-    summary.left_out = bad
+    summary = Summary([], left_out=bad)
+    seeds = []
     curves: dict[str, list[float]] = {}
-    for task in tasks:
-        seed = task.label
-        found = _rewards(root / task.dir / f"seed_{task.seed}" / "episodes.json")
+    for task in tasks:  # (`states`: the chains' where Slurm was asked, else the folders')
+        run_dir = root / task.dir
+        found = _rewards(run_dir / f"seed_{task.seed}" / "episodes.json")
+        count = len(found) if isinstance(found, list) else 0 if found == "no episodes yet" else None
+        state = (states or {}).get(task.label) or file_state(run_dir)
+        seeds.append(SeedResult(task.label, count, _evaluation(run_dir, task.seed), state))
         if isinstance(found, str):
-            summary.notes.append(f"seed {seed} left out of the curves: {found}")
+            summary.notes.append(f"seed {task.label} left out of the curves: {found}")
         else:
-            curves[seed] = found
+            curves[task.label] = found
+    summary.table = format_table(root.name, seeds, record_flag(load_record(root)))
     if not curves:
         summary.notes.append(f"no seed of {root.name} has finished an episode yet: no "
                              "curves to write")
@@ -239,8 +203,6 @@ def summarize(root: Path, smooth: int = 25, states: dict[str, str] | None = None
     try:
         import matplotlib
     except ImportError:
-        from train.common.errors import install_hint
-
         summary.notes.append(f"no plot: matplotlib is not installed here (the login-node "
                              f"client); the table and {SUMMARY_CSV} have the numbers; for "
                              f"{SUMMARY_PLOT}, {install_hint('run')}")

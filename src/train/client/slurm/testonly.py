@@ -12,6 +12,7 @@ is resolved, and `train clusters probe` corrects a profile that says otherwise.
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -35,33 +36,25 @@ def _where(job: ResolvedJob, field: str) -> str:
     base = f"profile {prof.name} ({prof.source})"
     nodes = f"partitions.{node.name}" if node.name in prof.partitions else \
         f"constraints.{node.name}"
-    if field == "constraint":
-        return f"--constraint {job.constraint}"
-    if field == "nodes":
-        return f"--nodes {spec.nodes} (the profile's {nodes}.max_nodes is {node.max_nodes})"
-    if field == "partition":
-        if spec.partition:
-            return f"--partition {spec.partition}"
-        return f"--partition {job.partition} (from {base}: partition.default)"
-    if field == "time":
-        limit = "none" if node.max_minutes is None else format_time(node.max_minutes)
-        source = "--time" if spec.time else f"{base}: default_time"
-        return (f"--time {format_time(job.minutes)} (from {source}; the profile's "
-                f"{nodes}.max_time is {limit})")
-    if field == "account":
-        return f"--account {spec.account}"
-    if field == "qos":
-        return f"--qos {job.qos}" + ("" if spec.qos else f" (from {base}: qos.default)")
-    if field == "mem":
-        return (f"--mem {format_mem(job.mem_mb)} (the profile's {nodes}.mem_per_node is "
-                f"{format_mem(node.mem_mb)})")
-    if field == "cpus_per_task":
-        return (f"--cpus-per-task {spec.cpus_per_task} (the profile's {nodes}.cpus_per_node "
-                f"is {node.cpus_per_node})")
+    limit = "none" if node.max_minutes is None else format_time(node.max_minutes)
+    source = "--time" if spec.time else f"{base}: default_time"
     typed = f" --gpu-type {spec.gpu_type}" if spec.gpu_type else ""
-    return (f"--gpus-per-node {spec.gpus_per_node}{typed} --nodes {spec.nodes} (the "
-            f"profile's {nodes} says {node.gpus_per_node} GPUs per node, types "
-            f"{', '.join(node.gpu_types) or 'none'}; {base})")
+    return {
+        "constraint": f"--constraint {job.constraint}",
+        "nodes": f"--nodes {spec.nodes} (the profile's {nodes}.max_nodes is {node.max_nodes})",
+        "partition": f"--partition {spec.partition}" if spec.partition
+        else f"--partition {job.partition} (from {base}: partition.default)",
+        "time": f"--time {format_time(job.minutes)} (from {source}; the profile's "
+                f"{nodes}.max_time is {limit})",
+        "account": f"--account {spec.account}",
+        "qos": f"--qos {job.qos}" + ("" if spec.qos else f" (from {base}: qos.default)"),
+        "mem": f"--mem {format_mem(job.mem_mb)} (the profile's {nodes}.mem_per_node is "
+               f"{format_mem(node.mem_mb)})",
+        "cpus_per_task": f"--cpus-per-task {spec.cpus_per_task} (the profile's "
+                         f"{nodes}.cpus_per_node is {node.cpus_per_node})",
+    }.get(field) or (f"--gpus-per-node {spec.gpus_per_node}{typed} --nodes {spec.nodes} (the "
+                     f"profile's {nodes} says {node.gpus_per_node} GPUs per node, types "
+                     f"{', '.join(node.gpu_types) or 'none'}; {base})")
 
 
 def _beyond_nodes(job: ResolvedJob, environ: dict[str, str]) -> tuple[str, str] | None:
@@ -69,8 +62,6 @@ def _beyond_nodes(job: ResolvedJob, environ: dict[str, str]) -> tuple[str, str] 
     (or, without one, of its constraint's features) has fewer of than one node of the job
     asks, as sinfo says: (field, what was asked and what the nodes have). None where sinfo
     cannot say, or the CPUs and memory fit (the GPUs then)."""
-    import re
-
     from train.client.clusters.probe.site import SINFO, parse_sinfo
 
     where = ["-p", job.partition] if job.partition else []
@@ -113,12 +104,16 @@ def field_of(message: str) -> str:
     return next((f for words, f in _CAUSES if words in low), "")
 
 
-def refusal(job: ResolvedJob, script: str, environ: dict[str, str],
-            begin: str | None = None) -> tuple[str, str] | None:
-    """(field, text) where Slurm refuses this job's script (asked to start at `begin`,
-    sbatch's --begin, where given); ('', note) where sbatch failed with words that name
-    nothing of the job (submitting goes on: sbatch says it again or works); None where it
-    accepts it or cannot be asked (no sbatch here: submitting says so)."""
+def ask(job: ResolvedJob, environ: dict[str, str], begin: str | None = None
+        ) -> tuple[str, str] | None:
+    """(field, text) where Slurm refuses the script `train submit` would queue for this job
+    (asked to start at `begin`, sbatch's --begin, where given); ('', note) where sbatch
+    failed with words that name nothing of the job (submitting goes on: sbatch says it
+    again or works); None where it accepts it or cannot be asked (no sbatch here:
+    submitting says so)."""
+    from train.client.slurm.render import render
+
+    script = render(job)
     if shutil.which("sbatch", path=environ.get("PATH")) is None:
         return None
     with tempfile.TemporaryDirectory(prefix="train-test-only.") as folder:
@@ -145,14 +140,6 @@ def refusal(job: ResolvedJob, script: str, environ: dict[str, str],
                    f"{where}; nothing was queued; `train clusters probe "
                    f"{job.profile.name}` compares the profile with the site (--no-check "
                    "submits without asking)")
-
-
-def ask(job: ResolvedJob, environ: dict[str, str], begin: str | None = None
-        ) -> tuple[str, str] | None:
-    """`refusal` for the script `train submit` would queue for this job."""
-    from train.client.slurm.render import render
-
-    return refusal(job, render(job), environ, begin)
 
 
 # Slurm 22.05 starts a job that has --time-min with that minimum as its time limit even on

@@ -40,12 +40,9 @@ class DQNAgent:
                  precision: PrecisionPolicy,
                  wrap: Callable[[nn.Module], nn.Module] | None = None) -> None:
         self.spec = spec
-        self.res = spec.res
         self.device = device
         self.precision = precision
-        self.gamma = cfg.gamma
-        self.batch_size = cfg.batch_size
-        self.target_update = cfg.target_update
+        self.cfg = cfg
         self.policy = QNetwork(spec).to(device)
         self.target = copy.deepcopy(self.policy).requires_grad_(False).eval()
         # DDP (when given) wraps the net used for training; acting and evaluation run the
@@ -56,23 +53,16 @@ class DQNAgent:
         self.updates = 0
 
     # -- acting -----------------------------------------------------------------------
-    def _obs_tensors(self, obs: Observation) -> tuple[torch.Tensor, ...]:
-        d = self.device
-        return (torch.from_numpy(obs.screen).to(d)[None],
-                torch.from_numpy(obs.minimap).to(d)[None],
-                torch.from_numpy(obs.nonspatial).to(d)[None])
-
-    def q_values(self, obs: Observation) -> torch.Tensor:
-        """Masked Q-values (1, n_actions) in the compute dtype."""
-        with torch.no_grad(), self.precision.autocast():
-            q = self.policy(*self._obs_tensors(obs))
-        mask = action_mask(torch.from_numpy(obs.available).to(self.device)[None], self.res)
-        return masked_fill_unavailable(q, mask)
-
     def act(self, obs: Observation, epsilon: float, rng: np.random.Generator) -> int:
         if rng.random() < epsilon:
-            return random_available_action(obs.available, self.res, rng)
-        return int(self.q_values(obs).argmax(dim=1).item())
+            return random_available_action(obs.available, self.spec.res, rng)
+        screen, minimap, nonspatial, available = (
+            torch.from_numpy(a).to(self.device)[None]
+            for a in (obs.screen, obs.minimap, obs.nonspatial, obs.available))
+        with torch.no_grad(), self.precision.autocast():
+            q = self.policy(screen, minimap, nonspatial)
+        return int(masked_fill_unavailable(q, action_mask(available, self.spec.res))
+                   .argmax(dim=1).item())
 
     # -- learning ---------------------------------------------------------------------
     def to_batch(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
@@ -87,9 +77,9 @@ class DQNAgent:
             with torch.no_grad():
                 q_next = self.target(b["next_screen"], b["next_minimap"], b["next_nonspatial"])
                 q_next = masked_fill_unavailable(q_next,
-                                                 action_mask(b["next_available"], self.res))
+                                                 action_mask(b["next_available"], self.spec.res))
                 best_next = q_next.max(dim=1).values
-        discount = self.gamma * (~b["terminal"]).float()
+        discount = self.cfg.gamma * (~b["terminal"]).float()
         target = b["reward"].clamp(-REWARD_CLAMP, REWARD_CLAMP) + discount * best_next.float()
         loss = F.smooth_l1_loss(q_taken.float(), target)
         self.optimizer.zero_grad(set_to_none=True)
@@ -104,7 +94,7 @@ class DQNAgent:
             nn.utils.clip_grad_norm_(self.policy.parameters(), GRAD_CLIP)
             self.optimizer.step()
         self.updates += 1
-        if self.updates % self.target_update == 0:
+        if self.updates % self.cfg.target_update == 0:
             self.target.load_state_dict(self.policy.state_dict())
         return loss.detach()
 
@@ -114,7 +104,7 @@ class DQNAgent:
     def dummy_step(self) -> None:
         """Allocate Adam's state and a full batch's activations, changing nothing: then the
         state is reset in place to a fresh optimizer's, keeping the memory."""
-        b = self.dummy_batch(self.batch_size)
+        b = self.dummy_batch(self.cfg.batch_size)
         with self.precision.autocast():
             q = self.train_net(b["screen"], b["minimap"], b["nonspatial"])
             with torch.no_grad():
@@ -132,7 +122,6 @@ class DQNAgent:
                 for value in state.values():
                     if isinstance(value, torch.Tensor):
                         value.zero_()
-        del b, q, loss, saved
 
     # -- state ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -1,10 +1,5 @@
-"""The spatial + non-spatial Q-network: `policy_net(screen, minimap, nonspatial)`.
-
-Screen and minimap layers go through a small fully convolutional trunk; a 1x1 convolution
-gives one Q-value per screen cell for the move action, and pooled trunk features with the
-non-spatial features feed `action_head`, which scores the functions (no-op, select army,
-move). Q(move to x, y) = action_head[move] + spatial[y, x].
-"""
+"""The spatial + non-spatial Q-network: one Q-value per function (no-op, select army,
+move) and per screen cell, Q(move to x, y) = action_head[move] + spatial[y, x]."""
 
 from __future__ import annotations
 
@@ -19,7 +14,6 @@ class QNetwork(nn.Module):
 
     def __init__(self, spec: ObsSpec, trunk: int = 32, hidden: int = 128) -> None:
         super().__init__()
-        self.spec = spec
         in_ch = spec.screen_channels + spec.minimap_channels
         scales = [1.0 / s for _, s in SCREEN_LAYERS] + [1.0 / s for _, s in MINIMAP_LAYERS]
         self.register_buffer("scale", torch.tensor(scales).view(1, in_ch, 1, 1),

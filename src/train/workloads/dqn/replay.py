@@ -12,8 +12,6 @@ import numpy as np
 
 from train.workloads.envs.spec import Observation, ObsSpec
 
-_OBS_FIELDS = ("screen", "minimap", "nonspatial", "available")
-
 
 def _layout(capacity: int, spec: ObsSpec) -> dict[str, tuple[tuple[int, ...], Any]]:
     res = spec.res
@@ -56,8 +54,8 @@ class ReplayBuffer:
             next_obs: Observation) -> None:
         i = self.ptr
         a = self.arrays
-        for name in _OBS_FIELDS:
-            a[name][i] = getattr(obs, name)
+        for name, value in vars(obs).items():  # the Observation's fields
+            a[name][i] = value
             a["next_" + name][i] = getattr(next_obs, name)
         a["action"][i] = action
         a["reward"][i] = reward

@@ -9,12 +9,12 @@ training. Checkpoints fall on episode boundaries.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,34 +29,18 @@ from train.workloads.config import RunConfig
 from train.workloads.dqn.agent import DQNAgent
 from train.workloads.dqn.replay import ReplayBuffer
 from train.workloads.envs.beacon import BeaconEnv
-from train.workloads.envs.spec import Env, ObsSpec
+from train.workloads.envs.pysc2_env import Pysc2Env
+from train.workloads.envs.spec import ObsSpec
 from train.workloads.runrecord import batch_fallback
 from train.workloads.runtime.checkpoint import CheckpointManager
 from train.workloads.runtime.memory import preallocate, training_state_bytes
 from train.workloads.runtime.precision import PrecisionPolicy
-from train.workloads.runtime.progress import Progress
-from train.workloads.runtime.results import RunSummary, SeedOutcome
+from train.workloads.runtime.results import Progress, RunSummary
 
 log = logging.getLogger(__name__)
 
 # Offsets that give each rank, and evaluation, generators independent of training's.
 _EVAL_STREAM = 7919
-
-
-def make_env(cfg: RunConfig, seed: int, rank: int) -> Env:
-    if cfg.workload == "sc2":
-        from train.workloads.envs.pysc2_env import Pysc2Env
-
-        return Pysc2Env(cfg.res, cfg.step_mul, seed * 1000 + rank,
-                        mock=cfg.sc2_env == "mock")
-    return BeaconEnv(cfg.res, cfg.episode_steps, [seed, rank])
-
-
-def check_workload(cfg: RunConfig) -> None:  # before anything is written
-    if cfg.workload == "sc2":
-        from train.workloads.envs.pysc2_env import check_available
-
-        check_available(mock=cfg.sc2_env == "mock")
 
 
 def epsilon_at(cfg: RunConfig, step: int) -> float:
@@ -82,7 +66,7 @@ class EpisodeCut(Exception):
     """Raised from a step when a stop cannot wait for the episode's end."""
 
 
-def run_episode(env: Env, policy: Callable[[Any], int],
+def run_episode(env: BeaconEnv | Pysc2Env, policy: Callable[[Any], int],
                 on_step: Callable[[Any, int, float, bool, Any], None] | None = None) -> float:
     """One episode's summed reward; `on_step` may end it early (EpisodeCut)."""
     obs = env.reset()
@@ -126,25 +110,6 @@ def check_state(state: dict[str, Any]) -> None:
         need(rank.get("torch_cpu_rng"), torch.Tensor, f"ranks[{i}].torch_cpu_rng")
 
 
-@dataclass
-class _EpisodeLosses:
-    """The training losses of one episode, summed on the device (read once at its end)."""
-
-    total: torch.Tensor
-    count: int = 0
-
-    def reset(self) -> None:
-        self.total.zero_()
-        self.count = 0
-
-    def add(self, loss: torch.Tensor) -> None:
-        self.total += loss
-        self.count += 1
-
-    def mean(self) -> float:
-        return float(self.total.item()) / self.count if self.count else float("nan")
-
-
 class SeedRun:
     """One seed on this rank: builds the agent, restores, trains, evaluates."""
 
@@ -158,7 +123,12 @@ class SeedRun:
         np.random.seed(seed * 1000 + ctx.rank)
         torch.manual_seed(seed)  # the same initial weights on every rank
         self.spec = ObsSpec(cfg.res)
-        self.env = make_env(cfg, seed, ctx.rank)
+        self.env: BeaconEnv | Pysc2Env
+        if cfg.workload == "sc2":
+            self.env = Pysc2Env(cfg.res, cfg.step_mul, seed * 1000 + ctx.rank,
+                                mock=cfg.sc2_env == "mock")
+        else:
+            self.env = BeaconEnv(cfg.res, cfg.episode_steps, [seed, ctx.rank])
         self.rng = np.random.default_rng([seed, ctx.rank])
         wrap = None
         if ctx.distributed:
@@ -170,6 +140,9 @@ class SeedRun:
         self.step = 0
         self.rewards: list[float] = []
         self.losses: list[float] = []
+        # the current episode's training losses, summed on the device (read at its end)
+        self._loss_sum = torch.zeros((), device=ctx.device)
+        self._loss_count = 0
         self.checkpoints = CheckpointManager(self.dir / "checkpoints")
         self.batch_fallback = False  # see restore()
 
@@ -197,8 +170,7 @@ class SeedRun:
         random.setstate(state["python_rng"])
 
     def save(self) -> None:
-        local = self._local_state()
-        ranks = self.ctx.gather_to_main(local)
+        ranks = self.ctx.gather_to_main(self._local_state())
         if not self.ctx.is_main:
             return
         self.checkpoints.save({
@@ -250,18 +222,15 @@ class SeedRun:
         cfg = self.cfg
         progress = Progress(cfg.episodes, self.episode, f"seed {self.seed}", cfg.log_every,
                             enabled=self.ctx.is_main)
-        losses = _EpisodeLosses(torch.zeros((), device=self.ctx.device))
-
-        def on_step(obs: Any, action: int, reward: float, terminal: bool, nxt: Any) -> None:
-            self._step(stopper, losses, obs, action, reward, terminal, nxt)
-
+        on_step = functools.partial(self._step, stopper)
         # a stop asked for during start-up (the walltime signal) ends the chunk before its
         # first episode: the last checkpoint already holds everything
         stopped = self.episode < cfg.episodes and self.ctx.any(stopper.reason is not None)
         try:
             while self.episode < cfg.episodes and not stopped:
                 started = time.monotonic()
-                losses.reset()
+                self._loss_sum.zero_()
+                self._loss_count = 0
                 try:
                     reward = run_episode(
                         self.env,
@@ -276,21 +245,22 @@ class SeedRun:
                     stopped = True
                     self.save()
                     break
-                stopped = self._end_episode(stopper, progress, reward, losses, started)
+                stopped = self._end_episode(stopper, progress, reward, started)
         finally:
             progress.close()
             self.checkpoints.wait()
         # the last episode finished while a stop was asked for: the work is done all the same
         return self.episode >= cfg.episodes
 
-    def _step(self, stopper: StopController, losses: _EpisodeLosses, obs: Any, action: int,
-              reward: float, terminal: bool, nxt: Any) -> None:
+    def _step(self, stopper: StopController, obs: Any, action: int, reward: float,
+              terminal: bool, nxt: Any) -> None:
         cfg = self.cfg
         self.replay.add(obs, action, reward, terminal, nxt)
         self.step += 1
         if len(self.replay) >= cfg.learning_starts and self.step % cfg.train_every == 0:
             batch = self.agent.to_batch(self.replay.sample(cfg.batch_size, self.rng))
-            losses.add(self.agent.update(batch))
+            self._loss_sum += self.agent.update(batch)
+            self._loss_count += 1
             if self.agent.updates == 1:
                 log.info("first training step done at unix time %.3f", time.time())
         # every rank has taken the same number of steps here, so they agree in lockstep
@@ -302,14 +272,15 @@ class SeedRun:
             raise EpisodeCut
 
     def _end_episode(self, stopper: StopController, progress: Progress, reward: float,
-                     losses: _EpisodeLosses, started: float) -> bool:
+                     started: float) -> bool:
         """Count a finished episode (its reward averaged over the ranks), checkpoint when
         due; True when the ranks agree to stop."""
         cfg = self.cfg
         self.episode += 1
         rewards = self.ctx.all_gather_object(reward)
         self.rewards.append(float(np.mean(rewards)))
-        self.losses.append(losses.mean())
+        self.losses.append(float(self._loss_sum.item()) / self._loss_count
+                           if self._loss_count else float("nan"))
         stopper.episode_finished(time.monotonic() - started)
         stopped = self.ctx.any(stopper.should_stop())
         if stopped:
@@ -324,10 +295,9 @@ class SeedRun:
     def evaluate(self) -> dict[str, Any]:
         """Episodes with a fixed game seed and generator: the same weights, the same result."""
         cfg = self.cfg
+        env = self.env  # sc2: a second game instance is too heavy; the game is not seedable
         if cfg.workload == "demo":
-            env: Env = BeaconEnv(cfg.res, cfg.episode_steps, [self.seed, _EVAL_STREAM])
-        else:
-            env = self.env  # a second game instance is too heavy; the game is not seedable
+            env = BeaconEnv(cfg.res, cfg.episode_steps, [self.seed, _EVAL_STREAM])
         rng = np.random.default_rng([self.seed, _EVAL_STREAM])
         rewards = [run_episode(env, lambda obs: self.agent.act(obs, cfg.eval_epsilon, rng))
                    for _ in range(cfg.eval_episodes)]
@@ -351,24 +321,22 @@ class SeedRun:
 def train(cfg: RunConfig, ctx: DistContext, precision: PrecisionPolicy,
           stopper: StopController) -> RunSummary:
     """Train every seed in turn; returns what happened (results written by rank 0)."""
-    outcomes: list[SeedOutcome] = []
+    outcomes: dict[str, dict[str, Any]] = {}
     for seed in cfg.seeds:
-        summary_path = cfg.out_dir / f"seed_{seed}" / "summary.json"
-        done = read_json_object(summary_path, None)
+        done = read_json_object(cfg.out_dir / f"seed_{seed}" / "summary.json", None)
         if done.get("complete") and int(done.get("episodes", 0)) >= cfg.episodes:
             log.info("seed %d already complete (%d episodes); skipping", seed,
                      done["episodes"])
-            outcomes.append(SeedOutcome(seed, int(done["episodes"]), True))
+            outcomes[str(seed)] = {"episodes": int(done["episodes"]), "complete": True}
             continue
-        outcome = _train_seed(cfg, seed, ctx, precision, stopper)
-        outcomes.append(outcome)
-        if not outcome.complete:
+        outcomes[str(seed)] = _train_seed(cfg, seed, ctx, precision, stopper)
+        if not outcomes[str(seed)]["complete"]:
             return RunSummary(False, stopper.reason, outcomes)
     return RunSummary(True, None, outcomes)
 
 
 def _train_seed(cfg: RunConfig, seed: int, ctx: DistContext, precision: PrecisionPolicy,
-                stopper: StopController) -> SeedOutcome:
+                stopper: StopController) -> dict[str, Any]:
     run = SeedRun(cfg, seed, ctx, precision)
     try:
         what = f"optimizer state and a batch of {cfg.batch_size} at res {cfg.res}"
@@ -388,37 +356,34 @@ def _train_seed(cfg: RunConfig, seed: int, ctx: DistContext, precision: Precisio
         digests = ctx.all_gather_object(param_digest(run.agent.policy))
         if len(set(digests)) != 1:
             raise CheckpointError(f"parameters differ across ranks after training: {digests}")
-        outcome = SeedOutcome(seed, run.episode, complete, list(run.rewards),
-                              digest=digests[0])
         if ctx.is_main:
             # a stopped chunk must leave at once: the chunk that finishes evaluates
-            outcome.evaluation = run.evaluate() if cfg.eval_episodes and complete else None
-            _write_seed_results(cfg, run, outcome, len(digests))
-        return outcome
+            evaluation = run.evaluate() if cfg.eval_episodes and complete else None
+            _write_seed_results(cfg, run, complete, evaluation, digests)
+        return {"episodes": run.episode, "complete": complete}
     finally:
         run.env.close()
 
 
-def _write_seed_results(cfg: RunConfig, run: SeedRun, outcome: SeedOutcome,
-                        ranks: int) -> None:
+def _write_seed_results(cfg: RunConfig, run: SeedRun, complete: bool,
+                        evaluation: dict[str, Any] | None, digests: list[str]) -> None:
     """The seed's own files; its central CSV row comes later (`append_result_rows`)."""
     seed_dir = run.dir
     write_json_atomic(seed_dir / "episodes.json",
                       {"seed": run.seed, "rewards": run.rewards, "losses": [
                           None if np.isnan(x) else x for x in run.losses]})
     eval_path = cfg.out_dir / "eval" / "test_results.json"
-    evaluation = read_json_object(eval_path, None)
-    if outcome.evaluation is not None:
-        evaluation[str(run.seed)] = outcome.evaluation
-        write_json_atomic(eval_path, evaluation)
+    if evaluation is not None:
+        write_json_atomic(eval_path, {**read_json_object(eval_path, None),
+                                      str(run.seed): evaluation})
     previous = read_json_object(seed_dir / "summary.json", None)
     summary: dict[str, Any] = {
         "seed": run.seed,
         "episodes": run.episode,
         "target_episodes": cfg.episodes,
-        "complete": outcome.complete,
-        "param_digest": outcome.digest,
-        "ranks_checked": ranks,
+        "complete": complete,
+        "param_digest": digests[0],
+        "ranks_checked": len(digests),
         # CSV bookkeeping (rows appended; csv_episodes: the finished total that has its
         # row) belongs to append_result_rows: carried over unchanged
         "csv_rows": int(previous.get("csv_rows", 0)),

@@ -16,12 +16,10 @@ import numpy as np
 
 from train.workloads.envs.spec import (
     MOVE_SCREEN,
-    NOOP,
     PLAYER_RELATIVE_NEUTRAL,
     PLAYER_RELATIVE_SELF,
     SELECT_ARMY,
     Observation,
-    ObsSpec,
     decode_action,
     nonspatial_features,
 )
@@ -37,7 +35,6 @@ class BeaconEnv:
     def __init__(self, res: int, episode_steps: int, seed: int | list[int]) -> None:
         if res < 4:
             raise ValueError(f"res must be at least 4, got {res}")
-        self.spec = ObsSpec(res)
         self.res = res
         self.episode_steps = episode_steps
         self.radius = max(1, res // 16)
@@ -88,9 +85,13 @@ class BeaconEnv:
             self._selected = True
         elif function == MOVE_SCREEN and point is not None:
             self._target = np.array(point, dtype=np.float64) + 0.5
-        elif function != NOOP:  # pragma: no cover - decode_action returns only these
-            raise ValueError(f"unknown function {function}")
-        self._advance()
+        if self._target is not None:  # the marine walks toward its target
+            delta = self._target - self._marine
+            dist = math.hypot(delta[0], delta[1])
+            if dist <= self.speed:
+                self._marine = self._target.copy()
+            else:
+                self._marine = self._marine + delta * (self.speed / dist)
         reward = 0.0
         if np.linalg.norm(self._marine - (self._beacon + 0.5)) <= self.radius + 0.5:
             reward = 1.0
@@ -98,22 +99,10 @@ class BeaconEnv:
         self._t += 1
         return self._observe(), reward, False, self._t >= self.episode_steps
 
-    def _advance(self) -> None:
-        if self._target is None:
-            return
-        delta = self._target - self._marine
-        dist = math.hypot(delta[0], delta[1])
-        if dist <= self.speed:
-            self._marine = self._target.copy()
-        else:
-            self._marine = self._marine + delta * (self.speed / dist)
-
     # -- observations -----------------------------------------------------------------
     def _observe(self) -> Observation:
         res = self.res
-        player_relative = np.zeros((res, res), dtype=np.uint8)
-        density = np.zeros((res, res), dtype=np.uint8)
-        selected = np.zeros((res, res), dtype=np.uint8)
+        player_relative, density, selected = np.zeros((3, res, res), dtype=np.uint8)
         cells = self._disc + self._beacon
         player_relative[cells[:, 1], cells[:, 0]] = PLAYER_RELATIVE_NEUTRAL
         density[cells[:, 1], cells[:, 0]] += 1

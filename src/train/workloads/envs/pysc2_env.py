@@ -19,10 +19,10 @@ from train.workloads.envs.spec import (
     FUNCTION_IDS,
     MINIMAP_LAYERS,
     MOVE_SCREEN,
+    NOOP,
     SCREEN_LAYERS,
     SELECT_ARMY,
     Observation,
-    ObsSpec,
     decode_action,
     nonspatial_features,
 )
@@ -72,16 +72,15 @@ def check_available(environ: dict[str, str] | None = None, mock: bool = False) -
     if mock:
         return path
     # pysc2 runs the newest build: the largest number among Versions/Base<N>
-    builds = [(int(p.name[4:]), p) for p in sorted((path / "Versions").glob("Base*"))
+    builds = [(int(p.name[4:]), p) for p in (path / "Versions").glob("Base*")
               if p.name[4:].isdigit()]
-    if not builds or not (max(builds)[1] / GAME_BINARY).exists():
-        where = max(builds)[1] if builds else path / "Versions" / "Base*"
+    game = (max(builds)[1] if builds else path / "Versions" / "Base*") / GAME_BINARY
+    if not builds or not game.exists():
         raise EnvironmentUnavailable(
             f"workload sc2 needs the StarCraft II binary: SC2PATH={path} has no "
-            f"Versions/Base*/{GAME_BINARY} (pysc2 runs {where / GAME_BINARY}). Set SC2PATH "
+            f"Versions/Base*/{GAME_BINARY} (pysc2 runs {game}). Set SC2PATH "
             "to the game directory (the sc2 image sets it), or --sc2-env mock to test "
             "without the game.")
-    game = max(builds)[1] / GAME_BINARY
     if not game.is_file() or game.stat().st_size == 0 or not os.access(game, os.X_OK):
         raise EnvironmentUnavailable(
             f"the StarCraft II binary {game} is broken: it must be a non-empty executable "
@@ -126,7 +125,6 @@ class Pysc2Env:
 
         if not flags.FLAGS.is_parsed():
             flags.FLAGS.mark_as_parsed()
-        self.spec = ObsSpec(res)
         self.res = res
         self.converted = 0
         self._actions = actions
@@ -167,13 +165,8 @@ class Pysc2Env:
 
     def step(self, action: int) -> tuple[Observation, float, bool, bool]:
         function, point = decode_action(int(action), self.res)
-        fid = FUNCTION_IDS[function]
-        if function == SELECT_ARMY:
-            call = self._actions.FunctionCall(fid, [[0]])
-        elif function == MOVE_SCREEN and point is not None:
-            call = self._actions.FunctionCall(fid, [[0], [point[0], point[1]]])
-        else:
-            call = self._actions.FunctionCall(fid, [])
+        args = {NOOP: [], SELECT_ARMY: [[0]], MOVE_SCREEN: [[0], list(point or ())]}[function]
+        call = self._actions.FunctionCall(FUNCTION_IDS[function], args)
         if self._raw is not None:
             # raises ValueError naming the function when pysc2 would refuse it
             self._features.transform_action(self._raw, call, skip_available=False)

@@ -10,7 +10,7 @@ to one index: 0 = no-op, 1 = select army, 2 + y * res + x = move to (x, y).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -38,18 +38,9 @@ PLAYER_RELATIVE_NEUTRAL = 3
 @dataclass(frozen=True)
 class ObsSpec:
     res: int
-
-    @property
-    def screen_channels(self) -> int:
-        return len(SCREEN_LAYERS)
-
-    @property
-    def minimap_channels(self) -> int:
-        return len(MINIMAP_LAYERS)
-
-    @property
-    def nonspatial_dim(self) -> int:
-        return len(FUNCTION_IDS) + PLAYER_FEATURES
+    screen_channels: ClassVar[int] = len(SCREEN_LAYERS)
+    minimap_channels: ClassVar[int] = len(MINIMAP_LAYERS)
+    nonspatial_dim: ClassVar[int] = len(FUNCTION_IDS) + PLAYER_FEATURES
 
     @property
     def n_actions(self) -> int:
@@ -86,19 +77,3 @@ def decode_action(action: int, res: int) -> tuple[int, tuple[int, int] | None]:
 
 def encode_move(x: int, y: int, res: int) -> int:
     return 2 + y * res + x
-
-
-class Env(Protocol):
-    spec: ObsSpec
-
-    def reset(self) -> Observation: ...
-
-    def step(self, action: int) -> tuple[Observation, float, bool, bool]:
-        """-> (observation, reward, terminal, episode_over)."""
-        ...
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-    def close(self) -> None: ...

@@ -70,6 +70,8 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _encode_leaf(obj: Any) -> Any:
+    """A state tree's node in the types torch.load(weights_only=True) accepts: NumPy arrays
+    become {__ndarray__: uint8 tensor, dtype, shape}, NumPy scalars Python numbers."""
     if isinstance(obj, np.ndarray):
         data = np.ascontiguousarray(obj)
         return {_ARRAY: torch.from_numpy(data.reshape(-1).view(np.uint8).copy()),
@@ -84,16 +86,6 @@ def _decode_leaf(obj: Any) -> Any:
         raw = obj[_ARRAY].numpy()
         return raw.view(np.dtype(obj["dtype"])).reshape(obj["shape"]).copy()
     return _RECURSE
-
-
-def encode(obj: Any) -> Any:
-    """A state tree in the types torch.load(weights_only=True) accepts: NumPy arrays become
-    {__ndarray__: uint8 tensor, dtype, shape}, NumPy scalars Python numbers."""
-    return _map_tree(obj, _encode_leaf)
-
-
-def decode(obj: Any) -> Any:
-    return _map_tree(obj, _decode_leaf)
 
 
 def checksum_path(path: Path) -> Path:
@@ -138,7 +130,7 @@ def save_atomic(state: Any, path: Path) -> None:
     tmp_sum = path.with_name(f".{path.name}.sha256.tmp-{tag}")
     try:
         with open(tmp, "wb") as fh:
-            torch.save(encode(state), fh)
+            torch.save(_map_tree(state, _encode_leaf), fh)
             fh.flush()
             os.fsync(fh.fileno())
         digest = file_sha256(tmp)
@@ -185,7 +177,7 @@ def load(path: Path) -> dict[str, Any]:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a checkpoint of format {FORMAT}")
     try:
-        return decode(state)  # type: ignore[no-any-return]
+        return _map_tree(state, _decode_leaf)  # type: ignore[no-any-return]
     except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a malformed array
         raise CheckpointError(f"{path} holds an array that does not decode: "
                               f"{first_line(exc)}") from None

@@ -18,8 +18,6 @@ from train.common.errors import PreallocationError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["apply_allocator_settings", "preallocate"]
-
 MIB = 1024 * 1024
 
 

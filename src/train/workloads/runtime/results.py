@@ -1,7 +1,9 @@
-"""What a run leaves behind (rank 0 only), and what is read back of it: config.json, the
-seeds' outcomes, the progress count the batch shell reads, evaluation JSON, the central CSV
-(shared by many jobs at once: rows appended under a file lock, after the completion record,
-so nothing here fails a chunk), the plot."""
+"""What a run shows while it trains (Progress: a live bar on a terminal, plain periodic lines
+in batch logs, each with the episode rate and the time left at that rate), what it leaves
+behind (rank 0 only), and what is read back of it: config.json, the seeds' outcomes, the
+progress count the batch shell reads, evaluation JSON, the central CSV (shared by many jobs
+at once: rows appended under a file lock, after the completion record, so nothing here
+fails a chunk), the plot."""
 
 from __future__ import annotations
 
@@ -16,16 +18,18 @@ import socket
 import stat
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 import torch
 
 from train import __version__
 from train.common import _proc
+from train.common.errors import ConfigError
 from train.common.jsonio import read_json_object, to_builtin, write_json_atomic
 from train.common.secrets.environment import recorded_environment
 from train.workloads.config import RunConfig
@@ -93,8 +97,6 @@ def append_csv_row(path: Path, row: Mapping[str, Any],
     recording it reruns it). Where the file system refuses flock the row goes in one
     O_APPEND write() (writers cannot interleave inside a row) and False is returned."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fields = list(row)
-    line_values = {k: to_builtin(v) for k, v in row.items()}
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
     try:
         try:
@@ -106,12 +108,12 @@ def append_csv_row(path: Path, row: Mapping[str, Any],
             locked = False
         try:
             buf = io.StringIO()
-            writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+            writer = csv.DictWriter(buf, fieldnames=list(row), lineterminator="\n")
             if key and _has_row(fd, {k: row[k] for k in key}):
                 return locked
             if os.fstat(fd).st_size == 0:
                 writer.writeheader()
-            writer.writerow(line_values)
+            writer.writerow({k: to_builtin(v) for k, v in row.items()})
             data = buf.getvalue().encode("utf-8")
             written = os.write(fd, data)
             while locked and 0 < written < len(data):  # a short write: finish it
@@ -211,8 +213,6 @@ class RunLock:
         self._fd: int | None = None
 
     def __enter__(self) -> RunLock:
-        from train.common.errors import ConfigError
-
         try:  # never through a symbolic link, never anything but a regular file
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK,
                          0o644)
@@ -248,28 +248,18 @@ class RunLock:
 
 
 @dataclass
-class SeedOutcome:
-    seed: int
-    episodes: int
-    complete: bool
-    rewards: list[float] = field(default_factory=list)
-    evaluation: dict[str, Any] | None = None
-    digest: str = ""
-
-
-@dataclass
 class RunSummary:
     complete: bool
     stop_reason: str | None
-    seeds: list[SeedOutcome]
+    seeds: dict[str, dict[str, Any]]  # status.json's: {"4": {"episodes": 50, "complete": true}}
+    status: dict[str, Any] = field(default_factory=dict)  # status.json, once `train run` wrote it
 
 
 def work_done(cfg: RunConfig, summary: RunSummary) -> int:
     """Episodes trained over all seeds, each seed counted up to the target (progress DONE)."""
-    trained = {s.seed: s.episodes for s in summary.seeds}
     done = 0
     for seed in cfg.seeds:
-        episodes = trained.get(seed)
+        episodes = summary.seeds.get(str(seed), {}).get("episodes")
         if episodes is None:  # not reached in this chunk: what an earlier chunk recorded
             recorded = read_json_object(cfg.out_dir / f"seed_{seed}" / "summary.json",
                                         None).get("episodes")
@@ -333,3 +323,74 @@ def append_result_rows(cfg: RunConfig) -> list[str]:
             warnings.append(f"results_csv: {what} was appended to {path} but not recorded "
                             f"in {summary_path} ({exc}); a rerun appends it again")
     return warnings
+
+
+# The rate (and so the ETA) is measured over the last this many episodes: the first
+# episodes of a run, before the replay holds enough to learn from, are many times faster
+# than the rest, and an average since the start would promise too little time.
+RATE_WINDOW = 20
+# No ETA from fewer episodes than this (the first one alone says nothing of the rest).
+ETA_MIN_EPISODES = 2
+
+
+def format_duration(seconds: float) -> str:
+    """45s, 2m05s, 1h02m: short enough for a progress line."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+class Progress:
+    def __init__(self, total: int, initial: int, label: str, interval: float,
+                 stream: TextIO | None = None, enabled: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.total = total
+        self.count = initial
+        self.label = label
+        self.interval = interval
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.live = enabled and self.stream.isatty()
+        self._clock = clock
+        self._recent: deque[tuple[float, int]] = deque([(clock(), initial)],
+                                                       maxlen=RATE_WINDOW + 1)
+        self._last = float("-inf")  # the first update always shows
+
+    def update(self, count: int, **metrics: float) -> None:
+        self.count = count
+        if not self.enabled:
+            return
+        now = self._clock()
+        self._recent.append((now, count))
+        final = count >= self.total
+        if not final and now - self._last < (0.2 if self.live else self.interval):
+            return
+        self._last = now
+        # episodes per second over the last RATE_WINDOW episodes, and the time left at it
+        (t0, c0), (t1, c1) = self._recent[0], self._recent[-1]
+        rate = (c1 - c0) / max(t1 - t0, 1e-9) if c1 > c0 else 0.0
+        timing = f"{rate:.2f} ep/s" + (
+            f", ETA {format_duration(max(0, self.total - count) / rate)}"
+            if rate and c1 - c0 >= ETA_MIN_EPISODES and not final else "")
+        stats = " ".join(f"{k}={v:.3g}" for k, v in metrics.items())
+        if self.live:
+            width = 24
+            filled = int(width * count / max(self.total, 1))
+            bar = "#" * filled + "-" * (width - filled)
+            self.stream.write(f"\r{self.label} [{bar}] {count}/{self.total} "
+                              f"{timing} {stats}\033[K")
+            if final:
+                self.stream.write("\n")
+        else:
+            stamp = time.strftime("%H:%M:%S")
+            self.stream.write(f"{stamp} {self.label} episode {count}/{self.total} "
+                              f"({timing}) {stats}\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.live and self.count < self.total:
+            self.stream.write("\n")
+            self.stream.flush()

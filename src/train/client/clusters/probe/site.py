@@ -1,8 +1,7 @@
-"""What the site's Slurm says, read on the login node (`read_site`): sinfo's partitions and
-nodes, scontrol's configuration (and MaxArraySize), sacctmgr's QOS limits and the user's
-associations, the Apptainer version; the parsers of their output, and a partition's nodes as
-one Group (its smallest node). A command that is missing, fails, hangs or prints what its
-parser refuses is noted in `Site.unread` with a short tail of its own words."""
+"""What the site's Slurm says, read on the login node (`read_site`), and the parsers of its
+commands' output. A partition's nodes are one Group: its smallest node (a job that fits it
+fits every node). A command that is missing, fails, hangs or prints what its parser refuses
+is noted in `Site.unread` with a short tail of its own words."""
 
 from __future__ import annotations
 
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from train.client.clusters.units import parse_time
+from train.client.clusters.validate import NAME_CHARS, NAME_RE
 from train.client.slurm.reservations import (
     SHOW,
     Reservation,
@@ -30,6 +30,7 @@ TIMEOUT = 30.0  # seconds a site command may take (`train clusters probe --timeo
 SLOW = 5.0  # seconds after which the wait is said on stderr (at most half the timeout)
 SEP = "|"
 SINFO_FORMAT = SEP.join(("%R", "%N", "%c", "%m", "%G", "%f", "%l", "%s", "%P"))
+# `-o`, not `--json`: its fields are the same from Slurm 22.05 to 25.x, the JSON's layout not
 SINFO = ("sinfo", "-h", "-N", "-o", SINFO_FORMAT)
 SCONTROL = ("scontrol", "show", "config")
 SACCTMGR_QOS = ("sacctmgr", "-n", "-P", "show", "qos", "format=Name,MaxWall")
@@ -40,8 +41,6 @@ ARRAY_KEY = "MaxArraySize"  # held by the profile's max_array_size
 MAX_ARRAY_SIZE = 4_000_001  # the most Slurm allows
 # one GRES: name[:type]:count, then an optional (S:0-1) socket list; or name:type:count
 _GRES_RE = re.compile(r"([A-Za-z0-9_]+)(?::([A-Za-z0-9_.-]+))?:([0-9]+)(?:\([^)]*\))?")
-# a name a profile can hold (train.client.clusters.validate's partition and GPU type names)
-_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 _UNLIMITED = ("infinite", "unlimited", "")
 
 
@@ -90,12 +89,9 @@ class Site:
         names = dict.fromkeys(n.partition for n in self.nodes)
         return {p: group(p, [n for n in self.nodes if n.partition == p]) for p in names}
 
-    def feature(self, name: str) -> Group | None:
-        seen: dict[str, SiteNode] = {}
-        for node in self.nodes:
-            if name in node.features:
-                seen.setdefault(node.name, node)
-        return group(name, list(seen.values())) if seen else None
+    def feature(self, name: str) -> Group | None:  # (group counts a node once)
+        nodes = [n for n in self.nodes if name in n.features]
+        return group(name, nodes) if nodes else None
 
     def default_partition(self) -> str | None:
         return next((n.partition for n in self.nodes if n.default), None)
@@ -131,17 +127,13 @@ def _limit_minutes(text: str, what: str) -> int | None:
 def _max_nodes(text: str) -> int | None:
     """sinfo %s, the job size in nodes: '1-infinite', '1-4', '2'."""
     top = text.strip().rpartition("-")[2]
-    if top.lower() in _UNLIMITED:
-        return None
-    if not top.isdigit() or len(top) > 9:
-        raise ValueError(f"sinfo %s: {top[:30]!r} is not a number of nodes")
-    return int(top)
+    return None if top.lower() in _UNLIMITED else _count(top, "sinfo %s (nodes)")
 
 
 def _name(value: str, what: str) -> str:
-    if not _NAME_RE.fullmatch(value):
-        raise ValueError(f"{what} {value[:60]!r} is not a name a profile can hold (letters, "
-                         "digits, '_', '.' and '-', not starting with '.' or '-')")
+    if not NAME_RE.fullmatch(value):
+        raise ValueError(f"{what} {value[:60]!r} is not a name a profile can hold: "
+                         f"{NAME_CHARS}")
     return value
 
 
@@ -179,17 +171,12 @@ def parse_sinfo(text: str) -> list[SiteNode]:
 
 
 def group(name: str, nodes: Sequence[SiteNode]) -> Group:
-    types: list[str] = []
-    feats: list[str] = []
-    for n in nodes:
-        types += [t for t in n.gpu_types if t not in types]
-        feats += [f for f in n.features if f not in feats]
-    node_names = {n.name for n in nodes}
     first = nodes[0]
     return Group(
-        name=name, nodes=len(node_names), cpus=min(n.cpus for n in nodes),
+        name=name, nodes=len({n.name for n in nodes}), cpus=min(n.cpus for n in nodes),
         mem_mb=min(n.mem_mb for n in nodes), gpus=min(n.gpus for n in nodes),
-        gpu_types=tuple(sorted(types)), features=tuple(sorted(feats)),
+        gpu_types=tuple(sorted({t for n in nodes for t in n.gpu_types})),
+        features=tuple(sorted({f for n in nodes for f in n.features})),
         max_minutes=first.max_minutes, max_nodes=first.max_nodes,
         uneven=len({(n.cpus, n.mem_mb, n.gpus) for n in nodes}) > 1)
 
@@ -285,34 +272,28 @@ def read_site(environ: Mapping[str, str] | None = None, *, timeout: float = TIME
     site = Site()
     hung: set[str] = set()
 
-    def ask(argv: Sequence[str], what: str) -> str | None:
-        return _ask(argv, site, what, environ, timeout, note, hung)
+    def ask(argv: Sequence[str], what: str, parse: Callable[[str], T],
+            env: Mapping[str, str] | None = environ) -> T | None:
+        text = _ask(argv, site, what, env, timeout, note, hung)
+        return None if text is None else _parsed(site, what, argv, parse, text)
 
-    text = ask(SINFO, "partitions and nodes")
-    if text is not None:
-        site.nodes = _parsed(site, "partitions and nodes", SINFO, parse_sinfo, text) or []
-        if not text.strip():
-            site.unread.append(f"partitions and nodes: `{shlex.join(SINFO)}` listed no node")
-    text = ask(SCONTROL, "Slurm's configuration")
+    nodes = ask(SINFO, "partitions and nodes", parse_sinfo)
+    if nodes == []:  # (no line at all; a line it refused is noted by _parsed)
+        site.unread.append(f"partitions and nodes: `{shlex.join(SINFO)}` listed no node")
+    site.nodes = nodes or []
+    text = ask(SCONTROL, "Slurm's configuration", str)
     if text is not None:
         site.config = {k: v for k, v in parse_config(text).items() if k != ARRAY_KEY}
         site.max_array_size = _parsed(site, "job array size", SCONTROL, parse_array_size,
                                       text)
-    text = _ask(SHOW, site, "reservations", standard_times(environ), timeout, note, hung)
-    if text is not None:
-        site.reservations = _parsed(site, "reservations", SHOW, parse_reservations, text)
-    text = ask(SACCTMGR_QOS, "QOS limits")
-    if text is not None:
-        site.qos = _parsed(site, "QOS limits", SACCTMGR_QOS, parse_qos, text)
+    site.reservations = ask(SHOW, "reservations", parse_reservations, standard_times(environ))
+    site.qos = ask(SACCTMGR_QOS, "QOS limits", parse_qos)
     user = (environ or os.environ).get("USER") or getpass.getuser()
     argv = ("sacctmgr", "-n", "-P", "show", "associations", f"user={user}",
             "format=Account,Partition,QOS")
-    text = ask(argv, "your associations (accounts)")
-    if text is not None:
-        site.associations = [line for line in text.splitlines() if line.strip()]
-    text = ask(APPTAINER, "Apptainer")
-    if text is not None:
-        site.apptainer = text.strip()
+    site.associations = ask(argv, "your associations (accounts)",
+                            lambda text: [line for line in text.splitlines() if line.strip()])
+    site.apptainer = ask(APPTAINER, "Apptainer", str.strip)
     return site
 
 

@@ -1,13 +1,13 @@
 """`train clusters probe NAME --write`: the probed values as a profile, each with a comment
 naming the date and the command that gave it, written where the profile in force came from
 (`target`); an earlier file's other keys kept, and the file itself kept first as a numbered
-copy (NAME.yaml.1, .2, ...: never replaced)."""
+copy (NAME.yaml.1, .2, ...: never replaced). Nothing is guessed: a value no command could
+read stays as the profile had it, and its comment says so."""
 
 from __future__ import annotations
 
 import datetime
 import json
-import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -22,65 +22,42 @@ from train.client.clusters.probe.site import (
     Site,
     _job_nodes,
 )
-from train.client.clusters.profiles import PATH_VAR, USER_DIR, Registry
+from train.client.clusters.profiles import USER_DIR, Registry, folders, node_values
 from train.client.clusters.schema import NodeType, Profile
-from train.client.clusters.units import format_mem, format_time
+from train.client.clusters.units import format_limit, format_mem
 from train.common import yamlio
 from train.common.errors import ConfigError
 from train.common.safewrite import keep_copy, write_atomic
 
 Tree = dict[str, Any]  # leaves: (value, comment)
-
-
-def _leaf(value: Any, comment: str) -> tuple[Any, str]:
-    return (value, comment)
+_UNPROBED = ("max_gpus", "driver_version", "cpu_jobs", "multi_node_whole")  # read by no command
 
 
 def _kept(data: Any, comment: str) -> Any:
     if isinstance(data, dict):
         return {str(k): _kept(v, comment) for k, v in data.items()}
-    return _leaf(data, comment)
+    return (data, comment)
 
 
 def _node_tree(node: NodeType | None, site: Group | None, *, limits: bool, said: str,
                kept: str, source: str) -> Tree:
     """A whole partition or constraint entry: probed values where the site answered."""
-    out: Tree = {}
-    probed = site is not None
-
-    def put(key: str, value: Any, old: Any) -> None:
-        if probed:
-            out[key] = _leaf(value, said)
-        elif node is not None:
-            out[key] = _leaf(old, kept)
-
-    put("gpus_per_node", site.gpus if site else None, node.gpus_per_node if node else None)
-    if site is not None and site.uneven:
-        out["gpus_per_node"] = _leaf(site.gpus, said + " (its smallest node)")
-    put("gpu_types", list(site.gpu_types) if site else None,
-        list(node.gpu_types) if node else None)
-    put("cpus_per_node", site.cpus if site else None, node.cpus_per_node if node else None)
-    put("mem_per_node", format_mem(site.mem_mb) if site else None,
-        format_mem(node.mem_mb) if node else None)
+    values = {} if node is None else node_values(node)
+    out: Tree = {k: (v, kept) for k, v in values.items() if k not in _UNPROBED}
+    if site is not None:  # (over the kept values, in their places)
+        out.update({"gpus_per_node": (site.gpus, said + (" (its smallest node)"
+                                                         if site.uneven else "")),
+                    "gpu_types": (list(site.gpu_types), said), "cpus_per_node": (site.cpus, said),
+                    "mem_per_node": (format_mem(site.mem_mb), said)})
     if limits and site is not None:
-        out["max_time"] = _leaf(None if site.max_minutes is None
-                                else format_time(site.max_minutes), said)
         why = "MaxNodes" if site.max_nodes is not None and site.max_nodes <= site.nodes \
             else f"no smaller MaxNodes than its {site.nodes} nodes"
-        out["max_nodes"] = _leaf(_job_nodes(site), f"{said} ({why})")
-    elif node is not None:
-        out["max_time"] = _leaf(None if node.max_minutes is None
-                                else format_time(node.max_minutes), kept)
-        out["max_nodes"] = _leaf(node.max_nodes, kept)
-    if node is not None:  # no command reads these: policy, or the nodes' own driver
-        unprobed = kept if site is None else f"not probed: kept from {source}"
-        if node.max_gpus is not None:
-            out["max_gpus"] = _leaf(node.max_gpus, unprobed)
-        if node.driver_version is not None:
-            out["driver_version"] = _leaf(node.driver_version, unprobed)
-        out["cpu_jobs"] = _leaf(node.cpu_jobs, unprobed)
-        if node.multi_node_whole:
-            out["multi_node_whole"] = _leaf(True, unprobed)
+        out["max_time"] = (format_limit(site.max_minutes), said)
+        out["max_nodes"] = (_job_nodes(site), f"{said} ({why})")
+    unprobed = kept if site is None else f"not probed: kept from {source}"
+    out.update({k: (values[k], unprobed) for k in _UNPROBED  # (cpu_jobs even when false)
+                if k in values and values[k] is not None
+                and (values[k] is not False or k == "cpu_jobs")})
     return out
 
 
@@ -94,12 +71,12 @@ def probed_tree(profile: Profile, site: Site, earlier: Mapping[str, Any], when: 
                   if k not in ("name", "extends", "partitions", "constraints")}
     # over the profile this file replaces: the shipped one, or what the earlier file extended
     base = earlier.get("extends") if earlier else profile.name
-    head: Tree = {"name": _leaf(profile.name, f"{when}: train clusters probe {profile.name}")}
+    head: Tree = {"name": (profile.name, f"{when}: train clusters probe {profile.name}")}
     if base is not None:
-        head["extends"] = _leaf(base, "the values below replace that profile's")
+        head["extends"] = (base, "the values below replace that profile's")
     tree = {**head, **tree}
     if site.max_array_size:  # 0 (no job arrays) is no value a profile can hold
-        tree["max_array_size"] = _leaf(site.max_array_size,
+        tree["max_array_size"] = (site.max_array_size,
                                        f"{when}: {' '.join(SCONTROL)} (MaxArraySize)")
     if site.nodes:
         parts = site.partitions()
@@ -114,7 +91,7 @@ def probed_tree(profile: Profile, site: Site, earlier: Mapping[str, Any], when: 
             default = site.default_partition()
             if default is not None:
                 section = tree.setdefault("partition", {})
-                section["default"] = _leaf(default, f"{sinfo} (the partition marked *)")
+                section["default"] = (default, f"{sinfo} (the partition marked *)")
         if profile.constraints:
             tree["constraints"] = {
                 feature: _node_tree(node, site.feature(feature), limits=False,
@@ -122,7 +99,7 @@ def probed_tree(profile: Profile, site: Site, earlier: Mapping[str, Any], when: 
                                     source=profile.source)
                 for feature, node in profile.constraints.items()}
             for entry in tree["constraints"].values():  # a constraint's limits: not probed
-                entry.setdefault("max_time", _leaf(None, kept))
+                entry.setdefault("max_time", (None, kept))
     # (site.reservations are not written: a maintenance is dated, and a profile holds what
     # stays true of the site; submit and status read them from Slurm when they need them)
     if site.qos is not None and profile.qos_limits:
@@ -130,12 +107,10 @@ def probed_tree(profile: Profile, site: Site, earlier: Mapping[str, Any], when: 
         limits: Tree = {}
         for name, minutes in profile.qos_limits.items():
             if name in site.qos:
-                value = site.qos[name]
-                limits[name] = _leaf(None if value is None else format_time(value),
-                                     f"{when}: {' '.join(SACCTMGR_QOS)}")
+                limits[name] = (format_limit(site.qos[name]), f"{when}: {' '.join(SACCTMGR_QOS)}")
             else:
-                limits[name] = _leaf(None if minutes is None else format_time(minutes),
-                                     "the site's sacctmgr does not list it: " + kept)
+                limits[name] = (format_limit(minutes),
+                                "the site's sacctmgr does not list it: " + kept)
         section["limits"] = limits
     return tree
 
@@ -186,11 +161,9 @@ def target(profile: Profile) -> Path:
 def _check(path: Path, extra_files: Iterable[Path],
            environ: Mapping[str, str] | None) -> None:
     """The profiles as they are now, with `path` among them, must load."""
-    env = os.environ if environ is None else environ
     extra = list(extra_files)
-    folders = [USER_DIR.expanduser(), *(Path(p) for p in env.get(PATH_VAR, "").split(":") if p)]
     seen = {Path(p).resolve() for p in extra} | {
-        (f / path.name).resolve() for f in folders if (f / path.name).exists()}
+        (f / path.name).resolve() for f in folders(environ) if (f / path.name).exists()}
     Registry(extra if path.resolve() in seen else [*extra, path], environ)
 
 

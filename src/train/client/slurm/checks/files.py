@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Mapping, Sequence
 
+from train.client.preflight.result import which
 from train.client.programs import PROGRAM_NAME, command_as_run, program_slip
 from train.client.slurm.checks.problem import Problem
 from train.client.slurm.jobitems import parse_bind
@@ -32,8 +32,7 @@ def program_problems(job: ResolvedJob, environ: Mapping[str, str]
         slip = program_slip(program)
         if "/" in program:
             wanted.append(("workload", program, True))
-        elif spec.runtime == "none" and shutil.which(
-                program, path=environ.get("PATH", os.defpath)) is None:
+        elif spec.runtime == "none" and which(program, environ) is None:
             problems.append(Problem("workload", f"{program!r} is not a program on this "
                                     "PATH, which the nodes run the job with (--runtime "
                                     f"none): a typo{slip}, or give its path"))

@@ -23,26 +23,21 @@ class Problem:
 
 def merge_seeds(found: list[Problem]) -> list[Problem]:
     """A sweep's problems said once for all the seeds that have the same one."""
-    merged: dict[tuple[str, str, bool], list[int]] = {}
-    out: list[Problem] = []
+    seeds: dict[tuple[str, str, bool], list[int]] = {}
     for p in found:
-        if p.seed is None:
-            out.append(p)
-            continue
-        key = (p.field, p.text, p.files)
-        if key not in merged:
-            merged[key] = []
-            out.append(p)
-        merged[key].append(p.seed)
+        if p.seed is not None:
+            seeds.setdefault((p.field, p.text, p.files), []).append(p.seed)
     result = []
-    for p in out:
+    for p in found:
         if p.seed is None:
             result.append(p)
             continue
-        seeds = merged[(p.field, p.text, p.files)]
-        said = f"the folder of seed {seeds[0]}" if len(seeds) == 1 else \
-            "the folders of seeds " + ", ".join(map(str, seeds[:-1])) + f" and {seeds[-1]}"
+        same = seeds.pop((p.field, p.text, p.files), None)
+        if same is None:  # (said already, with the first seed of its text)
+            continue
+        said = f"the folder of seed {same[0]}" if len(same) == 1 else \
+            "the folders of seeds " + ", ".join(map(str, same[:-1])) + f" and {same[-1]}"
         text = p.text.replace("{seeds}", said).replace(
-            "{holds}", "holds" if len(seeds) == 1 else "hold")
+            "{holds}", "holds" if len(same) == 1 else "hold")
         result.append(Problem(p.field, text, p.files))
     return result

@@ -1,13 +1,17 @@
-"""--python with --runtime none: the nodes run it as it is here, so it must import torch
-where the job needs it and this package; asked without importing anything."""
+"""The Pythons a job runs with, asked here without importing anything: --python with
+--runtime none, and the chain engine's python3. sbatch hands the submitting shell's PATH on,
+so the batch host finds the python3 this login node finds: one missing or too old here is
+refused at submit, not found after the queue wait."""
 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Mapping
 
+from train.batch.engine import MIN_PYTHON
+from train.client.preflight.result import which
 from train.client.slurm.checks.problem import Problem
+from train.client.slurm.render import ENGINE_PYTHON
 from train.client.slurm.resolve import ResolvedJob, torch_need
 from train.common import _proc
 
@@ -19,6 +23,11 @@ _FIND_SPECS = ("import importlib.util, os, sys\n"
                "here = os.path.realpath(os.getcwd())\n"
                "sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != here]\n"
                "print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))")
+_VERSION = "import sys; print('%d %d' % sys.version_info[:2])"
+ENGINE_FIX = ("the chain engine runs with the python3 of the job's PATH on the batch host (any "
+              "Python 3.{minor} or newer, standard library only): put one on PATH before you "
+              "submit (e.g. `module load python`), or add the line that loads it to the "
+              "cluster profile's modules")
 
 
 def python_problems(job: ResolvedJob, environ: Mapping[str, str]
@@ -46,7 +55,7 @@ def python_problems(job: ResolvedJob, environ: Mapping[str, str]
         elif not os.path.isfile(python):
             python = None
     else:
-        python = shutil.which(spec.python, path=environ.get("PATH", os.defpath))
+        python = which(spec.python, environ)
     if python is None:
         return [Problem("python", f"--python {spec.python} {what} (runtime none runs it on "
                         f"the nodes; the job needs {needs or 'this package'}). "
@@ -73,4 +82,25 @@ def python_problems(job: ResolvedJob, environ: Mapping[str, str]
                         "install it into that environment (from the checkout: pip install "
                         "'./[run]'), or give a container (--runtime apptainer --image "
                         "X.sif)")], []
+    return [], []
+
+
+def engine_problems(job: ResolvedJob, environ: Mapping[str, str]
+                    ) -> tuple[list[Problem], list[str]]:
+    """(problems, notes): python3 on this PATH, and its version."""
+    fix = ENGINE_FIX.format(minor=MIN_PYTHON[1])
+    found = which(ENGINE_PYTHON, environ)
+    if found is None:
+        if job.profile.modules:  # the site set-up may bring it on the nodes
+            return [], [f"no {ENGINE_PYTHON} on this PATH: the job counts on the cluster "
+                        f"profile's set-up to bring one ({fix})"]
+        return [Problem("python", f"no {ENGINE_PYTHON} on this PATH: {fix}")], []
+    try:
+        out = _proc.run([found, "-E", "-s", "-c", _VERSION], timeout=PYTHON_TIMEOUT,
+                        env=dict(environ)).stdout.split()
+        version = (int(out[0]), int(out[1]))
+    except (_proc.ProcError, ValueError, IndexError) as exc:
+        return [Problem("python", f"{found} does not run here ({exc}): {fix}")], []
+    if version < MIN_PYTHON:
+        return [Problem("python", f"{found} is Python {version[0]}.{version[1]}: {fix}")], []
     return [], []

@@ -4,31 +4,34 @@ accepted."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import time
 from collections.abc import Mapping
 
+from train.client.slurm import reservations
 from train.client.slurm.checks.problem import Problem
 from train.client.slurm.checks.sbatchenv import sbatch_environment
 from train.client.slurm.resolve import ResolvedJob
+from train.client.slurm.testonly import ask
 
 
 def resource_problems(job: ResolvedJob, environ: Mapping[str, str]
                       ) -> tuple[list[Problem], list[str]]:
     """Slurm asked whether it would take the job (its partition, nodes, GPUs, time):
     (a refusal of the job's, a note where sbatch itself failed)."""
-    from train.client.slurm.testonly import ask
-
-    refused = ask(job, sbatch_environment(environ))
-    if refused is not None and job.spec.sbatch_extra:
-        refused = _extras_at_fault(job, refused, sbatch_environment(environ))
-    if refused is not None and refused[0]:
-        after = _maintenance_at_fault(job, sbatch_environment(environ))
-        if after is not None:
-            return [], [after]
-        return [Problem(refused[0], refused[1], files=False)], []
-    if refused is not None:  # not a refusal of the job's: sbatch itself will say
+    env = sbatch_environment(environ)
+    refused = ask(job, env)
+    if refused is None:
+        return [], []
+    if job.spec.sbatch_extra:
+        refused = _extras_at_fault(job, refused, env)
+    if not refused[0]:  # not a refusal of the job's: sbatch itself will say
         return [], [refused[1]]
-    return [], []
+    after = _maintenance_at_fault(job, env)
+    if after is not None:
+        return [], [after]
+    return [Problem(refused[0], refused[1], files=False)], []
 
 
 def _maintenance_at_fault(job: ResolvedJob, environ: dict[str, str]) -> str | None:
@@ -36,11 +39,6 @@ def _maintenance_at_fault(job: ResolvedJob, environ: dict[str, str]) -> str | No
     chunk's time (22.05 to 26.05: "Requested node configuration is not available"), where
     sbatch queues it to wait. Asked again to begin after the maintenance: accepted, the
     refusal is the maintenance's (a note; the job is queued)."""
-    import time
-
-    from train.client.slurm import reservations
-    from train.client.slurm.testonly import ask
-
     now = time.time()
     found = reservations.touching(job, environ, now, now + job.minutes * 60)
     if not found:
@@ -54,17 +52,11 @@ def _maintenance_at_fault(job: ResolvedJob, environ: dict[str, str]) -> str | No
             "waits until then")
 
 
-def _extras_at_fault(job: ResolvedJob, refused: tuple[str, str] | None,
-                     environ: dict[str, str]) -> tuple[str, str] | None:
+def _extras_at_fault(job: ResolvedJob, refused: tuple[str, str],
+                     environ: dict[str, str]) -> tuple[str, str]:
     """Where Slurm refuses a job with --sbatch-extra options, the job without them is
     asked too: accepted, the refusal is theirs (it names no flag of the job's, or one that
     was not the cause: an --exclude that leaves too few nodes reads as the GPU request)."""
-    import dataclasses
-
-    from train.client.slurm.testonly import ask
-
-    if refused is None:
-        return None
     spec = job.spec
     plain = dataclasses.replace(job, spec=dataclasses.replace(spec, sbatch_extra=()))
     if ask(plain, environ) is not None:

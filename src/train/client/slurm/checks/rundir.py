@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from train.batch import contract
@@ -76,18 +77,19 @@ def foreign_folder_problems(job: ResolvedJob) -> list[Problem]:
         return [Problem("out", f"--out {job.spec.out}: {there} is not a folder (a file, or "
                         "a link to none): give a new or empty folder", files=False)]
     if is_task_job(job):  # a sweep's task folders are the sweep's: its folder is judged
-        return _foreign_sweep_folder(job, run_dir.parent)
-    ours = [contract.CHAIN_RECORD, contract.SWEEP_RECORD,
-            *(["config.json"] if job.spec.entry == "train" else [])]
-    try:
-        if not run_dir.is_dir() or any(os.path.lexists(run_dir / n) for n in ours):
-            return []
-        held = sorted(p.name for p in run_dir.iterdir())
-    except OSError:  # a folder this user cannot read: the submission says so
+        root = run_dir.parent  # (runs of train there, a task's folder run by hand, and the
+        # seeds' results.csv are the sweep's)
+        listed = _held(root, [contract.SWEEP_RECORD], lambda p: p.name == "results.csv" or (
+            p.is_dir() and any((p / n).exists() for n in (contract.CHAIN_RECORD,
+                                                          "config.json"))))
+        return [] if listed is None else [Problem(
+            "out", f"--out {root}: the sweep's folder holds files ({listed}) and no sweep of "
+            "train (no sweep.json): its tasks' folders, logs and scripts would go among them; "
+            "give a new or empty folder", files=False)]
+    listed = _held(run_dir, [contract.CHAIN_RECORD, contract.SWEEP_RECORD,
+                             *(["config.json"] if job.spec.entry == "train" else [])])
+    if listed is None:
         return []
-    if not held:
-        return []
-    listed = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
     inside = os.path.join(job.spec.out, job.spec.name)
     return [Problem("out", f"--out {job.spec.out}: {run_dir} holds files ({listed}) and no "
                     "run of train (no chain.json): the chain would write its script, logs "
@@ -95,25 +97,20 @@ def foreign_folder_problems(job: ResolvedJob) -> list[Problem]:
                     f"a new or empty folder (e.g. --out {inside})", files=False)]
 
 
-def _foreign_sweep_folder(job: ResolvedJob, root: Path) -> list[Problem]:
-    """A sweep's --out that holds files of the user's and no sweep.json: its task
-    folders, logs, jobs/ and summary would go among them. Runs of train there (a task's
-    folder run by hand) and the seeds' results.csv are the sweep's."""
+def _held(folder: Path, records: list[str], ours: Callable[[Path], bool] = lambda p: False
+          ) -> str | None:
+    """The first names of the files of `folder` that are not `ours`; None where it is no
+    folder, holds one of `records` (a run of train), cannot be read (the submission says
+    so) or holds nothing else."""
     try:
-        if not root.is_dir() or os.path.lexists(root / contract.SWEEP_RECORD):
-            return []
-        held = sorted(p.name for p in root.iterdir() if not (
-            p.name == "results.csv" or (p.is_dir() and any(
-                (p / n).exists() for n in (contract.CHAIN_RECORD, "config.json")))))
+        if not folder.is_dir() or any(os.path.lexists(folder / n) for n in records):
+            return None
+        held = sorted(p.name for p in folder.iterdir() if not ours(p))
     except OSError:
-        return []
+        return None
     if not held:
-        return []
-    listed = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
-    return [Problem("out", f"--out {root}: the sweep's folder holds files "
-                    f"({listed}) and no sweep of train (no sweep.json): its tasks' folders, "
-                    "logs and scripts would go among them; give a new or empty folder",
-                    files=False)]
+        return None
+    return ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
 
 
 def _sweep_chain(job: ResolvedJob) -> tuple[str, str, str, int] | None:

@@ -16,18 +16,14 @@ _VAR_OPTIONS = {"TIMELIMIT": "--time", "MEM_PER_NODE": "--mem", "ARRAY_INX": "--
                 "DEBUG": "--verbose", "NO_KILL": "--no-kill"}
 
 
-def _dropped(name: str) -> bool:
-    """What train's sbatch calls do not pass on: the chain's own (job-lib.sh's
-    train_sbatch) drops the same, so chunk 1 and its successors are submitted alike."""
-    return name != "SLURM_CONF" and name.startswith(("SLURM_", "SBATCH_", "SALLOC_"))
-
-
 def sbatch_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for `train submit`'s sbatch: this one without SBATCH_* (they would
     override chunk 1's #SBATCH lines only), SALLOC_* or SLURM_* (an allocation's, when
-    submitting from inside one) variables; SLURM_CONF stays."""
+    submitting from inside one) variables; SLURM_CONF stays. The chain's own sbatch
+    (job-lib.sh's train_sbatch) drops the same, so chunk 1 and its successors are alike."""
     env = os.environ if environ is None else environ
-    return {k: v for k, v in env.items() if not _dropped(k)}
+    return {k: v for k, v in env.items() if k == "SLURM_CONF"
+            or not k.startswith(("SLURM_", "SBATCH_", "SALLOC_"))}
 
 
 def sbatch_variable_notes(environ: Mapping[str, str]) -> list[str]:

@@ -1,24 +1,74 @@
-"""The fixes: for each cause its title and what to change, as flags and values where the
-chain's record (its resources) says them; _finding makes a cause into a Finding."""
+"""What the doctor's rules find: a line of evidence, a rule's hits in one file, and a
+finding (a cause with its evidence and fix); for each cause its title and what to change,
+as flags and values where the chain's record (its resources) says them."""
 
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from train.client.doctor.evidence import Finding, Hits
 from train.client.slurm.chain import Chain
+from train.client.slurm.chaincost import integer, resources
 from train.common.hostmem import DEFAULT_WORKER_MEM_MB
 
-
-def _resources(chain: Chain) -> dict[str, Any]:
-    res = chain.record.get("resources")
-    return res if isinstance(res, dict) else {}
+_KEEP = 3  # evidence lines kept per rule and file: the first and the last ones
 
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+@dataclass(frozen=True)
+class Evidence:
+    file: str
+    line: int  # 1-based; 0 where unknown (in the tail of a log searched in head and tail)
+    text: str
+    offset: int | None = None  # where the line starts in the file, where line is unknown
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {"file": self.file, "line": self.line, "text": self.text}
+        return out if self.offset is None else {**out, "offset": self.offset}
+
+    @property
+    def where(self) -> str:
+        """file:line, or file (byte N) where only the line's offset is known."""
+        if self.line:
+            return f"{self.file}:{self.line}"
+        return self.file if self.offset is None else f"{self.file} (byte {self.offset})"
+
+
+@dataclass
+class Finding:
+    cause: str
+    title: str  # what happened, in a few words
+    fix: str  # what to change: flags and values where they are known
+    chunk: int | None = None
+    job_id: str | None = None
+    evidence: list[Evidence] = field(default_factory=list)
+    detail: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"cause": self.cause, "title": self.title, "detail": self.detail,
+                "fix": self.fix, "chunk": self.chunk, "job_id": self.job_id,
+                "evidence": [e.as_dict() for e in self.evidence]}
+
+
+@dataclass
+class Hits:
+    """What one rule found in one file: the first and the last few lines, and a count."""
+
+    count: int = 0
+    first: list[Evidence] = field(default_factory=list)
+    last: deque[Evidence] = field(default_factory=lambda: deque(maxlen=_KEEP))
+
+    def add(self, ev: Evidence) -> None:
+        self.count += 1
+        if len(self.first) < _KEEP:
+            self.first.append(ev)
+        else:
+            self.last.append(ev)
+
+    def evidence(self) -> list[Evidence]:
+        return [*self.first, *self.last]
 
 
 def _gib(mb: int) -> str:
@@ -36,10 +86,10 @@ def _fix_host_oom(chain: Chain, _hits: Hits | None) -> str:
     the same arithmetic as the job's up-front check) or where the job already has (nearly)
     its whole node; more --mem only where neither is so. A command's own workers, which
     train does not know, are named first."""
-    res = _resources(chain)
-    procs, workers = _int(res.get("processes_per_node")), _int(res.get("workers"))
-    recorded, mem = _int(res.get("worker_mem_mb")), _int(res.get("mem_mb"))
-    node = _int(res.get("node_mem_mb"))
+    res = resources(chain.record)
+    procs, workers = integer(res.get("processes_per_node")), integer(res.get("workers"))
+    recorded, mem = integer(res.get("worker_mem_mb")), integer(res.get("mem_mb"))
+    node = integer(res.get("node_mem_mb"))
     if not (procs and mem):
         return ("fewer DataLoader workers (--workers) or more host memory (--mem); "
                 "`train launch` caps the workers by memory when --worker-mem says what one "
@@ -86,8 +136,8 @@ def _fix_host_oom(chain: Chain, _hits: Hits | None) -> str:
 
 
 def _fix_gpu_oom(chain: Chain, hits: Hits | None) -> str:
-    res = _resources(chain)
-    batch = _int(res.get("batch_size"))
+    res = resources(chain.record)
+    batch = integer(res.get("batch_size"))
     first_step = hits is not None and any(
         "preallocating" in e.text or "optimizer" in e.text for e in hits.evidence())
     smaller = f"--batch-size {max(1, batch // 2)}" if batch else "a smaller --batch-size"
@@ -101,9 +151,9 @@ def _fix_gpu_oom(chain: Chain, hits: Hits | None) -> str:
 
 
 def _fix_rendezvous(chain: Chain, hits: Hits | None) -> str:
-    res = _resources(chain)
-    launch, gpus = res.get("launch"), _int(res.get("gpus_per_node"))
-    ntasks = _int(res.get("ntasks_per_node"))
+    res = resources(chain.record)
+    launch, gpus = res.get("launch"), integer(res.get("gpus_per_node"))
+    ntasks = integer(res.get("ntasks_per_node"))
     base = ("every rank must be started by srun, one task per GPU with --launch tasks "
             "(--ntasks-per-node = --gpus-per-node) or one task per node with --launch "
             "torchrun; a script run by sbatch alone starts only rank 0")
@@ -119,7 +169,7 @@ def _fix_import_error(chain: Chain, hits: Hits | None) -> str:
     """An image's job: its build lacks the module (or the host leaks in); a job of the
     nodes' own Python (runtime none) has no image to rebuild: the module goes into that
     Python's environment."""
-    res = _resources(chain)
+    res = resources(chain.record)
     if res.get("runtime") != "none":
         return ("rebuild the image with the package (its lock in containers/requirements/), "
                 "or remove what leaks in from the host (PYTHONPATH, a conda env: "
