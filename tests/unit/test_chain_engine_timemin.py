@@ -10,7 +10,7 @@ import pytest
 
 from tests.unit.test_chain_engine import _calls, _env, _events, _ids, _kinds, _run, _start
 from train.batch import contract
-from train.batch.records import parse_limit, time_used
+from train.batch.saves import parse_limit, time_used
 
 
 @pytest.mark.parametrize(("text", "seconds"), [

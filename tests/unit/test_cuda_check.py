@@ -27,7 +27,7 @@ from train.common.cuda_check import (
 from train.common.errors import EXIT_RESOURCE, ResourceError
 from train.node.distributed import init_distributed, resolve_device
 from train.node.launch import LaunchOptions, prepare
-from train.node.launcher import environment, sizing
+from train.node.launcher import environment
 from train.node.launcher import step as launcher_step
 from train.workloads import runner
 from train.workloads.config import RunConfig
@@ -404,7 +404,7 @@ def test_launch_gpu_step_stops_on_unusable_cuda(monkeypatch: pytest.MonkeyPatch)
         raise AssertionError("waited for GPU memory on a broken CUDA")
 
     monkeypatch.setattr(cuda_check, "gather_facts", gather)
-    monkeypatch.setattr(sizing, "wait_for_gpu_memory", no_wait)
+    monkeypatch.setattr(environment, "wait_for_gpu_memory", no_wait)
     env = {**STEP_ENV, "CUDA_VISIBLE_DEVICES": "0,1"}
     opts = LaunchOptions(mode="torchrun", command=["python", "-m", "train", "run", "demo"],
                          min_free_mb=1000)

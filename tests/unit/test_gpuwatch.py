@@ -32,9 +32,9 @@ from train.client.slurm.resolve import resolve
 from train.common import cuda_check, gpuwatch_file
 from train.common.errors import ConfigError
 from train.common.gpuwatch_file import CSV_HEADER, WatchSettings, csv_path
-from train.node import gpuwatch, gpuwatch_sampler
+from train.node import gpuwatch
 from train.node import launch as launch_mod
-from train.node.gpuwatch_sampler import select_gpus, watch
+from train.node.gpuwatch import select_gpus, watch
 from train.node.launch import LaunchOptions, launch
 
 MIB = 1024 * 1024
@@ -235,13 +235,13 @@ def _messages(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
 def test_a_gpu_that_never_reads_is_given_up_after_max_failures(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="train.gpuwatch")
-    samples = gpuwatch_sampler.MAX_FAILURES + 5
+    samples = gpuwatch.MAX_FAILURES + 5
     assert _watch(FakeNvml({0: [40], 1: [40]}, broken=(1,)), tmp_path, samples) == 0
     rows = _rows(csv_path(tmp_path, "gpu-a01"))
     assert [r[1] for r in rows] == ["0"] * samples  # GPU 0 sampled throughout
     assert len(_messages(caplog, "GPU 1 cannot be read")) == 1
     gave_up = _messages(caplog, "no longer sampled")
-    assert len(gave_up) == 1 and f"GPU 1 gave no reading in {gpuwatch_sampler.MAX_FAILURES}" \
+    assert len(gave_up) == 1 and f"GPU 1 gave no reading in {gpuwatch.MAX_FAILURES}" \
         in gave_up[0]
     # none readable: tried MAX_FAILURES times, then nothing to watch, exit 0
     caplog.clear()
@@ -250,7 +250,7 @@ def test_a_gpu_that_never_reads_is_given_up_after_max_failures(
     real = mig.nvmlDeviceGetUtilizationRates
     mig.nvmlDeviceGetUtilizationRates = lambda h: calls.append(h) or real(h)  # type: ignore
     assert _watch(mig, tmp_path, 100, node="mig") == 0
-    assert len(calls) == gpuwatch_sampler.MAX_FAILURES
+    assert len(calls) == gpuwatch.MAX_FAILURES
     assert len(_messages(caplog, "GPU watch stopped: no GPU can be read")) == 1
     assert _rows(csv_path(tmp_path, "mig")) == []
 
@@ -361,7 +361,7 @@ def test_impossible_readings_are_left_out_and_logged_once(
     (42, float("inf"), float("inf"), None), (42, "1", "2", None),
 ])
 def test_valid_reading(util: Any, used: Any, total: Any, expected: Any) -> None:
-    assert gpuwatch_sampler.valid_reading(util, used, total) == expected
+    assert gpuwatch.valid_reading(util, used, total) == expected
 
 
 class CountNvml(FakeNvml):
@@ -375,7 +375,7 @@ class CountNvml(FakeNvml):
         return self.count
 
     def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
-        assert i < gpuwatch_sampler.MAX_GPUS, "a GPU past the cap was asked for"
+        assert i < gpuwatch.MAX_GPUS, "a GPU past the cap was asked for"
         return i
 
     def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
@@ -390,9 +390,9 @@ def test_an_absurd_gpu_count_is_capped(tmp_path: Path,
     caplog.set_level(logging.INFO, logger="train.gpuwatch")
     assert _watch(CountNvml(10**7), tmp_path, 2) == 0
     rows = _rows(csv_path(tmp_path, "gpu-a01"))
-    assert len(rows) == 2 * gpuwatch_sampler.MAX_GPUS
-    assert {int(r[1]) for r in rows} == set(range(gpuwatch_sampler.MAX_GPUS))
-    assert len(_messages(caplog, f"more than {gpuwatch_sampler.MAX_GPUS} GPUs")) == 1
+    assert len(rows) == 2 * gpuwatch.MAX_GPUS
+    assert {int(r[1]) for r in rows} == set(range(gpuwatch.MAX_GPUS))
+    assert len(_messages(caplog, f"more than {gpuwatch.MAX_GPUS} GPUs")) == 1
 
 
 @pytest.mark.parametrize("count", [NVMLError("Unknown"), None, "2", -3, 0, 2.5])
@@ -791,7 +791,7 @@ def test_the_reader_loads_nothing_of_the_node_side() -> None:
                           check=True, timeout=60)
     loaded = set(proc.stdout.split())
     assert "train.client.gpuwatch_reader" in loaded
-    assert not loaded & {"train.node.gpuwatch", "train.node.gpuwatch_sampler",
+    assert not loaded & {"train.node.gpuwatch",
                          "pynvml", "torch", "numpy"}
 
 

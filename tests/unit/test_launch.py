@@ -8,7 +8,7 @@ from tests.unit.test_cuda_check import OK as USABLE  # a healthy node's facts
 from train.common import cuda_check
 from train.common.errors import UsageError
 from train.node.launch import LaunchOptions, prepare
-from train.node.launcher.sizing import cap_workers
+from train.node.launcher.environment import cap_workers
 from train.node.launcher.step import read_step, tasks_env, torchrun_argv
 
 
@@ -100,7 +100,7 @@ def test_worker_override_in_the_command_gets_the_capped_value() -> None:
 
 
 def test_the_gpu_memory_wait_ends_before_the_chunks_deadline() -> None:
-    from train.node.launcher.sizing import MIN_WORK_SECONDS, wait_budget
+    from train.node.launcher.environment import MIN_WORK_SECONDS, wait_budget
 
     env = {"TRAIN_DEADLINE": "10000"}
     assert wait_budget(3600.0, env, now=1000.0) == 3600.0
@@ -202,7 +202,7 @@ def test_the_gpu_memory_wait_never_sleeps_past_its_timeout(
     import types
     from typing import ClassVar
 
-    from train.node.launcher import sizing as launch_mod  # (the wait reads its own `time`)
+    from train.node.launcher import environment as launch_mod  # (the wait reads its own `time`)
 
     class Clock:
         now = 0.0
@@ -243,7 +243,7 @@ def test_launch_gives_each_task_and_each_torchrun_worker_its_own_ready_file(
     import subprocess
     import sys
 
-    from train.node.launcher.torchrun import ready_per_rank
+    from train.node.launcher.step import ready_per_rank
 
     base = str(tmp_path / ".signal-ready-7-0")
     env = {"TRAIN_SIGNAL_READY": base + ".rank-2"}  # the per-task wrapper's value

@@ -329,5 +329,5 @@ def test_the_scheduler_layer_holds_no_navsim_presets() -> None:
     shared = _navsim_knowledge(src / "batch" / "contract.py")
     assert {"NAVSIM_WORKERS_OVERRIDE", "NAVSIM_PREFETCH_OVERRIDE", "NAVSIM_SPLIT_OVERRIDE",
             "NAVSIM_CACHE_PATH_OVERRIDE"} <= set(shared)
-    node_side = (src / "workloads" / "navsim.py", src / "node" / "launcher" / "sizing.py")
+    node_side = (src / "workloads" / "navsim.py", src / "node" / "launcher" / "environment.py")
     assert [_navsim_knowledge(p) for p in node_side] == [[], []]

@@ -1,10 +1,8 @@
 """One chunk of a chain, on the batch host (`python3 ENGINE chunk SCRIPT [CHUNK [FIRST]]
--- STEP...` ends the job script): its start, its successor (submitted afterok on this
-one: Slurm itself removes it when this one fails), and what its step's end means for the
-chain: failed (the first failing task's own code and node), complete, no progress,
-stopped before any save, requeued, incomplete at the bound, or stopped with the next
-chunk to go on (train.batch.step runs the step itself). Every decision is unit-tested
-without Slurm (tests/unit/test_chain_engine*.py, stub Slurm commands).
+-- STEP...` ends the job script): its start, its successor (submitted afterok on this one:
+Slurm itself removes it when this one fails), and what its step's end means for the chain,
+an event of train.batch.contract each (train.batch.step runs the step itself). Every
+decision is unit-tested without Slurm (tests/unit/test_chain_engine*.py, stub Slurm).
 """
 
 import os
@@ -16,7 +14,7 @@ import time
 from typing import List, Optional, Sequence, Tuple
 
 from train.batch import contract, saves
-from train.batch.records import (
+from train.batch.saves import (
     Usage,
     chunks_left,
     first_failure,
@@ -428,20 +426,17 @@ def parse_args(argv: Sequence[str]) -> Tuple[str, int, Optional[int], List[str]]
 
 def main(argv: Sequence[str]) -> int:
     run_dir = os.path.dirname(engine_root())
+    number = 0
     try:
         script, number, first, step = parse_args(argv)
-    except Usage as exc:
-        sys.stderr.write("train-job: {}\n".format(exc))
-        return EXIT_USAGE
-    try:
         job = load_job(run_dir)
     except Usage as exc:
         sys.stderr.write("train-job: {}\n".format(exc))
-        # (status says the chunk failed; why is in its log)
-        saves.write_small(os.path.join(run_dir, contract.CHAIN_EVENTS), "{} {} {} {} {}\n"
-                          .format(int(time.time()), number, os.environ.get(
-                              "SLURM_JOB_ID", "0"), contract.EV_FAILED, EXIT_USAGE),
-                          append=True)
+        if number:  # a damaged job record: status says the chunk failed, its log says why
+            saves.write_small(os.path.join(run_dir, contract.CHAIN_EVENTS), "{} {} {} {} {}\n"
+                              .format(int(time.time()), number, os.environ.get(
+                                  "SLURM_JOB_ID", "0"), contract.EV_FAILED, EXIT_USAGE),
+                              append=True)
         return EXIT_USAGE
     chunk = Chunk(job, script, number, first, step)
     signal.signal(signal.SIGUSR1, lambda *_: chunk.usr1())

@@ -146,7 +146,7 @@ RUN_RECORDS = (CHAIN_RECORD, SWEEP_RECORD)
 # -- NAVSIM's Hydra overrides, which both sides set or read -----------------------------
 # The login node writes NAVSIM's training command (train.client.slurm.navsimstep); on the
 # node the launcher caps the DataLoader's workers by the task's CPUs and memory
-# (train.node.launcher.sizing), and the feature cache's phase (train.workloads.navsim)
+# (train.node.launcher.environment), and the feature cache's phase (train.workloads.navsim)
 # reads the split and the cache folder and sets the cache switches per chunk.
 NAVSIM_WORKERS_OVERRIDE = "dataloader.params.num_workers"
 # default_training.yaml's prefetch_factor (2), which torch's DataLoader refuses with no

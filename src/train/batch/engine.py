@@ -14,8 +14,8 @@ import sys
 from typing import List, Sequence, Tuple
 
 # the modules copied, in this package (the engine imports nothing else of train)
-MODULES = ("__init__.py", "contract.py", "saves.py", "records.py", "step.py", "chunk.py",
-           "task.py", "engine.py")
+MODULES = ("__init__.py", "contract.py", "saves.py", "step.py", "chunk.py", "task.py",
+           "engine.py")
 ENGINE_DIR = ".train"  # in the run folder
 MIN_PYTHON = (3, 6)
 MAIN = ("import sys\n"

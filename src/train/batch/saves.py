@@ -1,23 +1,26 @@
-"""What a run has saved, read from its files: the progress the program recorded (or its
-framework's saves show), the newest match of a {newest:GLOB} placeholder, the resume
-arguments with those expanded, and when the program last saved. The chain engine applies
-these on the batch host, `train status` and `train submit` on the login node: one rule
-each, in one place. Nothing of the user's is evaluated: a pattern is only globbed, a
-match is one argument.
+"""What the chain engine reads of a run: what it saved (the progress the program recorded,
+or its framework's saves show; the newest match of a {newest:GLOB} placeholder, the resume
+arguments with those expanded; when the program last saved), the chain's records (the job
+record, the ids file, the tasks' end records, the overruns so far) and Slurm's answers (the
+queue, a time limit); `train status` and `train submit` read the run with the same rules.
+Nothing of the user's is evaluated: a pattern is only globbed, a match is one argument.
 """
 
 import contextlib
 import fnmatch
 import glob
 import json
+import math
 import os
 import re
+import signal
 import stat
-from typing import Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from train.batch import contract
 
-OPEN = "{newest:"
+# {newest:GLOB}: GLOB runs to the first closing brace
+_NEWEST = re.compile(r"\{newest:([^}]*)\}")
 Progress = Tuple[int, int]  # work units: (done, total); total 0 where it is not known
 _STEP = re.compile(r"step=([0-9]+)")
 _LAST_NUMBER = re.compile(r"([0-9]+)[^0-9]*$")
@@ -66,6 +69,11 @@ def write_small(path: str, text: str, append: bool = False) -> Optional[str]:
     finally:
         os.close(fd)
     return None
+
+
+def remove_file(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def is_file(path: str) -> bool:
@@ -135,31 +143,30 @@ def expand(words: Sequence[str], base: str) -> Tuple[Optional[List[str]], str]:
     one matches nothing."""
     out: List[str] = []
     for word in words:
-        done, rest = "", word
-        while OPEN in rest and "}" in rest.split(OPEN, 1)[1]:
-            head, tail = rest.split(OPEN, 1)
-            pattern, rest = tail.split("}", 1)
-            match = newest(pattern, base)
+        parts = _NEWEST.split(word)  # text, GLOB, text, ..., text
+        for i in range(1, len(parts), 2):
+            match = newest(parts[i], base)
             if match is None:
-                return None, "nothing matches {} (in {})".format(pattern, base)
-            done += head + match
-        out.append(done + rest)
+                return None, "nothing matches {} (in {})".format(parts[i], base)
+            parts[i] = match
+        out.append("".join(parts))
     return out, ""
 
 
 def patterns(words: Iterable[str]) -> List[str]:
     """Every {newest:GLOB} pattern of the words, in order."""
-    found: List[str] = []
-    for word in words:
-        rest = word
-        while OPEN in rest and "}" in rest.split(OPEN, 1)[1]:
-            pattern, rest = rest.split(OPEN, 1)[1].split("}", 1)
-            found.append(pattern)
-    return found
+    return [pattern for word in words for pattern in _NEWEST.findall(word)]
 
 
-def state_progress(path: str) -> Optional[Progress]:
-    """(global_step, max_steps) of a Trainer's trainer_state.json; None on anything else."""
+def save_progress(path: str) -> Optional[Progress]:
+    """The progress one save shows: a file named with its step (Lightning's
+    epoch=E-step=S.ckpt: total not known), or a Trainer checkpoint (or output) folder's
+    trainer_state.json (global_step, max_steps); None on anything else."""
+    if not os.path.isdir(path):
+        name = os.path.basename(path.rstrip("/"))
+        number = name_number(name) if _STEP.search(name) else None
+        return None if number is None else (number, 0)
+    path = os.path.join(path, STATE_FILE)
     try:
         if os.path.islink(path) or not os.path.isfile(path) \
                 or os.path.getsize(path) > _STATE_LIMIT:
@@ -176,18 +183,6 @@ def state_progress(path: str) -> Optional[Progress]:
     if not isinstance(total, int) or isinstance(total, bool) or total < 0:
         total = 0
     return done, total
-
-
-def save_progress(path: str) -> Optional[Progress]:
-    """The progress one save shows: a Trainer checkpoint (or output) folder, or a file
-    named with its step (Lightning's epoch=E-step=S.ckpt: total not known)."""
-    if os.path.isdir(path):
-        return state_progress(os.path.join(path, STATE_FILE))
-    name = os.path.basename(path.rstrip("/"))
-    if _STEP.search(name) is None:
-        return None
-    number = name_number(name)
-    return None if number is None else (number, 0)
 
 
 def framework_progress(resume_args: Sequence[str], save_paths: Sequence[str],
@@ -211,13 +206,6 @@ def framework_progress(resume_args: Sequence[str], save_paths: Sequence[str],
     return max(shown, key=lambda got: got[0]) if shown else None  # (the first of a tie)
 
 
-def progress(run_dir: str, resume_args: Sequence[str], save_paths: Sequence[str],
-             base: str) -> Optional[Progress]:
-    """The work done so far: as the program last recorded it in the progress file, else
-    as its saves show it; None where neither says."""
-    return file_progress(run_dir) or framework_progress(resume_args, save_paths, base)
-
-
 def progress_words(got: Optional[Progress]) -> str:
     if got is None:
         return "progress not known: no progress file, and no save of the program names its step"
@@ -231,10 +219,6 @@ def detail(got: Optional[Progress]) -> str:
     return "{} {}".format(*(got or (0, 0)))
 
 
-def _skipped(name: str, skips: Sequence[str]) -> bool:
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in skips)
-
-
 def last_save(run_dir: str, save_paths: Sequence[str], since: float,
               skips: Sequence[str] = contract.SAVE_SCAN_SKIP) -> Optional[float]:
     """The modification time of the newest file saved after `since`: in the run folder
@@ -246,7 +230,7 @@ def last_save(run_dir: str, save_paths: Sequence[str], since: float,
     tops: List[str] = []
     with contextlib.suppress(OSError):
         tops += [os.path.join(run_dir, n) for n in sorted(os.listdir(run_dir))
-                 if not _skipped(n, skips)]
+                 if not any(fnmatch.fnmatchcase(n, pattern) for pattern in skips)]
     own = os.path.realpath(run_dir)
     for path in save_paths:
         real = os.path.realpath(path)
@@ -278,3 +262,167 @@ def last_save(run_dir: str, save_paths: Sequence[str], since: float,
             continue  # another run of the tool: its files are not the program's saves
         stack += [os.path.join(path, n) for n in names]
     return best
+
+
+# a task's record while it runs ("started TIME NODE"): its wrapper replaces it with its end
+STARTED = "started"
+KILL_CODE = 128 + signal.SIGKILL
+
+
+def parse_ids(text: str) -> List[Tuple[int, str]]:
+    """chain.ids: (chunk, job id) per line; lines that do not read so are passed over."""
+    out = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and _number(parts[0]) is not None:
+            out.append((int(parts[0]), parts[1]))
+    return out
+
+
+def successors(queue: str, job: str, script: str) -> List[str]:
+    """The queued jobs (squeue's "%i %E %o" lines) that wait on `job` (afterok) and run
+    `script`: a chunk's successor is the only one; a job of the user's own that waits on
+    the chunk (an evaluation after it) runs another script and is never taken."""
+    found = []
+    for line in queue.splitlines():
+        parts = line.split(None, 2)
+        if len(parts) < 3:
+            continue
+        dep, cmd = "," + parts[1], parts[2]
+        waits = any(d.startswith("afterok:" + job) and not d[len("afterok:" + job):][:1]
+                    .isdigit() for d in dep.split(",") if d)
+        if waits and (cmd == script or cmd.startswith(script + " ")):
+            found.append(parts[0])
+    return found
+
+
+def first_failure(records: Sequence[str]) -> Optional[Tuple[int, str, Optional[int]]]:
+    """The task that failed first, from the task wrappers' records ("CODE TIME NODE
+    [SIGNAL]" each): (code, node, signal), whatever the code: a rank the OOM killer ended
+    (KILL) fails first as much as one that raised. The TERM Slurm sends the other tasks
+    comes after the failure; within a second of the first record (the nodes' clocks
+    differ a little) a task that did not end of TERM is taken before one that did. None
+    where no record says a task failed."""
+    failed: List[Tuple[float, int, str, Optional[int]]] = []
+    unended = []
+    for text in records:
+        parts = text.split()
+        if len(parts) < 3:
+            continue
+        node = parts[2] if all(c.isalnum() or c in "._-" for c in parts[2]) else ""
+        if parts[0] == STARTED:  # killed with its wrapper: no end recorded
+            unended.append(node)
+            continue
+        code = _number(parts[0])
+        try:
+            at = float(parts[1])
+        except ValueError:
+            continue
+        if code is None or code == 0 or code > 255 or math.isnan(at):
+            continue
+        sig = _number(parts[3]) if len(parts) > 3 else None
+        failed.append((at, code, node, sig))
+    if unended and all(f[1] == TERM_CODE for f in failed):
+        # the rest ended of the TERM Slurm sent after it: the task killed outright (the
+        # OOM killer of its cgroup, a KILL of its whole task) failed first
+        return KILL_CODE, unended[0], signal.SIGKILL
+    if not failed:
+        return None
+    failed.sort()
+    near = [f for f in failed if f[0] <= failed[0][0] + 1.0 and f[1] != TERM_CODE]
+    at, code, node, sig = (near or failed)[0]
+    return code, node, sig
+
+
+TERM_CODE = 128 + signal.SIGTERM
+
+
+def signal_name(number: Optional[int]) -> str:
+    try:
+        return signal.Signals(number).name if number else ""
+    except ValueError:
+        return "signal {}".format(number)
+
+
+def events(text: str, kind: str) -> List[List[str]]:
+    """The words of each line of chain.events that records an event of this kind."""
+    return [parts for parts in map(str.split, text.splitlines()) if parts[3:4] == [kind]]
+
+
+def overruns(ids_text: str, events_text: str) -> int:
+    """How many chunks of this chain (the jobs of its ids file) overran their walltime
+    after the stop signal and went on."""
+    mine = {job for _, job in parse_ids(ids_text)}
+    return len([p for p in events(events_text, contract.EV_OVERRAN) if p[2] in mine])
+
+
+def parse_limit(text: str) -> Optional[int]:
+    """squeue's %l (a job's time limit: [D-]HH:MM:SS, MM:SS or minutes) in seconds; None
+    for UNLIMITED, NOT_SET, INVALID or anything else."""
+    days, dash, rest = text.strip().rpartition("-")
+    parts = rest.split(":")
+    if len(parts) > 3 or not all(p.isdigit() for p in parts + ([days] if dash else [])):
+        return None
+    numbers = [int(p) for p in parts] if len(parts) > 1 else [int(parts[0]), 0]  # minutes
+    hours, minutes, secs = [0] * (3 - len(numbers)) + numbers
+    seconds = int(days or 0) * 86400 + hours * 3600 + minutes * 60 + secs
+    return seconds or None
+
+
+def time_used(events_text: str, first: int, chunk: int, asked: int) -> int:
+    """The time limits of this chain's chunks before this one (from its first): each the
+    last limit event of its number, or the whole walltime asked for where none was
+    written."""
+    limits = {int(p[1]): int(p[4]) for p in events(events_text, contract.EV_LIMIT)
+              if len(p) >= 5 and p[1].isdigit() and p[4].isdigit()}
+    return sum(limits.get(c, asked) for c in range(first, chunk))
+
+
+def chunks_left(max_chunks: int, asked: int, used: int) -> int:
+    """A chain with a floor: the chunks of --time (`asked` seconds) its bound of
+    max_chunks x --time still allows after `used` seconds of chunk time limits."""
+    return max(0, -(-(max_chunks * asked - used) // asked))
+
+
+def read_text(path: str, limit: int = 4 * 1024 * 1024, tail: bool = False) -> str:
+    data = read_small(path, limit, tail)
+    return "" if data is None else data.decode("utf-8", "replace")
+
+
+class Usage(Exception):
+    """Bad arguments or a damaged record: said in the log, exit 2."""
+
+
+def load_job(run_dir: str) -> Dict[str, Any]:
+    """The job record that submit wrote (chain.json's "job")."""
+    path = os.path.join(run_dir, contract.CHAIN_RECORD)
+    data = read_small(path, 16 * 1024 * 1024)
+    try:
+        record = json.loads((data or b"").decode("utf-8"))
+        job = record["job"]
+    except (ValueError, KeyError, TypeError):
+        raise Usage("{} holds no job record (written by `train submit`): submit the job "
+                    "with `train submit`".format(path)) from None
+    if not isinstance(job, dict):
+        raise Usage("{}: its \"job\" is no record: submit the job again".format(path))
+    missing = [k for k in JOB_KEYS if k not in job]
+    if missing:
+        raise Usage("{}: the job record lacks {}: submit the job again with this client's "
+                    "`train submit`".format(path, ", ".join(missing)))
+    for key, kind in JOB_KEYS.items():
+        value = job[key]
+        ok = all(isinstance(v, str) for v in value) if kind is list and isinstance(
+            value, list) else isinstance(value, kind) and (kind is bool or not isinstance(
+                value, bool))
+        if not ok:
+            raise Usage("{}: the job record's {} is {!r}, not {}: the file was edited; "
+                        "submit the job again".format(path, key, value, kind.__name__))
+    return dict(job)
+
+
+# the record's keys the engine reads, and their types (what `train submit` writes)
+JOB_KEYS = {"run_dir": str, "max_chunks": int, "walltime_seconds": int, "stop_signal": str,
+            "stop_margin": int, "stop_mode": str, "requeue": bool, "requeue_allowed": bool,
+            "complete_on_success": bool, "stop_via": str, "step_grace": int,
+            "step_ranks": int, "kill_grace": int, "runtime": str, "resume_args": list,
+            "save_paths": list, "program_dir": str}

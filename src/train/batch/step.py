@@ -1,7 +1,5 @@
-"""The job step of a chunk, on the batch host: its folder and environment, starting it,
-passing the walltime signal on once its ranks are ready (or ending it, stop mode kill),
-the program's stop request, the overrun guard, waiting for it, and what a killed step left
-on the nodes. train.batch.chunk builds the chain on it.
+"""The job step of a chunk, on the batch host, from its folder to what a killed step left
+on the nodes; train.batch.chunk builds the chain on it.
 """
 
 import contextlib
@@ -14,7 +12,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from train.batch import contract, saves
-from train.batch.records import STARTED, parse_ids, read_text
+from train.batch.saves import STARTED, parse_ids, read_text, remove_file
 
 
 def slurm(argv: List[str]) -> Tuple[int, str]:
@@ -36,11 +34,6 @@ class Exit(Exception):
     def __init__(self, code: int) -> None:
         super().__init__(code)
         self.code = code
-
-
-def remove_file(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
 
 
 def engine_root() -> str:
@@ -119,8 +112,10 @@ class Step:
         return parse_ids(read_text(self.path(contract.CHAIN_IDS)))
 
     def progress(self) -> Optional[saves.Progress]:
-        return saves.progress(self.run_dir, self.job["resume_args"], self.job["save_paths"],
-                              self.job["program_dir"])
+        """The work done so far: as the program last recorded it in the progress file, else
+        as its saves show it; None where neither says."""
+        return saves.file_progress(self.run_dir) or saves.framework_progress(
+            self.job["resume_args"], self.job["save_paths"], self.job["program_dir"])
 
     # -- the step ---------------------------------------------------------------------
     def stale_tmp(self) -> str:
@@ -134,16 +129,15 @@ class Step:
         """The chunk's own folder in the run folder (never a node's /tmp: a chunk killed
         at its walltime cannot remove it, the next one does, wherever it runs)."""
         prefix = contract.CHUNK_DIR_PREFIX
+        # a killed chunk's folder, readiness and stop-request files (never this one's: new)
         for name in os.listdir(self.run_dir):
             stale = self.path(name)
             if name.startswith(prefix) and os.path.isdir(stale) and not os.path.islink(stale):
                 shutil.rmtree(stale, ignore_errors=True)
+            elif name.startswith((".signal-ready-", ".stop-request-")):
+                remove_file(stale)
         self.tmp = self.path("{}{}-{}".format(prefix, self.job_id, self.restarts))
         os.makedirs(os.path.join(self.tmp, "exits"), exist_ok=True)
-        # a killed chunk's readiness and stop-request files (never its own: they are new)
-        for name in os.listdir(self.run_dir):
-            if name.startswith((".signal-ready-", ".stop-request-")):
-                remove_file(self.path(name))
 
     def step_environment(self) -> Dict[str, str]:
         """The walltime contract every program of the step is told (docs/your-program.md):
@@ -196,9 +190,7 @@ class Step:
         open(start, "w").close()
         self.saved_since = os.stat(start).st_mtime
         time.sleep(0.02)
-        env = self.step_environment()
-        for path in [self.ready, self.stop_request, *self.rank_files()]:
-            remove_file(path)
+        env = self.step_environment()  # (chunk_folder removed any files of these names)
         argv = self.step_argv + self.resume_argv()
         self.proc = subprocess.Popen(argv, env=dict(os.environ, **env))
         self.step_start = time.time()

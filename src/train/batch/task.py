@@ -1,20 +1,16 @@
 """Every task of a job step runs under this wrapper (`python3 ENGINE task -- COMMAND`),
-on its node, outside the container: the chain engine's part on the nodes.
-
-It removes the temporary folders this chain's killed jobs left on the node, gives the
-task a temporary folder of its own (TMPDIR, removed when the task ends), gives each rank
-a readiness file of its own, hands an Apptainer command the job's variables by name
-(--cleanenv drops the rest) and a folder to unpack the image into, runs the command, and
-records its end for the engine ("CODE TIME NODE [SIGNAL]", one file a task) in a folder
-the program is never told about. Slurm signals every process of the task: the wrapper's
-handlers only wait for the command, which gets the signals itself. A command killed by a
-signal ends the wrapper by the same signal, as srun would have seen it.
+on its node, outside the container: the chain engine's part on the nodes. Around the
+command (`run`) it gives the task a temporary folder (TMPDIR) and each rank a readiness file
+of its own, hands Apptainer the job's variables by name (--cleanenv drops the rest), and
+records the task's end ("CODE TIME NODE [SIGNAL]") in a folder the program is never told
+about. Slurm signals every process of the task: the wrapper's handlers only wait for the
+command, which gets the signals itself; a command killed by a signal ends the wrapper by
+the same signal, as srun would have seen it.
 
 `ENGINE clean RUNTIME LABEL TAG`: what a step killed outright left on this node (its
 tasks' temporary folders, a Docker runtime's containers), removed after it.
 """
 
-import contextlib
 import fnmatch
 import glob
 import os
@@ -28,7 +24,7 @@ import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from train.batch import contract, saves
-from train.batch.records import STARTED, events, read_text
+from train.batch.saves import STARTED, events, read_text, remove_file
 
 NV_NO_DRIVER = "no NVIDIA driver on this node"
 APPTAINERS = ("apptainer", "singularity")
@@ -187,8 +183,7 @@ def record(folder: str, code: Optional[int], sig: Optional[int]) -> None:
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     line = "{} {:.6f} {}{}\n".format(STARTED if code is None else code, time.time(), node,
                                      " {}".format(sig) if sig else "")
-    with contextlib.suppress(OSError):
-        os.unlink(name)
+    remove_file(name)
     saves.write_small(name, line)
 
 
@@ -246,21 +241,16 @@ def wait_task(proc: "subprocess.Popen[bytes]", termed: List[float],
     program that outlives Slurm's TERM is KILLed by Slurm KillWait seconds later, this
     wrapper with it: its temporary folder is removed a little before that (a program
     that stops on the TERM has its folder until it ends)."""
+    wait = kill_wait()
+    grace = max(1.0, float(wait) - 3.0) if wait else 5.0  # KillWait less a margin, else 5
     while True:
         try:
             return proc.wait(timeout=0.5)
         except subprocess.TimeoutExpired:
-            if own and termed and time.time() >= termed[0] + cancel_grace() \
+            if own and termed and time.time() >= termed[0] + grace \
                     and cancelled(os.environ.get("TRAIN_RUN_DIR", "")):
                 shutil.rmtree(own, ignore_errors=True)
                 own = None
-
-
-def cancel_grace() -> float:
-    """Seconds after the TERM before a cancelled task's folder goes: KillWait less a
-    margin where slurm.conf says it, else 5."""
-    wait = kill_wait()
-    return max(1.0, float(wait) - 3.0) if wait else 5.0
 
 
 def cancelled(run_dir: str) -> bool:

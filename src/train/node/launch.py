@@ -10,18 +10,21 @@ processes itself (train.common.launchers).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import time
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
+from typing import Any
 
 from train.common.errors import UsageError
+from train.common.gpuwatch_file import settings_from_env
 from train.common.hostmem import DEFAULT_WORKER_MEM_MB
 from train.common.launchers import accelerate_prefix, with_job_options
 from train.common.secrets.commands import masked_argv
-from train.node.gpuwatch import start_gpu_watch, stop_gpu_watch
+from train.node import gpuwatch
 from train.node.launcher.environment import (
     NCCL_DEFAULTS,
     check_cuda,
@@ -32,21 +35,20 @@ from train.node.launcher.environment import (
     need_torch,
     program_environment,
     remove_shim,
+    size_workers,
+    wait_or_fall_back,
 )
-from train.node.launcher.sizing import size_workers, wait_or_fall_back
 from train.node.launcher.step import (
     LOOPBACK,
     MASTER_ADDR_VAR,
     SlurmStep,
     free_port,
     read_step,
+    ready_per_rank,
     resolve_address,
+    run_torchrun,
     tasks_env,
     torchrun_argv,
-)
-from train.node.launcher.torchrun import (
-    ready_per_rank,
-    run_torchrun,
 )
 
 __all__ = ["LaunchOptions", "launch", "prepare"]
@@ -96,6 +98,29 @@ def prepare(opts: LaunchOptions, env: MutableMapping[str, str]) -> tuple[SlurmSt
     return step, master, command
 
 
+def start_gpu_watch(step: SlurmStep, mode: str, env: Mapping[str, str]) -> Any:
+    """`train launch`: the node's sampler, started by node-local rank 0 only (torch's
+    launcher agent, or the task with local id 0; in tasks mode its parent is the program
+    this process execs into, the same pid) when the job's settings ask for one and the node
+    has GPUs. Never fails the launch: any problem is a warning. The process, or None."""
+    if step.gpus_on_node == 0 or (mode != "torchrun" and step.localid != 0):
+        return None
+    try:
+        settings = settings_from_env(env)
+    except ValueError as exc:
+        log.warning("GPU watch not started: %s", exc)
+        return None
+    run_dir = env.get("TRAIN_RUN_DIR")
+    if settings is None or not run_dir:
+        return None
+    node = step.nodes[step.node_id]
+    try:
+        return gpuwatch.spawn(run_dir, node, settings, os.getpid(), env=dict(env))
+    except Exception as exc:  # whatever starting it raises: training goes on without it
+        log.warning("GPU watch not started on %s: %s", node, exc)
+        return None
+
+
 def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> int:
     """torchrun mode returns when the node's workers are done; tasks mode execs."""
     environ = os.environ if env is None else env
@@ -115,7 +140,10 @@ def launch(opts: LaunchOptions, env: MutableMapping[str, str] | None = None) -> 
     nproc = opts.nproc_per_node or max(1, step.gpus_on_node)
     if mode == "torchrun":
         def cleanup() -> None:
-            stop_gpu_watch(watcher)
+            if watcher is not None:
+                with contextlib.suppress(Exception):
+                    watcher.terminate()
+                    watcher.wait(timeout=10)
             remove_shim(shim)
 
         return run_torchrun(step, master, nproc, command, environ, cleanup)

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from train.batch import contract
-from train.batch.records import read_text
-from train.batch.saves import read_small
+from train.batch.saves import read_small, read_text
 from train.client.slurm import queue
 from train.client.slurm.queue import ACTIVE_STATES, _is_job_ref, _is_number
 from train.common import _proc

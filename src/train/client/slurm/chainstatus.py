@@ -8,8 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from train.batch import contract
-from train.batch.records import chunks_left, read_text
-from train.batch.saves import file_progress
+from train.batch.saves import chunks_left, file_progress, read_text
 from train.client import gpuwatch_reader as gpuwatch
 from train.client.slurm import chaincost, queue
 from train.client.slurm.chain import _DECISIVE, EVENTS_LIMIT, Chain, parse_events

@@ -13,7 +13,7 @@ from typing import Any
 
 from train.batch import contract
 from train.batch.engine import ENGINE_DIR, install
-from train.batch.records import read_text
+from train.batch.saves import read_text
 from train.client.slurm.chain import _DECISIVE, EVENTS_LIMIT, Chain, parse_events
 from train.client.slurm.checks import sbatchenv
 from train.client.slurm.checks.rundir import check_not_active

@@ -1,2 +1,2 @@
-"""The parts of `train launch` (train.node.launch), one module per concern; like it they run
-from the bound copy in an image without `train`: the standard library only, Python >= 3.9."""
+"""The parts of `train launch`: environment (set up before the program) and step (the job
+step, each mode's launch); like it, standard library only, Python >= 3.9 (the bound copy)."""
