@@ -312,6 +312,16 @@ def test_completion_cancels_the_waiting_chunk(tmp_path: Path) -> None:
     assert _calls(tmp_path, "scancel") == ["901"]
 
 
+def test_a_damaged_ids_line_never_reaches_scancel(tmp_path: Path) -> None:
+    # chain.ids is in the user's run folder: a line such as "2 --me" (an edit, a damaged
+    # file) is no job id, so the chunk submits its successor and cancels that one only
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / contract.CHAIN_IDS).write_text("1 500\n2 --me\n2 x 7\n")
+    proc = _run(tmp_path, "complete")
+    assert proc.returncode == 0, proc.stderr
+    assert _calls(tmp_path, "scancel") == ["901"]
+
+
 def test_a_failing_step_records_its_code_and_cancels_the_rest(tmp_path: Path) -> None:
     proc = _run(tmp_path, "fail")
     assert proc.returncode == 3

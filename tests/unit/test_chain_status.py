@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from train import common
-from train.batch import contract
+from train.batch import contract, saves
 from train.client.slurm import chain as slurm_chain
 from train.client.slurm import chainstatus, queue, submission
 from train.common.errors import UsageError
@@ -35,7 +35,7 @@ def _chain(tmp_path: Path, ids: str, events: str, states: dict[str, str],
 
 
 def test_ids_keep_the_first_id_per_chunk_and_skip_junk() -> None:
-    assert slurm_chain.parse_ids("1 10\njunk\n2 11\n2 99\n3 x\n\n") == [(1, "10"), (2, "11")]
+    assert saves.parse_ids("1 10\njunk\n2 11\n2 99\n3 x\n\n") == [(1, "10"), (2, "11")]
 
 
 def test_rate_counts_work_per_second_of_each_finished_run() -> None:

@@ -31,7 +31,7 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from train.batch import contract
+from train.batch import contract, saves
 from train.client.clusters import profiles, validate
 from train.client.defaults import merged
 from train.client.slurm import chain as slurm_chain
@@ -643,7 +643,8 @@ slurm_text = st.one_of(
 @example("\u00b2 5\n\u00b2")  # '²'.isdigit(), but int('²') is a ValueError
 def test_text_parsers(text: str) -> None:
     assert all(k.isascii() and k.isdigit() for k in queue.parse_sacct(text))
-    assert all(n > 0 and i.isascii() and i.isdigit() for n, i in slurm_chain.parse_ids(text))
+    ids = saves.parse_ids(text)  # a job id, or a sweep task's ARRAY_TASK
+    assert all(n > 0 and re.fullmatch(r"[0-9]+(_[0-9]+)?", i) for n, i in ids)
     assert all(isinstance(e["time"], int) for e in slurm_chain.parse_events(text))
     job_id = clean(queue.parse_sbatch_id, text)
     assert job_id is None or (job_id.isascii() and job_id.isdigit())

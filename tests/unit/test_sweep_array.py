@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
+from train.batch.saves import parse_ids
 from train.client.clusters.profiles import Registry
-from train.client.slurm.chain import parse_events, parse_ids
+from train.client.slurm.chain import parse_events
 from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.render import job_record, render
 from train.client.slurm.resolve import resolve

@@ -24,6 +24,7 @@ _NEWEST = re.compile(r"\{newest:([^}]*)\}")
 Progress = Tuple[int, int]  # work units: (done, total); total 0 where it is not known
 _STEP = re.compile(r"step=([0-9]+)")
 _LAST_NUMBER = re.compile(r"([0-9]+)[^0-9]*$")
+_JOB_REF = re.compile(r"[0-9]{1,18}(_[0-9]{1,18})?")  # a job id, or ARRAY_TASK
 STATE_FILE = "trainer_state.json"  # the Hugging Face Trainer's, written last into a save
 _STATE_LIMIT = 256 * 1024 * 1024  # a log_history beyond reason
 
@@ -270,13 +271,16 @@ KILL_CODE = 128 + signal.SIGKILL
 
 
 def parse_ids(text: str) -> List[Tuple[int, str]]:
-    """chain.ids: (chunk, job id) per line; lines that do not read so are passed over."""
-    out = []
+    """chain.ids: (chunk, job id) in chunk order, the first id of each chunk, for the engine
+    and the login node alike. A line that does not read so (a job id is digits, or a sweep
+    task's ARRAY_TASK) is passed over: a damaged file never hands scancel an option."""
+    out = {}  # type: Dict[int, str]
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) >= 2 and _number(parts[0]) is not None:
-            out.append((int(parts[0]), parts[1]))
-    return out
+        chunk = _number(parts[0]) if len(parts) == 2 else None
+        if chunk and _JOB_REF.fullmatch(parts[1]):
+            out.setdefault(chunk, parts[1])
+    return sorted(out.items())
 
 
 def successors(queue: str, job: str, script: str) -> List[str]:

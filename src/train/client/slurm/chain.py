@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from train.batch import contract
-from train.batch.saves import read_small, read_text
+from train.batch.saves import parse_ids, read_small, read_text
 from train.client.slurm import queue
 from train.client.slurm.queue import ACTIVE_STATES, _is_job_ref, _is_number
 from train.common import _proc
@@ -44,17 +44,6 @@ def parse_events(text: str) -> list[dict[str, Any]]:
 _DECISIVE = (contract.EV_STARTED, contract.EV_STOPPED, contract.EV_REQUEUED,
              contract.EV_FAILED, contract.EV_TIMEOUT, contract.EV_TERMINATED,
              contract.EV_NO_PROGRESS, contract.EV_INCOMPLETE, contract.EV_UNSAVED)
-
-
-def parse_ids(text: str) -> list[tuple[int, str]]:
-    """chain.ids -> [(chunk, job id)], in chunk order; malformed lines are skipped."""
-    out: dict[int, str] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and _is_number(parts[0]) and _is_job_ref(parts[1]) \
-                and int(parts[0]) > 0:
-            out.setdefault(int(parts[0]), parts[1])
-    return sorted(out.items())
 
 
 @dataclass(frozen=True)
