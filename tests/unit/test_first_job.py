@@ -245,3 +245,16 @@ def test_the_field_notes_host_oom_job_is_refused_with_two_workers_as_the_fix(
     assert code == 0, err
     assert parse_mem(_sbatch(out)["mem"]) <= REG.get("torch").constraints["l40s"].mem_mb
 
+
+
+def test_init_on_a_terminal_whose_input_ends_is_a_usage_error() -> None:
+    # Ctrl-D at a question of `train init`: exit 2 with words, not an EOFError traceback
+    from train.client.defaults import ask
+    from train.common.errors import EXIT_USAGE, UsageError
+
+    def ended(prompt: str) -> str:
+        raise EOFError
+
+    with pytest.raises(UsageError, match="input ended") as err:
+        ask(["local"], {}, read=ended)
+    assert err.value.exit_code == EXIT_USAGE

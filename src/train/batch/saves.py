@@ -43,7 +43,14 @@ def read_small(path: str, limit: int = 256, tail: bool = False) -> Optional[byte
             return None
         if tail and info.st_size > limit:
             os.lseek(fd, info.st_size - limit, os.SEEK_SET)
-        return os.read(fd, limit)
+        parts = []  # to the limit or the end: a read may return less (FUSE, over 2 GiB)
+        while limit > 0:
+            part = os.read(fd, min(limit, 1 << 20))
+            if not part:
+                break
+            parts.append(part)
+            limit -= len(part)
+        return b"".join(parts)
     except OSError:
         return None
     finally:

@@ -95,7 +95,11 @@ def ask(profiles: list[str], current: Mapping[str, Any],
     for key in ASKED:
         now = current.get(key)
         shown = ", ".join(now) if isinstance(now, list) else ("" if now is None else now)
-        text = read(f"{key} ({hints.get(key, 'empty to skip')}) [{shown}]: ").strip()
+        try:
+            text = read(f"{key} ({hints.get(key, 'empty to skip')}) [{shown}]: ").strip()
+        except EOFError:  # Ctrl-D, or a terminal's input closed
+            raise UsageError("init: the input ended before the questions did: nothing was "
+                             "written") from None
         if text == "-":
             answers.pop(key, None)
         elif text:

@@ -6,7 +6,6 @@ standard library only."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -59,11 +58,7 @@ def read_json_object(path: Path, limit: int | None, *,
     """The JSON object in a regular file of at most `limit` bytes (None: of any size); {}
     where it is missing, not a regular file (never blocks on a FIFO), unreadable, over the
     limit or not a JSON object (parse_json_object)."""
-    try:  # None: the size it has now (a file that grows meanwhile reads as cut: {})
-        cap = os.stat(path).st_size if limit is None else limit
-    except OSError:
-        return {}
-    raw = read_small(str(path), cap + 1)
-    if raw is None or len(raw) > cap:
+    raw = read_small(str(path), 1 << 62 if limit is None else limit + 1)
+    if raw is None or (limit is not None and len(raw) > limit):
         return {}
     return parse_json_object(raw, parse_constant=parse_constant)
