@@ -525,3 +525,17 @@ def test_a_chain_with_a_floor_is_not_told_it_ends_incomplete_while_its_time_last
     st = _chain(tmp_path, "1 10\n2 11\n3 12\n", whole.rsplit("\n", 1)[0] + "\n",
                 {**states, "12": "RUNNING"}, monkeypatch, progress="80 200\n", **timed)
     assert "more than the 1 left under --max-chunks 3" in (st["warning"] or ""), st
+
+
+def test_a_pending_sweep_task_is_found_by_the_id_status_shows_for_it(tmp_path: Path) -> None:
+    # `train status --tasks` lists a task that has not started as job ARRAY_TASK: that id
+    # names its run for status, cancel, logs and doctor as a plain job id does
+    runs = tmp_path / "runs"
+    task = runs / "sw" / "seed-1"
+    task.mkdir(parents=True)
+    (runs / "sw" / contract.SWEEP_RECORD).write_text("{}")
+    (task / contract.CHAIN_RECORD).write_text("{}")
+    (task / contract.CHAIN_IDS).write_text("1 15845_1\n")
+    assert slurm_chain.find_run("15845_1", runs) == task
+    with pytest.raises(UsageError, match="no run named or holding job"):
+        slurm_chain.find_run("15845_2", runs)

@@ -15,7 +15,7 @@ from typing import Any
 from train.batch import contract
 from train.batch.saves import parse_ids, read_small, read_text
 from train.client.slurm import queue
-from train.client.slurm.queue import ACTIVE_STATES, _is_job_ref, _is_number
+from train.client.slurm.queue import ACTIVE_STATES, _is_job_ref
 from train.common import _proc
 from train.common.errors import UsageError
 from train.common.jsonio import read_json_object
@@ -181,7 +181,7 @@ def find_run(ref: str, runs_root: Path) -> Path:
     problem = record_problem(direct)
     if problem is not None:
         raise UsageError(problem)
-    if _is_number(ref):
+    if _is_job_ref(ref):  # a sweep task not yet started is ARRAY_TASK, as squeue says it
         for run_dir in chain_dirs(runs_root):
             text = read_text(str(run_dir / contract.CHAIN_IDS), RECORD_LIMIT)
             if ref in [job_id for _, job_id in parse_ids(text)]:
