@@ -8,12 +8,16 @@ fails on a cut one (as unpickling a cut gzip file does).
 
 Files in its folder steer it: `hold-cache` (the caching script writes half the scenes and a
 cut file, then waits to be killed), `hold-train` (the training waits for the walltime
-signal USR1, then exits 0 like Lightning after its checkpoint)."""
+signal USR1, then exits 0 like Lightning after its checkpoint), `wait-peer` (the caching
+script starts once the job's log says another task waits for the cache: a test of two
+nodes then sees the wait whatever the machine's load)."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,6 +32,20 @@ def event(line: str) -> None:
 
 def content(scene: str) -> str:
     return f"features of {scene}\nend\n"
+
+
+def peer_waits() -> None:
+    """Until the job's log says another task waits for the cache (at most 120 s, a bound
+    against a hang: what is counted is the log's line)."""
+    show = subprocess.run(["scontrol", "show", "job", os.environ["SLURM_JOB_ID"]],
+                          capture_output=True, text=True, check=False).stdout
+    logs = [Path(p) for p in re.findall(r"Std(?:Out|Err)=(\S+)", show)]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if any(p.is_file() and "waiting for the first task" in p.read_text(errors="replace")
+               for p in logs):
+            return
+        time.sleep(0.2)
 
 
 def main() -> int:
@@ -48,6 +66,8 @@ def main() -> int:
                                      if not (cache / s / "features.txt").is_file()]
 
     if Path(sys.argv[0]).name == "run_dataset_caching.py":
+        if (HERE / "wait-peer").exists():
+            peer_waits()
         todo = missing()
         for i, scene in enumerate(todo):
             if i == len(todo) // 2 and (HERE / "hold-cache").exists():

@@ -125,7 +125,7 @@ def test_a_cache_cut_by_the_walltime_is_completed_not_trusted(
 
 def test_on_two_nodes_one_task_caches_and_the_other_waits(
         tmp_path: Path, slurm_env: dict[str, str]) -> None:
-    folder = _navsim(tmp_path)
+    folder = _navsim(tmp_path, "wait-peer")  # the cache is computed once the other waits
     run_dir = submit(tmp_path, slurm_env, "two", [*_flags(folder), "--nodes", "2"],
                      ["agent=ego_status_mlp_agent"])
     st = wait(tmp_path, slurm_env, "two", settled, timeout=300)
