@@ -458,9 +458,12 @@ def test_an_interrupted_submit_leaves_no_held_job_or_names_it(
     queue, cancelled = tmp_path / "queue", tmp_path / "cancelled"
     env = {**os.environ, "PATH": f"{stand_ins}:{os.environ['PATH']}", "QUEUE": str(queue),
            "CANCELLED": str(cancelled)}
+    # Ctrl-C as a terminal gives it: a suite run as a background job of a shell without job
+    # control inherits SIGINT ignored, and submit would never see the interrupt
     proc = subprocess.Popen([sys.executable, "-m", "train", "submit", *LOCAL, "--name", "cut",
                              "--no-check", "--", "demo"], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         for _ in range(1200):  # until the controller holds the job
             if queue.exists() or proc.poll() is not None:
