@@ -32,7 +32,7 @@ trap 'rm -rf "$patterns"' EXIT
 printf 'SLURM_CONF=%s\n' "$conf" > "$patterns/env"
 printf '%s/\n' "$dir" > "$patterns/cmd"
 
-mntns=$(cat "$dir/mntns.id" 2>/dev/null) || mntns=
+mntns=
 cd / || exit 0  # (no helper of this script may work in DIR)
 
 cluster_pids() {
@@ -56,6 +56,20 @@ cluster_pids() {
             case "$keep" in *" $p "*) ;; *) echo "$p" ;; esac
         done
 }
+
+# A mount namespace's number is given to the next `unshare` as soon as its last process is
+# gone: a cluster found by a stale number is somebody else's (a guard that ran late once
+# stopped another tier's new cluster so). So sweep by it only when a process of this
+# cluster (its holder in mntns.pid, or one found by name) is in it, and keep the namespace
+# open for this run: an open namespace lives on, and keeps its number.
+if id=$(cat "$dir/mntns.id" 2>/dev/null); then
+    for pid in $(cat "$dir/mntns.pid" 2>/dev/null) $(cluster_pids); do
+        [ "$(stat -L -c %i "/proc/$pid/ns/mnt" 2>/dev/null)" = "$id" ] || continue
+        exec {ns}< "/proc/$pid/ns/mnt" 2>/dev/null || continue
+        [ "$(stat -L -c %i "/proc/self/fd/$ns")" = "$id" ] && { mntns=$id; break; }
+        exec {ns}<&-
+    done
+fi
 
 daemons=()
 for pidfile in "$dir"/*.pid "$dir/munge/munged.pid"; do

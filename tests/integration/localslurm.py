@@ -69,12 +69,19 @@ def python_binds() -> list[str]:
     return [str(p) for p in paths]
 
 
-def mount_namespace(folder: Path) -> int | None:
-    """The mount namespace a cluster in a root of its own runs in (None for the host's)."""
+def mount_namespace(folder: Path) -> tuple[int, int] | None:
+    """The mount namespace a cluster in a root of its own runs in (None for the host's), as
+    its number and a descriptor of it that the caller closes: the kernel gives a namespace's
+    number to the next `unshare` once it is gone, and an open descriptor keeps it."""
     try:
-        return int((folder / "mntns.id").read_text())
+        number = int((folder / "mntns.id").read_text())
+        fd = os.open(f"/proc/{int((folder / 'mntns.pid').read_text())}/ns/mnt", os.O_RDONLY)
     except (OSError, ValueError):
         return None
+    if os.fstat(fd).st_ino == number:
+        return number, fd
+    os.close(fd)
+    return None
 
 
 def processes_of(folder: Path, mntns: int | None = None) -> list[tuple[int, str]]:

@@ -67,12 +67,14 @@ def test_no_process_of_the_cluster_outlives_its_test_session(tmp_path: Path,
          "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=True, preexec_fn=_as_from_a_terminal)
+    namespace = None
     try:
         while not probe.exists() and session.poll() is None:
             time.sleep(0.2)
         assert probe.exists(), session.communicate()[0].decode(errors="replace")
         folder = Path(probe.read_text()).parent
-        mntns = localslurm.mount_namespace(folder)
+        namespace = localslurm.mount_namespace(folder)
+        mntns = namespace[0] if namespace else None
         running = [cmd for _, cmd in localslurm.processes_of(folder, mntns)]
         assert any(cmd.startswith("slurmctld") for cmd in running), running
         assert any("sleep 100000" in cmd for cmd in running), running
@@ -83,16 +85,20 @@ def test_no_process_of_the_cluster_outlives_its_test_session(tmp_path: Path,
         else:
             os.kill(session.pid, getattr(signal, ending))
         out = session.communicate(timeout=300)[0].decode(errors="replace")
+        if ending == "finished":
+            assert session.returncode == 0, out
+        # the guard stops a cluster its session left behind: wait for it (it names the
+        # folder)
+        deadline = time.monotonic() + 300  # (a bound on a hang, not a measure)
+        while (left := localslurm.processes_of(folder, mntns)) and \
+                time.monotonic() < deadline:
+            time.sleep(0.5)
     finally:
         if session.poll() is None:
             os.killpg(session.pid, signal.SIGKILL)
             session.wait()
-    if ending == "finished":
-        assert session.returncode == 0, out
-    # the guard stops a cluster its session left behind: wait for it (it names the folder)
-    deadline = time.monotonic() + 300  # (a bound on a hang, not a measure)
-    while (left := localslurm.processes_of(folder, mntns)) and time.monotonic() < deadline:
-        time.sleep(0.5)
+        if namespace:
+            os.close(namespace[1])
     assert left == [], f"after a session that ended by {ending}: {left}\n{out[-3000:]}"
     assert f"train-local-slurm {folder}" not in Path("/etc/hosts").read_text()
 
@@ -125,3 +131,33 @@ def test_stopping_a_cluster_spares_a_shell_that_exported_its_slurm_conf(
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_a_stale_namespace_number_stops_nobody(tmp_path: Path) -> None:
+    """A cluster in a root of its own is swept by its mount namespace's number, and the kernel
+    gives that number to the next `unshare` once the namespace is gone: slurm-down.sh of a
+    cluster whose namespace ended must spare the namespace that has its number now (CI: a
+    guard that ran late stopped the next cluster of the 24.11 tier so)."""
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare (a mount namespace of its own)")
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    other = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "--",
+                              "sleep", "300"], cwd="/")
+    try:
+        ours = os.stat("/proc/self/ns/mnt").st_ino
+        deadline = time.monotonic() + 60  # (a bound on a hang, not a measure)
+        while (number := os.stat(f"/proc/{other.pid}/ns/mnt").st_ino) == ours:
+            assert time.monotonic() < deadline and other.poll() is None
+            time.sleep(0.05)
+        (tmp_path / "mntns.id").write_text(f"{number}\n")
+        (tmp_path / "mntns.pid").write_text(f"{ended.pid}\n")
+        subprocess.run(["bash", str(REPO / "ci" / "slurm-down.sh"), str(tmp_path)],
+                       check=True, timeout=300, cwd="/")
+        assert other.poll() is None, "slurm-down.sh killed a process of another namespace " \
+            "that had the stopped cluster's namespace number"
+    finally:
+        other.kill()
+        other.wait()
