@@ -539,3 +539,24 @@ def test_a_pending_sweep_task_is_found_by_the_id_status_shows_for_it(tmp_path: P
     assert slurm_chain.find_run("15845_1", runs) == task
     with pytest.raises(UsageError, match="no run named or holding job"):
         slurm_chain.find_run("15845_2", runs)
+
+
+def test_a_failed_cancel_of_one_chain_says_its_error_once(tmp_path: Path) -> None:
+    import os
+
+    from tests.conftest import run_cli
+
+    sbin = tmp_path / "sbin"
+    sbin.mkdir()
+    for name in ("squeue", "sacct"):  # Slurm not answering: cancel cannot know the states
+        (sbin / name).write_text(f"#!/bin/sh\necho '{name}: error: connection refused' >&2\n"
+                                 "exit 1\n")
+        (sbin / name).chmod(0o755)
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    (run / contract.CHAIN_RECORD).write_text('{"name": "r", "cluster": "local"}')
+    (run / contract.CHAIN_IDS).write_text("1 101\n")
+    proc = run_cli(["cancel", "r"], cwd=tmp_path, timeout=60,
+                   env={"PATH": f"{sbin}:{os.environ['PATH']}"})
+    assert proc.returncode == 3 and proc.stderr.count("cannot reach Slurm") == 1, proc.stderr
+    assert proc.stderr.count("squeue: error: connection refused") == 1, proc.stderr
