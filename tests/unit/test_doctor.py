@@ -686,11 +686,19 @@ def test_a_chain_with_no_jobs_is_a_finding(tmp_path: Path) -> None:
     assert [f.cause for f in report.findings] == ["no_jobs"]
 
 
-def test_status_all_on_a_runs_root_that_is_not_a_folder_is_exit_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("listing", [["--all"], [], ["--json"]])
+def test_status_of_a_runs_root_that_is_not_a_folder_is_exit_2(tmp_path: Path,
+                                                               listing: list[str]) -> None:
+    """`train status --runs /nonexistent` printed nothing and exited 0: a mistyped --runs
+    read as no runs. A folder with no runs in it is no error."""
     (tmp_path / "file").write_text("x")
-    for root in (tmp_path / "missing", tmp_path / "file"):
-        proc = run_cli(["status", "--all", "--runs", str(root)])
-        assert proc.returncode == 2 and "runs: " in proc.stderr, proc.stderr
+    for root, said in ((tmp_path / "missing", "does not exist"),
+                       (tmp_path / "file", "is not a folder")):
+        proc = run_cli(["status", *listing, "--runs", str(root)])
+        assert proc.returncode == 2 and f"--runs: {root} {said}" in proc.stderr, proc.stderr
+    (tmp_path / "empty").mkdir()
+    proc = run_cli(["status", *listing, "--runs", str(tmp_path / "empty")])
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr
 
 
 def test_json_output_stays_strict_json(tmp_path: Path) -> None:

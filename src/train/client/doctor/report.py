@@ -210,9 +210,6 @@ def overview(runs_root: Path) -> list[dict[str, Any]]:
     """One row per run under runs_root: state, progress, GPU utilisation and the doctor's
     one-line verdict. Slurm is asked once for every run's jobs; the logs are not scanned
     (only the end of a failed chunk's error log is read)."""
-    if not runs_root.is_dir():
-        raise UsageError(f"runs: {runs_root} is not a directory (give --runs the directory "
-                         "that holds the runs)")
     chains: list[Chain | tuple[Path, str]] = []
     for run_dir in chain_dirs(runs_root):
         try:
