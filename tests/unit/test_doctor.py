@@ -208,6 +208,23 @@ def test_scancel_by_someone_else_is_a_finding_train_cancel_is_not(tmp_path: Path
     assert doctor_report.diagnose(load_chain(run_dir), st).healthy
 
 
+def test_train_cancel_of_an_earlier_chain_is_not_this_chains(tmp_path: Path) -> None:
+    """chain.events holds every chain of the run folder: the earlier chain's `train cancel`
+    passed this chain's scancel by someone else as asked for."""
+    st = status("CANCELLED", "0:15", ["started", "terminated"], chain_state="ended",
+                job_id="201")
+    run_dir = make_run(tmp_path, {"r-201.err": ""})
+    (run_dir / "chain-101.ids").write_text("1 101\n")  # the earlier chain, as kept
+    (run_dir / "chain-101.json").write_text((run_dir / contract.CHAIN_RECORD).read_text())
+    (run_dir / contract.CHAIN_EVENTS).write_text(
+        "1795000000 1 101 started 0 0 40\n1795000050 0 101 cancelled by-user\n"
+        "1795001000 1 201 started 0 0 40\n1795001100 1 201 terminated\n")
+    chain = load_chain(run_dir)
+    assert [e.first_job for e in chain.earlier] == ["101"]
+    report = doctor_report.diagnose(chain, st)
+    assert [f.cause for f in report.findings] == ["cancelled"], report.verdict
+
+
 def test_a_lightning_rendezvous_that_never_completes(tmp_path: Path) -> None:
     """--ntasks=8 with 8 GPUs on one task: Lightning announces member 1 of 8 and waits
     (the field notes' hang); the walltime ends it."""
