@@ -180,8 +180,7 @@ def test_one_unreadable_chain_does_not_hide_the_others(tmp_path: Path) -> None:
     for name, text in (("a", '{"name": "a", "cluster": "local"}'), ("b", "{")):
         (tmp_path / "runs" / name).mkdir(parents=True)
         (tmp_path / "runs" / name / contract.CHAIN_RECORD).write_text(text)
-    (tmp_path / "runs" / "a" / contract.CHAIN_IDS).write_bytes(b"\xff\xfe\n1 x\n")
-    proc = run_cli(["status"], cwd=tmp_path)
+    proc = run_cli(["status"], cwd=tmp_path)  # (a: no chain.ids yet, so no job to ask of)
     assert proc.returncode == 0, proc.stderr
     assert "a (local): ended" in proc.stdout
     assert "  progress: not known (no progress file, and no save names its step), 0 " \
@@ -539,3 +538,50 @@ def test_a_pending_sweep_task_is_found_by_the_id_status_shows_for_it(tmp_path: P
     assert slurm_chain.find_run("15845_1", runs) == task
     with pytest.raises(UsageError, match="no run named or holding job"):
         slurm_chain.find_run("15845_2", runs)
+
+
+def test_a_failed_cancel_of_one_chain_says_its_error_once(tmp_path: Path) -> None:
+    import os
+
+    from tests.conftest import run_cli
+
+    sbin = tmp_path / "sbin"
+    sbin.mkdir()
+    for name in ("squeue", "sacct"):  # Slurm not answering: cancel cannot know the states
+        (sbin / name).write_text(f"#!/bin/sh\necho '{name}: error: connection refused' >&2\n"
+                                 "exit 1\n")
+        (sbin / name).chmod(0o755)
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    (run / contract.CHAIN_RECORD).write_text('{"name": "r", "cluster": "local"}')
+    (run / contract.CHAIN_IDS).write_text("1 101\n")
+    proc = run_cli(["cancel", "r"], cwd=tmp_path, timeout=60,
+                   env={"PATH": f"{sbin}:{os.environ['PATH']}"})
+    assert proc.returncode == 3 and proc.stderr.count("cannot reach Slurm") == 1, proc.stderr
+    assert proc.stderr.count("squeue: error: connection refused") == 1, proc.stderr
+
+
+@pytest.mark.parametrize("damage", ["fifo", "junk"])
+def test_a_chain_whose_ids_are_damaged_is_said_unreadable_by_cancel_and_status(
+        tmp_path: Path, damage: str) -> None:
+    """`train cancel` said "no active jobs" (exit 0) of a chain whose chain.ids is a FIFO or
+    holds no job id: its jobs are not known, so neither is whether one is active."""
+    import os
+
+    from tests.conftest import run_cli
+
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    (run / contract.CHAIN_RECORD).write_text('{"name": "r", "cluster": "local"}')
+    if damage == "fifo":
+        os.mkfifo(run / contract.CHAIN_IDS)
+    else:
+        (run / contract.CHAIN_IDS).write_bytes(b"\xff\xfe\n1 x\n--me\n")
+    said = f"runs/r/{contract.CHAIN_IDS}"
+    for command in ("cancel", "status", "logs", "doctor"):
+        proc = run_cli([command, "r"], cwd=tmp_path, timeout=60)
+        assert proc.returncode == 2 and proc.stderr.count(said) == 1, (command, proc.stderr)
+        assert "Traceback" not in proc.stderr and "no active jobs" not in proc.stdout
+    proc = run_cli(["status"], cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0 and "r: unreadable  runs/r\n" in proc.stdout and \
+        said in proc.stdout, proc.stdout

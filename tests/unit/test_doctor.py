@@ -17,6 +17,7 @@ from train.client.doctor import report as doctor_report
 from train.client.slurm import chainstatus
 from train.client.slurm.chain import load_chain
 from train.client.slurm.chainstatus import chain_status
+from train.common.errors import UsageError
 
 RESOURCES = {"nodes": 1, "processes_per_node": 4, "gpus_per_node": 4, "ntasks_per_node": 4,
              "launch": "tasks", "workers": 8, "worker_mem_mb": 8192, "mem_mb": 262144,
@@ -205,6 +206,23 @@ def test_scancel_by_someone_else_is_a_finding_train_cancel_is_not(tmp_path: Path
     run_dir = tmp_path / "r"
     (run_dir / contract.CHAIN_EVENTS).write_text("1795000000 1 101 cancelled\n")
     assert doctor_report.diagnose(load_chain(run_dir), st).healthy
+
+
+def test_train_cancel_of_an_earlier_chain_is_not_this_chains(tmp_path: Path) -> None:
+    """chain.events holds every chain of the run folder: the earlier chain's `train cancel`
+    passed this chain's scancel by someone else as asked for."""
+    st = status("CANCELLED", "0:15", ["started", "terminated"], chain_state="ended",
+                job_id="201")
+    run_dir = make_run(tmp_path, {"r-201.err": ""})
+    (run_dir / "chain-101.ids").write_text("1 101\n")  # the earlier chain, as kept
+    (run_dir / "chain-101.json").write_text((run_dir / contract.CHAIN_RECORD).read_text())
+    (run_dir / contract.CHAIN_EVENTS).write_text(
+        "1795000000 1 101 started 0 0 40\n1795000050 0 101 cancelled by-user\n"
+        "1795001000 1 201 started 0 0 40\n1795001100 1 201 terminated\n")
+    chain = load_chain(run_dir)
+    assert [e.first_job for e in chain.earlier] == ["101"]
+    report = doctor_report.diagnose(chain, st)
+    assert [f.cause for f in report.findings] == ["cancelled"], report.verdict
 
 
 def test_a_lightning_rendezvous_that_never_completes(tmp_path: Path) -> None:
@@ -644,7 +662,8 @@ def test_run_files_that_are_fifos_or_devices_never_hang(tmp_path: Path, kind: st
         os.mkfifo(run_dir / contract.CHAIN_IDS)
     else:
         (run_dir / contract.CHAIN_IDS).symlink_to("/dev/zero")
-    assert load_chain(run_dir).chunks == []
+    with pytest.raises(UsageError, match=r"chain\.ids is unreadable or damaged"):
+        load_chain(run_dir)
     other = tmp_path / "other"
     other.mkdir()
     if kind == "fifo":
@@ -678,18 +697,25 @@ def test_without_slurm_the_events_still_diagnose(tmp_path: Path,
 
 def test_a_chain_with_no_jobs_is_a_finding(tmp_path: Path) -> None:
     run_dir = make_run(tmp_path, {})
-    (run_dir / contract.CHAIN_IDS).unlink()
-    (run_dir / contract.CHAIN_IDS).mkdir()
+    (run_dir / contract.CHAIN_IDS).write_text("")  # (one that is no file: load_chain says)
     report = doctor_report.diagnose(load_chain(run_dir), {"name": "r", "state": "ended",
                                                        "cause": "-", "chunks": []})
     assert [f.cause for f in report.findings] == ["no_jobs"]
 
 
-def test_status_all_on_a_runs_root_that_is_not_a_folder_is_exit_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("listing", [["--all"], [], ["--json"]])
+def test_status_of_a_runs_root_that_is_not_a_folder_is_exit_2(tmp_path: Path,
+                                                               listing: list[str]) -> None:
+    """`train status --runs /nonexistent` printed nothing and exited 0: a mistyped --runs
+    read as no runs. A folder with no runs in it is no error."""
     (tmp_path / "file").write_text("x")
-    for root in (tmp_path / "missing", tmp_path / "file"):
-        proc = run_cli(["status", "--all", "--runs", str(root)])
-        assert proc.returncode == 2 and "runs: " in proc.stderr, proc.stderr
+    for root, said in ((tmp_path / "missing", "does not exist"),
+                       (tmp_path / "file", "is not a folder")):
+        proc = run_cli(["status", *listing, "--runs", str(root)])
+        assert proc.returncode == 2 and f"--runs: {root} {said}" in proc.stderr, proc.stderr
+    (tmp_path / "empty").mkdir()
+    proc = run_cli(["status", *listing, "--runs", str(tmp_path / "empty")])
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr
 
 
 def test_json_output_stays_strict_json(tmp_path: Path) -> None:

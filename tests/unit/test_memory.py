@@ -178,3 +178,33 @@ def test_the_memory_check_counts_the_jobs_cgroup_not_the_node(
     monkeypatch.setattr(hostmem, "cgroup_memory_left", lambda: 64 * 2**20)
     with pytest.raises(ConfigError, match=r"replay_size: .* can expect 0\.1 GiB"):
         runner.check_memory(cfg)
+
+
+@pytest.mark.parametrize(("failure", "host_oom"), [
+    ("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: you "
+     "tried to allocate 4294967296 bytes.", True),
+    ("[enforce fail at CPUAllocator.cpp:64] . DefaultCPUAllocator: can't allocate memory: "
+     "you tried to allocate 4294967296 bytes. Error code 12 (Cannot allocate memory)", True),
+    ("CUDA out of memory. Tried to allocate 66.00 MiB", True),
+    ("shape mismatch", False),
+])
+def test_the_host_out_of_memory_is_known_by_one_wording_at_preallocation_and_load(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str, host_oom: bool) -> None:
+    """torch's CPU allocator's "can't allocate memory" escaped preallocate as a traceback
+    (exit 1) where checkpoint.load knew it: one wording serves both."""
+    from train.common.errors import CheckpointError
+    from train.workloads.runtime import checkpoint
+
+    def step() -> None:
+        raise RuntimeError(failure)
+
+    with pytest.raises(PreallocationError if host_oom else RuntimeError) as err:
+        preallocate(step, device=torch.device("cpu"), state_bytes=1, what="a batch")
+    assert (err.value.exit_code == 3 and failure[:60] in str(err.value)) if host_oom else \
+        str(err.value) == failure
+    path = tmp_path / "ckpt-00000001.pt"
+    checkpoint.save_atomic({"episode": 1}, path)
+    monkeypatch.setattr(checkpoint.torch, "load", lambda *_a, **_k: step())
+    with pytest.raises(MemoryError if host_oom else CheckpointError, match="could not be "
+                       "loaded" if host_oom else "cannot be loaded safely"):
+        checkpoint.load(path)

@@ -98,3 +98,22 @@ def test_a_signal_left_to_its_default_is_not_held(monkeypatch: pytest.MonkeyPatc
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def test_an_error_said_first_is_kept_before_pages_of_warnings() -> None:
+    """Only the end of a command's stderr was kept: an error it printed first, followed by
+    pages of warnings, was lost. Its start and end are kept, and what was cut is said."""
+    import re
+    import sys
+
+    first, noise, last = "error: the first thing said\n", "warning: noise\n" * 20000, "end\n"
+    script = f"import sys; sys.stderr.write({first!r} + {noise[:15]!r} * 20000 + {last!r}); " \
+        "sys.exit(1)"
+    with pytest.raises(_proc.ProcError) as err:
+        _proc.run([sys.executable, "-c", script], timeout=120)
+    kept = err.value.stderr
+    assert kept.startswith(first) and kept.endswith(noise[-100:] + last), kept[:200]
+    said = re.search(r"\n\[\.\.\. (\d+) bytes of stderr cut \.\.\.\]\n", kept)
+    assert said is not None and int(said.group(1)) == len(first + noise + last) - (
+        _proc.STDERR_HEAD + _proc.STDERR_KEPT)
+    assert len(kept) == len(first + noise + last) - int(said.group(1)) + len(said.group())

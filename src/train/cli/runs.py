@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -86,6 +87,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from train.client.slurm.sweep import is_sweep
     from train.client.slurm.sweeparray import format_sweep_status, sweep_status
 
+    if args.ref is None and not os.path.isdir(args.runs):  # (a typo read as no runs)
+        what = "is not a folder" if os.path.exists(args.runs) else "does not exist"
+        raise UsageError(f"--runs: {args.runs} {what} (give the folder that holds the runs)")
     if args.all_runs:
         if args.ref is not None:
             raise UsageError("status: --all shows every run; give no run name with it")
@@ -187,12 +191,8 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
         if unread:
             raise unread[0]
         return EXIT_OK
-    try:
-        chain = load_chain(run_dir)
-        cancelled = cancel_chain(chain)
-    except TrainError as exc:
-        print(f"train: {run_dir.name}: {exc}", file=sys.stderr)
-        raise
+    chain = load_chain(run_dir)
+    cancelled = cancel_chain(chain)
     print(f"cancelled {chain.record['name']}: "
           f"{' '.join(cancelled) if cancelled else 'no active jobs'}")
     return EXIT_OK

@@ -112,7 +112,8 @@ _ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]?|\x1b\][^\x07\x1b]*(?:\x07|\x1b\
                       r"|\x9b[0-?]*[ -/]*[@-~]?|[\x00-\x08\x0b-\x1f\x7f-\x9f]"
                       r"|[\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
 TAIL = 300  # characters of a command's stderr a message quotes
-STDERR_KEPT = 16 << 10  # bytes of a command's stderr kept (its end)
+STDERR_HEAD = 4 << 10  # bytes of a command's stderr kept from its start (an error said first)
+STDERR_KEPT = 16 << 10  # and from its end
 MAX_OUTPUT = 64 << 20  # bytes of a command's stdout read before it is stopped
 
 
@@ -135,9 +136,10 @@ def run_bounded(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] |
     """Run argv (in `cwd`; `env`: its whole environment, default this process's) for at
     most `timeout` seconds; its group is killed then (ProcError, `timed_out` set), or when
     argv ends leaving children behind. Keeps the first MAX_OUTPUT bytes of stdout (more:
-    stopped, 125) and the last STDERR_KEPT of stderr; bytes that are not UTF-8 (a site
-    tool's output, a mangled name) are replaced. `slow`: (seconds, call) calls `call()`
-    once if argv runs that long. A non-zero exit is returned, not raised."""
+    stopped, 125) and the first STDERR_HEAD and last STDERR_KEPT bytes of stderr; bytes
+    that are not UTF-8 (a site tool's output, a mangled name) are replaced. `slow`:
+    (seconds, call) calls `call()` once if argv runs that long. A non-zero exit is
+    returned, not raised."""
     log.debug("running %s (at most %g s)", shlex.join(argv), timeout)
     proc, held = _popen(argv, env, cwd=cwd)
     try:
@@ -155,11 +157,12 @@ def run_bounded(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] |
 def _collect(proc: subprocess.Popen[bytes], timeout: float,
              slow: tuple[float, Callable[[], None]] | None
              ) -> tuple[bytes, bytes, tuple[int, str] | None]:
-    """(stdout, stderr's end, (code, why) where argv was stopped): read both pipes to
-    their end and wait for argv's exit (not reaping it), within the deadline."""
+    """(stdout, stderr's start and end, (code, why) where argv was stopped): read both
+    pipes to their end and wait for argv's exit (not reaping it), within the deadline."""
     start = time.monotonic()
     deadline = start + timeout
     out, err = bytearray(), bytearray()
+    cut = 0  # bytes of stderr left out between its start and its end
     with selectors.DefaultSelector() as sel:
         for stream in (proc.stdout, proc.stderr):
             assert stream is not None  # both are pipes
@@ -187,8 +190,12 @@ def _collect(proc: subprocess.Popen[bytes], timeout: float,
                                                         "bytes; stopped")
                 else:
                     err += chunk
-                    del err[:-STDERR_KEPT]
-    return bytes(out), bytes(err), None
+                    over = len(err) - STDERR_HEAD - STDERR_KEPT
+                    if over > 0:
+                        del err[STDERR_HEAD:STDERR_HEAD + over]
+                        cut += over
+    said = f"\n[... {cut} bytes of stderr cut ...]\n".encode() if cut else b""
+    return bytes(out), bytes(err[:STDERR_HEAD]) + said + bytes(err[STDERR_HEAD:]), None
 
 
 def _exited(proc: subprocess.Popen[bytes]) -> bool:

@@ -17,7 +17,7 @@ from train.client.doctor.findings import Finding, _finding
 from train.client.slurm import queue
 from train.client.slurm.chain import Chain, chain_dirs, find_run, load_chain, unreadable_runs
 from train.client.slurm.chaincost import Redone, chunk_words, redone
-from train.client.slurm.chainstatus import chain_status, read_events
+from train.client.slurm.chainstatus import chain_events, chain_status, read_events
 from train.common.errors import TrainError, UsageError, first_line
 from train.common.jsonio import read_json_object
 
@@ -96,9 +96,8 @@ def diagnose(chain: Chain, status: Mapping[str, Any] | None = None, *, scan: boo
     notes += st.get("overran") or []  # (status's note: the chunks' lines do not say it)
     findings: list[Finding] = []
     chunks_out = []
-    events = read_events(chain)
-    ids = set(chain.ids)
-    again = redone(chain.record, [e for e in events if e["job_id"] in ids])
+    events = chain_events(read_events(chain), chain.chunks)  # (not an earlier chain's)
+    again = redone(chain.record, events)
     # `train cancel` records its event first: such a chain ended as its owner asked
     cancelled_by_us = any(e["event"] == contract.EV_CANCELLED for e in events)
     # the step's exit code as the batch shell saw it (sacct may not be there to say)
@@ -210,9 +209,6 @@ def overview(runs_root: Path) -> list[dict[str, Any]]:
     """One row per run under runs_root: state, progress, GPU utilisation and the doctor's
     one-line verdict. Slurm is asked once for every run's jobs; the logs are not scanned
     (only the end of a failed chunk's error log is read)."""
-    if not runs_root.is_dir():
-        raise UsageError(f"runs: {runs_root} is not a directory (give --runs the directory "
-                         "that holds the runs)")
     chains: list[Chain | tuple[Path, str]] = []
     for run_dir in chain_dirs(runs_root):
         try:

@@ -109,8 +109,15 @@ def load_chain(run_dir: Path) -> Chain:
                          "written by `train submit`, or was cut short") from None
     if not isinstance(record, dict) or not isinstance(record.get("name"), str):
         raise UsageError(f"run: {path} does not hold a chain record")
-    ids = read_text(str(run_dir / contract.CHAIN_IDS), RECORD_LIMIT)
-    return Chain(run_dir, record, parse_ids(ids), earlier_chains(run_dir))
+    path = run_dir / contract.CHAIN_IDS
+    ids = read_small(str(path), RECORD_LIMIT)
+    chunks = parse_ids((ids or b"").decode("utf-8", "replace"))
+    # missing or empty: no job yet; anything else without one leaves the jobs unknown
+    if not chunks and (ids.strip() if ids is not None else os.path.lexists(path)):
+        what = "no readable regular file" if ids is None else "no line of CHUNK JOBID"
+        raise UsageError(f"run: {path} is unreadable or damaged ({what}): the chain's jobs "
+                         "are not known (`squeue --me` lists yours)")
+    return Chain(run_dir, record, chunks, earlier_chains(run_dir))
 
 
 def _is_file(path: Path) -> bool:

@@ -263,6 +263,13 @@ def read_events(chain: Chain) -> Events:
                                   tail=True))
 
 
+def chain_events(every: Events, chunks: list[tuple[int, str]]) -> Events:
+    """One chain's part of the run folder's events (a resubmission's chain goes on in the
+    same chain.events): those of its chunks' jobs."""
+    ids = {job_id for _, job_id in chunks}
+    return [e for e in every if e["job_id"] in ids]
+
+
 def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
                  ) -> dict[str, Any]:
     """The chain as a whole, its progress, and each chunk's SLURM state and events.
@@ -271,13 +278,10 @@ def chain_status(chain: Chain, states: dict[str, dict[str, Any]] | None = None
     if states is None:
         states = queue.job_states([*chain.ids, *earlier_ids])
     every = read_events(chain)
-    chunk_ids = set(chain.ids)
-    events = [e for e in every if e["job_id"] in chunk_ids]
+    events = chain_events(every, chain.chunks)
     chunks = _chunk_rows(chain.record, chain.chunks, states, events)
-    # a resubmission starts a new chain in the same run folder (chain.events goes on)
     earlier = [{"first_job": kept.first_job, "chunks": _chunk_rows(
-        kept.record, kept.chunks, states,
-        [e for e in every if e["job_id"] in {i for _, i in kept.chunks}])}
+        kept.record, kept.chunks, states, chain_events(every, kept.chunks))}
         for kept in chain.earlier]
     again = redone(chain.record, events)
     state, cause = _outcome(chain, chunks, events, again)

@@ -24,6 +24,7 @@ import torch
 
 from train.common.errors import CheckpointError, UsageError, first_line
 from train.common.filehash import file_sha256
+from train.workloads.runtime.memory import OUT_OF_MEMORY
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +94,6 @@ def checksum_path(path: Path) -> Path:
 
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-# torch's CPU allocator out of host memory (DefaultCPUAllocator: not enough memory / can't
-# allocate memory), or the system's ENOMEM
-_OUT_OF_MEMORY = re.compile(r"DefaultCPUAllocator|Cannot allocate memory|out of memory",
-                            re.IGNORECASE)
 _MAX_SUMS = 8  # lines a checksum file may carry: a few saves of one name each cut short
 KEEP = 2  # complete checkpoints kept: the newest, and one before it should it be damaged
 
@@ -171,7 +168,7 @@ def load(path: Path) -> dict[str, Any]:
         raise
     except Exception as exc:
         first = first_line(exc)
-        if _OUT_OF_MEMORY.search(str(exc)):  # torch's allocator: the host, not the file
+        if OUT_OF_MEMORY.search(str(exc)):  # torch's allocator: the host, not the file
             raise MemoryError(f"{path} could not be loaded: {first}") from None
         raise CheckpointError(f"{path} cannot be loaded safely: {first}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:

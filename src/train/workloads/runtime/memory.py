@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass
@@ -19,6 +20,10 @@ from train.common.errors import PreallocationError
 log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
+# out of memory as torch words it: its CPU allocator (DefaultCPUAllocator: not enough memory
+# / can't allocate memory), the system's ENOMEM, a device's "out of memory"
+OUT_OF_MEMORY = re.compile(r"DefaultCPUAllocator|Cannot allocate memory|not enough memory|"
+                           r"out of memory", re.IGNORECASE)
 
 
 def apply_allocator_settings(environ: MutableMapping[str, str] | None = None) -> str:
@@ -64,11 +69,10 @@ def preallocate(dummy_step: Callable[[], None], *, device: torch.device, state_b
         torch.cuda.reset_peak_memory_stats(device)
     try:
         dummy_step()
-    except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
-        # the CPU allocator's failure is a RuntimeError ("DefaultCPUAllocator: not enough
-        # memory"); any other RuntimeError is not ours to explain
-        if isinstance(exc, RuntimeError) and not isinstance(exc, torch.OutOfMemoryError) \
-                and "not enough memory" not in str(exc) and "out of memory" not in str(exc):
+    except (MemoryError, RuntimeError) as exc:
+        # the CPU allocator's failure is a RuntimeError; any other is not ours to explain
+        if not isinstance(exc, (MemoryError, torch.OutOfMemoryError)) and \
+                not OUT_OF_MEMORY.search(str(exc)):
             raise
         gc.collect()
         if device.type == "cuda":
