@@ -175,6 +175,20 @@ def test_a_sweeps_table_shows_the_losses_and_the_tasks_metric_first(
         "train_loss", "loss", "val_loss", "val_acc", "lr-Adam", "epoch", "it_per_second"]
 
 
+def test_the_note_of_metrics_left_out_names_every_one_it_counts() -> None:
+    """run_clm.py's 14 metrics: '6 more metric(s) left out' named 5 of them
+    (train_steps_per_second was cut off unsaid)."""
+    from train.client.slurm.sweepmetrics import SHOWN, TaskMetrics, format_metrics
+
+    task = TaskMetrics("1", "complete")
+    task.values = dict(RUN_CLM)
+    _, notes = format_metrics("c", "seeds", [task])
+    (left,) = [n for n in notes if "left out of the table" in n]
+    assert f"{len(RUN_CLM) - SHOWN} more metric(s)" in left, left
+    named = left.split(": ", 1)[1].split(", ")
+    assert len(named) == len(RUN_CLM) - SHOWN and "train_steps_per_second" in named, left
+
+
 def test_summary_help_describes_a_command_sweep_and_the_demos(
         capsys: pytest.CaptureFixture[str]) -> None:
     from train.cli import main
