@@ -293,6 +293,20 @@ def test_a_marker_where_none_is_replaced_is_refused_naming_the_field(
     assert err.value.field == field and "TRAIN_SWEEP_VALUE" in str(err.value)
 
 
+def test_chdir_task_dir_outside_a_commands_sweep_is_refused_with_where_it_works(
+        tmp_path: Path) -> None:
+    """`--chdir {task_dir}` in a job that is no sweep, or in a demo's sweep, was refused
+    with '{task_dir} is replaced only in ... and --chdir', as if it were given there."""
+    from tests.conftest import run_cli
+
+    for sweep in ([], ["--sweep-seeds", "1 2"]):
+        proc = run_cli(["render", "--cluster", "local", "--runtime", "none", *sweep,
+                        "--chdir", "{task_dir}", "--", "demo"], cwd=tmp_path)
+        assert proc.returncode == 2 and "error: chdir: '{task_dir}'" in proc.stderr, \
+            proc.stderr
+        assert "only in the tasks of a command's sweep" in proc.stderr, proc.stderr
+
+
 def test_a_value_with_a_control_character_is_refused_and_a_damaged_record_named(
         tmp_path: Path) -> None:
     import json
