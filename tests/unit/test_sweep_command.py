@@ -87,6 +87,16 @@ def test_a_sweep_whose_tasks_all_run_alike_or_share_an_output_folder_is_warned(
     assert sweep_notes(("python3", str(tmp_path / "fit.py")), None, "{task_dir}") == []
 
 
+def test_a_sweep_run_in_each_tasks_folder_is_not_called_the_same_command(
+        tmp_path: Path) -> None:
+    """--chdir {task_dir} makes the tasks run apart as much as an argument with {task_dir}
+    does; the warning said 'every task runs the same command' there."""
+    (tmp_path / "fit.py").write_text("print('hi')\n")
+    notes = sweep_notes(("python3", str(tmp_path / "fit.py")), None, "{task_dir}")
+    assert len(notes) == 1 and "differ only in {task_dir}" in notes[0], notes
+    assert "same command" not in notes[0], notes
+
+
 # -- train summary of a command's sweep ---------------------------------------------------
 
 def _command_sweep(root: Path, flag: str, values: list[str]) -> list[Path]:

@@ -182,7 +182,7 @@ def sweep_notes(command: Sequence[str], resume_args: str | None,
     every task shares, and tasks that all run in one folder with nothing of their own."""
     notes = []
     words = [*command, resume_args or ""]
-    own_folders = any(TASK_DIR in w for w in words)
+    own_folders = any(TASK_DIR in w for w in [*words, folder or ""])
     if not own_folders and not _MARKER.search(folder or "") and \
             b"TRAIN_RUN_DIR" not in script_text(command, folder):
         where = os.path.abspath(folder or ".")
