@@ -103,6 +103,25 @@ def command_as_run(command: Sequence[str], runtime: str, python: str) -> list[st
     return list(command)
 
 
+def interpreter_note(entry: str, command: Sequence[str], runtime: str, python: str
+                     ) -> str | None:
+    """What submit says of the command's interpreter under runtime none with a --python of
+    the user's: a note where it runs as that Python, a warning where a versioned one
+    (python3.12) runs from the nodes' PATH instead; None otherwise."""
+    if entry != "command" or not command:
+        return None
+    first = command[0]
+    if command_as_run(command, runtime, python)[0] != first:
+        return (f"note: runtime none: the command's {first} runs as --python {python}, the "
+                f"interpreter checked here (not the first {first} on the nodes' PATH)")
+    if runtime == "none" and python not in (DEFAULT_PYTHON, first) and \
+            first.startswith("python") and PROGRAM_NAME.fullmatch(first):
+        return (f"warning: the command runs {first} from the nodes' PATH, not --python "
+                f"{python}, which was checked here: write `python` (it runs as --python) or "
+                "give that Python as --python")
+    return None
+
+
 def looks_like_program(word: str) -> bool:
     """Whether a word given as a `train run` workload names a program instead: python, a
     shell, a launcher, a .py or .sh file, or a path to an executable file."""
