@@ -45,6 +45,20 @@ def test_a_torch_launcher_of_the_users_own_inside_the_jobs_launcher_is_refused(
     _passes(tmp_path, *cmd, "--", "python3", "ddp.py", "--lr", "3")
 
 
+def test_deepspeeds_launcher_inside_the_jobs_launcher_is_refused(tmp_path: Path) -> None:
+    """`-- deepspeed fit.py` on 2 GPUs: each of the job's 2 workers would start
+    DeepSpeed's launcher, which starts a process per GPU of its own (4 ranks on 2 GPUs),
+    as torchrun would; it was let through."""
+    (tmp_path / "fit.py").write_text("print(1)\n")
+    bin_dir = _exe(tmp_path / "bin" / "deepspeed", "#!/bin/sh\nexit 0\n").parent
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    err = _refused(tmp_path, "workload", "-e", "command", "-g", "2", "--", "deepspeed",
+                   "--num_gpus", "2", "fit.py", "--deepspeed", "ds.json", env=env,
+                   no_check=False)
+    assert "DeepSpeed's launcher (deepspeed)" in err, err
+    assert "-- python fit.py --deepspeed ds.json" in err and "2 processes a node" in err
+
+
 def test_srun_in_the_command_is_refused_with_the_program_to_give(tmp_path: Path) -> None:
     (tmp_path / "ddp.py").write_text("print(1)\n")
     for gpus in ("0", "2"):
