@@ -254,3 +254,12 @@ def test_a_versioned_python_under_runtime_none_is_warned_it_is_not_the_one_check
         said = f"the command runs {typed} from the nodes' PATH, not --python {sys.executable}"
         assert (said in proc.stderr) == warned, proc.stderr
 
+
+def test_accelerates_own_script_name_is_no_slip_of_accelerate() -> None:
+    """`accelerate-launch` (accelerate's own script) not found was called 'a typo (did you
+    mean accelerate?)'; a real slip still is one."""
+    from train.client.programs import program_slip
+
+    assert program_slip("accelerate-launch") == ""
+    assert program_slip("acelerate") == " (did you mean accelerate?)"
+

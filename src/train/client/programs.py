@@ -89,8 +89,9 @@ def submit_notes(entry: str, command: Sequence[str], launch: str, run_dir: str,
 
 # the programs an image is expected to have (python, a shell, torch's and Hugging Face's
 # launchers): any other is worth a word where the login node cannot look for it
-PROGRAM_NAME = re.compile(r"python[0-9.]*|(ba|z|da)?sh|torchrun|accelerate|deepspeed")
-_KNOWN_PROGRAMS = ("python", "python3", "bash", "torchrun", "accelerate", "deepspeed")
+PROGRAM_NAME = re.compile(r"python[0-9.]*|(ba|z|da)?sh|torchrun|accelerate(-launch)?|deepspeed")
+_KNOWN_PROGRAMS = ("python", "python3", "bash", "torchrun", "accelerate", "accelerate-launch",
+                   "deepspeed")
 
 
 def command_as_run(command: Sequence[str], runtime: str, python: str) -> list[str]:
