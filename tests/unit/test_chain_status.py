@@ -539,3 +539,24 @@ def test_a_pending_sweep_task_is_found_by_the_id_status_shows_for_it(tmp_path: P
     assert slurm_chain.find_run("15845_1", runs) == task
     with pytest.raises(UsageError, match="no run named or holding job"):
         slurm_chain.find_run("15845_2", runs)
+
+
+def test_logs_of_a_chunk_that_ended_without_a_log_do_not_say_it_has_not_started(
+        tmp_path: Path) -> None:
+    """A chunk Slurm no longer knows (status: ended) whose log was never written (cancelled
+    while it waited, a log folder it could not write) was said to have not started."""
+    import sys
+
+    from tests.conftest import run_cli
+    from tests.unit.test_sweep_defects import _slurm
+
+    env = _slurm(tmp_path, "ended")
+    submit = run_cli(["submit", "--cluster", "local", "--no-check", "--name", "lg", "--entry",
+                      "command", "--runtime", "none", "--python", sys.executable, "--",
+                      "true"], cwd=tmp_path, env=env)
+    assert submit.returncode == 0, submit.stderr
+    proc = run_cli(["logs", "lg"], cwd=tmp_path, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "has not started, or ended before writing it" in proc.stderr, proc.stderr
+    assert "`train status lg`" in proc.stderr, proc.stderr
+
