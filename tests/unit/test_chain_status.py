@@ -585,3 +585,22 @@ def test_a_chain_whose_ids_are_damaged_is_said_unreadable_by_cancel_and_status(
     proc = run_cli(["status"], cwd=tmp_path, timeout=60)
     assert proc.returncode == 0 and "r: unreadable  runs/r\n" in proc.stdout and \
         said in proc.stdout, proc.stdout
+def test_logs_of_a_chunk_that_ended_without_a_log_do_not_say_it_has_not_started(
+        tmp_path: Path) -> None:
+    """A chunk Slurm no longer knows (status: ended) whose log was never written (cancelled
+    while it waited, a log folder it could not write) was said to have not started."""
+    import sys
+
+    from tests.conftest import run_cli
+    from tests.unit.test_sweep_defects import _slurm
+
+    env = _slurm(tmp_path, "ended")
+    submit = run_cli(["submit", "--cluster", "local", "--no-check", "--name", "lg", "--entry",
+                      "command", "--runtime", "none", "--python", sys.executable, "--",
+                      "true"], cwd=tmp_path, env=env)
+    assert submit.returncode == 0, submit.stderr
+    proc = run_cli(["logs", "lg"], cwd=tmp_path, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert "has not started, or ended before writing it" in proc.stderr, proc.stderr
+    assert "`train status lg`" in proc.stderr, proc.stderr
+

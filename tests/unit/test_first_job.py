@@ -247,6 +247,26 @@ def test_the_field_notes_host_oom_job_is_refused_with_two_workers_as_the_fix(
 
 
 
+def test_init_writes_a_relative_image_or_python_as_the_path_it_named(
+        tmp_path: Path, home: dict[str, str]) -> None:
+    """`train init --image base.sif` in the image's folder wrote 'base.sif', which every
+    later job read from its own submit folder (a --bind is made absolute already)."""
+    _fake_sif(tmp_path / "base.sif")
+    _init(home, tmp_path, "--cluster", "local", "--image", "base.sif")
+    _init(home, tmp_path, "--python", "env/bin/python")
+    (tmp_path / "proj").mkdir()
+    code, out, err = _cli(["init", "--show"], home, tmp_path / "proj")
+    assert code == 0, err
+    assert f"image: {tmp_path / 'base.sif'}" in out and \
+        f"python: {tmp_path / 'env' / 'bin' / 'python'}" in out, out
+    # a docker tag, and a python found on PATH, stay as written
+    _init(home, tmp_path, "--runtime", "docker", "--image", "train-base:cpu", "--python",
+          "python3.12")
+    code, out, err = _cli(["init", "--show"], home, tmp_path)
+    assert code == 0, err
+    assert "image: train-base:cpu" in out and "python: python3.12" in out, out
+
+
 def test_init_on_a_terminal_whose_input_ends_is_a_usage_error() -> None:
     # Ctrl-D at a question of `train init`: exit 2 with words, not an EOFError traceback
     from train.client.defaults import ask

@@ -235,3 +235,31 @@ def test_submit_notes_name_another_runs_checkpoints_and_lightning_under_torchrun
     assert "hpc_ckpt_1.ckpt" in notes[0] and "PL_TRAINER_DEFAULT_ROOT_DIR" in notes[0]
     assert "--launch tasks" in notes[1]
     assert submit_notes("train", ["demo"], "single", run_dir, tmp_path) == []
+
+
+def test_a_versioned_python_under_runtime_none_is_warned_it_is_not_the_one_checked(
+        tmp_path: Path) -> None:
+    """`--runtime none --python P -- python3.12 fit.py`: `python` and `python3` run as P,
+    the interpreter submit checked; python3.12 ran from the nodes' PATH unsaid."""
+    from tests.conftest import run_cli
+    from tests.unit.test_sweep_defects import _slurm
+
+    env = _slurm(tmp_path)
+    (tmp_path / "fit.py").write_text("print(1)\n")
+    for typed, warned in (("python3.12", True), ("python", False)):
+        proc = run_cli(["submit", "--cluster", "local", "--no-check", "--name", typed,
+                        "--runtime", "none", "--python", sys.executable, "--", typed,
+                        "fit.py"], cwd=tmp_path, env=env)
+        assert proc.returncode == 0, proc.stderr
+        said = f"the command runs {typed} from the nodes' PATH, not --python {sys.executable}"
+        assert (said in proc.stderr) == warned, proc.stderr
+
+
+def test_accelerates_own_script_name_is_no_slip_of_accelerate() -> None:
+    """`accelerate-launch` (accelerate's own script) not found was called 'a typo (did you
+    mean accelerate?)'; a real slip still is one."""
+    from train.client.programs import program_slip
+
+    assert program_slip("accelerate-launch") == ""
+    assert program_slip("acelerate") == " (did you mean accelerate?)"
+

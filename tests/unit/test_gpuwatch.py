@@ -1245,3 +1245,25 @@ def test_torchruns_agent_stopped_by_a_signal_is_no_unexpected_failure(
                 _step_env(0, 0, 1))
     assert rc == 128 + signal.SIGTERM
     assert launchable[0][-1].terminated  # the sampler was stopped too
+
+
+@pytest.mark.parametrize(("stop", "said"), [
+    ("none", "the job gives them no stop signal: what they saved before it is kept"),
+    ("USR1", "their stop signal is USR1: what they saved before it is kept"),
+    ("TERM", "it is their stop signal (TERM): they save on it where they handle it")])
+def test_the_agents_stop_says_the_workers_save_only_where_term_is_theirs(
+        launchable: list[tuple[Any, ...]], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture, stop: str, said: str) -> None:
+    """Issue 39: a kill stop's TERM (stop mode kill: the workers have no handler) was logged
+    as the workers checkpointing on it."""
+    import torch.distributed.run
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    def stopped(argv: list[str]) -> None:
+        raise SignalException("Process 1 got signal: 15", sigval=signal.SIGTERM)
+
+    monkeypatch.setattr(torch.distributed.run, "main", stopped)
+    with caplog.at_level(logging.WARNING):
+        launch(LaunchOptions(mode="torchrun", command=[sys.executable, "-m", "x"]),
+               {**_step_env(0, 0, 1), "TRAIN_STOP_SIGNAL": stop})
+    assert said in caplog.text and "checkpoint on it" not in caplog.text, caplog.text

@@ -409,6 +409,19 @@ def test_wheels_tagged_for_any_glibc_the_image_has_are_taken_and_a_newer_one_is_
     assert "glibc40-pkg" in err and "glibc 2.39" in err, err
 
 
+def test_wheels_of_the_older_manylinux_tags_pip_in_the_image_installs_are_taken(
+        tmp_path: Path, index: Path) -> None:
+    # pip in the image installs manylinux_2_5 .. 2_16, manylinux2010 and manylinux1 wheels
+    # too (packaging's tags for glibc 2.39); only 2_17 and newer were given to pip
+    make_wheel(index, "ml2010-pkg", "1.0",
+               tag="cp312-cp312-manylinux_2_12_x86_64.manylinux2010_x86_64")
+    make_wheel(index, "ml1-pkg", "1.0", tag="py3-none-manylinux1_x86_64")
+    make_wheel(index, "ml216-pkg", "1.0", tag="py3-none-manylinux_2_16_x86_64")
+    assert new(tmp_path, index, "ml2010-pkg==1.0\nml1-pkg\nml216-pkg\n") == 0
+    lock = read_lock(tmp_path / "containers-myproj" / "requirements" / "myproj.txt")
+    assert sorted(lock) == ["ml1-pkg", "ml2010-pkg", "ml216-pkg"]
+
+
 def test_a_version_not_published_is_refused_with_every_version_there_is(
         tmp_path: Path, index: Path, capsys: pytest.CaptureFixture[str]) -> None:
     versions = [f"0.{minor}.0" for minor in range(80)]

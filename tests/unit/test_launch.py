@@ -358,6 +358,21 @@ def test_accelerate_launch_as_the_one_process_of_a_job(monkeypatch: pytest.Monke
         [2, 1, 3, 0, 0, 0]
 
 
+def test_accelerate_launchs_own_options_end_at_its_script_or_module() -> None:
+    """`accelerate launch -m pkg.train --num_processes 4`: the module's own argument was
+    refused as accelerate's (only a .py word ended its options)."""
+    from train.common.launchers import given_job_options
+
+    assert given_job_options(["accelerate", "launch", "-m", "pkg.train", "--num_processes",
+                              "4"]) == []
+    assert given_job_options(["accelerate", "launch", "--module", "pkg.train",
+                              "--machine_rank=1"]) == []
+    assert given_job_options(["accelerate", "launch", "--num_processes=2", "-m", "pkg.t",
+                              "--num_machines", "3"]) == ["--num_processes"]
+    assert given_job_options(["accelerate", "launch", "--num_processes", "2", "f.py",
+                              "--num_machines", "3"]) == ["--num_processes"]
+
+
 def test_a_job_steps_launch_line_starts_without_the_other_commands(tmp_path: Path) -> None:
     """`python -m train launch ... -- COMMAND`, as each task of a step runs it, imports no
     other command's parser before the program starts (each task's start paid for them)."""

@@ -157,6 +157,23 @@ def test_bad_total_times_are_refused(kw: dict[str, Any], message: str) -> None:
     assert err.value.field == "total_time" and message in str(err.value), str(err.value)
 
 
+def test_a_chain_with_no_stop_signal_is_told_of_stop_mode_kill_too() -> None:
+    """`-- accelerate launch ...` with --max-chunks 2 was told to give --stop-signal USR1
+    (or TERM), both refused for it (it dies of either); the docs' way, --stop-mode kill
+    with the program's own saves, went unsaid (and fits any program that saves itself)."""
+    for workload in (("python", "x.py"), ("accelerate", "launch", "x.py")):
+        with pytest.raises(ConfigError) as err:
+            _resolve(entry="command", max_chunks=2, workload=workload)
+        assert err.value.field == "max_chunks", str(err.value)
+        assert "--stop-mode kill --save-path" in str(err.value), str(err.value)
+    # TERM under its node's launcher: not the USR1 or --launch tasks it is refused with
+    with pytest.raises(ConfigError) as err:
+        _resolve(entry="command", max_chunks=2, stop_signal="TERM", nodes=2,
+                 workload=("accelerate", "launch", "x.py"))
+    assert err.value.field == "stop_signal" and "--stop-mode kill" in str(err.value)
+    assert "--launch tasks" not in str(err.value), str(err.value)
+
+
 def test_a_command_with_a_stop_signal_alone_is_one_chunk() -> None:
     job = _resolve(entry="command", stop_signal="USR1", workload=("python", "x.py"))
     assert job.chunks == 1

@@ -45,6 +45,20 @@ def test_a_torch_launcher_of_the_users_own_inside_the_jobs_launcher_is_refused(
     _passes(tmp_path, *cmd, "--", "python3", "ddp.py", "--lr", "3")
 
 
+def test_deepspeeds_launcher_inside_the_jobs_launcher_is_refused(tmp_path: Path) -> None:
+    """`-- deepspeed fit.py` on 2 GPUs: each of the job's 2 workers would start
+    DeepSpeed's launcher, which starts a process per GPU of its own (4 ranks on 2 GPUs),
+    as torchrun would; it was let through."""
+    (tmp_path / "fit.py").write_text("print(1)\n")
+    bin_dir = _exe(tmp_path / "bin" / "deepspeed", "#!/bin/sh\nexit 0\n").parent
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    err = _refused(tmp_path, "workload", "-e", "command", "-g", "2", "--", "deepspeed",
+                   "--num_gpus", "2", "fit.py", "--deepspeed", "ds.json", env=env,
+                   no_check=False)
+    assert "DeepSpeed's launcher (deepspeed)" in err, err
+    assert "-- python fit.py --deepspeed ds.json" in err and "2 processes a node" in err
+
+
 def test_srun_in_the_command_is_refused_with_the_program_to_give(tmp_path: Path) -> None:
     (tmp_path / "ddp.py").write_text("print(1)\n")
     for gpus in ("0", "2"):
@@ -188,6 +202,23 @@ def test_a_node_configuration_slurm_refuses_names_the_cpus_or_memory_it_lacks(
     err = refused("--cpus-per-task", "1", "--gpus-per-node", "2")
     assert err.startswith("train: error: gpus: Slurm refuses this job"), err
     assert "--gpus-per-node 2" in err, err
+
+
+def test_no_node_fits_a_cpu_job_where_sinfo_cannot_say_and_no_gpu_is_blamed(
+        tmp_path: Path) -> None:
+    """Where sinfo does not answer (hung, refused), a job of no GPUs that no node fits was
+    blamed on '--gpus-per-node 0': it names the CPUs and memory it asked for instead."""
+    fake = tmp_path / "fake"
+    _exe(fake / "sbatch", SBATCH_NO_NODE)
+    _exe(fake / "sinfo", "#!/bin/sh\necho 'sinfo: error: slurm_load_partitions' >&2\nexit 1\n")
+    proc = run_cli(["submit", *LOCAL, "--cpus-per-task", "4", "--", "demo"], cwd=tmp_path,
+                   env={"PATH": f"{fake}:{os.environ['PATH']}"})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("train: error: cpus_per_task: Slurm refuses this job"), \
+        proc.stderr
+    assert "--cpus-per-task 4" in proc.stderr and "--mem 1000M" in proc.stderr, proc.stderr
+    assert "gpus" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 def test_accelerate_launch_runs_once_per_node_with_the_jobs_shape_or_is_refused(

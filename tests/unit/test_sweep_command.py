@@ -87,6 +87,16 @@ def test_a_sweep_whose_tasks_all_run_alike_or_share_an_output_folder_is_warned(
     assert sweep_notes(("python3", str(tmp_path / "fit.py")), None, "{task_dir}") == []
 
 
+def test_a_sweep_run_in_each_tasks_folder_is_not_called_the_same_command(
+        tmp_path: Path) -> None:
+    """--chdir {task_dir} makes the tasks run apart as much as an argument with {task_dir}
+    does; the warning said 'every task runs the same command' there."""
+    (tmp_path / "fit.py").write_text("print('hi')\n")
+    notes = sweep_notes(("python3", str(tmp_path / "fit.py")), None, "{task_dir}")
+    assert len(notes) == 1 and "differ only in {task_dir}" in notes[0], notes
+    assert "same command" not in notes[0], notes
+
+
 # -- train summary of a command's sweep ---------------------------------------------------
 
 def _command_sweep(root: Path, flag: str, values: list[str]) -> list[Path]:
@@ -173,6 +183,20 @@ def test_a_sweeps_table_shows_the_losses_and_the_tasks_metric_first(
     assert metric_order(["lr-Adam", "val_acc", "epoch", "train_loss", "val_loss",
                          "it_per_second", "loss"]) == [
         "train_loss", "loss", "val_loss", "val_acc", "lr-Adam", "epoch", "it_per_second"]
+
+
+def test_the_note_of_metrics_left_out_names_every_one_it_counts() -> None:
+    """run_clm.py's 14 metrics: '6 more metric(s) left out' named 5 of them
+    (train_steps_per_second was cut off unsaid)."""
+    from train.client.slurm.sweepmetrics import SHOWN, TaskMetrics, format_metrics
+
+    task = TaskMetrics("1", "complete")
+    task.values = dict(RUN_CLM)
+    _, notes = format_metrics("c", "seeds", [task])
+    (left,) = [n for n in notes if "left out of the table" in n]
+    assert f"{len(RUN_CLM) - SHOWN} more metric(s)" in left, left
+    named = left.split(": ", 1)[1].split(", ")
+    assert len(named) == len(RUN_CLM) - SHOWN and "train_steps_per_second" in named, left
 
 
 def test_summary_help_describes_a_command_sweep_and_the_demos(
@@ -277,6 +301,20 @@ def test_a_marker_where_none_is_replaced_is_refused_naming_the_field(
     with pytest.raises(ConfigError) as err:
         split(spec)
     assert err.value.field == field and "TRAIN_SWEEP_VALUE" in str(err.value)
+
+
+def test_chdir_task_dir_outside_a_commands_sweep_is_refused_with_where_it_works(
+        tmp_path: Path) -> None:
+    """`--chdir {task_dir}` in a job that is no sweep, or in a demo's sweep, was refused
+    with '{task_dir} is replaced only in ... and --chdir', as if it were given there."""
+    from tests.conftest import run_cli
+
+    for sweep in ([], ["--sweep-seeds", "1 2"]):
+        proc = run_cli(["render", "--cluster", "local", "--runtime", "none", *sweep,
+                        "--chdir", "{task_dir}", "--", "demo"], cwd=tmp_path)
+        assert proc.returncode == 2 and "error: chdir: '{task_dir}'" in proc.stderr, \
+            proc.stderr
+        assert "only in the tasks of a command's sweep" in proc.stderr, proc.stderr
 
 
 def test_a_value_with_a_control_character_is_refused_and_a_damaged_record_named(

@@ -191,15 +191,13 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
                   "the whole --time here (give --time-min to have a floor anyway)",
                   file=sys.stderr)
     jobs = _check_jobs(args, spec, jobs, submitting=True)
-    from train.client.programs import command_as_run, submit_notes
+    from train.client.programs import interpreter_note, submit_notes
 
     job = jobs[0][1]
-    typed = job.spec.workload
-    if job.spec.entry == "command" and \
-            command_as_run(typed, job.spec.runtime, job.spec.python)[0] != typed[0]:
-        print(f"train: note: runtime none: the command's {typed[0]} runs as --python "
-              f"{job.spec.python}, the interpreter checked here (not the first {typed[0]} "
-              "on the nodes' PATH)", file=sys.stderr)
+    said = interpreter_note(job.spec.entry, job.spec.workload, job.spec.runtime,
+                            job.spec.python)
+    if said:
+        print(f"train: {said}", file=sys.stderr)
     for note in submit_notes(spec.entry, spec.workload, job.launch, job.run_dir, spec.chdir):
         print(f"train: warning: {note}", file=sys.stderr)
     from train.client.slurm import queue

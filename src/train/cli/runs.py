@@ -168,7 +168,9 @@ def _cmd_logs(args: argparse.Namespace) -> int:
             sys.stdout.flush()
         if not args.follow:
             if not path.exists():
-                raise UsageError(f"logs: {path} does not exist yet (the job has not started)")
+                raise UsageError(f"logs: {path} does not exist: the job has not started, "
+                                 "or ended before writing it (`train status "
+                                 f"{args.ref}` says which)")
             return EXIT_OK
         job_id = path.name.rsplit("-", 1)[-1].split(".")[0]  # logs/NAME-JOBID.out
         if job_states([job_id]).get(job_id, {}).get("state") not in ACTIVE_STATES:

@@ -126,6 +126,13 @@ def write_defaults(values: Mapping[str, Any], profiles: list[str], path: Path
             if not os.path.exists(bind.src):
                 raise ConfigError("bind", f"{bind.src} does not exist")
         clean["bind"] = [b.spec for b in binds]
+    # the same for a relative image file (not a docker tag) or Python path named here
+    image, python = str(clean.get("image", "")), str(clean.get("python", ""))
+    if image and not os.path.isabs(image) and (image.endswith(".sif") or
+                                                os.path.exists(image)):
+        clean["image"] = os.path.abspath(image)
+    if "/" in python and not os.path.isabs(python):
+        clean["python"] = os.path.abspath(python)
     # validated as a job would be: every key and value, and the cluster's name
     build(JobSpec, {**clean, "workload": ["demo"]}, None)
     if clean.get("cluster") is not None and clean["cluster"] not in profiles:

@@ -89,8 +89,9 @@ def submit_notes(entry: str, command: Sequence[str], launch: str, run_dir: str,
 
 # the programs an image is expected to have (python, a shell, torch's and Hugging Face's
 # launchers): any other is worth a word where the login node cannot look for it
-PROGRAM_NAME = re.compile(r"python[0-9.]*|(ba|z|da)?sh|torchrun|accelerate|deepspeed")
-_KNOWN_PROGRAMS = ("python", "python3", "bash", "torchrun", "accelerate", "deepspeed")
+PROGRAM_NAME = re.compile(r"python[0-9.]*|(ba|z|da)?sh|torchrun|accelerate(-launch)?|deepspeed")
+_KNOWN_PROGRAMS = ("python", "python3", "bash", "torchrun", "accelerate", "accelerate-launch",
+                   "deepspeed")
 
 
 def command_as_run(command: Sequence[str], runtime: str, python: str) -> list[str]:
@@ -101,6 +102,25 @@ def command_as_run(command: Sequence[str], runtime: str, python: str) -> list[st
             and command[0] in ("python", "python3"):
         return [python, *command[1:]]
     return list(command)
+
+
+def interpreter_note(entry: str, command: Sequence[str], runtime: str, python: str
+                     ) -> str | None:
+    """What submit says of the command's interpreter under runtime none with a --python of
+    the user's: a note where it runs as that Python, a warning where a versioned one
+    (python3.12) runs from the nodes' PATH instead; None otherwise."""
+    if entry != "command" or not command:
+        return None
+    first = command[0]
+    if command_as_run(command, runtime, python)[0] != first:
+        return (f"note: runtime none: the command's {first} runs as --python {python}, the "
+                f"interpreter checked here (not the first {first} on the nodes' PATH)")
+    if runtime == "none" and python not in (DEFAULT_PYTHON, first) and \
+            first.startswith("python") and PROGRAM_NAME.fullmatch(first):
+        return (f"warning: the command runs {first} from the nodes' PATH, not --python "
+                f"{python}, which was checked here: write `python` (it runs as --python) or "
+                "give that Python as --python")
+    return None
 
 
 def looks_like_program(word: str) -> bool:

@@ -32,9 +32,12 @@ def accelerate_prefix(command: Sequence[str]) -> int:
 
 def given_job_options(command: Sequence[str]) -> list[str]:
     """The job's own options (JOB_OPTIONS) the command gives accelerate launch itself,
-    before its script (the first `.py` word)."""
+    before its script (the first `.py` word, or the module after -m/--module: what
+    follows is the program's)."""
+    own = command[accelerate_prefix(command):]
+    module = [i + 1 for i, word in enumerate(own) if word in ("-m", "--module")]
     words = itertools.takewhile(lambda word: not word.endswith(".py"),
-                                command[accelerate_prefix(command):])
+                                own[:module[0]] if module else own)
     flags = [word.split("=", 1)[0] for word in words if word.startswith("--")]
     return [flag for flag in flags if flag[2:].replace("-", "_") in JOB_OPTIONS]
 

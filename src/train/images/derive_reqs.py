@@ -44,8 +44,10 @@ _URL_RE = re.compile(r"^[a-z][a-z0-9+.-]*://|^(git|hg|svn|bzr)\+", re.IGNORECASE
 _NAME_NORM = re.compile(r"[-_.]+")
 _COMMENT_RE = re.compile(r"(^|\s+)#.*$")
 _HASH_RE = re.compile(r"--hash[= ]sha256:([0-9a-fA-F]{64})$")
-# the oldest manylinux a wheel is tagged for and pip still installs (manylinux2014's glibc)
-OLDEST_GLIBC_MINOR = 17
+# the oldest manylinux pip installs (manylinux1's glibc 2.5), and the legacy names pip
+# gives after the glibc they stand for (packaging.tags' order)
+OLDEST_GLIBC_MINOR = 5
+_LEGACY_MANYLINUX = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
 MIN_PIP = (23, 0)
 PIP_TIMEOUT_S = 900.0  # a resolution against the index of many requirements
 MAX_REPORT_BYTES = 64 << 20
@@ -311,14 +313,17 @@ class Target:
         """Every platform tag pip in the image installs, in pip's order of preference: pip
         given one --platform takes that tag alone, so a wheel tagged only for an older
         glibc (manylinux_2_17/manylinux2014, most compiled packages) would be refused."""
-        return [*(f"manylinux_2_{minor}_x86_64"
-                  for minor in range(self.glibc_minor, OLDEST_GLIBC_MINOR - 1, -1)),
-                "manylinux2014_x86_64", "linux_x86_64"]
+        tags = []
+        for minor in range(self.glibc_minor, OLDEST_GLIBC_MINOR - 1, -1):
+            tags.append(f"manylinux_2_{minor}_x86_64")
+            if minor in _LEGACY_MANYLINUX:
+                tags.append(f"{_LEGACY_MANYLINUX[minor]}_x86_64")
+        return [*tags, "linux_x86_64"]
 
     def describe(self) -> str:
         return (f"CPython {self.python} on Linux x86_64, glibc 2.{self.glibc_minor}: "
-                f"manylinux_2_{OLDEST_GLIBC_MINOR}..2_{self.glibc_minor}, manylinux2014 or "
-                "linux wheels")
+                f"manylinux_2_{OLDEST_GLIBC_MINOR}..2_{self.glibc_minor} (manylinux1, 2010, "
+                "2014) or linux wheels")
 
     def marker_environment(self) -> dict[str, str]:
         """PEP 508 marker variables of the image (Linux x86_64, CPython)."""

@@ -272,8 +272,12 @@ class JobSpec:
             raise ConfigError("max_chunks", f"{self.chunks} chunks of a command with no stop "
                               "signal: the program would be killed at each walltime without "
                               "a chance to checkpoint, and nothing would tell the next chunk "
-                              "where to go on. Give --stop-signal USR1 (or TERM), handle it "
-                              "(checkpoint, exit 0), or run one chunk (--max-chunks 1)")
+                              "where to go on. Give --stop-signal USR1 (or TERM) and handle "
+                              "it (checkpoint, exit 0); for a program that saves on its own "
+                              "and has no handler (accelerate launch, most research code), "
+                              "--stop-mode kill --save-path PATH (the chunk ends it at the "
+                              "margin, the next goes on from its last save); or run one "
+                              "chunk (--max-chunks 1)")
         if self.fallback_batch is not None and self.entry != "train":
             raise ConfigError("fallback_batch", "only `train run` takes --batch-size; your "
                               "program can read TRAIN_* and pick its own batch size")

@@ -306,10 +306,13 @@ def _launch_mode(spec: JobSpec) -> str:
         launch = "single" if spec.nodes * max(1, spec.gpus_per_node) == 1 \
             else "tasks" if lightning else "torchrun"
     if launch == "torchrun" and spec.stop == "TERM" and spec.stop_mode != "kill":
+        ways = ("accelerate launch, in its place, dies of any stop signal: chain it with "
+                "--stop-mode kill (--save-path, --resume-args)" if accelerate_prefix(
+                    spec.workload) else "Use USR1 (the launcher passes it to the workers), "
+                "or --launch tasks")
         raise ConfigError("stop_signal", "TERM cannot be the stop signal under torch's "
                           "launcher: Slurm signals every process of the step, and the "
-                          "launcher takes TERM as the end of the job and fails it. Use USR1 "
-                          "(the launcher passes it to the workers), or --launch tasks")
+                          f"launcher takes TERM as the end of the job and fails it. {ways}")
     return launch
 
 

@@ -155,10 +155,11 @@ def check_unmarked(env: Sequence[str], bind: Sequence[str], chdir: str | None = 
             marker = _MARKER.search(item)
             if marker is not None:
                 raise ConfigError(field, f"{item!r}: {marker.group(0)} is replaced only in "
-                                  "the command's arguments, --resume-args, --save-path and "
-                                  "--chdir; the program finds its task's value, index and "
-                                  "folder in TRAIN_SWEEP_VALUE, TRAIN_SWEEP_INDEX and "
-                                  "TRAIN_RUN_DIR")
+                                  "the tasks of a command's sweep (-e command with --sweep "
+                                  "or --sweep-seeds), in the command's arguments, "
+                                  "--resume-args, --save-path and --chdir; the program finds "
+                                  "its task's value, index and folder in TRAIN_SWEEP_VALUE, "
+                                  "TRAIN_SWEEP_INDEX and TRAIN_RUN_DIR")
 
 
 def _shared_outputs(command: Sequence[str]) -> list[str]:
@@ -181,7 +182,7 @@ def sweep_notes(command: Sequence[str], resume_args: str | None,
     every task shares, and tasks that all run in one folder with nothing of their own."""
     notes = []
     words = [*command, resume_args or ""]
-    own_folders = any(TASK_DIR in w for w in words)
+    own_folders = any(TASK_DIR in w for w in [*words, folder or ""])
     if not own_folders and not _MARKER.search(folder or "") and \
             b"TRAIN_RUN_DIR" not in script_text(command, folder):
         where = os.path.abspath(folder or ".")

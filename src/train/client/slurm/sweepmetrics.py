@@ -174,7 +174,7 @@ def format_metrics(name: str, flag: str, tasks: list[TaskMetrics]) -> tuple[list
     notes = [p for t in tasks for p in t.problems]
     if len(names) > SHOWN:
         notes.append(f"{len(names) - SHOWN} more metric(s) left out of the table: "
-                     + ", ".join(names[SHOWN:SHOWN + 5]))
+                     + ", ".join(names[SHOWN:]))
         names = names[:SHOWN]
     column = "seed" if flag == "seeds" else flag[:12]
     widths = [max(10, len(n)) for n in names]

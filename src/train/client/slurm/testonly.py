@@ -135,7 +135,10 @@ def ask(job: ResolvedJob, environ: dict[str, str], begin: str | None = None
         return "", f"`sbatch --test-only` failed, naming nothing of the job: {words}"
     where = _where(job, field)
     if "node configuration" in words.lower():  # no node fits: GPUs, CPUs or memory
-        field, where = _beyond_nodes(job, environ) or (field, where)
+        unsaid = (field, where) if job.spec.gpus_per_node else (  # a job of no GPUs
+            "cpus_per_task", f"{_where(job, 'cpus_per_task')} and {_where(job, 'mem')} a "
+            "node (sinfo could not say which of them no node has)")
+        field, where = _beyond_nodes(job, environ) or unsaid
     return field, (f"Slurm refuses this job (`sbatch --test-only`: {words}); it asked for "
                    f"{where}; nothing was queued; `train clusters probe "
                    f"{job.profile.name}` compares the profile with the site (--no-check "

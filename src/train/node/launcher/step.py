@@ -243,6 +243,17 @@ def stop_signal_for_workers(env: Mapping[str, str]) -> int:
     return signal.SIGTERM if name == "TERM" else signal.SIGUSR1
 
 
+def _stopped_workers_save(sig: int, env: Mapping[str, str]) -> str:
+    """Whether the workers the agent stopped with `sig` save on it: only where it is the
+    stop signal they are told of (stop mode kill tells them none; its TERM only ends them)."""
+    name = env.get(STOP_SIGNAL_VAR, "none")
+    if name != "none" and stop_signal_for_workers(env) == sig:
+        return f"it is their stop signal ({name}): they save on it where they handle it"
+    told = "the job gives them no stop signal" if name == "none" else \
+        f"their stop signal is {name}"
+    return f"{told}: what they saved before it is kept"
+
+
 def _forward_to_workers(signum: int, frame: object) -> None:
     """The walltime signal reaches this agent (srun forwards it as USR1): pass the job's
     stop signal to the workers, which checkpoint and exit 0; the agent then returns when
@@ -311,9 +322,9 @@ def run_torchrun(step: SlurmStep, master: str, nproc: int, command: Sequence[str
 
     try:
         torchrun_main(argv)
-    except SignalException as exc:  # scancel, preemption: the workers were stopped
-        log.warning("torchrun's agent received %s and stopped its workers (they "
-                    "checkpoint on it)", exc.sigval.name)
+    except SignalException as exc:  # scancel, preemption, a kill stop
+        log.warning("torchrun's agent received %s and stopped its workers (%s)",
+                    exc.sigval.name, _stopped_workers_save(exc.sigval, env))
         return 128 + int(exc.sigval)
     except ChildFailedError as exc:  # the program failed, not this launcher
         return worker_failure(exc, step.nodes[step.node_id], stop_signal_for_workers(env))

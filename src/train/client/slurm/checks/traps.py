@@ -8,7 +8,8 @@
   --max-chunks or --total-time asks for a chain): nothing would ever resume;
 - a --save-path in the container under no bind and absent on the host: what the program
   saves there stays in its container, unseen by the chain.
-A launcher of its own (srun, torchrun, accelerate launch) inside the job's step is refused.
+A launcher of its own (srun, torchrun, deepspeed, accelerate launch) inside the job's step
+is refused.
 """
 
 from __future__ import annotations
@@ -141,8 +142,14 @@ def launcher_problems(job: ResolvedJob) -> list[Problem]:
     if job.launch == "single":  # one process in all: a torchrun of one process is harmless
         return []
     rest: list[str] | None = None
+    launcher = "torch's launcher"
     if name == "torchrun":
         rest = _torchrun_program(argv[1:])
+    elif name == "deepspeed":  # its launcher starts a process per GPU too; the script
+        # finds torch's launcher's RANK, WORLD_SIZE, ... as deepspeed.initialize reads them
+        launcher = "DeepSpeed's launcher"
+        script = next((i for i, word in enumerate(argv) if word.endswith(".py")), None)
+        rest = ["python", *argv[script:]] if script is not None else ["python", "SCRIPT.py"]
     elif PYTHON_NAME.fullmatch(name) and len(argv) > 2 and argv[1] == "-m" \
             and argv[2] in _TORCH_LAUNCH_MODULES:
         rest = _torchrun_program(argv[3:])
@@ -154,7 +161,7 @@ def launcher_problems(job: ResolvedJob) -> list[Problem]:
     how = (f"torch's launcher itself (--launch torchrun: {procs}, the rendezvous on the "
            "first node)" if job.launch == "torchrun" else
            f"one task per GPU ({per_node} a node, --launch tasks)")
-    return [Problem("workload", f"the command after -- is torch's launcher ({name}), and "
+    return [Problem("workload", f"the command after -- is {launcher} ({name}), and "
                     f"the job already runs {how}: each of its processes would start a "
                     "launcher of its own, whose workers contend for the same "
                     f"{'GPUs' if spec.gpus_per_node else 'CPUs'} and port. Give the program "
