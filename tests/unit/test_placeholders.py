@@ -179,3 +179,29 @@ def test_a_command_sweep_recorded_with_its_old_spelling_goes_on_in_its_folders(
     spec = JobSpec(**COMMAND, out=str(root), sweep="my_lr=2,1",
                    workload=("python3", "fit.py", "{value}"))
     assert [t.dir for t, _ in split(spec)[1]] == ["task-1", "task-0"]
+
+
+@pytest.mark.parametrize(("field", "given"), [
+    ("out", "runs/{value}"), ("sbatch_extra", ("--comment={value}",)),
+    ("srun_extra", ("--output={task_dir}/o",)), ("image", "/img/{index}.sif"),
+    ("env", ("CKPT={newest:out/*}",)), ("sbatch_extra", ("--comment={newest:x}",))])
+def test_a_placeholder_in_any_other_field_is_refused_naming_it(
+        tmp_path: Path, field: str, given: object) -> None:
+    """--out, --sbatch-extra, --srun-extra, --image (and {newest:GLOB} in --env) took a
+    placeholder as its letters without a word: a folder named {value}, Slurm's options."""
+    from train.client.slurm.sweepargs import single_job
+
+    where = {"out": str(tmp_path / "c")} if field != "out" else {}
+    sweep = JobSpec(**COMMAND, **where, sweep="lr=1,2", **{field: given},
+                    workload=("python3", "fit.py", "--lr", "{value}"))
+    single = JobSpec(**COMMAND, **where, **{field: given}, workload=("python3", "fit.py"))
+    for check in (lambda: split(sweep), lambda: single_job(single)):
+        with pytest.raises(ConfigError) as err:
+            check()
+        assert err.value.field == field, str(err.value)
+        assert ("TRAIN_SWEEP_VALUE" if "newest" not in str(given) else "--resume-args") \
+            in str(err.value)
+    flag = f"--{field.replace('_', '-')}={given if isinstance(given, str) else given[0]}"
+    proc = run_cli([*BASE, flag, "--", "python3", "x.py"], cwd=tmp_path)
+    assert proc.returncode == 2 and f"error: {field}:" in proc.stderr, proc.stderr
+    assert not (tmp_path / "runs").exists()

@@ -151,7 +151,7 @@ def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
                           f"task (remove {given} from the workload)")
     if spec.entry == "command":
         check_command_sweep(spec)
-    check_unmarked(spec.env, spec.bind, None if spec.entry == "command" else spec.chdir)
+    check_unmarked(spec, chdir_placed=spec.entry == "command")
     root = Path(os.path.abspath(spec.out or os.path.join("runs", spec.name)))
     folders = bound_folders(root, spec.entry, flag, values) if flag != "seeds" else {}
     out = []

@@ -146,19 +146,28 @@ def check_command_sweep(spec: JobSpec) -> None:
                               "it, where the task's program saves")
 
 
-def check_unmarked(env: Sequence[str], bind: Sequence[str], chdir: str | None = None
-                   ) -> None:
-    """Refuse a marker where none is replaced (--env, --bind; --chdir where the job is no
-    command's sweep): the program would get its letters, the same in every task."""
-    for field, items in (("env", env), ("bind", bind), ("chdir", (chdir or "",))):
-        for item in items:
+def check_unmarked(spec: JobSpec, chdir_placed: bool = False) -> None:
+    """Refuse a placeholder where none is replaced (--env, --bind, --out, --sbatch-extra,
+    every field but the command's arguments, --resume-args, --save-path and, where
+    `chdir_placed`, --chdir): the program, or Slurm, would get its letters."""
+    placed_here = {"workload", "resume_args", "save_path", "sweep",
+                   *(["chdir"] if chdir_placed else [])}
+    for item_field in dataclasses.fields(spec):
+        given = getattr(spec, item_field.name)
+        items = () if item_field.name in placed_here else \
+            given if isinstance(given, tuple) else (given,)
+        for item in (i for i in items if isinstance(i, str)):
             marker = _MARKER.search(item)
             if marker is not None:
-                raise ConfigError(field, f"{item!r}: {marker.group(0)} is replaced only in "
-                                  "the command's arguments, --resume-args, --save-path and "
-                                  "--chdir; the program finds its task's value, index and "
-                                  "folder in TRAIN_SWEEP_VALUE, TRAIN_SWEEP_INDEX and "
-                                  "TRAIN_RUN_DIR")
+                raise ConfigError(item_field.name, f"{item!r}: {marker.group(0)} is "
+                                  "replaced only in the command's arguments, --resume-args, "
+                                  "--save-path and --chdir; the program finds its task's "
+                                  "value, index and folder in TRAIN_SWEEP_VALUE, "
+                                  "TRAIN_SWEEP_INDEX and TRAIN_RUN_DIR")
+            if OPEN in item:
+                raise ConfigError(item_field.name, f"{item!r}: {OPEN}GLOB}} is replaced "
+                                  f"only in --resume-args (e.g. {EXAMPLE}); here it would "
+                                  "be its letters")
 
 
 def _shared_outputs(command: Sequence[str]) -> list[str]:
@@ -209,6 +218,6 @@ def sweep_notes(command: Sequence[str], resume_args: str | None,
 def single_job(spec: JobSpec) -> JobSpec:
     """A job that is no sweep, its placeholders checked: a sweep's marker or a
     {newest:GLOB} where nothing replaces it refused, escaped ones their letters."""
-    check_unmarked(spec.env, spec.bind, spec.chdir)
+    check_unmarked(spec)
     return dataclasses.replace(spec, **placed(spec.workload, spec.resume_args,
                                               spec.save_path))
