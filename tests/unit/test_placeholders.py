@@ -205,3 +205,35 @@ def test_a_placeholder_in_any_other_field_is_refused_naming_it(
     proc = run_cli([*BASE, flag, "--", "python3", "x.py"], cwd=tmp_path)
     assert proc.returncode == 2 and f"error: {field}:" in proc.stderr, proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_each_task_run_in_its_own_folder_resumes_from_a_relative_newest_save(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--chdir {task_dir} runs each task in its own folder: {newest:out/ckpt-*} there is
+    each task's own, and was refused as "the same place for every task"; --output_dir out
+    was warned as shared, and the chain as saving nowhere it looks."""
+    from train.batch.saves import expand
+    from train.client.clusters.profiles import Registry
+    from train.client.slurm.render import job_record
+    from train.client.slurm.resolve import resolve
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fit.py").write_text("")
+    spec = JobSpec(**COMMAND, out=str(tmp_path / "c"), sweep="lr=1,2", chdir="{task_dir}",
+                   resume_args="--resume_from_checkpoint {newest:out/ckpt-*}",
+                   workload=("python3", str(tmp_path / "fit.py"), "--lr", "{value}",
+                             "--output_dir", "{task_dir}/out"))
+    root, specs = split(spec)
+    for i, step in ((0, 5), (1, 7)):
+        (root / f"task-{i}" / "out" / f"ckpt-{step}").mkdir(parents=True)
+    records = [job_record(resolve(s, Registry().get("local"))) for _, s in specs]
+    # (relative, as the program in its own folder takes it)
+    assert [r["program_dir"] for r in records] == [str(root / "task-0"), str(root / "task-1")]
+    assert [expand(r["resume_args"], r["program_dir"])[0] for r in records] == [
+        ["--resume_from_checkpoint", "out/ckpt-5"], ["--resume_from_checkpoint", "out/ckpt-7"]]
+    proc = run_cli([*BASE, "--stop-mode", "kill", "--max-chunks", "2", "--sweep", "lr=1,2",
+                    "--chdir", "{task_dir}", "--resume-args", "--resume {newest:out/ckpt-*}",
+                    "--", "python3", str(tmp_path / "fit.py"), "--lr", "{value}",
+                    "--output_dir", "out"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "warning" not in proc.stderr, proc.stderr

@@ -128,14 +128,16 @@ def check_command_sweep(spec: JobSpec) -> None:
                           f"{arg.replace(found.group(0), marker)!r}; each task gets its "
                           "own, as plain text")
     own = next((a for a in command if TASK_DIR in a), None)
+    # --chdir {task_dir}: each task runs in its own folder, a relative path is its own
+    own_folder = spec.chdir is not None and _MARKER.search(spec.chdir) is not None
     for glob in patterns(shlex.split(spec.resume_args)) if spec.resume_args else []:
-        if own is not None and not _MARKER.search(glob):
+        if own is not None and not _MARKER.search(glob) and \
+                (os.path.isabs(glob) or not own_folder):
             fix = glob if os.path.isabs(glob) else f"{TASK_DIR}/{glob}"
             raise ConfigError("resume_args", f"{OPEN}{glob}}} is looked for in the same "
                               f"place for every task, while each task writes to its own "
                               f"folder ({own!r}): it can match no task's saves; write "
                               f"{OPEN}{fix}}} (with {TASK_DIR} where the task saves)")
-    own_folder = spec.chdir is not None and _MARKER.search(spec.chdir) is not None
     for item in spec.save_path:
         if _MARKER.search(item) is None and (os.path.isabs(item) or not own_folder):
             raise ConfigError("save_path", f"{item!r} is the same path for every task of "
@@ -170,8 +172,9 @@ def check_unmarked(spec: JobSpec, chdir_placed: bool = False) -> None:
                                   "be its letters")
 
 
-def _shared_outputs(command: Sequence[str]) -> list[str]:
-    """The output options of the command whose value names no task's own folder."""
+def _shared_outputs(command: Sequence[str], own_folder: bool) -> list[str]:
+    """The output options of the command whose value names no task's own folder (a
+    relative one is the task's own where each task runs in its own folder)."""
     out = []
     for i, arg in enumerate(command):
         name, eq, given = arg.partition("=")
@@ -179,7 +182,7 @@ def _shared_outputs(command: Sequence[str]) -> list[str]:
             continue
         value = given if eq else (command[i + 1] if i + 1 < len(command) else "")
         if value and not value.startswith("-") and TASK_DIR not in value \
-                and "TRAIN_RUN_DIR" not in value:
+                and "TRAIN_RUN_DIR" not in value and (os.path.isabs(value) or not own_folder):
             out.append(f"{name} {value}")
     return out
 
@@ -208,10 +211,12 @@ def sweep_notes(command: Sequence[str], resume_args: str | None,
                      "among its arguments, and no TRAIN_SWEEP_VALUE in its script): "
                      f"{alike}; write {{value}} where the task's value goes, e.g. -- python "
                      "train.py --lr {value}, or read TRAIN_SWEEP_VALUE in the program")
-    for option in _shared_outputs(command):
-        notes.append(f"every task of this sweep writes to {option} (the tasks run in the "
-                     f"same folder): give each its own with {{task_dir}}, e.g. "
-                     f"{option.split()[0]} {{task_dir}}/out")
+    own_folder = _MARKER.search(folder or "") is not None
+    for option in _shared_outputs(command, own_folder):
+        notes.append(f"every task of this sweep writes to {option}"
+                     + ("" if own_folder else " (the tasks run in the same folder)")
+                     + f": give each its own with {{task_dir}}, e.g. {option.split()[0]} "
+                     "{task_dir}/out")
     return notes
 
 
