@@ -202,6 +202,11 @@ def test_a_damaged_array_job_is_said_once_and_never_counted_as_a_task(
     said = [ln for ln in lines if "array_job [7001] is not a job id" in ln]
     assert len(said) == 1 and said[0].startswith("  unreadable: "), lines
     assert sum(ln.startswith("  task ") for ln in lines) == 2, lines
+    # a task that cannot be read then: cancel cannot know that nothing is active
+    (tmp_path / "runs" / "sw" / "task-1" / "chain.json").write_text('{"name": ')
+    proc = run_cli(["cancel", "sw"], cwd=tmp_path, env={**env, "SLURM_MODE": "ended"})
+    assert proc.returncode == 2 and "no active jobs" not in proc.stdout, proc.stdout
+    assert "no active job among what could be read" in proc.stdout, proc.stdout
 
 
 # -- values equal as the flag reads them ----------------------------------------------------
