@@ -212,6 +212,20 @@ def test_a_program_after_the_dashes_without_entry_is_checked_as_a_program(
     assert "looked up" not in warned, warned
 
 
+def test_a_workloads_name_or_a_spaced_name_as_a_commands_program_is_said_so(
+        tmp_path: Path) -> None:
+    """--entry command from the defaults file with `-- demo`, and a program ' python3',
+    were told only 'a typo' (' python3': 'did you mean python3?')."""
+    defaults = tmp_path / "defaults.yaml"
+    defaults.write_text("entry: command\n")
+    err = _refused(tmp_path, "workload", "--", "demo", "--episodes", "3",
+                   env={"TRAIN_DEFAULTS": str(defaults)})
+    assert "demo is a `train run` workload, and this job is --entry command: give " \
+        "--entry train" in err, err
+    err = _refused(tmp_path, "workload", "-e", "command", "--", " python3", "x.py")
+    assert "spaces around the name: 'python3'?" in err and "did you mean" not in err, err
+
+
 def test_python_script_is_found_behind_the_interpreters_options() -> None:
     script = files.python_script
     assert script(["python", "fit.py", "--lr", "1"]) == "fit.py"
