@@ -237,3 +237,12 @@ def test_each_task_run_in_its_own_folder_resumes_from_a_relative_newest_save(
                     "--output_dir", "out"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "warning" not in proc.stderr, proc.stderr
+
+
+def test_a_command_sweeps_value_given_twice_names_its_label_not_a_flag() -> None:
+    """'the values must differ: '1' and '1' is given twice of --optimizer.lr': a command
+    sweep's NAME is a label, no flag of the program."""
+    spec = JobSpec(**COMMAND, sweep="optimizer.lr=1, 1", workload=("python3", "f.py", "{value}"))
+    with pytest.raises(ConfigError) as err:
+        split(spec)
+    assert str(err.value).endswith("'1' and '1' are given twice of optimizer.lr"), str(err.value)

@@ -93,9 +93,10 @@ def _values(spec: JobSpec) -> tuple[str, list[str]]:
     for value in values:
         key = value_key(spec.entry, name, value)
         if key in seen:
-            same = "are the same value" if seen[key] != value else "is given twice"
+            same = "are the same value" if seen[key] != value else "are given twice"
+            of = f"--{name}" if spec.entry == "train" else name  # (a command's: a label)
             raise ConfigError("sweep", f"the values must differ: {seen[key]!r} and {value!r} "
-                              f"{same} of --{name}")
+                              f"{same} of {of}")
         seen[key] = value
     return name, values
 
