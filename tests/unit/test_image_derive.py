@@ -445,3 +445,40 @@ def test_new_names_the_extra_that_the_lint_it_suggests_needs(
     assert "next: train image lint" in out
     assert "`train image lint` needs the image tools" in err
     assert "pip install './[images]'" in err and "train-slurm-apptainer" in err, err
+
+
+@pytest.mark.parametrize("planted", ["myproj.def", "requirements/myproj.txt", "wheels"])
+def test_a_fifo_or_dangling_folder_link_in_out_exits_2_before_resolving(
+        tmp_path: Path, index: Path, capsys: pytest.CaptureFixture[str],
+        planted: str) -> None:
+    """A FIFO at NAME.def or the lock's name hung `image new` for ever (the read of what
+    was there, to compare or keep it); a dangling link at wheels/ was 'File exists'
+    after requirements/ was made."""
+    import os
+    import threading
+
+    folder = tmp_path / "containers-myproj"
+    (folder / "requirements").mkdir(parents=True)
+    if planted == "wheels":
+        (folder / "wheels").symlink_to(tmp_path / "nowhere")
+    else:
+        os.mkfifo(folder / planted)
+    stop = threading.Event()
+
+    def free_reads() -> None:  # a read blocked on the FIFO gets its end: fails, not hangs
+        while not stop.wait(0.1):
+            try:
+                os.close(os.open(folder / planted, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:  # (no reader, or no FIFO)
+                continue
+
+    feeder = threading.Thread(target=free_reads, daemon=True)
+    feeder.start()
+    try:
+        assert new(tmp_path, index, "helper-pkg==0.3\n") == 2
+    finally:
+        stop.set()
+        feeder.join()
+    err = capsys.readouterr().err
+    assert f"--out: {folder / planted} is in the way" in err, err
+    assert not (tmp_path / "nowhere").exists()

@@ -439,6 +439,17 @@ def test_a_bind_over_what_the_container_runs_on_is_refused(
                  workload=("demo",))
 
 
+def test_a_bind_over_the_images_opt_is_refused(tmp_path: Path) -> None:
+    """--bind /opt (the host's /opt at /opt) hid the image's /opt/venv, its Python: the
+    job died on the node after the queue wait. A folder of its own under /opt stays."""
+    for runtime in ("apptainer", "docker"):
+        err = _error("bind", runtime=runtime, image="x.sif", bind=(f"{tmp_path}:/opt/",),
+                     workload=("demo",))
+        assert "hides the image's own /opt" in err, err
+    _resolve(runtime="apptainer", image="x.sif", bind=(f"{tmp_path}:/opt/data",),
+             workload=("demo",))
+
+
 def test_lists_add_up_from_defaults_file_and_flags(tmp_path: Path,
                                                    _own_defaults: Path) -> None:
     _own_defaults.write_text("cluster: local\nruntime: none\nenv: [WANDB_API_KEY]\n")

@@ -43,3 +43,22 @@ def test_a_braced_sweep_variable_gets_the_fix_without_a_stray_brace(tmp_path: Pa
     proc = run_cli(["render", *LOCAL, "-J", "sw", "--sweep", "lr=1,2", "--", "python",
                     "fit.py", "--lr", "${TRAIN_SWEEP_VALUE}"], cwd=tmp_path)
     assert proc.returncode == 2 and "e.g. '{value}';" in proc.stderr, proc.stderr
+
+
+def test_a_sweeps_out_that_holds_the_users_results_csv_or_model_folder_is_refused(
+        tmp_path: Path) -> None:
+    """A results.csv of the user's (the seeds would append their rows to it) and a model's
+    folder holding its config.json passed as the sweep's own; a seed's folder run by hand,
+    and the results.csv beside it, still do."""
+    (tmp_path / "fit.py").write_text("")
+    mine = tmp_path / "proj"
+    (mine / "bert").mkdir(parents=True)
+    (mine / "bert" / "config.json").write_text("{}")
+    (mine / "results.csv").write_text("my,results\n")
+    argv = ["render", *LOCAL, "--out", "proj", "--sweep-seeds", "1 2", "--", "python",
+            "fit.py", "--seed", "{value}", "--o", "{task_dir}"]
+    proc = run_cli(argv, cwd=tmp_path)
+    assert "the sweep's folder holds files (bert, results.csv)" in proc.stderr, proc.stderr
+    (mine / "bert").rename(mine / "seed-1")  # a seed run by hand: its results.csv beside
+    proc = run_cli(argv, cwd=tmp_path)
+    assert "the sweep's folder holds files" not in proc.stderr, proc.stderr

@@ -179,3 +179,70 @@ def test_a_command_sweep_recorded_with_its_old_spelling_goes_on_in_its_folders(
     spec = JobSpec(**COMMAND, out=str(root), sweep="my_lr=2,1",
                    workload=("python3", "fit.py", "{value}"))
     assert [t.dir for t, _ in split(spec)[1]] == ["task-1", "task-0"]
+
+
+@pytest.mark.parametrize(("field", "given"), [
+    ("out", "runs/{value}"), ("sbatch_extra", ("--comment={value}",)),
+    ("srun_extra", ("--output={task_dir}/o",)), ("image", "/img/{index}.sif"),
+    ("env", ("CKPT={newest:out/*}",)), ("sbatch_extra", ("--comment={newest:x}",))])
+def test_a_placeholder_in_any_other_field_is_refused_naming_it(
+        tmp_path: Path, field: str, given: object) -> None:
+    """--out, --sbatch-extra, --srun-extra, --image (and {newest:GLOB} in --env) took a
+    placeholder as its letters without a word: a folder named {value}, Slurm's options."""
+    from train.client.slurm.sweepargs import single_job
+
+    where = {"out": str(tmp_path / "c")} if field != "out" else {}
+    sweep = JobSpec(**COMMAND, **where, sweep="lr=1,2", **{field: given},
+                    workload=("python3", "fit.py", "--lr", "{value}"))
+    single = JobSpec(**COMMAND, **where, **{field: given}, workload=("python3", "fit.py"))
+    for check in (lambda: split(sweep), lambda: single_job(single)):
+        with pytest.raises(ConfigError) as err:
+            check()
+        assert err.value.field == field, str(err.value)
+        assert ("TRAIN_SWEEP_VALUE" if "newest" not in str(given) else "--resume-args") \
+            in str(err.value)
+    flag = f"--{field.replace('_', '-')}={given if isinstance(given, str) else given[0]}"
+    proc = run_cli([*BASE, flag, "--", "python3", "x.py"], cwd=tmp_path)
+    assert proc.returncode == 2 and f"error: {field}:" in proc.stderr, proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_each_task_run_in_its_own_folder_resumes_from_a_relative_newest_save(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--chdir {task_dir} runs each task in its own folder: {newest:out/ckpt-*} there is
+    each task's own, and was refused as "the same place for every task"; --output_dir out
+    was warned as shared, and the chain as saving nowhere it looks."""
+    from train.batch.saves import expand
+    from train.client.clusters.profiles import Registry
+    from train.client.slurm.render import job_record
+    from train.client.slurm.resolve import resolve
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fit.py").write_text("")
+    spec = JobSpec(**COMMAND, out=str(tmp_path / "c"), sweep="lr=1,2", chdir="{task_dir}",
+                   resume_args="--resume_from_checkpoint {newest:out/ckpt-*}",
+                   workload=("python3", str(tmp_path / "fit.py"), "--lr", "{value}",
+                             "--output_dir", "{task_dir}/out"))
+    root, specs = split(spec)
+    for i, step in ((0, 5), (1, 7)):
+        (root / f"task-{i}" / "out" / f"ckpt-{step}").mkdir(parents=True)
+    records = [job_record(resolve(s, Registry().get("local"))) for _, s in specs]
+    # (relative, as the program in its own folder takes it)
+    assert [r["program_dir"] for r in records] == [str(root / "task-0"), str(root / "task-1")]
+    assert [expand(r["resume_args"], r["program_dir"])[0] for r in records] == [
+        ["--resume_from_checkpoint", "out/ckpt-5"], ["--resume_from_checkpoint", "out/ckpt-7"]]
+    proc = run_cli([*BASE, "--stop-mode", "kill", "--max-chunks", "2", "--sweep", "lr=1,2",
+                    "--chdir", "{task_dir}", "--resume-args", "--resume {newest:out/ckpt-*}",
+                    "--", "python3", str(tmp_path / "fit.py"), "--lr", "{value}",
+                    "--output_dir", "out"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "warning" not in proc.stderr, proc.stderr
+
+
+def test_a_command_sweeps_value_given_twice_names_its_label_not_a_flag() -> None:
+    """'the values must differ: '1' and '1' is given twice of --optimizer.lr': a command
+    sweep's NAME is a label, no flag of the program."""
+    spec = JobSpec(**COMMAND, sweep="optimizer.lr=1, 1", workload=("python3", "f.py", "{value}"))
+    with pytest.raises(ConfigError) as err:
+        split(spec)
+    assert str(err.value).endswith("'1' and '1' are given twice of optimizer.lr"), str(err.value)

@@ -212,6 +212,20 @@ def test_a_program_after_the_dashes_without_entry_is_checked_as_a_program(
     assert "looked up" not in warned, warned
 
 
+def test_a_workloads_name_or_a_spaced_name_as_a_commands_program_is_said_so(
+        tmp_path: Path) -> None:
+    """--entry command from the defaults file with `-- demo`, and a program ' python3',
+    were told only 'a typo' (' python3': 'did you mean python3?')."""
+    defaults = tmp_path / "defaults.yaml"
+    defaults.write_text("entry: command\n")
+    err = _refused(tmp_path, "workload", "--", "demo", "--episodes", "3",
+                   env={"TRAIN_DEFAULTS": str(defaults)})
+    assert "demo is a `train run` workload, and this job is --entry command: give " \
+        "--entry train" in err, err
+    err = _refused(tmp_path, "workload", "-e", "command", "--", " python3", "x.py")
+    assert "spaces around the name: 'python3'?" in err and "did you mean" not in err, err
+
+
 def test_python_script_is_found_behind_the_interpreters_options() -> None:
     script = files.python_script
     assert script(["python", "fit.py", "--lr", "1"]) == "fit.py"
@@ -484,6 +498,38 @@ def test_an_interrupted_submit_leaves_no_held_job_or_names_it(
         assert f"held in the queue (it never starts) running {script} 1" in err, err
         assert "scancel ID" in err, err
     assert not (tmp_path / "runs" / "cut" / "chain.json").exists()
+
+
+# a site's sbatch wrapper that ignores --parsable: the job is queued, its answer no id
+WORDY_SBATCH = """#!/bin/sh
+case " $* " in *" --test-only "*) echo "sbatch: Job 1 to start at now" >&2; exit 0 ;; esac
+while [ "${1#-}" != "$1" ]; do shift; done
+echo "4242 $*" >> "$QUEUE"
+echo "Submitted batch job 4242"
+"""
+
+
+@pytest.mark.parametrize("squeue", [QUEUE_SQUEUE, "#!/bin/sh\nexit 1\n"])
+def test_an_sbatch_answer_without_a_job_id_leaves_no_held_job_or_names_it(
+        tmp_path: Path, squeue: str) -> None:
+    """It was said as 'sbatch was interrupted before it answered' (nothing was)."""
+    stand_ins = tmp_path / "sbin"
+    _exe(stand_ins / "sbatch", WORDY_SBATCH)
+    _exe(stand_ins / "squeue", squeue)
+    _exe(stand_ins / "scancel", RECORD_SCANCEL)
+    queue, cancelled = tmp_path / "queue", tmp_path / "cancelled"
+    proc = run_cli(["submit", *LOCAL, "--name", "wordy", "--no-check", "--", "demo"],
+                   cwd=tmp_path, env={"PATH": f"{stand_ins}:{os.environ['PATH']}",
+                                      "QUEUE": str(queue), "CANCELLED": str(cancelled)})
+    assert proc.returncode != 0 and "cannot read a job id" in proc.stderr, proc.stderr
+    assert "interrupted" not in proc.stderr, proc.stderr
+    if squeue is QUEUE_SQUEUE:
+        assert cancelled.read_text().split() == ["4242"], proc.stderr
+    else:
+        script = queue.read_text().split()[1]
+        assert "sbatch answered without a job id; if Slurm took the job anyway, it is held " \
+            f"in the queue (it never starts) running {script} 1" in proc.stderr, proc.stderr
+    assert not (tmp_path / "runs" / "wordy" / "chain.json").exists()
 
 
 def test_a_partitions_gpus_the_image_has_no_code_for_are_refused_at_submit(

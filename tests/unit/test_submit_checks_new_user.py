@@ -204,21 +204,27 @@ def test_a_node_configuration_slurm_refuses_names_the_cpus_or_memory_it_lacks(
     assert "--gpus-per-node 2" in err, err
 
 
-def test_no_node_fits_a_cpu_job_where_sinfo_cannot_say_and_no_gpu_is_blamed(
+def test_a_node_configuration_slurm_refuses_for_a_job_of_no_gpus_never_names_the_gpus(
         tmp_path: Path) -> None:
-    """Where sinfo does not answer (hung, refused), a job of no GPUs that no node fits was
-    blamed on '--gpus-per-node 0': it names the CPUs and memory it asked for instead."""
+    """Where sinfo cannot be asked (it fails, or is not on PATH), `-c 4` of a job of no
+    GPUs was still blamed on 'gpus' and '--gpus-per-node 0': its CPUs and memory are."""
     fake = tmp_path / "fake"
     _exe(fake / "sbatch", SBATCH_NO_NODE)
-    _exe(fake / "sinfo", "#!/bin/sh\necho 'sinfo: error: slurm_load_partitions' >&2\nexit 1\n")
-    proc = run_cli(["submit", *LOCAL, "--cpus-per-task", "4", "--", "demo"], cwd=tmp_path,
-                   env={"PATH": f"{fake}:{os.environ['PATH']}"})
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.startswith("train: error: cpus_per_task: Slurm refuses this job"), \
-        proc.stderr
-    assert "--cpus-per-task 4" in proc.stderr and "--mem 1000M" in proc.stderr, proc.stderr
-    assert "gpus" not in proc.stderr, proc.stderr
-    assert not (tmp_path / "runs").exists()
+    env = {"PATH": f"{fake}:{os.environ['PATH']}"}
+    for sinfo in ("#!/bin/sh\necho 'sinfo: error: Unable to contact slurm controller' >&2\n"
+                  "exit 1\n", None):
+        if sinfo is not None:
+            _exe(fake / "sinfo", sinfo)
+        else:
+            (fake / "sinfo").unlink()
+        proc = run_cli(["submit", *LOCAL, "--cpus-per-task", "4", "--", "demo"], cwd=tmp_path,
+                       env=env)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith("train: error: cpus_per_task: Slurm refuses this job"), \
+            proc.stderr
+        assert "--cpus-per-task 4 x 1 task(s) a node and --mem " in proc.stderr, proc.stderr
+        assert "--gpus-per-node" not in proc.stderr, proc.stderr
+        assert not (tmp_path / "runs").exists()
 
 
 def test_accelerate_launch_runs_once_per_node_with_the_jobs_shape_or_is_refused(

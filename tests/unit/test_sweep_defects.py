@@ -183,6 +183,32 @@ def test_an_array_job_of_the_wrong_type_is_said_as_a_damaged_record(
     assert _cancelled(tmp_path) == ["7001_0"]  # (task 1's array task: not known from it)
 
 
+def test_a_damaged_array_job_is_said_once_and_never_counted_as_a_task(
+        tmp_path: Path) -> None:
+    """A sweep of 2 tasks with a damaged array_job was 'sweep sw: 3 tasks  pending 2,
+    unreadable 1' (the record's damage counted as a task, and as the sweep's state)."""
+    env = _slurm(tmp_path)
+    _submit(tmp_path, env)
+    path = tmp_path / "runs" / "sw" / "sweep.json"
+    record = json.loads(path.read_text())
+    record["array_job"] = [7001]
+    path.write_text(json.dumps(record))
+    proc = run_cli(["status", "sw", "--tasks"], cwd=tmp_path, env=env)
+    _no_traceback(proc)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("sweep sw: 2 tasks  ") and "unreadable" not in lines[0], lines
+    assert "array job unknown: the record is damaged" in lines[0], lines
+    said = [ln for ln in lines if "array_job [7001] is not a job id" in ln]
+    assert len(said) == 1 and said[0].startswith("  unreadable: "), lines
+    assert sum(ln.startswith("  task ") for ln in lines) == 2, lines
+    # a task that cannot be read then: cancel cannot know that nothing is active
+    (tmp_path / "runs" / "sw" / "task-1" / "chain.json").write_text('{"name": ')
+    proc = run_cli(["cancel", "sw"], cwd=tmp_path, env={**env, "SLURM_MODE": "ended"})
+    assert proc.returncode == 2 and "no active jobs" not in proc.stdout, proc.stdout
+    assert "no active job among what could be read" in proc.stdout, proc.stdout
+
+
 # -- values equal as the flag reads them ----------------------------------------------------
 def test_values_equal_as_the_flags_type_are_duplicates(tmp_path: Path) -> None:
     from train.client.slurm.jobspec import JobSpec

@@ -187,7 +187,9 @@ def _cmd_cancel(args: argparse.Namespace) -> int:
         from train.client.slurm.sweeparray import cancel_sweep
 
         ids, unread = cancel_sweep(run_dir)
-        print(f"cancelled sweep {run_dir.name}: {' '.join(ids) if ids else 'no active jobs'}")
+        none = "no active job among what could be read (below)" if unread else \
+            "no active jobs"
+        print(f"cancelled sweep {run_dir.name}: {' '.join(ids) if ids else none}")
         for exc in unread[1:]:
             print(f"train: {exc}", file=sys.stderr)
         if unread:

@@ -158,6 +158,11 @@ def program_slip(name: str) -> str:
     """What a program name that cannot be found may be a slip of, as a parenthesis for an
     error or a note ('' for none): a known program's name misspelt (pyhton), or a shell's
     variable assignment (X=1 python ...), which the job does not run through a shell."""
+    if name in WORKLOADS:  # (--entry command from a job file or the defaults file)
+        return (f" ({name} is a `train run` workload, and this job is --entry command: give "
+                "--entry train)")
+    if name.strip() != name:
+        return f" (spaces around the name: {name.strip()!r}?)"
     if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", name):
         return (f" ({name} is a shell's variable assignment, and the command runs without a "
                 f"shell: give --env {name}, or -- env {name} PROGRAM ...)")

@@ -19,6 +19,7 @@ as `containers/` resolves from the clone):
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -250,7 +251,10 @@ def check_out(folder: Path, name: str) -> None:
     for sub, kind in (("requirements", "folder"), ("wheels", "folder"),
                       (f"{name}.def", "file"), (f"requirements/{name}.txt", "file")):
         path = folder / sub
-        if path.exists() and (path.is_dir() if kind == "file" else not path.is_dir()):
+        # a FIFO or device would hang the read of what is there; a dangling link at a
+        # folder's name stops its mkdir (one at a file's name is replaced)
+        there = path.exists() if kind == "file" else os.path.lexists(path)
+        if there and not (path.is_file() if kind == "file" else path.is_dir()):
             raise UsageError(f"--out: {path} is in the way: a {kind} of that name is "
                              "written there")
 

@@ -152,7 +152,8 @@ def _check_bind(spec: JobSpec, bind: Bind, run_dir: Path) -> None:
 # apptainer keeps its metadata (environment, runscript) in /.singularity.d
 _RUNTIME_OWNED = ("/proc", "/sys", "/dev", "/.singularity.d")
 # the image's own programs and libraries: a folder bound over one of them hides them all
-_IMAGE_SYSTEM = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/usr", "/etc")
+# (train's images keep their Python in /opt/venv)
+_IMAGE_SYSTEM = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/usr", "/etc", "/opt")
 
 
 def _results_csv(spec: JobSpec, run_config: RunConfig, run_dir: Path,

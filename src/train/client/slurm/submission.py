@@ -21,7 +21,7 @@ from train.client.slurm.queue import _is_number, parse_sbatch_id
 from train.client.slurm.render import folder_to_make, job_record, render
 from train.client.slurm.resolve import ResolvedJob
 from train.common import _proc
-from train.common.errors import ResourceError
+from train.common.errors import ResourceError, TrainError
 from train.common.jsonio import write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -145,23 +145,32 @@ def submit_held(script: Path, args: list[str]) -> str:
     interrupted is cancelled (_cancel_unreplied) before the error or the interrupt goes on."""
     command = " ".join([str(script), *args])
     try:
-        return parse_sbatch_id(_proc.run(["sbatch", "--parsable", "--hold", str(script),
-                                          *args], timeout=120,
-                                         env=sbatchenv.sbatch_environment()).stdout)
+        out = _proc.run(["sbatch", "--parsable", "--hold", str(script), *args], timeout=120,
+                        env=sbatchenv.sbatch_environment()).stdout
     except _proc.ProcError:
         _cancel_unreplied(command)
         raise
     except BaseException:  # interrupted before sbatch answered: it may have queued the job
-        found = False
-        try:
-            found = _cancel_unreplied(command)
-        finally:  # (a second interrupt ends the search: the user is told what to look for)
-            if not found:
-                log.warning("sbatch was interrupted before it answered; if Slurm took the "
-                            "job anyway, it is held in the queue (it never starts) running "
-                            "%s: find its id with `squeue --me --states PENDING --format "
-                            "'%%i %%o'` and cancel it with `scancel ID`", command)
+        _cancel_or_say(command, "sbatch was interrupted before it answered")
         raise
+    try:
+        return parse_sbatch_id(out)
+    except TrainError:  # (a site's wrapper that prints its own words): queued, most likely
+        _cancel_or_say(command, "sbatch answered without a job id")
+        raise
+
+
+def _cancel_or_say(command: str, what: str) -> None:
+    """The job an sbatch without a usable answer may have queued, cancelled; or the user
+    told what to look for (Slurm not answering, or a second interrupt during the search)."""
+    found = False
+    try:
+        found = _cancel_unreplied(command)
+    finally:
+        if not found:
+            log.warning("%s; if Slurm took the job anyway, it is held in the queue (it never "
+                        "starts) running %s: find its id with `squeue --me --states PENDING "
+                        "--format '%%i %%o'` and cancel it with `scancel ID`", what, command)
 
 
 def _set_aside(run_dir: Path, tag: str | None, script: Path, job_id: str,

@@ -93,9 +93,10 @@ def _values(spec: JobSpec) -> tuple[str, list[str]]:
     for value in values:
         key = value_key(spec.entry, name, value)
         if key in seen:
-            same = "are the same value" if seen[key] != value else "is given twice"
+            same = "are the same value" if seen[key] != value else "are given twice"
+            of = f"--{name}" if spec.entry == "train" else name  # (a command's: a label)
             raise ConfigError("sweep", f"the values must differ: {seen[key]!r} and {value!r} "
-                              f"{same} of --{name}")
+                              f"{same} of {of}")
         seen[key] = value
     return name, values
 
@@ -151,7 +152,7 @@ def split(spec: JobSpec, max_array_size: int = DEFAULT_MAX_ARRAY_SIZE
                           f"task (remove {given} from the workload)")
     if spec.entry == "command":
         check_command_sweep(spec)
-    check_unmarked(spec.env, spec.bind, None if spec.entry == "command" else spec.chdir)
+    check_unmarked(spec, chdir_placed=spec.entry == "command")
     root = Path(os.path.abspath(spec.out or os.path.join("runs", spec.name)))
     folders = bound_folders(root, spec.entry, flag, values) if flag != "seeds" else {}
     out = []

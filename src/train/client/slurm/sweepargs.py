@@ -128,14 +128,16 @@ def check_command_sweep(spec: JobSpec) -> None:
                           f"{arg.replace(found.group(0), marker)!r}; each task gets its "
                           "own, as plain text")
     own = next((a for a in command if TASK_DIR in a), None)
+    # --chdir {task_dir}: each task runs in its own folder, a relative path is its own
+    own_folder = spec.chdir is not None and _MARKER.search(spec.chdir) is not None
     for glob in patterns(shlex.split(spec.resume_args)) if spec.resume_args else []:
-        if own is not None and not _MARKER.search(glob):
+        if own is not None and not _MARKER.search(glob) and \
+                (os.path.isabs(glob) or not own_folder):
             fix = glob if os.path.isabs(glob) else f"{TASK_DIR}/{glob}"
             raise ConfigError("resume_args", f"{OPEN}{glob}}} is looked for in the same "
                               f"place for every task, while each task writes to its own "
                               f"folder ({own!r}): it can match no task's saves; write "
                               f"{OPEN}{fix}}} (with {TASK_DIR} where the task saves)")
-    own_folder = spec.chdir is not None and _MARKER.search(spec.chdir) is not None
     for item in spec.save_path:
         if _MARKER.search(item) is None and (os.path.isabs(item) or not own_folder):
             raise ConfigError("save_path", f"{item!r} is the same path for every task of "
@@ -146,24 +148,34 @@ def check_command_sweep(spec: JobSpec) -> None:
                               "it, where the task's program saves")
 
 
-def check_unmarked(env: Sequence[str], bind: Sequence[str], chdir: str | None = None
-                   ) -> None:
-    """Refuse a marker where none is replaced (--env, --bind; --chdir where the job is no
-    command's sweep): the program would get its letters, the same in every task."""
-    for field, items in (("env", env), ("bind", bind), ("chdir", (chdir or "",))):
-        for item in items:
+def check_unmarked(spec: JobSpec, chdir_placed: bool = False) -> None:
+    """Refuse a placeholder where none is replaced (--env, --bind, --out, --sbatch-extra,
+    every field but the command's arguments, --resume-args, --save-path and, where
+    `chdir_placed`, --chdir): the program, or Slurm, would get its letters."""
+    placed_here = {"workload", "resume_args", "save_path", "sweep",
+                   *(["chdir"] if chdir_placed else [])}
+    for item_field in dataclasses.fields(spec):
+        given = getattr(spec, item_field.name)
+        items = () if item_field.name in placed_here else \
+            given if isinstance(given, tuple) else (given,)
+        for item in (i for i in items if isinstance(i, str)):
             marker = _MARKER.search(item)
             if marker is not None:
-                raise ConfigError(field, f"{item!r}: {marker.group(0)} is replaced only in "
-                                  "the tasks of a command's sweep (-e command with --sweep "
-                                  "or --sweep-seeds), in the command's arguments, "
-                                  "--resume-args, --save-path and --chdir; the program finds "
-                                  "its task's value, index and folder in TRAIN_SWEEP_VALUE, "
-                                  "TRAIN_SWEEP_INDEX and TRAIN_RUN_DIR")
+                raise ConfigError(item_field.name, f"{item!r}: {marker.group(0)} is "
+                                  "replaced only in the tasks of a command's sweep (-e "
+                                  "command with --sweep or --sweep-seeds), in the command's "
+                                  "arguments, --resume-args, --save-path and --chdir; the "
+                                  "program finds its task's value, index and folder in "
+                                  "TRAIN_SWEEP_VALUE, TRAIN_SWEEP_INDEX and TRAIN_RUN_DIR")
+            if OPEN in item:
+                raise ConfigError(item_field.name, f"{item!r}: {OPEN}GLOB}} is replaced "
+                                  f"only in --resume-args (e.g. {EXAMPLE}); here it would "
+                                  "be its letters")
 
 
-def _shared_outputs(command: Sequence[str]) -> list[str]:
-    """The output options of the command whose value names no task's own folder."""
+def _shared_outputs(command: Sequence[str], own_folder: bool) -> list[str]:
+    """The output options of the command whose value names no task's own folder (a
+    relative one is the task's own where each task runs in its own folder)."""
     out = []
     for i, arg in enumerate(command):
         name, eq, given = arg.partition("=")
@@ -171,7 +183,7 @@ def _shared_outputs(command: Sequence[str]) -> list[str]:
             continue
         value = given if eq else (command[i + 1] if i + 1 < len(command) else "")
         if value and not value.startswith("-") and TASK_DIR not in value \
-                and "TRAIN_RUN_DIR" not in value:
+                and "TRAIN_RUN_DIR" not in value and (os.path.isabs(value) or not own_folder):
             out.append(f"{name} {value}")
     return out
 
@@ -200,16 +212,18 @@ def sweep_notes(command: Sequence[str], resume_args: str | None,
                      "among its arguments, and no TRAIN_SWEEP_VALUE in its script): "
                      f"{alike}; write {{value}} where the task's value goes, e.g. -- python "
                      "train.py --lr {value}, or read TRAIN_SWEEP_VALUE in the program")
-    for option in _shared_outputs(command):
-        notes.append(f"every task of this sweep writes to {option} (the tasks run in the "
-                     f"same folder): give each its own with {{task_dir}}, e.g. "
-                     f"{option.split()[0]} {{task_dir}}/out")
+    own_folder = _MARKER.search(folder or "") is not None
+    for option in _shared_outputs(command, own_folder):
+        notes.append(f"every task of this sweep writes to {option}"
+                     + ("" if own_folder else " (the tasks run in the same folder)")
+                     + f": give each its own with {{task_dir}}, e.g. {option.split()[0]} "
+                     "{task_dir}/out")
     return notes
 
 
 def single_job(spec: JobSpec) -> JobSpec:
     """A job that is no sweep, its placeholders checked: a sweep's marker or a
     {newest:GLOB} where nothing replaces it refused, escaped ones their letters."""
-    check_unmarked(spec.env, spec.bind, spec.chdir)
+    check_unmarked(spec)
     return dataclasses.replace(spec, **placed(spec.workload, spec.resume_args,
                                               spec.save_path))

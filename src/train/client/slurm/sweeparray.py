@@ -271,12 +271,13 @@ def sweep_status(root: Path) -> dict[str, Any]:
                          "state": "unreadable", "cause": str(exc),
                          "run_dir": str(root / task.dir), "chunks": []})
     statuses.sort(key=lambda st: int(st["task"]))
+    damaged = record_array(root, record)[1]  # (said once, never counted as a task)
     statuses += [{"task": None, "label": "?", "value": None, "state": "unreadable",
-                  "cause": line, "run_dir": str(root), "chunks": []} for line in bad]
+                  "cause": line, "run_dir": str(root), "chunks": []}
+                 for line in bad if line != damaged]
     name = record.get("name")
     out = aggregate(name if isinstance(name, str) and name else root.name, root, statuses)
-    out.update(flag=record_flag(record), array_job=array,
-               array_job_damaged=array is None and record.get("array_job") is not None,
+    out.update(flag=record_flag(record), array_job=array, array_job_damaged=damaged,
                throttle=record.get("throttle") if whole(record.get("throttle")) else None,
                chunks_run=sum(int(s.get("chunks_used") or 0) for s in statuses),
                time=chaincost.add_up([s.get("time") for s in statuses]))
@@ -355,6 +356,7 @@ def format_sweep_status(st: dict[str, Any], tasks: bool = False) -> list[str]:
              f"{st.get('chunks_run', 0)} chunks run{done})"]
     lines += [f"  {chaincost.total_line(st['time'], ' (all tasks together)')}"] \
         if st.get("time") else []
+    lines += [f"  unreadable: {st['array_job_damaged']}"] if st.get("array_job_damaged") else []
     flag = st.get("flag", "seeds")
     if not tasks:
         return [*lines, *(_task_line(c, flag) for c in chains if c["state"] == "unreadable"),

@@ -97,6 +97,21 @@ def _beyond_nodes(job: ResolvedJob, environ: dict[str, str]) -> tuple[str, str] 
     return None
 
 
+def _no_gpus_asked(job: ResolvedJob) -> tuple[str, str] | None:
+    """Where no node fits a job of no GPUs and sinfo cannot say what the nodes lack: its
+    CPUs and memory (never the GPUs it does not ask for). None for a job of GPUs."""
+    if job.spec.gpus_per_node:
+        return None
+    node = job.node
+    mem = "the whole node's memory" if job.whole_node_mem else \
+        f"--mem {format_mem(job.mem_mb)} a node"
+    return "cpus_per_task", (f"--cpus-per-task {job.spec.cpus_per_task or 1} x "
+                             f"{job.ntasks_per_node} task(s) a node and {mem}, no GPUs (the "
+                             f"profile says {node.cpus_per_node} CPUs and "
+                             f"{format_mem(node.mem_mb)} a node; sinfo could not say which "
+                             "of them the nodes lack)")
+
+
 def field_of(message: str) -> str:
     """The job field a refusal of Slurm's is about (gpus where it says no node fits); ''
     where the words name none (a controller that does not answer, an unknown error)."""
@@ -135,10 +150,7 @@ def ask(job: ResolvedJob, environ: dict[str, str], begin: str | None = None
         return "", f"`sbatch --test-only` failed, naming nothing of the job: {words}"
     where = _where(job, field)
     if "node configuration" in words.lower():  # no node fits: GPUs, CPUs or memory
-        unsaid = (field, where) if job.spec.gpus_per_node else (  # a job of no GPUs
-            "cpus_per_task", f"{_where(job, 'cpus_per_task')} and {_where(job, 'mem')} a "
-            "node (sinfo could not say which of them no node has)")
-        field, where = _beyond_nodes(job, environ) or unsaid
+        field, where = _beyond_nodes(job, environ) or _no_gpus_asked(job) or (field, where)
     return field, (f"Slurm refuses this job (`sbatch --test-only`: {words}); it asked for "
                    f"{where}; nothing was queued; `train clusters probe "
                    f"{job.profile.name}` compares the profile with the site (--no-check "

@@ -77,11 +77,19 @@ def foreign_folder_problems(job: ResolvedJob) -> list[Problem]:
         return [Problem("out", f"--out {job.spec.out}: {there} is not a folder (a file, or "
                         "a link to none): give a new or empty folder", files=False)]
     if is_task_job(job):  # a sweep's task folders are the sweep's: its folder is judged
-        root = run_dir.parent  # (runs of train there, a task's folder run by hand, and the
-        # seeds' results.csv are the sweep's)
-        listed = _held(root, [contract.SWEEP_RECORD], lambda p: p.name == "results.csv" or (
-            p.is_dir() and any((p / n).exists() for n in (contract.CHAIN_RECORD,
-                                                          "config.json"))))
+        root = run_dir.parent  # (a task's folder run by hand, and beside one the seeds'
+        # results.csv, are the sweep's; a model's folder with its config.json is not)
+
+        def task_run(p: Path) -> bool:
+            return re.fullmatch(r"(seed|task)-[0-9]+", p.name) is not None and p.is_dir() \
+                and any((p / n).exists() for n in (contract.CHAIN_RECORD, "config.json"))
+
+        try:
+            runs = any(task_run(p) for p in root.iterdir())
+        except OSError:
+            runs = False
+        listed = _held(root, [contract.SWEEP_RECORD],
+                       lambda p: task_run(p) or (runs and p.name == "results.csv"))
         return [] if listed is None else [Problem(
             "out", f"--out {root}: the sweep's folder holds files ({listed}) and no sweep of "
             "train (no sweep.json): its tasks' folders, logs and scripts would go among them; "

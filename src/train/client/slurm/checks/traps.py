@@ -83,7 +83,10 @@ def trap_notes(job: ResolvedJob) -> list[str]:
                      "give --stop-mode kill (for a program that saves on its own), or "
                      "--stop-signal none (one chunk)")
     shown = " ".join(spec.workload)
-    if job.chunks > 1 and not spec.save_path and job.run_dir not in shown \
+    # (a program run in its run folder, --chdir {task_dir}: what it writes there is seen)
+    inside = spec.chdir is not None and Path(job.run_dir) in (
+        Path(os.path.abspath(spec.chdir)), *Path(os.path.abspath(spec.chdir)).parents)
+    if job.chunks > 1 and not spec.save_path and job.run_dir not in shown and not inside \
             and "TRAIN_RUN_DIR" not in shown \
             and not any(w in t for t in texts for w in _SAVES_SEEN) \
             and not any(LIGHTNING.search(t) for t in texts):
