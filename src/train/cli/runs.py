@@ -88,8 +88,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from train.client.slurm.sweeparray import format_sweep_status, sweep_status
 
     if args.ref is None and not os.path.isdir(args.runs):  # (a typo read as no runs)
-        what = "is not a folder" if os.path.exists(args.runs) else "does not exist"
-        raise UsageError(f"--runs: {args.runs} {what} (give the folder that holds the runs)")
+        if os.path.exists(args.runs):
+            raise UsageError(f"--runs: {args.runs} is not a folder (give the folder that "
+                             "holds the runs)")
+        _print(args, [], lambda: [f"no runs: {args.runs} does not exist (nothing was "
+                                  "submitted from here yet, or --runs names another folder)"])
+        return EXIT_OK
     if args.all_runs:
         if args.ref is not None:
             raise UsageError("status: --all shows every run; give no run name with it")
