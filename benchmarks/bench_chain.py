@@ -35,7 +35,7 @@ WHAT = {
 
 def main() -> None:
     rows = []
-    with local_slurm() as (env, folder), tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, local_slurm() as (env, folder):
         conf = (folder / "slurm.conf").read_text()
         kill_wait = int(re.search(r"^KillWait=(\d+)", conf, re.M).group(1))  # type: ignore[union-attr]
         sched = int(re.search(r"sched_interval=(\d+)", conf).group(1))  # type: ignore[union-attr]

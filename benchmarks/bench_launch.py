@@ -115,7 +115,7 @@ def main() -> None:
     rows: list[str] = []
     runs: list[str] = []
     load = [os.getloadavg()[0]]
-    with local_slurm("tl") as (cluster_env, cluster), tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, local_slurm("tl") as (cluster_env, cluster):
         work = Path(tmp)
         env = direct_python3(cluster_env, work / "bin")
         for mode in ("tasks",) if short() else ("tasks", "torchrun"):  # (short: one mode)

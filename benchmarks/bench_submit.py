@@ -58,7 +58,7 @@ def baseline(work: Path, env: dict[str, str], i: int) -> float:
 
 
 def main() -> None:
-    with local_slurm() as (env, _), tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, local_slurm() as (env, _):
         work = Path(tmp)
         t_ours, t_base = [], []
         for i in range(1 if short() else 6):  # alternating order cancels drift
