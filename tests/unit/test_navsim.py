@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -248,6 +249,23 @@ def test_a_caching_cut_by_the_walltime_signal_is_a_stop_without_marker(
     assert navsim.cache_phase(command, {"SLURM_PROCID": "0"}) is None
     complete, started = navsim.marker_paths(tmp_path / "cache")
     assert not complete.exists() and started.exists()
+
+
+def test_the_tasks_own_stop_signal_after_its_cut_caching_child_s_is_no_death(
+        tmp_path: Path) -> None:
+    """Slurm signals every process of the step: the caching child may die of USR1 before
+    this task gets its own. A cut phase ends the task with exit 0, so that late signal must
+    find the handler still there (CI: the task died of USR1, the chain failed)."""
+    command = _navsim_scripts(tmp_path, "import os, signal; "
+                              "os.kill(os.getpid(), signal.SIGUSR1)\n")
+    code = ("import os, signal, sys; from train.workloads import navsim; "
+            "r = navsim.cache_phase(sys.argv[1:], {'SLURM_PROCID': '0'}); "
+            "os.kill(os.getpid(), signal.SIGUSR1); os.kill(os.getpid(), signal.SIGTERM); "
+            "print('alive', r)")
+    proc = subprocess.run([sys.executable, "-c", code, *command], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0 and "alive None" in proc.stdout, (proc.returncode,
+                                                                   proc.stderr)
 
 
 def test_other_tasks_wait_for_the_first_tasks_marker(tmp_path: Path) -> None:

@@ -146,8 +146,9 @@ class _StopWatch:
         try:
             yield self
         finally:
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
+            if not self.requested:  # (cut: this task ends now, and the step's own signal
+                for sig, handler in old.items():  # may come after its caching child's)
+                    signal.signal(sig, handler)
             if self._ready:  # the program started next marks itself, if it can
                 with contextlib.suppress(OSError):
                     Path(self._ready).unlink()
@@ -175,6 +176,7 @@ def _compute(command: Sequence[str], cache: Path, key: dict[str, Any], cpus: int
     rc = stop.child.wait()
     # (the step's signal may reach the caching process before this one)
     if stop.requested or rc in (-signal.SIGUSR1, -signal.SIGTERM):
+        stop.requested = True
         _log(f"the walltime signal (or TERM) cut the feature cache in {cache}: not marked "
              "complete; the next chunk completes it")
         return False
