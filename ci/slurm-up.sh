@@ -103,7 +103,9 @@ slurmctld -i -f "$SLURM_CONF"
 slurmd -N n1 -f "$SLURM_CONF"
 slurmd -N n2 -f "$SLURM_CONF"
 
-for _ in $(seq 1 100); do
+# (a bound on a hang, counted in tries: on CI's two busy cores, beside six other clusters
+# and image builds, a first controller took over 20 s to answer)
+for _ in $(seq 1 600); do
     if sinfo -h -o '%T' 2>/dev/null | grep -qx idle && \
        [ "$(sinfo -h -N -o '%N %T' | grep -c idle)" -eq 2 ]; then
         echo "$SLURM_CONF"

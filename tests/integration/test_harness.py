@@ -113,7 +113,7 @@ def test_stopping_a_cluster_spares_a_shell_that_exported_its_slurm_conf(
 
     folder = Path(tempfile.mkdtemp(prefix="th", dir="/tmp"))
     up = subprocess.run(["bash", str(REPO / "ci" / "slurm-up.sh"), str(folder)],
-                        capture_output=True, text=True, timeout=120, check=False)
+                        capture_output=True, text=True, timeout=300, check=False)
     bystander = None
     try:
         assert up.returncode == 0, up.stderr
