@@ -431,15 +431,23 @@ echo "$*" >> "$CANCELLED"
 """
 
 
-def test_a_lost_sbatch_reply_of_chunk_1_leaves_no_held_job(tmp_path: Path) -> None:
+def _queue_stand_ins(tmp_path: Path, sbatch: str, squeue: str
+                     ) -> tuple[dict[str, str], Path, Path]:
+    """sbatch, squeue and scancel stand-ins sharing a queue file (QUEUE) and a file of the
+    ids cancelled (CANCELLED): the environment to run submit with, and those two files."""
     stand_ins = tmp_path / "sbin"
-    _exe(stand_ins / "sbatch", LOST_REPLY_SBATCH)
-    _exe(stand_ins / "squeue", QUEUE_SQUEUE)
+    _exe(stand_ins / "sbatch", sbatch)
+    _exe(stand_ins / "squeue", squeue)
     _exe(stand_ins / "scancel", RECORD_SCANCEL)
     queue, cancelled = tmp_path / "queue", tmp_path / "cancelled"
+    return ({"PATH": f"{stand_ins}:{os.environ['PATH']}", "QUEUE": str(queue),
+             "CANCELLED": str(cancelled)}, queue, cancelled)
+
+
+def test_a_lost_sbatch_reply_of_chunk_1_leaves_no_held_job(tmp_path: Path) -> None:
+    env, _, cancelled = _queue_stand_ins(tmp_path, LOST_REPLY_SBATCH, QUEUE_SQUEUE)
     proc = run_cli(["submit", *LOCAL, "--name", "lost", "--no-check", "--", "demo"],
-                   cwd=tmp_path, env={"PATH": f"{stand_ins}:{os.environ['PATH']}",
-                                      "QUEUE": str(queue), "CANCELLED": str(cancelled)})
+                   cwd=tmp_path, env=env)
     assert proc.returncode != 0 and "Socket timed out" in proc.stderr, proc.stderr
     assert cancelled.exists() and cancelled.read_text().split() == ["4242"], proc.stderr
     assert not (tmp_path / "runs" / "lost" / "chain.json").exists()
@@ -465,13 +473,8 @@ def test_an_interrupted_submit_leaves_no_held_job_or_names_it(
     import signal
     import subprocess
 
-    stand_ins = tmp_path / "sbin"
-    _exe(stand_ins / "sbatch", SLOW_REPLY_SBATCH)
-    _exe(stand_ins / "squeue", squeue)
-    _exe(stand_ins / "scancel", RECORD_SCANCEL)
-    queue, cancelled = tmp_path / "queue", tmp_path / "cancelled"
-    env = {**os.environ, "PATH": f"{stand_ins}:{os.environ['PATH']}", "QUEUE": str(queue),
-           "CANCELLED": str(cancelled)}
+    stand_ins, queue, cancelled = _queue_stand_ins(tmp_path, SLOW_REPLY_SBATCH, squeue)
+    env = {**os.environ, **stand_ins}
     # Ctrl-C as a terminal gives it: a suite run as a background job of a shell without job
     # control inherits SIGINT ignored, and submit would never see the interrupt
     proc = subprocess.Popen([sys.executable, "-m", "train", "submit", *LOCAL, "--name", "cut",
@@ -513,14 +516,9 @@ echo "Submitted batch job 4242"
 def test_an_sbatch_answer_without_a_job_id_leaves_no_held_job_or_names_it(
         tmp_path: Path, squeue: str) -> None:
     """It was said as 'sbatch was interrupted before it answered' (nothing was)."""
-    stand_ins = tmp_path / "sbin"
-    _exe(stand_ins / "sbatch", WORDY_SBATCH)
-    _exe(stand_ins / "squeue", squeue)
-    _exe(stand_ins / "scancel", RECORD_SCANCEL)
-    queue, cancelled = tmp_path / "queue", tmp_path / "cancelled"
+    env, queue, cancelled = _queue_stand_ins(tmp_path, WORDY_SBATCH, squeue)
     proc = run_cli(["submit", *LOCAL, "--name", "wordy", "--no-check", "--", "demo"],
-                   cwd=tmp_path, env={"PATH": f"{stand_ins}:{os.environ['PATH']}",
-                                      "QUEUE": str(queue), "CANCELLED": str(cancelled)})
+                   cwd=tmp_path, env=env)
     assert proc.returncode != 0 and "cannot read a job id" in proc.stderr, proc.stderr
     assert "interrupted" not in proc.stderr, proc.stderr
     if squeue is QUEUE_SQUEUE:
