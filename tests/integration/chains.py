@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import run_cli, tiny_flags
 
 TERMINAL = {"complete", "failed", "cancelled", "incomplete", "stalled", "ended"}
@@ -55,6 +57,21 @@ def status(cwd: Path, env: dict[str, str], ref: str) -> dict[str, Any]:
 def logs(run_dir: Path, suffix: str = "err") -> str:
     return "".join(p.read_text(errors="replace")
                    for p in sorted((run_dir / "logs").glob(f"*.{suffix}")))
+
+
+def assert_complete(st: dict[str, Any], run_dir: Path) -> None:
+    """The chain completed; else a failure that opens with what the engine wrote (its
+    events, the logs' last lines), whole, where a report shows only a failure's start."""
+    if st["state"] == "complete":
+        return
+    record = run_dir / "chain.events"
+    events = record.read_text(errors="replace") if record.exists() else "(none)\n"
+    tails = "".join(f"--- *.{kind}, last 40 lines\n"
+                    + "".join(logs(run_dir, kind).splitlines(True)[-40:])
+                    for kind in ("err", "out"))
+    pytest.fail(f"chain {run_dir.name} ended {st['state']}, not complete\n--- chain.events\n"
+                f"{events}{tails}--- status\n{json.dumps(st, indent=1)[:3000]}",
+                pytrace=False)
 
 
 def settled(st: dict[str, Any]) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, tiny_flags
-from tests.integration.chains import TERMINAL
+from tests.integration.chains import TERMINAL, assert_complete
 from tests.integration.chains import logs as _logs
 from tests.integration.conftest import SiteUser
 from tests.unit.test_image_derive import make_wheel
@@ -166,7 +166,7 @@ def test_a_derived_image_built_by_apptainer_runs_a_job(site_user: SiteUser,
     assert proc.returncode == 0, proc.stderr
     st = site_user.wait(work, name, lambda s: s["state"] in TERMINAL)
     out = _logs(work / "runs" / name, "out")
-    assert st["state"] == "complete", (st, _logs(work / "runs" / name, "err")[-4000:])
+    assert_complete(st, work / "runs" / name)
     assert "derived 0.1 torch 2.13.0+cpu train " in out, out
 
 
@@ -184,7 +184,7 @@ def test_a_two_node_demo_in_the_apptainer_built_base_keeps_the_host_environment_
     assert proc.returncode == 0, proc.stderr
     st = site_user.wait(work, "app", lambda s: s["state"] in TERMINAL)
     run_dir = work / "runs" / "app"
-    assert st["state"] == "complete", (st, _logs(run_dir, "err")[-4000:])
+    assert_complete(st, run_dir)
     config = json.loads((run_dir / "config.json").read_text())
     assert config["process_env"]["PYTHONPATH"] is None
     assert config["world_size"] == 2

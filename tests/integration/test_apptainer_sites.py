@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
-from tests.integration.chains import TERMINAL, walltime_signal
+from tests.integration.chains import TERMINAL, assert_complete, walltime_signal
 from tests.integration.chains import logs as _logs
 from tests.integration.conftest import SiteUser
 from train.batch.task import NV_NO_DRIVER
@@ -139,7 +139,7 @@ def _chain(user: SiteUser, site: str, sif: Path, launch: str,
 def _check_chain(site: str, st: dict[str, Any], run_dir: Path, node_tmp: Path,
                  gpus: bool = True) -> str:
     out, err = _logs(run_dir, "out"), _logs(run_dir, "err")
-    assert st["state"] == "complete", (st, err[-4000:], out)
+    assert_complete(st, run_dir)
     assert [c["events"][-1] for c in st["chunks"] if c["events"]] == ["stopped", "complete"]
     assert "stopped by signal at step 7" in out and out.count("done at step 20") == 2, out
     # nothing of the login node's side, both ranks of both chunks

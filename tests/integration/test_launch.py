@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli, tiny_flags
-from tests.integration.chains import TERMINAL, checkpointed, kill_wait
+from tests.integration.chains import TERMINAL, assert_complete, checkpointed, kill_wait
 from tests.integration.chains import logs as _logs
 from tests.integration.chains import status as _status
 from tests.integration.chains import wait as _wait
@@ -38,7 +38,7 @@ def _two_node(tmp_path: Path, env: dict[str, str], name: str, launch: str) -> Pa
     script = next((run_dir / "jobs").glob("*.sbatch")).read_text()
     assert f"--mode={launch}" in script
     st = _wait(tmp_path, env, name, lambda s: s["state"] in TERMINAL, timeout=300)
-    assert st["state"] == "complete", (st, _logs(run_dir, "err")[-4000:])
+    assert_complete(st, run_dir)
     return run_dir
 
 
@@ -78,7 +78,7 @@ def test_docker_runtime_jobs_keep_the_host_environment_out(
     assert proc.returncode == 0, proc.stderr
     run_dir = tmp_path / "runs" / name
     st = _wait(tmp_path, env, name, lambda s: s["state"] in TERMINAL, timeout=300)
-    assert st["state"] == "complete", (st, _logs(run_dir, "err")[-4000:])
+    assert_complete(st, run_dir)
     config = json.loads((run_dir / "config.json").read_text())
     assert config["process_env"]["PYTHONPATH"] is None
     assert config["process_env"]["CONDA_PREFIX"] is None
@@ -222,7 +222,7 @@ def test_two_node_tasks_mode_lightning_ranks_join(tmp_path: Path, slurm_env: dic
     assert proc.returncode == 0, proc.stderr
     st = _wait(tmp_path, env, name, lambda s: s["state"] in TERMINAL, timeout=300)
     out = _logs(run_dir, "out")
-    assert st["state"] == "complete", (st, _logs(run_dir, "err")[-4000:])
+    assert_complete(st, run_dir)
     assert "lightning rank 0/2 joined" in out and "lightning rank 1/2 joined" in out
     sums = {line.split("weight sum ")[1].split(";")[0] for line in out.splitlines()
             if "weight sum" in line}

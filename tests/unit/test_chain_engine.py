@@ -14,6 +14,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import stat
 import subprocess
 import time
@@ -565,8 +566,13 @@ def test_the_walltime_signal_racing_the_steps_own_stop_is_never_a_failure(
 # -- the walltime contract for programs other than `train run` (COMPLETE_ON_SUCCESS=1) --
 
 def test_the_program_is_told_the_contract_in_its_environment(tmp_path: Path) -> None:
-    proc = _start(tmp_path, COMPLETE_ON_SUCCESS="1", WALLTIME_SECONDS="3600",
-                  STOP_MARGIN="300")
+    # the job id's rendezvous port is taken on the batch host (another job's, a server's)
+    taken = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    taken.bind(("", contract.job_port(500)))
+    taken.listen()
+    with taken:
+        proc = _start(tmp_path, COMPLETE_ON_SUCCESS="1", WALLTIME_SECONDS="3600",
+                      STOP_MARGIN="300")
     env = dict(line.split("=", 1) for line in
                (tmp_path / "run" / "step.env").read_text().splitlines())
     (tmp_path / "run" / "step.quit").touch()
@@ -581,6 +587,9 @@ def test_the_program_is_told_the_contract_in_its_environment(tmp_path: Path) -> 
     # the deadline: the chunk's start + walltime - margin (the event is written just after)
     assert 0 <= started + 3300 - int(env["TRAIN_DEADLINE"]) <= 1
     assert 0 <= int(env["TRAIN_DEADLINE"]) - started - int(env["TRAIN_TIME_BUDGET"]) <= 2
+    # the step meets on a port free on the batch host, below the ephemeral ports
+    port = int(env[contract.MASTER_PORT_VAR])
+    assert port != contract.job_port(500) and contract.PORT_BASE <= port < 32768, port
     assert _kinds(tmp_path)[-1] == "complete"  # exit 0 with no stop signal sent
 
 

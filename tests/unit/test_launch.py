@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
 
 from tests.unit.test_cuda_check import OK as USABLE  # a healthy node's facts
+from train.batch import contract
 from train.common import cuda_check
 from train.common.errors import UsageError
 from train.node.launch import LaunchOptions, prepare
@@ -28,13 +30,26 @@ ENV = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-a[01-02]", "SLURM_NNOD
 def test_read_step_and_rendezvous() -> None:
     step = read_step(ENV)
     assert step.nodes == ["gpu-a01", "gpu-a02"] and step.master == "gpu-a01"
-    assert step.port == 20000 + 4242 % 20000 and step.gpus_on_node == 2
+    assert step.port == 20000 + 4242 % 10000 and step.gpus_on_node == 2
     assert tasks_env(step, "10.0.0.1") == {
         "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
         "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": str(step.port)}
 
 
+def test_the_engines_port_is_the_rendezvous_and_the_last_free_one_wraps() -> None:
+    # the engine picked a port free on the first node: every rank meets there
+    assert read_step({**ENV, "TRAIN_MASTER_PORT": "23456"}).port == 23456
+    last = contract.PORT_BASE + contract.PORT_SPAN - 1
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("", last))
+        taken.listen()
+        assert contract.free_job_port(last - contract.PORT_BASE) == contract.PORT_BASE
+    assert contract.job_port(4242 + contract.PORT_SPAN) == contract.job_port(4242)
+
+
 @pytest.mark.parametrize(("change", "var"), [
+    ({"TRAIN_MASTER_PORT": "70000"}, "TRAIN_MASTER_PORT=70000 is no port"),
+    ({"TRAIN_MASTER_PORT": "x"}, "TRAIN_MASTER_PORT must be an integer"),
     ({"SLURM_JOB_NODELIST": None}, "SLURM_JOB_NODELIST"),
     ({"SLURM_JOB_ID": None}, "SLURM_JOB_ID"),
     ({"SLURM_NNODES": "3"}, "SLURM_NNODES=3 disagrees"),

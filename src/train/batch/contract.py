@@ -76,6 +76,35 @@ DEADLINE_VAR = "TRAIN_DEADLINE"
 # Set by `train launch` when its GPU memory wait fell back to a smaller --batch-size: the run
 # then continues with either batch size (from then on, batch_size is not compared on resume)
 FALLBACK_BATCH_VAR = "TRAIN_FALLBACK_BATCH"
+# The step's rendezvous port (MASTER_PORT, torchrun's --master-port), picked by the engine on
+# the batch host, which is the job's first node, where rank 0 listens: the job id's place in
+# [PORT_BASE, PORT_BASE + PORT_SPAN), below Linux's ephemeral ports (32768 and up, which a
+# busy node's own connections hold), or the next one free there (another job on a shared
+# node, a program's own server).
+MASTER_PORT_VAR = "TRAIN_MASTER_PORT"
+PORT_BASE, PORT_SPAN = 20000, 10000
+
+
+def job_port(job_id: int) -> int:
+    """The job id's rendezvous port (what `train launch` uses outside the engine)."""
+    return PORT_BASE + int(job_id) % PORT_SPAN
+
+
+def free_job_port(job_id: int, tries: int = 64) -> int:
+    """The first of the job id's port and the ones after it that this host lets a server
+    bind now (the job id's own where none does)."""
+    import socket
+
+    first = job_port(job_id) - PORT_BASE
+    for step in range(tries):
+        port = PORT_BASE + (first + step) % PORT_SPAN
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue
+        return port
+    return PORT_BASE + first
 
 
 def rank_ready_path(value: str, rank: int) -> str:
@@ -126,7 +155,8 @@ PASS_THROUGH = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_
                 "MASTER_PORT", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_LOCALID",
                 "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE",
                 "SLURM_JOB_NODELIST", "SLURM_CPUS_PER_TASK", "SLURM_GPUS_ON_NODE",
-                "CUDA_VISIBLE_DEVICES", "TRAIN_MASTER_ADDR", SIGNAL_READY_VAR)
+                "CUDA_VISIBLE_DEVICES", "TRAIN_MASTER_ADDR", MASTER_PORT_VAR,
+                SIGNAL_READY_VAR)
 # The job's own pass-through names and patterns (NAME, PREFIX_*), space-separated: the job
 # script exports it and each task's wrapper passes what matches into the container.
 ENV_NAMES_VAR = "TRAIN_ENV_NAMES"

@@ -163,6 +163,7 @@ class Step:
             "TRAIN_STOP_REQUEST": self.stop_request,
             contract.TASK_EXITS_VAR: os.path.join(self.tmp, "exits"),
             contract.STALE_TMP_VAR: self.stale_tmp(),
+            contract.MASTER_PORT_VAR: str(contract.free_job_port(int(self.job_id))),
         }
 
     def resume_argv(self) -> List[str]:

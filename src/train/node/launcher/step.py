@@ -1,9 +1,9 @@
 """The SLURM job step as `train launch` sees it: the node list (Slurm's compressed lists,
 `gpu[01-03,07],login5`, expanded by python-hostlist where it is installed, else here with
-the standard library), this task's place in it, the rendezvous (first node as master, a
-port from the job id) and what each launch mode hands the program; torch's launcher in
-this process (--mode torchrun): the walltime signal passed on to its workers, and a failed
-worker told as the program's failure."""
+the standard library), this task's place in it, the rendezvous (first node as master, the
+port the engine picked there, else the job id's) and what each launch mode hands the
+program; torch's launcher in this process (--mode torchrun): the walltime signal passed on
+to its workers, and a failed worker told as the program's failure."""
 
 from __future__ import annotations
 
@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from train.batch.contract import (
+    MASTER_PORT_VAR,
     READY_RANK_SUFFIX,
     SIGNAL_READY_VAR,
     STOP_SIGNAL_VAR,
+    job_port,
     rank_ready_path,
 )
 from train.batch.saves import signal_name
@@ -49,6 +51,7 @@ class SlurmStep:
     ntasks_per_node: int
     cpus_per_task: int
     gpus_on_node: int
+    given_port: int = 0  # the engine's pick (MASTER_PORT_VAR); 0: the job id's own
 
     @property
     def master(self) -> str:
@@ -56,7 +59,7 @@ class SlurmStep:
 
     @property
     def port(self) -> int:
-        return 20000 + self.job_id % 20000
+        return self.given_port or job_port(self.job_id)
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
@@ -105,7 +108,11 @@ def read_step(env: Mapping[str, str]) -> SlurmStep:
         ntasks_per_node=_int(env, "SLURM_NTASKS_PER_NODE", 1),
         cpus_per_task=_int(env, "SLURM_CPUS_PER_TASK", os.cpu_count() or 1),
         gpus_on_node=gpus_visible(env),
+        given_port=_int(env, MASTER_PORT_VAR, 0),
     )
+    if not 0 <= step.given_port < 65536:
+        raise UsageError(f"environment variable {MASTER_PORT_VAR}={step.given_port} is no "
+                         "port (1-65535)")
     if not 0 <= step.node_id < len(nodes):
         raise UsageError(f"environment variable SLURM_NODEID={step.node_id} is outside "
                          f"0..{len(nodes) - 1}")
