@@ -11,7 +11,9 @@ it with work left, counted in steps, never in seconds. USER_LATE_RANK: that rank
 late (a node still unpacking the image): before its handler is set, it writes
 `user_late-RANK` and waits for the test's `user_go`. USER_STEP_SECONDS: each step takes
 that long (a trainer's step of a known length, so that a shorter chunk does less work; a
-step the stop signal comes in is not done).
+step the stop signal comes in is not done). USER_SLOW_EXIT: from its stop signal on a rank has no
+handler for it (a one-shot handler; a Python at exit takes its handlers away) and after its
+save takes that long to exit (a large program's exit on a busy node).
 """
 
 import importlib.util
@@ -28,6 +30,8 @@ stop = {"signal": 0}
 
 def on_stop(signum, frame):
     stop["signal"] = signum
+    if os.environ.get("USER_SLOW_EXIT"):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def leaks() -> list[str]:
@@ -52,6 +56,7 @@ def save(ckpt: Path, rank: int, step: int) -> int:
     tmp.write_text(json.dumps({"step": step}))
     tmp.replace(ckpt)
     print(f"plain rank {rank} stopped by signal at step {step}", flush=True)
+    time.sleep(float(os.environ.get("USER_SLOW_EXIT", "0")))
     return 0
 
 

@@ -19,13 +19,21 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli, tiny_flags
-from tests.integration.chains import TERMINAL, assert_complete, checkpointed, kill_wait
+from tests.integration.chains import (
+    TERMINAL,
+    assert_complete,
+    checkpointed,
+    kill_wait,
+    walltime_signal,
+)
 from tests.integration.chains import logs as _logs
 from tests.integration.chains import status as _status
 from tests.integration.chains import wait as _wait
 from train.batch.contract import DOCKER_JOB_LABEL
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+PLAIN = Path(__file__).parent / "plain_steps.py"
 
 
 def _two_node(tmp_path: Path, env: dict[str, str], name: str, launch: str) -> Path:
@@ -59,6 +67,33 @@ def test_two_node_ddp_ranks_end_with_identical_parameters(
         assert "(node 1, local 0)" in err
     else:
         assert "node 1/2: torchrun" in err
+
+
+def test_a_torchrun_worker_exiting_after_its_save_gets_the_stop_once(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    """Slurm signals every process of the step, torch's workers too, and `train launch`
+    passed the stop on again: a worker whose handler was gone by then (a one-shot handler
+    here; on a busy node, a Python exiting after its save) died of that second USR1 (exit
+    138) and the chain failed (found in CI's apptainer tier, where the agent's copy came
+    late)."""
+    shutil.copy(PLAIN, tmp_path / "plain_steps.py")
+    proc = run_cli(["submit", "--name", "slow-exit", "--cluster", "local", "--python",
+                    sys.executable, "--entry", "command", "--nodes", "2", "--launch",
+                    "torchrun", "--cpus-per-task", "1", "--mem", "2000M", "--time", "5",
+                    "--stop-signal", "USR1", "--max-chunks", "3", "--env", "USER_HOLD_AT",
+                    "--env", "USER_SLOW_EXIT", "--", "python3",
+                    str(tmp_path / "plain_steps.py")], cwd=tmp_path,
+                   env={**slurm_env, "USER_HOLD_AT": "7", "USER_SLOW_EXIT": "3"})
+    assert proc.returncode == 0, proc.stderr
+    run_dir = tmp_path / "runs" / "slow-exit"
+    held = [run_dir / "user_held-0", run_dir / "user_held-1"]
+    st = _wait(tmp_path, slurm_env, "slow-exit", lambda s: all(p.exists() for p in held)
+               or s["state"] in TERMINAL)
+    walltime_signal(st["chunks"][0]["job_id"], slurm_env)
+    st = _wait(tmp_path, slurm_env, "slow-exit", lambda s: s["state"] in TERMINAL)
+    assert_complete(st, run_dir)
+    assert [c["events"][-1] for c in st["chunks"] if c["events"]] == ["stopped", "complete"]
+    assert _logs(run_dir, "out").count("done at step 20") == 2
 
 
 HOST_LEAKS = {"PYTHONPATH": "/nonexistent", "CONDA_PREFIX": "/opt/conda/envs/gpu"}

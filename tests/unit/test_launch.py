@@ -253,8 +253,41 @@ def test_a_ranks_ready_file_is_the_steps_with_its_rank() -> None:
     assert rank_ready_path(base + ".rank-1", 5) == base + ".rank-5"
 
 
+def test_the_agent_passes_the_stop_only_to_workers_that_catch_it_now(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slurm signals every process of the step: a worker already exiting after its save
+    (no handler any more, as a Python at exit) must not get the agent's copy too."""
+    import signal
+    import subprocess
+    import sys
+
+    from train.node.launcher.step import _forward_to_workers, catches
+
+    monkeypatch.setenv("TRAIN_STOP_SIGNAL", "USR1")
+    catcher = subprocess.Popen(
+        [sys.executable, "-c", "import signal, sys\n"
+         "signal.signal(signal.SIGUSR1, lambda *_: print('saved', flush=True))\n"
+         "print('ready', flush=True)\nsys.stdin.read()\n"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    exiting = subprocess.Popen(["sleep", "60"])
+    try:
+        assert catcher.stdout is not None and catcher.stdout.readline() == "ready\n"
+        assert catches(catcher.pid, signal.SIGUSR1)
+        assert not catches(exiting.pid, signal.SIGUSR1)
+        _forward_to_workers(signal.SIGUSR1, None)
+        assert catcher.stdout.readline() == "saved\n"
+        with pytest.raises(subprocess.TimeoutExpired):  # not killed by a stop it no
+            exiting.wait(timeout=1)                      # longer catches
+    finally:
+        exiting.kill()
+        catcher.kill()
+        exiting.wait()
+        catcher.wait()
+
+
 def test_launch_gives_each_task_and_each_torchrun_worker_its_own_ready_file(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
     import subprocess
     import sys
 
@@ -268,15 +301,22 @@ def test_launch_gives_each_task_and_each_torchrun_worker_its_own_ready_file(
     ready_per_rank("single", 4, ["prog"], env)
     assert env["TRAIN_SIGNAL_READY"] == base + ".rank-4"
     assert ready_per_rank("tasks", 0, ["prog"], {}) == ["prog"]  # not in a job step
-    # torchrun: the agent's task is node 1's; each worker gets its RANK's file
+    # torchrun: the agent's task is node 1's; each worker gets its own file, with the
+    # local rank torch's launcher puts in for ${local_rank} (an image without `env`: the
+    # agent's Python sets the worker's RANK's)
     env = {"TRAIN_SIGNAL_READY": base + ".rank-1"}
-    argv = ready_per_rank("torchrun", 1, ["sh", "-c", 'touch "$TRAIN_SIGNAL_READY"'], env)
+    touch = ["sh", "-c", 'touch "$TRAIN_SIGNAL_READY"']
+    argv = ready_per_rank("torchrun", 1, touch, env)
     assert env["TRAIN_SIGNAL_READY"] == base + ".rank-1"  # the agent's own is kept
-    for rank in ("2", "3"):
-        subprocess.run(argv, env={"PATH": "/usr/bin:/bin", "RANK": rank, **env},
-                       check=True, timeout=60)
+    for local in ("0", "1"):
+        subprocess.run([arg.replace("${local_rank}", local) for arg in argv],
+                       env={"PATH": "/usr/bin:/bin"}, check=True, timeout=60)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    argv = ready_per_rank("torchrun", 2, touch, {"TRAIN_SIGNAL_READY": base + ".rank-2"})
+    subprocess.run(argv, env={"PATH": "/usr/bin:/bin", "RANK": "5",
+                              "TRAIN_SIGNAL_READY": base + ".rank-2"}, check=True, timeout=60)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        ".signal-ready-7-0.rank-2", ".signal-ready-7-0.rank-3"]
+        ".signal-ready-7-0.rank-1-0", ".signal-ready-7-0.rank-1-1", ".signal-ready-7-0.rank-5"]
     # `python -m` keeps the agent's interpreter, as torchrun's own `-m` would
     assert ready_per_rank("torchrun", 0, ["python3", "-m", "train", "run"], env)[3:] == [
         sys.executable, "-m", "train", "run"]

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
@@ -217,7 +218,7 @@ def expand_nodes(raw: str) -> list[str]:
 
 # torch's launcher gives every worker the agent's environment and its own RANK: this
 # exec wrapper (the agent's Python, standard library only) turns the signal-readiness file
-# into the worker's own before the program starts
+# into the worker's own before the program starts, where the image has no `env`
 _WORKER_READY = (
     "import os, re, sys\n"
     f"v = os.environ.get({SIGNAL_READY_VAR!r})\n"
@@ -231,7 +232,9 @@ def ready_per_rank(mode: str, procid: int, command: Sequence[str],
                    env: MutableMapping[str, str]) -> list[str]:
     """Each rank's own signal-readiness file (the batch shell waits for all of them before
     it passes the walltime signal on): this task's where it is the rank (tasks, single),
-    each worker's through an exec wrapper under torchrun. Returns the command to run."""
+    each worker's under torchrun: `env` sets the task's file with the worker's local rank,
+    which torch's launcher writes for its `${local_rank}` in a worker's arguments (no
+    second Python starting before each worker). Returns the command to run."""
     value = env.get(SIGNAL_READY_VAR)
     if not value:
         return list(command)
@@ -241,7 +244,11 @@ def ready_per_rank(mode: str, procid: int, command: Sequence[str],
     run = list(command)
     if len(run) > 2 and run[0] in ("python", "python3") and run[1] == "-m":
         run[0] = sys.executable  # what torchrun itself would have run `-m` with
-    return [sys.executable, "-c", _WORKER_READY, *run]
+    tool = shutil.which("env")
+    if tool is None:
+        return [sys.executable, "-c", _WORKER_READY, *run]
+    return [tool, f"{SIGNAL_READY_VAR}={rank_ready_path(value, procid)}-${{local_rank}}",
+            *run]
 
 
 def stop_signal_for_workers(env: Mapping[str, str]) -> int:
@@ -261,10 +268,25 @@ def _stopped_workers_save(sig: int, env: Mapping[str, str]) -> str:
     return f"{told}: what they saved before it is kept"
 
 
+def catches(pid: int, sig: int) -> bool:
+    """Whether the process has a handler for `sig` now (SigCgt of /proc/PID/status); True
+    where that cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return True
+
+
 def _forward_to_workers(signum: int, frame: object) -> None:
     """The walltime signal reaches this agent (srun forwards it as USR1): pass the job's
-    stop signal to the workers, which checkpoint and exit 0; the agent then returns when
-    they are done."""
+    stop signal to the workers that catch it now, which checkpoint and exit 0; the agent
+    then returns when they are done. Slurm signals every process of the step itself
+    (proctrack cgroup or linuxproc), Docker's kill only this agent: a worker that got it
+    from Slurm and is exiting after its save has no handler any more (Python takes its
+    handlers away at exit), and a second signal would kill it (exit 138, a failed chunk)."""
     sig = stop_signal_for_workers(os.environ)
     workers: list[int] = []  # this process's children, over its threads
     for task in Path(f"/proc/{os.getpid()}/task").glob("*"):
@@ -273,8 +295,9 @@ def _forward_to_workers(signum: int, frame: object) -> None:
         except (OSError, ValueError):
             continue
     for pid in workers:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
+        if catches(pid, sig):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
 
 def worker_failure(exc: Any, node: str, stop_signal: int) -> int:
