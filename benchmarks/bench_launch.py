@@ -32,7 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 STARTED = re.compile(r"launch started at unix time ([\d.]+)")
 READY = re.compile(r"process group ready at unix time ([\d.]+)")
 CTLD_STAMP = re.compile(r"\[(\d{4}-\d\d-\d\dT[\d:.]+)\] (.*)")
-ROUNDS = 8  # alternating rounds per mode (4 gave ratios 0.91 and 1.09 an hour apart)
+ROUNDS = 16  # alternating rounds per mode (4 gave ratios 0.91 and 1.09 an hour apart, 8
+# 1.059 and 1.145 for torchrun on one day)
 
 HAND = {
     # one rank per srun task, the variables set by hand
