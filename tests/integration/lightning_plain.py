@@ -1,6 +1,7 @@
 """A tiny Lightning script as most are written: a bare `Trainer(...)` with no
 default_root_dir, so Lightning saves its SLURM checkpoints (hpc_ckpt_N.ckpt) in its default
-root and restores the newest one there whenever the job starts under Slurm.
+root and restores the newest one there whenever the job starts under Slurm. It leaves by
+os._exit once all is out, as docs/your-program.md advises for CPU jobs over gloo.
 
 Test knobs (environment): PL_HOLD_AT makes chunk 1 wait after that many steps, answering
 signals, until Lightning has been told to stop (counted in steps, never in seconds).
@@ -56,3 +57,6 @@ if __name__ == "__main__":
     trainer.fit(Tiny(), DataLoader(data, batch_size=8))
     print(f"plain rank {trainer.global_rank}/{trainer.world_size} root "
           f"{trainer.default_root_dir}; global step {trainer.global_step}", flush=True)
+    # the known gloo trap on CPU (docs/your-program.md): a rank can abort at the very end
+    # when its peer tears the group down first; leave as the docs advise, once all is out
+    os._exit(0)

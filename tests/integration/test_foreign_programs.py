@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import tiny_flags
-from tests.integration.chains import TERMINAL, walltime_signal
+from tests.integration.chains import TERMINAL, assert_complete, walltime_signal
 from tests.integration.chains import logs as _logs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -92,7 +92,7 @@ def test_a_train_py_in_the_submit_folder_is_never_imported_as_the_tool(
         run_dir = tmp_path / "runs" / name
         err = _logs(run_dir, "err")
         assert "IMPORTED" not in err and "IMPORTED" not in _logs(run_dir, "out"), err[-3000:]
-        assert st["state"] == "complete", (name, st, err[-3000:])
+        assert_complete(st, run_dir)
     assert _logs(tmp_path / "runs" / "cmd2", "out").count("hello from the program") == 2
     config = json.loads((tmp_path / "runs" / "demo2" / "config.json").read_text())
     assert config["world_size"] == 2  # torchrun's workers ran the tool's `train run`
@@ -159,8 +159,8 @@ def test_a_lightning_script_run_again_from_the_same_folder_starts_from_scratch(
     st = _wait(tmp_path, env, "pl-a", lambda s: (first / "pl_held").exists())
     walltime_signal(st["chunks"][0]["job_id"], env)
     st = _ended(tmp_path, env, "pl-a")
-    out, err = _logs(first, "out"), _logs(first, "err")
-    assert st["state"] == "complete", (st, err[-4000:])
+    out = _logs(first, "out")
+    assert_complete(st, first)
     assert [c["events"][-1] for c in st["chunks"] if c["events"]] == ["stopped", "complete"]
     assert (first / "hpc_ckpt_1.ckpt").exists()  # in its run folder, not the submit folder
     assert not list(tmp_path.glob("hpc_ckpt_*.ckpt"))
@@ -176,7 +176,7 @@ def test_a_lightning_script_run_again_from_the_same_folder_starts_from_scratch(
     assert "hpc_ckpt_1.ckpt" in warned and "does not restore them" in warned, warned
     st = _ended(tmp_path, env, "pl-b")
     out, err = _logs(second, "out"), _logs(second, "err")
-    assert st["state"] == "complete", (st, err[-4000:])
+    assert_complete(st, second)
     assert "Restored all states" not in err, err[-4000:]
     assert out.count("plain rank 0 starts at global step 0") == 1, out
     assert f"root {second};" in out and out.count("global step 12") == 2, out
