@@ -47,6 +47,29 @@ def test_the_engines_port_is_the_rendezvous_and_the_last_free_one_wraps() -> Non
     assert contract.job_port(4242 + contract.PORT_SPAN) == contract.job_port(4242)
 
 
+def test_the_engines_port_is_free_in_ipv6_and_on_a_host_without_ipv4(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listener on IPv6 alone leaves IPv4's port free, and an IPv6-only host makes no
+    IPv4 socket at all (the engine died of that)."""
+    if not socket.has_ipv6:
+        pytest.skip("this Python has no IPv6")
+    first = contract.job_port(7)
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as taken:
+        taken.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        taken.bind(("::", first))
+        taken.listen()
+        assert contract.free_job_port(7) != first
+    real = socket.socket
+
+    def no_ipv4(family: int = socket.AF_INET, *args: object) -> socket.socket:
+        if family == socket.AF_INET:
+            raise OSError(97, "Address family not supported by protocol")
+        return real(family, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "socket", no_ipv4)
+    assert contract.PORT_BASE <= contract.free_job_port(7) < contract.PORT_BASE + contract.PORT_SPAN
+
+
 @pytest.mark.parametrize(("change", "var"), [
     ({"TRAIN_MASTER_PORT": "70000"}, "TRAIN_MASTER_PORT=70000 is no port"),
     ({"TRAIN_MASTER_PORT": "x"}, "TRAIN_MASTER_PORT must be an integer"),
