@@ -345,6 +345,25 @@ def test_launch_gives_each_task_and_each_torchrun_worker_its_own_ready_file(
         sys.executable, "-m", "train", "run"]
 
 
+@pytest.mark.parametrize("folder", ["a$$b", "a${local_rank}b", "a$HOME", "a$"])
+def test_a_torchrun_workers_ready_file_keeps_a_run_folders_dollar(
+        tmp_path: Path, folder: str) -> None:
+    """torch's launcher substitutes each worker argument as a string.Template (its
+    `${local_rank}` macro): the run folder's `$` in the readiness file's path stays."""
+    import string
+    import subprocess
+
+    from train.node.launcher.step import ready_per_rank
+
+    (tmp_path / folder).mkdir()
+    base = str(tmp_path / folder / ".signal-ready-7-0")
+    argv = ready_per_rank("torchrun", 1, ["sh", "-c", 'touch "$TRAIN_SIGNAL_READY"'],
+                          {"TRAIN_SIGNAL_READY": base + ".rank-1"})
+    worker = [string.Template(arg).safe_substitute(local_rank="0") for arg in argv]
+    subprocess.run(worker, env={"PATH": "/usr/bin:/bin"}, check=True, timeout=60)
+    assert [p.name for p in (tmp_path / folder).iterdir()] == [".signal-ready-7-0.rank-1-0"]
+
+
 def test_one_process_gets_what_torchs_launcher_would_give_it(tmp_path: Path) -> None:
     """A script written for torchrun (LOCAL_RANK read, a plain init_process_group()) runs
     as the one process of a job: rank 0 of 1 on loopback, on a free port, also where

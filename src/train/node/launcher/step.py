@@ -247,8 +247,9 @@ def ready_per_rank(mode: str, procid: int, command: Sequence[str],
     tool = shutil.which("env")
     if tool is None:
         return [sys.executable, "-c", _WORKER_READY, *run]
-    return [tool, f"{SIGNAL_READY_VAR}={rank_ready_path(value, procid)}-${{local_rank}}",
-            *run]
+    # torch substitutes each argument as a string.Template: the path's own `$` kept as `$$`
+    path = rank_ready_path(value, procid).replace("$", "$$")
+    return [tool, f"{SIGNAL_READY_VAR}={path}-${{local_rank}}", *run]
 
 
 def stop_signal_for_workers(env: Mapping[str, str]) -> int:
