@@ -308,6 +308,37 @@ def test_the_agent_passes_the_stop_only_to_workers_that_catch_it_now(
         catcher.wait()
 
 
+def test_the_agent_passes_the_stop_to_a_worker_that_waits_for_it_blocked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that takes its stop in a thread of its own with sigwait (or a signalfd)
+    blocks the signal and has no handler: under the Docker runtime only the agent is
+    signalled, and its copy is the worker's only one."""
+    import signal
+    import subprocess
+    import sys
+
+    from train.node.launcher.step import _forward_to_workers, catches
+
+    monkeypatch.setenv("TRAIN_STOP_SIGNAL", "USR1")
+    waiter = subprocess.Popen(
+        [sys.executable, "-c", "import signal, threading\n"
+         "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})\n"
+         "got = []\n"
+         "t = threading.Thread(target=lambda: got.append(signal.sigwait({signal.SIGUSR1})))\n"
+         "t.start()\nprint('ready', flush=True)\nt.join()\n"
+         "print('saved', got[0], flush=True)\n"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert waiter.stdout is not None and waiter.stdout.readline() == "ready\n"
+        assert catches(waiter.pid, signal.SIGUSR1)
+        _forward_to_workers(signal.SIGUSR1, None)
+        out, _ = waiter.communicate(timeout=60)
+        assert out == f"saved {int(signal.SIGUSR1)}\n" and waiter.returncode == 0
+    finally:
+        waiter.kill()
+        waiter.wait()
+
+
 def test_launch_gives_each_task_and_each_torchrun_worker_its_own_ready_file(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil

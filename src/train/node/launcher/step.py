@@ -270,15 +270,18 @@ def _stopped_workers_save(sig: int, env: Mapping[str, str]) -> str:
 
 
 def catches(pid: int, sig: int) -> bool:
-    """Whether the process has a handler for `sig` now (SigCgt of /proc/PID/status); True
-    where that cannot be read."""
+    """Whether the process has a handler for `sig` now or its main thread blocks it
+    (SigCgt, SigBlk of /proc/PID/status): a blocked signal cannot kill it, and a program
+    that takes it with a signalfd or in a thread's sigwait blocks it and has no handler (a
+    thread in sigwait shows it unblocked while it waits: the main thread's mask says it);
+    True where that cannot be read."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("SigCgt:"):
-                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+        masks = [int(line.split()[1], 16) for line in
+                 Path(f"/proc/{pid}/status").read_text().splitlines()
+                 if line.startswith(("SigCgt:", "SigBlk:"))]
     except (OSError, ValueError, IndexError):
-        pass
-    return True
+        return True
+    return not masks or any(mask >> (sig - 1) & 1 for mask in masks)
 
 
 def _forward_to_workers(signum: int, frame: object) -> None:
