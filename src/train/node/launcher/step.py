@@ -84,6 +84,15 @@ def gpus_visible(env: Mapping[str, str]) -> int:
     return _int(env, "SLURM_GPUS_ON_NODE", 0)
 
 
+def _given_port(env: Mapping[str, str]) -> int:
+    """The engine's port (MASTER_PORT_VAR) as it writes it, digits alone; 0 where unset."""
+    raw = env.get(MASTER_PORT_VAR, "")
+    if raw and not (re.fullmatch(r"[0-9]{1,5}", raw) and 0 < int(raw) < 65536):
+        raise UsageError(f"environment variable {MASTER_PORT_VAR}={raw!r} is no port: a "
+                         "number 1-65535, or unset for the job id's")
+    return int(raw or 0)
+
+
 def read_step(env: Mapping[str, str]) -> SlurmStep:
     """The job step as SLURM describes it; inconsistencies are errors naming the variable."""
     raw = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
@@ -109,11 +118,8 @@ def read_step(env: Mapping[str, str]) -> SlurmStep:
         ntasks_per_node=_int(env, "SLURM_NTASKS_PER_NODE", 1),
         cpus_per_task=_int(env, "SLURM_CPUS_PER_TASK", os.cpu_count() or 1),
         gpus_on_node=gpus_visible(env),
-        given_port=_int(env, MASTER_PORT_VAR, 0),
+        given_port=_given_port(env),
     )
-    if not 0 <= step.given_port < 65536:
-        raise UsageError(f"environment variable {MASTER_PORT_VAR}={step.given_port} is no "
-                         "port (1-65535)")
     if not 0 <= step.node_id < len(nodes):
         raise UsageError(f"environment variable SLURM_NODEID={step.node_id} is outside "
                          f"0..{len(nodes) - 1}")
