@@ -352,6 +352,7 @@ def test_the_agent_passes_the_stop_to_a_worker_that_waits_for_it_blocked(
 def test_launch_gives_each_task_and_each_torchrun_worker_its_own_ready_file(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil
+    import string
     import subprocess
     import sys
 
@@ -373,12 +374,14 @@ def test_launch_gives_each_task_and_each_torchrun_worker_its_own_ready_file(
     argv = ready_per_rank("torchrun", 1, touch, env)
     assert env["TRAIN_SIGNAL_READY"] == base + ".rank-1"  # the agent's own is kept
     for local in ("0", "1"):
-        subprocess.run([arg.replace("${local_rank}", local) for arg in argv],
+        subprocess.run([string.Template(arg).safe_substitute(local_rank=local)
+                        for arg in argv],
                        env={"PATH": "/usr/bin:/bin"}, check=True, timeout=60)
     monkeypatch.setattr(shutil, "which", lambda name: None)
     argv = ready_per_rank("torchrun", 2, touch, {"TRAIN_SIGNAL_READY": base + ".rank-2"})
-    subprocess.run(argv, env={"PATH": "/usr/bin:/bin", "RANK": "5",
-                              "TRAIN_SIGNAL_READY": base + ".rank-2"}, check=True, timeout=60)
+    subprocess.run([string.Template(arg).safe_substitute(local_rank="0") for arg in argv],
+                   env={"PATH": "/usr/bin:/bin", "RANK": "5",
+                        "TRAIN_SIGNAL_READY": base + ".rank-2"}, check=True, timeout=60)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         ".signal-ready-7-0.rank-1-0", ".signal-ready-7-0.rank-1-1", ".signal-ready-7-0.rank-5"]
     # `python -m` keeps the agent's interpreter, as torchrun's own `-m` would
@@ -403,6 +406,32 @@ def test_a_torchrun_workers_ready_file_keeps_a_run_folders_dollar(
     worker = [string.Template(arg).safe_substitute(local_rank="0") for arg in argv]
     subprocess.run(worker, env={"PATH": "/usr/bin:/bin"}, check=True, timeout=60)
     assert [p.name for p in (tmp_path / folder).iterdir()] == [".signal-ready-7-0.rank-1-0"]
+
+
+@pytest.mark.parametrize("ready", [True, False])
+def test_a_torchrun_workers_arguments_reach_it_as_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ready: bool) -> None:
+    """torch's launcher substitutes each worker argument as a string.Template: a
+    program's `$$`, `${local_rank}` arrive as written, as they do in tasks mode (with the
+    readiness wrapper, its Python stand-in, and outside a chain's step)."""
+    import shutil
+    import string
+    import subprocess
+
+    from train.node.launcher.step import ready_per_rank
+
+    written = ["a$$b", "${local_rank}", "$HOME", "$(id)", "$"]
+    program = ["sh", "-c", 'printf "%s|" "$@" > "$0"', str(tmp_path / "args"), *written]
+    env = {"TRAIN_SIGNAL_READY": str(tmp_path / ".signal-ready-7-0")} if ready else {}
+    wrappers = [True, False] if ready else [True]
+    for with_env in wrappers:
+        if not with_env:
+            monkeypatch.setattr(shutil, "which", lambda name: None)
+        argv = ready_per_rank("torchrun", 1, program, dict(env))
+        worker = [string.Template(arg).safe_substitute(local_rank="0") for arg in argv]
+        subprocess.run(worker, env={"PATH": "/usr/bin:/bin"}, check=True, timeout=60)
+        assert (tmp_path / "args").read_text() == "|".join(written) + "|"
+        (tmp_path / "args").unlink()
 
 
 def test_one_process_gets_what_torchs_launcher_would_give_it(tmp_path: Path) -> None:

@@ -240,20 +240,23 @@ def ready_per_rank(mode: str, procid: int, command: Sequence[str],
     it passes the walltime signal on): this task's where it is the rank (tasks, single),
     each worker's under torchrun: `env` sets the task's file with the worker's local rank,
     which torch's launcher writes for its `${local_rank}` in a worker's arguments (no
-    second Python starting before each worker). Returns the command to run."""
+    second Python starting before each worker). Returns the command to run: under
+    torchrun, as torch's launcher is to be given it (it substitutes every worker argument
+    as a string.Template, `$$` to `$`: the program's own `$` passed as `$$` reaches it as
+    written, as in the other modes)."""
     value = env.get(SIGNAL_READY_VAR)
-    if not value:
-        return list(command)
     if mode != "torchrun":
-        env[SIGNAL_READY_VAR] = rank_ready_path(value, procid)
+        if value:
+            env[SIGNAL_READY_VAR] = rank_ready_path(value, procid)
         return list(command)
-    run = list(command)
+    run = [arg.replace("$", "$$") for arg in command]
+    if not value:
+        return run
     if len(run) > 2 and run[0] in ("python", "python3") and run[1] == "-m":
         run[0] = sys.executable  # what torchrun itself would have run `-m` with
     tool = shutil.which("env")
     if tool is None:
         return [sys.executable, "-c", _WORKER_READY, *run]
-    # torch substitutes each argument as a string.Template: the path's own `$` kept as `$$`
     path = rank_ready_path(value, procid).replace("$", "$$")
     return [tool, f"{SIGNAL_READY_VAR}={path}-${{local_rank}}", *run]
 
