@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 import socket
 from pathlib import Path
 
@@ -47,9 +48,41 @@ def test_the_engines_port_is_the_rendezvous_and_the_last_free_one_wraps() -> Non
     assert contract.job_port(4242 + contract.PORT_SPAN) == contract.job_port(4242)
 
 
+def test_the_engines_port_is_free_in_ipv6_and_on_a_host_without_ipv4(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listener on IPv6 alone leaves IPv4's port free, and an IPv6-only host makes no
+    IPv4 socket at all (the engine died of that)."""
+    if not socket.has_ipv6:
+        pytest.skip("this Python has no IPv6")
+    first = contract.job_port(7)
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as taken:
+        taken.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        taken.bind(("::", first))
+        taken.listen()
+        assert contract.free_job_port(7) != first
+    real = socket.socket
+
+    def no_ipv4(family: int = socket.AF_INET, *args: object) -> socket.socket:
+        if family == socket.AF_INET:
+            raise OSError(97, "Address family not supported by protocol")
+        return real(family, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "socket", no_ipv4)
+    assert contract.PORT_BASE <= contract.free_job_port(7) < contract.PORT_BASE + contract.PORT_SPAN
+
+
+@pytest.mark.parametrize("value", ["70000", "x", "0", "-1", "65536", " 123", "1e4",
+                                   "20000(x2)", "+2", "0x50"])
+def test_a_given_port_that_is_no_port_is_named(value: str) -> None:
+    """The engine writes digits alone: anything else (0 too, which meant "unset") is
+    refused, as an empty value means the job id's port."""
+    with pytest.raises(UsageError, match=re.escape(f"TRAIN_MASTER_PORT={value!r} is no port: "
+                                                   "a number 1-65535")):
+        read_step({**ENV, "TRAIN_MASTER_PORT": value})
+    assert read_step({**ENV, "TRAIN_MASTER_PORT": ""}).port == contract.job_port(4242)
+
+
 @pytest.mark.parametrize(("change", "var"), [
-    ({"TRAIN_MASTER_PORT": "70000"}, "TRAIN_MASTER_PORT=70000 is no port"),
-    ({"TRAIN_MASTER_PORT": "x"}, "TRAIN_MASTER_PORT must be an integer"),
     ({"SLURM_JOB_NODELIST": None}, "SLURM_JOB_NODELIST"),
     ({"SLURM_JOB_ID": None}, "SLURM_JOB_ID"),
     ({"SLURM_NNODES": "3"}, "SLURM_NNODES=3 disagrees"),
@@ -285,9 +318,41 @@ def test_the_agent_passes_the_stop_only_to_workers_that_catch_it_now(
         catcher.wait()
 
 
+def test_the_agent_passes_the_stop_to_a_worker_that_waits_for_it_blocked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that takes its stop in a thread of its own with sigwait (or a signalfd)
+    blocks the signal and has no handler: under the Docker runtime only the agent is
+    signalled, and its copy is the worker's only one."""
+    import signal
+    import subprocess
+    import sys
+
+    from train.node.launcher.step import _forward_to_workers, catches
+
+    monkeypatch.setenv("TRAIN_STOP_SIGNAL", "USR1")
+    waiter = subprocess.Popen(
+        [sys.executable, "-c", "import signal, threading\n"
+         "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})\n"
+         "got = []\n"
+         "t = threading.Thread(target=lambda: got.append(signal.sigwait({signal.SIGUSR1})))\n"
+         "t.start()\nprint('ready', flush=True)\nt.join()\n"
+         "print('saved', got[0], flush=True)\n"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert waiter.stdout is not None and waiter.stdout.readline() == "ready\n"
+        assert catches(waiter.pid, signal.SIGUSR1)
+        _forward_to_workers(signal.SIGUSR1, None)
+        out, _ = waiter.communicate(timeout=60)
+        assert out == f"saved {int(signal.SIGUSR1)}\n" and waiter.returncode == 0
+    finally:
+        waiter.kill()
+        waiter.wait()
+
+
 def test_launch_gives_each_task_and_each_torchrun_worker_its_own_ready_file(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil
+    import string
     import subprocess
     import sys
 
@@ -309,17 +374,64 @@ def test_launch_gives_each_task_and_each_torchrun_worker_its_own_ready_file(
     argv = ready_per_rank("torchrun", 1, touch, env)
     assert env["TRAIN_SIGNAL_READY"] == base + ".rank-1"  # the agent's own is kept
     for local in ("0", "1"):
-        subprocess.run([arg.replace("${local_rank}", local) for arg in argv],
+        subprocess.run([string.Template(arg).safe_substitute(local_rank=local)
+                        for arg in argv],
                        env={"PATH": "/usr/bin:/bin"}, check=True, timeout=60)
     monkeypatch.setattr(shutil, "which", lambda name: None)
     argv = ready_per_rank("torchrun", 2, touch, {"TRAIN_SIGNAL_READY": base + ".rank-2"})
-    subprocess.run(argv, env={"PATH": "/usr/bin:/bin", "RANK": "5",
-                              "TRAIN_SIGNAL_READY": base + ".rank-2"}, check=True, timeout=60)
+    subprocess.run([string.Template(arg).safe_substitute(local_rank="0") for arg in argv],
+                   env={"PATH": "/usr/bin:/bin", "RANK": "5",
+                        "TRAIN_SIGNAL_READY": base + ".rank-2"}, check=True, timeout=60)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         ".signal-ready-7-0.rank-1-0", ".signal-ready-7-0.rank-1-1", ".signal-ready-7-0.rank-5"]
     # `python -m` keeps the agent's interpreter, as torchrun's own `-m` would
     assert ready_per_rank("torchrun", 0, ["python3", "-m", "train", "run"], env)[3:] == [
         sys.executable, "-m", "train", "run"]
+
+
+@pytest.mark.parametrize("folder", ["a$$b", "a${local_rank}b", "a$HOME", "a$"])
+def test_a_torchrun_workers_ready_file_keeps_a_run_folders_dollar(
+        tmp_path: Path, folder: str) -> None:
+    """torch's launcher substitutes each worker argument as a string.Template (its
+    `${local_rank}` macro): the run folder's `$` in the readiness file's path stays."""
+    import string
+    import subprocess
+
+    from train.node.launcher.step import ready_per_rank
+
+    (tmp_path / folder).mkdir()
+    base = str(tmp_path / folder / ".signal-ready-7-0")
+    argv = ready_per_rank("torchrun", 1, ["sh", "-c", 'touch "$TRAIN_SIGNAL_READY"'],
+                          {"TRAIN_SIGNAL_READY": base + ".rank-1"})
+    worker = [string.Template(arg).safe_substitute(local_rank="0") for arg in argv]
+    subprocess.run(worker, env={"PATH": "/usr/bin:/bin"}, check=True, timeout=60)
+    assert [p.name for p in (tmp_path / folder).iterdir()] == [".signal-ready-7-0.rank-1-0"]
+
+
+@pytest.mark.parametrize("ready", [True, False])
+def test_a_torchrun_workers_arguments_reach_it_as_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ready: bool) -> None:
+    """torch's launcher substitutes each worker argument as a string.Template: a
+    program's `$$`, `${local_rank}` arrive as written, as they do in tasks mode (with the
+    readiness wrapper, its Python stand-in, and outside a chain's step)."""
+    import shutil
+    import string
+    import subprocess
+
+    from train.node.launcher.step import ready_per_rank
+
+    written = ["a$$b", "${local_rank}", "$HOME", "$(id)", "$"]
+    program = ["sh", "-c", 'printf "%s|" "$@" > "$0"', str(tmp_path / "args"), *written]
+    env = {"TRAIN_SIGNAL_READY": str(tmp_path / ".signal-ready-7-0")} if ready else {}
+    wrappers = [True, False] if ready else [True]
+    for with_env in wrappers:
+        if not with_env:
+            monkeypatch.setattr(shutil, "which", lambda name: None)
+        argv = ready_per_rank("torchrun", 1, program, dict(env))
+        worker = [string.Template(arg).safe_substitute(local_rank="0") for arg in argv]
+        subprocess.run(worker, env={"PATH": "/usr/bin:/bin"}, check=True, timeout=60)
+        assert (tmp_path / "args").read_text() == "|".join(written) + "|"
+        (tmp_path / "args").unlink()
 
 
 def test_one_process_gets_what_torchs_launcher_would_give_it(tmp_path: Path) -> None:

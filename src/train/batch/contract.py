@@ -90,20 +90,35 @@ def job_port(job_id: int) -> int:
     return PORT_BASE + int(job_id) % PORT_SPAN
 
 
-def free_job_port(job_id: int, tries: int = 64) -> int:
-    """The first of the job id's port and the ones after it that this host lets a server
-    bind now (the job id's own where none does)."""
+def _binds(port: int) -> bool:
+    """Whether a server may bind the port now in every address family this host has (an
+    IPv6-only host has no IPv4 sockets at all; a listener on IPv6 alone leaves IPv4's
+    port free); False where the host has neither."""
     import socket
 
-    first = job_port(job_id) - PORT_BASE
-    for step in range(tries):
-        port = PORT_BASE + (first + step) % PORT_SPAN
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    tried = False
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # the host has no such family
+            continue
+        with sock:
             try:
                 sock.bind(("", port))
             except OSError:
-                continue
-        return port
+                return False
+        tried = True
+    return tried
+
+
+def free_job_port(job_id: int, tries: int = 64) -> int:
+    """The first of the job id's port and the ones after it that this host lets a server
+    bind now (the job id's own where none does)."""
+    first = job_port(job_id) - PORT_BASE
+    for step in range(tries):
+        port = PORT_BASE + (first + step) % PORT_SPAN
+        if _binds(port):
+            return port
     return PORT_BASE + first
 
 

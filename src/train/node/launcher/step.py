@@ -84,6 +84,15 @@ def gpus_visible(env: Mapping[str, str]) -> int:
     return _int(env, "SLURM_GPUS_ON_NODE", 0)
 
 
+def _given_port(env: Mapping[str, str]) -> int:
+    """The engine's port (MASTER_PORT_VAR) as it writes it, digits alone; 0 where unset."""
+    raw = env.get(MASTER_PORT_VAR, "")
+    if raw and not (re.fullmatch(r"[0-9]{1,5}", raw) and 0 < int(raw) < 65536):
+        raise UsageError(f"environment variable {MASTER_PORT_VAR}={raw!r} is no port: a "
+                         "number 1-65535, or unset for the job id's")
+    return int(raw or 0)
+
+
 def read_step(env: Mapping[str, str]) -> SlurmStep:
     """The job step as SLURM describes it; inconsistencies are errors naming the variable."""
     raw = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
@@ -109,11 +118,8 @@ def read_step(env: Mapping[str, str]) -> SlurmStep:
         ntasks_per_node=_int(env, "SLURM_NTASKS_PER_NODE", 1),
         cpus_per_task=_int(env, "SLURM_CPUS_PER_TASK", os.cpu_count() or 1),
         gpus_on_node=gpus_visible(env),
-        given_port=_int(env, MASTER_PORT_VAR, 0),
+        given_port=_given_port(env),
     )
-    if not 0 <= step.given_port < 65536:
-        raise UsageError(f"environment variable {MASTER_PORT_VAR}={step.given_port} is no "
-                         "port (1-65535)")
     if not 0 <= step.node_id < len(nodes):
         raise UsageError(f"environment variable SLURM_NODEID={step.node_id} is outside "
                          f"0..{len(nodes) - 1}")
@@ -234,21 +240,25 @@ def ready_per_rank(mode: str, procid: int, command: Sequence[str],
     it passes the walltime signal on): this task's where it is the rank (tasks, single),
     each worker's under torchrun: `env` sets the task's file with the worker's local rank,
     which torch's launcher writes for its `${local_rank}` in a worker's arguments (no
-    second Python starting before each worker). Returns the command to run."""
+    second Python starting before each worker). Returns the command to run: under
+    torchrun, as torch's launcher is to be given it (it substitutes every worker argument
+    as a string.Template, `$$` to `$`: the program's own `$` passed as `$$` reaches it as
+    written, as in the other modes)."""
     value = env.get(SIGNAL_READY_VAR)
-    if not value:
-        return list(command)
     if mode != "torchrun":
-        env[SIGNAL_READY_VAR] = rank_ready_path(value, procid)
+        if value:
+            env[SIGNAL_READY_VAR] = rank_ready_path(value, procid)
         return list(command)
-    run = list(command)
+    run = [arg.replace("$", "$$") for arg in command]
+    if not value:
+        return run
     if len(run) > 2 and run[0] in ("python", "python3") and run[1] == "-m":
         run[0] = sys.executable  # what torchrun itself would have run `-m` with
     tool = shutil.which("env")
     if tool is None:
         return [sys.executable, "-c", _WORKER_READY, *run]
-    return [tool, f"{SIGNAL_READY_VAR}={rank_ready_path(value, procid)}-${{local_rank}}",
-            *run]
+    path = rank_ready_path(value, procid).replace("$", "$$")
+    return [tool, f"{SIGNAL_READY_VAR}={path}-${{local_rank}}", *run]
 
 
 def stop_signal_for_workers(env: Mapping[str, str]) -> int:
@@ -269,15 +279,18 @@ def _stopped_workers_save(sig: int, env: Mapping[str, str]) -> str:
 
 
 def catches(pid: int, sig: int) -> bool:
-    """Whether the process has a handler for `sig` now (SigCgt of /proc/PID/status); True
-    where that cannot be read."""
+    """Whether the process has a handler for `sig` now or its main thread blocks it
+    (SigCgt, SigBlk of /proc/PID/status): a blocked signal cannot kill it, and a program
+    that takes it with a signalfd or in a thread's sigwait blocks it and has no handler (a
+    thread in sigwait shows it unblocked while it waits: the main thread's mask says it);
+    True where that cannot be read."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("SigCgt:"):
-                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+        masks = [int(line.split()[1], 16) for line in
+                 Path(f"/proc/{pid}/status").read_text().splitlines()
+                 if line.startswith(("SigCgt:", "SigBlk:"))]
     except (OSError, ValueError, IndexError):
-        pass
-    return True
+        return True
+    return not masks or any(mask >> (sig - 1) & 1 for mask in masks)
 
 
 def _forward_to_workers(signum: int, frame: object) -> None:
