@@ -59,19 +59,22 @@ def logs(run_dir: Path, suffix: str = "err") -> str:
                    for p in sorted((run_dir / "logs").glob(f"*.{suffix}")))
 
 
+def engine_report(run_dir: Path) -> str:
+    """What the engine wrote of a chain: its events and the logs' last 40 lines."""
+    record = run_dir / "chain.events"
+    events = record.read_text(errors="replace") if record.exists() else "(none)\n"
+    return f"--- chain.events\n{events}" + "".join(
+        f"--- *.{kind}, last 40 lines\n" + "".join(logs(run_dir, kind).splitlines(True)[-40:])
+        for kind in ("err", "out"))
+
+
 def assert_complete(st: dict[str, Any], run_dir: Path) -> None:
     """The chain completed; else a failure that opens with what the engine wrote (its
     events, the logs' last lines), whole, where a report shows only a failure's start."""
-    if st["state"] == "complete":
-        return
-    record = run_dir / "chain.events"
-    events = record.read_text(errors="replace") if record.exists() else "(none)\n"
-    tails = "".join(f"--- *.{kind}, last 40 lines\n"
-                    + "".join(logs(run_dir, kind).splitlines(True)[-40:])
-                    for kind in ("err", "out"))
-    pytest.fail(f"chain {run_dir.name} ended {st['state']}, not complete\n--- chain.events\n"
-                f"{events}{tails}--- status\n{json.dumps(st, indent=1)[:3000]}",
-                pytrace=False)
+    if st["state"] != "complete":
+        pytest.fail(f"chain {run_dir.name} ended {st['state']}, not complete\n"
+                    f"{engine_report(run_dir)}--- status\n{json.dumps(st, indent=1)[:3000]}",
+                    pytrace=False)
 
 
 def settled(st: dict[str, Any]) -> bool:
@@ -87,11 +90,9 @@ def wait(cwd: Path, env: dict[str, str], ref: str, until: Callable[[dict[str, An
         if until(st):
             return st
         if time.monotonic() > deadline:
-            run_dir = Path(st["run_dir"])
-            events = (run_dir / "chain.events").read_text() \
-                if (run_dir / "chain.events").exists() else ""
+            # (status gives the run folder relative to where it was asked)
             raise ChainError(f"timed out waiting on {ref}: {json.dumps(st, indent=1)}\n"
-                             f"{events}\n{logs(run_dir)[-3000:]}")
+                             f"{engine_report(cwd / st['run_dir'])}")
         time.sleep(poll)
 
 

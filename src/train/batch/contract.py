@@ -114,12 +114,12 @@ def _binds(port: int) -> bool:
 def free_job_port(job_id: int, tries: int = 64) -> int:
     """The first of the job id's port and the ones after it that this host lets a server
     bind now (the job id's own where none does)."""
-    first = job_port(job_id) - PORT_BASE
+    own = job_port(job_id)
     for step in range(tries):
-        port = PORT_BASE + (first + step) % PORT_SPAN
+        port = PORT_BASE + (own - PORT_BASE + step) % PORT_SPAN
         if _binds(port):
             return port
-    return PORT_BASE + first
+    return own
 
 
 def rank_ready_path(value: str, rank: int) -> str:
