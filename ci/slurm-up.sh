@@ -8,10 +8,55 @@ set -euo pipefail
 dir=${1:?usage: slurm-up.sh DIR}
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
-# (clusters side by side differ in their ports and job ids: `train launch` takes the DDP
-# master port from the job id, 20000 + id % 20000; the daemons' ports lie above that)
-base_port=${SLURM_BASE_PORT:-$((40000 + RANDOM % 10000))}
 first_job=${SLURM_FIRST_JOB_ID:-$((1000 + RANDOM % 18000))}
+
+# The daemons' three ports (controller, n1, n2): below Linux's range for outgoing
+# connections (32768-60999, where any process's connection or a data loader's listener may
+# hold a port) and above the chain engine's rendezvous ports (20000-29999); free on this
+# host and not those of a cluster started beside this one (its /etc/hosts line names its
+# folder) that has not bound them yet. Chosen and recorded under one lock: two clusters
+# started at once never share a port, a controller of another version never answers.
+free_base() {
+    local used base port line
+    used=" $(for f in /proc/net/tcp /proc/net/tcp6; do
+        [ -r "$f" ] || continue
+        while read -r _ line _; do
+            [ "$line" = local_address ] || printf '%d ' "0x${line##*:}"
+        done < "$f"
+    done)"
+    while read -r line; do
+        port=$(grep -oE '^SlurmctldPort=[0-9]+' "${line#* }/slurm.conf" 2>/dev/null | cut -d= -f2)
+        [ -z "$port" ] || used+="$port $((port + 1)) $((port + 2)) "
+    done < <(grep -oE 'train-local-slurm /[^ ]+' /etc/hosts 2>/dev/null)
+    local slot=$((RANDOM % 920))
+    for _ in $(seq 1 920); do
+        slot=$(((slot + 1) % 920))
+        base=$((30000 + 3 * slot))
+        case "$used" in
+            *" $base "*|*" $((base + 1)) "*|*" $((base + 2)) "*) continue ;;
+        esac
+        echo "$base"
+        return 0
+    done
+    echo "slurm-up: no three free ports in 30000-32759" >&2
+    return 1
+}
+
+# node names must resolve, also inside containers on the host network (as on real clusters)
+# (one line per cluster, tagged with its directory: clusters started side by side each
+# remove only their own line)
+# (clusters that start and stop side by side, also in the roots of ci/trixie-slurm.sh and
+# ci/sid-apptainer.sh, which share /tmp and /etc/hosts, edit the file one at a time: a
+# stop's rewrite read before another's append would lose that line)
+base_port=$(
+    flock 9
+    base=${SLURM_BASE_PORT:-$(free_base)}
+    mkdir -p "$dir" && printf 'SlurmctldPort=%s\n' "$base" > "$dir/slurm.conf"
+    if ! grep -qF "train-local-slurm $dir" /etc/hosts 2>/dev/null; then
+        printf '127.0.0.1 n1 n2  # train-local-slurm %s\n' "$dir" >> /etc/hosts
+    fi
+    echo "$base"
+) 9>> /tmp/.train-local-slurm-hosts.lock
 ctld_port=$base_port
 node_first=$((base_port + 1))
 node_last=$((base_port + 2))
@@ -82,19 +127,6 @@ NodeName=n[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[$node_first-$nod
 PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=60 State=UP
 CONF
 echo "NodeName=n[1-2] Name=gpu File=$dir/dev/nvidia[0-1]" > "$dir/gres.conf"
-
-# node names must resolve, also inside containers on the host network (as on real clusters)
-# (one line per cluster, tagged with its directory: clusters started side by side each
-# remove only their own line)
-# (clusters that start and stop side by side, also in the roots of ci/trixie-slurm.sh and
-# ci/sid-apptainer.sh, which share /tmp and /etc/hosts, edit the file one at a time: a
-# stop's rewrite read before another's append would lose that line)
-(
-    flock 9
-    if ! grep -qF "train-local-slurm $dir" /etc/hosts 2>/dev/null; then
-        printf '127.0.0.1 n1 n2  # train-local-slurm %s\n' "$dir" >> /etc/hosts
-    fi
-) 9>> /tmp/.train-local-slurm-hosts.lock
 
 # (each daemon's command line names the folder: ci/slurm-down.sh finds what is left of
 # the cluster by it, and by SLURM_CONF in the environment of the jobs and their steps)

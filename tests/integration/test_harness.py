@@ -161,3 +161,25 @@ def test_a_stale_namespace_number_stops_nobody(tmp_path: Path) -> None:
     finally:
         other.kill()
         other.wait()
+
+
+def _ports(conf: Path) -> set[int]:
+    text = conf.read_text()
+    ctld = int(text.split("SlurmctldPort=")[1].split()[0])
+    first, last = text.split(" Port=[")[1].split("]")[0].split("-")
+    return {ctld, *range(int(first), int(last) + 1)}
+
+
+def test_a_cluster_started_beside_another_has_ports_of_its_own_below_the_outgoing_range(
+        slurm_env: dict[str, str]) -> None:
+    """CI runs six clusters side by side, of three Slurm versions: a controller whose port
+    another cluster's daemon (or any process's outgoing connection) holds never comes up,
+    and the client then talks to the other one ("Insane message length" from a controller of
+    another version). Each cluster's three ports are its own, below Linux's range for
+    outgoing connections and above the chain engine's rendezvous ports."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    with localslurm.local_cluster(localslurm.selected(), "tb", session_path=False) as env:
+        beside = _ports(Path(env["SLURM_CONF"]))
+        ours = _ports(Path(slurm_env["SLURM_CONF"]))
+        assert len(beside) == 3 and not beside & ours, (beside, ours)
+        assert all(30000 <= port < min(low, 32768) for port in beside | ours), (beside, ours)
