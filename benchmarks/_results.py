@@ -9,6 +9,7 @@ as they are.
 
 from __future__ import annotations
 
+import compileall
 import contextlib
 import os
 import platform
@@ -77,7 +78,14 @@ def write_section(name: str, body: str) -> None:
 def local_slurm(prefix: str = "tb") -> Iterator[tuple[dict[str, str], Path]]:
     """A local SLURM cluster (ci/slurm-up.sh; root, slurm-wlm, munge) for one benchmark:
     yields the environment to run jobs with and the cluster's directory, then stops it by
-    PID (ci/slurm-down.sh). In the short mode, the cluster SLURM_CONF names, as it is."""
+    PID (ci/slurm-down.sh). In the short mode, the cluster SLURM_CONF names, as it is.
+    The train package's bytecode is written first, as an installed package has it (pip
+    compiles at install): both sides import it, and under PYTHONDONTWRITEBYTECODE=1 (set in
+    some shells) every start would otherwise compile it from source again, ours 3-4 times
+    a job (the client, train launch, the program) to the hand-written job's once."""
+    import train
+
+    compileall.compile_dir(str(Path(train.__file__).parent), quiet=1)
     if short() and os.environ.get("SLURM_CONF"):
         yield ({**os.environ, "OMP_NUM_THREADS": "1"},
                Path(os.environ["SLURM_CONF"]).parent)

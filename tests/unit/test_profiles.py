@@ -128,3 +128,21 @@ def test_clusters_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["clusters", "show", "gilbreth"]) == 0
     assert "gpu_features" in capsys.readouterr().out
     assert main(["clusters", "show", "nowhere"]) == 2
+
+
+def test_the_shipped_profiles_are_parsed_once_and_each_look_gets_its_own_copy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from train.client.clusters import profiles
+    from train.common import yamlio
+
+    profiles._parsed_shipped.cache_clear()
+    calls: list[str] = []
+    real = yamlio.load_text
+    monkeypatch.setattr(yamlio, "load_text", lambda text, source, field: (
+        calls.append(source), real(text, source, field))[1])
+    first = profiles._shipped()
+    first[0][1]["name"] = "changed by a caller"
+    second = profiles._shipped()
+    assert second[0][1]["name"] != "changed by a caller"
+    assert len(calls) == len(first) > 0  # the second look parsed nothing
+    assert Registry().get("gilbreth").name == "gilbreth"

@@ -9,7 +9,9 @@ mappings merge), so a site change is a three-line file.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import os
 from collections.abc import Iterable, Mapping
 from importlib import resources
@@ -46,6 +48,14 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def _shipped() -> list[tuple[str, dict[str, Any]]]:
+    """The profiles shipped in the package, a fresh copy each call."""
+    return copy.deepcopy(_parsed_shipped())
+
+
+@functools.cache
+def _parsed_shipped() -> list[tuple[str, dict[str, Any]]]:
+    """Parsed once a process (a submit resolves its job twice where Slurm starts a floor
+    short; pure-Python YAML, about 50 ms a look)."""
     folder = resources.files("train.client.clusters") / "data"
     found = []
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):
