@@ -157,7 +157,9 @@ def main() -> None:
         "chain engine per chunk and per task, `train launch`); hand-written: `sbatch "
         "--wrap \"srun bash -c '...'\"` setting the rank variables (tasks) or calling "
         "torchrun with a static rendezvous (torchrun) by hand. The jobs' python3 is an "
-        "interpreter, not a version manager's shim (see the script's docstring). Load "
+        "interpreter, not a version manager's shim (see the script's docstring), and "
+        "the train package's bytecode is compiled first, as an installed package's is "
+        "(benchmarks/_results.py: local_slurm). Load "
         f"average (1 min) at the start and the end: {load[0]:.1f}, {load[1]:.1f} (other "
         "work on the machine slows both sides' runs alike, not their order).",
         "",
