@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from tests.integration.chains import TERMINAL, walltime_signal
+from tests.integration.chains import TERMINAL, assert_complete, walltime_signal
 from tests.integration.chains import logs as _logs
 from tests.integration.chains import wait as _wait
 
@@ -55,7 +55,7 @@ def test_a_plain_ddp_script_trains_on_two_nodes(
     run_dir = _submit(tmp_path, env, name, [*flags, "--launch", launch], python)
     st = _wait(tmp_path, env, name, lambda s: s["state"] in TERMINAL, timeout=300)
     out = _logs(run_dir, "out")
-    assert st["state"] == "complete", (st, _logs(run_dir, "err")[-4000:])
+    assert_complete(st, run_dir)
     assert "user script rank 0/2" in out and "user script rank 1/2" in out
     weights = {line.rsplit(" ", 1)[-1] for line in out.splitlines() if "weight sum" in line}
     assert len(weights) == 1, out  # DDP kept both ranks identical
@@ -69,7 +69,7 @@ def test_a_torchrun_only_script_runs_as_the_one_process_of_a_job(
                                                    sys.executable])
     st = _wait(tmp_path, slurm_env, "one", lambda s: s["state"] in TERMINAL, timeout=300)
     out = _logs(run_dir, "out")
-    assert st["state"] == "complete", (st, _logs(run_dir, "err")[-4000:])
+    assert_complete(st, run_dir)
     assert "user script rank 0/1 local 0 master 127.0.0.1:" in out, out
     assert out.count("done at step 20") == 1
 
@@ -93,7 +93,7 @@ def test_under_runtime_none_the_commands_python_is_the_python_checked(
                    cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
     st = _wait(tmp_path, env, "py", lambda s: s["state"] in TERMINAL, timeout=300)
-    assert st["state"] == "complete", (st, _logs(run_dir, "err")[-4000:])
+    assert_complete(st, run_dir)
     assert "done at step 20" in _logs(run_dir, "out")
     assert f"runs as --python {sys.executable}" in proc.stderr, proc.stderr
 
@@ -115,7 +115,7 @@ def test_accelerate_launch_runs_once_per_node_given_the_jobs_shape(
         run_dir = tmp_path / "runs" / name
         st = _wait(tmp_path, slurm_env, name, lambda s: s["state"] in TERMINAL, timeout=300)
         out, err = _logs(run_dir, "out"), _logs(run_dir, "err")
-        assert st["state"] == "complete", (st, err[-4000:])
+        assert_complete(st, run_dir)
         for rank in range(world):  # (a group of one too, as under torchrun)
             assert f"accelerate process {rank} of {world} (MULTI_CPU): gathered " \
                 f"{list(range(world))}" in out, out
@@ -137,7 +137,7 @@ def test_with_no_stop_signal_a_program_without_a_handler_is_never_signalled(
     _wait(tmp_path, env, "nohandler", lambda s: "not passed on" in _logs(run_dir), 120)
     (run_dir / "user_release").touch()
     st = _wait(tmp_path, env, "nohandler", lambda s: s["state"] in TERMINAL, timeout=300)
-    assert st["state"] == "complete", (st, _logs(run_dir)[-3000:])  # exit 0, never asked
+    assert_complete(st, run_dir)  # exit 0, never asked
     assert "stopped by signal" not in _logs(run_dir, "out")
     assert _logs(run_dir, "out").count("done at step 20") == 2
 
@@ -152,7 +152,7 @@ def test_a_script_that_checkpoints_on_its_stop_signal_resumes_in_the_next_chunk(
     walltime_signal(st["chunks"][0]["job_id"], env)
     st = _wait(tmp_path, env, name, lambda s: s["state"] in TERMINAL, timeout=300)
     out, err = _logs(run_dir, "out"), _logs(run_dir, "err")
-    assert st["state"] == "complete", (st, err[-4000:])
+    assert_complete(st, run_dir)
     assert [c["events"][-1] for c in st["chunks"] if c["events"]] == ["stopped", "complete"], st
     assert "user script stopped by signal at step 7" in out
     assert "rank 0 resumed at step 7" in out and "rank 1 resumed at step 7" in out
@@ -185,7 +185,7 @@ def test_lightning_checkpoints_on_the_walltime_signal_and_the_next_chunk_resumes
     walltime_signal(st["chunks"][0]["job_id"], env)
     st = _wait(tmp_path, env, name, lambda s: s["state"] in TERMINAL, timeout=300)
     out, err = _logs(run_dir, "out"), _logs(run_dir, "err")
-    assert st["state"] == "complete", (st, err[-4000:])
+    assert_complete(st, run_dir)
     assert [c["events"][-1] for c in st["chunks"] if c["events"]] == ["stopped", "complete"]
     assert st["chunks"][0]["state"] == "COMPLETED"  # ended by us, not requeued by Slurm
     assert "requeued" not in (run_dir / "chain.events").read_text()
