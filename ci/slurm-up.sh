@@ -48,15 +48,15 @@ free_base() {
 # (clusters that start and stop side by side, also in the roots of ci/trixie-slurm.sh and
 # ci/sid-apptainer.sh, which share /tmp and /etc/hosts, edit the file one at a time: a
 # stop's rewrite read before another's append would lose that line)
-base_port=$(
+{
     flock 9
-    base=${SLURM_BASE_PORT:-$(free_base)}
-    mkdir -p "$dir" && printf 'SlurmctldPort=%s\n' "$base" > "$dir/slurm.conf"
+    base_port=${SLURM_BASE_PORT:-$(free_base)}
+    [ -n "$base_port" ] || exit 1  # (free_base said why)
+    printf 'SlurmctldPort=%s\n' "$base_port" > "$dir/slurm.conf"
     if ! grep -qF "train-local-slurm $dir" /etc/hosts 2>/dev/null; then
         printf '127.0.0.1 n1 n2  # train-local-slurm %s\n' "$dir" >> /etc/hosts
     fi
-    echo "$base"
-) 9>> /tmp/.train-local-slurm-hosts.lock
+} 9>> /tmp/.train-local-slurm-hosts.lock
 ctld_port=$base_port
 node_first=$((base_port + 1))
 node_last=$((base_port + 2))

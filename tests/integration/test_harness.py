@@ -7,6 +7,7 @@ in its mount namespace). The cluster is the selected one (TRAIN_TEST_SLURM)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -183,3 +184,54 @@ def test_a_cluster_started_beside_another_has_ports_of_its_own_below_the_outgoin
         ours = _ports(Path(slurm_env["SLURM_CONF"]))
         assert len(beside) == 3 and not beside & ours, (beside, ours)
         assert all(30000 <= port < min(low, 32768) for port in beside | ours), (beside, ours)
+
+
+def test_a_cluster_chooses_its_ports_under_the_lock_of_the_clusters_beside_it(
+        slurm_env: dict[str, str]) -> None:
+    """Two clusters starting at once must not both find the same ports free: the choice and
+    its record (the /etc/hosts line, the slurm.conf that names the port) happen under the
+    lock every start and stop takes. Held here, a start waits for it and writes nothing."""
+    import fcntl
+    import shutil
+    import tempfile
+    import threading
+
+    folder = Path(tempfile.mkdtemp(prefix="tl", dir="/tmp"))
+    cluster = localslurm.LocalCluster(folder, localslurm.selected())
+    got: list[object] = []
+
+    def start() -> None:
+        try:
+            got.append(cluster.start())
+        except Exception as exc:  # (the test reports it)
+            got.append(exc)
+
+    starting = threading.Thread(target=start)
+    try:
+        with open("/tmp/.train-local-slurm-hosts.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            starting.start()
+            while not _blocked_on_the_lock(folder) and starting.is_alive():
+                time.sleep(0.1)
+            assert starting.is_alive(), got
+            assert not (folder / "slurm.conf").exists()
+            assert f"train-local-slurm {folder}" not in Path("/etc/hosts").read_text()
+        starting.join()
+        assert got and isinstance(got[0], dict), got
+        assert len(_ports(folder / "slurm.conf")) == 3
+    finally:
+        starting.join()
+        cluster.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _blocked_on_the_lock(folder: Path) -> bool:
+    """A `flock` whose parent is the start of the cluster in `folder` (its command line
+    names the folder)."""
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if proc.name.isdigit() and (proc / "comm").read_text().strip() == "flock":
+                parent = (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                if str(folder) in Path(f"/proc/{parent}/cmdline").read_text():
+                    return True
+    return False
