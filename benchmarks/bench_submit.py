@@ -74,7 +74,7 @@ def main() -> None:
         "",
         f"Machine: {machine()}; the local SLURM cluster of ci/slurm-up.sh (Slurm 22.05, "
         "sched_interval=2). Median of 6 alternating submissions each. Ours: `train submit` "
-        "(validation, rendering, held chain, release, job prologue, srun). Baseline: "
+        "(validation, rendering, the chain's record, job prologue, srun). Baseline: "
         "`sbatch --wrap \"srun python -m train run ...\"` with the same workload. The "
         "train package's bytecode is compiled first, as an installed package's is.",
         "",

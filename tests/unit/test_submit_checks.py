@@ -498,7 +498,7 @@ def test_an_interrupted_submit_leaves_no_held_job_or_names_it(
         assert "Slurm had queued the job (4242): cancelling it" in err, err
     else:  # Slurm cannot be asked: the user is told exactly what to find and cancel
         assert not cancelled.exists()
-        assert f"held in the queue (it never starts) running {script} 1" in err, err
+        assert f"takes its place in the queue, running {script} 1" in err, err
         assert "scancel ID" in err, err
     assert not (tmp_path / "runs" / "cut" / "chain.json").exists()
 
@@ -525,8 +525,9 @@ def test_an_sbatch_answer_without_a_job_id_leaves_no_held_job_or_names_it(
         assert cancelled.read_text().split() == ["4242"], proc.stderr
     else:
         script = queue.read_text().split()[1]
-        assert "sbatch answered without a job id; if Slurm took the job anyway, it is held " \
-            f"in the queue (it never starts) running {script} 1" in proc.stderr, proc.stderr
+        assert "sbatch answered without a job id; if Slurm took the job anyway, it does no " \
+            "work" in proc.stderr, proc.stderr
+        assert f"takes its place in the queue, running {script} 1" in proc.stderr, proc.stderr
     assert not (tmp_path / "runs" / "wordy" / "chain.json").exists()
 
 
@@ -559,3 +560,4 @@ def test_a_partitions_gpus_the_image_has_no_code_for_are_refused_at_submit(
     env = apptainer("base-cu128.txt")
     proc = run_cli(["render", *job], cwd=tmp_path, env=env)
     assert proc.returncode == 0 and "sm_70" not in proc.stderr, proc.stderr
+

@@ -10,7 +10,6 @@ import contextlib
 import os
 import shlex
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from train.client.slurm.submission import (
     chain_record,
     first_chunk,
     install_engine,
-    submit_held,
+    submit_script,
     undo_submission,
 )
 from train.client.slurm.sweep import (
@@ -117,7 +116,7 @@ def _write_scripts(tasks: list[tuple[SweepTask, ResolvedJob]], texts: list[str],
             own.mkdir(parents=True, exist_ok=True)
         script = run_dir / contract.JOBS_DIR / contract.JOB_SCRIPT
         tag = None if old is None else old.ids[0] if old.ids else "old"
-        _set_aside(run_dir, tag, script, str(int(time.time())), moved)
+        _set_aside(run_dir, tag, script, moved)
         script.write_text(text, encoding="utf-8")
         written.append(script)
         install_engine(run_dir, moved)
@@ -157,7 +156,7 @@ def submit_sweep(name: str, flag: str, root: Path, tasks: list[tuple[SweepTask, 
         pending = launcher.with_name(f".{ARRAY_SCRIPT}.{os.getpid()}")  # its own name
         pending.write_text(array_script(name, root, tasks, throttle, firsts), encoding="utf-8")
         written.append(pending)
-        array_id = submit_held(pending, [])
+        array_id = submit_script(pending, [], hold=True)
         _keep(launcher, launcher.with_name(f"array-{earlier or 'old'}.sbatch"), moved)
         pending.replace(launcher)
         written[-1] = launcher
