@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import sysconfig
 import time
@@ -561,3 +562,35 @@ def test_a_partitions_gpus_the_image_has_no_code_for_are_refused_at_submit(
     proc = run_cli(["render", *job], cwd=tmp_path, env=env)
     assert proc.returncode == 0 and "sm_70" not in proc.stderr, proc.stderr
 
+
+def test_submit_asks_each_question_once_though_it_asks_them_ahead(tmp_path: Path) -> None:
+    """`train submit` starts what its checks and notes ask (Slurm's release, the site's
+    reservations, the engine's Python) beside its own work (_proc.ahead): each is still
+    run exactly once, and its answer is the one the checks read (22.05: the floor is
+    dropped, said in a note)."""
+    stand_ins = tmp_path / "sbin"
+    calls, started = tmp_path / "calls", tmp_path / "scontrol-started"
+    # (--test-only, which needs the rendered script, runs after the rest has started)
+    _exe(stand_ins / "sbatch", f"""#!/bin/sh
+echo "sbatch $*" >> {calls}
+case " $* " in *" --version "*) echo "slurm 22.05.8"; exit 0 ;;
+  *" --test-only "*)
+    i=0; while [ ! -e {started} ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    [ -e {started} ] && echo "the reservations were asked before --test-only" >> {calls}
+    echo "sbatch: Job 1 to start at now" >&2; exit 0 ;; esac
+echo 4242
+""")
+    _exe(stand_ins / "scontrol", f'#!/bin/sh\ntouch {started}\necho "scontrol $*" >> {calls}\n')
+    real = subprocess.run(["python3", "-c", "import sys; print(sys.executable)"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    _exe(stand_ins / "python3", f'#!/bin/sh\necho "python3 $*" >> {calls}\nexec {real} "$@"\n')
+    proc = run_cli(["submit", *LOCAL, "--name", "once", "--", "demo"], cwd=tmp_path,
+                   env={"PATH": f"{stand_ins}:{os.environ['PATH']}"})
+    assert proc.returncode == 0, proc.stderr
+    assert "Slurm 22.05.8 starts a job that has --time-min" in proc.stderr, proc.stderr
+    lines = calls.read_text().splitlines()
+    assert lines.count("sbatch --version") == 1, lines
+    assert lines.count("scontrol show reservation -o") == 1, lines
+    assert len([line for line in lines if line.startswith("python3 -E -s -c")]) == 1, lines
+    assert len([line for line in lines if line.startswith("sbatch --parsable")]) == 1, lines
+    assert "the reservations were asked before --test-only" in lines, lines
