@@ -450,7 +450,7 @@ def recorded(run_dir: str, number: int, first: Optional[int]) -> bool:
                                                      RECORD_WAIT))
             return False
         time.sleep(pause)
-        pause = min(pause * 2, 1.0)
+        pause = min(pause * 2, 0.1)
     return True
 
 
