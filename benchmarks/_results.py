@@ -101,3 +101,19 @@ def local_slurm(prefix: str = "tb") -> Iterator[tuple[dict[str, str], Path]]:
     finally:
         subprocess.run(["bash", str(repo / "ci" / "slurm-down.sh"), str(folder)],
                        check=False)
+
+
+def idle(env: dict[str, str], bound: float = 300.0) -> None:
+    """Wait until the cluster runs and queues no job. Each side's job starts on an idle
+    cluster: a job queued while the other side's is still running starts when that one
+    ends (Slurm schedules at a job's end), one queued after it at the next scheduling
+    pass (up to sched_interval later), so back-to-back submissions would favour the side
+    whose job ends sooner or whose client is quicker by more than their own work."""
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        out = subprocess.run(["squeue", "--noheader", "--format=%i"], env=env,
+                             capture_output=True, text=True, check=False)
+        if out.returncode == 0 and not out.stdout.strip():
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"the cluster still had jobs after {bound:g} s")

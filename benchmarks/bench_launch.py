@@ -8,9 +8,10 @@ the hand-written jobs name their interpreter, and a version manager's shim (pyen
 bash script that runs `pyenv exec`, about 0.1-0.2 s a start) would be charged to ours
 alone, three times (submit's check, the chunk, each task's wrapper).
 
-The scheduler starts a job at its next pass (sched_interval=2: 0 to 2 s after the submit,
-both sides alike: ours is submitted unheld): the section also gives each side's time
-less that wait, read from slurmctld's log, where the sides' own work alone is compared."""
+Each job is submitted on an idle cluster (_results.idle), and the scheduler starts it at
+its next pass (bf_interval=2: 0 to 2 s after the submit, both sides alike): the section also
+gives each side's time less that wait, read from slurmctld's log, where the sides' own work
+alone is compared."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import local_slurm, machine, median, short, write_section
+from _results import idle, local_slurm, machine, median, short, write_section
 from bench_submit import WORKLOAD, first_step
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,6 +86,7 @@ def rendezvous(log_dir: Path) -> float:
 def ours(work: Path, env: dict[str, str], mode: str, i: int
          ) -> tuple[float, float, str]:
     name = f"{mode}{i}"
+    idle(env)
     start = time.time()
     subprocess.run([sys.executable, "-m", "train", "submit", "--name", name, "--cluster",
                     "local", "--python", sys.executable, "--nodes", "2", "--launch", mode,
@@ -103,6 +105,7 @@ def hand(work: Path, env: dict[str, str], mode: str, i: int) -> tuple[float, str
     args = shlex.join([*WORKLOAD, "--out", str(out / "run")])
     inner = HAND[mode].format(py=shlex.quote(sys.executable), args=args)
     command = f"srun --cpus-per-task=1 bash -c {shlex.quote(inner)}"
+    idle(env)
     start = time.time()
     job_id = subprocess.run(
         ["sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1",
@@ -151,7 +154,8 @@ def main() -> None:
         "",
         f"Machine: {machine()}; the local 2-node cluster of ci/slurm-up.sh, one CPU rank "
         f"per node, DDP over gloo. Median of {ROUNDS} alternating submissions each, timed "
-        "from the submitting command's start to the first training step's log line. "
+        "from the submitting command's start to the first training step's log line, each "
+        "submitted once the cluster is idle. "
         "Rendezvous = first task started to last rank's process group ready (ours). Ours: "
         "`train submit --nodes 2 --launch MODE` (its checks, the submit, the "
         "chain engine per chunk and per task, `train launch`); hand-written: `sbatch "
