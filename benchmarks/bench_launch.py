@@ -9,8 +9,8 @@ bash script that runs `pyenv exec`, about 0.1-0.2 s a start) would be charged to
 alone, three times (submit's check, the chunk, each task's wrapper).
 
 Each job is submitted on an idle cluster (_results.idle), and the scheduler starts it at
-its next pass (bf_interval=2: 0 to 2 s after the submit, both sides alike): the section also
-gives each side's time less that wait, read from slurmctld's log, where the sides' own work
+its next pass (bf_interval=2: 0 to 2 s after the submit, or the release of ours): the
+section also gives each side's time less that wait, read from slurmctld's log, where the sides' own work
 alone is compared."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def direct_python3(env: dict[str, str], folder: Path) -> dict[str, str]:
 
 
 def queue_wait(cluster: Path, job_id: str) -> float | None:
-    """Seconds from the job's submission to its start, by the
+    """Seconds from the job's submission (ours: its release) to its start, by the
     controller's log; None where the log does not say both."""
     log = cluster / "slurmctld.log"
     text = log.read_text(errors="replace") if log.is_file() else ""
@@ -157,7 +157,7 @@ def main() -> None:
         "from the submitting command's start to the first training step's log line, each "
         "submitted once the cluster is idle. "
         "Rendezvous = first task started to last rank's process group ready (ours). Ours: "
-        "`train submit --nodes 2 --launch MODE` (its checks, the submit, the "
+        "`train submit --nodes 2 --launch MODE` (its checks, held submit and release, the "
         "chain engine per chunk and per task, `train launch`); hand-written: `sbatch "
         "--wrap \"srun bash -c '...'\"` setting the rank variables (tasks) or calling "
         "torchrun with a static rendezvous (torchrun) by hand. The jobs' python3 is an "
@@ -168,7 +168,7 @@ def main() -> None:
         "work on the machine slows both sides' runs alike, not their order).",
         "",
         "The last three columns take out each job's wait for the scheduler's pass (its "
-        "submission to its start in slurmctld's log): Slurm's, the "
+        "submission, or ours' release, to its start in slurmctld's log): Slurm's, the "
         "same for both sides, and 0 to 2 s of noise in each run.",
         "",
         "| mode | rendezvous s | ours: submit to first step s | hand-written s | ratio | "

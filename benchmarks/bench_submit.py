@@ -78,7 +78,7 @@ def main() -> None:
         "sched_interval=2). Median of 6 alternating submissions each, each once the cluster "
         "is idle (a job queued while the other side's runs would start at that one's end). "
         "Ours: `train submit` "
-        "(validation, rendering, the chain's record, job prologue, srun). Baseline: "
+        "(validation, rendering, held chain, release, job prologue, srun). Baseline: "
         "`sbatch --wrap \"srun python -m train run ...\"` with the same workload. The "
         "train package's bytecode is compiled first, as an installed package's is.",
         "",

@@ -308,45 +308,65 @@ def test_shell_metacharacters_reach_the_trainer_verbatim(tmp_path: Path,
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_a_submission_killed_midway_leaves_nothing_queued(
         tmp_path: Path, slurm_env: dict[str, str], sig: signal.Signals) -> None:
-    # a busy controller: it has queued chunk 1 (unheld: it starts) but its answer has not
-    # reached sbatch when the user's terminal closes. The stand-in runs the real sbatch,
-    # keeps its answer (the id the test looks for) and then waits, as sbatch does for a
-    # late reply. The chunk runs and waits for its id, which is never recorded.
+    # the release comes late (a slow controller); the user's terminal closes before it
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    real = shutil.which("scontrol")
+    (shim / "scontrol").write_text(f'#!/bin/bash\nsleep 30\nexec {real} "$@"\n')
+    (shim / "scontrol").chmod(0o755)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **slurm_env,
+           "PATH": f"{shim}:{os.environ['PATH']}"}
+    proc = subprocess.Popen([sys.executable, "-m", "train", "submit", "--name", "cut",
+                             *job_flags("--time", "5"), "--", "demo"], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    run_dir = tmp_path / "runs" / "cut"
+    for _ in range(600):  # until chunk 1 is submitted, held
+        if (run_dir / "chain.ids").exists():
+            break
+        time.sleep(0.05)
+    job_id = (run_dir / "chain.ids").read_text().split()[1]
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert not (run_dir / "chain.json").exists() and not (run_dir / "chain.ids").exists()
+    queue = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
+                           text=True, env=env, check=False).stdout.strip()
+    assert queue in ("", "CANCELLED"), queue
+
+
+def test_a_submission_killed_before_sbatch_answers_leaves_nothing_queued(
+        tmp_path: Path, slurm_env: dict[str, str]) -> None:
+    # a busy controller: it has queued chunk 1 (held) but its answer has not reached
+    # sbatch when the user's terminal closes. The stand-in runs the real sbatch, keeps its
+    # answer (the id the test looks for) and then waits, as sbatch does for a late reply.
     shim = tmp_path / "shim"
     shim.mkdir()
     real = shutil.which("sbatch", path=slurm_env.get("PATH", os.environ["PATH"]))
     assert real is not None
     (shim / "sbatch").write_text(
-        f'#!/bin/bash\ncase " $* " in *" --test-only "*|*" --version "*) ;;\n'
-        f'  *" --parsable "*)\n'
+        f'#!/bin/bash\ncase " $* " in *" --hold "*)\n'
         f'    {real} "$@" > {tmp_path}/reply.tmp && mv {tmp_path}/reply.tmp {tmp_path}/reply\n'
         f'    exec sleep 300 ;;\nesac\nexec {real} "$@"\n')
     (shim / "sbatch").chmod(0o755)
     env = {**os.environ, "OMP_NUM_THREADS": "1", **slurm_env,
            "PATH": f"{shim}:{slurm_env.get('PATH', os.environ['PATH'])}"}
-    proc = subprocess.Popen([sys.executable, "-m", "train", "submit", "--name", "cut",
+    proc = subprocess.Popen([sys.executable, "-m", "train", "submit", "--name", "slow",
                              *job_flags("--time", "5"), "--", "demo"], cwd=tmp_path,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     reply = tmp_path / "reply"
-    for _ in range(1200):  # until the controller has queued chunk 1
+    for _ in range(1200):  # until the controller has queued chunk 1, held
         if reply.exists() or proc.poll() is not None:
             break
         time.sleep(0.05)
     assert reply.exists(), proc.communicate()
     job_id = reply.read_text().strip().split(";")[0]
-    run_dir = tmp_path / "runs" / "cut"
-    for _ in range(1200):  # until Slurm has started it (its log is opened as it starts)
-        if list((run_dir / "logs").glob(f"*-{job_id}.*")):
-            break
-        time.sleep(0.05)
-    assert list((run_dir / "logs").glob(f"*-{job_id}.*")), "chunk 1 never started"
-    proc.send_signal(sig)
+    proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert f"Slurm had queued the job ({job_id}): cancelling it" in err, err
     queue = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
                            text=True, env=env, check=False).stdout.strip()
-    assert queue in ("", "CANCELLED", "COMPLETING"), queue
-    assert not (run_dir / "chain.json").exists() and not (run_dir / "chain.ids").exists()
-    assert not (run_dir / "chain.events").exists()  # the chunk did nothing
+    assert queue in ("", "CANCELLED"), queue
+    assert not (tmp_path / "runs" / "slow" / "chain.json").exists()

@@ -235,9 +235,6 @@ def _script(tmp_path: Path, **values: str) -> Path:
     old = json.loads(record.read_text()) if record.exists() else {}
     record.write_text(json.dumps({**old, "job": job}))
     engine = install(str(run_dir))
-    ids = run_dir / contract.CHAIN_IDS
-    if not ids.exists():  # chunk 1's id, as submit records it (the engine waits for it)
-        ids.write_text("1 500\n")
     script = tmp_path / "chain.sbatch"
     script.write_text("#!/bin/bash\nset -euo pipefail\n"
                       f"exec {ENGINE_PYTHON} -E -s {shlex.quote(engine)} chunk \"$0\" \"$@\" -- "
@@ -296,58 +293,6 @@ def test_a_checkpointed_stop_extends_the_chain_once_and_records_progress(
     assert "SLURM_CONF=/etc/slurm/site.conf" in env
     assert not [v for v in env if v.startswith(("SLURM_JOB_ID=", "SLURM_CPUS_PER_TASK=",
                                                 "SBATCH_"))]
-
-
-def test_chunk_1_does_nothing_until_submit_has_recorded_its_id(tmp_path: Path) -> None:
-    """Chunk 1 is submitted unheld: Slurm may start it before `train submit` has written
-    its id to chain.ids. Until the id is there (another job's does not count) the engine
-    writes nothing and runs nothing; then the chunk runs as ever."""
-    script = _script(tmp_path)
-    ids = tmp_path / "run" / contract.CHAIN_IDS
-    ids.write_text("1 499\n")  # not this job's
-    proc = subprocess.Popen(["bash", str(script), "1"], env={**_env(tmp_path),
-                            "STEP_MODE": "progress"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        for _ in range(600):  # until bash has become the engine
-            with contextlib.suppress(OSError):
-                if "chunk" in Path(f"/proc/{proc.pid}/cmdline").read_text():
-                    break
-            time.sleep(0.01)
-        time.sleep(0.5)
-        assert proc.poll() is None
-        assert _events(tmp_path) == [] and _calls(tmp_path, "sbatch") == []
-        assert not (tmp_path / "run" / contract.LOG_DIR).exists()
-        ids.write_text("1 500\n")
-        _, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, err
-    assert _kinds(tmp_path) == ["started", "extended", "stopped"]
-
-
-def test_a_chunk_whose_id_is_never_recorded_ends_having_written_nothing(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
-    from train.batch import chunk
-
-    monkeypatch.setattr(chunk, "RECORD_WAIT", 0)
-    monkeypatch.setenv("SLURM_JOB_ID", "500")
-    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
-    run = tmp_path / "run"
-    run.mkdir()
-    assert not chunk.recorded(str(run), 1, None)
-    assert "job 500 is not recorded" in capsys.readouterr().err
-    assert not chunk.recorded(str(run), 4, 4)  # a chain's first chunk at 4
-    assert list(run.iterdir()) == []
-    assert chunk.recorded(str(run), 2, None)  # (recorded by the chunk that submitted it)
-    (run / contract.CHAIN_IDS).write_text("4 500\n")
-    assert chunk.recorded(str(run), 4, 4)
-    monkeypatch.setenv("SLURM_JOB_ID", "703")  # a sweep's task, recorded as ARRAY_TASK
-    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "700")
-    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
-    (run / contract.CHAIN_IDS).write_text("1 700_3\n")
-    assert chunk.recorded(str(run), 1, None)
 
 
 def test_a_restarted_chunk_does_not_submit_its_successor_twice(tmp_path: Path) -> None:
@@ -413,7 +358,7 @@ def test_a_refused_successor_is_retried_at_the_end(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert _kinds(tmp_path) == ["started", "extend_failed", "extended", "stopped"]
     assert "QOSMaxSubmitJobPerUserLimit" in _events(tmp_path)[1][3]
-    assert _ids(tmp_path) == "1 500\n2 902\n"
+    assert _ids(tmp_path) == "2 902\n"
 
 
 def test_a_successor_refused_twice_ends_the_chain_incomplete(tmp_path: Path) -> None:
@@ -780,7 +725,7 @@ def test_a_late_signal_during_the_end_time_retry_does_not_kill_the_batch_shell(
     proc = _run(tmp_path, "progress")
     assert proc.returncode == 0, proc.stderr
     assert _kinds(tmp_path) == ["started", "extend_failed", "extended", "stopped"]
-    assert _ids(tmp_path) == "1 500\n2 902\n"
+    assert _ids(tmp_path) == "2 902\n"
 
 
 def _wait_said(proc: subprocess.Popen[str], text: str) -> str:
@@ -838,7 +783,7 @@ def test_a_successor_whose_reply_was_lost_is_found_not_submitted_again(
     assert _kinds(tmp_path) == ["started", "extend_failed", "extended", "stopped"]
     assert "Socket timed out" in _events(tmp_path)[1][3]
     assert _events(tmp_path)[2][3] == "901"
-    assert _ids(tmp_path) == "1 500\n2 901\n"
+    assert _ids(tmp_path) == "2 901\n"
     assert len(_calls(tmp_path, "sbatch")) == 1
     assert _calls(tmp_path, "squeue") == [f"--noheader --user={os.getuid()} --format=%i %E %o"]
     assert "sbatch's reply was lost" in proc.stderr
@@ -855,7 +800,7 @@ def test_when_the_queue_cannot_be_read_no_second_successor_is_submitted(
     assert _kinds(tmp_path) == ["started", "extend_failed", "extend_failed", "incomplete"]
     assert _events(tmp_path)[2][3].startswith("squeue: squeue: error: Socket timed out")
     assert len(_calls(tmp_path, "sbatch")) == 1
-    assert _ids(tmp_path) == "1 500\n"
+    assert _ids(tmp_path) == ""
 
 
 def test_a_restarted_chunk_looks_for_the_successor_its_first_run_submitted(
@@ -868,7 +813,7 @@ def test_a_restarted_chunk_looks_for_the_successor_its_first_run_submitted(
     proc = _run(tmp_path, "progress", extra_env={"SLURM_RESTART_COUNT": "1"})
     assert proc.returncode == 0, proc.stderr
     assert _calls(tmp_path, "sbatch") == []
-    assert _ids(tmp_path) == "1 500\n2 777\n"
+    assert _ids(tmp_path) == "2 777\n"
     assert _kinds(tmp_path) == ["started", "extended", "stopped"]
 
 
@@ -1151,8 +1096,6 @@ def test_stop_mode_kill_of_an_array_task_kills_that_tasks_steps_only(
     --jobs=700 lists every task's steps. The task asks for its own (700_3) and kills those."""
     save_dir = tmp_path / "out"
     save_dir.mkdir()
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / contract.CHAIN_IDS).write_text("1 700_3\n")  # as submit records it
     (tmp_path / "stubs").mkdir()
     (tmp_path / "stubs" / "queue").write_text("700_3.extern\n700_3.batch\n700_3.0\n")
     proc = _start_saving(tmp_path, {"STEP_SAVE_DIR": str(save_dir), "STEP_DEAF": "1",

@@ -128,8 +128,6 @@ def test_the_last_task_of_a_sweeps_array_reads_its_own_time_limit(tmp_path: Path
     for its own (700_3)."""
     _env(tmp_path)
     _limit(tmp_path, "30:00\n")
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / contract.CHAIN_IDS).write_text("1 700_3\n")  # as submit records it
     proc = _run(tmp_path, "progress", TIME_MIN_SECONDS="900",
                 extra_env={"SLURM_JOB_ID": "700", "SLURM_ARRAY_JOB_ID": "700",
                            "SLURM_ARRAY_TASK_ID": "3"})

@@ -201,18 +201,13 @@ def _job(tmp_path: Path) -> Any:
     return resolve(spec, Registry(environ={}).get("local"))
 
 
-def _fake_slurm(monkeypatch: pytest.MonkeyPatch, fail: str | None,
-                seen: Path | None = None) -> list[list[str]]:
-    """Slurm's commands answered (`fail`'s refused); with `seen`, each call is followed by
-    the names of the files there at that moment, as ["files", NAMES...]."""
+def _fake_slurm(monkeypatch: pytest.MonkeyPatch, fail: str | None) -> list[list[str]]:
     import subprocess
 
     calls: list[list[str]] = []
 
     def run(argv: list[str], **kw: Any) -> Any:
         calls.append(list(argv))
-        if seen is not None:
-            calls.append(["files", *sorted(p.name for p in seen.iterdir())])
         if argv[0] == fail:
             raise common._proc.ProcError(argv, 1, f"{argv[0]}: error: refused")
         out = "4242\n" if argv[0] == "sbatch" else ""
@@ -229,37 +224,20 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
             if p.is_file()}
 
 
-@pytest.mark.parametrize("fail", ["sbatch", "record"])
+@pytest.mark.parametrize("fail", ["sbatch", "scontrol"])
 def test_a_failed_resubmission_leaves_the_earlier_chain_as_it_was(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail: str) -> None:
-    """sbatch refused, or Ctrl-C as the new chain's id is recorded (its chunk may have
-    started: unheld): chain.ids goes first (a started chunk then does nothing), then the
-    job is cancelled and its logs removed."""
     run = tmp_path / "runs" / "e1"
     (run / "jobs").mkdir(parents=True)
-    (run / "logs").mkdir()
     (run / contract.CHAIN_RECORD).write_text('{"name": "e1", "cluster": "local"}')
     (run / contract.CHAIN_IDS).write_text("1 100\n2 101\n")
     (run / "jobs" / contract.JOB_SCRIPT).write_text("#!/bin/bash\n# the earlier one\n")
-    (run / "logs" / "e1-100.out").write_text("the earlier chain's log\n")
     before = _snapshot(run)
-    calls = _fake_slurm(monkeypatch, "sbatch" if fail == "sbatch" else None, seen=run)
-
-    def interrupted(path: Path, data: str, **kw: Any) -> None:
-        (run / "logs" / "e1-4242.out").write_text("")  # Slurm opened the started job's log
-        (run / "logs" / "e1-4242.err").write_text("")
-        path.write_text(data)  # the interrupt lands right after the write
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(submission, "write_atomic", interrupted)
-    with pytest.raises(common._proc.ProcError if fail == "sbatch" else KeyboardInterrupt):
+    calls = _fake_slurm(monkeypatch, fail)
+    with pytest.raises(common._proc.ProcError):
         submission.submit_chain(_job(tmp_path))
     assert _snapshot(run) == before
-    cancel = calls.index(["scancel", "4242"]) if fail == "record" else None
-    assert (cancel is not None) == (fail == "record")
-    if cancel is not None:  # the chain's files were gone when the job was cancelled
-        assert contract.CHAIN_IDS not in calls[cancel + 1]
-        assert contract.CHAIN_RECORD not in calls[cancel + 1]
+    assert (["scancel", "4242"] in calls) == (fail == "scontrol")
 
 
 def test_a_failed_first_submission_leaves_no_run_directory(
@@ -277,7 +255,7 @@ def test_a_resubmission_keeps_the_earlier_record_under_its_first_job(
     (run / contract.CHAIN_RECORD).write_text('{"name": "e1", "cluster": "local"}')
     (run / contract.CHAIN_IDS).write_text("1 100\n")
     (run / "jobs" / contract.JOB_SCRIPT).write_text("old script\n")
-    calls = _fake_slurm(monkeypatch, None, seen=run)
+    calls = _fake_slurm(monkeypatch, None)
     chain = submission.submit_chain(_job(tmp_path))
     assert chain.ids == ["4242"]
     assert (run / "chain-100.json").read_text() == '{"name": "e1", "cluster": "local"}'
@@ -289,13 +267,8 @@ def test_a_resubmission_keeps_the_earlier_record_under_its_first_job(
     assert (run / ".train" / "train" / "batch" / "chunk.py").is_file()
     assert json.loads((run / contract.CHAIN_RECORD).read_text())["job"]["run_dir"] == str(run)
     assert not list((run / "jobs").glob(".*"))
-    # unheld (Slurm may start it at once): what the chunk reads was in place before sbatch,
-    # but its id, which it waits for; nothing was released after
-    sbatch = next(i for i, c in enumerate(calls) if c[0] == "sbatch")
-    assert calls[sbatch][:2] == ["sbatch", "--parsable"] and "--hold" not in calls[sbatch]
-    assert ".train" in calls[sbatch + 1] and "chain-100.ids" in calls[sbatch + 1]
-    assert contract.CHAIN_IDS not in calls[sbatch + 1]
-    assert not [c for c in calls if c[0] == "scontrol"]
+    assert calls[0][:3] == ["sbatch", "--parsable", "--hold"]
+    assert calls[-1] == ["scontrol", "release", "4242"]
 
 
 @pytest.mark.parametrize("text", ["[]", "{}", '{"jobs": {}}', '{"jobs": [1]}',

@@ -5,7 +5,6 @@ signal that comes while the child runs."""
 from __future__ import annotations
 
 import os
-import sys
 import signal
 import subprocess
 import time
@@ -118,57 +117,3 @@ def test_an_error_said_first_is_kept_before_pages_of_warnings() -> None:
     assert said is not None and int(said.group(1)) == len(first + noise + last) - (
         _proc.STDERR_HEAD + _proc.STDERR_KEPT)
     assert len(kept) == len(first + noise + last) - int(said.group(1)) + len(said.group())
-
-
-def test_a_command_started_ahead_is_answered_once_and_only_for_the_same_call(
-        tmp_path: Path) -> None:
-    """_proc.ahead starts a command beside the caller's own work; the run() of the same
-    argv, environment and folder takes its answer instead of starting it again."""
-    count = tmp_path / "count"
-    argv = ["sh", "-c", f'echo x >> {count}; echo "answer $WHO"']
-    env = {**os.environ, "WHO": "first"}
-    _proc.ahead(argv, env=env)
-    _proc.ahead(argv, env=env)  # (asked ahead twice: started once)
-    for _ in range(500):
-        if count.exists():
-            break
-        time.sleep(0.01)
-    assert count.read_text() == "x\n"  # it ran before anyone asked for its answer
-    assert _proc.run(argv, env=env).stdout == "answer first\n"
-    assert count.read_text() == "x\n"
-    # another environment (or a second call) is a command of its own
-    assert _proc.run(argv, env={**env, "WHO": "second"}).stdout == "answer second\n"
-    assert _proc.run(argv, env=env).stdout == "answer first\n"
-    assert count.read_text() == "x\nx\nx\n"
-    _proc.ahead(["no-such-command-here"])  # left to the call to say
-    with pytest.raises(_proc.ProcError, match="command not found"):
-        _proc.run(["no-such-command-here"])
-
-
-def test_a_command_started_ahead_and_never_asked_for_ends_with_the_process(
-        tmp_path: Path) -> None:
-    """A check that is never reached (an earlier refusal ends `train submit`) leaves no
-    command behind: what was started ahead is killed, its group too, at exit."""
-    code = ("import sys; from train.common import _proc\n"
-            "_proc.ahead(['sh', '-c', 'sleep 300 & sleep 300'])\n"
-            "print(next(iter(_proc._AHEAD.values())).pid, flush=True)\n"
-            "raise KeyboardInterrupt\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert "KeyboardInterrupt" in proc.stderr
-    group = int(proc.stdout)
-    for _ in range(1000):  # (SIGKILL is delivered, not waited for, to the orphaned child)
-        alive = [p for p in os.listdir("/proc") if p.isdigit() and _live_in(p, group)]
-        if not alive:
-            break
-        time.sleep(0.01)
-    assert alive == []
-
-
-def _live_in(pid: str, group: int) -> bool:
-    """Whether process `pid` runs (a zombie does not) in process group `group`."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return False
-    return fields[0] != "Z" and int(fields[2]) == group

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import sysconfig
 import time
@@ -499,7 +498,7 @@ def test_an_interrupted_submit_leaves_no_held_job_or_names_it(
         assert "Slurm had queued the job (4242): cancelling it" in err, err
     else:  # Slurm cannot be asked: the user is told exactly what to find and cancel
         assert not cancelled.exists()
-        assert f"takes its place in the queue, running {script} 1" in err, err
+        assert f"held in the queue (it never starts) running {script} 1" in err, err
         assert "scancel ID" in err, err
     assert not (tmp_path / "runs" / "cut" / "chain.json").exists()
 
@@ -526,9 +525,8 @@ def test_an_sbatch_answer_without_a_job_id_leaves_no_held_job_or_names_it(
         assert cancelled.read_text().split() == ["4242"], proc.stderr
     else:
         script = queue.read_text().split()[1]
-        assert "sbatch answered without a job id; if Slurm took the job anyway, it does no " \
-            "work" in proc.stderr, proc.stderr
-        assert f"takes its place in the queue, running {script} 1" in proc.stderr, proc.stderr
+        assert "sbatch answered without a job id; if Slurm took the job anyway, it is held " \
+            f"in the queue (it never starts) running {script} 1" in proc.stderr, proc.stderr
     assert not (tmp_path / "runs" / "wordy" / "chain.json").exists()
 
 
@@ -561,36 +559,3 @@ def test_a_partitions_gpus_the_image_has_no_code_for_are_refused_at_submit(
     env = apptainer("base-cu128.txt")
     proc = run_cli(["render", *job], cwd=tmp_path, env=env)
     assert proc.returncode == 0 and "sm_70" not in proc.stderr, proc.stderr
-
-
-def test_submit_asks_each_question_once_though_it_asks_them_ahead(tmp_path: Path) -> None:
-    """`train submit` starts what its checks and notes ask (Slurm's release, the site's
-    reservations, the engine's Python) beside its own work (_proc.ahead): each is still
-    run exactly once, and its answer is the one the checks read (22.05: the floor is
-    dropped, said in a note)."""
-    stand_ins = tmp_path / "sbin"
-    calls, started = tmp_path / "calls", tmp_path / "scontrol-started"
-    # (--test-only, which needs the rendered script, runs after the rest has started)
-    _exe(stand_ins / "sbatch", f"""#!/bin/sh
-echo "sbatch $*" >> {calls}
-case " $* " in *" --version "*) echo "slurm 22.05.8"; exit 0 ;;
-  *" --test-only "*)
-    i=0; while [ ! -e {started} ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
-    [ -e {started} ] && echo "the reservations were asked before --test-only" >> {calls}
-    echo "sbatch: Job 1 to start at now" >&2; exit 0 ;; esac
-echo 4242
-""")
-    _exe(stand_ins / "scontrol", f'#!/bin/sh\ntouch {started}\necho "scontrol $*" >> {calls}\n')
-    real = subprocess.run(["python3", "-c", "import sys; print(sys.executable)"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    _exe(stand_ins / "python3", f'#!/bin/sh\necho "python3 $*" >> {calls}\nexec {real} "$@"\n')
-    proc = run_cli(["submit", *LOCAL, "--name", "once", "--", "demo"], cwd=tmp_path,
-                   env={"PATH": f"{stand_ins}:{os.environ['PATH']}"})
-    assert proc.returncode == 0, proc.stderr
-    assert "Slurm 22.05.8 starts a job that has --time-min" in proc.stderr, proc.stderr
-    lines = calls.read_text().splitlines()
-    assert lines.count("sbatch --version") == 1, lines
-    assert lines.count("scontrol show reservation -o") == 1, lines
-    assert len([line for line in lines if line.startswith("python3 -E -s -c")]) == 1, lines
-    assert len([line for line in lines if line.startswith("sbatch --parsable")]) == 1, lines
-    assert "the reservations were asked before --test-only" in lines, lines

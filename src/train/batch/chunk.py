@@ -20,7 +20,6 @@ from train.batch.saves import (
     first_failure,
     load_job,
     overruns,
-    parse_ids,
     parse_limit,
     read_text,
     signal_name,
@@ -33,10 +32,6 @@ EXIT_USAGE = 2
 GRACE_SECONDS = 15  # a TERM this close to the walltime is Slurm's time limit
 NO_TASK_CODE = 1  # a step that started no task (srun said 0): the chunk failed
 LIMIT_TRIES = 3  # squeue asked for the chunk's time limit (a floor's chain), 2 s apart
-# how long chunk 1 waits for `train submit` to record its id: longer than submit's sbatch
-# may take to answer (120 s), after which submit cancels a job it has no id for
-RECORD_WAIT = 180
-NOT_RECORDED_CODE = 1
 
 
 class Chunk(Step):
@@ -429,38 +424,11 @@ def parse_args(argv: Sequence[str]) -> Tuple[str, int, Optional[int], List[str]]
     return head[0], int(words[0]), (int(words[1]) if len(words) > 1 else None), step
 
 
-def recorded(run_dir: str, number: int, first: Optional[int]) -> bool:
-    """Whether this job is a chunk of the chain: the chain's first chunk is submitted
-    unheld, so Slurm may start it before `train submit` has written its id to chain.ids
-    (after chain.json). It waits for it, at most RECORD_WAIT: an id never recorded is a
-    submission undone after sbatch answered (or a client killed), and its chunk does
-    nothing. The chunks after it are recorded by the chunk that submits them."""
-    if number != (first or 1):
-        return True
-    env = os.environ
-    refs = {env.get("SLURM_JOB_ID", ""), "{}_{}".format(
-        env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", ""))}
-    path = os.path.join(run_dir, contract.CHAIN_IDS)
-    deadline, pause = time.time() + RECORD_WAIT, 0.01
-    while not any(job in refs for _, job in parse_ids(read_text(path))):
-        if time.time() > deadline:
-            sys.stderr.write("train-job: job {} is not recorded in {} after {}s: its "
-                             "submission was undone or `train submit` was killed; this job "
-                             "does nothing\n".format(env.get("SLURM_JOB_ID", "?"), path,
-                                                     RECORD_WAIT))
-            return False
-        time.sleep(pause)
-        pause = min(pause * 2, 0.1)
-    return True
-
-
 def main(argv: Sequence[str]) -> int:
     run_dir = os.path.dirname(engine_root())
     number = 0
     try:
         script, number, first, step = parse_args(argv)
-        if not recorded(run_dir, number, first):
-            return NOT_RECORDED_CODE
         job = load_job(run_dir)
     except Usage as exc:
         sys.stderr.write("train-job: {}\n".format(exc))

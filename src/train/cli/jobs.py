@@ -179,11 +179,7 @@ def _cmd_submit(args: argparse.Namespace, workload: list[str] | None) -> int:
     from train.client.slurm.submission import submit_chain
 
     spec, root, jobs = _resolved_jobs(args, workload)  # every seed validated first
-    floor = spec.time_min is None and bool(jobs[0][1].time_min) and not args.no_check
-    from train.client.slurm.submitcheck import ask_ahead
-
-    ask_ahead(jobs[0][1], floor=floor, checks=not args.no_check)
-    if floor:
+    if spec.time_min is None and jobs[0][1].time_min and not args.no_check:
         from train.client.slurm.testonly import floor_starts_short
 
         release = floor_starts_short()

@@ -7,7 +7,6 @@ runtime's CLI started), not the command alone."""
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import os
@@ -65,41 +64,6 @@ def run(argv: Sequence[str], *, cwd: Path | None = None, timeout: float = 60.0,
     if check and proc.returncode != 0:
         raise ProcError(argv, proc.returncode, proc.stderr)
     return proc
-
-
-# commands started before the call that reads their answer (ahead): by argv, environment
-# and folder; one never asked for is killed when this process exits
-_AHEAD: dict[tuple[object, ...], subprocess.Popen[bytes]] = {}
-
-
-def _key(argv: Sequence[str], env: Mapping[str, str] | None, cwd: Path | None
-         ) -> tuple[object, ...]:
-    return (tuple(argv), None if env is None else tuple(sorted(env.items())),
-            None if cwd is None else str(cwd))
-
-
-def ahead(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
-          cwd: Path | None = None) -> None:
-    """Start argv now, so that it runs beside this process's own work: the later run()
-    or run_bounded() of the same argv, `env` and `cwd` takes its answer (its bound counted
-    from then) instead of starting it again. One that cannot start is left to that call
-    to say so."""
-    key = _key(argv, env, cwd)
-    if key in _AHEAD:
-        return
-    try:
-        child, held = _popen(argv, env, cwd)
-    except ProcError:
-        return
-    if not _AHEAD:
-        atexit.register(_end_ahead)
-    _AHEAD[key] = child
-    _deliver(held)
-
-
-def _end_ahead() -> None:
-    while _AHEAD:
-        _end_group(_AHEAD.popitem()[1])
 
 
 _HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -177,8 +141,7 @@ def run_bounded(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] |
     (seconds, call) calls `call()` once if argv runs that long. A non-zero exit is
     returned, not raised."""
     log.debug("running %s (at most %g s)", shlex.join(argv), timeout)
-    started = _AHEAD.pop(_key(argv, env, cwd), None)
-    proc, held = (started, []) if started is not None else _popen(argv, env, cwd=cwd)
+    proc, held = _popen(argv, env, cwd=cwd)
     try:
         _deliver(held)
         out, err, failed = _collect(proc, timeout, slow)

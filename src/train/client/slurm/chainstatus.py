@@ -196,16 +196,15 @@ def _ended_in_slurm(chunks: Chunks, decided: set[str]) -> Outcome | None:
 
 
 def _held(chain: Chain, chunks: Chunks) -> Outcome | None:
-    """A chunk held: by its user, or a sweep's array left held by a `train submit` that
-    stopped before releasing it."""
+    """A chunk left held: `train submit` stopped before releasing it."""
     held = [c for c in chunks if c["state"] == "PENDING"
             and str(c.get("reason") or "").startswith("JobHeld")]
     if not held:
         return None
     c = held[0]
     return "held", (f"chunk {c['chunk']} (job {c['job_id']}) is held ({c['reason']}): "
-                    f"`scontrol release {c['job_id']}` lets it start, or `train cancel "
-                    f"{chain.record['name']}` and submit again")
+                    f"`train submit` stopped before releasing it; `train cancel "
+                    f"{chain.record['name']}` and submit again, or `scontrol release` it")
 
 
 def _stopped_without_successor(chunks: Chunks, last: dict[str, Any] | None,

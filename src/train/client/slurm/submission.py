@@ -1,7 +1,5 @@
-"""Submitting a chain: render its script, put in place what its chunk reads, submit chunk
-1 and record its id; any failure before the id is recorded undoes what this submission did.
-Chunk 1 is not held: Slurm may start it as it is submitted, and its engine waits for its
-id in chain.ids before it does anything (train.batch.chunk.recorded)."""
+"""Submitting a chain: render its script, submit chunk 1 held, write the chain's record,
+then release it; any failure before the release undoes what this submission did."""
 
 from __future__ import annotations
 
@@ -25,7 +23,6 @@ from train.client.slurm.resolve import ResolvedJob
 from train.common import _proc
 from train.common.errors import ResourceError, TrainError
 from train.common.jsonio import write_json_atomic
-from train.common.safewrite import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +44,14 @@ def first_chunk(previous: Chain | None) -> int:
 def _cancel_unreplied(command: str) -> bool:
     """An sbatch that failed or was interrupted after the controller took the job (its
     reply lost: "Socket timed out", sbatch ended at its timeout, or TERM, HUP or Ctrl-C
-    to `train submit` while a busy controller had not answered) left it in the queue, where
-    no chain knows it (held, or started and waiting for an id never recorded). This
-    submission's script name is unique (it holds train's pid): the user's pending or
-    running job (or job array) running exactly `command` is that job, and is cancelled.
-    False where Slurm could not be asked or no such job was seen (the caller says what to
-    look for)."""
+    to `train submit` while a busy controller had not answered) left chunk 1 held in the
+    queue, where no chain knows it. This submission's script name is unique (it holds
+    train's pid): the user's pending job (or job array) running exactly `command` is that
+    job, and is cancelled. False where Slurm could not be asked or no such job was seen
+    (the caller says what to look for)."""
     try:
         out = _proc.run(["squeue", "--noheader", "--user", str(os.getuid()), "--states",
-                         "PENDING,CONFIGURING,RUNNING", "--format", "%i %o"], timeout=60,
+                         "PENDING", "--format", "%i %o"], timeout=60,
                         env=sbatchenv.sbatch_environment()).stdout
     except _proc.ProcError:
         return False
@@ -72,7 +68,7 @@ def _cancel_unreplied(command: str) -> bool:
 
 
 def submit_chain(job: ResolvedJob) -> Chain:
-    """The module's steps; a failure before chain.ids holds the id (a signal too) is undone
+    """The module's steps; a failure before the release (a signal too) is undone
     (undo_submission). An earlier chain's record, ids and script are kept as chain-FIRSTJOB.*.
     """
     run_dir = Path(job.run_dir)
@@ -100,27 +96,25 @@ def submit_chain(job: ResolvedJob) -> Chain:
     written = [pending]  # by this submission, at their final paths
     moved: list[tuple[Path, Path]] = []  # an earlier chain's files: (kept as, original)
     job_id: str | None = None
-    cleared: Path | None = None  # an earlier run's COMPLETE marker, kept until submitted
+    cleared: Path | None = None  # an earlier run's COMPLETE marker, kept until released
     old_engine: Path | None = None
     engine_fresh = not os.path.lexists(run_dir / ENGINE_DIR)
     try:
-        # everything the chunk reads is in place before sbatch: Slurm may start it at once
-        cleared = _set_aside(run_dir, tag, script, moved)
-        old_engine = install_engine(run_dir, moved)
         # the chunk number, and the chain's first chunk where it is not 1 (sbatch reads the
         # script now: where the file goes afterwards does not matter)
-        job_id = submit_script(pending, ["1"] if first == 1 else [str(first), str(first)],
-                               hold=False)
+        job_id = submit_held(pending, ["1"] if first == 1 else [str(first), str(first)])
+        cleared = _set_aside(run_dir, tag, script, job_id, moved)
+        old_engine = install_engine(run_dir, moved)
         pending.replace(script)
-        # chain.ids first: undone, a chunk that already started finds no id and does nothing
-        written = [run_dir / contract.CHAIN_IDS, script, run_dir / contract.CHAIN_RECORD]
+        written = [script, run_dir / contract.CHAIN_IDS, run_dir / contract.CHAIN_RECORD]
+        (run_dir / contract.CHAIN_IDS).write_text(f"{first} {job_id}\n", encoding="utf-8")
         record = chain_record(job, job_id, first, script)
         write_json_atomic(run_dir / contract.CHAIN_RECORD, record)
-        write_atomic(run_dir / contract.CHAIN_IDS, f"{first} {job_id}\n")  # the last step
+        _proc.run(["scontrol", "release", job_id], timeout=60)
     except BaseException:
         if engine_fresh:
             shutil.rmtree(run_dir / ENGINE_DIR, ignore_errors=True)
-        undo_submission(job_id, written, moved, created, run_dir / contract.LOG_DIR)
+        undo_submission(job_id, written, moved, created)
         raise
     if cleared is not None:
         with contextlib.suppress(OSError):  # (a folder of that name stays aside)
@@ -133,7 +127,7 @@ def submit_chain(job: ResolvedJob) -> Chain:
 def install_engine(run_dir: Path, moved: list[tuple[Path, Path]]) -> Path | None:
     """The chain engine copied into the run folder: the chain runs this copy whatever
     happens to the client. An earlier chain's copy (ended: check_not_active) is moved
-    aside (returned, and added to `moved`) until the submission is done; the caller
+    aside (returned, and added to `moved`) until the submission is released; the caller
     removes a copy where there was none before, should the submission fail."""
     target = run_dir / ENGINE_DIR
     old = None
@@ -145,15 +139,14 @@ def install_engine(run_dir: Path, moved: list[tuple[Path, Path]]) -> Path | None
     return old
 
 
-def submit_script(script: Path, args: list[str], *, hold: bool) -> str:
-    """sbatch (--hold: held) of this submission's own script (its path holds train's pid)
-    without SBATCH_* variables (sbatchenv); the job id. A job queued by an sbatch that failed
-    or was interrupted is cancelled (_cancel_unreplied) before the error or the interrupt
-    goes on."""
+def submit_held(script: Path, args: list[str]) -> str:
+    """sbatch --hold of this submission's own script (its path holds train's pid) without
+    SBATCH_* variables (sbatchenv); the job id. A job queued by an sbatch that failed or was
+    interrupted is cancelled (_cancel_unreplied) before the error or the interrupt goes on."""
     command = " ".join([str(script), *args])
     try:
-        out = _proc.run(["sbatch", "--parsable", *(["--hold"] if hold else []), str(script),
-                         *args], timeout=120, env=sbatchenv.sbatch_environment()).stdout
+        out = _proc.run(["sbatch", "--parsable", "--hold", str(script), *args], timeout=120,
+                        env=sbatchenv.sbatch_environment()).stdout
     except _proc.ProcError:
         _cancel_unreplied(command)
         raise
@@ -175,13 +168,12 @@ def _cancel_or_say(command: str, what: str) -> None:
         found = _cancel_unreplied(command)
     finally:
         if not found:
-            log.warning("%s; if Slurm took the job anyway, it does no work (held, or its "
-                        "chunk waits for an id that is never recorded) but takes its place in "
-                        "the queue, running %s: find its id with `squeue --me --format "
-                        "'%%i %%o'` and cancel it with `scancel ID`", what, command)
+            log.warning("%s; if Slurm took the job anyway, it is held in the queue (it never "
+                        "starts) running %s: find its id with `squeue --me --states PENDING "
+                        "--format '%%i %%o'` and cancel it with `scancel ID`", what, command)
 
 
-def _set_aside(run_dir: Path, tag: str | None, script: Path,
+def _set_aside(run_dir: Path, tag: str | None, script: Path, job_id: str,
                moved: list[tuple[Path, Path]]) -> Path | None:
     """An earlier chain's record and script kept as chain-TAG.*, and an earlier run's
     COMPLETE marker moved aside (returned); each move is added to `moved`."""
@@ -195,24 +187,20 @@ def _set_aside(run_dir: Path, tag: str | None, script: Path,
     if not os.path.lexists(marker):
         return None
     # an earlier run's: it would end this chain at chunk 1
-    cleared = marker.with_name(f".{contract.COMPLETE_MARKER}-{os.getpid()}")
+    cleared = marker.with_name(f".{contract.COMPLETE_MARKER}-{job_id}")
     marker.replace(cleared)
     moved.append((cleared, marker))
     return cleared
 
 
 def undo_submission(job_id: str | None, written: list[Path], moved: list[tuple[Path, Path]],
-                    created: list[Path], logs: Path | None = None) -> None:
-    """A failed submission, undone: its files removed (in order), its job cancelled and the
-    log files Slurm opened for it in `logs` removed, an earlier chain's files put back, and
-    the folders it made removed where empty."""
-    for path in written:
-        path.unlink(missing_ok=True)
+          created: list[Path]) -> None:
+    """A failed submission, undone: its job cancelled, its files removed, an earlier
+    chain's files put back, and the folders it made removed where empty."""
     if job_id is not None:
         _proc.run(["scancel", job_id], check=False)
-        for path in logs.glob(f"*-{job_id}.*") if logs is not None else ():
-            if path.suffix in (".out", ".err"):
-                path.unlink(missing_ok=True)
+    for path in written:
+        path.unlink(missing_ok=True)
     for kept, original in moved:
         if original.is_dir() and not original.is_symlink():  # (the engine's new copy)
             shutil.rmtree(original)

@@ -14,7 +14,6 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from train.client.slurm import queue
 from train.client.slurm.checks.files import (
     navsim_data_problems,
     profile_bind_problems,
@@ -22,7 +21,7 @@ from train.client.slurm.checks.files import (
 )
 from train.client.slurm.checks.imagefit import feature_problems, image_problems
 from train.client.slurm.checks.problem import NO_CHECK, Problem, merge_seeds
-from train.client.slurm.checks.python import engine_problems, python_problems, questions
+from train.client.slurm.checks.python import engine_problems, python_problems
 from train.client.slurm.checks.resources import resource_problems
 from train.client.slurm.checks.rundir import (
     check_not_active,
@@ -34,11 +33,9 @@ from train.client.slurm.checks.sbatchenv import sbatch_variable_notes
 from train.client.slurm.checks.traps import launcher_problems
 from train.client.slurm.resolve import ResolvedJob
 from train.client.slurm.sweep import is_task_job
-from train.client.slurm.testonly import VERSION
-from train.common import _proc
 from train.common.errors import ConfigError
 
-__all__ = ["ask_ahead", "check_jobs", "environment_problems"]
+__all__ = ["check_jobs", "environment_problems"]
 
 
 def check_jobs(jobs: Sequence[ResolvedJob], *, submitting: bool, no_check: bool = False,
@@ -79,17 +76,6 @@ def check_jobs(jobs: Sequence[ResolvedJob], *, submitting: bool, no_check: bool 
         raise ConfigError(found[0].field, texts[0] + also)
     return [*notes, *(f"train submit would refuse this: {p.field}: {t}"
                       for p, t in zip(found, texts, strict=True))]
-
-
-def ask_ahead(job: ResolvedJob, *, floor: bool, checks: bool) -> None:
-    """What `train submit` asks this machine and Slurm for later, started now, to run
-    beside its own work (_proc.ahead): Slurm's release where the chain's floor depends on
-    it (`floor`), the Pythons the checks ask (`checks`), and the site's reservations."""
-    if floor:
-        _proc.ahead(VERSION)
-    for argv, environ in questions(job, os.environ) if checks else ():
-        _proc.ahead(argv, env=environ)
-    _proc.ahead(queue.SHOW, env=queue.standard_times(None))
 
 
 def environment_problems(job: ResolvedJob, environ: Mapping[str, str] | None = None

@@ -10,6 +10,7 @@ import contextlib
 import os
 import shlex
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from train.client.slurm.submission import (
     chain_record,
     first_chunk,
     install_engine,
-    submit_script,
+    submit_held,
     undo_submission,
 )
 from train.client.slurm.sweep import (
@@ -116,7 +117,7 @@ def _write_scripts(tasks: list[tuple[SweepTask, ResolvedJob]], texts: list[str],
             own.mkdir(parents=True, exist_ok=True)
         script = run_dir / contract.JOBS_DIR / contract.JOB_SCRIPT
         tag = None if old is None else old.ids[0] if old.ids else "old"
-        _set_aside(run_dir, tag, script, moved)
+        _set_aside(run_dir, tag, script, str(int(time.time())), moved)
         script.write_text(text, encoding="utf-8")
         written.append(script)
         install_engine(run_dir, moved)
@@ -156,7 +157,7 @@ def submit_sweep(name: str, flag: str, root: Path, tasks: list[tuple[SweepTask, 
         pending = launcher.with_name(f".{ARRAY_SCRIPT}.{os.getpid()}")  # its own name
         pending.write_text(array_script(name, root, tasks, throttle, firsts), encoding="utf-8")
         written.append(pending)
-        array_id = submit_script(pending, [], hold=True)
+        array_id = submit_held(pending, [])
         _keep(launcher, launcher.with_name(f"array-{earlier or 'old'}.sbatch"), moved)
         pending.replace(launcher)
         written[-1] = launcher

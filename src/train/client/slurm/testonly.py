@@ -163,14 +163,13 @@ def ask(job: ResolvedJob, environ: dict[str, str], begin: str | None = None
 # 26.05 gives 10:00); releases before this are taken to do the same. (24.11's floor-long
 # chunks still go on, counted in time: docs/your-program.md says so.)
 FLOOR_STARTS_SHORT_BEFORE = (23, 0)
-VERSION = ("sbatch", "--version")
 
 
 def floor_starts_short(environ: dict[str, str] | None = None) -> str | None:
     """The Slurm release (`sbatch --version`) where a default floor (--time-min) would make
     every chunk start short, or None (a later release, or no answer: the floor stays)."""
     try:
-        out = _proc.run(VERSION, timeout=TEST_TIMEOUT, env=environ,
+        out = _proc.run(["sbatch", "--version"], timeout=TEST_TIMEOUT, env=environ,
                         skip_hung=True).stdout
     except _proc.ProcError:
         return None

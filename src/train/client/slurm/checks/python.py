@@ -30,43 +30,6 @@ ENGINE_FIX = ("the chain engine runs with the python3 of the job's PATH on the b
               "cluster profile's modules")
 
 
-def _python(job: ResolvedJob, environ: Mapping[str, str]) -> tuple[str | None, str]:
-    """(--python's path here, or None and why not)."""
-    python: str | None
-    what = "is not found here"
-    if "/" in job.spec.python:
-        python = os.path.abspath(job.spec.python)
-        if os.path.isdir(python):
-            what, python = "is a folder, not a Python (give the environment's bin/python)", None
-        elif os.path.isfile(python) and not os.access(python, os.X_OK):
-            what, python = f"({python}) is there but not executable", None
-        elif not os.path.isfile(python):
-            python = None
-    else:
-        python = which(job.spec.python, environ)
-    return python, what
-
-
-def questions(job: ResolvedJob, environ: Mapping[str, str]
-              ) -> list[tuple[list[str], Mapping[str, str]]]:
-    """The commands (argv, environment) python_problems and engine_problems run for this
-    job (for _proc.ahead)."""
-    asked: list[tuple[list[str], Mapping[str, str]]] = []
-    python = _python(job, environ)[0] if job.spec.runtime == "none" else None
-    if python is not None:
-        asked.append(([python, "-c", _FIND_SPECS, *_modules(job)], environ))
-    engine = which(ENGINE_PYTHON, environ)
-    if engine is not None:
-        asked.append(([engine, "-E", "-s", "-c", _VERSION], dict(environ)))
-    return asked
-
-
-def _modules(job: ResolvedJob) -> list[str]:
-    """What --python must import: torch where the job needs it, and this package (every
-    step runs it: `train run`, or `train launch` before the program, render.step_argv)."""
-    return [*(["torch"] if torch_need(job.spec, job.launch) else []), "train"]
-
-
 def python_problems(job: ResolvedJob, environ: Mapping[str, str]
                     ) -> tuple[list[Problem], list[str]]:
     """Runtime none: the job runs --python on the nodes as it is here. What the job needs
@@ -75,16 +38,30 @@ def python_problems(job: ResolvedJob, environ: Mapping[str, str]
     if spec.runtime != "none":
         return [], []
     needs = torch_need(spec, job.launch)
+    # every step runs this package with --python: `train run`, or `train launch` before
+    # the program (render.step_argv)
+    modules = [*(["torch"] if needs else []), "train"]
     ways_out = ("Give a container, --runtime apptainer --image X.sif (`train image build "
                 "base` makes one), or a Python environment with torch on the shared file "
                 "system, --python /path/to/env/bin/python")
-    python, what = _python(job, environ)
+    python: str | None
+    what = "is not found here"
+    if "/" in spec.python:
+        python = os.path.abspath(spec.python)
+        if os.path.isdir(python):
+            what, python = "is a folder, not a Python (give the environment's bin/python)", None
+        elif os.path.isfile(python) and not os.access(python, os.X_OK):
+            what, python = f"({python}) is there but not executable", None
+        elif not os.path.isfile(python):
+            python = None
+    else:
+        python = which(spec.python, environ)
     if python is None:
         return [Problem("python", f"--python {spec.python} {what} (runtime none runs it on "
                         f"the nodes; the job needs {needs or 'this package'}). "
                         + ways_out)], []
     try:
-        proc = _proc.run([python, "-c", _FIND_SPECS, *_modules(job)], timeout=PYTHON_TIMEOUT,
+        proc = _proc.run([python, "-c", _FIND_SPECS, *modules], timeout=PYTHON_TIMEOUT,
                          check=False, env=environ)
     except _proc.ProcError as exc:
         return [], [f"--python {spec.python} could not be asked what it can import: {exc}"]
