@@ -10,8 +10,8 @@ alone, three times (submit's check, the chunk, each task's wrapper).
 
 Each job is submitted on an idle cluster (_results.idle), and the scheduler starts it at
 its next pass (bf_interval=2: 0 to 2 s after the submit, or the release of ours): the
-section also gives each side's time less that wait, read from slurmctld's log, where the sides' own work
-alone is compared."""
+section also gives each side's time less that wait, read from slurmctld's log, where the
+sides' own work alone is compared."""
 
 from __future__ import annotations
 
