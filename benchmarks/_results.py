@@ -107,7 +107,7 @@ def idle(env: dict[str, str], bound: float = 300.0) -> None:
     """Wait until the cluster runs and queues no job. Each side's job starts on an idle
     cluster: a job queued while the other side's is still running starts when that one
     ends (Slurm schedules at a job's end), one queued after it at the next scheduling
-    pass (up to sched_interval later), so back-to-back submissions would favour the side
+    pass (up to bf_interval later), so back-to-back submissions would favour the side
     whose job ends sooner or whose client is quicker by more than their own work."""
     deadline = time.monotonic() + bound
     while time.monotonic() < deadline:
