@@ -75,6 +75,25 @@ def spawn_group(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[str]:
     return proc
 
 
+# sends signal SIG to PID as fast as it can until PID is gone (at most 10**6 times), and
+# says "on" after the first: Slurm's copy of a signal that reaches a process while it ends
+LATE_SIGNALS = ("import os, sys\n"
+                "pid, sig = int(sys.argv[1]), int(sys.argv[2])\n"
+                "for i in range(10 ** 6):\n"
+                "    try:\n        os.kill(pid, sig)\n"
+                "    except ProcessLookupError:\n        break\n"
+                "    if i == 0:\n        print('on', flush=True)\n")
+
+
+def signals_while_ending(target: str, sig: int) -> str:
+    """Python lines that start LATE_SIGNALS against the pid `target` (an expression) and
+    go on once it has sent its first signal."""
+    return ("import os, subprocess, sys\n"
+            f"late = subprocess.Popen([sys.executable, '-c', {LATE_SIGNALS!r}, str({target}), "
+            f"'{int(sig)}'], stdout=subprocess.PIPE, text=True)\n"
+            "late.stdout.readline()\n")
+
+
 @pytest.fixture(autouse=True)
 def _no_process_group_left() -> Iterator[None]:
     yield

@@ -17,12 +17,13 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import spawn_group
+from tests.conftest import signals_while_ending, spawn_group
 from tests.unit.engine_python import ENGINE_PYTHON
 from train.batch import contract
 from train.batch.engine import install
@@ -1088,6 +1089,20 @@ def test_the_task_wrapper_waits_for_a_program_that_handles_slurms_term(
     proc.communicate(timeout=30)
     assert proc.returncode == 1
     assert (tmp_path / "exits" / "task-1").read_text().split()[0] == "1"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
+def test_the_task_wrapper_outlives_slurms_signal_while_it_exits(tmp_path: Path,
+                                                                 sig: int) -> None:
+    """Slurm signals the task's processes one by one: the wrapper's copy may come after its
+    program ended, while Python exits with its handlers reset to the default (the task
+    would end of it: srun's code 138 or 143 for a program that exited 0)."""
+    program = signals_while_ending("os.getppid()", sig)
+    proc = spawn_group([*_task_wrapper(tmp_path), sys.executable, "-c", program],
+                       env=_task_env(tmp_path))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, (proc.returncode, err)
+    assert (tmp_path / "exits" / "task-1").read_text().split()[0] == "0"
 
 
 def test_stop_mode_kill_of_an_array_task_kills_that_tasks_steps_only(

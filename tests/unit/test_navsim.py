@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, signals_while_ending, spawn_group
 from train.client.clusters.profiles import Registry
 from train.client.slurm.jobspec import JobSpec
 from train.client.slurm.navsim import NAVSIM_SCRIPT
@@ -266,6 +267,18 @@ def test_the_tasks_own_stop_signal_after_its_cut_caching_child_s_is_no_death(
                           text=True, timeout=120, check=False)
     assert proc.returncode == 0 and "alive None" in proc.stdout, (proc.returncode,
                                                                    proc.stderr)
+
+
+def test_a_cut_task_outlives_the_steps_signal_while_it_exits(tmp_path: Path) -> None:
+    """Slurm's USR1 reaches the step's processes one by one: the task's own copy may come
+    while Python exits, after it reset its handlers to the default (CI: exit 138, the chain
+    failed). Here the copies come without end, from the caching child's cut on."""
+    command = _navsim_scripts(tmp_path, signals_while_ending("os.getppid()", signal.SIGUSR1)
+                              + "import os, signal; os.kill(os.getpid(), signal.SIGUSR1)\n")
+    proc = spawn_group([sys.executable, "-m", "train.workloads.navsim", *command],
+                       env={**os.environ, "SLURM_PROCID": "0"})
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "cut the feature cache" in err, (proc.returncode, err)
 
 
 def test_other_tasks_wait_for_the_first_tasks_marker(tmp_path: Path) -> None:

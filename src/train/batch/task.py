@@ -261,6 +261,11 @@ def cancelled(run_dir: str) -> bool:
 
 
 def finish(own: Optional[str], exits: str, code: int, sig: Optional[int]) -> int:
+    # the command has ended: Slurm's copy of a signal may still come, even while Python
+    # exits (which resets a handler to the default): it must not change the task's end
+    for other in (signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
+        if other != sig:
+            signal.signal(other, signal.SIG_IGN)
     if own:
         shutil.rmtree(own, ignore_errors=True)
     record(exits, code, sig)

@@ -146,9 +146,10 @@ class _StopWatch:
         try:
             yield self
         finally:
-            if not self.requested:  # (cut: this task ends now, and the step's own signal
-                for sig, handler in old.items():  # may come after its caching child's)
-                    signal.signal(sig, handler)
+            # cut: this task ends now, and the step's own signal may come after its caching
+            # child's, even while Python exits (which resets a handler to the default)
+            for sig, handler in old.items():
+                signal.signal(sig, signal.SIG_IGN if self.requested else handler)
             if self._ready:  # the program started next marks itself, if it can
                 with contextlib.suppress(OSError):
                     Path(self._ready).unlink()
