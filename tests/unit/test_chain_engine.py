@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import signals_while_ending, spawn_group
+from tests.conftest import LATE_SIGNALS, signals_while_ending, spawn_group
 from tests.unit.engine_python import ENGINE_PYTHON
 from train.batch import contract
 from train.batch.engine import install
@@ -179,6 +179,14 @@ case "$STEP_MODE" in
         done
         kill -USR1 "$batch"
         exit 0 ;;
+    late)
+        # the same, where the signal keeps coming until the chunk has ended (its copy may
+        # reach the engine while it exits)
+        trap 'exit 0' USR1
+        advance
+        "$PY" -c "$LATE_SIGNALS" "$PPID" 10 > "$RUN_DIR/late.on" &
+        while [ ! -s "$RUN_DIR/late.on" ]; do sleep 0.01; done
+        exit 0 ;;
 esac
 exit 99
 """
@@ -294,6 +302,19 @@ def test_a_checkpointed_stop_extends_the_chain_once_and_records_progress(
     assert "SLURM_CONF=/etc/slurm/site.conf" in env
     assert not [v for v in env if v.startswith(("SLURM_JOB_ID=", "SLURM_CPUS_PER_TASK=",
                                                 "SBATCH_"))]
+
+
+def test_a_walltime_signal_that_comes_while_the_chunk_ends_never_fails_its_job(
+        tmp_path: Path) -> None:
+    """The program stops at its deadline, when Slurm's walltime signal comes: a copy that
+    reached the engine while Python exited killed it (exit 138), which fails the job and
+    its successor's afterok after the chain said it goes on."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / contract.CHAIN_IDS).write_text("1 500\n")
+    proc = _run(tmp_path, "late", extra_env={"LATE_SIGNALS": LATE_SIGNALS,
+                                             "PY": sys.executable})
+    assert proc.returncode == 0, (proc.returncode, proc.stderr)
+    assert _kinds(tmp_path) == ["started", "extended", "stopped"], proc.stderr
 
 
 def test_a_restarted_chunk_does_not_submit_its_successor_twice(tmp_path: Path) -> None:
