@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from train.batch.contract import SIGNAL_READY_VAR
 from train.node.signals import StopController
 
 
@@ -101,6 +102,34 @@ def test_a_late_walltime_signal_after_the_run_cannot_kill_the_process(
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
+def test_the_jobs_stop_signal_that_keeps_coming_after_the_training_is_no_death(
+        tmp_path: Path, sig: int) -> None:
+    """A run that stops at its deadline ends as the engine passes the stop on: with the
+    stop signal TERM (`scancel --signal=TERM` to the step's tasks) a copy that came once the
+    training had returned (its handlers restored: TERM's default action) killed the run as
+    it recorded its outcome, or while Python exited: exit 143, the chain failed."""
+    from tests.conftest import signals_while_ending
+
+    code = ("import os, sys\n"
+            "from train.cli import main\n"
+            "from train.workloads.dqn import trainer\n"
+            "train = trainer.train\n"
+            "def ending(*args):\n"
+            "    summary = train(*args)\n"
+            f"    exec({signals_while_ending('os.getpid()', sig)!r})\n"
+            "    return summary\n"
+            "trainer.train = ending\n"
+            f"sys.exit(main(['run', '--out', {str(tmp_path / 'r')!r}, '--episodes', '1',"
+            " '--res', '8', '--episode-steps', '4', '--batch-size', '2', '--learning-starts',"
+            " '2', '--replay-size', '8', '--eval-episodes', '0', '--device', 'cpu']))\n")
+    env = {**os.environ, SIGNAL_READY_VAR: str(tmp_path / ".signal-ready-7-0")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False, env=env)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    assert (tmp_path / "r" / "status.json").exists()
 
 
 def test_early_handlers_tell_the_batch_shell_they_are_in_place(

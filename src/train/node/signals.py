@@ -107,8 +107,14 @@ class StopController:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        # in a chain's step the training's end is the process's: the job's stop signal may
+        # still come (a run that stops at its deadline does so as the engine passes it on),
+        # and TERM's default action would fail a finished chunk (exit 143) as it records
+        # its outcome
+        step = bool(os.environ.get(SIGNAL_READY_VAR))
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+            late = step and sig in (signal.SIGUSR1, signal.SIGTERM)
+            signal.signal(sig, signal.SIG_IGN if late else handler)  # type: ignore[arg-type]
         self._previous.clear()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
