@@ -281,6 +281,34 @@ def test_a_cut_task_outlives_the_steps_signal_while_it_exits(tmp_path: Path) -> 
     assert proc.returncode == 0 and "cut the feature cache" in err, (proc.returncode, err)
 
 
+def test_a_stop_that_comes_as_the_cache_is_marked_ends_the_task_before_training(
+        tmp_path: Path) -> None:
+    """The step's stop signal may come after the caching child ended, as its cache is
+    marked complete: the task ends as a stop (the next chunk trains from the cache). It
+    started the training program with the stop lost, and with USR1 and TERM ignored (its
+    signals made deaf to the stop, to scancel, to the walltime's TERM)."""
+    command = _navsim_scripts(tmp_path, CACHE_ONE)
+    Path(command[1]).write_text("import pathlib, signal, sys\n"
+                                "pathlib.Path(sys.argv[0]).with_name('trained').write_text("
+                                "str(signal.getsignal(signal.SIGTERM)))\n")
+    code = ("import os, signal, sys\n"
+            "from train.workloads import navsim\n"
+            "write = navsim.write_json_atomic\n"
+            "def marking(path, *args, **kwargs):\n"
+            "    write(path, *args, **kwargs)\n"
+            "    if str(path).endswith(navsim.COMPLETE_SUFFIX):\n"
+            "        os.kill(os.getpid(), signal.SIGUSR1)\n"
+            "navsim.write_json_atomic = marking\n"
+            "sys.exit(navsim.main(sys.argv[1:]))\n")
+    proc = subprocess.run([sys.executable, "-c", code, *command], capture_output=True,
+                          text=True, timeout=120, check=False,
+                          env={**os.environ, "SLURM_PROCID": "0"})
+    trained = tmp_path / "script" / "trained"
+    assert proc.returncode == 0, (proc.returncode, proc.stderr)
+    assert not trained.exists(), (trained.read_text(), proc.stderr)
+    assert navsim.marker_paths(tmp_path / "cache")[0].is_file()
+
+
 def test_other_tasks_wait_for_the_first_tasks_marker(tmp_path: Path) -> None:
     command = _navsim_scripts(tmp_path, "raise SystemExit('not run by rank 1')\n")
     complete = navsim.marker_paths(tmp_path / "cache")[0]

@@ -223,7 +223,10 @@ def cache_phase(command: Sequence[str], env: MutableMapping[str, str],
         with stop.installed():
             ok = _compute(command, cache, key, cpus, stop) if rank == 0 \
                 else _wait_for(cache, stop, poll)
-        if not ok:
+        if ok and stop.requested:  # (came once its work was done: ignored from then on)
+            _log("the walltime signal (or TERM) came as the feature cache phase ended: this "
+                 "task ends as a stop, and the next chunk trains from the cache")
+        if not ok or stop.requested:
             return None
         done = read_complete(cache) or {"key": key}
     elif done.get("key") == key:
