@@ -1126,6 +1126,28 @@ def test_the_task_wrapper_outlives_slurms_signal_while_it_exits(tmp_path: Path,
     assert (tmp_path / "exits" / "task-1").read_text().split()[0] == "0"
 
 
+def test_a_stop_passed_on_again_while_the_wrapper_prepares_its_task_is_no_death(
+        tmp_path: Path) -> None:
+    """The engine passes the stop on again each time a late rank says it is ready, to
+    every process of the step: a wrapper still preparing its task (clearing the chain's old
+    temporary folders) died of it, before its program started (exit 138)."""
+    engine_dir = install(str(tmp_path))
+    code = ("import os, signal, sys\n"
+            f"sys.path.insert(0, {engine_dir!r})\n"
+            "from train.batch import engine, task\n"
+            "clear = task.remove_stale\n"
+            "def slow(*args):\n"
+            "    os.kill(os.getpid(), signal.SIGUSR1)\n"
+            "    clear(*args)\n"
+            "task.remove_stale = slow\n"
+            "sys.exit(engine.main(sys.argv[1:]))\n")
+    proc = spawn_group([ENGINE_PYTHON, "-E", "-s", "-c", code, "task", "--", "true"],
+                       env=_task_env(tmp_path))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, (proc.returncode, err)
+    assert (tmp_path / "exits" / "task-1").read_text().split()[0] == "0"
+
+
 def test_stop_mode_kill_of_an_array_task_kills_that_tasks_steps_only(
         tmp_path: Path) -> None:
     """The last task of a sweep's array has the array's own job id (700): squeue --steps

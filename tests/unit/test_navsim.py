@@ -309,6 +309,30 @@ def test_a_stop_that_comes_as_the_cache_is_marked_ends_the_task_before_training(
     assert navsim.marker_paths(tmp_path / "cache")[0].is_file()
 
 
+def test_the_task_is_no_longer_ready_once_its_handlers_are_gone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine passes the stop on to the ranks that said they are ready: the phase's
+    readiness file is gone before the default actions come back (a stop passed on between
+    the two killed the task before its training set a handler: exit 138)."""
+    command = _navsim_scripts(tmp_path, CACHE_ONE)
+    ready = tmp_path / ".signal-ready-7-0"
+    seen: list[tuple[int, bool]] = []
+    real = signal.signal
+
+    def recording(sig: int, handler: Any) -> Any:
+        seen.append((sig, ready.exists()))
+        return real(sig, handler)
+
+    monkeypatch.setattr(signal, "signal", recording)
+    env = {"SLURM_PROCID": "0", navsim.SIGNAL_READY_VAR: str(ready)}
+    assert navsim.cache_phase(command, env) == navsim.training_command(command)
+    monkeypatch.undo()
+    restored = seen[2:]  # (after the two that installed its handlers)
+    assert [s for s, _ in restored] == [signal.SIGUSR1, signal.SIGTERM], seen
+    assert [r for _, r in restored] == [False, False], seen
+    assert not ready.exists()
+
+
 def test_other_tasks_wait_for_the_first_tasks_marker(tmp_path: Path) -> None:
     command = _navsim_scripts(tmp_path, "raise SystemExit('not run by rank 1')\n")
     complete = navsim.marker_paths(tmp_path / "cache")[0]

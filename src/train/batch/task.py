@@ -188,6 +188,10 @@ def record(folder: str, code: Optional[int], sig: Optional[int]) -> None:
 
 
 def run(argv: List[str]) -> int:
+    # first: a stop passed on again for late ranks reaches every process of the step,
+    # this wrapper too while it prepares its task (TERM and INT end it until it starts it)
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, lambda *_: None)
     env = dict(os.environ)
     # the engine's values for this wrapper: never the program's
     exits = env.pop(contract.TASK_EXITS_VAR, "")
@@ -219,8 +223,7 @@ def run(argv: List[str]) -> int:
                 "image".format(socket.gethostname(), own or base))
             return finish(own, exits, 3, None)
     termed: List[float] = []
-    for sig in (signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, lambda *_: None)
+    signal.signal(signal.SIGINT, lambda *_: None)
     signal.signal(signal.SIGTERM, lambda *_: termed.append(time.time()))
     try:
         if argv[:2] == ["docker", "run"]:

@@ -146,13 +146,15 @@ class _StopWatch:
         try:
             yield self
         finally:
-            # cut: this task ends now, and the step's own signal may come after its caching
-            # child's, even while Python exits (which resets a handler to the default)
-            for sig, handler in old.items():
-                signal.signal(sig, signal.SIG_IGN if self.requested else handler)
-            if self._ready:  # the program started next marks itself, if it can
+            # the engine passes the stop on to a ready task only: no longer ready once the
+            # default action is back (the program started next marks itself, if it can)
+            if self._ready:
                 with contextlib.suppress(OSError):
                     Path(self._ready).unlink()
+            # a stop: this task ends now, and the step's own signal may come after its
+            # caching child's, even while Python exits (which resets a handler to the default)
+            for sig, handler in old.items():
+                signal.signal(sig, signal.SIG_IGN if self.requested else handler)
 
 
 def _compute(command: Sequence[str], cache: Path, key: dict[str, Any], cpus: int,
