@@ -456,8 +456,7 @@ def main(argv: Sequence[str]) -> int:
         return done.code
     finally:
         chunk.cleanup()
-        # a walltime signal that comes as the chunk ends (the program stops at its
-        # deadline, when Slurm sends it) must not kill it while Python exits, which resets
-        # a handler to the default: the job would fail, and its successor's afterok
+        # a walltime signal as the chunk ends (a program stops at its deadline) must not
+        # kill it while Python exits, resetting its handlers: the successor's afterok fails
         for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)

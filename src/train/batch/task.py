@@ -188,8 +188,7 @@ def record(folder: str, code: Optional[int], sig: Optional[int]) -> None:
 
 
 def run(argv: List[str]) -> int:
-    # first: a stop passed on again for late ranks reaches every process of the step,
-    # this wrapper too while it prepares its task (TERM and INT end it until it starts it)
+    # a stop passed on again for late ranks reaches this wrapper too as it prepares
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, lambda *_: None)
     env = dict(os.environ)
@@ -264,11 +263,9 @@ def cancelled(run_dir: str) -> bool:
 
 
 def finish(own: Optional[str], exits: str, code: int, sig: Optional[int]) -> int:
-    # the command has ended: Slurm's copy of a signal may still come, even while Python
-    # exits (which resets a handler to the default): it must not change the task's end
-    for other in (signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
-        if other != sig:
-            signal.signal(other, signal.SIG_IGN)
+    # a late copy of Slurm's signal must not end it while Python exits (handlers reset)
+    for other in {signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM} - {sig}:
+        signal.signal(other, signal.SIG_IGN)
     if own:
         shutil.rmtree(own, ignore_errors=True)
     record(exits, code, sig)

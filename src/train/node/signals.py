@@ -107,10 +107,8 @@ class StopController:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        # in a chain's step the training's end is the process's: the job's stop signal may
-        # still come (a run that stops at its deadline does so as the engine passes it on),
-        # and TERM's default action would fail a finished chunk (exit 143) as it records
-        # its outcome
+        # in a chain's step a late stop signal (a run stops at its deadline as the engine
+        # passes it on) must not fail the finished run: TERM's default is exit 143
         step = bool(os.environ.get(SIGNAL_READY_VAR))
         for sig, handler in self._previous.items():
             late = step and sig in (signal.SIGUSR1, signal.SIGTERM)

@@ -146,13 +146,10 @@ class _StopWatch:
         try:
             yield self
         finally:
-            # the engine passes the stop on to a ready task only: no longer ready once the
-            # default action is back (the program started next marks itself, if it can)
-            if self._ready:
+            if self._ready:  # (unready before the default actions are back)
                 with contextlib.suppress(OSError):
                     Path(self._ready).unlink()
-            # a stop: this task ends now, and the step's own signal may come after its
-            # caching child's, even while Python exits (which resets a handler to the default)
+            # a stop ends this task: a late copy must not kill it while Python exits
             for sig, handler in old.items():
                 signal.signal(sig, signal.SIG_IGN if self.requested else handler)
 
@@ -225,9 +222,8 @@ def cache_phase(command: Sequence[str], env: MutableMapping[str, str],
         with stop.installed():
             ok = _compute(command, cache, key, cpus, stop) if rank == 0 \
                 else _wait_for(cache, stop, poll)
-        if ok and stop.requested:  # (came once its work was done: ignored from then on)
-            _log("the walltime signal (or TERM) came as the feature cache phase ended: this "
-                 "task ends as a stop, and the next chunk trains from the cache")
+        if ok and stop.requested:
+            _log("a stop came as the feature cache was complete: the next chunk trains")
         if not ok or stop.requested:
             return None
         done = read_complete(cache) or {"key": key}
