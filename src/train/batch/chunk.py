@@ -456,7 +456,4 @@ def main(argv: Sequence[str]) -> int:
         return done.code
     finally:
         chunk.cleanup()
-        # a walltime signal as the chunk ends (a program stops at its deadline) must not
-        # kill it while Python exits, resetting its handlers: the successor's afterok fails
-        for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)
+        saves.deaf()  # (a program stops at its deadline as the walltime signal comes)

@@ -348,6 +348,13 @@ def first_failure(records: Sequence[str]) -> Optional[Tuple[int, str, Optional[i
 TERM_CODE = 128 + signal.SIGTERM
 
 
+def deaf(keep: Optional[int] = None) -> None:
+    """A step's process whose work is over ignores the step's signals but `keep`: a late
+    copy (Slurm signals them one by one) would kill it as Python exits, handlers reset."""
+    for sig in {signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM} - {keep}:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 def signal_name(number: Optional[int]) -> str:
     try:
         return signal.Signals(number).name if number else ""

@@ -263,9 +263,7 @@ def cancelled(run_dir: str) -> bool:
 
 
 def finish(own: Optional[str], exits: str, code: int, sig: Optional[int]) -> int:
-    # a late copy of Slurm's signal must not end it while Python exits (handlers reset)
-    for other in {signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM} - {sig}:
-        signal.signal(other, signal.SIG_IGN)
+    saves.deaf(sig)
     if own:
         shutil.rmtree(own, ignore_errors=True)
     record(exits, code, sig)
